@@ -1,1 +1,279 @@
-//! CPU kernels.
+//! # coli-kernels: CPU kernels for coli
+//!
+//! Matrix-vector (decode) and small matrix-matrix (prefill) products `y = W x` over every
+//! weight encoding of the store ([`Encoding`]: f32, bf16, fp8 e4m3 with 128x128 block scales,
+//! int8 with a per-row scale, int4 with per-group scales; layouts in `docs/FORMAT.md` section 6),
+//! read directly from a [`MatrixView`] (weights `[rows = out features, cols = in features]`),
+//! plus a few f32 helpers ([`dot`], [`rms_norm`], [`softmax_inplace`], [`silu`], [`axpy`]).
+//!
+//! ## Instruction sets
+//! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time, see
+//! [`detected_isa`]) and a portable scalar twin ([`Isa::Scalar`]). Both decode every weight
+//! exactly as the reference `MatrixView::dequantize_row` does (bf16 by a 16-bit shift, fp8 via
+//! float16 or a 256-entry table, int4 by nibble unpacking; scaled codes are rounded once, as
+//! in the reference) and accumulate in f32; they differ only in summation order, so their
+//! results agree within f32 rounding (about `cols * 2^-24 * sum |w x|`), not bit for bit.
+//!
+//! - Scalar: per row, eight interleaved running sums (column `c` into sum `c % 8`, product
+//!   rounded then added), combined pairwise.
+//! - AVX2: per row, four 8-lane FMA accumulators (8-column chunk `k` into accumulator
+//!   `k % 4`, the zero-padded last partial chunk next), combined pairwise.
+//!
+//! ## Determinism
+//! For a given [`Isa`], every output element is computed by one thread with a fixed summation
+//! order: results are bit-identical whatever the thread count, and row `t` of [`matmul`] is
+//! bit-identical to [`matvec`] of token `t` (prefill and decode agree exactly). Work is split
+//! over output rows in chunks whose size depends only on the matrix shape.
+
+use std::sync::OnceLock;
+
+use coli_store::{Encoding, MatrixView};
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod ops;
+mod scalar;
+
+pub use ops::{axpy, dot, rms_norm, silu, softmax_inplace};
+
+/// Which instruction set a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust (any CPU); the reference twin of the SIMD kernels.
+    Scalar,
+    /// x86-64 AVX2 with FMA (8-lane f32 SIMD); also needs F16C (every AVX2 CPU has it), used
+    /// to decode fp8.
+    Avx2Fma,
+}
+
+impl Isa {
+    /// A short name: `scalar` or `avx2-fma`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2Fma => "avx2-fma",
+        }
+    }
+
+    /// Whether this CPU can run kernels of this instruction set (run-time detection, cached).
+    /// [`Isa::Scalar`] is always supported.
+    pub fn supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2Fma => avx2_fma_available(),
+        }
+    }
+}
+
+/// Run-time detection of AVX2, FMA and F16C, cached.
+fn avx2_fma_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// The best instruction set of this CPU: [`Isa::Avx2Fma`] when the CPU has AVX2, FMA and F16C,
+/// else [`Isa::Scalar`]. The environment variable `COLI_FORCE_SCALAR=1` forces
+/// [`Isa::Scalar`]. Decided once per process (the first call) and cached.
+pub fn detected_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let forced = std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1");
+        if !forced && avx2_fma_available() {
+            Isa::Avx2Fma
+        } else {
+            Isa::Scalar
+        }
+    })
+}
+
+/// Work (weight elements x tokens) per parallel task; chunk sizes derive from the shape only.
+const CHUNK_WORK: usize = 1 << 15;
+/// Below this much work (weight elements x tokens) a product runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 16;
+
+/// Output rows per parallel task for a `[rows, cols]` matrix and `n` tokens: depends on the
+/// shape only (never on the thread count).
+fn chunk_rows(cols: usize, n: usize) -> usize {
+    (CHUNK_WORK / (cols.max(1) * n.max(1))).max(1)
+}
+
+/// Checks that `w`'s sections have the lengths its encoding and shape require.
+fn validate(w: &MatrixView<'_>) {
+    if let Encoding::Int4 { group_size } = w.encoding {
+        assert!(
+            group_size >= 2 && group_size % 2 == 0,
+            "int4 group size must be even and >= 2, found {group_size}"
+        );
+    }
+    let wb = w.encoding.weight_bytes(w.rows, w.cols);
+    assert_eq!(
+        w.data.len(),
+        wb,
+        "{} [{}, {}] matrix: weight section is {} bytes, expected {wb}",
+        w.encoding.name(),
+        w.rows,
+        w.cols,
+        w.data.len()
+    );
+    let sc = w.encoding.scale_count(w.rows, w.cols);
+    assert_eq!(
+        w.scales.len(),
+        sc,
+        "{} [{}, {}] matrix: {} scales, expected {sc}",
+        w.encoding.name(),
+        w.rows,
+        w.cols,
+        w.scales.len()
+    );
+}
+
+/// Panics unless `isa` runs on this CPU.
+fn require(isa: Isa) {
+    assert!(
+        isa.supported(),
+        "instruction set {} is not supported by this CPU",
+        isa.name()
+    );
+}
+
+/// Computes `y[i] = sum_c W[r0 + i, c] * x[c]` for a chunk of rows with `isa`.
+fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
+    match isa {
+        Isa::Scalar => scalar::matvec_rows(w, x, r0, y),
+        Isa::Avx2Fma => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `require(Isa::Avx2Fma)` checked AVX2+FMA+F16C support before any chunk runs;
+            // `validate` checked the section lengths.
+            unsafe {
+                avx2::matvec_rows(w, x, r0, y)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("AVX2 is never reported as supported off x86-64")
+        }
+    }
+}
+
+/// Computes `yt[i * n + t] = sum_c W[r0 + i, c] * X[t, c]` for a chunk of rows with `isa`.
+fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, r0: usize, yt: &mut [f32]) {
+    match isa {
+        Isa::Scalar => scalar::matmul_rows(w, x, n, r0, yt),
+        Isa::Avx2Fma => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `matvec_chunk`; `x.len() == n * cols` was checked by the caller.
+            unsafe {
+                avx2::matmul_rows(w, x, n, r0, yt)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("AVX2 is never reported as supported off x86-64")
+        }
+    }
+}
+
+/// Matrix-vector product `y = W x` with the best instruction set ([`detected_isa`]).
+///
+/// `w` is `[rows, cols]` (any encoding), `x` has `cols` f32 activations, `y` receives `rows`
+/// f32 outputs. Parallel over output rows with rayon (on the current pool); the result is
+/// bit-identical for any thread count.
+///
+/// # Panics
+/// If `x.len() != cols`, `y.len() != rows`, or `w`'s weight/scale sections do not have the
+/// lengths its encoding and shape require.
+pub fn matvec(w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
+    matvec_with(detected_isa(), w, x, y)
+}
+
+/// [`matvec`] with an explicit instruction set (tests and benches).
+///
+/// # Panics
+/// As [`matvec`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
+pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
+    require(isa);
+    validate(w);
+    assert_eq!(
+        x.len(),
+        w.cols,
+        "matvec: x has {} elements, cols = {}",
+        x.len(),
+        w.cols
+    );
+    assert_eq!(
+        y.len(),
+        w.rows,
+        "matvec: y has {} elements, rows = {}",
+        y.len(),
+        w.rows
+    );
+    if w.rows * w.cols < PARALLEL_MIN_WORK {
+        matvec_chunk(isa, w, x, 0, y);
+        return;
+    }
+    let cr = chunk_rows(w.cols, 1);
+    y.par_chunks_mut(cr)
+        .enumerate()
+        .for_each(|(i, yc)| matvec_chunk(isa, w, x, i * cr, yc));
+}
+
+/// Small matrix-matrix product `Y = X W^T` with the best instruction set ([`detected_isa`]).
+///
+/// `x` is `[n, cols]` row-major (`n` tokens, e.g. a prefill of up to ~64 tokens), `y` receives
+/// `[n, rows]` row-major. Each weight row is decoded once for all `n` tokens. Row `t` of `y` is
+/// bit-identical to `matvec(w, x[t * cols..(t + 1) * cols])`, for any thread count.
+///
+/// # Panics
+/// If `x.len() != n * cols`, `y.len() != n * rows`, or `w`'s sections are malformed (as
+/// [`matvec`]).
+pub fn matmul(w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_with(detected_isa(), w, x, n, y)
+}
+
+/// [`matmul`] with an explicit instruction set (tests and benches).
+///
+/// # Panics
+/// As [`matmul`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
+pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    require(isa);
+    validate(w);
+    let (rows, cols) = (w.rows, w.cols);
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "matmul: x has {} elements, n * cols = {n} * {cols}",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        n * rows,
+        "matmul: y has {} elements, n * rows = {n} * {rows}",
+        y.len()
+    );
+    if n == 0 || rows == 0 {
+        return;
+    }
+    // Compute transposed ([rows, n]) so that each task owns a contiguous block, then scatter.
+    let mut yt = vec![0f32; rows * n];
+    if rows * cols * n < PARALLEL_MIN_WORK {
+        matmul_chunk(isa, w, x, n, 0, &mut yt);
+    } else {
+        let cr = chunk_rows(cols, n);
+        yt.par_chunks_mut(cr * n)
+            .enumerate()
+            .for_each(|(i, yc)| matmul_chunk(isa, w, x, n, i * cr, yc));
+    }
+    for (r, yrow) in yt.chunks_exact(n).enumerate() {
+        for (t, &v) in yrow.iter().enumerate() {
+            y[t * rows + r] = v;
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Matrix-vector / small matrix-matrix throughput per encoding, scalar vs AVX2+FMA.
+//!
+//! Run: `cargo bench -p coli-kernels --bench matvec` (optional argument: a filter on the
+//! encoding name, e.g. `int4`). Prints, per encoding and shape, the weight bandwidth in GB/s
+//! (weight + scale bytes / time) and GFLOP/s (2 * rows * cols * tokens / time), single-threaded
+//! and on all threads, and the AVX2 / scalar speed ratio.
+
+use std::time::{Duration, Instant};
+
+use coli_kernels::{matmul_with, matvec_with, Isa};
+use coli_store::{Encoding, MatrixView};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Seconds spent timing one configuration.
+const BUDGET: Duration = Duration::from_millis(250);
+
+/// Times `f`, returning the best-of-batches seconds per call (batches of >= 2 ms: the best
+/// batch is the least disturbed by other processes on a shared machine).
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    while start.elapsed() < BUDGET {
+        let t = Instant::now();
+        let mut k = 0;
+        while t.elapsed() < Duration::from_millis(2) {
+            f();
+            k += 1;
+        }
+        best = best.min(t.elapsed().as_secs_f64() / k as f64);
+    }
+    best
+}
+
+fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<f32>) {
+    let nb = enc.weight_bytes(rows, cols);
+    let data: Vec<u8> = match enc {
+        Encoding::F32 => (0..rows * cols)
+            .flat_map(|_| rng.gen_range(-1.0f32..1.0).to_le_bytes())
+            .collect(),
+        Encoding::Bf16 => (0..rows * cols)
+            .flat_map(|_| ((rng.gen_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        Encoding::Fp8 => (0..nb).map(|_| rng.gen::<u8>() & 0x77).collect(),
+        _ => (0..nb).map(|_| rng.gen()).collect(),
+    };
+    let scales = (0..enc.scale_count(rows, cols))
+        .map(|_| rng.gen_range(0.01f32..0.1))
+        .collect();
+    (data, scales)
+}
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma]
+        .into_iter()
+        .filter(|i| i.supported())
+        .collect();
+    let threads = rayon::current_num_threads();
+    let pool1 = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let encs = [
+        Encoding::F32,
+        Encoding::Bf16,
+        Encoding::Fp8,
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 32 },
+        Encoding::Int4 { group_size: 64 },
+    ];
+    // (rows, cols, tokens, label)
+    let cases: &[(usize, usize, usize, &str)] = &[
+        (1536, 576, 1, "expert gate/up 1536x576"),
+        (576, 1536, 1, "down 576x1536"),
+        (6144, 2048, 1, "6144x2048"),
+        (576, 1536, 16, "matmul n=16 576x1536"),
+        (49152, 576, 1, "lm_head 49152x576"),
+    ];
+    println!("threads available: {threads}");
+    println!(
+        "{:<26} {:<9} {:<9} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "shape", "encoding", "isa", "1t GB/s", "1t GF/s", "Nt GB/s", "Nt GF/s", "x scalar"
+    );
+    let mut rng = StdRng::seed_from_u64(1);
+    for &(rows, cols, n, label) in cases {
+        for enc in encs {
+            if let Some(f) = &filter {
+                if !enc.name().contains(f.as_str()) {
+                    continue;
+                }
+            }
+            if rows == 49152 && !matches!(enc, Encoding::Bf16 | Encoding::Int8) {
+                continue;
+            }
+            let (data, scales) = data_for(enc, rows, cols, &mut rng);
+            let w = MatrixView {
+                encoding: enc,
+                rows,
+                cols,
+                data: &data,
+                scales: &scales,
+            };
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let mut y = vec![0f32; n * rows];
+            let bytes = (data.len() + scales.len() * 4) as f64;
+            let flops = 2.0 * (rows * cols * n) as f64;
+            let mut scalar_1t = None;
+            for &isa in &isas {
+                let mut run = || {
+                    if n == 1 {
+                        matvec_with(isa, &w, &x, &mut y)
+                    } else {
+                        matmul_with(isa, &w, &x, n, &mut y)
+                    }
+                };
+                let t1 = pool1.install(|| time(&mut run));
+                let tn = time(&mut run);
+                let ratio = match isa {
+                    Isa::Scalar => {
+                        scalar_1t = Some(t1);
+                        1.0
+                    }
+                    Isa::Avx2Fma => scalar_1t.map_or(f64::NAN, |s| s / t1),
+                };
+                println!(
+                    "{:<26} {:<9} {:<9} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2}",
+                    label,
+                    enc.name(),
+                    isa.name(),
+                    bytes / t1 / 1e9,
+                    flops / t1 / 1e9,
+                    bytes / tn / 1e9,
+                    flops / tn / 1e9,
+                    ratio
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Kernel tests: every encoding and odd shapes, SIMD vs scalar twin vs an f64 reference built
+//! from `MatrixView::dequantize_row`; matmul rows bit-identical to matvec; results identical
+//! in rayon pools of 1 and 2 threads.
+
+use coli_kernels::{matmul_with, matvec_with, Isa};
+use coli_store::encoding::FP8_BLOCK;
+use coli_store::{Encoding, MatrixView};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// An owned encoded matrix with random content.
+struct Mat {
+    encoding: Encoding,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl Mat {
+    fn random(encoding: Encoding, rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let nbytes = encoding.weight_bytes(rows, cols);
+        let data: Vec<u8> = match encoding {
+            Encoding::F32 => (0..rows * cols)
+                .flat_map(|_| rng.gen_range(-2.0f32..2.0).to_le_bytes())
+                .collect(),
+            Encoding::Bf16 => (0..rows * cols)
+                .flat_map(|_| {
+                    let v: f32 = rng.gen_range(-2.0f32..2.0);
+                    ((v.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect(),
+            // Any byte except the two NaN codes 0x7F / 0xFF.
+            Encoding::Fp8 => (0..nbytes)
+                .map(|_| loop {
+                    let b: u8 = rng.gen();
+                    if b & 0x7F != 0x7F {
+                        break b;
+                    }
+                })
+                .collect(),
+            // int8 and int4: any byte (for odd cols the padding nibble is random too and must
+            // be ignored).
+            _ => (0..nbytes).map(|_| rng.gen()).collect(),
+        };
+        assert_eq!(data.len(), nbytes);
+        let scales = (0..encoding.scale_count(rows, cols))
+            .map(|_| rng.gen_range(0.001f32..0.1) * if rng.gen() { 1.0 } else { -1.0 })
+            .collect();
+        Mat {
+            encoding,
+            rows,
+            cols,
+            data,
+            scales,
+        }
+    }
+
+    fn view(&self) -> MatrixView<'_> {
+        MatrixView {
+            encoding: self.encoding,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+            scales: &self.scales,
+        }
+    }
+}
+
+fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Scalar];
+    if Isa::Avx2Fma.supported() {
+        v.push(Isa::Avx2Fma);
+    } else {
+        eprintln!("AVX2+FMA not available: testing the scalar kernels only");
+    }
+    v
+}
+
+fn encodings() -> Vec<Encoding> {
+    vec![
+        Encoding::F32,
+        Encoding::Bf16,
+        Encoding::Fp8,
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 32 },
+        Encoding::Int4 { group_size: 64 },
+        Encoding::Int4 { group_size: 128 },
+        Encoding::Int4 { group_size: 2 },
+        Encoding::Int4 { group_size: 6 },
+        Encoding::Int4 { group_size: 24 },
+    ]
+}
+
+/// (rows, cols): tiny, odd, not multiples of 8 / group sizes / 128 (fp8 edge blocks).
+const SHAPES: &[(usize, usize)] = &[
+    (1, 1),
+    (3, 7),
+    (5, 8),
+    (2, 9),
+    (17, 33),
+    (4, 64),
+    (9, 100),
+    (130, 257),
+    (129, 128),
+    (7, 300),
+];
+
+/// Reference `y = W x` in f64 from the store's `dequantize_row`, plus `sum |w x|` per row.
+fn reference(w: &MatrixView<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let mut row = vec![0f32; w.cols];
+    let mut y = Vec::with_capacity(w.rows);
+    let mut mag = Vec::with_capacity(w.rows);
+    for r in 0..w.rows {
+        w.dequantize_row(r, &mut row);
+        let (mut s, mut m) = (0f64, 0f64);
+        for (&a, &b) in row.iter().zip(x) {
+            s += a as f64 * b as f64;
+            m += (a as f64 * b as f64).abs();
+        }
+        y.push(s);
+        mag.push(m);
+    }
+    (y, mag)
+}
+
+/// Tolerance of an f32 dot product of `cols` terms relative to `sum |w x|`. Every kernel decodes
+/// each weight exactly as `dequantize_row` (one f32 rounding of code * scale, checked by
+/// `unit_vectors_extract_exact_weights`), so the only error is f32 summation: at most
+/// about `depth * 2^-24 * sum |w x|`, with depth < cols / 8 + 16 for the blocked sums used.
+/// A tolerance of `(cols + 16) * 2^-24` relative is therefore safe and still tight.
+fn tolerance(cols: usize) -> f64 {
+    (cols as f64 + 16.0) * (2.0f64).powi(-24)
+}
+
+#[test]
+fn matvec_matches_reference_for_every_encoding_and_isa() {
+    for (ei, &enc) in encodings().iter().enumerate() {
+        for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+            let m = Mat::random(enc, rows, cols, (ei * 100 + si) as u64);
+            let w = m.view();
+            let x = random_vec(cols, 7 + si as u64);
+            let (yref, mag) = reference(&w, &x);
+            for isa in isas() {
+                let mut y = vec![f32::NAN; rows];
+                matvec_with(isa, &w, &x, &mut y);
+                for r in 0..rows {
+                    let err = (y[r] as f64 - yref[r]).abs();
+                    let tol = tolerance(cols) * mag[r] + 1e-30;
+                    assert!(
+                        err <= tol,
+                        "{} {isa:?} [{rows}, {cols}] row {r}: got {}, reference {}, err {err:e} > tol {tol:e}",
+                        enc.name(),
+                        y[r],
+                        yref[r]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unit_vectors_extract_exact_weights() {
+    // W e_j = column j: exercises each column's decode exactly (including group / block
+    // boundaries, the last partial chunk and the int4 padding nibble) against dequantize_row.
+    for (ei, &enc) in encodings().iter().enumerate() {
+        for &(rows, cols) in &[(3usize, 37usize), (130, 139), (2, 8)] {
+            let m = Mat::random(enc, rows, cols, 1000 + ei as u64);
+            let w = m.view();
+            let mut dense = vec![0f32; rows * cols];
+            for r in 0..rows {
+                w.dequantize_row(r, &mut dense[r * cols..(r + 1) * cols]);
+            }
+            for isa in isas() {
+                for j in 0..cols {
+                    let mut x = vec![0f32; cols];
+                    x[j] = 1.0;
+                    let mut y = vec![f32::NAN; rows];
+                    matvec_with(isa, &w, &x, &mut y);
+                    for r in 0..rows {
+                        assert_eq!(
+                            y[r],
+                            dense[r * cols + j],
+                            "{} {isa:?} [{rows}, {cols}] W[{r}, {j}]",
+                            enc.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rows_are_bit_identical_to_matvec() {
+    for (ei, &enc) in encodings().iter().enumerate() {
+        for &(rows, cols) in &[(5usize, 37usize), (19, 128), (130, 257)] {
+            let m = Mat::random(enc, rows, cols, 2000 + ei as u64);
+            let w = m.view();
+            for isa in isas() {
+                for n in [1usize, 2, 3, 4, 5, 7, 11] {
+                    let x = random_vec(n * cols, 50 + n as u64);
+                    let mut y = vec![f32::NAN; n * rows];
+                    matmul_with(isa, &w, &x, n, &mut y);
+                    for t in 0..n {
+                        let mut yv = vec![f32::NAN; rows];
+                        matvec_with(isa, &w, &x[t * cols..(t + 1) * cols], &mut yv);
+                        for r in 0..rows {
+                            assert_eq!(
+                                y[t * rows + r].to_bits(),
+                                yv[r].to_bits(),
+                                "{} {isa:?} [{rows}, {cols}] n={n} token {t} row {r}",
+                                enc.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f` inside a dedicated rayon pool of `k` threads.
+fn in_pool<R: Send>(k: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(k)
+        .build()
+        .expect("rayon pool")
+        .install(f)
+}
+
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    // Big enough to take the parallel path (several row chunks).
+    let (rows, cols, n) = (300usize, 515usize, 6usize);
+    for (ei, enc) in [
+        Encoding::Bf16,
+        Encoding::Fp8,
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 32 },
+        Encoding::F32,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = Mat::random(enc, rows, cols, 3000 + ei as u64);
+        let w = m.view();
+        let x = random_vec(n * cols, 99);
+        for isa in isas() {
+            let run = || {
+                let mut yv = vec![0f32; rows];
+                matvec_with(isa, &w, &x[..cols], &mut yv);
+                let mut ym = vec![0f32; n * rows];
+                matmul_with(isa, &w, &x, n, &mut ym);
+                (yv, ym)
+            };
+            let one = in_pool(1, run);
+            let two = in_pool(2, run);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one.0), bits(&two.0), "{} {isa:?} matvec", enc.name());
+            assert_eq!(bits(&one.1), bits(&two.1), "{} {isa:?} matmul", enc.name());
+            assert_eq!(
+                bits(&one.0),
+                bits(&one.1[..rows]),
+                "{} {isa:?} matmul row 0",
+                enc.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn degenerate_shapes() {
+    for isa in isas() {
+        // cols = 0: every output is an empty sum.
+        let w = MatrixView {
+            encoding: Encoding::Int8,
+            rows: 3,
+            cols: 0,
+            data: &[],
+            scales: &[1.0, 2.0, 3.0],
+        };
+        let mut y = vec![f32::NAN; 3];
+        matvec_with(isa, &w, &[], &mut y);
+        assert_eq!(y, vec![0.0; 3]);
+        // n = 0 tokens.
+        let m = Mat::random(Encoding::Bf16, 4, 9, 1);
+        matmul_with(isa, &m.view(), &[], 0, &mut []);
+    }
+}
+
+#[test]
+fn fp8_nan_codes_propagate() {
+    let rows = 2;
+    let cols = 20;
+    let mut m = Mat::random(Encoding::Fp8, rows, cols, 5);
+    m.data[cols + 17] = 0x7F; // row 1, column 17 (in the last partial chunk)
+    m.data[3] = 0xFF; // row 0, column 3 (in a full chunk)
+    assert_eq!(m.scales.len(), 1);
+    assert_eq!(FP8_BLOCK, 128);
+    let x = random_vec(cols, 3);
+    for isa in isas() {
+        let mut y = vec![0f32; rows];
+        matvec_with(isa, &m.view(), &x, &mut y);
+        assert!(y[0].is_nan() && y[1].is_nan(), "{isa:?}: {y:?}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "x has")]
+fn matvec_rejects_wrong_x_length() {
+    let m = Mat::random(Encoding::Bf16, 4, 9, 1);
+    let mut y = vec![0f32; 4];
+    matvec_with(Isa::Scalar, &m.view(), &[0.0; 8], &mut y);
+}
+
+#[test]
+#[should_panic(expected = "weight section")]
+fn matvec_rejects_short_weight_section() {
+    let m = Mat::random(Encoding::Int4 { group_size: 32 }, 4, 9, 1);
+    let mut w = m.view();
+    w.data = &m.data[..m.data.len() - 1];
+    let mut y = vec![0f32; 4];
+    matvec_with(Isa::Scalar, &w, &[0.0; 9], &mut y);
+}
+
+#[test]
+#[should_panic(expected = "scales")]
+fn matmul_rejects_wrong_scale_count() {
+    let m = Mat::random(Encoding::Fp8, 130, 9, 1);
+    let mut w = m.view();
+    w.scales = &m.scales[..1];
+    let mut y = vec![0f32; 130];
+    matmul_with(Isa::Scalar, &w, &[0.0; 9], 1, &mut y);
+}
+
+#[test]
+fn default_entry_points_use_the_detected_isa() {
+    let isa = coli_kernels::detected_isa();
+    assert!(isa.supported());
+    let (rows, cols, n) = (40usize, 77usize, 3usize);
+    let m = Mat::random(Encoding::Int4 { group_size: 32 }, rows, cols, 77);
+    let w = m.view();
+    let x = random_vec(n * cols, 78);
+    let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+    coli_kernels::matvec(&w, &x[..cols], &mut a);
+    matvec_with(isa, &w, &x[..cols], &mut b);
+    assert_eq!(a, b);
+    let (mut c, mut d) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+    coli_kernels::matmul(&w, &x, n, &mut c);
+    matmul_with(isa, &w, &x, n, &mut d);
+    assert_eq!(c, d);
+}
