@@ -17,7 +17,7 @@ python=${PYTHON:-python3}
 if [ ! -x .venv-demo/bin/python ]; then
   "$python" -m venv .venv-demo
 fi
-.venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tools/demo/requirements.txt
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 
 # 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
 cargo build -q -p coli-convert -p coli-tools
