@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""End-to-end check of README command 1 on the real demo model (SmolLM2-135M-Instruct).
+
+checkpoint (tools/demo/make_demo_checkpoint.py) -> coli-convert -> coli run / coli eval, asserted
+against tests/fixtures/demo/expected.json, which transformers produced (make_demo_expected.py):
+
+1. the builder is deterministic: every checkpoint file has the recorded sha256;
+2. default store (int4 g64 experts, bf16 dense): the chat answer to "What is the capital of
+   France?" names Paris and its token ids equal transformers' on the same dequantized weights,
+   once with every expert cached and once with an expert budget far below the model's experts
+   (then there must be evictions, disk reads and a hit rate below 1, and the same tokens);
+3. lossless store (fp8 experts and dense): greedy token ids of the three fixed prompts equal
+   transformers' greedy ids;
+4. teacher-forced perplexity of the lossless store on the committed text matches transformers'.
+
+Standard library only. Run from the repository root after `cargo build -p coli-convert -p coli-tools`.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPECTED = os.path.join(ROOT, "tests", "fixtures", "demo", "expected.json")
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+COLI = os.path.join(TARGET, "debug", "coli")
+CONVERT = os.path.join(TARGET, "debug", "coli-convert")
+
+failures = []
+passed = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    (passed if cond else failures).append(what)
+
+
+def run(cmd, **kw):
+    print("$ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        print(p.stdout)
+        print(p.stderr)
+        raise SystemExit(f"command failed with exit code {p.returncode}: {' '.join(cmd)}")
+    return p
+
+
+def coli_json(args):
+    p = run([COLI] + args + ["--json"])
+    sys.stderr.write(p.stderr)
+    return json.loads(p.stdout)
+
+
+def strip_eos(ids, eos):
+    ids = list(ids)
+    while ids and ids[-1] in eos:
+        ids.pop()
+    return ids
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main():
+    exp = json.load(open(EXPECTED))
+    eos = {exp["eos_token_id"]}
+    work = tempfile.mkdtemp(prefix="coli-demo-e2e-", dir=os.environ.get("TMPDIR"))
+    try:
+        ckpt = os.path.join(work, "checkpoint")
+        run([sys.executable, os.path.join(ROOT, "tools", "demo", "make_demo_checkpoint.py"), ckpt])
+        for name, digest in exp["checkpoint_sha256"].items():
+            check(sha256(os.path.join(ckpt, name)) == digest, f"checkpoint file {name} has the recorded sha256")
+
+        int4 = os.path.join(work, "store-int4")
+        fp8 = os.path.join(work, "store-fp8")
+        run([CONVERT, ckpt, int4])
+        run([CONVERT, ckpt, fp8, "--experts", "fp8", "--dense", "fp8"])
+
+        # 2. The README path: chat answer from the default store, full budget and a small one.
+        q = exp["int4_g64"]
+        want = strip_eos(q["expected_new_ids"], eos)
+        full = coli_json(["run", "--store", int4, "--chat", "--prompt", q["prompt"], "--max-tokens", "24"])
+        check(full["prompt_ids"] == q["prompt_ids"], "default store: chat prompt ids equal transformers' rendering + tokenization")
+        check("Paris" in full["text"], f"default store answer names Paris: {full['text']!r}")
+        check(strip_eos(full["token_ids"], eos) == want, f"default store tokens equal transformers' {want}: {full['token_ids']}")
+        small = coli_json(["run", "--store", int4, "--chat", "--prompt", q["prompt"], "--max-tokens", "24", "--ram-budget", "2MiB"])
+        st = small["stats"]
+        check(small["token_ids"] == full["token_ids"], "2 MiB expert budget gives the same tokens as the full budget")
+        check(st["evictions"] > 0 and st["expert_bytes_read"] > 0 and st["hit_rate"] < 1.0,
+              f"2 MiB budget: evictions {st['evictions']}, bytes read {st['expert_bytes_read']}, hit rate {st['hit_rate']}")
+
+        # 3. Lossless store vs transformers' greedy ids for three prompts.
+        for p in exp["lossless"]["prompts"]:
+            n = len(p["expected_new_ids"])
+            out = coli_json(["run", "--store", fp8, "--prompt-ids", ",".join(map(str, p["prompt_ids"])),
+                             "--max-tokens", str(exp["decoding"]["max_new_tokens"])])
+            got = strip_eos(out["token_ids"], eos)
+            check(got == strip_eos(p["expected_new_ids"], eos),
+                  f"lossless greedy ids for {p['prompt']!r}: {got} vs {p['expected_new_ids'][:n]}")
+
+        # 4. Perplexity of the lossless store on the committed public-domain text.
+        ppl = exp["perplexity"]
+        ev = coli_json(["eval", "--store", fp8, "--text", os.path.join(ROOT, "tests", "fixtures", "demo", ppl["file"]),
+                        "--max-tokens", str(ppl["tokens"])])
+        check(abs(ev["perplexity"] - ppl["lossless"]) / ppl["lossless"] < 1e-3,
+              f"lossless perplexity {ev['perplexity']:.4f} vs transformers {ppl['lossless']:.4f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"demo: {len(passed)} passed, {len(failures)} failed")
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
