@@ -1,1 +1,84 @@
-fn main() {}
+//! `coli-convert INPUT_DIR OUTPUT_STORE [--experts ..] [--dense ..] [--mtp ..] [--threads N] [--json]`:
+//! converts a Hugging Face MoE checkpoint into a coli block store (docs/CONVERT.md).
+
+use anyhow::Context;
+use clap::Parser;
+use coli_convert::{parse_encoding, run, Encodings, Options};
+use std::path::PathBuf;
+
+/// Converts a Hugging Face FP8/BF16 MoE checkpoint into a coli block store.
+#[derive(Parser, Debug)]
+#[command(name = "coli-convert", version, about)]
+struct Cli {
+    /// Local Hugging Face checkpoint directory (config.json, *.safetensors, index).
+    input: PathBuf,
+    /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
+    output: PathBuf,
+    /// Routed expert encoding: int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only), bf16.
+    #[arg(long, default_value = "int4-g64")]
+    experts: String,
+    /// Encoding of the other linear weights: bf16, int8, fp8 (FP8 sources only).
+    #[arg(long, default_value = "bf16")]
+    dense: String,
+    /// Encoding of the MTP layer's linear weights and experts: int8, bf16, fp8.
+    #[arg(long, default_value = "int8")]
+    mtp: String,
+    /// Quantization threads (default: one per core). Output does not depend on it.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the final report as JSON on stdout (no progress bar).
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coli-convert: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let encodings = Encodings {
+        experts: parse_encoding(
+            &cli.experts,
+            &["int4-g64", "int4-g32", "int8", "fp8", "bf16"],
+            "experts",
+        )?,
+        dense: parse_encoding(&cli.dense, &["bf16", "int8", "fp8"], "dense")?,
+        mtp: parse_encoding(&cli.mtp, &["int8", "bf16", "fp8"], "mtp")?,
+    };
+    if cli.threads == Some(0) {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    let opts = Options {
+        input: cli.input.clone(),
+        output: cli.output.clone(),
+        encodings,
+        threads: cli.threads,
+        progress: !cli.json,
+    };
+    let report = run(&opts).with_context(|| {
+        format!(
+            "converting {} into {}",
+            cli.input.display(),
+            cli.output.display()
+        )
+    })?;
+    if report.experts_skipped > 0 || report.dense_skipped > 0 {
+        eprintln!(
+            "resumed: skipped {} experts ({} bytes)",
+            report.experts_skipped, report.bytes_skipped
+        );
+    }
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! A local Hugging Face checkpoint directory: config, index, shards, tokenizer files.
+
+use crate::error::{ConvertError, Result};
+use crate::family::ModelConfig;
+use crate::safetensors::{parse_json_strict, Shard, TensorInfo};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The index file name.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The single-file checkpoint name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Model files copied into the store's `files/` when present (config.json is copied by the
+/// writer from [`coli_store::StoreSpec::config_json`]).
+pub const COPIED_FILES: &[&str] = &[
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+];
+
+/// An opened, validated checkpoint (headers parsed, shards memory-mapped, no data read yet).
+pub struct Checkpoint {
+    /// The directory.
+    pub dir: PathBuf,
+    /// config.json bytes, unchanged.
+    pub config_bytes: Vec<u8>,
+    /// The interpreted config.
+    pub config: ModelConfig,
+    /// Shards, sorted by file name.
+    pub shards: Vec<Shard>,
+    /// Every tensor: name -> index into `shards`.
+    pub tensors: BTreeMap<String, usize>,
+    /// Optional model files present (name, bytes), in [`COPIED_FILES`] order.
+    pub extra_files: Vec<(String, Vec<u8>)>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| ConvertError::io(path, e))
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint directory: parses config.json, the index (or the single
+    /// model.safetensors), and every shard header the index names.
+    ///
+    /// # Errors
+    /// [`ConvertError::Config`] for a missing/invalid config.json or index, a shard name with a
+    /// path separator, or an index entry whose shard lacks the tensor; [`ConvertError::Safetensors`]
+    /// for a shard named in the index that is missing or invalid (see [`Shard::open`]) or a
+    /// tensor present in two shards.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let cfg_path = dir.join("config.json");
+        if !cfg_path.is_file() {
+            return Err(ConvertError::Config {
+                file: cfg_path,
+                what: "missing: INPUT_DIR must be a Hugging Face checkpoint directory with config.json".into(),
+            });
+        }
+        let config_bytes = read(&cfg_path)?;
+        let cfg_text = std::str::from_utf8(&config_bytes).map_err(|e| ConvertError::Config {
+            file: cfg_path.clone(),
+            what: format!("not UTF-8: {e}"),
+        })?;
+        let cfg_json = parse_json_strict(cfg_text).map_err(|e| ConvertError::Config {
+            file: cfg_path.clone(),
+            what: format!("invalid JSON: {e}"),
+        })?;
+        let config = ModelConfig::from_json(&cfg_json, &cfg_path)?;
+
+        let index_path = dir.join(INDEX_FILE);
+        let mut weight_map: BTreeMap<String, String> = BTreeMap::new();
+        let shard_names: Vec<String> = if index_path.exists() {
+            let text = read(&index_path)?;
+            let bad = |what: String| ConvertError::Config {
+                file: index_path.clone(),
+                what,
+            };
+            let text = std::str::from_utf8(&text).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+            let v = parse_json_strict(text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            let wm = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+            for (k, f) in wm {
+                let f = f
+                    .as_str()
+                    .ok_or_else(|| bad(format!("weight_map[\"{k}\"] is not a file name")))?;
+                if f.is_empty() || f.contains('/') || f.contains('\\') || f == "." || f == ".." {
+                    return Err(bad(format!(
+                        "weight_map[\"{k}\"] = \"{f}\" is not a plain file name in the checkpoint directory"
+                    )));
+                }
+                weight_map.insert(k.clone(), f.to_string());
+            }
+            let mut names: Vec<String> = weight_map.values().cloned().collect();
+            names.sort();
+            names.dedup();
+            if names.is_empty() {
+                return Err(bad("weight_map is empty".into()));
+            }
+            names
+        } else if dir.join(SINGLE_FILE).exists() {
+            vec![SINGLE_FILE.to_string()]
+        } else {
+            return Err(ConvertError::Config {
+                file: index_path,
+                what: format!(
+                    "missing, and there is no {SINGLE_FILE} either: not a safetensors checkpoint"
+                ),
+            });
+        };
+
+        let mut shards = Vec::with_capacity(shard_names.len());
+        for name in &shard_names {
+            let p = dir.join(name);
+            if !p.exists() {
+                return Err(ConvertError::Safetensors {
+                    file: p,
+                    what: format!(
+                        "shard named in {INDEX_FILE} is missing: download it (the checkpoint is incomplete)"
+                    ),
+                });
+            }
+            shards.push(Shard::open(&p, name)?);
+        }
+        let mut tensors = BTreeMap::new();
+        for (i, s) in shards.iter().enumerate() {
+            for name in s.tensors.keys() {
+                if let Some(&j) = tensors.get(name) {
+                    let other: &Shard = &shards[j];
+                    return Err(ConvertError::Safetensors {
+                        file: s.path.clone(),
+                        what: format!(
+                            "tensor {name} is also in {}: a tensor must be in one shard only",
+                            other.name
+                        ),
+                    });
+                }
+                tensors.insert(name.clone(), i);
+            }
+        }
+        for (t, f) in &weight_map {
+            let i = shard_names.binary_search(f).expect("shard listed");
+            if !shards[i].tensors.contains_key(t) {
+                return Err(ConvertError::Config {
+                    file: index_path.clone(),
+                    what: format!(
+                        "weight_map says {t} is in {f}, but {f}'s header has no such tensor"
+                    ),
+                });
+            }
+        }
+        let mut extra_files = Vec::new();
+        for f in COPIED_FILES {
+            let p = dir.join(f);
+            if p.is_file() {
+                extra_files.push((f.to_string(), read(&p)?));
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config_bytes,
+            config,
+            shards,
+            tensors,
+            extra_files,
+        })
+    }
+
+    /// The shard and header entry of a tensor.
+    pub fn get(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
+        let &i = self.tensors.get(name)?;
+        let s = &self.shards[i];
+        Some((s, &s.tensors[name]))
+    }
+
+    /// True if the checkpoint has this tensor.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}

@@ -1,0 +1,453 @@
+//! The conversion driver: open and check the checkpoint, then stream every tensor through the
+//! store writer in a fixed order (dense tensors, then experts layer by layer), resumable.
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{ConvertError, Result};
+use crate::failpoint;
+use crate::plan::{self, Class, Encodings, Plan};
+use crate::quant::{self, ErrStats};
+use coli_store::{EncodedMatrix, Encoding, SourceFile, StoreSpec, StoreWriter, WriterStart};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Record alignment of the stores this converter writes, bytes.
+pub const ALIGNMENT: usize = 4096;
+/// Segment size bound, bytes (4 GiB).
+pub const SEGMENT_MAX_BYTES: u64 = 4 << 30;
+
+/// What to convert and how.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Hugging Face checkpoint directory.
+    pub input: PathBuf,
+    /// Store directory to create.
+    pub output: PathBuf,
+    /// Encodings per tensor class.
+    pub encodings: Encodings,
+    /// Worker threads for quantization (`None`: rayon's default, one per core).
+    pub threads: Option<usize>,
+    /// Show a progress bar on stderr (only drawn when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Outcome of a conversion, printed as text or JSON (docs/CONVERT.md).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// `"converted"` or `"already_complete"`.
+    pub status: String,
+    /// The store directory.
+    pub store: PathBuf,
+    /// `model_type`.
+    pub family: String,
+    /// `experts`, `dense`, `mtp` encodings.
+    pub parameters: BTreeMap<String, String>,
+    /// Dense tensors in the store.
+    pub tensors: u64,
+    /// Expert records in the store.
+    pub experts: u64,
+    /// Expert records found already written (resume) and skipped.
+    pub experts_skipped: u64,
+    /// Bytes of those skipped records (as reported by the writer).
+    pub bytes_skipped: u64,
+    /// Dense tensors found already written (resume) and skipped.
+    pub dense_skipped: u64,
+    /// Source bytes read and converted by this run (weights and scales).
+    pub bytes_in: u64,
+    /// Encoded bytes (weights and scales, no padding) produced by this run.
+    pub bytes_out: u64,
+    /// Size of the finished store on disk, bytes (all files).
+    pub store_bytes: u64,
+    /// Relative RMS quantization error per class, `sqrt(sum (w_q - w)^2 / sum w^2)` against
+    /// the f32 source values, over the tensors converted by this run; `null` when the class
+    /// had no tensor converted.
+    pub rel_rms_error: BTreeMap<String, Option<f64>>,
+    /// Wall time, seconds.
+    pub elapsed_s: f64,
+}
+
+/// Parses an `--experts` value: `int4-g64`, `int4-g32`, `int8`, `fp8`, `bf16`.
+///
+/// # Errors
+/// [`ConvertError::Usage`] for anything else.
+pub fn parse_encoding(s: &str, allowed: &[&str], flag: &str) -> Result<Encoding> {
+    if !allowed.contains(&s) {
+        return Err(ConvertError::Usage(format!(
+            "--{flag} {s}: expected one of {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(match s {
+        "int4-g64" => Encoding::Int4 { group_size: 64 },
+        "int4-g32" => Encoding::Int4 { group_size: 32 },
+        "int8" => Encoding::Int8,
+        "fp8" => Encoding::Fp8,
+        "bf16" => Encoding::Bf16,
+        _ => unreachable!("checked against allowed"),
+    })
+}
+
+/// `TARGET.partial`, where the writer builds the store (docs/FORMAT.md section 1).
+pub fn partial_path(target: &Path) -> PathBuf {
+    let mut s = target.as_os_str().to_os_string();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+fn dir_size(p: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Free bytes for unprivileged users on the file system holding `dir` (statvfs).
+fn free_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| ConvertError::Usage(format!("{}: path contains a NUL byte", dir.display())))?;
+    let mut st: libc::statvfs = unsafe_zeroed_statvfs();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid, writable statvfs struct.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(ConvertError::io(dir, std::io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast)] // u64 on 64-bit Linux, narrower elsewhere
+    let free = st.f_bavail as u64 * st.f_frsize as u64;
+    Ok(free)
+}
+
+fn unsafe_zeroed_statvfs() -> libc::statvfs {
+    // SAFETY: statvfs is a plain C struct of integers, for which all-zero bytes are valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Converts a checkpoint into a store. Already-written records of an interrupted run with the
+/// same parameters are verified by the writer and skipped; a finished store with the same
+/// parameters returns `status = "already_complete"`.
+///
+/// # Errors
+/// Any [`ConvertError`]: bad input (found in preflight before anything is written, or NaN/Inf
+/// found while converting, in which case the partial store is removed), not enough disk space,
+/// a store with different parameters at the target (writer error), I/O errors (the partial
+/// store is kept for a later resume).
+pub fn run(opts: &Options) -> Result<Report> {
+    let pool = {
+        let mut b = rayon::ThreadPoolBuilder::new();
+        if let Some(n) = opts.threads {
+            b = b.num_threads(n.max(1));
+        }
+        b.build().map_err(|e| {
+            ConvertError::Usage(format!("cannot start {:?} threads: {e}", opts.threads))
+        })?
+    };
+    pool.install(|| run_in_pool(opts))
+}
+
+fn run_in_pool(opts: &Options) -> Result<Report> {
+    let t0 = Instant::now();
+    // `out/` and `out` are the same store (and `out/.partial` must not happen).
+    let mut opts = opts.clone();
+    opts.output = opts.output.components().collect();
+    let opts = &opts;
+    let ck = Checkpoint::open(&opts.input)?;
+    let plan = plan::build(&ck, opts.encodings, ALIGNMENT)?;
+    let mut parameters = BTreeMap::new();
+    parameters.insert("experts".to_string(), opts.encodings.experts.name());
+    parameters.insert("dense".to_string(), opts.encodings.dense.name());
+    parameters.insert("mtp".to_string(), opts.encodings.mtp.name());
+
+    // Disk space (the target's parent must exist).
+    let parent = match opts.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(ConvertError::Usage(format!(
+            "{}: the parent directory of OUTPUT_STORE does not exist; create it first",
+            parent.display()
+        )));
+    }
+    if !opts.output.join("MANIFEST").exists() {
+        let have = dir_size(&partial_path(&opts.output));
+        let needed = plan.estimated_out.saturating_sub(have);
+        let available = free_bytes(&parent)?;
+        if needed > available {
+            return Err(ConvertError::DiskSpace {
+                dir: parent,
+                needed,
+                available,
+            });
+        }
+    }
+    failpoint::hit("convert.after_preflight");
+
+    let spec = StoreSpec {
+        family: ck.config.model_type.clone(),
+        config_json: ck.config_bytes.clone(),
+        num_layers: plan.num_layers,
+        expert_layers: plan.expert_layers.clone(),
+        expert_encoding: opts.encodings.experts,
+        alignment: ALIGNMENT,
+        segment_max_bytes: SEGMENT_MAX_BYTES,
+        converter_version: env!("CARGO_PKG_VERSION").to_string(),
+        parameters: parameters.clone(),
+        sources: ck
+            .shards
+            .iter()
+            .map(|s| SourceFile {
+                name: s.name.clone(),
+                size: s.size,
+                header_xxh3: format!("{:016x}", s.header_xxh3),
+            })
+            .collect(),
+    };
+    let mut report = Report {
+        status: "converted".into(),
+        store: opts.output.clone(),
+        family: ck.config.model_type.clone(),
+        parameters,
+        tensors: plan.dense.len() as u64,
+        experts: plan.experts.len() as u64,
+        experts_skipped: 0,
+        bytes_skipped: 0,
+        dense_skipped: 0,
+        bytes_in: 0,
+        bytes_out: 0,
+        store_bytes: 0,
+        rel_rms_error: BTreeMap::new(),
+        elapsed_s: 0.0,
+    };
+    let (mut writer, resumed) = match StoreWriter::create_or_resume(&opts.output, spec)? {
+        WriterStart::AlreadyComplete => {
+            report.status = "already_complete".into();
+            report.store_bytes = dir_size(&opts.output);
+            report.elapsed_s = t0.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        WriterStart::Fresh(w) => (w, None),
+        WriterStart::Resumed(w, info) => (w, Some(info)),
+    };
+    if let Some(info) = &resumed {
+        report.bytes_skipped = info.bytes_kept;
+    }
+    let result = write_all(&ck, &plan, &mut writer, &mut report, opts.progress);
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            drop(writer);
+            if e.is_bad_data() {
+                // The input is corrupt: what was written from it is worthless.
+                let _ = std::fs::remove_dir_all(partial_path(&opts.output));
+            }
+            return Err(e);
+        }
+    }
+    let path = writer.finish()?;
+    report.store_bytes = dir_size(&path);
+    report.elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn write_all(
+    ck: &Checkpoint,
+    plan: &Plan,
+    writer: &mut StoreWriter,
+    report: &mut Report,
+    progress: bool,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    let pb = if progress && std::io::stderr().is_terminal() {
+        let pb = ProgressBar::with_draw_target(Some(plan.bytes_in), ProgressDrawTarget::stderr());
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut stats: BTreeMap<Class, ErrStats> = BTreeMap::new();
+    let mut counted: BTreeMap<Class, bool> = BTreeMap::new();
+
+    for d in &plan.dense {
+        let (m, regions) = plan::source_matrix(ck, &d.name)?;
+        let nbytes: u64 = regions.iter().map(|(_, t)| t.nbytes() as u64).sum();
+        if writer.is_dense_done(&d.name) {
+            report.dense_skipped += 1;
+            pb.inc(nbytes);
+            continue;
+        }
+        pb.set_message(d.name.clone());
+        let (enc, st) = quant::encode(&m, d.encoding)?;
+        writer.add_dense(&d.name, &d.shape, &enc)?;
+        for (s, t) in &regions {
+            s.release(t);
+        }
+        stats.entry(d.class).or_default().add(st);
+        counted.insert(d.class, true);
+        report.bytes_in += nbytes;
+        report.bytes_out += out_bytes(&enc);
+        pb.inc(nbytes);
+    }
+    failpoint::hit("convert.after_dense");
+
+    // Experts: this thread quantizes expert k+1 (rows in parallel on the rayon pool) while a
+    // writer thread appends expert k; a channel of 2 bounds the experts in flight to 4.
+    let mut todo = Vec::with_capacity(plan.experts.len());
+    for x in &plan.experts {
+        if writer.is_expert_done(x.key) {
+            report.experts_skipped += 1;
+            for n in &x.names {
+                let (_, regions) = plan::source_matrix(ck, n)?;
+                pb.inc(regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>());
+            }
+        } else {
+            todo.push(x);
+        }
+    }
+    let (h, i) = (ck.config.hidden, ck.config.intermediate);
+    type Region<'a> = (
+        &'a crate::safetensors::Shard,
+        &'a crate::safetensors::TensorInfo,
+    );
+    type Job<'a> = (
+        coli_store::ExpertKey,
+        Vec<EncodedMatrix>,
+        Vec<Region<'a>>,
+        u64,
+    );
+    let w: &mut StoreWriter = &mut *writer;
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job<'_>>(2);
+        let pbw = pb.clone();
+        let consumer = scope.spawn(move || -> Result<()> {
+            let mut written = 0u64;
+            for (key, mats, regions, nbytes) in rx {
+                w.add_expert(key, h, i, [&mats[0], &mats[1], &mats[2]])?;
+                for (s, t) in &regions {
+                    s.release(t);
+                }
+                pbw.inc(nbytes);
+                written += 1;
+                failpoint::after_expert(written);
+            }
+            Ok(())
+        });
+        let produce = || -> Result<()> {
+            for x in todo {
+                pb.set_message(format!("{}", x.key));
+                let mut mats: Vec<EncodedMatrix> = Vec::with_capacity(3);
+                let mut all_regions = Vec::with_capacity(6);
+                let mut nbytes = 0u64;
+                for n in &x.names {
+                    let (m, regions) = plan::source_matrix(ck, n)?;
+                    nbytes += regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>();
+                    let (enc, st) = quant::encode(&m, x.encoding)?;
+                    stats.entry(x.class).or_default().add(st);
+                    counted.insert(x.class, true);
+                    report.bytes_out += out_bytes(&enc);
+                    mats.push(enc);
+                    all_regions.extend(regions);
+                }
+                report.bytes_in += nbytes;
+                if tx.send((x.key, mats, all_regions, nbytes)).is_err() {
+                    break; // the writer thread failed; its error is reported below
+                }
+            }
+            Ok(())
+        };
+        let produced = produce();
+        drop(tx);
+        let written = consumer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        // A data error (NaN) from the producer takes precedence: it decides cleanup.
+        produced?;
+        written
+    })?;
+    pb.finish_and_clear();
+    for (name, bytes) in &ck.extra_files {
+        writer.add_file(name, bytes)?;
+    }
+    for c in [
+        Class::Experts,
+        Class::Attention,
+        Class::DenseMlp,
+        Class::Mtp,
+    ] {
+        let v = if counted.get(&c).copied().unwrap_or(false) {
+            stats.get(&c).and_then(|s| s.rel_rms())
+        } else {
+            None
+        };
+        report.rel_rms_error.insert(c.key().to_string(), v);
+    }
+    Ok(())
+}
+
+fn out_bytes(m: &EncodedMatrix) -> u64 {
+    (m.data.len() + m.scales.len() * 4) as u64
+}
+
+impl Report {
+    /// Human-readable summary (several lines).
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        if self.status == "already_complete" {
+            let _ = writeln!(s, "already complete: {}", self.store.display());
+            return s;
+        }
+        if self.experts_skipped > 0 || self.dense_skipped > 0 {
+            let _ = writeln!(
+                s,
+                "resumed: skipped {} experts ({} bytes) and {} dense tensors",
+                self.experts_skipped, self.bytes_skipped, self.dense_skipped
+            );
+        }
+        let _ = writeln!(
+            s,
+            "converted {} ({}) -> {}",
+            self.family,
+            self.parameters
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.store.display()
+        );
+        let _ = writeln!(
+            s,
+            "tensors: {} dense, {} experts; bytes in {}, bytes out {}, store {} bytes; {:.2} s",
+            self.tensors,
+            self.experts,
+            self.bytes_in,
+            self.bytes_out,
+            self.store_bytes,
+            self.elapsed_s
+        );
+        for (k, v) in &self.rel_rms_error {
+            match v {
+                Some(v) => {
+                    let _ = writeln!(s, "relative RMS error {k}: {v:.6}");
+                }
+                None => {
+                    let _ = writeln!(s, "relative RMS error {k}: n/a");
+                }
+            }
+        }
+        s
+    }
+}

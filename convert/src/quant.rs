@@ -1,0 +1,665 @@
+//! Decoding source tensors to f32 and encoding them into the store's encodings.
+//!
+//! The arithmetic is exactly docs/FORMAT.md section 6 ("Quantization"), all in f32:
+//!
+//! - FP8 source: `w = fp8_e4m3_to_f32(q) * (scale as f32)` where the scale is the source's
+//!   `<name>_scale_inv` block `[r / 128][c / 128]` (F32, BF16 or F16, widened exactly).
+//! - **int4, group g**: per row, per group of `g` consecutive columns (the last group of a row
+//!   is shorter when `g` does not divide `cols`): `absmax = max |w|`, `s = max(absmax / 7, 1e-8)`,
+//!   `q = clip(round_half_even(w / s), -8, 7)`; stored as nibble `q + 8`, column `2j` in the low
+//!   nibble of byte `j` of the row, column `2j+1` in the high nibble; for odd `cols` the last
+//!   high nibble is 8 (q = 0). Scales f32, `[rows, ceil(cols / g)]`.
+//! - **int8**: per row, `s = max(absmax / 127, 1e-8)`, `q = clip(round_half_even(w / s), -128, 127)`.
+//! - **bf16**: round to nearest, ties to even ([`f32_to_bf16_rne`]).
+//! - **fp8**: the source's bytes and block scales, unchanged (scales widened to f32 exactly).
+//! - **f32**: the values (F16 and F32 sources widen exactly).
+//!
+//! NaN and infinities (including the e4m3 NaN codes 0x7F/0xFF) are refused with the tensor name
+//! and position. Rows are processed in parallel with rayon; each row's output depends only on
+//! that row, and statistics are summed in row order, so results do not depend on the number of
+//! threads.
+
+use crate::error::{ConvertError, Result};
+use crate::safetensors::Dtype;
+use coli_store::encoding::{bf16_to_f32, fp8_e4m3_to_f32, FP8_BLOCK};
+use coli_store::{EncodedMatrix, Encoding};
+use rayon::prelude::*;
+use std::path::Path;
+
+/// Smallest quantization scale (FORMAT.md section 6): avoids division by zero on all-zero groups.
+pub const MIN_SCALE: f32 = 1e-8;
+
+/// A source tensor's FP8 block scales (`<name>_scale_inv`), `[ceil(rows/128), ceil(cols/128)]`.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleSource<'a> {
+    /// Tensor name of the scale (`..._scale_inv`).
+    pub name: &'a str,
+    /// Shard holding it.
+    pub file: &'a Path,
+    /// F32, BF16 or F16.
+    pub dtype: Dtype,
+    /// Raw little-endian bytes, unaligned.
+    pub data: &'a [u8],
+}
+
+/// A source matrix as stored in the checkpoint. 1-D tensors are seen as one row.
+#[derive(Clone, Copy, Debug)]
+pub struct SourceMatrix<'a> {
+    /// Tensor name.
+    pub name: &'a str,
+    /// Shard holding it.
+    pub file: &'a Path,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Rows (output features).
+    pub rows: usize,
+    /// Columns (input features).
+    pub cols: usize,
+    /// Raw little-endian bytes (`rows * cols * dtype.size()`), unaligned.
+    pub data: &'a [u8],
+    /// Block scales, required when `dtype` is F8_E4M3.
+    pub scales: Option<ScaleSource<'a>>,
+}
+
+/// Squared-error sums of one encoded tensor, for the relative RMS error
+/// `sqrt(sum (w_q - w)^2 / sum w^2)` against the f32 source values.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ErrStats {
+    /// `sum (w_q - w)^2`, in f64.
+    pub sum_err2: f64,
+    /// `sum w^2`, in f64.
+    pub sum_w2: f64,
+}
+
+impl ErrStats {
+    /// Adds another tensor's sums.
+    pub fn add(&mut self, o: ErrStats) {
+        self.sum_err2 += o.sum_err2;
+        self.sum_w2 += o.sum_w2;
+    }
+    /// `sqrt(sum_err2 / sum_w2)`; 0 when there is no error; `None` when nothing was measured.
+    pub fn rel_rms(&self) -> Option<f64> {
+        if self.sum_err2 == 0.0 {
+            if self.sum_w2 == 0.0 {
+                return None;
+            }
+            return Some(0.0);
+        }
+        Some((self.sum_err2 / self.sum_w2.max(f64::MIN_POSITIVE)).sqrt())
+    }
+}
+
+/// f32 to bfloat16 bits, round to nearest, ties to even. The input must be finite (the
+/// converter refuses NaN before it gets here); infinities and overflow round as IEEE does.
+pub fn f32_to_bf16_rne(x: f32) -> u16 {
+    let b = x.to_bits();
+    let lsb = (b >> 16) & 1;
+    (b.wrapping_add(0x7FFF + lsb) >> 16) as u16
+}
+
+/// Decodes an f16 bit pattern to f32 exactly.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// Decodes element `i` of a little-endian buffer of `dtype` (FP8 without its scale).
+#[inline]
+fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
+    match dtype {
+        Dtype::F8E4M3 => fp8_e4m3_to_f32(data[i]),
+        Dtype::Bf16 => bf16_to_f32(u16::from_le_bytes([data[2 * i], data[2 * i + 1]])),
+        Dtype::F16 => f16_to_f32(u16::from_le_bytes([data[2 * i], data[2 * i + 1]])),
+        Dtype::F32 => f32::from_le_bytes([
+            data[4 * i],
+            data[4 * i + 1],
+            data[4 * i + 2],
+            data[4 * i + 3],
+        ]),
+    }
+}
+
+fn non_finite(tensor: &str, file: &Path, position: String, v: f32) -> ConvertError {
+    ConvertError::NonFinite {
+        tensor: tensor.to_string(),
+        file: file.to_path_buf(),
+        position,
+        value: format!("{v}"),
+    }
+}
+
+impl<'a> SourceMatrix<'a> {
+    /// Number of FP8 scale blocks along rows and columns.
+    pub fn scale_blocks(&self) -> (usize, usize) {
+        (self.rows.div_ceil(FP8_BLOCK), self.cols.div_ceil(FP8_BLOCK))
+    }
+
+    /// The block scales widened to f32, `[ceil(rows/128) * ceil(cols/128)]` row-major
+    /// (empty for non-FP8 sources).
+    ///
+    /// # Errors
+    /// [`ConvertError::Tensor`] when an FP8 tensor has no scale or the scale has the wrong
+    /// size; [`ConvertError::NonFinite`] for a NaN or infinite scale.
+    pub fn scales_f32(&self) -> Result<Vec<f32>> {
+        if self.dtype != Dtype::F8E4M3 {
+            return Ok(Vec::new());
+        }
+        let s = self.scales.ok_or_else(|| ConvertError::Tensor {
+            tensor: self.name.to_string(),
+            what: format!(
+                "F8_E4M3 weight without its block scale {}_scale_inv",
+                self.name.trim_end_matches(".weight")
+            ),
+        })?;
+        let (br, bc) = self.scale_blocks();
+        if s.data.len() != br * bc * s.dtype.size() {
+            return Err(ConvertError::Tensor {
+                tensor: s.name.to_string(),
+                what: format!(
+                    "scale has {} bytes, expected [{br}, {bc}] {} for weight [{}, {}]",
+                    s.data.len(),
+                    s.dtype.name(),
+                    self.rows,
+                    self.cols
+                ),
+            });
+        }
+        let out: Vec<f32> = (0..br * bc).map(|i| decode(s.dtype, s.data, i)).collect();
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(non_finite(
+                s.name,
+                s.file,
+                format!("[{}, {}]", i / bc.max(1), i % bc.max(1)),
+                out[i],
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Decodes row `r` into `out` (`cols` values) in f32, FP8 times its block scale.
+    /// Returns the first column holding a NaN/infinite value (or an e4m3 NaN code).
+    fn row_f32(&self, scales: &[f32], r: usize, out: &mut [f32]) -> Option<usize> {
+        let base = r * self.cols;
+        match self.dtype {
+            Dtype::F8E4M3 => {
+                let bc = self.cols.div_ceil(FP8_BLOCK);
+                let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
+                let lut = fp8_lut();
+                let src = &self.data[base..base + self.cols];
+                for ((o, b), s) in out
+                    .chunks_mut(FP8_BLOCK)
+                    .zip(src.chunks(FP8_BLOCK))
+                    .zip(srow)
+                {
+                    for (o, &b) in o.iter_mut().zip(b) {
+                        *o = lut[b as usize] * s;
+                    }
+                }
+            }
+            dt => {
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = decode(dt, self.data, base + c);
+                }
+            }
+        }
+        out.iter().position(|v| !v.is_finite())
+    }
+
+    fn row_error(&self, scales: &[f32], r: usize, c: usize) -> ConvertError {
+        let mut row = vec![0f32; self.cols];
+        self.row_f32(scales, r, &mut row);
+        if self.dtype == Dtype::F8E4M3 && self.data[r * self.cols + c] & 0x7F == 0x7F {
+            return ConvertError::NonFinite {
+                tensor: self.name.to_string(),
+                file: self.file.to_path_buf(),
+                position: format!(
+                    "[{r}, {c}] (e4m3 NaN code 0x{:02X})",
+                    self.data[r * self.cols + c]
+                ),
+                value: "NaN".into(),
+            };
+        }
+        non_finite(self.name, self.file, format!("[{r}, {c}]"), row[c])
+    }
+}
+
+/// Per-row outcome, summed in row order afterwards.
+#[derive(Clone, Copy, Default)]
+struct RowOut {
+    err2: f64,
+    w2: f64,
+    bad: Option<usize>,
+}
+
+/// Encodes `src` into `enc` and measures the quantization error.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] when `enc` is fp8 and the source is not F8_E4M3, or a scale is
+/// missing/misshapen; [`ConvertError::NonFinite`] for NaN/Inf values (first in row order).
+pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, ErrStats)> {
+    let (rows, cols) = (src.rows, src.cols);
+    let expect = rows * cols * src.dtype.size();
+    if src.data.len() != expect {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!("has {} bytes, expected {expect}", src.data.len()),
+        });
+    }
+    let scales = src.scales_f32()?;
+    let mut out = EncodedMatrix {
+        encoding: enc,
+        rows,
+        cols,
+        data: vec![0u8; enc.weight_bytes(rows, cols)],
+        scales: vec![0f32; enc.scale_count(rows, cols)],
+    };
+    if rows == 0 || cols == 0 {
+        return Ok((out, ErrStats::default()));
+    }
+    let mut per_row = vec![RowOut::default(); rows];
+    match enc {
+        Encoding::Fp8 => {
+            if src.dtype != Dtype::F8E4M3 {
+                return Err(ConvertError::Tensor {
+                    tensor: src.name.to_string(),
+                    what: format!(
+                        "is {} in the source ({}); the fp8 encoding keeps FP8 weights only: \
+                         choose bf16 or int8 for this class of tensors",
+                        src.dtype.name(),
+                        src.file.display()
+                    ),
+                });
+            }
+            out.data
+                .par_chunks_mut(cols)
+                .zip(per_row.par_iter_mut())
+                .enumerate()
+                .for_each(|(r, (dst, ro))| {
+                    let row = &src.data[r * cols..(r + 1) * cols];
+                    ro.bad = row.iter().position(|&b| b & 0x7F == 0x7F);
+                    dst.copy_from_slice(row);
+                });
+            out.scales.copy_from_slice(&scales);
+        }
+        Encoding::Bf16 | Encoding::F32 => {
+            let esz = if enc == Encoding::Bf16 { 2 } else { 4 };
+            out.data
+                .par_chunks_mut(cols * esz)
+                .zip(per_row.par_iter_mut())
+                .enumerate()
+                .for_each_init(
+                    || vec![0f32; cols],
+                    |buf, (r, (dst, ro))| {
+                        ro.bad = src.row_f32(&scales, r, buf);
+                        if ro.bad.is_some() {
+                            return;
+                        }
+                        for (c, &w) in buf.iter().enumerate() {
+                            let q = if esz == 2 {
+                                let b = f32_to_bf16_rne(w);
+                                dst[2 * c..2 * c + 2].copy_from_slice(&b.to_le_bytes());
+                                bf16_to_f32(b)
+                            } else {
+                                dst[4 * c..4 * c + 4].copy_from_slice(&w.to_le_bytes());
+                                w
+                            };
+                            let d = (q as f64) - (w as f64);
+                            ro.err2 += d * d;
+                            ro.w2 += (w as f64) * (w as f64);
+                        }
+                    },
+                );
+        }
+        Encoding::Int8 => {
+            out.data
+                .par_chunks_mut(cols)
+                .zip(out.scales.par_iter_mut())
+                .zip(per_row.par_iter_mut())
+                .enumerate()
+                .for_each_init(
+                    || vec![0f32; cols],
+                    |buf, (r, ((dst, s_out), ro))| {
+                        ro.bad = src.row_f32(&scales, r, buf);
+                        if ro.bad.is_some() {
+                            return;
+                        }
+                        let (s, e2, w2) = quantize_int8_row(buf, dst);
+                        *s_out = s;
+                        ro.err2 = e2;
+                        ro.w2 = w2;
+                    },
+                );
+        }
+        Encoding::Int4 { group_size } => {
+            let g = group_size as usize;
+            let stride = cols.div_ceil(2);
+            let ng = cols.div_ceil(g);
+            out.data
+                .par_chunks_mut(stride)
+                .zip(out.scales.par_chunks_mut(ng))
+                .zip(per_row.par_iter_mut())
+                .enumerate()
+                .for_each_init(
+                    || vec![0f32; cols],
+                    |buf, (r, ((dst, s_out), ro))| {
+                        ro.bad = src.row_f32(&scales, r, buf);
+                        if ro.bad.is_some() {
+                            return;
+                        }
+                        let (e2, w2) = quantize_int4_row(buf, g, dst, s_out);
+                        ro.err2 = e2;
+                        ro.w2 = w2;
+                    },
+                );
+        }
+    }
+    let mut stats = ErrStats::default();
+    for (r, ro) in per_row.iter().enumerate() {
+        if let Some(c) = ro.bad {
+            return Err(src.row_error(&scales, r, c));
+        }
+        stats.sum_err2 += ro.err2;
+        stats.sum_w2 += ro.w2;
+    }
+    Ok((out, stats))
+}
+
+/// `round_half_even(v)` for `|v| <= 2^22`, without a libm call: adding and subtracting
+/// 1.5 * 2^23 rounds to an integer in the current (IEEE default: to nearest, ties to even)
+/// rounding mode. Rust does not reassociate float arithmetic, so this is exact.
+#[inline(always)]
+fn rne_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    (v + MAGIC) - MAGIC
+}
+
+/// int4 code of `x` with scale `s`: `clip(round_half_even(x / s), -8, 7)` (f32 division).
+/// (Values are first limited to [-9, 8], which leaves the clipped result unchanged.)
+#[inline]
+pub fn int4_q(x: f32, s: f32) -> i8 {
+    rne_small((x / s).clamp(-9.0, 8.0)).clamp(-8.0, 7.0) as i8
+}
+
+/// int8 code of `x` with scale `s`: `clip(round_half_even(x / s), -128, 127)` (f32 division).
+#[inline]
+pub fn int8_q(x: f32, s: f32) -> i8 {
+    rne_small((x / s).clamp(-129.0, 128.0)).clamp(-128.0, 127.0) as i8
+}
+
+/// All 256 e4m3fn codes decoded with [`fp8_e4m3_to_f32`] (NaN for 0x7F/0xFF).
+fn fp8_lut() -> &'static [f32; 256] {
+    static LUT: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| std::array::from_fn(|b| fp8_e4m3_to_f32(b as u8)))
+}
+
+/// Quantizes one row to int8 with one scale: returns `(scale, sum err^2, sum w^2)`.
+/// `dst.len() == w.len()`; bytes are the i8 two's-complement values.
+pub fn quantize_int8_row(w: &[f32], dst: &mut [u8]) -> (f32, f64, f64) {
+    let absmax = w.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    let s = (absmax / 127.0).max(MIN_SCALE);
+    let (mut e2, mut w2) = (0f64, 0f64);
+    for (d, &x) in dst.iter_mut().zip(w) {
+        let q = int8_q(x, s);
+        *d = q as u8;
+        let err = (q as f32 * s) as f64 - x as f64;
+        e2 += err * err;
+        w2 += (x as f64) * (x as f64);
+    }
+    (s, e2, w2)
+}
+
+/// Quantizes one row to int4 with groups of `g` columns: writes `ceil(len/2)` bytes to `dst`
+/// and `ceil(len/g)` scales to `scales`; returns `(sum err^2, sum w^2)`.
+pub fn quantize_int4_row(w: &[f32], g: usize, dst: &mut [u8], scales: &mut [f32]) -> (f64, f64) {
+    let (mut e2, mut w2) = (0f64, 0f64);
+    dst.fill(0);
+    for (gi, grp) in w.chunks(g).enumerate() {
+        let absmax = grp.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let s = (absmax / 7.0).max(MIN_SCALE);
+        scales[gi] = s;
+        for (k, &x) in grp.iter().enumerate() {
+            let c = gi * g + k;
+            let q = int4_q(x, s);
+            let nib = (q + 8) as u8;
+            if c.is_multiple_of(2) {
+                dst[c / 2] |= nib;
+            } else {
+                dst[c / 2] |= nib << 4;
+            }
+            let err = (q as f32 * s) as f64 - x as f64;
+            e2 += err * err;
+            w2 += (x as f64) * (x as f64);
+        }
+    }
+    if w.len() % 2 == 1 {
+        dst[w.len() / 2] |= 8 << 4;
+    }
+    (e2, w2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mat<'a>(
+        name: &'a str,
+        dtype: Dtype,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> SourceMatrix<'a> {
+        SourceMatrix {
+            name,
+            file: Path::new("x.safetensors"),
+            dtype,
+            rows,
+            cols,
+            data,
+            scales: None,
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn int4_round_half_even_and_layout() {
+        // absmax 7 -> s = 1: w / s are exact halves.
+        let w = [2.5f32, -2.5, 3.5, 7.0, -0.5, 0.5, 1.5, -7.0];
+        let mut d = [0u8; 4];
+        let mut s = [0f32; 1];
+        quantize_int4_row(&w, 64, &mut d, &mut s);
+        assert_eq!(s[0], 1.0);
+        // q = [2, -2, 4, 7, -0, 0, 2, -7] -> nibbles [10, 6, 12, 15, 8, 8, 10, 1]
+        assert_eq!(
+            d,
+            [10 | (6 << 4), 12 | (15 << 4), 8 | (8 << 4), 10 | (1 << 4)]
+        );
+    }
+
+    #[test]
+    fn fast_rounding_matches_round_ties_even() {
+        let mut x = -300.0f32;
+        while x < 300.0 {
+            for s in [1.0f32, 0.37, 3.0, 1e-3] {
+                let v = x / s;
+                let want4 = v.round_ties_even().clamp(-8.0, 7.0) as i8;
+                let want8 = v.round_ties_even().clamp(-128.0, 127.0) as i8;
+                assert_eq!(int4_q(x, s), want4, "{x} / {s}");
+                assert_eq!(int8_q(x, s), want8, "{x} / {s}");
+            }
+            x += 0.0625 / 3.0;
+        }
+        for b in 0..=255u8 {
+            let (a, l) = (fp8_e4m3_to_f32(b), fp8_lut()[b as usize]);
+            assert!(a.to_bits() == l.to_bits() || (a.is_nan() && l.is_nan()));
+        }
+    }
+
+    #[test]
+    fn clipping_at_the_code_range() {
+        assert_eq!(int4_q(9.0, 1.0), 7);
+        assert_eq!(int4_q(7.5, 1.0), 7); // rounds to 8 (even), clipped
+        assert_eq!(int4_q(-8.4, 1.0), -8);
+        assert_eq!(int4_q(-30.0, 1.0), -8);
+        assert_eq!(int4_q(-7.5, 1.0), -8); // ties to even: -8
+        assert_eq!(int4_q(6.5, 1.0), 6);
+        assert_eq!(int8_q(200.0, 1.0), 127);
+        assert_eq!(int8_q(-128.5, 1.0), -128);
+        assert_eq!(int8_q(-300.0, 1.0), -128);
+        assert_eq!(int8_q(126.5, 1.0), 126);
+        // With absmax scaling the extreme value lands on +-7 exactly.
+        let w = [-7.0f32, 7.0];
+        let mut d = [0u8; 1];
+        let mut s = [0f32; 1];
+        quantize_int4_row(&w, 2, &mut d, &mut s);
+        assert_eq!(d[0], 1 | (15 << 4));
+    }
+
+    #[test]
+    fn int4_short_last_group_and_odd_cols() {
+        // 5 columns, groups of 4: group 0 = 4 values, group 1 = 1 value.
+        let w = [1.0f32, -2.0, 3.5, 7.0, 0.25];
+        let mut d = [0u8; 3];
+        let mut s = [0f32; 2];
+        quantize_int4_row(&w, 4, &mut d, &mut s);
+        assert_eq!(s, [1.0, 0.25 / 7.0]);
+        // group 0 q = [1, -2, 4, 7]; group 1: 0.25 / (0.25/7) = 7 (f32: check it rounds to 7)
+        let q4 = (0.25f32 / (0.25f32 / 7.0)).round_ties_even();
+        assert_eq!(q4, 7.0);
+        assert_eq!(d[0], 9 | (6 << 4));
+        assert_eq!(d[1], 12 | (15 << 4));
+        // odd cols: last high nibble is 8.
+        assert_eq!(d[2], 15 | (8 << 4));
+    }
+
+    #[test]
+    fn tiny_absmax_uses_floor() {
+        let w = [0.0f32, 0.0, 1e-12, -1e-12];
+        let mut d = [0u8; 2];
+        let mut s = [0f32; 1];
+        quantize_int4_row(&w, 64, &mut d, &mut s);
+        assert_eq!(s[0], MIN_SCALE);
+        assert_eq!(d, [8 | (8 << 4), 8 | (8 << 4)]);
+        let mut d8 = [0u8; 4];
+        let (s8, _, _) = quantize_int8_row(&w, &mut d8);
+        assert_eq!(s8, MIN_SCALE);
+        assert_eq!(d8, [0; 4]);
+    }
+
+    #[test]
+    fn int8_round_half_even_and_clip() {
+        // absmax 127 -> s = 1
+        let w = [127.0f32, 2.5, -2.5, 3.5, -127.0, 0.5];
+        let mut d = [0u8; 6];
+        let (s, e2, _) = quantize_int8_row(&w, &mut d);
+        assert_eq!(s, 1.0);
+        let q: Vec<i8> = d.iter().map(|&b| b as i8).collect();
+        assert_eq!(q, [127, 2, -2, 4, -127, 0]);
+        assert_eq!(e2, 0.25 * 4.0);
+    }
+
+    #[test]
+    fn bf16_rne_matches_half_and_ties_to_even() {
+        // 1 + 2^-8 is halfway between 1.0 and 1 + 2^-7: ties to even -> 1.0
+        assert_eq!(f32_to_bf16_rne(1.0 + 1.0 / 256.0), 0x3F80);
+        // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 (even) -> up
+        assert_eq!(f32_to_bf16_rne(1.0 + 3.0 / 256.0), 0x3F82);
+        for &x in &[0.1f32, -3.3, 1e-30, 6.5e4, 123.456, -0.0, 3.4e38] {
+            assert_eq!(f32_to_bf16_rne(x), half::bf16::from_f32(x).to_bits(), "{x}");
+        }
+    }
+
+    #[test]
+    fn encode_fp8_dequantizes_with_block_scales_and_int4() {
+        // 2 x 130 fp8 matrix: two column blocks with scales 2.0 and 0.5.
+        let rows = 2;
+        let cols = 130;
+        let data = vec![0x38u8; rows * cols]; // e4m3 0x38 = 1.0
+        let sc = f32_bytes(&[2.0, 0.5]);
+        let mut m = mat("w", Dtype::F8E4M3, rows, cols, &data);
+        m.scales = Some(ScaleSource {
+            name: "w_scale_inv",
+            file: Path::new("s"),
+            dtype: Dtype::F32,
+            data: &sc,
+        });
+        let (e, st) = encode(&m, Encoding::F32).unwrap();
+        let v: Vec<f32> = e
+            .data
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(v[0], 2.0);
+        assert_eq!(v[128], 0.5);
+        assert_eq!(st.sum_err2, 0.0);
+        let (e4, _) = encode(&m, Encoding::Int4 { group_size: 64 }).unwrap();
+        assert_eq!(e4.scales.len(), 2 * 3);
+        assert_eq!(e4.scales[0], 2.0 / 7.0);
+        assert_eq!(e4.scales[2], 0.5 / 7.0);
+        let (ef, _) = encode(&m, Encoding::Fp8).unwrap();
+        assert_eq!(ef.data, data);
+        assert_eq!(ef.scales, vec![2.0, 0.5]);
+    }
+
+    #[test]
+    fn nan_and_inf_refused_with_position() {
+        let mut data = vec![0x38u8; 6];
+        data[4] = 0x7F;
+        let sc = f32_bytes(&[1.0]);
+        let mut m = mat("w", Dtype::F8E4M3, 2, 3, &data);
+        m.scales = Some(ScaleSource {
+            name: "w_scale_inv",
+            file: Path::new("s"),
+            dtype: Dtype::F32,
+            data: &sc,
+        });
+        let e = encode(&m, Encoding::Int8).unwrap_err().to_string();
+        assert!(e.contains("[1, 1]") && e.contains("0x7F"), "{e}");
+        let e = encode(&m, Encoding::Fp8).unwrap_err().to_string();
+        assert!(e.contains("[1, 1]"), "{e}");
+        let sc = f32_bytes(&[f32::INFINITY]);
+        m.scales = Some(ScaleSource {
+            name: "w_scale_inv",
+            file: Path::new("s"),
+            dtype: Dtype::F32,
+            data: &sc,
+        });
+        let e = encode(&m, Encoding::Int8).unwrap_err().to_string();
+        assert!(e.contains("w_scale_inv") && e.contains("inf"), "{e}");
+        let bf: Vec<u8> = [0x3F80u16, 0x7FC0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let m = mat("b", Dtype::Bf16, 1, 2, &bf);
+        let e = encode(&m, Encoding::Bf16).unwrap_err().to_string();
+        assert!(e.contains("[0, 1]") && e.contains("NaN"), "{e}");
+    }
+
+    #[test]
+    fn fp8_refuses_non_fp8_source() {
+        let bf: Vec<u8> = [0x3F80u16, 0x3F80]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let m = mat(
+            "model.layers.0.self_attn.q_proj.weight",
+            Dtype::Bf16,
+            1,
+            2,
+            &bf,
+        );
+        let e = encode(&m, Encoding::Fp8).unwrap_err().to_string();
+        assert!(e.contains("q_proj") && e.contains("BF16"), "{e}");
+    }
+
+    #[test]
+    fn bf16_source_kept_exactly() {
+        let vals = [0x3F81u16, 0xC2F7, 0x0001, 0x8000];
+        let bf: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let m = mat("b", Dtype::Bf16, 2, 2, &bf);
+        let (e, st) = encode(&m, Encoding::Bf16).unwrap();
+        assert_eq!(e.data, bf);
+        assert_eq!(st.sum_err2, 0.0);
+    }
+}
