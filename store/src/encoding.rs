@@ -58,7 +58,7 @@ impl Encoding {
             2 => Encoding::Bf16,
             3 => Encoding::Fp8,
             4 => Encoding::Int8,
-            5 if group_size >= 2 && group_size % 2 == 0 => Encoding::Int4 { group_size },
+            5 if group_size >= 2 && group_size.is_multiple_of(2) => Encoding::Int4 { group_size },
             _ => {
                 return Err(StoreError::Format {
                     file: String::new(),

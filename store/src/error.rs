@@ -63,4 +63,5 @@ pub enum StoreError {
 }
 
 /// Shorthand used throughout the crate.
+#[allow(dead_code)]
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

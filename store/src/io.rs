@@ -1,4 +1,18 @@
 //! Aligned buffers and positional reads (O_DIRECT with buffered fallback).
+//!
+//! Expert records are read with one positional read (`pread`) per record into an
+//! [`AlignedBuf`]. With [`IoMode::Direct`] the segment files are opened with `O_DIRECT`, so the
+//! read bypasses the page cache; this needs the buffer address, file offset and length to be
+//! multiples of the file system's direct-I/O alignment, which the store guarantees for its
+//! alignment (FORMAT.md section 3). Whether direct I/O works is decided per store at open:
+//! `statx(STATX_DIOALIGN)` when the kernel reports it, then a probe read; on `EINVAL` or a file
+//! system without direct I/O (tmpfs, some network file systems) [`IoPreference::Auto`] falls back
+//! to buffered reads and logs one note to stderr.
+
+use std::alloc::Layout;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 /// How the reader was asked to read expert records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -22,7 +36,187 @@ pub enum IoMode {
     Buffered,
 }
 
-/// A heap buffer whose start address is aligned (to 4096 bytes by default), as O_DIRECT needs.
+/// A zero-initialised heap buffer whose start address is aligned (to 4096 bytes by default), as
+/// O_DIRECT needs.
+///
+/// The length is fixed at creation. The buffer is `Send + Sync` (it owns its memory and only
+/// hands out borrows through `&self`/`&mut self`).
 pub struct AlignedBuf {
-    _private: (),
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    align: usize,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation (like Vec<u8>); shared access is only through
+// `&[u8]`, mutation only through `&mut self`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see above; `&AlignedBuf` only gives `&[u8]`, which is Sync.
+unsafe impl Sync for AlignedBuf {}
+
+/// Buffers at least this large are 2 MiB-aligned and advised to use transparent huge pages, so
+/// that filling a fresh ~16 MiB record buffer costs a few page faults instead of thousands.
+const HUGE: usize = 2 << 20;
+
+impl AlignedBuf {
+    /// Default alignment of buffers, bytes.
+    pub const DEFAULT_ALIGN: usize = 4096;
+
+    /// Allocates `len` zero bytes aligned to `align` bytes (a power of two). Buffers of 2 MiB
+    /// or more are aligned to 2 MiB and use transparent huge pages where the kernel allows.
+    ///
+    /// # Panics
+    /// If `align` is not a power of two or `len` rounded up to `align` overflows `isize`; aborts
+    /// on allocation failure (like `Vec`).
+    pub fn new(len: usize, align: usize) -> AlignedBuf {
+        let (size, lay_align) = if len >= HUGE {
+            (len.div_ceil(HUGE) * HUGE, align.max(HUGE))
+        } else {
+            (len.max(1), align)
+        };
+        let layout = Layout::from_size_align(size, lay_align).expect("AlignedBuf: bad layout");
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let ptr = match std::ptr::NonNull::new(raw) {
+            Some(p) => p,
+            None => std::alloc::handle_alloc_error(layout),
+        };
+        if len >= HUGE {
+            // SAFETY: [raw, raw + size) is our allocation, 2 MiB-aligned; madvise only sets a
+            // hint and its failure is harmless.
+            unsafe {
+                libc::madvise(raw.cast(), size, libc::MADV_HUGEPAGE);
+            }
+        }
+        // SAFETY: the allocation is `size` bytes; zeroing initialises it.
+        unsafe { std::ptr::write_bytes(raw, 0, size) };
+        AlignedBuf {
+            ptr,
+            len,
+            align,
+            layout,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the length is 0.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Alignment of the start address, bytes (at least the one asked for).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised (zeroed) bytes for the lifetime of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes and we hold &mut self, so the borrow is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("align", &self.align)
+            .finish()
+    }
+}
+
+/// Direct-I/O alignment requirements of a file as reported by `statx(STATX_DIOALIGN)`
+/// (Linux 6.1+): `(memory alignment, file offset alignment)` in bytes. `None` when the kernel
+/// does not report them; `Some((0, 0))` when the file system does not support direct I/O.
+pub(crate) fn dio_alignment(path: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx is plain data; an all-zero value is valid.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path, `st` a valid out-pointer.
+    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_DIOALIGN, &mut st) };
+    if rc != 0 || st.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    Some((st.stx_dio_mem_align, st.stx_dio_offset_align))
+}
+
+/// Opens `path` read-only, with `O_DIRECT` when `direct`.
+pub(crate) fn open_read(path: &Path, direct: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+/// Reads exactly `len` bytes at `offset` of `file` into a new buffer aligned to `align`, with one
+/// positional read (more only if the kernel returns a short read).
+pub(crate) fn read_aligned(
+    file: &File,
+    offset: u64,
+    len: usize,
+    align: usize,
+) -> std::io::Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(len, align);
+    file.read_exact_at(buf.as_mut_slice(), offset)?;
+    Ok(buf)
+}
+
+/// Decides whether `path` (a segment file of at least `file_len` bytes) can be read with
+/// O_DIRECT at offsets and lengths that are multiples of `alignment`. Returns the buffer
+/// alignment to use on success, or the reason it cannot.
+pub(crate) fn probe_direct(path: &Path, alignment: usize, file_len: u64) -> Result<usize, String> {
+    let mut mem_align = alignment.max(AlignedBuf::DEFAULT_ALIGN);
+    if let Some((mem, off)) = dio_alignment(path) {
+        if mem == 0 || off == 0 {
+            return Err("the file system does not support direct I/O (statx)".into());
+        }
+        if !alignment.is_multiple_of(off as usize) {
+            return Err(format!(
+                "the file system needs direct-I/O offsets aligned to {off} bytes but the store's alignment is {alignment}"
+            ));
+        }
+        mem_align = mem_align.max(mem as usize);
+    }
+    let f = open_read(path, true).map_err(|e| format!("open with O_DIRECT failed: {e}"))?;
+    // Probe at offset `alignment` (tests the store's offset granularity) when the file is long
+    // enough, else at 0.
+    let off = if file_len >= 2 * alignment as u64 {
+        alignment as u64
+    } else {
+        0
+    };
+    let len = alignment.min(file_len as usize);
+    if len > 0 {
+        read_aligned(&f, off, len, mem_align)
+            .map_err(|e| format!("O_DIRECT probe read failed: {e}"))?;
+    }
+    Ok(mem_align)
 }

@@ -9,10 +9,77 @@
 //!
 //! Data flows one way: checkpoint -> `coli-convert` -> [`StoreWriter`] -> store directory ->
 //! [`Store::fetch`] -> engine cache -> kernels.
+//!
+//! Integrity: every structure carries a crc32 and every record, tensor and file an xxh3
+//! (FORMAT.md section 9). [`Store::open`] checks the structure; [`Store::fetch`] checks each
+//! record's checksum on every read, [`Store::dense`] each tensor's at its first access, and
+//! [`Store::file`] each file's at every read (unless [`OpenOptions::verify_checksums`] is
+//! false). [`fsck::check`] checks everything (the `coli-fsck` tool).
+//!
+//! # Example
+//!
+//! Write a tiny store (one layer of two int4 experts, H = 8, I = 4, one bf16 norm vector),
+//! open it, fetch both experts and dequantize a row:
+//!
+//! ```
+//! use coli_store::*;
+//! use std::collections::BTreeMap;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tmp = tempfile::tempdir()?;
+//! let target = tmp.path().join("tiny.coli");
+//! let enc = Encoding::Int4 { group_size: 4 };
+//! let spec = StoreSpec {
+//!     family: "mixtral".into(),
+//!     config_json: br#"{"model_type":"mixtral","hidden_size":8}"#.to_vec(),
+//!     num_layers: 1,
+//!     expert_layers: vec![ExpertLayer { layer: 0, num_experts: 2 }],
+//!     expert_encoding: enc,
+//!     alignment: 4096,
+//!     segment_max_bytes: 1 << 20,
+//!     converter_version: "0.1.0".into(),
+//!     parameters: BTreeMap::from([("experts".to_string(), "int4-g4".to_string())]),
+//!     sources: vec![],
+//! };
+//! // An int4 matrix whose every weight is q = 1 (nibble 9) with scale 0.5.
+//! let mat = |rows: usize, cols: usize| EncodedMatrix {
+//!     encoding: enc,
+//!     rows,
+//!     cols,
+//!     data: vec![0x99; enc.weight_bytes(rows, cols)],
+//!     scales: vec![0.5; enc.scale_count(rows, cols)],
+//! };
+//! let (h, i) = (8, 4);
+//! let (gate, up, down) = (mat(i, h), mat(i, h), mat(h, i));
+//! let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(&target, spec)? else {
+//!     panic!("the target is new");
+//! };
+//! for e in 0..2 {
+//!     w.add_expert(ExpertKey::new(0, e), h, i, [&gate, &up, &down])?;
+//! }
+//! let norm = EncodedMatrix {
+//!     encoding: Encoding::Bf16, rows: 1, cols: 8,
+//!     data: [0x80u8, 0x3f].repeat(8), // bf16 1.0
+//!     scales: vec![],
+//! };
+//! w.add_dense("model.norm.weight", &[8], &norm)?;
+//! w.finish()?;
+//!
+//! let store = Store::open(&target)?;
+//! let experts = store.fetch(&[ExpertKey::new(0, 0), ExpertKey::new(0, 1)])?;
+//! let mut row = vec![0f32; h];
+//! experts[1].gate().dequantize_row(0, &mut row);
+//! assert_eq!(row, vec![0.5f32; 8]);
+//! assert_eq!(store.dense("model.norm.weight")?.to_f32(), vec![1.0f32; 8]);
+//! assert_eq!(store.model_config()["hidden_size"], 8);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod encoding;
 mod error;
 mod format;
+pub mod fsck;
 mod io;
 mod manifest;
 mod reader;
@@ -22,12 +89,20 @@ pub use encoding::{Encoding, MatrixView, RecordLayout};
 pub use error::StoreError;
 pub use format::{IndexRecord, FORMAT_VERSION};
 pub use io::{AlignedBuf, IoMode, IoPreference};
-pub use manifest::{DenseEntry, ExpertLayer, FileEntry, Manifest, SourceFile};
+pub use manifest::{
+    ConverterInfo, DenseEntry, EncodingInfo, ExpertLayer, FileEntry, Manifest, SourceFile,
+    WholeFile,
+};
 pub use reader::{DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store};
-pub use writer::{EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart};
+pub use writer::{
+    EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,
+    DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,
+};
 
 /// Identity of one routed expert: its decoder layer index and its index within the layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ExpertKey {
     /// Decoder layer index (0-based, as in the checkpoint's tensor names).
     pub layer: u32,

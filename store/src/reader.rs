@@ -1,12 +1,30 @@
 //! Opening a store and fetching experts and dense tensors.
 
-use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView, StoreError};
-use std::path::Path;
+use crate::format::{IndexHeader, SegmentHeader, INDEX_MAGIC, MANIFEST_MAGIC, SEGMENT_MAGIC};
+use crate::format::{FORMAT_VERSION, INDEX_RECORD_SIZE};
+use crate::io::{open_read, probe_direct, read_aligned};
+use crate::writer::{hex128, parse_hex128, parse_hex64, segment_path, segment_rel};
+use crate::{
+    AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView,
+    RecordLayout, StoreError,
+};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
+use zerocopy::FromBytes;
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "coli-store reads little-endian f32/u16 sections in place and needs a little-endian target"
+);
 
 /// Options for [`Store::open_with`].
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// Verify each record's checksum on every fetch (default true).
+    /// Verify each record's checksum on every fetch (default true), and each dense tensor's
+    /// and copied file's checksum on first access.
     pub verify_checksums: bool,
     /// O_DIRECT / buffered choice (default Auto).
     pub io: IoPreference,
@@ -16,7 +34,11 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { verify_checksums: true, io: IoPreference::Auto, fetch_threads: 4 }
+        OpenOptions {
+            verify_checksums: true,
+            io: IoPreference::Auto,
+            fetch_threads: 4,
+        }
     }
 }
 
@@ -29,12 +51,37 @@ pub struct FetchStats {
     pub bytes_read: u64,
 }
 
+/// One open segment file.
+pub(crate) struct Segment {
+    pub(crate) rel: String,
+    pub(crate) file: File,
+    pub(crate) len: u64,
+    pub(crate) header: SegmentHeader,
+}
+
 /// An open, validated store.
+///
+/// `Store` is `Send + Sync`: fetches from several threads at once are fine.
 pub struct Store {
-    _private: (),
+    dir: PathBuf,
+    manifest: Manifest,
+    index: Vec<IndexRecord>,
+    segments: Vec<Segment>,
+    io_mode: IoMode,
+    buf_align: usize,
+    verify: bool,
+    dense_map: Option<memmap2::Mmap>,
+    dense_by_name: HashMap<String, usize>,
+    dense_verified: Vec<AtomicBool>,
+    dense_encodings: Vec<Encoding>,
+    pool: Option<rayon::ThreadPool>,
+    reads: AtomicU64,
+    bytes_read: AtomicU64,
 }
 
 /// One fetched expert: its record bytes in an aligned buffer, with typed views of its matrices.
+///
+/// `ExpertBuf` is `Send + Sync` (engines keep `Arc<ExpertBuf>` in caches).
 pub struct ExpertBuf {
     /// Which expert.
     pub key: ExpertKey,
@@ -44,7 +91,8 @@ pub struct ExpertBuf {
     pub hidden: usize,
     /// Intermediate size I.
     pub intermediate: usize,
-    _buf: AlignedBuf,
+    layout: RecordLayout,
+    buf: AlignedBuf,
 }
 
 /// A dense tensor, borrowed from the store's memory map.
@@ -61,34 +109,954 @@ pub struct DenseTensor<'a> {
     pub scales: &'a [f32],
 }
 
-#[allow(unused_variables, missing_docs)]
+fn fmt_err(file: impl Into<String>, what: impl Into<String>) -> StoreError {
+    StoreError::Format {
+        file: file.into(),
+        what: what.into(),
+    }
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Views `bytes` as f32 values (aligned, length a multiple of 4: guaranteed by the format's
+/// 64-byte section alignment inside an aligned buffer or page-aligned map).
+fn as_f32s(bytes: &[u8]) -> &[f32] {
+    if bytes.is_empty() {
+        return &[];
+    }
+    <[f32]>::ref_from_bytes(bytes).expect("scale sections are 64-byte aligned, length 4*n")
+}
+
+/// Parses and checks the MANIFEST file's bytes (FORMAT.md section 2).
+pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<Manifest, StoreError> {
+    const F: &str = "MANIFEST";
+    if bytes.len() < 24 {
+        return Err(fmt_err(
+            F,
+            format!("{} bytes, shorter than the 24-byte header", bytes.len()),
+        ));
+    }
+    if bytes[0..8] != MANIFEST_MAGIC {
+        return Err(fmt_err(
+            F,
+            format!(
+                "magic {:02x?}, expected {:02x?} (COLIMAN)",
+                &bytes[0..8],
+                MANIFEST_MAGIC
+            ),
+        ));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+    let len = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let body = &bytes[24..];
+    let body_ok = len == body.len() as u64 && crc32fast::hash(body) == crc;
+    if version > FORMAT_VERSION {
+        // A real newer store says so in its body too; a header that disagrees with an intact
+        // body is damage, not a newer version.
+        let body_version = if body_ok {
+            serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get("format_version").and_then(|x| x.as_u64()))
+        } else {
+            None
+        };
+        if body_version == Some(version as u64) {
+            return Err(StoreError::NewerVersion {
+                file: F.into(),
+                found: version,
+                known: FORMAT_VERSION,
+            });
+        }
+        return Err(fmt_err(
+            F,
+            format!(
+                "header version {version} is not a known version and does not match the body's format_version {body_version:?}: header damaged"
+            ),
+        ));
+    }
+    if version == 0 {
+        return Err(fmt_err(F, "format version 0 is invalid"));
+    }
+    if len != body.len() as u64 {
+        return Err(fmt_err(
+            F,
+            format!(
+                "body length field says {len} bytes, file holds {} after the header",
+                body.len()
+            ),
+        ));
+    }
+    let found = crc32fast::hash(body);
+    if found != crc {
+        return Err(fmt_err(
+            F,
+            format!("body crc32 mismatch: header says {crc:08x}, body has {found:08x}"),
+        ));
+    }
+    let m: Manifest = serde_json::from_slice(body)
+        .map_err(|e| fmt_err(F, format!("JSON body does not parse: {e}")))?;
+    if m.format_version != version {
+        return Err(fmt_err(
+            F,
+            format!(
+                "body format_version {} differs from header version {version}",
+                m.format_version
+            ),
+        ));
+    }
+    if m.alignment < 512 || !m.alignment.is_power_of_two() || m.alignment > (1 << 24) {
+        return Err(fmt_err(
+            F,
+            format!(
+                "alignment {} is not a power of two in 512..=2^24",
+                m.alignment
+            ),
+        ));
+    }
+    if parse_hex128(&m.store_id).is_none() {
+        return Err(fmt_err(
+            F,
+            format!("store_id {:?} is not 32 hex digits", m.store_id),
+        ));
+    }
+    Encoding::from_id(m.expert_encoding.id, m.expert_encoding.group_size).map_err(|_| {
+        fmt_err(
+            F,
+            format!(
+                "expert_encoding id {} group size {} is unknown",
+                m.expert_encoding.id, m.expert_encoding.group_size
+            ),
+        )
+    })?;
+    for w in [&m.dense_file, &m.index_file] {
+        if parse_hex64(&w.xxh3).is_none() {
+            return Err(fmt_err(
+                F,
+                format!("checksum {:?} is not 16 hex digits", w.xxh3),
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// Parses and checks INDEX (FORMAT.md section 3) against the manifest; segment file lengths
+/// are checked later.
+pub(crate) fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, StoreError> {
+    const F: &str = "INDEX";
+    if bytes.len() < 64 {
+        return Err(fmt_err(
+            F,
+            format!("{} bytes, shorter than the 64-byte header", bytes.len()),
+        ));
+    }
+    let h = IndexHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
+    if h.magic != INDEX_MAGIC {
+        return Err(fmt_err(
+            F,
+            format!(
+                "magic {:02x?}, expected {:02x?} (COLIIDX)",
+                h.magic, INDEX_MAGIC
+            ),
+        ));
+    }
+    let crc = crc32fast::hash(&bytes[..60]);
+    if crc != h.crc.get() {
+        return Err(fmt_err(
+            F,
+            format!(
+                "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
+                h.crc.get()
+            ),
+        ));
+    }
+    if h.version.get() > FORMAT_VERSION {
+        return Err(StoreError::NewerVersion {
+            file: F.into(),
+            found: h.version.get(),
+            known: FORMAT_VERSION,
+        });
+    }
+    if h.version.get() != m.format_version {
+        return Err(fmt_err(
+            F,
+            format!(
+                "version {} differs from MANIFEST's {}",
+                h.version.get(),
+                m.format_version
+            ),
+        ));
+    }
+    if h.record_size.get() as usize != INDEX_RECORD_SIZE {
+        return Err(fmt_err(
+            F,
+            format!(
+                "record size {}, expected {INDEX_RECORD_SIZE}",
+                h.record_size.get()
+            ),
+        ));
+    }
+    if h.reserved.iter().any(|&b| b != 0) {
+        return Err(fmt_err(F, "header reserved bytes 24..60 are not zero"));
+    }
+    let count = h.count.get();
+    let expect_len = count
+        .checked_mul(64)
+        .and_then(|x| x.checked_add(64))
+        .unwrap_or(u64::MAX);
+    if expect_len != bytes.len() as u64 {
+        return Err(fmt_err(
+            F,
+            format!(
+                "header says {count} records ({expect_len} bytes), file has {} bytes",
+                bytes.len()
+            ),
+        ));
+    }
+    if bytes.len() as u64 != m.index_file.length {
+        return Err(fmt_err(
+            F,
+            format!(
+                "length {} differs from MANIFEST index_file.length {}",
+                bytes.len(),
+                m.index_file.length
+            ),
+        ));
+    }
+    let align = m.alignment;
+    let mut recs = Vec::with_capacity(count as usize);
+    let expected: HashMap<u32, u32> = m
+        .expert_layers
+        .iter()
+        .map(|l| (l.layer, l.num_experts))
+        .collect();
+    for (i, chunk) in bytes[64..].chunks_exact(64).enumerate() {
+        let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
+        let what = |s: String| fmt_err(F, format!("record {i} ({}): {s}", r.key()));
+        let c = r.compute_crc();
+        if c != r.crc.get() {
+            return Err(what(format!(
+                "crc32 mismatch: stored {:08x}, computed {c:08x}",
+                r.crc.get()
+            )));
+        }
+        if r.reserved.get() != 0 {
+            return Err(what("reserved field is not zero".into()));
+        }
+        if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
+            if r.key() <= prev {
+                return Err(what(format!(
+                    "not sorted after {prev} (duplicate or out of order)"
+                )));
+            }
+        }
+        if expected
+            .get(&r.layer.get())
+            .is_none_or(|&n| r.expert.get() >= n)
+        {
+            return Err(what(
+                "not an expert listed in MANIFEST expert_layers".into(),
+            ));
+        }
+        let enc = Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(|_| {
+            what(format!(
+                "unknown encoding id {} group size {}",
+                r.encoding.get(),
+                r.group_size.get()
+            ))
+        })?;
+        if enc.group_size() != r.group_size.get() {
+            return Err(what(format!(
+                "group size {} invalid for {}",
+                r.group_size.get(),
+                enc.name()
+            )));
+        }
+        if r.segment.get() >= m.segment_count {
+            return Err(what(format!(
+                "segment {} out of range (segment_count {})",
+                r.segment.get(),
+                m.segment_count
+            )));
+        }
+        let (h_, i_) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        if h_ == 0 || i_ == 0 || h_ > (1 << 24) || i_ > (1 << 24) {
+            return Err(what(format!(
+                "hidden {h_} / intermediate {i_} out of range"
+            )));
+        }
+        let layout = RecordLayout::new(enc, h_, i_);
+        if layout.payload_len as u64 != r.payload_len.get() {
+            return Err(what(format!(
+                "payload length {} differs from the {} layout's {}",
+                r.payload_len.get(),
+                enc.name(),
+                layout.payload_len
+            )));
+        }
+        let rl = layout.record_len(align as usize) as u64;
+        if r.length.get() != rl {
+            return Err(what(format!(
+                "length {} differs from the expected {rl} (payload rounded up to {align})",
+                r.length.get()
+            )));
+        }
+        if !r.offset.get().is_multiple_of(align) || r.offset.get() < align {
+            return Err(what(format!(
+                "offset {} is not a multiple of {align} after the segment header",
+                r.offset.get()
+            )));
+        }
+        if r.offset.get().checked_add(r.length.get()).is_none() {
+            return Err(what("offset + length overflows".into()));
+        }
+        recs.push(r);
+    }
+    // Non-overlap per segment.
+    let mut by_seg: Vec<&IndexRecord> = recs.iter().collect();
+    by_seg.sort_by_key(|r| (r.segment.get(), r.offset.get()));
+    for w in by_seg.windows(2) {
+        if w[0].segment == w[1].segment && w[0].offset.get() + w[0].length.get() > w[1].offset.get()
+        {
+            return Err(fmt_err(
+                F,
+                format!(
+                    "records of {} and {} overlap in {}",
+                    w[0].key(),
+                    w[1].key(),
+                    segment_rel(w[0].segment.get())
+                ),
+            ));
+        }
+    }
+    Ok(recs)
+}
+
+/// Checks a segment header (the first `alignment` bytes of a segment file).
+pub(crate) fn check_segment_header(
+    rel: &str,
+    bytes: &[u8],
+    id: u32,
+    store_id: &[u8; 16],
+    actual_len: u64,
+) -> Result<SegmentHeader, StoreError> {
+    let h = SegmentHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
+    if h.magic != SEGMENT_MAGIC {
+        return Err(fmt_err(
+            rel,
+            format!(
+                "magic {:02x?}, expected {:02x?} (COLISEG)",
+                h.magic, SEGMENT_MAGIC
+            ),
+        ));
+    }
+    let crc = crc32fast::hash(&bytes[..60]);
+    if crc != h.crc.get() {
+        return Err(fmt_err(
+            rel,
+            format!(
+                "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
+                h.crc.get()
+            ),
+        ));
+    }
+    if h.version.get() > FORMAT_VERSION {
+        return Err(StoreError::NewerVersion {
+            file: rel.into(),
+            found: h.version.get(),
+            known: FORMAT_VERSION,
+        });
+    }
+    if h.version.get() != FORMAT_VERSION {
+        return Err(fmt_err(
+            rel,
+            format!("header version {} invalid", h.version.get()),
+        ));
+    }
+    if h.segment.get() != id {
+        return Err(fmt_err(
+            rel,
+            format!("header segment id {}, expected {id}", h.segment.get()),
+        ));
+    }
+    if &h.store_id != store_id {
+        return Err(fmt_err(
+            rel,
+            format!(
+                "header store id {} differs from MANIFEST's {}",
+                hex128(&h.store_id),
+                hex128(store_id)
+            ),
+        ));
+    }
+    if h.file_len.get() != actual_len {
+        return Err(fmt_err(
+            rel,
+            format!(
+                "header says {} bytes, file has {actual_len} (truncated or extended)",
+                h.file_len.get()
+            ),
+        ));
+    }
+    if h.reserved.iter().any(|&b| b != 0) || bytes[64..].iter().any(|&b| b != 0) {
+        return Err(fmt_err(rel, "header reserved bytes are not zero"));
+    }
+    Ok(h)
+}
+
+/// Reads a whole small file, naming it in errors.
+fn read_file(dir: &Path, rel: &str) -> Result<Vec<u8>, StoreError> {
+    let p = dir.join(rel);
+    std::fs::read(&p).map_err(|e| io_err(&p, e))
+}
+
 impl Store {
-    pub fn open(dir: impl AsRef<Path>) -> Result<Store, StoreError> { todo!() }
-    pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> { todo!() }
-    pub fn dir(&self) -> &Path { todo!() }
-    pub fn manifest(&self) -> &Manifest { todo!() }
-    pub fn model_config(&self) -> &serde_json::Value { todo!() }
-    pub fn file(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> { todo!() }
-    pub fn index(&self) -> &[IndexRecord] { todo!() }
-    pub fn record(&self, key: ExpertKey) -> Option<&IndexRecord> { todo!() }
-    pub fn fetch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> { todo!() }
-    pub fn fetch_one(&self, key: ExpertKey) -> Result<ExpertBuf, StoreError> { todo!() }
-    pub fn dense(&self, name: &str) -> Result<DenseTensor<'_>, StoreError> { todo!() }
-    pub fn has_dense(&self, name: &str) -> bool { todo!() }
-    pub fn io_mode(&self) -> IoMode { todo!() }
-    pub fn stats(&self) -> FetchStats { todo!() }
+    /// Opens and validates the store in `dir` with default [`OpenOptions`].
+    ///
+    /// # Errors
+    /// See [`Store::open_with`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store, StoreError> {
+        Store::open_with(dir, &OpenOptions::default())
+    }
+
+    /// Opens and validates the store in `dir`: MANIFEST (magic, version, length, crc32), INDEX
+    /// (header and record crc32s, whole-file xxh3, sorting, alignment, bounds, overlap), every
+    /// segment header (magic, crc32, segment id, store id, length), completeness against
+    /// `expert_layers`, and the dense table (bounds, lengths, alignment). Record and dense
+    /// checksums are checked later, at each fetch / first access (when `verify_checksums`).
+    ///
+    /// With [`IoPreference::Auto`], O_DIRECT is used when the file system supports it at the
+    /// store's alignment; otherwise buffered reads, with one note on stderr.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] for missing/unreadable files, [`StoreError::Format`] naming the file
+    /// and field for structural damage, [`StoreError::NewerVersion`], [`StoreError::Incomplete`]
+    /// naming the layers with missing experts, [`StoreError::Checksum`] when INDEX's whole-file
+    /// xxh3 differs, and [`StoreError::Io`] when `IoPreference::Direct` cannot be honoured.
+    pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let manifest = parse_manifest(&read_file(&dir, "MANIFEST")?)?;
+        let store_id = parse_hex128(&manifest.store_id).expect("checked in parse_manifest");
+        let index_bytes = read_file(&dir, "INDEX")?;
+        let index = parse_index(&index_bytes, &manifest)?;
+        let found = xxh3_64_with_seed(&index_bytes, 0);
+        let expected = parse_hex64(&manifest.index_file.xxh3).expect("checked");
+        if found != expected {
+            return Err(StoreError::Checksum {
+                what: "INDEX (whole file)".into(),
+                file: "INDEX".into(),
+                offset: 0,
+                expected,
+                found,
+            });
+        }
+        // Segments.
+        let align = manifest.alignment as usize;
+        let mut segments = Vec::new();
+        for id in 0..manifest.segment_count {
+            let rel = segment_rel(id);
+            let path = segment_path(&dir, id);
+            let file = open_read(&path, false).map_err(|e| io_err(&path, e))?;
+            let len = file.metadata().map_err(|e| io_err(&path, e))?.len();
+            if len < align as u64 {
+                return Err(fmt_err(
+                    &rel,
+                    format!("{len} bytes, shorter than the {align}-byte header"),
+                ));
+            }
+            let hb = read_aligned(&file, 0, align, AlignedBuf::DEFAULT_ALIGN)
+                .map_err(|e| io_err(&path, e))?;
+            let header = check_segment_header(&rel, &hb, id, &store_id, len)?;
+            segments.push(Segment {
+                rel,
+                file,
+                len,
+                header,
+            });
+        }
+        for r in &index {
+            let s = &segments[r.segment.get() as usize];
+            if r.offset.get() + r.length.get() > s.len {
+                return Err(fmt_err(
+                    "INDEX",
+                    format!(
+                        "record of {}: offset {} + length {} beyond the end of {} ({} bytes)",
+                        r.key(),
+                        r.offset.get(),
+                        r.length.get(),
+                        s.rel,
+                        s.len
+                    ),
+                ));
+            }
+        }
+        // Completeness.
+        let mut missing = Vec::new();
+        for l in &manifest.expert_layers {
+            let have = index.iter().filter(|r| r.layer.get() == l.layer).count() as u64;
+            if have != l.num_experts as u64 {
+                missing.push(l.layer);
+            }
+        }
+        if !missing.is_empty() {
+            return Err(StoreError::Incomplete {
+                dir: dir.clone(),
+                layers: missing,
+            });
+        }
+        // Dense table.
+        let dpath = dir.join("dense.bin");
+        let dfile = File::open(&dpath).map_err(|e| io_err(&dpath, e))?;
+        let dlen = dfile.metadata().map_err(|e| io_err(&dpath, e))?.len();
+        if dlen != manifest.dense_file.length {
+            return Err(fmt_err(
+                "dense.bin",
+                format!(
+                    "{dlen} bytes, MANIFEST dense_file.length says {}",
+                    manifest.dense_file.length
+                ),
+            ));
+        }
+        let mut dense_by_name = HashMap::new();
+        let mut dense_encodings = Vec::new();
+        for (i, e) in manifest.dense.iter().enumerate() {
+            let enc = check_dense_entry(e, dlen)?;
+            if dense_by_name.insert(e.name.clone(), i).is_some() {
+                return Err(fmt_err(
+                    "MANIFEST",
+                    format!("dense tensor {} listed twice", e.name),
+                ));
+            }
+            dense_encodings.push(enc);
+        }
+        for f in &manifest.files {
+            if f.name.is_empty() || f.name.contains('/') || f.name == ".." || f.name == "." {
+                return Err(fmt_err("MANIFEST", format!("bad file name {:?}", f.name)));
+            }
+            if parse_hex64(&f.xxh3).is_none() {
+                return Err(fmt_err(
+                    "MANIFEST",
+                    format!(
+                        "file {}: checksum {:?} is not 16 hex digits",
+                        f.name, f.xxh3
+                    ),
+                ));
+            }
+        }
+        let dense_map = if dlen > 0 {
+            // SAFETY: the store's files are immutable once published (FORMAT.md section 1);
+            // the map is read-only. Modifying the file while open is outside the contract.
+            Some(unsafe { memmap2::Mmap::map(&dfile) }.map_err(|e| io_err(&dpath, e))?)
+        } else {
+            None
+        };
+        // I/O mode.
+        let (io_mode, buf_align) = match opts.io {
+            IoPreference::Buffered => (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align)),
+            pref => {
+                let probe = match segments.first() {
+                    Some(s) => probe_direct(&segment_path(&dir, 0), align, s.len),
+                    None => Ok(AlignedBuf::DEFAULT_ALIGN.max(align)),
+                };
+                match probe {
+                    Ok(a) => (IoMode::Direct, a),
+                    Err(why) if pref == IoPreference::Auto => {
+                        eprintln!(
+                            "coli-store: note: {}: direct I/O unavailable ({why}); using buffered reads",
+                            dir.display()
+                        );
+                        (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align))
+                    }
+                    Err(why) => {
+                        return Err(io_err(
+                            &segment_path(&dir, 0),
+                            std::io::Error::other(format!(
+                                "O_DIRECT requested but unavailable: {why}"
+                            )),
+                        ))
+                    }
+                }
+            }
+        };
+        if io_mode == IoMode::Direct {
+            for (id, s) in segments.iter_mut().enumerate() {
+                let p = segment_path(&dir, id as u32);
+                s.file = open_read(&p, true).map_err(|e| io_err(&p, e))?;
+            }
+        }
+        let pool = if opts.fetch_threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(opts.fetch_threads)
+                    .thread_name(|i| format!("coli-fetch-{i}"))
+                    .build()
+                    .map_err(|e| io_err(&dir, std::io::Error::other(e.to_string())))?,
+            )
+        } else {
+            None
+        };
+        let dense_verified = manifest
+            .dense
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        Ok(Store {
+            dir,
+            manifest,
+            index,
+            segments,
+            io_mode,
+            buf_align,
+            verify: opts.verify_checksums,
+            dense_map,
+            dense_by_name,
+            dense_verified,
+            dense_encodings,
+            pool,
+            reads: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The parsed MANIFEST body.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The model's parsed `config.json` (as embedded in the MANIFEST).
+    pub fn model_config(&self) -> &serde_json::Value {
+        &self.manifest.config
+    }
+
+    /// The bytes of the copied model file `files/NAME` (e.g. `tokenizer.json`), or `None` when
+    /// the store has no such file. Size and xxh3 are checked (the checksum only when
+    /// `verify_checksums`).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the file cannot be read, [`StoreError::Checksum`] /
+    /// [`StoreError::Format`] when its checksum or size differs from the MANIFEST.
+    pub fn file(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(e) = self.manifest.files.iter().find(|f| f.name == name) else {
+            return Ok(None);
+        };
+        let rel = format!("files/{name}");
+        let bytes = read_file(&self.dir, &rel)?;
+        if bytes.len() as u64 != e.size {
+            return Err(fmt_err(
+                rel,
+                format!("{} bytes, MANIFEST says {}", bytes.len(), e.size),
+            ));
+        }
+        if self.verify {
+            let found = xxh3_64_with_seed(&bytes, 0);
+            let expected = parse_hex64(&e.xxh3).expect("checked at open");
+            if found != expected {
+                return Err(StoreError::Checksum {
+                    what: format!("file {name}"),
+                    file: rel,
+                    offset: 0,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Every INDEX record, sorted by (layer, expert).
+    pub fn index(&self) -> &[IndexRecord] {
+        &self.index
+    }
+
+    /// The INDEX record of one expert.
+    pub fn record(&self, key: ExpertKey) -> Option<&IndexRecord> {
+        self.index
+            .binary_search_by_key(&key, |r| r.key())
+            .ok()
+            .map(|i| &self.index[i])
+    }
+
+    /// Reads several experts, each with one positional read into an aligned buffer, up to
+    /// `fetch_threads` reads in flight. Results are in the order of `keys`. Each record's xxh3
+    /// is verified when `verify_checksums`.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a key not in the store, [`StoreError::Io`] on a read error,
+    /// [`StoreError::Checksum`] naming the expert, segment file and offset on a mismatch.
+    pub fn fetch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
+        use rayon::prelude::*;
+        match (&self.pool, keys.len()) {
+            (Some(pool), n) if n > 1 => {
+                pool.install(|| keys.par_iter().map(|&k| self.fetch_one(k)).collect())
+            }
+            _ => keys.iter().map(|&k| self.fetch_one(k)).collect(),
+        }
+    }
+
+    /// Reads one expert (see [`Store::fetch`]).
+    ///
+    /// # Errors
+    /// As [`Store::fetch`].
+    pub fn fetch_one(&self, key: ExpertKey) -> Result<ExpertBuf, StoreError> {
+        let r = self
+            .record(key)
+            .ok_or_else(|| StoreError::NotFound(format!("expert {key}")))?;
+        let seg = &self.segments[r.segment.get() as usize];
+        let (off, len) = (r.offset.get(), r.length.get() as usize);
+        let buf = read_aligned(&seg.file, off, len, self.buf_align)
+            .map_err(|e| io_err(&self.dir.join(&seg.rel), e))?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        if self.verify {
+            let found = xxh3_64_with_seed(&buf, key.checksum_seed());
+            if found != r.checksum.get() {
+                return Err(StoreError::Checksum {
+                    what: key.to_string(),
+                    file: seg.rel.clone(),
+                    offset: off,
+                    expected: r.checksum.get(),
+                    found,
+                });
+            }
+        }
+        let encoding =
+            Encoding::from_id(r.encoding.get(), r.group_size.get()).expect("checked at open");
+        let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        Ok(ExpertBuf {
+            key,
+            encoding,
+            hidden,
+            intermediate,
+            layout: RecordLayout::new(encoding, hidden, intermediate),
+            buf,
+        })
+    }
+
+    /// A dense tensor by name, borrowed from the memory map of `dense.bin`. Its xxh3 is checked
+    /// at the first access (when `verify_checksums`); later accesses do not re-check.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown name, [`StoreError::Checksum`] naming the tensor
+    /// on a mismatch.
+    pub fn dense(&self, name: &str) -> Result<DenseTensor<'_>, StoreError> {
+        let &i = self
+            .dense_by_name
+            .get(name)
+            .ok_or_else(|| StoreError::NotFound(format!("dense tensor {name}")))?;
+        let e = &self.manifest.dense[i];
+        let map: &[u8] = self.dense_map.as_deref().unwrap_or(&[]);
+        let data = &map[e.offset as usize..(e.offset + e.length) as usize];
+        let sbytes = &map[e.scales_offset as usize..(e.scales_offset + e.scales_length) as usize];
+        if self.verify && !self.dense_verified[i].load(Ordering::Acquire) {
+            let mut h = Xxh3::with_seed(xxh3_64_with_seed(e.name.as_bytes(), 0));
+            h.update(data);
+            h.update(sbytes);
+            let found = h.digest();
+            let expected = parse_hex64(&e.xxh3).expect("checked at open");
+            if found != expected {
+                return Err(StoreError::Checksum {
+                    what: format!("dense tensor {name}"),
+                    file: "dense.bin".into(),
+                    offset: e.offset,
+                    expected,
+                    found,
+                });
+            }
+            self.dense_verified[i].store(true, Ordering::Release);
+        }
+        Ok(DenseTensor {
+            name: &e.name,
+            encoding: self.dense_encodings[i],
+            shape: &e.shape,
+            data,
+            scales: as_f32s(sbytes),
+        })
+    }
+
+    /// True when the store has a dense tensor of that name.
+    pub fn has_dense(&self, name: &str) -> bool {
+        self.dense_by_name.contains_key(name)
+    }
+
+    /// How expert records are read (O_DIRECT or buffered).
+    pub fn io_mode(&self) -> IoMode {
+        self.io_mode
+    }
+
+    /// Reads and bytes read by fetches since open.
+    pub fn stats(&self) -> FetchStats {
+        FetchStats {
+            reads: self.reads.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The open segment files (for fsck).
+    pub(crate) fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The whole of dense.bin (empty when it is empty).
+    pub(crate) fn dense_bytes(&self) -> &[u8] {
+        self.dense_map.as_deref().unwrap_or(&[])
+    }
+
+    /// The alignment of fetch buffers, bytes.
+    pub(crate) fn buf_align(&self) -> usize {
+        self.buf_align
+    }
 }
 
-#[allow(missing_docs)]
+/// Checks one dense entry against the format and dense.bin's length; returns its encoding.
+fn check_dense_entry(e: &crate::DenseEntry, dlen: u64) -> Result<Encoding, StoreError> {
+    let bad = |s: String| fmt_err("MANIFEST", format!("dense tensor {}: {s}", e.name));
+    let enc = Encoding::from_id(e.encoding, e.group_size).map_err(|_| {
+        bad(format!(
+            "unknown encoding id {} group size {}",
+            e.encoding, e.group_size
+        ))
+    })?;
+    if enc.group_size() != e.group_size {
+        return Err(bad(format!(
+            "group size {} invalid for {}",
+            e.group_size,
+            enc.name()
+        )));
+    }
+    let (rows, cols) = match e.shape[..] {
+        [n] => (1usize, n),
+        [r, c] => (r, c),
+        _ => {
+            return Err(bad(format!(
+                "shape {:?} must have 1 or 2 dimensions",
+                e.shape
+            )))
+        }
+    };
+    if rows.checked_mul(cols).is_none_or(|n| n > (1 << 40)) {
+        return Err(bad(format!("shape {:?} too large", e.shape)));
+    }
+    let wb = enc.weight_bytes(rows, cols) as u64;
+    let sb = enc.scale_bytes(rows, cols) as u64;
+    if e.length != wb {
+        return Err(bad(format!(
+            "length {}, expected {wb} for {} {:?}",
+            e.length,
+            enc.name(),
+            e.shape
+        )));
+    }
+    if e.scales_length != sb {
+        return Err(bad(format!(
+            "scales_length {}, expected {sb} for {} {:?}",
+            e.scales_length,
+            enc.name(),
+            e.shape
+        )));
+    }
+    if !e.offset.is_multiple_of(64) || (sb > 0 && !e.scales_offset.is_multiple_of(64)) {
+        return Err(bad("section offsets must be multiples of 64".into()));
+    }
+    if sb == 0 && e.scales_offset != 0 {
+        return Err(bad("scales_offset must be 0 without scales".into()));
+    }
+    let end_w = e.offset.checked_add(e.length);
+    let end_s = e.scales_offset.checked_add(e.scales_length);
+    match (end_w, end_s) {
+        (Some(a), Some(b)) if a <= dlen && b <= dlen => {}
+        _ => {
+            return Err(bad(format!(
+                "sections [{}, +{}) / [{}, +{}) beyond dense.bin's {dlen} bytes",
+                e.offset, e.length, e.scales_offset, e.scales_length
+            )))
+        }
+    }
+    if parse_hex64(&e.xxh3).is_none() {
+        return Err(bad(format!("checksum {:?} is not 16 hex digits", e.xxh3)));
+    }
+    Ok(enc)
+}
+
 impl ExpertBuf {
-    pub fn gate(&self) -> MatrixView<'_> { todo!() }
-    pub fn up(&self) -> MatrixView<'_> { todo!() }
-    pub fn down(&self) -> MatrixView<'_> { todo!() }
-    pub fn len_bytes(&self) -> usize { todo!() }
+    fn view(&self, i: usize) -> MatrixView<'_> {
+        let (w_off, wb, s_off, sb) = self.layout.sections[i];
+        let (rows, cols) = if i == 2 {
+            (self.hidden, self.intermediate)
+        } else {
+            (self.intermediate, self.hidden)
+        };
+        MatrixView {
+            encoding: self.encoding,
+            rows,
+            cols,
+            data: &self.buf[w_off..w_off + wb],
+            scales: as_f32s(&self.buf[s_off..s_off + sb]),
+        }
+    }
+
+    /// The gate projection, [I, H] (rows = intermediate features, cols = hidden).
+    pub fn gate(&self) -> MatrixView<'_> {
+        self.view(0)
+    }
+
+    /// The up projection, [I, H].
+    pub fn up(&self) -> MatrixView<'_> {
+        self.view(1)
+    }
+
+    /// The down projection, [H, I].
+    pub fn down(&self) -> MatrixView<'_> {
+        self.view(2)
+    }
+
+    /// Bytes of the record as read (payload plus padding to the store alignment).
+    pub fn len_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The raw record bytes (FORMAT.md section 5), padding included.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
 }
 
-#[allow(missing_docs)]
 impl<'a> DenseTensor<'a> {
-    pub fn matrix(&self) -> MatrixView<'a> { todo!() }
-    pub fn to_f32(&self) -> Vec<f32> { todo!() }
+    /// The tensor as a matrix view: `[n]` vectors as [1, n], `[rows, cols]` as is.
+    pub fn matrix(&self) -> MatrixView<'a> {
+        let (rows, cols) = match *self.shape {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => unreachable!("checked at open"),
+        };
+        MatrixView {
+            encoding: self.encoding,
+            rows,
+            cols,
+            data: self.data,
+            scales: self.scales,
+        }
+    }
+
+    /// Dequantizes the whole tensor to f32, row-major (`rows * cols` values), with
+    /// [`MatrixView::dequantize_row`].
+    pub fn to_f32(&self) -> Vec<f32> {
+        let m = self.matrix();
+        let mut out = vec![0f32; m.rows * m.cols];
+        if m.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(m.cols).enumerate() {
+                m.dequantize_row(r, row);
+            }
+        }
+        out
+    }
 }

@@ -1,0 +1,156 @@
+//! Random-fetch benchmark of a large store (see `store/bench/fetch_bench.sh`).
+//!
+//! ```text
+//! fetch_bench write DIR GIB            write a store of about GIB GiB of ~16 MiB int8 records
+//! fetch_bench read DIR QD SECONDS [noverify]  random fetches, QD records in flight, after dropping
+//!                                      the segment files' pages (posix_fadvise DONTNEED);
+//!                                      prints one JSON line
+//! ```
+
+use coli_store::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+const H: usize = 2048;
+const I: usize = 2730;
+const EXPERTS_PER_LAYER: u32 = 32;
+
+fn write(dir: &Path, gib: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let enc = Encoding::Int8;
+    let rec = RecordLayout::new(enc, H, I).record_len(4096) as u64;
+    let n = (gib << 30).div_ceil(rec);
+    let layers = n.div_ceil(EXPERTS_PER_LAYER as u64) as u32;
+    let spec = StoreSpec {
+        family: "bench".into(),
+        config_json: br#"{"model_type":"bench"}"#.to_vec(),
+        num_layers: layers,
+        expert_layers: (0..layers)
+            .map(|layer| ExpertLayer {
+                layer,
+                num_experts: EXPERTS_PER_LAYER,
+            })
+            .collect(),
+        expert_encoding: enc,
+        alignment: 4096,
+        segment_max_bytes: DEFAULT_SEGMENT_MAX_BYTES,
+        converter_version: "bench".into(),
+        parameters: BTreeMap::new(),
+        sources: vec![],
+    };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut mat = |rows: usize, cols: usize| {
+        let data = (0..rows * cols)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        EncodedMatrix {
+            encoding: enc,
+            rows,
+            cols,
+            data,
+            scales: vec![0.01; rows],
+        }
+    };
+    let (g, u, d) = (mat(I, H), mat(I, H), mat(H, I));
+    let mut w = match StoreWriter::create_or_resume(dir, spec)? {
+        WriterStart::Fresh(w) | WriterStart::Resumed(w, _) => w,
+        WriterStart::AlreadyComplete => return Ok(()),
+    };
+    let t = Instant::now();
+    for layer in 0..layers {
+        for e in 0..EXPERTS_PER_LAYER {
+            let k = ExpertKey::new(layer, e);
+            if !w.is_expert_done(k) {
+                w.add_expert(k, H, I, [&g, &u, &d])?;
+            }
+        }
+    }
+    w.finish()?;
+    let bytes = layers as u64 * EXPERTS_PER_LAYER as u64 * rec;
+    eprintln!(
+        "wrote {bytes} bytes in {:.1} s ({:.0} MB/s), record {rec} bytes",
+        t.elapsed().as_secs_f64(),
+        bytes as f64 / 1e6 / t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn drop_pages(dir: &Path, segments: u32) {
+    use std::os::fd::AsRawFd;
+    for id in 0..segments {
+        let f = std::fs::File::open(dir.join(format!("segments/seg-{id:05}.bin"))).unwrap();
+        // SAFETY: plain advisory syscall on an open descriptor.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0, "posix_fadvise failed");
+    }
+}
+
+fn read(
+    dir: &Path,
+    qd: usize,
+    seconds: f64,
+    verify: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let store = Store::open_with(
+        dir,
+        &OpenOptions {
+            fetch_threads: qd,
+            verify_checksums: verify,
+            ..Default::default()
+        },
+    )?;
+    drop_pages(dir, store.manifest().segment_count);
+    let keys: Vec<ExpertKey> = store.index().iter().map(|r| r.key()).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        keys[(x % keys.len() as u64) as usize]
+    };
+    let t = Instant::now();
+    let mut lat = Vec::new();
+    while t.elapsed().as_secs_f64() < seconds {
+        let batch: Vec<ExpertKey> = (0..qd).map(|_| next()).collect();
+        let t0 = Instant::now();
+        let bufs = store.fetch(&batch)?;
+        lat.push(t0.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(bufs.len(), qd);
+    }
+    let el = t.elapsed().as_secs_f64();
+    let s = store.stats();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+    println!(
+        "{{\"qd\":{qd},\"io_mode\":\"{:?}\",\"verify\":{verify},\"seconds\":{el:.2},\"records\":{},\"bytes\":{},\"MBps\":{:.1},\"MiBps\":{:.1},\"batch_ms_p50\":{:.2},\"batch_ms_p99\":{:.2}}}",
+        store.io_mode(),
+        s.reads,
+        s.bytes_read,
+        s.bytes_read as f64 / 1e6 / el,
+        s.bytes_read as f64 / (1 << 20) as f64 / el,
+        pct(0.5),
+        pct(0.99)
+    );
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a: Vec<String> = std::env::args().collect();
+    match a.get(1).map(String::as_str) {
+        Some("write") if a.len() == 4 => write(Path::new(&a[2]), a[3].parse()?),
+        Some("read") if a.len() == 5 || a.len() == 6 => read(
+            Path::new(&a[2]),
+            a[3].parse()?,
+            a[4].parse()?,
+            a.get(5).map(String::as_str) != Some("noverify"),
+        ),
+        _ => Err(
+            "usage: fetch_bench write DIR GIB | fetch_bench read DIR QD SECONDS [noverify]".into(),
+        ),
+    }
+}

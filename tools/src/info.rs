@@ -1,0 +1,223 @@
+//! `coli info STORE [--json]`: what a store holds.
+//!
+//! Self-contained (uses only `coli_store`, `anyhow` and `serde_json`) so that binaries include
+//! it with `#[path = "../info.rs"] mod info;`.
+
+#![forbid(unsafe_code)]
+
+use anyhow::Context;
+use coli_store::{Encoding, Store};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Tensor classes reported by `coli info`.
+const CLASSES: [&str; 5] = [
+    "routed_experts",
+    "attention",
+    "norms",
+    "embeddings",
+    "other_dense",
+];
+
+/// The class of a dense tensor, from its checkpoint name: `attention` (`self_attn`/`attn`),
+/// `norms` (`norm`), `embeddings` (`embed_tokens`, `lm_head`, `embed`), else `other_dense`
+/// (routers, shared experts, dense MLPs, MTP projections, ...).
+pub fn dense_class(name: &str) -> &'static str {
+    if name.contains("attn") {
+        "attention"
+    } else if name.contains("norm") {
+        "norms"
+    } else if name.contains("embed") || name.contains("lm_head") {
+        "embeddings"
+    } else {
+        "other_dense"
+    }
+}
+
+fn encoding_name(id: u16, group_size: u16) -> String {
+    Encoding::from_id(id, group_size)
+        .map(|e| e.name())
+        .unwrap_or_else(|_| format!("unknown({id})"))
+}
+
+fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
+    keys.iter().find_map(|k| {
+        cfg.get(k)
+            .or_else(|| cfg.get("text_config").and_then(|t| t.get(k)))
+            .and_then(Value::as_u64)
+    })
+}
+
+/// Builds the `coli info` report of the store in `store` as JSON:
+/// `family`, `dims` {hidden_size, num_layers, num_experts, top_k} (from config.json; null when
+/// absent), `encodings` {experts, records, dense}, `classes` {CLASS: {count, bytes}} for
+/// routed_experts / attention / norms / embeddings / other_dense (bytes on disk, padding of
+/// expert records included), `provenance` {converter, parameters, sources}, `format_version`,
+/// `store_id`, `alignment`, `segments`.
+///
+/// # Errors
+/// When the store cannot be opened (the error says why and suggests `coli-fsck`).
+pub fn report(store: &Path) -> anyhow::Result<Value> {
+    let st = Store::open(store).with_context(|| {
+        format!(
+            "cannot open store {} (run coli-fsck on it to see what is wrong)",
+            store.display()
+        )
+    })?;
+    let m = st.manifest();
+    let cfg = st.model_config();
+    let mut classes: BTreeMap<&str, (u64, u64)> = CLASSES.iter().map(|c| (*c, (0, 0))).collect();
+    let mut record_encodings: BTreeMap<String, u64> = BTreeMap::new();
+    for r in st.index() {
+        let e = classes.get_mut("routed_experts").expect("class exists");
+        e.0 += 1;
+        e.1 += r.length.get();
+        *record_encodings
+            .entry(encoding_name(r.encoding.get(), r.group_size.get()))
+            .or_default() += 1;
+    }
+    let mut dense_encodings: BTreeMap<String, u64> = BTreeMap::new();
+    for d in &m.dense {
+        let e = classes.get_mut(dense_class(&d.name)).expect("class exists");
+        e.0 += 1;
+        e.1 += d.length + d.scales_length;
+        *dense_encodings
+            .entry(encoding_name(d.encoding, d.group_size))
+            .or_default() += 1;
+    }
+    let classes_json: serde_json::Map<String, Value> = CLASSES
+        .iter()
+        .map(|c| {
+            let (n, b) = classes[c];
+            (c.to_string(), json!({"count": n, "bytes": b}))
+        })
+        .collect();
+    Ok(json!({
+        "store": store.display().to_string(),
+        "store_id": m.store_id,
+        "format_version": m.format_version,
+        "family": m.family,
+        "dims": {
+            "hidden_size": config_u64(cfg, &["hidden_size", "d_model"]),
+            "num_layers": config_u64(cfg, &["num_hidden_layers", "n_layers"]).or(Some(m.num_layers as u64)),
+            "num_experts": config_u64(cfg, &["n_routed_experts", "num_local_experts", "num_experts"]),
+            "top_k": config_u64(cfg, &["num_experts_per_tok", "moe_topk", "top_k"]),
+        },
+        "encodings": {
+            "experts": m.expert_encoding.name,
+            "records": record_encodings,
+            "dense": dense_encodings,
+        },
+        "classes": classes_json,
+        "alignment": m.alignment,
+        "segments": m.segment_count,
+        "provenance": {
+            "converter": {"name": m.converter.name, "version": m.converter.version},
+            "parameters": m.parameters,
+            "sources": m.sources,
+        },
+    }))
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Prints what the store in `store` holds: family and dims, encodings, count and bytes per
+/// tensor class, provenance, format version and store id; as JSON (see [`report`]) when `json`.
+///
+/// # Errors
+/// When the store cannot be opened.
+pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
+    let r = report(store)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let opt = |v: &Value| match v.as_u64() {
+        Some(n) => n.to_string(),
+        None => "?".into(),
+    };
+    println!("store:          {}", r["store"].as_str().unwrap_or(""));
+    println!("store id:       {}", r["store_id"].as_str().unwrap_or(""));
+    println!("format version: {}", r["format_version"]);
+    println!("family:         {}", r["family"].as_str().unwrap_or(""));
+    let d = &r["dims"];
+    println!(
+        "dims:           hidden {}, layers {}, experts {}, top-k {}",
+        opt(&d["hidden_size"]),
+        opt(&d["num_layers"]),
+        opt(&d["num_experts"]),
+        opt(&d["top_k"])
+    );
+    let fmt_counts = |v: &Value| {
+        v.as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, n)| format!("{k} x{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let e = &r["encodings"];
+    println!(
+        "encodings:      experts {} (records: {}); dense: {}",
+        e["experts"].as_str().unwrap_or(""),
+        fmt_counts(&e["records"]),
+        fmt_counts(&e["dense"])
+    );
+    println!("tensors:");
+    for c in CLASSES {
+        let x = &r["classes"][c];
+        let bytes = x["bytes"].as_u64().unwrap_or(0);
+        println!(
+            "  {:<15} {:>8}  {:>12}  ({} bytes)",
+            c,
+            opt(&x["count"]),
+            human_bytes(bytes),
+            bytes
+        );
+    }
+    println!(
+        "layout:         alignment {} bytes, {} segment file(s)",
+        r["alignment"], r["segments"]
+    );
+    let p = &r["provenance"];
+    println!(
+        "converter:      {} {}",
+        p["converter"]["name"].as_str().unwrap_or(""),
+        p["converter"]["version"].as_str().unwrap_or("")
+    );
+    if let Some(o) = p["parameters"].as_object() {
+        let s: Vec<String> = o
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+            .collect();
+        println!("parameters:     {}", s.join(" "));
+    }
+    if let Some(a) = p["sources"].as_array() {
+        println!("sources:        {} file(s)", a.len());
+        for s in a {
+            println!(
+                "  {} ({} bytes, header xxh3 {})",
+                s["name"].as_str().unwrap_or(""),
+                s["size"],
+                s["header_xxh3"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(())
+}
