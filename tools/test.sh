@@ -12,6 +12,8 @@ cargo test --workspace --all-targets
 if [ ! -x .venv-demo/bin/python ]; then
   "$python" -m venv .venv-demo
 fi
-.venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tools/demo/requirements.txt
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 cargo build -q -p coli-convert -p coli-tools
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tests/python_reader/requirements.txt
+.venv-demo/bin/python tests/python_reader/test_reader.py "${CARGO_TARGET_DIR:-target}/debug/coli-convert"
 .venv-demo/bin/python tests/demo_e2e.py

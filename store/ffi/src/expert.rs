@@ -1,0 +1,388 @@
+//! Expert handles: fetches into library-owned or caller-provided buffers, record info and
+//! per-matrix views.
+
+use crate::error::{coli_status, guard, FfiError, FfiResult, COLI_ERR_BUFFER};
+use crate::store::{need, put, record, store_ref, ColiStore};
+use crate::views::{coli_matrix_view, matrix_view};
+use coli_store::{Encoding, ExpertBuf, ExpertKey, RecordLayout, StoreError};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+
+/// `which` value of [`coli_expert_matrix`]: the gate projection, [I, H].
+pub const COLI_MATRIX_GATE: u32 = 0;
+/// `which` value: the up projection, [I, H].
+pub const COLI_MATRIX_UP: u32 = 1;
+/// `which` value: the down projection, [H, I].
+pub const COLI_MATRIX_DOWN: u32 = 2;
+
+/// Identity of one routed expert (C `coli_expert_key`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct coli_expert_key {
+    /// Decoder layer index.
+    pub layer: u32,
+    /// Expert index within the layer.
+    pub expert: u32,
+}
+
+/// Description of a fetched expert (C `coli_expert_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct coli_expert_info {
+    /// Decoder layer index.
+    pub layer: u32,
+    /// Expert index within the layer.
+    pub expert: u32,
+    /// Encoding id (`COLI_ENC_*`).
+    pub encoding: u32,
+    /// Group size field (int4: columns per scale group; fp8: 128; else 0).
+    pub group_size: u32,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Intermediate size I.
+    pub intermediate: usize,
+    /// The raw record bytes (docs/FORMAT.md section 5), `record_len` bytes.
+    pub record: *const u8,
+    /// Record length, bytes (a multiple of the store alignment).
+    pub record_len: usize,
+    /// Bytes of the record before its zero padding.
+    pub payload_len: usize,
+}
+
+enum Mem {
+    /// A record read into a library-owned aligned buffer.
+    Owned(ExpertBuf),
+    /// A record read into the caller's buffer (which the caller keeps alive and unmodified
+    /// while the handle lives).
+    Borrowed { ptr: *const u8, len: usize },
+}
+
+/// A fetched expert (C: the opaque `coli_expert`). Immutable after the fetch.
+pub struct ColiExpert {
+    key: ExpertKey,
+    encoding: Encoding,
+    hidden: usize,
+    intermediate: usize,
+    layout: RecordLayout,
+    mem: Mem,
+}
+
+impl ColiExpert {
+    fn from_buf(b: ExpertBuf) -> ColiExpert {
+        ColiExpert {
+            key: b.key,
+            encoding: b.encoding,
+            hidden: b.hidden,
+            intermediate: b.intermediate,
+            layout: RecordLayout::new(b.encoding, b.hidden, b.intermediate),
+            mem: Mem::Owned(b),
+        }
+    }
+
+    /// The record bytes.
+    fn bytes(&self) -> &[u8] {
+        match &self.mem {
+            Mem::Owned(b) => b.bytes(),
+            // SAFETY: `ptr` is the caller's buffer of at least `len` bytes into which the record
+            // was read; the caller keeps it alive and unmodified until coli_expert_release
+            // (documented contract of coli_fetch_expert_into).
+            Mem::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        }
+    }
+}
+
+/// Borrows the expert behind a handle.
+///
+/// # Safety
+/// `p` is NULL or a live handle from a fetch function.
+unsafe fn expert_ref<'a>(p: *const ColiExpert, func: &str) -> FfiResult<&'a ColiExpert> {
+    // SAFETY: NULL is rejected; otherwise the caller passes a live handle (Box::into_raw of a
+    // ColiExpert not yet released).
+    unsafe { p.as_ref() }.ok_or_else(|| FfiError::null("expert", func))
+}
+
+/// Reads one expert into a new library-owned buffer aligned to the store's buffer alignment,
+/// verifying its xxh3 (when the store was opened with `verify_checksums`), and writes a new
+/// handle to `*out`. Release it with [`coli_expert_release`]; it stays valid after the store is
+/// closed.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `out` is NULL or writable.
+///
+/// # Errors
+/// `COLI_ERR_NULL_ARGUMENT`; `COLI_ERR_NOT_FOUND`; `COLI_ERR_IO`; `COLI_ERR_CHECKSUM` (the
+/// message names the expert, segment file and offset).
+#[no_mangle]
+pub unsafe extern "C" fn coli_fetch_expert(
+    store: *const ColiStore,
+    layer: u32,
+    expert: u32,
+    out: *mut *mut ColiExpert,
+) -> coli_status {
+    const F: &str = "coli_fetch_expert";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let s = unsafe { store_ref(store, F)? };
+        need(out, "out", F)?;
+        let b = s.store.fetch_one(ExpertKey::new(layer, expert))?;
+        let h = Box::into_raw(Box::new(ColiExpert::from_buf(b)));
+        // SAFETY: caller contract; non-null checked.
+        unsafe { put(out, h, "out", F) }
+    })
+}
+
+/// Reads `count` experts (up to the store's `fetch_threads` reads in flight) and writes one new
+/// handle per key to `out[0..count]`, in the order of `keys`. All or nothing: on an error no
+/// handle is returned and `out` is left unchanged. `keys` and `out` may be NULL when `count` is 0.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `keys` is NULL or points at `count` keys; `out` is NULL or
+/// points at `count` writable pointers.
+///
+/// # Errors
+/// As [`coli_fetch_expert`], for the first failing key.
+#[no_mangle]
+pub unsafe extern "C" fn coli_fetch_experts(
+    store: *const ColiStore,
+    keys: *const coli_expert_key,
+    count: usize,
+    out: *mut *mut ColiExpert,
+) -> coli_status {
+    const F: &str = "coli_fetch_experts";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let s = unsafe { store_ref(store, F)? };
+        if count == 0 {
+            return Ok(());
+        }
+        need(keys, "keys", F)?;
+        need(out, "out", F)?;
+        // SAFETY: non-null checked; the caller guarantees `count` readable keys.
+        let keys = unsafe { std::slice::from_raw_parts(keys, count) };
+        let ks: Vec<ExpertKey> = keys
+            .iter()
+            .map(|k| ExpertKey::new(k.layer, k.expert))
+            .collect();
+        let bufs = s.store.fetch(&ks)?;
+        if bufs.len() != count {
+            return Err(FfiError::new(
+                crate::COLI_ERR_PANIC,
+                format!(
+                    "{F}: the store returned {} experts for {count} keys",
+                    bufs.len()
+                ),
+            ));
+        }
+        // SAFETY: non-null checked; the caller guarantees `count` writable pointers. Nothing
+        // can fail after this point, so the all-or-nothing promise holds.
+        let outs = unsafe { std::slice::from_raw_parts_mut(out, count) };
+        for (o, b) in outs.iter_mut().zip(bufs) {
+            *o = Box::into_raw(Box::new(ColiExpert::from_buf(b)));
+        }
+        Ok(())
+    })
+}
+
+/// Reads one expert into the caller's buffer `buf` (`buf_len` bytes) and writes to `*out` a
+/// handle that views it. `buf` must be aligned to [`crate::coli_store_buffer_alignment`] and at
+/// least [`crate::coli_expert_record_len`] bytes long. The record's xxh3 is verified when the
+/// store was opened with `verify_checksums`. The handle borrows `buf`: keep the buffer alive and
+/// unmodified until [`coli_expert_release`], then reuse it for the next fetch.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `buf` is NULL or valid for writes of `buf_len` bytes;
+/// `out` is NULL or writable.
+///
+/// # Errors
+/// `COLI_ERR_NULL_ARGUMENT`; `COLI_ERR_NOT_FOUND`; `COLI_ERR_BUFFER` (too small or misaligned;
+/// the message gives both sizes/alignments); `COLI_ERR_IO`; `COLI_ERR_CHECKSUM` (the buffer
+/// then holds the bad bytes and no handle is returned).
+#[no_mangle]
+pub unsafe extern "C" fn coli_fetch_expert_into(
+    store: *const ColiStore,
+    layer: u32,
+    expert: u32,
+    buf: *mut u8,
+    buf_len: usize,
+    out: *mut *mut ColiExpert,
+) -> coli_status {
+    const F: &str = "coli_fetch_expert_into";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let s = unsafe { store_ref(store, F)? };
+        need(buf, "buf", F)?;
+        need(out, "out", F)?;
+        let key = ExpertKey::new(layer, expert);
+        let r = record(s, layer, expert, F)?;
+        let len = r.length.get() as usize;
+        let align = s.buffer_alignment();
+        if buf_len < len {
+            return Err(FfiError::new(
+                COLI_ERR_BUFFER,
+                format!("{F}: buffer of {buf_len} bytes is smaller than the {len}-byte record of {key} (see coli_expert_record_len)"),
+            ));
+        }
+        if !(buf as usize).is_multiple_of(align) {
+            return Err(FfiError::new(
+                COLI_ERR_BUFFER,
+                format!("{F}: buffer address {buf:p} is not aligned to {align} bytes (see coli_store_buffer_alignment)"),
+            ));
+        }
+        let seg_id = r.segment.get() as usize;
+        let files = s.seg_files()?;
+        let seg = files.get(seg_id).ok_or_else(|| {
+            FfiError::new(
+                crate::COLI_ERR_FORMAT,
+                format!("{F}: {key} lies in segment {seg_id}, which the store does not have"),
+            )
+        })?;
+        // SAFETY: `buf` is non-null, valid for `buf_len >= len` bytes (caller contract) and not
+        // aliased by any Rust reference during this call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+        let off = r.offset.get();
+        let read = match &seg.direct {
+            Some(f) => f.read_exact_at(dst, off).or_else(|e| {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    // The buffer does not meet a stricter direct-I/O rule of this file system:
+                    // read through the page cache instead.
+                    seg.buffered.read_exact_at(dst, off)
+                } else {
+                    Err(e)
+                }
+            }),
+            None => seg.buffered.read_exact_at(dst, off),
+        };
+        read.map_err(|e| {
+            FfiError::from(StoreError::Io {
+                path: seg.path.clone(),
+                source: e,
+            })
+        })?;
+        s.into_reads.fetch_add(1, Ordering::Relaxed);
+        s.into_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        if s.verify {
+            let found = xxhash_rust::xxh3::xxh3_64_with_seed(dst, key.checksum_seed());
+            if found != r.checksum.get() {
+                return Err(StoreError::Checksum {
+                    what: key.to_string(),
+                    file: seg.rel.clone(),
+                    offset: off,
+                    expected: r.checksum.get(),
+                    found,
+                }
+                .into());
+            }
+        }
+        let encoding = Encoding::from_id(r.encoding.get(), r.group_size.get())?;
+        let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        let h = ColiExpert {
+            key,
+            encoding,
+            hidden,
+            intermediate,
+            layout: RecordLayout::new(encoding, hidden, intermediate),
+            mem: Mem::Borrowed { ptr: buf, len },
+        };
+        // SAFETY: caller contract; non-null checked.
+        unsafe { put(out, Box::into_raw(Box::new(h)), "out", F) }
+    })
+}
+
+/// Releases an expert handle (frees a library-owned buffer; a caller buffer is the caller's to
+/// free afterwards). NULL is ignored.
+///
+/// # Safety
+/// `expert` is NULL or a handle from a fetch function, released only once and not used after.
+#[no_mangle]
+pub unsafe extern "C" fn coli_expert_release(expert: *mut ColiExpert) {
+    if expert.is_null() {
+        return;
+    }
+    let _ = guard("coli_expert_release", || {
+        // SAFETY: the handle came from Box::into_raw in a fetch function and is released once
+        // (caller contract).
+        drop(unsafe { Box::from_raw(expert) });
+        Ok(())
+    });
+}
+
+/// Writes the description of a fetched expert to `*out` (ids, encoding, sizes, raw record
+/// pointer valid while the handle lives).
+///
+/// # Safety
+/// `expert` is NULL or a live handle; `out` is NULL or writable.
+///
+/// # Errors
+/// `COLI_ERR_NULL_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn coli_expert_get_info(
+    expert: *const ColiExpert,
+    out: *mut coli_expert_info,
+) -> coli_status {
+    const F: &str = "coli_expert_get_info";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let e = unsafe { expert_ref(expert, F)? };
+        let bytes = e.bytes();
+        let v = coli_expert_info {
+            layer: e.key.layer,
+            expert: e.key.expert,
+            encoding: e.encoding.id() as u32,
+            group_size: e.encoding.group_size() as u32,
+            hidden: e.hidden,
+            intermediate: e.intermediate,
+            record: bytes.as_ptr(),
+            record_len: bytes.len(),
+            payload_len: e.layout.payload_len,
+        };
+        // SAFETY: caller contract.
+        unsafe { put(out, v, "out", F) }
+    })
+}
+
+/// Writes a view of one matrix of a fetched expert to `*out`: `which` is
+/// [`COLI_MATRIX_GATE`] ([I, H]), [`COLI_MATRIX_UP`] ([I, H]) or [`COLI_MATRIX_DOWN`] ([H, I]).
+/// The pointers stay valid while the handle lives.
+///
+/// # Safety
+/// `expert` is NULL or a live handle; `out` is NULL or writable.
+///
+/// # Errors
+/// `COLI_ERR_NULL_ARGUMENT`; `COLI_ERR_INVALID_ARGUMENT` for another `which`.
+#[no_mangle]
+pub unsafe extern "C" fn coli_expert_matrix(
+    expert: *const ColiExpert,
+    which: u32,
+    out: *mut coli_matrix_view,
+) -> coli_status {
+    const F: &str = "coli_expert_matrix";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let e = unsafe { expert_ref(expert, F)? };
+        need(out, "out", F)?;
+        let i = match which {
+            COLI_MATRIX_GATE | COLI_MATRIX_UP | COLI_MATRIX_DOWN => which as usize,
+            w => {
+                return Err(FfiError::invalid(format!(
+                    "{F}: which = {w}, expected COLI_MATRIX_GATE (0), COLI_MATRIX_UP (1) or COLI_MATRIX_DOWN (2)"
+                )))
+            }
+        };
+        let (w_off, wb, s_off, sb) = e.layout.sections[i];
+        let (rows, cols) = if i == 2 {
+            (e.hidden, e.intermediate)
+        } else {
+            (e.intermediate, e.hidden)
+        };
+        let bytes = e.bytes();
+        let v = matrix_view(
+            e.encoding,
+            rows,
+            cols,
+            &bytes[w_off..w_off + wb],
+            &bytes[s_off..s_off + sb],
+        );
+        // SAFETY: caller contract; non-null checked.
+        unsafe { put(out, v, "out", F) }
+    })
+}
