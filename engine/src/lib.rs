@@ -1,1 +1,33 @@
-//! Engine.
+//! # coli-engine: MoE inference over a coli block store
+//!
+//! [`Engine`] runs Mixtral, Qwen3-MoE and OLMoE models whose weights live in a
+//! [`coli_store::Store`]: dense tensors are borrowed from the store's memory map, routed experts
+//! are fetched on demand into a byte-bounded LRU [`cache::ExpertCache`]. Activations and the KV
+//! cache are f32; all matrix products go through `coli_kernels`, whose results do not depend on
+//! the thread count, so outputs are bit-identical for any `--threads`, cache size or I/O mode.
+//!
+//! Layout: [`config`] (config.json), [`layers`] (shared blocks), [`models`] (one file per
+//! family), [`engine`] (prefill/decode/generate), [`sampling`], [`text`] (tokenizer, chat
+//! template, streaming decoder), [`size`] (byte sizes). See `docs/ENGINE.md`.
+
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod config;
+pub mod engine;
+mod error;
+pub mod layers;
+pub mod models;
+pub mod sampling;
+pub mod size;
+pub mod text;
+
+pub use cache::{CacheStats, ExpertCache, LruCache};
+pub use config::{Family, ModelConfig};
+pub use engine::{
+    Engine, EngineOptions, GenerateParams, Generation, GenerationStats, Logits, StopReason,
+};
+pub use error::{EngineError, Result};
+pub use sampling::{Sampler, SamplingParams};
+pub use size::parse_size;
+pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};

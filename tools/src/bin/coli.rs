@@ -1,1 +1,536 @@
-fn main() {}
+//! `coli`: run MoE models from a coli block store.
+//!
+//! - `coli run --store DIR --prompt TEXT [--chat]` / `--prompt-ids 1,2,3`: generate, streaming
+//!   text to stdout and statistics to stderr (`--json`: one JSON object instead).
+//! - `coli chat --store DIR`: multi-turn chat on stdin/stdout, KV cache kept across turns.
+//! - `coli eval --store DIR --text FILE`: teacher-forced perplexity of a text file.
+//! - `coli info STORE [--json]`: what a store holds.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use coli_engine::{
+    parse_size, ChatMessage, Engine, EngineOptions as CoreOptions, GenerateParams, Generation,
+    Logits, SamplingParams, StreamDecoder, TextTokenizer,
+};
+use coli_store::{IoPreference, OpenOptions, Store};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[path = "../info.rs"]
+mod info;
+
+#[derive(Parser)]
+#[command(
+    name = "coli",
+    version,
+    about = "Run Mixture-of-Experts models larger than RAM from a coli block store"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate a continuation of a prompt.
+    Run(RunArgs),
+    /// Interactive multi-turn chat (one user message per line; /reset, /exit).
+    Chat(ChatArgs),
+    /// Teacher-forced perplexity of a text file.
+    Eval(EvalArgs),
+    /// Describe a store.
+    Info(InfoArgs),
+}
+
+/// How expert records are read.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum IoArg {
+    /// O_DIRECT when the file system supports it, else buffered.
+    Auto,
+    /// O_DIRECT or fail.
+    Direct,
+    /// Through the page cache.
+    Buffered,
+}
+
+/// Options shared by run, chat and eval.
+#[derive(Args, Debug)]
+struct EngineOptions {
+    /// Store directory (written by coli-convert).
+    #[arg(long, value_name = "DIR")]
+    store: PathBuf,
+    /// Expert cache capacity: bytes, or with a suffix K/M/G/T (=KiB/MiB/...) or KB/MB/GB.
+    /// Default: unbounded (every expert may stay in RAM).
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    ram_budget: Option<u64>,
+    /// Maximum tokens in the KV cache (default: max_position_embeddings, capped at 4096).
+    #[arg(long, value_name = "N")]
+    context: Option<usize>,
+    /// Worker threads (default: one per CPU). Output does not depend on it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+    /// Skip the checksum of every expert record read.
+    #[arg(long)]
+    no_verify: bool,
+    /// How expert records are read.
+    #[arg(long, value_enum, default_value_t = IoArg::Auto)]
+    io: IoArg,
+    /// Prompt tokens per prefill batch.
+    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
+          value_parser = clap::value_parser!(usize))]
+    prefill_batch: usize,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this total probability.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> GenerateParams {
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            stop_on_eos: true,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    engine: EngineOptions,
+    /// Prompt text (tokenized with the store's tokenizer, BOS added as the tokenizer does).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, fed exactly (no BOS, no template).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt as one user message in the chat template (with the generation prompt).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    chat: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Print one JSON object (ids, text, stats) instead of streaming.
+    #[arg(long)]
+    json: bool,
+    /// Write the logits of the last prompt position to FILE as a JSON array.
+    #[arg(long, value_name = "FILE")]
+    logits_out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ChatArgs {
+    #[command(flatten)]
+    engine: EngineOptions,
+    /// System message placed before the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Args, Debug)]
+struct EvalArgs {
+    #[command(flatten)]
+    engine: EngineOptions,
+    /// UTF-8 text file to score.
+    #[arg(long, value_name = "FILE")]
+    text: PathBuf,
+    /// Score at most the first N tokens.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Print a JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct InfoArgs {
+    /// Store directory.
+    store: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An opened store plus what loading took.
+struct Loaded {
+    store: Store,
+    tokenizer: Option<TextTokenizer>,
+    open_s: f64,
+}
+
+fn open(opts: &EngineOptions) -> Result<Loaded> {
+    let t0 = Instant::now();
+    if !opts.store.join("MANIFEST").is_file() {
+        bail!(
+            "{} is not a coli store (no MANIFEST); create one with `coli-convert CHECKPOINT {}`",
+            opts.store.display(),
+            opts.store.display()
+        );
+    }
+    let io = match opts.io {
+        IoArg::Auto => IoPreference::Auto,
+        IoArg::Direct => IoPreference::Direct,
+        IoArg::Buffered => IoPreference::Buffered,
+    };
+    let store = Store::open_with(
+        &opts.store,
+        &OpenOptions {
+            verify_checksums: !opts.no_verify,
+            io,
+            ..OpenOptions::default()
+        },
+    )
+    .with_context(|| format!("opening store {}", opts.store.display()))?;
+    let tokenizer = TextTokenizer::from_store(&store).context("loading the store's tokenizer")?;
+    Ok(Loaded {
+        store,
+        tokenizer,
+        open_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f64)> {
+    let t0 = Instant::now();
+    let core = CoreOptions {
+        ram_budget: opts.ram_budget,
+        context: opts.context,
+        threads: opts.threads.map(usize::from),
+        prefill_batch: opts.prefill_batch.max(1),
+    };
+    let e = Engine::new(&loaded.store, &core)
+        .with_context(|| format!("loading the model of {}", opts.store.display()))?;
+    Ok((e, loaded.open_s + t0.elapsed().as_secs_f64()))
+}
+
+fn fmt_bytes(b: f64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} {}", U[i])
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+fn print_stats(g: &Generation, load_s: f64, io: &str) {
+    let s = &g.stats;
+    eprintln!("load: {load_s:.2} s (io: {io})");
+    eprintln!(
+        "prefill: {} tokens in {:.3} s ({:.1} tok/s), TTFT {:.3} s",
+        s.prompt_tokens,
+        s.prefill_s,
+        s.prefill_tok_s(),
+        s.ttft_s
+    );
+    eprintln!(
+        "decode: {} tokens generated, {} decode steps in {:.3} s ({:.1} tok/s), stop: {:?}",
+        s.generated_tokens,
+        s.decode_steps,
+        s.decode_s,
+        s.decode_tok_s(),
+        g.stop
+    );
+    eprintln!(
+        "experts: {} read from disk ({} per token), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
+        fmt_bytes(s.expert_bytes_read as f64),
+        fmt_bytes(s.expert_bytes_per_token()),
+        s.cache.hits,
+        s.cache.misses,
+        s.cache.hit_rate() * 100.0,
+        s.cache.evictions
+    );
+}
+
+fn io_name(store: &Store) -> &'static str {
+    match store.io_mode() {
+        coli_store::IoMode::Direct => "direct",
+        coli_store::IoMode::Buffered => "buffered",
+    }
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    let loaded = open(&a.engine)?;
+    let (mut eng, load_s) = engine(&loaded, &a.engine)?;
+    let tok = loaded.tokenizer.as_ref();
+    let prompt_ids = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => {
+            let tok = tok.context(
+                "the store has no tokenizer.json, so --prompt cannot be tokenized; pass --prompt-ids instead",
+            )?;
+            if a.chat {
+                tok.chat_ids(&[ChatMessage::new("user", text)], true)
+                    .context("applying the chat template")?
+                    .1
+            } else {
+                tok.encode(text, true).context("tokenizing the prompt")?
+            }
+        }
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    if let Some(path) = &a.logits_out {
+        let logits = eng
+            .forward(&prompt_ids, Logits::Last)
+            .context("running the prompt")?;
+        let json = serde_json::to_string(&logits[0])?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        // Generation below prefills the prompt again, so its statistics cover the whole prompt.
+        eng.reset();
+    }
+    let params = a.sampling.params();
+    let stream = !a.json;
+    let mut dec = StreamDecoder::new();
+    let mut stdout = std::io::stdout().lock();
+    let g = eng
+        .generate(&prompt_ids, &params, |id| {
+            if stream {
+                let piece = match tok {
+                    Some(t) => dec.push(t, id)?,
+                    None => format!("{id} "),
+                };
+                if !piece.is_empty() {
+                    // A closed stdout (e.g. `| head`) stops generation instead of failing.
+                    if stdout
+                        .write_all(piece.as_bytes())
+                        .and_then(|_| stdout.flush())
+                        .is_err()
+                    {
+                        return Ok(false);
+                    }
+                }
+            }
+            Ok(true)
+        })
+        .context("generating")?;
+    if stream {
+        if let Some(t) = tok {
+            let rest = dec.finish(t)?;
+            let _ = stdout.write_all(rest.as_bytes());
+        }
+        let _ = writeln!(stdout);
+        let _ = stdout.flush();
+        print_stats(&g, load_s, io_name(&loaded.store));
+    } else {
+        let s = &g.stats;
+        let mut obj = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "token_ids": g.tokens,
+            "stop_reason": g.stop,
+            "stats": {
+                "load_s": load_s,
+                "ttft_s": s.ttft_s,
+                "prefill_s": s.prefill_s,
+                "decode_s": s.decode_s,
+                "prompt_tokens": s.prompt_tokens,
+                "generated_tokens": s.generated_tokens,
+                "prefill_tok_s": s.prefill_tok_s(),
+                "decode_tok_s": s.decode_tok_s(),
+                "expert_bytes_read": s.expert_bytes_read,
+                "expert_bytes_per_token": s.expert_bytes_per_token(),
+                "expert_bytes_fetched": s.cache.bytes_fetched,
+                "hits": s.cache.hits,
+                "misses": s.cache.misses,
+                "evictions": s.cache.evictions,
+                "hit_rate": s.cache.hit_rate(),
+                "io_mode": io_name(&loaded.store),
+                "threads": eng.threads(),
+            }
+        });
+        if let Some(t) = tok {
+            obj["text"] = serde_json::Value::from(t.decode(&g.tokens, true)?);
+        }
+        println!("{obj}");
+    }
+    Ok(())
+}
+
+fn chat(a: ChatArgs) -> Result<()> {
+    let loaded = open(&a.engine)?;
+    let (mut eng, load_s) = engine(&loaded, &a.engine)?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .context("chat needs the store's tokenizer.json")?;
+    if tok.chat_template.is_none() {
+        bail!("the store has no chat template (tokenizer_config.json chat_template or chat_template.jinja)");
+    }
+    eprintln!("loaded in {load_s:.2} s; one message per line, /reset to start over, /exit or Ctrl-D to quit");
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(ChatMessage::new("system", s));
+    }
+    let base = messages.len();
+    let params = a.sampling.params();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading stdin")?;
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages.truncate(base);
+                eng.reset();
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", text));
+        let (_, ids) = tok
+            .chat_ids(&messages, true)
+            .context("applying the chat template")?;
+        let mut dec = StreamDecoder::new();
+        let mut out = std::io::stdout().lock();
+        let g = match eng.generate(&ids, &params, |id| {
+            let piece = dec.push(tok, id)?;
+            if !piece.is_empty()
+                && out
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_err()
+            {
+                return Ok(false);
+            }
+            Ok(true)
+        }) {
+            Ok(g) => g,
+            Err(coli_engine::EngineError::ContextOverflow { needed, context }) => {
+                eprintln!("\nthe conversation needs {needed} tokens but the context holds {context}; use /reset or --context");
+                messages.pop();
+                continue;
+            }
+            Err(e) => return Err(e).context("generating"),
+        };
+        let rest = dec.finish(tok)?;
+        let _ = writeln!(out, "{rest}");
+        let _ = out.flush();
+        let reply = tok.decode(&g.tokens, true)?;
+        messages.push(ChatMessage::new("assistant", &reply));
+        let s = &g.stats;
+        eprintln!(
+            "[{} new prompt tokens, {} generated, TTFT {:.2} s, {:.1} tok/s, {} expert bytes read, hit rate {:.1}%]",
+            s.prompt_tokens,
+            s.generated_tokens,
+            s.ttft_s,
+            s.decode_tok_s(),
+            s.expert_bytes_read,
+            s.cache.hit_rate() * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn eval(a: EvalArgs) -> Result<()> {
+    let loaded = open(&a.engine)?;
+    let (mut eng, load_s) = engine(&loaded, &a.engine)?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .context("eval needs the store's tokenizer.json")?;
+    let text = std::fs::read_to_string(&a.text)
+        .with_context(|| format!("reading {}", a.text.display()))?;
+    let mut ids = tok.encode(&text, true).context("tokenizing the text")?;
+    if let Some(n) = a.max_tokens {
+        ids.truncate(n);
+    }
+    if ids.len() < 2 {
+        bail!(
+            "{} has fewer than 2 tokens; nothing to score",
+            a.text.display()
+        );
+    }
+    if ids.len() > eng.context() {
+        bail!(
+            "{} has {} tokens but the context holds {}; pass --max-tokens {} or a larger --context",
+            a.text.display(),
+            ids.len(),
+            eng.context(),
+            eng.context()
+        );
+    }
+    let t0 = Instant::now();
+    let (nll, n) = eng.mean_nll(&ids).context("scoring")?;
+    let secs = t0.elapsed().as_secs_f64();
+    let ppl = nll.exp();
+    let cs = eng.cache_stats();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"tokens": ids.len(), "predicted": n, "mean_nll": nll, "ppl": ppl,
+                               "load_s": load_s, "eval_s": secs, "tok_s": n as f64 / secs,
+                               "expert_bytes_read": loaded.store.stats().bytes_read,
+                               "hit_rate": cs.hit_rate(), "evictions": cs.evictions})
+        );
+    } else {
+        println!(
+            "tokens: {} (predicted {n}), mean NLL {nll:.4} nats, perplexity {ppl:.4}",
+            ids.len()
+        );
+        eprintln!(
+            "load {load_s:.2} s, eval {secs:.2} s ({:.1} tok/s), hit rate {:.1}%, evictions {}",
+            n as f64 / secs,
+            cs.hit_rate() * 100.0,
+            cs.evictions
+        );
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Run(a) => run(a),
+        Cmd::Chat(a) => chat(a),
+        Cmd::Eval(a) => eval(a),
+        Cmd::Info(a) => info::run(&a.store, a.json),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! The engine: a loaded model, its KV cache, the expert cache and a thread pool; prefill in
+//! batches, decode one token at a time, generation with sampling and stop on EOS.
+
+use crate::cache::{CacheStats, ExpertCache};
+use crate::config::ModelConfig;
+use crate::error::{store_err, EngineError, Result};
+use crate::layers::{LayerCtx, LayerKv};
+use crate::models::Model;
+use crate::sampling::{Sampler, SamplingParams};
+use coli_store::Store;
+use std::time::Instant;
+
+/// Default number of prompt tokens processed together in prefill.
+pub const DEFAULT_PREFILL_BATCH: usize = 32;
+
+/// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+
+/// Options for [`Engine::new`].
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Expert cache capacity in bytes (None: unbounded, i.e. every expert may stay resident).
+    pub ram_budget: Option<u64>,
+    /// Maximum tokens in the KV cache (None: `min(max_position_embeddings, 4096)`).
+    pub context: Option<usize>,
+    /// Worker threads of the engine's pool (None: rayon's default, one per CPU).
+    pub threads: Option<usize>,
+    /// Tokens per prefill batch (>= 1).
+    pub prefill_batch: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            ram_budget: None,
+            context: None,
+            threads: None,
+            prefill_batch: DEFAULT_PREFILL_BATCH,
+        }
+    }
+}
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only those of the last token fed.
+    Last,
+    /// One row per token fed.
+    All,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An EOS id was sampled (it is included in the output tokens).
+    Eos,
+    /// `max_tokens` tokens were generated.
+    MaxTokens,
+    /// The token callback asked to stop.
+    Callback,
+}
+
+/// Timings and counters of one [`Engine::generate`] call.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GenerationStats {
+    /// Prompt tokens prefilled (after KV-cache reuse).
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Seconds from the call to the first sampled token.
+    pub ttft_s: f64,
+    /// Seconds of prefill.
+    pub prefill_s: f64,
+    /// Seconds of decode (the forward passes of generated tokens fed back).
+    pub decode_s: f64,
+    /// Decode forward passes.
+    pub decode_steps: usize,
+    /// Bytes of expert records read from disk during the call (store counter).
+    pub expert_bytes_read: u64,
+    /// Expert-cache counters during the call.
+    pub cache: CacheStats,
+}
+
+impl GenerationStats {
+    /// Prompt tokens per second of prefill.
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_s)
+    }
+    /// Generated tokens fed back per second of decode.
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.decode_steps, self.decode_s)
+    }
+    /// Expert bytes read from disk per token processed (prompt + decode steps).
+    pub fn expert_bytes_per_token(&self) -> f64 {
+        let t = self.prompt_tokens + self.decode_steps;
+        if t == 0 {
+            0.0
+        } else {
+            self.expert_bytes_read as f64 / t as f64
+        }
+    }
+}
+
+fn rate(n: usize, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
+
+/// Result of [`Engine::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated ids (an EOS that stopped generation included).
+    pub tokens: Vec<u32>,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Timings and counters.
+    pub stats: GenerationStats,
+}
+
+/// Generation parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerateParams {
+    /// Maximum tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop when an EOS id (config.json + generation_config.json) is sampled.
+    pub stop_on_eos: bool,
+}
+
+fn sub_stats(a: CacheStats, b: CacheStats) -> CacheStats {
+    CacheStats {
+        hits: a.hits - b.hits,
+        misses: a.misses - b.misses,
+        evictions: a.evictions - b.evictions,
+        bytes_fetched: a.bytes_fetched - b.bytes_fetched,
+        fetch_calls: a.fetch_calls - b.fetch_calls,
+    }
+}
+
+/// A model ready to run over a store, with one sequence's KV cache.
+pub struct Engine<'s> {
+    store: &'s Store,
+    model: Model<'s>,
+    cache: ExpertCache,
+    kv: Vec<LayerKv>,
+    tokens: Vec<u32>,
+    context: usize,
+    prefill_batch: usize,
+    pool: rayon::ThreadPool,
+}
+
+impl<'s> Engine<'s> {
+    /// Reads the config (`config.json`, `generation_config.json`) and every dense tensor the
+    /// architecture needs from `store`, and sets up the caches.
+    ///
+    /// # Errors
+    /// Config errors, unsupported architecture, missing/misshapen tensors, a zero
+    /// `prefill_batch` or `context`, a thread pool that cannot be built.
+    pub fn new(store: &'s Store, opts: &EngineOptions) -> Result<Engine<'s>> {
+        let gen_cfg = match store
+            .file("generation_config.json")
+            .map_err(store_err("reading generation_config.json"))?
+        {
+            Some(b) => Some(
+                serde_json::from_slice::<serde_json::Value>(&b).map_err(|e| {
+                    EngineError::Config {
+                        file: "generation_config.json".into(),
+                        what: format!("not valid JSON: {e}"),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let config = ModelConfig::from_json(store.model_config(), gen_cfg.as_ref())?;
+        let context = opts
+            .context
+            .unwrap_or(config.max_position_embeddings.min(DEFAULT_CONTEXT_CAP));
+        if context == 0 || opts.prefill_batch == 0 {
+            return Err(EngineError::Invalid(
+                "context and prefill batch must be at least 1".into(),
+            ));
+        }
+        let model = Model::load(store, config)?;
+        let mut builder = rayon::ThreadPoolBuilder::new();
+        if let Some(t) = opts.threads {
+            builder = builder.num_threads(t);
+        }
+        let pool = builder.build().map_err(|e| EngineError::ThreadPool {
+            threads: opts.threads.unwrap_or(0),
+            msg: e.to_string(),
+        })?;
+        let kv = (0..model.layers.len())
+            .map(|_| LayerKv::default())
+            .collect();
+        Ok(Engine {
+            store,
+            model,
+            cache: ExpertCache::new(opts.ram_budget.unwrap_or(u64::MAX)),
+            kv,
+            tokens: Vec::new(),
+            context,
+            prefill_batch: opts.prefill_batch,
+            pool,
+        })
+    }
+
+    /// The model config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &'s Store {
+        self.store
+    }
+
+    /// Replaces the EOS ids generation stops on (by default every `eos_token_id` of
+    /// config.json and generation_config.json).
+    pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
+        self.model.config.eos_token_ids = ids;
+    }
+
+    /// The context limit, tokens.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Threads of the engine's pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Expert-cache counters since creation.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Expert-cache capacity in bytes (`u64::MAX` when unbounded) and bytes held.
+    pub fn cache_usage(&self) -> (u64, u64) {
+        (self.cache.capacity(), self.cache.used())
+    }
+
+    /// The token ids whose keys/values are in the KV cache.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Empties the KV cache (the expert cache is kept).
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps only the first `len` positions of the KV cache.
+    pub fn truncate(&mut self, len: usize) {
+        let len = len.min(self.tokens.len());
+        let kvd = self.model.config.num_kv_heads * self.model.config.head_dim;
+        for kv in &mut self.kv {
+            kv.truncate(len, kvd);
+        }
+        self.tokens.truncate(len);
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        let needed = self.tokens.len() + ids.len();
+        if needed > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed,
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Feeds `ids` after the cached tokens (positions continue from the cache), in batches of up
+    /// to `prefill_batch` tokens (one token: the matvec path), and returns f32 logits
+    /// (`[vocab]` rows) for the last token or for every token.
+    ///
+    /// # Errors
+    /// [`EngineError::TokenOutOfRange`], [`EngineError::ContextOverflow`] (nothing is run then),
+    /// expert fetch failures (the KV cache is rolled back to its state before the call).
+    pub fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<Vec<f32>>> {
+        self.check_ids(ids)?;
+        let start = self.tokens.len();
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
+        let last_chunk = chunks.len().saturating_sub(1);
+        for (ci, chunk) in chunks.into_iter().enumerate() {
+            let want = match which {
+                Logits::All => Some(false),
+                Logits::Last if ci == last_chunk => Some(true),
+                Logits::Last => None,
+            };
+            match self.forward_batch(chunk, want) {
+                Ok(mut l) => out.append(&mut l),
+                Err(e) => {
+                    self.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One batch: `want` None = no logits, Some(true) = last row only, Some(false) = all rows.
+    fn forward_batch(&mut self, ids: &[u32], want: Option<bool>) -> Result<Vec<Vec<f32>>> {
+        let n = ids.len();
+        let h = self.model.config.hidden_size;
+        let pos0 = self.tokens.len();
+        let Engine {
+            store,
+            model,
+            cache,
+            kv,
+            pool,
+            ..
+        } = self;
+        let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
+            let mut x = vec![0f32; n * h];
+            for (t, &id) in ids.iter().enumerate() {
+                model
+                    .embed
+                    .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
+            }
+            let mut ctx = LayerCtx {
+                rope: &model.rope,
+                store,
+                cache,
+            };
+            for (layer, kvl) in model.layers.iter().zip(kv.iter_mut()) {
+                layer.forward(&mut x, n, pos0, kvl, &mut ctx)?;
+            }
+            let Some(last_only) = want else {
+                return Ok(Vec::new());
+            };
+            let rows: Vec<usize> = if last_only {
+                vec![n - 1]
+            } else {
+                (0..n).collect()
+            };
+            let mut xs = Vec::with_capacity(rows.len() * h);
+            for &t in &rows {
+                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            let mut normed = vec![0f32; xs.len()];
+            model.final_norm.forward(&xs, &mut normed);
+            let vocab = model.config.vocab_size;
+            let mut l = vec![0f32; rows.len() * vocab];
+            if rows.len() == 1 {
+                coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+            } else {
+                coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+            }
+            Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        })?;
+        self.tokens.extend_from_slice(ids);
+        Ok(logits)
+    }
+
+    /// Teacher-forced logits of every position of `ids` from an empty KV cache (the cache holds
+    /// `ids` afterwards): row `t` predicts token `t + 1`.
+    ///
+    /// # Errors
+    /// As [`Engine::forward`].
+    pub fn forward_logits(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.reset();
+        self.forward(ids, Logits::All)
+    }
+
+    /// Mean negative log-likelihood (nats) of `ids[1..]` given their prefixes, from an empty KV
+    /// cache, computed batch by batch (log-softmax in f64 of the f32 logits). Returns
+    /// `(mean_nll, predicted_tokens)`.
+    ///
+    /// # Errors
+    /// Fewer than 2 ids; otherwise as [`Engine::forward`].
+    pub fn mean_nll(&mut self, ids: &[u32]) -> Result<(f64, usize)> {
+        if ids.len() < 2 {
+            return Err(EngineError::Invalid(
+                "perplexity needs at least 2 tokens".into(),
+            ));
+        }
+        self.reset();
+        self.check_ids(ids)?;
+        let mut total = 0.0f64;
+        let mut count = 0usize;
+        for (ci, chunk) in ids.chunks(self.prefill_batch).enumerate() {
+            let logits = self.forward(chunk, Logits::All)?;
+            for (i, row) in logits.iter().enumerate() {
+                let t = ci * self.prefill_batch + i;
+                if t + 1 >= ids.len() {
+                    break;
+                }
+                total += nll(row, ids[t + 1] as usize);
+                count += 1;
+            }
+        }
+        Ok((total / count as f64, count))
+    }
+
+    /// Generates after `prompt`: the longest prefix of `prompt` already in the KV cache is
+    /// reused (at least one prompt token is always fed, to get logits), the rest prefilled,
+    /// then up to `max_tokens` tokens are sampled, each fed back with the decode path.
+    /// `on_token` sees every generated id and returns false to stop.
+    ///
+    /// # Errors
+    /// Empty prompt, invalid sampling parameters, context overflow (prompt + max_tokens must fit),
+    /// token ids out of range, expert fetch failures, errors returned by `on_token`.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        mut on_token: impl FnMut(u32) -> Result<bool>,
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt has no tokens".into()));
+        }
+        params.sampling.validate()?;
+        let t0 = Instant::now();
+        let cache0 = self.cache.stats();
+        let bytes0 = self.store.stats().bytes_read;
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = common.min(prompt.len() - 1);
+        self.truncate(keep);
+        let new = &prompt[keep..];
+        let needed = keep + new.len() + params.max_tokens.saturating_sub(1);
+        if needed > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed,
+                context: self.context,
+            });
+        }
+        let mut sampler = Sampler::new(params.sampling);
+        let mut stats = GenerationStats {
+            prompt_tokens: new.len(),
+            ..Default::default()
+        };
+        let mut logits = self
+            .forward(new, Logits::Last)?
+            .pop()
+            .expect("one row for the last token");
+        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let mut tokens = Vec::new();
+        let mut stop = StopReason::MaxTokens;
+        let decode_start = Instant::now();
+        while tokens.len() < params.max_tokens {
+            let id = sampler.sample(&logits);
+            if tokens.is_empty() {
+                stats.ttft_s = t0.elapsed().as_secs_f64();
+            }
+            tokens.push(id);
+            let go_on = on_token(id)?;
+            if params.stop_on_eos && self.model.config.eos_token_ids.contains(&id) {
+                stop = StopReason::Eos;
+                break;
+            }
+            if !go_on {
+                stop = StopReason::Callback;
+                break;
+            }
+            if tokens.len() == params.max_tokens {
+                break;
+            }
+            logits = self.forward(&[id], Logits::Last)?.pop().expect("one row");
+            stats.decode_steps += 1;
+        }
+        stats.decode_s = decode_start.elapsed().as_secs_f64();
+        stats.generated_tokens = tokens.len();
+        stats.cache = sub_stats(self.cache.stats(), cache0);
+        stats.expert_bytes_read = self.store.stats().bytes_read - bytes0;
+        Ok(Generation {
+            tokens,
+            stop,
+            stats,
+        })
+    }
+}
+
+/// `-log_softmax(logits)[target]` in f64.
+pub fn nll(logits: &[f32], target: usize) -> f64 {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    -((logits[target] as f64 - max) - sum.ln())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nll_of_uniform_is_log_n() {
+        assert!((nll(&[0.0; 4], 2) - 4f64.ln()).abs() < 1e-12);
+        assert!(nll(&[10.0, 0.0], 0) < 1e-4);
+    }
+}

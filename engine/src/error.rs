@@ -1,0 +1,91 @@
+//! The engine's error type.
+
+use coli_store::StoreError;
+
+/// Every error the engine reports. Each variant names the tensor, file, field or limit concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The store reported an error while the engine did `what`.
+    #[error("{what}: {source}")]
+    Store {
+        /// What the engine was doing (e.g. "reading dense tensor model.norm.weight").
+        what: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// The model config (`files/config.json`) or another model file has a missing or bad field.
+    #[error("{file}: {what}")]
+    Config {
+        /// The file (e.g. `config.json`).
+        file: String,
+        /// What is wrong, with the expected and found values.
+        what: String,
+    },
+    /// The model uses a feature this engine does not implement.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// A dense tensor the architecture needs is not in the store.
+    #[error("dense tensor {name} is missing from the store ({why})")]
+    MissingTensor {
+        /// Tensor name as in the checkpoint.
+        name: String,
+        /// Why the tensor is needed.
+        why: String,
+    },
+    /// A tensor or expert has another shape than the config implies.
+    #[error("{name}: shape {found:?}, expected {expected:?} from config.json")]
+    Shape {
+        /// Tensor or expert name.
+        name: String,
+        /// Shape implied by the config.
+        expected: Vec<usize>,
+        /// Shape in the store.
+        found: Vec<usize>,
+    },
+    /// A token id is not below the vocabulary size.
+    #[error("token id {id} is out of range: the vocabulary has {vocab} tokens (ids 0..{vocab})")]
+    TokenOutOfRange {
+        /// The offending id.
+        id: u32,
+        /// `vocab_size` of the model.
+        vocab: usize,
+    },
+    /// The KV cache would grow past the context limit.
+    #[error("context overflow: {needed} tokens needed but the context holds {context}; raise --context or shorten the prompt")]
+    ContextOverflow {
+        /// Tokens the request needs in the KV cache.
+        needed: usize,
+        /// The context limit, tokens.
+        context: usize,
+    },
+    /// The store has no usable tokenizer (`files/tokenizer.json`).
+    #[error("the store has no tokenizer.json; pass token ids (--prompt-ids) instead of text")]
+    NoTokenizer,
+    /// The tokenizer failed to load, encode or decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The store has no chat template, or rendering it failed.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// Bad argument from the caller (sizes, sampling parameters, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The thread pool could not be built.
+    #[error("cannot build a thread pool of {threads} threads: {msg}")]
+    ThreadPool {
+        /// Requested threads.
+        threads: usize,
+        /// rayon's message.
+        msg: String,
+    },
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Wraps a store error with what the engine was doing.
+pub(crate) fn store_err(what: impl Into<String>) -> impl FnOnce(StoreError) -> EngineError {
+    let what = what.into();
+    move |source| EngineError::Store { what, source }
+}

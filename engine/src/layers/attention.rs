@@ -1,0 +1,226 @@
+//! Causal grouped-query self-attention with RoPE and an f32 KV cache, as transformers'
+//! `eager_attention_forward`: `softmax(q k^T * head_dim^-0.5 + mask) v`, softmax in f32.
+
+use crate::layers::{Linear, RmsNorm, Rope};
+use rayon::prelude::*;
+
+/// Optional RMSNorm of the projected queries and keys (before RoPE).
+pub enum QkNorm {
+    /// Mixtral: none.
+    None,
+    /// Qwen3-MoE: one RMSNorm over each head (`head_dim` values), same weight for every head.
+    PerHead {
+        /// `self_attn.q_norm.weight` `[head_dim]`.
+        q: RmsNorm,
+        /// `self_attn.k_norm.weight` `[head_dim]`.
+        k: RmsNorm,
+    },
+    /// OLMoE: one RMSNorm over the whole projected q (`num_heads * head_dim`) and k
+    /// (`num_kv_heads * head_dim`) vectors.
+    Full {
+        /// `self_attn.q_norm.weight`.
+        q: RmsNorm,
+        /// `self_attn.k_norm.weight`.
+        k: RmsNorm,
+    },
+}
+
+/// The KV cache of one layer: f32 keys and values after RoPE, `[positions, kv_heads * head_dim]`.
+#[derive(Default)]
+pub struct LayerKv {
+    /// Keys, row-major by position.
+    pub k: Vec<f32>,
+    /// Values, row-major by position.
+    pub v: Vec<f32>,
+}
+
+impl LayerKv {
+    /// Drops every position from `len` on (row width `kv_dim`).
+    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+        self.k.truncate(len * kv_dim);
+        self.v.truncate(len * kv_dim);
+    }
+}
+
+/// One attention block.
+pub struct Attention<'s> {
+    /// `q_proj` `[num_heads * head_dim, hidden]`.
+    pub q: Linear<'s>,
+    /// `k_proj` `[num_kv_heads * head_dim, hidden]`.
+    pub k: Linear<'s>,
+    /// `v_proj` `[num_kv_heads * head_dim, hidden]`.
+    pub v: Linear<'s>,
+    /// `o_proj` `[hidden, num_heads * head_dim]`.
+    pub o: Linear<'s>,
+    /// q/k normalization.
+    pub qk_norm: QkNorm,
+    /// OLMoE `clip_qkv`: clamp q, k, v (after the norms) to `[-c, c]`.
+    pub clip_qkv: Option<f32>,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Sliding window in tokens (None: full causal).
+    pub window: Option<usize>,
+}
+
+impl Attention<'_> {
+    /// Width of one KV cache row, `num_kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Attention for `n` tokens at positions `pos0..pos0+n` whose normalized hidden states are
+    /// `x` (`[n, hidden]`): appends their keys/values to `kv` (which must hold exactly `pos0`
+    /// positions) and writes the o_proj output to `out` (`[n, hidden]`).
+    ///
+    /// Each (token, head) output is computed by one task in a fixed order, so results do not
+    /// depend on the number of threads.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+        rope: &Rope,
+        kv: &mut LayerKv,
+        out: &mut [f32],
+    ) {
+        let (hd, nh, nkv) = (self.head_dim, self.num_heads, self.num_kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        self.q.forward(x, n, &mut q);
+        self.k.forward(x, n, &mut k);
+        self.v.forward(x, n, &mut v);
+        match &self.qk_norm {
+            QkNorm::None => {}
+            QkNorm::PerHead { q: qn, k: kn } | QkNorm::Full { q: qn, k: kn } => {
+                qn.forward_inplace(&mut q);
+                kn.forward_inplace(&mut k);
+            }
+        }
+        if let Some(c) = self.clip_qkv {
+            for t in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                *t = t.clamp(-c, c);
+            }
+        }
+        for t in 0..n {
+            let (cos, sin) = rope.tables(pos0 + t);
+            for h in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                Rope::apply(h, &cos, &sin);
+            }
+            for h in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                Rope::apply(h, &cos, &sin);
+            }
+        }
+        debug_assert_eq!(kv.k.len(), pos0 * kvd);
+        kv.k.extend_from_slice(&k);
+        kv.v.extend_from_slice(&v);
+
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let group = nh / nkv;
+        let window = self.window;
+        let (keys, values) = (&kv.k, &kv.v);
+        let mut ctx = vec![0f32; n * qd];
+        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (t, h) = (i / nh, i % nh);
+            let pos = pos0 + t;
+            let lo = match window {
+                Some(w) if pos + 1 > w => pos + 1 - w,
+                _ => 0,
+            };
+            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let kvh = h / group;
+            let mut scores: Vec<f32> = (lo..=pos)
+                .map(|j| {
+                    coli_kernels::dot(qh, &keys[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd])
+                        * scale
+                })
+                .collect();
+            coli_kernels::softmax_inplace(&mut scores);
+            o.fill(0.0);
+            for (j, p) in (lo..=pos).zip(&scores) {
+                coli_kernels::axpy(*p, &values[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd], o);
+            }
+        });
+        self.o.forward(&ctx, n, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coli_store::{Encoding, MatrixView};
+
+    /// f32 bytes of a [rows, cols] matrix with ones on the diagonal.
+    fn eye(rows: usize, cols: usize) -> Vec<u8> {
+        (0..rows * cols)
+            .flat_map(|i| if i / cols == i % cols { 1f32 } else { 0f32 }.to_le_bytes())
+            .collect()
+    }
+
+    fn linear(bytes: &[u8], rows: usize, cols: usize) -> Linear<'_> {
+        let w = MatrixView {
+            encoding: Encoding::F32,
+            rows,
+            cols,
+            data: bytes,
+            scales: &[],
+        };
+        Linear {
+            name: "identity".into(),
+            w,
+            bias: None,
+        }
+    }
+
+    fn run(window: Option<usize>, x: &[f32]) -> Vec<f32> {
+        let (sq, kv2) = (eye(4, 4), eye(2, 4));
+        let attn = Attention {
+            q: linear(&sq, 4, 4),
+            k: linear(&kv2, 2, 4),
+            v: linear(&kv2, 2, 4),
+            o: linear(&sq, 4, 4),
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+            window,
+        };
+        let rope = Rope::new(2, 10_000.0);
+        let n = x.len() / 4;
+        let mut kv = LayerKv::default();
+        let mut out = vec![0f32; x.len()];
+        attn.forward(x, n, 0, &rope, &mut kv, &mut out);
+        assert_eq!(kv.k.len(), n * 2);
+        out
+    }
+
+    #[test]
+    fn window_of_one_sees_only_itself_and_gqa_shares_the_kv_head() {
+        let x: Vec<f32> = (0..12).map(|i| (i as f32 * 0.7).sin()).collect();
+        let out = run(Some(1), &x);
+        for t in 0..3 {
+            // Both query heads read kv head 0 (the first 2 features): v_t.
+            for h in 0..2 {
+                for d in 0..2 {
+                    assert!((out[t * 4 + h * 2 + d] - x[t * 4 + d]).abs() < 1e-6);
+                }
+            }
+        }
+        let full = run(None, &x);
+        assert_eq!(
+            &full[..4],
+            &out[..4],
+            "the first position sees only itself either way"
+        );
+        assert!(
+            (full[8] - out[8]).abs() > 1e-4,
+            "without a window position 2 mixes earlier values"
+        );
+    }
+}

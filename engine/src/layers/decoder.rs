@@ -1,0 +1,71 @@
+//! The pre-norm decoder layer shared by Mixtral, Qwen3-MoE and OLMoE:
+//! `h = h + attn(input_layernorm(h)); h = h + ffn(post_attention_layernorm(h))`.
+
+use crate::cache::ExpertCache;
+use crate::error::Result;
+use crate::layers::{Attention, LayerKv, Mlp, MoeBlock, RmsNorm, Rope};
+use coli_store::Store;
+
+/// The feed-forward part of a layer.
+pub enum Ffn<'s> {
+    /// Routed experts.
+    Moe(MoeBlock<'s>),
+    /// A dense SwiGLU MLP (Qwen3-MoE `mlp_only_layers` / `decoder_sparse_step`).
+    Dense(Mlp<'s>),
+}
+
+/// What a layer needs besides its weights: the rotary tables, the store and the expert cache.
+pub struct LayerCtx<'a, 's> {
+    /// Rotary frequencies.
+    pub rope: &'a Rope,
+    /// The store (experts are fetched from it).
+    pub store: &'s Store,
+    /// The expert cache.
+    pub cache: &'a mut ExpertCache,
+}
+
+/// One decoder layer.
+pub struct DecoderLayer<'s> {
+    /// `input_layernorm` `[H]`.
+    pub input_norm: RmsNorm,
+    /// Self-attention.
+    pub attn: Attention<'s>,
+    /// `post_attention_layernorm` `[H]`.
+    pub post_norm: RmsNorm,
+    /// MoE block or dense MLP.
+    pub ffn: Ffn<'s>,
+}
+
+impl DecoderLayer<'_> {
+    /// Runs the layer on `h` (`[n, H]`, updated in place) for tokens at positions
+    /// `pos0..pos0+n`, appending to this layer's KV cache.
+    ///
+    /// # Errors
+    /// Expert fetch failures.
+    pub fn forward(
+        &self,
+        h: &mut [f32],
+        n: usize,
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+    ) -> Result<()> {
+        let mut normed = vec![0f32; h.len()];
+        let mut delta = vec![0f32; h.len()];
+        self.input_norm.forward(h, &mut normed);
+        self.attn
+            .forward(&normed, n, pos0, ctx.rope, kv, &mut delta);
+        for (a, d) in h.iter_mut().zip(&delta) {
+            *a += d;
+        }
+        self.post_norm.forward(h, &mut normed);
+        match &self.ffn {
+            Ffn::Moe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,
+            Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
+        }
+        for (a, d) in h.iter_mut().zip(&delta) {
+            *a += d;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,23 @@
+//! Building blocks shared by the model families: linear projections over store matrices, RMSNorm,
+//! rotary embeddings, grouped-query attention with a KV cache, the MoE block (router + experts
+//! through the expert cache), the dense SwiGLU MLP, and the decoder layer that composes them.
+//!
+//! Activations are f32 row-major `[tokens, features]` slices; weights stay in their store
+//! encoding and are multiplied by `coli_kernels` (matvec for one token, matmul for a batch: row
+//! `t` of matmul is bit-identical to matvec, so prefill and decode agree).
+
+pub mod attention;
+pub mod decoder;
+pub mod linear;
+pub mod mlp;
+pub mod moe;
+pub mod norm;
+pub mod rope;
+
+pub use attention::{Attention, LayerKv, QkNorm};
+pub use decoder::{DecoderLayer, Ffn, LayerCtx};
+pub use linear::Linear;
+pub use mlp::Mlp;
+pub use moe::MoeBlock;
+pub use norm::RmsNorm;
+pub use rope::Rope;

@@ -1,0 +1,163 @@
+//! The sparse MoE block: router (softmax over all experts in f32, top-k, optional
+//! renormalization) and the routed SwiGLU experts, read through the [`ExpertCache`].
+//!
+//! For a batch of tokens the block routes every token first, takes the UNION of the selected
+//! experts, gets them all with one cache request (one `Store::fetch` for all the misses), then
+//! runs each expert once over the tokens routed to it (`coli_kernels::matmul`). Each token's
+//! output is summed in ascending expert index, starting from zero, as transformers'
+//! `index_add_` loop over `expert_hit` does: `out += w_e * expert_e(x)`.
+
+use crate::cache::ExpertCache;
+use crate::error::{EngineError, Result};
+use crate::layers::mlp::swiglu;
+use crate::layers::Linear;
+use coli_store::{ExpertKey, Store};
+
+/// One token's routing: `(expert, weight)` by rank (highest probability first).
+pub type Routing = Vec<(u32, f32)>;
+
+/// A sparse MoE block of one decoder layer.
+pub struct MoeBlock<'s> {
+    /// Decoder layer index (the expert keys' layer).
+    pub layer: u32,
+    /// Router `[num_experts, hidden]`.
+    pub router: Linear<'s>,
+    /// Experts in this layer.
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Renormalize the top-k weights to sum to 1.
+    pub norm_topk: bool,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Expert intermediate size I.
+    pub inter: usize,
+}
+
+/// Selects the top-k of `probs`: highest first, ties broken by lower index (torch.topk does not
+/// document its tie order; this choice is deterministic).
+pub fn top_k(probs: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..probs.len() as u32).collect();
+    idx.sort_by(|&a, &b| {
+        probs[b as usize]
+            .partial_cmp(&probs[a as usize])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx.into_iter().map(|i| (i, probs[i as usize])).collect()
+}
+
+/// Routing of one token from its router logits: softmax (f32), top-k, and when `norm_topk`
+/// each weight divided by the sum of the k weights (summed by rank).
+pub fn route(logits: &[f32], k: usize, norm_topk: bool) -> Routing {
+    let mut p = logits.to_vec();
+    coli_kernels::softmax_inplace(&mut p);
+    let mut sel = top_k(&p, k);
+    if norm_topk {
+        let s: f32 = sel.iter().map(|x| x.1).sum();
+        for x in &mut sel {
+            x.1 /= s;
+        }
+    }
+    sel
+}
+
+impl MoeBlock<'_> {
+    /// Routes `n` tokens of `x` (`[n, H]`, post-attention-normalized).
+    pub fn route(&self, x: &[f32], n: usize) -> Vec<Routing> {
+        let mut logits = vec![0f32; n * self.num_experts];
+        self.router.forward(x, n, &mut logits);
+        logits
+            .chunks_exact(self.num_experts)
+            .map(|l| route(l, self.top_k, self.norm_topk))
+            .collect()
+    }
+
+    /// `out[n, H]` = the MoE output for `x[n, H]` (see the module doc for the order of sums).
+    ///
+    /// # Errors
+    /// A failed expert fetch, or an expert whose shape differs from the config.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        store: &Store,
+        cache: &mut ExpertCache,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let h = self.hidden;
+        let routes = self.route(x, n);
+        // Tokens (and weights) per expert, tokens ascending.
+        let mut per_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.num_experts];
+        for (t, r) in routes.iter().enumerate() {
+            for &(e, w) in r {
+                per_expert[e as usize].push((t, w));
+            }
+        }
+        let keys: Vec<ExpertKey> = (0..self.num_experts)
+            .filter(|&e| !per_expert[e].is_empty())
+            .map(|e| ExpertKey::new(self.layer, e as u32))
+            .collect();
+        let bufs = cache.get_many(store, &keys)?;
+        out.fill(0.0);
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        for (key, buf) in keys.iter().zip(&bufs) {
+            if buf.hidden != h || buf.intermediate != self.inter {
+                return Err(EngineError::Shape {
+                    name: key.to_string(),
+                    expected: vec![self.inter, h],
+                    found: vec![buf.intermediate, buf.hidden],
+                });
+            }
+            let toks = &per_expert[key.expert as usize];
+            let m = toks.len();
+            xs.clear();
+            for &(t, _) in toks {
+                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            ys.clear();
+            ys.resize(m * h, 0f32);
+            swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
+            for (i, &(t, w)) in toks.iter().enumerate() {
+                for (o, y) in out[t * h..(t + 1) * h]
+                    .iter_mut()
+                    .zip(&ys[i * h..(i + 1) * h])
+                {
+                    *o += y * w;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_ties_lowest_index_first() {
+        assert_eq!(
+            top_k(&[0.25, 0.25, 0.25, 0.25], 2),
+            vec![(0, 0.25), (1, 0.25)]
+        );
+        assert_eq!(
+            top_k(&[0.1, 0.5, 0.1, 0.3], 3),
+            vec![(1, 0.5), (3, 0.3), (0, 0.1)]
+        );
+    }
+
+    #[test]
+    fn route_renormalizes_only_when_asked() {
+        let r = route(&[0.0, 1.0, 2.0, 3.0], 2, false);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
+        let s: f32 = r.iter().map(|x| x.1).sum();
+        assert!(s < 0.95);
+        let r = route(&[0.0, 1.0, 2.0, 3.0], 2, true);
+        let s: f32 = r.iter().map(|x| x.1).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+        assert!((r[0].1 - 1.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+    }
+}

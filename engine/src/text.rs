@@ -1,0 +1,519 @@
+//! Text: the store's tokenizer (`tokenizer.json` through the `tokenizers` crate), the chat
+//! template (rendered with minijinja configured like transformers' `apply_chat_template`), and a
+//! streaming decoder that never emits a UTF-8 character split across tokens.
+
+use crate::error::{store_err, EngineError, Result};
+use coli_store::Store;
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use serde_json::Value as Json;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// The special-token names transformers passes to chat templates (`SPECIAL_TOKENS_ATTRIBUTES`).
+const SPECIAL_TOKEN_NAMES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// A chat template with the special-token strings it may refer to.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    /// Jinja source.
+    pub source: String,
+    /// `(name, content)` of the named special tokens of tokenizer_config.json.
+    pub special_tokens: Vec<(String, String)>,
+}
+
+/// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=indent,
+/// separators=separators, sort_keys=sort_keys)` (Python's separators and escapes).
+fn tojson_filter(value: Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators {
+        Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
+        _ => (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        ),
+    };
+    let opts = PyJson {
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+        ascii: ensure_ascii.unwrap_or(false),
+        item,
+        key,
+    };
+    let mut out = String::new();
+    opts.write(&value, 0, &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct PyJson {
+    indent: Option<usize>,
+    sort_keys: bool,
+    ascii: bool,
+    item: String,
+    key: String,
+}
+
+impl PyJson {
+    fn write_str(&self, s: &str, out: &mut String) {
+        out.push('"');
+        for ch in s.chars() {
+            match ch {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{08}' => out.push_str("\\b"),
+                '\u{0c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ascii && (c as u32) > 0x7e) => {
+                    let mut buf = [0u16; 2];
+                    for u in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+
+    fn newline(&self, depth: usize, out: &mut String) {
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    }
+
+    fn write(
+        &self,
+        v: &Value,
+        depth: usize,
+        out: &mut String,
+    ) -> std::result::Result<(), JinjaError> {
+        use minijinja::value::ValueKind;
+        match v.kind() {
+            ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number => {
+                if v.is_integer() {
+                    out.push_str(&v.to_string());
+                } else {
+                    let f = f64::try_from(v.clone())?;
+                    if f.is_finite() {
+                        out.push_str(&format!("{f:?}"));
+                    } else if f.is_nan() {
+                        out.push_str("NaN");
+                    } else {
+                        out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+                    }
+                }
+            }
+            ValueKind::String => self.write_str(v.as_str().unwrap_or_default(), out),
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = v.try_iter()?.collect();
+                if keys.is_empty() {
+                    out.push_str("{}");
+                    return Ok(());
+                }
+                if self.sort_keys {
+                    keys.sort_by_key(|k| k.to_string());
+                }
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(depth + 1, out);
+                    self.write_str(&k.to_string(), out);
+                    out.push_str(&self.key);
+                    self.write(&v.get_item(k)?, depth + 1, out)?;
+                }
+                self.newline(depth, out);
+                out.push('}');
+            }
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
+                if items.is_empty() {
+                    out.push_str("[]");
+                    return Ok(());
+                }
+                out.push('[');
+                for (i, x) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(depth + 1, out);
+                    self.write(x, depth + 1, out)?;
+                }
+                self.newline(depth, out);
+                out.push(']');
+            }
+            _ => self.write_str(&v.to_string(), out),
+        }
+        Ok(())
+    }
+}
+
+fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Renders `messages` as transformers' `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)`: Jinja with `trim_blocks` and `lstrip_blocks`, the
+    /// `raise_exception` function, Python string methods (pycompat), the Python-style `tojson`
+    /// filter, the named special tokens as variables, `tools` and `documents` set to none.
+    ///
+    /// # Errors
+    /// [`EngineError::Template`] for a syntax error or a `raise_exception` call.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson_filter);
+        let tmpl = env
+            .template_from_str(&self.source)
+            .map_err(|e| EngineError::Template(format!("{e:#}")))?;
+        let mut ctx: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+        for (k, v) in &self.special_tokens {
+            ctx.insert(k.clone(), Value::from(v.clone()));
+        }
+        ctx.insert("messages".into(), Value::from_serialize(messages));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        ctx.insert("tools".into(), Value::from(()));
+        ctx.insert("documents".into(), Value::from(()));
+        tmpl.render(Value::from(ctx))
+            .map_err(|e| EngineError::Template(format!("{e:#}")))
+    }
+}
+
+/// The store's tokenizer and chat template.
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The chat template, when the store has one.
+    pub chat_template: Option<ChatTemplate>,
+}
+
+fn special_token_content(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(m) => m.get("content").and_then(Json::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl TextTokenizer {
+    /// Builds a tokenizer from `tokenizer.json` bytes and, optionally, `tokenizer_config.json`
+    /// and `chat_template.jinja` contents (the .jinja file wins over the config's
+    /// `chat_template`, as in transformers 5).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`] when tokenizer.json does not parse; [`EngineError::Config`] for
+    /// a tokenizer_config.json that is not JSON.
+    pub fn from_parts(
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&[u8]>,
+        jinja: Option<&str>,
+    ) -> Result<TextTokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|e| EngineError::Tokenizer(format!("tokenizer.json: {e}")))?;
+        let cfg: Json = match tokenizer_config {
+            Some(b) => serde_json::from_slice(b).map_err(|e| EngineError::Config {
+                file: "tokenizer_config.json".into(),
+                what: format!("not valid JSON: {e}"),
+            })?,
+            None => Json::Null,
+        };
+        let special_tokens = SPECIAL_TOKEN_NAMES
+            .iter()
+            .filter_map(|n| {
+                cfg.get(*n)
+                    .and_then(special_token_content)
+                    .map(|c| (n.to_string(), c))
+            })
+            .collect();
+        let from_cfg = match cfg.get("chat_template") {
+            Some(Json::String(s)) => Some(s.clone()),
+            Some(Json::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                .and_then(|t| t.get("template").and_then(Json::as_str))
+                .map(str::to_string),
+            _ => None,
+        };
+        let source = jinja.map(str::to_string).or(from_cfg);
+        Ok(TextTokenizer {
+            inner,
+            chat_template: source.map(|source| ChatTemplate {
+                source,
+                special_tokens,
+            }),
+        })
+    }
+
+    /// Loads the tokenizer of `store` (`files/tokenizer.json`, `tokenizer_config.json`,
+    /// `chat_template.jinja`); `Ok(None)` when the store has no tokenizer.json.
+    ///
+    /// # Errors
+    /// Store read errors, unparsable files.
+    pub fn from_store(store: &Store) -> Result<Option<TextTokenizer>> {
+        let read = |name: &str| {
+            store
+                .file(name)
+                .map_err(store_err(format!("reading {name}")))
+        };
+        let Some(tok) = read("tokenizer.json")? else {
+            return Ok(None);
+        };
+        let cfg = read("tokenizer_config.json")?;
+        let jinja = read("chat_template.jinja")?
+            .map(|b| {
+                String::from_utf8(b)
+                    .map_err(|_| EngineError::Template("chat_template.jinja is not UTF-8".into()))
+            })
+            .transpose()?;
+        Self::from_parts(&tok, cfg.as_deref(), jinja.as_deref()).map(Some)
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS),
+    /// as transformers' `tokenizer(text)`.
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`].
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`.
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`] (e.g. an id outside the vocabulary).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Renders `messages` with the chat template and tokenizes the result without adding special
+    /// tokens (as transformers' `apply_chat_template(tokenize=True)`).
+    ///
+    /// # Errors
+    /// [`EngineError::Template`] when the store has no chat template or rendering fails.
+    pub fn chat_ids(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<(String, Vec<u32>)> {
+        let t = self.chat_template.as_ref().ok_or_else(|| {
+            EngineError::Template(
+                "the store has no chat template (tokenizer_config.json or chat_template.jinja)"
+                    .into(),
+            )
+        })?;
+        let text = t.render(messages, add_generation_prompt)?;
+        let ids = self.encode(&text, false)?;
+        Ok((text, ids))
+    }
+}
+
+/// Incremental detokenizer for streaming: decodes all ids so far and releases the new suffix
+/// only when it does not end in U+FFFD (an incomplete UTF-8 sequence), so a character split
+/// across tokens is printed whole.
+#[derive(Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl StreamDecoder {
+    /// An empty decoder.
+    pub fn new() -> StreamDecoder {
+        StreamDecoder::default()
+    }
+
+    fn release(&mut self, text: &str, final_flush: bool) -> String {
+        if text.len() <= self.printed || !text.is_char_boundary(self.printed) {
+            return String::new();
+        }
+        if !final_flush && text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let s = text[self.printed..].to_string();
+        self.printed = text.len();
+        s
+    }
+
+    /// Adds `id`; returns the text that became complete (possibly empty).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`].
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids, true)?;
+        Ok(self.release(&text, false))
+    }
+
+    /// Returns whatever is still held back (at the end of generation).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`].
+    pub fn finish(&mut self, tok: &TextTokenizer) -> Result<String> {
+        let text = tok.decode(&self.ids, true)?;
+        Ok(self.release(&text, true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's bytes_to_unicode: the printable stand-in character of each byte.
+    fn byte_char(b: u8) -> char {
+        let printable = |c: u32| {
+            (33..=126).contains(&c) || (161..=172).contains(&c) || (174..=255).contains(&c)
+        };
+        if printable(b as u32) {
+            return char::from_u32(b as u32).unwrap();
+        }
+        let mut n = 0;
+        for c in 0..256u32 {
+            if !printable(c) {
+                if c == b as u32 {
+                    return char::from_u32(256 + n).unwrap();
+                }
+                n += 1;
+            }
+        }
+        unreachable!()
+    }
+
+    /// A byte-level BPE tokenizer whose token i is byte i (no merges).
+    fn byte_tokenizer() -> TextTokenizer {
+        let vocab: serde_json::Map<String, Json> = (0..=255u8)
+            .map(|b| (byte_char(b).to_string(), Json::from(b as u32)))
+            .collect();
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "vocab": vocab, "merges": []}
+        });
+        TextTokenizer::from_parts(json.to_string().as_bytes(), None, None).unwrap()
+    }
+
+    #[test]
+    fn streaming_never_splits_a_character() {
+        let tok = byte_tokenizer();
+        let text = "héllo → 世界 🎉!";
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(ids.len(), text.len(), "one token per byte");
+        let mut d = StreamDecoder::new();
+        let mut out = String::new();
+        let mut pieces = 0;
+        for &id in &ids {
+            let s = d.push(&tok, id).unwrap();
+            assert!(!s.contains('\u{FFFD}'), "emitted a broken character: {s:?}");
+            if !s.is_empty() {
+                pieces += 1;
+            }
+            out.push_str(&s);
+        }
+        out.push_str(&d.finish(&tok).unwrap());
+        assert_eq!(out, text);
+        assert_eq!(pieces, text.chars().count());
+    }
+
+    #[test]
+    fn streaming_flushes_a_truncated_character_at_the_end() {
+        let tok = byte_tokenizer();
+        let mut d = StreamDecoder::new();
+        assert_eq!(d.push(&tok, b'a' as u32).unwrap(), "a");
+        assert_eq!(d.push(&tok, 0xE4).unwrap(), "");
+        assert_eq!(d.finish(&tok).unwrap(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn template_like_transformers() {
+        let t = ChatTemplate {
+            source: "{% for m in messages %}\n  {% if m['role'] == 'bad' %}{{ raise_exception('bad role') }}{% endif %}\n{{ bos_token + m['role'] | upper }}:{{ m['content'].strip() }}|{{ m | tojson }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}".into(),
+            special_tokens: vec![("bos_token".into(), "<s>".into())],
+        };
+        let s = t
+            .render(&[ChatMessage::new("user", " hi é ")], true)
+            .unwrap();
+        assert_eq!(
+            s,
+            "<s>USER:hi é|{\"role\": \"user\", \"content\": \" hi é \"}\nA:"
+        );
+        let e = t
+            .render(&[ChatMessage::new("bad", "x")], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad role"), "{e}");
+    }
+
+    #[test]
+    fn py_json_indent_and_escapes() {
+        let v = Value::from_serialize(
+            serde_json::json!({"b": {}, "a": [1, 2.5, "x\n\"y\"", null, true]}),
+        );
+        let o = PyJson {
+            indent: Some(2),
+            sort_keys: true,
+            ascii: false,
+            item: ",".into(),
+            key: ": ".into(),
+        };
+        let mut s = String::new();
+        o.write(&v, 0, &mut s).unwrap();
+        assert_eq!(s, "{\n  \"a\": [\n    1,\n    2.5,\n    \"x\\n\\\"y\\\"\",\n    null,\n    true\n  ],\n  \"b\": {}\n}");
+    }
+}

@@ -1,0 +1,95 @@
+//! Chat template rendering against transformers' recorded rendering of the demo model's
+//! template (tests/fixtures/demo/expected.json, `chat_template`), and perplexity bookkeeping.
+
+use coli_engine::{ChatMessage, ChatTemplate};
+use serde_json::Value;
+use std::path::Path;
+
+/// SmolLM2-135M-Instruct's chat template (tokenizer_config.json `chat_template` of the demo
+/// checkpoint built by tools/demo/make_demo_checkpoint.py).
+const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+fn demo_expected() -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/demo/expected.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+fn template() -> ChatTemplate {
+    ChatTemplate {
+        source: SMOLLM2_TEMPLATE.into(),
+        special_tokens: vec![
+            ("bos_token".into(), "<|im_start|>".into()),
+            ("eos_token".into(), "<|im_end|>".into()),
+            ("unk_token".into(), "<|endoftext|>".into()),
+            ("pad_token".into(), "<|im_end|>".into()),
+        ],
+    }
+}
+
+#[test]
+fn demo_template_renders_like_transformers() {
+    let exp = demo_expected();
+    let ct = &exp["chat_template"];
+    let messages: Vec<ChatMessage> = ct["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let t = template();
+    assert_eq!(
+        t.render(&messages, true).unwrap(),
+        ct["rendered"].as_str().unwrap()
+    );
+    assert_eq!(
+        t.render(&messages, false).unwrap(),
+        ct["rendered_without_generation_prompt"].as_str().unwrap()
+    );
+    // One user message gets the default system prompt, as in the recorded prompts.
+    let p = &exp["lossless"]["prompts"][0];
+    let one = [ChatMessage::new("user", p["prompt"].as_str().unwrap())];
+    assert_eq!(
+        t.render(&one, true).unwrap(),
+        p["rendered"].as_str().unwrap()
+    );
+}
+
+#[test]
+fn demo_checkpoint_template_is_the_embedded_one_when_present() {
+    // When the demo checkpoint has been built (tools/demo/demo.sh), its template must be the one
+    // embedded above; otherwise there is nothing to compare.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::var_os("DEMO_DIR")
+        .map_or(root.join("demo"), Into::into)
+        .join("checkpoint");
+    let Ok(cfg) = std::fs::read(dir.join("tokenizer_config.json")) else {
+        eprintln!("no demo checkpoint at {}; skipped", dir.display());
+        return;
+    };
+    let tok = coli_engine::TextTokenizer::from_parts(
+        &std::fs::read(dir.join("tokenizer.json")).unwrap(),
+        Some(&cfg),
+        std::fs::read_to_string(dir.join("chat_template.jinja"))
+            .ok()
+            .as_deref(),
+    )
+    .unwrap();
+    let exp = demo_expected();
+    let ct = &exp["chat_template"];
+    let messages: Vec<ChatMessage> = ct["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let (text, ids) = tok.chat_ids(&messages, true).unwrap();
+    assert_eq!(text, ct["rendered"].as_str().unwrap());
+    let want: Vec<u32> = ct["rendered_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, want);
+}

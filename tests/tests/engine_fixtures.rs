@@ -1,0 +1,374 @@
+//! The engine against transformers on the tiny fixtures (tests/fixtures/tiny/<name>/): each
+//! checkpoint is converted with `coli_convert` into a temporary store (lossless and the default
+//! int4-g64), then greedy tokens, last-position logits and teacher-forced top-1 are compared
+//! with `expected.json`; placement (expert budget, threads, checksum verification, I/O mode,
+//! prefill batch) must not change the tokens.
+
+use coli_convert::{Encodings, Options};
+use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, SamplingParams};
+use coli_store::{Encoding, ExpertKey, IoPreference, OpenOptions, Store};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+const FAMILIES: [&str; 4] = [
+    "mixtral_fp8",
+    "qwen3_moe_fp8",
+    "olmoe_fp8",
+    "qwen3_moe_bf16",
+];
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/tiny")
+        .join(name)
+}
+
+fn expected(name: &str) -> Value {
+    let p = fixture_dir(name).join("expected.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn encoding(s: &str) -> Encoding {
+    match s {
+        "fp8" => Encoding::Fp8,
+        "bf16" => Encoding::Bf16,
+        "f32" => Encoding::F32,
+        "int8" => Encoding::Int8,
+        "int4-g64" => Encoding::Int4 { group_size: 64 },
+        "int4-g32" => Encoding::Int4 { group_size: 32 },
+        other => panic!("unknown encoding {other}"),
+    }
+}
+
+/// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
+type StoreDirs = HashMap<(String, String), (tempfile::TempDir, PathBuf)>;
+
+/// Converted stores, once per (fixture, variant) per test binary; the temp dirs live until exit.
+fn store_dir(name: &str, variant: &str) -> PathBuf {
+    static DIRS: OnceLock<Mutex<StoreDirs>> = OnceLock::new();
+    let mut map = DIRS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = (name.to_string(), variant.to_string());
+    if let Some((_, p)) = map.get(&key) {
+        return p.clone();
+    }
+    let exp = expected(name);
+    let params = &exp[variant];
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let enc = Encodings {
+        experts: encoding(params["experts"].as_str().unwrap()),
+        dense: encoding(params["dense"].as_str().unwrap()),
+        mtp: Encoding::Int8,
+    };
+    coli_convert::run(&Options {
+        input: fixture_dir(name),
+        output: out.clone(),
+        encodings: enc,
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap_or_else(|e| panic!("converting {name} ({variant}): {e}"));
+    map.insert(key, (tmp, out.clone()));
+    out
+}
+
+fn open(dir: &Path, verify: bool, io: IoPreference) -> Store {
+    Store::open_with(
+        dir,
+        &OpenOptions {
+            verify_checksums: verify,
+            io,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let params = GenerateParams {
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop_on_eos: true,
+    };
+    engine
+        .generate(prompt, &params, |_| Ok(true))
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn lossless_stores_match_transformers() {
+    for name in FAMILIES {
+        let exp = expected(name);
+        let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&exp["greedy_lossless"]),
+            "{name}: greedy 32 tokens"
+        );
+
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let want: Vec<f32> = exp["last_logits_lossless"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(last.len(), want.len());
+        let max_diff = last
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max_diff < 1e-3, "{name}: last logits differ by {max_diff}");
+
+        let teacher = ids(&exp["teacher_ids"]);
+        let top1: Vec<u32> = e
+            .forward_logits(&teacher)
+            .unwrap()
+            .iter()
+            .map(|l| coli_engine::sampling::argmax(l))
+            .collect();
+        assert_eq!(
+            top1,
+            ids(&exp["teacher_top1_lossless"]),
+            "{name}: teacher-forced top-1"
+        );
+    }
+}
+
+#[test]
+fn int4_stores_match_transformers() {
+    for name in FAMILIES {
+        let exp = expected(name);
+        let store = open(&store_dir(name, "int4_store"), true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let got = greedy(&mut e, &ids(&exp["prompt_ids"]), 32);
+        assert_eq!(
+            got,
+            ids(&exp["greedy_int4_g64"]),
+            "{name}: int4-g64 greedy 32 tokens"
+        );
+    }
+}
+
+#[test]
+fn placement_never_changes_tokens() {
+    let name = "olmoe_fp8";
+    let exp = expected(name);
+    let dir = store_dir(name, "int4_store");
+    let want = ids(&exp["greedy_int4_g64"]);
+    let prompt = ids(&exp["prompt_ids"]);
+
+    let probe = open(&dir, true, IoPreference::Auto);
+    let layers = &probe.manifest().expert_layers;
+    let total_experts: u64 = layers.iter().map(|l| l.num_experts as u64).sum();
+    let one = probe
+        .fetch_one(ExpertKey::new(layers[0].layer, 0))
+        .unwrap()
+        .len_bytes() as u64;
+    let all = one * total_experts;
+    drop(probe);
+
+    for (budget, threads, verify, io, batch) in [
+        (Some(one), 1, true, IoPreference::Auto, 32),
+        (Some(all / 4), 2, false, IoPreference::Buffered, 32),
+        (Some(all), 2, true, IoPreference::Auto, 3),
+        (None, 1, false, IoPreference::Buffered, 1),
+        (Some(one), 2, false, IoPreference::Buffered, 5),
+    ] {
+        let store = open(&dir, verify, io);
+        let opts = EngineOptions {
+            ram_budget: budget,
+            threads: Some(threads),
+            context: None,
+            prefill_batch: batch,
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let params = GenerateParams {
+            max_tokens: 32,
+            sampling: SamplingParams::default(),
+            stop_on_eos: true,
+        };
+        let g = e.generate(&prompt, &params, |_| Ok(true)).unwrap();
+        let what =
+            format!("budget {budget:?} threads {threads} verify {verify} io {io:?} batch {batch}");
+        assert_eq!(g.tokens, want, "{what}");
+        let s = e.cache_stats();
+        assert!(s.misses > 0 && s.bytes_fetched > 0, "{what}: {s:?}");
+        assert!(store.stats().bytes_read > 0, "{what}");
+        assert_eq!(
+            g.stats.expert_bytes_read,
+            store.stats().bytes_read,
+            "{what}"
+        );
+        if budget.is_some_and(|b| b < all) {
+            assert!(s.evictions > 0, "{what}: {s:?}");
+            assert!(s.hit_rate() < 1.0, "{what}: {s:?}");
+        } else {
+            assert_eq!(s.evictions, 0, "{what}");
+            // Every expert is read from disk at most once when they all fit.
+            assert!(s.misses <= total_experts, "{what}: {s:?}");
+            assert!(s.hits > 0, "{what}: {s:?}");
+        }
+        let (cap, used) = e.cache_usage();
+        assert!(used <= cap, "{what}");
+    }
+}
+
+#[test]
+fn kv_cache_reuse_and_decode_agree_with_full_recompute() {
+    let name = "qwen3_moe_fp8";
+    let exp = expected(name);
+    let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let teacher = ids(&exp["teacher_ids"]);
+    let full = e.forward_logits(&teacher).unwrap();
+    // Same positions fed one token at a time (decode path) give bit-identical logits.
+    e.reset();
+    for (t, &id) in teacher.iter().enumerate() {
+        let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
+        assert_eq!(l, full[t], "position {t}");
+    }
+    // A second generate with a longer prompt reuses the cached prefix and gives the same tokens
+    // as a fresh engine.
+    let prompt = ids(&exp["prompt_ids"]);
+    let first = greedy(&mut e, &prompt, 4);
+    let mut longer = prompt.clone();
+    longer.extend_from_slice(&first);
+    e.reset();
+    greedy(&mut e, &prompt, 4);
+    let params = GenerateParams {
+        max_tokens: 6,
+        sampling: SamplingParams::default(),
+        stop_on_eos: true,
+    };
+    let g = e.generate(&longer, &params, |_| Ok(true)).unwrap();
+    assert!(
+        g.stats.prompt_tokens < longer.len(),
+        "the cached prefix was reused: {}",
+        g.stats.prompt_tokens
+    );
+    let mut fresh = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert_eq!(g.tokens, greedy(&mut fresh, &longer, 6));
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let name = "mixtral_fp8";
+    let store = open(&store_dir(name, "int4_store"), true, IoPreference::Auto);
+    let mut e = Engine::new(
+        &store,
+        &EngineOptions {
+            context: Some(16),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let err = e
+        .forward(&[1, 2, 512], Logits::Last)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("512") && err.contains("out of range"), "{err}");
+    let err = e.forward(&[1; 17], Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("context overflow"), "{err}");
+    let params = GenerateParams {
+        max_tokens: 10,
+        sampling: SamplingParams::default(),
+        stop_on_eos: true,
+    };
+    let err = e
+        .generate(&[1; 8], &params, |_| Ok(true))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("context overflow"), "{err}");
+    assert!(e.cached_tokens().is_empty());
+    // Stop on EOS: make the EOS the first greedy token by asking for it through the callback.
+    let exp = expected(name);
+    let prompt = ids(&exp["prompt_ids"]);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let g = e.generate(&prompt, &params, |_| Ok(false)).unwrap();
+    assert_eq!(g.tokens.len(), 1);
+    assert_eq!(g.stop, coli_engine::StopReason::Callback);
+}
+
+#[test]
+fn perplexity_matches_teacher_forced_logits() {
+    let name = "mixtral_fp8";
+    let exp = expected(name);
+    let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+    // Small prefill batches so the NLL is accumulated over several batches.
+    let opts = EngineOptions {
+        prefill_batch: 5,
+        ..Default::default()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    let teacher = ids(&exp["teacher_ids"]);
+    let (mean, n) = e.mean_nll(&teacher).unwrap();
+    assert_eq!(n, teacher.len() - 1);
+    let logits = e.forward_logits(&teacher).unwrap();
+    let want: f64 = (0..n)
+        .map(|t| coli_engine::engine::nll(&logits[t], teacher[t + 1] as usize))
+        .sum::<f64>()
+        / n as f64;
+    assert_eq!(mean, want);
+    // Random weights: the perplexity is finite and positive.
+    assert!(mean.is_finite() && mean > 0.0);
+    assert!(e.mean_nll(&teacher[..1]).is_err());
+}
+
+#[test]
+fn generation_stops_on_every_eos_id() {
+    let name = "qwen3_moe_bf16";
+    let exp = expected(name);
+    let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let want = ids(&exp["greedy_lossless"]);
+    assert_eq!(
+        e.config().eos_token_ids,
+        vec![exp["eos_token_id"].as_u64().unwrap() as u32]
+    );
+    let params = GenerateParams {
+        max_tokens: 32,
+        sampling: SamplingParams::default(),
+        stop_on_eos: true,
+    };
+    // Any id of the EOS list stops generation; the EOS itself is returned.
+    e.set_eos_token_ids(vec![9999, want[4]]);
+    let g = e
+        .generate(&ids(&exp["prompt_ids"]), &params, |_| Ok(true))
+        .unwrap();
+    let first = want.iter().position(|&t| t == want[4]).unwrap();
+    assert_eq!(g.tokens, want[..=first].to_vec());
+    assert_eq!(g.stop, coli_engine::StopReason::Eos);
+    // Without stop_on_eos the same run goes on to max_tokens.
+    let g = e
+        .generate(
+            &ids(&exp["prompt_ids"]),
+            &GenerateParams {
+                stop_on_eos: false,
+                ..params
+            },
+            |_| Ok(true),
+        )
+        .unwrap();
+    assert_eq!(g.tokens, want);
+    assert_eq!(g.stop, coli_engine::StopReason::MaxTokens);
+}
