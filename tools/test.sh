@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 
-cargo test --workspace --all-targets
+cargo test --workspace
 
 if [ ! -x .venv-demo/bin/python ]; then
   "$python" -m venv .venv-demo

@@ -239,6 +239,9 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     if let Some(info) = &resumed {
         report.bytes_skipped = info.bytes_kept;
     }
+    for s in &ck.shards {
+        s.read_sequentially();
+    }
     let result = write_all(&ck, &plan, &mut writer, &mut report, opts.progress);
     match result {
         Ok(()) => {}
@@ -281,7 +284,10 @@ fn write_all(
     let mut stats: BTreeMap<Class, ErrStats> = BTreeMap::new();
     let mut counted: BTreeMap<Class, bool> = BTreeMap::new();
 
-    for d in &plan.dense {
+    for (di, d) in plan.dense.iter().enumerate() {
+        if let Some(next) = plan.dense.get(di + 1) {
+            prefetch(ck, &next.name);
+        }
         let (m, regions) = plan::source_matrix(ck, &d.name)?;
         let nbytes: u64 = regions.iter().map(|(_, t)| t.nbytes() as u64).sum();
         if writer.is_dense_done(&d.name) {
@@ -345,8 +351,16 @@ fn write_all(
             }
             Ok(())
         });
-        let produce = || -> Result<()> {
-            for x in todo {
+        let mut produce = || -> Result<()> {
+            // Readahead: the source bytes of the next PREFETCH_EXPERTS experts are requested
+            // from the disk while this one is quantized (and the previous one written).
+            for x in todo.iter().take(PREFETCH_EXPERTS) {
+                x.names.iter().for_each(|n| prefetch(ck, n));
+            }
+            for (k, x) in todo.iter().enumerate() {
+                if let Some(next) = todo.get(k + PREFETCH_EXPERTS) {
+                    next.names.iter().for_each(|n| prefetch(ck, n));
+                }
                 pb.set_message(format!("{}", x.key));
                 let mut mats: Vec<EncodedMatrix> = Vec::with_capacity(3);
                 let mut all_regions = Vec::with_capacity(6);
@@ -395,6 +409,19 @@ fn write_all(
         report.rel_rms_error.insert(c.key().to_string(), v);
     }
     Ok(())
+}
+
+/// Experts whose source bytes are read ahead of the one being quantized (about 4.7 MB each for
+/// a 2048 x 768 FP8 expert): enough to keep the disk busy while both cores quantize.
+const PREFETCH_EXPERTS: usize = 3;
+
+/// Starts asynchronous readahead of a tensor and its scale (errors ignored: advice only).
+fn prefetch(ck: &Checkpoint, name: &str) {
+    if let Ok((_, regions)) = plan::source_matrix(ck, name) {
+        for (s, t) in regions {
+            s.prefetch(t);
+        }
+    }
 }
 
 fn out_bytes(m: &EncodedMatrix) -> u64 {

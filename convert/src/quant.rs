@@ -185,6 +185,14 @@ impl<'a> SourceMatrix<'a> {
                 let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
                 let lut = fp8_lut();
                 let src = &self.data[base..base + self.cols];
+                #[cfg(target_arch = "x86_64")]
+                if avx2() {
+                    // SAFETY: AVX2 support was just checked.
+                    let bad = unsafe { crate::simd::fp8_row_avx2(src, srow, out, lut) };
+                    if !bad {
+                        return None;
+                    }
+                }
                 for ((o, b), s) in out
                     .chunks_mut(FP8_BLOCK)
                     .zip(src.chunks(FP8_BLOCK))
@@ -275,7 +283,9 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                 .enumerate()
                 .for_each(|(r, (dst, ro))| {
                     let row = &src.data[r * cols..(r + 1) * cols];
-                    ro.bad = row.iter().position(|&b| b & 0x7F == 0x7F);
+                    if has_fp8_nan(row) {
+                        ro.bad = row.iter().position(|&b| b & 0x7F == 0x7F);
+                    }
                     dst.copy_from_slice(row);
                 });
             out.scales.copy_from_slice(&scales);
@@ -409,10 +419,61 @@ pub fn quantize_int8_row(w: &[f32], dst: &mut [u8]) -> (f32, f64, f64) {
 
 /// Quantizes one row to int4 with groups of `g` columns: writes `ceil(len/2)` bytes to `dst`
 /// and `ceil(len/g)` scales to `scales`; returns `(sum err^2, sum w^2)`.
+///
+/// The sums are accumulated in f64 in [`SUM_LANES`] lanes (lane = column mod 8, each in column
+/// order) and the lanes are then added in lane order ([`fold_lanes`]): a fixed order, so the
+/// result does not depend on threads or on the AVX2/scalar choice. Uses the AVX2 twin
+/// (`simd.rs`) when the CPU has it and `g` is a multiple of 8; the output is bit-identical to
+/// [`quantize_int4_row_scalar`].
 pub fn quantize_int4_row(w: &[f32], g: usize, dst: &mut [u8], scales: &mut [f32]) -> (f64, f64) {
-    let (mut e2, mut w2) = (0f64, 0f64);
+    #[cfg(target_arch = "x86_64")]
+    if g.is_multiple_of(8) && avx2() {
+        let (mut e2, mut w2) = ([0f64; SUM_LANES], [0f64; SUM_LANES]);
+        dst.fill(0);
+        // SAFETY: AVX2 support was just checked; g % 8 == 0.
+        let done =
+            unsafe { crate::simd::int4_full_groups_avx2(w, g, dst, scales, &mut e2, &mut w2) };
+        int4_groups_scalar(w, done, g, dst, scales, &mut e2, &mut w2);
+        return (fold_lanes(&e2), fold_lanes(&w2));
+    }
+    quantize_int4_row_scalar(w, g, dst, scales)
+}
+
+/// Number of f64 accumulator lanes of the error sums (column mod 8).
+pub const SUM_LANES: usize = 8;
+
+/// Adds the lane sums in lane order, starting from 0.
+pub fn fold_lanes(l: &[f64; SUM_LANES]) -> f64 {
+    l.iter().fold(0.0, |a, &b| a + b)
+}
+
+/// Scalar reference of [`quantize_int4_row`] (same output, bit for bit).
+pub fn quantize_int4_row_scalar(
+    w: &[f32],
+    g: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+) -> (f64, f64) {
+    let (mut e2, mut w2) = ([0f64; SUM_LANES], [0f64; SUM_LANES]);
     dst.fill(0);
-    for (gi, grp) in w.chunks(g).enumerate() {
+    int4_groups_scalar(w, 0, g, dst, scales, &mut e2, &mut w2);
+    (fold_lanes(&e2), fold_lanes(&w2))
+}
+
+/// Quantizes the groups of `w` from column `from` (a multiple of `g`) on, ORing nibbles into
+/// `dst` (zeroed by the caller) and adding the error sums to the lanes; sets the odd-`cols`
+/// padding nibble.
+fn int4_groups_scalar(
+    w: &[f32],
+    from: usize,
+    g: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+    e2: &mut [f64; SUM_LANES],
+    w2: &mut [f64; SUM_LANES],
+) {
+    for (gi, grp) in w[from..].chunks(g).enumerate() {
+        let gi = gi + from / g;
         let absmax = grp.iter().fold(0f32, |m, &x| m.max(x.abs()));
         let s = (absmax / 7.0).max(MIN_SCALE);
         scales[gi] = s;
@@ -426,14 +487,36 @@ pub fn quantize_int4_row(w: &[f32], g: usize, dst: &mut [u8], scales: &mut [f32]
                 dst[c / 2] |= nib << 4;
             }
             let err = (q as f32 * s) as f64 - x as f64;
-            e2 += err * err;
-            w2 += (x as f64) * (x as f64);
+            e2[c % SUM_LANES] += err * err;
+            w2[c % SUM_LANES] += (x as f64) * (x as f64);
         }
     }
     if w.len() % 2 == 1 {
         dst[w.len() / 2] |= 8 << 4;
     }
-    (e2, w2)
+}
+
+/// Whether the CPU has AVX2 (cached by std after the first call).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn avx2() -> bool {
+    std::is_x86_feature_detected!("avx2")
+}
+
+/// Whether `b` holds an e4m3 NaN code (0x7F or 0xFF), 8 bytes at a time (SWAR: a byte of
+/// `(x & 0x7F..) ^ 0x7F..` is zero exactly when the byte of `x` is a NaN code).
+pub fn has_fp8_nan(b: &[u8]) -> bool {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const M7F: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    let mut chunks = b.chunks_exact(8);
+    let mut acc = 0u64;
+    for c in &mut chunks {
+        let x = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        let v = (x & M7F) ^ M7F;
+        acc |= v.wrapping_sub(LO) & !v & HI;
+    }
+    acc != 0 || chunks.remainder().iter().any(|&x| x & 0x7F == 0x7F)
 }
 
 #[cfg(test)]
@@ -661,5 +744,165 @@ mod tests {
         let (e, st) = encode(&m, Encoding::Bf16).unwrap();
         assert_eq!(e.data, bf);
         assert_eq!(st.sum_err2, 0.0);
+    }
+
+    /// Deterministic xorshift64* generator for the SIMD-vs-scalar tests.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn f32(&mut self) -> f32 {
+            // Mixed magnitudes: uniform in [-1, 1) times 2^[-30, 10], some exact zeros.
+            let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let e = (self.next() % 41) as i32 - 30;
+            if self.next().is_multiple_of(17) {
+                0.0
+            } else {
+                u * 2f32.powi(e)
+            }
+        }
+    }
+
+    /// Scalar FP8 row decoding (the reference of the AVX2 twin): LUT times block scale.
+    fn fp8_row_scalar(src: &[u8], srow: &[f32], out: &mut [f32]) {
+        for (c, (o, &b)) in out.iter_mut().zip(src).enumerate() {
+            *o = fp8_lut()[b as usize] * srow[c / FP8_BLOCK];
+        }
+    }
+
+    fn same_f32(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn fp8_decode_simd_equals_scalar_all_codes_and_tails() {
+        // Every non-NaN code (incl. subnormals 0x01..0x07, +-0, +-448), several scales incl.
+        // ones that make products subnormal; lengths with partial 8-lanes and 128-blocks.
+        let codes: Vec<u8> = (0..=255u8).filter(|b| b & 0x7F != 0x7F).collect();
+        let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+        for cols in [1usize, 7, 8, 9, 127, 128, 130, 254, 300, 2048] {
+            let src: Vec<u8> = (0..cols)
+                .map(|i| {
+                    if i < codes.len() {
+                        codes[i]
+                    } else {
+                        codes[(rng.next() % codes.len() as u64) as usize]
+                    }
+                })
+                .collect();
+            for s0 in [1.0f32, 0.002, 3.7e-39, 1e-30, 65504.0] {
+                let srow: Vec<f32> = (0..cols.div_ceil(FP8_BLOCK))
+                    .map(|k| s0 * (1.0 + k as f32 * 0.37))
+                    .collect();
+                let mut want = vec![0f32; cols];
+                fp8_row_scalar(&src, &srow, &mut want);
+                let m = SourceMatrix {
+                    name: "w",
+                    file: Path::new("x"),
+                    dtype: Dtype::F8E4M3,
+                    rows: 1,
+                    cols,
+                    data: &src,
+                    scales: None,
+                };
+                let mut got = vec![0f32; cols];
+                assert_eq!(m.row_f32(&srow, 0, &mut got), None);
+                assert!(same_f32(&got, &want), "cols {cols} scale {s0}");
+            }
+        }
+        // NaN codes and overflowing products are still found, at the right column.
+        for (code, scale, col) in [
+            (0x7Fu8, 1.0f32, 5usize),
+            (0xFF, 1.0, 129),
+            (0x7E, 1e38, 200),
+        ] {
+            let mut src = vec![0x38u8; 256];
+            src[col] = code;
+            let mut srow = [1.0f32, 1.0];
+            srow[col / FP8_BLOCK] = scale;
+            let m = SourceMatrix {
+                name: "w",
+                file: Path::new("x"),
+                dtype: Dtype::F8E4M3,
+                rows: 1,
+                cols: 256,
+                data: &src,
+                scales: None,
+            };
+            let mut got = vec![0f32; 256];
+            assert_eq!(m.row_f32(&srow, 0, &mut got), Some(col), "code {code:#x}");
+        }
+    }
+
+    #[test]
+    fn int4_simd_equals_scalar_on_random_and_edge_rows() {
+        let mut rng = Rng(0xDEAD_BEEF_CAFE_F00D);
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for len in [
+            1usize, 2, 7, 8, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 768, 2048,
+        ] {
+            rows.push((0..len).map(|_| rng.f32()).collect());
+        }
+        // Ties at .5 after division: absmax 7 (s = 1) and halves; absmax 0; subnormals;
+        // groups that are exact multiples of the scale.
+        rows.push(
+            (0..128)
+                .map(|i| [7.0f32, -7.0, 2.5, -2.5, 0.5, -0.5, 3.5, 6.5, -7.5][i % 9])
+                .collect(),
+        );
+        rows.push(vec![0.0; 96]);
+        rows.push(vec![-0.0; 70]);
+        rows.push(
+            (0..64)
+                .map(|i| f32::from_bits(1 + i as u32 * 3) * if i % 2 == 0 { 1.0 } else { -1.0 })
+                .collect(),
+        );
+        rows.push((0..200).map(|i| (i as f32 - 100.0) * 1e-9).collect());
+        rows.push((0..72).map(|i| (i % 15) as f32 - 7.0).collect());
+        for w in &rows {
+            for g in [32usize, 64, 8, 24] {
+                let nb = w.len().div_ceil(2);
+                let ng = w.len().div_ceil(g);
+                let (mut d1, mut s1) = (vec![0xAAu8; nb], vec![0f32; ng]);
+                let (mut d2, mut s2) = (vec![0x55u8; nb], vec![0f32; ng]);
+                let r1 = quantize_int4_row(w, g, &mut d1, &mut s1);
+                let r2 = quantize_int4_row_scalar(w, g, &mut d2, &mut s2);
+                assert_eq!(d1, d2, "len {} g {g}", w.len());
+                assert!(same_f32(&s1, &s2), "len {} g {g}", w.len());
+                assert_eq!(r1.0.to_bits(), r2.0.to_bits(), "err2 len {} g {g}", w.len());
+                assert_eq!(r1.1.to_bits(), r2.1.to_bits(), "w2 len {} g {g}", w.len());
+                // And both equal the per-element definition.
+                for (gi, grp) in w.chunks(g).enumerate() {
+                    let absmax = grp.iter().fold(0f32, |m, &x| m.max(x.abs()));
+                    let s = (absmax / 7.0).max(MIN_SCALE);
+                    assert_eq!(s2[gi].to_bits(), s.to_bits());
+                    for (k, &x) in grp.iter().enumerate() {
+                        let c = gi * g + k;
+                        let q = (x / s).round_ties_even().clamp(-8.0, 7.0) as i8;
+                        let nib = (d2[c / 2] >> (4 * (c % 2))) & 0xF;
+                        assert_eq!(nib as i8 - 8, q, "col {c} x {x} s {s}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_nan_scan_finds_every_position() {
+        let mut b = vec![0x7Eu8; 67];
+        assert!(!has_fp8_nan(&b));
+        for i in 0..b.len() {
+            for code in [0x7Fu8, 0xFF] {
+                b[i] = code;
+                assert!(has_fp8_nan(&b), "{i} {code:#x}");
+                b[i] = 0xFE;
+                assert!(!has_fp8_nan(&b));
+            }
+        }
+        assert!(!has_fp8_nan(&[]));
     }
 }

@@ -176,6 +176,12 @@ impl Shard {
         } else {
             None
         };
+        if let Some(m) = &map {
+            // The preflight then touches only small, scattered scale tensors: without this,
+            // every first touch reads a whole readahead window (often MBs) around it, i.e.
+            // most of the checkpoint. `read_sequentially` switches back before converting.
+            let _ = m.advise(memmap2::Advice::Random);
+        }
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
         let header = &bytes[8..header_bytes];
         let header_xxh3 = xxhash_rust::xxh3::xxh3_64(&bytes[..header_bytes]);
@@ -195,6 +201,34 @@ impl Shard {
     /// The data bytes of a tensor (unaligned; read bytewise).
     pub fn data(&self, t: &TensorInfo) -> &[u8] {
         &self.map.as_deref().unwrap_or(&[])[t.start..t.end]
+    }
+
+    /// Restores normal readahead on the mapping (it is opened with `MADV_RANDOM` so that the
+    /// preflight's scattered scale reads do not pull in whole readahead windows); call before
+    /// streaming the tensors. Errors are ignored (advice only).
+    pub fn read_sequentially(&self) {
+        if let Some(m) = &self.map {
+            let _ = m.advise(memmap2::Advice::Normal);
+        }
+    }
+
+    /// Asks the kernel to start reading the bytes of `t` into the page cache now
+    /// (`posix_fadvise(POSIX_FADV_WILLNEED)`: asynchronous readahead), so that a later access
+    /// through the mapping does not wait for the disk. Errors are ignored (advice only).
+    pub fn prefetch(&self, t: &TensorInfo) {
+        if t.end <= t.start {
+            return;
+        }
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: plain syscall on a valid open file descriptor; no memory is passed.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                t.start as libc::off_t,
+                (t.end - t.start) as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
     }
 
     /// Tells the kernel that the pages of `t` are no longer needed: `madvise(MADV_DONTNEED)` on

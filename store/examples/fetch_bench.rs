@@ -5,6 +5,9 @@
 //! fetch_bench read DIR QD SECONDS [noverify]  random fetches, QD records in flight, after dropping
 //!                                      the segment files' pages (posix_fadvise DONTNEED);
 //!                                      prints one JSON line
+//! fetch_bench hash MIB                 xxh3 throughput on MIB-MiB buffers (store's run-time
+//!                                      dispatched AVX2 loop vs xxhash-rust as compiled), hot
+//!                                      (one buffer, cached) and cold (64 buffers); one JSON line
 //! ```
 
 use coli_store::*;
@@ -139,6 +142,46 @@ fn read(
     Ok(())
 }
 
+fn hash(mib: usize) {
+    let n = mib << 20;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let bufs: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect();
+    type HashFn = fn(&[u8], u64) -> u64;
+    let fns: [(&str, HashFn); 2] = [
+        ("store_checksum", coli_store::checksum::xxh3_64_with_seed),
+        ("xxhash_rust", xxhash_rust::xxh3::xxh3_64_with_seed),
+    ];
+    let mut out = Vec::new();
+    for (name, f) in fns {
+        let mut sum = 0u64;
+        let t = Instant::now();
+        for _ in 0..16 {
+            sum ^= f(&bufs[0], 7);
+        }
+        let hot = 16.0 * n as f64 / 1e9 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for b in &bufs {
+            sum ^= f(b, 7);
+        }
+        let cold = 64.0 * n as f64 / 1e9 / t.elapsed().as_secs_f64();
+        out.push(format!(
+            "\"{name}\":{{\"hot_GBps\":{hot:.2},\"cold_GBps\":{cold:.2},\"xor\":\"{sum:016x}\"}}"
+        ));
+    }
+    println!("{{\"hash_mib\":{mib},{}}}", out.join(","));
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
@@ -149,8 +192,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             a[4].parse()?,
             a.get(5).map(String::as_str) != Some("noverify"),
         ),
+        Some("hash") if a.len() == 3 => {
+            hash(a[2].parse()?);
+            Ok(())
+        }
         _ => Err(
-            "usage: fetch_bench write DIR GIB | fetch_bench read DIR QD SECONDS [noverify]".into(),
+            "usage: fetch_bench write DIR GIB | fetch_bench read DIR QD SECONDS [noverify] | fetch_bench hash MIB".into(),
         ),
     }
 }

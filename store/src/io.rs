@@ -36,16 +36,117 @@ pub enum IoMode {
     Buffered,
 }
 
+/// One heap allocation of a fetch buffer; frees itself on drop.
+struct Alloc {
+    ptr: std::ptr::NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: Alloc uniquely owns its allocation (like Box<[u8]>).
+unsafe impl Send for Alloc {}
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Alloc::zeroed` with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Buffers at least this large are 2 MiB-aligned and advised to use transparent huge pages, so
+/// that filling a fresh ~16 MiB record buffer costs a few page faults instead of thousands.
+const HUGE: usize = 2 << 20;
+
+impl Alloc {
+    /// The layout used for a buffer of `len` bytes aligned to `align`.
+    fn layout_for(len: usize, align: usize) -> Layout {
+        let (size, lay_align) = if len >= HUGE {
+            (len.div_ceil(HUGE) * HUGE, align.max(HUGE))
+        } else {
+            (len.max(1), align)
+        };
+        Layout::from_size_align(size, lay_align).expect("AlignedBuf: bad layout")
+    }
+
+    /// Allocates and zeroes `layout` (huge-page advice for large layouts).
+    fn zeroed(layout: Layout) -> Alloc {
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let ptr = match std::ptr::NonNull::new(raw) {
+            Some(p) => p,
+            None => std::alloc::handle_alloc_error(layout),
+        };
+        if layout.size() >= HUGE {
+            // SAFETY: [raw, raw + size) is our allocation, 2 MiB-aligned; madvise only sets a
+            // hint and its failure is harmless.
+            unsafe {
+                libc::madvise(raw.cast(), layout.size(), libc::MADV_HUGEPAGE);
+            }
+        }
+        // SAFETY: the allocation is `layout.size()` bytes; zeroing initialises it.
+        unsafe { std::ptr::write_bytes(raw, 0, layout.size()) };
+        Alloc { ptr, layout }
+    }
+}
+
+/// A free list of fetch buffers, so that a steady stream of fetches reuses memory instead of
+/// allocating, zeroing and page-faulting ~16 MiB per record (that costs as much memory traffic
+/// as the checksum). A buffer taken from the pool returns to it when its [`AlignedBuf`] is
+/// dropped; at most `max_buffers` idle buffers are kept, the rest are freed.
+pub(crate) struct BufPool {
+    free: std::sync::Mutex<Vec<Alloc>>,
+    max_buffers: usize,
+}
+
+impl BufPool {
+    /// A pool keeping at most `max_buffers` idle buffers.
+    pub(crate) fn new(max_buffers: usize) -> std::sync::Arc<BufPool> {
+        std::sync::Arc::new(BufPool {
+            free: std::sync::Mutex::new(Vec::new()),
+            max_buffers,
+        })
+    }
+
+    /// A buffer of `len` bytes aligned to `align`: a recycled one of the same layout when one is
+    /// idle (its bytes are those of an earlier record, all initialised), else a new zeroed one.
+    pub(crate) fn get(self: &std::sync::Arc<Self>, len: usize, align: usize) -> AlignedBuf {
+        let layout = Alloc::layout_for(len, align);
+        let reused = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.iter()
+                .position(|a| a.layout == layout)
+                .map(|i| free.swap_remove(i))
+        };
+        let alloc = reused.unwrap_or_else(|| Alloc::zeroed(layout));
+        AlignedBuf {
+            ptr: alloc.ptr,
+            alloc: Some(alloc),
+            len,
+            align,
+            pool: Some(self.clone()),
+        }
+    }
+
+    fn put(&self, a: Alloc) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < self.max_buffers {
+            free.push(a);
+        }
+    }
+}
+
 /// A zero-initialised heap buffer whose start address is aligned (to 4096 bytes by default), as
 /// O_DIRECT needs.
 ///
 /// The length is fixed at creation. The buffer is `Send + Sync` (it owns its memory and only
-/// hands out borrows through `&self`/`&mut self`).
+/// hands out borrows through `&self`/`&mut self`). Buffers handed out by a store's fetch come
+/// from its buffer pool and go back to it on drop (their bytes are the record read).
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
+    /// The owned allocation (`None` only while being dropped).
+    alloc: Option<Alloc>,
     len: usize,
     align: usize,
-    layout: Layout,
+    pool: Option<std::sync::Arc<BufPool>>,
 }
 
 // SAFETY: AlignedBuf uniquely owns its allocation (like Vec<u8>); shared access is only through
@@ -53,10 +154,6 @@ pub struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 // SAFETY: see above; `&AlignedBuf` only gives `&[u8]`, which is Sync.
 unsafe impl Sync for AlignedBuf {}
-
-/// Buffers at least this large are 2 MiB-aligned and advised to use transparent huge pages, so
-/// that filling a fresh ~16 MiB record buffer costs a few page faults instead of thousands.
-const HUGE: usize = 2 << 20;
 
 impl AlignedBuf {
     /// Default alignment of buffers, bytes.
@@ -69,32 +166,13 @@ impl AlignedBuf {
     /// If `align` is not a power of two or `len` rounded up to `align` overflows `isize`; aborts
     /// on allocation failure (like `Vec`).
     pub fn new(len: usize, align: usize) -> AlignedBuf {
-        let (size, lay_align) = if len >= HUGE {
-            (len.div_ceil(HUGE) * HUGE, align.max(HUGE))
-        } else {
-            (len.max(1), align)
-        };
-        let layout = Layout::from_size_align(size, lay_align).expect("AlignedBuf: bad layout");
-        // SAFETY: the layout has non-zero size.
-        let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = match std::ptr::NonNull::new(raw) {
-            Some(p) => p,
-            None => std::alloc::handle_alloc_error(layout),
-        };
-        if len >= HUGE {
-            // SAFETY: [raw, raw + size) is our allocation, 2 MiB-aligned; madvise only sets a
-            // hint and its failure is harmless.
-            unsafe {
-                libc::madvise(raw.cast(), size, libc::MADV_HUGEPAGE);
-            }
-        }
-        // SAFETY: the allocation is `size` bytes; zeroing initialises it.
-        unsafe { std::ptr::write_bytes(raw, 0, size) };
+        let alloc = Alloc::zeroed(Alloc::layout_for(len, align));
         AlignedBuf {
-            ptr,
+            ptr: alloc.ptr,
+            alloc: Some(alloc),
             len,
             align,
-            layout,
+            pool: None,
         }
     }
 
@@ -115,7 +193,8 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised (zeroed) bytes for the lifetime of self.
+        // SAFETY: ptr is valid for len initialised bytes (zeroed at allocation, since then only
+        // written with bytes) for the lifetime of self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -128,8 +207,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if let (Some(pool), Some(a)) = (self.pool.take(), self.alloc.take()) {
+            pool.put(a);
+        }
+        // Otherwise `alloc` frees itself.
     }
 }
 
@@ -176,6 +257,40 @@ pub(crate) fn open_read(path: &Path, direct: bool) -> std::io::Result<File> {
     o.open(path)
 }
 
+/// Reads exactly `buf.len()` bytes at `offset` of `file` into `buf`, with one positional read
+/// (more only if the kernel returns a short read).
+pub(crate) fn read_into(
+    file: &File,
+    offset: u64,
+    mut buf: AlignedBuf,
+) -> std::io::Result<AlignedBuf> {
+    file.read_exact_at(buf.as_mut_slice(), offset)?;
+    Ok(buf)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` of `file` into `buf` in pieces of `chunk` bytes
+/// (a multiple of the direct-I/O alignment), calling `progress(bytes, valid)` after each piece
+/// with the whole buffer and how many of its leading bytes are read. A checksum fed this way
+/// hashes each piece while the other fetch threads' reads keep the device busy, instead of
+/// hashing every record of a batch after all of them have landed.
+pub(crate) fn read_into_chunked(
+    file: &File,
+    offset: u64,
+    mut buf: AlignedBuf,
+    chunk: usize,
+    mut progress: impl FnMut(&[u8], usize),
+) -> std::io::Result<AlignedBuf> {
+    let len = buf.len();
+    let mut pos = 0;
+    while pos < len {
+        let n = chunk.min(len - pos);
+        file.read_exact_at(&mut buf.as_mut_slice()[pos..pos + n], offset + pos as u64)?;
+        pos += n;
+        progress(buf.as_slice(), pos);
+    }
+    Ok(buf)
+}
+
 /// Reads exactly `len` bytes at `offset` of `file` into a new buffer aligned to `align`, with one
 /// positional read (more only if the kernel returns a short read).
 pub(crate) fn read_aligned(
@@ -219,4 +334,34 @@ pub(crate) fn probe_direct(path: &Path, alignment: usize, file_len: u64) -> Resu
             .map_err(|e| format!("O_DIRECT probe read failed: {e}"))?;
     }
     Ok(mem_align)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_recycles_same_layout_and_caps_idle_buffers() {
+        let pool = BufPool::new(1);
+        let mut a = pool.get(3 << 20, 4096);
+        assert_eq!(a.len(), 3 << 20);
+        assert_eq!(a.as_ptr() as usize % (2 << 20), 0);
+        a.as_mut_slice()[5] = 9;
+        let pa = a.as_ptr();
+        let b = pool.get(3 << 20, 4096);
+        assert_ne!(b.as_ptr(), pa, "a is still live");
+        drop(a);
+        drop(b); // over the cap of 1: freed
+        assert_eq!(pool.free.lock().unwrap().len(), 1);
+        // Same layout (3 MiB rounds to 4 MiB, 2 MiB-aligned): recycled with its old bytes.
+        let c = pool.get((3 << 20) + 4096, 4096);
+        assert_eq!(c.as_ptr(), pa);
+        assert_eq!(c[5], 9);
+        assert_eq!(c.len(), (3 << 20) + 4096);
+        // A different layout is a fresh, zeroed buffer.
+        let d = pool.get(8192, 4096);
+        assert!(d.iter().all(|&x| x == 0));
+        assert_eq!(d.as_ptr() as usize % 4096, 0);
+        assert_eq!(pool.free.lock().unwrap().len(), 0);
+    }
 }

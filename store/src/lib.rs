@@ -76,6 +76,7 @@
 //! # }
 //! ```
 
+pub mod checksum;
 pub mod encoding;
 mod error;
 mod format;

@@ -1,8 +1,9 @@
 //! Opening a store and fetching experts and dense tensors.
 
+use crate::checksum::StreamingChecksum;
 use crate::format::{IndexHeader, SegmentHeader, INDEX_MAGIC, MANIFEST_MAGIC, SEGMENT_MAGIC};
 use crate::format::{FORMAT_VERSION, INDEX_RECORD_SIZE};
-use crate::io::{open_read, probe_direct, read_aligned};
+use crate::io::{open_read, probe_direct, read_aligned, read_into, read_into_chunked, BufPool};
 use crate::writer::{hex128, parse_hex128, parse_hex64, segment_path, segment_rel};
 use crate::{
     AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView,
@@ -19,6 +20,11 @@ use zerocopy::FromBytes;
 compile_error!(
     "coli-store reads little-endian f32/u16 sections in place and needs a little-endian target"
 );
+
+/// Size of the pieces in which a record of a multi-record batch is read when its checksum is
+/// verified, bytes (rounded up to the store alignment): each piece is hashed while the rest of
+/// the batch is read, so that little hashing remains once the last read lands.
+const FETCH_CHUNK: usize = 1 << 20;
 
 /// Options for [`Store::open_with`].
 #[derive(Clone, Debug)]
@@ -75,6 +81,7 @@ pub struct Store {
     dense_verified: Vec<AtomicBool>,
     dense_encodings: Vec<Encoding>,
     pool: Option<rayon::ThreadPool>,
+    bufs: std::sync::Arc<BufPool>,
     reads: AtomicU64,
     bytes_read: AtomicU64,
 }
@@ -718,6 +725,7 @@ impl Store {
             dense_verified,
             dense_encodings,
             pool,
+            bufs: BufPool::new(opts.fetch_threads.max(1)),
             reads: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
         })
@@ -787,7 +795,9 @@ impl Store {
     }
 
     /// Reads several experts, each with one positional read into an aligned buffer, up to
-    /// `fetch_threads` reads in flight. Results are in the order of `keys`. Each record's xxh3
+    /// `fetch_threads` reads in flight. Buffers come from a pool of up to `fetch_threads` idle
+    /// buffers (an [`ExpertBuf`] returns its buffer there when dropped), so steady fetching does
+    /// not allocate, zero and page-fault a fresh buffer per record. Results are in the order of `keys`. Each record's xxh3
     /// is verified when `verify_checksums`.
     ///
     /// # Errors
@@ -796,10 +806,15 @@ impl Store {
     pub fn fetch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
         use rayon::prelude::*;
         match (&self.pool, keys.len()) {
-            (Some(pool), n) if n > 1 => {
-                pool.install(|| keys.par_iter().map(|&k| self.fetch_one(k)).collect())
-            }
-            _ => keys.iter().map(|&k| self.fetch_one(k)).collect(),
+            (Some(pool), n) if n > 1 => pool.install(|| {
+                keys.par_iter()
+                    .map(|&k| self.fetch_piecewise(k, true))
+                    .collect()
+            }),
+            _ => keys
+                .iter()
+                .map(|&k| self.fetch_piecewise(k, false))
+                .collect(),
         }
     }
 
@@ -808,17 +823,38 @@ impl Store {
     /// # Errors
     /// As [`Store::fetch`].
     pub fn fetch_one(&self, key: ExpertKey) -> Result<ExpertBuf, StoreError> {
+        self.fetch_piecewise(key, false)
+    }
+
+    /// Reads one expert; with `pieces` (several reads in flight) a verified record is read in
+    /// [`FETCH_CHUNK`] pieces, each hashed while the other reads proceed; alone, one read (a
+    /// single large request keeps the device busier than pieces at queue depth 1).
+    fn fetch_piecewise(&self, key: ExpertKey, pieces: bool) -> Result<ExpertBuf, StoreError> {
         let r = self
             .record(key)
             .ok_or_else(|| StoreError::NotFound(format!("expert {key}")))?;
         let seg = &self.segments[r.segment.get() as usize];
         let (off, len) = (r.offset.get(), r.length.get() as usize);
-        let buf = read_aligned(&seg.file, off, len, self.buf_align)
-            .map_err(|e| io_err(&self.dir.join(&seg.rel), e))?;
+        let path_err = |e| io_err(&self.dir.join(&seg.rel), e);
+        let buf = self.bufs.get(len, self.buf_align);
+        let (buf, found) = if self.verify {
+            // Hash each piece as it lands (see `read_into_chunked`).
+            let mut h = StreamingChecksum::new(key.checksum_seed(), len);
+            let chunk = if pieces {
+                FETCH_CHUNK.next_multiple_of(self.manifest.alignment as usize)
+            } else {
+                len
+            };
+            let buf = read_into_chunked(&seg.file, off, buf, chunk, |b, valid| h.update(b, valid))
+                .map_err(path_err)?;
+            let found = h.finish(&buf);
+            (buf, Some(found))
+        } else {
+            (read_into(&seg.file, off, buf).map_err(path_err)?, None)
+        };
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-        if self.verify {
-            let found = xxh3_64_with_seed(&buf, key.checksum_seed());
+        if let Some(found) = found {
             if found != r.checksum.get() {
                 return Err(StoreError::Checksum {
                     what: key.to_string(),

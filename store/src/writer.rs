@@ -540,6 +540,28 @@ fn segment_name(id: u32) -> String {
     format!("seg-{id:05}.bin")
 }
 
+/// Starts writing `len` bytes at `offset` of `file` to disk now, without waiting
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, Linux), so that a large conversion's writes
+/// overlap with its reads instead of piling up for the final fsync. Advice only: errors are
+/// ignored (durability still comes from the fsyncs in `finish`).
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: plain syscall on a valid open file descriptor; no memory is passed.
+        unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
 fn fsync_dir(path: &Path) -> Result<(), StoreError> {
     File::open(path)
         .and_then(|f| f.sync_all())
@@ -995,7 +1017,7 @@ impl StoreWriter {
                 else {
                     return Ok(false);
                 };
-                if xxh3_64_with_seed(&bytes, key.checksum_seed()) != sum {
+                if crate::checksum::xxh3_64_with_seed(&bytes, key.checksum_seed()) != sum {
                     return Ok(false);
                 }
                 if self.seg.as_ref().is_none_or(|s| s.id != *segment) {
@@ -1220,7 +1242,7 @@ impl StoreWriter {
                 rec[s_off..s_off + sb].copy_from_slice(m.scales.as_bytes());
             }
         }
-        let sum = xxh3_64_with_seed(&rec, key.checksum_seed());
+        let sum = crate::checksum::xxh3_64_with_seed(&rec, key.checksum_seed());
         if let Some(&done) = self.experts_done.get(&key) {
             if done == sum {
                 return Ok(());
@@ -1269,6 +1291,7 @@ impl StoreWriter {
         s.file
             .write_all_at(&rec, offset)
             .map_err(|e| io_err(&path, e))?;
+        start_writeback(&s.file, offset, rec_len);
         s.hasher.update(&rec);
         s.pos += rec_len as u64;
         s.records += 1;
