@@ -98,6 +98,21 @@ def main():
         check(st["evictions"] > 0 and st["expert_bytes_read"] > 0 and st["hit_rate"] < 1.0,
               f"2 MiB budget: evictions {st['evictions']}, bytes read {st['expert_bytes_read']}, hit rate {st['hit_rate']}")
 
+        # Memory: peak RSS stays below dense + KV cache + expert budget + 256 MiB.
+        context = 512
+        cfg = json.load(open(os.path.join(int4, "files", "config.json")))
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        kv_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4 * context
+        dense_bytes = os.path.getsize(os.path.join(int4, "dense.bin"))
+        budget = 2 << 20
+        probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
+        rss = int(run([sys.executable, "-c", probe, COLI, "run", "--store", int4, "--chat", "--prompt", q["prompt"],
+                       "--max-tokens", "24", "--ram-budget", str(budget), "--context", str(context)]).stdout)
+        bound = dense_bytes + kv_bytes + budget + (256 << 20)
+        check(rss < bound, f"peak RSS {rss / 2**20:.1f} MiB < dense {dense_bytes / 2**20:.1f} + KV {kv_bytes / 2**20:.1f} "
+              f"+ budget {budget / 2**20:.1f} + 256 MiB = {bound / 2**20:.1f} MiB")
+
         # 3. Lossless store vs transformers' greedy ids for three prompts.
         for p in exp["lossless"]["prompts"]:
             n = len(p["expected_new_ids"])

@@ -432,7 +432,7 @@ fn scan_segment(
         let key = r.key();
         match read_aligned(file, off, rlen as usize, buf_align) {
             Ok(b) => {
-                let found = xxh3_64_with_seed(&b, key.checksum_seed());
+                let found = crate::checksum::xxh3_64_with_seed(&b, key.checksum_seed());
                 if found != r.checksum.get() {
                     bad.push(BadRecord {
                         layer: key.layer,
