@@ -13,6 +13,9 @@ pub enum Family {
     Qwen3Moe,
     /// `olmoe`: q/k RMSNorm over the whole projected vectors, optional `clip_qkv`.
     Olmoe,
+    /// `deepseek_v3` (and `kimi_k2`, same architecture): MLA attention, YaRN RoPE, grouped
+    /// sigmoid routing with shared experts, dense MLP in the first layers.
+    DeepseekV3,
 }
 
 impl Family {
@@ -25,8 +28,9 @@ impl Family {
             "mixtral" => Ok(Family::Mixtral),
             "qwen3_moe" => Ok(Family::Qwen3Moe),
             "olmoe" => Ok(Family::Olmoe),
+            "deepseek_v3" | "kimi_k2" => Ok(Family::DeepseekV3),
             other => Err(EngineError::Unsupported(format!(
-                "model_type {other:?}; this engine runs mixtral, qwen3_moe and olmoe"
+                "model_type {other:?}; this engine runs mixtral, qwen3_moe, olmoe, deepseek_v3 and kimi_k2"
             ))),
         }
     }
@@ -37,6 +41,7 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmoe => "olmoe",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -44,14 +49,14 @@ impl Family {
     fn default_theta(self) -> f64 {
         match self {
             Family::Mixtral => 1_000_000.0,
-            Family::Qwen3Moe | Family::Olmoe => 10_000.0,
+            Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 => 10_000.0,
         }
     }
 
     /// Default `rms_norm_eps` of the transformers config class.
     fn default_eps(self) -> f64 {
         match self {
-            Family::Qwen3Moe => 1e-6,
+            Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
             Family::Mixtral | Family::Olmoe => 1e-5,
         }
     }
@@ -106,16 +111,18 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Every EOS id of config.json and generation_config.json (sorted, unique).
     pub eos_token_ids: Vec<u32>,
+    /// MLA families (DeepSeek-V3 / Kimi-K2): attention, RoPE and routing parameters.
+    pub mla: Option<crate::layers::mla::MlaConfig>,
 }
 
-fn cfg_err(what: impl Into<String>) -> EngineError {
+pub(crate) fn cfg_err(what: impl Into<String>) -> EngineError {
     EngineError::Config {
         file: "config.json".into(),
         what: what.into(),
     }
 }
 
-fn get_usize(v: &Value, key: &str) -> Result<Option<usize>> {
+pub(crate) fn get_usize(v: &Value, key: &str) -> Result<Option<usize>> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(x) => x
@@ -125,11 +132,11 @@ fn get_usize(v: &Value, key: &str) -> Result<Option<usize>> {
     }
 }
 
-fn req_usize(v: &Value, key: &str) -> Result<usize> {
+pub(crate) fn req_usize(v: &Value, key: &str) -> Result<usize> {
     get_usize(v, key)?.ok_or_else(|| cfg_err(format!("missing field {key}")))
 }
 
-fn get_f64(v: &Value, key: &str) -> Result<Option<f64>> {
+pub(crate) fn get_f64(v: &Value, key: &str) -> Result<Option<f64>> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(x) => x
@@ -139,7 +146,7 @@ fn get_f64(v: &Value, key: &str) -> Result<Option<f64>> {
     }
 }
 
-fn get_bool(v: &Value, key: &str) -> Result<Option<bool>> {
+pub(crate) fn get_bool(v: &Value, key: &str) -> Result<Option<bool>> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(x) => x
@@ -282,6 +289,19 @@ impl ModelConfig {
                 intermediate_size,
                 get_bool(v, "norm_topk_prob")?.unwrap_or(false),
             ),
+            Family::DeepseekV3 => (
+                req_usize(v, "n_routed_experts")?,
+                req_usize(v, "moe_intermediate_size")?,
+                get_bool(v, "norm_topk_prob")?.unwrap_or(true),
+            ),
+        };
+        let mla = match family {
+            Family::DeepseekV3 => Some(crate::layers::mla::MlaConfig::from_json(
+                v,
+                num_experts,
+                family.default_theta(),
+            )?),
+            _ => None,
         };
         let top_k = req_usize(v, "num_experts_per_tok")?;
         if top_k == 0 || top_k > num_experts {
@@ -330,7 +350,10 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             rms_norm_eps: get_f64(v, "rms_norm_eps")?.unwrap_or(family.default_eps()) as f32,
-            rope_theta: rope_theta(v, family)?,
+            rope_theta: match &mla {
+                Some(m) => m.rope_theta,
+                None => rope_theta(v, family)?,
+            },
             max_position_embeddings: get_usize(v, "max_position_embeddings")?.unwrap_or(4096),
             tie_word_embeddings: get_bool(v, "tie_word_embeddings")?.unwrap_or(false),
             sliding_window,
@@ -346,6 +369,7 @@ impl ModelConfig {
             decoder_sparse_step,
             bos_token_id: get_usize(v, "bos_token_id")?.map(|n| n as u32),
             eos_token_ids,
+            mla,
         })
     }
 
@@ -358,6 +382,9 @@ impl ModelConfig {
                     && self.num_experts > 0
                     && (layer + 1).is_multiple_of(self.decoder_sparse_step)
             }
+            Family::DeepseekV3 => self.mla.as_ref().is_some_and(|m| {
+                layer >= m.first_k_dense_replace && layer.is_multiple_of(m.moe_layer_freq)
+            }),
             _ => true,
         }
     }

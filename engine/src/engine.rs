@@ -258,9 +258,8 @@ impl<'s> Engine<'s> {
     /// Keeps only the first `len` positions of the KV cache.
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.tokens.len());
-        let kvd = self.model.config.num_kv_heads * self.model.config.head_dim;
-        for kv in &mut self.kv {
-            kv.truncate(len, kvd);
+        for (kv, layer) in self.kv.iter_mut().zip(&self.model.layers) {
+            kv.truncate(len, layer.attn.kv_dim());
         }
         self.tokens.truncate(len);
     }

@@ -3,7 +3,7 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
-use crate::layers::{Attention, LayerKv, Mlp, MoeBlock, RmsNorm, Rope};
+use crate::layers::{Attention, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe};
 use coli_store::Store;
 
 /// The feed-forward part of a layer.
@@ -12,6 +12,27 @@ pub enum Ffn<'s> {
     Moe(MoeBlock<'s>),
     /// A dense SwiGLU MLP (Qwen3-MoE `mlp_only_layers` / `decoder_sparse_step`).
     Dense(Mlp<'s>),
+    /// DeepSeek-V3 grouped sigmoid routing with shared experts.
+    SigmoidMoe(SigmoidMoe<'s>),
+}
+
+/// The attention part of a layer.
+pub enum SelfAttn<'s> {
+    /// Grouped-query attention (Mixtral, Qwen3-MoE, OLMoE).
+    Gqa(Attention<'s>),
+    /// Multi-head latent attention (DeepSeek-V3).
+    Mla(Mla<'s>),
+}
+
+impl SelfAttn<'_> {
+    /// f32 values per token in this layer's KV cache (`LayerKv::k` row width; `v` rows have
+    /// the same width for GQA and are empty for MLA).
+    pub fn kv_dim(&self) -> usize {
+        match self {
+            SelfAttn::Gqa(a) => a.kv_dim(),
+            SelfAttn::Mla(a) => a.kv_dim(),
+        }
+    }
 }
 
 /// What a layer needs besides its weights: the rotary tables, the store and the expert cache.
@@ -29,7 +50,7 @@ pub struct DecoderLayer<'s> {
     /// `input_layernorm` `[H]`.
     pub input_norm: RmsNorm,
     /// Self-attention.
-    pub attn: Attention<'s>,
+    pub attn: SelfAttn<'s>,
     /// `post_attention_layernorm` `[H]`.
     pub post_norm: RmsNorm,
     /// MoE block or dense MLP.
@@ -53,8 +74,10 @@ impl DecoderLayer<'_> {
         let mut normed = vec![0f32; h.len()];
         let mut delta = vec![0f32; h.len()];
         self.input_norm.forward(h, &mut normed);
-        self.attn
-            .forward(&normed, n, pos0, ctx.rope, kv, &mut delta);
+        match &self.attn {
+            SelfAttn::Gqa(a) => a.forward(&normed, n, pos0, ctx.rope, kv, &mut delta),
+            SelfAttn::Mla(a) => a.forward(&normed, n, pos0, ctx.rope, kv, &mut delta),
+        }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }
@@ -62,6 +85,7 @@ impl DecoderLayer<'_> {
         match &self.ffn {
             Ffn::Moe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,
             Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
+            Ffn::SigmoidMoe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,
         }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;

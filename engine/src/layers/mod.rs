@@ -9,15 +9,19 @@
 pub mod attention;
 pub mod decoder;
 pub mod linear;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod sigmoid_router;
 
 pub use attention::{Attention, LayerKv, QkNorm};
-pub use decoder::{DecoderLayer, Ffn, LayerCtx};
+pub use decoder::{DecoderLayer, Ffn, LayerCtx, SelfAttn};
 pub use linear::Linear;
+pub use mla::Mla;
 pub use mlp::Mlp;
 pub use moe::MoeBlock;
 pub use norm::RmsNorm;
 pub use rope::Rope;
+pub use sigmoid_router::SigmoidMoe;

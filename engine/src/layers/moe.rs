@@ -86,8 +86,26 @@ impl MoeBlock<'_> {
         cache: &mut ExpertCache,
         out: &mut [f32],
     ) -> Result<()> {
-        let h = self.hidden;
         let routes = self.route(x, n);
+        self.forward_routes(x, n, &routes, store, cache, out)
+    }
+
+    /// `out[n, H]` = `sum_e w_e SwiGLU_e(x)` for `x[n, H]` with the given per-token routing
+    /// (`routes[t]` = `(expert, weight)` pairs), experts fetched through `cache`.
+    ///
+    /// # Errors
+    /// A failed expert fetch, or an expert whose shape differs from the config.
+    pub fn forward_routes(
+        &self,
+        x: &[f32],
+        n: usize,
+        routes: &[Routing],
+        store: &Store,
+        cache: &mut ExpertCache,
+        out: &mut [f32],
+    ) -> Result<()> {
+        debug_assert_eq!(routes.len(), n);
+        let h = self.hidden;
         // Tokens (and weights) per expert, tokens ascending.
         let mut per_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.num_experts];
         for (t, r) in routes.iter().enumerate() {

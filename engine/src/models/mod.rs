@@ -1,6 +1,7 @@
 //! The supported architectures. Each file says how one family's checkpoint maps onto the shared
 //! blocks of [`crate::layers`] (tensor names, q/k norms, routing rule); [`Model`] is the result.
 
+pub mod deepseek_v3;
 pub mod mixtral;
 pub mod olmoe;
 pub mod qwen3_moe;
@@ -8,7 +9,9 @@ pub mod qwen3_moe;
 use crate::config::{Family, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::layers::linear::load_matrix;
-use crate::layers::{Attention, DecoderLayer, Ffn, Linear, MoeBlock, QkNorm, RmsNorm, Rope};
+use crate::layers::{
+    Attention, DecoderLayer, Ffn, Linear, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn,
+};
 use coli_store::{MatrixView, Store};
 
 /// A loaded model: dense weights borrowed from the store's memory map (norms copied to f32),
@@ -38,6 +41,7 @@ impl<'s> Model<'s> {
             Family::Mixtral => mixtral::load(store, config),
             Family::Qwen3Moe => qwen3_moe::load(store, config),
             Family::Olmoe => olmoe::load(store, config),
+            Family::DeepseekV3 => deepseek_v3::load(store, config),
         }
     }
 }
@@ -171,7 +175,7 @@ pub(crate) fn assemble<'s>(
                 c.hidden_size,
                 c.rms_norm_eps,
             )?,
-            attn: load_attention(store, c, i, qk_norm)?,
+            attn: SelfAttn::Gqa(load_attention(store, c, i, qk_norm)?),
             post_norm: RmsNorm::load(
                 store,
                 &format!("{p}.post_attention_layernorm.weight"),

@@ -1,0 +1,139 @@
+//! DeepSeek-V3 MoE block (`topk_method: noaux_tc`, `scoring_func: sigmoid`), as transformers
+//! 5.23 `DeepseekV3MoE` / `DeepseekV3TopkRouter`:
+//!
+//! ```text
+//! s = sigmoid(x @ gate^T) (f32) ; c = s + e_score_correction_bias      (c for the choice only)
+//! group score = sum of the top-2 c of each of n_group consecutive groups; keep topk_group groups
+//! top = k largest c among kept groups ; w = s[top] ; if norm_topk_prob: w /= sum(w) + 1e-20
+//! w *= routed_scaling_factor ; out = sum_e w_e SwiGLU_e(x) + shared_experts(x)
+//! ```
+//! Ties (groups and experts) go to the lower index.
+
+use crate::cache::ExpertCache;
+use crate::error::Result;
+use crate::layers::moe::{top_k, Routing};
+use crate::layers::{Mlp, MoeBlock};
+use coli_store::Store;
+
+/// Grouped sigmoid routing parameters.
+pub struct SigmoidRouting {
+    /// `mlp.gate.e_score_correction_bias`, f32 `[E]`.
+    pub bias: Vec<f32>,
+    /// `n_group`.
+    pub n_group: usize,
+    /// `topk_group`.
+    pub topk_group: usize,
+    /// `routed_scaling_factor`.
+    pub scaling: f32,
+}
+
+impl SigmoidRouting {
+    /// Routing of one token from its router logits `[E]` (see the module doc).
+    pub fn route(&self, logits: &[f32], k: usize, norm_topk: bool) -> Routing {
+        let e = logits.len();
+        let s: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+        let mut c: Vec<f32> = s.iter().zip(&self.bias).map(|(a, b)| a + b).collect();
+        if self.n_group > 1 {
+            let gsize = e / self.n_group;
+            let gs: Vec<f32> = c
+                .chunks_exact(gsize)
+                .map(|g| top_k(g, 2.min(gsize)).iter().map(|x| x.1).sum())
+                .collect();
+            let keep = top_k(&gs, self.topk_group);
+            for (g, chunk) in c.chunks_exact_mut(gsize).enumerate() {
+                if !keep.iter().any(|x| x.0 as usize == g) {
+                    chunk.fill(f32::NEG_INFINITY);
+                }
+            }
+        }
+        let mut sel: Routing = top_k(&c, k)
+            .into_iter()
+            .map(|(i, _)| (i, s[i as usize]))
+            .collect();
+        if norm_topk {
+            let sum: f32 = sel.iter().map(|x| x.1).sum::<f32>() + 1e-20;
+            for x in &mut sel {
+                x.1 /= sum;
+            }
+        }
+        for x in &mut sel {
+            x.1 *= self.scaling;
+        }
+        sel
+    }
+}
+
+/// A DeepSeek-V3 MoE layer: routed experts (through the expert cache) plus shared experts.
+pub struct SigmoidMoe<'s> {
+    /// Router weight and routed experts (its `norm_topk` is `norm_topk_prob`).
+    pub experts: MoeBlock<'s>,
+    /// Grouped sigmoid routing.
+    pub routing: SigmoidRouting,
+    /// `mlp.shared_experts` (None when `n_shared_experts` is 0).
+    pub shared: Option<Mlp<'s>>,
+}
+
+impl SigmoidMoe<'_> {
+    /// Routes `n` tokens of `x` (`[n, H]`).
+    pub fn route(&self, x: &[f32], n: usize) -> Vec<Routing> {
+        let ne = self.experts.num_experts;
+        let mut logits = vec![0f32; n * ne];
+        self.experts.router.forward(x, n, &mut logits);
+        logits
+            .chunks_exact(ne)
+            .map(|l| {
+                self.routing
+                    .route(l, self.experts.top_k, self.experts.norm_topk)
+            })
+            .collect()
+    }
+
+    /// `out[n, H]` = routed experts + shared experts of `x[n, H]`.
+    ///
+    /// # Errors
+    /// A failed expert fetch, or an expert whose shape differs from the config.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        store: &Store,
+        cache: &mut ExpertCache,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let routes = self.route(x, n);
+        self.experts
+            .forward_routes(x, n, &routes, store, cache, out)?;
+        if let Some(sh) = &self.shared {
+            let mut y = vec![0f32; out.len()];
+            sh.forward(x, n, &mut y);
+            for (o, v) in out.iter_mut().zip(&y) {
+                *o += v;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_restrict_choice_and_bias_only_chooses() {
+        let r = SigmoidRouting {
+            bias: vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+            n_group: 4,
+            topk_group: 2,
+            scaling: 2.0,
+        };
+        // Group scores (top-2 sums): g0 low, g1 high, g2 low, g3 high via the bias of expert 6.
+        let logits = [-3.0, -3.0, 2.0, 1.0, -3.0, -2.0, -5.0, -5.0];
+        let sel = r.route(&logits, 2, true);
+        let ids: Vec<u32> = sel.iter().map(|x| x.0).collect();
+        assert_eq!(ids, vec![6, 2]);
+        let s = |l: f32| 1.0 / (1.0 + (-l).exp());
+        let (a, b) = (s(-5.0), s(2.0));
+        assert!((sel[0].1 - 2.0 * a / (a + b)).abs() < 1e-6);
+        assert!((sel[1].1 - 2.0 * b / (a + b)).abs() < 1e-6);
+    }
+}
