@@ -127,7 +127,7 @@ def main():
         ev = coli_json(["eval", "--store", fp8, "--text", os.path.join(ROOT, "tests", "fixtures", "demo", ppl["file"]),
                         "--max-tokens", str(ppl["tokens"])])
         check(abs(ev["ppl"] - ppl["lossless"]) / ppl["lossless"] < 1e-3,
-              f"lossless perplexity {ev["ppl"]:.4f} vs transformers {ppl['lossless']:.4f}")
+              f"lossless perplexity {ev['ppl']:.4f} vs transformers {ppl['lossless']:.4f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
