@@ -113,6 +113,17 @@ def main():
         check(rss < bound, f"peak RSS {rss / 2**20:.1f} MiB < dense {dense_bytes / 2**20:.1f} + KV {kv_bytes / 2**20:.1f} "
               f"+ budget {budget / 2**20:.1f} + 256 MiB = {bound / 2**20:.1f} MiB")
 
+        # Interactive chat: two turns on stdin; the second turn prefills only its new tokens.
+        print(f"$ {COLI} chat --store {int4} --max-tokens 24  (two turns on stdin)", flush=True)
+        p = subprocess.run([COLI, "chat", "--store", int4, "--max-tokens", "24"], capture_output=True, text=True,
+                           input=q["prompt"] + "\nAnd what is the capital of Germany?\n")
+        sys.stderr.write(p.stderr)
+        turns = [int(line.split("[", 1)[1].split()[0]) for line in p.stderr.splitlines()
+                 if "new prompt tokens" in line]
+        check(p.returncode == 0 and "Paris" in p.stdout.splitlines()[0], f"chat turn 1 names Paris: {p.stdout!r}")
+        check(len(turns) == 2 and turns[0] == len(q["prompt_ids"]) and turns[1] < turns[0],
+              f"chat turn 2 reuses the KV cache: new prompt tokens per turn {turns}")
+
         # 3. Lossless store vs transformers' greedy ids for three prompts.
         for p in exp["lossless"]["prompts"]:
             n = len(p["expected_new_ids"])
