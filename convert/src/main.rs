@@ -11,8 +11,10 @@ use std::path::PathBuf;
 #[command(name = "coli-convert", version, about)]
 struct Cli {
     /// Local Hugging Face checkpoint directory (config.json, *.safetensors, index).
+    #[arg(value_name = "INPUT_DIR")]
     input: PathBuf,
     /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
+    #[arg(value_name = "OUTPUT_STORE")]
     output: PathBuf,
     /// Routed expert encoding: int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only), bf16.
     #[arg(long, default_value = "int4-g64")]
@@ -35,7 +37,7 @@ fn main() -> std::process::ExitCode {
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("coli-convert: error: {e:#}");
+            eprintln!("coli-convert: error: {}", error_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }
@@ -81,4 +83,19 @@ fn real_main() -> anyhow::Result<()> {
         print!("{}", report.to_text());
     }
     Ok(())
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text an outer message
+/// already includes (library errors print their source in their own message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for text in e.chain().map(|c| c.to_string()) {
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }

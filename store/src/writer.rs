@@ -446,9 +446,9 @@ fn spec_differences(old: &SpecFile, new: &SpecFile) -> Vec<String> {
 }
 
 fn validate_spec(spec: &StoreSpec) -> Result<serde_json::Value, StoreError> {
-    if spec.alignment < 512 || !spec.alignment.is_power_of_two() {
+    if spec.alignment < 512 || spec.alignment > 1 << 24 || !spec.alignment.is_power_of_two() {
         return Err(writer_err(format!(
-            "alignment {} must be a power of two of at least 512 bytes",
+            "alignment {} must be a power of two from 512 bytes to 16 MiB (what readers accept)",
             spec.alignment
         )));
     }

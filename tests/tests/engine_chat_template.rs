@@ -56,6 +56,7 @@ fn demo_template_renders_like_transformers() {
 }
 
 #[test]
+#[ignore = "needs the built demo checkpoint (DEMO_DIR or ./demo); CI checks the same rendering through tests/demo_e2e.py"]
 fn demo_checkpoint_template_is_the_embedded_one_when_present() {
     // When the demo checkpoint has been built (tools/demo/demo.sh), its template must be the one
     // embedded above; otherwise there is nothing to compare.
@@ -63,10 +64,8 @@ fn demo_checkpoint_template_is_the_embedded_one_when_present() {
     let dir = std::env::var_os("DEMO_DIR")
         .map_or(root.join("demo"), Into::into)
         .join("checkpoint");
-    let Ok(cfg) = std::fs::read(dir.join("tokenizer_config.json")) else {
-        eprintln!("no demo checkpoint at {}; skipped", dir.display());
-        return;
-    };
+    let cfg = std::fs::read(dir.join("tokenizer_config.json"))
+        .unwrap_or_else(|e| panic!("no demo checkpoint at {}: {e}", dir.display()));
     let tok = coli_engine::TextTokenizer::from_parts(
         &std::fs::read(dir.join("tokenizer.json")).unwrap(),
         Some(&cfg),

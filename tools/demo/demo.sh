@@ -21,6 +21,7 @@ fi
 
 # 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
 cargo build -q -p coli-convert -p coli-tools
+bin="${CARGO_TARGET_DIR:-target}/debug"
 
 # 3. The Mixtral-layout FP8 checkpoint (4 experts per layer) from the GGUF.
 if [ ! -f "$demo_dir/checkpoint/model.safetensors.index.json" ]; then
@@ -28,9 +29,9 @@ if [ ! -f "$demo_dir/checkpoint/model.safetensors.index.json" ]; then
 fi
 
 # 4. Convert to the default store (int4 g64 experts, bf16 dense). Reruns say "already complete".
-target/debug/coli-convert "$demo_dir/checkpoint" "$demo_dir/store"
+"$bin/coli-convert" "$demo_dir/checkpoint" "$demo_dir/store"
 
 # 5. Generate.
 budget_args=()
 if [ -n "${COLI_BUDGET:-}" ]; then budget_args=(--ram-budget "$COLI_BUDGET"); fi
-target/debug/coli run --store "$demo_dir/store" --chat --prompt "$question" --max-tokens 48 "${budget_args[@]}"
+"$bin/coli" run --store "$demo_dir/store" --chat --prompt "$question" --max-tokens 48 "${budget_args[@]}"

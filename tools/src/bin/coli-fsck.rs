@@ -14,7 +14,11 @@ use std::path::PathBuf;
 /// Verify a coli store: manifest, index, segment headers, every expert record, dense tensor and
 /// copied file checksum, and completeness.
 #[derive(Parser, Debug)]
-#[command(name = "coli-fsck", version, about)]
+#[command(
+    name = "coli-fsck",
+    version,
+    about = "Verify a coli store (and its mirrors): structure, every checksum, completeness"
+)]
 struct Args {
     /// The store directory.
     store: PathBuf,
