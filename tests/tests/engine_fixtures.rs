@@ -4,10 +4,9 @@
 //! with `expected.json`; placement (expert budget, threads, checksum verification, I/O mode,
 //! prefill batch) must not change the tokens.
 
-use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, SamplingParams};
-use coli_store::{Encoding, ExpertKey, IoPreference, OpenOptions, Store};
-use serde_json::Value;
+use coli_store::{ExpertKey, IoPreference, OpenOptions, Store};
+use coli_tests::{convert_fixture, expected, ids};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -18,38 +17,6 @@ const FAMILIES: [&str; 4] = [
     "olmoe_fp8",
     "qwen3_moe_bf16",
 ];
-
-fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(name)
-}
-
-fn expected(name: &str) -> Value {
-    let p = fixture_dir(name).join("expected.json");
-    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn encoding(s: &str) -> Encoding {
-    match s {
-        "fp8" => Encoding::Fp8,
-        "bf16" => Encoding::Bf16,
-        "f32" => Encoding::F32,
-        "int8" => Encoding::Int8,
-        "int4-g64" => Encoding::Int4 { group_size: 64 },
-        "int4-g32" => Encoding::Int4 { group_size: 32 },
-        other => panic!("unknown encoding {other}"),
-    }
-}
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
 type StoreDirs = HashMap<(String, String), (tempfile::TempDir, PathBuf)>;
@@ -65,23 +32,7 @@ fn store_dir(name: &str, variant: &str) -> PathBuf {
     if let Some((_, p)) = map.get(&key) {
         return p.clone();
     }
-    let exp = expected(name);
-    let params = &exp[variant];
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("store");
-    let enc = Encodings {
-        experts: encoding(params["experts"].as_str().unwrap()),
-        dense: encoding(params["dense"].as_str().unwrap()),
-        mtp: Encoding::Int8,
-    };
-    coli_convert::run(&Options {
-        input: fixture_dir(name),
-        output: out.clone(),
-        encodings: enc,
-        threads: Some(1),
-        progress: false,
-    })
-    .unwrap_or_else(|e| panic!("converting {name} ({variant}): {e}"));
+    let (tmp, out) = convert_fixture(name, variant);
     map.insert(key, (tmp, out.clone()));
     out
 }

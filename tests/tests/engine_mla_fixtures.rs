@@ -4,63 +4,15 @@
 //! then greedy tokens, last-position logits and teacher-forced top-1 are compared with
 //! `expected.json`; the expert-cache budget must not change the tokens.
 
-use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, SamplingParams};
-use coli_store::{Encoding, ExpertKey, IoPreference, OpenOptions, Store};
+use coli_store::{ExpertKey, IoPreference, OpenOptions, Store};
+use coli_tests::{convert_fixture, expected, ids};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(name)
-}
-
-fn expected(name: &str) -> Value {
-    let p = fixture_dir(name).join("expected.json");
-    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn encoding(s: &str) -> Encoding {
-    match s {
-        "fp8" => Encoding::Fp8,
-        "bf16" => Encoding::Bf16,
-        "f32" => Encoding::F32,
-        "int8" => Encoding::Int8,
-        "int4-g64" => Encoding::Int4 { group_size: 64 },
-        other => panic!("unknown encoding {other}"),
-    }
-}
-
 /// Converts fixture `name` with the encodings of `expected.json[variant]` into a temp dir.
 fn convert(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf) {
-    let exp = expected(name);
-    let params = &exp[variant];
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("store");
-    let enc = Encodings {
-        experts: encoding(params["experts"].as_str().unwrap()),
-        dense: encoding(params["dense"].as_str().unwrap()),
-        mtp: encoding(params["mtp"].as_str().unwrap()),
-    };
-    coli_convert::run(&Options {
-        input: fixture_dir(name),
-        output: out.clone(),
-        encodings: enc,
-        threads: Some(1),
-        progress: false,
-    })
-    .unwrap_or_else(|e| panic!("converting {name} ({variant}): {e}"));
-    (tmp, out)
+    convert_fixture(name, variant)
 }
 
 fn open(dir: &Path) -> Store {
