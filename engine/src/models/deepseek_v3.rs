@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::layers::linear::{load_matrix, load_vector};
 use crate::layers::sigmoid_router::SigmoidRouting;
 use crate::layers::{DecoderLayer, Ffn, Linear, Mla, Mlp, RmsNorm, SelfAttn, SigmoidMoe};
-use crate::models::{load_moe, Model};
+use crate::models::{load_lm_head, load_moe, Model};
 use coli_store::Store;
 
 /// Eps of `q_a_layernorm` / `kv_a_layernorm` (constructed without eps in transformers).
@@ -62,22 +62,7 @@ pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
         layers.push(load_layer(store, c, i, attention_factor)?);
     }
     let final_norm = RmsNorm::load(store, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
-    let lm_head = if store.has_dense("lm_head.weight") {
-        load_matrix(
-            store,
-            "lm_head.weight",
-            c.vocab_size,
-            c.hidden_size,
-            "output projection",
-        )?
-    } else if c.tie_word_embeddings {
-        embed
-    } else {
-        return Err(EngineError::MissingTensor {
-            name: "lm_head.weight".into(),
-            why: "tie_word_embeddings is false in config.json".into(),
-        });
-    };
+    let lm_head = load_lm_head(store, c, embed)?;
     Ok(Model {
         config,
         embed,

@@ -138,6 +138,34 @@ pub(crate) fn load_moe<'s>(
     })
 }
 
+/// The output projection `lm_head.weight` [vocab, H], or the token embedding `embed` when the
+/// store has no lm_head and config.json says `tie_word_embeddings`.
+///
+/// # Errors
+/// [`EngineError::MissingTensor`] when neither applies; shape errors from the store.
+pub(crate) fn load_lm_head<'s>(
+    store: &'s Store,
+    c: &ModelConfig,
+    embed: MatrixView<'s>,
+) -> Result<MatrixView<'s>> {
+    if store.has_dense("lm_head.weight") {
+        load_matrix(
+            store,
+            "lm_head.weight",
+            c.vocab_size,
+            c.hidden_size,
+            "output projection",
+        )
+    } else if c.tie_word_embeddings {
+        Ok(embed)
+    } else {
+        Err(EngineError::MissingTensor {
+            name: "lm_head.weight".into(),
+            why: "tie_word_embeddings is false in config.json".into(),
+        })
+    }
+}
+
 /// Assembles a model from per-layer parts built by `layer`.
 pub(crate) fn assemble<'s>(
     store: &'s Store,
@@ -186,22 +214,7 @@ pub(crate) fn assemble<'s>(
         });
     }
     let final_norm = RmsNorm::load(store, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
-    let lm_head = if store.has_dense("lm_head.weight") {
-        load_matrix(
-            store,
-            "lm_head.weight",
-            c.vocab_size,
-            c.hidden_size,
-            "output projection",
-        )?
-    } else if c.tie_word_embeddings {
-        embed
-    } else {
-        return Err(EngineError::MissingTensor {
-            name: "lm_head.weight".into(),
-            why: "tie_word_embeddings is false in config.json".into(),
-        });
-    };
+    let lm_head = load_lm_head(store, c, embed)?;
     let rope = Rope::new(c.head_dim, c.rope_theta);
     Ok(Model {
         config,
