@@ -78,3 +78,35 @@ pub fn convert_fixture(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf
     .unwrap_or_else(|e| panic!("converting {name} ({variant}): {e}"));
     (tmp, out)
 }
+
+/// Opens a store with the given checksum verification and I/O preference.
+///
+/// # Panics
+/// If the store does not open.
+pub fn open_store(dir: &Path, verify: bool, io: coli_store::IoPreference) -> coli_store::Store {
+    coli_store::Store::open_with(
+        dir,
+        &coli_store::OpenOptions {
+            verify_checksums: verify,
+            io,
+            ..coli_store::OpenOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Greedy generation of up to `n` tokens after `prompt`, stopping at EOS.
+///
+/// # Panics
+/// If generation fails.
+pub fn greedy(engine: &mut coli_engine::Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let params = coli_engine::GenerateParams {
+        max_tokens: n,
+        sampling: coli_engine::SamplingParams::default(),
+        stop_on_eos: true,
+    };
+    engine
+        .generate(prompt, &params, |_| Ok(true))
+        .expect("generate")
+        .tokens
+}

@@ -5,10 +5,10 @@
 //! prefill batch) must not change the tokens.
 
 use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, SamplingParams};
-use coli_store::{ExpertKey, IoPreference, OpenOptions, Store};
-use coli_tests::{convert_fixture, expected, ids};
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{convert_fixture, expected, greedy, ids, open_store as open};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 const FAMILIES: [&str; 4] = [
@@ -35,30 +35,6 @@ fn store_dir(name: &str, variant: &str) -> PathBuf {
     let (tmp, out) = convert_fixture(name, variant);
     map.insert(key, (tmp, out.clone()));
     out
-}
-
-fn open(dir: &Path, verify: bool, io: IoPreference) -> Store {
-    Store::open_with(
-        dir,
-        &OpenOptions {
-            verify_checksums: verify,
-            io,
-            ..OpenOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let params = GenerateParams {
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_on_eos: true,
-    };
-    engine
-        .generate(prompt, &params, |_| Ok(true))
-        .unwrap()
-        .tokens
 }
 
 #[test]

@@ -4,9 +4,9 @@
 //! then greedy tokens, last-position logits and teacher-forced top-1 are compared with
 //! `expected.json`; the expert-cache budget must not change the tokens.
 
-use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, SamplingParams};
-use coli_store::{ExpertKey, IoPreference, OpenOptions, Store};
-use coli_tests::{convert_fixture, expected, ids};
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_store::{ExpertKey, IoPreference, Store};
+use coli_tests::{convert_fixture, expected, greedy, ids, open_store};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -16,27 +16,7 @@ fn convert(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn open(dir: &Path) -> Store {
-    Store::open_with(
-        dir,
-        &OpenOptions {
-            verify_checksums: true,
-            io: IoPreference::Auto,
-            ..OpenOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let params = GenerateParams {
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_on_eos: true,
-    };
-    engine
-        .generate(prompt, &params, |_| Ok(true))
-        .unwrap()
-        .tokens
+    open_store(dir, true, IoPreference::Auto)
 }
 
 fn floats(v: &Value) -> Vec<f32> {
