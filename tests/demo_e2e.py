@@ -74,6 +74,8 @@ def main():
     exp = json.load(open(EXPECTED))
     eos = {exp["eos_token_id"]}
     work = tempfile.mkdtemp(prefix="coli-demo-e2e-", dir=os.environ.get("TMPDIR"))
+    # The routing-usage history (pinned hot set) goes to the work dir, not the user's state dir.
+    os.environ["COLI_STATE_DIR"] = os.path.join(work, "state")
     try:
         ckpt = os.path.join(work, "checkpoint")
         run([sys.executable, os.path.join(ROOT, "tools", "demo", "make_demo_checkpoint.py"), ckpt])
@@ -97,8 +99,15 @@ def main():
         check(small["token_ids"] == full["token_ids"], "2 MiB expert budget gives the same tokens as the full budget")
         check(st["evictions"] > 0 and st["expert_bytes_read"] > 0 and st["hit_rate"] < 1.0,
               f"2 MiB budget: evictions {st['evictions']}, bytes read {st['expert_bytes_read']}, hit rate {st['hit_rate']}")
+        # The full-budget run wrote the usage history: the small run pins its hottest experts and
+        # prefetches; the peak RSS check below runs with both on (the defaults).
+        check(st["pinned_experts"] > 0 and st["pinned_hits"] > 0 and st["prefetch_reads"] > 0,
+              f"2 MiB budget: pinned {st['pinned_experts']} experts ({st['pinned_hits']} hits), "
+              f"{st['prefetch_reads']} prefetch reads, precision {st['prefetch_precision']:.2f} "
+              f"recall {st['prefetch_recall']:.2f}")
 
-        # Memory: peak RSS stays below dense + KV cache + expert budget + 256 MiB.
+        # Memory: peak RSS stays below dense + KV cache + expert budget + 256 MiB (pinned set and
+        # lookahead prefetch on).
         context = 512
         cfg = json.load(open(os.path.join(int4, "files", "config.json")))
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]

@@ -17,3 +17,9 @@ cargo build -q -p coli-convert -p coli-tools
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tests/python_reader/requirements.txt
 .venv-demo/bin/python tests/python_reader/test_reader.py "${CARGO_TARGET_DIR:-target}/debug/coli-convert"
 .venv-demo/bin/python tests/demo_e2e.py
+
+# --- coli serve (tests/serve): the official openai client against a real `coli serve` on the
+# demo store (built once into ${CARGO_TARGET_DIR:-target}/serve-test and reused).
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/serve/requirements.txt
+.venv-demo/bin/python tests/serve/test_serve.py
+# --- end coli serve

@@ -1,15 +1,30 @@
-//! The RAM expert cache: a least-recently-used map from [`ExpertKey`] to fetched experts,
-//! bounded in bytes (`--ram-budget`).
+//! The RAM expert cache (`--ram-budget`): a pinned tier that is never evicted plus a
+//! least-recently-used tier, both bounded together in bytes, shared by the engine's compute
+//! thread and its prefetch thread.
 //!
-//! [`LruCache`] is a generic byte-bounded LRU (hash map + doubly linked list in a slab: every
-//! operation O(1)); [`ExpertCache`] specializes it to `Arc<ExpertBuf>` and fetches all misses of
-//! a request with ONE [`Store::fetch`] call.
+//! - [`LruCache`] is a generic byte-bounded LRU (hash map + doubly linked list in a slab: every
+//!   operation O(1)).
+//! - [`ExpertCache`] holds `Arc<ExpertBuf>`s: the pinned set ([`ExpertCache::pin`], loaded at
+//!   start from the usage history, see [`crate::usage`]) and the LRU tier whose capacity is the
+//!   budget minus the pinned bytes. [`ExpertCache::get_many`] serves a request from RAM, waits
+//!   for experts whose read is already in flight (issued by [`ExpertCache::prefetch`]) and reads
+//!   every other miss with ONE [`Store::fetch`] call; an expert is never read twice at once.
+//! - Prediction accounting: [`ExpertCache::set_prediction`] records the experts the lookahead
+//!   router predicted for a layer; the next demand request of that layer counts how many of
+//!   them it used (precision) and how many of its experts were predicted (recall).
+//!
+//! Memory outside the budget: the experts of the request being computed (a request larger than
+//! the budget keeps its experts alive until the layer is done), prefetched experts that did not
+//! fit the LRU tier without evicting and wait for their layer (at most the two outstanding
+//! prefetch requests, each capped by the LRU capacity and [`PREFETCH_MAX_BYTES`]), and the
+//! store's fetch buffer pool (up to `fetch_threads` idle record buffers).
 
 use crate::error::{store_err, Result};
 use coli_store::{ExpertBuf, ExpertKey, Store};
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 const NIL: usize = usize::MAX;
 
@@ -110,6 +125,29 @@ impl<K: Hash + Eq + Clone, V> LruCache<K, V> {
         self.nodes[i].value.as_ref()
     }
 
+    /// The value for `key`, mutable, marked most recently used.
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        let i = *self.map.get(key)?;
+        self.unlink(i);
+        self.push_front(i);
+        self.nodes[i].value.as_mut()
+    }
+
+    /// The value for `key` without changing its recency.
+    pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
+        let i = *self.map.get(key)?;
+        self.nodes[i].value.as_mut()
+    }
+
+    /// Sets the capacity to `capacity` bytes, evicting least-recently-used entries until the
+    /// held bytes fit.
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+        while self.used > self.capacity {
+            self.evict_lru();
+        }
+    }
+
     /// Whether `key` is held (does not change recency).
     pub fn contains(&self, key: &K) -> bool {
         self.map.contains_key(key)
@@ -168,129 +206,626 @@ impl<K: Hash + Eq + Clone, V> LruCache<K, V> {
     }
 }
 
-/// Counters of the expert cache since the engine was created.
+/// Upper bound of one prefetch request's bytes (on top of the LRU capacity bound), so that the
+/// reads in flight stay a small, fixed amount of memory outside the budget.
+pub const PREFETCH_MAX_BYTES: u64 = 64 << 20;
+
+/// Counters of the expert cache since it was created. Every expert lookup of a demand request
+/// is exactly one of: a pinned hit, an LRU hit, a wait for a read in flight, or a miss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
-    /// Expert lookups served from RAM.
+    /// Lookups served without a demand read: `pinned_hits` + LRU hits + `inflight_waits`.
     pub hits: u64,
-    /// Expert lookups that needed a fetch from the store.
+    /// Lookups served by the pinned tier.
+    pub pinned_hits: u64,
+    /// Lookups that waited for a prefetch read already in flight instead of reading again.
+    pub inflight_waits: u64,
+    /// Lookups that needed a demand read from the store.
     pub misses: u64,
-    /// Experts dropped to make room.
+    /// Experts dropped from the LRU tier to make room.
     pub evictions: u64,
-    /// Bytes of expert records fetched from the store (sum of `ExpertBuf::len_bytes`).
+    /// Bytes of expert records fetched from the store, demand and prefetch (sum of
+    /// `ExpertBuf::len_bytes`).
     pub bytes_fetched: u64,
-    /// `Store::fetch` calls made.
+    /// Of `bytes_fetched`, bytes read on demand.
+    pub demand_bytes: u64,
+    /// Of `bytes_fetched`, bytes read by prefetch (used or not).
+    pub prefetch_bytes: u64,
+    /// `Store::fetch` calls made (demand and prefetch).
     pub fetch_calls: u64,
+    /// Experts read by prefetch.
+    pub prefetch_reads: u64,
+    /// Prefetched experts that a demand request used (from RAM or by waiting for the read).
+    pub prefetch_used: u64,
+    /// Experts the lookahead router predicted (summed over layers and forward passes).
+    pub predicted: u64,
+    /// Predicted experts that the layer's demand request then asked for.
+    pub predicted_used: u64,
+    /// Experts asked for by demand requests of layers that had a prediction.
+    pub demanded_after_prediction: u64,
+    /// Experts pinned at start (loaded by [`ExpertCache::pin`]).
+    pub pinned_reads: u64,
+    /// Nanoseconds demand requests spent reading or waiting for reads.
+    pub io_wait_ns: u64,
 }
 
 impl CacheStats {
     /// hits / (hits + misses); 1.0 before any lookup.
     pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            1.0
-        } else {
-            self.hits as f64 / total as f64
+        ratio(self.hits, self.hits + self.misses, 1.0)
+    }
+
+    /// Prediction precision: `predicted_used / predicted` (0.0 before any prediction).
+    pub fn prefetch_precision(&self) -> f64 {
+        ratio(self.predicted_used, self.predicted, 0.0)
+    }
+
+    /// Prediction recall: `predicted_used / demanded_after_prediction` (0.0 before any).
+    pub fn prefetch_recall(&self) -> f64 {
+        ratio(self.predicted_used, self.demanded_after_prediction, 0.0)
+    }
+
+    /// Share of prefetch reads that a demand request used: `prefetch_used / prefetch_reads`
+    /// (0.0 before any prefetch read). `1 -` this is the bandwidth spent on mispredictions.
+    pub fn prefetch_read_precision(&self) -> f64 {
+        ratio(self.prefetch_used, self.prefetch_reads, 0.0)
+    }
+
+    /// Seconds demand requests spent reading or waiting for reads.
+    pub fn io_wait_s(&self) -> f64 {
+        self.io_wait_ns as f64 * 1e-9
+    }
+
+    /// The counters accumulated since `earlier` (a snapshot of the same cache).
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        CacheStats {
+            hits: self.hits - earlier.hits,
+            pinned_hits: self.pinned_hits - earlier.pinned_hits,
+            inflight_waits: self.inflight_waits - earlier.inflight_waits,
+            misses: self.misses - earlier.misses,
+            evictions: self.evictions - earlier.evictions,
+            bytes_fetched: self.bytes_fetched - earlier.bytes_fetched,
+            demand_bytes: self.demand_bytes - earlier.demand_bytes,
+            prefetch_bytes: self.prefetch_bytes - earlier.prefetch_bytes,
+            fetch_calls: self.fetch_calls - earlier.fetch_calls,
+            prefetch_reads: self.prefetch_reads - earlier.prefetch_reads,
+            prefetch_used: self.prefetch_used - earlier.prefetch_used,
+            predicted: self.predicted - earlier.predicted,
+            predicted_used: self.predicted_used - earlier.predicted_used,
+            demanded_after_prediction: self.demanded_after_prediction
+                - earlier.demanded_after_prediction,
+            pinned_reads: self.pinned_reads - earlier.pinned_reads,
+            io_wait_ns: self.io_wait_ns - earlier.io_wait_ns,
         }
     }
 }
 
-/// The engine's expert cache: [`LruCache`] of `Arc<ExpertBuf>` keyed by [`ExpertKey`], with
-/// hit/miss/fetch counters.
-pub struct ExpertCache {
-    lru: LruCache<ExpertKey, Arc<ExpertBuf>>,
+fn ratio(a: u64, b: u64, empty: f64) -> f64 {
+    if b == 0 {
+        empty
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// The outcome of a read in flight, shared with the requests waiting for it.
+enum SlotState {
+    Pending,
+    Done(Arc<ExpertBuf>),
+    /// The read failed; a waiter reads the expert itself (and reports the error if it recurs).
+    Failed,
+}
+
+struct Slot {
+    state: Mutex<SlotState>,
+    done: Condvar,
+}
+
+impl Slot {
+    fn new() -> Arc<Slot> {
+        Arc::new(Slot {
+            state: Mutex::new(SlotState::Pending),
+            done: Condvar::new(),
+        })
+    }
+
+    fn complete(&self, s: SlotState) {
+        *lock(&self.state) = s;
+        self.done.notify_all();
+    }
+
+    fn wait(&self) -> Option<Arc<ExpertBuf>> {
+        let mut g = lock(&self.state);
+        loop {
+            match &*g {
+                SlotState::Pending => {
+                    g = self.done.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                SlotState::Done(b) => return Some(Arc::clone(b)),
+                SlotState::Failed => return None,
+            }
+        }
+    }
+}
+
+/// Locks a mutex; a panic in another holder does not make the cache unusable (its state is
+/// updated in single steps that leave it consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An LRU entry: the expert and whether it was read by prefetch and not used yet.
+struct Entry {
+    buf: Arc<ExpertBuf>,
+    prefetched: bool,
+}
+
+struct State {
+    budget: u64,
+    pinned: HashMap<ExpertKey, Arc<ExpertBuf>>,
+    pinned_bytes: u64,
+    lru: LruCache<ExpertKey, Entry>,
+    inflight: HashMap<ExpertKey, Arc<Slot>>,
+    /// Prefetched experts that did not fit the LRU tier without evicting: held outside the
+    /// budget until their layer's demand request takes them (or drops them).
+    ready: HashMap<ExpertKey, Arc<ExpertBuf>>,
+    /// Per layer, the experts predicted and not yet matched by a demand request.
+    predicted: HashMap<u32, Vec<u32>>,
+    /// Per (layer, expert), tokens routed to it since the last [`ExpertCache::take_usage`].
+    usage: HashMap<ExpertKey, u64>,
     stats: CacheStats,
 }
 
-impl ExpertCache {
-    /// An empty cache of `capacity` bytes (`u64::MAX`: unbounded).
-    pub fn new(capacity: u64) -> ExpertCache {
-        ExpertCache {
-            lru: LruCache::new(capacity),
-            stats: CacheStats::default(),
+impl State {
+    fn insert(&mut self, buf: &Arc<ExpertBuf>, prefetched: bool) {
+        let entry = Entry {
+            buf: Arc::clone(buf),
+            prefetched,
+        };
+        self.lru.insert(buf.key, entry, buf.len_bytes() as u64);
+    }
+
+    /// Keeps a prefetched expert: in the LRU tier when it fits without evicting anything,
+    /// else in `ready` (a prefetch never evicts).
+    fn stash(&mut self, buf: Arc<ExpertBuf>) {
+        let len = buf.len_bytes() as u64;
+        if self.lru.used() + len <= self.lru.capacity() {
+            self.insert(&buf, true);
+        } else {
+            self.ready.insert(buf.key, buf);
         }
     }
 
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.lru.capacity()
+    /// Moves the `ready` experts that `keep` rejects into the LRU tier where they fit without
+    /// evicting, and drops the others (unused prefetches).
+    fn settle_ready(&mut self, keep: impl Fn(&ExpertKey) -> bool) {
+        let stale: Vec<ExpertKey> = self.ready.keys().filter(|k| !keep(k)).copied().collect();
+        for k in stale {
+            if let Some(b) = self.ready.remove(&k) {
+                if self.lru.used() + b.len_bytes() as u64 <= self.lru.capacity() {
+                    self.insert(&b, true);
+                }
+            }
+        }
+    }
+}
+
+/// The engine's expert cache: a pinned tier plus an LRU tier of `Arc<ExpertBuf>` keyed by
+/// [`ExpertKey`], bounded together by the budget in bytes, with the reads in flight and the
+/// counters ([`CacheStats`]).
+///
+/// Cloning gives another handle to the SAME cache (the prefetch thread holds one). All methods
+/// take `&self`; one mutex guards the state and is never held during a read.
+#[derive(Clone)]
+pub struct ExpertCache {
+    shared: Arc<Mutex<State>>,
+}
+
+impl ExpertCache {
+    /// An empty cache of `budget` bytes (`u64::MAX`: unbounded), nothing pinned.
+    pub fn new(budget: u64) -> ExpertCache {
+        ExpertCache {
+            shared: Arc::new(Mutex::new(State {
+                budget,
+                pinned: HashMap::new(),
+                pinned_bytes: 0,
+                lru: LruCache::new(budget),
+                inflight: HashMap::new(),
+                ready: HashMap::new(),
+                predicted: HashMap::new(),
+                usage: HashMap::new(),
+                stats: CacheStats::default(),
+            })),
+        }
     }
 
-    /// Bytes of experts held.
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.shared)
+    }
+
+    /// The budget in bytes (pinned + LRU tiers).
+    pub fn capacity(&self) -> u64 {
+        self.state().budget
+    }
+
+    /// Bytes of experts held (pinned + LRU tiers).
     pub fn used(&self) -> u64 {
-        self.lru.used()
+        let s = self.state();
+        s.pinned_bytes + s.lru.used()
+    }
+
+    /// Capacity of the LRU tier in bytes: the budget minus the pinned bytes.
+    pub fn lru_capacity(&self) -> u64 {
+        self.state().lru.capacity()
+    }
+
+    /// Pinned experts and their bytes.
+    pub fn pinned(&self) -> (usize, u64) {
+        let s = self.state();
+        (s.pinned.len(), s.pinned_bytes)
+    }
+
+    /// Whether `key` is pinned.
+    pub fn is_pinned(&self, key: ExpertKey) -> bool {
+        self.state().pinned.contains_key(&key)
     }
 
     /// Counters.
     pub fn stats(&self) -> CacheStats {
+        let s = self.state();
         CacheStats {
-            evictions: self.lru.evictions(),
-            ..self.stats
+            evictions: s.lru.evictions(),
+            ..s.stats
         }
     }
 
-    /// The experts `keys` (no duplicates), in the order given: hits from RAM, every miss read with
-    /// ONE `store.fetch` call and inserted (evicting least-recently-used experts). The returned
-    /// `Arc`s keep every expert of the request alive even when the budget is smaller than the
-    /// request.
+    /// Reads `keys` (in that order, hottest first) and pins them while their bytes (INDEX record
+    /// lengths) fit in `max_bytes`; experts already pinned are skipped, the first expert that
+    /// does not fit ends the list. The LRU tier shrinks to the budget minus the pinned bytes
+    /// (evicting as needed). Returns the experts pinned by this call.
+    ///
+    /// # Errors
+    /// [`crate::EngineError::Store`] for a key not in the store or a failed read (nothing of the
+    /// failed chunk is pinned).
+    pub fn pin(&self, store: &Store, keys: &[ExpertKey], max_bytes: u64) -> Result<usize> {
+        let mut chosen = Vec::new();
+        let mut total = 0u64;
+        {
+            let s = self.state();
+            let room = max_bytes.min(s.budget.saturating_sub(s.pinned_bytes));
+            for &k in keys {
+                if s.pinned.contains_key(&k) || chosen.contains(&k) {
+                    continue;
+                }
+                let len = store
+                    .record(k)
+                    .ok_or_else(|| crate::EngineError::Store {
+                        what: format!("pinning {k}"),
+                        source: coli_store::StoreError::NotFound(format!("expert {k}")),
+                    })?
+                    .length
+                    .get();
+                if total + len > room {
+                    break;
+                }
+                total += len;
+                chosen.push(k);
+            }
+        }
+        for chunk in chosen.chunks(64) {
+            let bufs = store
+                .fetch(chunk)
+                .map_err(store_err(format!("pinning {} experts", chunk.len())))?;
+            let mut s = self.state();
+            s.stats.fetch_calls += 1;
+            for b in bufs {
+                let len = b.len_bytes() as u64;
+                s.stats.pinned_reads += 1;
+                s.stats.bytes_fetched += len;
+                s.stats.demand_bytes += len;
+                if s.pinned.insert(b.key, Arc::new(b)).is_none() {
+                    s.pinned_bytes += len;
+                }
+            }
+            let cap = s.budget.saturating_sub(s.pinned_bytes);
+            s.lru.set_capacity(cap);
+        }
+        Ok(chosen.len())
+    }
+
+    /// Ends a forward pass: prefetched experts still held outside the budget go into the LRU
+    /// tier where they fit without evicting, the others are dropped.
+    pub fn settle(&self) {
+        self.state().settle_ready(|_| false);
+    }
+
+    /// Bytes of prefetched experts held outside the budget, waiting for their layer.
+    pub fn ready_bytes(&self) -> u64 {
+        self.state()
+            .ready
+            .values()
+            .map(|b| b.len_bytes() as u64)
+            .sum()
+    }
+
+    /// Records the experts the lookahead router predicted for `layer`; the next demand request
+    /// of that layer scores them (see [`CacheStats::prefetch_precision`]). A prediction not yet
+    /// scored is replaced.
+    pub fn set_prediction(&self, layer: u32, experts: Vec<u32>) {
+        self.state().predicted.insert(layer, experts);
+    }
+
+    /// Adds the tokens routed to each expert (`(key, tokens)` pairs) to the usage counts (see
+    /// [`ExpertCache::take_usage`]).
+    pub fn record_usage(&self, routed: impl IntoIterator<Item = (ExpertKey, u64)>) {
+        let mut s = self.state();
+        for (k, n) in routed {
+            *s.usage.entry(k).or_insert(0) += n;
+        }
+    }
+
+    /// The usage counts recorded since the last call (tokens routed per expert), emptied.
+    pub fn take_usage(&self) -> HashMap<ExpertKey, u64> {
+        std::mem::take(&mut self.state().usage)
+    }
+
+    /// Reads `keys` ahead of their use, most wanted first: experts pinned, held or in flight are
+    /// skipped, the rest (cut where their bytes would pass the LRU capacity or
+    /// [`PREFETCH_MAX_BYTES`]) are marked in flight and read with one `store.fetch`. Each read
+    /// expert goes into the LRU tier if it fits without evicting anything, else it is held
+    /// outside the budget until its layer's demand request takes it (a prefetch never evicts;
+    /// see [`ExpertCache::settle`]). A demand request for one of them meanwhile waits for this
+    /// read. Returns the experts read.
+    ///
+    /// # Errors
+    /// [`crate::EngineError::Store`] when the read fails; the waiting requests then read the
+    /// experts themselves, so a failed prefetch never changes results.
+    pub fn prefetch(&self, store: &Store, keys: &[ExpertKey]) -> Result<usize> {
+        let mut todo = Vec::new();
+        let mut slots = Vec::new();
+        {
+            let mut s = self.state();
+            let cap = s.lru.capacity().min(PREFETCH_MAX_BYTES);
+            let mut total = 0u64;
+            for &k in keys {
+                if s.pinned.contains_key(&k)
+                    || s.lru.contains(&k)
+                    || s.ready.contains_key(&k)
+                    || s.inflight.contains_key(&k)
+                    || todo.contains(&k)
+                {
+                    continue;
+                }
+                let Some(r) = store.record(k) else { continue };
+                let len = r.length.get();
+                if total + len > cap {
+                    break;
+                }
+                total += len;
+                let slot = Slot::new();
+                s.inflight.insert(k, Arc::clone(&slot));
+                todo.push(k);
+                slots.push(slot);
+            }
+        }
+        if todo.is_empty() {
+            return Ok(0);
+        }
+        let res = store.fetch(&todo);
+        let mut s = self.state();
+        s.stats.fetch_calls += 1;
+        for k in &todo {
+            s.inflight.remove(k);
+        }
+        match res {
+            Ok(bufs) => {
+                let mut done = Vec::with_capacity(bufs.len());
+                for b in bufs {
+                    let len = b.len_bytes() as u64;
+                    s.stats.bytes_fetched += len;
+                    s.stats.prefetch_bytes += len;
+                    s.stats.prefetch_reads += 1;
+                    let b = Arc::new(b);
+                    s.stash(Arc::clone(&b));
+                    done.push(b);
+                }
+                drop(s);
+                let n = done.len();
+                for (slot, b) in slots.iter().zip(done) {
+                    slot.complete(SlotState::Done(b));
+                }
+                Ok(n)
+            }
+            Err(e) => {
+                drop(s);
+                for slot in &slots {
+                    slot.complete(SlotState::Failed);
+                }
+                Err(store_err(format!("prefetching {} experts", todo.len()))(e))
+            }
+        }
+    }
+
+    /// The experts `keys` (no duplicates, one layer), in the order given: pinned and LRU hits
+    /// from RAM, experts whose read is in flight by waiting for that read, every other miss read
+    /// with ONE `store.fetch` call and inserted (evicting least-recently-used experts). The
+    /// returned `Arc`s keep every expert of the request alive even when the budget is smaller
+    /// than the request. Scores the layer's pending prediction, if any.
     ///
     /// # Errors
     /// [`crate::EngineError::Store`] when the fetch fails (I/O, checksum, missing record).
-    pub fn get_many(&mut self, store: &Store, keys: &[ExpertKey]) -> Result<Vec<Arc<ExpertBuf>>> {
+    pub fn get_many(&self, store: &Store, keys: &[ExpertKey]) -> Result<Vec<Arc<ExpertBuf>>> {
         let mut out: Vec<Option<Arc<ExpertBuf>>> = Vec::with_capacity(keys.len());
         let mut missing = Vec::new();
-        for k in keys {
-            match self.lru.get(k) {
-                Some(v) => {
-                    self.stats.hits += 1;
-                    out.push(Some(Arc::clone(v)));
+        let mut missing_at = Vec::new();
+        let mut own_slots = Vec::new();
+        let mut waits = Vec::new();
+        {
+            let mut s = self.state();
+            if let Some(first) = keys.first() {
+                if let Some(pred) = s.predicted.remove(&first.layer) {
+                    let used = pred
+                        .iter()
+                        .filter(|&&e| keys.iter().any(|k| k.expert == e))
+                        .count() as u64;
+                    s.stats.predicted += pred.len() as u64;
+                    s.stats.predicted_used += used;
+                    s.stats.demanded_after_prediction += keys.len() as u64;
                 }
-                None => {
-                    self.stats.misses += 1;
+            }
+            for (i, k) in keys.iter().enumerate() {
+                if let Some(b) = s.pinned.get(k) {
+                    let b = Arc::clone(b);
+                    s.stats.hits += 1;
+                    s.stats.pinned_hits += 1;
+                    out.push(Some(b));
+                } else if let Some(e) = s.lru.get_mut(k) {
+                    let b = Arc::clone(&e.buf);
+                    let was_prefetched = std::mem::take(&mut e.prefetched);
+                    s.stats.hits += 1;
+                    if was_prefetched {
+                        s.stats.prefetch_used += 1;
+                    }
+                    out.push(Some(b));
+                } else if let Some(b) = s.ready.remove(k) {
+                    s.insert(&b, false);
+                    s.stats.hits += 1;
+                    s.stats.prefetch_used += 1;
+                    out.push(Some(b));
+                } else if let Some(slot) = s.inflight.get(k) {
+                    waits.push((i, Arc::clone(slot)));
+                    s.stats.hits += 1;
+                    s.stats.inflight_waits += 1;
+                    out.push(None);
+                } else {
+                    s.stats.misses += 1;
+                    let slot = Slot::new();
+                    s.inflight.insert(*k, Arc::clone(&slot));
                     missing.push(*k);
+                    missing_at.push(i);
+                    own_slots.push(slot);
                     out.push(None);
                 }
             }
         }
+        let t0 = Instant::now();
+        let mut retry = Vec::new();
         if !missing.is_empty() {
-            let what = if missing.len() == 1 {
-                format!("fetching {}", missing[0])
-            } else {
-                format!(
-                    "fetching {} experts ({} .. {})",
-                    missing.len(),
-                    missing[0],
-                    missing[missing.len() - 1]
-                )
-            };
-            let bufs = store.fetch(&missing).map_err(store_err(what))?;
-            self.stats.fetch_calls += 1;
-            let mut fetched: HashMap<ExpertKey, Arc<ExpertBuf>> =
-                HashMap::with_capacity(bufs.len());
-            for b in bufs {
-                self.stats.bytes_fetched += b.len_bytes() as u64;
-                fetched.insert(b.key, Arc::new(b));
-            }
-            for (slot, k) in out.iter_mut().zip(keys) {
-                if slot.is_none() {
-                    let b = fetched
-                        .get(k)
-                        .cloned()
-                        .ok_or_else(|| crate::EngineError::Store {
-                            what: format!("fetching {k}"),
-                            source: coli_store::StoreError::NotFound(format!(
-                                "{k} (fetch returned other experts)"
-                            )),
-                        })?;
-                    self.lru.insert(*k, Arc::clone(&b), b.len_bytes() as u64);
-                    *slot = Some(b);
-                }
+            let fetched = self.read_missing(store, &missing, &own_slots)?;
+            for (&i, b) in missing_at.iter().zip(fetched) {
+                out[i] = Some(b);
             }
         }
+        for (i, slot) in waits {
+            match slot.wait() {
+                Some(b) => {
+                    let mut s = self.state();
+                    s.stats.prefetch_used += 1;
+                    if let Some(e) = s.lru.peek_mut(&keys[i]) {
+                        e.prefetched = false;
+                    } else if let Some(b) = s.ready.remove(&keys[i]) {
+                        s.insert(&b, false);
+                    }
+                    out[i] = Some(b);
+                }
+                None => retry.push(i),
+            }
+        }
+        for i in retry {
+            // The prefetch read failed: read it on demand (an error now is reported).
+            let k = keys[i];
+            let slot = Slot::new();
+            {
+                let mut s = self.state();
+                s.stats.hits -= 1;
+                s.stats.inflight_waits -= 1;
+                s.stats.misses += 1;
+                s.inflight.insert(k, Arc::clone(&slot));
+            }
+            let b = self.read_missing(store, &[k], std::slice::from_ref(&slot))?;
+            out[i] = b.into_iter().next();
+        }
+        let waited = t0.elapsed().as_nanos() as u64;
+        let mut s = self.state();
+        s.stats.io_wait_ns += waited;
+        // This layer's prefetched experts that it did not ask for are stale now.
+        if let Some(layer) = keys.first().map(|k| k.layer) {
+            s.settle_ready(|k| k.layer != layer);
+        }
+        drop(s);
         Ok(out
             .into_iter()
             .map(|s| s.expect("every slot filled above"))
             .collect())
+    }
+
+    /// Demand read of `missing` (registered in flight with `slots`): one `store.fetch`, results
+    /// inserted in the LRU tier and handed to anyone waiting on the slots.
+    fn read_missing(
+        &self,
+        store: &Store,
+        missing: &[ExpertKey],
+        slots: &[Arc<Slot>],
+    ) -> Result<Vec<Arc<ExpertBuf>>> {
+        let what = if missing.len() == 1 {
+            format!("fetching {}", missing[0])
+        } else {
+            format!(
+                "fetching {} experts ({} .. {})",
+                missing.len(),
+                missing[0],
+                missing[missing.len() - 1]
+            )
+        };
+        let res = store.fetch(missing);
+        let mut s = self.state();
+        s.stats.fetch_calls += 1;
+        for k in missing {
+            s.inflight.remove(k);
+        }
+        let bufs = match res {
+            Ok(b) => b,
+            Err(e) => {
+                drop(s);
+                for slot in slots {
+                    slot.complete(SlotState::Failed);
+                }
+                return Err(store_err(what)(e));
+            }
+        };
+        let mut fetched: HashMap<ExpertKey, Arc<ExpertBuf>> = HashMap::with_capacity(bufs.len());
+        for b in bufs {
+            let len = b.len_bytes() as u64;
+            s.stats.bytes_fetched += len;
+            s.stats.demand_bytes += len;
+            fetched.insert(b.key, Arc::new(b));
+        }
+        let mut out = Vec::with_capacity(missing.len());
+        for k in missing {
+            match fetched.get(k) {
+                Some(b) => {
+                    s.insert(b, false);
+                    out.push(Arc::clone(b));
+                }
+                None => {
+                    drop(s);
+                    for slot in slots {
+                        slot.complete(SlotState::Failed);
+                    }
+                    return Err(crate::EngineError::Store {
+                        what: format!("fetching {k}"),
+                        source: coli_store::StoreError::NotFound(format!(
+                            "{k} (fetch returned other experts)"
+                        )),
+                    });
+                }
+            }
+        }
+        drop(s);
+        for (slot, b) in slots.iter().zip(&out) {
+            slot.complete(SlotState::Done(Arc::clone(b)));
+        }
+        Ok(out)
     }
 }
 
@@ -338,6 +873,111 @@ mod tests {
             i = c.nodes[i].next;
         }
         assert_eq!(n, c.len());
+    }
+
+    /// A real store of one layer of `n` int4 experts (H = 64, I = 32) in a temp dir.
+    fn tiny_store(n: u32) -> (tempfile::TempDir, Store) {
+        use coli_store::{EncodedMatrix, Encoding, ExpertLayer, StoreSpec, StoreWriter};
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("s.coli");
+        let enc = Encoding::Int4 { group_size: 32 };
+        let spec = StoreSpec {
+            family: "mixtral".into(),
+            config_json: br#"{"model_type":"mixtral"}"#.to_vec(),
+            num_layers: 1,
+            expert_layers: vec![ExpertLayer {
+                layer: 0,
+                num_experts: n,
+            }],
+            expert_encoding: enc,
+            alignment: 4096,
+            segment_max_bytes: 1 << 20,
+            converter_version: "0.1.0".into(),
+            parameters: Default::default(),
+            sources: vec![],
+        };
+        let mat = |rows: usize, cols: usize, v: u8| EncodedMatrix {
+            encoding: enc,
+            rows,
+            cols,
+            data: vec![v; enc.weight_bytes(rows, cols)],
+            scales: vec![0.5; enc.scale_count(rows, cols)],
+        };
+        let coli_store::WriterStart::Fresh(mut w) =
+            StoreWriter::create_or_resume(&target, spec).unwrap()
+        else {
+            panic!("new target");
+        };
+        for e in 0..n {
+            let (g, u, d) = (mat(32, 64, e as u8), mat(32, 64, 1), mat(64, 32, 2));
+            w.add_expert(ExpertKey::new(0, e), 64, 32, [&g, &u, &d])
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let store = Store::open(&target).unwrap();
+        (tmp, store)
+    }
+
+    #[test]
+    fn pinned_tier_prefetch_and_no_double_reads() {
+        let (_tmp, store) = tiny_store(8);
+        let keys: Vec<ExpertKey> = (0..8).map(|e| ExpertKey::new(0, e)).collect();
+        let one = store.record(keys[0]).unwrap().length.get();
+        let cache = ExpertCache::new(4 * one);
+        // Pin two experts; the LRU tier gets the other two experts' worth.
+        assert_eq!(cache.pin(&store, &keys[..3], 2 * one).unwrap(), 2);
+        assert_eq!(cache.pinned(), (2, 2 * one));
+        assert_eq!(cache.lru_capacity(), 2 * one);
+        // Prefetch stops at the LRU capacity and skips pinned experts.
+        assert_eq!(cache.prefetch(&store, &keys).unwrap(), 2);
+        let s = cache.stats();
+        assert_eq!((s.prefetch_reads, s.pinned_reads), (2, 2));
+        cache.set_prediction(0, vec![0, 2, 3, 7]);
+        let got = cache.get_many(&store, &keys[..5]).unwrap();
+        for (b, k) in got.iter().zip(&keys) {
+            assert_eq!(b.key, *k);
+        }
+        let s = cache.stats();
+        assert_eq!((s.pinned_hits, s.hits, s.misses), (2, 4, 1));
+        assert_eq!(s.prefetch_used, 2);
+        // Prediction {0, 2, 3, 7} against demand {0..5}: 3 of 4 used, 3 of 5 predicted.
+        assert_eq!((s.predicted, s.predicted_used), (4, 3));
+        assert_eq!(s.demanded_after_prediction, 5);
+        assert!(cache.used() <= cache.capacity());
+        assert_eq!(
+            store.stats().bytes_read,
+            s.demand_bytes + s.prefetch_bytes,
+            "{s:?}"
+        );
+
+        // Demand and prefetch racing on the same experts never read one twice.
+        for round in 0..20 {
+            let (_t, store) = tiny_store(8);
+            let cache = ExpertCache::new(u64::MAX);
+            std::thread::scope(|sc| {
+                let c2 = cache.clone();
+                let st = &store;
+                let ks = &keys;
+                sc.spawn(move || c2.prefetch(st, &ks[round % 8..]).unwrap());
+                let got = cache.get_many(&store, &keys).unwrap();
+                assert_eq!(got.len(), 8);
+            });
+            assert_eq!(store.stats().reads, 8, "round {round}");
+            let s = cache.stats();
+            assert_eq!(s.misses + s.prefetch_reads, 8, "{s:?}");
+            assert_eq!(s.hits + s.misses, 8, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn usage_counts_accumulate_and_drain() {
+        let cache = ExpertCache::new(10);
+        let k = ExpertKey::new(3, 1);
+        cache.record_usage([(k, 2), (ExpertKey::new(3, 2), 1)]);
+        cache.record_usage([(k, 5)]);
+        let u = cache.take_usage();
+        assert_eq!(u[&k], 7);
+        assert!(cache.take_usage().is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The model config: `files/config.json` of the store (and `generation_config.json` for EOS ids),
-//! read the way transformers 5.23 reads it for the three supported families.
+//! read the way transformers 5.23 reads it for the supported families.
 
 use crate::error::{EngineError, Result};
 use serde_json::Value;
@@ -16,6 +16,9 @@ pub enum Family {
     /// `deepseek_v3` (and `kimi_k2`, same architecture): MLA attention, YaRN RoPE, grouped
     /// sigmoid routing with shared experts, dense MLP in the first layers.
     DeepseekV3,
+    /// `glm_moe_dsa` (GLM-5): DeepSeek-V3's architecture with always-interleaved RoPE, the DSA
+    /// lightning indexer restricting each query to `index_topk` keys, `mlp_layer_types`.
+    GlmMoeDsa,
 }
 
 impl Family {
@@ -29,8 +32,9 @@ impl Family {
             "qwen3_moe" => Ok(Family::Qwen3Moe),
             "olmoe" => Ok(Family::Olmoe),
             "deepseek_v3" | "kimi_k2" => Ok(Family::DeepseekV3),
+            "glm_moe_dsa" => Ok(Family::GlmMoeDsa),
             other => Err(EngineError::Unsupported(format!(
-                "model_type {other:?}; this engine runs mixtral, qwen3_moe, olmoe, deepseek_v3 and kimi_k2"
+                "model_type {other:?}; this engine runs mixtral, qwen3_moe, olmoe, deepseek_v3, kimi_k2 and glm_moe_dsa"
             ))),
         }
     }
@@ -42,6 +46,7 @@ impl Family {
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmoe => "olmoe",
             Family::DeepseekV3 => "deepseek_v3",
+            Family::GlmMoeDsa => "glm_moe_dsa",
         }
     }
 
@@ -49,7 +54,7 @@ impl Family {
     fn default_theta(self) -> f64 {
         match self {
             Family::Mixtral => 1_000_000.0,
-            Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 => 10_000.0,
+            Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 | Family::GlmMoeDsa => 10_000.0,
         }
     }
 
@@ -57,7 +62,7 @@ impl Family {
     fn default_eps(self) -> f64 {
         match self {
             Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
-            Family::Mixtral | Family::Olmoe => 1e-5,
+            Family::Mixtral | Family::Olmoe | Family::GlmMoeDsa => 1e-5,
         }
     }
 }
@@ -289,18 +294,21 @@ impl ModelConfig {
                 intermediate_size,
                 get_bool(v, "norm_topk_prob")?.unwrap_or(false),
             ),
-            Family::DeepseekV3 => (
+            Family::DeepseekV3 | Family::GlmMoeDsa => (
                 req_usize(v, "n_routed_experts")?,
                 req_usize(v, "moe_intermediate_size")?,
                 get_bool(v, "norm_topk_prob")?.unwrap_or(true),
             ),
         };
         let mla = match family {
-            Family::DeepseekV3 => Some(crate::layers::mla::MlaConfig::from_json(
-                v,
-                num_experts,
-                family.default_theta(),
-            )?),
+            Family::DeepseekV3 | Family::GlmMoeDsa => {
+                Some(crate::layers::mla::MlaConfig::from_json(
+                    v,
+                    num_experts,
+                    family.default_theta(),
+                    family == Family::GlmMoeDsa,
+                )?)
+            }
             _ => None,
         };
         let top_k = req_usize(v, "num_experts_per_tok")?;
@@ -374,7 +382,9 @@ impl ModelConfig {
     }
 
     /// Whether decoder layer `layer` has routed experts by the config's rule (Qwen3-MoE:
-    /// not in `mlp_only_layers` and `(layer + 1) % decoder_sparse_step == 0`; others: always).
+    /// not in `mlp_only_layers` and `(layer + 1) % decoder_sparse_step == 0`; DeepSeek-V3 /
+    /// GLM-5: `mlp_layer_types[layer] == "sparse"` when given, else `layer >=
+    /// first_k_dense_replace` and `layer % moe_layer_freq == 0`; others: always).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         match self.family {
             Family::Qwen3Moe => {
@@ -382,9 +392,14 @@ impl ModelConfig {
                     && self.num_experts > 0
                     && (layer + 1).is_multiple_of(self.decoder_sparse_step)
             }
-            Family::DeepseekV3 => self.mla.as_ref().is_some_and(|m| {
-                layer >= m.first_k_dense_replace && layer.is_multiple_of(m.moe_layer_freq)
-            }),
+            Family::DeepseekV3 | Family::GlmMoeDsa => {
+                self.mla.as_ref().is_some_and(|m| match &m.mlp_sparse {
+                    Some(s) => s.get(layer).copied().unwrap_or(true),
+                    None => {
+                        layer >= m.first_k_dense_replace && layer.is_multiple_of(m.moe_layer_freq)
+                    }
+                })
+            }
             _ => true,
         }
     }
@@ -459,5 +474,36 @@ mod tests {
         assert_eq!(c.head_dim, 32);
         assert_eq!(c.rope_theta, 10_000.0);
         assert!(!c.is_moe_layer(0) && c.is_moe_layer(1) && !c.is_moe_layer(2) && c.is_moe_layer(3));
+    }
+
+    #[test]
+    fn glm_moe_dsa_reads_indexer_and_layer_types() {
+        let mut v = json!({"model_type": "glm_moe_dsa", "vocab_size": 100, "hidden_size": 64,
+               "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 96,
+               "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+               "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+               "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1,
+               "rope_interleave": false, "index_n_heads": 4, "index_head_dim": 16,
+               "index_topk": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}});
+        let c = ModelConfig::from_json(&v, None).unwrap();
+        assert_eq!(c.family, Family::GlmMoeDsa);
+        assert_eq!(c.rms_norm_eps, 1e-5);
+        assert_eq!(c.rope_theta, 1e6);
+        let m = c.mla.as_ref().unwrap();
+        assert!(m.rope_interleave, "GLM-5 RoPE is always interleaved");
+        let d = m.dsa.as_ref().unwrap();
+        assert_eq!((d.n_heads, d.head_dim, d.topk), (4, 16, 8));
+        assert_eq!(d.full, vec![true; 3]);
+        assert!(!c.is_moe_layer(0) && c.is_moe_layer(1) && c.is_moe_layer(2) && c.is_moe_layer(3));
+        v["mlp_layer_types"] = json!(["dense", "sparse", "dense"]);
+        let c = ModelConfig::from_json(&v, None).unwrap();
+        assert!(!c.is_moe_layer(0) && c.is_moe_layer(1) && !c.is_moe_layer(2));
+        v["mlp_layer_types"] = json!(["dense", "moe", "dense"]);
+        let e = ModelConfig::from_json(&v, None).unwrap_err().to_string();
+        assert!(e.contains("moe"), "{e}");
+        v["mlp_layer_types"] = Value::Null;
+        v.as_object_mut().unwrap().remove("index_topk");
+        let e = ModelConfig::from_json(&v, None).unwrap_err().to_string();
+        assert!(e.contains("index_topk"), "{e}");
     }
 }

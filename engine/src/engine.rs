@@ -7,7 +7,10 @@ use crate::error::{store_err, EngineError, Result};
 use crate::layers::{LayerCtx, LayerKv};
 use crate::models::Model;
 use crate::sampling::{Sampler, SamplingParams};
-use coli_store::Store;
+use crate::usage::{UsageHistory, SAVE_EVERY_TOKENS};
+use coli_store::{ExpertKey, Store};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// Default number of prompt tokens processed together in prefill.
@@ -16,11 +19,29 @@ pub const DEFAULT_PREFILL_BATCH: usize = 32;
 /// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
+/// Default share of the expert budget given to the pinned hot set (`--pin-share`).
+pub const DEFAULT_PIN_SHARE: f64 = 0.5;
+
+/// RAM left out of the default expert budget for everything else (activations, buffers in
+/// flight, the tokenizer, the allocator's slack), bytes.
+pub const BUDGET_RESERVE_BYTES: u64 = 512 << 20;
+
 /// Options for [`Engine::new`].
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
-    /// Expert cache capacity in bytes (None: unbounded, i.e. every expert may stay resident).
+    /// Expert cache capacity in bytes, pinned set included (None: [`default_ram_budget`], from
+    /// the available memory; `Some(u64::MAX)`: unbounded).
     pub ram_budget: Option<u64>,
+    /// Pin the hottest experts of the usage history at start (`--no-pin` turns it off).
+    pub pin: bool,
+    /// Share of the budget the pinned set may take, 0..=1 (`--pin-share`).
+    pub pin_share: f64,
+    /// Router lookahead prefetch (`--no-prefetch` turns it off).
+    pub prefetch: bool,
+    /// The usage-history file read at start (for pinning) and merged into as the engine runs
+    /// (None: no history is read or written; the CLI passes
+    /// [`crate::usage::default_usage_path`] or `--usage FILE`).
+    pub usage: Option<PathBuf>,
     /// Maximum tokens in the KV cache (None: `min(max_position_embeddings, 4096)`).
     pub context: Option<usize>,
     /// Worker threads of the engine's pool (None: rayon's default, one per CPU).
@@ -33,6 +54,10 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             ram_budget: None,
+            pin: true,
+            pin_share: DEFAULT_PIN_SHARE,
+            prefetch: true,
+            usage: None,
             context: None,
             threads: None,
             prefill_batch: DEFAULT_PREFILL_BATCH,
@@ -78,7 +103,8 @@ pub struct GenerationStats {
     pub decode_steps: usize,
     /// Bytes of expert records read from disk during the call (store counter).
     pub expert_bytes_read: u64,
-    /// Expert-cache counters during the call.
+    /// Expert-cache counters during the call (hits by tier, misses, evictions, demand and
+    /// prefetch bytes, prefetch precision/recall, I/O wait).
     pub cache: CacheStats,
 }
 
@@ -93,11 +119,32 @@ impl GenerationStats {
     }
     /// Expert bytes read from disk per token processed (prompt + decode steps).
     pub fn expert_bytes_per_token(&self) -> f64 {
+        self.per_token(self.expert_bytes_read as f64)
+    }
+    /// `v` divided by the tokens run through the model (prompt tokens + decode steps).
+    pub fn per_token(&self, v: f64) -> f64 {
         let t = self.prompt_tokens + self.decode_steps;
         if t == 0 {
             0.0
         } else {
-            self.expert_bytes_read as f64 / t as f64
+            v / t as f64
+        }
+    }
+    /// Seconds the forward passes waited for expert reads (demand reads and reads in flight).
+    pub fn io_wait_s(&self) -> f64 {
+        self.cache.io_wait_s()
+    }
+    /// Seconds of prefill and decode not spent waiting for expert reads.
+    pub fn compute_s(&self) -> f64 {
+        (self.prefill_s + self.decode_s - self.io_wait_s()).max(0.0)
+    }
+    /// Disk throughput achieved: expert bytes read over the prefill + decode time, GiB/s.
+    pub fn disk_gib_s(&self) -> f64 {
+        let t = self.prefill_s + self.decode_s;
+        if t > 0.0 {
+            self.expert_bytes_read as f64 / t / (1u64 << 30) as f64
+        } else {
+            0.0
         }
     }
 }
@@ -132,14 +179,54 @@ pub struct GenerateParams {
     pub stop_on_eos: bool,
 }
 
-fn sub_stats(a: CacheStats, b: CacheStats) -> CacheStats {
-    CacheStats {
-        hits: a.hits - b.hits,
-        misses: a.misses - b.misses,
-        evictions: a.evictions - b.evictions,
-        bytes_fetched: a.bytes_fetched - b.bytes_fetched,
-        fetch_calls: a.fetch_calls - b.fetch_calls,
-    }
+/// The default expert budget: `MemAvailable` (/proc/meminfo) minus the dense set (dense.bin,
+/// memory-mapped and read whole at load), the KV cache at full context
+/// (`context * kv_bytes_per_token`) and [`BUDGET_RESERVE_BYTES`], and at least the largest
+/// expert record. None when /proc/meminfo cannot be read (the budget is then unbounded).
+pub fn default_ram_budget(store: &Store, kv_bytes: u64) -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let avail_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let largest = store
+        .index()
+        .iter()
+        .map(|r| r.length.get())
+        .max()
+        .unwrap_or(0);
+    let dense = store.manifest().dense_file.length;
+    Some(
+        (avail_kib * 1024)
+            .saturating_sub(dense)
+            .saturating_sub(kv_bytes)
+            .saturating_sub(BUDGET_RESERVE_BYTES)
+            .max(largest),
+    )
+}
+
+/// Where the expert budget goes, as set up by [`Engine::new`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Placement {
+    /// The expert budget, bytes (pinned + LRU tiers; `u64::MAX` = unbounded).
+    pub budget: u64,
+    /// Whether the budget came from the available memory (no `ram_budget` given).
+    pub budget_from_available_memory: bool,
+    /// Experts pinned at start and their bytes.
+    pub pinned_experts: usize,
+    /// Bytes of the pinned experts.
+    pub pinned_bytes: u64,
+    /// Capacity of the LRU tier, bytes.
+    pub lru_capacity: u64,
+    /// Router lookahead prefetch on.
+    pub prefetch: bool,
+    /// The usage-history file, if any.
+    pub usage: Option<PathBuf>,
+    /// Tokens merged into the usage history as read at start (decayed), 0 without one.
+    pub usage_tokens: f64,
 }
 
 /// A model ready to run over a store, with one sequence's KV cache.
@@ -152,6 +239,11 @@ pub struct Engine<'s> {
     context: usize,
     prefill_batch: usize,
     pool: rayon::ThreadPool,
+    placement: Placement,
+    prefetch: bool,
+    /// Tokens run through the model since the usage counts were last merged into the file.
+    usage_tokens: u64,
+    warnings: Vec<String>,
 }
 
 impl<'s> Engine<'s> {
@@ -197,16 +289,104 @@ impl<'s> Engine<'s> {
         let kv = (0..model.layers.len())
             .map(|_| LayerKv::default())
             .collect();
-        Ok(Engine {
+        if !(0.0..=1.0).contains(&opts.pin_share) {
+            return Err(EngineError::Invalid(format!(
+                "pin share {} must be between 0 and 1",
+                opts.pin_share
+            )));
+        }
+        let mut e = Engine {
             store,
             model,
-            cache: ExpertCache::new(opts.ram_budget.unwrap_or(u64::MAX)),
+            cache: ExpertCache::new(u64::MAX),
             kv,
             tokens: Vec::new(),
             context,
             prefill_batch: opts.prefill_batch,
             pool,
-        })
+            placement: Placement {
+                budget: u64::MAX,
+                budget_from_available_memory: opts.ram_budget.is_none(),
+                pinned_experts: 0,
+                pinned_bytes: 0,
+                lru_capacity: u64::MAX,
+                prefetch: opts.prefetch,
+                usage: opts.usage.clone(),
+                usage_tokens: 0.0,
+            },
+            prefetch: opts.prefetch,
+            usage_tokens: 0,
+            warnings: Vec::new(),
+        };
+        let kv_bytes = e.kv_bytes_per_token() * context as u64;
+        let budget = match opts.ram_budget {
+            Some(b) => b,
+            None => default_ram_budget(store, kv_bytes).unwrap_or(u64::MAX),
+        };
+        e.cache = ExpertCache::new(budget);
+        e.placement.budget = budget;
+        let store_id = store.manifest().store_id.clone();
+        let history = match &opts.usage {
+            Some(path) => match UsageHistory::load_locked(path, &store_id) {
+                Ok(h) => h,
+                Err(err) => {
+                    e.warnings.push(err.to_string());
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some(h) = &history {
+            e.placement.usage_tokens = h.tokens;
+            if opts.pin {
+                let hot: Vec<ExpertKey> = h
+                    .hottest()
+                    .into_iter()
+                    .map(|x| x.0)
+                    .filter(|k| store.record(*k).is_some())
+                    .collect();
+                let share = (budget as f64 * opts.pin_share).min(u64::MAX as f64) as u64;
+                e.cache.pin(store, &hot, share)?;
+            }
+        }
+        let (n, bytes) = e.cache.pinned();
+        e.placement.pinned_experts = n;
+        e.placement.pinned_bytes = bytes;
+        e.placement.lru_capacity = e.cache.lru_capacity();
+        Ok(e)
+    }
+
+    /// Where the expert budget went (budget, pinned set, LRU capacity, prefetch, usage file).
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Warnings since the last call (an unreadable or corrupt usage history, a failed save);
+    /// none of them stops the engine.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Merges the routing counts since the last save into the usage-history file (under its
+    /// lock, atomically; see [`crate::usage`]). Nothing happens without a usage file or when no
+    /// token ran since the last save. A failure becomes a warning ([`Engine::take_warnings`]).
+    pub fn save_usage(&mut self) {
+        let Some(path) = self.placement.usage.clone() else {
+            return;
+        };
+        let routed: HashMap<ExpertKey, u64> = self.cache.take_usage();
+        let tokens = std::mem::take(&mut self.usage_tokens);
+        if tokens == 0 && routed.is_empty() {
+            return;
+        }
+        let id = self.store.manifest().store_id.clone();
+        match UsageHistory::merge_into_file(&path, &id, &routed, tokens) {
+            Ok((_, Some(w))) => self.warnings.push(w.to_string()),
+            Ok((_, None)) => {}
+            Err(err) => self
+                .warnings
+                .push(format!("saving the usage history: {err}")),
+        }
     }
 
     /// The model config.
@@ -240,7 +420,8 @@ impl<'s> Engine<'s> {
         self.cache.stats()
     }
 
-    /// Expert-cache capacity in bytes (`u64::MAX` when unbounded) and bytes held.
+    /// Expert-cache budget in bytes (`u64::MAX` when unbounded; pinned + LRU tiers) and bytes
+    /// held.
     pub fn cache_usage(&self) -> (u64, u64) {
         (self.cache.capacity(), self.cache.used())
     }
@@ -248,6 +429,97 @@ impl<'s> Engine<'s> {
     /// The token ids whose keys/values are in the KV cache.
     pub fn cached_tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// Bytes of KV cache per token over all decoder layers (f32 values, 4 bytes each): keys
+    /// and values (`2 * num_kv_heads * head_dim`) for grouped-query attention; for MLA the
+    /// latent `kv_lora_rank + qk_rope_head_dim` (nothing expanded), plus `index_head_dim`
+    /// indexer-key values on GLM-5 layers that run a DSA indexer. The MTP layer's own cache
+    /// (used only by [`Engine::mtp_logits`]) is not counted.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        use crate::layers::SelfAttn;
+        let values: usize = self
+            .model
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                SelfAttn::Gqa(a) => 2 * a.kv_dim(),
+                SelfAttn::Mla(a) => a.kv_dim(),
+            })
+            .sum();
+        (values * std::mem::size_of::<f32>()) as u64
+    }
+
+    /// MLA models: whether one-token forwards (decode) use the absorbed form (`true`, the
+    /// default) or the expanded form (`false`; prefill always uses the expanded form). Both
+    /// compute the same attention up to f32 summation order. No effect on other families.
+    pub fn set_absorbed_decode(&mut self, on: bool) {
+        use crate::layers::SelfAttn;
+        let mtp = self.model.mtp.iter_mut().map(|m| &mut m.decoder);
+        for l in self.model.layers.iter_mut().chain(mtp) {
+            if let SelfAttn::Mla(a) = &mut l.attn {
+                a.absorb_decode = on;
+            }
+        }
+    }
+
+    /// Whether the model has a multi-token-prediction layer loaded (MLA families whose store
+    /// holds layer `num_hidden_layers`).
+    pub fn has_mtp(&self) -> bool {
+        self.model.mtp.is_some()
+    }
+
+    /// Logits of the MTP layer ([`crate::models::mtp`]) at positions `0..n` from an empty MTP
+    /// KV cache: `hidden` is `[n, H]` f32 (the main model's hidden states after `model.norm` at
+    /// positions `0..n`), `next_ids[i]` the token after position i (`n = next_ids.len()`).
+    /// Returns n `[vocab]` rows; row i predicts the token at position i + 2. Experts are read
+    /// through the engine's expert cache; the main KV cache is untouched.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] without an MTP layer, for no ids or a `hidden` of the wrong
+    /// length; [`EngineError::TokenOutOfRange`]; [`EngineError::ContextOverflow`] when n
+    /// exceeds the context; expert fetch failures.
+    pub fn mtp_logits(&mut self, hidden: &[f32], next_ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let (h, vocab) = (self.model.config.hidden_size, self.model.config.vocab_size);
+        if self.model.mtp.is_none() {
+            return Err(EngineError::Invalid(
+                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
+                    .into(),
+            ));
+        }
+        let n = next_ids.len();
+        if n == 0 || hidden.len() != n * h {
+            return Err(EngineError::Invalid(format!(
+                "MTP input: {n} ids need {n} x {h} hidden values, got {}",
+                hidden.len()
+            )));
+        }
+        if let Some(&id) = next_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        if n > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed: n,
+                context: self.context,
+            });
+        }
+        let Engine {
+            store,
+            model,
+            cache,
+            pool,
+            ..
+        } = self;
+        let mtp = model.mtp.as_ref().expect("checked above");
+        pool.install(|| {
+            let mut kv = LayerKv::default();
+            let mut ctx = LayerCtx {
+                rope: &model.rope,
+                store,
+                cache,
+            };
+            mtp.forward(hidden, next_ids, 0, &mut kv, &mut ctx)
+        })
     }
 
     /// Empties the KV cache (the expert cache is kept).
@@ -314,6 +586,7 @@ impl<'s> Engine<'s> {
         let n = ids.len();
         let h = self.model.config.hidden_size;
         let pos0 = self.tokens.len();
+        let prefetch = self.prefetch;
         let Engine {
             store,
             model,
@@ -329,13 +602,33 @@ impl<'s> Engine<'s> {
                     .embed
                     .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
             }
+            let handle = cache.clone();
             let mut ctx = LayerCtx {
                 rope: &model.rope,
                 store,
                 cache,
             };
-            for (layer, kvl) in model.layers.iter().zip(kv.iter_mut()) {
-                layer.forward(&mut x, n, pos0, kvl, &mut ctx)?;
+            let layers = &model.layers;
+            let mut run = |pf: Option<&crate::prefetch::Prefetcher>| -> Result<()> {
+                for (li, (layer, kvl)) in layers.iter().zip(kv.iter_mut()).enumerate() {
+                    if let Some(pf) = pf {
+                        // Lookahead (see prefetch.rs): layer 0 from the embeddings, then
+                        // layer li + 1 from layer li's input.
+                        if li == 0 {
+                            crate::prefetch::predict_and_request(layer, &x, n, &handle, pf);
+                        }
+                        if let Some(next) = layers.get(li + 1) {
+                            crate::prefetch::predict_and_request(next, &x, n, &handle, pf);
+                        }
+                    }
+                    layer.forward(&mut x, n, pos0, kvl, &mut ctx)?;
+                }
+                Ok(())
+            };
+            if prefetch {
+                crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(pf))).0?;
+            } else {
+                run(None)?;
             }
             let Some(last_only) = want else {
                 return Ok(Vec::new());
@@ -361,6 +654,10 @@ impl<'s> Engine<'s> {
             Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
         })?;
         self.tokens.extend_from_slice(ids);
+        self.usage_tokens += n as u64;
+        if self.usage_tokens >= SAVE_EVERY_TOKENS {
+            self.save_usage();
+        }
         Ok(logits)
     }
 
@@ -477,8 +774,9 @@ impl<'s> Engine<'s> {
         }
         stats.decode_s = decode_start.elapsed().as_secs_f64();
         stats.generated_tokens = tokens.len();
-        stats.cache = sub_stats(self.cache.stats(), cache0);
+        stats.cache = self.cache.stats().since(&cache0);
         stats.expert_bytes_read = self.store.stats().bytes_read - bytes0;
+        self.save_usage();
         Ok(Generation {
             tokens,
             stop,

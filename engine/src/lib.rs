@@ -18,14 +18,17 @@ pub mod engine;
 mod error;
 pub mod layers;
 pub mod models;
+pub mod prefetch;
 pub mod sampling;
 pub mod size;
 pub mod text;
+pub mod usage;
 
 pub use cache::{CacheStats, ExpertCache, LruCache};
 pub use config::{Family, ModelConfig};
 pub use engine::{
-    Engine, EngineOptions, GenerateParams, Generation, GenerationStats, Logits, StopReason,
+    Engine, EngineOptions, GenerateParams, Generation, GenerationStats, Logits, Placement,
+    StopReason,
 };
 pub use error::{EngineError, Result};
 pub use sampling::{Sampler, SamplingParams};

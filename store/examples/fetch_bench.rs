@@ -2,9 +2,14 @@
 //!
 //! ```text
 //! fetch_bench write DIR GIB            write a store of about GIB GiB of ~16 MiB int8 records
-//! fetch_bench read DIR QD SECONDS [noverify]  random fetches, QD records in flight, after dropping
-//!                                      the segment files' pages (posix_fadvise DONTNEED);
-//!                                      prints one JSON line
+//! fetch_bench read DIR QD SECONDS [OPTION...]
+//!                                      random fetches, batches of QD records with QD in
+//!                                      flight, after dropping the segment files' pages
+//!                                      (posix_fadvise DONTNEED; with a buffered engine also
+//!                                      each record's pages after its batch, so every read is
+//!                                      cold); prints one JSON line. OPTIONs: `noverify`,
+//!                                      `engine=auto|uring|pread|mmap`, `buffered`,
+//!                                      `piece=BYTES` (verify piece size, 0 = whole record)
 //! fetch_bench hash MIB                 xxh3 throughput on MIB-MiB buffers (store's run-time
 //!                                      dispatched AVX2 loop vs xxhash-rust as compiled), hot
 //!                                      (one buffer, cached) and cold (64 buffers); one JSON line
@@ -93,21 +98,47 @@ fn drop_pages(dir: &Path, segments: u32) {
     }
 }
 
+/// Drops the cached pages of `len` bytes at `off` of `file`.
+fn drop_range(file: &std::fs::File, off: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain advisory syscall on an open descriptor.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            off as i64,
+            len as i64,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+}
+
 fn read(
     dir: &Path,
     qd: usize,
     seconds: f64,
-    verify: bool,
+    opts: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_with(
-        dir,
-        &OpenOptions {
-            fetch_threads: qd,
-            verify_checksums: verify,
-            ..Default::default()
-        },
-    )?;
+    let mut o = OpenOptions {
+        fetch_threads: qd,
+        queue_depth: Some(qd),
+        ..Default::default()
+    };
+    for a in opts {
+        match a.split_once('=') {
+            None if a == "noverify" => o.verify_checksums = false,
+            None if a == "buffered" => o.io = IoPreference::Buffered,
+            Some(("engine", e)) => o.engine = e.parse()?,
+            Some(("piece", n)) => o.verify_piece_bytes = Some(n.parse()?),
+            _ => return Err(format!("unknown read option {a:?}").into()),
+        }
+    }
+    let verify = o.verify_checksums;
+    let store = Store::open_with(dir, &o)?;
     drop_pages(dir, store.manifest().segment_count);
+    let buffered = store.io_mode() == IoMode::Buffered;
+    let segs: Vec<std::fs::File> = (0..store.manifest().segment_count)
+        .map(|id| std::fs::File::open(dir.join(format!("segments/seg-{id:05}.bin"))))
+        .collect::<Result<_, _>>()?;
     let keys: Vec<ExpertKey> = store.index().iter().map(|r| r.key()).collect();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut next = || {
@@ -124,18 +155,34 @@ fn read(
         let bufs = store.fetch(&batch)?;
         lat.push(t0.elapsed().as_secs_f64() * 1e3);
         assert_eq!(bufs.len(), qd);
+        if buffered {
+            for k in &batch {
+                let r = store.record(*k).unwrap();
+                drop_range(
+                    &segs[r.segment.get() as usize],
+                    r.offset.get(),
+                    r.length.get(),
+                );
+            }
+        }
     }
     let el = t.elapsed().as_secs_f64();
     let s = store.stats();
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
     println!(
-        "{{\"qd\":{qd},\"io_mode\":\"{:?}\",\"verify\":{verify},\"seconds\":{el:.2},\"records\":{},\"bytes\":{},\"MBps\":{:.1},\"MiBps\":{:.1},\"batch_ms_p50\":{:.2},\"batch_ms_p99\":{:.2}}}",
+        "{{\"qd\":{qd},\"engine\":\"{}\",\"engine_desc\":\"{}\",\"io_mode\":\"{:?}\",\"verify\":{verify},\"piece\":\"{:?}\",\"seconds\":{el:.2},\"records\":{},\"bytes\":{},\"MBps\":{:.1},\"MiBps\":{:.1},\"GiBps\":{:.3},\"io_wait_s\":{:.2},\"verify_s\":{:.2},\"batch_ms_p50\":{:.2},\"batch_ms_p99\":{:.2}}}",
+        store.io_engine(),
+        store.io_engine_description(),
         store.io_mode(),
+        o.verify_piece_bytes,
         s.reads,
         s.bytes_read,
         s.bytes_read as f64 / 1e6 / el,
         s.bytes_read as f64 / (1 << 20) as f64 / el,
+        s.bytes_read as f64 / (1u64 << 30) as f64 / el,
+        s.io_wait_ns as f64 / 1e9,
+        s.verify_ns as f64 / 1e9,
         pct(0.5),
         pct(0.99)
     );
@@ -186,18 +233,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
         Some("write") if a.len() == 4 => write(Path::new(&a[2]), a[3].parse()?),
-        Some("read") if a.len() == 5 || a.len() == 6 => read(
+        Some("read") if a.len() >= 5 => read(
             Path::new(&a[2]),
             a[3].parse()?,
             a[4].parse()?,
-            a.get(5).map(String::as_str) != Some("noverify"),
+            &a[5..],
         ),
         Some("hash") if a.len() == 3 => {
             hash(a[2].parse()?);
             Ok(())
         }
         _ => Err(
-            "usage: fetch_bench write DIR GIB | fetch_bench read DIR QD SECONDS [noverify] | fetch_bench hash MIB".into(),
+            "usage: fetch_bench write DIR GIB | fetch_bench read DIR QD SECONDS [noverify] [engine=E] [buffered] [piece=N] | fetch_bench hash MIB".into(),
         ),
     }
 }

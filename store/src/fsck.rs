@@ -10,26 +10,30 @@
 //!   copied file) — or a mirror file is damaged or mismatched. The report names the file and
 //!   the record/tensor/field;
 //! - **2** unusable: there is no store to check (the path does not exist, is not a directory,
-//!   has no MANIFEST or it cannot be read), or the store has a newer format version than this
-//!   code knows (a newer version whose header agrees with its intact body).
+//!   has no MANIFEST or it cannot be read), the store has a newer format version than this
+//!   code knows (a newer version whose header agrees with its intact body), or a `--mirror`
+//!   path is not a directory.
+//!
+//! [`repair`] rewrites damaged records (in the primary or in any mirror copy) from a verified
+//! good copy (`coli-fsck --repair`).
 
-use crate::format::SEGMENT_MAGIC;
-use crate::format::{SegmentHeader, FORMAT_VERSION};
 use crate::io::{open_read, read_aligned};
-use crate::writer::{hex128, hex64, parse_hex64, segment_rel};
+use crate::mirror::{self, MirrorFileKind, MirrorSet, PrimaryInfo, StagedIndex};
+use crate::writer::{hex64, parse_hex64};
 use crate::{IndexRecord, OpenOptions, Store, StoreError};
 use serde::Serialize;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
-use zerocopy::FromBytes;
 
 /// What to check.
 #[derive(Clone, Debug, Default)]
 pub struct FsckOptions {
     /// Structure only: no record, dense, segment body or file checksums.
     pub quick: bool,
-    /// Directories holding copies of segment files (`DIR/segments/seg-NNNNN.bin`).
+    /// Mirror directories: copies of segment files (`DIR/segments/seg-NNNNN.bin`) and staged
+    /// segments (`DIR/staged/stg-NNNNN.bin`). A path that is not a directory makes the
+    /// check [`Status::Unusable`] (exit 2).
     pub mirrors: Vec<PathBuf>,
 }
 
@@ -132,8 +136,13 @@ pub enum MirrorStatus {
 /// One mirror file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MirrorFile {
-    /// Path relative to the mirror directory (`segments/seg-00000.bin`).
+    /// Path relative to the mirror directory (`segments/seg-00000.bin`,
+    /// `staged/stg-00000.bin`).
     pub file: String,
+    /// `copy` (a byte-identical copy of a primary segment) or `staged` (a staged segment).
+    pub kind: &'static str,
+    /// Records the file holds (0 when it is missing or its header/index is not admitted).
+    pub records: u64,
     /// Verdict.
     pub status: MirrorStatus,
     /// Why, when not admitted.
@@ -148,7 +157,8 @@ pub struct MirrorFile {
 pub struct MirrorReport {
     /// The mirror directory as given.
     pub dir: String,
-    /// One entry per segment of the primary store.
+    /// One entry per segment of the primary store (its copy, possibly missing), then one per
+    /// staged segment found in `DIR/staged/`.
     pub files: Vec<MirrorFile>,
 }
 
@@ -183,6 +193,10 @@ pub struct FsckReport {
     pub bad_files: Vec<BadFile>,
     /// Mirrors.
     pub mirrors: Vec<MirrorReport>,
+    /// With `--repair`: the record copies rewritten (or not) before this check ran; absent
+    /// from the JSON when no repair was attempted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub repairs: Vec<RepairAction>,
 }
 
 impl FsckReport {
@@ -202,6 +216,7 @@ impl FsckReport {
             files_checked: 0,
             bad_files: Vec::new(),
             mirrors: Vec::new(),
+            repairs: Vec::new(),
         }
     }
 
@@ -283,6 +298,22 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
         });
         return rep.finish();
     }
+    for m in &opts.mirrors {
+        if !m.is_dir() {
+            rep.status = Status::Unusable;
+            rep.problems.push(Problem {
+                file: m.display().to_string(),
+                what: if m.exists() {
+                    "mirror is not a directory".into()
+                } else {
+                    "mirror directory does not exist (check the --mirror path)".into()
+                },
+            });
+        }
+    }
+    if rep.status == Status::Unusable {
+        return rep.finish();
+    }
     // The MANIFEST alone, for the id even when the rest fails.
     match std::fs::read(dir.join("MANIFEST")) {
         Ok(b) => {
@@ -308,6 +339,7 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
             // everything else from the page cache.
             io: crate::IoPreference::Auto,
             fetch_threads: 1,
+            ..OpenOptions::default()
         },
     ) {
         Ok(s) => s,
@@ -322,9 +354,38 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
     let m = store.manifest();
     let seg_bytes: u64 = store.segments().iter().map(|s| s.len).sum();
     let file_bytes: u64 = m.files.iter().map(|f| f.size).sum();
+    let mut sets = Vec::new();
+    if !opts.mirrors.is_empty() {
+        let primary = match PrimaryInfo::of(&store) {
+            Ok(p) => p,
+            Err(e) => {
+                rep.problems.push(problem_of(&e));
+                return rep.finish();
+            }
+        };
+        for mdir in &opts.mirrors {
+            match mirror::admit(&primary, std::slice::from_ref(mdir)) {
+                Ok(set) => sets.push(set),
+                Err(e) => {
+                    rep.status = Status::Unusable;
+                    rep.problems.push(problem_of(&e));
+                    return rep.finish();
+                }
+            }
+        }
+    }
     if !opts.quick {
+        let staged_bytes: u64 = sets
+            .iter()
+            .flat_map(|s| &s.files)
+            .filter(|f| f.kind == MirrorFileKind::Staged)
+            .map(|f| f.len)
+            .sum();
         progress.set_total(
-            seg_bytes * (1 + opts.mirrors.len() as u64) + m.dense_file.length + file_bytes,
+            seg_bytes * (1 + opts.mirrors.len() as u64)
+                + staged_bytes
+                + m.dense_file.length
+                + file_bytes,
         );
     }
     // Records and segment bodies, one task per segment; dense and files alongside.
@@ -380,9 +441,10 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
     rep.files_checked = fnum;
     rep.bad_files = bad_files;
     rep.bad_records.sort_by_key(|b| (b.layer, b.expert));
-    for mdir in &opts.mirrors {
-        rep.mirrors
-            .push(check_mirror(&store, mdir, &by_seg, opts.quick, progress));
+    for (mdir, set) in opts.mirrors.iter().zip(&sets) {
+        rep.mirrors.push(check_mirror(
+            &store, mdir, set, &by_seg, opts.quick, progress,
+        ));
     }
     rep.finish()
 }
@@ -586,142 +648,88 @@ fn check_files(store: &Store, quick: bool, progress: &dyn Progress) -> (u64, Vec
 fn check_mirror(
     store: &Store,
     mdir: &Path,
+    set: &MirrorSet,
     by_seg: &[Vec<&IndexRecord>],
     quick: bool,
     progress: &dyn Progress,
 ) -> MirrorReport {
     use rayon::prelude::*;
     let align = store.manifest().alignment;
-    let files = store
-        .segments()
+    let files = set
+        .files
         .par_iter()
-        .enumerate()
-        .map(|(i, primary)| {
-            let rel = segment_rel(i as u32);
-            let path = mdir.join(&rel);
+        .map(|fi| {
             let mut out = MirrorFile {
-                file: rel.clone(),
-                status: MirrorStatus::Admitted,
-                detail: None,
+                file: fi.rel.clone(),
+                kind: match fi.kind {
+                    MirrorFileKind::Copy { .. } => "copy",
+                    MirrorFileKind::Staged => "staged",
+                },
+                records: 0,
+                status: fi.status,
+                detail: fi.detail.clone(),
                 bad_records: Vec::new(),
             };
-            let mut set = |s: MirrorStatus, d: String| {
-                out.status = s;
-                out.detail = Some(d);
+            let seg_len = |k: &MirrorFileKind| match k {
+                MirrorFileKind::Copy { segment } => store.segments()[*segment as usize].len,
+                MirrorFileKind::Staged => fi.len,
             };
+            if fi.status != MirrorStatus::Admitted {
+                progress.advance(seg_len(&fi.kind));
+                return out;
+            }
+            let path = fi.path();
             let file = match open_read(&path, false) {
                 Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    set(MirrorStatus::Missing, "not present".into());
-                    progress.advance(primary.len);
-                    return out;
-                }
                 Err(e) => {
-                    set(MirrorStatus::Damaged, format!("cannot be opened: {e}"));
-                    progress.advance(primary.len);
+                    out.status = MirrorStatus::Damaged;
+                    out.detail = Some(format!("cannot be opened: {e}"));
+                    progress.advance(seg_len(&fi.kind));
                     return out;
                 }
             };
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            let hb = if len >= align {
-                read_aligned(&file, 0, align as usize, store.buf_align()).ok()
-            } else {
-                None
-            };
-            let Some(hb) = hb else {
-                set(
-                    MirrorStatus::Damaged,
-                    format!("{len} bytes: no readable {align}-byte header"),
-                );
-                progress.advance(primary.len);
-                return out;
-            };
-            let h = SegmentHeader::read_from_bytes(&hb[..64]).expect("64 bytes");
-            let crc = crc32fast::hash(&hb[..60]);
-            if h.magic != SEGMENT_MAGIC
-                || crc != h.crc.get()
-                || h.version.get() != FORMAT_VERSION
-                || h.reserved.iter().chain(&hb[64..]).any(|&b| b != 0)
-            {
-                set(
-                    MirrorStatus::Damaged,
-                    "header damaged (magic, crc32, version or reserved bytes)".into(),
-                );
-                progress.advance(primary.len);
-                return out;
-            }
-            let p = &primary.header;
-            if h.store_id != p.store_id {
-                set(
-                    MirrorStatus::Mismatched,
-                    format!(
-                        "store id {} differs from the primary's {}",
-                        hex128(&h.store_id),
-                        hex128(&p.store_id)
-                    ),
-                );
-            } else if h.segment.get() != p.segment.get() {
-                set(
-                    MirrorStatus::Mismatched,
-                    format!(
-                        "segment id {} differs from the primary's {}",
-                        h.segment.get(),
-                        p.segment.get()
-                    ),
-                );
-            } else if h.file_len.get() != p.file_len.get() {
-                set(
-                    MirrorStatus::Mismatched,
-                    format!(
-                        "header length {} differs from the primary's {}",
-                        h.file_len.get(),
-                        p.file_len.get()
-                    ),
-                );
-            } else if h.body_xxh3.get() != p.body_xxh3.get() {
-                set(
-                    MirrorStatus::Mismatched,
-                    format!(
-                        "body checksum {} differs from the primary's {}",
-                        hex64(h.body_xxh3.get()),
-                        hex64(p.body_xxh3.get())
-                    ),
-                );
-            } else if len != h.file_len.get() {
-                set(
-                    MirrorStatus::Damaged,
-                    format!(
-                        "{len} bytes, header says {} (truncated or extended)",
-                        h.file_len.get()
-                    ),
-                );
-            }
-            if out.status != MirrorStatus::Admitted {
-                progress.advance(primary.len);
-                return out;
-            }
-            if !quick {
-                let (bad, probs, _) = scan_segment(
-                    &file,
-                    &rel,
-                    len,
-                    align,
-                    store.buf_align(),
-                    &by_seg[i],
-                    h.body_xxh3.get(),
-                    i as u32,
-                    progress,
-                );
-                if !bad.is_empty() || !probs.is_empty() {
-                    let mut d: Vec<String> = bad
-                        .iter()
-                        .map(|b| format!("layer {} expert {} fails", b.layer, b.expert))
-                        .collect();
-                    d.extend(probs.iter().map(|p| p.what.clone()));
-                    out.status = MirrorStatus::Damaged;
-                    out.detail = Some(d.join("; "));
-                    out.bad_records = bad;
+            let (bad, probs) = match (&fi.kind, &fi.staged) {
+                (MirrorFileKind::Copy { segment }, _) => {
+                    let i = *segment as usize;
+                    out.records = by_seg[i].len() as u64;
+                    if quick {
+                        return out;
+                    }
+                    let primary = &store.segments()[i];
+                    let (bad, probs, _) = scan_segment(
+                        &file,
+                        &fi.rel,
+                        fi.len,
+                        align,
+                        store.buf_align(),
+                        &by_seg[i],
+                        primary.header.body_xxh3.get(),
+                        *segment,
+                        progress,
+                    );
+                    (bad, probs)
                 }
+                (MirrorFileKind::Staged, Some(si)) => {
+                    out.records = si.entries.len() as u64;
+                    if quick {
+                        return out;
+                    }
+                    (
+                        scan_staged(&file, &fi.rel, si, store.buf_align(), progress),
+                        Vec::new(),
+                    )
+                }
+                (MirrorFileKind::Staged, None) => (Vec::new(), Vec::new()),
+            };
+            if !bad.is_empty() || !probs.is_empty() {
+                let mut d: Vec<String> = bad
+                    .iter()
+                    .map(|b| format!("layer {} expert {} fails", b.layer, b.expert))
+                    .collect();
+                d.extend(probs.iter().map(|p| p.what.clone()));
+                out.status = MirrorStatus::Damaged;
+                out.detail = Some(d.join("; "));
+                out.bad_records = bad;
             }
             out
         })
@@ -730,4 +738,241 @@ fn check_mirror(
         dir: mdir.display().to_string(),
         files,
     }
+}
+
+/// Reads every record of an admitted staged segment and checks it against its entry's
+/// checksum (equal to the primary INDEX's, checked at admission).
+fn scan_staged(
+    file: &File,
+    rel: &str,
+    si: &StagedIndex,
+    buf_align: usize,
+    progress: &dyn Progress,
+) -> Vec<BadRecord> {
+    let mut bad = Vec::new();
+    let first = si.entries.first().map(|e| e.offset.get()).unwrap_or(0);
+    progress.advance(first);
+    for e in &si.entries {
+        let key = e.key();
+        let (off, len) = (e.offset.get(), e.length.get());
+        let mut b = BadRecord {
+            layer: key.layer,
+            expert: key.expert,
+            file: rel.into(),
+            offset: off,
+            length: len,
+            expected: hex64(e.checksum.get()),
+            found: String::new(),
+            error: None,
+        };
+        match read_aligned(file, off, len as usize, buf_align) {
+            Ok(buf) => {
+                let found = crate::checksum::xxh3_64_with_seed(&buf, key.checksum_seed());
+                if found != e.checksum.get() {
+                    b.found = hex64(found);
+                    bad.push(b);
+                }
+            }
+            Err(err) => {
+                b.error = Some(err.to_string());
+                bad.push(b);
+            }
+        }
+        progress.advance(len);
+    }
+    bad
+}
+
+/// One record copy that [`repair`] tried to rewrite.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RepairAction {
+    /// The directory of the damaged copy: the store, or a mirror directory as given.
+    pub dir: String,
+    /// File relative to `dir`.
+    pub file: String,
+    /// Decoder layer.
+    pub layer: u32,
+    /// Expert within the layer.
+    pub expert: u32,
+    /// Offset of the record in `file`, bytes.
+    pub offset: u64,
+    /// Record length, bytes.
+    pub length: u64,
+    /// The verified good copy the bytes came from (`DIR/FILE@OFFSET`), when one was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// True when the record was rewritten, fsynced, re-read and verified.
+    pub repaired: bool,
+    /// Why not, when not repaired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A place a record's bytes live.
+struct Place {
+    dir: PathBuf,
+    file: String,
+    offset: u64,
+}
+
+impl Place {
+    fn path(&self) -> PathBuf {
+        self.dir.join(&self.file)
+    }
+    fn name(&self) -> String {
+        format!("{}@{}", self.path().display(), self.offset)
+    }
+}
+
+/// Rewrites, in place, every damaged record copy listed in `report` (a [`check`] of `dir` with
+/// `opts`): the primary's bad records and those of every mirror file. For each, the other
+/// copies (the primary and the admitted mirror files holding the record) are read and the
+/// first whose checksum verifies is written over the damaged bytes at the same offset; the file
+/// is fsynced, its cached pages dropped, and the record re-read and verified. Files whose
+/// header, length or index is damaged are not rewritten (re-copy them: `coli mirror copy`,
+/// `coli mirror stage`). Run [`check`] again afterwards for the verdict.
+///
+/// Never panics; every failure is in the returned actions (`repaired: false`, `error`), except
+/// an unopenable store, which gives no actions (the report already says so).
+pub fn repair(dir: &Path, opts: &FsckOptions, report: &FsckReport) -> Vec<RepairAction> {
+    let mut out = Vec::new();
+    let Ok(store) = Store::open_with(
+        dir,
+        &OpenOptions {
+            fetch_threads: 1,
+            ..OpenOptions::default()
+        },
+    ) else {
+        return out;
+    };
+    let Ok(primary) = PrimaryInfo::of(&store) else {
+        return out;
+    };
+    let Ok(set) = mirror::admit(&primary, &opts.mirrors) else {
+        return out;
+    };
+    // Every damaged copy: (key, place).
+    let mut damaged: Vec<(crate::ExpertKey, u64, Place)> = Vec::new();
+    for b in &report.bad_records {
+        damaged.push((
+            crate::ExpertKey::new(b.layer, b.expert),
+            b.length,
+            Place {
+                dir: dir.to_path_buf(),
+                file: b.file.clone(),
+                offset: b.offset,
+            },
+        ));
+    }
+    for (mdir, mr) in opts.mirrors.iter().zip(&report.mirrors) {
+        for f in &mr.files {
+            for b in &f.bad_records {
+                damaged.push((
+                    crate::ExpertKey::new(b.layer, b.expert),
+                    b.length,
+                    Place {
+                        dir: mdir.clone(),
+                        file: b.file.clone(),
+                        offset: b.offset,
+                    },
+                ));
+            }
+        }
+    }
+    for (key, length, place) in damaged {
+        let mut act = RepairAction {
+            dir: place.dir.display().to_string(),
+            file: place.file.clone(),
+            layer: key.layer,
+            expert: key.expert,
+            offset: place.offset,
+            length,
+            source: None,
+            repaired: false,
+            error: None,
+        };
+        let Ok(pos) = primary.index.binary_search_by_key(&key, |r| r.key()) else {
+            act.error = Some("not in the primary INDEX".into());
+            out.push(act);
+            continue;
+        };
+        let rec = &primary.index[pos];
+        let mut sources = vec![Place {
+            dir: dir.to_path_buf(),
+            file: crate::writer::segment_rel(rec.segment.get()),
+            offset: rec.offset.get(),
+        }];
+        for c in &set.copies[pos] {
+            let fi = &set.files[c.file as usize];
+            sources.push(Place {
+                dir: fi.dir.clone(),
+                file: fi.rel.clone(),
+                offset: c.offset,
+            });
+        }
+        let good = sources
+            .iter()
+            .filter(|s| !(s.path() == place.path() && s.offset == place.offset))
+            .find_map(|s| {
+                let f = File::open(s.path()).ok()?;
+                let b = read_aligned(&f, s.offset, length as usize, store.buf_align()).ok()?;
+                let h = crate::checksum::xxh3_64_with_seed(&b, key.checksum_seed());
+                (h == rec.checksum.get()).then(|| (s.name(), b))
+            });
+        let Some((src, bytes)) = good else {
+            act.error = Some("no verified good copy of this record was found".into());
+            out.push(act);
+            continue;
+        };
+        act.source = Some(src);
+        match rewrite(&place.path(), place.offset, &bytes, key, rec.checksum.get()) {
+            Ok(()) => act.repaired = true,
+            Err(e) => act.error = Some(e),
+        }
+        out.push(act);
+    }
+    out
+}
+
+/// Writes `bytes` at `offset` of `path`, fsyncs, drops the cached pages, re-reads and checks
+/// the record's checksum.
+fn rewrite(
+    path: &Path,
+    offset: u64,
+    bytes: &[u8],
+    key: crate::ExpertKey,
+    expected: u64,
+) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {} for writing: {e}", path.display()))?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if offset + bytes.len() as u64 > len {
+        return Err(format!(
+            "{} is {len} bytes, the record ends at {}: not rewritten (re-copy the file)",
+            path.display(),
+            offset + bytes.len() as u64
+        ));
+    }
+    f.write_all_at(bytes, offset)
+        .map_err(|e| format!("write to {} failed: {e}", path.display()))?;
+    f.sync_all()
+        .map_err(|e| format!("fsync of {} failed: {e}", path.display()))?;
+    mirror::drop_cache(&f);
+    drop(f);
+    let f = File::open(path).map_err(|e| e.to_string())?;
+    let mut back = vec![0u8; bytes.len()];
+    f.read_exact_at(&mut back, offset)
+        .map_err(|e| format!("re-read of {} failed: {e}", path.display()))?;
+    let found = crate::checksum::xxh3_64_with_seed(&back, key.checksum_seed());
+    if found != expected {
+        return Err(format!(
+            "re-read after the rewrite still fails: expected {}, found {}",
+            hex64(expected),
+            hex64(found)
+        ));
+    }
+    Ok(())
 }

@@ -3,8 +3,9 @@
 //! A store is a directory (format: `docs/FORMAT.md`) holding every routed expert of a
 //! Mixture-of-Experts model as ONE contiguous, aligned, checksummed record (gate, up and down
 //! weights with all their scales), the dense tensors in a memory-mappable file, and the model's
-//! config and tokenizer files. Engines read it through [`Store::fetch`] (experts, positional
-//! O_DIRECT reads, checksum verified) and [`Store::dense`] (dense tensors by name, mmap).
+//! config and tokenizer files. Engines read it through [`Store::fetch`] (experts, read by an
+//! [`IoEngine`]: io_uring, a pread thread pool or mmap, O_DIRECT where possible, checksum
+//! verified; `docs/IO.md`) and [`Store::dense`] (dense tensors by name, mmap).
 //! [`StoreWriter`] builds a store and publishes it atomically.
 //!
 //! Data flows one way: checkpoint -> `coli-convert` -> [`StoreWriter`] -> store directory ->
@@ -83,18 +84,24 @@ mod format;
 pub mod fsck;
 mod io;
 mod manifest;
+pub mod mirror;
 mod reader;
 mod writer;
 
 pub use encoding::{Encoding, MatrixView, RecordLayout};
 pub use error::StoreError;
 pub use format::{IndexRecord, FORMAT_VERSION};
-pub use io::{AlignedBuf, IoMode, IoPreference};
+pub use io::{
+    AlignedBuf, Completion, FileId, IoEngine, IoEngineChoice, IoEngineKind, IoMode, IoPreference,
+    IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
+};
 pub use manifest::{
     ConverterInfo, DenseEntry, EncodingInfo, ExpertLayer, FileEntry, Manifest, SourceFile,
     WholeFile,
 };
-pub use reader::{DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store};
+pub use reader::{
+    DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, DEFAULT_VERIFY_PIECE_BYTES,
+};
 pub use writer::{
     EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,
     DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,

@@ -3,7 +3,8 @@
 use crate::checksum::StreamingChecksum;
 use crate::format::{IndexHeader, SegmentHeader, INDEX_MAGIC, MANIFEST_MAGIC, SEGMENT_MAGIC};
 use crate::format::{FORMAT_VERSION, INDEX_RECORD_SIZE};
-use crate::io::{open_read, probe_direct, read_aligned, read_into, read_into_chunked, BufPool};
+use crate::io::{open_engine, open_read, probe_direct, read_aligned, EngineConfig, EngineFile};
+use crate::io::{IoEngine, IoEngineChoice, IoEngineKind, ReadProgress, ReadRequest};
 use crate::writer::{hex128, parse_hex128, parse_hex64, segment_path, segment_rel};
 use crate::{
     AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView,
@@ -13,6 +14,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 use zerocopy::FromBytes;
 
@@ -21,21 +24,77 @@ compile_error!(
     "coli-store reads little-endian f32/u16 sections in place and needs a little-endian target"
 );
 
-/// Size of the pieces in which a record of a multi-record batch is read when its checksum is
-/// verified, bytes (rounded up to the store alignment): each piece is hashed while the rest of
-/// the batch is read, so that little hashing remains once the last read lands.
-const FETCH_CHUNK: usize = 1 << 20;
+/// Default size of the pieces in which a record of a multi-record batch is read when its
+/// checksum is verified, bytes (rounded up to the store alignment): each piece is hashed while
+/// the rest of the batch is read, so that little hashing remains once the last read lands.
+pub const DEFAULT_VERIFY_PIECE_BYTES: usize = 1 << 20;
+
+/// A caller-supplied wrapper around the I/O engine built at open ([`OpenOptions::engine_wrapper`]):
+/// it receives the engine (its file table is the store's segments, then the admitted mirror
+/// files, see [`IoEngine::path`]) and returns the engine every expert read then goes through.
+pub type EngineWrapper = Arc<dyn Fn(Arc<dyn IoEngine>) -> Arc<dyn IoEngine> + Send + Sync>;
 
 /// Options for [`Store::open_with`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct OpenOptions {
     /// Verify each record's checksum on every fetch (default true), and each dense tensor's
     /// and copied file's checksum on first access.
     pub verify_checksums: bool,
-    /// O_DIRECT / buffered choice (default Auto).
+    /// O_DIRECT / buffered choice (default Auto), independent of the engine.
     pub io: IoPreference,
-    /// Reads in flight at once for a batch fetch (default 4).
+    /// Threads of the pread and mmap engines, and the queue depth when `queue_depth` is `None`
+    /// (default 4).
     pub fetch_threads: usize,
+    /// I/O engine (default [`IoEngineChoice::Auto`]: io_uring, else pread with one note).
+    pub engine: IoEngineChoice,
+    /// Expert reads in flight at once per fetch call (default `None`: `fetch_threads`).
+    pub queue_depth: Option<usize>,
+    /// Bytes per piece in which verified records of a batch (and every verified record with the
+    /// mmap engine) are read and hashed as they land, rounded up to the store alignment;
+    /// `Some(0)` reads each record whole and hashes it after it lands (a batch's records in
+    /// parallel on `queue_depth` hashing threads). Default `None`: the engine's best (measured,
+    /// `docs/IO.md`): whole records for io_uring, [`DEFAULT_VERIFY_PIECE_BYTES`] for pread and
+    /// mmap.
+    pub verify_piece_bytes: Option<usize>,
+    /// Mirror directories (docs/MIRRORS.md), drives 1, 2, ... in this order (default none).
+    /// Admitted files serve reads; damaged, mismatched and missing ones are left out with one
+    /// note each. Mirrors are only read.
+    pub mirrors: Vec<PathBuf>,
+    /// Relative read bandwidth of each drive, the store first then each mirror (default
+    /// `None`: measured at open with a short O_DIRECT probe, cached in the state directory).
+    /// Only used with mirrors.
+    pub disk_weights: Option<Vec<f64>>,
+    /// With mirrors, a single-record fetch of at least this many bytes is striped over the
+    /// drives holding the record in proportion to their weights (default
+    /// [`crate::mirror::DEFAULT_STRIPE_THRESHOLD`]; `u64::MAX` never stripes).
+    pub stripe_threshold: u64,
+    /// Pluggable engine layer (default `None`: the engine chosen by `engine` is used as is).
+    /// When set, it is called once at open with the built engine, and expert reads (batches,
+    /// striped reads, [`Store::io_engine_handle`]) go through the engine it returns, which must
+    /// read the same files (e.g. a wrapper that measures, traces or throttles each drive, as
+    /// the mirror benchmark does). Reads outside the engine (dense tensors, mirror fallback
+    /// re-reads, probes at open) do not.
+    pub engine_wrapper: Option<EngineWrapper>,
+}
+
+impl std::fmt::Debug for OpenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenOptions")
+            .field("verify_checksums", &self.verify_checksums)
+            .field("io", &self.io)
+            .field("fetch_threads", &self.fetch_threads)
+            .field("engine", &self.engine)
+            .field("queue_depth", &self.queue_depth)
+            .field("verify_piece_bytes", &self.verify_piece_bytes)
+            .field("mirrors", &self.mirrors)
+            .field("disk_weights", &self.disk_weights)
+            .field("stripe_threshold", &self.stripe_threshold)
+            .field(
+                "engine_wrapper",
+                &self.engine_wrapper.as_ref().map(|_| "<wrapper>"),
+            )
+            .finish()
+    }
 }
 
 impl Default for OpenOptions {
@@ -44,17 +103,36 @@ impl Default for OpenOptions {
             verify_checksums: true,
             io: IoPreference::Auto,
             fetch_threads: 4,
+            engine: IoEngineChoice::Auto,
+            queue_depth: None,
+            verify_piece_bytes: None,
+            mirrors: Vec::new(),
+            disk_weights: None,
+            stripe_threshold: crate::mirror::DEFAULT_STRIPE_THRESHOLD,
+            engine_wrapper: None,
         }
     }
 }
 
 /// Counters of expert reads since open.
+///
+/// Disk throughput is `bytes_read / io_wait_ns` (bytes per ns = GB/s) as seen by the callers;
+/// `io_wait_ns` minus `verify_ns` bounds the time blocked on the device alone from above.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchStats {
     /// Expert records read.
     pub reads: u64,
     /// Bytes read from segment files.
     pub bytes_read: u64,
+    /// Wall-clock time callers spent inside [`Store::fetch`] / [`Store::fetch_one`], summed
+    /// over calls (concurrent calls each count), ns: the engine's I/O wait, verification of
+    /// what was read included.
+    pub io_wait_ns: u64,
+    /// Time spent computing record checksums, summed over the threads that hashed, ns (part of
+    /// it overlaps reads in flight).
+    pub verify_ns: u64,
+    /// Fetch calls.
+    pub fetches: u64,
 }
 
 /// One open segment file.
@@ -80,10 +158,35 @@ pub struct Store {
     dense_by_name: HashMap<String, usize>,
     dense_verified: Vec<AtomicBool>,
     dense_encodings: Vec<Encoding>,
-    pool: Option<rayon::ThreadPool>,
-    bufs: std::sync::Arc<BufPool>,
+    engine: Arc<dyn IoEngine>,
+    engine_note: Option<String>,
+    verify_piece_bytes: Option<usize>,
+    /// Threads hashing whole records of a batch as they land (queue depth > 1).
+    hash_pool: Option<rayon::ThreadPool>,
+    /// Mirror routing (`None` without mirrors).
+    router: Option<crate::mirror::route::Router>,
     reads: AtomicU64,
     bytes_read: AtomicU64,
+    io_wait_ns: AtomicU64,
+    verify_ns: AtomicU64,
+    fetches: AtomicU64,
+}
+
+/// Feeds a record's checksum as its pieces land (see [`ReadProgress`]).
+struct RecordHasher {
+    h: StreamingChecksum,
+    ns: u64,
+}
+
+impl ReadProgress for RecordHasher {
+    fn advance(&mut self, buf: &[u8], valid: usize) {
+        let t = Instant::now();
+        self.h.update(buf, valid);
+        self.ns += t.elapsed().as_nanos() as u64;
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
 }
 
 /// One fetched expert: its record bytes in an aligned buffer, with typed views of its matrices.
@@ -663,9 +766,20 @@ impl Store {
             None
         };
         // I/O mode.
-        let (io_mode, buf_align) = match opts.io {
-            IoPreference::Buffered => (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align)),
-            pref => {
+        let (io_mode, buf_align) = match (opts.io, opts.engine) {
+            (IoPreference::Direct, IoEngineChoice::Mmap) => {
+                return Err(io_err(
+                    &dir,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "O_DIRECT was requested with the mmap engine, which always reads through the page cache; choose another engine or buffered I/O",
+                    ),
+                ))
+            }
+            (IoPreference::Buffered, _) | (_, IoEngineChoice::Mmap) => {
+                (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align))
+            }
+            (pref, _) => {
                 let probe = match segments.first() {
                     Some(s) => probe_direct(&segment_path(&dir, 0), align, s.len),
                     None => Ok(AlignedBuf::DEFAULT_ALIGN.max(align)),
@@ -696,11 +810,52 @@ impl Store {
                 s.file = open_read(&p, true).map_err(|e| io_err(&p, e))?;
             }
         }
-        let pool = if opts.fetch_threads > 1 {
+        // I/O engine, over its own handles of the segment files (same O_DIRECT choice).
+        let queue_depth = opts.queue_depth.unwrap_or(opts.fetch_threads).max(1);
+        let mut files = Vec::with_capacity(segments.len());
+        for (id, s) in segments.iter().enumerate() {
+            let path = segment_path(&dir, id as u32);
+            let file = s.file.try_clone().map_err(|e| io_err(&path, e))?;
+            files.push(EngineFile { path, file });
+        }
+        let cfg = EngineConfig {
+            queue_depth,
+            threads: queue_depth,
+            pooled_buffers: queue_depth,
+            buf_align,
+            probe_len: align,
+        };
+        // Mirrors: their admitted files follow the segments in the engine's file table.
+        let router = if opts.mirrors.is_empty() {
+            None
+        } else {
+            let headers: Vec<SegmentHeader> = segments.iter().map(|s| s.header).collect();
+            let (router, extra) = crate::mirror::route::open_mirrors(
+                &dir,
+                store_id,
+                manifest.alignment,
+                &headers,
+                &index,
+                io_mode == IoMode::Direct,
+                buf_align,
+                &opts.mirrors,
+                opts.disk_weights.as_deref(),
+                opts.stripe_threshold,
+            )?;
+            files.extend(extra);
+            Some(router)
+        };
+        let (engine, engine_note) =
+            open_engine(opts.engine, files, &cfg, &dir).map_err(|e| io_err(&dir, e))?;
+        let engine = match &opts.engine_wrapper {
+            Some(wrap) => wrap(engine),
+            None => engine,
+        };
+        let hash_pool = if queue_depth > 1 && opts.verify_checksums {
             Some(
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(opts.fetch_threads)
-                    .thread_name(|i| format!("coli-fetch-{i}"))
+                    .num_threads(queue_depth)
+                    .thread_name(|i| format!("coli-verify-{i}"))
                     .build()
                     .map_err(|e| io_err(&dir, std::io::Error::other(e.to_string())))?,
             )
@@ -724,10 +879,16 @@ impl Store {
             dense_by_name,
             dense_verified,
             dense_encodings,
-            pool,
-            bufs: BufPool::new(opts.fetch_threads.max(1)),
+            engine,
+            engine_note,
+            verify_piece_bytes: opts.verify_piece_bytes,
+            hash_pool,
+            router,
             reads: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+            io_wait_ns: AtomicU64::new(0),
+            verify_ns: AtomicU64::new(0),
+            fetches: AtomicU64::new(0),
         })
     }
 
@@ -794,28 +955,26 @@ impl Store {
             .map(|i| &self.index[i])
     }
 
-    /// Reads several experts, each with one positional read into an aligned buffer, up to
-    /// `fetch_threads` reads in flight. Buffers come from a pool of up to `fetch_threads` idle
-    /// buffers (an [`ExpertBuf`] returns its buffer there when dropped), so steady fetching does
-    /// not allocate, zero and page-fault a fresh buffer per record. Results are in the order of `keys`. Each record's xxh3
-    /// is verified when `verify_checksums`.
+    /// Reads several experts through the store's I/O engine ([`Store::io_engine`]), up to the
+    /// queue depth in flight, each record into an aligned buffer from the engine (an
+    /// [`ExpertBuf`] returns its buffer to the engine's pool when dropped, so steady fetching
+    /// does not allocate, zero and page-fault a fresh buffer per record). Results are in the
+    /// order of `keys`. Each record's xxh3 is verified when `verify_checksums`: in a batch (and
+    /// always with the mmap engine) records are read in pieces of
+    /// [`OpenOptions::verify_piece_bytes`], each hashed as it lands while the other reads keep
+    /// the device busy; a lone record is read with one request and hashed after it lands.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`] for a key not in the store, [`StoreError::Io`] on a read error,
+    /// [`StoreError::NotFound`] for a key not in the store, [`StoreError::Io`] naming the
+    /// segment file, the expert, the offset and length on a read error or a short file,
     /// [`StoreError::Checksum`] naming the expert, segment file and offset on a mismatch.
     pub fn fetch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
-        use rayon::prelude::*;
-        match (&self.pool, keys.len()) {
-            (Some(pool), n) if n > 1 => pool.install(|| {
-                keys.par_iter()
-                    .map(|&k| self.fetch_piecewise(k, true))
-                    .collect()
-            }),
-            _ => keys
-                .iter()
-                .map(|&k| self.fetch_piecewise(k, false))
-                .collect(),
-        }
+        let t0 = Instant::now();
+        let r = self.fetch_batch(keys);
+        self.io_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        r
     }
 
     /// Reads one expert (see [`Store::fetch`]).
@@ -823,43 +982,148 @@ impl Store {
     /// # Errors
     /// As [`Store::fetch`].
     pub fn fetch_one(&self, key: ExpertKey) -> Result<ExpertBuf, StoreError> {
-        self.fetch_piecewise(key, false)
+        let mut v = self.fetch(&[key])?;
+        Ok(v.pop().expect("one key, one buffer"))
     }
 
-    /// Reads one expert; with `pieces` (several reads in flight) a verified record is read in
-    /// [`FETCH_CHUNK`] pieces, each hashed while the other reads proceed; alone, one read (a
-    /// single large request keeps the device busier than pieces at queue depth 1).
-    fn fetch_piecewise(&self, key: ExpertKey, pieces: bool) -> Result<ExpertBuf, StoreError> {
-        let r = self
-            .record(key)
-            .ok_or_else(|| StoreError::NotFound(format!("expert {key}")))?;
-        let seg = &self.segments[r.segment.get() as usize];
-        let (off, len) = (r.offset.get(), r.length.get() as usize);
-        let path_err = |e| io_err(&self.dir.join(&seg.rel), e);
-        let buf = self.bufs.get(len, self.buf_align);
-        let (buf, found) = if self.verify {
-            // Hash each piece as it lands (see `read_into_chunked`).
-            let mut h = StreamingChecksum::new(key.checksum_seed(), len);
-            let chunk = if pieces {
-                FETCH_CHUNK.next_multiple_of(self.manifest.alignment as usize)
-            } else {
-                len
-            };
-            let buf = read_into_chunked(&seg.file, off, buf, chunk, |b, valid| h.update(b, valid))
-                .map_err(path_err)?;
-            let found = h.finish(&buf);
-            (buf, Some(found))
+    fn fetch_batch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
+        let recs = keys
+            .iter()
+            .map(|&k| {
+                self.record(k)
+                    .ok_or_else(|| StoreError::NotFound(format!("expert {k}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if recs.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(rt) = &self.router {
+            return self.fetch_mirrored(rt, keys, &recs);
+        }
+        let mut q = self.engine.queue().map_err(|e| io_err(&self.dir, e))?;
+        let piece_bytes = self.verify_piece_bytes.unwrap_or(match self.engine.kind() {
+            IoEngineKind::Uring => 0,
+            IoEngineKind::Pread | IoEngineKind::Mmap => DEFAULT_VERIFY_PIECE_BYTES,
+        });
+        let pieces = self.verify
+            && piece_bytes > 0
+            && (recs.len() > 1 || self.engine.kind() == IoEngineKind::Mmap);
+        let piece_len = if pieces {
+            piece_bytes.next_multiple_of(self.manifest.alignment as usize)
         } else {
-            (read_into(&seg.file, off, buf).map_err(path_err)?, None)
+            0
         };
+        for (i, r) in recs.iter().enumerate() {
+            let len = r.length.get() as usize;
+            let buf = self.engine.buffer(len, self.buf_align);
+            let mut req =
+                ReadRequest::whole(i as u64, buf, r.segment.get(), r.offset.get(), piece_len);
+            if pieces {
+                req.progress = Some(Box::new(RecordHasher {
+                    h: StreamingChecksum::new(keys[i].checksum_seed(), len),
+                    ns: 0,
+                }));
+            }
+            q.submit(req);
+        }
+        let mut out: Vec<Option<ExpertBuf>> = (0..recs.len()).map(|_| None).collect();
+        match &self.hash_pool {
+            // Whole records of a batch: each is hashed on the pool as soon as it lands, while
+            // this thread keeps reaping (and the engine keeps the rest of the batch in flight).
+            Some(pool) if self.verify && !pieces && recs.len() > 1 => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (keys, recs) = (&keys, &recs);
+                pool.in_place_scope(|sc| -> Result<(), StoreError> {
+                    while let Some(c) = q.wait() {
+                        let i = c.tag as usize;
+                        let buf = self.landed(keys[i], recs[i], c.result, c.buf)?;
+                        let tx = tx.clone();
+                        sc.spawn(move |_| {
+                            let r = self.verified(keys[i], recs[i], buf, None);
+                            // The receiver lives until the scope ends.
+                            let _ = tx.send((i, r));
+                        });
+                    }
+                    Ok(())
+                })?;
+                drop(tx);
+                for (i, r) in rx {
+                    out[i] = Some(r?);
+                }
+            }
+            _ => {
+                while let Some(c) = q.wait() {
+                    let i = c.tag as usize;
+                    let buf = self.landed(keys[i], recs[i], c.result, c.buf)?;
+                    out[i] = Some(self.verified(keys[i], recs[i], buf, c.progress)?);
+                }
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every request completes once"))
+            .collect())
+    }
+
+    /// The buffer of a completed read, counted in the stats, or the read's error naming the
+    /// file and the expert.
+    fn landed(
+        &self,
+        key: ExpertKey,
+        r: &IndexRecord,
+        result: Result<(), crate::ReadError>,
+        buf: AlignedBuf,
+    ) -> Result<AlignedBuf, StoreError> {
+        if let Err(e) = result {
+            return Err(StoreError::Io {
+                path: e.path,
+                source: std::io::Error::new(
+                    e.source.kind(),
+                    format!(
+                        "reading the record of {key} ({} bytes at offset {}; failed at offset {}, {} bytes left): {}",
+                        r.length.get(),
+                        r.offset.get(),
+                        e.offset,
+                        e.len,
+                        e.source
+                    ),
+                ),
+            });
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-        if let Some(found) = found {
+        self.bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    /// Verifies a landed record's checksum (finishing the streaming hash of its progress
+    /// observer when it has one) and wraps it.
+    fn verified(
+        &self,
+        key: ExpertKey,
+        r: &IndexRecord,
+        buf: AlignedBuf,
+        progress: Option<Box<dyn ReadProgress>>,
+    ) -> Result<ExpertBuf, StoreError> {
+        if self.verify {
+            let t = Instant::now();
+            let (found, ns) = match progress.map(|p| p.into_any().downcast::<RecordHasher>()) {
+                Some(Ok(h)) => {
+                    let ns = h.ns;
+                    (h.h.finish(&buf), ns)
+                }
+                _ => (
+                    crate::checksum::xxh3_64_with_seed(&buf, key.checksum_seed()),
+                    0,
+                ),
+            };
+            self.verify_ns
+                .fetch_add(ns + t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if found != r.checksum.get() {
                 return Err(StoreError::Checksum {
                     what: key.to_string(),
-                    file: seg.rel.clone(),
-                    offset: off,
+                    file: self.segments[r.segment.get() as usize].rel.clone(),
+                    offset: r.offset.get(),
                     expected: r.checksum.get(),
                     found,
                 });
@@ -929,11 +1193,226 @@ impl Store {
         self.io_mode
     }
 
-    /// Reads and bytes read by fetches since open.
+    /// The I/O engine that actually reads expert records (with [`IoEngineChoice::Auto`],
+    /// [`IoEngineKind::Pread`] when io_uring was refused; see [`Store::io_engine_note`]).
+    pub fn io_engine(&self) -> IoEngineKind {
+        self.engine.kind()
+    }
+
+    /// Why the engine differs from the one asked for (io_uring refused and the pread engine
+    /// used instead), or `None`.
+    pub fn io_engine_note(&self) -> Option<&str> {
+        self.engine_note.as_deref()
+    }
+
+    /// A one-line description of the engine: kind, queue depth, threads or rings, registration.
+    pub fn io_engine_description(&self) -> String {
+        self.engine.describe()
+    }
+
+    /// Expert reads in flight at once per fetch call.
+    pub fn queue_depth(&self) -> usize {
+        self.engine.queue_depth()
+    }
+
+    /// The store's I/O engine, for readers of segment files beyond [`Store::fetch`] (its file
+    /// table is the segment files, `FileId` = segment id).
+    pub fn io_engine_handle(&self) -> &Arc<dyn IoEngine> {
+        &self.engine
+    }
+
+    /// Reads, bytes read, time in fetch calls and hashing since open.
     pub fn stats(&self) -> FetchStats {
         FetchStats {
             reads: self.reads.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            io_wait_ns: self.io_wait_ns.load(Ordering::Relaxed),
+            verify_ns: self.verify_ns.load(Ordering::Relaxed),
+            fetches: self.fetches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Mirror counters (per drive bytes and reads, striped reads, fallbacks, checksum
+    /// failures); `None` when the store was opened without mirrors.
+    pub fn mirror_stats(&self) -> Option<crate::mirror::MirrorStats> {
+        self.router.as_ref().map(|r| r.stats())
+    }
+
+    /// [`Store::fetch`] through mirrors (docs/MIRRORS.md): each record from its assigned drive,
+    /// a single record at or above the stripe threshold striped over its holders; every copy
+    /// read from a mirror is verified (the primary's when `verify_checksums`); a read error,
+    /// short read or checksum mismatch falls back to another copy (a striped read first
+    /// verifies each copy's whole record, to blame only the damaged one).
+    fn fetch_mirrored(
+        &self,
+        rt: &crate::mirror::route::Router,
+        keys: &[ExpertKey],
+        recs: &[&IndexRecord],
+    ) -> Result<Vec<ExpertBuf>, StoreError> {
+        let mut q = self.engine.queue().map_err(|e| io_err(&self.dir, e))?;
+        // Per request: the position in INDEX and the (drive, bytes) it reads.
+        let mut plan: Vec<(usize, Vec<(u32, u64)>)> = Vec::with_capacity(recs.len());
+        // Striped reads already read (pool engines, see `read_split`).
+        let mut prepared: Vec<crate::Completion> = Vec::new();
+        for (i, r) in recs.iter().enumerate() {
+            let len = r.length.get() as usize;
+            let pos = self
+                .index
+                .binary_search_by_key(&keys[i], |x| x.key())
+                .expect("fetched keys are in INDEX");
+            let buf = self.engine.buffer(len, self.buf_align);
+            // A single cold read is striped; a batch already keeps the drives busy through
+            // the per-expert assignment.
+            let striped = if recs.len() == 1 {
+                rt.stripe(pos, len as u64)
+            } else {
+                None
+            };
+            if let Some(st) = striped {
+                rt.count_striped();
+                plan.push((pos, st.iter().map(|(d, p)| (*d, p.len as u64)).collect()));
+                let pieces: Vec<crate::ReadPiece> = st.into_iter().map(|(_, p)| p).collect();
+                if self.engine.kind() == IoEngineKind::Uring {
+                    // io_uring reads the pieces of one request concurrently.
+                    q.submit(ReadRequest {
+                        tag: i as u64,
+                        buf,
+                        pieces,
+                        progress: None,
+                    });
+                } else {
+                    // The pool engines read a request's pieces one after the other: one
+                    // request per piece puts them all in flight, then they are assembled.
+                    prepared.push(self.read_split(&mut *q, i as u64, buf, &pieces));
+                }
+            } else {
+                let src = rt.choose(pos);
+                plan.push((pos, vec![(src.drive, len as u64)]));
+                q.submit(ReadRequest::whole(i as u64, buf, src.file, src.offset, 0));
+            }
+        }
+        let mut out: Vec<Option<ExpertBuf>> = (0..recs.len()).map(|_| None).collect();
+        while let Some(c) = prepared.pop().or_else(|| q.wait()) {
+            let i = c.tag as usize;
+            let (key, r) = (keys[i], recs[i]);
+            let (pos, used) = &plan[i];
+            let (seed, expected) = (key.checksum_seed(), r.checksum.get());
+            let len = r.length.get() as usize;
+            let mut buf = c.buf;
+            let fault: Option<(bool, String)> = match &c.result {
+                Err(e) => Some((false, e.to_string())),
+                Ok(()) if self.verify || used.iter().any(|(d, _)| *d != 0) => {
+                    let t = Instant::now();
+                    let found = crate::checksum::xxh3_64_with_seed(&buf, seed);
+                    self.verify_ns
+                        .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    (found != expected).then(|| {
+                        (
+                            true,
+                            format!("{key} fails its checksum (expected {expected:016x}, found {found:016x})"),
+                        )
+                    })
+                }
+                Ok(()) => None,
+            };
+            match fault {
+                None => {
+                    for (d, n) in used {
+                        rt.count_read(*d, *n);
+                    }
+                }
+                Some((checksum, what)) => {
+                    let drives: Vec<u32> = used.iter().map(|(d, _)| *d).collect();
+                    let good = if drives.len() > 1 {
+                        rt.verify_copies(*pos, &drives, len, self.buf_align, seed, expected)
+                            .or_else(|| {
+                                rt.fallback(*pos, &drives, len, self.buf_align, seed, expected)
+                            })
+                    } else {
+                        rt.fault(drives[0], checksum, &what);
+                        rt.fallback(*pos, &drives, len, self.buf_align, seed, expected)
+                    };
+                    match good {
+                        Some((_, b)) => buf = b,
+                        None if checksum => {
+                            return Err(StoreError::Checksum {
+                                what: format!("{key} (every copy)"),
+                                file: self.segments[r.segment.get() as usize].rel.clone(),
+                                offset: r.offset.get(),
+                                expected,
+                                found: crate::checksum::xxh3_64_with_seed(&buf, seed),
+                            })
+                        }
+                        None => {
+                            return Err(StoreError::Io {
+                                path: rt.path(r.segment.get()).to_path_buf(),
+                                source: std::io::Error::other(format!(
+                                    "reading the record of {key}: every copy failed; first: {what}"
+                                )),
+                            })
+                        }
+                    }
+                }
+            }
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+            let encoding =
+                Encoding::from_id(r.encoding.get(), r.group_size.get()).expect("checked at open");
+            let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+            out[i] = Some(ExpertBuf {
+                key,
+                encoding,
+                hidden,
+                intermediate,
+                layout: RecordLayout::new(encoding, hidden, intermediate),
+                buf,
+            });
+        }
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every request completes once"))
+            .collect())
+    }
+
+    /// Reads `pieces` (of one record, into `buf` at their buffer offsets) as one request per
+    /// piece, all in flight at once on `q` (which must have nothing else outstanding), then
+    /// copies them into `buf`; returns the completion of the whole record as tag `tag`.
+    fn read_split(
+        &self,
+        q: &mut dyn crate::IoQueue,
+        tag: u64,
+        mut buf: AlignedBuf,
+        pieces: &[crate::ReadPiece],
+    ) -> crate::Completion {
+        for (k, p) in pieces.iter().enumerate() {
+            q.submit(ReadRequest::whole(
+                k as u64,
+                self.engine.buffer(p.len, self.buf_align),
+                p.file,
+                p.file_offset,
+                0,
+            ));
+        }
+        let mut result = Ok(());
+        while let Some(c) = q.wait() {
+            let p = &pieces[c.tag as usize];
+            match c.result {
+                Ok(()) => {
+                    buf.as_mut_slice()[p.buf_offset..p.buf_offset + p.len].copy_from_slice(&c.buf)
+                }
+                Err(mut e) => {
+                    e.tag = tag;
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+        }
+        crate::Completion {
+            tag,
+            buf,
+            progress: None,
+            result,
         }
     }
 

@@ -45,6 +45,7 @@ fn multi_piece_records_roundtrip_reuse_buffers_and_detect_flips() {
                 verify_checksums: false,
                 io,
                 fetch_threads: 2,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -54,6 +55,7 @@ fn multi_piece_records_roundtrip_reuse_buffers_and_detect_flips() {
                 verify_checksums: true,
                 io,
                 fetch_threads: 2,
+                ..Default::default()
             },
         )
         .unwrap();

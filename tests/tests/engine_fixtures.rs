@@ -127,6 +127,7 @@ fn placement_never_changes_tokens() {
             threads: Some(threads),
             context: None,
             prefill_batch: batch,
+            ..Default::default()
         };
         let mut e = Engine::new(&store, &opts).unwrap();
         let params = GenerateParams {

@@ -200,3 +200,74 @@ fn mirrors() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("DAMAGED"), "{out}");
 }
+
+#[test]
+fn nonexistent_mirror_is_a_usage_error() {
+    let t = TempDir::new("nomirror");
+    let store = write_store(&t.0);
+    let s = store.to_str().unwrap();
+    let missing = t.0.join("no-such-mirror");
+    let (code, out) = fsck(&[s, "--mirror", missing.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 2, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "unusable");
+    assert!(v["problems"][0]["what"]
+        .as_str()
+        .unwrap()
+        .contains("does not exist"));
+    // A file given as a mirror: also exit 2.
+    let f = t.0.join("file");
+    std::fs::write(&f, b"x").unwrap();
+    assert_eq!(fsck(&[s, "--mirror", f.to_str().unwrap()]).0, 2);
+}
+
+#[test]
+fn repair_rewrites_damaged_copies_from_a_good_one() {
+    let t = TempDir::new("repair");
+    let store = write_store(&t.0);
+    let s = store.to_str().unwrap();
+    let m = t.0.join("mirror");
+    std::fs::create_dir_all(m.join("segments")).unwrap();
+    let names: Vec<String> = std::fs::read_dir(store.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    for n in &names {
+        std::fs::copy(store.join("segments").join(n), m.join("segments").join(n)).unwrap();
+    }
+    let ms = m.to_str().unwrap();
+    let st = Store::open(&store).unwrap();
+    let r1 = *st.record(ExpertKey::new(0, 1)).unwrap();
+    let r2 = *st.record(ExpertKey::new(0, 2)).unwrap();
+    drop(st);
+    let seg1 = format!("segments/seg-{:05}.bin", r1.segment.get());
+    let seg2 = format!("segments/seg-{:05}.bin", r2.segment.get());
+    // One record damaged in the mirror, another in the primary.
+    flip(&m.join(&seg1), r1.offset.get() as usize + 9);
+    flip(&store.join(&seg2), r2.offset.get() as usize + 9);
+    let (code, out) = fsck(&[s, "--mirror", ms]);
+    assert_eq!(code, 1, "{out}");
+    let (code, out) = fsck(&[s, "--mirror", ms, "--repair"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.matches("REPAIRED:").count(), 2, "{out}");
+    assert!(out.contains("result: clean"), "{out}");
+    for n in &names {
+        assert_eq!(
+            std::fs::read(store.join("segments").join(n)).unwrap(),
+            std::fs::read(m.join("segments").join(n)).unwrap(),
+            "{n} differs after repair"
+        );
+    }
+    // A truncated copy is not rewritten: damage remains, exit 1, the file is untouched.
+    let p = m.join(&seg1);
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 512).unwrap();
+    drop(f);
+    let before = std::fs::read(&p).unwrap();
+    let (code, out) = fsck(&[s, "--mirror", ms, "--repair", "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "damaged");
+    assert_eq!(std::fs::read(&p).unwrap(), before);
+}

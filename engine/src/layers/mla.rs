@@ -11,14 +11,21 @@
 //! score  = (q_nope . k_nope + q_pe . k_pe) * softmax_scale, causal softmax (f32), o = p v
 //! ```
 //!
-//! The KV cache holds `rkv + dr` f32 values per token (`c` then the rotated `k_pe`); keys and
-//! values are re-expanded through `kv_b` each call (the "expanded" form).
+//! The KV cache holds `rkv + dr` f32 values per token (`c` then the rotated `k_pe`), plus the
+//! GLM-5 DSA indexer key ([`crate::layers::dsa_indexer`]) on layers that run an indexer.
+//! Prefill re-expands keys and values through `kv_b` (the "expanded" form); decode (one token)
+//! uses the "absorbed" form, folding `kv_b`'s key rows into the query and its value rows into
+//! the output so that attention runs directly over the cached latents (DeepSeek's reference
+//! `attn_impl="absorb"`). GLM-5 (`glm_moe_dsa`) restricts each query to the keys its indexer
+//! selects.
 
 use crate::config::{cfg_err, get_bool, get_f64, get_usize, req_usize};
 use crate::error::Result;
+use crate::layers::dsa_indexer::{DsaConfig, DsaIndexer, Selection};
 use crate::layers::{LayerKv, Linear, RmsNorm, Rope};
 use rayon::prelude::*;
 use serde_json::Value;
+use std::sync::{Arc, Mutex};
 
 /// YaRN parameters (`rope_scaling` / `rope_parameters` with `type`/`rope_type` `"yarn"`).
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +79,11 @@ pub struct MlaConfig {
     pub moe_layer_freq: usize,
     /// `num_nextn_predict_layers` (MTP layers stored after the decoder layers).
     pub num_nextn_predict_layers: usize,
+    /// GLM-5 `mlp_layer_types` (true = `"sparse"`, MoE); None: derived from
+    /// `first_k_dense_replace` / `moe_layer_freq`.
+    pub mlp_sparse: Option<Vec<bool>>,
+    /// GLM-5 DSA indexer (`glm_moe_dsa`), None for DeepSeek-V3 / Kimi-K2.
+    pub dsa: Option<DsaConfig>,
 }
 
 /// transformers' `get_mscale` / `yarn_get_mscale`: `0.1 * m * ln(scale) + 1`, 1 when scale <= 1.
@@ -85,12 +97,19 @@ pub fn yarn_mscale(scale: f64, m: f64) -> f64 {
 
 impl MlaConfig {
     /// Reads the MLA, RoPE and routing keys of a DeepSeek-V3 config.json (`v`), with
-    /// `DeepseekV3Config`'s defaults; `num_experts` is `n_routed_experts`.
+    /// `DeepseekV3Config`'s defaults; `num_experts` is `n_routed_experts`. `glm` (model_type
+    /// `glm_moe_dsa`): RoPE always interleaved, `mlp_layer_types` and the DSA indexer keys
+    /// ([`DsaConfig::from_json`]) are read too.
     ///
     /// # Errors
     /// [`crate::EngineError::Config`] for missing/mistyped keys or groups that do not divide
     /// the experts; [`crate::EngineError::Unsupported`] for another rope type or scoring.
-    pub fn from_json(v: &Value, num_experts: usize, default_theta: f64) -> Result<MlaConfig> {
+    pub fn from_json(
+        v: &Value,
+        num_experts: usize,
+        default_theta: f64,
+        glm: bool,
+    ) -> Result<MlaConfig> {
         if let Some(s) = v.get("scoring_func").and_then(Value::as_str) {
             if s != "sigmoid" {
                 return Err(crate::EngineError::Unsupported(format!(
@@ -159,6 +178,34 @@ impl MlaConfig {
                 softmax_scale *= s * s;
             }
         }
+        let num_layers = req_usize(v, "num_hidden_layers")?;
+        let (mlp_sparse, dsa) = if glm {
+            let sparse = match v.get("mlp_layer_types") {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(a)) if a.len() == num_layers => Some(
+                    a.iter()
+                        .map(|t| match t.as_str() {
+                            Some("sparse") => Ok(true),
+                            Some("dense") => Ok(false),
+                            _ => Err(cfg_err(format!(
+                                "mlp_layer_types entry {t} (\"dense\" or \"sparse\")"
+                            ))),
+                        })
+                        .collect::<Result<Vec<bool>>>()?,
+                ),
+                Some(x) => {
+                    return Err(cfg_err(format!(
+                        "mlp_layer_types must list {num_layers} strings, found {x}"
+                    )))
+                }
+            };
+            (
+                sparse,
+                Some(DsaConfig::from_json(v, num_layers, qk_rope_head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
         let n_group = get_usize(v, "n_group")?.unwrap_or(1).max(1);
         let topk_group = get_usize(v, "topk_group")?.unwrap_or(1).max(1);
         if !num_experts.is_multiple_of(n_group) || topk_group > n_group {
@@ -173,7 +220,7 @@ impl MlaConfig {
             qk_rope_head_dim,
             v_head_dim: req_usize(v, "v_head_dim")?,
             rope_theta: rope_theta.unwrap_or(default_theta),
-            rope_interleave: get_bool(v, "rope_interleave")?.unwrap_or(true),
+            rope_interleave: glm || get_bool(v, "rope_interleave")?.unwrap_or(true),
             yarn,
             softmax_scale: softmax_scale as f32,
             n_group,
@@ -183,6 +230,8 @@ impl MlaConfig {
             first_k_dense_replace: get_usize(v, "first_k_dense_replace")?.unwrap_or(0),
             moe_layer_freq: get_usize(v, "moe_layer_freq")?.unwrap_or(1).max(1),
             num_nextn_predict_layers: get_usize(v, "num_nextn_predict_layers")?.unwrap_or(0),
+            mlp_sparse,
+            dsa,
         })
     }
 
@@ -225,6 +274,27 @@ impl MlaConfig {
     }
 }
 
+/// The DSA part of a GLM-5 attention block: a `"full"` layer runs its indexer and publishes
+/// the selection in `slot`; a `"shared"` layer reads the selection its full layer published for
+/// the same batch (layers run in order, so the slot always holds the current batch).
+pub enum Dsa<'s> {
+    /// Runs its own indexer (its keys are cached after the MLA latent).
+    Full {
+        /// The indexer.
+        indexer: Box<DsaIndexer<'s>>,
+        /// Where this layer's selection is published for following shared layers.
+        slot: SelectionSlot,
+    },
+    /// Reuses the selection of the previous full layer.
+    Shared {
+        /// The slot of that full layer.
+        slot: SelectionSlot,
+    },
+}
+
+/// The selection of the current batch, shared between a full DSA layer and its shared layers.
+pub type SelectionSlot = Arc<Mutex<Selection>>;
+
 /// One MLA attention block.
 pub struct Mla<'s> {
     /// `q_a_proj` `[rq, H]` and `q_a_layernorm` (eps 1e-6), when `q_lora_rank` is set.
@@ -255,6 +325,11 @@ pub struct Mla<'s> {
     pub attention_factor: f32,
     /// Interleaved RoPE pairs.
     pub interleave: bool,
+    /// GLM-5 sparse attention (None: every causal key).
+    pub dsa: Option<Dsa<'s>>,
+    /// One-token calls (decode) use the absorbed form (default true); false forces the
+    /// expanded form everywhere (to check one against the other).
+    pub absorb_decode: bool,
 }
 
 /// Rotates `x` (`dr` values) in place at the angles of `cos`/`sin` (already scaled by the
@@ -274,31 +349,52 @@ pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
 }
 
 impl Mla<'_> {
-    /// Values per token in the KV cache: `kv_lora_rank + qk_rope_head_dim`.
+    /// f32 values per token in the KV cache: `kv_lora_rank + qk_rope_head_dim`, plus
+    /// `index_head_dim` on a layer that runs a DSA indexer. Row layout `[c | k_pe | ik]`.
     pub fn kv_dim(&self) -> usize {
-        self.kv_lora_rank + self.rope_dim
+        self.kv_lora_rank + self.rope_dim + self.index_dim()
+    }
+
+    /// Indexer key values per token (0 without an own indexer).
+    fn index_dim(&self) -> usize {
+        match &self.dsa {
+            Some(Dsa::Full { indexer, .. }) => indexer.head_dim,
+            _ => 0,
+        }
     }
 
     /// Projects `x` (`[n, H]`) to queries `[n, nh * (dn + dr)]` (RoPE applied to each head's
-    /// last dr values) and appends `[c, k_pe]` rows to `kv` (which must hold `pos0` rows).
-    fn project(&self, x: &[f32], n: usize, pos0: usize, rope: &Rope, kv: &mut LayerKv) -> Vec<f32> {
+    /// last dr values), returns them with the normalized q latent (`[n, rq]`, when q_lora), and
+    /// appends `[c, k_pe, ik]` rows to `kv` (which must hold `pos0` rows).
+    fn project(
+        &self,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+        tables: &[(Vec<f32>, Vec<f32>)],
+        kv: &mut LayerKv,
+    ) -> (Vec<f32>, Option<Vec<f32>>) {
         let (nh, dn, dr, rkv) = (self.num_heads, self.nope, self.rope_dim, self.kv_lora_rank);
         let qd = nh * (dn + dr);
         let mut q = vec![0f32; n * qd];
-        match &self.q_a {
+        let q_lat = match &self.q_a {
             Some((qa, norm)) => {
                 let mut lat = vec![0f32; n * qa.rows()];
                 qa.forward(x, n, &mut lat);
                 norm.forward_inplace(&mut lat);
                 self.q_b.forward(&lat, n, &mut q);
+                Some(lat)
             }
-            None => self.q_b.forward(x, n, &mut q),
-        }
+            None => {
+                self.q_b.forward(x, n, &mut q);
+                None
+            }
+        };
         let kvd = rkv + dr;
         let mut ckv = vec![0f32; n * kvd];
         self.kv_a.forward(x, n, &mut ckv);
         let mut tmp = vec![0f32; rkv];
-        for t in 0..n {
+        for (t, (cos, sin)) in tables.iter().enumerate() {
             let row = &mut ckv[t * kvd..(t + 1) * kvd];
             coli_kernels::rms_norm(
                 &row[..rkv],
@@ -307,24 +403,33 @@ impl Mla<'_> {
                 &mut tmp,
             );
             row[..rkv].copy_from_slice(&tmp);
-            let (mut cos, mut sin) = rope.tables(pos0 + t);
-            for v in cos.iter_mut().chain(sin.iter_mut()) {
-                *v *= self.attention_factor;
-            }
-            rope_apply(&mut row[rkv..], &cos, &sin, self.interleave);
+            rope_apply(&mut row[rkv..], cos, sin, self.interleave);
             for h in 0..nh {
                 let s = t * qd + h * (dn + dr) + dn;
-                rope_apply(&mut q[s..s + dr], &cos, &sin, self.interleave);
+                rope_apply(&mut q[s..s + dr], cos, sin, self.interleave);
             }
         }
-        debug_assert_eq!(kv.k.len(), pos0 * kvd);
-        kv.k.extend_from_slice(&ckv);
-        q
+        let stride = self.kv_dim();
+        debug_assert_eq!(kv.k.len(), pos0 * stride);
+        match &self.dsa {
+            Some(Dsa::Full { indexer, .. }) => {
+                let ik = indexer.keys(x, n, tables);
+                let id = indexer.head_dim;
+                for t in 0..n {
+                    kv.k.extend_from_slice(&ckv[t * kvd..(t + 1) * kvd]);
+                    kv.k.extend_from_slice(&ik[t * id..(t + 1) * id]);
+                }
+            }
+            _ => kv.k.extend_from_slice(&ckv),
+        }
+        (q, q_lat)
     }
 
     /// Attention for `n` tokens at positions `pos0..pos0+n` (normalized hidden states `x`,
     /// `[n, H]`): appends their latent rows to `kv` and writes the o_proj output to `out`
-    /// (`[n, H]`). Expanded form: `kv_b` is applied to every cached latent.
+    /// (`[n, H]`). One token (decode) uses the absorbed form when `absorb_decode`, otherwise
+    /// the expanded form (`kv_b` applied to every cached latent); GLM-5 layers restrict each
+    /// query to the keys its DSA indexer selects.
     pub fn forward(
         &self,
         x: &[f32],
@@ -334,6 +439,55 @@ impl Mla<'_> {
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..n)
+            .map(|t| {
+                let (mut cos, mut sin) = rope.tables(pos0 + t);
+                for v in cos.iter_mut().chain(sin.iter_mut()) {
+                    *v *= self.attention_factor;
+                }
+                (cos, sin)
+            })
+            .collect();
+        let (q, q_lat) = self.project(x, n, pos0, &tables, kv);
+        let stride = self.kv_dim();
+        let sel: Option<Selection> = match &self.dsa {
+            None => None,
+            Some(Dsa::Full { indexer, slot }) => {
+                // load_mla refuses an indexer without q_lora_rank, so q_lat is present.
+                let lat = q_lat.as_deref().unwrap_or(&[]);
+                let s = indexer.select(
+                    lat,
+                    x,
+                    n,
+                    pos0,
+                    &tables,
+                    (&kv.k, stride, self.kv_lora_rank + self.rope_dim),
+                );
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
+                Some(s)
+            }
+            Some(Dsa::Shared { slot }) => {
+                Some(slot.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            }
+        };
+        let ctx = if n == 1 && self.absorb_decode {
+            self.attend_absorbed(&q, pos0, sel.as_ref().map(|s| s[0].as_slice()), &kv.k)
+        } else {
+            self.attend_expanded(&q, n, pos0, sel.as_ref(), &kv.k)
+        };
+        self.o.forward(&ctx, n, out);
+    }
+
+    /// Expanded form: `k_nope`/`v` of every cached position from `kv_b`, then per (token,
+    /// head) softmax over the allowed keys. Returns `[n, nh * dv]`.
+    fn attend_expanded(
+        &self,
+        q: &[f32],
+        n: usize,
+        pos0: usize,
+        sel: Option<&Selection>,
+        cache: &[f32],
+    ) -> Vec<f32> {
         let (nh, dn, dr, dv, rkv) = (
             self.num_heads,
             self.nope,
@@ -341,39 +495,107 @@ impl Mla<'_> {
             self.v_dim,
             self.kv_lora_rank,
         );
-        let q = self.project(x, n, pos0, rope, kv);
-        let kvd = rkv + dr;
+        let stride = self.kv_dim();
         let total = pos0 + n;
         let mut lat = Vec::with_capacity(total * rkv);
         for j in 0..total {
-            lat.extend_from_slice(&kv.k[j * kvd..j * kvd + rkv]);
+            lat.extend_from_slice(&cache[j * stride..j * stride + rkv]);
         }
         let w = dn + dv;
         let mut kvx = vec![0f32; total * nh * w];
         self.kv_b.forward(&lat, total, &mut kvx);
         let qd = nh * (dn + dr);
         let scale = self.softmax_scale;
-        let cache = &kv.k;
         let mut ctx = vec![0f32; n * nh * dv];
         ctx.par_chunks_mut(dv).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / nh, i % nh);
             let pos = pos0 + t;
+            let all: Vec<usize>;
+            let keys: &[usize] = match sel {
+                Some(s) => &s[t],
+                None => {
+                    all = (0..=pos).collect();
+                    &all
+                }
+            };
             let qh = &q[t * qd + h * (dn + dr)..t * qd + (h + 1) * (dn + dr)];
-            let mut scores: Vec<f32> = (0..=pos)
-                .map(|j| {
+            let mut scores: Vec<f32> = keys
+                .iter()
+                .map(|&j| {
                     let kn = &kvx[(j * nh + h) * w..(j * nh + h) * w + dn];
-                    let kp = &cache[j * kvd + rkv..(j + 1) * kvd];
+                    let kp = &cache[j * stride + rkv..j * stride + rkv + dr];
                     (coli_kernels::dot(&qh[..dn], kn) + coli_kernels::dot(&qh[dn..], kp)) * scale
                 })
                 .collect();
             coli_kernels::softmax_inplace(&mut scores);
             o.fill(0.0);
-            for (j, p) in scores.iter().enumerate() {
+            for (&j, p) in keys.iter().zip(&scores) {
                 let vj = &kvx[(j * nh + h) * w + dn..(j * nh + h + 1) * w];
                 coli_kernels::axpy(*p, vj, o);
             }
         });
-        self.o.forward(&ctx, n, out);
+        ctx
+    }
+
+    /// Absorbed form for one query at `pos` (DeepSeek's `attn_impl="absorb"`): per head h,
+    /// with `W_kb = kv_b[h*(dn+dv) .. h*(dn+dv)+dn]` (`[dn, rkv]`) and `W_vb` the next dv rows,
+    /// `q_abs = q_nope W_kb` (`[rkv]`), `score_j = (q_abs . c_j + q_pe . k_pe_j) * scale`,
+    /// `o = W_vb (sum_j p_j c_j)`: attention runs directly over the cached latents, nothing is
+    /// expanded. Returns `[nh * dv]`.
+    fn attend_absorbed(
+        &self,
+        q: &[f32],
+        pos: usize,
+        keys: Option<&[usize]>,
+        cache: &[f32],
+    ) -> Vec<f32> {
+        let (nh, dn, dr, dv, rkv) = (
+            self.num_heads,
+            self.nope,
+            self.rope_dim,
+            self.v_dim,
+            self.kv_lora_rank,
+        );
+        let stride = self.kv_dim();
+        let all: Vec<usize>;
+        let keys: &[usize] = match keys {
+            Some(k) => k,
+            None => {
+                all = (0..=pos).collect();
+                &all
+            }
+        };
+        let w = &self.kv_b.w;
+        let scale = self.softmax_scale;
+        let mut ctx = vec![0f32; nh * dv];
+        ctx.par_chunks_mut(dv).enumerate().for_each(|(h, o)| {
+            let qh = &q[h * (dn + dr)..(h + 1) * (dn + dr)];
+            let base = h * (dn + dv);
+            let mut row = vec![0f32; rkv];
+            let mut q_abs = vec![0f32; rkv];
+            for (d, &qd) in qh[..dn].iter().enumerate() {
+                w.dequantize_row(base + d, &mut row);
+                coli_kernels::axpy(qd, &row, &mut q_abs);
+            }
+            let mut scores: Vec<f32> = keys
+                .iter()
+                .map(|&j| {
+                    let c = &cache[j * stride..j * stride + rkv];
+                    let kp = &cache[j * stride + rkv..j * stride + rkv + dr];
+                    (coli_kernels::dot(&q_abs, c) + coli_kernels::dot(&qh[dn..], kp)) * scale
+                })
+                .collect();
+            coli_kernels::softmax_inplace(&mut scores);
+            let mut lat = vec![0f32; rkv];
+            for (&j, p) in keys.iter().zip(&scores) {
+                coli_kernels::axpy(*p, &cache[j * stride..j * stride + rkv], &mut lat);
+            }
+            for (e, oe) in o.iter_mut().enumerate() {
+                w.dequantize_row(base + dn + e, &mut row);
+                *oe = coli_kernels::dot(&row, &lat);
+            }
+        });
+        ctx
     }
 }
 
@@ -385,10 +607,10 @@ mod tests {
     #[test]
     fn yarn_ramp_and_mscale_match_the_notes() {
         let v = json!({"qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-            "kv_lora_rank": 32, "rope_theta": 10000.0,
+            "kv_lora_rank": 32, "num_hidden_layers": 2, "rope_theta": 10000.0,
             "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                              "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}});
-        let c = MlaConfig::from_json(&v, 16, 1e4).unwrap();
+        let c = MlaConfig::from_json(&v, 16, 1e4, false).unwrap();
         let m = 0.1 * 4f64.ln() + 1.0;
         assert!((c.softmax_scale as f64 - 24f64.powf(-0.5) * m * m).abs() < 1e-6);
         let (r, af) = c.rope();

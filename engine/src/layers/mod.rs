@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod decoder;
+pub mod dsa_indexer;
 pub mod linear;
 pub mod mla;
 pub mod mlp;

@@ -48,6 +48,28 @@ pub fn top_k(probs: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, probs[i as usize])).collect()
 }
 
+/// The union of the experts chosen by `routes`, most wanted first: by the number of tokens
+/// routed to it (descending), then the sum of their weights (descending), then expert index.
+/// Used to order lookahead prefetch reads.
+pub fn rank_union(routes: &[Routing]) -> Vec<u32> {
+    let mut agg: std::collections::HashMap<u32, (u32, f32)> = std::collections::HashMap::new();
+    for r in routes {
+        for &(e, w) in r {
+            let a = agg.entry(e).or_insert((0, 0.0));
+            a.0 += 1;
+            a.1 += w;
+        }
+    }
+    let mut v: Vec<(u32, (u32, f32))> = agg.into_iter().collect();
+    v.sort_by(|a, b| {
+        b.1 .0
+            .cmp(&a.1 .0)
+            .then(b.1 .1.total_cmp(&a.1 .1))
+            .then(a.0.cmp(&b.0))
+    });
+    v.into_iter().map(|x| x.0).collect()
+}
+
 /// Routing of one token from its router logits: softmax (f32), top-k, and when `norm_topk`
 /// each weight divided by the sum of the k weights (summed by rank).
 pub fn route(logits: &[f32], k: usize, norm_topk: bool) -> Routing {
@@ -72,6 +94,14 @@ impl MoeBlock<'_> {
             .chunks_exact(self.num_experts)
             .map(|l| route(l, self.top_k, self.norm_topk))
             .collect()
+    }
+
+    /// Lookahead prediction: the experts this block's router would choose for `x` (`[n, H]`,
+    /// already normalized with this layer's `post_attention_layernorm`), most wanted first
+    /// ([`rank_union`]). The engine applies it to an EARLIER hidden state than the one the
+    /// layer will see, so the result is a guess: it only orders prefetch reads.
+    pub fn predict_experts(&self, x: &[f32], n: usize) -> Vec<u32> {
+        rank_union(&self.route(x, n))
     }
 
     /// `out[n, H]` = the MoE output for `x[n, H]` (see the module doc for the order of sums).
@@ -117,6 +147,10 @@ impl MoeBlock<'_> {
             .filter(|&e| !per_expert[e].is_empty())
             .map(|e| ExpertKey::new(self.layer, e as u32))
             .collect();
+        cache.record_usage(
+            keys.iter()
+                .map(|k| (*k, per_expert[k.expert as usize].len() as u64)),
+        );
         let bufs = cache.get_many(store, &keys)?;
         out.fill(0.0);
         let mut xs = Vec::new();
@@ -165,6 +199,18 @@ mod tests {
             top_k(&[0.1, 0.5, 0.1, 0.3], 3),
             vec![(1, 0.5), (3, 0.3), (0, 0.1)]
         );
+    }
+
+    #[test]
+    fn rank_union_orders_by_tokens_then_weight() {
+        let routes = vec![
+            vec![(3, 0.6), (1, 0.4)],
+            vec![(1, 0.7), (2, 0.3)],
+            vec![(2, 0.5), (0, 0.5)],
+        ];
+        // 1 and 2 have two tokens each (weights 1.1 and 0.8), then 3 (0.6) and 0 (0.5).
+        assert_eq!(rank_union(&routes), vec![1, 2, 3, 0]);
+        assert!(rank_union(&[]).is_empty());
     }
 
     #[test]

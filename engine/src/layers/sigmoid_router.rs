@@ -114,6 +114,16 @@ impl SigmoidMoe<'_> {
     }
 }
 
+/// Lookahead prediction for the grouped sigmoid router (used by the engine's prefetch).
+impl SigmoidMoe<'_> {
+    /// The routed experts this layer's router would choose for `x` (`[n, H]`, already
+    /// normalized with this layer's `post_attention_layernorm`), most wanted first
+    /// ([`crate::layers::moe::rank_union`]). Shared experts are dense and never predicted.
+    pub fn predict_experts(&self, x: &[f32], n: usize) -> Vec<u32> {
+        crate::layers::moe::rank_union(&self.route(x, n))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,15 +8,23 @@
 //!   `i < first_k_dense_replace`, else the grouped sigmoid MoE
 //!   ([`crate::layers::sigmoid_router`]) with `mlp.gate.weight`,
 //!   `mlp.gate.e_score_correction_bias` and `mlp.shared_experts.*`;
-//! - the MTP layer(s) at index `num_hidden_layers` are not part of the normal forward.
+//! - `glm_moe_dsa` (GLM-5) is the same model with always-interleaved RoPE, `mlp_layer_types`,
+//!   and the DSA lightning indexer (`self_attn.indexer.*`, [`crate::layers::dsa_indexer`]) on
+//!   every `"full"` layer of `indexer_types` (`"shared"` layers reuse the previous full
+//!   layer's selection);
+//! - the MTP layer at index `num_hidden_layers` is not part of the normal forward; it is loaded
+//!   into [`Model::mtp`] ([`crate::models::mtp`]) when the store holds it.
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::layers::dsa_indexer::DsaIndexer;
 use crate::layers::linear::{load_matrix, load_vector};
+use crate::layers::mla::{Dsa, SelectionSlot};
 use crate::layers::sigmoid_router::SigmoidRouting;
 use crate::layers::{DecoderLayer, Ffn, Linear, Mla, Mlp, RmsNorm, SelfAttn, SigmoidMoe};
 use crate::models::{load_lm_head, load_moe, Model};
 use coli_store::Store;
+use std::sync::{Arc, Mutex};
 
 /// Eps of `q_a_layernorm` / `kv_a_layernorm` (constructed without eps in transformers).
 const LATENT_NORM_EPS: f32 = 1e-6;
@@ -58,11 +66,13 @@ pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
         "token embedding",
     )?;
     let mut layers = Vec::with_capacity(c.num_layers);
+    let mut slot = None;
     for i in 0..c.num_layers {
-        layers.push(load_layer(store, c, i, attention_factor)?);
+        layers.push(load_layer(store, c, i, attention_factor, &mut slot)?);
     }
     let final_norm = RmsNorm::load(store, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
     let lm_head = load_lm_head(store, c, embed)?;
+    let mtp = crate::models::mtp::load(store, c, attention_factor, embed, lm_head)?;
     Ok(Model {
         config,
         embed,
@@ -70,18 +80,23 @@ pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
         final_norm,
         lm_head,
         rope,
+        mtp,
     })
 }
 
-/// Loads the MLA block at `model.layers.{i}.self_attn`.
+/// Loads the MLA block at `model.layers.{i}.self_attn` (with its DSA indexer on a GLM-5
+/// `"full"` layer). `slot` carries the selection slot of the last full DSA layer loaded: a full
+/// layer replaces it, a `"shared"` layer reuses it.
 ///
 /// # Errors
-/// Missing or misshapen tensors.
+/// Missing or misshapen tensors; a DSA config without `q_lora_rank` (the indexer reads the q
+/// latent) or a shared layer with no full layer before it.
 pub fn load_mla<'s>(
     store: &'s Store,
     c: &ModelConfig,
     i: usize,
     attention_factor: f32,
+    slot: &mut Option<SelectionSlot>,
 ) -> Result<Mla<'s>> {
     let m = mla_of(c)?;
     let p = format!("model.layers.{i}.self_attn");
@@ -111,6 +126,34 @@ pub fn load_mla<'s>(
             Linear::load(store, &format!("{p}.q_proj"), qd, h, false)?,
         ),
     };
+    let dsa = match &m.dsa {
+        None => None,
+        Some(d) if d.is_full(i) => {
+            let rq = m.q_lora_rank.ok_or_else(|| EngineError::Config {
+                file: "config.json".into(),
+                what: "the DSA indexer needs q_lora_rank (it reads the q latent)".into(),
+            })?;
+            let s: SelectionSlot = Arc::new(Mutex::new(Vec::new()));
+            *slot = Some(Arc::clone(&s));
+            Some(Dsa::Full {
+                indexer: Box::new(DsaIndexer::load(
+                    store,
+                    &format!("{p}.indexer"),
+                    d,
+                    rq,
+                    h,
+                    dr,
+                )?),
+                slot: s,
+            })
+        }
+        Some(_) => Some(Dsa::Shared {
+            slot: slot.clone().ok_or_else(|| EngineError::Config {
+                file: "config.json".into(),
+                what: format!("indexer_types[{i}] is \"shared\" with no full layer before it"),
+            })?,
+        }),
+    };
     Ok(Mla {
         q_a,
         q_b,
@@ -137,6 +180,8 @@ pub fn load_mla<'s>(
         softmax_scale: m.softmax_scale,
         attention_factor,
         interleave: m.rope_interleave,
+        dsa,
+        absorb_decode: true,
     })
 }
 
@@ -176,7 +221,8 @@ pub fn load_sigmoid_moe<'s>(store: &'s Store, c: &ModelConfig, i: usize) -> Resu
     })
 }
 
-/// Loads decoder layer `i` (MLA attention, dense MLP or grouped sigmoid MoE).
+/// Loads decoder layer `i` (MLA attention, dense MLP or grouped sigmoid MoE; `i >=
+/// num_hidden_layers` is an MTP layer, always MoE). `slot`: as [`load_mla`].
 ///
 /// # Errors
 /// Missing or misshapen tensors.
@@ -185,6 +231,7 @@ pub fn load_layer<'s>(
     c: &ModelConfig,
     i: usize,
     attention_factor: f32,
+    slot: &mut Option<SelectionSlot>,
 ) -> Result<DecoderLayer<'s>> {
     let p = format!("model.layers.{i}");
     let ffn = if c.is_moe_layer(i) || i >= c.num_layers {
@@ -204,7 +251,7 @@ pub fn load_layer<'s>(
             c.hidden_size,
             c.rms_norm_eps,
         )?,
-        attn: SelfAttn::Mla(load_mla(store, c, i, attention_factor)?),
+        attn: SelfAttn::Mla(load_mla(store, c, i, attention_factor, slot)?),
         post_norm: RmsNorm::load(
             store,
             &format!("{p}.post_attention_layernorm.weight"),

@@ -3,6 +3,7 @@
 
 pub mod deepseek_v3;
 pub mod mixtral;
+pub mod mtp;
 pub mod olmoe;
 pub mod qwen3_moe;
 
@@ -29,6 +30,8 @@ pub struct Model<'s> {
     pub lm_head: MatrixView<'s>,
     /// Rotary frequencies.
     pub rope: Rope,
+    /// The multi-token-prediction layer (MLA families whose store holds it).
+    pub mtp: Option<mtp::MtpLayer<'s>>,
 }
 
 impl<'s> Model<'s> {
@@ -41,7 +44,7 @@ impl<'s> Model<'s> {
             Family::Mixtral => mixtral::load(store, config),
             Family::Qwen3Moe => qwen3_moe::load(store, config),
             Family::Olmoe => olmoe::load(store, config),
-            Family::DeepseekV3 => deepseek_v3::load(store, config),
+            Family::DeepseekV3 | Family::GlmMoeDsa => deepseek_v3::load(store, config),
         }
     }
 }
@@ -223,5 +226,6 @@ pub(crate) fn assemble<'s>(
         final_norm,
         lm_head,
         rope,
+        mtp: None,
     })
 }

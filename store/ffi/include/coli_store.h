@@ -47,7 +47,7 @@ enum {
     COLI_ERR_CHECKSUM = 7,          /* a record/tensor failed its checksum */
     COLI_ERR_NOT_FOUND = 8,         /* no such expert, layer or dense tensor */
     COLI_ERR_BUFFER = 9,            /* caller buffer too small or misaligned */
-    COLI_ERR_UNSUPPORTED = 10,      /* feature not supported yet (mirror directories) */
+    COLI_ERR_UNSUPPORTED = 10,      /* reserved: feature not supported (no current call) */
     COLI_ERR_PANIC = 11             /* internal error (a bug); the message says where */
 };
 
@@ -88,8 +88,8 @@ typedef struct coli_open_options {
     uint32_t verify_checksums;  /* non-zero: verify record xxh3 on every fetch (default 1) */
     uint32_t io_mode;           /* COLI_IO_* (default COLI_IO_AUTO) */
     uint32_t fetch_threads;     /* reads in flight in a batch fetch (default 4) */
-    const char *const *mirror_dirs; /* mirror store directories: NOT SUPPORTED YET */
-    size_t mirror_count;        /* must be 0 (else COLI_ERR_UNSUPPORTED) */
+    const char *const *mirror_dirs; /* mirror directories (docs/MIRRORS.md), drives 1, 2, ... */
+    size_t mirror_count;        /* entries in mirror_dirs (0: no mirrors) */
 } coli_open_options;
 
 /* Fills *opts with the defaults. */

@@ -32,7 +32,7 @@ pub const COLI_ERR_CHECKSUM: coli_status = 7;
 pub const COLI_ERR_NOT_FOUND: coli_status = 8;
 /// A caller-provided buffer is too small or not aligned to the store's buffer alignment.
 pub const COLI_ERR_BUFFER: coli_status = 9;
-/// A requested feature is not supported by this version (mirror directories).
+/// A requested feature is not supported by this version (reserved; no current call returns it).
 pub const COLI_ERR_UNSUPPORTED: coli_status = 10;
 /// An internal error (a bug): a Rust panic caught at the boundary, or an unexpected state.
 pub const COLI_ERR_PANIC: coli_status = 11;

@@ -1,8 +1,6 @@
 //! The store handle: open/close, open options, manifest queries, stats.
 
-use crate::error::{
-    coli_status, guard, FfiError, FfiResult, COLI_ERR_NOT_FOUND, COLI_ERR_UNSUPPORTED,
-};
+use crate::error::{coli_status, guard, FfiError, FfiResult, COLI_ERR_NOT_FOUND};
 use coli_store::{AlignedBuf, ExpertKey, IoMode, IoPreference, OpenOptions, Store};
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
@@ -35,10 +33,11 @@ pub struct coli_open_options {
     pub io_mode: u32,
     /// Reads in flight at once in a batch fetch (default 4; 0 or 1 = sequential).
     pub fetch_threads: u32,
-    /// Mirror store directories (array of `mirror_count` NUL-terminated paths). Not supported
-    /// yet: a non-zero `mirror_count` gives [`COLI_ERR_UNSUPPORTED`].
+    /// Mirror directories (array of `mirror_count` NUL-terminated paths; docs/MIRRORS.md):
+    /// full or partial read-only copies of the store on other drives, drives 1, 2, ... in this
+    /// order; disk weights are measured at open and cached.
     pub mirror_dirs: *const *const c_char,
-    /// Number of entries in `mirror_dirs` (must be 0 in this version).
+    /// Number of entries in `mirror_dirs` (0: no mirrors).
     pub mirror_count: usize,
 }
 
@@ -200,7 +199,8 @@ pub unsafe extern "C" fn coli_open_options_init(opts: *mut coli_open_options) ->
 ///
 /// # Errors
 /// `COLI_ERR_NULL_ARGUMENT` (path/out NULL), `COLI_ERR_INVALID_ARGUMENT` (struct_size too small,
-/// unknown io_mode), `COLI_ERR_UNSUPPORTED` (mirror directories given), and the store's errors:
+/// unknown io_mode), `COLI_ERR_NULL_ARGUMENT` (a NULL mirror directory), and the store's errors
+/// (a mirror directory that does not exist is `COLI_ERR_IO`):
 /// `COLI_ERR_IO`, `COLI_ERR_FORMAT`, `COLI_ERR_NEWER_VERSION`, `COLI_ERR_INCOMPLETE`,
 /// `COLI_ERR_CHECKSUM` (INDEX whole-file checksum).
 #[no_mangle]
@@ -228,13 +228,30 @@ pub unsafe extern "C" fn coli_store_open(
                 )));
             }
             if c.mirror_count != 0 {
-                return Err(FfiError::new(
-                    COLI_ERR_UNSUPPORTED,
-                    format!(
-                        "{F}: {} mirror directories given; mirror directories are not supported yet by this version of coli (set mirror_count = 0)",
-                        c.mirror_count
-                    ),
-                ));
+                if c.mirror_dirs.is_null() {
+                    return Err(FfiError::new(
+                        crate::COLI_ERR_NULL_ARGUMENT,
+                        format!(
+                            "{F}: opts.mirror_dirs is NULL but mirror_count is {}",
+                            c.mirror_count
+                        ),
+                    ));
+                }
+                for i in 0..c.mirror_count {
+                    // SAFETY: the caller guarantees `mirror_dirs` points at `mirror_count`
+                    // pointers.
+                    let p = unsafe { *c.mirror_dirs.add(i) };
+                    if p.is_null() {
+                        return Err(FfiError::new(
+                            crate::COLI_ERR_NULL_ARGUMENT,
+                            format!("{F}: opts.mirror_dirs[{i}] is NULL"),
+                        ));
+                    }
+                    // SAFETY: non-null, NUL-terminated (caller contract).
+                    let b = unsafe { CStr::from_ptr(p) }.to_bytes();
+                    o.mirrors
+                        .push(Path::new(std::ffi::OsStr::from_bytes(b)).to_path_buf());
+                }
             }
             o.verify_checksums = c.verify_checksums != 0;
             o.io = match c.io_mode {

@@ -582,14 +582,21 @@ fn null_arguments_give_error_codes() {
             mirror_count: 1,
             ..o
         };
+        // A mirror directory that does not exist is an I/O error naming it.
         assert_eq!(
             coli_store_open(path.as_ptr(), &mirrors, &mut out),
-            COLI_ERR_UNSUPPORTED
+            COLI_ERR_IO
         );
-        assert!(
-            last_error().contains("not supported yet"),
-            "{}",
-            last_error()
+        assert!(last_error().contains("/mnt/mirror"), "{}", last_error());
+        let null_dirs = [std::ptr::null::<std::ffi::c_char>()];
+        let nulls = coli_open_options {
+            mirror_dirs: null_dirs.as_ptr(),
+            mirror_count: 1,
+            ..o
+        };
+        assert_eq!(
+            coli_store_open(path.as_ptr(), &nulls, &mut out),
+            COLI_ERR_NULL_ARGUMENT
         );
         assert!(out.is_null(), "no handle on failure");
         coli_store_close(s);
@@ -795,4 +802,42 @@ fn header_declares_every_exported_function_and_constant() {
         }
     }
     assert!(n >= 30, "found only {n} exported functions");
+}
+
+#[test]
+fn mirrors_through_the_c_abi_give_the_same_experts() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = write_store(t.path(), Encoding::Int8);
+    let m = t.path().join("mirror");
+    std::fs::create_dir(&m).unwrap();
+    let store = Store::open(&dir).unwrap();
+    coli_store::mirror::copy::copy_segments(&store, &m, 0).unwrap();
+    let path = CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let mdir = CString::new(m.as_os_str().as_encoded_bytes()).unwrap();
+    let dirs = [mdir.as_ptr()];
+    let mut o = std::mem::MaybeUninit::<coli_open_options>::uninit();
+    // SAFETY: `o` is writable; init fills it completely.
+    assert_eq!(unsafe { coli_open_options_init(o.as_mut_ptr()) }, COLI_OK);
+    // SAFETY: initialised by coli_open_options_init.
+    let o = coli_open_options {
+        mirror_dirs: dirs.as_ptr(),
+        mirror_count: 1,
+        ..unsafe { o.assume_init() }
+    };
+    let mut s = null_mut();
+    // SAFETY: valid path, options (one valid mirror path) and out-pointer.
+    let rc = unsafe { coli_store_open(path.as_ptr(), &o, &mut s) };
+    assert_eq!(rc, COLI_OK, "{}", last_error());
+    for r in store.index() {
+        let k = r.key();
+        let mut e = null_mut();
+        // SAFETY: live handle, writable out.
+        let rc = unsafe { coli_fetch_expert(s, k.layer, k.expert, &mut e) };
+        assert_eq!(rc, COLI_OK, "{}", last_error());
+        check_expert_against_rust(e, &store.fetch_one(k).unwrap());
+        // SAFETY: a handle from coli_fetch_expert, released once.
+        unsafe { coli_expert_release(e) };
+    }
+    // SAFETY: a handle from coli_store_open, closed once.
+    unsafe { coli_store_close(s) };
 }

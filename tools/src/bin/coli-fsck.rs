@@ -1,6 +1,8 @@
 //! `coli-fsck`: verifies a coli store (and mirror copies of its segment files).
 //!
 //! Exit codes: 0 clean, 1 damaged or mismatched, 2 unusable input (see `docs/FSCK.md`).
+//! With `--repair`, damaged records are rewritten from a verified good copy and the exit code is
+//! that of the check that follows.
 
 #![forbid(unsafe_code)]
 
@@ -22,9 +24,15 @@ use std::path::PathBuf;
 struct Args {
     /// The store directory.
     store: PathBuf,
-    /// A directory holding copies of segment files (DIR/segments/seg-NNNNN.bin); repeatable.
+    /// A mirror directory (copies of segment files DIR/segments/seg-NNNNN.bin and staged
+    /// segments DIR/staged/stg-NNNNN.bin); repeatable.
     #[arg(long = "mirror", value_name = "DIR")]
     mirrors: Vec<PathBuf>,
+    /// Rewrite each damaged record, in the store or in a mirror, in place from a verified good
+    /// copy (fsync, re-read, verify), then check again. Exit 0 when everything is clean
+    /// afterwards, 1 when damage remains.
+    #[arg(long, conflicts_with = "quick")]
+    repair: bool,
     /// Print the report as JSON on stdout (schema: docs/FSCK.md).
     #[arg(long)]
     json: bool,
@@ -45,6 +53,17 @@ impl Progress for Bar {
 }
 
 fn print_human(r: &FsckReport) {
+    for a in &r.repairs {
+        let what = format!(
+            "layer {} expert {} in {}/{} at offset {}",
+            a.layer, a.expert, a.dir, a.file, a.offset
+        );
+        match (a.repaired, &a.source, &a.error) {
+            (true, Some(src), _) => println!("REPAIRED: {what} from {src}"),
+            (_, _, Some(e)) => println!("NOT REPAIRED: {what}: {e}"),
+            _ => println!("NOT REPAIRED: {what}"),
+        }
+    }
     println!("store: {}", r.store);
     if let Some(id) = &r.store_id {
         println!(
@@ -89,8 +108,11 @@ fn print_human(r: &FsckReport) {
                 MirrorStatus::Damaged => "DAMAGED",
             };
             match &f.detail {
-                Some(d) => println!("mirror {}: {}: {status}: {d}", m.dir, f.file),
-                None => println!("mirror {}: {}: {status}", m.dir, f.file),
+                Some(d) => println!("mirror {}: {} ({}): {status}: {d}", m.dir, f.file, f.kind),
+                None => println!(
+                    "mirror {}: {} ({}, {} records): {status}",
+                    m.dir, f.file, f.kind, f.records
+                ),
             }
         }
     }
@@ -109,10 +131,15 @@ fn print_human(r: &FsckReport) {
     }
     let verdict = match r.status {
         fsck::Status::Clean => "clean".to_string(),
-        fsck::Status::Damaged => {
-            "DAMAGED: re-convert the store or restore the named files from a good copy".into()
+        fsck::Status::Damaged if r.bad_records.is_empty() && r.problems.is_empty() && r.bad_dense.is_empty() && r.bad_files.is_empty() => {
+            "DAMAGED mirror files: run with --repair to rewrite damaged records from a good copy; re-copy truncated or mismatched files (`coli mirror copy` / `coli mirror stage` after removing them)".into()
         }
-        fsck::Status::Unusable => "UNUSABLE: not a coli store this version can check".into(),
+        fsck::Status::Damaged => {
+            "DAMAGED: run with --repair (and --mirror DIR) to rewrite damaged records from a good copy, or re-convert the store / restore the named files".into()
+        }
+        fsck::Status::Unusable => {
+            "UNUSABLE: not a coli store this version can check, or a --mirror path is not a directory".into()
+        }
     };
     println!("result: {verdict}");
 }
@@ -135,7 +162,15 @@ fn main() -> anyhow::Result<()> {
         quick: args.quick,
         mirrors: args.mirrors.clone(),
     };
-    let report = fsck::check(&args.store, &opts, &Bar(bar.clone()));
+    let mut report = fsck::check(&args.store, &opts, &Bar(bar.clone()));
+    if args.repair && report.status == fsck::Status::Damaged {
+        let actions = fsck::repair(&args.store, &opts, &report);
+        if !actions.is_empty() {
+            bar.reset();
+            report = fsck::check(&args.store, &opts, &Bar(bar.clone()));
+            report.repairs = actions;
+        }
+    }
     bar.finish_and_clear();
     if args.json {
         println!(

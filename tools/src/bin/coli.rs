@@ -5,6 +5,7 @@
 //! - `coli chat --store DIR`: multi-turn chat on stdin/stdout, KV cache kept across turns.
 //! - `coli eval --store DIR --text FILE`: teacher-forced perplexity of a text file.
 //! - `coli info STORE [--json]`: what a store holds.
+//! - `coli serve --store DIR [--port 8000]`: OpenAI-compatible HTTP server (docs/SERVE.md).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -12,13 +13,19 @@ use coli_engine::{
     parse_size, ChatMessage, Engine, EngineOptions as CoreOptions, GenerateParams, Generation,
     Logits, SamplingParams, StreamDecoder, TextTokenizer,
 };
-use coli_store::{IoPreference, OpenOptions, Store};
+use coli_store::{IoEngineChoice, IoPreference, OpenOptions, Store};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[path = "../info.rs"]
 mod info;
+#[path = "../mirror.rs"]
+mod mirror;
+#[path = "../plan.rs"]
+mod plan;
+#[path = "../serve/mod.rs"]
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -41,17 +48,36 @@ enum Cmd {
     Eval(EvalArgs),
     /// Describe a store.
     Info(InfoArgs),
+    /// Where a RAM budget goes and the decode speed bound it implies (disk probe included).
+    Plan(plan::PlanArgs),
+    /// OpenAI-compatible HTTP server (chat/completions, streaming, /metrics).
+    Serve(serve::ServeArgs),
+    /// Build and check mirrors of a store on other drives (plan, stage, copy, verify).
+    Mirror(mirror::MirrorArgs),
 }
 
-/// How expert records are read.
+/// Whether expert records are read with O_DIRECT.
 #[derive(Clone, Copy, Debug, ValueEnum)]
-enum IoArg {
+enum DirectArg {
     /// O_DIRECT when the file system supports it, else buffered.
     Auto,
     /// O_DIRECT or fail.
-    Direct,
+    On,
     /// Through the page cache.
-    Buffered,
+    Off,
+}
+
+/// I/O engine that reads expert records (docs/IO.md).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EngineArg {
+    /// io_uring, or the pread engine (with a note) where the kernel refuses io_uring.
+    Auto,
+    /// io_uring or fail.
+    Uring,
+    /// Positional reads on a thread pool.
+    Pread,
+    /// Copies out of a memory map (page cache only: needs --direct auto or off).
+    Mmap,
 }
 
 /// Options shared by run, chat and eval.
@@ -60,10 +86,24 @@ struct EngineOptions {
     /// Store directory (written by coli-convert).
     #[arg(long, value_name = "DIR")]
     store: PathBuf,
-    /// Expert cache capacity: bytes, or with a suffix K/M/G/T (=KiB/MiB/...) or KB/MB/GB.
-    /// Default: unbounded (every expert may stay in RAM).
+    /// Expert cache capacity, pinned set included: bytes, or with a suffix K/M/G/T
+    /// (=KiB/MiB/...) or KB/MB/GB. Default: MemAvailable minus the dense set, the KV cache and
+    /// 512 MiB.
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     ram_budget: Option<u64>,
+    /// Do not pin the hottest experts of the usage history at start.
+    #[arg(long)]
+    no_pin: bool,
+    /// Share of the budget the pinned hot set may take (0..1).
+    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE)]
+    pin_share: f64,
+    /// Turn off router lookahead prefetch.
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Routing-usage history file (default: $COLI_STATE_DIR, $XDG_STATE_HOME/coli or
+    /// ~/.local/state/coli, file usage-<store id>.json).
+    #[arg(long, value_name = "FILE")]
+    usage: Option<PathBuf>,
     /// Maximum tokens in the KV cache (default: max_position_embeddings, capped at 4096).
     #[arg(long, value_name = "N")]
     context: Option<usize>,
@@ -73,13 +113,32 @@ struct EngineOptions {
     /// Skip the checksum of every expert record read.
     #[arg(long)]
     no_verify: bool,
-    /// How expert records are read.
-    #[arg(long, value_enum, default_value_t = IoArg::Auto)]
-    io: IoArg,
+    /// I/O engine that reads expert records.
+    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
+    io: EngineArg,
+    /// O_DIRECT reads of expert records (bypassing the page cache).
+    #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
+    direct: DirectArg,
+    /// Expert reads in flight at once (default 4).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    queue_depth: Option<u16>,
     /// Prompt tokens per prefill batch.
     #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
           value_parser = clap::value_parser!(usize))]
     prefill_batch: usize,
+    /// Mirror directory: a full or partial read-only copy of the store on another drive
+    /// (docs/MIRRORS.md); repeatable. Also COLI_MIRRORS=DIR1,DIR2.
+    #[arg(
+        long = "mirror",
+        value_name = "DIR",
+        env = "COLI_MIRRORS",
+        value_delimiter = ','
+    )]
+    mirrors: Vec<PathBuf>,
+    /// Read bandwidth weights of the drives: the store first, then each mirror in the order
+    /// given (e.g. 9,3). Default: measured at open with a short O_DIRECT probe, cached.
+    #[arg(long, value_name = "W,W,...")]
+    disk_weights: Option<String>,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -198,16 +257,31 @@ fn open(opts: &EngineOptions) -> Result<Loaded> {
             opts.store.display()
         );
     }
-    let io = match opts.io {
-        IoArg::Auto => IoPreference::Auto,
-        IoArg::Direct => IoPreference::Direct,
-        IoArg::Buffered => IoPreference::Buffered,
+    let io = match opts.direct {
+        DirectArg::Auto => IoPreference::Auto,
+        DirectArg::On => IoPreference::Direct,
+        DirectArg::Off => IoPreference::Buffered,
+    };
+    let io_engine = match opts.io {
+        EngineArg::Auto => IoEngineChoice::Auto,
+        EngineArg::Uring => IoEngineChoice::Uring,
+        EngineArg::Pread => IoEngineChoice::Pread,
+        EngineArg::Mmap => IoEngineChoice::Mmap,
     };
     let store = Store::open_with(
         &opts.store,
         &OpenOptions {
             verify_checksums: !opts.no_verify,
             io,
+            engine: io_engine,
+            queue_depth: opts.queue_depth.map(usize::from),
+            mirrors: opts.mirrors.clone(),
+            disk_weights: opts
+                .disk_weights
+                .as_deref()
+                .map(coli_store::mirror::parse_disk_weights)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--disk-weights: {e}"))?,
             ..OpenOptions::default()
         },
     )
@@ -222,14 +296,25 @@ fn open(opts: &EngineOptions) -> Result<Loaded> {
 
 fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
+    let usage = opts
+        .usage
+        .clone()
+        .or_else(|| coli_engine::usage::default_usage_path(&loaded.store.manifest().store_id));
     let core = CoreOptions {
         ram_budget: opts.ram_budget,
         context: opts.context,
         threads: opts.threads.map(usize::from),
         prefill_batch: opts.prefill_batch.max(1),
+        pin: !opts.no_pin,
+        pin_share: opts.pin_share,
+        prefetch: !opts.no_prefetch,
+        usage,
     };
-    let e = Engine::new(&loaded.store, &core)
+    let mut e = Engine::new(&loaded.store, &core)
         .with_context(|| format!("loading the model of {}", opts.store.display()))?;
+    for w in e.take_warnings() {
+        eprintln!("warning: {w}");
+    }
     Ok((e, loaded.open_s + t0.elapsed().as_secs_f64()))
 }
 
@@ -248,9 +333,16 @@ fn fmt_bytes(b: f64) -> String {
     }
 }
 
-fn print_stats(g: &Generation, load_s: f64, io: &str) {
+/// `kv`: KV-cache bytes per token and tokens held.
+fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize)) {
     let s = &g.stats;
     eprintln!("load: {load_s:.2} s (io: {io})");
+    eprintln!(
+        "kv cache: {} per token, {} for the {} tokens held",
+        fmt_bytes(kv.0 as f64),
+        fmt_bytes((kv.0 * kv.1 as u64) as f64),
+        kv.1
+    );
     eprintln!(
         "prefill: {} tokens in {:.3} s ({:.1} tok/s), TTFT {:.3} s",
         s.prompt_tokens,
@@ -275,6 +367,68 @@ fn print_stats(g: &Generation, load_s: f64, io: &str) {
         s.cache.hit_rate() * 100.0,
         s.cache.evictions
     );
+    print_placement_stats(s);
+}
+
+/// The tiered-cache and prefetch lines of the run statistics (stderr).
+fn print_placement_stats(s: &coli_engine::GenerationStats) {
+    let c = &s.cache;
+    eprintln!(
+        "disk per token: {} demand + {} prefetch; hits by tier: pinned {}, cache {}, in flight {}",
+        fmt_bytes(s.per_token(c.demand_bytes as f64)),
+        fmt_bytes(s.per_token(c.prefetch_bytes as f64)),
+        c.pinned_hits,
+        c.hits - c.pinned_hits - c.inflight_waits,
+        c.inflight_waits
+    );
+    eprintln!(
+        "prefetch: {} experts read, {} used; prediction precision {:.1}% recall {:.1}%",
+        c.prefetch_reads,
+        c.prefetch_used,
+        c.prefetch_precision() * 100.0,
+        c.prefetch_recall() * 100.0
+    );
+    eprintln!(
+        "per token: I/O wait {:.2} ms, compute {:.2} ms; disk {:.3} GiB/s",
+        s.per_token(s.io_wait_s()) * 1e3,
+        s.per_token(s.compute_s()) * 1e3,
+        s.disk_gib_s()
+    );
+}
+
+/// The placement stats as JSON fields (merged into `coli run --json`'s `stats`).
+fn placement_json(s: &coli_engine::GenerationStats, eng: &Engine<'_>) -> serde_json::Value {
+    let c = &s.cache;
+    let p = eng.placement();
+    serde_json::json!({
+        "demand_bytes": c.demand_bytes,
+        "prefetch_bytes": c.prefetch_bytes,
+        "demand_bytes_per_token": s.per_token(c.demand_bytes as f64),
+        "prefetch_bytes_per_token": s.per_token(c.prefetch_bytes as f64),
+        "pinned_hits": c.pinned_hits,
+        "cache_hits": c.hits - c.pinned_hits - c.inflight_waits,
+        "inflight_waits": c.inflight_waits,
+        "prefetch_reads": c.prefetch_reads,
+        "prefetch_used": c.prefetch_used,
+        "prefetch_precision": c.prefetch_precision(),
+        "prefetch_recall": c.prefetch_recall(),
+        "prefetch_read_precision": c.prefetch_read_precision(),
+        "io_wait_s": s.io_wait_s(),
+        "compute_s": s.compute_s(),
+        "io_wait_s_per_token": s.per_token(s.io_wait_s()),
+        "compute_s_per_token": s.per_token(s.compute_s()),
+        "disk_gib_s": s.disk_gib_s(),
+        "ram_budget": p.budget,
+        "pinned_experts": p.pinned_experts,
+        "pinned_bytes": p.pinned_bytes,
+        "lru_capacity": p.lru_capacity,
+        "prefetch": p.prefetch,
+    })
+}
+
+/// The I/O mode and engine, for the stats line.
+fn io_desc(store: &Store) -> String {
+    format!("{}, {}", io_name(store), store.io_engine_description())
 }
 
 fn io_name(store: &Store) -> &'static str {
@@ -341,6 +495,9 @@ fn run(a: RunArgs) -> Result<()> {
             Ok(true)
         })
         .context("generating")?;
+    for w in eng.take_warnings() {
+        eprintln!("warning: {w}");
+    }
     if stream {
         if let Some(t) = tok {
             let rest = dec.finish(t)?;
@@ -348,7 +505,9 @@ fn run(a: RunArgs) -> Result<()> {
         }
         let _ = writeln!(stdout);
         let _ = stdout.flush();
-        print_stats(&g, load_s, io_name(&loaded.store));
+        let kv = (eng.kv_bytes_per_token(), eng.cached_tokens().len());
+        print_stats(&g, load_s, &io_desc(&loaded.store), kv);
+        mirror::print_stats(&loaded.store);
     } else {
         let s = &g.stats;
         let mut obj = serde_json::json!({
@@ -372,9 +531,20 @@ fn run(a: RunArgs) -> Result<()> {
                 "evictions": s.cache.evictions,
                 "hit_rate": s.cache.hit_rate(),
                 "io_mode": io_name(&loaded.store),
+                "io_engine": loaded.store.io_engine().name(),
+                "queue_depth": loaded.store.queue_depth(),
                 "threads": eng.threads(),
+                "kv_bytes_per_token": eng.kv_bytes_per_token(),
             }
         });
+        if let (Some(stats), serde_json::Value::Object(extra)) =
+            (obj["stats"].as_object_mut(), placement_json(s, &eng))
+        {
+            stats.extend(extra);
+        }
+        if let Some(m) = mirror::stats_json(&loaded.store) {
+            obj["stats"]["mirrors"] = m;
+        }
         if let Some(t) = tok {
             obj["text"] = serde_json::Value::from(t.decode(&g.tokens, true)?);
         }
@@ -525,6 +695,13 @@ fn main() -> std::process::ExitCode {
         Cmd::Chat(a) => chat(a),
         Cmd::Eval(a) => eval(a),
         Cmd::Info(a) => info::run(&a.store, a.json),
+        Cmd::Plan(a) => plan::run(&a),
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Mirror(a) => match mirror::run(a) {
+            Ok(0) => Ok(()),
+            Ok(code) => return std::process::ExitCode::from(code),
+            Err(e) => Err(e),
+        },
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,13 +1,25 @@
-//! Aligned buffers and positional reads (O_DIRECT with buffered fallback).
+//! Aligned buffers, positional reads (O_DIRECT with buffered fallback) and the I/O engines that
+//! read expert records (`docs/IO.md`).
 //!
-//! Expert records are read with one positional read (`pread`) per record into an
-//! [`AlignedBuf`]. With [`IoMode::Direct`] the segment files are opened with `O_DIRECT`, so the
-//! read bypasses the page cache; this needs the buffer address, file offset and length to be
-//! multiples of the file system's direct-I/O alignment, which the store guarantees for its
-//! alignment (FORMAT.md section 3). Whether direct I/O works is decided per store at open:
-//! `statx(STATX_DIOALIGN)` when the kernel reports it, then a probe read; on `EINVAL` or a file
-//! system without direct I/O (tmpfs, some network file systems) [`IoPreference::Auto`] falls back
-//! to buffered reads and logs one note to stderr.
+//! Expert records are read by an [`IoEngine`] (io_uring, a pread thread pool, or mmap, chosen at
+//! open, see [`IoEngineChoice`]) into [`AlignedBuf`]s. With [`IoMode::Direct`] the segment files
+//! are opened with `O_DIRECT`, so reads bypass the page cache; this needs the buffer address, file
+//! offset and length to be multiples of the file system's direct-I/O alignment, which the store
+//! guarantees for its alignment (FORMAT.md section 3). Whether direct I/O works is decided per
+//! store at open: `statx(STATX_DIOALIGN)` when the kernel reports it, then a probe read; on
+//! `EINVAL` or a file system without direct I/O (tmpfs, some network file systems)
+//! [`IoPreference::Auto`] falls back to buffered reads and logs one note to stderr.
+
+mod engine;
+mod mmap;
+mod pread;
+mod uring;
+
+pub(crate) use engine::{open_engine, EngineConfig, EngineFile};
+pub use engine::{
+    Completion, FileId, IoEngine, IoEngineChoice, IoEngineKind, IoQueue, ReadError, ReadPiece,
+    ReadProgress, ReadRequest,
+};
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -95,6 +107,10 @@ impl Alloc {
 pub(crate) struct BufPool {
     free: std::sync::Mutex<Vec<Alloc>>,
     max_buffers: usize,
+    /// With `Some(n)`: at most `n` allocations ever (idle or handed out), none ever freed while
+    /// the pool lives (io_uring registers them; see `uring.rs`).
+    limit: Option<usize>,
+    allocated: std::sync::atomic::AtomicUsize,
 }
 
 impl BufPool {
@@ -103,12 +119,29 @@ impl BufPool {
         std::sync::Arc::new(BufPool {
             free: std::sync::Mutex::new(Vec::new()),
             max_buffers,
+            limit: None,
+            allocated: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
-    /// A buffer of `len` bytes aligned to `align`: a recycled one of the same layout when one is
-    /// idle (its bytes are those of an earlier record, all initialised), else a new zeroed one.
-    pub(crate) fn get(self: &std::sync::Arc<Self>, len: usize, align: usize) -> AlignedBuf {
+    /// A pool that allocates at most `limit` buffers in its lifetime and frees none of them
+    /// before it is dropped (so their addresses stay valid for a registration with the kernel).
+    pub(crate) fn fixed(limit: usize) -> std::sync::Arc<BufPool> {
+        std::sync::Arc::new(BufPool {
+            free: std::sync::Mutex::new(Vec::new()),
+            max_buffers: usize::MAX,
+            limit: Some(limit),
+            allocated: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Like [`BufPool::get`], but `None` when no idle buffer has the layout and the pool's
+    /// allocation limit is reached.
+    pub(crate) fn try_get(
+        self: &std::sync::Arc<Self>,
+        len: usize,
+        align: usize,
+    ) -> Option<AlignedBuf> {
         let layout = Alloc::layout_for(len, align);
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
@@ -116,14 +149,35 @@ impl BufPool {
                 .position(|a| a.layout == layout)
                 .map(|i| free.swap_remove(i))
         };
-        let alloc = reused.unwrap_or_else(|| Alloc::zeroed(layout));
-        AlignedBuf {
+        let alloc = match reused {
+            Some(a) => a,
+            None => {
+                use std::sync::atomic::Ordering;
+                if let Some(limit) = self.limit {
+                    let prev = self.allocated.fetch_add(1, Ordering::Relaxed);
+                    if prev >= limit {
+                        self.allocated.fetch_sub(1, Ordering::Relaxed);
+                        return None;
+                    }
+                }
+                Alloc::zeroed(layout)
+            }
+        };
+        Some(AlignedBuf {
             ptr: alloc.ptr,
             alloc: Some(alloc),
             len,
             align,
             pool: Some(self.clone()),
-        }
+        })
+    }
+
+    /// A buffer of `len` bytes aligned to `align`: a recycled one of the same layout when one is
+    /// idle (its bytes are those of an earlier record, all initialised), else a new zeroed one.
+    pub(crate) fn get(self: &std::sync::Arc<Self>, len: usize, align: usize) -> AlignedBuf {
+        debug_assert!(self.limit.is_none(), "get on a fixed pool");
+        self.try_get(len, align)
+            .expect("an unlimited pool always allocates")
     }
 
     fn put(&self, a: Alloc) {
@@ -198,6 +252,25 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The whole allocation behind the buffer, `(start, bytes)`: at least `len()` bytes (a
+    /// registration with the kernel covers all of it).
+    pub(crate) fn allocation(&self) -> (*mut u8, usize) {
+        let size = self.alloc.as_ref().map_or(self.len, |a| a.layout.size());
+        (self.ptr.as_ptr(), size)
+    }
+
+    /// True when the buffer came from `pool` (and returns there on drop).
+    pub(crate) fn is_from(&self, pool: &std::sync::Arc<BufPool>) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(|p| std::sync::Arc::ptr_eq(p, pool))
+    }
+
+    /// The start of the bytes, for the kernel to write into (io_uring).
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for len bytes and we hold &mut self, so the borrow is unique.
@@ -255,40 +328,6 @@ pub(crate) fn open_read(path: &Path, direct: bool) -> std::io::Result<File> {
         o.custom_flags(libc::O_DIRECT);
     }
     o.open(path)
-}
-
-/// Reads exactly `buf.len()` bytes at `offset` of `file` into `buf`, with one positional read
-/// (more only if the kernel returns a short read).
-pub(crate) fn read_into(
-    file: &File,
-    offset: u64,
-    mut buf: AlignedBuf,
-) -> std::io::Result<AlignedBuf> {
-    file.read_exact_at(buf.as_mut_slice(), offset)?;
-    Ok(buf)
-}
-
-/// Reads exactly `buf.len()` bytes at `offset` of `file` into `buf` in pieces of `chunk` bytes
-/// (a multiple of the direct-I/O alignment), calling `progress(bytes, valid)` after each piece
-/// with the whole buffer and how many of its leading bytes are read. A checksum fed this way
-/// hashes each piece while the other fetch threads' reads keep the device busy, instead of
-/// hashing every record of a batch after all of them have landed.
-pub(crate) fn read_into_chunked(
-    file: &File,
-    offset: u64,
-    mut buf: AlignedBuf,
-    chunk: usize,
-    mut progress: impl FnMut(&[u8], usize),
-) -> std::io::Result<AlignedBuf> {
-    let len = buf.len();
-    let mut pos = 0;
-    while pos < len {
-        let n = chunk.min(len - pos);
-        file.read_exact_at(&mut buf.as_mut_slice()[pos..pos + n], offset + pos as u64)?;
-        pos += n;
-        progress(buf.as_slice(), pos);
-    }
-    Ok(buf)
 }
 
 /// Reads exactly `len` bytes at `offset` of `file` into a new buffer aligned to `align`, with one

@@ -1,0 +1,142 @@
+//! The multi-token-prediction (MTP) layer of DeepSeek-V3 / Kimi-K2 / GLM-5: decoder layer
+//! `num_hidden_layers` of the checkpoint (`model.layers.{N}.*`), skipped by the normal forward.
+//! As transformers 5.23 `MtpLayer` and vLLM's `deepseek_mtp.py` compute it (written up in
+//! `/work/notes/mla_families.md`, checked by `tests/fixtures/mla_reference.py`):
+//!
+//! ```text
+//! h_i      = main-model hidden state at position i AFTER model.norm            [T, H]
+//! e_i      = embed_tokens[t_{i+1}]  (the token after position i)               [T, H]
+//! u_i      = eh_proj( cat( RMSNorm(e_i, enorm), RMSNorm(h_i, hnorm) ) )        [T, H]  embedding FIRST
+//! g        = DecoderLayer_N(u) at positions i (causal, its own KV cache)
+//! logits_i = shared_head.head( RMSNorm(g_i, shared_head.norm) )              [T, vocab]  predicts t_{i+2}
+//! ```
+//! The DeepSeek-V3 paper's eq. 21 writes the hidden state first; the released weights follow
+//! the implementations' order (embedding first). RMSNorm eps is `rms_norm_eps`. The layer's
+//! routed experts live in the store like the main layers' (converted with `--mtp`, int8 by
+//! default) and go through the same expert cache.
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::layers::linear::load_matrix;
+use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
+use coli_store::{MatrixView, Store};
+
+/// The loaded MTP layer.
+pub struct MtpLayer<'s> {
+    /// Its layer index `N = num_hidden_layers`.
+    pub layer: usize,
+    /// `model.layers.{N}.embed_tokens.weight` `[vocab, H]` (the main embedding when absent).
+    pub embed: MatrixView<'s>,
+    /// `enorm.weight` `[H]`.
+    pub enorm: RmsNorm,
+    /// `hnorm.weight` `[H]`.
+    pub hnorm: RmsNorm,
+    /// `eh_proj.weight` `[H, 2H]`.
+    pub eh_proj: Linear<'s>,
+    /// The decoder layer (MLA (+ DSA indexer) and the grouped sigmoid MoE).
+    pub decoder: DecoderLayer<'s>,
+    /// `shared_head.norm.weight` `[H]`.
+    pub norm: RmsNorm,
+    /// `shared_head.head.weight` `[vocab, H]` (the main lm_head when absent).
+    pub head: MatrixView<'s>,
+}
+
+/// Loads MTP layer `num_hidden_layers` when the config has `num_nextn_predict_layers >= 1`
+/// and the store holds it (`model.layers.{N}.eh_proj.weight`); `Ok(None)` otherwise.
+/// `embed`/`lm_head` stand in for the layer's own copies when the store has none.
+///
+/// # Errors
+/// Missing or misshapen tensors of a present MTP layer, named; its expert count differing
+/// from the config.
+pub fn load<'s>(
+    store: &'s Store,
+    c: &ModelConfig,
+    attention_factor: f32,
+    embed: MatrixView<'s>,
+    lm_head: MatrixView<'s>,
+) -> Result<Option<MtpLayer<'s>>> {
+    let Some(m) = &c.mla else { return Ok(None) };
+    let n = c.num_layers;
+    let p = format!("model.layers.{n}");
+    if m.num_nextn_predict_layers == 0 || !store.has_dense(&format!("{p}.eh_proj.weight")) {
+        return Ok(None);
+    }
+    let h = c.hidden_size;
+    let own = |name: &str, fallback: MatrixView<'s>, why: &str| -> Result<MatrixView<'s>> {
+        let full = format!("{p}.{name}");
+        if store.has_dense(&full) {
+            load_matrix(store, &full, c.vocab_size, h, why)
+        } else {
+            Ok(fallback)
+        }
+    };
+    Ok(Some(MtpLayer {
+        layer: n,
+        embed: own("embed_tokens.weight", embed, "MTP token embedding")?,
+        enorm: RmsNorm::load(store, &format!("{p}.enorm.weight"), h, c.rms_norm_eps)?,
+        hnorm: RmsNorm::load(store, &format!("{p}.hnorm.weight"), h, c.rms_norm_eps)?,
+        eh_proj: Linear::load(store, &format!("{p}.eh_proj"), h, 2 * h, false)?,
+        decoder: crate::models::deepseek_v3::load_layer(store, c, n, attention_factor, &mut None)?,
+        norm: RmsNorm::load(
+            store,
+            &format!("{p}.shared_head.norm.weight"),
+            h,
+            c.rms_norm_eps,
+        )?,
+        head: own("shared_head.head.weight", lm_head, "MTP output head")?,
+    }))
+}
+
+impl MtpLayer<'_> {
+    /// f32 values per token of the MTP layer's own KV cache.
+    pub fn kv_dim(&self) -> usize {
+        self.decoder.attn.kv_dim()
+    }
+
+    /// Runs the MTP layer on `n = next_ids.len()` positions `pos0..pos0+n`: `hidden`
+    /// (`[n, H]` f32, the main model's hidden states after `model.norm` at those positions)
+    /// and `next_ids[i]` (the token following position `pos0 + i`), appending to `kv` (which
+    /// must hold `pos0` positions). Returns one `[vocab]` f32 logits row per position (row i
+    /// predicts the token two after position `pos0 + i`).
+    ///
+    /// # Errors
+    /// Expert fetch failures.
+    ///
+    /// # Panics
+    /// If `hidden.len() != next_ids.len() * H` or an id is out of the vocabulary (the engine
+    /// checks both before calling).
+    pub fn forward(
+        &self,
+        hidden: &[f32],
+        next_ids: &[u32],
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let n = next_ids.len();
+        let h = self.enorm.weight.len();
+        assert_eq!(hidden.len(), n * h, "MTP hidden states must be [n, H]");
+        let mut cat = vec![0f32; n * 2 * h];
+        let mut e = vec![0f32; h];
+        for (t, &id) in next_ids.iter().enumerate() {
+            self.embed.dequantize_row(id as usize, &mut e);
+            let row = &mut cat[t * 2 * h..(t + 1) * 2 * h];
+            self.enorm.forward(&e, &mut row[..h]);
+            self.hnorm
+                .forward(&hidden[t * h..(t + 1) * h], &mut row[h..]);
+        }
+        let mut u = vec![0f32; n * h];
+        self.eh_proj.forward(&cat, n, &mut u);
+        self.decoder.forward(&mut u, n, pos0, kv, ctx)?;
+        let mut normed = vec![0f32; n * h];
+        self.norm.forward(&u, &mut normed);
+        let vocab = self.head.rows;
+        let mut l = vec![0f32; n * vocab];
+        if n == 1 {
+            coli_kernels::matvec(&self.head, &normed, &mut l);
+        } else {
+            coli_kernels::matmul(&self.head, &normed, n, &mut l);
+        }
+        Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+}

@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""`coli serve` end to end: the official `openai` client talks to a real server over loopback.
+
+The served store is the demo model (SmolLM2-135M-Instruct, int4 experts), built here like
+tests/demo_e2e.py does (tools/demo/make_demo_checkpoint.py, then coli-convert) in
+$COLI_SERVE_WORK (default: $CARGO_TARGET_DIR/serve-test) and reused when it already exists.
+Expected token counts come from tests/fixtures/demo/expected.json, which transformers produced.
+
+Checks: models list; chat non-streaming and streaming (assembled text equals the non-streaming
+text at temperature 0, chunks never hold a broken character); completions from text and from
+token ids; usage equal to transformers' token counts; stop strings (streaming and not); seed
+reproducibility; 401 for a missing or wrong key; 400 for malformed JSON, wrong types, unsupported
+fields and a prompt longer than the context; 404 for a wrong model id and an unknown path; 429
+with Retry-After when the queue is full; cancellation of a streaming and of a non-streaming
+request when the client disconnects; KV prefix reuse across requests; /health; /metrics parsed as
+Prometheus text; a bounded load test (50 requests from 8 clients) with an RSS check.
+
+Run from the repository root after `cargo build -p coli-convert -p coli-tools`, with the
+packages of tools/demo/requirements.txt (--no-deps) and tests/serve/requirements.txt installed.
+"""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+COLI = os.path.join(TARGET, "debug", "coli")
+CONVERT = os.path.join(TARGET, "debug", "coli-convert")
+EXPECTED = os.path.join(ROOT, "tests", "fixtures", "demo", "expected.json")
+KEY = "test-key-123"
+MODEL = "demo"
+CONTEXT = 512
+MAX_QUEUE = 2
+# A prompt the demo model continues by counting, without EOS, for LONG_TOKENS tokens (> 10 s).
+LONG_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"
+LONG_TOKENS = 400
+
+failures = []
+passed = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    (passed if cond else failures).append(what)
+
+
+def demo_store():
+    work = os.environ.get("COLI_SERVE_WORK") or os.path.join(TARGET, "serve-test")
+    store = os.path.join(work, "demo-store")
+    manifest = os.path.join(store, "MANIFEST")
+    # Reuse a store built by the current coli-convert; rebuild after the converter changed.
+    if os.path.isfile(manifest) and os.path.getmtime(manifest) >= os.path.getmtime(CONVERT):
+        return store
+    shutil.rmtree(store, ignore_errors=True)
+    os.makedirs(work, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="build-", dir=work)
+    try:
+        ckpt = os.path.join(tmp, "checkpoint")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "demo", "make_demo_checkpoint.py"), ckpt],
+                       check=True)
+        subprocess.run([CONVERT, ckpt, os.path.join(tmp, "store")], check=True)
+        os.replace(os.path.join(tmp, "store"), store)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return store
+
+
+class Server:
+    """A `coli serve` child on a free port (--port 0; the address is read from its log)."""
+
+    def __init__(self, store, *args):
+        self.log_path = os.path.join(os.path.dirname(store), "serve.log")
+        self.log = open(self.log_path, "w")
+        cmd = [COLI, "serve", "--store", store, "--port", "0", "--context", str(CONTEXT),
+               "--model-id", MODEL, "--api-key", KEY, "--max-queue", str(MAX_QUEUE), *args]
+        print("$ " + " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        self.url = None
+        while self.url is None:
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise SystemExit("coli serve did not start:\n" + open(self.log_path).read())
+            for line in open(self.log_path):
+                if "listening on http://" in line:
+                    self.url = line.rsplit("listening on ", 1)[1].strip()
+            time.sleep(0.1)
+        self.pid = self.proc.pid
+
+    def rss_bytes(self):
+        for line in open(f"/proc/{self.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def raw(server, method, path, body=None, key=KEY):
+    """(status, headers, parsed JSON or text) of a request made without the openai client."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(server.url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, hdrs, text = r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, hdrs, text = e.code, e.headers, e.read().decode()
+    try:
+        return status, hdrs, json.loads(text)
+    except ValueError:
+        return status, hdrs, text
+
+
+def metrics(server):
+    _, _, text = raw(server, "GET", "/metrics")
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + (json.dumps(s.labels, sort_keys=True) if s.labels else "")
+            out[key] = s.value
+    return out
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def is_error(e, status, param=None, code=None):
+    body = e.body if isinstance(e, openai.APIStatusError) else None
+    ok = getattr(e, "status_code", None) == status and isinstance(body, dict) and "message" in body
+    if param is not None:
+        ok = ok and body.get("param") == param
+    if code is not None:
+        ok = ok and body.get("code") == code
+    return ok
+
+
+def expect_error(fn, status, param=None, code=None):
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        return is_error(e, status, param, code), e
+    return False, None
+
+
+def main():
+    exp = json.load(open(EXPECTED))
+    q = exp["int4_g64"]
+    question = [{"role": "user", "content": q["prompt"]}]
+    store = demo_store()
+    server = Server(store)
+    try:
+        run_checks(server, q, question)
+    finally:
+        server.stop()
+    print(f"serve: {len(passed)} passed, {len(failures)} failed")
+    if failures:
+        print("server log:\n" + open(server.log_path).read()[-4000:])
+        sys.exit(1)
+
+
+def run_checks(server, q, question):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    t_start = time.time()
+
+    # Models, health.
+    models = [m.id for m in client.models.list().data]
+    check(models == [MODEL], f"/v1/models lists the served model: {models}")
+    st, _, body = raw(server, "GET", "/health", key=None)
+    check(st == 200 and body.get("status") == "ok", f"/health: {st} {body}")
+
+    # Chat, non-streaming, temperature 0: transformers' answer and token counts.
+    r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0)
+    text = r.choices[0].message.content
+    check(text == q["decoded"], f"chat answer equals transformers' decoding: {text!r}")
+    check(r.choices[0].finish_reason == "stop", f"chat finish_reason stop at EOS: {r.choices[0].finish_reason}")
+    check(r.usage.prompt_tokens == len(q["prompt_ids"]) and r.usage.completion_tokens == len(q["expected_new_ids"])
+          and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,
+          f"chat usage equals transformers' token counts {len(q['prompt_ids'])}+{len(q['expected_new_ids'])}: {r.usage}")
+
+    # Chat, streaming: same text, whole characters, usage chunk last.
+    chunks, usage, finish = [], None, None
+    for c in client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}):
+        if c.usage is not None:
+            usage = c.usage
+        for ch in c.choices:
+            if ch.delta.content:
+                chunks.append(ch.delta.content)
+            finish = ch.finish_reason or finish
+    check("".join(chunks) == text and len(chunks) > 3,
+          f"streamed chat ({len(chunks)} chunks) assembles to the non-streaming text")
+    check(all("\ufffd" not in c for c in chunks), "no streamed chunk holds a broken character")
+    check(finish == "stop" and usage is not None and usage.completion_tokens == r.usage.completion_tokens,
+          f"streamed finish_reason {finish} and usage {usage}")
+    # The same prompt again: everything but the last prompt token comes from the KV cache.
+    check(usage is not None and usage.prompt_tokens_details.cached_tokens == len(q["prompt_ids"]) - 1,
+          f"repeated prompt reuses the KV cache: cached_tokens {usage and usage.prompt_tokens_details.cached_tokens}")
+
+    # Completions from token ids (the chat prompt's ids) give the chat answer; from text: length.
+    c = client.completions.create(model=MODEL, prompt=q["prompt_ids"], max_tokens=24, temperature=0)
+    check(c.choices[0].text == text and c.usage.prompt_tokens == len(q["prompt_ids"]),
+          f"completion from token ids equals the chat answer: {c.choices[0].text!r}, usage {c.usage}")
+    c = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
+    check(c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 5 and c.choices[0].text,
+          f"text completion stops at max_tokens: {c.choices[0].text!r} {c.choices[0].finish_reason} {c.usage}")
+    streamed = "".join(x.choices[0].text for x in client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0, stream=True) if x.choices)
+    check(streamed == c.choices[0].text, f"streamed completion equals the non-streaming one: {streamed!r}")
+
+    # Stop strings.
+    cut = text[:text.index("Paris")]
+    r2 = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0,
+                                        stop=["Paris", "zzz"])
+    check(r2.choices[0].message.content == cut and r2.choices[0].finish_reason == "stop"
+          and r2.usage.completion_tokens < r.usage.completion_tokens,
+          f"stop string cuts the answer: {r2.choices[0].message.content!r} ({r2.usage.completion_tokens} tokens)")
+    s2 = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        model=MODEL, messages=question, max_tokens=24, temperature=0, stop="Paris", stream=True) if ch.choices)
+    check(s2 == cut, f"streamed stop string cuts the answer the same way: {s2!r}")
+
+    # Seeds: same seed, same text; other seeds give other samples.
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12,
+                                         temperature=1.5, seed=seed).choices[0].text
+    a, b = sample(7), sample(7)
+    others = [sample(s) for s in (8, 9, 10)]
+    check(a == b, f"seed 7 twice gives the same text: {a!r}")
+    check(any(o != a for o in others), f"other seeds give other samples: {others!r}")
+
+    # 401.
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    ok, e = expect_error(lambda: bad.chat.completions.create(model=MODEL, messages=question, max_tokens=2), 401,
+                         code="invalid_api_key")
+    check(ok and isinstance(e, openai.AuthenticationError), f"wrong API key: 401 {e and e.body}")
+    st, _, body = raw(server, "POST", "/v1/chat/completions", "{}", key=None)
+    check(st == 401 and body["error"]["code"] == "invalid_api_key", f"missing API key: {st} {body}")
+    st, _, _ = raw(server, "GET", "/v1/models", key=None)
+    check(st == 401, f"/v1/models without the key: {st}")
+
+    # 400s.
+    st, _, body = raw(server, "POST", "/v1/chat/completions", '{"model": "demo", "messages": [')
+    check(st == 400 and body["error"]["type"] == "invalid_request_error", f"malformed JSON: {st} {body}")
+    cases = [
+        ("wrong type", dict(messages=question, extra_body={"max_tokens": "five"}), "max_tokens", "invalid_type"),
+        ("wrong content type", dict(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type"),
+        ("temperature out of range", dict(messages=question, temperature=5), "temperature", None),
+        ("tools", dict(messages=question, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+         "tools", "unsupported_parameter"),
+        ("response_format", dict(messages=question, response_format={"type": "json_object"}), "response_format",
+         "unsupported_parameter"),
+        ("logprobs", dict(messages=question, logprobs=True), "logprobs", "unsupported_parameter"),
+        ("n > 1", dict(messages=question, n=2), "n", "unsupported_parameter"),
+        ("5 stop strings", dict(messages=question, stop=["a", "b", "c", "d", "e"]), "stop", None),
+        ("max_tokens beyond the context", dict(messages=question, max_tokens=CONTEXT), "max_tokens",
+         "context_length_exceeded"),
+    ]
+    for name, kw, param, code in cases:
+        ok, e = expect_error(lambda: client.chat.completions.create(model=MODEL, **kw), 400, param, code)
+        check(ok, f"400 for {name}: {e and e.body}")
+    ok, e = expect_error(lambda: client.completions.create(model=MODEL, prompt=[1] * (CONTEXT + 1), max_tokens=1),
+                         400, "prompt", "context_length_exceeded")
+    check(ok, f"400 for a prompt longer than the context: {e and e.body}")
+    ok, e = expect_error(lambda: client.chat.completions.create(model=MODEL, messages=question, max_tokens=2,
+                                                                extra_body={"unknown_field": 1}), 400)
+    check(not ok and e is None, "unknown fields are ignored")
+
+    # 404s.
+    ok, e = expect_error(lambda: client.chat.completions.create(model="gpt-4o", messages=question, max_tokens=2),
+                         404, "model", "model_not_found")
+    check(ok and isinstance(e, openai.NotFoundError), f"404 for a wrong model id: {e and e.body}")
+    st, _, body = raw(server, "GET", "/v1/nothing")
+    check(st == 404 and "error" in body, f"404 in OpenAI's shape for an unknown path: {st}")
+
+    # 429 and cancellation: one long generation in flight, MAX_QUEUE queued, the next is refused.
+    # The counting prompt never reaches EOS: uncancelled, it generates all `room` tokens.
+    m0 = metrics(server)
+    long_prompt, room = LONG_PROMPT, LONG_TOKENS
+    streams = []
+    first = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=room, temperature=0, stream=True)
+    next(iter(first))  # it is running
+    streams.append(first)
+    for _ in range(MAX_QUEUE):
+        streams.append(client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=room, temperature=0,
+                                                 stream=True))
+    check(wait_for(lambda: metrics(server)["coli_queue_depth"] == MAX_QUEUE),
+          f"{MAX_QUEUE} requests queued behind the running one")
+    try:
+        client.chat.completions.create(model=MODEL, messages=question, max_tokens=2)
+        check(False, "full queue answers 429")
+    except openai.RateLimitError as e:
+        ra = e.response.headers.get("retry-after")
+        check(e.status_code == 429 and ra is not None and int(ra) >= 1 and e.body.get("type") == "rate_limit_error",
+              f"full queue answers 429 with Retry-After {ra}: {e.body}")
+    t_cancel = time.time()
+    for s in streams:
+        s.close()
+    cancelled = lambda: metrics(server)  # noqa: E731
+    check(wait_for(lambda: cancelled()["coli_cancelled_requests_total"]
+                   - m0["coli_cancelled_requests_total"] == 1 + MAX_QUEUE
+                   and cancelled()["coli_running_requests"] == 0 and cancelled()["coli_queue_depth"] == 0, 10),
+          f"closing the streams cancels the running and the queued generations "
+          f"({time.time() - t_cancel:.2f} s)")
+    m1 = metrics(server)
+    gen = m1["coli_completion_tokens_total"] - m0["coli_completion_tokens_total"]
+    check(gen < room // 4, f"the cancelled generation stopped early: {gen} of {room} tokens generated")
+    # A non-streaming request whose client times out is cancelled too.
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=1.0)
+    try:
+        impatient.completions.create(model=MODEL, prompt=long_prompt, max_tokens=room, temperature=0)
+        check(False, "non-streaming request times out on the client")
+    except openai.APITimeoutError:
+        check(wait_for(lambda: metrics(server)["coli_cancelled_requests_total"]
+                       - m1["coli_cancelled_requests_total"] == 1
+                       and metrics(server)["coli_running_requests"] == 0, 10),
+              "a non-streaming request is cancelled when its client disconnects")
+    gen = metrics(server)["coli_completion_tokens_total"] - m1["coli_completion_tokens_total"]
+    check(gen < room // 4, f"the disconnected non-streaming generation stopped early: {gen} of {room} tokens")
+
+    # Prefix reuse: the second turn prefills only the tokens after the first turn.
+    t1 = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0)
+    conv = question + [{"role": "assistant", "content": t1.choices[0].message.content},
+                       {"role": "user", "content": "And what is the capital of Germany?"}]
+    before = metrics(server)
+    t2 = client.chat.completions.create(model=MODEL, messages=conv, max_tokens=24, temperature=0)
+    after = metrics(server)
+    cached = t2.usage.prompt_tokens_details.cached_tokens
+    prefilled = after["coli_prefill_tokens_total"] - before["coli_prefill_tokens_total"]
+    check(cached >= t1.usage.prompt_tokens and prefilled == t2.usage.prompt_tokens - cached,
+          f"second turn reuses the KV cache: {t2.usage.prompt_tokens} prompt tokens, {cached} cached, "
+          f"{prefilled} prefilled")
+
+    # /metrics families.
+    _, hdrs, mtext = raw(server, "GET", "/metrics", key=None)
+    names = {f.name for f in text_string_to_metric_families(mtext)}
+    want = {"coli_requests", "coli_prompt_tokens", "coli_completion_tokens", "coli_time_to_first_token_seconds",
+            "coli_decode_step_seconds", "coli_expert_read_bytes", "coli_expert_cache_hit_rate", "coli_queue_depth"}
+    check(want <= names, f"/metrics has {sorted(want - names) or 'every expected family'}")
+    m = metrics(server)
+    check(m['coli_requests_total{"endpoint": "chat_completions", "status": "429"}'] >= 1
+          and m['coli_requests_total{"endpoint": "chat_completions", "status": "200"}'] >= 5
+          and 0 < m["coli_expert_cache_hit_rate"] <= 1 and m["coli_expert_read_bytes_total"] > 0
+          and m["coli_time_to_first_token_seconds_count"] > 0,
+          "metrics count requests by status, TTFT, expert bytes and hit rate")
+    print(f"functional checks took {time.time() - t_start:.1f} s", flush=True)
+
+    load_test(server)
+
+    # SIGTERM with a long generation streaming: the server stops it and exits promptly.
+    s = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=LONG_TOKENS, temperature=0,
+                                  stream=True)
+    next(iter(s))
+    t0 = time.time()
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"SIGTERM during a generation: exit code {rc} after {time.time() - t0:.2f} s")
+    s.close()
+
+
+def load_test(server):
+    """50 requests from 8 concurrent clients: each answered correctly or with 429 (after which its
+    client pauses 0.25 s). The first wave alone fills the engine and the queue, so at least
+    MAX_QUEUE + 1 requests are answered."""
+    n_req, n_clients = 50, 8
+    rss0 = server.rss_bytes()
+    m0 = metrics(server)
+    cl = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+    def one(i):
+        t0 = time.time()
+        try:
+            if i % 2:
+                s = cl.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"Give me a word about the number {i}."}],
+                    max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True})
+            else:
+                s = cl.completions.create(model=MODEL, prompt=f"Request {i}: the sky is", max_tokens=4,
+                                          temperature=0, stream=True, stream_options={"include_usage": True})
+            ttft, usage, finish, pieces = None, None, None, 0
+            for c in s:
+                if c.usage is not None:
+                    usage = c.usage
+                for ch in c.choices:
+                    piece = ch.delta.content if i % 2 else ch.text
+                    if piece and ttft is None:
+                        ttft = time.time() - t0
+                    pieces += bool(piece)
+                    finish = ch.finish_reason or finish
+            good = (usage is not None and 1 <= usage.completion_tokens <= 4 and finish in ("stop", "length")
+                    and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens)
+            return ("ok" if good else f"bad: {usage} {finish}"), ttft
+        except openai.RateLimitError:
+            time.sleep(0.25)
+            return "429", None
+        except Exception as e:  # noqa: BLE001 - any other outcome is a failure to report
+            return f"error: {type(e).__name__}: {e}", None
+
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(n_clients) as ex:
+        results = list(ex.map(one, range(n_req)))
+    wall = time.time() - t0
+    outcomes = [r for r, _ in results]
+    ttfts = sorted(t for _, t in results if t is not None)
+    n_ok, n_429 = outcomes.count("ok"), outcomes.count("429")
+    bad = [o for o in outcomes if o not in ("ok", "429")]
+    check(not bad and n_ok + n_429 == n_req and n_ok >= MAX_QUEUE + 1,
+          f"load: {n_req} requests from {n_clients} clients in {wall:.1f} s: {n_ok} answered, {n_429} got 429"
+          + (f", other: {bad[:3]}" if bad else ""))
+    m1 = metrics(server)
+    n_ttft = m1["coli_time_to_first_token_seconds_count"] - m0["coli_time_to_first_token_seconds_count"]
+    ttft_sum = m1["coli_time_to_first_token_seconds_sum"] - m0["coli_time_to_first_token_seconds_sum"]
+    wait_sum = m1["coli_queue_wait_seconds_sum"] - m0["coli_queue_wait_seconds_sum"]
+    wait_n = m1["coli_queue_wait_seconds_count"] - m0["coli_queue_wait_seconds_count"]
+    if ttfts:
+        print(f"load: client TTFT p50 {ttfts[len(ttfts) // 2]:.3f} s, max {ttfts[-1]:.3f} s; server TTFT mean "
+              f"{ttft_sum / max(n_ttft, 1):.3f} s of which queue wait {wait_sum / max(wait_n, 1):.3f} s", flush=True)
+    check(n_ttft == n_ok, f"server TTFT histogram counted the {n_ok} answered requests: {n_ttft}")
+    st, _, body = raw(server, "GET", "/health", key=None)
+    check(st == 200 and body["queue_depth"] == 0 and body["running"] == 0, f"healthy after the load: {body}")
+    time.sleep(0.5)
+    rss1 = server.rss_bytes()
+    check(abs(rss1 - rss0) < 50 << 20,
+          f"RSS after the load {rss1 / 2**20:.1f} MiB within 50 MiB of before {rss0 / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+//! Placement invariance of the tiered expert cache on every supported family's tiny fixture
+//! (int4-g64 store): identical greedy tokens for every combination of expert budget (down to
+//! one expert), pinned hot set on/off, router lookahead prefetch on/off and thread count, with
+//! the counters asserted (disk bytes = demand + prefetch bytes, evictions, prefetches issued,
+//! pinned hits, each expert read at most once when all fit, identical lookups and predictions
+//! whatever the placement). Also: the usage history is written, shared and survives corruption.
+
+use coli_engine::{CacheStats, Engine, EngineOptions, GenerateParams, SamplingParams};
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{convert_fixture, expected, ids, open_store};
+use std::path::Path;
+
+const FAMILIES: [&str; 6] = [
+    "mixtral_fp8",
+    "qwen3_moe_fp8",
+    "olmoe_fp8",
+    "qwen3_moe_bf16",
+    "deepseek_v3_fp8",
+    "glm5_fp8",
+];
+
+fn params(n: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop_on_eos: true,
+    }
+}
+
+/// Runs one greedy generation; returns tokens, cumulative cache counters, store reads and bytes,
+/// pinned experts.
+fn run(
+    dir: &Path,
+    prompt: &[u32],
+    opts: &EngineOptions,
+) -> (Vec<u32>, CacheStats, u64, u64, usize) {
+    let store = open_store(dir, true, IoPreference::Auto);
+    let mut e = Engine::new(&store, opts).unwrap();
+    assert!(e.take_warnings().is_empty());
+    let g = e.generate(prompt, &params(32), |_| Ok(true)).unwrap();
+    let (cap, used) = e.cache_usage();
+    assert!(used <= cap, "{used} > {cap}");
+    let pinned = e.placement().pinned_experts;
+    let s = e.cache_stats();
+    // The generation's own counters are the engine's minus what pinning read at start.
+    assert_eq!(g.stats.cache.pinned_reads, 0);
+    assert_eq!(g.stats.cache.hits, s.hits);
+    (
+        g.tokens,
+        s,
+        store.stats().reads,
+        store.stats().bytes_read,
+        pinned,
+    )
+}
+
+#[test]
+fn placement_never_changes_tokens_on_any_family() {
+    for name in FAMILIES {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let want = ids(&exp["greedy_int4_g64"]);
+        let prompt = ids(&exp["prompt_ids"]);
+        let probe = open_store(&dir, true, IoPreference::Auto);
+        let n_experts = probe.index().len() as u64;
+        let one = probe.index().iter().map(|r| r.length.get()).max().unwrap();
+        let all: u64 = probe.index().iter().map(|r| r.length.get()).sum();
+        drop(probe);
+
+        // Learn a usage history with one plain run (the file lives in the temp dir).
+        let state = tempfile::tempdir().unwrap();
+        let usage = state.path().join("usage.json");
+        let learn = EngineOptions {
+            ram_budget: Some(u64::MAX),
+            usage: Some(usage.clone()),
+            ..Default::default()
+        };
+        let (tokens, ..) = run(&dir, &prompt, &learn);
+        assert_eq!(tokens, want, "{name}: learning run");
+        assert!(usage.is_file(), "{name}: the usage history was written");
+
+        // Per prefill batch size (the batch unions differ): lookups and predictions.
+        let mut lookups = std::collections::HashMap::new();
+        let mut predictions = std::collections::HashMap::new();
+        let mut i = 0usize;
+        for (budget, pin_share) in [(one, 1.0), (all / 4, 0.5), (u64::MAX, 0.5)] {
+            for pin in [false, true] {
+                for prefetch in [false, true] {
+                    i += 1;
+                    let threads = 1 + i % 2;
+                    let batch = [5, 32, 32][i % 3];
+                    let opts = EngineOptions {
+                        ram_budget: Some(budget),
+                        threads: Some(threads),
+                        pin,
+                        pin_share,
+                        prefetch,
+                        usage: pin.then(|| usage.clone()),
+                        prefill_batch: batch,
+                        ..Default::default()
+                    };
+                    let what = format!(
+                        "{name}: budget {budget} pin {pin} (share {pin_share}) prefetch {prefetch} threads {threads} batch {batch}"
+                    );
+                    let (tokens, s, reads, bytes, pinned) = run(&dir, &prompt, &opts);
+                    assert_eq!(tokens, want, "{what}");
+                    // Every byte read from disk is a demand, pin or prefetch read.
+                    assert_eq!(bytes, s.bytes_fetched, "{what}: {s:?}");
+                    assert_eq!(bytes, s.demand_bytes + s.prefetch_bytes, "{what}: {s:?}");
+                    assert_eq!(
+                        reads,
+                        s.misses + s.prefetch_reads + s.pinned_reads,
+                        "{what}: {s:?}"
+                    );
+                    // The same routing, so the same lookups, whatever the placement.
+                    let l = s.hits + s.misses;
+                    assert_eq!(*lookups.entry(batch).or_insert(l), l, "{what}: lookups");
+                    if prefetch {
+                        assert!(s.predicted > 0, "{what}: {s:?}");
+                        assert!(s.predicted_used <= s.predicted);
+                        assert!(s.predicted_used <= s.demanded_after_prediction);
+                        let p = (s.predicted, s.predicted_used, s.demanded_after_prediction);
+                        let q = *predictions.entry(batch).or_insert(p);
+                        assert_eq!(q, p, "{what}: predictions");
+                        // Prefetch reads happen unless every lookup is a pinned hit.
+                        if budget > one && s.pinned_hits < s.hits + s.misses {
+                            assert!(s.prefetch_reads > 0, "{what}: {s:?}");
+                        }
+                    } else {
+                        assert_eq!(
+                            (s.predicted, s.prefetch_reads, s.inflight_waits),
+                            (0, 0, 0),
+                            "{what}: {s:?}"
+                        );
+                    }
+                    if pin {
+                        assert!(pinned > 0, "{what}: nothing pinned");
+                        assert_eq!(s.pinned_reads, pinned as u64, "{what}");
+                        assert!(s.pinned_hits > 0, "{what}: {s:?}");
+                    } else {
+                        assert_eq!((pinned, s.pinned_hits), (0, 0), "{what}");
+                    }
+                    if budget < all {
+                        assert!(s.evictions > 0 || pin, "{what}: {s:?}");
+                        assert!(s.misses > 0, "{what}: {s:?}");
+                    } else {
+                        assert_eq!(s.evictions, 0, "{what}");
+                        // No expert is read twice, demand and prefetch racing included.
+                        assert!(reads <= n_experts, "{what}: {reads} reads of {n_experts}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pinned_experts_are_the_hottest_and_stay() {
+    let name = "olmoe_fp8";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let prompt = ids(&exp["prompt_ids"]);
+    let state = tempfile::tempdir().unwrap();
+    let usage = state.path().join("u.json");
+    let base = EngineOptions {
+        ram_budget: Some(u64::MAX),
+        usage: Some(usage.clone()),
+        ..Default::default()
+    };
+    run(&dir, &prompt, &base);
+    let store = open_store(&dir, true, IoPreference::Auto);
+    let h = coli_engine::usage::UsageHistory::load(&usage, &store.manifest().store_id)
+        .unwrap()
+        .unwrap();
+    let hot = h.hottest();
+    let one = store.index()[0].length.get();
+    // A budget of 4 experts, half pinned: the two hottest are pinned and never evicted.
+    let opts = EngineOptions {
+        ram_budget: Some(4 * one),
+        pin_share: 0.5,
+        prefetch: false,
+        ..base.clone()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    assert_eq!(e.placement().pinned_experts, 2);
+    assert_eq!(e.placement().lru_capacity, 2 * one);
+    let pinned: Vec<ExpertKey> = hot[..2].iter().map(|x| x.0).collect();
+    let before = store.stats().reads;
+    let g = e.generate(&prompt, &params(16), |_| Ok(true)).unwrap();
+    assert!(g.stats.cache.evictions > 0);
+    assert!(g.stats.cache.pinned_hits > 0);
+    // Pinned experts are never read again.
+    let again = e.generate(&prompt, &params(16), |_| Ok(true)).unwrap();
+    assert!(store.stats().reads > before);
+    assert_eq!(again.tokens, g.tokens);
+    let (_, used) = e.cache_usage();
+    assert!(used <= 4 * one);
+    for k in pinned {
+        assert!(store.record(k).is_some());
+    }
+    // The runs were merged into the file: more tokens than after the first run.
+    let h2 = coli_engine::usage::UsageHistory::load(&usage, &store.manifest().store_id)
+        .unwrap()
+        .unwrap();
+    assert!(h2.tokens > h.tokens, "{} vs {}", h2.tokens, h.tokens);
+}
+
+#[test]
+fn corrupt_or_foreign_usage_file_is_a_warning() {
+    let name = "mixtral_fp8";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let prompt = ids(&exp["prompt_ids"]);
+    let want = ids(&exp["greedy_int4_g64"]);
+    let state = tempfile::tempdir().unwrap();
+    let usage = state.path().join("usage.json");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    for bad in [
+        &b"\x00\x01garbage"[..],
+        br#"{"version":1,"store_id":"ffffffffffffffffffffffffffffffff","half_life_tokens":8192,"tokens":5,"layers":[]}"#,
+    ] {
+        std::fs::write(&usage, bad).unwrap();
+        let opts = EngineOptions {
+            usage: Some(usage.clone()),
+            ..Default::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let w = e.take_warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("usage.json"), "{w:?}");
+        assert_eq!(e.placement().pinned_experts, 0);
+        let g = e.generate(&prompt, &params(32), |_| Ok(true)).unwrap();
+        assert_eq!(g.tokens, want);
+        // The save replaced the bad file (and said so).
+        assert_eq!(e.take_warnings().len(), 1);
+        let h = coli_engine::usage::UsageHistory::load(&usage, &store.manifest().store_id)
+            .unwrap()
+            .unwrap();
+        assert!(h.tokens > 0.0);
+    }
+    // An unwritable usage path: a warning, the run goes on.
+    let opts = EngineOptions {
+        usage: Some(usage.join("not-a-dir/usage.json")),
+        ..Default::default()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    let g = e.generate(&prompt, &params(8), |_| Ok(true)).unwrap();
+    assert_eq!(g.tokens, want[..8].to_vec());
+    let w = e.take_warnings();
+    assert!(
+        w.iter().any(|x| x.contains("saving the usage history")),
+        "{w:?}"
+    );
+}
+
+/// Identical greedy tokens whatever I/O engine (io_uring, pread thread pool, mmap), queue depth
+/// and O_DIRECT preference reads the experts, on every family, with a one-expert budget (so
+/// nearly every lookup is a disk read) and prefetch on (reads in flight while layers compute).
+/// Each store reports the engine that actually ran: a forced engine must run as asked, and
+/// `Auto` runs io_uring unless the kernel refuses it (then pread, with a note saying why).
+#[test]
+fn io_engine_and_queue_depth_never_change_tokens() {
+    use coli_store::{IoEngineChoice, IoEngineKind, OpenOptions, Store};
+    for name in FAMILIES {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let want = ids(&exp["greedy_int4_g64"]);
+        let prompt = ids(&exp["prompt_ids"]);
+        let cases = [
+            (IoEngineChoice::Auto, 1, IoPreference::Auto),
+            (IoEngineChoice::Auto, 4, IoPreference::Auto),
+            (IoEngineChoice::Pread, 1, IoPreference::Auto),
+            (IoEngineChoice::Pread, 4, IoPreference::Buffered),
+            (IoEngineChoice::Mmap, 2, IoPreference::Buffered),
+        ];
+        for (engine, depth, direct) in cases {
+            let store = Store::open_with(
+                &dir,
+                &OpenOptions {
+                    verify_checksums: true,
+                    io: direct,
+                    engine,
+                    queue_depth: Some(depth),
+                    ..OpenOptions::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name}: {engine:?}: {e}"));
+            let ran = store.io_engine();
+            match engine {
+                IoEngineChoice::Pread => assert_eq!(ran, IoEngineKind::Pread),
+                IoEngineChoice::Mmap => assert_eq!(ran, IoEngineKind::Mmap),
+                _ => assert!(
+                    ran == IoEngineKind::Uring || store.io_engine_note().is_some(),
+                    "{name}: auto ran {ran:?} without saying why io_uring was refused"
+                ),
+            }
+            assert_eq!(store.queue_depth(), depth);
+            let one = store.index().iter().map(|r| r.length.get()).max().unwrap();
+            let opts = EngineOptions {
+                ram_budget: Some(one),
+                pin: false,
+                prefetch: true,
+                ..Default::default()
+            };
+            let mut e = Engine::new(&store, &opts).unwrap();
+            let g = e.generate(&prompt, &params(32), |_| Ok(true)).unwrap();
+            let what = format!("{name}: {engine:?} ran as {ran:?}, depth {depth}, {direct:?}");
+            assert_eq!(g.tokens, want, "{what}");
+            assert!(store.stats().bytes_read > 0, "{what}");
+            assert!(g.stats.cache.evictions > 0, "{what}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! `/metrics`: the server's counters in Prometheus/OpenMetrics text format (prometheus-client).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
+
+/// Labels of `coli_requests`: endpoint and HTTP status.
+pub type RequestLabels = Vec<(&'static str, String)>;
+
+/// Every metric of the server (all thread-safe; shared by the handlers and the engine thread).
+pub struct Metrics {
+    registry: Registry,
+    /// Requests answered, by endpoint and HTTP status (429s included).
+    pub requests: Family<RequestLabels, Counter>,
+    /// Prompt tokens of finished generations (the whole prompt, reused or not).
+    pub prompt_tokens: Counter,
+    /// Prompt tokens actually prefilled (those not reused from the KV cache).
+    pub prefill_tokens: Counter,
+    /// Prompt tokens reused from the KV cache.
+    pub cached_tokens: Counter,
+    /// Tokens generated.
+    pub completion_tokens: Counter,
+    /// Generations cancelled because the client went away (queued or running).
+    pub cancelled: Counter,
+    /// Seconds from request arrival to the first generated token, queue wait included.
+    pub ttft: Histogram,
+    /// Seconds spent waiting in the queue.
+    pub queue_wait: Histogram,
+    /// Seconds per decode step (one generated token fed back).
+    pub decode_step: Histogram,
+    /// Bytes of expert records read from disk.
+    pub expert_bytes_read: Counter,
+    /// Expert-cache hits.
+    pub expert_cache_hits: Counter,
+    /// Expert-cache misses.
+    pub expert_cache_misses: Counter,
+    /// Expert-cache hit rate since the server started (0..1).
+    pub expert_cache_hit_rate: Gauge<f64, AtomicU64>,
+    /// Requests waiting for the engine.
+    pub queue_depth: Gauge,
+    /// Generations running (0 or 1).
+    pub running: Gauge,
+}
+
+impl Metrics {
+    /// A registry with every metric at zero. Histogram buckets are powers of two: TTFT and queue
+    /// wait from 5 ms to ~82 s, decode steps from 1 ms to ~16 s.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("coli");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "HTTP requests answered, by endpoint and status",
+            requests.clone(),
+        );
+        let counter = |registry: &mut Registry, name: &str, help: &str| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        };
+        let prompt_tokens = counter(
+            &mut registry,
+            "prompt_tokens",
+            "Prompt tokens of finished generations",
+        );
+        let prefill_tokens = counter(
+            &mut registry,
+            "prefill_tokens",
+            "Prompt tokens prefilled (not reused from the KV cache)",
+        );
+        let cached_tokens = counter(
+            &mut registry,
+            "cached_prompt_tokens",
+            "Prompt tokens reused from the KV cache",
+        );
+        let completion_tokens = counter(&mut registry, "completion_tokens", "Tokens generated");
+        let cancelled = counter(
+            &mut registry,
+            "cancelled_requests",
+            "Generations cancelled because the client disconnected",
+        );
+        let expert_cache_hits = counter(&mut registry, "expert_cache_hits", "Expert-cache hits");
+        let expert_cache_misses =
+            counter(&mut registry, "expert_cache_misses", "Expert-cache misses");
+        let expert_bytes_read = Counter::default();
+        registry.register_with_unit(
+            "expert_read",
+            "Bytes of expert records read from disk (store counter, model loading included)",
+            Unit::Bytes,
+            expert_bytes_read.clone(),
+        );
+        let histogram = |registry: &mut Registry, name: &str, help: &str, start: f64| {
+            let h = Histogram::new(exponential_buckets(start, 2.0, 15));
+            registry.register_with_unit(name, help, Unit::Seconds, h.clone());
+            h
+        };
+        let ttft = histogram(
+            &mut registry,
+            "time_to_first_token",
+            "Time from request arrival to the first generated token (TTFT), queue wait included",
+            0.005,
+        );
+        let queue_wait = histogram(
+            &mut registry,
+            "queue_wait",
+            "Time requests waited for the engine",
+            0.005,
+        );
+        let decode_step = histogram(
+            &mut registry,
+            "decode_step",
+            "Time of one decode step (one generated token fed back)",
+            0.001,
+        );
+        let expert_cache_hit_rate = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "expert_cache_hit_rate",
+            "Expert-cache hit rate since the server started (0..1)",
+            expert_cache_hit_rate.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "Requests waiting for the engine",
+            queue_depth.clone(),
+        );
+        let running = Gauge::default();
+        registry.register("running_requests", "Generations running", running.clone());
+        Metrics {
+            registry,
+            requests,
+            prompt_tokens,
+            prefill_tokens,
+            cached_tokens,
+            completion_tokens,
+            cancelled,
+            ttft,
+            queue_wait,
+            decode_step,
+            expert_bytes_read,
+            expert_cache_hits,
+            expert_cache_misses,
+            expert_cache_hit_rate,
+            queue_depth,
+            running,
+        }
+    }
+
+    /// Counts one answered request.
+    pub fn count_request(&self, endpoint: &'static str, status: u16) {
+        self.requests
+            .get_or_create(&vec![
+                ("endpoint", endpoint.to_string()),
+                ("status", status.to_string()),
+            ])
+            .inc();
+    }
+
+    /// The text exposition (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut s, &self.registry);
+        s
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family() {
+        let m = Metrics::new();
+        m.count_request("chat_completions", 200);
+        m.count_request("chat_completions", 200);
+        m.count_request("completions", 429);
+        m.ttft.observe(0.02);
+        m.expert_bytes_read.inc_by(4096);
+        m.expert_cache_hit_rate.set(0.75);
+        m.queue_depth.set(2);
+        let t = m.render();
+        assert!(
+            t.contains("coli_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2"),
+            "{t}"
+        );
+        assert!(
+            t.contains("coli_requests_total{endpoint=\"completions\",status=\"429\"} 1"),
+            "{t}"
+        );
+        assert!(
+            t.contains("coli_time_to_first_token_seconds_count 1"),
+            "{t}"
+        );
+        assert!(t.contains("coli_expert_read_bytes_total 4096"), "{t}");
+        assert!(t.contains("coli_expert_cache_hit_rate 0.75"), "{t}");
+        assert!(t.contains("coli_queue_depth 2"), "{t}");
+        assert!(
+            t.contains("# TYPE coli_decode_step_seconds histogram"),
+            "{t}"
+        );
+        assert!(t.trim_end().ends_with("# EOF"));
+    }
+}

@@ -1,0 +1,703 @@
+//! `coli serve`: an OpenAI-compatible HTTP server on the engine (axum + tokio).
+//!
+//! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both
+//! streaming as server-sent events and not), `GET /health`, `GET /metrics`. One engine runs on a
+//! dedicated thread that owns the store; handlers tokenize and validate, then queue a job FIFO on
+//! a bounded channel (`--max-queue` waiting jobs; a full queue answers 429 with `Retry-After`).
+//! A client that disconnects drops its [`worker::CancelOnDrop`] guard, which stops its
+//! generation at the next token (or skips it while queued). The KV cache persists across
+//! requests, so a prompt that extends the previous conversation prefills only its new tokens.
+//! See `docs/SERVE.md`.
+
+mod api;
+mod metrics;
+mod text;
+mod worker;
+
+use anyhow::{bail, Context, Result};
+use api::{ApiError, Endpoint, GenRequest, Prompt};
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use coli_engine::{GenerateParams, SamplingParams, TextTokenizer};
+use metrics::Metrics;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes};
+
+/// `coli serve` options.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    engine: crate::EngineOptions,
+    /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// TCP port (0 = any free port; the chosen address is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints.
+    #[arg(long, value_name = "KEY", env = "COLI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests that may wait for the engine while one runs; more are answered 429.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_queue: u32,
+    /// Model id of /v1/models and the `model` field (default: the store directory's name).
+    #[arg(long, value_name = "NAME")]
+    model_id: Option<String>,
+}
+
+/// State shared by the handlers.
+struct App {
+    model_id: String,
+    created: u64,
+    api_key: Option<String>,
+    tok: Arc<TextTokenizer>,
+    jobs: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
+    times: Arc<JobTimes>,
+    info: EngineInfo,
+    max_queue: usize,
+    next_id: AtomicU64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs the server until Ctrl-C or SIGTERM.
+///
+/// # Errors
+/// The store or model cannot be loaded, the store has no tokenizer, the address cannot be bound.
+pub fn run(a: ServeArgs) -> Result<()> {
+    let model_id = match &a.model_id {
+        Some(m) => m.clone(),
+        None => a
+            .engine
+            .store
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "coli".to_string()),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let times = Arc::new(JobTimes::default());
+    let max_queue = a.max_queue as usize;
+    let (jobs_tx, jobs_rx) = mpsc::channel(max_queue);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let shared = worker::Shared {
+            metrics: metrics.clone(),
+            times: times.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let opts = a.engine;
+        std::thread::Builder::new()
+            .name("coli-engine".into())
+            .spawn(move || worker::run(opts, shared, jobs_rx, ready_tx))
+            .context("starting the engine thread")?
+    };
+    let info = match ready_rx.recv() {
+        Ok(r) => r?,
+        Err(_) => bail!("the engine thread stopped while loading the model"),
+    };
+    let app = Arc::new(App {
+        model_id,
+        created: unix_now(),
+        api_key: a.api_key,
+        tok: info.tok.clone(),
+        jobs: jobs_tx,
+        metrics,
+        times,
+        info,
+        max_queue,
+        next_id: AtomicU64::new(1),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let served = rt.block_on(serve(app, &a.host, a.port, shutdown));
+    drop(rt);
+    // Every job sender is gone with the app: the engine thread finishes its job and returns.
+    let _ = worker.join();
+    served
+}
+
+async fn serve(app: Arc<App>, host: &str, port: u16, shutdown: Arc<AtomicBool>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("binding {host}:{port}; pick another --port or --host"))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    eprintln!(
+        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, {} threads); listening on http://{addr}",
+        app.model_id, app.info.load_s, app.info.context, app.info.threads
+    );
+    let router = Router::new()
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(get_model))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .with_state(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Open responses end now instead of running their generations to the end.
+            shutdown.store(true, Ordering::Relaxed);
+            eprintln!("coli serve: shutting down");
+        })
+        .await
+        .context("serving HTTP")?;
+    eprintln!("coli serve: shut down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &app.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if g.trim() == key => Ok(()),
+        Some(_) => Err(ApiError::unauthorized(true)),
+        None => Err(ApiError::unauthorized(false)),
+    }
+}
+
+fn model_object(app: &App) -> Value {
+    json!({"id": app.model_id, "object": "model", "created": app.created, "owned_by": "coli"})
+}
+
+async fn list_models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_key(&app, &headers) {
+        return e.into_response();
+    }
+    Json(json!({"object": "list", "data": [model_object(&app)]})).into_response()
+}
+
+async fn get_model(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    if let Err(e) = check_key(&app, &headers) {
+        return e.into_response();
+    }
+    if id != app.model_id {
+        return ApiError::model_not_found(&id, &app.model_id).into_response();
+    }
+    Json(model_object(&app)).into_response()
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    if app.jobs.is_closed() {
+        return ApiError::unavailable("the engine thread has stopped").into_response();
+    }
+    Json(json!({
+        "status": "ok",
+        "model": app.model_id,
+        "queue_depth": app.metrics.queue_depth.get(),
+        "running": app.metrics.running.get(),
+    }))
+    .into_response()
+}
+
+async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::route_not_found(uri.path()).into_response()
+}
+
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(app, headers, body, Endpoint::Chat).await
+}
+
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(app, headers, body, Endpoint::Completions).await
+}
+
+/// A validated, tokenized request ready to queue.
+struct Prepared {
+    req: GenRequest,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+}
+
+/// Tokenizes the prompt and checks it against the context.
+fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
+    if req.model != app.model_id {
+        return Err(ApiError::model_not_found(&req.model, &app.model_id));
+    }
+    let tok = &app.tok;
+    let prompt = match &req.prompt {
+        Prompt::Chat(messages) => {
+            if tok.chat_template.is_none() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "The served model has no chat template; use /v1/completions.",
+                ));
+            }
+            tok.chat_ids(messages, true)
+                .map_err(|e| {
+                    ApiError::invalid("messages", format!("Applying the chat template: {e}"))
+                })?
+                .1
+        }
+        Prompt::Text(t) => tok
+            .encode(t, true)
+            .map_err(|e| ApiError::invalid("prompt", format!("Tokenizing the prompt: {e}")))?,
+        Prompt::Ids(ids) => {
+            if let Some(&bad) = ids.iter().find(|&&i| i as usize >= app.info.vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "Token id {bad} is outside the vocabulary (size {}).",
+                        app.info.vocab
+                    ),
+                ));
+            }
+            ids.clone()
+        }
+    };
+    let param = if matches!(req.prompt, Prompt::Chat(_)) {
+        "messages"
+    } else {
+        "prompt"
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "The prompt has no tokens."));
+    }
+    let context = app.info.context;
+    if prompt.len() > context {
+        return Err(ApiError {
+            param: Some(param.into()),
+            ..ApiError::context_length(context, prompt.len(), 0)
+        });
+    }
+    // The engine keeps prompt + max_tokens - 1 positions (the last token is never fed back).
+    let room = context + 1 - prompt.len();
+    let max_tokens = match req.max_tokens {
+        Some(n) if n > room => return Err(ApiError::context_length(context, prompt.len(), n)),
+        Some(n) => n,
+        None => room,
+    };
+    let seed = req.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ app.next_id.load(Ordering::Relaxed).rotate_left(32)
+    });
+    let params = GenerateParams {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: req.temperature,
+            top_k: req.top_k,
+            top_p: req.top_p,
+            seed,
+        },
+        stop_on_eos: true,
+    };
+    Ok(Prepared {
+        req,
+        prompt,
+        params,
+    })
+}
+
+async fn generate(app: Arc<App>, headers: HeaderMap, body: Bytes, ep: Endpoint) -> Response {
+    let arrived = Instant::now();
+    let r = match check_key(&app, &headers) {
+        Ok(()) => generate_checked(&app, body, ep, arrived).await,
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(resp) => resp,
+        Err(e) => {
+            app.metrics.count_request(ep.label(), e.status.as_u16());
+            e.into_response()
+        }
+    }
+}
+
+/// The ids, creation time and model of one response.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    ep: Endpoint,
+}
+
+impl Meta {
+    /// One choice of a non-streaming response.
+    fn choice(&self, text: &str, reason: &str) -> Value {
+        match self.ep {
+            Endpoint::Chat => json!({
+                "index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null, "finish_reason": reason,
+            }),
+            Endpoint::Completions => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
+            }
+        }
+    }
+
+    /// One streamed choice: `text` (None: the role-only first chat chunk) and the finish reason.
+    fn delta(&self, text: Option<&str>, reason: Option<&str>) -> Value {
+        match self.ep {
+            Endpoint::Chat => {
+                let delta = match (text, reason) {
+                    (None, None) => json!({"role": "assistant", "content": ""}),
+                    (Some(t), _) => json!({"content": t}),
+                    (None, Some(_)) => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+            }
+            Endpoint::Completions => json!({
+                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason,
+            }),
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.ep, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn response(&self, choices: Value, usage: Option<Value>, chunk: bool) -> Value {
+        let mut v = json!({
+            "id": self.id, "object": self.object(chunk), "created": self.created,
+            "model": self.model, "system_fingerprint": null, "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
+}
+
+fn usage(f: &Finish) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+    })
+}
+
+/// 429 with `Retry-After`: the mean job time times the jobs ahead (the queue and the running
+/// one), 1 to 600 s.
+fn queue_full(app: &App) -> ApiError {
+    let ahead = app.max_queue as f64 + 1.0;
+    let secs = (app.times.mean_s() * ahead).ceil().clamp(1.0, 600.0) as u64;
+    ApiError::queue_full(app.max_queue, secs)
+}
+
+async fn generate_checked(
+    app: &Arc<App>,
+    body: Bytes,
+    ep: Endpoint,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let req = api::parse_request(&body, ep)?;
+    if app.jobs.capacity() == 0 {
+        // Full already: refuse before spending time on the chat template and the tokenizer.
+        return Err(queue_full(app));
+    }
+    let p = prepare(app, req)?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = CancelOnDrop(cancel.clone());
+    let job = Job {
+        prompt: p.prompt,
+        params: p.params,
+        stop: p.req.stop.clone(),
+        events: events_tx,
+        cancel,
+        arrived,
+    };
+    app.metrics.queue_depth.inc();
+    if let Err(e) = app.jobs.try_send(job) {
+        app.metrics.queue_depth.dec();
+        return Err(match e {
+            mpsc::error::TrySendError::Full(_) => queue_full(app),
+            mpsc::error::TrySendError::Closed(_) => {
+                ApiError::unavailable("the engine thread has stopped; restart coli serve")
+            }
+        });
+    }
+    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = Meta {
+        id: match ep {
+            Endpoint::Chat => format!("chatcmpl-{:x}{n:06x}", app.created),
+            Endpoint::Completions => format!("cmpl-{:x}{n:06x}", app.created),
+        },
+        created: unix_now(),
+        model: app.model_id.clone(),
+        ep,
+    };
+    if p.req.stream {
+        app.metrics.count_request(ep.label(), 200);
+        return Ok(stream_response(meta, events, guard, p.req.include_usage));
+    }
+    // Not streaming: the guard lives in this future, which hyper drops if the client goes away.
+    let _guard = guard;
+    let mut text = String::new();
+    while let Some(ev) = events.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(f) => {
+                app.metrics.count_request(ep.label(), 200);
+                let v = meta.response(
+                    json!([meta.choice(&text, f.reason)]),
+                    Some(usage(&f)),
+                    false,
+                );
+                return Ok(Json(v).into_response());
+            }
+            Event::Error(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal(
+        "the engine stopped before finishing this request",
+    ))
+}
+
+/// The SSE response: a task turns engine events into chunks; it ends (dropping the cancel
+/// guard) when generation ends or when the response body is dropped because the client left.
+fn stream_response(
+    meta: Meta,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    include_usage: bool,
+) -> Response {
+    let (out, body) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+        let null_usage = include_usage.then_some(Value::Null);
+        let chunk = |choice: Value| meta.response(json!([choice]), null_usage.clone(), true);
+        if meta.ep == Endpoint::Chat && out.send(data(chunk(meta.delta(None, None)))).await.is_err()
+        {
+            return;
+        }
+        loop {
+            let ev = tokio::select! {
+                ev = events.recv() => ev,
+                () = out.closed() => return,
+            };
+            let last = !matches!(ev, Some(Event::Text(_)));
+            let msgs: Vec<Value> = match ev {
+                Some(Event::Text(t)) => vec![chunk(meta.delta(Some(&t), None))],
+                Some(Event::Done(f)) => {
+                    let mut v = vec![chunk(meta.delta(None, Some(f.reason)))];
+                    if include_usage {
+                        v.push(meta.response(json!([]), Some(usage(&f)), true));
+                    }
+                    v
+                }
+                Some(Event::Error(e)) => vec![e.body()],
+                None => {
+                    vec![
+                        ApiError::internal("the engine stopped before finishing this request")
+                            .body(),
+                    ]
+                }
+            };
+            for m in msgs {
+                if out.send(data(m)).await.is_err() {
+                    return;
+                }
+            }
+            if last {
+                let _ = out.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                return;
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(body))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(ep: Endpoint) -> Meta {
+        Meta {
+            id: "id-1".into(),
+            created: 1,
+            model: "m".into(),
+            ep,
+        }
+    }
+
+    /// The `data:` payloads of an SSE response body.
+    async fn sse_data(resp: Response) -> Vec<String> {
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "text/event-stream",
+            "SSE content type"
+        );
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let text = String::from_utf8(body.to_vec()).expect("UTF-8 body");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn chat_stream_chunks_usage_and_done() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        for piece in ["hé", "世", "🎉"] {
+            tx.send(Event::Text(piece.into())).expect("send");
+        }
+        tx.send(Event::Done(Finish {
+            reason: "length",
+            prompt_tokens: 3,
+            cached_tokens: 1,
+            completion_tokens: 4,
+        }))
+        .expect("send");
+        let resp = stream_response(meta(Endpoint::Chat), rx, CancelOnDrop(cancel.clone()), true);
+        let data = sse_data(resp).await;
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).expect("each chunk is JSON"))
+            .collect();
+        assert_eq!(chunks.len(), 1 + 3 + 1 + 1, "role, 3 pieces, finish, usage");
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let text: String = chunks[1..4]
+            .iter()
+            .map(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .expect("content")
+            })
+            .collect();
+        assert_eq!(text, "hé世🎉");
+        for c in &chunks[..5] {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert!(c["usage"].is_null(), "usage is null before the last chunk");
+        }
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
+        assert_eq!(chunks[5]["choices"], json!([]));
+        assert_eq!(chunks[5]["usage"]["total_tokens"], 7);
+        assert_eq!(
+            chunks[5]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            1
+        );
+        // The stream is over, so its guard was dropped.
+        assert!(cancel.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test]
+    async fn completion_stream_error_then_done() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Event::Text("a".into())).expect("send");
+        tx.send(Event::Error(ApiError::internal("boom")))
+            .expect("send");
+        let guard = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let data = sse_data(stream_response(
+            meta(Endpoint::Completions),
+            rx,
+            guard,
+            false,
+        ))
+        .await;
+        assert_eq!(data.len(), 3, "{data:?}");
+        let first: Value = serde_json::from_str(&data[0]).expect("JSON");
+        assert_eq!(
+            (first["object"].clone(), first["choices"][0]["text"].clone()),
+            (json!("text_completion"), json!("a"))
+        );
+        assert!(
+            first.get("usage").is_none(),
+            "no usage field without include_usage"
+        );
+        let err: Value = serde_json::from_str(&data[1]).expect("JSON");
+        assert_eq!(err["error"]["message"], "boom");
+        assert_eq!(data[2], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_response_cancels_the_job() {
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let resp = stream_response(
+            meta(Endpoint::Chat),
+            rx,
+            CancelOnDrop(cancel.clone()),
+            false,
+        );
+        assert!(!cancel.load(Ordering::Relaxed));
+        drop(resp);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cancel.load(Ordering::Relaxed) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            cancel.load(Ordering::Relaxed),
+            "a dropped body cancels its job"
+        );
+    }
+}
