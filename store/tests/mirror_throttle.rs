@@ -14,10 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Many small records: 8 layers x 128 experts of ~5 KiB (for the per-expert assignment).
+/// Many small records: 32 layers x 128 experts of ~5 KiB (for the per-expert assignment; the
+/// primary's share of 4,096 hashed experts is 0.656, of the first 1,024 only 0.637: sampling
+/// spread, 1.5 points at 1,024).
 fn many_small() -> ModelParams {
     ModelParams {
-        layers: 8,
+        layers: 32,
         experts: 128,
         segment_max_bytes: 1 << 20,
         ..Default::default()
@@ -47,7 +49,7 @@ fn fixture(p: &ModelParams) -> (tempfile::TempDir, PathBuf, PathBuf) {
     (t, target, m)
 }
 
-/// Opens the store over drives throttled to 20 and 10 MiB/s, weights 2,1.
+/// Opens the store over drives throttled to 60 and 30 MiB/s, weights 2,1.
 fn open(
     target: &Path,
     mirror: &Path,
@@ -55,7 +57,7 @@ fn open(
     stripe: u64,
 ) -> (Store, Arc<Vec<throttle::Drive>>) {
     let drives = throttle::drives(
-        &[(target.to_path_buf(), 20.0), (mirror.to_path_buf(), 10.0)],
+        &[(target.to_path_buf(), 60.0), (mirror.to_path_buf(), 30.0)],
         64 << 10,
     );
     let store = Store::open_with(
@@ -127,7 +129,7 @@ fn byte_split_follows_the_weights_through_the_throttle() {
         // Unstriped batches of 32: every expert from its assigned drive.
         let (store, drives) = open(&target, &m, engine, u64::MAX);
         let desc = store.io_engine_description();
-        assert!(desc.contains("throttled to 20/10 MiB/s"), "{desc}");
+        assert!(desc.contains("throttled to 60/30 MiB/s"), "{desc}");
         for (chunk, want) in keys.chunks(32).zip(want.chunks(32)) {
             let got = store.fetch(chunk).unwrap();
             for (g, w) in got.iter().zip(want) {
@@ -137,7 +139,7 @@ fn byte_split_follows_the_weights_through_the_throttle() {
         let share = primary_share(&store, &drives);
         eprintln!("{engine:?} unstriped: primary share {share:.3} (weights 0.667)");
         assert!(
-            (share - 2.0 / 3.0).abs() < 0.03,
+            (share - 2.0 / 3.0).abs() < 0.02,
             "{engine:?} unstriped: primary share {share:.3}, weights say 0.667"
         );
         assert_eq!(store.mirror_stats().unwrap().striped_reads, 0);
@@ -151,7 +153,7 @@ fn byte_split_follows_the_weights_through_the_throttle() {
         let share = primary_share(&store, &drives);
         eprintln!("{engine:?} striped: primary share {share:.3} (weights 0.667)");
         assert!(
-            (share - 2.0 / 3.0).abs() < 0.03,
+            (share - 2.0 / 3.0).abs() < 0.01,
             "{engine:?} striped: primary share {share:.3}, weights say 0.667"
         );
         assert_eq!(
