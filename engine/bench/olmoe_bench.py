@@ -2,7 +2,7 @@
 """OLMoE-shaped placement and I/O benchmark (issue 6): decode tok/s against the I/O bound.
 
     python3 engine/bench/olmoe_bench.py STORE [--budget 512MiB] [--reps 2] [--max-tokens 64]
-        [--queue-depth 4] [--coli PATH] [--out FILE]
+        [--queue-depth 4] [--configs base,no-prefetch,pread,lru] [--coli PATH] [--out FILE]
 
 STORE is a `coli-convert` store of the checkpoint written by `make_olmoe_shape.py` (no
 tokenizer: prompts are token ids). Every run: greedy, `--direct on` (O_DIRECT expert reads),
@@ -14,7 +14,8 @@ Method:
 2. The usage history is learned on prompt set A (`--no-pin`, prefetch on), then saved.
 3. On the held-out prompt set B, interleaved per repetition and prompt, the configurations:
    `base` (io_uring, prefetch, pinned hot set from A), `no-prefetch`, `pread` (--io pread),
-   `lru` (--no-pin: plain LRU). The history is restored before every run, so all start from
+   `lru` (--no-pin: plain LRU); `--configs` picks others (`lru-no-prefetch`, `lru-pread`,
+   `pin-0.1`: --pin-share 0.1); the first is the reference of the "vs" column. The history is restored before every run, so all start from
    the one learned on A. All configurations must give the same tokens (placement never
    changes output), or the script exits non-zero.
 4. fio, in the same run, before and between the repetitions and after them: random O_DIRECT
@@ -42,12 +43,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Token-id prompts (the generated model has no tokenizer); 4 tokens each, vocab 50304.
 SET_A = [[101, 2020, 310, 4410], [7777, 15, 923, 30001], [12345, 678, 9, 4242]]
 SET_B = [[50, 31337, 2718, 1414], [27182, 8, 16180, 339]]
-CONFIGS = [
-    ("base", []),  # io_uring, prefetch, pinned from set A
-    ("no-prefetch", ["--no-prefetch"]),
-    ("pread", ["--io", "pread"]),
-    ("lru", ["--no-pin"]),
-]
+ALL_CONFIGS = {
+    "base": [],  # io_uring, prefetch, pinned hot set from set A (default --pin-share 0.5)
+    "no-prefetch": ["--no-prefetch"],
+    "pread": ["--io", "pread"],
+    "lru": ["--no-pin"],  # plain LRU (prefetch on)
+    "lru-no-prefetch": ["--no-pin", "--no-prefetch"],
+    "lru-pread": ["--no-pin", "--io", "pread"],
+    "pin-0.1": ["--pin-share", "0.1"],
+}
+DEFAULT_CONFIGS = "base,no-prefetch,pread,lru"
 
 
 def drop_caches():
@@ -92,8 +97,11 @@ def main():
     ap.add_argument("--fio-seconds", type=int, default=5)
     ap.add_argument("--coli", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                    "release", "coli"))
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help=f"comma-separated, the first is the reference; known: {','.join(ALL_CONFIGS)}")
     ap.add_argument("--out")
     a = ap.parse_args()
+    CONFIGS = [(n, ALL_CONFIGS[n]) for n in a.configs.split(",")]
     a.budget = a.budget.replace("iB", "")  # coli takes 512M (= MiB)
     out = open(a.out, "w") if a.out else sys.stdout
 
@@ -110,7 +118,7 @@ def main():
     say(f"store {a.store}: experts {info['encodings']['experts']}, {ex['count']} expert records, "
         f"{ex['bytes'] / 2**30:.2f} GiB, mean record {rec / 2**20:.3f} MiB; {len(segments)} segment files")
     say(f"budget {a.budget}, max tokens {a.max_tokens}, reps {a.reps}, queue depth {a.queue_depth}, "
-        f"coli {a.coli}, direct on")
+        f"coli {a.coli}, direct on; configs: " + "; ".join(f"{n} {' '.join(x) or '(defaults)'}" for n, x in CONFIGS))
     say(f"loadavg {os.getloadavg()}, nproc {os.cpu_count()}")
     say("df: " + subprocess.run(["df", "-T", a.store], capture_output=True, text=True).stdout.splitlines()[-1])
     dropped = drop_caches()
@@ -179,7 +187,7 @@ def main():
     say("\nsummary (sums over set B prompts and repetitions; per token = per prompt token + decode step)")
     say(f"{'config':12s} {'decode tok/s':>12s} {'run tok/s':>9s} {'bound tok/s':>11s} {'% bound':>7s} "
         f"{'MiB/token':>9s} {'demand':>7s} {'prefetch':>8s} {'hit rate':>8s} {'pinned':>6s} {'precision':>9s} "
-        f"{'recall':>6s} {'io wait ms/tok':>14s} {'disk GiB/s':>10s} {'vs base':>7s}")
+        f"{'recall':>6s} {'io wait ms/tok':>14s} {'disk GiB/s':>10s} {'vs ' + CONFIGS[0][0]:>7s}")
     base = None
     for name, _ in CONFIGS:
         t = tot[name]

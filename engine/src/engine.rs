@@ -330,7 +330,21 @@ impl<'s> Engine<'s> {
             Some(path) => match UsageHistory::load_locked(path, &store_id) {
                 Ok(h) => h,
                 Err(err) => {
-                    e.warnings.push(err.to_string());
+                    // Not this store's history: never overwritten, so not updated either.
+                    let foreign = matches!(
+                        err,
+                        crate::usage::UsageError::Corrupt { .. }
+                            | crate::usage::UsageError::OtherStore { .. }
+                    );
+                    if foreign {
+                        e.placement.usage = None;
+                        e.warnings.push(format!(
+                            "{err}: it is ignored and left unchanged, and this run keeps no \
+                             usage history (delete the file or pass another --usage FILE)"
+                        ));
+                    } else {
+                        e.warnings.push(err.to_string());
+                    }
                     None
                 }
             },
@@ -345,7 +359,14 @@ impl<'s> Engine<'s> {
                     .map(|x| x.0)
                     .filter(|k| store.record(*k).is_some())
                     .collect();
-                let share = (budget as f64 * opts.pin_share).min(u64::MAX as f64) as u64;
+                let mut share = (budget as f64 * opts.pin_share).min(u64::MAX as f64) as u64;
+                // Above one decode step's experts, the LRU keeps at least one step: a smaller
+                // LRU would evict within every step (measured: engine/bench/PLACEMENT.md).
+                let step =
+                    decode_step_bytes(store, e.model.config.num_layers, e.model.config.top_k);
+                if budget > step {
+                    share = share.min(budget - step);
+                }
                 e.cache.pin(store, &hot, share)?;
             }
         }
@@ -380,12 +401,12 @@ impl<'s> Engine<'s> {
             return;
         }
         let id = self.store.manifest().store_id.clone();
-        match UsageHistory::merge_into_file(&path, &id, &routed, tokens) {
-            Ok((_, Some(w))) => self.warnings.push(w.to_string()),
-            Ok((_, None)) => {}
-            Err(err) => self
-                .warnings
-                .push(format!("saving the usage history: {err}")),
+        if let Err(err) = UsageHistory::merge_into_file(&path, &id, &routed, tokens) {
+            // Warn once; later saves of this engine are skipped.
+            self.placement.usage = None;
+            self.warnings.push(format!(
+                "saving the usage history: {err} (not saved again in this run)"
+            ));
         }
     }
 
@@ -783,6 +804,20 @@ impl<'s> Engine<'s> {
             stats,
         })
     }
+}
+
+/// Bytes of the routed experts one decode step may read: for each expert layer of the decoder
+/// (the MTP layer excluded), `top_k` times the layer's largest record.
+pub fn decode_step_bytes(store: &Store, num_layers: usize, top_k: usize) -> u64 {
+    let mut largest: HashMap<u32, u64> = HashMap::new();
+    for r in store.index() {
+        let layer = r.layer.get();
+        if (layer as usize) < num_layers {
+            let m = largest.entry(layer).or_default();
+            *m = (*m).max(r.length.get());
+        }
+    }
+    largest.values().sum::<u64>() * top_k as u64
 }
 
 /// `-log_softmax(logits)[target]` in f64.

@@ -13,9 +13,12 @@
 //!   `0.5^(t / half_life_tokens)` before the new counts are added (the new tokens are treated
 //!   as the most recent), so a count is a token count with a half-life of
 //!   [`DEFAULT_HALF_LIFE_TOKENS`] tokens.
-//! - A corrupt file or one of another store is reported as an error by [`UsageHistory::load`];
-//!   the engine turns that into a warning and starts from an empty history (the next save
-//!   replaces the file).
+//! - A corrupt file or one of another store is reported as an error by [`UsageHistory::load`]
+//!   and is never overwritten (it may be something else the user named by mistake, or another
+//!   store's history): the engine turns the error into a warning, runs without a history and
+//!   leaves the file unchanged.
+//! - Only the default state directory is created when missing ([`default_usage_path`]); the
+//!   directory of a file named with `--usage` must exist.
 //!
 //! File format (JSON): `{"version": 1, "store_id": "<32 hex>", "half_life_tokens": 8192.0,
 //! "tokens": <decayed tokens merged>, "layers": [{"layer": L, "counts": [c_0, .., c_{E-1}]}]}`.
@@ -47,7 +50,7 @@ pub enum UsageError {
         source: std::io::Error,
     },
     /// The file is not a usage history of this format.
-    #[error("usage history {path} is corrupt ({what}); it is ignored and will be rewritten")]
+    #[error("usage history {path} is corrupt ({what})")]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -55,7 +58,7 @@ pub enum UsageError {
         what: String,
     },
     /// The file belongs to another store.
-    #[error("usage history {path} is for store {found}, not {expected}; it is ignored and will be rewritten")]
+    #[error("usage history {path} is for store {found}, not {expected}")]
     OtherStore {
         /// The file.
         path: PathBuf,
@@ -86,9 +89,13 @@ pub fn default_state_dir() -> Option<PathBuf> {
     var("HOME").map(|h| PathBuf::from(h).join(".local/state/coli"))
 }
 
-/// `<state dir>/usage-<store_id>.json` (see [`default_state_dir`]).
+/// `<state dir>/usage-<store_id>.json` (see [`default_state_dir`]). Creates the state
+/// directory when it is missing (best effort: a failure shows up when the file is written).
 pub fn default_usage_path(store_id: &str) -> Option<PathBuf> {
-    default_state_dir().map(|d| d.join(format!("usage-{store_id}.json")))
+    default_state_dir().map(|d| {
+        let _ = std::fs::create_dir_all(&d);
+        d.join(format!("usage-{store_id}.json"))
+    })
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -219,14 +226,13 @@ impl UsageHistory {
         v
     }
 
-    /// Writes the history to `path` atomically: a temporary file in the same directory
-    /// (created with its parents), fsynced, renamed over `path`.
+    /// Writes the history to `path` atomically: a temporary file in the same directory (which
+    /// must exist), fsynced, renamed over `path`.
     ///
     /// # Errors
     /// [`UsageError::Io`] naming the file or directory.
     pub fn write_atomic(&self, path: &Path) -> Result<(), UsageError> {
         let dir = parent_dir(path);
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let mut by_layer: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
         for (k, &c) in &self.counts {
             let v = by_layer.entry(k.layer).or_default();
@@ -274,29 +280,24 @@ impl UsageHistory {
 
     /// Merges `routed` over `tokens` tokens into the file at `path` under its lock: the file
     /// is re-read (another process may have updated it), decayed and added to, and replaced
-    /// atomically. A corrupt file or one of another store is replaced by a fresh history; its
-    /// error is returned as the warning. Returns the merged history and that warning.
+    /// atomically. Returns the merged history.
     ///
     /// # Errors
-    /// [`UsageError::Io`] when the lock, the directory or the file cannot be written.
+    /// [`UsageError::Io`] when the lock or the file cannot be written (a missing directory
+    /// included); [`UsageError::Corrupt`] / [`UsageError::OtherStore`] when the file is not this
+    /// store's usage history — it is then left unchanged.
     pub fn merge_into_file(
         path: &Path,
         store_id: &str,
         routed: &HashMap<ExpertKey, u64>,
         tokens: u64,
-    ) -> Result<(UsageHistory, Option<UsageError>), UsageError> {
+    ) -> Result<UsageHistory, UsageError> {
         let _lock = lock_exclusive(path)?;
-        let (mut h, warning) = match UsageHistory::load(path, store_id) {
-            Ok(Some(h)) => (h, None),
-            Ok(None) => (UsageHistory::new(store_id), None),
-            Err(e @ (UsageError::Corrupt { .. } | UsageError::OtherStore { .. })) => {
-                (UsageHistory::new(store_id), Some(e))
-            }
-            Err(e) => return Err(e),
-        };
+        let mut h =
+            UsageHistory::load(path, store_id)?.unwrap_or_else(|| UsageHistory::new(store_id));
         h.merge(routed, tokens);
         h.write_atomic(path)?;
-        Ok((h, warning))
+        Ok(h)
     }
 
     /// Reads `path` under its lock (see [`UsageHistory::load`]).
@@ -322,8 +323,6 @@ fn parent_dir(path: &Path) -> PathBuf {
 /// The lock file of `path` (`<path>.lock`), locked exclusively until the returned file is
 /// dropped (flock; released on close).
 fn lock_exclusive(path: &Path) -> Result<std::fs::File, UsageError> {
-    let dir = parent_dir(path);
-    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     let mut name = path.as_os_str().to_os_string();
     name.push(".lock");
     let lock_path = PathBuf::from(name);
@@ -365,17 +364,25 @@ mod tests {
         let path = tmp.path().join("state/usage.json");
         assert!(UsageHistory::load(&path, ID).unwrap().is_none());
         let routed = HashMap::from([(ExpertKey::new(2, 3), 5u64)]);
-        let (h, w) = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
-        assert!(w.is_none());
+        // A missing directory is not created for a named file.
+        let e = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap_err();
+        assert!(matches!(e, UsageError::Io { .. }), "{e}");
+        assert!(!path.parent().unwrap().exists());
+        std::fs::create_dir(path.parent().unwrap()).unwrap();
+        let h = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
         assert_eq!(UsageHistory::load_locked(&path, ID).unwrap().unwrap(), h);
         // A second merge adds to what is on disk.
-        let (h2, _) = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
+        let h2 = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
         assert!(h2.counts[&ExpertKey::new(2, 3)] > 9.99);
-        // Another store's id: an error from load, replaced (with a warning) by a merge.
+        // Another store's id: an error from load and from a merge, which leaves it unchanged.
         let other = "ffffffffffffffffffffffffffffffff";
         let e = UsageHistory::load(&path, other).unwrap_err();
         assert!(matches!(e, UsageError::OtherStore { .. }), "{e}");
-        // Corrupt files: clear errors, never a panic; a merge replaces them.
+        let before = std::fs::read(&path).unwrap();
+        let e = UsageHistory::merge_into_file(&path, other, &routed, 5).unwrap_err();
+        assert!(matches!(e, UsageError::OtherStore { .. }), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // Corrupt (or foreign) files: clear errors, never a panic, never overwritten.
         for bad in [
             &b"{not json"[..],
             br#"{"version":9,"store_id":"x","half_life_tokens":1,"tokens":0,"layers":[]}"#,
@@ -385,10 +392,9 @@ mod tests {
             std::fs::write(&path, bad).unwrap();
             let e = UsageHistory::load(&path, ID).unwrap_err();
             assert!(e.to_string().contains("corrupt"), "{e}");
-            let (h, w) = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
-            assert!(w.is_some());
-            assert_eq!(h.counts[&ExpertKey::new(2, 3)], 5.0);
-            assert!(UsageHistory::load(&path, ID).unwrap().is_some());
+            let e = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap_err();
+            assert!(e.to_string().contains("corrupt"), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), bad);
         }
         // No temporary file is left behind.
         let names: Vec<String> = std::fs::read_dir(path.parent().unwrap())

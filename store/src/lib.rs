@@ -101,6 +101,7 @@ pub use manifest::{
 };
 pub use reader::{
     DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, DEFAULT_VERIFY_PIECE_BYTES,
+    MAX_QUEUE_DEPTH,
 };
 pub use writer::{
     EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,

@@ -34,6 +34,10 @@ pub const DEFAULT_VERIFY_PIECE_BYTES: usize = 1 << 20;
 /// files, see [`IoEngine::path`]) and returns the engine every expert read then goes through.
 pub type EngineWrapper = Arc<dyn Fn(Arc<dyn IoEngine>) -> Arc<dyn IoEngine> + Send + Sync>;
 
+/// The largest queue depth [`Store::open_with`] accepts (reads in flight per fetch call; the
+/// pread and mmap engines run one thread per unit of depth).
+pub const MAX_QUEUE_DEPTH: usize = 256;
+
 /// Options for [`Store::open_with`].
 #[derive(Clone)]
 pub struct OpenOptions {
@@ -52,7 +56,7 @@ pub struct OpenOptions {
     /// Bytes per piece in which verified records of a batch (and every verified record with the
     /// mmap engine) are read and hashed as they land, rounded up to the store alignment;
     /// `Some(0)` reads each record whole and hashes it after it lands (a batch's records in
-    /// parallel on `queue_depth` hashing threads). Default `None`: the engine's best (measured,
+    /// parallel on up to `queue_depth` hashing threads, at most one per CPU). Default `None`: the engine's best (measured,
     /// `docs/IO.md`): whole records for io_uring, [`DEFAULT_VERIFY_PIECE_BYTES`] for pread and
     /// mmap.
     pub verify_piece_bytes: Option<usize>,
@@ -812,6 +816,18 @@ impl Store {
         }
         // I/O engine, over its own handles of the segment files (same O_DIRECT choice).
         let queue_depth = opts.queue_depth.unwrap_or(opts.fetch_threads).max(1);
+        if queue_depth > MAX_QUEUE_DEPTH {
+            return Err(io_err(
+                &dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "queue depth {queue_depth} is above the maximum {MAX_QUEUE_DEPTH} \
+                         (each unit of depth is a read in flight and a pool thread)"
+                    ),
+                ),
+            ));
+        }
         let mut files = Vec::with_capacity(segments.len());
         for (id, s) in segments.iter().enumerate() {
             let path = segment_path(&dir, id as u32);
@@ -827,6 +843,16 @@ impl Store {
         };
         // Mirrors: their admitted files follow the segments in the engine's file table.
         let router = if opts.mirrors.is_empty() {
+            if let Some(w) = opts.disk_weights.as_deref().filter(|w| w.len() != 1) {
+                return Err(crate::mirror::fmt_err(
+                    "--disk-weights",
+                    format!(
+                        "{} weights given for 1 drive (no mirrors; the store first, then each \
+                         mirror in the order given)",
+                        w.len()
+                    ),
+                ));
+            }
             None
         } else {
             let headers: Vec<SegmentHeader> = segments.iter().map(|s| s.header).collect();
@@ -854,7 +880,11 @@ impl Store {
         let hash_pool = if queue_depth > 1 && opts.verify_checksums {
             Some(
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(queue_depth)
+                    // Hashing is CPU work: more threads than CPUs only add switching.
+                    .num_threads(
+                        queue_depth
+                            .min(std::thread::available_parallelism().map_or(1, |n| n.get())),
+                    )
                     .thread_name(|i| format!("coli-verify-{i}"))
                     .build()
                     .map_err(|e| io_err(&dir, std::io::Error::other(e.to_string())))?,

@@ -347,3 +347,52 @@ fn measured_weights_are_cached_per_store_and_device() {
         2
     );
 }
+
+#[test]
+fn disk_weights_must_match_the_drives_even_without_mirrors() {
+    let (_t, store, _mirror) = fixture();
+    for w in [vec![5.0, 5.0], vec![]] {
+        let e = Store::open_with(
+            &store,
+            &OpenOptions {
+                disk_weights: Some(w.clone()),
+                ..OpenOptions::default()
+            },
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{w:?} weights for one drive were accepted"));
+        assert!(e.to_string().contains("--disk-weights"), "{e}");
+        assert!(e.to_string().contains("for 1 drive"), "{e}");
+    }
+    Store::open_with(
+        &store,
+        &OpenOptions {
+            disk_weights: Some(vec![3.0]),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn queue_depth_above_the_maximum_is_refused_by_name() {
+    let (_t, store, _mirror) = fixture();
+    let e = Store::open_with(
+        &store,
+        &OpenOptions {
+            queue_depth: Some(MAX_QUEUE_DEPTH + 1),
+            ..OpenOptions::default()
+        },
+    )
+    .err()
+    .expect("queue depth above the maximum accepted");
+    assert!(e.to_string().contains("queue depth 257"), "{e}");
+    Store::open_with(
+        &store,
+        &OpenOptions {
+            queue_depth: Some(MAX_QUEUE_DEPTH),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+}

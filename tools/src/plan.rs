@@ -119,6 +119,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let context = eng.context();
     let kv_bytes = eng.kv_bytes_per_token() * context as u64;
     let top_k = eng.config().top_k as f64;
+    let step_bytes =
+        coli_engine::engine::decode_step_bytes(&store, eng.config().num_layers, eng.config().top_k);
     drop(eng);
 
     let usage_path = a
@@ -141,7 +143,11 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let mut pinned = Vec::new();
     let mut pinned_bytes = 0u64;
     if let (Some(h), false) = (&history, a.no_pin) {
-        let share = (budget as f64 * a.pin_share.clamp(0.0, 1.0)).min(u64::MAX as f64) as u64;
+        let mut share = (budget as f64 * a.pin_share.clamp(0.0, 1.0)).min(u64::MAX as f64) as u64;
+        // As Engine::new: above one decode step, the LRU tier keeps at least one step.
+        if budget > step_bytes {
+            share = share.min(budget - step_bytes);
+        }
         for (k, _) in h.hottest() {
             let l = len(k);
             if l == 0 {

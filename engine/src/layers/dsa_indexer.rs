@@ -1,6 +1,6 @@
 //! The DeepSeek Sparse Attention (DSA) lightning indexer of GLM-5 (`glm_moe_dsa`), as
 //! transformers 5.23 `GlmMoeDsaIndexer` computes it (DeepSeek-V3.2's `Indexer` with GLM's
-//! interleaved RoPE; written up in `/work/notes/mla_families.md`):
+//! interleaved RoPE; written up in `docs/MLA.md`):
 //!
 //! ```text
 //! iq = wq_b(q_lat)                         [T, ih, id]   q_lat = q_a_layernorm(q_a_proj(x)), shared with MLA

@@ -1,6 +1,6 @@
 //! Multi-head latent attention (MLA) of DeepSeek-V3 / Kimi-K2, as transformers 5.23
 //! `modeling_deepseek_v3.py` (`DeepseekV3Attention`) computes it, with YaRN RoPE
-//! (`modeling_rope_utils._compute_yarn_parameters`). Written up in `/work/notes/mla_families.md`.
+//! (`modeling_rope_utils._compute_yarn_parameters`). Written up in `docs/MLA.md`.
 //!
 //! ```text
 //! q      = q_b(RMSNorm_1e-6(q_a(x)))   (or q_proj(x))          [T, nh, dn + dr]  nope first

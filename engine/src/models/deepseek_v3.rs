@@ -1,5 +1,5 @@
 //! DeepSeek-V3 / Kimi-K2 (`model_type: deepseek_v3` / `kimi_k2`), as transformers 5.23
-//! `modeling_deepseek_v3.py` (details in `/work/notes/mla_families.md`):
+//! `modeling_deepseek_v3.py` (details in `docs/MLA.md`):
 //!
 //! - attention: MLA ([`crate::layers::mla`]) with `q_a_proj`/`q_a_layernorm`/`q_b_proj` (or
 //!   `q_proj` when `q_lora_rank` is null), `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`,

@@ -1,7 +1,7 @@
 //! The multi-token-prediction (MTP) layer of DeepSeek-V3 / Kimi-K2 / GLM-5: decoder layer
 //! `num_hidden_layers` of the checkpoint (`model.layers.{N}.*`), skipped by the normal forward.
 //! As transformers 5.23 `MtpLayer` and vLLM's `deepseek_mtp.py` compute it (written up in
-//! `/work/notes/mla_families.md`, checked by `tests/fixtures/mla_reference.py`):
+//! `docs/MLA.md`, checked by `tests/fixtures/mla_reference.py`):
 //!
 //! ```text
 //! h_i      = main-model hidden state at position i AFTER model.norm            [T, H]

@@ -119,26 +119,44 @@ struct EngineOptions {
     /// O_DIRECT reads of expert records (bypassing the page cache).
     #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
     direct: DirectArg,
-    /// Expert reads in flight at once (default 4).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    /// Expert reads in flight at once (default 4, at most 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     queue_depth: Option<u16>,
     /// Prompt tokens per prefill batch.
     #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
           value_parser = clap::value_parser!(usize))]
     prefill_batch: usize,
     /// Mirror directory: a full or partial read-only copy of the store on another drive
-    /// (docs/MIRRORS.md); repeatable. Also COLI_MIRRORS=DIR1,DIR2.
-    #[arg(
-        long = "mirror",
-        value_name = "DIR",
-        env = "COLI_MIRRORS",
-        value_delimiter = ','
-    )]
+    /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
+    /// ignored); --mirror on the command line replaces COLI_MIRRORS.
+    #[arg(long = "mirror", value_name = "DIR", value_delimiter = ',')]
     mirrors: Vec<PathBuf>,
     /// Read bandwidth weights of the drives: the store first, then each mirror in the order
     /// given (e.g. 9,3). Default: measured at open with a short O_DIRECT probe, cached.
     #[arg(long, value_name = "W,W,...")]
     disk_weights: Option<String>,
+}
+
+/// The mirror directories: `--mirror` when given, else the non-empty entries of
+/// `COLI_MIRRORS` (comma-separated).
+fn mirror_dirs(cli: &[PathBuf]) -> Vec<PathBuf> {
+    mirror_dirs_from(cli, std::env::var_os("COLI_MIRRORS"))
+}
+
+/// [`mirror_dirs`] with the value of `COLI_MIRRORS` given.
+fn mirror_dirs_from(cli: &[PathBuf], env: Option<std::ffi::OsString>) -> Vec<PathBuf> {
+    if !cli.is_empty() {
+        return cli.to_vec();
+    }
+    env.map(|v| {
+        v.to_string_lossy()
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -275,7 +293,7 @@ fn open(opts: &EngineOptions) -> Result<Loaded> {
             io,
             engine: io_engine,
             queue_depth: opts.queue_depth.map(usize::from),
-            mirrors: opts.mirrors.clone(),
+            mirrors: mirror_dirs(&opts.mirrors),
             disk_weights: opts
                 .disk_weights
                 .as_deref()
@@ -725,4 +743,20 @@ fn error_chain(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrors_come_from_the_command_line_else_from_coli_mirrors() {
+        let env = |v: &str| Some(std::ffi::OsString::from(v));
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(mirror_dirs_from(&[], None), p(&[]));
+        assert_eq!(mirror_dirs_from(&[], env("")), p(&[]));
+        assert_eq!(mirror_dirs_from(&[], env(",, ,")), p(&[]));
+        assert_eq!(mirror_dirs_from(&[], env("/a,,/b ")), p(&["/a", "/b"]));
+        assert_eq!(mirror_dirs_from(&p(&["/c"]), env("/a,/b")), p(&["/c"]));
+    }
 }
