@@ -359,15 +359,10 @@ impl<'s> Engine<'s> {
                     .map(|x| x.0)
                     .filter(|k| store.record(*k).is_some())
                     .collect();
-                let mut share = (budget as f64 * opts.pin_share).min(u64::MAX as f64) as u64;
-                // Above one decode step's experts, the LRU keeps at least one step: a smaller
-                // LRU would evict within every step (measured: engine/bench/PLACEMENT.md).
                 let step =
                     decode_step_bytes(store, e.model.config.num_layers, e.model.config.top_k);
-                if budget > step {
-                    share = share.min(budget - step);
-                }
-                e.cache.pin(store, &hot, share)?;
+                e.cache
+                    .pin(store, &hot, pin_bytes(budget, opts.pin_share, step))?;
             }
         }
         let (n, bytes) = e.cache.pinned();
@@ -803,6 +798,19 @@ impl<'s> Engine<'s> {
             stop,
             stats,
         })
+    }
+}
+
+/// Bytes the pinned hot set may take: `pin_share` of `budget`, capped at `budget - step_bytes`
+/// when the budget exceeds one decode step ([`decode_step_bytes`]), so the LRU tier keeps at
+/// least one step (a smaller LRU evicts within every step; measured in
+/// engine/bench/PLACEMENT.md). At or below one step the share applies as asked.
+pub fn pin_bytes(budget: u64, pin_share: f64, step_bytes: u64) -> u64 {
+    let share = (budget as f64 * pin_share.clamp(0.0, 1.0)).min(u64::MAX as f64) as u64;
+    if budget > step_bytes {
+        share.min(budget - step_bytes)
+    } else {
+        share
     }
 }
 

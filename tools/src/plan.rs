@@ -143,11 +143,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let mut pinned = Vec::new();
     let mut pinned_bytes = 0u64;
     if let (Some(h), false) = (&history, a.no_pin) {
-        let mut share = (budget as f64 * a.pin_share.clamp(0.0, 1.0)).min(u64::MAX as f64) as u64;
-        // As Engine::new: above one decode step, the LRU tier keeps at least one step.
-        if budget > step_bytes {
-            share = share.min(budget - step_bytes);
-        }
+        let share = coli_engine::engine::pin_bytes(budget, a.pin_share, step_bytes);
         for (k, _) in h.hottest() {
             let l = len(k);
             if l == 0 {
