@@ -115,11 +115,11 @@ class Server:
         self.log.close()
 
 
-def raw(server, method, path, body=None, key=KEY):
+def raw(server, method, path, body=None, key=KEY, scheme="Bearer"):
     """(status, headers, parsed JSON or text) of a request made without the openai client."""
     headers = {"Content-Type": "application/json"}
     if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
+        headers["Authorization"] = f"{scheme} {key}"
     data = body.encode() if isinstance(body, str) else body
     req = urllib.request.Request(server.url + path, data=data, method=method, headers=headers)
     try:
@@ -264,6 +264,8 @@ def run_checks(server, q, question):
     check(st == 401 and body["error"]["code"] == "invalid_api_key", f"missing API key: {st} {body}")
     st, _, _ = raw(server, "GET", "/v1/models", key=None)
     check(st == 401, f"/v1/models without the key: {st}")
+    st, _, _ = raw(server, "GET", "/v1/models", scheme="bearer")
+    check(st == 200, f"the auth scheme is case-insensitive ('bearer KEY'): {st}")
 
     # 400s.
     st, _, body = raw(server, "POST", "/v1/chat/completions", '{"model": "demo", "messages": [')

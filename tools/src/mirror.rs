@@ -132,9 +132,12 @@ fn parse_layers(s: &str) -> Result<HashSet<u32>> {
     Ok(out)
 }
 
-/// Parses `0:1,2:3` into expert keys.
+/// Parses `--experts L:E,L:E,..` into expert keys, in the order given, each expert once (a
+/// repeat is dropped).
 fn parse_experts(s: &str) -> Result<Vec<ExpertKey>> {
-    s.split(',')
+    let mut seen = std::collections::HashSet::new();
+    let keys: Vec<ExpertKey> = s
+        .split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .map(|p| {
@@ -150,7 +153,8 @@ fn parse_experts(s: &str) -> Result<Vec<ExpertKey>> {
                     .with_context(|| format!("--experts: bad expert in {p:?}"))?,
             ))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(keys.into_iter().filter(|k| seen.insert(*k)).collect())
 }
 
 /// A planned staged segment.
@@ -474,5 +478,21 @@ pub fn run(a: MirrorArgs) -> Result<u8> {
             }
             Ok(if bad { 1 } else { 0 })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn experts_are_parsed_in_order_once_each() {
+        let k = ExpertKey::new;
+        assert_eq!(
+            parse_experts("0:1, 1:7,0:1,,2:0").unwrap(),
+            vec![k(0, 1), k(1, 7), k(2, 0)]
+        );
+        assert!(parse_experts("0-1").is_err());
+        assert!(parse_experts("x:1").is_err());
     }
 }

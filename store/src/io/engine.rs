@@ -288,7 +288,7 @@ pub(crate) fn invalid(req: ReadRequest, path: PathBuf, msg: String) -> Completio
 /// `io_uring_setup` hang or kill, and for tests of the fallback).
 fn uring_disabled_by_env() -> Option<String> {
     match std::env::var("COLI_IO_URING") {
-        Ok(v) if v == "off" || v == "0" => Some("COLI_IO_URING=off".into()),
+        Ok(v) if v.eq_ignore_ascii_case("off") || v == "0" => Some("COLI_IO_URING=off".into()),
         _ => None,
     }
 }

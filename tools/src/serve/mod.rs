@@ -194,7 +194,11 @@ fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        // The auth scheme is case-insensitive (RFC 9110 section 11.1).
+        .and_then(|v| {
+            let (scheme, key) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(key)
+        });
     match given {
         Some(g) if g.trim() == key => Ok(()),
         Some(_) => Err(ApiError::unauthorized(true)),
