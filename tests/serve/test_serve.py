@@ -300,6 +300,13 @@ def run_checks(server, q, question):
     check(ok and isinstance(e, openai.NotFoundError), f"404 for a wrong model id: {e and e.body}")
     st, _, body = raw(server, "GET", "/v1/nothing")
     check(st == 404 and "error" in body, f"404 in OpenAI's shape for an unknown path: {st}")
+    st, _, body = raw(server, "GET", "/v1/chat/completions")
+    check(st == 405 and isinstance(body, dict) and body["error"]["code"] == "method_not_allowed",
+          f"405 in OpenAI's shape for a wrong method: {st} {body}")
+    big = '{"model": "%s", "prompt": "%s"}' % (MODEL, "x" * (3 << 20))
+    st, _, body = raw(server, "POST", "/v1/completions", big)
+    check(st == 413 and isinstance(body, dict) and body["error"]["code"] == "request_too_large",
+          f"413 in OpenAI's shape for a body over the limit: {st} {str(body)[:200]}")
 
     # 429 and cancellation: one long generation in flight, MAX_QUEUE queued, the next is refused.
     # The counting prompt never reaches EOS: uncancelled, it generates all `room` tokens.

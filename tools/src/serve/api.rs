@@ -144,6 +144,36 @@ impl ApiError {
         }
     }
 
+    /// 405 for a known path with another method (e.g. `GET /v1/chat/completions`).
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            code: Some("method_not_allowed"),
+            ..ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                format!("{method} is not allowed on {path}. Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics."),
+            )
+        }
+    }
+
+    /// A request body that could not be read (413 when over the size limit), with the status
+    /// the body extractor chose.
+    pub fn body_rejected(status: StatusCode, detail: &str) -> ApiError {
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request_too_large"
+        } else {
+            "invalid_body"
+        };
+        ApiError {
+            code: Some(code),
+            ..ApiError::new(
+                status,
+                "invalid_request_error",
+                format!("The request body could not be read: {detail}"),
+            )
+        }
+    }
+
     /// 429 when the request queue is full, with `Retry-After: seconds`.
     pub fn queue_full(max_queue: usize, seconds: u64) -> ApiError {
         ApiError {

@@ -17,6 +17,7 @@ mod worker;
 use anyhow::{bail, Context, Result};
 use api::{ApiError, Endpoint, GenRequest, Prompt};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -155,6 +156,7 @@ async fn serve(app: Arc<App>, host: &str, port: u16, shutdown: Arc<AtomicBool>) 
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
@@ -259,16 +261,29 @@ async fn not_found(uri: Uri) -> Response {
     ApiError::route_not_found(uri.path()).into_response()
 }
 
+async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> Response {
+    ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
+}
+
+/// The body, or the extractor's rejection (e.g. 413 over the size limit) in OpenAI's shape.
+fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| ApiError::body_rejected(r.status(), &r.body_text()))
+}
+
 async fn chat_completions(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate(app, headers, body, Endpoint::Chat).await
+    generate(app, headers, body_or_error(body), Endpoint::Chat).await
 }
 
-async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(app, headers, body, Endpoint::Completions).await
+async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(app, headers, body_or_error(body), Endpoint::Completions).await
 }
 
 /// A validated, tokenized request ready to queue.
@@ -359,10 +374,15 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
     })
 }
 
-async fn generate(app: Arc<App>, headers: HeaderMap, body: Bytes, ep: Endpoint) -> Response {
+async fn generate(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Result<Bytes, ApiError>,
+    ep: Endpoint,
+) -> Response {
     let arrived = Instant::now();
-    let r = match check_key(&app, &headers) {
-        Ok(()) => generate_checked(&app, body, ep, arrived).await,
+    let r = match check_key(&app, &headers).and(body) {
+        Ok(body) => generate_checked(&app, body, ep, arrived).await,
         Err(e) => Err(e),
     };
     match r {
