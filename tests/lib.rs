@@ -67,6 +67,7 @@ pub fn convert_fixture(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf
         experts: encoding(params["experts"].as_str().expect("experts encoding")),
         dense: encoding(params["dense"].as_str().expect("dense encoding")),
         mtp: params["mtp"].as_str().map_or(Encoding::Int8, encoding),
+        embeddings: params["embeddings"].as_str().map(encoding),
     };
     coli_convert::run(&Options {
         input: fixture_dir(name),

@@ -1,4 +1,4 @@
-//! `coli-convert INPUT_DIR OUTPUT_STORE [--experts ..] [--dense ..] [--mtp ..] [--threads N] [--json]`:
+//! `coli-convert INPUT_DIR OUTPUT_STORE [--experts ..] [--dense ..] [--mtp ..] [--embeddings ..] [--threads N] [--json]`:
 //! converts a Hugging Face MoE checkpoint into a coli block store (docs/CONVERT.md).
 
 use anyhow::Context;
@@ -25,6 +25,10 @@ struct Cli {
     /// Encoding of the MTP layer's linear weights and experts: int8, bf16, fp8.
     #[arg(long, default_value = "int8")]
     mtp: String,
+    /// Encoding of the token embedding and lm_head: source (as in the checkpoint) or int8
+    /// (per-row scales; halves the bytes the output projection reads per token).
+    #[arg(long, default_value = "source")]
+    embeddings: String,
     /// Quantization threads (default: one per core). Output does not depend on it.
     #[arg(long)]
     threads: Option<usize>,
@@ -53,6 +57,11 @@ fn real_main() -> anyhow::Result<()> {
         )?,
         dense: parse_encoding(&cli.dense, &["bf16", "int8", "fp8"], "dense")?,
         mtp: parse_encoding(&cli.mtp, &["int8", "bf16", "fp8"], "mtp")?,
+        embeddings: match cli.embeddings.as_str() {
+            "source" => None,
+            "int8" => Some(parse_encoding("int8", &["int8"], "embeddings")?),
+            other => anyhow::bail!("--embeddings {other}: expected one of source, int8"),
+        },
     };
     if cli.threads == Some(0) {
         anyhow::bail!("--threads must be at least 1");

@@ -164,6 +164,9 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     parameters.insert("experts".to_string(), opts.encodings.experts.name());
     parameters.insert("dense".to_string(), opts.encodings.dense.name());
     parameters.insert("mtp".to_string(), opts.encodings.mtp.name());
+    if let Some(e) = opts.encodings.embeddings {
+        parameters.insert("embeddings".to_string(), e.name());
+    }
 
     // Disk space (the target's parent must exist).
     let parent = match opts.output.parent() {
@@ -400,6 +403,7 @@ fn write_all(
         Class::Attention,
         Class::DenseMlp,
         Class::Mtp,
+        Class::Embeddings,
     ] {
         let v = if counted.get(&c).copied().unwrap_or(false) {
             stats.get(&c).and_then(|s| s.rel_rms())

@@ -19,6 +19,11 @@ pub struct Encodings {
     pub dense: Encoding,
     /// Every linear weight of the MTP layer(s), their routed experts included.
     pub mtp: Encoding,
+    /// The token embedding `model.embed_tokens.weight` and `lm_head.weight`: `None` keeps
+    /// them as in the source (the default), `Some(Encoding::Int8)` stores them with per-row
+    /// int8 scales (halves the bytes the output projection reads per decoded token; one row
+    /// of the embedding is read per token).
+    pub embeddings: Option<Encoding>,
 }
 
 /// Class of a tensor for the quantization error report.
@@ -32,6 +37,8 @@ pub enum Class {
     DenseMlp,
     /// Every linear weight of the MTP layer(s), experts included.
     Mtp,
+    /// The token embedding and `lm_head` when `--embeddings` quantizes them.
+    Embeddings,
     /// Kept as in the source: norms, router, biases, embeddings, lm_head.
     Kept,
 }
@@ -44,6 +51,7 @@ impl Class {
             Class::Attention => "attention",
             Class::DenseMlp => "dense_mlp",
             Class::Mtp => "mtp",
+            Class::Embeddings => "embeddings",
             Class::Kept => "kept",
         }
     }
@@ -385,7 +393,12 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         }
         let layer = layer_of(name);
         let in_mtp = layer.is_some_and(|l| l >= nl);
-        let (encoding, class) = if kept_as_source(name, &info.shape) {
+        let is_embedding = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+        let (encoding, class) = if let (true, 2, Some(e)) =
+            (is_embedding, info.shape.len(), enc.embeddings)
+        {
+            (e, Class::Embeddings)
+        } else if kept_as_source(name, &info.shape) {
             let e = match info.dtype {
                 Dtype::Bf16 => Encoding::Bf16,
                 Dtype::F16 | Dtype::F32 => Encoding::F32,

@@ -132,6 +132,68 @@ fn fp8_qwen3_lossless_and_int4_values() {
 }
 
 #[test]
+fn embeddings_int8_values_and_refusal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let ck = tiny_mixtral_bf16(2, 4);
+    ck.write(&input);
+    let out = tmp.path().join("store");
+    let o = convert(&input, &out, &["--embeddings", "int8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rep: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let err = rep["rel_rms_error"]["embeddings"].as_f64().unwrap();
+    assert!(err > 0.0 && err < 0.02, "int8 embeddings rel error {err}");
+    let st = Store::open(&out).unwrap();
+    assert_eq!(
+        st.manifest()
+            .parameters
+            .get("embeddings")
+            .map(String::as_str),
+        Some("int8")
+    );
+    // Both the embedding and the (untied) lm_head: per-row int8, s = absmax / 127, q = RNE(w / s).
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        let d = st.dense(name).unwrap();
+        assert_eq!(d.encoding, coli_store::Encoding::Int8, "{name}");
+        let m = d.matrix();
+        let (si, ti) = ck.find(name);
+        let src: Vec<f32> = ck.shards[si].1[ti]
+            .data
+            .chunks_exact(2)
+            .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+            .collect();
+        let mut row = vec![0f32; m.cols];
+        for r in 0..m.rows {
+            let sr = &src[r * m.cols..(r + 1) * m.cols];
+            let absmax = sr.iter().fold(0f32, |a, x| a.max(x.abs()));
+            let s = (absmax / 127.0).max(1e-8);
+            assert_eq!(m.scales[r], s, "{name} row {r} scale");
+            m.dequantize_row(r, &mut row);
+            for c in 0..m.cols {
+                let q = (sr[c] / s).round_ties_even().clamp(-128.0, 127.0);
+                assert_eq!(row[c], q * s, "{name} [{r}, {c}]");
+            }
+        }
+    }
+    // The other dense tensors keep their encodings (router and norms bf16, attention bf16).
+    let q = st.dense("model.layers.0.self_attn.q_proj.weight").unwrap();
+    assert_eq!(q.encoding, coli_store::Encoding::Bf16);
+    // Only int8 (or the source encoding) is accepted.
+    let o = convert(
+        &input,
+        &tmp.path().join("bad"),
+        &["--embeddings", "int4-g64"],
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("--embeddings int4-g64") && e.contains("int8"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("bad").exists());
+}
+
+#[test]
 fn threads_do_not_change_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in");

@@ -555,6 +555,22 @@ impl ExpertCache {
         self.state().predicted.insert(layer, experts);
     }
 
+    /// The experts of `keys` that a read would bring in: not pinned, not in the LRU tier, not
+    /// held after a prefetch and not in flight (order kept). The lookahead uses it to skip
+    /// waking the prefetch thread when everything predicted is already in RAM.
+    pub fn absent(&self, keys: &[ExpertKey]) -> Vec<ExpertKey> {
+        let s = self.state();
+        keys.iter()
+            .copied()
+            .filter(|k| {
+                !(s.pinned.contains_key(k)
+                    || s.lru.contains(k)
+                    || s.ready.contains_key(k)
+                    || s.inflight.contains_key(k))
+            })
+            .collect()
+    }
+
     /// Adds the tokens routed to each expert (`(key, tokens)` pairs) to the usage counts (see
     /// [`ExpertCache::take_usage`]).
     pub fn record_usage(&self, routed: impl IntoIterator<Item = (ExpertKey, u64)>) {

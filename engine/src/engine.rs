@@ -625,7 +625,7 @@ impl<'s> Engine<'s> {
                 cache,
             };
             let layers = &model.layers;
-            let mut run = |pf: Option<&crate::prefetch::Prefetcher>| -> Result<()> {
+            let mut run = |pf: Option<&crate::prefetch::Prefetcher<'_, '_>>| -> Result<()> {
                 for (li, (layer, kvl)) in layers.iter().zip(kv.iter_mut()).enumerate() {
                     if let Some(pf) = pf {
                         // Lookahead (see prefetch.rs): layer 0 from the embeddings, then

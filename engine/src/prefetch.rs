@@ -21,20 +21,51 @@ use crate::cache::ExpertCache;
 use crate::layers::{DecoderLayer, Ffn};
 use coli_store::{ExpertKey, Store};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, OnceLock};
 
-/// Sends prefetch requests to the prefetch thread of the current forward pass.
-pub struct Prefetcher {
-    tx: mpsc::Sender<Vec<ExpertKey>>,
+/// Sends prefetch requests to the prefetch thread of the current forward pass. The thread is
+/// started by the first request (a forward pass whose predicted experts are all in RAM never
+/// starts one: on a VM every thread start and wake-up is a costly system call).
+pub struct Prefetcher<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    store: &'env Store,
+    cache: &'env ExpertCache,
+    stop: &'env AtomicBool,
+    failures: &'env AtomicU64,
+    tx: OnceLock<mpsc::Sender<Vec<ExpertKey>>>,
+    worker: Mutex<Option<std::thread::ScopedJoinHandle<'scope, ()>>>,
 }
 
-impl Prefetcher {
-    /// Queues a read of `keys` (most wanted first); returns at once.
+impl Prefetcher<'_, '_> {
+    /// Queues a read of `keys` (most wanted first); returns at once. Starts the prefetch
+    /// thread on first use; if it cannot be started the experts are read on demand instead.
     pub fn request(&self, keys: Vec<ExpertKey>) {
-        if !keys.is_empty() {
-            // The receiver lives until the scope of `with_prefetcher` ends, after `f` returns.
-            let _ = self.tx.send(keys);
+        if keys.is_empty() {
+            return;
         }
+        let tx = self.tx.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Vec<ExpertKey>>();
+            let (store, cache, stop, failures) = (self.store, self.cache, self.stop, self.failures);
+            let worker = std::thread::Builder::new()
+                .name("coli-prefetch".into())
+                .spawn_scoped(self.scope, move || {
+                    while let Ok(keys) = rx.recv() {
+                        if stop.load(Ordering::Acquire) {
+                            continue;
+                        }
+                        if cache.prefetch(store, &keys).is_err() {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            if let Ok(h) = worker {
+                *self.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+            }
+            tx
+        });
+        // The receiver lives until the worker ends, after `with_prefetcher`'s `f` returns (a
+        // worker that failed to start dropped it: the send fails and demand reads take over).
+        let _ = tx.send(keys);
     }
 }
 
@@ -44,30 +75,26 @@ impl Prefetcher {
 pub fn with_prefetcher<R>(
     store: &Store,
     cache: &ExpertCache,
-    f: impl FnOnce(&Prefetcher) -> R,
+    f: impl FnOnce(&Prefetcher<'_, '_>) -> R,
 ) -> (R, u64) {
-    let (tx, rx) = mpsc::channel::<Vec<ExpertKey>>();
     let stop = AtomicBool::new(false);
     let failures = AtomicU64::new(0);
-    let (stop_ref, failures_ref) = (&stop, &failures);
     let r = std::thread::scope(|s| {
-        let worker = std::thread::Builder::new()
-            .name("coli-prefetch".into())
-            .spawn_scoped(s, move || {
-                while let Ok(keys) = rx.recv() {
-                    if stop_ref.load(Ordering::Acquire) {
-                        continue;
-                    }
-                    if cache.prefetch(store, &keys).is_err() {
-                        failures_ref.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        let p = Prefetcher { tx };
+        let p = Prefetcher {
+            scope: s,
+            store,
+            cache,
+            stop: &stop,
+            failures: &failures,
+            tx: OnceLock::new(),
+            worker: Mutex::new(None),
+        };
         let r = f(&p);
         stop.store(true, Ordering::Release);
-        drop(p);
-        if let Ok(h) = worker {
+        let Prefetcher { tx, worker, .. } = p;
+        drop(tx);
+        let worker = worker.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = worker {
             // A panic in the worker leaves nothing half-done in the cache (see cache.rs).
             let _ = h.join();
         }
@@ -99,11 +126,11 @@ pub fn predict_and_request(
     x: &[f32],
     n: usize,
     cache: &ExpertCache,
-    p: &Prefetcher,
+    p: &Prefetcher<'_, '_>,
 ) {
     if let Some((l, experts)) = predict(layer, x, n) {
-        let keys = experts.iter().map(|&e| ExpertKey::new(l, e)).collect();
+        let keys: Vec<ExpertKey> = experts.iter().map(|&e| ExpertKey::new(l, e)).collect();
         cache.set_prediction(l, experts);
-        p.request(keys);
+        p.request(cache.absent(&keys));
     }
 }

@@ -53,7 +53,7 @@ fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u
 
 fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma]
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512]
         .into_iter()
         .filter(|i| i.supported())
         .collect();
@@ -122,7 +122,7 @@ fn main() {
                         scalar_1t = Some(t1);
                         1.0
                     }
-                    Isa::Avx2Fma => scalar_1t.map_or(f64::NAN, |s| s / t1),
+                    Isa::Avx2Fma | Isa::Avx512 => scalar_1t.map_or(f64::NAN, |s| s / t1),
                 };
                 println!(
                     "{:<26} {:<9} {:<9} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2}",

@@ -2,7 +2,9 @@
 //!
 //! A row is consumed in chunks of 8 columns. Each chunk is decoded to one `__m256` of f32
 //! weights (exactly the reference value `code * scale`, one f32 rounding, as
-//! `MatrixView::dequantize_row`), then multiplied into the token's accumulators with FMA.
+//! `MatrixView::dequantize_row`; int8: the bare code, the row scale multiplies the row's sum),
+//! then multiplied into the token's accumulators with FMA. int4 with a group size that is a
+//! multiple of 32 dividing `cols` has its own kernel (the "int4 fast path" at the end).
 //! Summation order per token (fixed, independent of threads and of how many tokens share a
 //! pass): chunk `c` goes into accumulator `c % 4`; the last partial chunk (`cols % 8` columns,
 //! zero padded) goes into accumulator `(cols / 8) % 4`; the four accumulators are combined as
@@ -304,38 +306,42 @@ impl Chunks for Fp8Src<'_> {
     }
 }
 
-/// int8 weights: sign-extend, convert, times the row scale.
+/// int8 weights: the codes, sign-extended and converted (exact in f32); the row scale is
+/// applied once to the row's sum (see [`row_post_scale`]).
 struct Int8Src<'a> {
     cur: Cursor<'a>,
-    scale: __m256,
 }
 
-/// 8 int8 codes (bytes `k * 8..k * 8 + 8`) times `scale`.
+/// 8 int8 codes (bytes `k * 8..k * 8 + 8`) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn int8x8(b: &[u8], k: usize, scale: __m256) -> __m256 {
-    let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load_u8x8(b, k)));
-    _mm256_mul_ps(q, scale)
+fn int8x8(b: &[u8], k: usize) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load_u8x8(b, k)))
 }
 
 impl Chunks for Int8Src<'_> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn next(&mut self) -> __m256 {
-        int8x8(self.cur.take::<8>(), 0, self.scale)
+        int8x8(self.cur.take::<8>(), 0)
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn next4(&mut self) -> [__m256; 4] {
         let b = self.cur.take::<32>();
-        let s = self.scale;
-        [
-            int8x8(b, 0, s),
-            int8x8(b, 1, s),
-            int8x8(b, 2, s),
-            int8x8(b, 3, s),
-        ]
+        [int8x8(b, 0), int8x8(b, 1), int8x8(b, 2), int8x8(b, 3)]
+    }
+}
+
+/// The factor applied to row `r`'s dot product after the sum: the row scale for int8 (its
+/// chunks are the bare codes: `s * sum q x` instead of `sum (q s) x`, equal up to f32
+/// rounding, one multiply per row instead of one per weight), 1 for every other encoding
+/// (whose chunks carry their scales).
+fn row_post_scale(w: &MatrixView<'_>, r: usize) -> f32 {
+    match w.encoding {
+        Encoding::Int8 => w.scales[r],
+        _ => 1.0,
     }
 }
 
@@ -449,12 +455,20 @@ impl Chunks for BufSrc<'_> {
     }
 }
 
-/// The last `cols % 8` weights of row `r`, zero padded, or `None` when `cols % 8 == 0`.
+/// The last `cols % 8` weights of row `r`, zero padded, or `None` when `cols % 8 == 0`; as
+/// the chunk sources decode them (int8: the bare codes, see [`row_post_scale`]).
 fn tail_weights(w: &MatrixView<'_>, r: usize) -> Option<[f32; 8]> {
     let c0 = w.cols / 8 * 8;
     (c0 < w.cols).then(|| {
         let mut t = [0f32; 8];
-        decode_cols(w, r, c0, w.cols, &mut t);
+        if w.encoding == Encoding::Int8 {
+            let row = &w.data[r * w.cols + c0..(r + 1) * w.cols];
+            for (o, &q) in t.iter_mut().zip(row) {
+                *o = (q as i8) as f32;
+            }
+        } else {
+            decode_cols(w, r, c0, w.cols, &mut t);
+        }
         t
     })
 }
@@ -497,7 +511,6 @@ macro_rules! with_src {
                 let row = &w.data[r * cols..(r + 1) * cols];
                 let $src = &mut Int8Src {
                     cur: Cursor::new(&row[..nfull * 8]),
-                    scale: _mm256_set1_ps(w.scales[r]),
                 };
                 $body
             }
@@ -552,7 +565,7 @@ pub(crate) unsafe fn matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &m
             // SAFETY: AVX2+FMA+F16C available (caller); each source has exactly `nfull` full chunks.
             unsafe { dot_tokens::<1, _>(src, nfull, tail.as_ref(), [x]) }
         });
-        *yo = v[0];
+        *yo = v[0] * row_post_scale(w, r);
     }
 }
 
@@ -593,6 +606,7 @@ pub(crate) unsafe fn matmul_rows(
             }
         });
         let tail = tail_weights(w, r);
+        let post = row_post_scale(w, r);
         let xt = |t: usize| &x[t * cols..(t + 1) * cols];
         let mut t = 0;
         while t + TILE <= n {
@@ -604,7 +618,9 @@ pub(crate) unsafe fn matmul_rows(
             let v = unsafe {
                 dot_tokens::<TILE, _>(src, nfull, tail.as_ref(), [xt(t), xt(t + 1), xt(t + 2)])
             };
-            yrow[t..t + TILE].copy_from_slice(&v);
+            for (o, v) in yrow[t..t + TILE].iter_mut().zip(v) {
+                *o = v * post;
+            }
             t += TILE;
         }
         while t < n {
@@ -614,8 +630,188 @@ pub(crate) unsafe fn matmul_rows(
             };
             // SAFETY: as above.
             let v = unsafe { dot_tokens::<1, _>(src, nfull, tail.as_ref(), [xt(t)]) };
-            yrow[t] = v[0];
+            yrow[t] = v[0] * post;
             t += 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// int4 fast path: group size a multiple of 32 that divides `cols`.
+//
+// A 32-column block is 16 bytes; byte `i` holds column `2i` (low nibble) and `2i + 1` (high
+// nibble). The block is split into its 16 low and 16 high nibbles (two byte-wide ops on the
+// whole block), `- 8` is applied on the bytes, and the four runs of 8 codes are widened to f32.
+// That yields the columns in the order `0, 2, .., 30, 1, 3, .., 31`, so the activations are
+// permuted once per product into the same order ([`int4_permute`]) instead of shuffling every
+// weight. Within a group the codes are multiplied with the activations and summed (four 8-lane
+// accumulators per token, run `k` of each block into accumulator `k`); at the end of the group
+// the accumulators are combined as `(a0 + a1) + (a2 + a3)` and added into the token's total
+// with one FMA by the group scale: `total = fma(group_sum, scale, total)`. The result is
+// `sum_g scale_g * sum_{c in g} (q_c - 8) x_c`, the reference `sum_c ((q_c - 8) scale_g) x_c`
+// up to f32 rounding (the products `(q - 8) * x` are exact in f32 before the sums; one scale
+// multiply per group instead of one per weight). The 8 lanes of the total are summed pairwise
+// at the end. The order per token is fixed, so `matvec` and every tile size of `matmul` agree
+// bit for bit.
+// ---------------------------------------------------------------------------------------------
+
+/// Tokens per pass of the int4 fast path in `matmul` (2 tokens x 4 accumulators + 2 totals).
+const INT4_TILE: usize = 2;
+
+/// Whether `w` takes the int4 fast path: int4 with a group size that is a multiple of 32 and
+/// divides `cols` (every real model's 32, 64 or 128 with hidden sizes that are multiples of
+/// the group).
+pub(crate) fn int4_fast(w: &MatrixView<'_>) -> bool {
+    match w.encoding {
+        Encoding::Int4 { group_size } => {
+            let g = group_size as usize;
+            g >= 32 && g.is_multiple_of(32) && w.cols > 0 && w.cols.is_multiple_of(g)
+        }
+        _ => false,
+    }
+}
+
+/// `x` (`n` rows of `cols` activations, `cols % block == 0`) with each `block`-column block
+/// reordered as the int4 fast paths decode it: the block's even columns first, then its odd
+/// columns (`block` = 32 for AVX2, 64 for AVX-512).
+pub(crate) fn int4_permute(x: &[f32], block: usize) -> Vec<f32> {
+    let half = block / 2;
+    let mut out = vec![0f32; x.len()];
+    for (ob, xb) in out.chunks_exact_mut(block).zip(x.chunks_exact(block)) {
+        for j in 0..half {
+            ob[j] = xb[2 * j];
+            ob[half + j] = xb[2 * j + 1];
+        }
+    }
+    out
+}
+
+/// Sums the 8 lanes of `a` pairwise: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum1(a: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+}
+
+/// Dot products of one int4 row (`row`: `cols / 2` bytes; `srow`: its `cols / g` scales) with
+/// `T` tokens' permuted activations `xps[t]` (`cols` long, see [`int4_permute`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `g % 32 == 0`, `row.len() * 2 == xps[t].len() ==
+/// srow.len() * g`.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int4_dot_tokens<const T: usize>(
+    row: &[u8],
+    srow: &[f32],
+    g: usize,
+    xps: [&[f32]; T],
+) -> [f32; T] {
+    let per_group = g / 32;
+    let blocks = row.as_chunks::<16>().0;
+    let xb: [&[[f32; 32]]; T] = std::array::from_fn(|t| xps[t].as_chunks::<32>().0);
+    let mask = _mm_set1_epi8(0x0F);
+    let eight = _mm_set1_epi8(8);
+    let mut tot = [_mm256_setzero_ps(); T];
+    for (gi, &scale) in srow.iter().enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]; T];
+        for b in gi * per_group..(gi + 1) * per_group {
+            // SAFETY: `blocks[b]` is 16 readable bytes (unaligned 128-bit load).
+            let v = unsafe { _mm_loadu_si128(blocks[b].as_ptr().cast::<__m128i>()) };
+            let lo = _mm_sub_epi8(_mm_and_si128(v, mask), eight);
+            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), eight);
+            let w = [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi))),
+            ];
+            for t in 0..T {
+                let xs = xb[t][b].as_chunks::<8>().0;
+                for k in 0..4 {
+                    acc[t][k] = _mm256_fmadd_ps(w[k], load8(&xs[k]), acc[t][k]);
+                }
+            }
+        }
+        let s = _mm256_set1_ps(scale);
+        for t in 0..T {
+            let a = &acc[t];
+            let sum = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+            tot[t] = _mm256_fmadd_ps(sum, s, tot[t]);
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum1(tot[t]);
+    }
+    out
+}
+
+/// The bytes and scales of row `r` of an int4 matrix.
+pub(crate) fn int4_row<'a>(w: &MatrixView<'a>, r: usize, g: usize) -> (&'a [u8], &'a [f32]) {
+    let stride = w.cols / 2;
+    let ng = w.cols / g;
+    (
+        &w.data[r * stride..(r + 1) * stride],
+        &w.scales[r * ng..(r + 1) * ng],
+    )
+}
+
+/// The group size of an int4 matrix.
+pub(crate) fn int4_group(w: &MatrixView<'_>) -> usize {
+    match w.encoding {
+        Encoding::Int4 { group_size } => group_size as usize,
+        _ => unreachable!("int4 fast path on a non-int4 matrix"),
+    }
+}
+
+/// `y[i] = row (r0 + i) of w . x` on the int4 fast path; `xp` is `x` permuted by
+/// [`int4_permute`].
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `w` was validated by the caller and `int4_fast(w)`;
+/// `xp.len() == cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn int4_matvec_rows(w: &MatrixView<'_>, xp: &[f32], r0: usize, y: &mut [f32]) {
+    let g = int4_group(w);
+    for (i, yo) in y.iter_mut().enumerate() {
+        let (row, srow) = int4_row(w, r0 + i, g);
+        // SAFETY: AVX2+FMA+F16C available (caller); lengths as `int4_fast` and the caller ensure.
+        *yo = unsafe { int4_dot_tokens::<1>(row, srow, g, [xp]) }[0];
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . X[t]` on the int4 fast path; `xp` is `X` (`[n, cols]`)
+/// permuted by [`int4_permute`]. Up to [`INT4_TILE`] tokens per pass over a row.
+///
+/// # Safety
+/// As [`int4_matvec_rows`]; `xp.len() == n * cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn int4_matmul_rows(
+    w: &MatrixView<'_>,
+    xp: &[f32],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let g = int4_group(w);
+    let cols = w.cols;
+    let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
+    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
+        let (row, srow) = int4_row(w, r0 + i, g);
+        let mut t = 0;
+        while t + INT4_TILE <= n {
+            // SAFETY: as in `int4_matvec_rows`.
+            let v = unsafe { int4_dot_tokens::<INT4_TILE>(row, srow, g, [xt(t), xt(t + 1)]) };
+            yrow[t..t + INT4_TILE].copy_from_slice(&v);
+            t += INT4_TILE;
+        }
+        if t < n {
+            // SAFETY: as above.
+            yrow[t] = unsafe { int4_dot_tokens::<1>(row, srow, g, [xt(t)]) }[0];
         }
     }
 }

@@ -8,16 +8,25 @@
 //!
 //! ## Instruction sets
 //! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time, see
-//! [`detected_isa`]) and a portable scalar twin ([`Isa::Scalar`]). Both decode every weight
-//! exactly as the reference `MatrixView::dequantize_row` does (bf16 by a 16-bit shift, fp8 via
-//! float16 or a 256-entry table, int4 by nibble unpacking; scaled codes are rounded once, as
-//! in the reference) and accumulate in f32; they differ only in summation order, so their
-//! results agree within f32 rounding (about `cols * 2^-24 * sum |w x|`), not bit for bit.
+//! [`detected_isa`]), AVX-512F kernels for the two encodings that dominate decode (int4 with
+//! a group size that is a multiple of 64, and int8; [`Isa::Avx512`]) and a portable scalar
+//! twin ([`Isa::Scalar`]). All accumulate in f32 and agree within f32 rounding (about
+//! `cols * 2^-24 * sum |w x|`), not bit for bit:
 //!
-//! - Scalar: per row, eight interleaved running sums (column `c` into sum `c % 8`, product
-//!   rounded then added), combined pairwise.
-//! - AVX2: per row, four 8-lane FMA accumulators (8-column chunk `k` into accumulator
-//!   `k % 4`, the zero-padded last partial chunk next), combined pairwise.
+//! - Scalar: decodes every weight exactly as the reference `MatrixView::dequantize_row` does
+//!   (one f32 rounding of `code * scale`), then per row eight interleaved running sums (column
+//!   `c` into sum `c % 8`, product rounded then added), combined pairwise.
+//! - AVX2, f32/bf16/fp8 and int4 with other group sizes: each weight decoded as the reference
+//!   (bf16 by a 16-bit shift, fp8 via float16, int4 by nibble unpacking), four 8-lane FMA
+//!   accumulators (8-column chunk `k` into accumulator `k % 4`), combined pairwise.
+//! - AVX2/AVX-512 int8: the same over the bare codes, the row scale applied once to the sum
+//!   (`s * sum q x` instead of `sum (q s) x`).
+//! - AVX2/AVX-512 int4 with a group size that is a multiple of 32 (AVX2) or 64 (AVX-512)
+//!   dividing `cols`: per group `sum (q - 8) x` over codes widened straight from the nibbles
+//!   (activations permuted once per product to match), times the group scale with one FMA into
+//!   the row total (`avx2.rs`, `avx512.rs`). One multiply per group or row instead of one per
+//!   weight is what lets these kernels keep up with llama.cpp's (which quantize the activations
+//!   to int8 instead, changing the results; these do not).
 //!
 //! ## Determinism
 //! For a given [`Isa`], every output element is computed by one thread with a fixed summation
@@ -32,6 +41,8 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod ops;
 mod scalar;
 
@@ -45,6 +56,10 @@ pub enum Isa {
     /// x86-64 AVX2 with FMA (8-lane f32 SIMD); also needs F16C (every AVX2 CPU has it), used
     /// to decode fp8.
     Avx2Fma,
+    /// [`Isa::Avx2Fma`] plus AVX-512F: int4 products with a group size that is a multiple of
+    /// 64 (the default int4-g64) and int8 products with a multiple of 64 columns run 16-lane
+    /// kernels; every other product runs the AVX2 ones.
+    Avx512,
 }
 
 impl Isa {
@@ -53,6 +68,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2Fma => "avx2-fma",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -62,8 +78,32 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2Fma => avx2_fma_available(),
+            Isa::Avx512 => avx2_fma_available() && avx512_available(),
         }
     }
+
+    /// The kernels' code path for products: AVX-512 runs the AVX2 kernels except its own.
+    fn base(self) -> Isa {
+        match self {
+            Isa::Avx512 => Isa::Avx2Fma,
+            other => other,
+        }
+    }
+}
+
+/// Run-time detection of AVX-512F, cached.
+fn avx512_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Run-time detection of AVX2, FMA and F16C, cached.
@@ -83,18 +123,27 @@ fn avx2_fma_available() -> bool {
     })
 }
 
-/// The best instruction set of this CPU: [`Isa::Avx2Fma`] when the CPU has AVX2, FMA and F16C,
-/// else [`Isa::Scalar`]. The environment variable `COLI_FORCE_SCALAR=1` forces
-/// [`Isa::Scalar`]. Decided once per process (the first call) and cached.
+/// The best instruction set of this CPU: [`Isa::Avx512`] when it also has AVX-512F, else
+/// [`Isa::Avx2Fma`] when it has AVX2, FMA and F16C, else [`Isa::Scalar`]. Overrides (for
+/// comparisons and tests): `COLI_ISA=scalar|avx2-fma|avx512` picks that one when the CPU
+/// supports it (else the best one), `COLI_FORCE_SCALAR=1` forces [`Isa::Scalar`]. Decided
+/// once per process (the first call) and cached.
 pub fn detected_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let forced = std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1");
-        if !forced && avx2_fma_available() {
-            Isa::Avx2Fma
-        } else {
-            Isa::Scalar
+        if std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1") {
+            return Isa::Scalar;
         }
+        let wanted = std::env::var("COLI_ISA").ok();
+        let all = [Isa::Avx512, Isa::Avx2Fma, Isa::Scalar];
+        if let Some(w) = wanted.as_deref().map(str::trim) {
+            if let Some(&isa) = all.iter().find(|i| i.name() == w && i.supported()) {
+                return isa;
+            }
+        }
+        all.into_iter()
+            .find(|i| i.supported())
+            .unwrap_or(Isa::Scalar)
     })
 }
 
@@ -148,36 +197,96 @@ fn require(isa: Isa) {
     );
 }
 
-/// Computes `y[i] = sum_c W[r0 + i, c] * x[c]` for a chunk of rows with `isa`.
-fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
-    match isa {
-        Isa::Scalar => scalar::matvec_rows(w, x, r0, y),
-        Isa::Avx2Fma => {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `require(Isa::Avx2Fma)` checked AVX2+FMA+F16C support before any chunk runs;
-            // `validate` checked the section lengths.
-            unsafe {
-                avx2::matvec_rows(w, x, r0, y)
+/// Activations prepared for one product: as given, or permuted for an int4 fast path
+/// (`avx2::int4_permute`: blocks of 32 columns for AVX2, 64 for AVX-512).
+enum Act<'a> {
+    Plain(&'a [f32]),
+    #[cfg(target_arch = "x86_64")]
+    Int4Avx2(Vec<f32>),
+    #[cfg(target_arch = "x86_64")]
+    Int4Avx512(Vec<f32>),
+}
+
+impl<'a> Act<'a> {
+    /// Prepares `x` (`[n, w.cols]`) for products of `w` with `isa`.
+    fn new(isa: Isa, w: &MatrixView<'_>, x: &'a [f32]) -> Act<'a> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa == Isa::Avx512 && avx512::int4_fast(w) {
+                return Act::Int4Avx512(avx2::int4_permute(x, 64));
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX2 is never reported as supported off x86-64")
+            if isa.base() == Isa::Avx2Fma && avx2::int4_fast(w) {
+                return Act::Int4Avx2(avx2::int4_permute(x, 32));
+            }
         }
+        let _ = (isa, w);
+        Act::Plain(x)
+    }
+}
+
+/// Computes `y[i] = sum_c W[r0 + i, c] * x[c]` for a chunk of rows with `isa`.
+fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512, Act::Plain(x)) = (isa, x) {
+        if avx512::int8_fast(w) {
+            // SAFETY: `require(isa)` checked AVX-512F+AVX2+FMA+F16C; `validate` checked the
+            // section lengths; `int8_fast(w)` holds; `x.len() == cols` (checked by the caller).
+            unsafe { avx512::int8_matvec_rows(w, x, r0, y) };
+            return;
+        }
+    }
+    match (isa.base(), x) {
+        (Isa::Scalar, Act::Plain(x)) => scalar::matvec_rows(w, x, r0, y),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Plain(x)) => {
+            // SAFETY: `require(isa)` checked AVX2+FMA+F16C support before any chunk runs;
+            // `validate` checked the section lengths.
+            unsafe { avx2::matvec_rows(w, x, r0, y) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Int4Avx2(xp)) => {
+            // SAFETY: as above; `Act::new` chose this path because `avx2::int4_fast(w)` holds,
+            // and `xp` is the permuted `x` (`cols` long).
+            unsafe { avx2::int4_matvec_rows(w, xp, r0, y) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Int4Avx512(xp)) => {
+            // SAFETY: `Act::new` built this only for `Isa::Avx512` (AVX-512F checked by
+            // `require`) with `avx512::int4_fast(w)`; `xp` is the permuted `x`.
+            unsafe { avx512::int4_matvec_rows(w, xp, r0, y) }
+        }
+        _ => unreachable!("activations prepared for another instruction set"),
     }
 }
 
 /// Computes `yt[i * n + t] = sum_c W[r0 + i, c] * X[t, c]` for a chunk of rows with `isa`.
-fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, r0: usize, yt: &mut [f32]) {
-    match isa {
-        Isa::Scalar => scalar::matmul_rows(w, x, n, r0, yt),
-        Isa::Avx2Fma => {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `matvec_chunk`; `x.len() == n * cols` was checked by the caller.
-            unsafe {
-                avx2::matmul_rows(w, x, n, r0, yt)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("AVX2 is never reported as supported off x86-64")
+fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, yt: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512, Act::Plain(x)) = (isa, x) {
+        if avx512::int8_fast(w) {
+            // SAFETY: as in `matvec_chunk`; `x.len() == n * cols` (checked by the caller).
+            unsafe { avx512::int8_matmul_rows(w, x, n, r0, yt) };
+            return;
         }
+    }
+    match (isa.base(), x) {
+        (Isa::Scalar, Act::Plain(x)) => scalar::matmul_rows(w, x, n, r0, yt),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Plain(x)) => {
+            // SAFETY: as in `matvec_chunk`; `x.len() == n * cols` was checked by the caller.
+            unsafe { avx2::matmul_rows(w, x, n, r0, yt) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Int4Avx2(xp)) => {
+            // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
+            unsafe { avx2::int4_matmul_rows(w, xp, n, r0, yt) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Int4Avx512(xp)) => {
+            // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
+            unsafe { avx512::int4_matmul_rows(w, xp, n, r0, yt) }
+        }
+        _ => unreachable!("activations prepared for another instruction set"),
     }
 }
 
@@ -215,6 +324,7 @@ pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
         y.len(),
         w.rows
     );
+    let x = &Act::new(isa, w, x);
     if w.rows * w.cols < PARALLEL_MIN_WORK {
         matvec_chunk(isa, w, x, 0, y);
         return;
@@ -263,6 +373,7 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
     }
     // Compute transposed ([rows, n]) so that each task owns a contiguous block, then scatter.
     let mut yt = vec![0f32; rows * n];
+    let x = &Act::new(isa, w, x);
     if rows * cols * n < PARALLEL_MIN_WORK {
         matmul_chunk(isa, w, x, n, 0, &mut yt);
     } else {

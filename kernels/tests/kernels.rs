@@ -77,6 +77,11 @@ fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::Scalar];
     if Isa::Avx2Fma.supported() {
         v.push(Isa::Avx2Fma);
+        if Isa::Avx512.supported() {
+            v.push(Isa::Avx512);
+        } else {
+            eprintln!("AVX-512F not available: the AVX-512 int4 kernel is not tested here");
+        }
     } else {
         eprintln!("AVX2+FMA not available: testing the scalar kernels only");
     }
@@ -110,6 +115,11 @@ const SHAPES: &[(usize, usize)] = &[
     (130, 257),
     (129, 128),
     (7, 300),
+    // Multiples of 32 and of the int4 group sizes: the AVX2 int4 fast path (group scale
+    // applied once per group).
+    (6, 192),
+    (3, 576),
+    (2, 1024),
 ];
 
 /// Reference `y = W x` in f64 from the store's `dequantize_row`, plus `sum |w x|` per row.
@@ -171,7 +181,7 @@ fn unit_vectors_extract_exact_weights() {
     // W e_j = column j: exercises each column's decode exactly (including group / block
     // boundaries, the last partial chunk and the int4 padding nibble) against dequantize_row.
     for (ei, &enc) in encodings().iter().enumerate() {
-        for &(rows, cols) in &[(3usize, 37usize), (130, 139), (2, 8)] {
+        for &(rows, cols) in &[(3usize, 37usize), (130, 139), (2, 8), (3, 256)] {
             let m = Mat::random(enc, rows, cols, 1000 + ei as u64);
             let w = m.view();
             let mut dense = vec![0f32; rows * cols];
@@ -201,7 +211,7 @@ fn unit_vectors_extract_exact_weights() {
 #[test]
 fn matmul_rows_are_bit_identical_to_matvec() {
     for (ei, &enc) in encodings().iter().enumerate() {
-        for &(rows, cols) in &[(5usize, 37usize), (19, 128), (130, 257)] {
+        for &(rows, cols) in &[(5usize, 37usize), (19, 128), (130, 257), (7, 384)] {
             let m = Mat::random(enc, rows, cols, 2000 + ei as u64);
             let w = m.view();
             for isa in isas() {
@@ -239,39 +249,41 @@ fn in_pool<R: Send>(k: usize, f: impl FnOnce() -> R + Send) -> R {
 #[test]
 fn results_do_not_depend_on_thread_count() {
     // Big enough to take the parallel path (several row chunks).
-    let (rows, cols, n) = (300usize, 515usize, 6usize);
-    for (ei, enc) in [
-        Encoding::Bf16,
-        Encoding::Fp8,
-        Encoding::Int8,
-        Encoding::Int4 { group_size: 32 },
-        Encoding::F32,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let m = Mat::random(enc, rows, cols, 3000 + ei as u64);
-        let w = m.view();
-        let x = random_vec(n * cols, 99);
-        for isa in isas() {
-            let run = || {
-                let mut yv = vec![0f32; rows];
-                matvec_with(isa, &w, &x[..cols], &mut yv);
-                let mut ym = vec![0f32; n * rows];
-                matmul_with(isa, &w, &x, n, &mut ym);
-                (yv, ym)
-            };
-            let one = in_pool(1, run);
-            let two = in_pool(2, run);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&one.0), bits(&two.0), "{} {isa:?} matvec", enc.name());
-            assert_eq!(bits(&one.1), bits(&two.1), "{} {isa:?} matmul", enc.name());
-            assert_eq!(
-                bits(&one.0),
-                bits(&one.1[..rows]),
-                "{} {isa:?} matmul row 0",
-                enc.name()
-            );
+    for (rows, cols, n) in [(300usize, 515usize, 6usize), (300, 512, 5)] {
+        for (ei, enc) in [
+            Encoding::Bf16,
+            Encoding::Fp8,
+            Encoding::Int8,
+            Encoding::Int4 { group_size: 32 },
+            Encoding::Int4 { group_size: 64 },
+            Encoding::F32,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let m = Mat::random(enc, rows, cols, 3000 + ei as u64);
+            let w = m.view();
+            let x = random_vec(n * cols, 99);
+            for isa in isas() {
+                let run = || {
+                    let mut yv = vec![0f32; rows];
+                    matvec_with(isa, &w, &x[..cols], &mut yv);
+                    let mut ym = vec![0f32; n * rows];
+                    matmul_with(isa, &w, &x, n, &mut ym);
+                    (yv, ym)
+                };
+                let one = in_pool(1, run);
+                let two = in_pool(2, run);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&one.0), bits(&two.0), "{} {isa:?} matvec", enc.name());
+                assert_eq!(bits(&one.1), bits(&two.1), "{} {isa:?} matmul", enc.name());
+                assert_eq!(
+                    bits(&one.0),
+                    bits(&one.1[..rows]),
+                    "{} {isa:?} matmul row 0",
+                    enc.name()
+                );
+            }
         }
     }
 }

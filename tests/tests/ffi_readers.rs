@@ -71,6 +71,7 @@ fn convert(input: &Path, out: &Path, experts: Encoding, dense: Encoding) {
         experts,
         dense,
         mtp: Encoding::Int8,
+        embeddings: None,
     };
     coli_convert::run(&Options {
         input: input.to_path_buf(),

@@ -12,6 +12,7 @@ use crate::error::{EngineError, Result};
 use crate::layers::mlp::swiglu;
 use crate::layers::Linear;
 use coli_store::{ExpertKey, Store};
+use rayon::prelude::*;
 
 /// One token's routing: `(expert, weight)` by rank (highest probability first).
 pub type Routing = Vec<(u32, f32)>;
@@ -152,9 +153,6 @@ impl MoeBlock<'_> {
                 .map(|k| (*k, per_expert[k.expert as usize].len() as u64)),
         );
         let bufs = cache.get_many(store, &keys)?;
-        out.fill(0.0);
-        let mut xs = Vec::new();
-        let mut ys = Vec::new();
         for (key, buf) in keys.iter().zip(&bufs) {
             if buf.hidden != h || buf.intermediate != self.inter {
                 return Err(EngineError::Shape {
@@ -163,15 +161,30 @@ impl MoeBlock<'_> {
                     found: vec![buf.intermediate, buf.hidden],
                 });
             }
+        }
+        // The experts run concurrently (one rayon task each, their products parallel inside
+        // when threads are idle): one fork per layer instead of one per product keeps the
+        // threads busy in decode. Each expert's output is computed by the same kernels
+        // whatever the thread count, and the sums below run in a fixed order, so the result
+        // does not depend on the threads.
+        let expert_out: Vec<Vec<f32>> = keys
+            .par_iter()
+            .zip(&bufs)
+            .map(|(key, buf)| {
+                let toks = &per_expert[key.expert as usize];
+                let m = toks.len();
+                let mut xs = Vec::with_capacity(m * h);
+                for &(t, _) in toks {
+                    xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+                }
+                let mut ys = vec![0f32; m * h];
+                swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
+                ys
+            })
+            .collect();
+        out.fill(0.0);
+        for (key, ys) in keys.iter().zip(&expert_out) {
             let toks = &per_expert[key.expert as usize];
-            let m = toks.len();
-            xs.clear();
-            for &(t, _) in toks {
-                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
-            }
-            ys.clear();
-            ys.resize(m * h, 0f32);
-            swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
             for (i, &(t, w)) in toks.iter().enumerate() {
                 for (o, y) in out[t * h..(t + 1) * h]
                     .iter_mut()

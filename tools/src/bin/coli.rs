@@ -552,6 +552,7 @@ fn run(a: RunArgs) -> Result<()> {
                 "io_engine": loaded.store.io_engine().name(),
                 "queue_depth": loaded.store.queue_depth(),
                 "threads": eng.threads(),
+                "kernels": coli_kernels::detected_isa().name(),
                 "kv_bytes_per_token": eng.kv_bytes_per_token(),
             }
         });
