@@ -106,6 +106,25 @@ def main():
               f"{st['prefetch_reads']} prefetch reads, precision {st['prefetch_precision']:.2f} "
               f"recall {st['prefetch_recall']:.2f}")
 
+        # The store with the GGUF's weight bytes (`--dense int8 --embeddings int8`: int8
+        # attention and int8 tied lm_head, the decode benchmark's same-bytes store): the README
+        # answer, and a perplexity close to transformers' on the default store's weights (int8
+        # rounding of the dense part moves it by a few percent at most; a broken lm_head or
+        # embedding would move it by orders of magnitude).
+        same = os.path.join(work, "store-int8-dense")
+        run([CONVERT, ckpt, same, "--dense", "int8", "--embeddings", "int8"])
+        r8 = coli_json(["run", "--store", same, "--chat", "--prompt", q["prompt"], "--max-tokens", "24"])
+        check("Paris" in r8["text"], f"--dense int8 --embeddings int8 store answer names Paris: {r8['text']!r}")
+        ppl = exp["perplexity"]
+        ev8 = coli_json(["eval", "--store", same, "--text", os.path.join(ROOT, "tests", "fixtures", "demo", ppl["file"]),
+                         "--max-tokens", str(ppl["tokens"])])
+        check(abs(ev8["ppl"] - ppl["int4_g64"]) / ppl["int4_g64"] < 0.03,
+              f"--dense int8 --embeddings int8 perplexity {ev8['ppl']:.4f} within 3% of transformers' "
+              f"{ppl['int4_g64']:.4f} on the default store's weights")
+        p = subprocess.run([COLI, "run", "--store", int4, "--prompt-ids", "1", "--prefill-batch", "0"],
+                           capture_output=True, text=True)
+        check(p.returncode == 2 and "--prefill-batch" in p.stderr, f"--prefill-batch 0 is refused: {p.stderr.strip()!r}")
+
         # Memory: peak RSS stays below dense + KV cache + expert budget + 256 MiB (pinned set and
         # lookahead prefetch on).
         context = 512

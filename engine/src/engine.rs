@@ -48,6 +48,9 @@ pub struct EngineOptions {
     pub threads: Option<usize>,
     /// Tokens per prefill batch (>= 1).
     pub prefill_batch: usize,
+    /// Lookahead prefetch is skipped while the share of prefetched experts that demand requests
+    /// use stays below this (0..=1; 0: never skipped; see [`crate::prefetch::PrefetchGate`]).
+    pub prefetch_min_use: f64,
 }
 
 impl Default for EngineOptions {
@@ -61,9 +64,14 @@ impl Default for EngineOptions {
             context: None,
             threads: None,
             prefill_batch: DEFAULT_PREFILL_BATCH,
+            prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
         }
     }
 }
+
+/// Default [`EngineOptions::prefetch_min_use`]: prefetch pauses while fewer than a quarter of
+/// the experts it reads are used.
+pub const DEFAULT_PREFETCH_MIN_USE: f64 = 0.25;
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +249,7 @@ pub struct Engine<'s> {
     pool: rayon::ThreadPool,
     placement: Placement,
     prefetch: bool,
+    prefetch_gate: crate::prefetch::PrefetchGate,
     /// Tokens run through the model since the usage counts were last merged into the file.
     usage_tokens: u64,
     warnings: Vec<String>,
@@ -276,6 +285,12 @@ impl<'s> Engine<'s> {
             return Err(EngineError::Invalid(
                 "context and prefill batch must be at least 1".into(),
             ));
+        }
+        if !(0.0..=1.0).contains(&opts.prefetch_min_use) {
+            return Err(EngineError::Invalid(format!(
+                "prefetch minimum use must be between 0 and 1, found {}",
+                opts.prefetch_min_use
+            )));
         }
         let model = Model::load(store, config)?;
         let mut builder = rayon::ThreadPoolBuilder::new();
@@ -315,6 +330,7 @@ impl<'s> Engine<'s> {
                 usage_tokens: 0.0,
             },
             prefetch: opts.prefetch,
+            prefetch_gate: crate::prefetch::PrefetchGate::new(opts.prefetch_min_use),
             usage_tokens: 0,
             warnings: Vec::new(),
         };
@@ -370,6 +386,12 @@ impl<'s> Engine<'s> {
         e.placement.pinned_bytes = bytes;
         e.placement.lru_capacity = e.cache.lru_capacity();
         Ok(e)
+    }
+
+    /// The lookahead prefetch gate: its estimate of the share of prefetched experts used and
+    /// the forward passes it ran without prefetch.
+    pub fn prefetch_gate(&self) -> &crate::prefetch::PrefetchGate {
+        &self.prefetch_gate
     }
 
     /// Where the expert budget went (budget, pinned set, LRU capacity, prefetch, usage file).
@@ -603,6 +625,12 @@ impl<'s> Engine<'s> {
         let h = self.model.config.hidden_size;
         let pos0 = self.tokens.len();
         let prefetch = self.prefetch;
+        // The lookahead predicts (and scores its predictions) on every pass; the gate decides
+        // whether this pass also reads the predicted experts.
+        let prefetch_reads = prefetch && {
+            let s = self.cache.stats();
+            self.prefetch_gate.allow(s.prefetch_reads, s.prefetch_used)
+        };
         let Engine {
             store,
             model,
@@ -625,7 +653,7 @@ impl<'s> Engine<'s> {
                 cache,
             };
             let layers = &model.layers;
-            let mut run = |pf: Option<&crate::prefetch::Prefetcher<'_, '_>>| -> Result<()> {
+            let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
                 for (li, (layer, kvl)) in layers.iter().zip(kv.iter_mut()).enumerate() {
                     if let Some(pf) = pf {
                         // Lookahead (see prefetch.rs): layer 0 from the embeddings, then
@@ -641,8 +669,10 @@ impl<'s> Engine<'s> {
                 }
                 Ok(())
             };
-            if prefetch {
-                crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(pf))).0?;
+            if prefetch_reads {
+                crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?;
+            } else if prefetch {
+                run(Some(None))?;
             } else {
                 run(None)?;
             }

@@ -355,3 +355,63 @@ fn pinning_leaves_the_lru_one_decode_step() {
         assert_eq!(g.tokens, want);
     }
 }
+
+#[test]
+fn prefetch_gate_pauses_unused_reads_and_never_changes_tokens() {
+    // The lookahead on these random-weight fixtures predicts poorly, so with a threshold of 1
+    // (every prefetched expert must be used) the gate pauses the reads after the first pass and
+    // only probes; threshold 0 never pauses. Predictions (and their scores) are made on every
+    // pass either way, and the tokens never change.
+    for name in ["olmoe_fp8", "qwen3_moe_fp8"] {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let want = ids(&exp["greedy_int4_g64"]);
+        let prompt = ids(&exp["prompt_ids"]);
+        let probe = open_store(&dir, true, IoPreference::Auto);
+        let all: u64 = probe.index().iter().map(|r| r.length.get()).sum();
+        drop(probe);
+        let mut seen = Vec::new();
+        for min_use in [0.0, 0.25, 1.0] {
+            let opts = EngineOptions {
+                ram_budget: Some(all / 4),
+                pin: false,
+                prefill_batch: 1,
+                prefetch_min_use: min_use,
+                ..Default::default()
+            };
+            let store = open_store(&dir, true, IoPreference::Auto);
+            let mut e = Engine::new(&store, &opts).unwrap();
+            let g = e.generate(&prompt, &params(32), |_| Ok(true)).unwrap();
+            assert_eq!(g.tokens, want, "{name} min_use {min_use}");
+            let s = e.cache_stats();
+            let gate = e.prefetch_gate();
+            assert!(s.predicted > 0, "{name} {min_use}: {s:?}");
+            seen.push((min_use, s.prefetch_reads, gate.skipped(), s.predicted));
+        }
+        let (_, reads0, skipped0, pred0) = seen[0];
+        let (_, reads1, skipped1, pred1) = seen[2];
+        assert_eq!(skipped0, 0, "{name}: min_use 0 never pauses: {seen:?}");
+        assert!(
+            skipped1 > 0 && reads1 < reads0,
+            "{name}: min_use 1 pauses: {seen:?}"
+        );
+        assert_eq!(
+            pred0, pred1,
+            "{name}: predictions are made on every pass: {seen:?}"
+        );
+    }
+    // Out-of-range thresholds are refused.
+    let (_tmp, dir) = convert_fixture("olmoe_fp8", "int4_store");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    for bad in [-0.1, 1.5, f64::NAN] {
+        let opts = EngineOptions {
+            prefetch_min_use: bad,
+            ..Default::default()
+        };
+        let err = Engine::new(&store, &opts)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("prefetch minimum use"), "{err}");
+    }
+}

@@ -100,6 +100,10 @@ struct EngineOptions {
     /// Turn off router lookahead prefetch.
     #[arg(long)]
     no_prefetch: bool,
+    /// Pause lookahead prefetch while fewer than this share of the experts it reads are used
+    /// (0..1; 0 keeps it always on; probes every 32 forward passes while paused).
+    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PREFETCH_MIN_USE)]
+    prefetch_min_use: f64,
     /// Routing-usage history file (default: $COLI_STATE_DIR, $XDG_STATE_HOME/coli or
     /// ~/.local/state/coli, file usage-<store id>.json).
     #[arg(long, value_name = "FILE")]
@@ -122,10 +126,10 @@ struct EngineOptions {
     /// Expert reads in flight at once (default 4, at most 256).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     queue_depth: Option<u16>,
-    /// Prompt tokens per prefill batch.
-    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
-          value_parser = clap::value_parser!(usize))]
-    prefill_batch: usize,
+    /// Prompt tokens per prefill batch (at least 1).
+    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_batch: u64,
     /// Mirror directory: a full or partial read-only copy of the store on another drive
     /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
     /// ignored); --mirror on the command line replaces COLI_MIRRORS.
@@ -322,10 +326,11 @@ fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f
         ram_budget: opts.ram_budget,
         context: opts.context,
         threads: opts.threads.map(usize::from),
-        prefill_batch: opts.prefill_batch.max(1),
+        prefill_batch: opts.prefill_batch as usize,
         pin: !opts.no_pin,
         pin_share: opts.pin_share,
         prefetch: !opts.no_prefetch,
+        prefetch_min_use: opts.prefetch_min_use,
         usage,
     };
     let mut e = Engine::new(&loaded.store, &core)
@@ -441,6 +446,8 @@ fn placement_json(s: &coli_engine::GenerationStats, eng: &Engine<'_>) -> serde_j
         "pinned_bytes": p.pinned_bytes,
         "lru_capacity": p.lru_capacity,
         "prefetch": p.prefetch,
+        "prefetch_use_estimate": eng.prefetch_gate().estimate(),
+        "prefetch_passes_skipped": eng.prefetch_gate().skipped(),
     })
 }
 
