@@ -57,10 +57,10 @@ fn load8(a: &[f32; 8]) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn hsum(a: &[__m256; 4]) -> f32 {
-    let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-    let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-    let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+    hsum1(_mm256_add_ps(
+        _mm256_add_ps(a[0], a[1]),
+        _mm256_add_ps(a[2], a[3]),
+    ))
 }
 
 /// Dot products of one row (given by `src`, `nfull` full chunks, then `wtail`: the last
@@ -689,7 +689,7 @@ pub(crate) fn int4_permute(x: &[f32], block: usize) -> Vec<f32> {
 /// Sums the 8 lanes of `a` pairwise: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum1(a: __m256) -> f32 {
+pub(crate) fn hsum1(a: __m256) -> f32 {
     let q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
     let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
     _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))

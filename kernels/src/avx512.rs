@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use coli_store::{Encoding, MatrixView};
 
-use crate::avx2::{int4_group, int4_row};
+use crate::avx2::{hsum1, int4_group, int4_row};
 
 /// Tokens per pass of `int4_matmul_rows`.
 const TILE: usize = 3;
@@ -37,10 +37,7 @@ pub(crate) fn int4_fast(w: &MatrixView<'_>) -> bool {
 fn hsum16(a: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(a);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
-    let s = _mm256_add_ps(lo, hi);
-    let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-    let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+    hsum1(_mm256_add_ps(lo, hi))
 }
 
 /// Dot products of one int4 row (`row`: `cols / 2` bytes; `srow`: `cols / g` scales) with `T`
