@@ -124,6 +124,16 @@ def main():
         p = subprocess.run([COLI, "run", "--store", int4, "--prompt-ids", "1", "--prefill-batch", "0"],
                            capture_output=True, text=True)
         check(p.returncode == 2 and "--prefill-batch" in p.stderr, f"--prefill-batch 0 is refused: {p.stderr.strip()!r}")
+        for bad in ["2", "-1", "nan"]:
+            p = subprocess.run([COLI, "run", "--store", int4, "--prompt-ids", "1", "--prefetch-min-use", bad],
+                               capture_output=True, text=True)
+            check(p.returncode == 2 and "between 0 and 1" in p.stderr,
+                  f"--prefetch-min-use {bad} is refused: {p.stderr.strip()!r}")
+        p = subprocess.run([COLI, "run", "--store", int4, "--prompt-ids", "1", "--max-tokens", "1", "--json"],
+                           capture_output=True, text=True, env={**os.environ, "COLI_ISA": "bogus"})
+        check(p.returncode == 0 and "warning: COLI_ISA=bogus" in p.stderr
+              and json.loads(p.stdout)["stats"]["kernels"] in ("scalar", "avx2-fma", "avx512"),
+              f"COLI_ISA=bogus: one warning, best instruction set used: {p.stderr.strip()!r}")
 
         # Memory: peak RSS stays below dense + KV cache + expert budget + 256 MiB (pinned set and
         # lookahead prefetch on).

@@ -95,14 +95,16 @@ struct EngineOptions {
     #[arg(long)]
     no_pin: bool,
     /// Share of the budget the pinned hot set may take (0..1).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE)]
+    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE,
+          value_parser = parse_share, allow_negative_numbers = true)]
     pin_share: f64,
     /// Turn off router lookahead prefetch.
     #[arg(long)]
     no_prefetch: bool,
     /// Pause lookahead prefetch while fewer than this share of the experts it reads are used
     /// (0..1; 0 keeps it always on; probes every 32 forward passes while paused).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PREFETCH_MIN_USE)]
+    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PREFETCH_MIN_USE,
+          value_parser = parse_share, allow_negative_numbers = true)]
     prefetch_min_use: f64,
     /// Routing-usage history file (default: $COLI_STATE_DIR, $XDG_STATE_HOME/coli or
     /// ~/.local/state/coli, file usage-<store id>.json).
@@ -127,9 +129,9 @@ struct EngineOptions {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     queue_depth: Option<u16>,
     /// Prompt tokens per prefill batch (at least 1).
-    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH as u64,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    prefill_batch: u64,
+    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
+          value_parser = parse_at_least_one)]
+    prefill_batch: usize,
     /// Mirror directory: a full or partial read-only copy of the store on another drive
     /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
     /// ignored); --mirror on the command line replaces COLI_MIRRORS.
@@ -165,6 +167,22 @@ fn mirror_dirs_from(cli: &[PathBuf], env: Option<std::ffi::OsString>) -> Vec<Pat
 
 fn parse_budget(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A share: a number between 0 and 1 inclusive.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err("expected a number between 0 and 1".into()),
+    }
+}
+
+/// A count of at least 1.
+fn parse_at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err("expected a whole number of at least 1".into()),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -318,6 +336,16 @@ fn open(opts: &EngineOptions) -> Result<Loaded> {
 
 fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
+    // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
+    let isa = coli_kernels::detected_isa().name();
+    if let Ok(want) = std::env::var("COLI_ISA") {
+        let forced_scalar = std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1");
+        if want.trim() != isa && !forced_scalar {
+            eprintln!(
+                "warning: COLI_ISA={want} is not an instruction set this CPU runs (scalar, avx2-fma, avx512 where supported); using {isa}"
+            );
+        }
+    }
     let usage = opts
         .usage
         .clone()
@@ -326,7 +354,7 @@ fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f
         ram_budget: opts.ram_budget,
         context: opts.context,
         threads: opts.threads.map(usize::from),
-        prefill_batch: opts.prefill_batch as usize,
+        prefill_batch: opts.prefill_batch,
         pin: !opts.no_pin,
         pin_share: opts.pin_share,
         prefetch: !opts.no_prefetch,
