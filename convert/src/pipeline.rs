@@ -89,6 +89,72 @@ pub fn parse_encoding(s: &str, allowed: &[&str], flag: &str) -> Result<Encoding>
     })
 }
 
+/// `TARGET.lock`: held (an exclusive `flock`) by the converter building `TARGET` for the whole
+/// run, so that a second converter started on the same target refuses instead of writing
+/// into the first one's `TARGET.partial`; removed when the run ends (a killed run leaves the
+/// file, unlocked, and the next run takes it over).
+pub fn lock_path(target: &Path) -> PathBuf {
+    let mut s = target.as_os_str().to_os_string();
+    s.push(".lock");
+    PathBuf::from(s)
+}
+
+/// The build lock of one target (see [`lock_path`]); the file is removed on drop.
+struct BuildLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl BuildLock {
+    /// Takes the lock of `target` without waiting.
+    ///
+    /// # Errors
+    /// [`ConvertError::Usage`] when another process holds it; [`ConvertError::Io`] when the
+    /// lock file cannot be created or locked.
+    fn take(target: &Path) -> Result<BuildLock> {
+        use std::os::unix::fs::MetadataExt;
+        let path = lock_path(target);
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| ConvertError::io(&path, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(ConvertError::Usage(format!(
+                        "{}: another coli-convert is building this store (it holds {}); wait for it to finish",
+                        target.display(),
+                        path.display()
+                    )))
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(ConvertError::io(&path, e)),
+            }
+            // The holder removes the file when it ends: a lock taken on a file that is no
+            // longer at `path` protects nothing, so take the current one.
+            let held = file.metadata().map_err(|e| ConvertError::io(&path, e))?;
+            match std::fs::metadata(&path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                    return Ok(BuildLock { path, _file: file })
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ConvertError::io(&path, e)),
+            }
+        }
+    }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        // Removed while still locked (the file closes after this); a converter that locks the
+        // removed file afterwards sees it is no longer at the path and takes the current one.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// `TARGET.partial`, where the writer builds the store (docs/FORMAT.md section 1).
 pub fn partial_path(target: &Path) -> PathBuf {
     let mut s = target.as_os_str().to_os_string();
@@ -179,6 +245,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
             parent.display()
         )));
     }
+    let _lock = BuildLock::take(&opts.output)?;
     if !opts.output.join("MANIFEST").exists() {
         let have = dir_size(&partial_path(&opts.output));
         let needed = plan.estimated_out.saturating_sub(have);

@@ -370,3 +370,36 @@ fn trailing_slash_output_and_missing_parent() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("parent directory"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_second_converter_on_the_same_target_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    tiny_mixtral_bf16(2, 4).write(&input);
+    let out = tmp.path().join("store");
+    let lock = tmp.path().join("store.lock");
+    // This process plays the converter in progress: it holds OUT.lock.
+    let held = std::fs::File::create(&lock).unwrap();
+    held.lock().unwrap();
+    let o = convert(&input, &out, &["--embeddings", "int8"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("another coli-convert is building this store") && e.contains("store.lock"),
+        "{e}"
+    );
+    assert!(!out.exists() && !tmp.path().join("store.partial").exists());
+    // Released (as when the holder ends): the conversion runs and removes its lock file.
+    drop(held);
+    let o = convert(&input, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.join("MANIFEST").exists());
+    assert!(!lock.exists(), "the lock file is removed at the end");
+    // A lock file left by a killed run (not locked) does not block.
+    std::fs::write(&lock, b"").unwrap();
+    let o = convert(&input, &tmp.path().join("store2"), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = convert(&input, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!lock.exists());
+}
