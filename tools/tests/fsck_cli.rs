@@ -1,94 +1,25 @@
 //! The real `coli-fsck` binary on a small store: exit codes, --json, damage naming, --mirror.
 
-use coli_store::*;
-use std::collections::BTreeMap;
+mod common;
+use coli_store::{ExpertKey, Store};
+use common::{run, write_tiny_store, TempDir, TinyStore};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "coli-fsck-cli-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn write_store(dir: &Path) -> PathBuf {
-    let target = dir.join("s.coli");
-    let enc = Encoding::Int8;
-    let spec = StoreSpec {
-        family: "mixtral".into(),
-        config_json: br#"{"model_type":"mixtral","hidden_size":16}"#.to_vec(),
-        num_layers: 1,
-        expert_layers: vec![ExpertLayer {
-            layer: 0,
-            num_experts: 3,
-        }],
-        expert_encoding: enc,
-        alignment: 512,
-        segment_max_bytes: 2048,
-        converter_version: "test".into(),
-        parameters: BTreeMap::from([("experts".to_string(), "int8".to_string())]),
-        sources: vec![],
-    };
-    let mat = |rows: usize, cols: usize, seed: u8| EncodedMatrix {
-        encoding: enc,
-        rows,
-        cols,
-        data: (0..rows * cols)
-            .map(|i| (i as u8).wrapping_mul(seed))
-            .collect(),
-        scales: vec![0.25; rows],
-    };
-    let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(&target, spec).unwrap() else {
-        panic!("fresh target expected")
-    };
-    for e in 0..3u32 {
-        let s = e as u8 + 3;
-        w.add_expert(
-            ExpertKey::new(0, e),
-            16,
-            8,
-            [&mat(8, 16, s), &mat(8, 16, s + 1), &mat(16, 8, s + 2)],
-        )
-        .unwrap();
-    }
-    let norm = EncodedMatrix {
-        encoding: Encoding::Bf16,
-        rows: 1,
-        cols: 16,
-        data: vec![0x3f; 32],
-        scales: vec![],
-    };
-    w.add_dense("model.norm.weight", &[16], &norm).unwrap();
-    w.add_file("tokenizer.json", b"{}").unwrap();
-    w.finish().unwrap()
+    write_tiny_store(
+        dir,
+        &TinyStore {
+            layers: 1,
+            experts: 3,
+            segment_max_bytes: 2048,
+            norm_and_tokenizer: true,
+        },
+    )
 }
 
 fn fsck(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_coli-fsck"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    let (code, out, _) = run(env!("CARGO_BIN_EXE_coli-fsck"), args);
+    (code, out)
 }
 
 fn flip(p: &Path, pos: usize) {
@@ -99,8 +30,8 @@ fn flip(p: &Path, pos: usize) {
 
 #[test]
 fn exit_codes_json_and_naming() {
-    let t = TempDir::new("main");
-    let store = write_store(&t.0);
+    let t = TempDir::new("fsck-cli-main");
+    let store = write_store(t.path());
     let s = store.to_str().unwrap();
     let (code, out) = fsck(&[s]);
     assert_eq!(code, 0, "{out}");
@@ -153,7 +84,7 @@ fn exit_codes_json_and_naming() {
     assert_eq!(fsck(&[s]).0, 0);
 
     // Unusable input.
-    let missing = t.0.join("missing");
+    let missing = t.path().join("missing");
     let (code, out) = fsck(&[missing.to_str().unwrap(), "--json"]);
     assert_eq!(code, 2, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -162,12 +93,12 @@ fn exit_codes_json_and_naming() {
 
 #[test]
 fn mirrors() {
-    let t = TempDir::new("mirror");
-    let store = write_store(&t.0);
+    let t = TempDir::new("fsck-cli-mirror");
+    let store = write_store(t.path());
     let s = store.to_str().unwrap();
     let nseg = std::fs::read_dir(store.join("segments")).unwrap().count();
     assert!(nseg >= 2);
-    let m = t.0.join("mirror");
+    let m = t.path().join("mirror");
     std::fs::create_dir_all(m.join("segments")).unwrap();
     std::fs::copy(
         store.join("segments/seg-00000.bin"),
@@ -203,10 +134,10 @@ fn mirrors() {
 
 #[test]
 fn nonexistent_mirror_is_a_usage_error() {
-    let t = TempDir::new("nomirror");
-    let store = write_store(&t.0);
+    let t = TempDir::new("fsck-cli-nomirror");
+    let store = write_store(t.path());
     let s = store.to_str().unwrap();
-    let missing = t.0.join("no-such-mirror");
+    let missing = t.path().join("no-such-mirror");
     let (code, out) = fsck(&[s, "--mirror", missing.to_str().unwrap(), "--json"]);
     assert_eq!(code, 2, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -216,17 +147,17 @@ fn nonexistent_mirror_is_a_usage_error() {
         .unwrap()
         .contains("does not exist"));
     // A file given as a mirror: also exit 2.
-    let f = t.0.join("file");
+    let f = t.path().join("file");
     std::fs::write(&f, b"x").unwrap();
     assert_eq!(fsck(&[s, "--mirror", f.to_str().unwrap()]).0, 2);
 }
 
 #[test]
 fn repair_rewrites_damaged_copies_from_a_good_one() {
-    let t = TempDir::new("repair");
-    let store = write_store(&t.0);
+    let t = TempDir::new("fsck-cli-repair");
+    let store = write_store(t.path());
     let s = store.to_str().unwrap();
-    let m = t.0.join("mirror");
+    let m = t.path().join("mirror");
     std::fs::create_dir_all(m.join("segments")).unwrap();
     let names: Vec<String> = std::fs::read_dir(store.join("segments"))
         .unwrap()

@@ -1,90 +1,20 @@
 //! The real `coli mirror` and `coli-fsck --mirror` binaries on a small store: copy, plan and
 //! stage (explicit, by layers, by a usage history, within a budget), verify, damage, repair.
 
+mod common;
 use coli_store::*;
-use std::collections::BTreeMap;
+use common::{run, write_tiny_store, TempDir, TinyStore};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "coli-mirror-cli-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn write_store(dir: &Path) -> PathBuf {
-    let target = dir.join("s.coli");
-    let enc = Encoding::Int8;
-    let spec = StoreSpec {
-        family: "mixtral".into(),
-        config_json: br#"{"model_type":"mixtral","hidden_size":16}"#.to_vec(),
-        num_layers: 2,
-        expert_layers: (0..2)
-            .map(|layer| ExpertLayer {
-                layer,
-                num_experts: 4,
-            })
-            .collect(),
-        expert_encoding: enc,
-        alignment: 512,
-        segment_max_bytes: 4096,
-        converter_version: "test".into(),
-        parameters: BTreeMap::from([("experts".to_string(), "int8".to_string())]),
-        sources: vec![],
-    };
-    let mat = |rows: usize, cols: usize, seed: u8| EncodedMatrix {
-        encoding: enc,
-        rows,
-        cols,
-        data: (0..rows * cols)
-            .map(|i| (i as u8).wrapping_mul(seed))
-            .collect(),
-        scales: vec![0.25; rows],
-    };
-    let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(&target, spec).unwrap() else {
-        panic!("fresh target expected")
-    };
-    for l in 0..2u32 {
-        for e in 0..4u32 {
-            let s = (l * 4 + e) as u8 + 3;
-            w.add_expert(
-                ExpertKey::new(l, e),
-                16,
-                8,
-                [&mat(8, 16, s), &mat(8, 16, s + 1), &mat(16, 8, s + 2)],
-            )
-            .unwrap();
-        }
-    }
-    w.finish().unwrap()
-}
-
-fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    write_tiny_store(
+        dir,
+        &TinyStore {
+            layers: 2,
+            experts: 4,
+            segment_max_bytes: 4096,
+            norm_and_tokenizer: false,
+        },
     )
 }
 
@@ -98,7 +28,7 @@ fn fsck(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn copy_stage_verify_damage_and_repair() {
-    let t = TempDir::new("copy");
+    let t = TempDir::new("mirror-cli-copy");
     let store = write_store(t.path());
     let s = store.to_str().unwrap();
     let m = t.path().join("m1");
@@ -211,7 +141,7 @@ fn copy_stage_verify_damage_and_repair() {
 
 #[test]
 fn plan_ranks_by_usage_within_the_budget() {
-    let t = TempDir::new("plan");
+    let t = TempDir::new("mirror-cli-plan");
     let store = write_store(t.path());
     let s = store.to_str().unwrap();
     let m = t.path().join("m");

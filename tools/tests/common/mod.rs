@@ -1,0 +1,116 @@
+//! Shared by the CLI tests: a temporary directory and a tiny int8 store written with the
+//! store crate's writer.
+
+use coli_store::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A new empty directory named after `tag`, the process and the time.
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("coli-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The shape of a tiny store.
+pub struct TinyStore {
+    /// Layers, each with `experts` routed experts (hidden 16, intermediate 8, int8).
+    pub layers: u32,
+    /// Experts per layer.
+    pub experts: u32,
+    /// Segment file size limit, bytes.
+    pub segment_max_bytes: u64,
+    /// Also a bf16 `model.norm.weight` and a `tokenizer.json`.
+    pub norm_and_tokenizer: bool,
+}
+
+/// Writes `dir/s.coli` with the given shape; expert `(l, e)`'s matrices hold bytes
+/// `i * seed` with seeds from `(l * experts + e) + 3`, scales 0.25.
+pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
+    let target = dir.join("s.coli");
+    let enc = Encoding::Int8;
+    let spec = StoreSpec {
+        family: "mixtral".into(),
+        config_json: br#"{"model_type":"mixtral","hidden_size":16}"#.to_vec(),
+        num_layers: shape.layers,
+        expert_layers: (0..shape.layers)
+            .map(|layer| ExpertLayer {
+                layer,
+                num_experts: shape.experts,
+            })
+            .collect(),
+        expert_encoding: enc,
+        alignment: 512,
+        segment_max_bytes: shape.segment_max_bytes,
+        converter_version: "test".into(),
+        parameters: BTreeMap::from([("experts".to_string(), "int8".to_string())]),
+        sources: vec![],
+    };
+    let mat = |rows: usize, cols: usize, seed: u8| EncodedMatrix {
+        encoding: enc,
+        rows,
+        cols,
+        data: (0..rows * cols)
+            .map(|i| (i as u8).wrapping_mul(seed))
+            .collect(),
+        scales: vec![0.25; rows],
+    };
+    let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(&target, spec).unwrap() else {
+        panic!("fresh target expected")
+    };
+    for l in 0..shape.layers {
+        for e in 0..shape.experts {
+            let s = (l * shape.experts + e) as u8 + 3;
+            w.add_expert(
+                ExpertKey::new(l, e),
+                16,
+                8,
+                [&mat(8, 16, s), &mat(8, 16, s + 1), &mat(16, 8, s + 2)],
+            )
+            .unwrap();
+        }
+    }
+    if shape.norm_and_tokenizer {
+        let norm = EncodedMatrix {
+            encoding: Encoding::Bf16,
+            rows: 1,
+            cols: 16,
+            data: vec![0x3f; 32],
+            scales: vec![],
+        };
+        w.add_dense("model.norm.weight", &[16], &norm).unwrap();
+        w.add_file("tokenizer.json", b"{}").unwrap();
+    }
+    w.finish().unwrap()
+}
+
+/// Runs `bin` with `args`: exit code (-1 when killed by a signal), stdout, stderr.
+pub fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
