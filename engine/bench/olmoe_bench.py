@@ -3,6 +3,7 @@
 
     python3 engine/bench/olmoe_bench.py STORE [--budget 512MiB] [--reps 2] [--max-tokens 64]
         [--queue-depth 4] [--configs base,no-prefetch,pread,lru] [--coli PATH] [--out FILE]
+        [--ref-coli PATH [--ref-args "ARGS"]]
 
 STORE is a `coli-convert` store of the checkpoint written by `make_olmoe_shape.py` (no
 tokenizer: prompts are token ids). Every run: greedy, `--direct on` (O_DIRECT expert reads),
@@ -15,7 +16,8 @@ Method:
 3. On the held-out prompt set B, interleaved per repetition and prompt, the configurations:
    `base` (io_uring, prefetch, pinned hot set from A), `no-prefetch`, `pread` (--io pread),
    `lru` (--no-pin: plain LRU); `--configs` picks others (`lru-no-prefetch`, `lru-pread`,
-   `pin-0.1`: --pin-share 0.1); the first is the reference of the "vs" column. The history is restored before every run, so all start from
+   `pin-0.1`: --pin-share 0.1; `ref`: `--ref-coli`'s binary, e.g.
+   the build before a change, with `--ref-args`); the first is the reference of the "vs" column. The history is restored before every run, so all start from
    the one learned on A. All configurations must give the same tokens (placement never
    changes output), or the script exits non-zero.
 4. fio, in the same run, before and between the repetitions and after them: random O_DIRECT
@@ -66,8 +68,8 @@ def drop_caches():
         return False
 
 
-def coli_run(a, ids, extra, usage):
-    cmd = [a.coli, "run", "--store", a.store, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens",
+def coli_run(a, ids, extra, usage, binary=None):
+    cmd = [binary or a.coli, "run", "--store", a.store, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens",
            str(a.max_tokens), "--ram-budget", a.budget, "--direct", "on", "--queue-depth", str(a.queue_depth),
            "--usage", usage, "--json"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -100,7 +102,14 @@ def main():
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help=f"comma-separated, the first is the reference; known: {','.join(ALL_CONFIGS)}")
     ap.add_argument("--out")
+    ap.add_argument("--ref-coli", help="another coli binary (e.g. the build before a change): config `ref`")
+    ap.add_argument("--ref-args", default="", help="flags of config `ref` (default: base's)")
     a = ap.parse_args()
+    if a.ref_coli:
+        ALL_CONFIGS["ref"] = a.ref_args.split()
+    unknown = [n for n in a.configs.split(",") if n not in ALL_CONFIGS]
+    if unknown:
+        sys.exit(f"unknown config(s) {unknown}; known: {','.join(ALL_CONFIGS)} (`ref` needs --ref-coli)")
     CONFIGS = [(n, ALL_CONFIGS[n]) for n in a.configs.split(",")]
     a.budget = a.budget.replace("iB", "")  # coli takes 512M (= MiB)
     out = open(a.out, "w") if a.out else sys.stdout
@@ -118,7 +127,7 @@ def main():
     say(f"store {a.store}: experts {info['encodings']['experts']}, {ex['count']} expert records, "
         f"{ex['bytes'] / 2**30:.2f} GiB, mean record {rec / 2**20:.3f} MiB; {len(segments)} segment files")
     say(f"budget {a.budget}, max tokens {a.max_tokens}, reps {a.reps}, queue depth {a.queue_depth}, "
-        f"coli {a.coli}, direct on; configs: " + "; ".join(f"{n} {' '.join(x) or '(defaults)'}" for n, x in CONFIGS))
+        f"coli {a.coli}" + (f", ref coli {a.ref_coli}" if a.ref_coli else "") + ", direct on; configs: " + "; ".join(f"{n} {' '.join(x) or '(defaults)'}" for n, x in CONFIGS))
     say(f"loadavg {os.getloadavg()}, nproc {os.cpu_count()}")
     say("df: " + subprocess.run(["df", "-T", a.store], capture_output=True, text=True).stdout.splitlines()[-1])
     dropped = drop_caches()
@@ -162,7 +171,7 @@ def main():
             for name, extra in CONFIGS:
                 shutil.copyfile(saved, usage)
                 drop_caches()
-                r = coli_run(a, ids, extra, usage)
+                r = coli_run(a, ids, extra, usage, a.ref_coli if name == "ref" else None)
                 s = r["stats"]
                 tokens.setdefault(pi, r["token_ids"])
                 if r["token_ids"] != tokens[pi]:

@@ -245,8 +245,11 @@ pub struct CacheStats {
     pub demanded_after_prediction: u64,
     /// Experts pinned at start (loaded by [`ExpertCache::pin`]).
     pub pinned_reads: u64,
-    /// Nanoseconds demand requests spent reading or waiting for reads.
+    /// Nanoseconds demand requests spent waiting for reads (the compute thread stalled).
     pub io_wait_ns: u64,
+    /// Nanoseconds of demand reads that ran while the layer computed the experts it already
+    /// had ([`ExpertCache::get_many_while`]): read time hidden behind compute.
+    pub io_hidden_ns: u64,
 }
 
 impl CacheStats {
@@ -271,7 +274,7 @@ impl CacheStats {
         ratio(self.prefetch_used, self.prefetch_reads, 0.0)
     }
 
-    /// Seconds demand requests spent reading or waiting for reads.
+    /// Seconds demand requests spent waiting for reads.
     pub fn io_wait_s(&self) -> f64 {
         self.io_wait_ns as f64 * 1e-9
     }
@@ -296,6 +299,7 @@ impl CacheStats {
                 - earlier.demanded_after_prediction,
             pinned_reads: self.pinned_reads - earlier.pinned_reads,
             io_wait_ns: self.io_wait_ns - earlier.io_wait_ns,
+            io_hidden_ns: self.io_hidden_ns - earlier.io_hidden_ns,
         }
     }
 }
@@ -671,6 +675,29 @@ impl ExpertCache {
     /// # Errors
     /// [`crate::EngineError::Store`] when the fetch fails (I/O, checksum, missing record).
     pub fn get_many(&self, store: &Store, keys: &[ExpertKey]) -> Result<Vec<Arc<ExpertBuf>>> {
+        self.get_many_while(store, keys, |_| ())
+            .map(|(bufs, ())| bufs)
+    }
+
+    /// [`ExpertCache::get_many`] that overlaps the demand read with the caller's work: the
+    /// misses are read on a separate thread (`coli-demand-read`, one per request that has
+    /// misses) while `meanwhile` runs on the calling thread with the experts already in RAM
+    /// (`Some` at the index of every pinned or LRU hit; `None` for a miss or a read in flight).
+    /// Then the misses and the reads in flight are waited for, and every expert is returned
+    /// with `meanwhile`'s result. A layer computes the experts it has while the others land.
+    ///
+    /// `io_wait_ns` counts only the time spent waiting after `meanwhile` returned (the read time
+    /// it hid is `io_hidden_ns`). If the read thread cannot be started, the misses are read
+    /// first on the calling thread (same results, no overlap).
+    ///
+    /// # Errors
+    /// As [`ExpertCache::get_many`] (`meanwhile` has run; its result is dropped).
+    pub fn get_many_while<R>(
+        &self,
+        store: &Store,
+        keys: &[ExpertKey],
+        meanwhile: impl FnOnce(&[Option<Arc<ExpertBuf>>]) -> R,
+    ) -> Result<(Vec<Arc<ExpertBuf>>, R)> {
         let mut out: Vec<Option<Arc<ExpertBuf>>> = Vec::with_capacity(keys.len());
         let mut missing = Vec::new();
         let mut missing_at = Vec::new();
@@ -724,13 +751,47 @@ impl ExpertCache {
                 }
             }
         }
+        let (fetched, r, stalled, hidden) = if missing.is_empty() {
+            (Ok(Vec::new()), meanwhile(&out), 0, 0)
+        } else {
+            std::thread::scope(|s| {
+                let t0 = Instant::now();
+                let reader = std::thread::Builder::new()
+                    .name("coli-demand-read".into())
+                    .spawn_scoped(s, {
+                        let (missing, own_slots) = (&missing, &own_slots);
+                        move || {
+                            let r = self.read_missing(store, missing, own_slots);
+                            (r, t0.elapsed())
+                        }
+                    });
+                match reader {
+                    Ok(h) => {
+                        let r = meanwhile(&out);
+                        let t1 = Instant::now();
+                        let (fetched, read_took) =
+                            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                        let stalled = t1.elapsed();
+                        let hidden = read_took.saturating_sub(stalled);
+                        (
+                            fetched,
+                            r,
+                            stalled.as_nanos() as u64,
+                            hidden.as_nanos() as u64,
+                        )
+                    }
+                    Err(_) => {
+                        let fetched = self.read_missing(store, &missing, &own_slots);
+                        let stalled = t0.elapsed().as_nanos() as u64;
+                        (fetched, meanwhile(&out), stalled, 0)
+                    }
+                }
+            })
+        };
         let t0 = Instant::now();
         let mut retry = Vec::new();
-        if !missing.is_empty() {
-            let fetched = self.read_missing(store, &missing, &own_slots)?;
-            for (&i, b) in missing_at.iter().zip(fetched) {
-                out[i] = Some(b);
-            }
+        for (&i, b) in missing_at.iter().zip(fetched?) {
+            out[i] = Some(b);
         }
         for (i, slot) in waits {
             match slot.wait() {
@@ -761,18 +822,20 @@ impl ExpertCache {
             let b = self.read_missing(store, &[k], std::slice::from_ref(&slot))?;
             out[i] = b.into_iter().next();
         }
-        let waited = t0.elapsed().as_nanos() as u64;
+        let waited = stalled + t0.elapsed().as_nanos() as u64;
         let mut s = self.state();
         s.stats.io_wait_ns += waited;
+        s.stats.io_hidden_ns += hidden;
         // This layer's prefetched experts that it did not ask for are stale now.
         if let Some(layer) = keys.first().map(|k| k.layer) {
             s.settle_ready(|k| k.layer != layer);
         }
         drop(s);
-        Ok(out
+        let bufs = out
             .into_iter()
             .map(|s| s.expect("every slot filled above"))
-            .collect())
+            .collect();
+        Ok((bufs, r))
     }
 
     /// Demand read of `missing` (registered in flight with `slots`): one `store.fetch`, results
@@ -1005,5 +1068,140 @@ mod tests {
         };
         assert_eq!(s.hit_rate(), 0.75);
         assert_eq!(CacheStats::default().hit_rate(), 1.0);
+    }
+
+    /// TEST-ONLY engine layer over the store's real engine: completions are handed back only
+    /// once the gate is opened (or after 10 s, noted as a timeout so the test fails instead of
+    /// hanging).
+    struct Gate {
+        open: Mutex<bool>,
+        cv: Condvar,
+        timed_out: std::sync::atomic::AtomicBool,
+    }
+
+    impl Gate {
+        fn set(&self, open: bool) {
+            *lock(&self.open) = open;
+            self.cv.notify_all();
+        }
+        fn pass(&self) {
+            let g = lock(&self.open);
+            let (_g, t) = self
+                .cv
+                .wait_timeout_while(g, std::time::Duration::from_secs(10), |open| !*open)
+                .unwrap();
+            if t.timed_out() {
+                self.timed_out
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
+    struct GatedEngine {
+        inner: Arc<dyn coli_store::IoEngine>,
+        gate: Arc<Gate>,
+    }
+
+    struct GatedQueue<'a> {
+        inner: Box<dyn coli_store::IoQueue + 'a>,
+        gate: &'a Gate,
+    }
+
+    impl coli_store::IoQueue for GatedQueue<'_> {
+        fn submit(&mut self, req: coli_store::ReadRequest) {
+            self.inner.submit(req);
+        }
+        fn wait(&mut self) -> Option<coli_store::Completion> {
+            if self.inner.outstanding() > 0 {
+                self.gate.pass();
+            }
+            self.inner.wait()
+        }
+        fn outstanding(&self) -> usize {
+            self.inner.outstanding()
+        }
+    }
+
+    impl coli_store::IoEngine for GatedEngine {
+        fn kind(&self) -> coli_store::IoEngineKind {
+            self.inner.kind()
+        }
+        fn queue_depth(&self) -> usize {
+            self.inner.queue_depth()
+        }
+        fn describe(&self) -> String {
+            format!("{} (gated)", self.inner.describe())
+        }
+        fn path(&self, file: coli_store::FileId) -> Option<&std::path::Path> {
+            self.inner.path(file)
+        }
+        fn buffer(&self, len: usize, align: usize) -> coli_store::AlignedBuf {
+            self.inner.buffer(len, align)
+        }
+        fn queue(&self) -> std::io::Result<Box<dyn coli_store::IoQueue + '_>> {
+            Ok(Box::new(GatedQueue {
+                inner: self.inner.queue()?,
+                gate: &self.gate,
+            }))
+        }
+    }
+
+    #[test]
+    fn demand_reads_run_while_the_experts_in_ram_are_used() {
+        let (tmp, _) = tiny_store(4);
+        let gate = Arc::new(Gate {
+            open: Mutex::new(true),
+            cv: Condvar::new(),
+            timed_out: Default::default(),
+        });
+        let g = Arc::clone(&gate);
+        let wrapper = Arc::new(
+            move |inner: Arc<dyn coli_store::IoEngine>| -> Arc<dyn coli_store::IoEngine> {
+                Arc::new(GatedEngine {
+                    inner,
+                    gate: Arc::clone(&g),
+                })
+            },
+        );
+        let store = Store::open_with(
+            tmp.path().join("s.coli"),
+            &coli_store::OpenOptions {
+                engine_wrapper: Some(wrapper),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let keys: Vec<ExpertKey> = (0..4).map(|e| ExpertKey::new(0, e)).collect();
+        let cache = ExpertCache::new(u64::MAX);
+        cache.get_many(&store, &keys[1..3]).unwrap();
+        // From now on a read completes only once `meanwhile` has seen the experts in RAM: a
+        // cache that read its misses before calling it would wait 10 s and fail below.
+        gate.set(false);
+        let (bufs, seen) = cache
+            .get_many_while(&store, &keys, |ready| {
+                let seen: Vec<bool> = ready.iter().map(Option::is_some).collect();
+                gate.set(true);
+                seen
+            })
+            .unwrap();
+        assert!(!gate.timed_out.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(seen, vec![false, true, true, false]);
+        for (b, k) in bufs.iter().zip(&keys) {
+            assert_eq!(b.key, *k);
+            assert_eq!(b.bytes(), store.fetch_one(*k).unwrap().bytes());
+        }
+        let s = cache.stats();
+        assert_eq!((s.hits, s.misses), (2, 4), "{s:?}");
+        assert_eq!(store.stats().reads, 4 + 4);
+
+        // A failed demand read is an error naming the experts, after `meanwhile` ran.
+        let fresh = ExpertCache::new(u64::MAX);
+        let bad = [ExpertKey::new(0, 9)];
+        let mut ran = false;
+        let Err(err) = fresh.get_many_while(&store, &bad, |_| ran = true) else {
+            panic!("a key not in the store was served");
+        };
+        assert!(ran);
+        assert!(err.to_string().contains("layer 0 expert 9"), "{err}");
     }
 }

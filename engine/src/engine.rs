@@ -138,7 +138,9 @@ impl GenerationStats {
             v / t as f64
         }
     }
-    /// Seconds the forward passes waited for expert reads (demand reads and reads in flight).
+    /// Seconds the forward passes waited for expert reads (demand reads and reads in flight;
+    /// demand read time hidden behind the layer's compute is not counted, see
+    /// [`crate::CacheStats::io_hidden_ns`]).
     pub fn io_wait_s(&self) -> f64 {
         self.cache.io_wait_s()
     }
@@ -655,17 +657,18 @@ impl<'s> Engine<'s> {
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
                 for (li, (layer, kvl)) in layers.iter().zip(kv.iter_mut()).enumerate() {
-                    if let Some(pf) = pf {
-                        // Lookahead (see prefetch.rs): layer 0 from the embeddings, then
-                        // layer li + 1 from layer li's input.
-                        if li == 0 {
-                            crate::prefetch::predict_and_request(layer, &x, n, &handle, pf);
-                        }
-                        if let Some(next) = layers.get(li + 1) {
-                            crate::prefetch::predict_and_request(next, &x, n, &handle, pf);
-                        }
+                    // Lookahead (see prefetch.rs): layer 0 from the embeddings, then layer
+                    // li + 1 from the residual stream after layer li's attention.
+                    if let (Some(pf), 0) = (pf, li) {
+                        crate::prefetch::predict_and_request(layer, &x, n, &handle, pf);
                     }
-                    layer.forward(&mut x, n, pos0, kvl, &mut ctx)?;
+                    let next = layers.get(li + 1).filter(|_| pf.is_some());
+                    let handle = &handle;
+                    layer.forward_observed(&mut x, n, pos0, kvl, &mut ctx, |h| {
+                        if let (Some(pf), Some(next)) = (pf, next) {
+                            crate::prefetch::predict_and_request(next, h, n, handle, pf);
+                        }
+                    })?;
                 }
                 Ok(())
             };

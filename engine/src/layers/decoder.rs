@@ -71,6 +71,24 @@ impl DecoderLayer<'_> {
         kv: &mut LayerKv,
         ctx: &mut LayerCtx<'_, '_>,
     ) -> Result<()> {
+        self.forward_observed(h, n, pos0, kv, ctx, |_| {})
+    }
+
+    /// [`DecoderLayer::forward`] that shows `after_attention` the residual stream after the
+    /// attention's residual add, before the feed-forward part (`[n, H]`; the engine's router
+    /// lookahead predicts the next layer's experts from it).
+    ///
+    /// # Errors
+    /// Expert fetch failures.
+    pub fn forward_observed(
+        &self,
+        h: &mut [f32],
+        n: usize,
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+        after_attention: impl FnOnce(&[f32]),
+    ) -> Result<()> {
         let mut normed = vec![0f32; h.len()];
         let mut delta = vec![0f32; h.len()];
         self.input_norm.forward(h, &mut normed);
@@ -81,6 +99,7 @@ impl DecoderLayer<'_> {
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }
+        after_attention(h);
         self.post_norm.forward(h, &mut normed);
         match &self.ffn {
             Ffn::Moe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,

@@ -2,8 +2,9 @@
 //! renormalization) and the routed SwiGLU experts, read through the [`ExpertCache`].
 //!
 //! For a batch of tokens the block routes every token first, takes the UNION of the selected
-//! experts, gets them all with one cache request (one `Store::fetch` for all the misses), then
-//! runs each expert once over the tokens routed to it (`coli_kernels::matmul`). Each token's
+//! experts, gets them all with one cache request (one `Store::fetch` for all the misses, read
+//! while the experts already in RAM compute), then runs each expert once over the tokens routed
+//! to it (`coli_kernels::matmul`). Each token's
 //! output is summed in ascending expert index, starting from zero, as transformers'
 //! `index_add_` loop over `expert_hit` does: `out += w_e * expert_e(x)`.
 
@@ -11,7 +12,7 @@ use crate::cache::ExpertCache;
 use crate::error::{EngineError, Result};
 use crate::layers::mlp::swiglu;
 use crate::layers::Linear;
-use coli_store::{ExpertKey, Store};
+use coli_store::{ExpertBuf, ExpertKey, Store};
 use rayon::prelude::*;
 
 /// One token's routing: `(expert, weight)` by rank (highest probability first).
@@ -152,8 +153,7 @@ impl MoeBlock<'_> {
             keys.iter()
                 .map(|k| (*k, per_expert[k.expert as usize].len() as u64)),
         );
-        let bufs = cache.get_many(store, &keys)?;
-        for (key, buf) in keys.iter().zip(&bufs) {
+        let shape_ok = |key: &ExpertKey, buf: &ExpertBuf| -> Result<()> {
             if buf.hidden != h || buf.intermediate != self.inter {
                 return Err(EngineError::Shape {
                     name: key.to_string(),
@@ -161,29 +161,48 @@ impl MoeBlock<'_> {
                     found: vec![buf.intermediate, buf.hidden],
                 });
             }
-        }
+            Ok(())
+        };
+        let run = |key: &ExpertKey, buf: &ExpertBuf| -> Result<Vec<f32>> {
+            shape_ok(key, buf)?;
+            let toks = &per_expert[key.expert as usize];
+            let m = toks.len();
+            let mut xs = Vec::with_capacity(m * h);
+            for &(t, _) in toks {
+                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            let mut ys = vec![0f32; m * h];
+            swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
+            Ok(ys)
+        };
         // The experts run concurrently (one rayon task each, their products parallel inside
         // when threads are idle): one fork per layer instead of one per product keeps the
-        // threads busy in decode. Each expert's output is computed by the same kernels
-        // whatever the thread count, and the sums below run in a fixed order, so the result
-        // does not depend on the threads.
-        let expert_out: Vec<Vec<f32>> = keys
-            .par_iter()
-            .zip(&bufs)
-            .map(|(key, buf)| {
-                let toks = &per_expert[key.expert as usize];
-                let m = toks.len();
-                let mut xs = Vec::with_capacity(m * h);
-                for &(t, _) in toks {
-                    xs.extend_from_slice(&x[t * h..(t + 1) * h]);
-                }
-                let mut ys = vec![0f32; m * h];
-                swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
-                ys
-            })
-            .collect();
+        // threads busy in decode. The experts already in RAM run while the misses are read
+        // (`get_many_while`), the rest when they land. Each expert's output is computed by the
+        // same kernels whatever the thread count or the order they became ready in, and the
+        // sums below run in a fixed order, so the result depends on neither.
+        let (bufs, first) = cache.get_many_while(store, &keys, |ready| {
+            keys.par_iter()
+                .zip(ready)
+                .map(|(key, buf)| buf.as_ref().map(|b| run(key, b)).transpose())
+                .collect::<Result<Vec<Option<Vec<f32>>>>>()
+        })?;
+        let mut expert_out = first?;
+        let rest: Vec<(usize, Vec<f32>)> = expert_out
+            .iter()
+            .enumerate()
+            .filter(|(_, y)| y.is_none())
+            .map(|(i, _)| i)
+            .collect::<Vec<usize>>()
+            .into_par_iter()
+            .map(|i| Ok((i, run(&keys[i], &bufs[i])?)))
+            .collect::<Result<_>>()?;
+        for (i, ys) in rest {
+            expert_out[i] = Some(ys);
+        }
         out.fill(0.0);
         for (key, ys) in keys.iter().zip(&expert_out) {
+            let ys = ys.as_ref().expect("every expert computed above");
             let toks = &per_expert[key.expert as usize];
             for (i, &(t, w)) in toks.iter().enumerate() {
                 for (o, y) in out[t * h..(t + 1) * h]

@@ -440,8 +440,9 @@ fn print_placement_stats(s: &coli_engine::GenerationStats) {
         c.prefetch_recall() * 100.0
     );
     eprintln!(
-        "per token: I/O wait {:.2} ms, compute {:.2} ms; disk {:.3} GiB/s",
+        "per token: I/O wait {:.2} ms (+{:.2} ms of reads hidden behind compute), compute {:.2} ms; disk {:.3} GiB/s",
         s.per_token(s.io_wait_s()) * 1e3,
+        s.per_token(c.io_hidden_ns as f64 * 1e-9) * 1e3,
         s.per_token(s.compute_s()) * 1e3,
         s.disk_gib_s()
     );
@@ -467,6 +468,7 @@ fn placement_json(s: &coli_engine::GenerationStats, eng: &Engine<'_>) -> serde_j
         "io_wait_s": s.io_wait_s(),
         "compute_s": s.compute_s(),
         "io_wait_s_per_token": s.per_token(s.io_wait_s()),
+        "io_hidden_s": c.io_hidden_ns as f64 * 1e-9,
         "compute_s_per_token": s.per_token(s.compute_s()),
         "disk_gib_s": s.disk_gib_s(),
         "ram_budget": p.budget,
