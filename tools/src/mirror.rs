@@ -7,7 +7,8 @@
 //! - `stage`: writes the plan as a new staged segment (temporary file, fsync, verify, atomic
 //!   rename; keeps `--reserve` bytes free; never deletes or rewrites existing mirror files).
 //! - `copy`: byte-identical full copies of every primary segment the mirror lacks.
-//! - `verify`: the mirror part of `coli-fsck STORE --mirror DIR` (exit 0 clean, 1 damaged).
+//! - `verify`: the mirror part of `coli-fsck STORE --mirror DIR` (exit 0 clean, 1 damaged,
+//!   2 when it cannot check: no store, no mirror directory; as `coli-fsck`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -27,6 +28,13 @@ pub struct MirrorArgs {
     cmd: MirrorCmd,
 }
 
+impl MirrorArgs {
+    /// Whether this is `coli mirror verify` (whose errors exit 2, a verdict's damage 1).
+    pub fn is_verify(&self) -> bool {
+        matches!(self.cmd, MirrorCmd::Verify(_))
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum MirrorCmd {
     /// Show which records a partial mirror should hold (nothing is written).
@@ -35,7 +43,8 @@ enum MirrorCmd {
     Stage(SelectArgs),
     /// Copy every primary segment file the mirror lacks, byte for byte.
     Copy(CopyArgs),
-    /// Verify every file of the mirror against the store (exit 0 clean, 1 damaged).
+    /// Verify every file of the mirror against the store (exit 0 clean, 1 damaged, 2 cannot
+    /// check).
     Verify(VerifyArgs),
 }
 

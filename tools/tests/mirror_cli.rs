@@ -88,6 +88,18 @@ fn copy_stage_verify_damage_and_repair() {
     let (code, out, _) = coli(&["mirror", "verify", "--store", s, "--mirror", ms]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("DAMAGED"), "{out}");
+    // A check that cannot run is not a verdict: exit 2 (as coli-fsck), naming the directory.
+    let missing = t.path().join("no-such-mirror");
+    let ms2 = missing.to_str().unwrap();
+    let (code, _, err) = coli(&["mirror", "verify", "--store", s, "--mirror", ms2]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no-such-mirror") && err.contains("does not exist"),
+        "{err}"
+    );
+    let (code, _, err) = coli(&["mirror", "verify", "--store", ms2, "--mirror", ms]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no-such-mirror"), "{err}");
     let (code, out, _) = fsck(&[s, "--mirror", ms, "--repair"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("REPAIRED: layer 1"), "{out}");

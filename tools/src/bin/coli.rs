@@ -753,11 +753,19 @@ fn main() -> std::process::ExitCode {
         Cmd::Info(a) => info::run(&a.store, a.json),
         Cmd::Plan(a) => plan::run(&a),
         Cmd::Serve(a) => serve::run(a),
-        Cmd::Mirror(a) => match mirror::run(a) {
-            Ok(0) => Ok(()),
-            Ok(code) => return std::process::ExitCode::from(code),
-            Err(e) => Err(e),
-        },
+        Cmd::Mirror(a) => {
+            let verify = a.is_verify();
+            match mirror::run(a) {
+                Ok(0) => Ok(()),
+                Ok(code) => return std::process::ExitCode::from(code),
+                // verify's 1 means damaged: a check that could not run exits 2 (as coli-fsck).
+                Err(e) if verify => {
+                    eprintln!("error: {}", error_chain(&e));
+                    return std::process::ExitCode::from(2);
+                }
+                Err(e) => Err(e),
+            }
+        }
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
