@@ -210,6 +210,12 @@ impl<K: Hash + Eq + Clone, V> LruCache<K, V> {
 /// reads in flight stay a small, fixed amount of memory outside the budget.
 pub const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 
+/// [`ExpertCache::get_many_while`] reads the misses on a separate thread only when the experts
+/// already in RAM hold at least this many bytes: below it their compute (at ~10 GB/s, < 0.4 ms)
+/// is not worth a thread start, which on a loaded 2-core VM costs 1-2 ms of scheduling (the
+/// demo model's 368 KiB experts: a thread per layer made a run 2x slower). Bytes.
+pub const OVERLAP_MIN_READY_BYTES: u64 = 4 << 20;
+
 /// Counters of the expert cache since it was created. Every expert lookup of a demand request
 /// is exactly one of: a pinned hit, an LRU hit, a wait for a read in flight, or a miss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -681,10 +687,12 @@ impl ExpertCache {
 
     /// [`ExpertCache::get_many`] that overlaps the demand read with the caller's work: the
     /// misses are read on a separate thread (`coli-demand-read`, one per request that has
-    /// misses) while `meanwhile` runs on the calling thread with the experts already in RAM
-    /// (`Some` at the index of every pinned or LRU hit; `None` for a miss or a read in flight).
-    /// Then the misses and the reads in flight are waited for, and every expert is returned
-    /// with `meanwhile`'s result. A layer computes the experts it has while the others land.
+    /// misses and at least [`OVERLAP_MIN_READY_BYTES`] of experts in RAM; otherwise they are
+    /// read first on the calling thread) while `meanwhile` runs on the calling thread with the
+    /// experts already in RAM (`Some` at the index of every pinned or LRU hit; `None` for a miss
+    /// or a read in flight). Then the misses and the reads in flight are waited for, and every
+    /// expert is returned with `meanwhile`'s result. A layer computes the experts it has while
+    /// the others land.
     ///
     /// `io_wait_ns` counts only the time spent waiting after `meanwhile` returned (the read time
     /// it hid is `io_hidden_ns`). If the read thread cannot be started, the misses are read
@@ -751,8 +759,15 @@ impl ExpertCache {
                 }
             }
         }
+        let ready_bytes: u64 = out.iter().flatten().map(|b| b.len_bytes() as u64).sum();
         let (fetched, r, stalled, hidden) = if missing.is_empty() {
             (Ok(Vec::new()), meanwhile(&out), 0, 0)
+        } else if ready_bytes < OVERLAP_MIN_READY_BYTES {
+            // Too little to overlap with: read first on this thread.
+            let t0 = Instant::now();
+            let fetched = self.read_missing(store, &missing, &own_slots);
+            let stalled = t0.elapsed().as_nanos() as u64;
+            (fetched, meanwhile(&out), stalled, 0)
         } else {
             std::thread::scope(|s| {
                 let t0 = Instant::now();
@@ -956,6 +971,11 @@ mod tests {
 
     /// A real store of one layer of `n` int4 experts (H = 64, I = 32) in a temp dir.
     fn tiny_store(n: u32) -> (tempfile::TempDir, Store) {
+        store_of(n, 32, 64)
+    }
+
+    /// A store of `n` int4 experts of intermediate size `inter` and hidden size `hidden`.
+    fn store_of(n: u32, inter: usize, hidden: usize) -> (tempfile::TempDir, Store) {
         use coli_store::{EncodedMatrix, Encoding, ExpertLayer, StoreSpec, StoreWriter};
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("s.coli");
@@ -988,8 +1008,12 @@ mod tests {
             panic!("new target");
         };
         for e in 0..n {
-            let (g, u, d) = (mat(32, 64, e as u8), mat(32, 64, 1), mat(64, 32, 2));
-            w.add_expert(ExpertKey::new(0, e), 64, 32, [&g, &u, &d])
+            let (g, u, d) = (
+                mat(inter, hidden, e as u8),
+                mat(inter, hidden, 1),
+                mat(hidden, inter, 2),
+            );
+            w.add_expert(ExpertKey::new(0, e), hidden, inter, [&g, &u, &d])
                 .unwrap();
         }
         w.finish().unwrap();
@@ -1148,7 +1172,8 @@ mod tests {
 
     #[test]
     fn demand_reads_run_while_the_experts_in_ram_are_used() {
-        let (tmp, _) = tiny_store(4);
+        // 2 experts in RAM of 3 MiB each: above OVERLAP_MIN_READY_BYTES.
+        let (tmp, _) = store_of(4, 1024, 2048);
         let gate = Arc::new(Gate {
             open: Mutex::new(true),
             cv: Condvar::new(),
@@ -1203,5 +1228,15 @@ mod tests {
         };
         assert!(ran);
         assert!(err.to_string().contains("layer 0 expert 9"), "{err}");
+
+        // Too little in RAM to overlap with: the misses are read before `meanwhile` runs.
+        let (_t, small) = tiny_store(4);
+        let cache = ExpertCache::new(u64::MAX);
+        cache.get_many(&small, &keys[..1]).unwrap();
+        let (_, reads_seen) = cache
+            .get_many_while(&small, &keys, |_| small.stats().reads)
+            .unwrap();
+        assert_eq!(reads_seen, 4, "the three misses were read first");
+        assert_eq!(cache.stats().io_hidden_ns, 0);
     }
 }
