@@ -759,50 +759,46 @@ impl ExpertCache {
                 }
             }
         }
+        // A reader thread only when there are misses and enough in RAM to overlap them with.
         let ready_bytes: u64 = out.iter().flatten().map(|b| b.len_bytes() as u64).sum();
-        let (fetched, r, stalled, hidden) = if missing.is_empty() {
-            (Ok(Vec::new()), meanwhile(&out), 0, 0)
-        } else if ready_bytes < OVERLAP_MIN_READY_BYTES {
-            // Too little to overlap with: read first on this thread.
+        let overlap = !missing.is_empty() && ready_bytes >= OVERLAP_MIN_READY_BYTES;
+        let (fetched, r, stalled, hidden) = std::thread::scope(|s| {
             let t0 = Instant::now();
-            let fetched = self.read_missing(store, &missing, &own_slots);
-            let stalled = t0.elapsed().as_nanos() as u64;
-            (fetched, meanwhile(&out), stalled, 0)
-        } else {
-            std::thread::scope(|s| {
-                let t0 = Instant::now();
-                let reader = std::thread::Builder::new()
-                    .name("coli-demand-read".into())
-                    .spawn_scoped(s, {
-                        let (missing, own_slots) = (&missing, &own_slots);
-                        move || {
+            let reader = overlap
+                .then(|| {
+                    let (missing, own_slots) = (&missing, &own_slots);
+                    std::thread::Builder::new()
+                        .name("coli-demand-read".into())
+                        .spawn_scoped(s, move || {
                             let r = self.read_missing(store, missing, own_slots);
                             (r, t0.elapsed())
-                        }
-                    });
-                match reader {
-                    Ok(h) => {
-                        let r = meanwhile(&out);
-                        let t1 = Instant::now();
-                        let (fetched, read_took) =
-                            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-                        let stalled = t1.elapsed();
-                        let hidden = read_took.saturating_sub(stalled);
-                        (
-                            fetched,
-                            r,
-                            stalled.as_nanos() as u64,
-                            hidden.as_nanos() as u64,
-                        )
-                    }
-                    Err(_) => {
-                        let fetched = self.read_missing(store, &missing, &own_slots);
-                        let stalled = t0.elapsed().as_nanos() as u64;
-                        (fetched, meanwhile(&out), stalled, 0)
-                    }
+                        })
+                        .ok()
+                })
+                .flatten();
+            match reader {
+                Some(h) => {
+                    let r = meanwhile(&out);
+                    let t1 = Instant::now();
+                    let (fetched, read_took) =
+                        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                    let stalled = t1.elapsed();
+                    let hidden = read_took.saturating_sub(stalled);
+                    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+                    (fetched, r, ns(stalled), ns(hidden))
                 }
-            })
-        };
+                // No misses, too little to overlap with, or no thread: read first, here.
+                None => {
+                    let fetched = if missing.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        self.read_missing(store, &missing, &own_slots)
+                    };
+                    let stalled = t0.elapsed().as_nanos() as u64;
+                    (fetched, meanwhile(&out), stalled, 0)
+                }
+            }
+        });
         let t0 = Instant::now();
         let mut retry = Vec::new();
         for (&i, b) in missing_at.iter().zip(fetched?) {

@@ -662,10 +662,9 @@ impl<'s> Engine<'s> {
                     if let (Some(pf), 0) = (pf, li) {
                         crate::prefetch::predict_and_request(layer, &x, n, &handle, pf);
                     }
-                    let next = layers.get(li + 1).filter(|_| pf.is_some());
                     let handle = &handle;
                     layer.forward_observed(&mut x, n, pos0, kvl, &mut ctx, |h| {
-                        if let (Some(pf), Some(next)) = (pf, next) {
+                        if let (Some(pf), Some(next)) = (pf, layers.get(li + 1)) {
                             crate::prefetch::predict_and_request(next, h, n, handle, pf);
                         }
                     })?;

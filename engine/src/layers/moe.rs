@@ -188,11 +188,8 @@ impl MoeBlock<'_> {
                 .collect::<Result<Vec<Option<Vec<f32>>>>>()
         })?;
         let mut expert_out = first?;
-        let rest: Vec<(usize, Vec<f32>)> = expert_out
-            .iter()
-            .enumerate()
-            .filter(|(_, y)| y.is_none())
-            .map(|(i, _)| i)
+        let rest: Vec<(usize, Vec<f32>)> = (0..keys.len())
+            .filter(|&i| expert_out[i].is_none())
             .collect::<Vec<usize>>()
             .into_par_iter()
             .map(|i| Ok((i, run(&keys[i], &bufs[i])?)))
