@@ -1,8 +1,8 @@
 //! A local Hugging Face checkpoint directory: config, index, shards, tokenizer files.
 
 use crate::error::{ConvertError, Result};
-use crate::family::ModelConfig;
 use crate::safetensors::{parse_json_strict, Shard, TensorInfo};
+use coli_format::{FormatError, ModelSpec};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,12 +27,18 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     /// config.json bytes, unchanged.
     pub config_bytes: Vec<u8>,
-    /// The interpreted config.
-    pub config: ModelConfig,
+    /// The model spec read from config.json (and generation_config.json): every tensor the
+    /// model needs.
+    pub spec: ModelSpec,
     /// Shards, sorted by file name.
     pub shards: Vec<Shard>,
-    /// Every tensor: name -> index into `shards`.
+    /// Every tensor: name -> index into `shards`. Names are the spec's
+    /// ([`ModelSpec::canonical_tensor_name`]): a multimodal wrapper's language-model prefix is
+    /// removed, its other tensors are in `outside_model` instead.
     pub tensors: BTreeMap<String, usize>,
+    /// Tensors of a multimodal wrapper outside its language model (vision tower, projector),
+    /// as named in the checkpoint: not converted.
+    pub outside_model: Vec<String>,
     /// Optional model files present (name, bytes), in [`COPIED_FILES`] order.
     pub extra_files: Vec<(String, Vec<u8>)>,
 }
@@ -67,7 +73,22 @@ impl Checkpoint {
             file: cfg_path.clone(),
             what: format!("invalid JSON: {e}"),
         })?;
-        let config = ModelConfig::from_json(&cfg_json, &cfg_path)?;
+        let gen_path = dir.join("generation_config.json");
+        let gen_json = if gen_path.is_file() {
+            let text = read(&gen_path)?;
+            let v = std::str::from_utf8(&text)
+                .map_err(|e| e.to_string())
+                .and_then(|t| parse_json_strict(t).map_err(|e| e.to_string()))
+                .map_err(|e| ConvertError::Config {
+                    file: gen_path.clone(),
+                    what: format!("invalid JSON: {e}"),
+                })?;
+            Some(v)
+        } else {
+            None
+        };
+        let spec = ModelSpec::from_config(&cfg_json, gen_json.as_ref())
+            .map_err(|e| spec_error(e, &cfg_path, &gen_path))?;
 
         let index_path = dir.join(INDEX_FILE);
         let mut weight_map: BTreeMap<String, String> = BTreeMap::new();
@@ -152,6 +173,30 @@ impl Checkpoint {
                 });
             }
         }
+        let mut outside_model = Vec::new();
+        if spec.wrapper.is_some() {
+            tensors.clear();
+            for (i, shard) in shards.iter_mut().enumerate() {
+                let own = std::mem::take(&mut shard.tensors);
+                for (name, info) in own {
+                    match spec.canonical_tensor_name(&name) {
+                        Some(c) => {
+                            let c = c.into_owned();
+                            if tensors.insert(c.clone(), i).is_some() {
+                                return Err(ConvertError::Safetensors {
+                                    file: shard.path.clone(),
+                                    what: format!(
+                                        "tensor {name} and another tensor both name the language model's {c}"
+                                    ),
+                                });
+                            }
+                            shard.tensors.insert(c, info);
+                        }
+                        None => outside_model.push(name),
+                    }
+                }
+            }
+        }
         let mut extra_files = Vec::new();
         for f in COPIED_FILES {
             let p = dir.join(f);
@@ -162,9 +207,10 @@ impl Checkpoint {
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_bytes,
-            config,
+            spec,
             shards,
             tensors,
+            outside_model,
             extra_files,
         })
     }
@@ -179,5 +225,30 @@ impl Checkpoint {
     /// True if the checkpoint has this tensor.
     pub fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
+    }
+}
+
+/// A spec error as the converter reports it: naming the full path of the config file.
+fn spec_error(e: FormatError, config: &Path, generation_config: &Path) -> ConvertError {
+    let file = |f: &str| {
+        if f == "generation_config.json" {
+            generation_config.to_path_buf()
+        } else {
+            config.to_path_buf()
+        }
+    };
+    match e {
+        FormatError::Config { file: f, what } | FormatError::Format { file: f, what } => {
+            ConvertError::Config {
+                file: file(&f),
+                what,
+            }
+        }
+        e @ (FormatError::Unsupported(_) | FormatError::NewerVersion { .. }) => {
+            ConvertError::Config {
+                file: config.to_path_buf(),
+                what: e.to_string(),
+            }
+        }
     }
 }

@@ -10,13 +10,10 @@
 pub mod checkpoint;
 pub mod error;
 pub mod failpoint;
-pub mod family;
 pub mod pipeline;
 pub mod plan;
 pub mod quant;
 pub mod safetensors;
-#[cfg(target_arch = "x86_64")]
-mod simd;
 
 pub use error::{ConvertError, Result};
 pub use pipeline::{parse_encoding, run, Options, Report};

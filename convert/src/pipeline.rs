@@ -64,6 +64,9 @@ pub struct Report {
     /// the f32 source values, over the tensors converted by this run; `null` when the class
     /// had no tensor converted.
     pub rel_rms_error: BTreeMap<String, Option<f64>>,
+    /// Checkpoint tensors not converted: ones the model does not read (not in its spec) and,
+    /// for a multimodal checkpoint, those outside its language model.
+    pub not_converted: Vec<String>,
     /// Wall time, seconds.
     pub elapsed_s: f64,
 }
@@ -261,7 +264,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     failpoint::hit("convert.after_preflight");
 
     let spec = StoreSpec {
-        family: ck.config.model_type.clone(),
+        family: ck.spec.model_type.clone(),
         config_json: ck.config_bytes.clone(),
         num_layers: plan.num_layers,
         expert_layers: plan.expert_layers.clone(),
@@ -276,14 +279,14 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
             .map(|s| SourceFile {
                 name: s.name.clone(),
                 size: s.size,
-                header_xxh3: format!("{:016x}", s.header_xxh3),
+                header_xxh3: coli_store::Xxh3Sum(s.header_xxh3),
             })
             .collect(),
     };
     let mut report = Report {
         status: "converted".into(),
         store: opts.output.clone(),
-        family: ck.config.model_type.clone(),
+        family: ck.spec.model_type.clone(),
         parameters,
         tensors: plan.dense.len() as u64,
         experts: plan.experts.len() as u64,
@@ -294,6 +297,12 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         bytes_out: 0,
         store_bytes: 0,
         rel_rms_error: BTreeMap::new(),
+        not_converted: ck
+            .outside_model
+            .iter()
+            .chain(&plan.unused)
+            .cloned()
+            .collect(),
         elapsed_s: 0.0,
     };
     let (mut writer, resumed) = match StoreWriter::create_or_resume(&opts.output, spec)? {
@@ -393,7 +402,7 @@ fn write_all(
             todo.push(x);
         }
     }
-    let (h, i) = (ck.config.hidden, ck.config.intermediate);
+    let (h, i) = (ck.spec.hidden_size, ck.spec.moe_intermediate_size);
     type Region<'a> = (
         &'a crate::safetensors::Shard,
         &'a crate::safetensors::TensorInfo,
@@ -536,6 +545,25 @@ impl Report {
             self.store_bytes,
             self.elapsed_s
         );
+        if !self.not_converted.is_empty() {
+            let shown: Vec<&str> = self
+                .not_converted
+                .iter()
+                .take(8)
+                .map(String::as_str)
+                .collect();
+            let _ = writeln!(
+                s,
+                "not converted ({} tensors the model does not read): {}{}",
+                self.not_converted.len(),
+                shown.join(", "),
+                if self.not_converted.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            );
+        }
         for (k, v) in &self.rel_rms_error {
             match v {
                 Some(v) => {

@@ -3,12 +3,13 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{ConvertError, Result};
-use crate::family::layer_of;
 use crate::quant::{ScaleSource, SourceMatrix};
 use crate::safetensors::Dtype;
-use coli_store::encoding::{align_up, FP8_BLOCK, SECTION_ALIGN};
-use coli_store::{Encoding, ExpertKey, ExpertLayer, RecordLayout};
-use std::collections::BTreeSet;
+use coli_format::encoding::{align_up, FP8_BLOCK, SECTION_ALIGN};
+use coli_format::spec::{layer_of, ExpertsSpec, TensorClass, TensorKind, TensorSpec};
+use coli_format::{Encoding, ExpertKey, RecordLayout};
+use coli_store::ExpertLayer;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The user's encoding choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +101,9 @@ pub struct Plan {
     pub bytes_in: u64,
     /// Estimated store size, bytes.
     pub estimated_out: u64,
+    /// Checkpoint tensors the model does not read (not in its spec), not converted: what
+    /// transformers reports as unused weights when it loads such a checkpoint.
+    pub unused: Vec<String>,
 }
 
 fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
@@ -107,23 +111,6 @@ fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
         tensor: tensor.to_string(),
         what: what.into(),
     }
-}
-
-/// Is this tensor kept exactly as in the source (not a linear weight)?
-pub fn kept_as_source(name: &str, shape: &[usize]) -> bool {
-    if shape.len() != 2 {
-        return true;
-    }
-    let base = name.strip_suffix(".weight").unwrap_or(name);
-    let last = base.rsplit('.').next().unwrap_or(base);
-    last.contains("norm")
-        || name.ends_with("mlp.gate.weight")
-        || name.ends_with("block_sparse_moe.gate.weight")
-        || name.contains("e_score_correction_bias")
-        || name.contains("embed_tokens")
-        || name == "lm_head.weight"
-        || name.ends_with("shared_head.head.weight")
-        || !name.ends_with(".weight")
 }
 
 /// A matrix view of a checkpoint tensor (1-D tensors as one row) with its FP8 scale.
@@ -211,17 +198,77 @@ pub fn source_matrix<'a>(
     ))
 }
 
-/// Builds and checks the plan: every tensor the architecture needs is present, shapes, dtypes
-/// and scales are consistent, scales are finite, fp8 targets have FP8 sources.
+/// The dense tensor's class for the error report and its target encoding, from what the
+/// spec says it is: norms, biases and routers stay as in the source; the main embedding and
+/// lm_head follow `--embeddings`; linear weights follow `--dense` (`--mtp` in an MTP layer).
+/// An MTP layer's own embedding and head copies stay as in the source.
+fn dense_target(
+    t: &TensorSpec,
+    src: Dtype,
+    enc: Encodings,
+    fp8_checkpoint: bool,
+    shard: &str,
+) -> Result<(Encoding, Class)> {
+    let as_source = match src {
+        Dtype::Bf16 => Encoding::Bf16,
+        Dtype::F16 | Dtype::F32 => Encoding::F32,
+        Dtype::F8E4M3 => Encoding::Fp8,
+    };
+    let mtp = t.class == TensorClass::Mtp;
+    Ok(match t.kind {
+        TensorKind::Embedding | TensorKind::OutputHead if !mtp => match enc.embeddings {
+            Some(e) => (e, Class::Embeddings),
+            None => (as_source, Class::Kept),
+        },
+        TensorKind::Linear => {
+            let e = if mtp { enc.mtp } else { enc.dense };
+            let class = if mtp {
+                Class::Mtp
+            } else if t.name.contains(".self_attn.") {
+                Class::Attention
+            } else {
+                Class::DenseMlp
+            };
+            if e == Encoding::Fp8 && src != Dtype::F8E4M3 && fp8_checkpoint {
+                // An FP8 checkpoint publishes a few linear weights in high precision (DeepSeek's
+                // MTP eh_proj, GLM's indexer.weights_proj): the lossless store keeps them as in
+                // the source.
+                let keep = match src {
+                    Dtype::Bf16 => Encoding::Bf16,
+                    _ => Encoding::F32,
+                };
+                (keep, Class::Kept)
+            } else if e == Encoding::Fp8 && src != Dtype::F8E4M3 {
+                return Err(terr(
+                    &t.name,
+                    format!(
+                        "is {} in {shard} and the checkpoint has no FP8 weights; --{} fp8 keeps FP8 weights only: choose bf16 or int8",
+                        src.name(),
+                        if mtp { "mtp" } else { "dense" }
+                    ),
+                ));
+            } else {
+                (e, class)
+            }
+        }
+        _ => (as_source, Class::Kept),
+    })
+}
+
+/// Builds and checks the plan against the model spec (`coli_format::spec`): every tensor the
+/// model needs is present with the spec's shape, an MTP layer is present whole or not at all,
+/// dtypes and FP8 scales are consistent, scales are finite, fp8 targets have FP8 sources.
+/// Tensors the model does not read are not converted ([`Plan::unused`]), so that the store
+/// holds exactly what the engine loads.
 ///
 /// # Errors
-/// [`ConvertError::Tensor`] naming the tensor (missing, wrong shape, fused experts, unsupported
-/// rank, fp8 refused, scale problems), [`ConvertError::NonFinite`] for a NaN/Inf scale,
-/// [`ConvertError::Config`] for layers beyond the config.
+/// [`ConvertError::Tensor`] naming the tensor (missing, wrong shape, not part of the model,
+/// fused experts, unsupported rank, fp8 refused, scale problems), [`ConvertError::NonFinite`]
+/// for a NaN/Inf scale, [`ConvertError::Config`] for layers beyond the config.
 pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> {
-    let cfg = &ck.config;
-    let nl = cfg.num_hidden_layers;
-    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let spec = &ck.spec;
+    let nl = spec.num_layers as u32;
+    let mtp_index = spec.mtp_layer().map(|n| n as u32);
 
     // Fused experts and stray layers.
     for name in ck.tensors.keys() {
@@ -237,78 +284,92 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             ));
         }
         if let Some(l) = layer_of(name) {
-            if l >= nl && !cfg.family.is_deepseek_like() {
+            if l >= nl && Some(l) != mtp_index {
+                let nextn = match &spec.mla {
+                    Some(m) => format!(
+                        " and num_nextn_predict_layers is {}",
+                        m.num_nextn_predict_layers
+                    ),
+                    None => String::new(),
+                };
                 return Err(ConvertError::Config {
-                    file: cfg.path.clone(),
-                    what: format!("tensor {name} is in layer {l} but num_hidden_layers is {nl}"),
+                    file: ck.dir.join("config.json"),
+                    what: format!(
+                        "tensor {name} is in layer {l} but num_hidden_layers is {nl}{nextn}"
+                    ),
                 });
             }
         }
     }
-    let mtp_layers: Vec<u32> = ck
-        .tensors
-        .keys()
-        .filter_map(|n| layer_of(n))
-        .filter(|&l| l >= nl)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    // The MTP layer is converted when the checkpoint holds any of it, and then whole.
+    let mtp_present = mtp_index.is_some_and(|n| ck.tensors.keys().any(|t| layer_of(t) == Some(n)));
+    let mtp_layers: Vec<u32> = mtp_index.filter(|_| mtp_present).into_iter().collect();
 
-    // Required tensors.
-    let mut required = cfg.required_global_tensors();
-    for l in 0..nl {
-        required.extend(cfg.required_layer_tensors(l));
-    }
-    for r in &required {
-        if !ck.has(r) {
-            let hint = if r == "model.norm.weight" || r == "lm_head.weight" {
-                "is the last shard absent?"
-            } else {
-                "is a shard absent or the index incomplete?"
-            };
-            return Err(terr(r, format!("missing from the checkpoint: {hint}")));
+    // Dense tensors the model reads.
+    let mut wanted: Vec<&TensorSpec> = spec.tensors.main_dense();
+    if mtp_present {
+        for m in &spec.tensors.mtp {
+            wanted.extend(m.dense());
         }
+    }
+    let mut dense_spec: BTreeMap<&str, &TensorSpec> = BTreeMap::new();
+    for t in wanted {
+        dense_spec.insert(&t.name, t);
+        if t.optional || ck.has(&t.name) {
+            continue;
+        }
+        let hint = if t.class == TensorClass::Mtp {
+            format!(
+                "missing from the checkpoint, which holds part of the MTP layer model.layers.{}: convert a checkpoint with the whole MTP layer or none of it",
+                mtp_index.unwrap_or(nl)
+            )
+        } else if t.name == "model.norm.weight" || t.name == "lm_head.weight" {
+            "missing from the checkpoint: is the last shard absent?".into()
+        } else {
+            "missing from the checkpoint: is a shard absent or the index incomplete?".into()
+        };
+        return Err(terr(&t.name, hint));
     }
 
     // Experts.
+    let mut expert_sets: Vec<&ExpertsSpec> = spec
+        .tensors
+        .layers
+        .iter()
+        .filter_map(|l| l.experts())
+        .collect();
+    if mtp_present {
+        expert_sets.extend(spec.tensors.mtp.iter().filter_map(|m| m.layer.experts()));
+    }
     let mut expert_layers = Vec::new();
     let mut experts = Vec::new();
     let mut expert_tensors = BTreeSet::new();
-    let mut layers: Vec<(u32, bool)> = (0..nl)
-        .filter(|&l| cfg.moe_layer[l as usize])
-        .map(|l| (l, false))
-        .collect();
-    for &l in &mtp_layers {
-        let any = (0..cfg.num_experts).any(|e| ck.has(&cfg.family.expert_names(l, e)[0]));
-        if any {
-            layers.push((l, true));
-        }
-    }
-    for &(l, mtp) in &layers {
+    for set in &expert_sets {
+        let (l, mtp) = (set.layer, set.class == TensorClass::Mtp);
         expert_layers.push(ExpertLayer {
             layer: l,
-            num_experts: cfg.num_experts,
+            num_experts: set.count,
         });
         let encoding = if mtp { enc.mtp } else { enc.experts };
-        for e in 0..cfg.num_experts {
-            let names = cfg.family.expert_names(l, e);
-            let shapes = [[i, h], [i, h], [h, i]];
-            for (n, want) in names.iter().zip(shapes) {
+        for e in 0..set.count {
+            let tensors = set.tensors(e);
+            for t in &tensors {
+                let n = &t.name;
                 let Some((shard, info)) = ck.get(n) else {
                     return Err(terr(
                         n,
                         format!(
                             "missing from the checkpoint (layer {l} expert {e}; config.json says {} experts per layer): is a shard absent?",
-                            cfg.num_experts
+                            set.count
                         ),
                     ));
                 };
-                if info.shape != want {
+                if info.shape != t.shape {
                     return Err(terr(
                         n,
                         format!(
-                            "shape {:?} in {}, expected {want:?} (hidden_size {h}, intermediate size {i} from config.json)",
-                            info.shape, shard.name
+                            "shape {:?} in {}, expected {:?} (hidden_size {}, intermediate size {} from config.json)",
+                            info.shape, shard.name, t.shape, set.hidden, set.intermediate
                         ),
                     ));
                 }
@@ -326,25 +387,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
             experts.push(ExpertItem {
                 key: ExpertKey::new(l, e),
-                names,
+                names: tensors.map(|t| t.name),
                 encoding,
                 class: if mtp { Class::Mtp } else { Class::Experts },
             });
-        }
-    }
-    // Expert tensors that belong to no expected expert.
-    for name in ck.tensors.keys() {
-        let is_expert =
-            name.contains(".mlp.experts.") || name.contains(".block_sparse_moe.experts.");
-        if is_expert && !name.ends_with("_scale_inv") && !expert_tensors.contains(name) {
-            return Err(terr(
-                name,
-                format!(
-                    "routed expert tensor not expected by config.json ({} experts per layer, MoE layers {:?})",
-                    cfg.num_experts,
-                    layers.iter().map(|x| x.0).collect::<Vec<_>>()
-                ),
-            ));
         }
     }
 
@@ -354,11 +400,13 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         .iter()
         .any(|s| s.tensors.values().any(|t| t.dtype == Dtype::F8E4M3));
     let mut dense = Vec::new();
+    let mut unused = Vec::new();
     for (name, &si) in &ck.tensors {
         if expert_tensors.contains(name) {
             continue;
         }
-        let info = &ck.shards[si].tensors[name];
+        let shard = &ck.shards[si];
+        let info = &shard.tensors[name];
         if let Some(w) = name.strip_suffix("_scale_inv") {
             match ck.get(w) {
                 Some((_, wi)) if wi.dtype == Dtype::F8E4M3 => continue,
@@ -387,56 +435,24 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                     "has {} dimensions {:?} ({}); only 1-D and 2-D tensors are supported",
                     info.shape.len(),
                     info.shape,
-                    ck.shards[si].name
+                    shard.name
                 ),
             ));
         }
-        let layer = layer_of(name);
-        let in_mtp = layer.is_some_and(|l| l >= nl);
-        let is_embedding = name == "model.embed_tokens.weight" || name == "lm_head.weight";
-        let (encoding, class) = if let (true, 2, Some(e)) =
-            (is_embedding, info.shape.len(), enc.embeddings)
-        {
-            (e, Class::Embeddings)
-        } else if kept_as_source(name, &info.shape) {
-            let e = match info.dtype {
-                Dtype::Bf16 => Encoding::Bf16,
-                Dtype::F16 | Dtype::F32 => Encoding::F32,
-                Dtype::F8E4M3 => Encoding::Fp8,
-            };
-            (e, Class::Kept)
-        } else {
-            let e = if in_mtp { enc.mtp } else { enc.dense };
-            let class = if in_mtp {
-                Class::Mtp
-            } else if name.contains(".self_attn.") {
-                Class::Attention
-            } else {
-                Class::DenseMlp
-            };
-            if e == Encoding::Fp8 && info.dtype != Dtype::F8E4M3 && fp8_checkpoint {
-                // An FP8 checkpoint publishes a few linear weights in high precision (DeepSeek's
-                // MTP eh_proj, GLM's indexer.weights_proj): the lossless store keeps them as in
-                // the source.
-                let keep = match info.dtype {
-                    Dtype::Bf16 => Encoding::Bf16,
-                    _ => Encoding::F32,
-                };
-                (keep, Class::Kept)
-            } else if e == Encoding::Fp8 && info.dtype != Dtype::F8E4M3 {
-                return Err(terr(
-                    name,
-                    format!(
-                        "is {} in {} and the checkpoint has no FP8 weights; --{} fp8 keeps FP8 weights only: choose bf16 or int8",
-                        info.dtype.name(),
-                        ck.shards[si].name,
-                        if in_mtp { "mtp" } else { "dense" }
-                    ),
-                ));
-            } else {
-                (e, class)
-            }
+        let Some(t) = dense_spec.get(name.as_str()) else {
+            unused.push(name.clone());
+            continue;
         };
+        if info.shape != t.shape {
+            return Err(terr(
+                name,
+                format!(
+                    "shape {:?} in {}, expected {:?} from config.json",
+                    info.shape, shard.name, t.shape
+                ),
+            ));
+        }
+        let (encoding, class) = dense_target(t, info.dtype, enc, fp8_checkpoint, &shard.name)?;
         dense.push(DenseItem {
             name: name.clone(),
             shape: info.shape.clone(),
@@ -469,7 +485,8 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         for n in &x.names {
             bytes_in += check(n)?.2;
         }
-        estimated_out += RecordLayout::new(x.encoding, h, i).record_len(alignment) as u64;
+        estimated_out += RecordLayout::new(x.encoding, spec.hidden_size, spec.moe_intermediate_size)
+            .record_len(alignment) as u64;
     }
     estimated_out += 1 << 20; // headers, index, manifest, files
     Ok(Plan {
@@ -480,5 +497,6 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         mtp_layers,
         bytes_in,
         estimated_out,
+        unused,
     })
 }

@@ -10,10 +10,12 @@
 //!   nibble of byte `j` of the row, column `2j+1` in the high nibble; for odd `cols` the last
 //!   high nibble is 8 (q = 0). Scales f32, `[rows, ceil(cols / g)]`.
 //! - **int8**: per row, `s = max(absmax / 127, 1e-8)`, `q = clip(round_half_even(w / s), -128, 127)`.
-//! - **bf16**: round to nearest, ties to even ([`f32_to_bf16_rne`]).
+//! - **bf16**: round to nearest, ties to even (`coli_format::encoding::bf16::f32_to_bf16_rne`).
 //! - **fp8**: the source's bytes and block scales, unchanged (scales widened to f32 exactly).
 //! - **f32**: the values (F16 and F32 sources widen exactly).
 //!
+//! The encoders are `coli_format`'s (one module per encoding), with the SIMD twins of
+//! `coli-kernels` where they exist (FP8 row decoding, int4 quantization), bit-identical to them.
 //! NaN and infinities (including the e4m3 NaN codes 0x7F/0xFF) are refused with the tensor name
 //! and position. Rows are processed in parallel with rayon; each row's output depends only on
 //! that row, and statistics are summed in row order, so results do not depend on the number of
@@ -21,13 +23,12 @@
 
 use crate::error::{ConvertError, Result};
 use crate::safetensors::Dtype;
-use coli_store::encoding::{bf16_to_f32, fp8_e4m3_to_f32, FP8_BLOCK};
-use coli_store::{EncodedMatrix, Encoding};
+use coli_format::encoding::fp8::has_nan;
+use coli_format::encoding::{bf16_to_f32, fp8_e4m3_to_f32, FP8_BLOCK};
+use coli_format::{Encoding, MatrixView};
+use coli_store::EncodedMatrix;
 use rayon::prelude::*;
 use std::path::Path;
-
-/// Smallest quantization scale (FORMAT.md section 6): avoids division by zero on all-zero groups.
-pub const MIN_SCALE: f32 = 1e-8;
 
 /// A source tensor's FP8 block scales (`<name>_scale_inv`), `[ceil(rows/128), ceil(cols/128)]`.
 #[derive(Clone, Copy, Debug)]
@@ -87,14 +88,6 @@ impl ErrStats {
         }
         Some((self.sum_err2 / self.sum_w2.max(f64::MIN_POSITIVE)).sqrt())
     }
-}
-
-/// f32 to bfloat16 bits, round to nearest, ties to even. The input must be finite (the
-/// converter refuses NaN before it gets here); infinities and overflow round as IEEE does.
-pub fn f32_to_bf16_rne(x: f32) -> u16 {
-    let b = x.to_bits();
-    let lsb = (b >> 16) & 1;
-    (b.wrapping_add(0x7FFF + lsb) >> 16) as u16
 }
 
 /// Decodes an f16 bit pattern to f32 exactly.
@@ -181,27 +174,9 @@ impl<'a> SourceMatrix<'a> {
         let base = r * self.cols;
         match self.dtype {
             Dtype::F8E4M3 => {
-                let bc = self.cols.div_ceil(FP8_BLOCK);
-                let srow = &scales[(r / FP8_BLOCK) * bc..(r / FP8_BLOCK + 1) * bc];
-                let lut = fp8_lut();
-                let src = &self.data[base..base + self.cols];
-                #[cfg(target_arch = "x86_64")]
-                if avx2() {
-                    // SAFETY: AVX2 support was just checked.
-                    let bad = unsafe { crate::simd::fp8_row_avx2(src, srow, out, lut) };
-                    if !bad {
-                        return None;
-                    }
-                }
-                for ((o, b), s) in out
-                    .chunks_mut(FP8_BLOCK)
-                    .zip(src.chunks(FP8_BLOCK))
-                    .zip(srow)
-                {
-                    for (o, &b) in o.iter_mut().zip(b) {
-                        *o = lut[b as usize] * s;
-                    }
-                }
+                let view = MatrixView::new(Encoding::Fp8, self.rows, self.cols, self.data, scales)
+                    .expect("FP8 source lengths checked by encode and scales_f32");
+                coli_kernels::dequantize_row(&view, r, out);
             }
             dt => {
                 for (c, o) in out.iter_mut().enumerate() {
@@ -283,7 +258,7 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                 .enumerate()
                 .for_each(|(r, (dst, ro))| {
                     let row = &src.data[r * cols..(r + 1) * cols];
-                    if has_fp8_nan(row) {
+                    if has_nan(row) {
                         ro.bad = row.iter().position(|&b| b & 0x7F == 0x7F);
                     }
                     dst.copy_from_slice(row);
@@ -303,19 +278,9 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                         if ro.bad.is_some() {
                             return;
                         }
-                        for (c, &w) in buf.iter().enumerate() {
-                            let q = if esz == 2 {
-                                let b = f32_to_bf16_rne(w);
-                                dst[2 * c..2 * c + 2].copy_from_slice(&b.to_le_bytes());
-                                bf16_to_f32(b)
-                            } else {
-                                dst[4 * c..4 * c + 4].copy_from_slice(&w.to_le_bytes());
-                                w
-                            };
-                            let d = (q as f64) - (w as f64);
-                            ro.err2 += d * d;
-                            ro.w2 += (w as f64) * (w as f64);
-                        }
+                        let e = enc.encode_row(buf, dst, &mut []).expect("bf16/f32 encode");
+                        ro.err2 = e.err2;
+                        ro.w2 = e.w2;
                     },
                 );
         }
@@ -332,10 +297,11 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                         if ro.bad.is_some() {
                             return;
                         }
-                        let (s, e2, w2) = quantize_int8_row(buf, dst);
-                        *s_out = s;
-                        ro.err2 = e2;
-                        ro.w2 = w2;
+                        let e = Encoding::Int8
+                            .encode_row(buf, dst, std::slice::from_mut(s_out))
+                            .expect("int8 encode");
+                        ro.err2 = e.err2;
+                        ro.w2 = e.w2;
                     },
                 );
         }
@@ -355,9 +321,9 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                         if ro.bad.is_some() {
                             return;
                         }
-                        let (e2, w2) = quantize_int4_row(buf, g, dst, s_out);
-                        ro.err2 = e2;
-                        ro.w2 = w2;
+                        let e = coli_kernels::quantize_int4_row(buf, g, dst, s_out);
+                        ro.err2 = e.err2;
+                        ro.w2 = e.w2;
                     },
                 );
         }
@@ -373,155 +339,45 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
     Ok((out, stats))
 }
 
-/// `round_half_even(v)` for `|v| <= 2^22`, without a libm call: adding and subtracting
-/// 1.5 * 2^23 rounds to an integer in the current (IEEE default: to nearest, ties to even)
-/// rounding mode. Rust does not reassociate float arithmetic, so this is exact.
-#[inline(always)]
-fn rne_small(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    (v + MAGIC) - MAGIC
-}
-
-/// int4 code of `x` with scale `s`: `clip(round_half_even(x / s), -8, 7)` (f32 division).
-/// (Values are first limited to [-9, 8], which leaves the clipped result unchanged.)
-#[inline]
-pub fn int4_q(x: f32, s: f32) -> i8 {
-    rne_small((x / s).clamp(-9.0, 8.0)).clamp(-8.0, 7.0) as i8
-}
-
-/// int8 code of `x` with scale `s`: `clip(round_half_even(x / s), -128, 127)` (f32 division).
-#[inline]
-pub fn int8_q(x: f32, s: f32) -> i8 {
-    rne_small((x / s).clamp(-129.0, 128.0)).clamp(-128.0, 127.0) as i8
-}
-
-/// All 256 e4m3fn codes decoded with [`fp8_e4m3_to_f32`] (NaN for 0x7F/0xFF).
-fn fp8_lut() -> &'static [f32; 256] {
-    static LUT: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    LUT.get_or_init(|| std::array::from_fn(|b| fp8_e4m3_to_f32(b as u8)))
-}
-
-/// Quantizes one row to int8 with one scale: returns `(scale, sum err^2, sum w^2)`.
-/// `dst.len() == w.len()`; bytes are the i8 two's-complement values.
-pub fn quantize_int8_row(w: &[f32], dst: &mut [u8]) -> (f32, f64, f64) {
-    let absmax = w.iter().fold(0f32, |m, &x| m.max(x.abs()));
-    let s = (absmax / 127.0).max(MIN_SCALE);
-    let (mut e2, mut w2) = (0f64, 0f64);
-    for (d, &x) in dst.iter_mut().zip(w) {
-        let q = int8_q(x, s);
-        *d = q as u8;
-        let err = (q as f32 * s) as f64 - x as f64;
-        e2 += err * err;
-        w2 += (x as f64) * (x as f64);
-    }
-    (s, e2, w2)
-}
-
-/// Quantizes one row to int4 with groups of `g` columns: writes `ceil(len/2)` bytes to `dst`
-/// and `ceil(len/g)` scales to `scales`; returns `(sum err^2, sum w^2)`.
-///
-/// The sums are accumulated in f64 in [`SUM_LANES`] lanes (lane = column mod 8, each in column
-/// order) and the lanes are then added in lane order ([`fold_lanes`]): a fixed order, so the
-/// result does not depend on threads or on the AVX2/scalar choice. Uses the AVX2 twin
-/// (`simd.rs`) when the CPU has it and `g` is a multiple of 8; the output is bit-identical to
-/// [`quantize_int4_row_scalar`].
-pub fn quantize_int4_row(w: &[f32], g: usize, dst: &mut [u8], scales: &mut [f32]) -> (f64, f64) {
-    #[cfg(target_arch = "x86_64")]
-    if g.is_multiple_of(8) && avx2() {
-        let (mut e2, mut w2) = ([0f64; SUM_LANES], [0f64; SUM_LANES]);
-        dst.fill(0);
-        // SAFETY: AVX2 support was just checked; g % 8 == 0.
-        let done =
-            unsafe { crate::simd::int4_full_groups_avx2(w, g, dst, scales, &mut e2, &mut w2) };
-        int4_groups_scalar(w, done, g, dst, scales, &mut e2, &mut w2);
-        return (fold_lanes(&e2), fold_lanes(&w2));
-    }
-    quantize_int4_row_scalar(w, g, dst, scales)
-}
-
-/// Number of f64 accumulator lanes of the error sums (column mod 8).
-pub const SUM_LANES: usize = 8;
-
-/// Adds the lane sums in lane order, starting from 0.
-pub fn fold_lanes(l: &[f64; SUM_LANES]) -> f64 {
-    l.iter().fold(0.0, |a, &b| a + b)
-}
-
-/// Scalar reference of [`quantize_int4_row`] (same output, bit for bit).
-pub fn quantize_int4_row_scalar(
-    w: &[f32],
-    g: usize,
-    dst: &mut [u8],
-    scales: &mut [f32],
-) -> (f64, f64) {
-    let (mut e2, mut w2) = ([0f64; SUM_LANES], [0f64; SUM_LANES]);
-    dst.fill(0);
-    int4_groups_scalar(w, 0, g, dst, scales, &mut e2, &mut w2);
-    (fold_lanes(&e2), fold_lanes(&w2))
-}
-
-/// Quantizes the groups of `w` from column `from` (a multiple of `g`) on, ORing nibbles into
-/// `dst` (zeroed by the caller) and adding the error sums to the lanes; sets the odd-`cols`
-/// padding nibble.
-fn int4_groups_scalar(
-    w: &[f32],
-    from: usize,
-    g: usize,
-    dst: &mut [u8],
-    scales: &mut [f32],
-    e2: &mut [f64; SUM_LANES],
-    w2: &mut [f64; SUM_LANES],
-) {
-    for (gi, grp) in w[from..].chunks(g).enumerate() {
-        let gi = gi + from / g;
-        let absmax = grp.iter().fold(0f32, |m, &x| m.max(x.abs()));
-        let s = (absmax / 7.0).max(MIN_SCALE);
-        scales[gi] = s;
-        for (k, &x) in grp.iter().enumerate() {
-            let c = gi * g + k;
-            let q = int4_q(x, s);
-            let nib = (q + 8) as u8;
-            if c.is_multiple_of(2) {
-                dst[c / 2] |= nib;
-            } else {
-                dst[c / 2] |= nib << 4;
-            }
-            let err = (q as f32 * s) as f64 - x as f64;
-            e2[c % SUM_LANES] += err * err;
-            w2[c % SUM_LANES] += (x as f64) * (x as f64);
-        }
-    }
-    if w.len() % 2 == 1 {
-        dst[w.len() / 2] |= 8 << 4;
-    }
-}
-
-/// Whether the CPU has AVX2 (cached by std after the first call).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx2() -> bool {
-    std::is_x86_feature_detected!("avx2")
-}
-
-/// Whether `b` holds an e4m3 NaN code (0x7F or 0xFF), 8 bytes at a time (SWAR: a byte of
-/// `(x & 0x7F..) ^ 0x7F..` is zero exactly when the byte of `x` is a NaN code).
-pub fn has_fp8_nan(b: &[u8]) -> bool {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    const M7F: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-    let mut chunks = b.chunks_exact(8);
-    let mut acc = 0u64;
-    for c in &mut chunks {
-        let x = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-        let v = (x & M7F) ^ M7F;
-        acc |= v.wrapping_sub(LO) & !v & HI;
-    }
-    acc != 0 || chunks.remainder().iter().any(|&x| x & 0x7F == 0x7F)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use coli_format::encoding::bf16::f32_to_bf16_rne;
+    use coli_format::encoding::fp8::FP8_LUT;
+    use coli_format::encoding::int4::int4_q;
+    use coli_format::encoding::int8::int8_q;
+    use coli_format::encoding::MIN_SCALE;
+
+    fn fp8_lut() -> &'static [f32; 256] {
+        &FP8_LUT
+    }
+
+    /// The converter's int4 row quantizer (kernels' SIMD twin where it applies): (err2, w2).
+    fn quantize_int4_row(w: &[f32], g: usize, d: &mut [u8], s: &mut [f32]) -> (f64, f64) {
+        let e = coli_kernels::quantize_int4_row(w, g, d, s);
+        (e.err2, e.w2)
+    }
+
+    /// The reference int4 encoder of coli-format: (err2, w2).
+    fn quantize_int4_row_scalar(w: &[f32], g: usize, d: &mut [u8], s: &mut [f32]) -> (f64, f64) {
+        let e = Encoding::Int4 {
+            group_size: g as u16,
+        }
+        .encode_row(w, d, s)
+        .unwrap();
+        (e.err2, e.w2)
+    }
+
+    /// The reference int8 encoder of coli-format: (scale, err2, w2).
+    fn quantize_int8_row(w: &[f32], d: &mut [u8]) -> (f32, f64, f64) {
+        let mut s = [0f32];
+        let e = Encoding::Int8.encode_row(w, d, &mut s).unwrap();
+        (s[0], e.err2, e.w2)
+    }
+
+    fn has_fp8_nan(b: &[u8]) -> bool {
+        has_nan(b)
+    }
 
     fn mat<'a>(
         name: &'a str,

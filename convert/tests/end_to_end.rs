@@ -13,7 +13,7 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 }
 
 fn e4m3(b: u8) -> f32 {
-    coli_store::encoding::fp8_e4m3_to_f32(b)
+    coli_format::encoding::fp8_e4m3_to_f32(b)
 }
 
 #[test]
@@ -39,7 +39,7 @@ fn bf16_mixtral_lossless_values_and_files() {
         .find("model.layers.1.block_sparse_moe.experts.3.w2.weight")
         .1];
     let x = st.fetch_one(ExpertKey::new(1, 3)).unwrap();
-    assert_eq!(x.down().data, &src.data[..]);
+    assert_eq!(x.down().data(), &src.data[..]);
     let d = st.dense("model.layers.0.self_attn.q_proj.weight").unwrap();
     let (si, ti) = ck.find("model.layers.0.self_attn.q_proj.weight");
     assert_eq!(d.data, &ck.shards[si].1[ti].data[..]);
@@ -70,8 +70,8 @@ fn fp8_qwen3_lossless_and_int4_values() {
     let (ssi, sti) = ck.find(&format!("{name}_scale_inv"));
     let scale = f32s(&ck.shards[ssi].1[sti].data)[0];
     let x = st.fetch_one(ExpertKey::new(1, 2)).unwrap();
-    assert_eq!(x.down().data, &w.data[..]);
-    assert_eq!(x.down().scales, &[scale]);
+    assert_eq!(x.down().data(), &w.data[..]);
+    assert_eq!(x.down().scales(), &[scale]);
     // q_proj [160, 80] with a BF16 [2, 1] scale in another shard: kept, widened exactly.
     let q = st.dense("model.layers.0.self_attn.q_proj.weight").unwrap();
     assert_eq!(q.scales.len(), 2);
@@ -95,7 +95,7 @@ fn fp8_qwen3_lossless_and_int4_values() {
     let st4 = Store::open(&int4).unwrap();
     let x4 = st4.fetch_one(ExpertKey::new(1, 2)).unwrap();
     let g = x4.gate();
-    assert_eq!(g.encoding, coli_store::Encoding::Int4 { group_size: 64 });
+    assert_eq!(g.encoding(), coli_store::Encoding::Int4 { group_size: 64 });
     let gname = "model.layers.1.mlp.experts.2.gate_proj.weight";
     let (si, ti) = ck.find(gname);
     let (ssi, sti) = ck.find(&format!("{gname}_scale_inv"));
@@ -109,7 +109,7 @@ fn fp8_qwen3_lossless_and_int4_values() {
     for (grp, sg) in [(0..64, 0usize), (64..80, 1)] {
         let absmax = src[grp.clone()].iter().fold(0f32, |m, x| m.max(x.abs()));
         let s = (absmax / 7.0).max(1e-8);
-        assert_eq!(g.scales[sg], s);
+        assert_eq!(g.scales()[sg], s);
         for c in grp {
             let q = (src[c] / s).round_ties_even().clamp(-8.0, 7.0);
             assert_eq!(row[c], q * s, "col {c}");
@@ -162,14 +162,14 @@ fn embeddings_int8_values_and_refusal() {
             .chunks_exact(2)
             .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
             .collect();
-        let mut row = vec![0f32; m.cols];
-        for r in 0..m.rows {
-            let sr = &src[r * m.cols..(r + 1) * m.cols];
+        let mut row = vec![0f32; m.cols()];
+        for r in 0..m.rows() {
+            let sr = &src[r * m.cols()..(r + 1) * m.cols()];
             let absmax = sr.iter().fold(0f32, |a, x| a.max(x.abs()));
             let s = (absmax / 127.0).max(1e-8);
-            assert_eq!(m.scales[r], s, "{name} row {r} scale");
+            assert_eq!(m.scales()[r], s, "{name} row {r} scale");
             m.dequantize_row(r, &mut row);
-            for c in 0..m.cols {
+            for c in 0..m.cols() {
                 let q = (sr[c] / s).round_ties_even().clamp(-128.0, 127.0);
                 assert_eq!(row[c], q * s, "{name} [{r}, {c}]");
             }
@@ -343,7 +343,7 @@ fn single_file_checkpoint_with_f16_scale_and_f16_norm() {
     let st = Store::open(&out).unwrap();
     let x = st.fetch_one(ExpertKey::new(0, 1)).unwrap();
     assert_eq!(
-        x.up().scales,
+        x.up().scales(),
         &[half::f16::from_bits(u16::from_le_bytes(f16(v))).to_f32()]
     );
     let n = st.dense("model.norm.weight").unwrap();

@@ -90,7 +90,7 @@ fn tiny_fixtures_convert_and_match_probe() {
                     _ => coli_store::Encoding::Int8,
                 };
                 assert_eq!(
-                    x.gate().encoding,
+                    x.gate().encoding(),
                     want,
                     "{} {label} MTP expert",
                     dir.display()

@@ -2,12 +2,12 @@
 //! batches, decode one token at a time, generation with sampling and stop on EOS.
 
 use crate::cache::{CacheStats, ExpertCache};
-use crate::config::ModelConfig;
 use crate::error::{store_err, EngineError, Result};
 use crate::layers::{LayerCtx, LayerKv};
 use crate::models::Model;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::usage::{UsageHistory, SAVE_EVERY_TOKENS};
+use coli_format::ModelSpec;
 use coli_store::{ExpertKey, Store};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -279,7 +279,7 @@ impl<'s> Engine<'s> {
             ),
             None => None,
         };
-        let config = ModelConfig::from_json(store.model_config(), gen_cfg.as_ref())?;
+        let config = ModelSpec::from_config(store.model_config(), gen_cfg.as_ref())?;
         let context = opts
             .context
             .unwrap_or(config.max_position_embeddings.min(DEFAULT_CONTEXT_CAP));
@@ -294,7 +294,8 @@ impl<'s> Engine<'s> {
                 opts.prefetch_min_use
             )));
         }
-        let model = Model::load(store, config)?;
+        let mut model = Model::load(store, config)?;
+        let load_warnings = std::mem::take(&mut model.warnings);
         let mut builder = rayon::ThreadPoolBuilder::new();
         if let Some(t) = opts.threads {
             builder = builder.num_threads(t);
@@ -334,7 +335,7 @@ impl<'s> Engine<'s> {
             prefetch: opts.prefetch,
             prefetch_gate: crate::prefetch::PrefetchGate::new(opts.prefetch_min_use),
             usage_tokens: 0,
-            warnings: Vec::new(),
+            warnings: load_warnings,
         };
         let kv_bytes = e.kv_bytes_per_token() * context as u64;
         let budget = match opts.ram_budget {
@@ -343,9 +344,9 @@ impl<'s> Engine<'s> {
         };
         e.cache = ExpertCache::new(budget);
         e.placement.budget = budget;
-        let store_id = store.manifest().store_id.clone();
+        let store_id = store.manifest().store_id;
         let history = match &opts.usage {
-            Some(path) => match UsageHistory::load_locked(path, &store_id) {
+            Some(path) => match UsageHistory::load_locked(path, store_id) {
                 Ok(h) => h,
                 Err(err) => {
                     // Not this store's history: never overwritten, so not updated either.
@@ -377,8 +378,7 @@ impl<'s> Engine<'s> {
                     .map(|x| x.0)
                     .filter(|k| store.record(*k).is_some())
                     .collect();
-                let step =
-                    decode_step_bytes(store, e.model.config.num_layers, e.model.config.top_k);
+                let step = decode_step_bytes(store, e.model.spec.num_layers, e.model.spec.top_k);
                 e.cache
                     .pin(store, &hot, pin_bytes(budget, opts.pin_share, step))?;
             }
@@ -419,8 +419,8 @@ impl<'s> Engine<'s> {
         if tokens == 0 && routed.is_empty() {
             return;
         }
-        let id = self.store.manifest().store_id.clone();
-        if let Err(err) = UsageHistory::merge_into_file(&path, &id, &routed, tokens) {
+        let id = self.store.manifest().store_id;
+        if let Err(err) = UsageHistory::merge_into_file(&path, id, &routed, tokens) {
             // Warn once; later saves of this engine are skipped.
             self.placement.usage = None;
             self.warnings.push(format!(
@@ -429,9 +429,9 @@ impl<'s> Engine<'s> {
         }
     }
 
-    /// The model config.
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.config
+    /// The model spec (config and tensors) the engine runs.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.model.spec
     }
 
     /// The store.
@@ -442,7 +442,7 @@ impl<'s> Engine<'s> {
     /// Replaces the EOS ids generation stops on (by default every `eos_token_id` of
     /// config.json and generation_config.json).
     pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
-        self.model.config.eos_token_ids = ids;
+        self.model.spec.eos_token_ids = ids;
     }
 
     /// The context limit, tokens.
@@ -520,7 +520,7 @@ impl<'s> Engine<'s> {
     /// length; [`EngineError::TokenOutOfRange`]; [`EngineError::ContextOverflow`] when n
     /// exceeds the context; expert fetch failures.
     pub fn mtp_logits(&mut self, hidden: &[f32], next_ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let (h, vocab) = (self.model.config.hidden_size, self.model.config.vocab_size);
+        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
         if self.model.mtp.is_none() {
             return Err(EngineError::Invalid(
                 "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
@@ -577,7 +577,7 @@ impl<'s> Engine<'s> {
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.model.spec.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { id, vocab });
         }
@@ -624,7 +624,7 @@ impl<'s> Engine<'s> {
     /// One batch: `want` None = no logits, Some(true) = last row only, Some(false) = all rows.
     fn forward_batch(&mut self, ids: &[u32], want: Option<bool>) -> Result<Vec<Vec<f32>>> {
         let n = ids.len();
-        let h = self.model.config.hidden_size;
+        let h = self.model.spec.hidden_size;
         let pos0 = self.tokens.len();
         let prefetch = self.prefetch;
         // The lookahead predicts (and scores its predictions) on every pass; the gate decides
@@ -692,7 +692,7 @@ impl<'s> Engine<'s> {
             }
             let mut normed = vec![0f32; xs.len()];
             model.final_norm.forward(&xs, &mut normed);
-            let vocab = model.config.vocab_size;
+            let vocab = model.spec.vocab_size;
             let mut l = vec![0f32; rows.len() * vocab];
             if rows.len() == 1 {
                 coli_kernels::matvec(&model.lm_head, &normed, &mut l);
@@ -806,7 +806,7 @@ impl<'s> Engine<'s> {
             }
             tokens.push(id);
             let go_on = on_token(id)?;
-            if params.stop_on_eos && self.model.config.eos_token_ids.contains(&id) {
+            if params.stop_on_eos && self.model.spec.eos_token_ids.contains(&id) {
                 stop = StopReason::Eos;
                 break;
             }

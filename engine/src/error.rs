@@ -89,3 +89,20 @@ pub(crate) fn store_err(what: impl Into<String>) -> impl FnOnce(StoreError) -> E
     let what = what.into();
     move |source| EngineError::Store { what, source }
 }
+
+impl From<coli_format::FormatError> for EngineError {
+    /// A model spec error (config.json) keeps its file and message.
+    fn from(e: coli_format::FormatError) -> EngineError {
+        use coli_format::FormatError as F;
+        match e {
+            F::Config { file, what } | F::Format { file, what } => {
+                EngineError::Config { file, what }
+            }
+            F::Unsupported(what) => EngineError::Unsupported(what),
+            other @ F::NewerVersion { .. } => EngineError::Config {
+                file: "config.json".into(),
+                what: other.to_string(),
+            },
+        }
+    }
+}

@@ -1,19 +1,20 @@
 //! # coli-engine: MoE inference over a coli block store
 //!
-//! [`Engine`] runs Mixtral, Qwen3-MoE and OLMoE models whose weights live in a
+//! [`Engine`] runs Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3 / Kimi-K2 and GLM-5 models whose
+//! weights live in a
 //! [`coli_store::Store`]: dense tensors are borrowed from the store's memory map, routed experts
 //! are fetched on demand into a byte-bounded LRU [`cache::ExpertCache`]. Activations and the KV
 //! cache are f32; all matrix products go through `coli_kernels`, whose results do not depend on
 //! the thread count, so outputs are bit-identical for any `--threads`, cache size or I/O mode.
 //!
-//! Layout: [`config`] (config.json), [`layers`] (shared blocks), [`models`] (one file per
+//! Layout: the model spec (config.json and the tensor list) comes from `coli_format::spec`;
+//! [`weights`] (the one loading API), [`layers`] (shared blocks), [`models`] (one file per
 //! family), [`engine`] (prefill/decode/generate), [`sampling`], [`text`] (tokenizer, chat
 //! template, streaming decoder), [`size`] (byte sizes). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
 
 pub mod cache;
-pub mod config;
 pub mod engine;
 mod error;
 pub mod layers;
@@ -23,9 +24,10 @@ pub mod sampling;
 pub mod size;
 pub mod text;
 pub mod usage;
+pub mod weights;
 
 pub use cache::{CacheStats, ExpertCache, LruCache};
-pub use config::{Family, ModelConfig};
+pub use coli_format::spec::{Family, ModelSpec};
 pub use engine::{
     Engine, EngineOptions, GenerateParams, Generation, GenerationStats, Logits, Placement,
     StopReason,

@@ -23,7 +23,7 @@
 //! File format (JSON): `{"version": 1, "store_id": "<32 hex>", "half_life_tokens": 8192.0,
 //! "tokens": <decayed tokens merged>, "layers": [{"layer": L, "counts": [c_0, .., c_{E-1}]}]}`.
 
-use coli_store::ExpertKey;
+use coli_store::{ExpertKey, StoreId};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -91,7 +91,7 @@ pub fn default_state_dir() -> Option<PathBuf> {
 
 /// `<state dir>/usage-<store_id>.json` (see [`default_state_dir`]). Creates the state
 /// directory when it is missing (best effort: a failure shows up when the file is written).
-pub fn default_usage_path(store_id: &str) -> Option<PathBuf> {
+pub fn default_usage_path(store_id: StoreId) -> Option<PathBuf> {
     default_state_dir().map(|d| {
         let _ = std::fs::create_dir_all(&d);
         d.join(format!("usage-{store_id}.json"))
@@ -107,7 +107,7 @@ struct LayerCounts {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct UsageFile {
     version: u32,
-    store_id: String,
+    store_id: StoreId,
     half_life_tokens: f64,
     tokens: f64,
     layers: Vec<LayerCounts>,
@@ -117,7 +117,7 @@ struct UsageFile {
 #[derive(Clone, Debug, PartialEq)]
 pub struct UsageHistory {
     /// The store's id (MANIFEST `store_id`).
-    pub store_id: String,
+    pub store_id: StoreId,
     /// Half-life of the counts, tokens.
     pub half_life_tokens: f64,
     /// Tokens merged so far, decayed like the counts.
@@ -128,9 +128,9 @@ pub struct UsageHistory {
 
 impl UsageHistory {
     /// An empty history of store `store_id` with the default half-life.
-    pub fn new(store_id: &str) -> UsageHistory {
+    pub fn new(store_id: StoreId) -> UsageHistory {
         UsageHistory {
-            store_id: store_id.to_string(),
+            store_id,
             half_life_tokens: DEFAULT_HALF_LIFE_TOKENS,
             tokens: 0.0,
             counts: HashMap::new(),
@@ -143,7 +143,7 @@ impl UsageHistory {
     /// [`UsageError::Io`] when it cannot be read, [`UsageError::Corrupt`] when it is not a
     /// valid usage file (bad JSON, other version, negative or non-finite counts, a layer listed
     /// twice), [`UsageError::OtherStore`] when it belongs to another store.
-    pub fn load(path: &Path, store_id: &str) -> Result<Option<UsageHistory>, UsageError> {
+    pub fn load(path: &Path, store_id: StoreId) -> Result<Option<UsageHistory>, UsageError> {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -165,7 +165,7 @@ impl UsageHistory {
             return Err(UsageError::OtherStore {
                 path: path.to_path_buf(),
                 expected: store_id.to_string(),
-                found: f.store_id,
+                found: f.store_id.to_string(),
             });
         }
         let ok = |v: f64| v.is_finite() && v >= 0.0;
@@ -243,7 +243,7 @@ impl UsageHistory {
         }
         let f = UsageFile {
             version: USAGE_FORMAT_VERSION,
-            store_id: self.store_id.clone(),
+            store_id: self.store_id,
             half_life_tokens: self.half_life_tokens,
             tokens: self.tokens,
             layers: by_layer
@@ -288,7 +288,7 @@ impl UsageHistory {
     /// store's usage history — it is then left unchanged.
     pub fn merge_into_file(
         path: &Path,
-        store_id: &str,
+        store_id: StoreId,
         routed: &HashMap<ExpertKey, u64>,
         tokens: u64,
     ) -> Result<UsageHistory, UsageError> {
@@ -304,7 +304,7 @@ impl UsageHistory {
     ///
     /// # Errors
     /// As [`UsageHistory::load`], plus [`UsageError::Io`] when the lock cannot be taken.
-    pub fn load_locked(path: &Path, store_id: &str) -> Result<Option<UsageHistory>, UsageError> {
+    pub fn load_locked(path: &Path, store_id: StoreId) -> Result<Option<UsageHistory>, UsageError> {
         if !path.exists() {
             return Ok(None);
         }
@@ -340,7 +340,10 @@ fn lock_exclusive(path: &Path) -> Result<std::fs::File, UsageError> {
 mod tests {
     use super::*;
 
-    const ID: &str = "0123456789abcdef0123456789abcdef";
+    const ID: StoreId = StoreId([
+        0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd,
+        0xef,
+    ]);
 
     #[test]
     fn merge_decays_and_ranks() {
@@ -375,7 +378,7 @@ mod tests {
         let h2 = UsageHistory::merge_into_file(&path, ID, &routed, 5).unwrap();
         assert!(h2.counts[&ExpertKey::new(2, 3)] > 9.99);
         // Another store's id: an error from load and from a merge, which leaves it unchanged.
-        let other = "ffffffffffffffffffffffffffffffff";
+        let other = StoreId([0xff; 16]);
         let e = UsageHistory::load(&path, other).unwrap_err();
         assert!(matches!(e, UsageError::OtherStore { .. }), "{e}");
         let before = std::fs::read(&path).unwrap();

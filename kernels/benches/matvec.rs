@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use coli_format::{Encoding, MatrixView};
 use coli_kernels::{matmul_with, matvec_with, Isa};
-use coli_store::{Encoding, MatrixView};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -95,13 +95,7 @@ fn main() {
                 continue;
             }
             let (data, scales) = data_for(enc, rows, cols, &mut rng);
-            let w = MatrixView {
-                encoding: enc,
-                rows,
-                cols,
-                data: &data,
-                scales: &scales,
-            };
+            let w = MatrixView::new(enc, rows, cols, &data, &scales).expect("valid sections");
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
             let mut y = vec![0f32; n * rows];
             let bytes = (data.len() + scales.len() * 4) as f64;

@@ -16,8 +16,8 @@
 
 use std::arch::x86_64::*;
 
-use coli_store::encoding::FP8_BLOCK;
-use coli_store::{Encoding, MatrixView};
+use coli_format::encoding::FP8_BLOCK;
+use coli_format::{Encoding, MatrixView};
 
 use crate::scalar::decode_cols;
 
@@ -339,8 +339,8 @@ impl Chunks for Int8Src<'_> {
 /// rounding, one multiply per row instead of one per weight), 1 for every other encoding
 /// (whose chunks carry their scales).
 fn row_post_scale(w: &MatrixView<'_>, r: usize) -> f32 {
-    match w.encoding {
-        Encoding::Int8 => w.scales[r],
+    match w.encoding() {
+        Encoding::Int8 => w.scales()[r],
         _ => 1.0,
     }
 }
@@ -458,16 +458,16 @@ impl Chunks for BufSrc<'_> {
 /// The last `cols % 8` weights of row `r`, zero padded, or `None` when `cols % 8 == 0`; as
 /// the chunk sources decode them (int8: the bare codes, see [`row_post_scale`]).
 fn tail_weights(w: &MatrixView<'_>, r: usize) -> Option<[f32; 8]> {
-    let c0 = w.cols / 8 * 8;
-    (c0 < w.cols).then(|| {
+    let c0 = w.cols() / 8 * 8;
+    (c0 < w.cols()).then(|| {
         let mut t = [0f32; 8];
-        if w.encoding == Encoding::Int8 {
-            let row = &w.data[r * w.cols + c0..(r + 1) * w.cols];
+        if w.encoding() == Encoding::Int8 {
+            let row = &w.data()[r * w.cols() + c0..(r + 1) * w.cols()];
             for (o, &q) in t.iter_mut().zip(row) {
                 *o = (q as i8) as f32;
             }
         } else {
-            decode_cols(w, r, c0, w.cols, &mut t);
+            decode_cols(w, r, c0, w.cols(), &mut t);
         }
         t
     })
@@ -479,36 +479,36 @@ macro_rules! with_src {
     ($w:expr, $r:expr, |$src:ident| $body:expr) => {{
         let w: &MatrixView<'_> = $w;
         let r: usize = $r;
-        let cols = w.cols;
+        let cols = w.cols();
         let nfull = cols / 8;
-        match w.encoding {
+        match w.encoding() {
             Encoding::F32 => {
-                let row = &w.data[r * cols * 4..(r + 1) * cols * 4];
+                let row = &w.data()[r * cols * 4..(r + 1) * cols * 4];
                 let $src = &mut F32Src {
                     cur: Cursor::new(&row[..nfull * 32]),
                 };
                 $body
             }
             Encoding::Bf16 => {
-                let row = &w.data[r * cols * 2..(r + 1) * cols * 2];
+                let row = &w.data()[r * cols * 2..(r + 1) * cols * 2];
                 let $src = &mut Bf16Src {
                     cur: Cursor::new(&row[..nfull * 16]),
                 };
                 $body
             }
             Encoding::Fp8 => {
-                let row = &w.data[r * cols..(r + 1) * cols];
+                let row = &w.data()[r * cols..(r + 1) * cols];
                 let bcols = cols.div_ceil(FP8_BLOCK);
                 let br = r / FP8_BLOCK;
                 let $src = &mut Fp8Src {
                     cur: Cursor::new(&row[..nfull * 8]),
-                    srow: &w.scales[br * bcols..(br + 1) * bcols],
+                    srow: &w.scales()[br * bcols..(br + 1) * bcols],
                     c: 0,
                 };
                 $body
             }
             Encoding::Int8 => {
-                let row = &w.data[r * cols..(r + 1) * cols];
+                let row = &w.data()[r * cols..(r + 1) * cols];
                 let $src = &mut Int8Src {
                     cur: Cursor::new(&row[..nfull * 8]),
                 };
@@ -518,9 +518,9 @@ macro_rules! with_src {
                 let g = group_size as usize;
                 let stride = cols.div_ceil(2);
                 // Full chunks cover bytes [0, nfull * 4), all inside the row.
-                let row = &w.data[r * stride..r * stride + nfull * 4];
+                let row = &w.data()[r * stride..r * stride + nfull * 4];
                 let ng = cols.div_ceil(g);
-                let srow = &w.scales[r * ng..(r + 1) * ng];
+                let srow = &w.scales()[r * ng..(r + 1) * ng];
                 if g >= 32 && g.is_power_of_two() {
                     let $src = &mut Int4Pow2Src {
                         cur: Cursor::new(row),
@@ -554,10 +554,10 @@ macro_rules! with_src {
 /// `y[i] = row (r0 + i) of w . x` (`x.len() == cols`), decoding on the fly.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C; `w` was validated (section lengths) by the caller.
+/// The CPU supports AVX2, FMA and F16C; `w`'s section lengths are those of its encoding (`MatrixView::new`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
-    let nfull = w.cols / 8;
+    let nfull = w.cols() / 8;
     for (i, yo) in y.iter_mut().enumerate() {
         let r = r0 + i;
         let tail = tail_weights(w, r);
@@ -573,7 +573,7 @@ pub(crate) unsafe fn matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &m
 /// Each row is decoded once into a buffer, then dotted with up to [`TILE`] tokens per pass.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C; `w` was validated by the caller; `x.len() == n * cols`.
+/// The CPU supports AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView::new`); `x.len() == n * cols`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matmul_rows(
     w: &MatrixView<'_>,
@@ -582,7 +582,7 @@ pub(crate) unsafe fn matmul_rows(
     r0: usize,
     yt: &mut [f32],
 ) {
-    let cols = w.cols;
+    let cols = w.cols();
     let nfull = cols / 8;
     let mut buf = vec![[0f32; 8]; nfull];
     for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
@@ -662,10 +662,10 @@ const INT4_TILE: usize = 2;
 /// divides `cols` (every real model's 32, 64 or 128 with hidden sizes that are multiples of
 /// the group).
 pub(crate) fn int4_fast(w: &MatrixView<'_>) -> bool {
-    match w.encoding {
+    match w.encoding() {
         Encoding::Int4 { group_size } => {
             let g = group_size as usize;
-            g >= 32 && g.is_multiple_of(32) && w.cols > 0 && w.cols.is_multiple_of(g)
+            g >= 32 && g.is_multiple_of(32) && w.cols() > 0 && w.cols().is_multiple_of(g)
         }
         _ => false,
     }
@@ -752,17 +752,17 @@ unsafe fn int4_dot_tokens<const T: usize>(
 
 /// The bytes and scales of row `r` of an int4 matrix.
 pub(crate) fn int4_row<'a>(w: &MatrixView<'a>, r: usize, g: usize) -> (&'a [u8], &'a [f32]) {
-    let stride = w.cols / 2;
-    let ng = w.cols / g;
+    let stride = w.cols() / 2;
+    let ng = w.cols() / g;
     (
-        &w.data[r * stride..(r + 1) * stride],
-        &w.scales[r * ng..(r + 1) * ng],
+        &w.data()[r * stride..(r + 1) * stride],
+        &w.scales()[r * ng..(r + 1) * ng],
     )
 }
 
 /// The group size of an int4 matrix.
 pub(crate) fn int4_group(w: &MatrixView<'_>) -> usize {
-    match w.encoding {
+    match w.encoding() {
         Encoding::Int4 { group_size } => group_size as usize,
         _ => unreachable!("int4 fast path on a non-int4 matrix"),
     }
@@ -772,7 +772,7 @@ pub(crate) fn int4_group(w: &MatrixView<'_>) -> usize {
 /// [`int4_permute`].
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C; `w` was validated by the caller and `int4_fast(w)`;
+/// The CPU supports AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView::new`) and `int4_fast(w)`;
 /// `xp.len() == cols`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn int4_matvec_rows(w: &MatrixView<'_>, xp: &[f32], r0: usize, y: &mut [f32]) {
@@ -798,7 +798,7 @@ pub(crate) unsafe fn int4_matmul_rows(
     yt: &mut [f32],
 ) {
     let g = int4_group(w);
-    let cols = w.cols;
+    let cols = w.cols();
     let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
     for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
         let (row, srow) = int4_row(w, r0 + i, g);
@@ -812,6 +812,41 @@ pub(crate) unsafe fn int4_matmul_rows(
         if t < n {
             // SAFETY: as above.
             yrow[t] = unsafe { int4_dot_tokens::<1>(row, srow, g, [xt(t)]) }[0];
+        }
+    }
+}
+
+/// Row `r` of an fp8 matrix decoded into `out` (`cols` values) through float16 as the fp8
+/// products decode it ([`fp8x8`]); the columns past the last full 8-column chunk of each block
+/// use the reference lookup table. Equal to the reference for every code whose product with
+/// its block scale is finite and every scale below 2^119 in magnitude; the caller re-decodes a
+/// row with a non-finite output with the reference.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `w` is an fp8 matrix (sections checked by
+/// `MatrixView::new`), `r < rows`, `out.len() == cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fp8_dequantize_row(w: &MatrixView<'_>, r: usize, out: &mut [f32]) {
+    debug_assert_eq!(w.encoding(), Encoding::Fp8);
+    let lut = &*coli_format::encoding::fp8::FP8_LUT;
+    let cols = w.cols();
+    let row = &w.data()[r * cols..(r + 1) * cols];
+    let bcols = cols.div_ceil(FP8_BLOCK);
+    let srow = &w.scales()[(r / FP8_BLOCK) * bcols..(r / FP8_BLOCK + 1) * bcols];
+    for ((o, b), &s) in out
+        .chunks_mut(FP8_BLOCK)
+        .zip(row.chunks(FP8_BLOCK))
+        .zip(srow)
+    {
+        let s256 = _mm256_set1_ps(s * 256.0);
+        let n8 = b.len() / 8;
+        for k in 0..n8 {
+            let v = fp8x8(b, k, s256);
+            // SAFETY: (k + 1) * 8 <= b.len() == o.len(): 8 writable f32 (unaligned store).
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(k * 8), v) };
+        }
+        for (oo, &bb) in o[n8 * 8..].iter_mut().zip(&b[n8 * 8..]) {
+            *oo = lut[bb as usize] * s;
         }
     }
 }

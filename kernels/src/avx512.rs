@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use coli_store::{Encoding, MatrixView};
+use coli_format::{Encoding, MatrixView};
 
 use crate::avx2::{hsum1, int4_group, int4_row};
 
@@ -22,10 +22,10 @@ const TILE: usize = 3;
 /// Whether `w` takes the AVX-512 int4 path: int4 with a group size that is a multiple of 64 and
 /// divides `cols`.
 pub(crate) fn int4_fast(w: &MatrixView<'_>) -> bool {
-    match w.encoding {
+    match w.encoding() {
         Encoding::Int4 { group_size } => {
             let g = group_size as usize;
-            g >= 64 && g.is_multiple_of(64) && w.cols > 0 && w.cols.is_multiple_of(g)
+            g >= 64 && g.is_multiple_of(64) && w.cols() > 0 && w.cols().is_multiple_of(g)
         }
         _ => false,
     }
@@ -100,7 +100,7 @@ unsafe fn int4_dot_tokens<const T: usize>(
 /// `y[i] = row (r0 + i) of w . x`; `xp` is `x` permuted in blocks of 64.
 ///
 /// # Safety
-/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w` was validated by the caller and
+/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView::new`) and
 /// `int4_fast(w)`; `xp.len() == cols`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn int4_matvec_rows(w: &MatrixView<'_>, xp: &[f32], r0: usize, y: &mut [f32]) {
@@ -126,7 +126,7 @@ pub(crate) unsafe fn int4_matmul_rows(
     yt: &mut [f32],
 ) {
     let g = int4_group(w);
-    let cols = w.cols;
+    let cols = w.cols();
     let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
     for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
         let (row, srow) = int4_row(w, r0 + i, g);
@@ -147,7 +147,7 @@ pub(crate) unsafe fn int4_matmul_rows(
 
 /// Whether `w` takes the AVX-512 int8 path: int8 with `cols` a multiple of 64.
 pub(crate) fn int8_fast(w: &MatrixView<'_>) -> bool {
-    w.encoding == Encoding::Int8 && w.cols > 0 && w.cols.is_multiple_of(64)
+    w.encoding() == Encoding::Int8 && w.cols() > 0 && w.cols().is_multiple_of(64)
 }
 
 /// Dot products of one int8 row (`row`: `cols` codes, `cols % 64 == 0`) with `T` tokens'
@@ -193,16 +193,16 @@ unsafe fn int8_dot_tokens<const T: usize>(row: &[u8], scale: f32, xs: [&[f32]; T
 /// `y[i] = row (r0 + i) of w . x` for an int8 matrix with `int8_fast(w)`.
 ///
 /// # Safety
-/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w` was validated by the caller and
+/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView::new`) and
 /// `int8_fast(w)`; `x.len() == cols`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn int8_matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
-    let cols = w.cols;
+    let cols = w.cols();
     for (i, yo) in y.iter_mut().enumerate() {
         let r = r0 + i;
-        let row = &w.data[r * cols..(r + 1) * cols];
+        let row = &w.data()[r * cols..(r + 1) * cols];
         // SAFETY: features available (caller); `row` and `x` are `cols` long, a multiple of 64.
-        *yo = unsafe { int8_dot_tokens::<1>(row, w.scales[r], [x]) }[0];
+        *yo = unsafe { int8_dot_tokens::<1>(row, w.scales()[r], [x]) }[0];
     }
 }
 
@@ -219,12 +219,12 @@ pub(crate) unsafe fn int8_matmul_rows(
     r0: usize,
     yt: &mut [f32],
 ) {
-    let cols = w.cols;
+    let cols = w.cols();
     let xt = |t: usize| &x[t * cols..(t + 1) * cols];
     for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
         let r = r0 + i;
-        let row = &w.data[r * cols..(r + 1) * cols];
-        let s = w.scales[r];
+        let row = &w.data()[r * cols..(r + 1) * cols];
+        let s = w.scales()[r];
         let mut t = 0;
         while t + TILE <= n {
             // SAFETY: as in `int8_matvec_rows`.

@@ -7,8 +7,8 @@
 //! plus a few f32 helpers ([`dot`], [`rms_norm`], [`softmax_inplace`], [`silu`], [`axpy`]).
 //!
 //! ## Instruction sets
-//! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time, see
-//! [`detected_isa`]), AVX-512F kernels for the two encodings that dominate decode (int4 with
+//! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time by
+//! [`detected_isa`], coli's one CPU detection in `coli_format::cpu`, honouring `COLI_ISA`), AVX-512F kernels for the two encodings that dominate decode (int4 with
 //! a group size that is a multiple of 64, and int8; [`Isa::Avx512`]) and a portable scalar
 //! twin ([`Isa::Scalar`]). All accumulate in f32 and agree within f32 rounding (about
 //! `cols * 2^-24 * sum |w x|`), not bit for bit:
@@ -34,117 +34,30 @@
 //! bit-identical to [`matvec`] of token `t` (prefill and decode agree exactly). Work is split
 //! over output rows in chunks whose size depends only on the matrix shape.
 
-use std::sync::OnceLock;
-
-use coli_store::{Encoding, MatrixView};
+use coli_format::MatrixView;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_quant;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod ops;
+pub mod quantize;
 mod scalar;
 
 pub use ops::{axpy, dot, rms_norm, silu, softmax_inplace};
+pub use quantize::{quantize_int4_row, quantize_int4_row_with};
 
-/// Which instruction set a kernel uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// Portable Rust (any CPU); the reference twin of the SIMD kernels.
-    Scalar,
-    /// x86-64 AVX2 with FMA (8-lane f32 SIMD); also needs F16C (every AVX2 CPU has it), used
-    /// to decode fp8.
-    Avx2Fma,
-    /// [`Isa::Avx2Fma`] plus AVX-512F: int4 products with a group size that is a multiple of
-    /// 64 (the default int4-g64) and int8 products with a multiple of 64 columns run 16-lane
-    /// kernels; every other product runs the AVX2 ones.
-    Avx512,
-}
+pub use coli_format::cpu::{detected_isa, Isa};
 
-impl Isa {
-    /// A short name: `scalar` or `avx2-fma`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2Fma => "avx2-fma",
-            Isa::Avx512 => "avx512",
-        }
+/// The kernels' code path for products of `isa`: AVX-512 runs the AVX2 kernels except its own.
+fn base(isa: Isa) -> Isa {
+    match isa {
+        Isa::Avx512 => Isa::Avx2Fma,
+        other => other,
     }
-
-    /// Whether this CPU can run kernels of this instruction set (run-time detection, cached).
-    /// [`Isa::Scalar`] is always supported.
-    pub fn supported(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            Isa::Avx2Fma => avx2_fma_available(),
-            Isa::Avx512 => avx2_fma_available() && avx512_available(),
-        }
-    }
-
-    /// The kernels' code path for products: AVX-512 runs the AVX2 kernels except its own.
-    fn base(self) -> Isa {
-        match self {
-            Isa::Avx512 => Isa::Avx2Fma,
-            other => other,
-        }
-    }
-}
-
-/// Run-time detection of AVX-512F, cached.
-fn avx512_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// Run-time detection of AVX2, FMA and F16C, cached.
-fn avx2_fma_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// The best instruction set of this CPU: [`Isa::Avx512`] when it also has AVX-512F, else
-/// [`Isa::Avx2Fma`] when it has AVX2, FMA and F16C, else [`Isa::Scalar`]. Overrides (for
-/// comparisons and tests): `COLI_ISA=scalar|avx2-fma|avx512` picks that one when the CPU
-/// supports it (else the best one), `COLI_FORCE_SCALAR=1` forces [`Isa::Scalar`]. Decided
-/// once per process (the first call) and cached.
-pub fn detected_isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1") {
-            return Isa::Scalar;
-        }
-        let wanted = std::env::var("COLI_ISA").ok();
-        let all = [Isa::Avx512, Isa::Avx2Fma, Isa::Scalar];
-        if let Some(w) = wanted.as_deref().map(str::trim) {
-            if let Some(&isa) = all.iter().find(|i| i.name() == w && i.supported()) {
-                return isa;
-            }
-        }
-        all.into_iter()
-            .find(|i| i.supported())
-            .unwrap_or(Isa::Scalar)
-    })
 }
 
 /// Work (weight elements x tokens) per parallel task; chunk sizes derive from the shape only.
@@ -158,38 +71,8 @@ fn chunk_rows(cols: usize, n: usize) -> usize {
     (CHUNK_WORK / (cols.max(1) * n.max(1))).max(1)
 }
 
-/// Checks that `w`'s sections have the lengths its encoding and shape require.
-fn validate(w: &MatrixView<'_>) {
-    if let Encoding::Int4 { group_size } = w.encoding {
-        assert!(
-            group_size >= 2 && group_size % 2 == 0,
-            "int4 group size must be even and >= 2, found {group_size}"
-        );
-    }
-    let wb = w.encoding.weight_bytes(w.rows, w.cols);
-    assert_eq!(
-        w.data.len(),
-        wb,
-        "{} [{}, {}] matrix: weight section is {} bytes, expected {wb}",
-        w.encoding.name(),
-        w.rows,
-        w.cols,
-        w.data.len()
-    );
-    let sc = w.encoding.scale_count(w.rows, w.cols);
-    assert_eq!(
-        w.scales.len(),
-        sc,
-        "{} [{}, {}] matrix: {} scales, expected {sc}",
-        w.encoding.name(),
-        w.rows,
-        w.cols,
-        w.scales.len()
-    );
-}
-
 /// Panics unless `isa` runs on this CPU.
-fn require(isa: Isa) {
+pub(crate) fn require(isa: Isa) {
     assert!(
         isa.supported(),
         "instruction set {} is not supported by this CPU",
@@ -208,14 +91,14 @@ enum Act<'a> {
 }
 
 impl<'a> Act<'a> {
-    /// Prepares `x` (`[n, w.cols]`) for products of `w` with `isa`.
+    /// Prepares `x` (`[n, w.cols()]`) for products of `w` with `isa`.
     fn new(isa: Isa, w: &MatrixView<'_>, x: &'a [f32]) -> Act<'a> {
         #[cfg(target_arch = "x86_64")]
         {
             if isa == Isa::Avx512 && avx512::int4_fast(w) {
                 return Act::Int4Avx512(avx2::int4_permute(x, 64));
             }
-            if isa.base() == Isa::Avx2Fma && avx2::int4_fast(w) {
+            if base(isa) == Isa::Avx2Fma && avx2::int4_fast(w) {
                 return Act::Int4Avx2(avx2::int4_permute(x, 32));
             }
         }
@@ -229,18 +112,18 @@ fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Avx512, Act::Plain(x)) = (isa, x) {
         if avx512::int8_fast(w) {
-            // SAFETY: `require(isa)` checked AVX-512F+AVX2+FMA+F16C; `validate` checked the
-            // section lengths; `int8_fast(w)` holds; `x.len() == cols` (checked by the caller).
+            // SAFETY: `require(isa)` checked AVX-512F+AVX2+FMA+F16C; `MatrixView::new` checked
+            // the section lengths; `int8_fast(w)` holds; `x.len() == cols` (checked by the caller).
             unsafe { avx512::int8_matvec_rows(w, x, r0, y) };
             return;
         }
     }
-    match (isa.base(), x) {
+    match (base(isa), x) {
         (Isa::Scalar, Act::Plain(x)) => scalar::matvec_rows(w, x, r0, y),
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2Fma, Act::Plain(x)) => {
             // SAFETY: `require(isa)` checked AVX2+FMA+F16C support before any chunk runs;
-            // `validate` checked the section lengths.
+            // `MatrixView::new` checked the section lengths.
             unsafe { avx2::matvec_rows(w, x, r0, y) }
         }
         #[cfg(target_arch = "x86_64")]
@@ -269,7 +152,7 @@ fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, 
             return;
         }
     }
-    match (isa.base(), x) {
+    match (base(isa), x) {
         (Isa::Scalar, Act::Plain(x)) => scalar::matmul_rows(w, x, n, r0, yt),
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2Fma, Act::Plain(x)) => {
@@ -309,27 +192,26 @@ pub fn matvec(w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
 /// As [`matvec`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
 pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
     require(isa);
-    validate(w);
     assert_eq!(
         x.len(),
-        w.cols,
+        w.cols(),
         "matvec: x has {} elements, cols = {}",
         x.len(),
-        w.cols
+        w.cols()
     );
     assert_eq!(
         y.len(),
-        w.rows,
+        w.rows(),
         "matvec: y has {} elements, rows = {}",
         y.len(),
-        w.rows
+        w.rows()
     );
     let x = &Act::new(isa, w, x);
-    if w.rows * w.cols < PARALLEL_MIN_WORK {
+    if w.rows() * w.cols() < PARALLEL_MIN_WORK {
         matvec_chunk(isa, w, x, 0, y);
         return;
     }
-    let cr = chunk_rows(w.cols, 1);
+    let cr = chunk_rows(w.cols(), 1);
     y.par_chunks_mut(cr)
         .enumerate()
         .for_each(|(i, yc)| matvec_chunk(isa, w, x, i * cr, yc));
@@ -354,8 +236,7 @@ pub fn matmul(w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
 /// As [`matmul`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
 pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
     require(isa);
-    validate(w);
-    let (rows, cols) = (w.rows, w.cols);
+    let (rows, cols) = (w.rows(), w.cols());
     assert_eq!(
         x.len(),
         n * cols,
@@ -387,4 +268,42 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
             y[t * rows + r] = v;
         }
     }
+}
+
+/// Row `r` of `w` decoded to f32 into `out` (`cols` values), bit-identical to the reference
+/// `MatrixView::dequantize_row`, with the best instruction set ([`detected_isa`]): fp8 rows
+/// go through the same float16 decode as the fp8 products (AVX2/F16C), everything else through
+/// the reference decoder. Used by the converter to decode FP8 checkpoint rows.
+///
+/// # Panics
+/// If `r >= rows` or `out.len() != cols`.
+pub fn dequantize_row(w: &MatrixView<'_>, r: usize, out: &mut [f32]) {
+    dequantize_row_with(detected_isa(), w, r, out)
+}
+
+/// [`dequantize_row`] with an explicit instruction set (tests).
+///
+/// # Panics
+/// As [`dequantize_row`]; also if `isa` is not supported by this CPU.
+pub fn dequantize_row_with(isa: Isa, w: &MatrixView<'_>, r: usize, out: &mut [f32]) {
+    require(isa);
+    assert!(
+        r < w.rows() && out.len() == w.cols(),
+        "dequantize_row: row {r} of a [{}, {}] matrix into {} values",
+        w.rows(),
+        w.cols(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && w.encoding() == coli_format::Encoding::Fp8 {
+        // SAFETY: `require(isa)` checked AVX2, FMA and F16C; the view is fp8 with checked
+        // sections; `r < rows` and `out.len() == cols` were asserted above.
+        unsafe { avx2::fp8_dequantize_row(w, r, out) };
+        // Rare rows (NaN codes, overflowing products, scales of 2^119 and more) take the
+        // reference path, which is exact for them.
+        if out.iter().all(|v| v.is_finite()) {
+            return;
+        }
+    }
+    w.dequantize_row(r, out);
 }

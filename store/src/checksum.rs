@@ -3,8 +3,9 @@
 //! `xxhash-rust` picks its SIMD width at compile time (`cfg(target_feature)`), so a build
 //! without `-C target-cpu=native` gets its SSE2 loop. Record checksums hash ~16 MiB per expert
 //! on every fetch, so this module runs XXH3's long-input loop (accumulate 64-byte stripes,
-//! scramble every 1024 bytes, merge the 8 accumulators) with AVX2 when the CPU has it, detected
-//! at run time. Inputs of 240 bytes or fewer, and CPUs without AVX2, use `xxhash-rust`.
+//! scramble every 1024 bytes, merge the 8 accumulators) with AVX2 when the instruction set in
+//! use has it (`coli_format::cpu::detected_isa`: run-time detection, `COLI_ISA=scalar` turns it
+//! off). Inputs of 240 bytes or fewer, and CPUs without AVX2, use `xxhash-rust`.
 //!
 //! The result is bit-identical to `xxhash_rust::xxh3::xxh3_64_with_seed` (the checksums are
 //! part of the store format, FORMAT.md); the algorithm follows the XXH3 specification
@@ -15,8 +16,8 @@
 /// xxh3-64 of `input` with `seed` (same value as `xxhash_rust::xxh3::xxh3_64_with_seed`).
 pub fn xxh3_64_with_seed(input: &[u8], seed: u64) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if input.len() > MID_SIZE_MAX && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is available (checked just above); the input is longer than one stripe.
+    if input.len() > MID_SIZE_MAX && coli_format::cpu::detected_isa().has_avx2() {
+        // SAFETY: AVX2 is available (the detected instruction set includes it); the input is longer than one stripe.
         return unsafe { avx2::hash_long(input, seed) };
     }
     xxhash_rust::xxh3::xxh3_64_with_seed(input, seed)
@@ -287,8 +288,8 @@ impl StreamingChecksum {
     /// State for a buffer of `len` bytes hashed with `seed`.
     pub fn new(seed: u64, len: usize) -> StreamingChecksum {
         #[cfg(target_arch = "x86_64")]
-        if len > MID_SIZE_MAX && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 checked just above; len > 240.
+        if len > MID_SIZE_MAX && coli_format::cpu::detected_isa().has_avx2() {
+            // SAFETY: AVX2 available (the detected instruction set includes it); len > 240.
             let l = unsafe { avx2::Long::new(seed, len) };
             return StreamingChecksum {
                 inner: Inner::Avx2(Box::new(l)),
@@ -409,7 +410,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_path_matches_when_available() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
+        if !coli_format::cpu::Isa::Avx2Fma.supported() {
             return;
         }
         let data: Vec<u8> = (0..5000u32)

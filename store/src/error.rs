@@ -65,3 +65,23 @@ pub enum StoreError {
 /// Shorthand used throughout the crate.
 #[allow(dead_code)]
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+impl From<coli_format::FormatError> for StoreError {
+    /// Format errors keep their file and message; a config error (which the store never
+    /// parses) becomes a format error of its file.
+    fn from(e: coli_format::FormatError) -> StoreError {
+        use coli_format::FormatError as F;
+        match e {
+            F::Format { file, what } | F::Config { file, what } => {
+                StoreError::Format { file, what }
+            }
+            F::NewerVersion { file, found, known } => {
+                StoreError::NewerVersion { file, found, known }
+            }
+            F::Unsupported(what) => StoreError::Format {
+                file: String::new(),
+                what,
+            },
+        }
+    }
+}

@@ -19,8 +19,9 @@
 
 use crate::io::{open_read, read_aligned};
 use crate::mirror::{self, MirrorFileKind, MirrorSet, PrimaryInfo, StagedIndex};
-use crate::writer::{hex64, parse_hex64};
+use crate::Xxh3Sum;
 use crate::{IndexRecord, OpenOptions, Store, StoreError};
+use coli_format::disk::names::segment_rel;
 use serde::Serialize;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -317,8 +318,8 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
     // The MANIFEST alone, for the id even when the rest fails.
     match std::fs::read(dir.join("MANIFEST")) {
         Ok(b) => {
-            if let Ok(m) = crate::reader::parse_manifest(&b) {
-                rep.store_id = Some(m.store_id.clone());
+            if let Ok(m) = crate::Manifest::parse(&b) {
+                rep.store_id = Some(m.store_id.to_string());
                 rep.format_version = Some(m.format_version);
             }
         }
@@ -502,8 +503,8 @@ fn scan_segment(
                         file: rel.into(),
                         offset: off,
                         length: rlen,
-                        expected: hex64(r.checksum.get()),
-                        found: hex64(found),
+                        expected: Xxh3Sum(r.checksum.get()).to_string(),
+                        found: Xxh3Sum(found).to_string(),
                         error: None,
                     });
                 }
@@ -518,7 +519,7 @@ fn scan_segment(
                     file: rel.into(),
                     offset: off,
                     length: rlen,
-                    expected: hex64(r.checksum.get()),
+                    expected: Xxh3Sum(r.checksum.get()).to_string(),
                     found: String::new(),
                     error: Some(e.to_string()),
                 });
@@ -542,8 +543,8 @@ fn scan_segment(
                 file: rel.into(),
                 what: format!(
                     "body xxh3 mismatch: header says {}, bytes give {}",
-                    hex64(body_expected),
-                    hex64(found)
+                    Xxh3Sum(body_expected),
+                    Xxh3Sum(found)
                 ),
             });
         }
@@ -573,13 +574,13 @@ fn check_dense(
                 }) => Some(BadDense {
                     name: e.name.clone(),
                     offset: e.offset,
-                    expected: hex64(expected),
-                    found: hex64(found),
+                    expected: Xxh3Sum(expected).to_string(),
+                    found: Xxh3Sum(found).to_string(),
                 }),
                 Err(other) => Some(BadDense {
                     name: e.name.clone(),
                     offset: e.offset,
-                    expected: e.xxh3.clone(),
+                    expected: e.xxh3.to_string(),
                     found: other.to_string(),
                 }),
                 Ok(_) => None,
@@ -588,7 +589,7 @@ fn check_dense(
         .collect();
     let mut probs = Vec::new();
     let found = xxh3_64_with_seed(store.dense_bytes(), 0);
-    let expected = parse_hex64(&m.dense_file.xxh3).unwrap_or(0);
+    let expected = m.dense_file.xxh3.0;
     let tensor_bytes: u64 = m.dense.iter().map(|e| e.length + e.scales_length).sum();
     progress.advance(m.dense_file.length.saturating_sub(tensor_bytes));
     if found != expected {
@@ -596,8 +597,8 @@ fn check_dense(
             file: "dense.bin".into(),
             what: format!(
                 "whole-file xxh3 mismatch: MANIFEST says {}, bytes give {}{}",
-                hex64(expected),
-                hex64(found),
+                Xxh3Sum(expected),
+                Xxh3Sum(found),
                 if bad.is_empty() {
                     " (every tensor verifies: the damage is in padding between sections)"
                 } else {
@@ -761,7 +762,7 @@ fn scan_staged(
             file: rel.into(),
             offset: off,
             length: len,
-            expected: hex64(e.checksum.get()),
+            expected: Xxh3Sum(e.checksum.get()).to_string(),
             found: String::new(),
             error: None,
         };
@@ -769,7 +770,7 @@ fn scan_staged(
             Ok(buf) => {
                 let found = crate::checksum::xxh3_64_with_seed(&buf, key.checksum_seed());
                 if found != e.checksum.get() {
-                    b.found = hex64(found);
+                    b.found = Xxh3Sum(found).to_string();
                     bad.push(b);
                 }
             }
@@ -899,7 +900,7 @@ pub fn repair(dir: &Path, opts: &FsckOptions, report: &FsckReport) -> Vec<Repair
         let rec = &primary.index[pos];
         let mut sources = vec![Place {
             dir: dir.to_path_buf(),
-            file: crate::writer::segment_rel(rec.segment.get()),
+            file: segment_rel(rec.segment.get()),
             offset: rec.offset.get(),
         }];
         for c in &set.copies[pos] {
@@ -970,8 +971,8 @@ fn rewrite(
     if found != expected {
         return Err(format!(
             "re-read after the rewrite still fails: expected {}, found {}",
-            hex64(expected),
-            hex64(found)
+            Xxh3Sum(expected),
+            Xxh3Sum(found)
         ));
     }
     Ok(())

@@ -78,26 +78,24 @@
 //! ```
 
 pub mod checksum;
-pub mod encoding;
 mod error;
-mod format;
 pub mod fsck;
 mod io;
-mod manifest;
 pub mod mirror;
 mod reader;
 mod writer;
 
-pub use encoding::{Encoding, MatrixView, RecordLayout};
+pub use coli_format::disk::index::IndexRecord;
+pub use coli_format::disk::manifest::{
+    ConverterInfo, DenseEntry, EncodingInfo, ExpertLayer, FileEntry, Manifest, SourceFile,
+    WholeFile,
+};
+pub use coli_format::disk::{StoreId, Xxh3Sum, FORMAT_VERSION};
+pub use coli_format::{Encoding, ExpertKey, MatrixView, RecordLayout};
 pub use error::StoreError;
-pub use format::{IndexRecord, FORMAT_VERSION};
 pub use io::{
     AlignedBuf, Completion, FileId, IoEngine, IoEngineChoice, IoEngineKind, IoMode, IoPreference,
     IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
-};
-pub use manifest::{
-    ConverterInfo, DenseEntry, EncodingInfo, ExpertLayer, FileEntry, Manifest, SourceFile,
-    WholeFile,
 };
 pub use reader::{
     DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, DEFAULT_VERIFY_PIECE_BYTES,
@@ -107,31 +105,3 @@ pub use writer::{
     EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,
     DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,
 };
-
-/// Identity of one routed expert: its decoder layer index and its index within the layer.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct ExpertKey {
-    /// Decoder layer index (0-based, as in the checkpoint's tensor names).
-    pub layer: u32,
-    /// Expert index within the layer.
-    pub expert: u32,
-}
-
-impl ExpertKey {
-    /// Makes a key.
-    pub fn new(layer: u32, expert: u32) -> ExpertKey {
-        ExpertKey { layer, expert }
-    }
-    /// The checksum seed of this expert's record: `(layer << 32) | expert` (FORMAT.md section 3).
-    pub fn checksum_seed(self) -> u64 {
-        ((self.layer as u64) << 32) | self.expert as u64
-    }
-}
-
-impl std::fmt::Display for ExpertKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "layer {} expert {}", self.layer, self.expert)
-    }
-}

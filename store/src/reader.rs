@@ -1,15 +1,15 @@
 //! Opening a store and fetching experts and dense tensors.
 
 use crate::checksum::StreamingChecksum;
-use crate::format::{IndexHeader, SegmentHeader, INDEX_MAGIC, MANIFEST_MAGIC, SEGMENT_MAGIC};
-use crate::format::{FORMAT_VERSION, INDEX_RECORD_SIZE};
 use crate::io::{open_engine, open_read, probe_direct, read_aligned, EngineConfig, EngineFile};
 use crate::io::{IoEngine, IoEngineChoice, IoEngineKind, ReadProgress, ReadRequest};
-use crate::writer::{hex128, parse_hex128, parse_hex64, segment_path, segment_rel};
 use crate::{
     AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView,
     RecordLayout, StoreError,
 };
+use coli_format::disk::index::parse_index;
+use coli_format::disk::names::{self, segment_path, segment_rel};
+use coli_format::disk::segment::SegmentHeader;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -246,383 +246,6 @@ fn as_f32s(bytes: &[u8]) -> &[f32] {
     <[f32]>::ref_from_bytes(bytes).expect("scale sections are 64-byte aligned, length 4*n")
 }
 
-/// Parses and checks the MANIFEST file's bytes (FORMAT.md section 2).
-pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<Manifest, StoreError> {
-    const F: &str = "MANIFEST";
-    if bytes.len() < 24 {
-        return Err(fmt_err(
-            F,
-            format!("{} bytes, shorter than the 24-byte header", bytes.len()),
-        ));
-    }
-    if bytes[0..8] != MANIFEST_MAGIC {
-        return Err(fmt_err(
-            F,
-            format!(
-                "magic {:02x?}, expected {:02x?} (COLIMAN)",
-                &bytes[0..8],
-                MANIFEST_MAGIC
-            ),
-        ));
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
-    let len = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
-    let body = &bytes[24..];
-    let body_ok = len == body.len() as u64 && crc32fast::hash(body) == crc;
-    if version > FORMAT_VERSION {
-        // A real newer store says so in its body too; a header that disagrees with an intact
-        // body is damage, not a newer version.
-        let body_version = if body_ok {
-            serde_json::from_slice::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v.get("format_version").and_then(|x| x.as_u64()))
-        } else {
-            None
-        };
-        if body_version == Some(version as u64) {
-            return Err(StoreError::NewerVersion {
-                file: F.into(),
-                found: version,
-                known: FORMAT_VERSION,
-            });
-        }
-        return Err(fmt_err(
-            F,
-            format!(
-                "header version {version} is not a known version and does not match the body's format_version {body_version:?}: header damaged"
-            ),
-        ));
-    }
-    if version == 0 {
-        return Err(fmt_err(F, "format version 0 is invalid"));
-    }
-    if len != body.len() as u64 {
-        return Err(fmt_err(
-            F,
-            format!(
-                "body length field says {len} bytes, file holds {} after the header",
-                body.len()
-            ),
-        ));
-    }
-    let found = crc32fast::hash(body);
-    if found != crc {
-        return Err(fmt_err(
-            F,
-            format!("body crc32 mismatch: header says {crc:08x}, body has {found:08x}"),
-        ));
-    }
-    let m: Manifest = serde_json::from_slice(body)
-        .map_err(|e| fmt_err(F, format!("JSON body does not parse: {e}")))?;
-    if m.format_version != version {
-        return Err(fmt_err(
-            F,
-            format!(
-                "body format_version {} differs from header version {version}",
-                m.format_version
-            ),
-        ));
-    }
-    if m.alignment < 512 || !m.alignment.is_power_of_two() || m.alignment > (1 << 24) {
-        return Err(fmt_err(
-            F,
-            format!(
-                "alignment {} is not a power of two in 512..=2^24",
-                m.alignment
-            ),
-        ));
-    }
-    if parse_hex128(&m.store_id).is_none() {
-        return Err(fmt_err(
-            F,
-            format!("store_id {:?} is not 32 hex digits", m.store_id),
-        ));
-    }
-    Encoding::from_id(m.expert_encoding.id, m.expert_encoding.group_size).map_err(|_| {
-        fmt_err(
-            F,
-            format!(
-                "expert_encoding id {} group size {} is unknown",
-                m.expert_encoding.id, m.expert_encoding.group_size
-            ),
-        )
-    })?;
-    for w in [&m.dense_file, &m.index_file] {
-        if parse_hex64(&w.xxh3).is_none() {
-            return Err(fmt_err(
-                F,
-                format!("checksum {:?} is not 16 hex digits", w.xxh3),
-            ));
-        }
-    }
-    Ok(m)
-}
-
-/// Parses and checks INDEX (FORMAT.md section 3) against the manifest; segment file lengths
-/// are checked later.
-pub(crate) fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, StoreError> {
-    const F: &str = "INDEX";
-    if bytes.len() < 64 {
-        return Err(fmt_err(
-            F,
-            format!("{} bytes, shorter than the 64-byte header", bytes.len()),
-        ));
-    }
-    let h = IndexHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
-    if h.magic != INDEX_MAGIC {
-        return Err(fmt_err(
-            F,
-            format!(
-                "magic {:02x?}, expected {:02x?} (COLIIDX)",
-                h.magic, INDEX_MAGIC
-            ),
-        ));
-    }
-    let crc = crc32fast::hash(&bytes[..60]);
-    if crc != h.crc.get() {
-        return Err(fmt_err(
-            F,
-            format!(
-                "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
-                h.crc.get()
-            ),
-        ));
-    }
-    if h.version.get() > FORMAT_VERSION {
-        return Err(StoreError::NewerVersion {
-            file: F.into(),
-            found: h.version.get(),
-            known: FORMAT_VERSION,
-        });
-    }
-    if h.version.get() != m.format_version {
-        return Err(fmt_err(
-            F,
-            format!(
-                "version {} differs from MANIFEST's {}",
-                h.version.get(),
-                m.format_version
-            ),
-        ));
-    }
-    if h.record_size.get() as usize != INDEX_RECORD_SIZE {
-        return Err(fmt_err(
-            F,
-            format!(
-                "record size {}, expected {INDEX_RECORD_SIZE}",
-                h.record_size.get()
-            ),
-        ));
-    }
-    if h.reserved.iter().any(|&b| b != 0) {
-        return Err(fmt_err(F, "header reserved bytes 24..60 are not zero"));
-    }
-    let count = h.count.get();
-    let expect_len = count
-        .checked_mul(64)
-        .and_then(|x| x.checked_add(64))
-        .unwrap_or(u64::MAX);
-    if expect_len != bytes.len() as u64 {
-        return Err(fmt_err(
-            F,
-            format!(
-                "header says {count} records ({expect_len} bytes), file has {} bytes",
-                bytes.len()
-            ),
-        ));
-    }
-    if bytes.len() as u64 != m.index_file.length {
-        return Err(fmt_err(
-            F,
-            format!(
-                "length {} differs from MANIFEST index_file.length {}",
-                bytes.len(),
-                m.index_file.length
-            ),
-        ));
-    }
-    let align = m.alignment;
-    let mut recs = Vec::with_capacity(count as usize);
-    let expected: HashMap<u32, u32> = m
-        .expert_layers
-        .iter()
-        .map(|l| (l.layer, l.num_experts))
-        .collect();
-    for (i, chunk) in bytes[64..].chunks_exact(64).enumerate() {
-        let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
-        let what = |s: String| fmt_err(F, format!("record {i} ({}): {s}", r.key()));
-        let c = r.compute_crc();
-        if c != r.crc.get() {
-            return Err(what(format!(
-                "crc32 mismatch: stored {:08x}, computed {c:08x}",
-                r.crc.get()
-            )));
-        }
-        if r.reserved.get() != 0 {
-            return Err(what("reserved field is not zero".into()));
-        }
-        if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
-            if r.key() <= prev {
-                return Err(what(format!(
-                    "not sorted after {prev} (duplicate or out of order)"
-                )));
-            }
-        }
-        if expected
-            .get(&r.layer.get())
-            .is_none_or(|&n| r.expert.get() >= n)
-        {
-            return Err(what(
-                "not an expert listed in MANIFEST expert_layers".into(),
-            ));
-        }
-        let enc = Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(|_| {
-            what(format!(
-                "unknown encoding id {} group size {}",
-                r.encoding.get(),
-                r.group_size.get()
-            ))
-        })?;
-        if enc.group_size() != r.group_size.get() {
-            return Err(what(format!(
-                "group size {} invalid for {}",
-                r.group_size.get(),
-                enc.name()
-            )));
-        }
-        if r.segment.get() >= m.segment_count {
-            return Err(what(format!(
-                "segment {} out of range (segment_count {})",
-                r.segment.get(),
-                m.segment_count
-            )));
-        }
-        let (h_, i_) = (r.hidden.get() as usize, r.intermediate.get() as usize);
-        if h_ == 0 || i_ == 0 || h_ > (1 << 24) || i_ > (1 << 24) {
-            return Err(what(format!(
-                "hidden {h_} / intermediate {i_} out of range"
-            )));
-        }
-        let layout = RecordLayout::new(enc, h_, i_);
-        if layout.payload_len as u64 != r.payload_len.get() {
-            return Err(what(format!(
-                "payload length {} differs from the {} layout's {}",
-                r.payload_len.get(),
-                enc.name(),
-                layout.payload_len
-            )));
-        }
-        let rl = layout.record_len(align as usize) as u64;
-        if r.length.get() != rl {
-            return Err(what(format!(
-                "length {} differs from the expected {rl} (payload rounded up to {align})",
-                r.length.get()
-            )));
-        }
-        if !r.offset.get().is_multiple_of(align) || r.offset.get() < align {
-            return Err(what(format!(
-                "offset {} is not a multiple of {align} after the segment header",
-                r.offset.get()
-            )));
-        }
-        if r.offset.get().checked_add(r.length.get()).is_none() {
-            return Err(what("offset + length overflows".into()));
-        }
-        recs.push(r);
-    }
-    // Non-overlap per segment.
-    let mut by_seg: Vec<&IndexRecord> = recs.iter().collect();
-    by_seg.sort_by_key(|r| (r.segment.get(), r.offset.get()));
-    for w in by_seg.windows(2) {
-        if w[0].segment == w[1].segment && w[0].offset.get() + w[0].length.get() > w[1].offset.get()
-        {
-            return Err(fmt_err(
-                F,
-                format!(
-                    "records of {} and {} overlap in {}",
-                    w[0].key(),
-                    w[1].key(),
-                    segment_rel(w[0].segment.get())
-                ),
-            ));
-        }
-    }
-    Ok(recs)
-}
-
-/// Checks a segment header (the first `alignment` bytes of a segment file).
-pub(crate) fn check_segment_header(
-    rel: &str,
-    bytes: &[u8],
-    id: u32,
-    store_id: &[u8; 16],
-    actual_len: u64,
-) -> Result<SegmentHeader, StoreError> {
-    let h = SegmentHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
-    if h.magic != SEGMENT_MAGIC {
-        return Err(fmt_err(
-            rel,
-            format!(
-                "magic {:02x?}, expected {:02x?} (COLISEG)",
-                h.magic, SEGMENT_MAGIC
-            ),
-        ));
-    }
-    let crc = crc32fast::hash(&bytes[..60]);
-    if crc != h.crc.get() {
-        return Err(fmt_err(
-            rel,
-            format!(
-                "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
-                h.crc.get()
-            ),
-        ));
-    }
-    if h.version.get() > FORMAT_VERSION {
-        return Err(StoreError::NewerVersion {
-            file: rel.into(),
-            found: h.version.get(),
-            known: FORMAT_VERSION,
-        });
-    }
-    if h.version.get() != FORMAT_VERSION {
-        return Err(fmt_err(
-            rel,
-            format!("header version {} invalid", h.version.get()),
-        ));
-    }
-    if h.segment.get() != id {
-        return Err(fmt_err(
-            rel,
-            format!("header segment id {}, expected {id}", h.segment.get()),
-        ));
-    }
-    if &h.store_id != store_id {
-        return Err(fmt_err(
-            rel,
-            format!(
-                "header store id {} differs from MANIFEST's {}",
-                hex128(&h.store_id),
-                hex128(store_id)
-            ),
-        ));
-    }
-    if h.file_len.get() != actual_len {
-        return Err(fmt_err(
-            rel,
-            format!(
-                "header says {} bytes, file has {actual_len} (truncated or extended)",
-                h.file_len.get()
-            ),
-        ));
-    }
-    if h.reserved.iter().any(|&b| b != 0) || bytes[64..].iter().any(|&b| b != 0) {
-        return Err(fmt_err(rel, "header reserved bytes are not zero"));
-    }
-    Ok(h)
-}
-
 /// Reads a whole small file, naming it in errors.
 fn read_file(dir: &Path, rel: &str) -> Result<Vec<u8>, StoreError> {
     let p = dir.join(rel);
@@ -654,12 +277,12 @@ impl Store {
     /// xxh3 differs, and [`StoreError::Io`] when `IoPreference::Direct` cannot be honoured.
     pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        let manifest = parse_manifest(&read_file(&dir, "MANIFEST")?)?;
-        let store_id = parse_hex128(&manifest.store_id).expect("checked in parse_manifest");
-        let index_bytes = read_file(&dir, "INDEX")?;
+        let manifest = Manifest::parse(&read_file(&dir, names::MANIFEST)?)?;
+        let store_id = manifest.store_id;
+        let index_bytes = read_file(&dir, names::INDEX)?;
         let index = parse_index(&index_bytes, &manifest)?;
         let found = xxh3_64_with_seed(&index_bytes, 0);
-        let expected = parse_hex64(&manifest.index_file.xxh3).expect("checked");
+        let expected = manifest.index_file.xxh3.0;
         if found != expected {
             return Err(StoreError::Checksum {
                 what: "INDEX (whole file)".into(),
@@ -685,7 +308,7 @@ impl Store {
             }
             let hb = read_aligned(&file, 0, align, AlignedBuf::DEFAULT_ALIGN)
                 .map_err(|e| io_err(&path, e))?;
-            let header = check_segment_header(&rel, &hb, id, &store_id, len)?;
+            let header = SegmentHeader::parse(&rel, &hb, id, store_id, len)?;
             segments.push(Segment {
                 rel,
                 file,
@@ -739,7 +362,7 @@ impl Store {
         let mut dense_by_name = HashMap::new();
         let mut dense_encodings = Vec::new();
         for (i, e) in manifest.dense.iter().enumerate() {
-            let enc = check_dense_entry(e, dlen)?;
+            let enc = e.check(dlen)?;
             if dense_by_name.insert(e.name.clone(), i).is_some() {
                 return Err(fmt_err(
                     "MANIFEST",
@@ -747,20 +370,6 @@ impl Store {
                 ));
             }
             dense_encodings.push(enc);
-        }
-        for f in &manifest.files {
-            if f.name.is_empty() || f.name.contains('/') || f.name == ".." || f.name == "." {
-                return Err(fmt_err("MANIFEST", format!("bad file name {:?}", f.name)));
-            }
-            if parse_hex64(&f.xxh3).is_none() {
-                return Err(fmt_err(
-                    "MANIFEST",
-                    format!(
-                        "file {}: checksum {:?} is not 16 hex digits",
-                        f.name, f.xxh3
-                    ),
-                ));
-            }
         }
         let dense_map = if dlen > 0 {
             // SAFETY: the store's files are immutable once published (FORMAT.md section 1);
@@ -958,7 +567,7 @@ impl Store {
         }
         if self.verify {
             let found = xxh3_64_with_seed(&bytes, 0);
-            let expected = parse_hex64(&e.xxh3).expect("checked at open");
+            let expected = e.xxh3.0;
             if found != expected {
                 return Err(StoreError::Checksum {
                     what: format!("file {name}"),
@@ -1192,7 +801,7 @@ impl Store {
             h.update(data);
             h.update(sbytes);
             let found = h.digest();
-            let expected = parse_hex64(&e.xxh3).expect("checked at open");
+            let expected = e.xxh3.0;
             if found != expected {
                 return Err(StoreError::Checksum {
                     what: format!("dense tensor {name}"),
@@ -1462,76 +1071,6 @@ impl Store {
     }
 }
 
-/// Checks one dense entry against the format and dense.bin's length; returns its encoding.
-fn check_dense_entry(e: &crate::DenseEntry, dlen: u64) -> Result<Encoding, StoreError> {
-    let bad = |s: String| fmt_err("MANIFEST", format!("dense tensor {}: {s}", e.name));
-    let enc = Encoding::from_id(e.encoding, e.group_size).map_err(|_| {
-        bad(format!(
-            "unknown encoding id {} group size {}",
-            e.encoding, e.group_size
-        ))
-    })?;
-    if enc.group_size() != e.group_size {
-        return Err(bad(format!(
-            "group size {} invalid for {}",
-            e.group_size,
-            enc.name()
-        )));
-    }
-    let (rows, cols) = match e.shape[..] {
-        [n] => (1usize, n),
-        [r, c] => (r, c),
-        _ => {
-            return Err(bad(format!(
-                "shape {:?} must have 1 or 2 dimensions",
-                e.shape
-            )))
-        }
-    };
-    if rows.checked_mul(cols).is_none_or(|n| n > (1 << 40)) {
-        return Err(bad(format!("shape {:?} too large", e.shape)));
-    }
-    let wb = enc.weight_bytes(rows, cols) as u64;
-    let sb = enc.scale_bytes(rows, cols) as u64;
-    if e.length != wb {
-        return Err(bad(format!(
-            "length {}, expected {wb} for {} {:?}",
-            e.length,
-            enc.name(),
-            e.shape
-        )));
-    }
-    if e.scales_length != sb {
-        return Err(bad(format!(
-            "scales_length {}, expected {sb} for {} {:?}",
-            e.scales_length,
-            enc.name(),
-            e.shape
-        )));
-    }
-    if !e.offset.is_multiple_of(64) || (sb > 0 && !e.scales_offset.is_multiple_of(64)) {
-        return Err(bad("section offsets must be multiples of 64".into()));
-    }
-    if sb == 0 && e.scales_offset != 0 {
-        return Err(bad("scales_offset must be 0 without scales".into()));
-    }
-    let end_w = e.offset.checked_add(e.length);
-    let end_s = e.scales_offset.checked_add(e.scales_length);
-    match (end_w, end_s) {
-        (Some(a), Some(b)) if a <= dlen && b <= dlen => {}
-        _ => {
-            return Err(bad(format!(
-                "sections [{}, +{}) / [{}, +{}) beyond dense.bin's {dlen} bytes",
-                e.offset, e.length, e.scales_offset, e.scales_length
-            )))
-        }
-    }
-    if parse_hex64(&e.xxh3).is_none() {
-        return Err(bad(format!("checksum {:?} is not 16 hex digits", e.xxh3)));
-    }
-    Ok(enc)
-}
-
 impl ExpertBuf {
     fn view(&self, i: usize) -> MatrixView<'_> {
         let (w_off, wb, s_off, sb) = self.layout.sections[i];
@@ -1540,13 +1079,14 @@ impl ExpertBuf {
         } else {
             (self.intermediate, self.hidden)
         };
-        MatrixView {
-            encoding: self.encoding,
+        MatrixView::new(
+            self.encoding,
             rows,
             cols,
-            data: &self.buf[w_off..w_off + wb],
-            scales: as_f32s(&self.buf[s_off..s_off + sb]),
-        }
+            &self.buf[w_off..w_off + wb],
+            as_f32s(&self.buf[s_off..s_off + sb]),
+        )
+        .expect("record sections follow RecordLayout (checked at open)")
     }
 
     /// The gate projection, [I, H] (rows = intermediate features, cols = hidden).
@@ -1583,22 +1123,17 @@ impl<'a> DenseTensor<'a> {
             [r, c] => (r, c),
             _ => unreachable!("checked at open"),
         };
-        MatrixView {
-            encoding: self.encoding,
-            rows,
-            cols,
-            data: self.data,
-            scales: self.scales,
-        }
+        MatrixView::new(self.encoding, rows, cols, self.data, self.scales)
+            .expect("dense sections have their encoding's lengths (checked at open)")
     }
 
     /// Dequantizes the whole tensor to f32, row-major (`rows * cols` values), with
     /// [`MatrixView::dequantize_row`].
     pub fn to_f32(&self) -> Vec<f32> {
         let m = self.matrix();
-        let mut out = vec![0f32; m.rows * m.cols];
-        if m.cols > 0 {
-            for (r, row) in out.chunks_exact_mut(m.cols).enumerate() {
+        let mut out = vec![0f32; m.rows() * m.cols()];
+        if m.cols() > 0 {
+            for (r, row) in out.chunks_exact_mut(m.cols()).enumerate() {
                 m.dequantize_row(r, row);
             }
         }

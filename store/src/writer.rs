@@ -25,12 +25,16 @@
 //! | `writer.before_rename` | in `finish`, after MANIFEST and the removal of spec/journal |
 //! | `writer.after_rename` | in `finish`, after the rename, before the parent fsync |
 
-use crate::encoding::{align_up, RecordLayout, SECTION_ALIGN};
-use crate::format::{IndexHeader, IndexRecord, SegmentHeader, FORMAT_VERSION, INDEX_MAGIC};
-use crate::format::{INDEX_RECORD_SIZE, MANIFEST_MAGIC, SEGMENT_MAGIC};
-use crate::manifest::{ConverterInfo, EncodingInfo, WholeFile};
 use crate::StoreError;
 use crate::{DenseEntry, Encoding, ExpertKey, ExpertLayer, FileEntry, Manifest, SourceFile};
+use crate::{StoreId, Xxh3Sum};
+use coli_format::disk::index::{write_index, IndexRecord, RecordPlace};
+use coli_format::disk::manifest::{ConverterInfo, EncodingInfo, WholeFile};
+use coli_format::disk::names::{self, segment_path};
+use coli_format::disk::segment::SegmentHeader;
+use coli_format::disk::FORMAT_VERSION;
+use coli_format::encoding::{align_up, SECTION_ALIGN};
+use coli_format::RecordLayout;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -38,7 +42,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
-use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
 /// Name of the converter recorded in the manifest.
@@ -79,12 +82,8 @@ pub struct StoreSpec {
 impl StoreSpec {
     /// The store id this spec gives (FORMAT.md section 2): 32 lowercase hex digits of the
     /// XXH3-128 of the canonical JSON of `{"converter", "parameters", "sources"}`.
-    pub fn store_id(&self) -> String {
-        hex128(&store_id_bytes(
-            &self.converter_version,
-            &self.parameters,
-            &self.sources,
-        ))
+    pub fn store_id(&self) -> StoreId {
+        store_id_of(&self.converter_version, &self.parameters, &self.sources)
     }
 }
 
@@ -127,9 +126,9 @@ pub enum WriterStart {
 /// The spec as kept in `TARGET.partial/spec.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct SpecFile {
-    store_id: String,
+    store_id: StoreId,
     family: String,
-    config_xxh3: String,
+    config_xxh3: Xxh3Sum,
     config_len: u64,
     num_layers: u32,
     expert_layers: Vec<ExpertLayer>,
@@ -146,7 +145,7 @@ impl SpecFile {
         SpecFile {
             store_id: spec.store_id(),
             family: spec.family.clone(),
-            config_xxh3: hex64(xxh3_64_with_seed(&spec.config_json, 0)),
+            config_xxh3: Xxh3Sum(xxh3_64_with_seed(&spec.config_json, 0)),
             config_len: spec.config_json.len() as u64,
             num_layers: spec.num_layers,
             expert_layers: spec.expert_layers.clone(),
@@ -175,7 +174,7 @@ enum JournalEntry {
         intermediate: u32,
         encoding: u16,
         group_size: u16,
-        checksum: String,
+        checksum: Xxh3Sum,
     },
     Dense {
         entry: DenseEntry,
@@ -248,7 +247,7 @@ pub struct StoreWriter {
     target: PathBuf,
     partial: PathBuf,
     spec: StoreSpec,
-    store_id: [u8; 16],
+    store_id: StoreId,
     config: serde_json::Value,
     expected: BTreeMap<u32, u32>,
     seg: Option<OpenSegment>,
@@ -279,82 +278,17 @@ fn writer_err(msg: impl Into<String>) -> StoreError {
     StoreError::Writer(msg.into())
 }
 
-/// 16 lowercase hex digits of a u64.
-pub(crate) fn hex64(v: u64) -> String {
-    format!("{v:016x}")
-}
-
-/// 32 lowercase hex digits of 16 bytes.
-pub(crate) fn hex128(b: &[u8; 16]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Parses 16 hex digits.
-pub(crate) fn parse_hex64(s: &str) -> Option<u64> {
-    if s.len() != 16 {
-        return None;
-    }
-    u64::from_str_radix(s, 16).ok()
-}
-
-/// Parses 32 hex digits.
-pub(crate) fn parse_hex128(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Writes `v` as canonical JSON: object keys sorted, no whitespace.
-fn canonical_json(v: &serde_json::Value, out: &mut String) {
-    match v {
-        serde_json::Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&serde_json::to_string(k).expect("string serializes"));
-                out.push(':');
-                canonical_json(&m[k.as_str()], out);
-            }
-            out.push('}');
-        }
-        serde_json::Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(x, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&serde_json::to_string(other).expect("scalar serializes")),
-    }
-}
-
-/// Raw store id: big-endian bytes of XXH3-128 over the canonical JSON of converter,
-/// parameters and sources (FORMAT.md section 2).
-pub(crate) fn store_id_bytes(
+/// The store id of a conversion by this converter (FORMAT.md section 2).
+pub(crate) fn store_id_of(
     converter_version: &str,
     parameters: &BTreeMap<String, String>,
     sources: &[SourceFile],
-) -> [u8; 16] {
-    let v = serde_json::json!({
-        "converter": ConverterInfo { name: CONVERTER_NAME.into(), version: converter_version.into() },
-        "parameters": parameters,
-        "sources": sources,
-    });
-    let mut s = String::new();
-    canonical_json(&v, &mut s);
-    xxhash_rust::xxh3::xxh3_128(s.as_bytes()).to_be_bytes()
+) -> StoreId {
+    let converter = ConverterInfo {
+        name: CONVERTER_NAME.into(),
+        version: converter_version.into(),
+    };
+    StoreId::of_conversion(&converter, parameters, sources)
 }
 
 /// Lists what differs between what a store (or partial store) was built with and what is
@@ -526,20 +460,6 @@ fn check_matrix(
     Ok(())
 }
 
-/// Path of segment `id` inside a store directory.
-pub(crate) fn segment_path(dir: &Path, id: u32) -> PathBuf {
-    dir.join("segments").join(segment_name(id))
-}
-
-/// Relative name of segment `id`: `segments/seg-NNNNN.bin`.
-pub(crate) fn segment_rel(id: u32) -> String {
-    format!("segments/{}", segment_name(id))
-}
-
-fn segment_name(id: u32) -> String {
-    format!("seg-{id:05}.bin")
-}
-
 /// Starts writing `len` bytes at `offset` of `file` to disk now, without waiting
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, Linux), so that a large conversion's writes
 /// overlap with its reads instead of piling up for the final fsync. Advice only: errors are
@@ -624,7 +544,7 @@ impl StoreWriter {
     pub fn create_or_resume(target: &Path, spec: StoreSpec) -> Result<WriterStart, StoreError> {
         let config = validate_spec(&spec)?;
         let spec_file = SpecFile::from_spec(&spec);
-        let store_id = store_id_bytes(&spec.converter_version, &spec.parameters, &spec.sources);
+        let store_id = spec_file.store_id;
         if target.exists() {
             return Self::check_existing_target(target, &spec, &spec_file);
         }
@@ -751,7 +671,7 @@ impl StoreWriter {
         partial: PathBuf,
         spec: StoreSpec,
         config: serde_json::Value,
-        store_id: [u8; 16],
+        store_id: StoreId,
         dense_file: File,
         journal: File,
         failpoint: Failpoint,
@@ -791,7 +711,7 @@ impl StoreWriter {
         partial: PathBuf,
         spec: StoreSpec,
         config: serde_json::Value,
-        store_id: [u8; 16],
+        store_id: StoreId,
         spec_file: &SpecFile,
     ) -> Result<StoreWriter, StoreError> {
         std::fs::create_dir(&partial).map_err(|e| io_err(&partial, e))?;
@@ -844,7 +764,7 @@ impl StoreWriter {
         partial: PathBuf,
         spec: StoreSpec,
         config: serde_json::Value,
-        store_id: [u8; 16],
+        store_id: StoreId,
         failpoint: Failpoint,
     ) -> Result<(StoreWriter, ResumeInfo), StoreError> {
         for sub in ["segments", "files"] {
@@ -977,9 +897,7 @@ impl StoreWriter {
                 checksum,
             } => {
                 let key = ExpertKey::new(*layer, *expert);
-                let Some(sum) = parse_hex64(checksum) else {
-                    return Ok(false);
-                };
+                let sum = checksum.0;
                 let Ok(enc) = Encoding::from_id(*encoding, *group_size) else {
                     return Ok(false);
                 };
@@ -1043,24 +961,22 @@ impl StoreWriter {
                 s.hasher.update(&bytes);
                 s.pos += length;
                 s.records += 1;
-                self.index.push(make_index_record(
+                self.index.push(IndexRecord::new(RecordPlace {
                     key,
-                    *segment,
-                    enc,
-                    *offset,
-                    *length,
-                    *payload_len,
-                    *hidden,
-                    *intermediate,
-                    sum,
-                ));
+                    segment: *segment,
+                    encoding: enc,
+                    offset: *offset,
+                    length: *length,
+                    payload_len: *payload_len,
+                    hidden: *hidden,
+                    intermediate: *intermediate,
+                    checksum: sum,
+                }));
                 self.experts_done.insert(key, sum);
                 Ok(true)
             }
             JournalEntry::Dense { entry } => {
-                let Some(sum) = parse_hex64(&entry.xxh3) else {
-                    return Ok(false);
-                };
+                let sum = entry.xxh3.0;
                 if self.dense_done.contains_key(&entry.name)
                     || entry.offset < self.dense_pos
                     || entry.offset != align_up(self.dense_pos as usize, SECTION_ALIGN) as u64
@@ -1125,7 +1041,7 @@ impl StoreWriter {
                     Err(e) => return Err(io_err(&path, e)),
                 };
                 if bytes.len() as u64 != entry.size
-                    || hex64(xxh3_64_with_seed(&bytes, 0)) != entry.xxh3
+                    || Xxh3Sum(xxh3_64_with_seed(&bytes, 0)) != entry.xxh3
                 {
                     return Ok(false);
                 }
@@ -1150,9 +1066,9 @@ impl StoreWriter {
         self.files.contains_key(name)
     }
 
-    /// The store id (32 hex digits) this writer produces.
-    pub fn store_id(&self) -> String {
-        hex128(&self.store_id)
+    /// The store id this writer produces.
+    pub fn store_id(&self) -> StoreId {
+        self.store_id
     }
 
     /// The directory being written (`TARGET.partial`).
@@ -1311,21 +1227,21 @@ impl StoreWriter {
             intermediate: inter as u32,
             encoding: enc_id,
             group_size: gs,
-            checksum: hex64(sum),
+            checksum: Xxh3Sum(sum),
         })?;
         self.failpoint
             .hit(&Failpoint::AfterJournal(self.records_this_run));
-        self.index.push(make_index_record(
+        self.index.push(IndexRecord::new(RecordPlace {
             key,
-            seg_id,
-            enc,
+            segment: seg_id,
+            encoding: enc,
             offset,
-            rec_len as u64,
-            layout.payload_len as u64,
-            hidden as u32,
-            inter as u32,
-            sum,
-        ));
+            length: rec_len as u64,
+            payload_len: layout.payload_len as u64,
+            hidden: hidden as u32,
+            intermediate: inter as u32,
+            checksum: sum,
+        }));
         self.experts_done.insert(key, sum);
         Ok(())
     }
@@ -1377,7 +1293,7 @@ impl StoreWriter {
         let sum = h.digest();
         if let Some(&i) = self.dense_done.get(name) {
             let e = &self.dense[i];
-            if e.xxh3 == hex64(sum) && e.shape == shape && e.encoding == m.encoding.id() {
+            if e.xxh3 == Xxh3Sum(sum) && e.shape == shape && e.encoding == m.encoding.id() {
                 return Ok(());
             }
             return Err(writer_err(format!(
@@ -1422,7 +1338,7 @@ impl StoreWriter {
             length: m.data.len() as u64,
             scales_offset,
             scales_length: sbytes.len() as u64,
-            xxh3: hex64(sum),
+            xxh3: Xxh3Sum(sum),
         };
         self.append_journal(&JournalEntry::Dense {
             entry: entry.clone(),
@@ -1452,7 +1368,7 @@ impl StoreWriter {
                 "file name {name:?} is not allowed (no '/', not '.', '..', empty or *.tmp)"
             )));
         }
-        let sum = hex64(xxh3_64_with_seed(bytes, 0));
+        let sum = Xxh3Sum(xxh3_64_with_seed(bytes, 0));
         if let Some(e) = self.files.get(name) {
             if e.xxh3 == sum && e.size == bytes.len() as u64 {
                 return Ok(());
@@ -1522,17 +1438,7 @@ impl StoreWriter {
         }
         for (id, s) in self.closed.iter().enumerate() {
             let id = id as u32;
-            let mut h = SegmentHeader {
-                magic: SEGMENT_MAGIC,
-                version: U32::new(FORMAT_VERSION),
-                segment: U32::new(id),
-                store_id: self.store_id,
-                file_len: U64::new(s.len),
-                body_xxh3: U64::new(s.body_xxh3),
-                reserved: [0; 12],
-                crc: U32::new(0),
-            };
-            h.crc = U32::new(crc32fast::hash(&h.as_bytes()[..60]));
+            let h = SegmentHeader::new(id, self.store_id, s.len, s.body_xxh3);
             let path = segment_path(&self.partial, id);
             let f = File::options()
                 .write(true)
@@ -1544,23 +1450,8 @@ impl StoreWriter {
         }
         self.failpoint.hit_named("writer.before_index");
         // INDEX.
-        let mut recs = self.index.clone();
-        recs.sort_by_key(|r| r.key());
-        let mut header = IndexHeader {
-            magic: INDEX_MAGIC,
-            version: U32::new(FORMAT_VERSION),
-            record_size: U32::new(INDEX_RECORD_SIZE as u32),
-            count: U64::new(recs.len() as u64),
-            reserved: [0; 36],
-            crc: U32::new(0),
-        };
-        header.crc = U32::new(crc32fast::hash(&header.as_bytes()[..60]));
-        let mut index_bytes = Vec::with_capacity(64 * (recs.len() + 1));
-        index_bytes.extend_from_slice(header.as_bytes());
-        for r in &recs {
-            index_bytes.extend_from_slice(r.as_bytes());
-        }
-        let ipath = self.partial.join("INDEX");
+        let index_bytes = write_index(&self.index);
+        let ipath = self.partial.join(names::INDEX);
         write_synced(&ipath, &index_bytes)?;
         // dense.bin and files.
         let dpath = self.partial.join("dense.bin");
@@ -1577,17 +1468,13 @@ impl StoreWriter {
         let spec = &self.spec;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
-            store_id: hex128(&self.store_id),
+            store_id: self.store_id,
             alignment: alignment as u64,
             family: spec.family.clone(),
             config: self.config.clone(),
             num_layers: spec.num_layers,
             expert_layers: spec.expert_layers.clone(),
-            expert_encoding: EncodingInfo {
-                id: spec.expert_encoding.id(),
-                name: spec.expert_encoding.name(),
-                group_size: spec.expert_encoding.group_size(),
-            },
+            expert_encoding: EncodingInfo::of(spec.expert_encoding),
             segment_count: self.closed.len() as u32,
             segment_max_bytes: spec.segment_max_bytes,
             converter: ConverterInfo {
@@ -1599,22 +1486,16 @@ impl StoreWriter {
             dense: self.dense.clone(),
             dense_file: WholeFile {
                 length: self.dense_pos,
-                xxh3: hex64(self.dense_hasher.digest()),
+                xxh3: Xxh3Sum(self.dense_hasher.digest()),
             },
             index_file: WholeFile {
                 length: index_bytes.len() as u64,
-                xxh3: hex64(xxh3_64_with_seed(&index_bytes, 0)),
+                xxh3: Xxh3Sum(xxh3_64_with_seed(&index_bytes, 0)),
             },
             files: self.files.values().cloned().collect(),
         };
-        let body = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
-        let mut mbytes = Vec::with_capacity(24 + body.len());
-        mbytes.extend_from_slice(&MANIFEST_MAGIC);
-        mbytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        mbytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-        mbytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        mbytes.extend_from_slice(&body);
-        write_synced(&self.partial.join("MANIFEST"), &mbytes)?;
+        let mbytes = manifest.to_bytes();
+        write_synced(&self.partial.join(names::MANIFEST), &mbytes)?;
         for name in [JOURNAL_FILE, SPEC_FILE] {
             let p = self.partial.join(name);
             std::fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
@@ -1632,35 +1513,4 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let mut f = File::create(path).map_err(|e| io_err(path, e))?;
     f.write_all(bytes).map_err(|e| io_err(path, e))?;
     f.sync_all().map_err(|e| io_err(path, e))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn make_index_record(
-    key: ExpertKey,
-    segment: u32,
-    enc: Encoding,
-    offset: u64,
-    length: u64,
-    payload_len: u64,
-    hidden: u32,
-    intermediate: u32,
-    checksum: u64,
-) -> IndexRecord {
-    let mut r = IndexRecord {
-        layer: U32::new(key.layer),
-        expert: U32::new(key.expert),
-        segment: U32::new(segment),
-        encoding: U16::new(enc.id()),
-        group_size: U16::new(enc.group_size()),
-        offset: U64::new(offset),
-        length: U64::new(length),
-        payload_len: U64::new(payload_len),
-        hidden: U32::new(hidden),
-        intermediate: U32::new(intermediate),
-        checksum: U64::new(checksum),
-        reserved: U32::new(0),
-        crc: U32::new(0),
-    };
-    r.crc = U32::new(r.compute_crc());
-    r
 }

@@ -71,8 +71,8 @@ fn multi_piece_records_roundtrip_reuse_buffers_and_detect_flips() {
         for (i, (k, h, inter, mats)) in m.experts.iter().enumerate() {
             let b = verified.fetch_one(*k).unwrap();
             assert_eq!((b.hidden, b.intermediate), (*h, *inter));
-            assert_eq!(b.gate().data, &mats[0].data[..]);
-            assert_eq!(b.down().data, &mats[2].data[..]);
+            assert_eq!(b.gate().data(), &mats[0].data[..]);
+            assert_eq!(b.down().data(), &mats[2].data[..]);
             assert_eq!(b.bytes(), &want[i][..]);
         }
         // Alternate keys and batch orders so recycled buffers hold the other record's bytes.

@@ -48,9 +48,9 @@ fn golden_v1_opens_verifies_and_decodes() {
     assert_eq!(probe["layer"], 0);
     assert_eq!(probe["expert"], 0);
     let gate = experts[0].gate();
-    assert_eq!(gate.encoding, Encoding::Int4 { group_size: 64 });
+    assert_eq!(gate.encoding(), Encoding::Int4 { group_size: 64 });
     let want = probe["int4_dequantized"].as_array().expect("probe rows");
-    let mut row = vec![0f32; gate.cols];
+    let mut row = vec![0f32; gate.cols()];
     for (r, want_row) in want.iter().enumerate() {
         gate.dequantize_row(r, &mut row);
         let want_row: Vec<f32> = want_row

@@ -31,7 +31,7 @@ fn info_reports_classes_and_provenance() {
     assert_eq!(r["classes"]["attention"]["count"], 2);
     assert_eq!(r["classes"]["embeddings"]["count"], 2);
     assert_eq!(r["classes"]["other_dense"]["count"], 0);
-    assert_eq!(r["store_id"], m.spec.store_id());
+    assert_eq!(r["store_id"], m.spec.store_id().to_string());
     assert_eq!(r["format_version"], 1);
     assert_eq!(r["provenance"]["converter"]["version"], "0.1.0-test");
     assert_eq!(r["provenance"]["parameters"]["experts"], "int4-g32");

@@ -71,10 +71,10 @@ fn check_buf(b: &ExpertBuf, m: &Model) {
     let (_, h, i, mats) = m.experts.iter().find(|e| e.0 == b.key).unwrap();
     assert_eq!((b.hidden, b.intermediate), (*h, *i));
     for (view, want) in [b.gate(), b.up(), b.down()].iter().zip(mats) {
-        assert_eq!(view.data, &want.data[..], "{} data", b.key);
-        assert_eq!(view.scales.len(), want.scales.len());
+        assert_eq!(view.data(), &want.data[..], "{} data", b.key);
+        assert_eq!(view.scales().len(), want.scales.len());
         assert!(view
-            .scales
+            .scales()
             .iter()
             .zip(&want.scales)
             .all(|(a, b)| a.to_bits() == b.to_bits()));

@@ -330,7 +330,7 @@ fn measured_weights_are_cached_per_store_and_device() {
     assert_eq!(cache.len(), 2);
     assert!(cache
         .keys()
-        .all(|k| k.starts_with(&store.manifest().store_id)));
+        .all(|k| k.starts_with(&store.manifest().store_id.to_string())));
     for v in cache.values_mut() {
         *v = 12345.0;
     }

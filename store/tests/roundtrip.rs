@@ -50,11 +50,14 @@ fn check_roundtrip(p: &ModelParams, io: IoPreference) {
         assert_eq!((b.hidden, b.intermediate), (*h, *i));
         assert_eq!(b.len_bytes() % p.alignment, 0);
         for (view, want) in [b.gate(), b.up(), b.down()].iter().zip(mats) {
-            assert_eq!(view.encoding, want.encoding);
-            assert_eq!((view.rows, view.cols), (want.rows, want.cols));
-            assert_eq!(view.data, &want.data[..], "{k} data");
+            assert_eq!(view.encoding(), want.encoding);
+            assert_eq!((view.rows(), view.cols()), (want.rows, want.cols));
+            assert_eq!(view.data(), &want.data[..], "{k} data");
             assert_eq!(
-                view.scales.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                view.scales()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
                 want.scales.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "{k} scales"
             );
@@ -63,14 +66,9 @@ fn check_roundtrip(p: &ModelParams, io: IoPreference) {
         let mut got = vec![0f32; *h];
         let mut want = vec![0f32; *h];
         b.gate().dequantize_row(i - 1, &mut got);
-        MatrixView {
-            encoding: mats[0].encoding,
-            rows: *i,
-            cols: *h,
-            data: &mats[0].data,
-            scales: &mats[0].scales,
-        }
-        .dequantize_row(i - 1, &mut want);
+        MatrixView::new(mats[0].encoding, *i, *h, &mats[0].data, &mats[0].scales)
+            .unwrap()
+            .dequantize_row(i - 1, &mut want);
         assert_eq!(
             got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
@@ -82,7 +80,7 @@ fn check_roundtrip(p: &ModelParams, io: IoPreference) {
         assert_eq!(d.data, &t.data[..]);
         assert_eq!(d.scales, &t.scales[..]);
         let mv = d.matrix();
-        assert_eq!((mv.rows, mv.cols), (t.rows, t.cols));
+        assert_eq!((mv.rows(), mv.cols()), (t.rows, t.cols));
         assert_eq!(d.to_f32().len(), t.rows * t.cols);
     }
     for (name, bytes) in &m.files {
@@ -248,7 +246,7 @@ fn concurrent_fetches() {
                         .collect();
                     for b in store.fetch(&keys).unwrap() {
                         let want = &m.experts.iter().find(|e| e.0 == b.key).unwrap().3;
-                        assert_eq!(b.down().data, &want[2].data[..]);
+                        assert_eq!(b.down().data(), &want[2].data[..]);
                     }
                 }
             })

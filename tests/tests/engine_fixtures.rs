@@ -270,7 +270,7 @@ fn generation_stops_on_every_eos_id() {
     let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
     let want = ids(&exp["greedy_lossless"]);
     assert_eq!(
-        e.config().eos_token_ids,
+        e.spec().eos_token_ids,
         vec![exp["eos_token_id"].as_u64().unwrap() as u32]
     );
     let params = GenerateParams {

@@ -169,7 +169,7 @@ fn pinned_experts_are_the_hottest_and_stay() {
     };
     run(&dir, &prompt, &base);
     let store = open_store(&dir, true, IoPreference::Auto);
-    let h = coli_engine::usage::UsageHistory::load(&usage, &store.manifest().store_id)
+    let h = coli_engine::usage::UsageHistory::load(&usage, store.manifest().store_id)
         .unwrap()
         .unwrap();
     let hot = h.hottest();
@@ -199,7 +199,7 @@ fn pinned_experts_are_the_hottest_and_stay() {
         assert!(store.record(k).is_some());
     }
     // The runs were merged into the file: more tokens than after the first run.
-    let h2 = coli_engine::usage::UsageHistory::load(&usage, &store.manifest().store_id)
+    let h2 = coli_engine::usage::UsageHistory::load(&usage, store.manifest().store_id)
         .unwrap()
         .unwrap();
     assert!(h2.tokens > h.tokens, "{} vs {}", h2.tokens, h.tokens);

@@ -197,7 +197,7 @@ fn plan(store: &Store, a: &SelectArgs) -> Result<Plan> {
         }
         (keys.into_iter().map(|k| (k, 0.0)).collect(), "explicit")
     } else {
-        let sid = &store.manifest().store_id;
+        let sid = store.manifest().store_id;
         let path = a.usage.clone().or_else(|| default_usage_path(sid));
         let hist = match &path {
             Some(p) if p.exists() || a.usage.is_some() => UsageHistory::load(p, sid)

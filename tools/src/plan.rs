@@ -118,17 +118,17 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let budget = eng.placement().budget;
     let context = eng.context();
     let kv_bytes = eng.kv_bytes_per_token() * context as u64;
-    let top_k = eng.config().top_k as f64;
+    let top_k = eng.spec().top_k as f64;
     let step_bytes =
-        coli_engine::engine::decode_step_bytes(&store, eng.config().num_layers, eng.config().top_k);
+        coli_engine::engine::decode_step_bytes(&store, eng.spec().num_layers, eng.spec().top_k);
     drop(eng);
 
     let usage_path = a
         .usage
         .clone()
-        .or_else(|| coli_engine::usage::default_usage_path(&m.store_id));
+        .or_else(|| coli_engine::usage::default_usage_path(m.store_id));
     let history = match &usage_path {
-        Some(p) => match coli_engine::usage::UsageHistory::load_locked(p, &m.store_id) {
+        Some(p) => match coli_engine::usage::UsageHistory::load_locked(p, m.store_id) {
             Ok(h) => h.filter(|h| h.tokens > 0.0),
             Err(e) => {
                 eprintln!("warning: {e}");
@@ -196,7 +196,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     };
     let plan = Plan {
         store: a.store.display().to_string(),
-        store_id: m.store_id.clone(),
+        store_id: m.store_id.to_string(),
         experts: index.len(),
         expert_bytes_total,
         mean_expert_bytes: mean,

@@ -160,7 +160,7 @@ fn plan_ranks_by_usage_within_the_budget() {
     std::fs::create_dir(&m).unwrap();
     let ms = m.to_str().unwrap();
     let st = Store::open(&store).unwrap();
-    let id = st.manifest().store_id.clone();
+    let id = st.manifest().store_id;
     let rec_len = st.index()[0].length.get();
     drop(st);
     let usage = t.path().join("usage.json");

@@ -163,13 +163,7 @@ mod tests {
     }
 
     fn linear(bytes: &[u8], rows: usize, cols: usize) -> Linear<'_> {
-        let w = MatrixView {
-            encoding: Encoding::F32,
-            rows,
-            cols,
-            data: bytes,
-            scales: &[],
-        };
+        let w = MatrixView::new(Encoding::F32, rows, cols, bytes, &[]).unwrap();
         Linear {
             name: "identity".into(),
             w,

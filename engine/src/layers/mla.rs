@@ -19,259 +19,49 @@
 //! `attn_impl="absorb"`). GLM-5 (`glm_moe_dsa`) restricts each query to the keys its indexer
 //! selects.
 
-use crate::config::{cfg_err, get_bool, get_f64, get_usize, req_usize};
-use crate::error::Result;
-use crate::layers::dsa_indexer::{DsaConfig, DsaIndexer, Selection};
+use crate::layers::dsa_indexer::{DsaIndexer, Selection};
 use crate::layers::{LayerKv, Linear, RmsNorm, Rope};
+use coli_format::spec::mla::yarn_mscale;
+use coli_format::spec::MlaSpec;
 use rayon::prelude::*;
-use serde_json::Value;
 use std::sync::{Arc, Mutex};
 
-/// YaRN parameters (`rope_scaling` / `rope_parameters` with `type`/`rope_type` `"yarn"`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Yarn {
-    /// `factor` (context extension ratio).
-    pub factor: f64,
-    /// `original_max_position_embeddings` (tokens).
-    pub original_max_position_embeddings: f64,
-    /// `beta_fast` (default 32).
-    pub beta_fast: f64,
-    /// `beta_slow` (default 1).
-    pub beta_slow: f64,
-    /// `mscale` (None when absent).
-    pub mscale: Option<f64>,
-    /// `mscale_all_dim` (None when absent).
-    pub mscale_all_dim: Option<f64>,
-}
-
-/// The MLA / DeepSeek-V3 specific part of config.json.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MlaConfig {
-    /// `q_lora_rank` (None: plain `q_proj`).
-    pub q_lora_rank: Option<usize>,
-    /// `kv_lora_rank` (latent width, values per token in the cache besides `k_pe`).
-    pub kv_lora_rank: usize,
-    /// `qk_nope_head_dim`.
-    pub qk_nope_head_dim: usize,
-    /// `qk_rope_head_dim` (RoPE dimension, one shared key head).
-    pub qk_rope_head_dim: usize,
-    /// `v_head_dim`.
-    pub v_head_dim: usize,
-    /// RoPE base.
-    pub rope_theta: f64,
-    /// `rope_interleave` (default true): rotate pairs `(x[2i], x[2i+1])`.
-    pub rope_interleave: bool,
-    /// YaRN scaling, when configured.
-    pub yarn: Option<Yarn>,
-    /// `(dn + dr)^-0.5`, times `mscale(factor, mscale_all_dim)^2` under YaRN.
-    pub softmax_scale: f32,
-    /// Routing groups `n_group` (1: no group step).
-    pub n_group: usize,
-    /// Groups kept per token, `topk_group`.
-    pub topk_group: usize,
-    /// `routed_scaling_factor`, multiplies the routing weights.
-    pub routed_scaling_factor: f32,
-    /// `n_shared_experts` (shared SwiGLU of `moe_intermediate_size * n_shared_experts`).
-    pub n_shared_experts: usize,
-    /// Layers below this index have a dense MLP.
-    pub first_k_dense_replace: usize,
-    /// A layer at or past `first_k_dense_replace` is MoE when `layer % moe_layer_freq == 0`.
-    pub moe_layer_freq: usize,
-    /// `num_nextn_predict_layers` (MTP layers stored after the decoder layers).
-    pub num_nextn_predict_layers: usize,
-    /// GLM-5 `mlp_layer_types` (true = `"sparse"`, MoE); None: derived from
-    /// `first_k_dense_replace` / `moe_layer_freq`.
-    pub mlp_sparse: Option<Vec<bool>>,
-    /// GLM-5 DSA indexer (`glm_moe_dsa`), None for DeepSeek-V3 / Kimi-K2.
-    pub dsa: Option<DsaConfig>,
-}
-
-/// transformers' `get_mscale` / `yarn_get_mscale`: `0.1 * m * ln(scale) + 1`, 1 when scale <= 1.
-pub fn yarn_mscale(scale: f64, m: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * m * scale.ln() + 1.0
+/// The rotary frequencies (`qk_rope_head_dim / 2` values, f32) and the cos/sin multiplier
+/// (`attention_factor`), as `_compute_yarn_parameters` (YaRN) or the default RoPE.
+pub fn mla_rope(m: &MlaSpec) -> (Rope, f32) {
+    let d = m.qk_rope_head_dim;
+    let base = Rope::new(d, m.rope_theta);
+    let Some(y) = &m.yarn else {
+        return (base, 1.0);
+    };
+    let attention_factor = match (y.mscale, y.mscale_all_dim) {
+        (Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+            yarn_mscale(y.factor, m) / yarn_mscale(y.factor, ma)
+        }
+        _ => yarn_mscale(y.factor, 1.0),
+    };
+    let theta = m.rope_theta;
+    let cd = |r: f64| {
+        d as f64 * (y.original_max_position_embeddings / (r * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let low = cd(y.beta_fast).floor().max(0.0);
+    let mut high = cd(y.beta_slow).ceil().min(d as f64 - 1.0);
+    if low == high {
+        high += 0.001;
     }
-}
-
-impl MlaConfig {
-    /// Reads the MLA, RoPE and routing keys of a DeepSeek-V3 config.json (`v`), with
-    /// `DeepseekV3Config`'s defaults; `num_experts` is `n_routed_experts`. `glm` (model_type
-    /// `glm_moe_dsa`): RoPE always interleaved, `mlp_layer_types` and the DSA indexer keys
-    /// ([`DsaConfig::from_json`]) are read too.
-    ///
-    /// # Errors
-    /// [`crate::EngineError::Config`] for missing/mistyped keys or groups that do not divide
-    /// the experts; [`crate::EngineError::Unsupported`] for another rope type or scoring.
-    pub fn from_json(
-        v: &Value,
-        num_experts: usize,
-        default_theta: f64,
-        glm: bool,
-    ) -> Result<MlaConfig> {
-        if let Some(s) = v.get("scoring_func").and_then(Value::as_str) {
-            if s != "sigmoid" {
-                return Err(crate::EngineError::Unsupported(format!(
-                    "scoring_func {s:?} (only sigmoid for deepseek_v3)"
-                )));
-            }
-        }
-        if let Some(s) = v.get("topk_method").and_then(Value::as_str) {
-            if s != "noaux_tc" {
-                return Err(crate::EngineError::Unsupported(format!(
-                    "topk_method {s:?} (only noaux_tc for deepseek_v3)"
-                )));
-            }
-        }
-        let params = match (v.get("rope_parameters"), v.get("rope_scaling")) {
-            (Some(p), _) if p.is_object() => Some(p),
-            (_, Some(s)) if s.is_object() => Some(s),
-            _ => None,
-        };
-        let mut rope_theta = get_f64(v, "rope_theta")?;
-        let mut yarn = None;
-        if let Some(p) = params {
-            if let Some(t) = get_f64(p, "rope_theta")? {
-                rope_theta = Some(t);
-            }
-            let ty = p
-                .get("rope_type")
-                .or_else(|| p.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            match ty {
-                "default" => {}
-                "yarn" => {
-                    let factor = get_f64(p, "factor")?
-                        .ok_or_else(|| cfg_err("yarn rope scaling without factor"))?;
-                    let orig = get_f64(p, "original_max_position_embeddings")?
-                        .or(get_f64(v, "max_position_embeddings")?)
-                        .ok_or_else(|| cfg_err("yarn needs original_max_position_embeddings"))?;
-                    yarn = Some(Yarn {
-                        factor,
-                        original_max_position_embeddings: orig,
-                        beta_fast: get_f64(p, "beta_fast")?.unwrap_or(32.0),
-                        beta_slow: get_f64(p, "beta_slow")?.unwrap_or(1.0),
-                        mscale: get_f64(p, "mscale")?,
-                        mscale_all_dim: get_f64(p, "mscale_all_dim")?,
-                    });
-                }
-                other => {
-                    return Err(crate::EngineError::Unsupported(format!(
-                        "rope type {other:?} (deepseek_v3 runs default and yarn)"
-                    )))
-                }
-            }
-        }
-        let qk_nope_head_dim = req_usize(v, "qk_nope_head_dim")?;
-        let qk_rope_head_dim = req_usize(v, "qk_rope_head_dim")?;
-        if qk_rope_head_dim == 0 || qk_rope_head_dim % 2 != 0 {
-            return Err(cfg_err(format!(
-                "qk_rope_head_dim {qk_rope_head_dim} must be even and positive"
-            )));
-        }
-        let mut softmax_scale = ((qk_nope_head_dim + qk_rope_head_dim) as f64).powf(-0.5);
-        if let Some(y) = &yarn {
-            if let Some(m) = y.mscale_all_dim.filter(|&m| m != 0.0) {
-                let s = yarn_mscale(y.factor, m);
-                softmax_scale *= s * s;
-            }
-        }
-        let num_layers = req_usize(v, "num_hidden_layers")?;
-        let (mlp_sparse, dsa) = if glm {
-            let sparse = match v.get("mlp_layer_types") {
-                None | Some(Value::Null) => None,
-                Some(Value::Array(a)) if a.len() == num_layers => Some(
-                    a.iter()
-                        .map(|t| match t.as_str() {
-                            Some("sparse") => Ok(true),
-                            Some("dense") => Ok(false),
-                            _ => Err(cfg_err(format!(
-                                "mlp_layer_types entry {t} (\"dense\" or \"sparse\")"
-                            ))),
-                        })
-                        .collect::<Result<Vec<bool>>>()?,
-                ),
-                Some(x) => {
-                    return Err(cfg_err(format!(
-                        "mlp_layer_types must list {num_layers} strings, found {x}"
-                    )))
-                }
-            };
-            (
-                sparse,
-                Some(DsaConfig::from_json(v, num_layers, qk_rope_head_dim)?),
-            )
-        } else {
-            (None, None)
-        };
-        let n_group = get_usize(v, "n_group")?.unwrap_or(1).max(1);
-        let topk_group = get_usize(v, "topk_group")?.unwrap_or(1).max(1);
-        if !num_experts.is_multiple_of(n_group) || topk_group > n_group {
-            return Err(cfg_err(format!(
-                "n_group {n_group} must divide n_routed_experts {num_experts} and be >= topk_group {topk_group}"
-            )));
-        }
-        Ok(MlaConfig {
-            q_lora_rank: get_usize(v, "q_lora_rank")?,
-            kv_lora_rank: req_usize(v, "kv_lora_rank")?,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            v_head_dim: req_usize(v, "v_head_dim")?,
-            rope_theta: rope_theta.unwrap_or(default_theta),
-            rope_interleave: glm || get_bool(v, "rope_interleave")?.unwrap_or(true),
-            yarn,
-            softmax_scale: softmax_scale as f32,
-            n_group,
-            topk_group,
-            routed_scaling_factor: get_f64(v, "routed_scaling_factor")?.unwrap_or(1.0) as f32,
-            n_shared_experts: get_usize(v, "n_shared_experts")?.unwrap_or(0),
-            first_k_dense_replace: get_usize(v, "first_k_dense_replace")?.unwrap_or(0),
-            moe_layer_freq: get_usize(v, "moe_layer_freq")?.unwrap_or(1).max(1),
-            num_nextn_predict_layers: get_usize(v, "num_nextn_predict_layers")?.unwrap_or(0),
-            mlp_sparse,
-            dsa,
+    let factor = y.factor as f32;
+    let inv_freq = base
+        .inv_freq
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
+            let extrapolation = 1.0 - ramp;
+            (f / factor) * (1.0 - extrapolation) + f * extrapolation
         })
-    }
-
-    /// The rotary frequencies (`qk_rope_head_dim / 2` values, f32) and the cos/sin multiplier
-    /// (`attention_factor`), as `_compute_yarn_parameters` (YaRN) or the default RoPE.
-    pub fn rope(&self) -> (Rope, f32) {
-        let d = self.qk_rope_head_dim;
-        let base = Rope::new(d, self.rope_theta);
-        let Some(y) = &self.yarn else {
-            return (base, 1.0);
-        };
-        let attention_factor = match (y.mscale, y.mscale_all_dim) {
-            (Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
-                yarn_mscale(y.factor, m) / yarn_mscale(y.factor, ma)
-            }
-            _ => yarn_mscale(y.factor, 1.0),
-        };
-        let theta = self.rope_theta;
-        let cd = |r: f64| {
-            d as f64 * (y.original_max_position_embeddings / (r * 2.0 * std::f64::consts::PI)).ln()
-                / (2.0 * theta.ln())
-        };
-        let low = cd(y.beta_fast).floor().max(0.0);
-        let mut high = cd(y.beta_slow).ceil().min(d as f64 - 1.0);
-        if low == high {
-            high += 0.001;
-        }
-        let factor = y.factor as f32;
-        let inv_freq = base
-            .inv_freq
-            .iter()
-            .enumerate()
-            .map(|(i, &f)| {
-                let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
-                let extrapolation = 1.0 - ramp;
-                (f / factor) * (1.0 - extrapolation) + f * extrapolation
-            })
-            .collect();
-        (Rope { inv_freq }, attention_factor as f32)
-    }
+        .collect();
+    (Rope { inv_freq }, attention_factor as f32)
 }
 
 /// The DSA part of a GLM-5 attention block: a `"full"` layer runs its indexer and publishes
@@ -606,45 +396,23 @@ mod tests {
 
     #[test]
     fn yarn_ramp_and_mscale_match_the_notes() {
-        let v = json!({"qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-            "kv_lora_rank": 32, "num_hidden_layers": 2, "rope_theta": 10000.0,
+        let v = json!({"model_type": "deepseek_v3", "vocab_size": 10, "hidden_size": 16,
+            "num_attention_heads": 2, "n_routed_experts": 16, "moe_intermediate_size": 8,
+            "num_experts_per_tok": 2, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+            "v_head_dim": 16, "kv_lora_rank": 32, "num_hidden_layers": 2, "rope_theta": 10000.0,
             "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                              "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}});
-        let c = MlaConfig::from_json(&v, 16, 1e4, false).unwrap();
+        let spec = coli_format::ModelSpec::from_config(&v, None).unwrap();
+        let c = spec.mla.as_ref().unwrap();
         let m = 0.1 * 4f64.ln() + 1.0;
         assert!((c.softmax_scale as f64 - 24f64.powf(-0.5) * m * m).abs() < 1e-6);
-        let (r, af) = c.rope();
+        let (r, af) = mla_rope(c);
         assert_eq!(af, 1.0);
         let base = Rope::new(8, 1e4);
         // Ramp [0, .5, 1, 1]: i=0 keeps the frequency, i>=2 are divided by the factor.
         assert_eq!(r.inv_freq[0], base.inv_freq[0]);
         assert!((r.inv_freq[1] - base.inv_freq[1] * (0.5 + 0.5 / 4.0)).abs() < 1e-7);
         assert!((r.inv_freq[3] - base.inv_freq[3] / 4.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn kimi_k2_is_deepseek_v3_and_dense_layers_come_first() {
-        let v = json!({"model_type": "kimi_k2", "vocab_size": 100, "hidden_size": 64,
-            "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 96,
-            "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
-            "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
-            "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1,
-            "n_group": 2, "topk_group": 1, "rope_theta": 50000.0});
-        let c = crate::config::ModelConfig::from_json(&v, None).unwrap();
-        assert_eq!(c.family, crate::config::Family::DeepseekV3);
-        let m = c.mla.as_ref().unwrap();
-        assert_eq!(m.q_lora_rank, None);
-        assert!(m.rope_interleave && m.yarn.is_none());
-        assert_eq!(c.rope_theta, 50000.0);
-        assert!((m.softmax_scale - 24f32.powf(-0.5)).abs() < 1e-7);
-        assert!(!c.is_moe_layer(0) && c.is_moe_layer(1) && c.is_moe_layer(3));
-        let mut bad = v.clone();
-        bad["n_group"] = json!(3);
-        assert!(crate::config::ModelConfig::from_json(&bad, None).is_err());
-        bad["n_group"] = json!(2);
-        bad["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
-        let e = crate::config::ModelConfig::from_json(&bad, None).unwrap_err();
-        assert!(e.to_string().contains("llama3"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,8 @@
 //! The SwiGLU feed-forward `down(silu(gate x) * up x)`, over dense weights (Qwen3-MoE dense
 //! layers) or over one routed expert's matrices.
 
-use crate::error::Result;
 use crate::layers::Linear;
-use coli_store::{MatrixView, Store};
+use coli_store::MatrixView;
 
 /// `silu(g) * u` elementwise into `g` (f32, torch's `act_fn(gate) * up`).
 pub(crate) fn swiglu_inplace(g: &mut [f32], u: &[f32]) {
@@ -22,7 +21,7 @@ pub(crate) fn swiglu(
     n: usize,
     y: &mut [f32],
 ) {
-    let inter = gate.rows;
+    let inter = gate.rows();
     let mut g = vec![0f32; n * inter];
     let mut u = vec![0f32; n * inter];
     if n == 1 {
@@ -48,19 +47,7 @@ pub struct Mlp<'s> {
     pub down: Linear<'s>,
 }
 
-impl<'s> Mlp<'s> {
-    /// Loads `{prefix}.gate_proj`, `{prefix}.up_proj`, `{prefix}.down_proj` (no biases).
-    ///
-    /// # Errors
-    /// Missing tensors or wrong shapes, naming the tensor.
-    pub fn load(store: &'s Store, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp<'s>> {
-        Ok(Mlp {
-            gate: Linear::load(store, &format!("{prefix}.gate_proj"), inter, hidden, false)?,
-            up: Linear::load(store, &format!("{prefix}.up_proj"), inter, hidden, false)?,
-            down: Linear::load(store, &format!("{prefix}.down_proj"), hidden, inter, false)?,
-        })
-    }
-
+impl Mlp<'_> {
     /// `y[n, H] = down(silu(gate x) * up x)`.
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
         swiglu(&self.gate.w, &self.up.w, &self.down.w, x, n, y);

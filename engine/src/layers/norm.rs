@@ -1,10 +1,6 @@
 //! RMSNorm as transformers' `MixtralRMSNorm` / `Qwen3MoeRMSNorm` / `OlmoeRMSNorm`:
 //! `w * (x * rsqrt(mean(x^2) + eps))`, all in f32.
 
-use crate::error::Result;
-use crate::layers::linear::load_vector;
-use coli_store::Store;
-
 /// An RMSNorm over vectors of `weight.len()` values, weight kept as f32.
 pub struct RmsNorm {
     /// Scale, f32 `[dim]`.
@@ -14,17 +10,6 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `name` (a 1-D tensor of `dim` values).
-    ///
-    /// # Errors
-    /// Missing tensor or wrong shape, naming the tensor.
-    pub fn load(store: &Store, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: load_vector(store, name, dim, "RMSNorm weight")?,
-            eps,
-        })
-    }
-
     /// Normalizes each `dim`-long row of `x` into the same row of `out`.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
         let d = self.weight.len();

@@ -1,29 +1,22 @@
-//! Mixtral (`model_type: mixtral`), as transformers 5.23 `modeling_mixtral.py`:
+//! Mixtral (`model_type: mixtral`), as transformers 5.23 `modeling_mixtral.py` (tensors and
+//! config in `coli_format::spec::mixtral`):
 //!
 //! - attention: q/k/v/o projections without bias, no q/k norm, RoPE, GQA, optional
 //!   `sliding_window`;
-//! - every layer is sparse: router `block_sparse_moe.gate` (legacy checkpoint name) or
-//!   `mlp.gate` (transformers 5 name), softmax over the f32 logits, top-k, and the top-k weights
-//!   ALWAYS renormalized to sum to 1 (`MixtralTopKRouter`);
+//! - every layer is sparse: router `block_sparse_moe.gate`, softmax over the f32 logits, top-k,
+//!   and the top-k weights ALWAYS renormalized to sum to 1 (`MixtralTopKRouter`);
 //! - experts: SwiGLU `w2(silu(w1 x) * w3 x)` (gate, up, down in the store's expert records).
 
-use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::{Ffn, QkNorm};
-use crate::models::{assemble, load_moe, Model};
-use coli_store::Store;
+use crate::layers::QkNorm;
+use crate::models::{assemble_gqa, Parts};
+use crate::weights::Weights;
+use coli_format::ModelSpec;
 
-/// Builds a Mixtral model over `store`.
+/// Loads a Mixtral model's weights.
 ///
 /// # Errors
-/// Missing or misshapen tensors (named), expert counts differing from the config.
-pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
-    let c = config.clone();
-    assemble(store, config, |i| {
-        let routers = [
-            format!("model.layers.{i}.block_sparse_moe.gate"),
-            format!("model.layers.{i}.mlp.gate"),
-        ];
-        Ok((QkNorm::None, Ffn::Moe(load_moe(store, &c, i, &routers)?)))
-    })
+/// Missing or misshapen tensors (named).
+pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
+    assemble_gqa(w, spec, |_, _| Ok(QkNorm::None))
 }

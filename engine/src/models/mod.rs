@@ -1,5 +1,7 @@
-//! The supported architectures. Each file says how one family's checkpoint maps onto the shared
-//! blocks of [`crate::layers`] (tensor names, q/k norms, routing rule); [`Model`] is the result.
+//! The supported architectures. The model spec (`coli_format::spec`, one file per family) names
+//! every tensor and its shape; each file here says how one family's spec maps onto the shared
+//! blocks of [`crate::layers`] (which q/k norm, which router) and loads them through
+//! [`Weights`], the one narrow loading API. [`Model`] is the result.
 
 pub mod deepseek_v3;
 pub mod mixtral;
@@ -7,225 +9,249 @@ pub mod mtp;
 pub mod olmoe;
 pub mod qwen3_moe;
 
-use crate::config::{Family, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::layers::linear::load_matrix;
-use crate::layers::{
-    Attention, DecoderLayer, Ffn, Linear, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn,
-};
+use crate::layers::{Attention, DecoderLayer, Ffn, Mlp, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn};
+use crate::weights::Weights;
+use coli_format::spec::{AttentionSpec, Family, LayerSpec, MlpSpec, ModelSpec, MoeSpec, Routing};
 use coli_store::{MatrixView, Store};
+use std::collections::BTreeSet;
 
 /// A loaded model: dense weights borrowed from the store's memory map (norms copied to f32),
 /// routed experts left in the store (read through the expert cache).
 pub struct Model<'s> {
-    /// The config it was built from.
-    pub config: ModelConfig,
+    /// The spec it was built from.
+    pub spec: ModelSpec,
     /// `model.embed_tokens.weight` `[vocab, H]`.
     pub embed: MatrixView<'s>,
     /// Decoder layers.
     pub layers: Vec<DecoderLayer<'s>>,
     /// `model.norm.weight`.
     pub final_norm: RmsNorm,
-    /// `lm_head.weight` `[vocab, H]`, or the embedding when tied.
+    /// `lm_head.weight` `[vocab, H]`, or the embedding when tied and the store has none.
     pub lm_head: MatrixView<'s>,
     /// Rotary frequencies.
     pub rope: Rope,
     /// The multi-token-prediction layer (MLA families whose store holds it).
     pub mtp: Option<mtp::MtpLayer<'s>>,
+    /// Every dense tensor the model loaded (names as in the store).
+    pub tensors_read: BTreeSet<String>,
+    /// What the load could not use and went on without (an incomplete MTP layer of a store
+    /// written by an older converter), for the caller to show.
+    pub warnings: Vec<String>,
 }
 
 impl<'s> Model<'s> {
-    /// Builds the model of `config.family` from `store`.
+    /// Builds the model `spec` describes from `store`.
     ///
     /// # Errors
-    /// Missing or misshapen tensors, or a store whose expert layers disagree with the config.
-    pub fn load(store: &'s Store, config: ModelConfig) -> Result<Model<'s>> {
-        match config.family {
-            Family::Mixtral => mixtral::load(store, config),
-            Family::Qwen3Moe => qwen3_moe::load(store, config),
-            Family::Olmoe => olmoe::load(store, config),
-            Family::DeepseekV3 | Family::GlmMoeDsa => deepseek_v3::load(store, config),
-        }
+    /// Missing or misshapen tensors (named), or a store whose expert layers disagree with the
+    /// spec.
+    pub fn load(store: &'s Store, spec: ModelSpec) -> Result<Model<'s>> {
+        check_expert_layers(store, &spec)?;
+        let mut w = Weights::new(store);
+        let mut warnings = Vec::new();
+        let parts = match spec.family {
+            Family::Mixtral => mixtral::load(&mut w, &spec)?,
+            Family::Qwen3Moe => qwen3_moe::load(&mut w, &spec)?,
+            Family::Olmoe => olmoe::load(&mut w, &spec)?,
+            Family::DeepseekV3 | Family::GlmMoeDsa => {
+                deepseek_v3::load(&mut w, &spec, &mut warnings)?
+            }
+        };
+        Ok(Model {
+            embed: parts.embed,
+            layers: parts.layers,
+            final_norm: parts.final_norm,
+            lm_head: parts.lm_head,
+            rope: parts.rope,
+            mtp: parts.mtp,
+            tensors_read: w.into_read(),
+            warnings,
+            spec,
+        })
+    }
+
+    /// Every `(layer, experts)` whose routed experts the model reads (main layers, then the
+    /// MTP layer when loaded).
+    pub fn expert_layers(&self) -> Vec<(u32, usize)> {
+        let moe = |l: &DecoderLayer<'_>| match &l.ffn {
+            Ffn::Moe(m) => Some((m.layer, m.num_experts)),
+            Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.experts.num_experts)),
+            Ffn::Dense(_) => None,
+        };
+        self.layers
+            .iter()
+            .chain(self.mtp.as_ref().map(|m| &m.decoder))
+            .filter_map(moe)
+            .collect()
     }
 }
 
-/// Experts the store holds for `layer` (0 when the layer has none).
-pub(crate) fn store_experts(store: &Store, layer: usize) -> usize {
-    store
+/// What a family's loader builds.
+pub(crate) struct Parts<'s> {
+    pub embed: MatrixView<'s>,
+    pub layers: Vec<DecoderLayer<'s>>,
+    pub final_norm: RmsNorm,
+    pub lm_head: MatrixView<'s>,
+    pub rope: Rope,
+    pub mtp: Option<mtp::MtpLayer<'s>>,
+}
+
+/// The store's expert layers must be the spec's MoE layers (the MTP layer is optional), with
+/// the spec's expert counts.
+fn check_expert_layers(store: &Store, spec: &ModelSpec) -> Result<()> {
+    let wanted = spec.expert_layers();
+    let mtp = spec.mtp_layer().map(|n| n as u32);
+    let have: Vec<(u32, u32)> = store
         .manifest()
         .expert_layers
         .iter()
-        .find(|l| l.layer as usize == layer)
-        .map_or(0, |l| l.num_experts as usize)
-}
-
-/// Loads the attention block at `model.layers.{i}.self_attn`.
-pub(crate) fn load_attention<'s>(
-    store: &'s Store,
-    c: &ModelConfig,
-    i: usize,
-    qk_norm: QkNorm,
-) -> Result<Attention<'s>> {
-    let p = format!("model.layers.{i}.self_attn");
-    let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    Ok(Attention {
-        q: Linear::load(
-            store,
-            &format!("{p}.q_proj"),
-            qd,
-            c.hidden_size,
-            c.attention_bias,
-        )?,
-        k: Linear::load(
-            store,
-            &format!("{p}.k_proj"),
-            kvd,
-            c.hidden_size,
-            c.attention_bias,
-        )?,
-        v: Linear::load(
-            store,
-            &format!("{p}.v_proj"),
-            kvd,
-            c.hidden_size,
-            c.attention_bias,
-        )?,
-        o: Linear::load(
-            store,
-            &format!("{p}.o_proj"),
-            c.hidden_size,
-            qd,
-            c.attention_bias,
-        )?,
-        qk_norm,
-        clip_qkv: c.clip_qkv,
-        num_heads: c.num_heads,
-        num_kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        window: c.sliding_window,
-    })
-}
-
-/// Loads the MoE block of layer `i` with the router at the first of `router_names` present.
-pub(crate) fn load_moe<'s>(
-    store: &'s Store,
-    c: &ModelConfig,
-    i: usize,
-    router_prefixes: &[String],
-) -> Result<MoeBlock<'s>> {
-    let n = store_experts(store, i);
-    if n != c.num_experts {
-        return Err(EngineError::Config {
-            file: "config.json".into(),
-            what: format!(
-                "layer {i} should have {} routed experts but the store holds {n}",
-                c.num_experts
-            ),
-        });
+        .map(|l| (l.layer, l.num_experts))
+        .collect();
+    for &(l, n) in &have {
+        match wanted.iter().find(|w| w.0 == l) {
+            None => {
+                return Err(EngineError::Config {
+                    file: "config.json".into(),
+                    what: format!(
+                    "the store holds experts for layer {l} which is not a MoE layer of the config"
+                ),
+                })
+            }
+            Some(&(_, want)) if want != n => {
+                return Err(EngineError::Config {
+                    file: "config.json".into(),
+                    what: format!(
+                        "layer {l} should have {want} routed experts but the store holds {n}"
+                    ),
+                })
+            }
+            _ => {}
+        }
     }
-    let prefix = router_prefixes
-        .iter()
-        .find(|p| store.has_dense(&format!("{p}.weight")))
-        .ok_or_else(|| EngineError::MissingTensor {
-            name: format!("{}.weight", router_prefixes[0]),
-            why: format!("router of MoE layer {i}"),
-        })?;
-    Ok(MoeBlock {
-        layer: i as u32,
-        router: Linear::load(store, prefix, c.num_experts, c.hidden_size, false)?,
-        num_experts: c.num_experts,
-        top_k: c.top_k,
-        norm_topk: c.norm_topk_prob,
-        hidden: c.hidden_size,
-        inter: c.moe_intermediate_size,
-    })
-}
-
-/// The output projection `lm_head.weight` [vocab, H], or the token embedding `embed` when the
-/// store has no lm_head and config.json says `tie_word_embeddings`.
-///
-/// # Errors
-/// [`EngineError::MissingTensor`] when neither applies; shape errors from the store.
-pub(crate) fn load_lm_head<'s>(
-    store: &'s Store,
-    c: &ModelConfig,
-    embed: MatrixView<'s>,
-) -> Result<MatrixView<'s>> {
-    if store.has_dense("lm_head.weight") {
-        load_matrix(
-            store,
-            "lm_head.weight",
-            c.vocab_size,
-            c.hidden_size,
-            "output projection",
-        )
-    } else if c.tie_word_embeddings {
-        Ok(embed)
-    } else {
-        Err(EngineError::MissingTensor {
-            name: "lm_head.weight".into(),
-            why: "tie_word_embeddings is false in config.json".into(),
-        })
-    }
-}
-
-/// Assembles a model from per-layer parts built by `layer`.
-pub(crate) fn assemble<'s>(
-    store: &'s Store,
-    config: ModelConfig,
-    mut layer: impl FnMut(usize) -> Result<(QkNorm, Ffn<'s>)>,
-) -> Result<Model<'s>> {
-    let c = &config;
-    // Layers the store holds experts for must be MoE layers of the config and vice versa.
-    for l in &store.manifest().expert_layers {
-        if l.layer as usize >= c.num_layers || !c.is_moe_layer(l.layer as usize) {
+    for &(l, n) in &wanted {
+        if Some(l) != mtp && !have.iter().any(|h| h.0 == l) {
             return Err(EngineError::Config {
                 file: "config.json".into(),
-                what: format!(
-                    "the store holds experts for layer {} which is not a MoE layer of the config",
-                    l.layer
-                ),
+                what: format!("layer {l} should have {n} routed experts but the store holds 0"),
             });
         }
     }
-    let embed = load_matrix(
-        store,
-        "model.embed_tokens.weight",
-        c.vocab_size,
-        c.hidden_size,
-        "token embedding",
-    )?;
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
-        let (qk_norm, ffn) = layer(i)?;
-        let p = format!("model.layers.{i}");
+    Ok(())
+}
+
+/// The GQA attention block of `layer` with the q/k normalization `qk_norm` built from the
+/// spec's norm tensors.
+pub(crate) fn load_attention<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    layer: &LayerSpec,
+    qk_norm: impl FnOnce(&mut Weights<'s>) -> Result<QkNorm>,
+) -> Result<Attention<'s>> {
+    let AttentionSpec::Gqa { q, k, v, o, .. } = &layer.attention else {
+        return Err(EngineError::Config {
+            file: "config.json".into(),
+            what: format!("layer {} has no grouped-query attention", layer.index),
+        });
+    };
+    Ok(Attention {
+        q: w.linear(q)?,
+        k: w.linear(k)?,
+        v: w.linear(v)?,
+        o: w.linear(o)?,
+        qk_norm: qk_norm(w)?,
+        clip_qkv: spec.clip_qkv,
+        num_heads: spec.num_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        window: spec.sliding_window,
+    })
+}
+
+/// A dense SwiGLU MLP.
+pub(crate) fn load_mlp<'s>(w: &mut Weights<'s>, m: &MlpSpec) -> Result<Mlp<'s>> {
+    Ok(Mlp {
+        gate: w.linear(&m.gate)?,
+        up: w.linear(&m.up)?,
+        down: w.linear(&m.down)?,
+    })
+}
+
+/// A MoE block's router and routed experts (the experts stay in the store).
+pub(crate) fn load_moe<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    m: &MoeSpec,
+) -> Result<MoeBlock<'s>> {
+    let renormalize = match spec.routing {
+        Routing::SoftmaxTopK { renormalize } | Routing::GroupedSigmoid { renormalize, .. } => {
+            renormalize
+        }
+    };
+    Ok(MoeBlock {
+        layer: m.experts.layer,
+        router: crate::layers::Linear {
+            name: m.router.name.clone(),
+            w: w.matrix(&m.router)?,
+            bias: None,
+        },
+        num_experts: m.experts.count as usize,
+        top_k: spec.top_k,
+        norm_topk: renormalize,
+        hidden: m.experts.hidden,
+        inter: m.experts.intermediate,
+    })
+}
+
+/// The output projection: `lm_head.weight`, or the token embedding `embed` when
+/// `tie_word_embeddings` and the store has no lm_head.
+///
+/// # Errors
+/// [`EngineError::MissingTensor`] when neither applies; shape errors.
+pub(crate) fn load_lm_head<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    embed: MatrixView<'s>,
+) -> Result<MatrixView<'s>> {
+    let t = &spec.tensors.lm_head;
+    if t.optional && !w.has(t) {
+        Ok(embed)
+    } else {
+        w.matrix(t)
+    }
+}
+
+/// Builds a GQA model: embedding, layers (each with the q/k norm `qk_norm` and the feed-forward
+/// block its spec gives), final norm, output head.
+pub(crate) fn assemble_gqa<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    mut qk_norm: impl FnMut(&mut Weights<'s>, &LayerSpec) -> Result<QkNorm>,
+) -> Result<Parts<'s>> {
+    let t = &spec.tensors;
+    let embed = w.matrix(&t.embed)?;
+    let mut layers = Vec::with_capacity(t.layers.len());
+    for l in &t.layers {
+        let attn = load_attention(w, spec, l, |w| qk_norm(w, l))?;
+        let ffn = match &l.ffn {
+            coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
+            coli_format::spec::FfnSpec::Moe(m) => Ffn::Moe(load_moe(w, spec, m)?),
+        };
         layers.push(DecoderLayer {
-            input_norm: RmsNorm::load(
-                store,
-                &format!("{p}.input_layernorm.weight"),
-                c.hidden_size,
-                c.rms_norm_eps,
-            )?,
-            attn: SelfAttn::Gqa(load_attention(store, c, i, qk_norm)?),
-            post_norm: RmsNorm::load(
-                store,
-                &format!("{p}.post_attention_layernorm.weight"),
-                c.hidden_size,
-                c.rms_norm_eps,
-            )?,
+            input_norm: w.rms_norm(&l.input_norm, spec.rms_norm_eps)?,
+            attn: SelfAttn::Gqa(attn),
+            post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
             ffn,
         });
     }
-    let final_norm = RmsNorm::load(store, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
-    let lm_head = load_lm_head(store, c, embed)?;
-    let rope = Rope::new(c.head_dim, c.rope_theta);
-    Ok(Model {
-        config,
+    let final_norm = w.rms_norm(&t.final_norm, spec.rms_norm_eps)?;
+    let lm_head = load_lm_head(w, spec, embed)?;
+    Ok(Parts {
         embed,
         layers,
         final_norm,
         lm_head,
-        rope,
+        rope: Rope::new(spec.head_dim, spec.rope_theta),
         mtp: None,
     })
 }

@@ -15,17 +15,18 @@
 //! routed experts live in the store like the main layers' (converted with `--mtp`, int8 by
 //! default) and go through the same expert cache.
 
-use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::linear::load_matrix;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
-use coli_store::{MatrixView, Store};
+use crate::weights::Weights;
+use coli_format::spec::layer_of;
+use coli_format::ModelSpec;
+use coli_store::MatrixView;
 
 /// The loaded MTP layer.
 pub struct MtpLayer<'s> {
     /// Its layer index `N = num_hidden_layers`.
     pub layer: usize,
-    /// `model.layers.{N}.embed_tokens.weight` `[vocab, H]` (the main embedding when absent).
+    /// `model.layers.{N}.embed_tokens.weight` `[vocab, H]`.
     pub embed: MatrixView<'s>,
     /// `enorm.weight` `[H]`.
     pub enorm: RmsNorm,
@@ -37,53 +38,73 @@ pub struct MtpLayer<'s> {
     pub decoder: DecoderLayer<'s>,
     /// `shared_head.norm.weight` `[H]`.
     pub norm: RmsNorm,
-    /// `shared_head.head.weight` `[vocab, H]` (the main lm_head when absent).
+    /// `shared_head.head.weight` `[vocab, H]`.
     pub head: MatrixView<'s>,
 }
 
-/// Loads MTP layer `num_hidden_layers` when the config has `num_nextn_predict_layers >= 1`
-/// and the store holds it (`model.layers.{N}.eh_proj.weight`); `Ok(None)` otherwise.
-/// `embed`/`lm_head` stand in for the layer's own copies when the store has none.
+/// Loads the MTP layer the spec declares (`num_nextn_predict_layers` 1) when the store holds
+/// it; `Ok(None)` when the config declares none or the store holds none of it. A store holding
+/// only part of it (written by a converter that did not refuse such checkpoints) runs without
+/// it: the missing tensors are named in a warning pushed to `warnings`.
 ///
 /// # Errors
-/// Missing or misshapen tensors of a present MTP layer, named; its expert count differing
-/// from the config.
-pub fn load<'s>(
-    store: &'s Store,
-    c: &ModelConfig,
+/// Misshapen tensors of a present MTP layer, named.
+pub(crate) fn load<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
     attention_factor: f32,
-    embed: MatrixView<'s>,
-    lm_head: MatrixView<'s>,
+    warnings: &mut Vec<String>,
 ) -> Result<Option<MtpLayer<'s>>> {
-    let Some(m) = &c.mla else { return Ok(None) };
-    let n = c.num_layers;
-    let p = format!("model.layers.{n}");
-    if m.num_nextn_predict_layers == 0 || !store.has_dense(&format!("{p}.eh_proj.weight")) {
+    let Some(m) = spec.tensors.mtp.first() else {
+        return Ok(None);
+    };
+    let n = m.layer.index;
+    let store = w.store();
+    let any_dense = store
+        .manifest()
+        .dense
+        .iter()
+        .any(|d| layer_of(&d.name) == Some(n as u32));
+    let experts = store
+        .manifest()
+        .expert_layers
+        .iter()
+        .any(|l| l.layer as usize == n);
+    if !any_dense && !experts {
         return Ok(None);
     }
-    let h = c.hidden_size;
-    let own = |name: &str, fallback: MatrixView<'s>, why: &str| -> Result<MatrixView<'s>> {
-        let full = format!("{p}.{name}");
-        if store.has_dense(&full) {
-            load_matrix(store, &full, c.vocab_size, h, why)
-        } else {
-            Ok(fallback)
-        }
-    };
+    let mut missing: Vec<&str> = m
+        .dense()
+        .into_iter()
+        .filter(|t| !t.optional && !w.has(t))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !experts {
+        missing.push("its routed experts");
+    }
+    if !missing.is_empty() {
+        warnings.push(format!(
+            "the store's MTP layer model.layers.{n} is incomplete (missing {}): running without multi-token prediction; convert the checkpoint again to include it whole",
+            missing.join(", ")
+        ));
+        return Ok(None);
+    }
+    let eps = spec.rms_norm_eps;
     Ok(Some(MtpLayer {
         layer: n,
-        embed: own("embed_tokens.weight", embed, "MTP token embedding")?,
-        enorm: RmsNorm::load(store, &format!("{p}.enorm.weight"), h, c.rms_norm_eps)?,
-        hnorm: RmsNorm::load(store, &format!("{p}.hnorm.weight"), h, c.rms_norm_eps)?,
-        eh_proj: Linear::load(store, &format!("{p}.eh_proj"), h, 2 * h, false)?,
-        decoder: crate::models::deepseek_v3::load_layer(store, c, n, attention_factor, &mut None)?,
-        norm: RmsNorm::load(
-            store,
-            &format!("{p}.shared_head.norm.weight"),
-            h,
-            c.rms_norm_eps,
+        embed: w.matrix(&m.embed)?,
+        enorm: w.rms_norm(&m.enorm, eps)?,
+        hnorm: w.rms_norm(&m.hnorm, eps)?,
+        eh_proj: w.linear(&m.eh_proj)?,
+        decoder: crate::models::deepseek_v3::load_layer(
+            w,
+            spec,
+            &m.layer,
+            attention_factor,
+            &mut None,
         )?,
-        head: own("shared_head.head.weight", lm_head, "MTP output head")?,
+        norm: w.rms_norm(&m.head_norm, eps)?,
+        head: w.matrix(&m.head)?,
     }))
 }
 
@@ -130,7 +151,7 @@ impl MtpLayer<'_> {
         self.decoder.forward(&mut u, n, pos0, kv, ctx)?;
         let mut normed = vec![0f32; n * h];
         self.norm.forward(&u, &mut normed);
-        let vocab = self.head.rows;
+        let vocab = self.head.rows();
         let mut l = vec![0f32; n * vocab];
         if n == 1 {
             coli_kernels::matvec(&self.head, &normed, &mut l);

@@ -1,4 +1,5 @@
-//! OLMoE (`model_type: olmoe`), as transformers 5.23 `modeling_olmoe.py`:
+//! OLMoE (`model_type: olmoe`), as transformers 5.23 `modeling_olmoe.py` (tensors and config in
+//! `coli_format::spec::olmoe`):
 //!
 //! - attention: q/k/v/o projections (bias when `attention_bias`), then ONE RMSNorm over the
 //!   whole projected q vector (`q_norm`, `hidden_size` = heads * head_dim values) and one over
@@ -7,35 +8,29 @@
 //! - every layer is sparse: router `mlp.gate`, softmax (f32), top-k, renormalized only when
 //!   `norm_topk_prob`.
 
-use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::layers::{Ffn, QkNorm, RmsNorm};
-use crate::models::{assemble, load_moe, Model};
-use coli_store::Store;
+use crate::error::{EngineError, Result};
+use crate::layers::QkNorm;
+use crate::models::{assemble_gqa, Parts};
+use crate::weights::Weights;
+use coli_format::spec::{AttentionSpec, QkNormSpec};
+use coli_format::ModelSpec;
 
-/// Builds an OLMoE model over `store`.
+/// Loads an OLMoE model's weights.
 ///
 /// # Errors
-/// Missing or misshapen tensors (named), expert counts differing from the config.
-pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
-    let c = config.clone();
-    assemble(store, config, |i| {
-        let p = format!("model.layers.{i}.self_attn");
-        let qk = QkNorm::Full {
-            q: RmsNorm::load(
-                store,
-                &format!("{p}.q_norm.weight"),
-                c.num_heads * c.head_dim,
-                c.rms_norm_eps,
-            )?,
-            k: RmsNorm::load(
-                store,
-                &format!("{p}.k_norm.weight"),
-                c.num_kv_heads * c.head_dim,
-                c.rms_norm_eps,
-            )?,
-        };
-        let routers = [format!("model.layers.{i}.mlp.gate")];
-        Ok((qk, Ffn::Moe(load_moe(store, &c, i, &routers)?)))
+/// Missing or misshapen tensors (named).
+pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
+    assemble_gqa(w, spec, |w, l| match &l.attention {
+        AttentionSpec::Gqa {
+            qk_norm: QkNormSpec::Full { q, k },
+            ..
+        } => Ok(QkNorm::Full {
+            q: w.rms_norm(q, spec.rms_norm_eps)?,
+            k: w.rms_norm(k, spec.rms_norm_eps)?,
+        }),
+        _ => Err(EngineError::Config {
+            file: "config.json".into(),
+            what: format!("OLMoE layer {} without whole-vector q/k norms", l.index),
+        }),
     })
 }

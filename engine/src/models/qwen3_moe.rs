@@ -1,4 +1,5 @@
-//! Qwen3-MoE (`model_type: qwen3_moe`), as transformers 5.23 `modeling_qwen3_moe.py`:
+//! Qwen3-MoE (`model_type: qwen3_moe`), as transformers 5.23 `modeling_qwen3_moe.py` (tensors
+//! and config in `coli_format::spec::qwen3_moe`):
 //!
 //! - attention: q/k/v/o projections (bias when `attention_bias`), then RMSNorm of EACH HEAD of
 //!   q and k (`q_norm`/`k_norm` weights of `head_dim` values) before RoPE; sliding window only
@@ -8,44 +9,29 @@
 //! - router `mlp.gate`: softmax (f32) over all experts, top-k, renormalized only when
 //!   `norm_topk_prob`; experts of `moe_intermediate_size`.
 
-use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::layers::{Ffn, Mlp, QkNorm, RmsNorm};
-use crate::models::{assemble, load_moe, Model};
-use coli_store::Store;
+use crate::error::{EngineError, Result};
+use crate::layers::QkNorm;
+use crate::models::{assemble_gqa, Parts};
+use crate::weights::Weights;
+use coli_format::spec::{AttentionSpec, QkNormSpec};
+use coli_format::ModelSpec;
 
-/// Builds a Qwen3-MoE model over `store`.
+/// Loads a Qwen3-MoE model's weights.
 ///
 /// # Errors
-/// Missing or misshapen tensors (named), expert counts differing from the config.
-pub fn load(store: &Store, config: ModelConfig) -> Result<Model<'_>> {
-    let c = config.clone();
-    assemble(store, config, |i| {
-        let p = format!("model.layers.{i}");
-        let qk = QkNorm::PerHead {
-            q: RmsNorm::load(
-                store,
-                &format!("{p}.self_attn.q_norm.weight"),
-                c.head_dim,
-                c.rms_norm_eps,
-            )?,
-            k: RmsNorm::load(
-                store,
-                &format!("{p}.self_attn.k_norm.weight"),
-                c.head_dim,
-                c.rms_norm_eps,
-            )?,
-        };
-        let ffn = if c.is_moe_layer(i) {
-            Ffn::Moe(load_moe(store, &c, i, &[format!("{p}.mlp.gate")])?)
-        } else {
-            Ffn::Dense(Mlp::load(
-                store,
-                &format!("{p}.mlp"),
-                c.hidden_size,
-                c.intermediate_size,
-            )?)
-        };
-        Ok((qk, ffn))
+/// Missing or misshapen tensors (named).
+pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
+    assemble_gqa(w, spec, |w, l| match &l.attention {
+        AttentionSpec::Gqa {
+            qk_norm: QkNormSpec::PerHead { q, k },
+            ..
+        } => Ok(QkNorm::PerHead {
+            q: w.rms_norm(q, spec.rms_norm_eps)?,
+            k: w.rms_norm(k, spec.rms_norm_eps)?,
+        }),
+        _ => Err(EngineError::Config {
+            file: "config.json".into(),
+            what: format!("Qwen3-MoE layer {} without per-head q/k norms", l.index),
+        }),
     })
 }

@@ -273,7 +273,8 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
                 .into());
             }
         }
-        let encoding = Encoding::from_id(r.encoding.get(), r.group_size.get())?;
+        let encoding =
+            Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(StoreError::from)?;
         let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
         let h = ColiExpert {
             key,

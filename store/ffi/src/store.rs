@@ -272,7 +272,7 @@ pub unsafe extern "C" fn coli_store_open(
             .map_err(|e| FfiError::new(crate::COLI_ERR_FORMAT, format!("MANIFEST config: {e}")))?;
         let handle = ColiStore {
             family: cstring(&m.family),
-            store_id: cstring(&m.store_id),
+            store_id: cstring(&m.store_id.to_string()),
             config_json: cstring(&config_json),
             dense_names: m.dense.iter().map(|d| cstring(&d.name)).collect(),
             dense_index: m

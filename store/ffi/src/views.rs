@@ -179,7 +179,7 @@ pub unsafe extern "C" fn coli_dense_get(
         };
         let v = coli_dense_view {
             name: s.dense_names[i].as_ptr(),
-            matrix: matrix_view(m.encoding, m.rows, m.cols, m.data, scale_bytes),
+            matrix: matrix_view(m.encoding(), m.rows(), m.cols(), m.data(), scale_bytes),
             ndim,
             reserved: 0,
             shape,
@@ -247,13 +247,8 @@ unsafe fn rust_view<'a>(v: &coli_matrix_view, func: &str) -> FfiResult<MatrixVie
         // f32 values.
         unsafe { std::slice::from_raw_parts(v.scales, v.scale_count) }
     };
-    Ok(MatrixView {
-        encoding: enc,
-        rows: v.rows,
-        cols: v.cols,
-        data,
-        scales,
-    })
+    MatrixView::new(enc, v.rows, v.cols, data, scales)
+        .map_err(|e| FfiError::invalid(format!("{func}: {e}")))
 }
 
 /// Dequantizes row `row` of a matrix view to f32 into `out` (`out_len` must equal the view's
@@ -281,16 +276,16 @@ pub unsafe extern "C" fn coli_dequantize_row(
         need(out, "out", F)?;
         // SAFETY: caller contract (the view's handle is alive).
         let m = unsafe { rust_view(v, F)? };
-        if row >= m.rows {
+        if row >= m.rows() {
             return Err(FfiError::invalid(format!(
                 "{F}: row {row} out of range ({} rows)",
-                m.rows
+                m.rows()
             )));
         }
-        if out_len != m.cols {
+        if out_len != m.cols() {
             return Err(FfiError::invalid(format!(
                 "{F}: out_len {out_len}, the row has {} columns",
-                m.cols
+                m.cols()
             )));
         }
         if !out.is_aligned() {

@@ -195,12 +195,12 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
         assert_eq!(rc, COLI_OK);
         // SAFETY: written on success.
         let v = unsafe { v.assume_init() };
-        assert_eq!((v.rows, v.cols), (m.rows, m.cols));
-        assert_eq!(v.encoding, m.encoding.id() as u32);
+        assert_eq!((v.rows, v.cols), (m.rows(), m.cols()));
+        assert_eq!(v.encoding, m.encoding().id() as u32);
         let (d, s) = view_slices(&v);
-        assert_eq!(d, m.data);
-        assert_eq!(s, m.scales);
-        assert_eq!(v.scales.is_null(), m.scales.is_empty());
+        assert_eq!(d, m.data());
+        assert_eq!(s, m.scales());
+        assert_eq!(v.scales.is_null(), m.scales().is_empty());
         if !v.scales.is_null() {
             assert_eq!(
                 v.scales as usize % 64,
@@ -208,9 +208,9 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
                 "scale sections are 64-byte aligned"
             );
         }
-        let mut row = vec![0f32; m.cols];
-        let mut want = vec![0f32; m.cols];
-        for r in [0, m.rows - 1] {
+        let mut row = vec![0f32; m.cols()];
+        let mut want = vec![0f32; m.cols()];
+        for r in [0, m.rows() - 1] {
             // SAFETY: the view is alive; `row` has cols floats.
             let rc = unsafe { coli_dequantize_row(&v, r, row.as_mut_ptr(), row.len()) };
             assert_eq!(rc, COLI_OK, "{}", last_error());
@@ -225,7 +225,7 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
         }
         // Out of range row and wrong length are errors, not UB.
         // SAFETY: as above.
-        let rc = unsafe { coli_dequantize_row(&v, m.rows, row.as_mut_ptr(), row.len()) };
+        let rc = unsafe { coli_dequantize_row(&v, m.rows(), row.as_mut_ptr(), row.len()) };
         assert_eq!(rc, COLI_ERR_INVALID_ARGUMENT);
         // SAFETY: as above.
         let rc = unsafe { coli_dequantize_row(&v, 0, row.as_mut_ptr(), row.len() - 1) };
@@ -258,7 +258,7 @@ fn run_encoding(enc: Encoding) {
         assert_eq!(coli_store_family(s, &mut p), COLI_OK);
         assert_eq!(cstr(p), "mixtral");
         assert_eq!(coli_store_id(s, &mut p), COLI_OK);
-        assert_eq!(cstr(p), rust.manifest().store_id);
+        assert_eq!(cstr(p), rust.manifest().store_id.to_string());
         assert_eq!(coli_store_config_json(s, &mut p), COLI_OK);
         let cfg: serde_json::Value = serde_json::from_str(&cstr(p)).unwrap();
         assert_eq!(cfg["hidden_size"], 80);
@@ -395,13 +395,13 @@ fn run_encoding(enc: Encoding) {
             assert_eq!(d, t.data);
             assert_eq!(sc, t.scales);
             let m = t.matrix();
-            let mut row = vec![0f32; m.cols];
+            let mut row = vec![0f32; m.cols()];
             assert_eq!(
-                coli_dequantize_row(&v.matrix, m.rows - 1, row.as_mut_ptr(), m.cols),
+                coli_dequantize_row(&v.matrix, m.rows() - 1, row.as_mut_ptr(), m.cols()),
                 COLI_OK
             );
             let want = t.to_f32();
-            let want = &want[(m.rows - 1) * m.cols..];
+            let want = &want[(m.rows() - 1) * m.cols()..];
             assert!(row
                 .iter()
                 .zip(want)

@@ -3,8 +3,8 @@
 use super::set::{check_copy, PrimaryInfo};
 use super::{drop_cache, free_bytes, fsync_dir, io_err};
 use crate::fsck::MirrorStatus;
-use crate::writer::{segment_path, segment_rel};
 use crate::{Store, StoreError};
+use coli_format::disk::names::{segment_path, segment_rel};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;

@@ -373,9 +373,9 @@ impl Router {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open_mirrors(
     dir: &std::path::Path,
-    store_id: [u8; 16],
+    store_id: crate::StoreId,
     alignment: u64,
-    headers: &[crate::format::SegmentHeader],
+    headers: &[coli_format::disk::segment::SegmentHeader],
     index: &[IndexRecord],
     direct: bool,
     buf_align: usize,
@@ -436,7 +436,7 @@ pub(crate) fn open_mirrors(
     // Own handles of the primary segments for recovery reads.
     let mut handles = Vec::new();
     for id in 0..primary.segments.len() as u32 {
-        let p = crate::writer::segment_path(dir, id);
+        let p = coli_format::disk::names::segment_path(dir, id);
         let f = open_read(&p, direct).map_err(|e| super::io_err(&p, e))?;
         handles.push((f, p));
     }

@@ -1,11 +1,13 @@
 //! Mirror-set admission: which files of which mirror directories may serve which records.
 
 use super::io_err;
-use super::staged::{parse_staged, parse_staged_name, StagedIndex, StagedReject, STAGED_DIR};
-use crate::format::{SegmentHeader, FORMAT_VERSION, SEGMENT_HEADER_FIELDS, SEGMENT_MAGIC};
+use super::staged::{parse_staged, StagedIndex, StagedReject};
 use crate::fsck::MirrorStatus;
-use crate::writer::{hex128, hex64, parse_hex128, segment_path, segment_rel};
 use crate::{IndexRecord, Store, StoreError};
+use crate::{StoreId, Xxh3Sum};
+use coli_format::disk::names::{parse_staged_name, segment_path, segment_rel, STAGED_DIR};
+use coli_format::disk::segment::SegmentHeader;
+use coli_format::disk::{FORMAT_VERSION, SEGMENT_HEADER_FIELDS, SEGMENT_MAGIC};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -30,7 +32,7 @@ pub struct PrimaryInfo {
     /// The primary store directory.
     pub dir: PathBuf,
     /// Store id, raw.
-    pub store_id: [u8; 16],
+    pub store_id: StoreId,
     /// Record alignment, bytes.
     pub alignment: u64,
     /// Every segment, by id.
@@ -43,7 +45,7 @@ impl PrimaryInfo {
     /// From the parts of a store being opened: segment headers as validated at open.
     pub(crate) fn from_parts(
         dir: &Path,
-        store_id: [u8; 16],
+        store_id: StoreId,
         alignment: u64,
         headers: &[SegmentHeader],
         index: &[IndexRecord],
@@ -72,7 +74,7 @@ impl PrimaryInfo {
     /// [`StoreError::Io`] when a primary segment header cannot be read.
     pub fn of(store: &Store) -> Result<PrimaryInfo, StoreError> {
         let m = store.manifest();
-        let store_id = parse_hex128(&m.store_id).expect("checked at open");
+        let store_id = m.store_id;
         let mut segments = Vec::with_capacity(m.segment_count as usize);
         for id in 0..m.segment_count {
             let p = segment_path(store.dir(), id);
@@ -251,11 +253,11 @@ pub(crate) fn check_copy(
         );
     }
     let mismatched = |what: String| (MirrorStatus::Mismatched, Some(what), len);
-    if h.store_id != primary.store_id {
+    if h.store_id != primary.store_id.0 {
         return mismatched(format!(
             "store id {} differs from the primary's {}",
-            hex128(&h.store_id),
-            hex128(&primary.store_id)
+            StoreId(h.store_id),
+            primary.store_id
         ));
     }
     if h.segment.get() != seg.id {
@@ -275,8 +277,8 @@ pub(crate) fn check_copy(
     if h.body_xxh3.get() != seg.body_xxh3 || h.crc.get() != seg.header_crc {
         return mismatched(format!(
             "body checksum {} differs from the primary's {}",
-            hex64(h.body_xxh3.get()),
-            hex64(seg.body_xxh3)
+            Xxh3Sum(h.body_xxh3.get()),
+            Xxh3Sum(seg.body_xxh3)
         ));
     }
     if len != seg.file_len {

@@ -14,66 +14,17 @@
 
 use super::set::PrimaryInfo;
 use super::{drop_cache, fmt_err, free_bytes, fsync_dir, io_err};
-use crate::format::INDEX_RECORD_SIZE;
-use crate::{ExpertKey, IndexRecord, Store, StoreError};
+use crate::{ExpertKey, IndexRecord, Store, StoreError, StoreId};
+pub use coli_format::disk::names::{parse_staged_name, staged_rel, STAGED_DIR};
+pub use coli_format::disk::staged::{
+    data_start, staged_head, StagedHeader, STAGED_MAGIC, STAGED_VERSION,
+};
+use coli_format::disk::INDEX_RECORD_SIZE;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
-use zerocopy::little_endian::{U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
-
-/// Staged segment magic, `COLISTG\0`.
-pub const STAGED_MAGIC: [u8; 8] = *b"COLISTG\0";
-/// Newest staged segment version this code writes and reads.
-pub const STAGED_VERSION: u32 = 1;
-/// Directory of staged segments inside a mirror directory.
-pub const STAGED_DIR: &str = "staged";
-
-/// Staged segment header fields (FORMAT.md section 13); zero-padded to the alignment on disk.
-#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
-#[repr(C)]
-pub struct StagedHeader {
-    /// `COLISTG\0`.
-    pub magic: [u8; 8],
-    /// Staged segment version (1).
-    pub version: U32,
-    /// The store's alignment, bytes (MANIFEST `alignment`).
-    pub alignment: U32,
-    /// Store id of the primary, raw 16 bytes.
-    pub store_id: [u8; 16],
-    /// Total file length, bytes.
-    pub file_len: U64,
-    /// Number of index entries (records held), at least 1.
-    pub count: U64,
-    /// xxh3 (seed 0) of the `64 * count` index entry bytes.
-    pub index_xxh3: U64,
-    /// Zero.
-    pub reserved: U32,
-    /// crc32 of bytes 0..60.
-    pub crc: U32,
-}
-
-const _: () = assert!(std::mem::size_of::<StagedHeader>() == 64);
-
-/// Relative name of staged segment `id`: `staged/stg-NNNNN.bin`.
-pub fn staged_rel(id: u32) -> String {
-    format!("{STAGED_DIR}/stg-{id:05}.bin")
-}
-
-/// The id of a staged segment file name (`stg-NNNNN.bin`), `None` for any other name.
-pub fn parse_staged_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("stg-")?.strip_suffix(".bin")?;
-    if digits.len() != 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// Where the records of a staged segment with `count` entries start: `A + round_up(64 count, A)`.
-pub fn data_start(count: u64, alignment: u64) -> u64 {
-    alignment + (count * INDEX_RECORD_SIZE as u64).next_multiple_of(alignment)
-}
+use zerocopy::FromBytes;
 
 /// Why a staged segment is not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,11 +92,11 @@ pub fn parse_staged(
             h.version.get()
         )));
     }
-    if h.store_id != primary.store_id {
+    if h.store_id != primary.store_id.0 {
         return Err(Mismatched(format!(
             "store id {} differs from the primary's {}",
-            crate::writer::hex128(&h.store_id),
-            crate::writer::hex128(&primary.store_id)
+            StoreId(h.store_id),
+            primary.store_id
         )));
     }
     if h.alignment.get() as u64 != a {
@@ -366,31 +317,8 @@ fn write_and_verify(
         .create_new(true)
         .open(tmp)
         .map_err(|e| io_err(tmp, e))?;
-    // Index entries with offsets in this file.
-    let mut index = Vec::with_capacity(recs.len() * INDEX_RECORD_SIZE);
-    let mut pos = start;
-    for r in recs {
-        let mut e = *r;
-        e.offset = U64::new(pos);
-        e.crc = U32::new(e.compute_crc());
-        index.extend_from_slice(e.as_bytes());
-        pos += r.length.get();
-    }
-    let mut h = StagedHeader {
-        magic: STAGED_MAGIC,
-        version: U32::new(STAGED_VERSION),
-        alignment: U32::new(a as u32),
-        store_id: primary.store_id,
-        file_len: U64::new(total),
-        count: U64::new(recs.len() as u64),
-        index_xxh3: U64::new(xxh3_64_with_seed(&index, 0)),
-        reserved: U32::new(0),
-        crc: U32::new(0),
-    };
-    h.crc = U32::new(crc32fast::hash(&h.as_bytes()[..60]));
-    let mut head = vec![0u8; start as usize];
-    head[..64].copy_from_slice(h.as_bytes());
-    head[a as usize..a as usize + index.len()].copy_from_slice(&index);
+    let (head, file_len) = staged_head(recs, primary.store_id, a);
+    debug_assert_eq!((head.len() as u64, file_len), (start, total));
     f.write_all_at(&head, 0).map_err(|e| io_err(tmp, e))?;
     let mut pos = start;
     for r in recs {
@@ -428,21 +356,4 @@ fn write_and_verify(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_and_layout() {
-        assert_eq!(staged_rel(3), "staged/stg-00003.bin");
-        assert_eq!(parse_staged_name("stg-00003.bin"), Some(3));
-        assert_eq!(parse_staged_name("stg-00003.bin.tmp"), None);
-        assert_eq!(parse_staged_name("stg-3.bin"), None);
-        assert_eq!(data_start(1, 4096), 8192);
-        assert_eq!(data_start(64, 4096), 8192);
-        assert_eq!(data_start(65, 4096), 12288);
-        assert_eq!(data_start(9, 512), 512 + 1024);
-    }
 }

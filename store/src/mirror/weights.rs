@@ -4,8 +4,9 @@
 use super::io_err;
 use super::set::{MirrorFileKind, MirrorSet, PrimaryInfo};
 use crate::fsck::MirrorStatus;
-use crate::writer::{hex128, segment_path};
 use crate::StoreError;
+use crate::StoreId;
+use coli_format::disk::names::segment_path;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -135,15 +136,10 @@ pub fn default_state_dir() -> Option<PathBuf> {
 pub const CACHE_FILE: &str = "disk-weights.json";
 
 /// The cache key of a drive: store id, device number (`st_dev`) and the directory.
-fn cache_key(store_id: &[u8; 16], dir: &Path) -> Option<String> {
+fn cache_key(store_id: &StoreId, dir: &Path) -> Option<String> {
     let md = std::fs::metadata(dir).ok()?;
     let canon = std::fs::canonicalize(dir).ok()?;
-    Some(format!(
-        "{}:{:x}:{}",
-        hex128(store_id),
-        md.dev(),
-        canon.display()
-    ))
+    Some(format!("{}:{:x}:{}", store_id, md.dev(), canon.display()))
 }
 
 /// Measured bandwidth (bytes/s) of every drive of `set`, primary first: each drive's largest

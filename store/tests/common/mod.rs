@@ -125,7 +125,7 @@ pub fn make_model(p: &ModelParams) -> Model {
         sources: vec![SourceFile {
             name: "model.safetensors".into(),
             size: 1234,
-            header_xxh3: "0123456789abcdef".into(),
+            header_xxh3: coli_store::Xxh3Sum(0x0123456789abcdef),
         }],
     };
     let mut experts = Vec::new();

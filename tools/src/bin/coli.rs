@@ -349,7 +349,7 @@ fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f
     let usage = opts
         .usage
         .clone()
-        .or_else(|| coli_engine::usage::default_usage_path(&loaded.store.manifest().store_id));
+        .or_else(|| coli_engine::usage::default_usage_path(loaded.store.manifest().store_id));
     let core = CoreOptions {
         ram_budget: opts.ram_budget,
         context: opts.context,

@@ -154,7 +154,7 @@ pub fn run(
             let info = EngineInfo {
                 tok: tok.clone(),
                 context: e.context(),
-                vocab: e.config().vocab_size,
+                vocab: e.spec().vocab_size,
                 load_s,
                 threads: e.threads(),
             };

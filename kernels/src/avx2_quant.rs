@@ -1,82 +1,36 @@
-//! AVX2 twins of the hot loops of [`crate::quant`]: FP8 e4m3 row decoding and int4 row
-//! quantization. Each function computes exactly the same IEEE f32/f64 operations, in the same
-//! order per accumulator lane, as its scalar twin in `quant.rs`, so outputs (bytes, scales and
-//! error sums) are bit-identical; `quant.rs` picks them at run time with
-//! `is_x86_feature_detected!("avx2")` and the tests compare both on random data.
+//! AVX2 twin of the int4 row quantizer of `coli_format::encoding::int4` (used by
+//! [`crate::quantize`]). It computes exactly the same IEEE f32/f64 operations, in the same
+//! order per accumulator lane, as the scalar reference, so bytes, scales and error sums are
+//! bit-identical:
 //!
-//! Exactness notes:
-//! - e4m3 decode: normal codes are built from bits (`(b & 0x7F) << 20` plus the exponent bias
-//!   difference `120 << 23`), subnormal codes as `(b & 7) * 2^-9` (exact), the sign ORed in;
-//!   identical to `coli_store::encoding::fp8_e4m3_to_f32` for every non-NaN code.
 //! - `_mm256_div_ps`, `_mm256_mul_ps`, `_mm256_add_pd`, `_mm256_mul_pd` are correctly rounded
-//!   IEEE operations like their scalar counterparts (no FMA contraction is used).
-//! - `_mm256_round_ps` with `_MM_FROUND_TO_NEAREST_INT` is round-half-to-even, which is what
-//!   the scalar `rne_small` computes for the clamped range `[-9, 8]`.
+//!   IEEE operations like their scalar counterparts (no FMA contraction is used);
+//! - `_mm256_round_ps` with `_MM_FROUND_TO_NEAREST_INT` is round-half-to-even, which is what the
+//!   scalar `rne_small` computes for the clamped range `[-9, 8]`.
 
-#![cfg(target_arch = "x86_64")]
-
-use crate::quant::MIN_SCALE;
+use coli_format::encoding::MIN_SCALE;
 use std::arch::x86_64::*;
 
-/// Decodes one row of FP8 e4m3 codes times its 128-column block scales into `out`.
-/// `src.len() == out.len()`, `srow` holds `ceil(len / 128)` scales. Returns `true` when some
-/// code is an e4m3 NaN (0x7F/0xFF) or some product is not finite (the caller then locates it
-/// with the scalar path).
+/// Quantizes the full groups of `g` (a positive multiple of 8) columns of row `w` into `dst`
+/// (zeroed by the caller) and `scales`, adding the error sums to the 8 lanes; returns the
+/// number of columns done (the caller quantizes the rest with the reference).
 ///
-/// # Safety
-/// The CPU must support AVX2 (checked by the caller with `is_x86_feature_detected!`).
-#[target_feature(enable = "avx2")]
-pub unsafe fn fp8_row_avx2(src: &[u8], srow: &[f32], out: &mut [f32], lut: &[f32; 256]) -> bool {
-    assert_eq!(src.len(), out.len());
-    let mask7f = _mm256_set1_epi32(0x7F);
-    let mask80 = _mm256_set1_epi32(0x80);
-    let mask78 = _mm256_set1_epi32(0x78);
-    let mask07 = _mm256_set1_epi32(0x07);
-    let bias = _mm256_set1_epi32(120 << 23);
-    let sub_scale = _mm256_set1_ps(1.0 / 512.0); // 2^-9
-    let absbits = _mm256_set1_epi32(0x7FFF_FFFF);
-    let max_finite = _mm256_set1_epi32(0x7F7F_FFFF);
-    let zero = _mm256_setzero_si256();
-    let mut bad = _mm256_setzero_si256();
-    let mut tail_bad = false;
-    for ((o, b), &s) in out
-        .chunks_mut(coli_store::encoding::FP8_BLOCK)
-        .zip(src.chunks(coli_store::encoding::FP8_BLOCK))
-        .zip(srow)
-    {
-        let sv = _mm256_set1_ps(s);
-        let n8 = b.len() / 8 * 8;
-        let mut k = 0;
-        while k < n8 {
-            // SAFETY: k + 8 <= b.len() == o.len(); unaligned 8-byte load and 32-byte store.
-            let (v, y) = unsafe {
-                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().add(k).cast()));
-                let mag = _mm256_and_si256(v, mask7f);
-                let normal =
-                    _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), bias));
-                let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask07)), sub_scale);
-                let is_sub =
-                    _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(v, mask78), zero));
-                let f = _mm256_blendv_ps(normal, sub, is_sub);
-                let sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(v, mask80), 24));
-                let y = _mm256_mul_ps(_mm256_or_ps(f, sign), sv);
-                _mm256_storeu_ps(o.as_mut_ptr().add(k), y);
-                (v, y)
-            };
-            let nan_code = _mm256_cmpeq_epi32(_mm256_and_si256(v, mask7f), mask7f);
-            let inf = _mm256_cmpgt_epi32(
-                _mm256_and_si256(_mm256_castps_si256(y), absbits),
-                max_finite,
-            );
-            bad = _mm256_or_si256(bad, _mm256_or_si256(nan_code, inf));
-            k += 8;
-        }
-        for (o, &b) in o[n8..].iter_mut().zip(&b[n8..]) {
-            *o = lut[b as usize] * s;
-            tail_bad |= !o.is_finite();
-        }
-    }
-    tail_bad || _mm256_movemask_epi8(bad) != 0
+/// # Panics
+/// If the CPU lacks AVX2, or `dst` / `scales` are too short for the full groups.
+pub(crate) fn int4_full_groups(
+    w: &[f32],
+    g: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+    e2: &mut [f64; 8],
+    w2: &mut [f64; 8],
+) -> usize {
+    assert!(
+        coli_format::cpu::Isa::Avx2Fma.supported(),
+        "the AVX2 int4 quantizer needs AVX2"
+    );
+    // SAFETY: AVX2 support was just checked.
+    unsafe { int4_full_groups_avx2(w, g, dst, scales, e2, w2) }
 }
 
 /// Maximum of the 8 lanes (exact; inputs are non-negative and not NaN).
@@ -88,7 +42,8 @@ fn hmax(m: __m256) -> f32 {
     _mm_cvtss_f32(h)
 }
 
-/// AVX2 twin of `quant::quantize_int4_row_scalar`: same bytes, scales and lane sums.
+/// AVX2 twin of `coli_format::encoding::int4::quantize_groups` over the full groups of a row:
+/// same bytes, scales and lane sums.
 /// Requires `g % 8 == 0`; `e2`/`w2` are the 8 per-lane (column mod 8) f64 accumulators,
 /// continued from their current values; full groups only are handled here, the caller
 /// finishes a short last group with the scalar code. Returns the number of columns done.
@@ -96,7 +51,7 @@ fn hmax(m: __m256) -> f32 {
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub unsafe fn int4_full_groups_avx2(
+unsafe fn int4_full_groups_avx2(
     w: &[f32],
     g: usize,
     dst: &mut [u8],

@@ -1,0 +1,124 @@
+//! [`Weights`]: the one narrow API through which a model loads its dense tensors from the store,
+//! by the model spec's [`TensorSpec`]s (name and shape from `coli_format::spec`), recording every
+//! tensor it loads (candle's `VarBuilder` plays this part there).
+
+use crate::error::{store_err, EngineError, Result};
+use crate::layers::{Linear, RmsNorm};
+use coli_format::spec::{LinearSpec, TensorClass, TensorKind, TensorSpec};
+use coli_store::{MatrixView, Store};
+use std::collections::BTreeSet;
+
+/// Loads dense tensors of `store` by spec and remembers which it loaded.
+pub struct Weights<'s> {
+    store: &'s Store,
+    read: BTreeSet<String>,
+}
+
+/// What a tensor is for, in error messages.
+fn purpose(t: &TensorSpec) -> String {
+    let what = match t.kind {
+        TensorKind::Embedding => "token embedding",
+        TensorKind::OutputHead => "output projection",
+        TensorKind::Linear => "weight of a linear layer",
+        TensorKind::Router => "router weight",
+        TensorKind::Norm => "normalization weight",
+        TensorKind::Bias => "bias",
+    };
+    match t.class {
+        TensorClass::Mtp => format!("{what} of the MTP layer"),
+        _ => what.to_string(),
+    }
+}
+
+impl<'s> Weights<'s> {
+    /// A loader over `store`.
+    pub fn new(store: &'s Store) -> Weights<'s> {
+        Weights {
+            store,
+            read: BTreeSet::new(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &'s Store {
+        self.store
+    }
+
+    /// Whether the store holds `t`.
+    pub fn has(&self, t: &TensorSpec) -> bool {
+        self.store.has_dense(&t.name)
+    }
+
+    /// `t` as a matrix view borrowed from the store's memory map (`[n]` vectors as `[1, n]`).
+    ///
+    /// # Errors
+    /// [`EngineError::MissingTensor`] when the store lacks it, [`EngineError::Shape`] when its
+    /// shape is not the spec's, store errors (checksum) naming the tensor.
+    pub fn matrix(&mut self, t: &TensorSpec) -> Result<MatrixView<'s>> {
+        if !self.store.has_dense(&t.name) {
+            return Err(EngineError::MissingTensor {
+                name: t.name.clone(),
+                why: purpose(t),
+            });
+        }
+        let d = self
+            .store
+            .dense(&t.name)
+            .map_err(store_err(format!("reading dense tensor {}", t.name)))?;
+        if d.shape != t.shape {
+            return Err(EngineError::Shape {
+                name: t.name.clone(),
+                expected: t.shape.clone(),
+                found: d.shape.to_vec(),
+            });
+        }
+        self.read.insert(t.name.clone());
+        Ok(d.matrix())
+    }
+
+    /// `t` (a vector) decoded to f32.
+    ///
+    /// # Errors
+    /// As [`Weights::matrix`].
+    pub fn vector(&mut self, t: &TensorSpec) -> Result<Vec<f32>> {
+        let m = self.matrix(t)?;
+        let mut out = vec![0f32; m.rows() * m.cols()];
+        if m.cols() > 0 {
+            for (r, row) in out.chunks_exact_mut(m.cols()).enumerate() {
+                m.dequantize_row(r, row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A linear layer: its weight and, when the spec has one, its bias.
+    ///
+    /// # Errors
+    /// As [`Weights::matrix`], for either tensor.
+    pub fn linear(&mut self, l: &LinearSpec) -> Result<Linear<'s>> {
+        Ok(Linear {
+            name: l.weight.name.clone(),
+            w: self.matrix(&l.weight)?,
+            bias: match &l.bias {
+                Some(b) => Some(self.vector(b)?),
+                None => None,
+            },
+        })
+    }
+
+    /// An RMSNorm with weight `t` and epsilon `eps`.
+    ///
+    /// # Errors
+    /// As [`Weights::matrix`].
+    pub fn rms_norm(&mut self, t: &TensorSpec, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: self.vector(t)?,
+            eps,
+        })
+    }
+
+    /// The names of every tensor loaded so far.
+    pub fn into_read(self) -> BTreeSet<String> {
+        self.read
+    }
+}

@@ -1,0 +1,321 @@
+//! INDEX (docs/FORMAT.md section 3): a 64-byte header and one 64-byte record per expert,
+//! sorted by (layer, expert), each with its own crc32.
+
+use super::manifest::Manifest;
+use super::{names, FORMAT_VERSION, INDEX_MAGIC, INDEX_RECORD_SIZE};
+use crate::{Encoding, ExpertKey, FormatError, RecordLayout};
+use std::collections::HashMap;
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// One INDEX record: where one expert's record lives and how to check it.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+#[repr(C)]
+pub struct IndexRecord {
+    /// Decoder layer.
+    pub layer: U32,
+    /// Expert within the layer.
+    pub expert: U32,
+    /// Segment file id.
+    pub segment: U32,
+    /// Encoding id (FORMAT.md section 6).
+    pub encoding: U16,
+    /// Group size field.
+    pub group_size: U16,
+    /// Offset of the record in its segment file, bytes (multiple of the alignment).
+    pub offset: U64,
+    /// Record length on disk, bytes (multiple of the alignment).
+    pub length: U64,
+    /// Bytes before the zero padding.
+    pub payload_len: U64,
+    /// Hidden size H.
+    pub hidden: U32,
+    /// Intermediate size I.
+    pub intermediate: U32,
+    /// xxh3 of the whole record, seeded with `(layer << 32) | expert`.
+    pub checksum: U64,
+    /// Zero.
+    pub reserved: U32,
+    /// crc32 of bytes 0..60.
+    pub crc: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<IndexRecord>() == INDEX_RECORD_SIZE);
+
+/// Where a record is and what it holds: the fields of an [`IndexRecord`] a writer chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordPlace {
+    /// The expert.
+    pub key: ExpertKey,
+    /// Segment file id.
+    pub segment: u32,
+    /// Encoding of the three matrices.
+    pub encoding: Encoding,
+    /// Offset in the segment file, bytes.
+    pub offset: u64,
+    /// Record length on disk, bytes.
+    pub length: u64,
+    /// Bytes before the zero padding.
+    pub payload_len: u64,
+    /// Hidden size H.
+    pub hidden: u32,
+    /// Intermediate size I.
+    pub intermediate: u32,
+    /// xxh3 of the record's `length` bytes, seeded with [`ExpertKey::checksum_seed`].
+    pub checksum: u64,
+}
+
+impl IndexRecord {
+    /// The record for `p`, with its crc32.
+    pub fn new(p: RecordPlace) -> IndexRecord {
+        let mut r = IndexRecord {
+            layer: U32::new(p.key.layer),
+            expert: U32::new(p.key.expert),
+            segment: U32::new(p.segment),
+            encoding: U16::new(p.encoding.id()),
+            group_size: U16::new(p.encoding.group_size()),
+            offset: U64::new(p.offset),
+            length: U64::new(p.length),
+            payload_len: U64::new(p.payload_len),
+            hidden: U32::new(p.hidden),
+            intermediate: U32::new(p.intermediate),
+            checksum: U64::new(p.checksum),
+            reserved: U32::new(0),
+            crc: U32::new(0),
+        };
+        r.crc = U32::new(r.compute_crc());
+        r
+    }
+
+    /// The key of this record.
+    pub fn key(&self) -> ExpertKey {
+        ExpertKey::new(self.layer.get(), self.expert.get())
+    }
+
+    /// crc32 of the first 60 bytes, as stored in `crc`.
+    pub fn compute_crc(&self) -> u32 {
+        crc32fast::hash(&self.as_bytes()[..60])
+    }
+}
+
+/// INDEX header.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct IndexHeader {
+    /// `COLIIDX\0`.
+    pub magic: [u8; 8],
+    /// Format version.
+    pub version: U32,
+    /// 64.
+    pub record_size: U32,
+    /// Number of records.
+    pub count: U64,
+    /// Zero.
+    pub reserved: [u8; 36],
+    /// crc32 of bytes 0..60.
+    pub crc: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<IndexHeader>() == 64);
+
+/// The INDEX file's bytes for `records` (sorted here by key): header, then the records.
+pub fn write_index(records: &[IndexRecord]) -> Vec<u8> {
+    let mut recs = records.to_vec();
+    recs.sort_by_key(|r| r.key());
+    let mut header = IndexHeader {
+        magic: INDEX_MAGIC,
+        version: U32::new(FORMAT_VERSION),
+        record_size: U32::new(INDEX_RECORD_SIZE as u32),
+        count: U64::new(recs.len() as u64),
+        reserved: [0; 36],
+        crc: U32::new(0),
+    };
+    header.crc = U32::new(crc32fast::hash(&header.as_bytes()[..60]));
+    let mut out = Vec::with_capacity(INDEX_RECORD_SIZE * (recs.len() + 1));
+    out.extend_from_slice(header.as_bytes());
+    for r in &recs {
+        out.extend_from_slice(r.as_bytes());
+    }
+    out
+}
+
+fn fmt_err(what: impl Into<String>) -> FormatError {
+    FormatError::format(names::INDEX, what)
+}
+
+/// Parses and checks INDEX against the manifest: header (magic, crc32, version, record size,
+/// reserved bytes, count vs file length and MANIFEST's `index_file.length`), then each record
+/// (crc32, reserved, sorting, listed in `expert_layers`, encoding, segment id, shape, payload and
+/// record lengths of the encoding's layout, aligned offset) and that records of one segment do
+/// not overlap. Segment file lengths are checked by the store when it opens them; the
+/// whole-file xxh3 likewise.
+///
+/// # Errors
+/// [`FormatError::Format`] naming INDEX, the record and the field; [`FormatError::NewerVersion`].
+pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, FormatError> {
+    if bytes.len() < 64 {
+        return Err(fmt_err(format!(
+            "{} bytes, shorter than the 64-byte header",
+            bytes.len()
+        )));
+    }
+    let h = IndexHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
+    if h.magic != INDEX_MAGIC {
+        return Err(fmt_err(format!(
+            "magic {:02x?}, expected {:02x?} (COLIIDX)",
+            h.magic, INDEX_MAGIC
+        )));
+    }
+    let crc = crc32fast::hash(&bytes[..60]);
+    if crc != h.crc.get() {
+        return Err(fmt_err(format!(
+            "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
+            h.crc.get()
+        )));
+    }
+    if h.version.get() > FORMAT_VERSION {
+        return Err(FormatError::NewerVersion {
+            file: names::INDEX.into(),
+            found: h.version.get(),
+            known: FORMAT_VERSION,
+        });
+    }
+    if h.version.get() != m.format_version {
+        return Err(fmt_err(format!(
+            "version {} differs from MANIFEST's {}",
+            h.version.get(),
+            m.format_version
+        )));
+    }
+    if h.record_size.get() as usize != INDEX_RECORD_SIZE {
+        return Err(fmt_err(format!(
+            "record size {}, expected {INDEX_RECORD_SIZE}",
+            h.record_size.get()
+        )));
+    }
+    if h.reserved.iter().any(|&b| b != 0) {
+        return Err(fmt_err("header reserved bytes 24..60 are not zero"));
+    }
+    let count = h.count.get();
+    let expect_len = count
+        .checked_mul(64)
+        .and_then(|x| x.checked_add(64))
+        .unwrap_or(u64::MAX);
+    if expect_len != bytes.len() as u64 {
+        return Err(fmt_err(format!(
+            "header says {count} records ({expect_len} bytes), file has {} bytes",
+            bytes.len()
+        )));
+    }
+    if bytes.len() as u64 != m.index_file.length {
+        return Err(fmt_err(format!(
+            "length {} differs from MANIFEST index_file.length {}",
+            bytes.len(),
+            m.index_file.length
+        )));
+    }
+    let align = m.alignment;
+    let mut recs = Vec::with_capacity(count as usize);
+    let expected: HashMap<u32, u32> = m
+        .expert_layers
+        .iter()
+        .map(|l| (l.layer, l.num_experts))
+        .collect();
+    for (i, chunk) in bytes[64..].chunks_exact(64).enumerate() {
+        let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
+        let what = |s: String| fmt_err(format!("record {i} ({}): {s}", r.key()));
+        let c = r.compute_crc();
+        if c != r.crc.get() {
+            return Err(what(format!(
+                "crc32 mismatch: stored {:08x}, computed {c:08x}",
+                r.crc.get()
+            )));
+        }
+        if r.reserved.get() != 0 {
+            return Err(what("reserved field is not zero".into()));
+        }
+        if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
+            if r.key() <= prev {
+                return Err(what(format!(
+                    "not sorted after {prev} (duplicate or out of order)"
+                )));
+            }
+        }
+        if expected
+            .get(&r.layer.get())
+            .is_none_or(|&n| r.expert.get() >= n)
+        {
+            return Err(what(
+                "not an expert listed in MANIFEST expert_layers".into(),
+            ));
+        }
+        let enc = Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(|_| {
+            what(format!(
+                "unknown encoding id {} group size {}",
+                r.encoding.get(),
+                r.group_size.get()
+            ))
+        })?;
+        if enc.group_size() != r.group_size.get() {
+            return Err(what(format!(
+                "group size {} invalid for {}",
+                r.group_size.get(),
+                enc.name()
+            )));
+        }
+        if r.segment.get() >= m.segment_count {
+            return Err(what(format!(
+                "segment {} out of range (segment_count {})",
+                r.segment.get(),
+                m.segment_count
+            )));
+        }
+        let (h_, i_) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        if h_ == 0 || i_ == 0 || h_ > (1 << 24) || i_ > (1 << 24) {
+            return Err(what(format!(
+                "hidden {h_} / intermediate {i_} out of range"
+            )));
+        }
+        let layout = RecordLayout::new(enc, h_, i_);
+        if layout.payload_len as u64 != r.payload_len.get() {
+            return Err(what(format!(
+                "payload length {} differs from the {} layout's {}",
+                r.payload_len.get(),
+                enc.name(),
+                layout.payload_len
+            )));
+        }
+        let rl = layout.record_len(align as usize) as u64;
+        if r.length.get() != rl {
+            return Err(what(format!(
+                "length {} differs from the expected {rl} (payload rounded up to {align})",
+                r.length.get()
+            )));
+        }
+        if !r.offset.get().is_multiple_of(align) || r.offset.get() < align {
+            return Err(what(format!(
+                "offset {} is not a multiple of {align} after the segment header",
+                r.offset.get()
+            )));
+        }
+        if r.offset.get().checked_add(r.length.get()).is_none() {
+            return Err(what("offset + length overflows".into()));
+        }
+        recs.push(r);
+    }
+    // Non-overlap per segment.
+    let mut by_seg: Vec<&IndexRecord> = recs.iter().collect();
+    by_seg.sort_by_key(|r| (r.segment.get(), r.offset.get()));
+    for w in by_seg.windows(2) {
+        if w[0].segment == w[1].segment && w[0].offset.get() + w[0].length.get() > w[1].offset.get()
+        {
+            return Err(fmt_err(format!(
+                "records of {} and {} overlap in {}",
+                w[0].key(),
+                w[1].key(),
+                names::segment_rel(w[0].segment.get())
+            )));
+        }
+    }
+    Ok(recs)
+}

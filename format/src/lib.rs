@@ -1,0 +1,35 @@
+//! # coli-format: what every coli crate agrees on
+//!
+//! A leaf crate (it depends on no other coli crate) that owns the shared vocabulary of the
+//! data flow checkpoint -> convert -> store -> fetch -> cache -> engine -> tokens:
+//!
+//! - [`ExpertKey`]: the identity of a routed expert;
+//! - [`encoding`]: the weight encodings, one module per encoding behind one [`Codec`] trait
+//!   (id, byte sizes, the scalar decode/encode of a row that define it), dispatched by
+//!   [`Encoding`]; [`MatrixView`], a checked view of an encoded matrix; [`RecordLayout`], the
+//!   byte layout of an expert record;
+//! - [`disk`]: the store's on-disk structures (docs/FORMAT.md), each in one module that parses
+//!   and writes it, with typed checksums and store ids;
+//! - [`spec`]: the model spec, the one reader of a checkpoint's config.json, one file per
+//!   family, listing every tensor the model needs;
+//! - [`cpu`]: the one CPU feature detection (honouring `COLI_ISA`).
+//!
+//! docs/ARCHITECTURE.md shows where this crate sits and how to add an encoding or a family.
+
+#![forbid(unsafe_code)]
+
+pub mod cpu;
+pub mod disk;
+pub mod encoding;
+mod error;
+mod key;
+mod matrix;
+mod record;
+pub mod spec;
+
+pub use encoding::{Codec, Encoding, ErrSums};
+pub use error::FormatError;
+pub use key::ExpertKey;
+pub use matrix::MatrixView;
+pub use record::RecordLayout;
+pub use spec::{Family, ModelSpec};

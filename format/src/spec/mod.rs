@@ -1,0 +1,615 @@
+//! The model spec: the one reader of a checkpoint's `config.json` (and `generation_config.json`
+//! for EOS ids), and the list of every tensor the model needs.
+//!
+//! [`ModelSpec::from_config`] reads the config the way transformers 5.23 reads it for each
+//! supported family (its config class's defaults), refuses what coli does not run, and builds
+//! [`ModelTensors`]: every tensor with its name, shape, class and whether it is optional. The
+//! converter's preflight checks a checkpoint against it; the engine's model files load exactly
+//! its tensors. One file per family states the family's layers, attention and routing:
+//! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`].
+//!
+//! Multimodal wrappers that keep the language model's config under `text_config` (and its
+//! tensors under `language_model.` or `model.language_model.`) are read through
+//! [`ModelSpec::canonical_tensor_name`]: the spec describes the language model alone.
+
+pub mod deepseek_v3;
+pub mod glm_moe_dsa;
+mod json;
+pub mod mixtral;
+pub mod mla;
+pub mod olmoe;
+pub mod qwen3_moe;
+pub mod tensors;
+
+use crate::FormatError;
+pub use json::eos_ids;
+use json::Fields;
+pub use mla::{DsaSpec, MlaSpec, Yarn};
+use serde_json::Value;
+pub use tensors::*;
+
+/// The `model_type` values coli reads.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "mixtral",
+    "qwen3_moe",
+    "olmoe",
+    "deepseek_v3",
+    "kimi_k2",
+    "glm_moe_dsa",
+];
+
+/// A supported model family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `mixtral` ([`mixtral`]).
+    Mixtral,
+    /// `qwen3_moe` ([`qwen3_moe`]).
+    Qwen3Moe,
+    /// `olmoe` ([`olmoe`]).
+    Olmoe,
+    /// `deepseek_v3` and `kimi_k2`, the same architecture ([`deepseek_v3`]).
+    DeepseekV3,
+    /// `glm_moe_dsa`, GLM-5 ([`glm_moe_dsa`]).
+    GlmMoeDsa,
+}
+
+impl Family {
+    /// The family of a `model_type`.
+    ///
+    /// # Errors
+    /// [`FormatError::Unsupported`] for any other model type, listing the supported ones.
+    pub fn from_model_type(s: &str) -> Result<Family, FormatError> {
+        match s {
+            "mixtral" => Ok(Family::Mixtral),
+            "qwen3_moe" => Ok(Family::Qwen3Moe),
+            "olmoe" => Ok(Family::Olmoe),
+            "deepseek_v3" | "kimi_k2" => Ok(Family::DeepseekV3),
+            "glm_moe_dsa" => Ok(Family::GlmMoeDsa),
+            other => Err(FormatError::Unsupported(format!(
+                "model_type {other:?}; coli runs {}",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            ))),
+        }
+    }
+
+    /// The family's canonical `model_type` (`deepseek_v3` for Kimi-K2 too).
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mixtral => "mixtral",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Olmoe => "olmoe",
+            Family::DeepseekV3 => "deepseek_v3",
+            Family::GlmMoeDsa => "glm_moe_dsa",
+        }
+    }
+
+    /// MLA families (DeepSeek-V3 architecture: MLA attention, grouped sigmoid routing, dense
+    /// first layers, MTP layer).
+    pub fn is_mla(self) -> bool {
+        matches!(self, Family::DeepseekV3 | Family::GlmMoeDsa)
+    }
+
+    /// `default_theta` of the transformers config class (used when config.json names no theta).
+    fn default_theta(self) -> f64 {
+        match self {
+            Family::Mixtral => 1_000_000.0,
+            Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 | Family::GlmMoeDsa => 10_000.0,
+        }
+    }
+
+    /// Default `rms_norm_eps` of the transformers config class.
+    fn default_eps(self) -> f64 {
+        match self {
+            Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
+            Family::Mixtral | Family::Olmoe | Family::GlmMoeDsa => 1e-5,
+        }
+    }
+}
+
+/// How a MoE layer picks and weighs its experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// Softmax over the f32 router logits, top-k, the top-k weights renormalized to sum to 1
+    /// when `renormalize` (Mixtral always; Qwen3-MoE and OLMoE with `norm_topk_prob`).
+    SoftmaxTopK {
+        /// Renormalize the top-k weights.
+        renormalize: bool,
+    },
+    /// DeepSeek-V3's grouped sigmoid routing: sigmoid scores plus `e_score_correction_bias`
+    /// for selection only; groups scored by the sum of their top 2, the best `topk_group` of
+    /// `n_group` kept, top-k experts among them; weights = unbiased scores (renormalized when
+    /// `renormalize`) times `scaling`; shared experts added.
+    GroupedSigmoid {
+        /// Groups (`n_group`).
+        n_group: usize,
+        /// Groups kept (`topk_group`).
+        topk_group: usize,
+        /// Renormalize the top-k weights (`norm_topk_prob`).
+        renormalize: bool,
+        /// `routed_scaling_factor`.
+        scaling: f32,
+    },
+}
+
+/// Everything coli needs from a checkpoint's config: the dimensions and options of the forward
+/// pass, with transformers' defaults applied, and every tensor the model reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// Model family.
+    pub family: Family,
+    /// `model_type` as written (`kimi_k2` stays `kimi_k2`).
+    pub model_type: String,
+    /// The wrapper's `model_type` when config.json nests the language model under
+    /// `text_config` (a multimodal checkpoint); None otherwise.
+    pub wrapper: Option<String>,
+    /// Vocabulary size (rows of the embedding and of lm_head).
+    pub vocab_size: usize,
+    /// Hidden size H.
+    pub hidden_size: usize,
+    /// Decoder layers (`num_hidden_layers`; MTP layers not included).
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA: `num_heads` is a multiple of it).
+    pub num_kv_heads: usize,
+    /// Dimension of one head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon (added to the f32 mean square).
+    pub rms_norm_eps: f32,
+    /// RoPE base (`rope_theta`).
+    pub rope_theta: f64,
+    /// `max_position_embeddings`.
+    pub max_position_embeddings: usize,
+    /// lm_head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Sliding attention window in tokens (a query at position i sees keys j with
+    /// i - window < j <= i).
+    pub sliding_window: Option<usize>,
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts selected per token (top-k).
+    pub top_k: usize,
+    /// Renormalize the top-k routing weights to sum to 1 (always true for Mixtral).
+    pub norm_topk_prob: bool,
+    /// How experts are chosen and weighed.
+    pub routing: Routing,
+    /// Intermediate size I of one routed expert.
+    pub moe_intermediate_size: usize,
+    /// Intermediate size of the dense MLP of non-MoE layers.
+    pub intermediate_size: usize,
+    /// q/k/v/o projections have biases.
+    pub attention_bias: bool,
+    /// OLMoE: clamp q, k, v to [-clip, clip] after the q/k norms.
+    pub clip_qkv: Option<f32>,
+    /// Per main layer: whether it has routed experts.
+    pub moe_layers: Vec<bool>,
+    /// `bos_token_id`, when set.
+    pub bos_token_id: Option<u32>,
+    /// Every EOS id of config.json and generation_config.json (sorted, unique).
+    pub eos_token_ids: Vec<u32>,
+    /// MLA families: attention, RoPE and routing parameters.
+    pub mla: Option<MlaSpec>,
+    /// Every tensor the model reads.
+    pub tensors: ModelTensors,
+}
+
+/// RoPE theta of a GQA family from `rope_parameters` (transformers 5) or `rope_theta` +
+/// `rope_scaling` (older configs), as `convert_rope_params_to_dict` resolves them; only the
+/// default rope type runs.
+fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
+    let params = f
+        .get("rope_parameters")
+        .map(|p| (p, "rope_parameters."))
+        .or_else(|| f.get("rope_scaling").map(|p| (p, "rope_scaling.")));
+    let mut theta = f.f64("rope_theta")?;
+    if let Some((p, prefix)) = params {
+        if !p.is_object() {
+            return Err(f.err(format!("rope parameters must be an object, found {p}")));
+        }
+        let p = Fields {
+            v: p,
+            file: f.file,
+            prefix,
+        };
+        let ty = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if ty != "default" {
+            return Err(FormatError::Unsupported(format!(
+                "unsupported rope scaling {ty:?} (only the default RoPE is implemented)"
+            )));
+        }
+        if let Some(t) = p.f64("rope_theta")? {
+            theta = Some(t);
+        }
+        if p.get("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .is_some_and(|x| x != 1.0)
+        {
+            return Err(FormatError::Unsupported(
+                "unsupported rope scaling: partial_rotary_factor != 1".into(),
+            ));
+        }
+    }
+    let theta = theta.unwrap_or(family.default_theta());
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(f.err(format!("rope_theta must be positive, found {theta}")));
+    }
+    Ok(theta)
+}
+
+/// The expert count under its primary key or its `attribute_map` alias (transformers 5 writes
+/// `num_local_experts` for Qwen3-MoE).
+fn num_experts(f: &Fields<'_>, key: &str, alias: &str) -> Result<usize, FormatError> {
+    match f.usize(key)? {
+        Some(n) => Ok(n),
+        None => f
+            .usize(alias)?
+            .ok_or_else(|| f.err(format!("missing field {}{key} (or {alias})", f.prefix))),
+    }
+}
+
+/// The language model's config object: `config` itself, or its `text_config` when `config`
+/// is a wrapper whose own `model_type` coli does not run but whose `text_config` names one it
+/// does. Returns the object, its message prefix and the wrapper's model_type.
+fn language_model_config(config: &Value) -> (&Value, &'static str, Option<String>) {
+    let top = config.get("model_type").and_then(Value::as_str);
+    let nested = config
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .filter(|t| {
+            t.get("model_type")
+                .and_then(Value::as_str)
+                .is_some_and(|m| SUPPORTED_MODEL_TYPES.contains(&m))
+        });
+    match (top, nested) {
+        (Some(t), Some(n)) if !SUPPORTED_MODEL_TYPES.contains(&t) => {
+            (n, "text_config.", Some(t.to_string()))
+        }
+        _ => (config, "", None),
+    }
+}
+
+impl ModelSpec {
+    /// Reads config.json (`config`) and the EOS ids of generation_config.json
+    /// (`generation_config`, when given), applying the transformers 5.23 config classes'
+    /// defaults (`MixtralConfig`, `Qwen3MoeConfig`, `OlmoeConfig`, `DeepseekV3Config`,
+    /// `GlmMoeDsaConfig`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
+    /// wrapper is read through its `text_config` (inheriting `tie_word_embeddings` and EOS ids
+    /// from the top level).
+    ///
+    /// # Errors
+    /// [`FormatError::Config`] naming config.json and the field: missing or mistyped fields,
+    /// inconsistent sizes; [`FormatError::Unsupported`] for another model type, activation,
+    /// RoPE scaling, scoring function or top-k method.
+    pub fn from_config(
+        config: &Value,
+        generation_config: Option<&Value>,
+    ) -> Result<ModelSpec, FormatError> {
+        let (v, prefix, wrapper) = language_model_config(config);
+        let f = Fields {
+            v,
+            file: "config.json",
+            prefix,
+        };
+        let model_type = f
+            .str("model_type")?
+            .ok_or_else(|| f.err(format!("missing field {prefix}model_type")))?;
+        let family = Family::from_model_type(model_type)?;
+        if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                return Err(FormatError::Unsupported(format!(
+                    "hidden_act {act:?} (only silu)"
+                )));
+            }
+        }
+        if let Some(bs) = config
+            .get("quantization_config")
+            .or_else(|| f.get("quantization_config"))
+            .and_then(|q| q.get("weight_block_size"))
+        {
+            if bs != &serde_json::json!([128, 128]) {
+                return Err(f.err(format!(
+                    "quantization_config.weight_block_size is {bs}; only [128, 128] FP8 blocks are supported"
+                )));
+            }
+        }
+        let hidden_size = f.req_usize("hidden_size")?;
+        let num_heads = f.req_usize("num_attention_heads")?;
+        let num_kv_heads = f.usize("num_key_value_heads")?.unwrap_or(num_heads);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(f.err(format!(
+                "num_attention_heads {num_heads} must be a positive multiple of num_key_value_heads {num_kv_heads}"
+            )));
+        }
+        let head_dim = match f.usize("head_dim")? {
+            Some(d) if d > 0 => d,
+            _ => hidden_size / num_heads,
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(f.err(format!("head_dim {head_dim} must be even and positive")));
+        }
+        let num_layers = f.req_usize("num_hidden_layers")?;
+        let vocab_size = f.req_usize("vocab_size")?;
+        let tie_word_embeddings = match f.bool("tie_word_embeddings")? {
+            Some(t) => t,
+            None => Fields {
+                v: config,
+                file: "config.json",
+                prefix: "",
+            }
+            .bool("tie_word_embeddings")?
+            .unwrap_or(false),
+        };
+        let mut eos_token_ids = eos_ids(v, "config.json")?;
+        if wrapper.is_some() {
+            eos_token_ids.extend(eos_ids(config, "config.json")?);
+        }
+        if let Some(g) = generation_config {
+            eos_token_ids.extend(eos_ids(g, "generation_config.json")?);
+        }
+        eos_token_ids.sort_unstable();
+        eos_token_ids.dedup();
+        let mut spec = ModelSpec {
+            family,
+            model_type: model_type.to_string(),
+            wrapper,
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(family.default_eps()) as f32,
+            rope_theta: family.default_theta(),
+            max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(4096),
+            tie_word_embeddings,
+            sliding_window: None,
+            num_experts: 0,
+            top_k: 0,
+            norm_topk_prob: false,
+            routing: Routing::SoftmaxTopK { renormalize: false },
+            moe_intermediate_size: 0,
+            intermediate_size: f.usize("intermediate_size")?.unwrap_or(0),
+            attention_bias: false,
+            clip_qkv: None,
+            moe_layers: vec![true; num_layers],
+            bos_token_id: f.usize("bos_token_id")?.map(|n| n as u32),
+            eos_token_ids,
+            mla: None,
+            tensors: ModelTensors {
+                embed: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Embedding),
+                layers: vec![],
+                final_norm: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Norm),
+                lm_head: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::OutputHead),
+                mtp: vec![],
+            },
+        };
+        match family {
+            Family::Mixtral => mixtral::configure(&f, &mut spec)?,
+            Family::Qwen3Moe => qwen3_moe::configure(&f, &mut spec)?,
+            Family::Olmoe => olmoe::configure(&f, &mut spec)?,
+            Family::DeepseekV3 => deepseek_v3::configure(&f, &mut spec)?,
+            Family::GlmMoeDsa => glm_moe_dsa::configure(&f, &mut spec)?,
+        }
+        let top_k = f.req_usize("num_experts_per_tok")?;
+        if top_k == 0 || top_k > spec.num_experts {
+            return Err(f.err(format!(
+                "num_experts_per_tok {top_k} must be in 1..={}",
+                spec.num_experts
+            )));
+        }
+        spec.top_k = top_k;
+        if spec.moe_layers.iter().any(|&m| m) && spec.moe_intermediate_size == 0 {
+            return Err(f.err(format!(
+                "the routed experts' intermediate size is 0 ({prefix}moe_intermediate_size / {prefix}intermediate_size)"
+            )));
+        }
+        spec.tensors = match family {
+            Family::Mixtral => mixtral::tensors(&spec),
+            Family::Qwen3Moe => qwen3_moe::tensors(&spec),
+            Family::Olmoe => olmoe::tensors(&spec),
+            Family::DeepseekV3 => deepseek_v3::tensors(&spec),
+            Family::GlmMoeDsa => glm_moe_dsa::tensors(&spec),
+        };
+        Ok(spec)
+    }
+
+    /// Whether main decoder layer `layer` has routed experts (the family's rule, see its file).
+    /// Layers past `num_hidden_layers` (MTP) answer false here; see [`ModelSpec::mtp_layer`].
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// The index of the MTP layer the config declares (`num_hidden_layers`), if any.
+    pub fn mtp_layer(&self) -> Option<usize> {
+        self.mla
+            .as_ref()
+            .filter(|m| m.num_nextn_predict_layers > 0)
+            .map(|_| self.num_layers)
+    }
+
+    /// Every main-layer routed expert count by layer, then the MTP layer's.
+    pub fn expert_layers(&self) -> Vec<(u32, u32)> {
+        self.tensors
+            .expert_sets()
+            .into_iter()
+            .map(|e| (e.layer, e.count))
+            .collect()
+    }
+
+    /// The name `name` of a checkpoint tensor has in this spec (and in the store). For a
+    /// model read through a multimodal wrapper's `text_config`, the language model's tensors
+    /// are `language_model.model.X` / `language_model.lm_head.weight` or
+    /// `model.language_model.X` (transformers 5): they become `model.X` / `lm_head.weight`,
+    /// and tensors outside the language model (vision tower, projector) give `None`. Without
+    /// a wrapper every name is its own.
+    pub fn canonical_tensor_name<'n>(&self, name: &'n str) -> Option<std::borrow::Cow<'n, str>> {
+        use std::borrow::Cow;
+        if self.wrapper.is_none() {
+            return Some(Cow::Borrowed(name));
+        }
+        if let Some(rest) = name.strip_prefix("language_model.") {
+            return Some(Cow::Borrowed(rest));
+        }
+        if let Some(rest) = name.strip_prefix("model.language_model.") {
+            return Some(Cow::Owned(format!("model.{rest}")));
+        }
+        if name == "lm_head.weight" {
+            return Some(Cow::Borrowed(name));
+        }
+        None
+    }
+}
+
+/// The layer index in a tensor name `model.layers.L.…`, if any.
+pub fn layer_of(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (num, _) = rest.split_once('.')?;
+    num.parse().ok()
+}
+
+/// Builders shared by the family files.
+pub(crate) mod build {
+    use super::tensors::*;
+
+    /// A linear layer `{prefix}.weight` `[rows, cols]` (+ `{prefix}.bias` `[rows]`).
+    pub fn linear(
+        prefix: &str,
+        rows: usize,
+        cols: usize,
+        bias: bool,
+        class: TensorClass,
+    ) -> LinearSpec {
+        LinearSpec {
+            weight: TensorSpec::new(
+                format!("{prefix}.weight"),
+                &[rows, cols],
+                class,
+                TensorKind::Linear,
+            ),
+            bias: bias.then(|| {
+                TensorSpec::new(format!("{prefix}.bias"), &[rows], class, TensorKind::Bias)
+            }),
+        }
+    }
+
+    /// A norm weight `name` `[n]`.
+    pub fn norm(name: String, n: usize, class: TensorClass) -> TensorSpec {
+        TensorSpec::new(name, &[n], class, TensorKind::Norm)
+    }
+
+    /// A SwiGLU MLP `{prefix}.{gate,up,down}_proj` of intermediate size `inter`.
+    pub fn mlp(prefix: &str, hidden: usize, inter: usize, class: TensorClass) -> MlpSpec {
+        MlpSpec {
+            gate: linear(&format!("{prefix}.gate_proj"), inter, hidden, false, class),
+            up: linear(&format!("{prefix}.up_proj"), inter, hidden, false, class),
+            down: linear(&format!("{prefix}.down_proj"), hidden, inter, false, class),
+        }
+    }
+
+    /// The tensors outside the layers: embedding, final norm, lm_head (optional when tied).
+    pub fn model(
+        spec: &super::ModelSpec,
+        layers: Vec<LayerSpec>,
+        mtp: Vec<MtpSpec>,
+    ) -> ModelTensors {
+        let (v, h) = (spec.vocab_size, spec.hidden_size);
+        let c = TensorClass::Dense;
+        let lm_head = TensorSpec::new("lm_head.weight", &[v, h], c, TensorKind::OutputHead);
+        ModelTensors {
+            embed: TensorSpec::new(
+                "model.embed_tokens.weight",
+                &[v, h],
+                c,
+                TensorKind::Embedding,
+            ),
+            layers,
+            final_norm: norm("model.norm.weight".into(), h, c),
+            lm_head: if spec.tie_word_embeddings {
+                lm_head.optional()
+            } else {
+                lm_head
+            },
+            mtp,
+        }
+    }
+
+    /// A decoder layer `model.layers.{i}` with its two norms.
+    pub fn layer(
+        spec: &super::ModelSpec,
+        i: usize,
+        attention: AttentionSpec,
+        ffn: FfnSpec,
+        class: TensorClass,
+    ) -> LayerSpec {
+        let p = format!("model.layers.{i}");
+        LayerSpec {
+            index: i,
+            input_norm: norm(
+                format!("{p}.input_layernorm.weight"),
+                spec.hidden_size,
+                class,
+            ),
+            attention,
+            post_norm: norm(
+                format!("{p}.post_attention_layernorm.weight"),
+                spec.hidden_size,
+                class,
+            ),
+            ffn,
+        }
+    }
+
+    /// The GQA attention block `model.layers.{i}.self_attn` with `qk_norm`.
+    pub fn gqa(spec: &super::ModelSpec, i: usize, qk_norm: QkNormSpec) -> AttentionSpec {
+        let p = format!("model.layers.{i}.self_attn");
+        let (h, b, c) = (spec.hidden_size, spec.attention_bias, TensorClass::Dense);
+        let (qd, kvd) = (
+            spec.num_heads * spec.head_dim,
+            spec.num_kv_heads * spec.head_dim,
+        );
+        AttentionSpec::Gqa {
+            q: linear(&format!("{p}.q_proj"), qd, h, b, c),
+            k: linear(&format!("{p}.k_proj"), kvd, h, b, c),
+            v: linear(&format!("{p}.v_proj"), kvd, h, b, c),
+            o: linear(&format!("{p}.o_proj"), h, qd, b, c),
+            qk_norm,
+        }
+    }
+
+    /// The softmax-routed MoE block of layer `i`: router `{block}.gate.weight`, experts
+    /// `{block}.experts.E.{matrices}.weight`.
+    pub fn softmax_moe(
+        spec: &super::ModelSpec,
+        i: usize,
+        block: &str,
+        matrices: [&'static str; 3],
+    ) -> FfnSpec {
+        let p = format!("model.layers.{i}.{block}");
+        FfnSpec::Moe(MoeSpec {
+            router: TensorSpec::new(
+                format!("{p}.gate.weight"),
+                &[spec.num_experts, spec.hidden_size],
+                TensorClass::Dense,
+                TensorKind::Router,
+            ),
+            router_bias: None,
+            shared: None,
+            experts: ExpertsSpec {
+                layer: i as u32,
+                count: spec.num_experts as u32,
+                hidden: spec.hidden_size,
+                intermediate: spec.moe_intermediate_size,
+                class: TensorClass::RoutedExpert,
+                prefix: format!("{p}.experts"),
+                matrices,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,427 @@
+//! The tensors a model needs, as a tree that mirrors the forward pass (embedding, layers with
+//! their attention and feed-forward blocks, final norm, output head, MTP layers), each leaf a
+//! [`TensorSpec`] with its checkpoint name, shape, class, kind and whether it may be absent.
+//!
+//! The converter's preflight walks the flat lists ([`ModelTensors::dense`],
+//! [`ModelTensors::expert_sets`]); the engine's model files walk the tree. Both therefore ask
+//! for exactly the same names and shapes.
+
+/// Which part of the model a tensor belongs to (the converter picks encodings per class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorClass {
+    /// Resident weights of the main layers: embedding, attention, dense MLP layers, shared
+    /// experts, routers, norms, output head.
+    Dense,
+    /// The routed experts of the main layers (streamed from the store's expert records).
+    RoutedExpert,
+    /// Every tensor of a multi-token-prediction layer, its routed experts included.
+    Mtp,
+}
+
+/// What a tensor is: decides whether the converter may re-encode it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// A token embedding `[vocab, H]` (one row read per token).
+    Embedding,
+    /// An output projection `[vocab, H]` (lm_head, an MTP layer's shared head).
+    OutputHead,
+    /// The weight of a linear layer `[out, in]`: attention, MLP and expert projections.
+    Linear,
+    /// A router (gate) weight `[experts, H]`: kept in the source precision.
+    Router,
+    /// A normalization weight or bias (1-D).
+    Norm,
+    /// A bias vector (1-D): linear biases, the router's `e_score_correction_bias`.
+    Bias,
+}
+
+/// One tensor the model reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Name as in the checkpoint (and in the store).
+    pub name: String,
+    /// Shape: `[n]` for vectors, `[rows, cols]` (out, in) for matrices.
+    pub shape: Vec<usize>,
+    /// Class.
+    pub class: TensorClass,
+    /// Kind.
+    pub kind: TensorKind,
+    /// Whether the model runs without it (a stated stand-in is used instead, see the field
+    /// that holds it).
+    pub optional: bool,
+}
+
+impl TensorSpec {
+    /// A required tensor.
+    pub(crate) fn new(
+        name: impl Into<String>,
+        shape: &[usize],
+        class: TensorClass,
+        kind: TensorKind,
+    ) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            class,
+            kind,
+            optional: false,
+        }
+    }
+
+    /// The same tensor, optional.
+    pub(crate) fn optional(mut self) -> TensorSpec {
+        self.optional = true;
+        self
+    }
+
+    /// `(rows, cols)` of its matrix view: `[n]` is one row.
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.shape[..] {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => unreachable!("specs have 1-D or 2-D shapes"),
+        }
+    }
+}
+
+/// A linear layer: `{prefix}.weight` `[out, in]` and, when the config says so,
+/// `{prefix}.bias` `[out]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinearSpec {
+    /// The weight.
+    pub weight: TensorSpec,
+    /// The bias, when present.
+    pub bias: Option<TensorSpec>,
+}
+
+/// A SwiGLU MLP `down(silu(gate(x)) * up(x))` (dense MLP layers, shared experts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlpSpec {
+    /// `gate_proj` `[I, H]`.
+    pub gate: LinearSpec,
+    /// `up_proj` `[I, H]`.
+    pub up: LinearSpec,
+    /// `down_proj` `[H, I]`.
+    pub down: LinearSpec,
+}
+
+/// The q/k normalization of a GQA attention block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QkNormSpec {
+    /// None (Mixtral).
+    None,
+    /// RMSNorm of each head of q and k, weights `[head_dim]` (Qwen3-MoE).
+    PerHead {
+        /// `q_norm.weight`.
+        q: TensorSpec,
+        /// `k_norm.weight`.
+        k: TensorSpec,
+    },
+    /// RMSNorm over the whole projected q and k vectors (OLMoE), `[heads * head_dim]` and
+    /// `[kv_heads * head_dim]`.
+    Full {
+        /// `q_norm.weight`.
+        q: TensorSpec,
+        /// `k_norm.weight`.
+        k: TensorSpec,
+    },
+}
+
+/// The query path of MLA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MlaQuerySpec {
+    /// `q_lora_rank` set: `q_b(RMSNorm(q_a(x)))`.
+    Lora {
+        /// `q_a_proj` `[q_lora_rank, H]`.
+        a: LinearSpec,
+        /// `q_a_layernorm.weight` `[q_lora_rank]`.
+        norm: TensorSpec,
+        /// `q_b_proj` `[heads * (nope + rope), q_lora_rank]`.
+        b: LinearSpec,
+    },
+    /// `q_lora_rank` null: `q_proj` `[heads * (nope + rope), H]`.
+    Direct(LinearSpec),
+}
+
+/// The DSA lightning indexer of a GLM-5 `"full"` layer (`self_attn.indexer.*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexerSpec {
+    /// `wq_b` `[index_heads * index_head_dim, q_lora_rank]`.
+    pub wq_b: LinearSpec,
+    /// `wk` `[index_head_dim, H]`.
+    pub wk: LinearSpec,
+    /// `k_norm.weight` `[index_head_dim]` (LayerNorm).
+    pub k_norm_weight: TensorSpec,
+    /// `k_norm.bias` `[index_head_dim]`.
+    pub k_norm_bias: TensorSpec,
+    /// `weights_proj` `[index_heads, H]`.
+    pub weights_proj: LinearSpec,
+}
+
+/// An attention block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttentionSpec {
+    /// Grouped-query attention with RoPE.
+    Gqa {
+        /// `q_proj` `[heads * head_dim, H]`.
+        q: LinearSpec,
+        /// `k_proj` `[kv_heads * head_dim, H]`.
+        k: LinearSpec,
+        /// `v_proj` `[kv_heads * head_dim, H]`.
+        v: LinearSpec,
+        /// `o_proj` `[H, heads * head_dim]`.
+        o: LinearSpec,
+        /// q/k normalization.
+        qk_norm: QkNormSpec,
+    },
+    /// Multi-head latent attention (DeepSeek-V3, GLM-5).
+    Mla {
+        /// The query path.
+        q: MlaQuerySpec,
+        /// `kv_a_proj_with_mqa` `[kv_lora_rank + rope, H]`.
+        kv_a: LinearSpec,
+        /// `kv_a_layernorm.weight` `[kv_lora_rank]`.
+        kv_norm: TensorSpec,
+        /// `kv_b_proj` `[heads * (nope + v_head), kv_lora_rank]`.
+        kv_b: LinearSpec,
+        /// `o_proj` `[H, heads * v_head]`.
+        o: LinearSpec,
+        /// The DSA indexer of a GLM-5 `"full"` layer (`None` elsewhere).
+        indexer: Option<Box<IndexerSpec>>,
+    },
+}
+
+/// The routed experts of one layer: `count` records in the store, each holding the three
+/// checkpoint tensors [`ExpertsSpec::tensor_names`] (gate `[I, H]`, up `[I, H]`, down `[H, I]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertsSpec {
+    /// Decoder layer index.
+    pub layer: u32,
+    /// Experts in the layer.
+    pub count: u32,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Intermediate size I of one expert.
+    pub intermediate: usize,
+    /// [`TensorClass::RoutedExpert`], or [`TensorClass::Mtp`] for an MTP layer's experts.
+    pub class: TensorClass,
+    /// Name prefix of the layer's experts (`model.layers.L.mlp.experts`).
+    pub prefix: String,
+    /// Names of gate, up and down under `{prefix}.{e}` (`gate_proj`, ... or Mixtral's `w1`,
+    /// `w3`, `w2`).
+    pub matrices: [&'static str; 3],
+}
+
+impl ExpertsSpec {
+    /// The checkpoint names of expert `e`'s gate, up and down weights.
+    pub fn tensor_names(&self, e: u32) -> [String; 3] {
+        self.matrices
+            .map(|m| format!("{}.{e}.{m}.weight", self.prefix))
+    }
+
+    /// Expert `e`'s three tensors with their shapes.
+    pub fn tensors(&self, e: u32) -> [TensorSpec; 3] {
+        let (h, i) = (self.hidden, self.intermediate);
+        let [g, u, d] = self.tensor_names(e);
+        let t = |n: String, s: &[usize]| TensorSpec::new(n, s, self.class, TensorKind::Linear);
+        [t(g, &[i, h]), t(u, &[i, h]), t(d, &[h, i])]
+    }
+}
+
+/// A feed-forward block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FfnSpec {
+    /// A dense SwiGLU MLP (`mlp.{gate,up,down}_proj`).
+    Dense(MlpSpec),
+    /// A Mixture-of-Experts block.
+    Moe(MoeSpec),
+}
+
+/// A Mixture-of-Experts block: router, routed experts, optional shared experts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// The router weight `[experts, H]`.
+    pub router: TensorSpec,
+    /// The selection bias `e_score_correction_bias` `[experts]` (sigmoid routing).
+    pub router_bias: Option<TensorSpec>,
+    /// Shared experts (always-on SwiGLU of `moe_intermediate_size * n_shared_experts`).
+    pub shared: Option<Box<MlpSpec>>,
+    /// The routed experts.
+    pub experts: ExpertsSpec,
+}
+
+/// One decoder layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerSpec {
+    /// Layer index (as in the tensor names).
+    pub index: usize,
+    /// `input_layernorm.weight` `[H]`.
+    pub input_norm: TensorSpec,
+    /// The attention block.
+    pub attention: AttentionSpec,
+    /// `post_attention_layernorm.weight` `[H]`.
+    pub post_norm: TensorSpec,
+    /// The feed-forward block.
+    pub ffn: FfnSpec,
+}
+
+/// A multi-token-prediction layer (DeepSeek-V3, GLM-5): decoder layer `num_hidden_layers` of
+/// the checkpoint. Present or absent as a whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MtpSpec {
+    /// Its decoder layer (MLA, always MoE).
+    pub layer: LayerSpec,
+    /// `embed_tokens.weight` `[vocab, H]` (a copy of the main embedding in the published
+    /// checkpoints: DeepSeek-V3 shares it, paper section 2.2).
+    pub embed: TensorSpec,
+    /// `enorm.weight` `[H]`.
+    pub enorm: TensorSpec,
+    /// `hnorm.weight` `[H]`.
+    pub hnorm: TensorSpec,
+    /// `eh_proj` `[H, 2H]`.
+    pub eh_proj: LinearSpec,
+    /// `shared_head.norm.weight` `[H]`.
+    pub head_norm: TensorSpec,
+    /// `shared_head.head.weight` `[vocab, H]` (the shared output head, paper section 2.2,
+    /// stored in the layer).
+    pub head: TensorSpec,
+}
+
+/// Every tensor of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelTensors {
+    /// `model.embed_tokens.weight` `[vocab, H]`.
+    pub embed: TensorSpec,
+    /// The decoder layers `0..num_hidden_layers`.
+    pub layers: Vec<LayerSpec>,
+    /// `model.norm.weight` `[H]`.
+    pub final_norm: TensorSpec,
+    /// `lm_head.weight` `[vocab, H]`; optional when `tie_word_embeddings` (the embedding
+    /// stands in).
+    pub lm_head: TensorSpec,
+    /// MTP layers (at most one).
+    pub mtp: Vec<MtpSpec>,
+}
+
+fn push_linear<'a>(out: &mut Vec<&'a TensorSpec>, l: &'a LinearSpec) {
+    out.push(&l.weight);
+    out.extend(l.bias.as_ref());
+}
+
+fn push_mlp<'a>(out: &mut Vec<&'a TensorSpec>, m: &'a MlpSpec) {
+    for l in [&m.gate, &m.up, &m.down] {
+        push_linear(out, l);
+    }
+}
+
+impl LayerSpec {
+    /// The layer's tensors other than its routed experts, in a fixed order.
+    pub fn dense(&self) -> Vec<&TensorSpec> {
+        let mut out = vec![&self.input_norm];
+        match &self.attention {
+            AttentionSpec::Gqa {
+                q,
+                k,
+                v,
+                o,
+                qk_norm,
+            } => {
+                for l in [q, k, v, o] {
+                    push_linear(&mut out, l);
+                }
+                if let QkNormSpec::PerHead { q, k } | QkNormSpec::Full { q, k } = qk_norm {
+                    out.extend([q, k]);
+                }
+            }
+            AttentionSpec::Mla {
+                q,
+                kv_a,
+                kv_norm,
+                kv_b,
+                o,
+                indexer,
+            } => {
+                match q {
+                    MlaQuerySpec::Lora { a, norm, b } => {
+                        push_linear(&mut out, a);
+                        out.push(norm);
+                        push_linear(&mut out, b);
+                    }
+                    MlaQuerySpec::Direct(l) => push_linear(&mut out, l),
+                }
+                push_linear(&mut out, kv_a);
+                out.push(kv_norm);
+                push_linear(&mut out, kv_b);
+                push_linear(&mut out, o);
+                if let Some(ix) = indexer {
+                    push_linear(&mut out, &ix.wq_b);
+                    push_linear(&mut out, &ix.wk);
+                    out.extend([&ix.k_norm_weight, &ix.k_norm_bias]);
+                    push_linear(&mut out, &ix.weights_proj);
+                }
+            }
+        }
+        out.push(&self.post_norm);
+        match &self.ffn {
+            FfnSpec::Dense(m) => push_mlp(&mut out, m),
+            FfnSpec::Moe(m) => {
+                out.push(&m.router);
+                out.extend(m.router_bias.as_ref());
+                if let Some(s) = &m.shared {
+                    push_mlp(&mut out, s);
+                }
+            }
+        }
+        out
+    }
+
+    /// The layer's routed experts, if it is a MoE layer.
+    pub fn experts(&self) -> Option<&ExpertsSpec> {
+        match &self.ffn {
+            FfnSpec::Moe(m) => Some(&m.experts),
+            FfnSpec::Dense(_) => None,
+        }
+    }
+}
+
+impl MtpSpec {
+    /// The MTP layer's tensors other than its routed experts, in a fixed order.
+    pub fn dense(&self) -> Vec<&TensorSpec> {
+        let mut out = vec![&self.embed, &self.enorm, &self.hnorm];
+        push_linear(&mut out, &self.eh_proj);
+        out.extend(self.layer.dense());
+        out.extend([&self.head_norm, &self.head]);
+        out
+    }
+}
+
+impl ModelTensors {
+    /// Every tensor other than routed experts (main layers, then MTP layers), in a fixed order.
+    pub fn dense(&self) -> Vec<&TensorSpec> {
+        let mut out = self.main_dense();
+        for m in &self.mtp {
+            out.extend(m.dense());
+        }
+        out
+    }
+
+    /// The tensors of the main model other than routed experts (no MTP layer), in a fixed
+    /// order: embedding, layers, final norm, lm_head.
+    pub fn main_dense(&self) -> Vec<&TensorSpec> {
+        let mut out = vec![&self.embed];
+        for l in &self.layers {
+            out.extend(l.dense());
+        }
+        out.extend([&self.final_norm, &self.lm_head]);
+        out
+    }
+
+    /// Every layer's routed experts (main layers, then MTP layers).
+    pub fn expert_sets(&self) -> Vec<&ExpertsSpec> {
+        self.layers
+            .iter()
+            .chain(self.mtp.iter().map(|m| &m.layer))
+            .filter_map(LayerSpec::experts)
+            .collect()
+    }
+}

@@ -1,0 +1,348 @@
+//! Tests of the config reading and the tensor lists.
+
+use super::*;
+use serde_json::json;
+
+fn spec(v: Value) -> Result<ModelSpec, FormatError> {
+    ModelSpec::from_config(&v, None)
+}
+
+fn mixtral() -> Value {
+    json!({"model_type": "mixtral", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "eos_token_id": 2})
+}
+
+fn deepseek() -> Value {
+    json!({"model_type": "deepseek_v3", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 4,
+           "num_attention_heads": 2, "n_routed_experts": 4, "moe_intermediate_size": 4,
+           "intermediate_size": 12, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+           "q_lora_rank": 8, "kv_lora_rank": 4, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2,
+           "v_head_dim": 4, "topk_method": "noaux_tc", "n_shared_experts": 1,
+           "num_nextn_predict_layers": 1})
+}
+
+fn glm() -> Value {
+    json!({"model_type": "glm_moe_dsa", "vocab_size": 100, "hidden_size": 64,
+           "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 96,
+           "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+           "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+           "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1,
+           "rope_interleave": false, "index_n_heads": 4, "index_head_dim": 16,
+           "index_topk": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+}
+
+fn names(s: &ModelSpec) -> Vec<String> {
+    s.tensors.dense().iter().map(|t| t.name.clone()).collect()
+}
+
+#[test]
+fn mixtral_defaults_and_eos_union() {
+    let c = ModelSpec::from_config(&mixtral(), Some(&json!({"eos_token_id": [2, 7]}))).unwrap();
+    assert_eq!(c.head_dim, 16);
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.eos_token_ids, vec![2, 7]);
+    assert!(c.norm_topk_prob);
+    assert_eq!(c.routing, Routing::SoftmaxTopK { renormalize: true });
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    let n = names(&c);
+    assert!(n.contains(&"model.layers.1.block_sparse_moe.gate.weight".to_string()));
+    assert!(n.contains(&"lm_head.weight".to_string()));
+    assert!(!c.tensors.lm_head.optional);
+    let e = &c.tensors.expert_sets()[1];
+    assert_eq!(
+        e.tensor_names(3)[1],
+        "model.layers.1.block_sparse_moe.experts.3.w3.weight"
+    );
+    assert_eq!(e.tensors(3)[2].shape, vec![64, 32]);
+}
+
+#[test]
+fn rope_styles() {
+    let mut v = mixtral();
+    v["rope_theta"] = json!(5000.0);
+    v["rope_scaling"] = Value::Null;
+    assert_eq!(spec(v.clone()).unwrap().rope_theta, 5000.0);
+    v["rope_scaling"] = json!({"rope_type": "default"});
+    assert_eq!(spec(v.clone()).unwrap().rope_theta, 5000.0);
+    let mut w = mixtral();
+    w["rope_parameters"] = json!({"rope_theta": 123.0, "rope_type": "default"});
+    assert_eq!(spec(w).unwrap().rope_theta, 123.0);
+    v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+    let e = spec(v).unwrap_err().to_string();
+    assert!(e.contains("unsupported rope scaling"), "{e}");
+}
+
+#[test]
+fn bad_fields_are_named() {
+    let mut v = mixtral();
+    v["model_type"] = json!("llama");
+    let e = spec(v).unwrap_err().to_string();
+    assert!(
+        e.contains("llama") && e.contains("olmoe") && e.contains("kimi_k2"),
+        "{e}"
+    );
+    let mut v = mixtral();
+    v["eos_token_id"] = json!("x");
+    assert!(spec(v).unwrap_err().to_string().contains("eos_token_id"));
+    let mut v = mixtral();
+    v.as_object_mut().unwrap().remove("hidden_size");
+    let e = spec(v).unwrap_err().to_string();
+    assert!(
+        e.contains("config.json") && e.contains("hidden_size"),
+        "{e}"
+    );
+    let mut v = mixtral();
+    v.as_object_mut().unwrap().remove("num_local_experts");
+    let e = spec(v).unwrap_err().to_string();
+    assert!(e.contains("num_local_experts"), "{e}");
+    let mut v = mixtral();
+    v.as_object_mut().unwrap().remove("intermediate_size");
+    let e = spec(v).unwrap_err().to_string();
+    assert!(e.contains("intermediate_size"), "{e}");
+    let mut v = mixtral();
+    v["hidden_size"] = json!("8");
+    assert!(spec(v).unwrap_err().to_string().contains("hidden_size"));
+    let mut v = mixtral();
+    v["quantization_config"] = json!({"weight_block_size": [64, 64]});
+    let e = spec(v).unwrap_err().to_string();
+    assert!(e.contains("weight_block_size"), "{e}");
+    let mut v = mixtral();
+    v["hidden_act"] = json!("gelu");
+    assert!(spec(v).unwrap_err().to_string().contains("gelu"));
+}
+
+#[test]
+fn qwen3_sparse_layers() {
+    let v = json!({"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, "head_dim": 32,
+           "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
+           "mlp_only_layers": [0], "decoder_sparse_step": 2, "norm_topk_prob": true});
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.head_dim, 32);
+    assert_eq!(c.rope_theta, 10_000.0);
+    assert_eq!(c.moe_layers, [false, true, false, true]);
+    let n = names(&c);
+    assert!(n.contains(&"model.layers.0.mlp.up_proj.weight".to_string()));
+    assert!(n.contains(&"model.layers.1.self_attn.q_norm.weight".to_string()));
+    assert_eq!(c.tensors.expert_sets().len(), 2);
+    // transformers 5.x spelling of the expert count
+    let mut w = v;
+    w.as_object_mut().unwrap().remove("num_experts");
+    w["num_local_experts"] = json!(8);
+    assert_eq!(spec(w.clone()).unwrap().num_experts, 8);
+    w["mlp_only_layers"] = json!(["a"]);
+    assert!(spec(w).unwrap_err().to_string().contains("mlp_only_layers"));
+}
+
+#[test]
+fn deepseek_layers_routing_and_mtp() {
+    let c = spec(deepseek()).unwrap();
+    assert_eq!(c.moe_layers, [false, true, true, true]);
+    assert_eq!(c.mtp_layer(), Some(4));
+    let n = names(&c);
+    for want in [
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.1.self_attn.q_a_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.4.eh_proj.weight",
+        "model.layers.4.self_attn.kv_b_proj.weight",
+        "model.layers.4.shared_head.head.weight",
+    ] {
+        assert!(n.contains(&want.to_string()), "{want}");
+    }
+    let mtp = &c.tensors.mtp[0];
+    assert!(!mtp.embed.optional && !mtp.head.optional && !mtp.eh_proj.weight.optional);
+    assert!(mtp.dense().iter().all(|t| t.class == TensorClass::Mtp));
+    let sets = c.tensors.expert_sets();
+    assert_eq!(sets.last().unwrap().layer, 4);
+    assert_eq!(sets.last().unwrap().class, TensorClass::Mtp);
+    assert_eq!(c.expert_layers(), vec![(1, 4), (2, 4), (3, 4), (4, 4)]);
+    // No MTP layer declared: none listed.
+    let mut v = deepseek();
+    v["num_nextn_predict_layers"] = json!(0);
+    assert!(spec(v.clone()).unwrap().tensors.mtp.is_empty());
+    v["num_nextn_predict_layers"] = json!(2);
+    assert!(spec(v.clone()).unwrap_err().to_string().contains("MTP"));
+    // Without q_lora: q_proj.
+    let mut v = deepseek();
+    v["q_lora_rank"] = Value::Null;
+    assert!(names(&spec(v).unwrap()).contains(&"model.layers.2.self_attn.q_proj.weight".into()));
+    // Only grouped sigmoid routing with noaux_tc runs.
+    let mut v = deepseek();
+    v["topk_method"] = json!("greedy");
+    assert!(matches!(spec(v), Err(FormatError::Unsupported(_))));
+    // mlp_layer_types is a GLM-5 key; DeepSeek-V3 ignores it as transformers does.
+    let mut v = deepseek();
+    v["mlp_layer_types"] = json!(["dense", "sparse", "dense", "moe"]);
+    assert_eq!(spec(v).unwrap().moe_layers, [false, true, true, true]);
+}
+
+#[test]
+fn glm_moe_dsa_reads_indexer_and_layer_types() {
+    let mut v = glm();
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.family, Family::GlmMoeDsa);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert_eq!(c.rope_theta, 1e6);
+    let m = c.mla.as_ref().unwrap();
+    assert!(m.rope_interleave, "GLM-5 RoPE is always interleaved");
+    let d = m.dsa.as_ref().unwrap();
+    assert_eq!((d.n_heads, d.head_dim, d.topk), (4, 16, 8));
+    assert_eq!(d.full, vec![true; 3]);
+    assert_eq!(c.moe_layers, [false, true, true]);
+    assert!(names(&c).contains(&"model.layers.2.self_attn.indexer.k_norm.bias".to_string()));
+    v["mlp_layer_types"] = json!(["dense", "sparse", "dense"]);
+    assert_eq!(spec(v.clone()).unwrap().moe_layers, [false, true, false]);
+    v["mlp_layer_types"] = json!(["dense", "moe", "dense"]);
+    let e = spec(v.clone()).unwrap_err().to_string();
+    assert!(e.contains("moe"), "{e}");
+    v["mlp_layer_types"] = json!(["dense", "sparse"]);
+    assert!(spec(v.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("mlp_layer_types"));
+    v["mlp_layer_types"] = Value::Null;
+    v["indexer_types"] = json!(["full", "shared", "full"]);
+    let c = spec(v.clone()).unwrap();
+    assert!(!names(&c).contains(&"model.layers.1.self_attn.indexer.wk.weight".to_string()));
+    v.as_object_mut().unwrap().remove("index_topk");
+    let e = spec(v.clone()).unwrap_err().to_string();
+    assert!(e.contains("index_topk"), "{e}");
+    let mut v = glm();
+    v["q_lora_rank"] = Value::Null;
+    assert!(spec(v).unwrap_err().to_string().contains("q_lora_rank"));
+}
+
+#[test]
+fn text_config_of_a_multimodal_wrapper() {
+    let wrapped = json!({"model_type": "llava_next", "tie_word_embeddings": true,
+        "eos_token_id": 9, "text_config": mixtral(), "vision_config": {"hidden_size": 3}});
+    let c = spec(wrapped).unwrap();
+    assert_eq!(c.wrapper.as_deref(), Some("llava_next"));
+    assert_eq!(c.family, Family::Mixtral);
+    assert!(c.tie_word_embeddings && c.tensors.lm_head.optional);
+    assert_eq!(c.eos_token_ids, vec![2, 9]);
+    assert_eq!(
+        c.canonical_tensor_name("language_model.model.layers.0.input_layernorm.weight")
+            .as_deref(),
+        Some("model.layers.0.input_layernorm.weight")
+    );
+    assert_eq!(
+        c.canonical_tensor_name("model.language_model.norm.weight")
+            .as_deref(),
+        Some("model.norm.weight")
+    );
+    assert_eq!(
+        c.canonical_tensor_name("language_model.lm_head.weight")
+            .as_deref(),
+        Some("lm_head.weight")
+    );
+    assert_eq!(c.canonical_tensor_name("vision_tower.blocks.0.w"), None);
+    // A missing field is named with its path.
+    let mut t = mixtral();
+    t.as_object_mut().unwrap().remove("vocab_size");
+    let e = spec(json!({"model_type": "llava_next", "text_config": t}))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("text_config.vocab_size"), "{e}");
+    // A plain config names every tensor as it is.
+    let c = spec(mixtral()).unwrap();
+    assert_eq!(c.canonical_tensor_name("x.y").as_deref(), Some("x.y"));
+    // A wrapper whose text model coli does not run is refused by its own model_type.
+    let e = spec(json!({"model_type": "llava", "text_config": {"model_type": "llama"}}))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("llava"), "{e}");
+}
+
+/// Every committed fixture checkpoint holds exactly the tensors its spec lists: the required
+/// ones, and optional ones only where the spec allows (FP8 block scales aside).
+#[test]
+fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&root).expect("tests/fixtures/tiny exists") {
+        let dir = entry.unwrap().path();
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let index: Value = serde_json::from_slice(
+            &std::fs::read(dir.join("model.safetensors.index.json")).unwrap(),
+        )
+        .unwrap();
+        let mut in_checkpoint: std::collections::BTreeSet<String> = index["weight_map"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !k.ends_with("_scale_inv"))
+            .cloned()
+            .collect();
+        let s = spec(config).unwrap();
+        for t in s.tensors.dense() {
+            let present = in_checkpoint.remove(&t.name);
+            assert!(
+                present || t.optional,
+                "{}: {} missing",
+                dir.display(),
+                t.name
+            );
+        }
+        for e in s.tensors.expert_sets() {
+            for x in 0..e.count {
+                for n in e.tensor_names(x) {
+                    assert!(in_checkpoint.remove(&n), "{}: {n} missing", dir.display());
+                }
+            }
+        }
+        assert!(
+            in_checkpoint.is_empty(),
+            "{}: not in the spec: {in_checkpoint:?}",
+            dir.display()
+        );
+        seen += 1;
+    }
+    assert!(seen >= 6, "expected the six tiny fixtures, found {seen}");
+}
+
+#[test]
+fn layer_index_of_names() {
+    assert_eq!(layer_of("model.layers.61.eh_proj.weight"), Some(61));
+    assert_eq!(layer_of("model.norm.weight"), None);
+    assert_eq!(layer_of("lm_head.weight"), None);
+}
+
+#[test]
+fn kimi_k2_is_deepseek_v3_and_dense_layers_come_first() {
+    let v = json!({"model_type": "kimi_k2", "vocab_size": 100, "hidden_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1,
+        "n_group": 2, "topk_group": 1, "rope_theta": 50000.0});
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.family, Family::DeepseekV3);
+    assert_eq!(c.model_type, "kimi_k2");
+    let m = c.mla.as_ref().unwrap();
+    assert_eq!(m.q_lora_rank, None);
+    assert!(m.rope_interleave && m.yarn.is_none());
+    assert_eq!(c.rope_theta, 50000.0);
+    assert!((m.softmax_scale - 24f32.powf(-0.5)).abs() < 1e-7);
+    assert!(!c.is_moe_layer(0) && c.is_moe_layer(1) && c.is_moe_layer(3));
+    assert_eq!(
+        c.routing,
+        Routing::GroupedSigmoid {
+            n_group: 2,
+            topk_group: 1,
+            renormalize: true,
+            scaling: 1.0
+        }
+    );
+    let mut bad = v.clone();
+    bad["n_group"] = json!(3);
+    assert!(spec(bad.clone()).is_err());
+    bad["n_group"] = json!(2);
+    bad["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
+    let e = spec(bad).unwrap_err();
+    assert!(e.to_string().contains("llama3"), "{e}");
+}
