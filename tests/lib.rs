@@ -111,3 +111,91 @@ pub fn greedy(engine: &mut coli_engine::Engine<'_>, prompt: &[u32], n: usize) ->
         .expect("generate")
         .tokens
 }
+
+/// Copies the checkpoint directory `src` to `dst` without the tensors for which `drop(name)`
+/// is true ([`rewrite_checkpoint`]).
+///
+/// # Panics
+/// On I/O errors or a malformed safetensors file.
+pub fn copy_checkpoint_without(src: &Path, dst: &Path, drop: impl Fn(&str) -> bool) {
+    rewrite_checkpoint(src, dst, |n| (!drop(n)).then(|| n.to_string()));
+}
+
+/// Copies the checkpoint directory `src` to `dst`, naming each tensor `rename(name)` or leaving
+/// it out when that is `None`, in the safetensors headers (the remaining tensors' bytes are
+/// packed again, in their original order) and in `model.safetensors.index.json`'s weight_map.
+/// Other files are copied unchanged.
+///
+/// # Panics
+/// On I/O errors or a malformed safetensors file.
+pub fn rewrite_checkpoint(src: &Path, dst: &Path, rename: impl Fn(&str) -> Option<String>) {
+    std::fs::create_dir_all(dst).expect("create checkpoint copy");
+    for entry in std::fs::read_dir(src).expect("read checkpoint") {
+        let p = entry.expect("dir entry").path();
+        let name = p
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        let out = dst.join(&name);
+        if name.ends_with(".safetensors") {
+            let bytes = std::fs::read(&p).expect("read shard");
+            let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+            let header: serde_json::Map<String, Value> =
+                serde_json::from_slice(&bytes[8..8 + n]).expect("safetensors header");
+            let data = &bytes[8 + n..];
+            let mut kept: Vec<(String, Value, usize, usize)> = header
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    if k == "__metadata__" {
+                        Some((k, v))
+                    } else {
+                        rename(&k).map(|n| (n, v))
+                    }
+                })
+                .map(|(k, v)| {
+                    let off = v.get("data_offsets").and_then(Value::as_array).map(|o| {
+                        (
+                            o[0].as_u64().expect("offset") as usize,
+                            o[1].as_u64().expect("offset") as usize,
+                        )
+                    });
+                    let (a, b) = off.unwrap_or((0, 0));
+                    (k, v, a, b)
+                })
+                .collect();
+            kept.sort_by_key(|t| t.2);
+            let mut new_header = serde_json::Map::new();
+            let mut new_data = Vec::new();
+            for (k, mut v, a, b) in kept {
+                if k != "__metadata__" {
+                    let start = new_data.len();
+                    new_data.extend_from_slice(&data[a..b]);
+                    v["data_offsets"] = serde_json::json!([start, new_data.len()]);
+                }
+                new_header.insert(k, v);
+            }
+            let mut h = serde_json::to_vec(&new_header).expect("header serializes");
+            while !h.len().is_multiple_of(8) {
+                h.push(b' ');
+            }
+            let mut out_bytes = (h.len() as u64).to_le_bytes().to_vec();
+            out_bytes.extend_from_slice(&h);
+            out_bytes.extend_from_slice(&new_data);
+            std::fs::write(&out, out_bytes).expect("write shard");
+        } else if name == "model.safetensors.index.json" {
+            let mut v: Value =
+                serde_json::from_slice(&std::fs::read(&p).expect("read index")).expect("index");
+            if let Some(m) = v["weight_map"].as_object_mut() {
+                let renamed: serde_json::Map<String, Value> = std::mem::take(m)
+                    .into_iter()
+                    .filter_map(|(k, f)| rename(&k).map(|n| (n, f)))
+                    .collect();
+                *m = renamed;
+            }
+            std::fs::write(&out, serde_json::to_vec_pretty(&v).expect("index")).expect("write");
+        } else if p.is_file() {
+            std::fs::copy(&p, &out).expect("copy file");
+        }
+    }
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command 2: the whole test suite.
 #   1. cargo test --workspace   (store, converter, kernels, engine vs transformers fixtures)
-#   2. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
+#   2. tests/store_bytes.py     (every store written from the tiny fixtures is byte-identical to
+#                                tests/fixtures/store_sha256.txt)
+#   3. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,9 @@ if [ ! -x .venv-demo/bin/python ]; then
 fi
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 cargo build -q -p coli-convert -p coli-tools
+# Stores are byte-identical to the committed list (tests/store_bytes.py).
+"$python" tests/store_bytes.py --convert "${CARGO_TARGET_DIR:-target}/debug/coli-convert" \
+  --check tests/fixtures/store_sha256.txt
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tests/python_reader/requirements.txt
 .venv-demo/bin/python tests/python_reader/test_reader.py "${CARGO_TARGET_DIR:-target}/debug/coli-convert"
 .venv-demo/bin/python tests/demo_e2e.py

@@ -14,27 +14,15 @@
 
 use super::set::PrimaryInfo;
 use super::{drop_cache, fmt_err, free_bytes, fsync_dir, io_err};
-use crate::{ExpertKey, IndexRecord, Store, StoreError, StoreId};
+use crate::{ExpertKey, IndexRecord, Store, StoreError};
 pub use coli_format::disk::names::{parse_staged_name, staged_rel, STAGED_DIR};
 pub use coli_format::disk::staged::{
-    data_start, staged_head, StagedHeader, STAGED_MAGIC, STAGED_VERSION,
+    data_start, parse_staged_index, staged_head, StagedHeader, StagedReject, STAGED_MAGIC,
+    STAGED_VERSION,
 };
-use coli_format::disk::INDEX_RECORD_SIZE;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-use zerocopy::FromBytes;
-
-/// Why a staged segment is not admitted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StagedReject {
-    /// Damaged or truncated: a check that covers the bytes failed.
-    Damaged(String),
-    /// Intact but of another store, alignment or version, or entries that differ from the
-    /// primary's INDEX.
-    Mismatched(String),
-}
 
 /// A parsed, admitted staged segment.
 #[derive(Clone, Debug)]
@@ -72,99 +60,20 @@ pub fn parse_staged(
     let mut hb = vec![0u8; a.min(actual_len) as usize];
     file.read_exact_at(&mut hb, 0)
         .map_err(|e| Damaged(format!("header cannot be read: {e}")))?;
-    let h = StagedHeader::read_from_bytes(&hb[..64]).expect("64 bytes");
-    if h.magic != STAGED_MAGIC {
-        return Err(Damaged(format!(
-            "magic {:02x?}, expected {:02x?} (COLISTG)",
-            h.magic, STAGED_MAGIC
-        )));
-    }
-    let crc = crc32fast::hash(&hb[..60]);
-    if crc != h.crc.get() {
-        return Err(Damaged(format!(
-            "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
-            h.crc.get()
-        )));
-    }
-    if h.version.get() != STAGED_VERSION {
-        return Err(Mismatched(format!(
-            "staged segment version {}, this code reads {STAGED_VERSION}",
-            h.version.get()
-        )));
-    }
-    if h.store_id != primary.store_id.0 {
-        return Err(Mismatched(format!(
-            "store id {} differs from the primary's {}",
-            StoreId(h.store_id),
-            primary.store_id
-        )));
-    }
-    if h.alignment.get() as u64 != a {
-        return Err(Mismatched(format!(
-            "alignment {} differs from the store's {a}",
-            h.alignment.get()
-        )));
-    }
-    if h.file_len.get() != actual_len {
-        return Err(Damaged(format!(
-            "{actual_len} bytes, header says {} (truncated or extended)",
-            h.file_len.get()
-        )));
-    }
-    if actual_len < a || h.reserved.get() != 0 || hb[64..].iter().any(|&b| b != 0) {
-        return Err(Damaged("header reserved bytes are not zero".into()));
-    }
-    let count = h.count.get();
-    if count == 0 || count > primary.index.len() as u64 {
-        return Err(Damaged(format!(
-            "{count} entries: must be 1..={} (the primary's records)",
-            primary.index.len()
-        )));
-    }
-    let start = data_start(count, a);
-    if start > actual_len {
-        return Err(Damaged(format!(
-            "index of {count} entries ends past the file's {actual_len} bytes"
-        )));
-    }
-    let mut ib = vec![0u8; (start - a) as usize];
+    let h = StagedHeader::parse(
+        &hb,
+        actual_len,
+        a,
+        primary.store_id,
+        primary.index.len() as u64,
+    )?;
+    let mut ib = vec![0u8; (data_start(h.count.get(), a) - a) as usize];
     file.read_exact_at(&mut ib, a)
         .map_err(|e| Damaged(format!("index cannot be read: {e}")))?;
-    let nbytes = count as usize * INDEX_RECORD_SIZE;
-    let found = xxh3_64_with_seed(&ib[..nbytes], 0);
-    if found != h.index_xxh3.get() {
-        return Err(Damaged(format!(
-            "index xxh3 mismatch: header says {:016x}, entries give {found:016x}",
-            h.index_xxh3.get()
-        )));
-    }
-    if ib[nbytes..].iter().any(|&b| b != 0) {
-        return Err(Damaged("index padding is not zero".into()));
-    }
-    let mut entries = Vec::with_capacity(count as usize);
-    let mut primary_pos = Vec::with_capacity(count as usize);
-    let mut pos = start;
-    for (i, chunk) in ib[..nbytes].chunks_exact(INDEX_RECORD_SIZE).enumerate() {
-        let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
+    let entries = parse_staged_index(&h, &ib, a)?;
+    let mut primary_pos = Vec::with_capacity(entries.len());
+    for (i, r) in entries.iter().enumerate() {
         let key = r.key();
-        if r.compute_crc() != r.crc.get() || r.reserved.get() != 0 {
-            return Err(Damaged(format!(
-                "index entry {i} ({key}): crc32 or reserved field wrong"
-            )));
-        }
-        if let Some(prev) = entries.last().map(|p: &IndexRecord| p.key()) {
-            if key <= prev {
-                return Err(Damaged(format!(
-                    "index entry {i} ({key}) not sorted after {prev}"
-                )));
-            }
-        }
-        if r.offset.get() != pos {
-            return Err(Damaged(format!(
-                "index entry {i} ({key}): offset {}, the contiguous layout puts it at {pos}",
-                r.offset.get()
-            )));
-        }
         let Ok(p) = primary.index.binary_search_by_key(&key, |x| x.key()) else {
             return Err(Mismatched(format!(
                 "entry {i}: {key} is not in the primary store"
@@ -188,14 +97,7 @@ pub fn parse_staged(
                 pr.length.get()
             )));
         }
-        pos = pos.saturating_add(r.length.get());
-        entries.push(r);
         primary_pos.push(p);
-    }
-    if pos != actual_len {
-        return Err(Damaged(format!(
-            "records end at {pos}, file has {actual_len} bytes"
-        )));
     }
     Ok(StagedIndex {
         file_len: actual_len,

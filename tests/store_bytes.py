@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Byte-identity guard for the store format: converts every committed tiny fixture
+(tests/fixtures/tiny/*) with a fixed set of coli-convert parameters and lists the sha256 of
+every file of every store written.
+
+A change that must not alter stores (a refactor, a faster kernel, a new crate layout) leaves
+this list unchanged. The committed list (tests/fixtures/store_sha256.txt) was written by the
+converter BEFORE such a change; the test suite (tools/test.sh) checks the current converter
+against it.
+
+    python3 tests/store_bytes.py --convert target/debug/coli-convert            # print the list
+    python3 tests/store_bytes.py --convert BIN --check tests/fixtures/store_sha256.txt
+    python3 tests/store_bytes.py --convert NEW --ref OLD      # compare two converters directly
+
+The store id depends on the converter's version string, the parameters and the source files
+(FORMAT.md section 2), never on paths or time, so the list is reproducible. Exit status: 0 when
+equal (or when only printing), 1 on any difference (each differing file is named), 2 when a
+conversion fails.
+"""
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tiny")
+
+# Parameter sets: every encoding of the format (f32/bf16 kept tensors, fp8, int8, int4 with
+# both group sizes) on every family.
+PARAMS = {
+    "int4-default": ["--experts", "int4-g64", "--dense", "bf16", "--mtp", "int8"],
+    "lossless": ["--experts", "fp8", "--dense", "fp8", "--mtp", "fp8"],
+    "int8": ["--experts", "int8", "--dense", "int8"],
+    "int4-g32-int8-embeddings": [
+        "--experts", "int4-g32", "--dense", "int8", "--embeddings", "int8",
+    ],
+    "bf16": ["--experts", "bf16", "--dense", "bf16", "--mtp", "bf16"],
+}
+
+
+def applicable(fixture, params):
+    """fp8 targets need FP8 sources: the bf16 fixture has none."""
+    return not ("fp8" in params and fixture.endswith("_bf16"))
+
+
+def store_hashes(convert, out_root):
+    """{"fixture/params/relpath": sha256} for every store file."""
+    result = {}
+    for fixture in sorted(os.listdir(FIXTURES)):
+        src = os.path.join(FIXTURES, fixture)
+        if not os.path.isdir(src):
+            continue
+        for label, params in PARAMS.items():
+            if not applicable(fixture, params):
+                continue
+            out = os.path.join(out_root, fixture, label)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            p = subprocess.run(
+                [convert, src, out, "--threads", "2", "--json", *params],
+                capture_output=True,
+                text=True,
+            )
+            if p.returncode != 0:
+                sys.stderr.write(
+                    f"store_bytes: {convert} {fixture} {' '.join(params)} failed:\n{p.stderr}"
+                )
+                sys.exit(2)
+            for dirpath, _, files in os.walk(out):
+                for f in files:
+                    path = os.path.join(dirpath, f)
+                    rel = os.path.relpath(path, out)
+                    with open(path, "rb") as fh:
+                        digest = hashlib.sha256(fh.read()).hexdigest()
+                    result[f"{fixture}/{label}/{rel}"] = digest
+    return result
+
+
+def read_list(path):
+    out = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                digest, name = line.split(None, 1)
+                out[name] = digest
+    return out
+
+
+def compare(want, got, what):
+    bad = 0
+    for name in sorted(set(want) | set(got)):
+        a, b = want.get(name), got.get(name)
+        if a != b:
+            bad += 1
+            print(f"DIFFERS {name}: {what} {a or 'absent'}, now {b or 'absent'}")
+    print(f"store_bytes: {len(got)} files compared, {bad} differ")
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--convert", required=True, help="coli-convert binary under test")
+    ap.add_argument("--check", help="committed sha256 list to compare with")
+    ap.add_argument("--ref", help="another coli-convert binary to compare with")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        got = store_hashes(a.convert, os.path.join(tmp, "new"))
+        if a.check:
+            sys.exit(compare(read_list(a.check), got, "expected"))
+        if a.ref:
+            ref = store_hashes(a.ref, os.path.join(tmp, "ref"))
+            sys.exit(compare(ref, got, "reference"))
+    for name in sorted(got):
+        print(f"{got[name]}  {name}")
+
+
+if __name__ == "__main__":
+    main()
