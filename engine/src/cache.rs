@@ -20,7 +20,8 @@
 //! store's fetch buffer pool (up to `fetch_threads` idle record buffers).
 
 use crate::error::{store_err, Result};
-use coli_store::{ExpertBuf, ExpertKey, Store};
+use coli_format::ExpertKey;
+use coli_store::{ExpertBuf, Store};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -972,7 +973,8 @@ mod tests {
 
     /// A store of `n` int4 experts of intermediate size `inter` and hidden size `hidden`.
     fn store_of(n: u32, inter: usize, hidden: usize) -> (tempfile::TempDir, Store) {
-        use coli_store::{EncodedMatrix, Encoding, ExpertLayer, StoreSpec, StoreWriter};
+        use coli_format::Encoding;
+        use coli_store::{EncodedMatrix, ExpertLayer, StoreSpec, StoreWriter};
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("s.coli");
         let enc = Encoding::Int4 { group_size: 32 };

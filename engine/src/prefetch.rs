@@ -31,7 +31,8 @@
 
 use crate::cache::ExpertCache;
 use crate::layers::{DecoderLayer, Ffn};
-use coli_store::{ExpertKey, Store};
+use coli_format::ExpertKey;
+use coli_store::Store;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 

@@ -23,7 +23,8 @@
 //! File format (JSON): `{"version": 1, "store_id": "<32 hex>", "half_life_tokens": 8192.0,
 //! "tokens": <decayed tokens merged>, "layers": [{"layer": L, "counts": [c_0, .., c_{E-1}]}]}`.
 
-use coli_store::{ExpertKey, StoreId};
+use coli_format::disk::StoreId;
+use coli_format::ExpertKey;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,8 @@
 use crate::error::{store_err, EngineError, Result};
 use crate::layers::{Linear, RmsNorm};
 use coli_format::spec::{LinearSpec, TensorClass, TensorKind, TensorSpec};
-use coli_store::{MatrixView, Store};
+use coli_format::MatrixView;
+use coli_store::Store;
 use std::collections::BTreeSet;
 
 /// Loads dense tensors of `store` by spec and remembers which it loaded.

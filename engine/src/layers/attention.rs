@@ -153,7 +153,7 @@ impl Attention<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coli_store::{Encoding, MatrixView};
+    use coli_format::{Encoding, MatrixView};
 
     /// f32 bytes of a [rows, cols] matrix with ones on the diagonal.
     fn eye(rows: usize, cols: usize) -> Vec<u8> {

@@ -1,6 +1,6 @@
 //! A linear projection `y = W x (+ b)` over a matrix kept in its store encoding.
 
-use coli_store::MatrixView;
+use coli_format::MatrixView;
 
 /// A `[rows, cols]` weight in the store's memory map (any dense encoding), with an optional f32
 /// bias of `rows` values. As torch's `nn.Linear`: `y[t] = W x[t] + b`.

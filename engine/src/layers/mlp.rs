@@ -2,7 +2,7 @@
 //! layers) or over one routed expert's matrices.
 
 use crate::layers::Linear;
-use coli_store::MatrixView;
+use coli_format::MatrixView;
 
 /// `silu(g) * u` elementwise into `g` (f32, torch's `act_fn(gate) * up`).
 pub(crate) fn swiglu_inplace(g: &mut [f32], u: &[f32]) {

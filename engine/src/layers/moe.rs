@@ -12,7 +12,8 @@ use crate::cache::ExpertCache;
 use crate::error::{EngineError, Result};
 use crate::layers::mlp::swiglu;
 use crate::layers::Linear;
-use coli_store::{ExpertBuf, ExpertKey, Store};
+use coli_format::ExpertKey;
+use coli_store::{ExpertBuf, Store};
 use rayon::prelude::*;
 
 /// One token's routing: `(expert, weight)` by rank (highest probability first).

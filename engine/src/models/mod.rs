@@ -13,7 +13,8 @@ use crate::error::{EngineError, Result};
 use crate::layers::{Attention, DecoderLayer, Ffn, Mlp, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn};
 use crate::weights::Weights;
 use coli_format::spec::{AttentionSpec, Family, LayerSpec, MlpSpec, ModelSpec, MoeSpec, Routing};
-use coli_store::{MatrixView, Store};
+use coli_format::MatrixView;
+use coli_store::Store;
 use std::collections::BTreeSet;
 
 /// A loaded model: dense weights borrowed from the store's memory map (norms copied to f32),

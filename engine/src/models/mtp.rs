@@ -19,8 +19,8 @@ use crate::error::Result;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
 use crate::weights::Weights;
 use coli_format::spec::layer_of;
+use coli_format::MatrixView;
 use coli_format::ModelSpec;
-use coli_store::MatrixView;
 
 /// The loaded MTP layer.
 pub struct MtpLayer<'s> {
