@@ -1145,8 +1145,17 @@ mod tests {
     }
 
     impl coli_store::IoEngine for GatedEngine {
-        fn kind(&self) -> coli_store::IoEngineKind {
-            self.inner.kind()
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+        fn concurrent_pieces(&self) -> bool {
+            self.inner.concurrent_pieces()
+        }
+        fn verify_piece_bytes(&self) -> usize {
+            self.inner.verify_piece_bytes()
+        }
+        fn verify_lone_records_in_pieces(&self) -> bool {
+            self.inner.verify_lone_records_in_pieces()
         }
         fn queue_depth(&self) -> usize {
             self.inner.queue_depth()

@@ -259,7 +259,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         limits: [p, m],
         passes: passes as usize,
     };
-    for engine in [IoEngineChoice::Pread, IoEngineChoice::Uring] {
+    for engine in [
+        IoEngineChoice::Engine("pread"),
+        IoEngineChoice::Engine("uring"),
+    ] {
         println!("{}", run.go(engine, false, false, 2)?);
         println!("{}", run.go(engine, true, false, 1)?);
         println!("{}", run.go(engine, true, false, 2)?);

@@ -18,6 +18,7 @@
 //! good copy (`coli-fsck --repair`).
 
 use crate::io::{open_read, read_aligned};
+pub use crate::mirror::MirrorStatus;
 use crate::mirror::{self, MirrorFileKind, MirrorSet, PrimaryInfo, StagedIndex};
 use crate::Xxh3Sum;
 use crate::{IndexRecord, OpenOptions, Store, StoreError};
@@ -117,21 +118,6 @@ pub struct BadFile {
     pub name: String,
     /// What is wrong.
     pub what: String,
-}
-
-/// Verdict on one mirror copy of a segment file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MirrorStatus {
-    /// Header matches the primary's (store id, segment id, length, body checksum) and, unless
-    /// `--quick`, every record verifies.
-    Admitted,
-    /// No such file in the mirror.
-    Missing,
-    /// An intact header that describes a different file (other store, segment, length or body).
-    Mismatched,
-    /// Header damaged, file length differs from its header, or records fail.
-    Damaged,
 }
 
 /// One mirror file.

@@ -94,13 +94,11 @@ pub use coli_format::disk::{StoreId, Xxh3Sum, FORMAT_VERSION};
 pub use coli_format::{Encoding, ExpertKey, MatrixView, RecordLayout};
 pub use error::StoreError;
 pub use io::{
-    AlignedBuf, Completion, FileId, IoEngine, IoEngineChoice, IoEngineKind, IoMode, IoPreference,
-    IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
+    io_engine_names, AlignedBuf, Completion, CountingEngine, EngineStats, FileId, IoEngine,
+    IoEngineChoice, IoMode, IoPreference, IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
+    DEFAULT_VERIFY_PIECE_BYTES,
 };
-pub use reader::{
-    DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, DEFAULT_VERIFY_PIECE_BYTES,
-    MAX_QUEUE_DEPTH,
-};
+pub use reader::{DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH};
 pub use writer::{
     EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,
     DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,

@@ -2,7 +2,8 @@
 
 use crate::checksum::StreamingChecksum;
 use crate::io::{open_engine, open_read, probe_direct, read_aligned, EngineConfig, EngineFile};
-use crate::io::{IoEngine, IoEngineChoice, IoEngineKind, ReadProgress, ReadRequest};
+use crate::io::{CountingEngine, EngineStats, IoEngine, IoEngineChoice, ReadProgress, ReadRequest};
+use crate::mirror::primary::{PrimaryInfo, PrimarySegment};
 use crate::{
     AlignedBuf, Encoding, ExpertKey, IndexRecord, IoMode, IoPreference, Manifest, MatrixView,
     RecordLayout, StoreError,
@@ -10,6 +11,7 @@ use crate::{
 use coli_format::disk::index::parse_index;
 use coli_format::disk::names::{self, segment_path, segment_rel};
 use coli_format::disk::segment::SegmentHeader;
+use coli_format::disk::SEGMENT_HEADER_FIELDS;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -23,11 +25,6 @@ use zerocopy::FromBytes;
 compile_error!(
     "coli-store reads little-endian f32/u16 sections in place and needs a little-endian target"
 );
-
-/// Default size of the pieces in which a record of a multi-record batch is read when its
-/// checksum is verified, bytes (rounded up to the store alignment): each piece is hashed while
-/// the rest of the batch is read, so that little hashing remains once the last read lands.
-pub const DEFAULT_VERIFY_PIECE_BYTES: usize = 1 << 20;
 
 /// A caller-supplied wrapper around the I/O engine built at open ([`OpenOptions::engine_wrapper`]):
 /// it receives the engine (its file table is the store's segments, then the admitted mirror
@@ -49,16 +46,17 @@ pub struct OpenOptions {
     /// Threads of the pread and mmap engines, and the queue depth when `queue_depth` is `None`
     /// (default 4).
     pub fetch_threads: usize,
-    /// I/O engine (default [`IoEngineChoice::Auto`]: io_uring, else pread with one note).
+    /// I/O engine (default [`IoEngineChoice::Auto`]: io_uring, else pread with one note; the
+    /// engines are listed by [`crate::io_engine_names`]).
     pub engine: IoEngineChoice,
     /// Expert reads in flight at once per fetch call (default `None`: `fetch_threads`).
     pub queue_depth: Option<usize>,
     /// Bytes per piece in which verified records of a batch (and every verified record with the
     /// mmap engine) are read and hashed as they land, rounded up to the store alignment;
     /// `Some(0)` reads each record whole and hashes it after it lands (a batch's records in
-    /// parallel on up to `queue_depth` hashing threads, at most one per CPU). Default `None`: the engine's best (measured,
-    /// `docs/IO.md`): whole records for io_uring, [`DEFAULT_VERIFY_PIECE_BYTES`] for pread and
-    /// mmap.
+    /// parallel on up to `queue_depth` hashing threads, at most one per CPU). Default `None`:
+    /// the engine's best ([`IoEngine::verify_piece_bytes`], measured, `docs/IO.md`): whole
+    /// records for io_uring, [`crate::DEFAULT_VERIFY_PIECE_BYTES`] for pread and mmap.
     pub verify_piece_bytes: Option<usize>,
     /// Mirror directories (docs/MIRRORS.md), drives 1, 2, ... in this order (default none).
     /// Admitted files serve reads; damaged, mismatched and missing ones are left out with one
@@ -163,6 +161,8 @@ pub struct Store {
     dense_verified: Vec<AtomicBool>,
     dense_encodings: Vec<Encoding>,
     engine: Arc<dyn IoEngine>,
+    /// The counters around the engine (the same engine, before any caller wrapper).
+    counting: Arc<CountingEngine>,
     engine_note: Option<String>,
     verify_piece_bytes: Option<usize>,
     /// Threads hashing whole records of a batch as they land (queue depth > 1).
@@ -379,20 +379,25 @@ impl Store {
             None
         };
         // I/O mode.
-        let (io_mode, buf_align) = match (opts.io, opts.engine) {
-            (IoPreference::Direct, IoEngineChoice::Mmap) => {
+        let direct_engine = opts.engine.direct_io();
+        let (io_mode, buf_align) = match (opts.io, direct_engine) {
+            (IoPreference::Direct, false) => {
+                let name = match opts.engine {
+                    IoEngineChoice::Engine(n) => n,
+                    IoEngineChoice::Auto => "auto",
+                };
                 return Err(io_err(
                     &dir,
                     std::io::Error::new(
                         std::io::ErrorKind::InvalidInput,
-                        "O_DIRECT was requested with the mmap engine, which always reads through the page cache; choose another engine or buffered I/O",
+                        format!("O_DIRECT was requested with the {name} engine, which always reads through the page cache; choose another engine or buffered I/O"),
                     ),
-                ))
+                ));
             }
-            (IoPreference::Buffered, _) | (_, IoEngineChoice::Mmap) => {
+            (IoPreference::Buffered, _) | (_, false) => {
                 (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align))
             }
-            (pref, _) => {
+            (pref, true) => {
                 let probe = match segments.first() {
                     Some(s) => probe_direct(&segment_path(&dir, 0), align, s.len),
                     None => Ok(AlignedBuf::DEFAULT_ALIGN.max(align)),
@@ -480,8 +485,9 @@ impl Store {
             files.extend(extra);
             Some(router)
         };
-        let (engine, engine_note) =
+        let (counting, engine_note) =
             open_engine(opts.engine, files, &cfg, &dir).map_err(|e| io_err(&dir, e))?;
+        let engine: Arc<dyn IoEngine> = counting.clone();
         let engine = match &opts.engine_wrapper {
             Some(wrap) => wrap(engine),
             None => engine,
@@ -519,6 +525,7 @@ impl Store {
             dense_verified,
             dense_encodings,
             engine,
+            counting,
             engine_note,
             verify_piece_bytes: opts.verify_piece_bytes,
             hash_pool,
@@ -609,7 +616,7 @@ impl Store {
     /// [`StoreError::Checksum`] naming the expert, segment file and offset on a mismatch.
     pub fn fetch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
         let t0 = Instant::now();
-        let r = self.fetch_batch(keys);
+        let r = self.fetch_batch(keys, None);
         self.io_wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.fetches.fetch_add(1, Ordering::Relaxed);
@@ -625,7 +632,76 @@ impl Store {
         Ok(v.pop().expect("one key, one buffer"))
     }
 
-    fn fetch_batch(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
+    /// Alignment a buffer given to [`Store::fetch_into`] must have, bytes: the store alignment,
+    /// at least 4096 (which O_DIRECT on every file system accepts).
+    pub fn buffer_alignment(&self) -> usize {
+        (self.manifest.alignment as usize).max(self.buf_align)
+    }
+
+    /// Reads one expert's record into the caller's buffer `dst`, through the same path as
+    /// [`Store::fetch`] (the store's I/O engine, mirrors and their fallbacks, the checksum
+    /// verified when `verify_checksums`, the same counters): the engine reads straight into
+    /// `dst` (a mirror fallback copies the good copy there). `dst` must be aligned to
+    /// [`Store::buffer_alignment`] and hold at least the record's length
+    /// (`record(key).length`); its first `length` bytes are then the record (FORMAT.md
+    /// section 5), the rest untouched.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a key not in the store; [`StoreError::Io`] with
+    /// `InvalidInput` for a buffer too small or misaligned (naming both sizes or alignments);
+    /// otherwise as [`Store::fetch`] (on a checksum mismatch `dst` holds the bad bytes).
+    pub fn fetch_into(&self, key: ExpertKey, dst: &mut [u8]) -> Result<(), StoreError> {
+        let r = self
+            .record(key)
+            .ok_or_else(|| StoreError::NotFound(format!("expert {key}")))?;
+        let len = r.length.get() as usize;
+        let align = self.buffer_alignment();
+        let invalid = |what: String| StoreError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
+        };
+        if dst.len() < len {
+            return Err(invalid(format!(
+                "buffer of {} bytes is smaller than the {len}-byte record of {key}",
+                dst.len()
+            )));
+        }
+        if !(dst.as_ptr() as usize).is_multiple_of(align) {
+            return Err(invalid(format!(
+                "buffer address {:p} is not aligned to {align} bytes",
+                dst.as_ptr()
+            )));
+        }
+        let ptr = std::ptr::NonNull::new(dst.as_mut_ptr()).expect("a slice is never null");
+        // SAFETY: `ptr` is valid for writes of `len` <= dst.len() bytes, aligned to `align`
+        // (checked above), and `dst` is mutably borrowed for this whole call and not touched
+        // while the buffer lives: every read into it completes before `fetch_batch` returns
+        // (a queue waits for its reads in flight when dropped), and the ExpertBuf wrapping it is
+        // dropped before `dst` is used again below. A borrowed buffer never frees its memory.
+        let buf = unsafe { AlignedBuf::borrowed(ptr, len, align) };
+        let t0 = Instant::now();
+        let got = self.fetch_batch(&[key], Some(buf));
+        self.io_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        let b = got?.pop().expect("one key, one buffer");
+        if b.bytes().as_ptr() != ptr.as_ptr() {
+            // A mirror fallback read another copy: bring it into the caller's buffer.
+            let bytes = b.bytes().to_vec();
+            drop(b);
+            dst[..len].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    /// Reads `keys`; with `caller`, the one key is read into that buffer (over the caller's
+    /// memory, [`Store::fetch_into`]) instead of one of the engine's.
+    fn fetch_batch(
+        &self,
+        keys: &[ExpertKey],
+        mut caller: Option<AlignedBuf>,
+    ) -> Result<Vec<ExpertBuf>, StoreError> {
+        debug_assert!(caller.is_none() || keys.len() == 1);
         let recs = keys
             .iter()
             .map(|&k| {
@@ -637,16 +713,15 @@ impl Store {
             return Ok(Vec::new());
         }
         if let Some(rt) = &self.router {
-            return self.fetch_mirrored(rt, keys, &recs);
+            return self.fetch_mirrored(rt, keys, &recs, caller);
         }
         let mut q = self.engine.queue().map_err(|e| io_err(&self.dir, e))?;
-        let piece_bytes = self.verify_piece_bytes.unwrap_or(match self.engine.kind() {
-            IoEngineKind::Uring => 0,
-            IoEngineKind::Pread | IoEngineKind::Mmap => DEFAULT_VERIFY_PIECE_BYTES,
-        });
+        let piece_bytes = self
+            .verify_piece_bytes
+            .unwrap_or_else(|| self.engine.verify_piece_bytes());
         let pieces = self.verify
             && piece_bytes > 0
-            && (recs.len() > 1 || self.engine.kind() == IoEngineKind::Mmap);
+            && (recs.len() > 1 || self.engine.verify_lone_records_in_pieces());
         let piece_len = if pieces {
             piece_bytes.next_multiple_of(self.manifest.alignment as usize)
         } else {
@@ -654,7 +729,9 @@ impl Store {
         };
         for (i, r) in recs.iter().enumerate() {
             let len = r.length.get() as usize;
-            let buf = self.engine.buffer(len, self.buf_align);
+            let buf = caller
+                .take()
+                .unwrap_or_else(|| self.engine.buffer(len, self.buf_align));
             let mut req =
                 ReadRequest::whole(i as u64, buf, r.segment.get(), r.offset.get(), piece_len);
             if pieces {
@@ -832,10 +909,18 @@ impl Store {
         self.io_mode
     }
 
-    /// The I/O engine that actually reads expert records (with [`IoEngineChoice::Auto`],
-    /// [`IoEngineKind::Pread`] when io_uring was refused; see [`Store::io_engine_note`]).
-    pub fn io_engine(&self) -> IoEngineKind {
-        self.engine.kind()
+    /// The name of the I/O engine that actually reads expert records (with
+    /// [`IoEngineChoice::Auto`], `pread` when io_uring was refused; see
+    /// [`Store::io_engine_note`]).
+    pub fn io_engine(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// What the store's I/O engine read since open: requests, bytes and failures, counted by
+    /// the [`CountingEngine`] around it (a striped record is several requests; mirror
+    /// fallback reads outside the engine are not counted). [`Store::stats`] counts records.
+    pub fn engine_stats(&self) -> EngineStats {
+        self.counting.stats()
     }
 
     /// Why the engine differs from the one asked for (io_uring refused and the pread engine
@@ -887,6 +972,7 @@ impl Store {
         rt: &crate::mirror::route::Router,
         keys: &[ExpertKey],
         recs: &[&IndexRecord],
+        mut caller: Option<AlignedBuf>,
     ) -> Result<Vec<ExpertBuf>, StoreError> {
         let mut q = self.engine.queue().map_err(|e| io_err(&self.dir, e))?;
         // Per request: the position in INDEX and the (drive, bytes) it reads.
@@ -899,7 +985,9 @@ impl Store {
                 .index
                 .binary_search_by_key(&keys[i], |x| x.key())
                 .expect("fetched keys are in INDEX");
-            let buf = self.engine.buffer(len, self.buf_align);
+            let buf = caller
+                .take()
+                .unwrap_or_else(|| self.engine.buffer(len, self.buf_align));
             // A single cold read is striped; a batch already keeps the drives busy through
             // the per-expert assignment.
             let striped = if recs.len() == 1 {
@@ -911,7 +999,7 @@ impl Store {
                 rt.count_striped();
                 plan.push((pos, st.iter().map(|(d, p)| (*d, p.len as u64)).collect()));
                 let pieces: Vec<crate::ReadPiece> = st.into_iter().map(|(_, p)| p).collect();
-                if self.engine.kind() == IoEngineKind::Uring {
+                if self.engine.concurrent_pieces() {
                     // io_uring reads the pieces of one request concurrently.
                     q.submit(ReadRequest {
                         tag: i as u64,
@@ -1138,5 +1226,37 @@ impl<'a> DenseTensor<'a> {
             }
         }
         out
+    }
+}
+
+impl PrimaryInfo {
+    /// Collects the identity of an open store (its segment headers are re-read: 64 bytes each).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when a primary segment header cannot be read.
+    pub fn of(store: &Store) -> Result<PrimaryInfo, StoreError> {
+        let m = store.manifest();
+        let store_id = m.store_id;
+        let mut segments = Vec::with_capacity(m.segment_count as usize);
+        for id in 0..m.segment_count {
+            let p = segment_path(store.dir(), id);
+            let f = File::open(&p).map_err(|e| io_err(&p, e))?;
+            let mut b = [0u8; SEGMENT_HEADER_FIELDS];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).map_err(|e| io_err(&p, e))?;
+            let h = SegmentHeader::read_from_bytes(&b).expect("64 bytes");
+            segments.push(PrimarySegment {
+                id,
+                file_len: h.file_len.get(),
+                body_xxh3: h.body_xxh3.get(),
+                header_crc: h.crc.get(),
+            });
+        }
+        Ok(PrimaryInfo {
+            dir: store.dir().to_path_buf(),
+            store_id,
+            alignment: m.alignment,
+            segments,
+            index: store.index().to_vec(),
+        })
     }
 }

@@ -1,4 +1,6 @@
-//! The same fetch suite against every I/O engine (io_uring, pread, mmap), on real stores in
+//! The same fetch suite against every I/O engine of the store's engine table
+//! (`coli_store::io_engine_names`: io_uring, pread, mmap; a new engine is tested by being listed
+//! there), on real stores in
 //! temporary directories, O_DIRECT (where the file system has it) and buffered: contents,
 //! batches, concurrent callers, queue depths, pieces, checksum failures, short files, and the
 //! engine trait used directly (pieces out of order, from several files, invalid pieces). Every
@@ -10,20 +12,24 @@ use coli_store::*;
 use common::*;
 use std::path::{Path, PathBuf};
 
-const ENGINES: [IoEngineKind; 3] = [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap];
+/// Every engine of the store's table.
+fn engines() -> Vec<&'static str> {
+    let e = io_engine_names();
+    assert!(
+        e.contains(&"uring") && e.contains(&"pread") && e.contains(&"mmap"),
+        "{e:?}"
+    );
+    e
+}
 
-fn choice(kind: IoEngineKind) -> IoEngineChoice {
-    match kind {
-        IoEngineKind::Uring => IoEngineChoice::Uring,
-        IoEngineKind::Pread => IoEngineChoice::Pread,
-        IoEngineKind::Mmap => IoEngineChoice::Mmap,
-    }
+fn choice(kind: &'static str) -> IoEngineChoice {
+    IoEngineChoice::named(kind).expect("a listed engine")
 }
 
 /// Opens `dir` with engine `kind` and asserts that it is the engine that runs. When io_uring is
 /// refused here, says so and returns the automatic choice instead, asserting it fell back to
 /// pread with a note.
-fn open(dir: &Path, kind: IoEngineKind, opts: OpenOptions) -> Store {
+fn open(dir: &Path, kind: &'static str, opts: OpenOptions) -> Store {
     let opts = OpenOptions {
         engine: choice(kind),
         ..opts
@@ -32,12 +38,11 @@ fn open(dir: &Path, kind: IoEngineKind, opts: OpenOptions) -> Store {
         Ok(s) => {
             assert_eq!(s.io_engine(), kind, "{}", s.io_engine_description());
             assert_eq!(s.io_engine_note(), None);
-            assert!(s.io_engine_description().starts_with(kind.name()));
+            assert!(s.io_engine_description().starts_with(kind));
             s
         }
         Err(e)
-            if kind == IoEngineKind::Uring
-                && e.to_string().contains("io_uring requested but unavailable") =>
+            if kind == "uring" && e.to_string().contains("io_uring requested but unavailable") =>
         {
             eprintln!(
                 "NOTE: io_uring is refused on this machine ({e}); the uring variant runs as the \
@@ -51,7 +56,7 @@ fn open(dir: &Path, kind: IoEngineKind, opts: OpenOptions) -> Store {
                 },
             )
             .unwrap();
-            assert_eq!(s.io_engine(), IoEngineKind::Pread);
+            assert_eq!(s.io_engine(), "pread");
             assert!(s.io_engine_note().unwrap().contains("io_uring unavailable"));
             s
         }
@@ -88,7 +93,7 @@ fn every_engine_reads_every_record_at_every_depth() {
     // Batch order: reversed with a repeat, so completion order differs from submission order.
     let mut batch: Vec<ExpertKey> = keys.iter().rev().copied().collect();
     batch.push(keys[1]);
-    for kind in ENGINES {
+    for kind in engines() {
         for io in [IoPreference::Auto, IoPreference::Buffered] {
             for qd in [1usize, 3] {
                 // None: the engine's default; 0: whole records hashed after they land; 512:
@@ -106,7 +111,7 @@ fn every_engine_reads_every_record_at_every_depth() {
                         },
                     );
                     assert_eq!(s.queue_depth(), qd, "{ctx}");
-                    if kind == IoEngineKind::Mmap || io == IoPreference::Buffered {
+                    if !choice(kind).direct_io() || io == IoPreference::Buffered {
                         assert_eq!(s.io_mode(), IoMode::Buffered, "{ctx}");
                     }
                     let got = s.fetch(&batch).unwrap();
@@ -145,7 +150,7 @@ fn every_engine_reads_every_record_at_every_depth() {
                             });
                         }
                     });
-                    if s.io_engine() == IoEngineKind::Uring {
+                    if s.io_engine() == "uring" {
                         let d = s.io_engine_description();
                         assert!(
                             d.contains("registered buffers") || d.contains("refused"),
@@ -175,7 +180,7 @@ fn every_engine_names_a_corrupt_record() {
     // A flip in the record's last 512-byte piece.
     b[(off + len - 300) as usize] ^= 0x20;
     std::fs::write(&path, b).unwrap();
-    for kind in ENGINES {
+    for kind in engines() {
         for piece in [None, Some(0usize), Some(512)] {
             let ctx = format!("{kind} piece {piece:?}");
             let s = open(
@@ -234,9 +239,9 @@ fn every_engine_reports_a_short_file() {
     let victim = r.key();
     let path = dir.join("segments/seg-00000.bin");
     let whole = std::fs::read(&path).unwrap();
-    for kind in ENGINES {
+    for kind in engines() {
         for io in [IoPreference::Auto, IoPreference::Buffered] {
-            if kind == IoEngineKind::Mmap && io != IoPreference::Buffered {
+            if !choice(kind).direct_io() && io != IoPreference::Buffered {
                 continue;
             }
             let ctx = format!("{kind} {io:?}");
@@ -301,7 +306,7 @@ fn engine_trait_reads_pieces_from_several_files() {
     let segs: Vec<Vec<u8>> = (0..2)
         .map(|i| std::fs::read(dir.join(format!("segments/seg-{i:05}.bin"))).unwrap())
         .collect();
-    for kind in ENGINES {
+    for kind in engines() {
         let s = open(
             &dir,
             kind,
@@ -311,7 +316,7 @@ fn engine_trait_reads_pieces_from_several_files() {
             },
         );
         let e = s.io_engine_handle();
-        assert_eq!(e.kind(), s.io_engine());
+        assert_eq!(e.name(), s.io_engine());
         assert!(e.path(0).unwrap().ends_with("segments/seg-00000.bin"));
         let mut q = e.queue().unwrap();
         // 5 requests at depth 2: each reads 1024 bytes of segment 1 (second half first) and
@@ -398,7 +403,7 @@ fn mmap_refuses_o_direct() {
     let e = Store::open_with(
         &dir,
         &OpenOptions {
-            engine: IoEngineChoice::Mmap,
+            engine: IoEngineChoice::Engine("mmap"),
             io: IoPreference::Direct,
             ..Default::default()
         },
@@ -413,13 +418,13 @@ fn auto_uses_uring_or_says_why() {
     let (_t, dir, _m) = model_store(&ModelParams::default());
     let s = Store::open(&dir).unwrap();
     match s.io_engine() {
-        IoEngineKind::Uring => assert_eq!(s.io_engine_note(), None),
-        IoEngineKind::Pread => {
+        "uring" => assert_eq!(s.io_engine_note(), None),
+        "pread" => {
             let note = s.io_engine_note().expect("a fallback says why");
             assert!(note.contains("io_uring unavailable"), "{note}");
             eprintln!("NOTE: io_uring is refused on this machine: {note}");
         }
-        IoEngineKind::Mmap => panic!("auto never picks mmap"),
+        other => panic!("auto never picks {other}"),
     }
 }
 
@@ -430,7 +435,7 @@ fn child_uring_refused() {
     let (_t, dir, m) = model_store(&ModelParams::default());
     for _ in 0..2 {
         let s = Store::open(&dir).unwrap();
-        assert_eq!(s.io_engine(), IoEngineKind::Pread);
+        assert_eq!(s.io_engine(), "pread");
         let note = s.io_engine_note().unwrap();
         assert!(note.contains("COLI_IO_URING=off"), "{note}");
         for b in s.fetch(&[m.experts[0].0, m.experts[1].0]).unwrap() {
@@ -440,7 +445,7 @@ fn child_uring_refused() {
     let e = Store::open_with(
         &dir,
         &OpenOptions {
-            engine: IoEngineChoice::Uring,
+            engine: IoEngineChoice::Engine("uring"),
             ..Default::default()
         },
     )
@@ -466,4 +471,73 @@ fn uring_refused_falls_back_to_pread_with_one_note() {
         1,
         "one note per process: {stderr}"
     );
+}
+
+/// The counting wrapper around every engine sees each record read once (a verified record
+/// read in pieces is still one request), with its bytes; a failed read is counted apart.
+#[test]
+fn every_engine_is_counted_by_its_wrapper() {
+    let (_t, dir, m) = model_store(&ModelParams::default());
+    for kind in engines() {
+        let s = open(&dir, kind, OpenOptions::default());
+        assert_eq!(s.engine_stats(), EngineStats::default(), "{kind}");
+        let keys: Vec<ExpertKey> = m.experts.iter().map(|e| e.0).take(3).collect();
+        let bufs = s.fetch(&keys).unwrap();
+        let bytes: u64 = bufs.iter().map(|b| b.len_bytes() as u64).sum();
+        let st = s.engine_stats();
+        assert_eq!((st.requests, st.bytes, st.failed), (3, bytes, 0), "{kind}");
+        assert_eq!(s.stats().reads, 3, "{kind}: records delivered");
+    }
+}
+
+/// `Store::fetch_into` reads through every engine straight into the caller's buffer, with the
+/// same bytes as a fetch, the same counters, and clear errors for a buffer too small or
+/// misaligned; a damaged record is a checksum error there too.
+#[test]
+fn every_engine_fetches_into_a_caller_buffer() {
+    let (_t, dir, m) = model_store(&ModelParams::default());
+    for kind in engines() {
+        let s = open(&dir, kind, OpenOptions::default());
+        let key = m.experts[1].0;
+        let want = s.fetch_one(key).unwrap().bytes().to_vec();
+        let align = s.buffer_alignment();
+        let mut buf = AlignedBuf::new(want.len() + align, align);
+        buf.as_mut_slice().fill(0xEE);
+        let reads = s.stats().reads;
+        s.fetch_into(key, buf.as_mut_slice()).unwrap();
+        assert_eq!(&buf[..want.len()], &want[..], "{kind}");
+        assert!(
+            buf[want.len()..].iter().all(|&b| b == 0xEE),
+            "{kind}: past the record"
+        );
+        assert_eq!(s.stats().reads, reads + 1, "{kind}");
+        let e = s
+            .fetch_into(key, &mut buf.as_mut_slice()[..want.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("smaller than the"), "{kind}: {e}");
+        let e = s
+            .fetch_into(key, &mut buf.as_mut_slice()[1..])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not aligned"), "{kind}: {e}");
+        let e = s
+            .fetch_into(ExpertKey::new(99, 0), buf.as_mut_slice())
+            .unwrap_err();
+        assert!(matches!(e, StoreError::NotFound(_)), "{kind}: {e}");
+    }
+    // A flipped byte in the record: a checksum error naming the expert.
+    let key = m.experts[2].0;
+    let rec = *Store::open(&dir).unwrap().record(key).unwrap();
+    let seg = dir.join(format!("segments/seg-{:05}.bin", rec.segment.get()));
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[rec.offset.get() as usize + 100] ^= 0x40;
+    std::fs::write(&seg, bytes).unwrap();
+    for kind in engines() {
+        let s = open(&dir, kind, OpenOptions::default());
+        let mut buf = AlignedBuf::new(rec.length.get() as usize, s.buffer_alignment());
+        let e = s.fetch_into(key, buf.as_mut_slice()).unwrap_err();
+        assert!(matches!(e, StoreError::Checksum { .. }), "{kind}: {e}");
+        assert!(e.to_string().contains(&key.to_string()), "{kind}: {e}");
+    }
 }

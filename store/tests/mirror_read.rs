@@ -34,14 +34,15 @@ fn open(target: &Path, mirrors: &[PathBuf], weights: Option<Vec<f64>>, stripe: u
             mirrors: mirrors.to_vec(),
             disk_weights: weights,
             stripe_threshold: stripe,
-            engine: IoEngineChoice::Pread,
+            engine: IoEngineChoice::Engine("pread"),
             ..OpenOptions::default()
         },
     )
     .unwrap()
 }
 
-/// Every record, fetched one at a time and as one batch.
+/// Every record, fetched one at a time, as one batch and into a caller's buffer
+/// (`Store::fetch_into`, the C ABI's path): all three the same.
 fn contents(store: &Store) -> Vec<Vec<u8>> {
     let keys = all_keys(store);
     let one: Vec<Vec<u8>> = keys
@@ -55,6 +56,14 @@ fn contents(store: &Store) -> Vec<Vec<u8>> {
         .map(|b| b.bytes().to_vec())
         .collect();
     assert_eq!(one, batch);
+    let mut buf = AlignedBuf::new(
+        one.iter().map(Vec::len).max().unwrap_or(0),
+        store.buffer_alignment(),
+    );
+    for (k, want) in keys.iter().zip(&one) {
+        store.fetch_into(*k, buf.as_mut_slice()).unwrap();
+        assert_eq!(&buf[..want.len()], &want[..], "{k}: fetch_into");
+    }
     one
 }
 
@@ -329,7 +338,10 @@ fn striping_throughput_figure() {
         }
         (len * keys.len() as u64) as f64 / t0.elapsed().as_secs_f64() / 1e9
     };
-    for engine in [IoEngineChoice::Pread, IoEngineChoice::Uring] {
+    for engine in [
+        IoEngineChoice::Engine("pread"),
+        IoEngineChoice::Engine("uring"),
+    ] {
         let open_e = |mirrors: &[PathBuf], stripe: u64| {
             Store::open_with(
                 &target,

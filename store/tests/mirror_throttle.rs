@@ -111,17 +111,17 @@ fn byte_split_follows_the_weights_through_the_throttle() {
     let keys2: Vec<ExpertKey> = plain.index().iter().map(|r| r.key()).collect();
     let want2 = contents(&plain, &keys2);
     drop(plain);
-    let mut engines = vec![IoEngineChoice::Pread];
+    let mut engines = vec![IoEngineChoice::Engine("pread")];
     if Store::open_with(
         &target,
         &OpenOptions {
-            engine: IoEngineChoice::Uring,
+            engine: IoEngineChoice::Engine("uring"),
             ..OpenOptions::default()
         },
     )
     .is_ok()
     {
-        engines.push(IoEngineChoice::Uring);
+        engines.push(IoEngineChoice::Engine("uring"));
     } else {
         eprintln!("io_uring unavailable here: pread engine only");
     }
@@ -174,7 +174,7 @@ fn engine_wrapper_maps_each_file_to_its_drive() {
         &OpenOptions {
             mirrors: vec![m.clone()],
             disk_weights: Some(vec![1.0, 1.0]),
-            engine: IoEngineChoice::Pread,
+            engine: IoEngineChoice::Engine("pread"),
             engine_wrapper: Some(Arc::new(move |inner: Arc<dyn IoEngine>| {
                 let e = throttle::ThrottledEngine::new(inner, d2.clone());
                 *s2.lock().unwrap() = e.drive_of().to_vec();

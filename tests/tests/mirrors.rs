@@ -17,7 +17,7 @@ fn open(dir: &Path, mirrors: &[PathBuf], weights: Option<Vec<f64>>, stripe: u64)
             mirrors: mirrors.to_vec(),
             disk_weights: weights,
             stripe_threshold: stripe,
-            engine: IoEngineChoice::Pread,
+            engine: IoEngineChoice::Engine("pread"),
             ..OpenOptions::default()
         },
     )

@@ -5,8 +5,6 @@ use crate::error::{coli_status, guard, FfiError, FfiResult, COLI_ERR_BUFFER};
 use crate::store::{need, put, record, store_ref, ColiStore};
 use crate::views::{coli_matrix_view, matrix_view};
 use coli_store::{Encoding, ExpertBuf, ExpertKey, RecordLayout, StoreError};
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
 
 /// `which` value of [`coli_expert_matrix`]: the gate projection, [I, H].
 pub const COLI_MATRIX_GATE: u32 = 0;
@@ -228,51 +226,11 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
                 format!("{F}: buffer address {buf:p} is not aligned to {align} bytes (see coli_store_buffer_alignment)"),
             ));
         }
-        let seg_id = r.segment.get() as usize;
-        let files = s.seg_files()?;
-        let seg = files.get(seg_id).ok_or_else(|| {
-            FfiError::new(
-                crate::COLI_ERR_FORMAT,
-                format!("{F}: {key} lies in segment {seg_id}, which the store does not have"),
-            )
-        })?;
         // SAFETY: `buf` is non-null, valid for `buf_len >= len` bytes (caller contract) and not
         // aliased by any Rust reference during this call.
         let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
-        let off = r.offset.get();
-        let read = match &seg.direct {
-            Some(f) => f.read_exact_at(dst, off).or_else(|e| {
-                if e.raw_os_error() == Some(libc::EINVAL) {
-                    // The buffer does not meet a stricter direct-I/O rule of this file system:
-                    // read through the page cache instead.
-                    seg.buffered.read_exact_at(dst, off)
-                } else {
-                    Err(e)
-                }
-            }),
-            None => seg.buffered.read_exact_at(dst, off),
-        };
-        read.map_err(|e| {
-            FfiError::from(StoreError::Io {
-                path: seg.path.clone(),
-                source: e,
-            })
-        })?;
-        s.into_reads.fetch_add(1, Ordering::Relaxed);
-        s.into_bytes.fetch_add(len as u64, Ordering::Relaxed);
-        if s.verify {
-            let found = xxhash_rust::xxh3::xxh3_64_with_seed(dst, key.checksum_seed());
-            if found != r.checksum.get() {
-                return Err(StoreError::Checksum {
-                    what: key.to_string(),
-                    file: seg.rel.clone(),
-                    offset: off,
-                    expected: r.checksum.get(),
-                    found,
-                }
-                .into());
-            }
-        }
+        // The store's one read path: its I/O engine and mirrors, its checksum and counters.
+        s.store.fetch_into(key, dst)?;
         let encoding =
             Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(StoreError::from)?;
         let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);

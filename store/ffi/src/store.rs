@@ -4,11 +4,8 @@ use crate::error::{coli_status, guard, FfiError, FfiResult, COLI_ERR_NOT_FOUND};
 use coli_store::{AlignedBuf, ExpertKey, IoMode, IoPreference, OpenOptions, Store};
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
-use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 /// `io_mode` value: O_DIRECT when the file system supports it at the store's alignment, else
 /// buffered reads (with one note on stderr). The default.
@@ -51,26 +48,14 @@ pub struct coli_stats {
     pub bytes_read: u64,
 }
 
-/// Segment files opened for fetches into caller buffers.
-pub(crate) struct SegFile {
-    pub(crate) path: std::path::PathBuf,
-    pub(crate) rel: String,
-    pub(crate) buffered: File,
-    pub(crate) direct: Option<File>,
-}
-
 /// An open store (C: the opaque `coli_store`). Shared across threads freely.
 pub struct ColiStore {
     pub(crate) store: Store,
-    pub(crate) verify: bool,
     family: CString,
     store_id: CString,
     config_json: CString,
     pub(crate) dense_names: Vec<CString>,
     pub(crate) dense_index: HashMap<String, usize>,
-    seg_files: OnceLock<Result<Vec<SegFile>, FfiError>>,
-    pub(crate) into_reads: AtomicU64,
-    pub(crate) into_bytes: AtomicU64,
 }
 
 // The C API promises that one store handle serves many threads at once.
@@ -89,46 +74,6 @@ impl ColiStore {
     /// Alignment a caller buffer must have, bytes: the store alignment, at least 4096.
     pub(crate) fn buffer_alignment(&self) -> usize {
         (self.store.manifest().alignment as usize).max(AlignedBuf::DEFAULT_ALIGN)
-    }
-
-    /// Segment files for reads into caller buffers, opened at the first such fetch (with
-    /// O_DIRECT too when the store reads with O_DIRECT).
-    pub(crate) fn seg_files(&self) -> FfiResult<&[SegFile]> {
-        let r = self.seg_files.get_or_init(|| {
-            let direct = self.store.io_mode() == IoMode::Direct;
-            (0..self.store.manifest().segment_count)
-                .map(|id| {
-                    let rel = format!("segments/seg-{id:05}.bin");
-                    let path = self.store.dir().join(&rel);
-                    let io = |e: std::io::Error| {
-                        FfiError::new(crate::COLI_ERR_IO, format!("{}: {e}", path.display()))
-                    };
-                    let buffered = File::open(&path).map_err(io)?;
-                    let direct = if direct {
-                        use std::os::unix::fs::OpenOptionsExt;
-                        Some(
-                            std::fs::OpenOptions::new()
-                                .read(true)
-                                .custom_flags(libc::O_DIRECT)
-                                .open(&path)
-                                .map_err(io)?,
-                        )
-                    } else {
-                        None
-                    };
-                    Ok(SegFile {
-                        path,
-                        rel,
-                        buffered,
-                        direct,
-                    })
-                })
-                .collect()
-        });
-        match r {
-            Ok(v) => Ok(v),
-            Err(e) => Err(e.clone()),
-        }
     }
 }
 
@@ -281,10 +226,6 @@ pub unsafe extern "C" fn coli_store_open(
                 .enumerate()
                 .map(|(i, d)| (d.name.clone(), i))
                 .collect(),
-            verify: o.verify_checksums,
-            seg_files: OnceLock::new(),
-            into_reads: AtomicU64::new(0),
-            into_bytes: AtomicU64::new(0),
             store,
         };
         // SAFETY: `out` is non-null (checked) and writable (caller contract).
@@ -664,8 +605,8 @@ pub unsafe extern "C" fn coli_store_stats(
         let s = unsafe { store_ref(store, F)? };
         let st = s.store.stats();
         let v = coli_stats {
-            reads: st.reads + s.into_reads.load(Ordering::Relaxed),
-            bytes_read: st.bytes_read + s.into_bytes.load(Ordering::Relaxed),
+            reads: st.reads,
+            bytes_read: st.bytes_read,
         };
         // SAFETY: caller contract.
         unsafe { put(out, v, "out", F) }

@@ -1,72 +1,13 @@
 //! The I/O engine trait: reads of whole records (or of pieces of them, from one or several files)
-//! into aligned buffers, several in flight at once. See `docs/IO.md`.
+//! into aligned buffers, several in flight at once. See `docs/IO.md`. Engines implement it, one
+//! file each (`uring.rs`, `pread.rs`, `mmap.rs`); `open.rs` lists them; callers see only this
+//! trait.
 
 use super::{AlignedBuf, BufPool};
 use std::any::Any;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Which I/O engine reads expert records (see `docs/IO.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IoEngineKind {
-    /// io_uring (Linux 5.6+): reads submitted to a ring, up to the queue depth in flight from one
-    /// thread; registered files, and registered buffers where `RLIMIT_MEMLOCK` allows.
-    Uring,
-    /// Positional reads (`pread`) on a thread pool, one blocking read per thread in flight.
-    Pread,
-    /// Copies out of a read-only memory map of each file (always through the page cache).
-    Mmap,
-}
-
-impl IoEngineKind {
-    /// The name used on the command line and in stats: `uring`, `pread` or `mmap`.
-    pub fn name(self) -> &'static str {
-        match self {
-            IoEngineKind::Uring => "uring",
-            IoEngineKind::Pread => "pread",
-            IoEngineKind::Mmap => "mmap",
-        }
-    }
-}
-
-impl std::fmt::Display for IoEngineKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The I/O engine asked for at open ([`crate::OpenOptions::engine`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum IoEngineChoice {
-    /// io_uring; when the kernel refuses to set one up (`EPERM`/`ENOSYS`, e.g. a container's
-    /// seccomp profile, or `COLI_IO_URING=off` in the environment) the pread engine, with one
-    /// note on stderr per process.
-    #[default]
-    Auto,
-    /// io_uring or an error at open.
-    Uring,
-    /// The pread thread pool.
-    Pread,
-    /// The mmap engine (buffered only: incompatible with [`crate::IoPreference::Direct`]).
-    Mmap,
-}
-
-impl std::str::FromStr for IoEngineChoice {
-    type Err = String;
-    /// Parses `auto`, `uring`, `pread` or `mmap`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(IoEngineChoice::Auto),
-            "uring" | "io_uring" => Ok(IoEngineChoice::Uring),
-            "pread" => Ok(IoEngineChoice::Pread),
-            "mmap" => Ok(IoEngineChoice::Mmap),
-            _ => Err(format!(
-                "unknown I/O engine {s:?}: expected auto, uring, pread or mmap"
-            )),
-        }
-    }
-}
 
 /// Index of a file in an engine's file table (the order of the files given at construction).
 pub type FileId = u32;
@@ -198,8 +139,8 @@ pub trait IoQueue {
 ///
 /// Engines are `Send + Sync`; each thread that reads takes its own [`IoQueue`].
 pub trait IoEngine: Send + Sync {
-    /// Which engine this is.
-    fn kind(&self) -> IoEngineKind;
+    /// The engine's name, as `--io` takes it and stats print it (`uring`, `pread`, `mmap`).
+    fn name(&self) -> &'static str;
     /// Requests in flight at once per queue.
     fn queue_depth(&self) -> usize;
     /// A one-line description (engine, registration, threads) for logs and stats.
@@ -214,7 +155,25 @@ pub trait IoEngine: Send + Sync {
     /// # Errors
     /// When the engine cannot make one (io_uring: ring setup failed, e.g. out of memory).
     fn queue(&self) -> std::io::Result<Box<dyn IoQueue + '_>>;
+    /// Whether the pieces of one request are read concurrently (io_uring submits them
+    /// together). When false, a caller that wants pieces in flight together (a record striped
+    /// over several drives) submits one request per piece.
+    fn concurrent_pieces(&self) -> bool;
+    /// Size of the pieces in which a record that is verified as it lands is best read, bytes
+    /// (0: read whole records and hash each once it lands). Hashing piece by piece overlaps the
+    /// checksum with the reads of an engine that reads one piece after the other
+    /// ([`DEFAULT_VERIFY_PIECE_BYTES`] for the thread-pool engines).
+    fn verify_piece_bytes(&self) -> usize;
+    /// Whether a lone record (not only a batch) is read in verify pieces (mmap: its copies are
+    /// CPU work that hashing can follow).
+    fn verify_lone_records_in_pieces(&self) -> bool;
 }
+
+/// Default size of the pieces in which a verified record is read by engines that read pieces
+/// one after the other, bytes (rounded up to the store alignment by the reader): each piece is
+/// hashed while the rest of the batch is read, so that little hashing remains once the last
+/// read lands.
+pub const DEFAULT_VERIFY_PIECE_BYTES: usize = 1 << 20;
 
 /// One file of an engine's table: its path (for messages) and the open file (opened with or
 /// without O_DIRECT by the caller).
@@ -236,6 +195,23 @@ pub(crate) struct EngineConfig {
     pub(crate) buf_align: usize,
     /// Bytes of the io_uring probe read of file 0 (the store's alignment; 0 = no probe read).
     pub(crate) probe_len: usize,
+}
+
+/// What an engine's constructor returns: the engine, or the error with the files handed back
+/// (so that the next engine can use them), or an empty list when they are spent.
+pub(crate) type OpenResult = Result<Arc<dyn IoEngine>, (Vec<EngineFile>, std::io::Error)>;
+
+/// One I/O engine of the table.
+pub(crate) struct EngineFactory {
+    /// Its name (`--io NAME`, [`IoEngine::name`]).
+    pub(crate) name: &'static str,
+    /// Whether it reads with O_DIRECT when the files are opened so (else always through the
+    /// page cache, and [`crate::IoPreference::Direct`] is refused with it).
+    pub(crate) direct_io: bool,
+    /// Whether [`super::IoEngineChoice::Auto`] tries it (in table order).
+    pub(crate) auto: bool,
+    /// Builds it over `files` (already opened, with or without O_DIRECT).
+    pub(crate) open: fn(Vec<EngineFile>, &EngineConfig, Arc<BufPool>) -> OpenResult,
 }
 
 /// Checks a request's pieces against its buffer and the file table; the error names the bad
@@ -280,66 +256,6 @@ pub(crate) fn invalid(req: ReadRequest, path: PathBuf, msg: String) -> Completio
             tag: req.tag,
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
         }),
-    }
-}
-
-/// Why io_uring is not used even when asked for automatically: `Some(reason)` when the
-/// environment says `COLI_IO_URING=off` (for containers whose seccomp profile lets
-/// `io_uring_setup` hang or kill, and for tests of the fallback).
-fn uring_disabled_by_env() -> Option<String> {
-    match std::env::var("COLI_IO_URING") {
-        Ok(v) if v.eq_ignore_ascii_case("off") || v == "0" => Some("COLI_IO_URING=off".into()),
-        _ => None,
-    }
-}
-
-/// An engine and, when it is not the one asked for, why (the fallback note).
-pub(crate) type OpenedEngine = (Arc<dyn IoEngine>, Option<String>);
-
-/// Builds the engine asked for. With [`IoEngineChoice::Auto`], io_uring is set up and probed
-/// with one read of file 0; when that fails, the pread engine is used, one note per process
-/// says why (naming `context`, e.g. the store directory), and the reason is returned.
-///
-/// # Errors
-/// When a forced engine cannot be built (io_uring refused, a file that cannot be mapped).
-pub(crate) fn open_engine(
-    choice: IoEngineChoice,
-    files: Vec<EngineFile>,
-    cfg: &EngineConfig,
-    context: &Path,
-) -> std::io::Result<OpenedEngine> {
-    let pool = BufPool::new(cfg.pooled_buffers.max(1));
-    match choice {
-        IoEngineChoice::Pread => Ok((
-            Arc::new(super::pread::pread_engine(files, cfg, pool)?),
-            None,
-        )),
-        IoEngineChoice::Mmap => Ok((Arc::new(super::mmap::mmap_engine(files, cfg, pool)?), None)),
-        IoEngineChoice::Uring | IoEngineChoice::Auto => {
-            let uring = match uring_disabled_by_env() {
-                Some(why) => Err((
-                    files,
-                    std::io::Error::new(std::io::ErrorKind::Unsupported, why),
-                )),
-                None => super::uring::UringEngine::new(files, cfg, pool.clone()),
-            };
-            match uring {
-                Ok(e) => Ok((Arc::new(e), None)),
-                Err((_, e)) if choice == IoEngineChoice::Uring => Err(std::io::Error::new(
-                    e.kind(),
-                    format!("io_uring requested but unavailable: {e}"),
-                )),
-                Err((files, e)) => {
-                    let why = format!("io_uring unavailable ({e}); using the pread engine");
-                    static NOTE: std::sync::Once = std::sync::Once::new();
-                    NOTE.call_once(|| eprintln!("coli-store: note: {}: {why}", context.display()));
-                    Ok((
-                        Arc::new(super::pread::pread_engine(files, cfg, pool)?),
-                        Some(why),
-                    ))
-                }
-            }
-        }
     }
 }
 

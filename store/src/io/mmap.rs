@@ -13,11 +13,29 @@
 //! After a copy the whole pages copied from are unmapped from the process (`MADV_DONTNEED`; they
 //! stay in the page cache), so the map does not add the records read to the process's RSS.
 
-use super::engine::{EngineConfig, EngineFile, FileId, IoEngineKind, ReadRequest};
-use super::pread::{PieceReader, PoolEngine};
+use super::engine::{
+    EngineConfig, EngineFactory, EngineFile, FileId, IoEngine, OpenResult, ReadRequest,
+};
+use super::pool::{PieceReader, PoolEngine};
 use super::BufPool;
 use std::fs::File;
 use std::sync::Arc;
+
+/// The mmap engine's entry in the engine table (`open.rs`): reads through the page cache only,
+/// never chosen automatically.
+pub(crate) const FACTORY: EngineFactory = EngineFactory {
+    name: "mmap",
+    direct_io: false,
+    auto: false,
+    open: open_mmap,
+};
+
+fn open_mmap(files: Vec<EngineFile>, cfg: &EngineConfig, bufs: Arc<BufPool>) -> OpenResult {
+    match mmap_engine(files, cfg, bufs) {
+        Ok(e) => Ok(Arc::new(e) as Arc<dyn IoEngine>),
+        Err(e) => Err((Vec::new(), e)),
+    }
+}
 
 /// Copies out of read-only maps of the engine's files.
 pub(crate) struct MmapReader {
@@ -27,6 +45,9 @@ pub(crate) struct MmapReader {
 }
 
 impl PieceReader for MmapReader {
+    const NAME: &'static str = "mmap";
+    /// Copies out of the map are CPU work: hashing each piece as it is copied overlaps them.
+    const VERIFY_LONE_RECORDS_IN_PIECES: bool = true;
     fn read_piece(&self, file: FileId, offset: u64, dst: &mut [u8]) -> std::io::Result<()> {
         let f = file as usize;
         let now = self.files[f].metadata()?.len();
@@ -80,7 +101,7 @@ impl PieceReader for MmapReader {
 ///
 /// # Errors
 /// When a file cannot be mapped or the thread pool cannot be started.
-pub(crate) fn mmap_engine(
+fn mmap_engine(
     files: Vec<EngineFile>,
     cfg: &EngineConfig,
     bufs: Arc<BufPool>,
@@ -108,11 +129,5 @@ pub(crate) fn mmap_engine(
         fs.push(f.file);
         maps.push(map);
     }
-    PoolEngine::new(
-        IoEngineKind::Mmap,
-        MmapReader { files: fs, maps },
-        paths,
-        cfg,
-        bufs,
-    )
+    PoolEngine::new(MmapReader { files: fs, maps }, paths, cfg, bufs)
 }

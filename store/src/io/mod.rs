@@ -10,16 +10,22 @@
 //! `EINVAL` or a file system without direct I/O (tmpfs, some network file systems)
 //! [`IoPreference::Auto`] falls back to buffered reads and logs one note to stderr.
 
+mod counting;
 mod engine;
 mod mmap;
+mod open;
+mod pool;
 mod pread;
 mod uring;
 
-pub(crate) use engine::{open_engine, EngineConfig, EngineFile};
+pub use counting::{CountingEngine, EngineStats};
 pub use engine::{
-    Completion, FileId, IoEngine, IoEngineChoice, IoEngineKind, IoQueue, ReadError, ReadPiece,
-    ReadProgress, ReadRequest,
+    Completion, FileId, IoEngine, IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
+    DEFAULT_VERIFY_PIECE_BYTES,
 };
+pub(crate) use engine::{EngineConfig, EngineFile};
+pub(crate) use open::open_engine;
+pub use open::{io_engine_names, IoEngineChoice};
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -196,7 +202,8 @@ impl BufPool {
 /// from its buffer pool and go back to it on drop (their bytes are the record read).
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
-    /// The owned allocation (`None` only while being dropped).
+    /// The owned allocation (`None` while being dropped, and for a buffer over the caller's
+    /// memory, see [`AlignedBuf::borrowed`]).
     alloc: Option<Alloc>,
     len: usize,
     align: usize,
@@ -224,6 +231,26 @@ impl AlignedBuf {
         AlignedBuf {
             ptr: alloc.ptr,
             alloc: Some(alloc),
+            len,
+            align,
+            pool: None,
+        }
+    }
+
+    /// A buffer over `len` bytes of memory the caller owns, for a read straight into it. It
+    /// never frees that memory and never returns to a pool.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` bytes, aligned to `align`, and nothing else
+    /// reads or writes that memory until the buffer is dropped.
+    pub(crate) unsafe fn borrowed(
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+        align: usize,
+    ) -> AlignedBuf {
+        AlignedBuf {
+            ptr,
+            alloc: None,
             len,
             align,
             pool: None,

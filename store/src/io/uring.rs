@@ -11,8 +11,8 @@
 //! registering and reads into unregistered buffers; [`IoEngine::describe`] says which.
 
 use super::engine::{
-    check_pieces, invalid, Completion, EngineConfig, EngineFile, FileId, IoEngine, IoEngineKind,
-    IoQueue, Prefix, ReadError, ReadRequest,
+    check_pieces, invalid, Completion, EngineConfig, EngineFactory, EngineFile, FileId, IoEngine,
+    IoQueue, OpenResult, Prefix, ReadError, ReadRequest,
 };
 use super::{AlignedBuf, BufPool};
 use io_uring::{opcode, types, IoUring};
@@ -22,6 +22,36 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The io_uring engine's entry in the engine table (`open.rs`): first choice of
+/// [`crate::IoEngineChoice::Auto`].
+pub(crate) const FACTORY: EngineFactory = EngineFactory {
+    name: "uring",
+    direct_io: true,
+    auto: true,
+    open: open_uring,
+};
+
+/// Why io_uring is not used even when asked for automatically: `Some(reason)` when the
+/// environment says `COLI_IO_URING=off` (for containers whose seccomp profile lets
+/// `io_uring_setup` hang or kill, and for tests of the fallback).
+fn disabled_by_env() -> Option<String> {
+    match std::env::var("COLI_IO_URING") {
+        Ok(v) if v.eq_ignore_ascii_case("off") || v == "0" => Some("COLI_IO_URING=off".into()),
+        _ => None,
+    }
+}
+
+fn open_uring(files: Vec<EngineFile>, cfg: &EngineConfig, bufs: Arc<BufPool>) -> OpenResult {
+    if let Some(why) = disabled_by_env() {
+        return Err((
+            files,
+            std::io::Error::new(std::io::ErrorKind::Unsupported, why),
+        ));
+    }
+    let e = UringEngine::new(files, cfg, bufs)?;
+    Ok(Arc::new(e) as Arc<dyn IoEngine>)
+}
 
 /// Largest single read submitted (the SQE length field is 32 bits), bytes.
 const MAX_OP: usize = 1 << 30;
@@ -39,7 +69,7 @@ struct Ring {
 }
 
 /// The io_uring engine.
-pub(crate) struct UringEngine {
+struct UringEngine {
     files: Vec<File>,
     paths: Vec<PathBuf>,
     queue_depth: usize,
@@ -191,8 +221,19 @@ impl UringEngine {
 }
 
 impl IoEngine for UringEngine {
-    fn kind(&self) -> IoEngineKind {
-        IoEngineKind::Uring
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+    /// The pieces of a request are submitted together: a striped read is one request.
+    fn concurrent_pieces(&self) -> bool {
+        true
+    }
+    /// Whole records: the ring keeps the device busy, a record is hashed once it lands.
+    fn verify_piece_bytes(&self) -> usize {
+        0
+    }
+    fn verify_lone_records_in_pieces(&self) -> bool {
+        false
     }
     fn queue_depth(&self) -> usize {
         self.queue_depth

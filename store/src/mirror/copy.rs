@@ -1,8 +1,8 @@
 //! Full, byte-identical copies of primary segment files into a mirror directory.
 
 use super::set::{check_copy, PrimaryInfo};
+use super::status::MirrorStatus;
 use super::{drop_cache, free_bytes, fsync_dir, io_err};
-use crate::fsck::MirrorStatus;
 use crate::{Store, StoreError};
 use coli_format::disk::names::{segment_path, segment_rel};
 use std::fs::File;

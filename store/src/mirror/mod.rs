@@ -17,15 +17,20 @@
 
 pub mod assign;
 pub mod copy;
+pub mod primary;
 pub mod route;
 pub mod set;
+pub mod stage;
 pub mod staged;
+pub mod status;
 pub mod weights;
 
 pub use assign::{assign, stripe_plan, StripePiece};
 pub use route::{DriveStats, MirrorStats, DEFAULT_STRIPE_THRESHOLD, MAX_FAULTS};
 pub use set::{admit, MirrorFileInfo, MirrorFileKind, MirrorSet, PrimaryInfo, RecordCopy};
-pub use staged::{stage_records, StagedHeader, StagedIndex, STAGED_MAGIC, STAGED_VERSION};
+pub use stage::stage_records;
+pub use staged::{StagedHeader, StagedIndex, STAGED_MAGIC, STAGED_VERSION};
+pub use status::MirrorStatus;
 pub use weights::{parse_disk_weights, DiskWeights};
 
 use crate::StoreError;

@@ -384,7 +384,7 @@ pub(crate) fn open_mirrors(
     stripe_threshold: u64,
 ) -> Result<(Router, Vec<crate::io::EngineFile>), crate::StoreError> {
     use super::set::{admit, PrimaryInfo};
-    use crate::fsck::MirrorStatus;
+    use super::status::MirrorStatus;
     use crate::io::{open_read, probe_direct, EngineFile};
     let primary = PrimaryInfo::from_parts(dir, store_id, alignment, headers, index);
     let set = admit(&primary, mirrors)?;

@@ -1,103 +1,18 @@
 //! Mirror-set admission: which files of which mirror directories may serve which records.
 
 use super::io_err;
+pub use super::primary::{PrimaryInfo, PrimarySegment};
 use super::staged::{parse_staged, StagedIndex, StagedReject};
-use crate::fsck::MirrorStatus;
-use crate::{IndexRecord, Store, StoreError};
+use super::status::MirrorStatus;
+use crate::StoreError;
 use crate::{StoreId, Xxh3Sum};
-use coli_format::disk::names::{parse_staged_name, segment_path, segment_rel, STAGED_DIR};
+use coli_format::disk::names::{parse_staged_name, segment_rel, STAGED_DIR};
 use coli_format::disk::segment::SegmentHeader;
 use coli_format::disk::{FORMAT_VERSION, SEGMENT_HEADER_FIELDS, SEGMENT_MAGIC};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use zerocopy::FromBytes;
-
-/// The identity of one primary segment file, from its header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrimarySegment {
-    /// Segment id.
-    pub id: u32,
-    /// File length, bytes.
-    pub file_len: u64,
-    /// xxh3 (seed = segment id) of the bytes after the header.
-    pub body_xxh3: u64,
-    /// crc32 of the header's first 60 bytes.
-    pub header_crc: u32,
-}
-
-/// What mirror admission needs to know of the primary store.
-#[derive(Clone, Debug)]
-pub struct PrimaryInfo {
-    /// The primary store directory.
-    pub dir: PathBuf,
-    /// Store id, raw.
-    pub store_id: StoreId,
-    /// Record alignment, bytes.
-    pub alignment: u64,
-    /// Every segment, by id.
-    pub segments: Vec<PrimarySegment>,
-    /// The primary INDEX, sorted by (layer, expert).
-    pub index: Vec<IndexRecord>,
-}
-
-impl PrimaryInfo {
-    /// From the parts of a store being opened: segment headers as validated at open.
-    pub(crate) fn from_parts(
-        dir: &Path,
-        store_id: StoreId,
-        alignment: u64,
-        headers: &[SegmentHeader],
-        index: &[IndexRecord],
-    ) -> PrimaryInfo {
-        PrimaryInfo {
-            dir: dir.to_path_buf(),
-            store_id,
-            alignment,
-            segments: headers
-                .iter()
-                .enumerate()
-                .map(|(id, h)| PrimarySegment {
-                    id: id as u32,
-                    file_len: h.file_len.get(),
-                    body_xxh3: h.body_xxh3.get(),
-                    header_crc: h.crc.get(),
-                })
-                .collect(),
-            index: index.to_vec(),
-        }
-    }
-
-    /// Collects the identity of an open store (its segment headers are re-read: 64 bytes each).
-    ///
-    /// # Errors
-    /// [`StoreError::Io`] when a primary segment header cannot be read.
-    pub fn of(store: &Store) -> Result<PrimaryInfo, StoreError> {
-        let m = store.manifest();
-        let store_id = m.store_id;
-        let mut segments = Vec::with_capacity(m.segment_count as usize);
-        for id in 0..m.segment_count {
-            let p = segment_path(store.dir(), id);
-            let f = File::open(&p).map_err(|e| io_err(&p, e))?;
-            let mut b = [0u8; SEGMENT_HEADER_FIELDS];
-            f.read_exact_at(&mut b, 0).map_err(|e| io_err(&p, e))?;
-            let h = SegmentHeader::read_from_bytes(&b).expect("64 bytes");
-            segments.push(PrimarySegment {
-                id,
-                file_len: h.file_len.get(),
-                body_xxh3: h.body_xxh3.get(),
-                header_crc: h.crc.get(),
-            });
-        }
-        Ok(PrimaryInfo {
-            dir: store.dir().to_path_buf(),
-            store_id,
-            alignment: m.alignment,
-            segments,
-            index: store.index().to_vec(),
-        })
-    }
-}
 
 /// The kind of a mirror file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

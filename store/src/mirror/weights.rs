@@ -3,7 +3,7 @@
 
 use super::io_err;
 use super::set::{MirrorFileKind, MirrorSet, PrimaryInfo};
-use crate::fsck::MirrorStatus;
+use super::status::MirrorStatus;
 use crate::StoreError;
 use crate::StoreId;
 use coli_format::disk::names::segment_path;

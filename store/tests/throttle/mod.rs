@@ -14,7 +14,7 @@
 
 #![allow(dead_code)] // each including target uses a different part
 
-use coli_store::{AlignedBuf, Completion, FileId, IoEngine, IoEngineKind, IoQueue, ReadRequest};
+use coli_store::{AlignedBuf, Completion, FileId, IoEngine, IoQueue, ReadRequest};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,8 +130,17 @@ impl ThrottledEngine {
 }
 
 impl IoEngine for ThrottledEngine {
-    fn kind(&self) -> IoEngineKind {
-        self.inner.kind()
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn concurrent_pieces(&self) -> bool {
+        self.inner.concurrent_pieces()
+    }
+    fn verify_piece_bytes(&self) -> usize {
+        self.inner.verify_piece_bytes()
+    }
+    fn verify_lone_records_in_pieces(&self) -> bool {
+        self.inner.verify_lone_records_in_pieces()
     }
     fn queue_depth(&self) -> usize {
         self.inner.queue_depth()

@@ -67,17 +67,9 @@ enum DirectArg {
     Off,
 }
 
-/// I/O engine that reads expert records (docs/IO.md).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum EngineArg {
-    /// io_uring, or the pread engine (with a note) where the kernel refuses io_uring.
-    Auto,
-    /// io_uring or fail.
-    Uring,
-    /// Positional reads on a thread pool.
-    Pread,
-    /// Copies out of a memory map (page cache only: needs --direct auto or off).
-    Mmap,
+/// `--io`: `auto` or the name of an engine of the store's engine table.
+fn parse_io_engine(s: &str) -> Result<IoEngineChoice, String> {
+    s.parse()
 }
 
 /// Options shared by run, chat and eval.
@@ -119,9 +111,12 @@ struct EngineOptions {
     /// Skip the checksum of every expert record read.
     #[arg(long)]
     no_verify: bool,
-    /// I/O engine that reads expert records.
-    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
-    io: EngineArg,
+    /// I/O engine that reads expert records (docs/IO.md): auto (io_uring, or the pread engine,
+    /// with a note, where the kernel refuses io_uring), uring (or fail), pread (positional
+    /// reads on a thread pool), mmap (copies out of a memory map: page cache only, needs
+    /// --direct auto or off).
+    #[arg(long, default_value = "auto", value_parser = parse_io_engine)]
+    io: IoEngineChoice,
     /// O_DIRECT reads of expert records (bypassing the page cache).
     #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
     direct: DirectArg,
@@ -302,12 +297,7 @@ fn open(opts: &EngineOptions) -> Result<Loaded> {
         DirectArg::On => IoPreference::Direct,
         DirectArg::Off => IoPreference::Buffered,
     };
-    let io_engine = match opts.io {
-        EngineArg::Auto => IoEngineChoice::Auto,
-        EngineArg::Uring => IoEngineChoice::Uring,
-        EngineArg::Pread => IoEngineChoice::Pread,
-        EngineArg::Mmap => IoEngineChoice::Mmap,
-    };
+    let io_engine = opts.io;
     let store = Store::open_with(
         &opts.store,
         &OpenOptions {
@@ -586,7 +576,7 @@ fn run(a: RunArgs) -> Result<()> {
                 "evictions": s.cache.evictions,
                 "hit_rate": s.cache.hit_rate(),
                 "io_mode": io_name(&loaded.store),
-                "io_engine": loaded.store.io_engine().name(),
+                "io_engine": loaded.store.io_engine(),
                 "queue_depth": loaded.store.queue_depth(),
                 "threads": eng.threads(),
                 "kernels": coli_kernels::detected_isa().name(),
