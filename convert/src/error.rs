@@ -6,13 +6,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
     /// An I/O error on a named file.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not also a `source()`).
+        error: std::io::Error,
     },
     /// A malformed safetensors file (header, offsets, dtype, LFS pointer, ...).
     #[error("{file}: {what}")]
@@ -73,7 +72,7 @@ impl ConvertError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> ConvertError {
         ConvertError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 

@@ -9,7 +9,6 @@
 
 pub mod checkpoint;
 pub mod error;
-pub mod failpoint;
 pub mod pipeline;
 pub mod plan;
 pub mod quant;

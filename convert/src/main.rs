@@ -94,17 +94,8 @@ fn real_main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The error and its causes joined by ": ", leaving out a cause whose text an outer message
-/// already includes (library errors print their source in their own message).
+/// The error and its causes joined by ": " (each error adds its context once: a library error
+/// shows its inner error in its message or returns it as `source()`, never both).
 fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for text in e.chain().map(|c| c.to_string()) {
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
+    format!("{e:#}")
 }

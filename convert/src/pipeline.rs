@@ -3,10 +3,10 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{ConvertError, Result};
-use crate::failpoint;
 use crate::plan::{self, Class, Encodings, Plan};
 use crate::quant::{self, ErrStats};
 use coli_format::Encoding;
+use coli_store::failpoint;
 use coli_store::{EncodedMatrix, SourceFile, StoreSpec, StoreWriter, WriterStart};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -427,7 +427,7 @@ fn write_all(
                 }
                 pbw.inc(nbytes);
                 written += 1;
-                failpoint::after_expert(written);
+                failpoint::hit_nth("convert.after_expert", written);
             }
             Ok(())
         });

@@ -512,7 +512,7 @@ impl ExpertCache {
                     .record(k)
                     .ok_or_else(|| crate::EngineError::Store {
                         what: format!("pinning {k}"),
-                        source: coli_store::StoreError::NotFound(format!("expert {k}")),
+                        error: coli_store::StoreError::NotFound(format!("expert {k}")),
                     })?
                     .length
                     .get();
@@ -905,7 +905,7 @@ impl ExpertCache {
                     }
                     return Err(crate::EngineError::Store {
                         what: format!("fetching {k}"),
-                        source: coli_store::StoreError::NotFound(format!(
+                        error: coli_store::StoreError::NotFound(format!(
                             "{k} (fetch returned other experts)"
                         )),
                     });

@@ -6,13 +6,12 @@ use coli_store::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The store reported an error while the engine did `what`.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Store {
         /// What the engine was doing (e.g. "reading dense tensor model.norm.weight").
         what: String,
-        /// The store's error.
-        #[source]
-        source: StoreError,
+        /// The store's error (in the message, not also a `source()`).
+        error: StoreError,
     },
     /// The model config (`files/config.json`) or another model file has a missing or bad field.
     #[error("{file}: {what}")]
@@ -87,7 +86,7 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 /// Wraps a store error with what the engine was doing.
 pub(crate) fn store_err(what: impl Into<String>) -> impl FnOnce(StoreError) -> EngineError {
     let what = what.into();
-    move |source| EngineError::Store { what, source }
+    move |error| EngineError::Store { what, error }
 }
 
 impl From<coli_format::FormatError> for EngineError {
@@ -104,5 +103,23 @@ impl From<coli_format::FormatError> for EngineError {
                 what: other.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// A store error wrapped with what the engine did is shown once: in the message, not also
+    /// as `source()`.
+    #[test]
+    fn store_errors_are_wrapped_once() {
+        let e = store_err("reading dense tensor x")(StoreError::NotFound("dense tensor x".into()));
+        assert_eq!(
+            e.to_string(),
+            "reading dense tensor x: not in store: dense tensor x"
+        );
+        assert!(e.source().is_none());
     }
 }

@@ -42,13 +42,12 @@ pub const USAGE_FORMAT_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
     /// An I/O error on `path`.
-    #[error("usage history {path}: {source}")]
+    #[error("usage history {path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not also a `source()`).
+        error: std::io::Error,
     },
     /// The file is not a usage history of this format.
     #[error("usage history {path} is corrupt ({what})")]
@@ -73,7 +72,7 @@ pub enum UsageError {
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UsageError + '_ {
     move |source| UsageError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 

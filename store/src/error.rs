@@ -5,14 +5,14 @@ use std::path::PathBuf;
 /// Every error the store reports. Each variant names the file, record or tensor concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// An I/O error on a named file.
-    #[error("{path}: {source}")]
+    /// An I/O error on a named file. The message includes the OS error (it is not also a
+    /// `source()`: an error's context is added by wrapping once).
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A structural problem: bad magic, bad field, out-of-bounds offset, ...
     #[error("{file}: {what}")]
@@ -83,5 +83,39 @@ impl From<coli_format::FormatError> for StoreError {
                 what,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// Context is added by wrapping once: an error whose message shows its inner error does not
+    /// also return it from `source()` (the CLI prints the chain as it is).
+    #[test]
+    fn no_error_both_shows_and_returns_its_source() {
+        let errors = [
+            StoreError::Io {
+                path: "/s/INDEX".into(),
+                error: std::io::Error::from_raw_os_error(21),
+            },
+            StoreError::Format {
+                file: "MANIFEST".into(),
+                what: "bad".into(),
+            },
+            coli_format::FormatError::format("INDEX", "short").into(),
+        ];
+        for e in errors {
+            let shown = e.to_string();
+            if let Some(s) = e.source() {
+                assert!(!shown.contains(&s.to_string()), "{shown}");
+            }
+        }
+        let e = StoreError::Io {
+            path: "/s/INDEX".into(),
+            error: std::io::Error::from_raw_os_error(21),
+        };
+        assert!(e.to_string().contains("os error 21") && e.source().is_none());
     }
 }

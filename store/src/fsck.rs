@@ -249,7 +249,10 @@ fn problem_of(e: &StoreError) -> Problem {
             file: file.clone(),
             what: e.to_string(),
         },
-        StoreError::Io { path, source } => Problem {
+        StoreError::Io {
+            path,
+            error: source,
+        } => Problem {
             file: path.display().to_string(),
             what: source.to_string(),
         },

@@ -79,6 +79,7 @@
 
 pub mod checksum;
 mod error;
+pub mod failpoint;
 pub mod fsck;
 mod io;
 pub mod mirror;
@@ -100,6 +101,6 @@ pub use io::{
 };
 pub use reader::{DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH};
 pub use writer::{
-    EncodedMatrix, ResumeInfo, StoreSpec, StoreWriter, WriterStart, CONVERTER_NAME,
+    EncodedMatrix, OsFs, ResumeInfo, StoreSpec, StoreWriter, WriterFs, WriterStart, CONVERTER_NAME,
     DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,
 };

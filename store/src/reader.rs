@@ -233,7 +233,7 @@ fn fmt_err(file: impl Into<String>, what: impl Into<String>) -> StoreError {
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -658,7 +658,7 @@ impl Store {
         let align = self.buffer_alignment();
         let invalid = |what: String| StoreError::Io {
             path: self.dir.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
         };
         if dst.len() < len {
             return Err(invalid(format!(
@@ -793,15 +793,15 @@ impl Store {
         if let Err(e) = result {
             return Err(StoreError::Io {
                 path: e.path,
-                source: std::io::Error::new(
-                    e.source.kind(),
+                error: std::io::Error::new(
+                    e.error.kind(),
                     format!(
                         "reading the record of {key} ({} bytes at offset {}; failed at offset {}, {} bytes left): {}",
                         r.length.get(),
                         r.offset.get(),
                         e.offset,
                         e.len,
-                        e.source
+                        e.error
                     ),
                 ),
             });
@@ -1073,7 +1073,7 @@ impl Store {
                         None => {
                             return Err(StoreError::Io {
                                 path: rt.path(r.segment.get()).to_path_buf(),
-                                source: std::io::Error::other(format!(
+                                error: std::io::Error::other(format!(
                                     "reading the record of {key}: every copy failed; first: {what}"
                                 )),
                             })

@@ -264,7 +264,10 @@ fn every_engine_reports_a_short_file() {
                 .unwrap();
             for res in [s.fetch_one(victim).map(|_| ()), s.fetch(&keys).map(|_| ())] {
                 match res {
-                    Err(StoreError::Io { path: p, source }) => {
+                    Err(StoreError::Io {
+                        path: p,
+                        error: source,
+                    }) => {
                         let msg = source.to_string();
                         assert_eq!(p, path, "{ctx}");
                         assert!(msg.contains(&victim.to_string()), "{ctx}: {msg}");
@@ -357,7 +360,7 @@ fn engine_trait_reads_pieces_from_several_files() {
             tags.push(c.tag);
             if c.tag == 99 {
                 let err = c.result.unwrap_err();
-                assert_eq!(err.source.kind(), std::io::ErrorKind::InvalidInput);
+                assert_eq!(err.error.kind(), std::io::ErrorKind::InvalidInput);
                 assert!(err.to_string().contains("file 9"), "{err}");
                 continue;
             }
@@ -389,7 +392,7 @@ fn engine_trait_reads_pieces_from_several_files() {
         let c = q.wait().unwrap();
         let err = c.result.unwrap_err();
         assert_eq!(
-            err.source.kind(),
+            err.error.kind(),
             std::io::ErrorKind::UnexpectedEof,
             "{kind}: {err}"
         );

@@ -31,6 +31,15 @@ pub fn segment_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(SEGMENTS_DIR).join(segment_name(id))
 }
 
+/// The id of a segment file name (`seg-NNNNN.bin`), `None` for any other name.
+pub fn parse_segment_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".bin")?;
+    if digits.len() != 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Relative name of staged segment `id`: `staged/stg-NNNNN.bin`.
 pub fn staged_rel(id: u32) -> String {
     format!("{STAGED_DIR}/stg-{id:05}.bin")
@@ -57,6 +66,8 @@ mod tests {
             Path::new("/s/segments/seg-00012.bin")
         );
         assert_eq!(staged_rel(7), "staged/stg-00007.bin");
+        assert_eq!(parse_segment_name("seg-00012.bin"), Some(12));
+        assert_eq!(parse_segment_name("seg-12.bin"), None);
         assert_eq!(parse_staged_name("stg-00007.bin"), Some(7));
         assert_eq!(parse_staged_name("stg-7.bin"), None);
         assert_eq!(parse_staged_name("seg-00007.bin"), None);

@@ -94,7 +94,7 @@ impl ReadRequest {
 
 /// A read that failed, naming the file, the piece and the request.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: reading {len} bytes at offset {offset} (request {tag}): {source}")]
+#[error("{path}: reading {len} bytes at offset {offset} (request {tag}): {error}")]
 pub struct ReadError {
     /// The file.
     pub path: PathBuf,
@@ -105,8 +105,8 @@ pub struct ReadError {
     /// The request's tag.
     pub tag: u64,
     /// The OS error; `UnexpectedEof` when the file ends before the piece does (short file).
-    #[source]
-    pub source: std::io::Error,
+    /// In the message, not also a `source()`.
+    pub error: std::io::Error,
 }
 
 /// A finished read: the buffer back, and the result.
@@ -254,7 +254,7 @@ pub(crate) fn invalid(req: ReadRequest, path: PathBuf, msg: String) -> Completio
             offset,
             len,
             tag: req.tag,
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
         }),
     }
 }

@@ -89,7 +89,7 @@ fn run_request<R: PieceReader>(reader: &R, paths: &[PathBuf], req: ReadRequest) 
                 offset: p.file_offset,
                 len: p.len,
                 tag,
-                source,
+                error: source,
             });
             break;
         }

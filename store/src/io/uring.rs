@@ -137,7 +137,7 @@ impl UringEngine {
         q.submit(ReadRequest::whole(0, buf, 0, 0, 0));
         let c = q.wait().expect("one request outstanding");
         c.result
-            .map_err(|e| std::io::Error::new(e.source.kind(), format!("probe read: {e}")))
+            .map_err(|e| std::io::Error::new(e.error.kind(), format!("probe read: {e}")))
     }
 
     fn new_ring(&self) -> std::io::Result<Ring> {
@@ -504,7 +504,7 @@ impl UringQueue<'_> {
                 offset: op.file_offset,
                 len: op.len,
                 tag: a.req.tag,
-                source,
+                error: source,
             });
         };
         if res < 0 {
@@ -614,7 +614,7 @@ impl UringQueue<'_> {
                     offset: off,
                     len,
                     tag: a.req.tag,
-                    source: std::io::Error::new(e.kind(), format!("io_uring: {e}")),
+                    error: std::io::Error::new(e.kind(), format!("io_uring: {e}")),
                 });
                 if a.in_flight == 0 {
                     self.finish(slot);

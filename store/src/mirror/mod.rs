@@ -39,7 +39,7 @@ use std::path::Path;
 pub(crate) fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 

@@ -11,26 +11,21 @@
 //! its checksum, keeps the verified prefix, truncates the files after it and lets the converter
 //! continue. Both files are removed before the directory is renamed to `TARGET`.
 //!
-//! Failpoints (for crash tests): when the environment variable `COLI_FAILPOINT` names one of the
-//! points below, the writer calls `std::process::abort()` there. `N` counts from 1 within the
-//! current process.
-//!
-//! | name | where |
-//! |---|---|
-//! | `writer.after_record:N` | after the bytes of the N-th expert record, before its journal line |
-//! | `writer.after_journal:N` | after the journal line of the N-th expert record |
-//! | `writer.after_dense:N` | after the bytes of the N-th dense tensor, before its journal line |
-//! | `writer.before_index` | in `finish`, after the segment headers, before INDEX |
-//! | `writer.before_manifest` | in `finish`, after INDEX and fsyncs, before MANIFEST |
-//! | `writer.before_rename` | in `finish`, after MANIFEST and the removal of spec/journal |
-//! | `writer.after_rename` | in `finish`, after the rename, before the parent fsync |
+//! Crash tests: the named failpoints `writer.*` of [`crate::failpoint`] abort the process at
+//! chosen points; every file operation goes through a [`WriterFs`] backend ([`OsFs`] by
+//! default), so that tests can fail or tear any of them in-process.
 
+mod fs;
+
+pub use fs::{OsFs, WriterFs};
+
+use crate::failpoint;
 use crate::StoreError;
 use crate::{DenseEntry, Encoding, ExpertKey, ExpertLayer, FileEntry, Manifest, SourceFile};
 use crate::{StoreId, Xxh3Sum};
 use coli_format::disk::index::{write_index, IndexRecord, RecordPlace};
 use coli_format::disk::manifest::{ConverterInfo, EncodingInfo, WholeFile};
-use coli_format::disk::names::{self, segment_path};
+use coli_format::disk::names::{self, parse_segment_name, segment_path};
 use coli_format::disk::segment::SegmentHeader;
 use coli_format::disk::FORMAT_VERSION;
 use coli_format::encoding::{align_up, SECTION_ALIGN};
@@ -38,9 +33,10 @@ use coli_format::RecordLayout;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 use zerocopy::IntoBytes;
 
@@ -200,44 +196,6 @@ struct ClosedSegment {
     body_xxh3: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Failpoint {
-    None,
-    AfterRecord(u64),
-    AfterJournal(u64),
-    AfterDense(u64),
-    Named(String),
-}
-
-impl Failpoint {
-    fn from_env() -> Failpoint {
-        let Ok(v) = std::env::var("COLI_FAILPOINT") else {
-            return Failpoint::None;
-        };
-        let num = |p: &str| v.strip_prefix(p).and_then(|n| n.parse::<u64>().ok());
-        if let Some(n) = num("writer.after_record:") {
-            Failpoint::AfterRecord(n)
-        } else if let Some(n) = num("writer.after_journal:") {
-            Failpoint::AfterJournal(n)
-        } else if let Some(n) = num("writer.after_dense:") {
-            Failpoint::AfterDense(n)
-        } else {
-            Failpoint::Named(v)
-        }
-    }
-
-    fn hit(&self, point: &Failpoint) {
-        if self != &Failpoint::None && self == point {
-            eprintln!("coli-store: failpoint {point:?} reached (COLI_FAILPOINT), aborting");
-            std::process::abort();
-        }
-    }
-
-    fn hit_named(&self, name: &str) {
-        self.hit(&Failpoint::Named(name.to_string()));
-    }
-}
-
 /// Writes a store into `TARGET.partial/` and publishes it with a rename.
 ///
 /// Entries are appended in the order the caller gives them; the caller must use the same
@@ -262,7 +220,8 @@ pub struct StoreWriter {
     files: BTreeMap<String, FileEntry>,
     journal: File,
     poisoned: Option<String>,
-    failpoint: Failpoint,
+    /// The file operations (the OS's, or a test's fault-injecting backend).
+    fs: Arc<dyn WriterFs>,
     records_this_run: u64,
     dense_this_run: u64,
 }
@@ -270,7 +229,7 @@ pub struct StoreWriter {
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -482,12 +441,6 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
     let _ = (file, offset, len);
 }
 
-fn fsync_dir(path: &Path) -> Result<(), StoreError> {
-    File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| io_err(path, e))
-}
-
 fn partial_path(target: &Path) -> PathBuf {
     let mut name = target
         .file_name()
@@ -542,6 +495,19 @@ impl StoreWriter {
     /// store, or when the partial build's spec differs (the message names every difference);
     /// [`StoreError::Io`] on file system errors.
     pub fn create_or_resume(target: &Path, spec: StoreSpec) -> Result<WriterStart, StoreError> {
+        Self::create_or_resume_with(target, spec, Arc::new(OsFs))
+    }
+
+    /// [`StoreWriter::create_or_resume`] with the file operations of `fs` (tests inject I/O
+    /// errors and torn writes there; [`OsFs`] is the operating system's).
+    ///
+    /// # Errors
+    /// As [`StoreWriter::create_or_resume`].
+    pub fn create_or_resume_with(
+        target: &Path,
+        spec: StoreSpec,
+        fs: Arc<dyn WriterFs>,
+    ) -> Result<WriterStart, StoreError> {
         let config = validate_spec(&spec)?;
         let spec_file = SpecFile::from_spec(&spec);
         let store_id = spec_file.store_id;
@@ -568,14 +534,7 @@ impl StoreWriter {
                         diffs.join("; ")
                     )));
                 }
-                let (w, info) = Self::resume(
-                    target,
-                    partial,
-                    spec,
-                    config,
-                    store_id,
-                    Failpoint::from_env(),
-                )?;
+                let (w, info) = Self::resume(target, partial, spec, config, store_id, fs)?;
                 return Ok(WriterStart::Resumed(w, info));
             }
             if partial.join("MANIFEST").exists() {
@@ -604,14 +563,15 @@ impl StoreWriter {
                     )));
                 }
                 drop(st);
-                std::fs::rename(&partial, target).map_err(|e| io_err(target, e))?;
-                fsync_dir(&parent_dir(target))?;
+                fs.rename(&partial, target).map_err(|e| io_err(target, e))?;
+                let parent = parent_dir(target);
+                fs.sync_dir(&parent).map_err(|e| io_err(&parent, e))?;
                 return Ok(WriterStart::AlreadyComplete);
             }
             // Interrupted before spec.json existed: nothing of value is there.
             std::fs::remove_dir_all(&partial).map_err(|e| io_err(&partial, e))?;
         }
-        let w = Self::fresh(target, partial, spec, config, store_id, &spec_file)?;
+        let w = Self::fresh(target, partial, spec, config, store_id, &spec_file, fs)?;
         Ok(WriterStart::Fresh(w))
     }
 
@@ -674,7 +634,7 @@ impl StoreWriter {
         store_id: StoreId,
         dense_file: File,
         journal: File,
-        failpoint: Failpoint,
+        fs: Arc<dyn WriterFs>,
     ) -> StoreWriter {
         let expected = spec
             .expert_layers
@@ -700,7 +660,7 @@ impl StoreWriter {
             files: BTreeMap::new(),
             journal,
             poisoned: None,
-            failpoint,
+            fs,
             records_this_run: 0,
             dense_this_run: 0,
         }
@@ -713,6 +673,7 @@ impl StoreWriter {
         config: serde_json::Value,
         store_id: StoreId,
         spec_file: &SpecFile,
+        fs: Arc<dyn WriterFs>,
     ) -> Result<StoreWriter, StoreError> {
         std::fs::create_dir(&partial).map_err(|e| io_err(&partial, e))?;
         for sub in ["segments", "files"] {
@@ -735,17 +696,15 @@ impl StoreWriter {
         // spec.json last, atomically: its presence marks a resumable partial build.
         let tmp = partial.join("spec.json.tmp");
         let bytes = serde_json::to_vec_pretty(spec_file).expect("spec serializes");
-        std::fs::write(&tmp, &bytes).map_err(|e| io_err(&tmp, e))?;
-        File::open(&tmp)
-            .and_then(|f| f.sync_all())
+        fs.write_file(&tmp, &bytes, true)
             .map_err(|e| io_err(&tmp, e))?;
         let sp = partial.join(SPEC_FILE);
-        std::fs::rename(&tmp, &sp).map_err(|e| io_err(&sp, e))?;
-        fsync_dir(&partial)?;
-        fsync_dir(&parent_dir(&partial))?;
-        let failpoint = Failpoint::from_env();
+        fs.rename(&tmp, &sp).map_err(|e| io_err(&sp, e))?;
+        fs.sync_dir(&partial).map_err(|e| io_err(&partial, e))?;
+        let parent = parent_dir(&partial);
+        fs.sync_dir(&parent).map_err(|e| io_err(&parent, e))?;
         let mut w = Self::new_state(
-            target, partial, spec, config, store_id, dense_file, journal, failpoint,
+            target, partial, spec, config, store_id, dense_file, journal, fs,
         );
         w.ensure_config()?;
         Ok(w)
@@ -765,7 +724,7 @@ impl StoreWriter {
         spec: StoreSpec,
         config: serde_json::Value,
         store_id: StoreId,
-        failpoint: Failpoint,
+        fs: Arc<dyn WriterFs>,
     ) -> Result<(StoreWriter, ResumeInfo), StoreError> {
         for sub in ["segments", "files"] {
             let p = partial.join(sub);
@@ -794,7 +753,7 @@ impl StoreWriter {
             .open(&jpath)
             .map_err(|e| io_err(&jpath, e))?;
         let mut w = Self::new_state(
-            target, partial, spec, config, store_id, dense_file, journal, failpoint,
+            target, partial, spec, config, store_id, dense_file, journal, fs,
         );
         let mut info = ResumeInfo::default();
         let mut kept_journal_len = 0usize;
@@ -845,10 +804,7 @@ impl StoreWriter {
         for e in std::fs::read_dir(&segdir).map_err(|e| io_err(&segdir, e))? {
             let e = e.map_err(|e| io_err(&segdir, e))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let id = name
-                .strip_prefix("seg-")
-                .and_then(|n| n.strip_suffix(".bin"))
-                .and_then(|n| n.parse::<u32>().ok());
+            let id = parse_segment_name(&name);
             if id.is_none_or(|id| id >= keep_segments) {
                 std::fs::remove_file(e.path()).map_err(|x| io_err(&e.path(), x))?;
             }
@@ -867,9 +823,9 @@ impl StoreWriter {
                 std::fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
             }
         }
-        fsync_dir(&segdir)?;
-        fsync_dir(&filesdir)?;
-        fsync_dir(&w.partial)?;
+        for d in [&segdir, &filesdir, &w.partial] {
+            w.fs.sync_dir(d).map_err(|e| io_err(d, e))?;
+        }
         w.ensure_config()?;
         Ok((w, info))
     }
@@ -1097,7 +1053,9 @@ impl StoreWriter {
         let mut line = serde_json::to_vec(e).expect("journal entry serializes");
         line.push(b'\n');
         let path = self.partial.join(JOURNAL_FILE);
-        self.journal.write_all(&line).map_err(|x| io_err(&path, x))
+        self.fs
+            .append(&mut self.journal, &path, &line)
+            .map_err(|x| io_err(&path, x))
     }
 
     /// Appends one expert's record: gate [I, H], up [I, H], down [H, I] (`mats` in that order,
@@ -1191,7 +1149,8 @@ impl StoreWriter {
                 .truncate(true)
                 .open(&path)
                 .map_err(|e| io_err(&path, e))?;
-            file.write_all_at(&vec![0u8; alignment], 0)
+            self.fs
+                .write_at(&file, &path, &vec![0u8; alignment], 0)
                 .map_err(|e| io_err(&path, e))?;
             self.seg = Some(OpenSegment {
                 id,
@@ -1204,8 +1163,8 @@ impl StoreWriter {
         let s = self.seg.as_mut().expect("segment open");
         let path = segment_path(&self.partial, s.id);
         let offset = s.pos;
-        s.file
-            .write_all_at(&rec, offset)
+        self.fs
+            .write_at(&s.file, &path, &rec, offset)
             .map_err(|e| io_err(&path, e))?;
         start_writeback(&s.file, offset, rec_len);
         s.hasher.update(&rec);
@@ -1213,8 +1172,7 @@ impl StoreWriter {
         s.records += 1;
         let seg_id = s.id;
         self.records_this_run += 1;
-        self.failpoint
-            .hit(&Failpoint::AfterRecord(self.records_this_run));
+        failpoint::hit_nth("writer.after_record", self.records_this_run);
         let (enc_id, gs) = (enc.id(), enc.group_size());
         self.append_journal(&JournalEntry::Expert {
             layer: key.layer,
@@ -1229,8 +1187,7 @@ impl StoreWriter {
             group_size: gs,
             checksum: Xxh3Sum(sum),
         })?;
-        self.failpoint
-            .hit(&Failpoint::AfterJournal(self.records_this_run));
+        failpoint::hit_nth("writer.after_journal", self.records_this_run);
         self.index.push(IndexRecord::new(RecordPlace {
             key,
             segment: seg_id,
@@ -1321,14 +1278,13 @@ impl StoreWriter {
         if !sbytes.is_empty() {
             span[rel(scales_offset)..rel(end)].copy_from_slice(sbytes);
         }
-        self.dense_file
-            .write_all_at(&span, start)
+        self.fs
+            .write_at(&self.dense_file, &path, &span, start)
             .map_err(|e| io_err(&path, e))?;
         self.dense_hasher.update(&span);
         self.dense_pos = end;
         self.dense_this_run += 1;
-        self.failpoint
-            .hit(&Failpoint::AfterDense(self.dense_this_run));
+        failpoint::hit_nth("writer.after_dense", self.dense_this_run);
         let entry = DenseEntry {
             name: name.to_string(),
             encoding: m.encoding.id(),
@@ -1378,8 +1334,9 @@ impl StoreWriter {
             )));
         }
         let path = self.partial.join("files").join(name);
-        let mut f = File::create(&path).map_err(|e| io_err(&path, e))?;
-        f.write_all(bytes).map_err(|e| io_err(&path, e))?;
+        self.fs
+            .write_file(&path, bytes, false)
+            .map_err(|e| io_err(&path, e))?;
         let entry = FileEntry {
             name: name.to_string(),
             size: bytes.len() as u64,
@@ -1427,10 +1384,10 @@ impl StoreWriter {
         }
         let alignment = self.spec.alignment;
         // Segment headers.
+        let fs = self.fs.clone();
         if let Some(old) = self.seg.take() {
-            old.file
-                .sync_all()
-                .map_err(|e| io_err(&segment_path(&self.partial, old.id), e))?;
+            let p = segment_path(&self.partial, old.id);
+            fs.sync(&old.file, &p).map_err(|e| io_err(&p, e))?;
             self.closed.push(ClosedSegment {
                 len: old.pos,
                 body_xxh3: old.hasher.digest(),
@@ -1444,27 +1401,31 @@ impl StoreWriter {
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_err(&path, e))?;
-            f.write_all_at(h.as_bytes(), 0)
+            fs.write_at(&f, &path, h.as_bytes(), 0)
                 .map_err(|e| io_err(&path, e))?;
-            f.sync_all().map_err(|e| io_err(&path, e))?;
+            fs.sync(&f, &path).map_err(|e| io_err(&path, e))?;
         }
-        self.failpoint.hit_named("writer.before_index");
+        failpoint::hit("writer.before_index");
         // INDEX.
         let index_bytes = write_index(&self.index);
         let ipath = self.partial.join(names::INDEX);
-        write_synced(&ipath, &index_bytes)?;
+        fs.write_file(&ipath, &index_bytes, true)
+            .map_err(|e| io_err(&ipath, e))?;
         // dense.bin and files.
         let dpath = self.partial.join("dense.bin");
-        self.dense_file.sync_all().map_err(|e| io_err(&dpath, e))?;
+        fs.sync(&self.dense_file, &dpath)
+            .map_err(|e| io_err(&dpath, e))?;
         for name in self.files.keys() {
             let p = self.partial.join("files").join(name);
             File::open(&p)
-                .and_then(|f| f.sync_all())
+                .and_then(|f| fs.sync(&f, &p))
                 .map_err(|e| io_err(&p, e))?;
         }
-        fsync_dir(&self.partial.join("segments"))?;
-        fsync_dir(&self.partial.join("files"))?;
-        self.failpoint.hit_named("writer.before_manifest");
+        for d in ["segments", "files"] {
+            let p = self.partial.join(d);
+            fs.sync_dir(&p).map_err(|e| io_err(&p, e))?;
+        }
+        failpoint::hit("writer.before_manifest");
         let spec = &self.spec;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
@@ -1495,22 +1456,21 @@ impl StoreWriter {
             files: self.files.values().cloned().collect(),
         };
         let mbytes = manifest.to_bytes();
-        write_synced(&self.partial.join(names::MANIFEST), &mbytes)?;
+        let mpath = self.partial.join(names::MANIFEST);
+        fs.write_file(&mpath, &mbytes, true)
+            .map_err(|e| io_err(&mpath, e))?;
         for name in [JOURNAL_FILE, SPEC_FILE] {
             let p = self.partial.join(name);
             std::fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
         }
-        fsync_dir(&self.partial)?;
-        self.failpoint.hit_named("writer.before_rename");
-        std::fs::rename(&self.partial, &self.target).map_err(|e| io_err(&self.target, e))?;
-        self.failpoint.hit_named("writer.after_rename");
-        fsync_dir(&parent_dir(&self.target))?;
+        fs.sync_dir(&self.partial)
+            .map_err(|e| io_err(&self.partial, e))?;
+        failpoint::hit("writer.before_rename");
+        fs.rename(&self.partial, &self.target)
+            .map_err(|e| io_err(&self.target, e))?;
+        failpoint::hit("writer.after_rename");
+        let parent = parent_dir(&self.target);
+        fs.sync_dir(&parent).map_err(|e| io_err(&parent, e))?;
         Ok(self.target.clone())
     }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let mut f = File::create(path).map_err(|e| io_err(path, e))?;
-    f.write_all(bytes).map_err(|e| io_err(path, e))?;
-    f.sync_all().map_err(|e| io_err(path, e))
 }

@@ -1,0 +1,50 @@
+//! Errors reach the user once each: every error adds its context by wrapping once (its message
+//! shows the inner error, or `source()` returns it, never both), and the CLI prints the chain
+//! as it is. A message naming the file and the OS error must not repeat either.
+
+mod common;
+use common::{run, write_tiny_store, TempDir, TinyStore};
+
+#[test]
+fn an_os_error_is_printed_once_with_its_file() {
+    let t = TempDir::new("errors-cli");
+    let store = write_tiny_store(
+        t.path(),
+        &TinyStore {
+            layers: 1,
+            experts: 2,
+            segment_max_bytes: 1 << 20,
+            norm_and_tokenizer: true,
+        },
+    );
+    // INDEX replaced by a directory: reading it fails with EISDIR.
+    let index = store.join("INDEX");
+    std::fs::remove_file(&index).unwrap();
+    std::fs::create_dir(&index).unwrap();
+    let s = store.to_str().unwrap();
+    let (code, _, err) = run(
+        env!("CARGO_BIN_EXE_coli"),
+        &[
+            "run",
+            "--store",
+            s,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+        ],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("INDEX"), "{err}");
+    assert_eq!(err.matches("os error 21").count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // A missing store directory: the OS error once, with the file that could not be read.
+    let missing = t.path().join("no-such-store");
+    let (code, _, err) = run(
+        env!("CARGO_BIN_EXE_coli"),
+        &["info", missing.to_str().unwrap()],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    assert!(err.contains("no-such-store/MANIFEST"), "{err}");
+}
