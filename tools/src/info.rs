@@ -1,9 +1,4 @@
-//! `coli info STORE [--json]`: what a store holds.
-//!
-//! Self-contained (uses only `coli_store`, `anyhow` and `serde_json`) so that binaries include
-//! it with `#[path = "../info.rs"] mod info;`.
-
-#![forbid(unsafe_code)]
+//! `coli info STORE [--json]`: what a store holds (classes of tensors, encodings, provenance).
 
 use anyhow::Context;
 use coli_store::{Encoding, Store};

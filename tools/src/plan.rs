@@ -34,7 +34,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "DIR")]
     pub store: PathBuf,
     /// Expert budget (as `coli run --ram-budget`); default from the available memory.
-    #[arg(long, value_name = "SIZE", value_parser = super::parse_budget)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_budget)]
     pub ram_budget: Option<u64>,
     /// Share of the budget the pinned hot set may take.
     #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE)]

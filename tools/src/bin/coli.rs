@@ -8,24 +8,17 @@
 //! - `coli serve --store DIR [--port 8000]`: OpenAI-compatible HTTP server (docs/SERVE.md).
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use coli_engine::{
-    parse_size, ChatMessage, Engine, EngineOptions as CoreOptions, GenerateParams, Generation,
-    Logits, SamplingParams, StreamDecoder, TextTokenizer,
+    ChatMessage, Engine, GenerateParams, Generation, Logits, SamplingParams, StreamDecoder,
 };
-use coli_store::{IoEngineChoice, IoPreference, OpenOptions, Store};
+use coli_store::Store;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[path = "../info.rs"]
-mod info;
-#[path = "../mirror.rs"]
-mod mirror;
-#[path = "../plan.rs"]
-mod plan;
-#[path = "../serve/mod.rs"]
-mod serve;
+use coli_tools::options::{engine, open, EngineOptions};
+use coli_tools::{info, mirror, plan, serve};
 
 #[derive(Parser)]
 #[command(
@@ -54,130 +47,6 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Build and check mirrors of a store on other drives (plan, stage, copy, verify).
     Mirror(mirror::MirrorArgs),
-}
-
-/// Whether expert records are read with O_DIRECT.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum DirectArg {
-    /// O_DIRECT when the file system supports it, else buffered.
-    Auto,
-    /// O_DIRECT or fail.
-    On,
-    /// Through the page cache.
-    Off,
-}
-
-/// `--io`: `auto` or the name of an engine of the store's engine table.
-fn parse_io_engine(s: &str) -> Result<IoEngineChoice, String> {
-    s.parse()
-}
-
-/// Options shared by run, chat and eval.
-#[derive(Args, Debug)]
-struct EngineOptions {
-    /// Store directory (written by coli-convert).
-    #[arg(long, value_name = "DIR")]
-    store: PathBuf,
-    /// Expert cache capacity, pinned set included: bytes, or with a suffix K/M/G/T
-    /// (=KiB/MiB/...) or KB/MB/GB. Default: MemAvailable minus the dense set, the KV cache and
-    /// 512 MiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
-    ram_budget: Option<u64>,
-    /// Do not pin the hottest experts of the usage history at start.
-    #[arg(long)]
-    no_pin: bool,
-    /// Share of the budget the pinned hot set may take (0..1).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE,
-          value_parser = parse_share, allow_negative_numbers = true)]
-    pin_share: f64,
-    /// Turn off router lookahead prefetch.
-    #[arg(long)]
-    no_prefetch: bool,
-    /// Pause lookahead prefetch while fewer than this share of the experts it reads are used
-    /// (0..1; 0 keeps it always on; probes every 32 forward passes while paused).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PREFETCH_MIN_USE,
-          value_parser = parse_share, allow_negative_numbers = true)]
-    prefetch_min_use: f64,
-    /// Routing-usage history file (default: $COLI_STATE_DIR, $XDG_STATE_HOME/coli or
-    /// ~/.local/state/coli, file usage-<store id>.json).
-    #[arg(long, value_name = "FILE")]
-    usage: Option<PathBuf>,
-    /// Maximum tokens in the KV cache (default: max_position_embeddings, capped at 4096).
-    #[arg(long, value_name = "N")]
-    context: Option<usize>,
-    /// Worker threads (default: one per CPU). Output does not depend on it.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    threads: Option<u16>,
-    /// Skip the checksum of every expert record read.
-    #[arg(long)]
-    no_verify: bool,
-    /// I/O engine that reads expert records (docs/IO.md): auto (io_uring, or the pread engine,
-    /// with a note, where the kernel refuses io_uring), uring (or fail), pread (positional
-    /// reads on a thread pool), mmap (copies out of a memory map: page cache only, needs
-    /// --direct auto or off).
-    #[arg(long, default_value = "auto", value_parser = parse_io_engine)]
-    io: IoEngineChoice,
-    /// O_DIRECT reads of expert records (bypassing the page cache).
-    #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
-    direct: DirectArg,
-    /// Expert reads in flight at once (default 4, at most 256).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
-    queue_depth: Option<u16>,
-    /// Prompt tokens per prefill batch (at least 1).
-    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
-          value_parser = parse_at_least_one)]
-    prefill_batch: usize,
-    /// Mirror directory: a full or partial read-only copy of the store on another drive
-    /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
-    /// ignored); --mirror on the command line replaces COLI_MIRRORS.
-    #[arg(long = "mirror", value_name = "DIR", value_delimiter = ',')]
-    mirrors: Vec<PathBuf>,
-    /// Read bandwidth weights of the drives: the store first, then each mirror in the order
-    /// given (e.g. 9,3). Default: measured at open with a short O_DIRECT probe, cached.
-    #[arg(long, value_name = "W,W,...")]
-    disk_weights: Option<String>,
-}
-
-/// The mirror directories: `--mirror` when given, else the non-empty entries of
-/// `COLI_MIRRORS` (comma-separated).
-fn mirror_dirs(cli: &[PathBuf]) -> Vec<PathBuf> {
-    mirror_dirs_from(cli, std::env::var_os("COLI_MIRRORS"))
-}
-
-/// [`mirror_dirs`] with the value of `COLI_MIRRORS` given.
-fn mirror_dirs_from(cli: &[PathBuf], env: Option<std::ffi::OsString>) -> Vec<PathBuf> {
-    if !cli.is_empty() {
-        return cli.to_vec();
-    }
-    env.map(|v| {
-        v.to_string_lossy()
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .collect()
-    })
-    .unwrap_or_default()
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
-/// A share: a number between 0 and 1 inclusive.
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err("expected a number between 0 and 1".into()),
-    }
-}
-
-/// A count of at least 1.
-fn parse_at_least_one(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(v) if v >= 1 => Ok(v),
-        _ => Err("expected a whole number of at least 1".into()),
-    }
 }
 
 #[derive(Args, Debug)]
@@ -274,89 +143,6 @@ struct InfoArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// An opened store plus what loading took.
-struct Loaded {
-    store: Store,
-    tokenizer: Option<TextTokenizer>,
-    open_s: f64,
-}
-
-fn open(opts: &EngineOptions) -> Result<Loaded> {
-    let t0 = Instant::now();
-    if !opts.store.join("MANIFEST").is_file() {
-        bail!(
-            "{} is not a coli store (no MANIFEST); create one with `coli-convert CHECKPOINT {}`",
-            opts.store.display(),
-            opts.store.display()
-        );
-    }
-    let io = match opts.direct {
-        DirectArg::Auto => IoPreference::Auto,
-        DirectArg::On => IoPreference::Direct,
-        DirectArg::Off => IoPreference::Buffered,
-    };
-    let io_engine = opts.io;
-    let store = Store::open_with(
-        &opts.store,
-        &OpenOptions {
-            verify_checksums: !opts.no_verify,
-            io,
-            engine: io_engine,
-            queue_depth: opts.queue_depth.map(usize::from),
-            mirrors: mirror_dirs(&opts.mirrors),
-            disk_weights: opts
-                .disk_weights
-                .as_deref()
-                .map(coli_store::mirror::parse_disk_weights)
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--disk-weights: {e}"))?,
-            ..OpenOptions::default()
-        },
-    )
-    .with_context(|| format!("opening store {}", opts.store.display()))?;
-    let tokenizer = TextTokenizer::from_store(&store).context("loading the store's tokenizer")?;
-    Ok(Loaded {
-        store,
-        tokenizer,
-        open_s: t0.elapsed().as_secs_f64(),
-    })
-}
-
-fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f64)> {
-    let t0 = Instant::now();
-    // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
-    let isa = coli_kernels::detected_isa().name();
-    if let Ok(want) = std::env::var("COLI_ISA") {
-        let forced_scalar = std::env::var("COLI_FORCE_SCALAR").is_ok_and(|v| v.trim() == "1");
-        if want.trim() != isa && !forced_scalar {
-            eprintln!(
-                "warning: COLI_ISA={want} is not an instruction set this CPU runs (scalar, avx2-fma, avx512 where supported); using {isa}"
-            );
-        }
-    }
-    let usage = opts
-        .usage
-        .clone()
-        .or_else(|| coli_engine::usage::default_usage_path(loaded.store.manifest().store_id));
-    let core = CoreOptions {
-        ram_budget: opts.ram_budget,
-        context: opts.context,
-        threads: opts.threads.map(usize::from),
-        prefill_batch: opts.prefill_batch,
-        pin: !opts.no_pin,
-        pin_share: opts.pin_share,
-        prefetch: !opts.no_prefetch,
-        prefetch_min_use: opts.prefetch_min_use,
-        usage,
-    };
-    let mut e = Engine::new(&loaded.store, &core)
-        .with_context(|| format!("loading the model of {}", opts.store.display()))?;
-    for w in e.take_warnings() {
-        eprintln!("warning: {w}");
-    }
-    Ok((e, loaded.open_s + t0.elapsed().as_secs_f64()))
 }
 
 fn fmt_bytes(b: f64) -> String {
@@ -770,20 +556,4 @@ fn main() -> std::process::ExitCode {
 /// shows its inner error in its message or returns it as `source()`, never both).
 fn error_chain(e: &anyhow::Error) -> String {
     format!("{e:#}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mirrors_come_from_the_command_line_else_from_coli_mirrors() {
-        let env = |v: &str| Some(std::ffi::OsString::from(v));
-        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
-        assert_eq!(mirror_dirs_from(&[], None), p(&[]));
-        assert_eq!(mirror_dirs_from(&[], env("")), p(&[]));
-        assert_eq!(mirror_dirs_from(&[], env(",, ,")), p(&[]));
-        assert_eq!(mirror_dirs_from(&[], env("/a,,/b ")), p(&["/a", "/b"]));
-        assert_eq!(mirror_dirs_from(&p(&["/c"]), env("/a,/b")), p(&["/c"]));
-    }
 }

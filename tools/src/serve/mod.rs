@@ -39,7 +39,7 @@ use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes};
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
-    engine: crate::EngineOptions,
+    engine: crate::options::EngineOptions,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,

@@ -116,9 +116,11 @@ pub struct Shared {
 
 /// Opens the store (on this thread, which owns it for the life of the server) and takes out its
 /// tokenizer.
-fn open(opts: &crate::EngineOptions) -> anyhow::Result<(crate::Loaded, Arc<TextTokenizer>)> {
+fn open(
+    opts: &crate::options::EngineOptions,
+) -> anyhow::Result<(crate::options::Loaded, Arc<TextTokenizer>)> {
     use anyhow::Context;
-    let mut loaded = crate::open(opts)?;
+    let mut loaded = crate::options::open(opts)?;
     let tok = loaded.tokenizer.take().with_context(|| {
         format!(
             "{} has no tokenizer.json; coli serve needs it to read prompts and write text \
@@ -132,7 +134,7 @@ fn open(opts: &crate::EngineOptions) -> anyhow::Result<(crate::Loaded, Arc<TextT
 /// Runs on the engine thread: opens the store, loads the engine, reports through `ready`, then
 /// serves jobs in arrival order until every sender is dropped.
 pub fn run(
-    opts: crate::EngineOptions,
+    opts: crate::options::EngineOptions,
     shared: Shared,
     mut jobs: mpsc::Receiver<Job>,
     ready: std::sync::mpsc::Sender<anyhow::Result<EngineInfo>>,
@@ -149,7 +151,7 @@ pub fn run(
             return;
         }
     };
-    let mut eng = match crate::engine(&loaded, &opts) {
+    let mut eng = match crate::options::engine(&loaded, &opts) {
         Ok((e, load_s)) => {
             let info = EngineInfo {
                 tok: tok.clone(),

@@ -106,6 +106,7 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
 }
 
 /// Runs `bin` with `args`: exit code (-1 when killed by a signal), stdout, stderr.
+#[allow(dead_code)] // not every test binary runs a command
 pub fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin).args(args).output().unwrap();
     (

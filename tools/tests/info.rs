@@ -1,0 +1,66 @@
+//! `coli info` (tools/src/info.rs) on a store written by the store crate's writer.
+
+mod common;
+use coli_tools::info;
+use common::*;
+
+#[test]
+fn info_reports_classes_encodings_and_provenance() {
+    let t = TempDir::new("info");
+    let shape = TinyStore {
+        layers: 2,
+        experts: 3,
+        segment_max_bytes: 1 << 20,
+        norm_and_tokenizer: true,
+    };
+    let target = write_tiny_store(t.path(), &shape);
+    let r = info::report(&target).unwrap();
+    assert_eq!(r["family"], "mixtral");
+    assert_eq!(r["dims"]["hidden_size"], 16);
+    assert_eq!(r["dims"]["num_layers"], 2);
+    assert!(r["dims"]["num_experts"].is_null(), "{r}");
+    assert_eq!(r["encodings"]["experts"], "int8");
+    assert_eq!(r["encodings"]["records"]["int8"], 6);
+    assert_eq!(r["encodings"]["dense"]["bf16"], 1);
+    assert_eq!(r["classes"]["routed_experts"]["count"], 6);
+    let store = coli_store::Store::open(&target).unwrap();
+    let expert_bytes: u64 = store.index().iter().map(|r| r.length.get()).sum();
+    assert!(expert_bytes > 0);
+    assert_eq!(r["classes"]["routed_experts"]["bytes"], expert_bytes);
+    assert_eq!(r["classes"]["norms"]["count"], 1);
+    assert_eq!(r["classes"]["norms"]["bytes"], 32);
+    for class in ["attention", "embeddings", "other_dense"] {
+        assert_eq!(r["classes"][class]["count"], 0, "{class}");
+    }
+    assert_eq!(r["store_id"], store.manifest().store_id.to_string());
+    assert_eq!(r["format_version"], 1);
+    assert_eq!(r["provenance"]["converter"]["version"], "test");
+    assert_eq!(r["provenance"]["parameters"]["experts"], "int8");
+    info::run(&target, false).unwrap();
+    info::run(&target, true).unwrap();
+}
+
+#[test]
+fn info_on_a_missing_store_points_at_coli_fsck() {
+    let t = TempDir::new("info-missing");
+    let e = info::run(&t.path().join("missing"), false).unwrap_err();
+    assert!(format!("{e:#}").contains("coli-fsck"), "{e:#}");
+}
+
+#[test]
+fn dense_tensors_are_classed_by_name() {
+    assert_eq!(
+        info::dense_class("model.layers.0.self_attn.q_proj.weight"),
+        "attention"
+    );
+    assert_eq!(
+        info::dense_class("model.layers.0.input_layernorm.weight"),
+        "norms"
+    );
+    assert_eq!(info::dense_class("model.embed_tokens.weight"), "embeddings");
+    assert_eq!(info::dense_class("lm_head.weight"), "embeddings");
+    assert_eq!(
+        info::dense_class("model.layers.0.mlp.gate.weight"),
+        "other_dense"
+    );
+}
