@@ -5,74 +5,12 @@ use crate::cache::{CacheStats, ExpertCache};
 use crate::error::{store_err, EngineError, Result};
 use crate::layers::{LayerCtx, LayerKv};
 use crate::models::Model;
+use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
+use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::usage::{UsageHistory, SAVE_EVERY_TOKENS};
-use coli_format::ExpertKey;
 use coli_format::ModelSpec;
 use coli_store::Store;
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Instant;
-
-/// Default number of prompt tokens processed together in prefill.
-pub const DEFAULT_PREFILL_BATCH: usize = 32;
-
-/// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
-pub const DEFAULT_CONTEXT_CAP: usize = 4096;
-
-/// Default share of the expert budget given to the pinned hot set (`--pin-share`).
-pub const DEFAULT_PIN_SHARE: f64 = 0.5;
-
-/// RAM left out of the default expert budget for everything else (activations, buffers in
-/// flight, the tokenizer, the allocator's slack), bytes.
-pub const BUDGET_RESERVE_BYTES: u64 = 512 << 20;
-
-/// Options for [`Engine::new`].
-#[derive(Clone, Debug)]
-pub struct EngineOptions {
-    /// Expert cache capacity in bytes, pinned set included (None: [`default_ram_budget`], from
-    /// the available memory; `Some(u64::MAX)`: unbounded).
-    pub ram_budget: Option<u64>,
-    /// Pin the hottest experts of the usage history at start (`--no-pin` turns it off).
-    pub pin: bool,
-    /// Share of the budget the pinned set may take, 0..=1 (`--pin-share`).
-    pub pin_share: f64,
-    /// Router lookahead prefetch (`--no-prefetch` turns it off).
-    pub prefetch: bool,
-    /// The usage-history file read at start (for pinning) and merged into as the engine runs
-    /// (None: no history is read or written; the CLI passes
-    /// [`crate::usage::default_usage_path`] or `--usage FILE`).
-    pub usage: Option<PathBuf>,
-    /// Maximum tokens in the KV cache (None: `min(max_position_embeddings, 4096)`).
-    pub context: Option<usize>,
-    /// Worker threads of the engine's pool (None: rayon's default, one per CPU).
-    pub threads: Option<usize>,
-    /// Tokens per prefill batch (>= 1).
-    pub prefill_batch: usize,
-    /// Lookahead prefetch is skipped while the share of prefetched experts that demand requests
-    /// use stays below this (0..=1; 0: never skipped; see [`crate::prefetch::PrefetchGate`]).
-    pub prefetch_min_use: f64,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            ram_budget: None,
-            pin: true,
-            pin_share: DEFAULT_PIN_SHARE,
-            prefetch: true,
-            usage: None,
-            context: None,
-            threads: None,
-            prefill_batch: DEFAULT_PREFILL_BATCH,
-            prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
-        }
-    }
-}
-
-/// Default [`EngineOptions::prefetch_min_use`]: prefetch pauses while fewer than a quarter of
-/// the experts it reads are used.
-pub const DEFAULT_PREFETCH_MIN_USE: f64 = 0.25;
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,82 +128,32 @@ pub struct GenerateParams {
     pub stop_on_eos: bool,
 }
 
-/// The default expert budget: `MemAvailable` (/proc/meminfo) minus the dense set (dense.bin,
-/// memory-mapped and read whole at load), the KV cache at full context
-/// (`context * kv_bytes_per_token`) and [`BUDGET_RESERVE_BYTES`], and at least the largest
-/// expert record. None when /proc/meminfo cannot be read (the budget is then unbounded).
-pub fn default_ram_budget(store: &Store, kv_bytes: u64) -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let avail_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let largest = store
-        .index()
-        .iter()
-        .map(|r| r.length.get())
-        .max()
-        .unwrap_or(0);
-    let dense = store.manifest().dense_file.length;
-    Some(
-        (avail_kib * 1024)
-            .saturating_sub(dense)
-            .saturating_sub(kv_bytes)
-            .saturating_sub(BUDGET_RESERVE_BYTES)
-            .max(largest),
-    )
-}
-
-/// Where the expert budget goes, as set up by [`Engine::new`].
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Placement {
-    /// The expert budget, bytes (pinned + LRU tiers; `u64::MAX` = unbounded).
-    pub budget: u64,
-    /// Whether the budget came from the available memory (no `ram_budget` given).
-    pub budget_from_available_memory: bool,
-    /// Experts pinned at start and their bytes.
-    pub pinned_experts: usize,
-    /// Bytes of the pinned experts.
-    pub pinned_bytes: u64,
-    /// Capacity of the LRU tier, bytes.
-    pub lru_capacity: u64,
-    /// Router lookahead prefetch on.
-    pub prefetch: bool,
-    /// The usage-history file, if any.
-    pub usage: Option<PathBuf>,
-    /// Tokens merged into the usage history as read at start (decayed), 0 without one.
-    pub usage_tokens: f64,
-}
-
 /// A model ready to run over a store, with one sequence's KV cache.
 pub struct Engine<'s> {
     store: &'s Store,
     model: Model<'s>,
     cache: ExpertCache,
+    policy: PlacementPolicy,
     kv: Vec<LayerKv>,
     tokens: Vec<u32>,
     context: usize,
     prefill_batch: usize,
     pool: rayon::ThreadPool,
-    placement: Placement,
-    prefetch: bool,
-    prefetch_gate: crate::prefetch::PrefetchGate,
-    /// Tokens run through the model since the usage counts were last merged into the file.
-    usage_tokens: u64,
+    /// Warnings of the model load not yet taken.
     warnings: Vec<String>,
 }
 
 impl<'s> Engine<'s> {
     /// Reads the config (`config.json`, `generation_config.json`) and every dense tensor the
-    /// architecture needs from `store`, and sets up the caches.
+    /// architecture needs from `store`, and sets up the expert cache as the placement policy
+    /// decides ([`PlacementPolicy::new`]).
     ///
     /// # Errors
-    /// Config errors, unsupported architecture, missing/misshapen tensors, a zero
-    /// `prefill_batch` or `context`, a thread pool that cannot be built.
+    /// Invalid options ([`EngineOptions::validate`]), config errors, unsupported architecture,
+    /// missing/misshapen tensors, a context of 0, a thread pool that cannot be built, a failed
+    /// read of the experts to pin.
     pub fn new(store: &'s Store, opts: &EngineOptions) -> Result<Engine<'s>> {
+        opts.validate()?;
         let gen_cfg = match store
             .file("generation_config.json")
             .map_err(store_err("reading generation_config.json"))?
@@ -284,19 +172,13 @@ impl<'s> Engine<'s> {
         let context = opts
             .context
             .unwrap_or(config.max_position_embeddings.min(DEFAULT_CONTEXT_CAP));
-        if context == 0 || opts.prefill_batch == 0 {
+        if context == 0 {
             return Err(EngineError::Invalid(
                 "context and prefill batch must be at least 1".into(),
             ));
         }
-        if !(0.0..=1.0).contains(&opts.prefetch_min_use) {
-            return Err(EngineError::Invalid(format!(
-                "prefetch minimum use must be between 0 and 1, found {}",
-                opts.prefetch_min_use
-            )));
-        }
         let mut model = Model::load(store, config)?;
-        let load_warnings = std::mem::take(&mut model.warnings);
+        let warnings = std::mem::take(&mut model.warnings);
         let mut builder = rayon::ThreadPoolBuilder::new();
         if let Some(t) = opts.threads {
             builder = builder.num_threads(t);
@@ -308,126 +190,47 @@ impl<'s> Engine<'s> {
         let kv = (0..model.layers.len())
             .map(|_| LayerKv::default())
             .collect();
-        if !(0.0..=1.0).contains(&opts.pin_share) {
-            return Err(EngineError::Invalid(format!(
-                "pin share {} must be between 0 and 1",
-                opts.pin_share
-            )));
-        }
-        let mut e = Engine {
+        let kv_bytes = kv_bytes_per_token(&model.layers) * context as u64;
+        let (num_layers, top_k) = (model.spec.num_layers, model.spec.top_k);
+        let (policy, cache) = PlacementPolicy::new(store, opts, kv_bytes, num_layers, top_k)?;
+        Ok(Engine {
             store,
             model,
-            cache: ExpertCache::new(u64::MAX),
+            cache,
+            policy,
             kv,
             tokens: Vec::new(),
             context,
             prefill_batch: opts.prefill_batch,
             pool,
-            placement: Placement {
-                budget: u64::MAX,
-                budget_from_available_memory: opts.ram_budget.is_none(),
-                pinned_experts: 0,
-                pinned_bytes: 0,
-                lru_capacity: u64::MAX,
-                prefetch: opts.prefetch,
-                usage: opts.usage.clone(),
-                usage_tokens: 0.0,
-            },
-            prefetch: opts.prefetch,
-            prefetch_gate: crate::prefetch::PrefetchGate::new(opts.prefetch_min_use),
-            usage_tokens: 0,
-            warnings: load_warnings,
-        };
-        let kv_bytes = e.kv_bytes_per_token() * context as u64;
-        let budget = match opts.ram_budget {
-            Some(b) => b,
-            None => default_ram_budget(store, kv_bytes).unwrap_or(u64::MAX),
-        };
-        e.cache = ExpertCache::new(budget);
-        e.placement.budget = budget;
-        let store_id = store.manifest().store_id;
-        let history = match &opts.usage {
-            Some(path) => match UsageHistory::load_locked(path, store_id) {
-                Ok(h) => h,
-                Err(err) => {
-                    // Not this store's history: never overwritten, so not updated either.
-                    let foreign = matches!(
-                        err,
-                        crate::usage::UsageError::Corrupt { .. }
-                            | crate::usage::UsageError::OtherStore { .. }
-                    );
-                    if foreign {
-                        e.placement.usage = None;
-                        e.warnings.push(format!(
-                            "{err}: it is ignored and left unchanged, and this run keeps no \
-                             usage history (delete the file or pass another --usage FILE)"
-                        ));
-                    } else {
-                        e.warnings.push(err.to_string());
-                    }
-                    None
-                }
-            },
-            None => None,
-        };
-        if let Some(h) = &history {
-            e.placement.usage_tokens = h.tokens;
-            if opts.pin {
-                let hot: Vec<ExpertKey> = h
-                    .hottest()
-                    .into_iter()
-                    .map(|x| x.0)
-                    .filter(|k| store.record(*k).is_some())
-                    .collect();
-                let step = decode_step_bytes(store, e.model.spec.num_layers, e.model.spec.top_k);
-                e.cache
-                    .pin(store, &hot, pin_bytes(budget, opts.pin_share, step))?;
-            }
-        }
-        let (n, bytes) = e.cache.pinned();
-        e.placement.pinned_experts = n;
-        e.placement.pinned_bytes = bytes;
-        e.placement.lru_capacity = e.cache.lru_capacity();
-        Ok(e)
+            warnings,
+        })
     }
 
     /// The lookahead prefetch gate: its estimate of the share of prefetched experts used and
     /// the forward passes it ran without prefetch.
-    pub fn prefetch_gate(&self) -> &crate::prefetch::PrefetchGate {
-        &self.prefetch_gate
+    pub fn prefetch_gate(&self) -> &PrefetchGate {
+        self.policy.gate()
     }
 
     /// Where the expert budget went (budget, pinned set, LRU capacity, prefetch, usage file).
     pub fn placement(&self) -> &Placement {
-        &self.placement
+        self.policy.placement()
     }
 
-    /// Warnings since the last call (an unreadable or corrupt usage history, a failed save);
-    /// none of them stops the engine.
+    /// Warnings since the last call (tensors of the store the model does not use, an unreadable
+    /// or corrupt usage history, a failed save); none of them stops the engine.
     pub fn take_warnings(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.warnings)
+        let mut w = std::mem::take(&mut self.warnings);
+        w.append(&mut self.policy.take_warnings());
+        w
     }
 
-    /// Merges the routing counts since the last save into the usage-history file (under its
-    /// lock, atomically; see [`crate::usage`]). Nothing happens without a usage file or when no
-    /// token ran since the last save. A failure becomes a warning ([`Engine::take_warnings`]).
+    /// Merges the routing counts since the last save into the usage-history file (see
+    /// [`PlacementPolicy::save_usage`]). A failure becomes a warning
+    /// ([`Engine::take_warnings`]).
     pub fn save_usage(&mut self) {
-        let Some(path) = self.placement.usage.clone() else {
-            return;
-        };
-        let routed: HashMap<ExpertKey, u64> = self.cache.take_usage();
-        let tokens = std::mem::take(&mut self.usage_tokens);
-        if tokens == 0 && routed.is_empty() {
-            return;
-        }
-        let id = self.store.manifest().store_id;
-        if let Err(err) = UsageHistory::merge_into_file(&path, id, &routed, tokens) {
-            // Warn once; later saves of this engine are skipped.
-            self.placement.usage = None;
-            self.warnings.push(format!(
-                "saving the usage history: {err} (not saved again in this run)"
-            ));
-        }
+        self.policy.save_usage(self.store, &self.cache);
     }
 
     /// The model spec (config and tensors) the engine runs.
@@ -478,17 +281,7 @@ impl<'s> Engine<'s> {
     /// indexer-key values on GLM-5 layers that run a DSA indexer. The MTP layer's own cache
     /// (used only by [`Engine::mtp_logits`]) is not counted.
     pub fn kv_bytes_per_token(&self) -> u64 {
-        use crate::layers::SelfAttn;
-        let values: usize = self
-            .model
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                SelfAttn::Gqa(a) => 2 * a.kv_dim(),
-                SelfAttn::Mla(a) => a.kv_dim(),
-            })
-            .sum();
-        (values * std::mem::size_of::<f32>()) as u64
+        kv_bytes_per_token(&self.model.layers)
     }
 
     /// MLA models: whether one-token forwards (decode) use the absorbed form (`true`, the
@@ -627,13 +420,7 @@ impl<'s> Engine<'s> {
         let n = ids.len();
         let h = self.model.spec.hidden_size;
         let pos0 = self.tokens.len();
-        let prefetch = self.prefetch;
-        // The lookahead predicts (and scores its predictions) on every pass; the gate decides
-        // whether this pass also reads the predicted experts.
-        let prefetch_reads = prefetch && {
-            let s = self.cache.stats();
-            self.prefetch_gate.allow(s.prefetch_reads, s.prefetch_used)
-        };
+        let lookahead = self.policy.next_pass(&self.cache.stats());
         let Engine {
             store,
             model,
@@ -672,12 +459,12 @@ impl<'s> Engine<'s> {
                 }
                 Ok(())
             };
-            if prefetch_reads {
-                crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?;
-            } else if prefetch {
-                run(Some(None))?;
-            } else {
-                run(None)?;
+            match lookahead {
+                Lookahead::PredictAndRead => {
+                    crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?
+                }
+                Lookahead::Predict => run(Some(None))?,
+                Lookahead::Off => run(None)?,
             }
             let Some(last_only) = want else {
                 return Ok(Vec::new());
@@ -703,10 +490,7 @@ impl<'s> Engine<'s> {
             Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
         })?;
         self.tokens.extend_from_slice(ids);
-        self.usage_tokens += n as u64;
-        if self.usage_tokens >= SAVE_EVERY_TOKENS {
-            self.save_usage();
-        }
+        self.policy.tokens_ran(n as u64, self.store, &self.cache);
         Ok(logits)
     }
 
@@ -834,31 +618,17 @@ impl<'s> Engine<'s> {
     }
 }
 
-/// Bytes the pinned hot set may take: `pin_share` of `budget`, capped at `budget - step_bytes`
-/// when the budget exceeds one decode step ([`decode_step_bytes`]), so the LRU tier keeps at
-/// least one step (a smaller LRU evicts within every step; measured in
-/// engine/bench/PLACEMENT.md). At or below one step the share applies as asked.
-pub fn pin_bytes(budget: u64, pin_share: f64, step_bytes: u64) -> u64 {
-    let share = (budget as f64 * pin_share.clamp(0.0, 1.0)).min(u64::MAX as f64) as u64;
-    if budget > step_bytes {
-        share.min(budget - step_bytes)
-    } else {
-        share
-    }
-}
-
-/// Bytes of the routed experts one decode step may read: for each expert layer of the decoder
-/// (the MTP layer excluded), `top_k` times the layer's largest record.
-pub fn decode_step_bytes(store: &Store, num_layers: usize, top_k: usize) -> u64 {
-    let mut largest: HashMap<u32, u64> = HashMap::new();
-    for r in store.index() {
-        let layer = r.layer.get();
-        if (layer as usize) < num_layers {
-            let m = largest.entry(layer).or_default();
-            *m = (*m).max(r.length.get());
-        }
-    }
-    largest.values().sum::<u64>() * top_k as u64
+/// Bytes of KV cache per token of `layers` (see [`Engine::kv_bytes_per_token`]).
+fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
+    use crate::layers::SelfAttn;
+    let values: usize = layers
+        .iter()
+        .map(|l| match &l.attn {
+            SelfAttn::Gqa(a) => 2 * a.kv_dim(),
+            SelfAttn::Mla(a) => a.kv_dim(),
+        })
+        .sum();
+    (values * std::mem::size_of::<f32>()) as u64
 }
 
 /// `-log_softmax(logits)[target]` in f64.

@@ -9,8 +9,11 @@
 //!
 //! Layout: the model spec (config.json and the tensor list) comes from `coli_format::spec`;
 //! [`weights`] (the one loading API), [`layers`] (shared blocks), [`models`] (one file per
-//! family), [`engine`] (prefill/decode/generate), [`sampling`], [`text`] (tokenizer, chat
-//! template, streaming decoder), [`size`] (byte sizes). See `docs/ENGINE.md`.
+//! family), [`engine`] (the forward pass: prefill/decode/generate), [`options`] (what a caller
+//! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
+//! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
+//! history file), [`sampling`], [`text`] (tokenizer, chat template, streaming decoder),
+//! [`size`] (byte sizes). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +22,8 @@ pub mod engine;
 mod error;
 pub mod layers;
 pub mod models;
+pub mod options;
+pub mod placement;
 pub mod prefetch;
 pub mod sampling;
 pub mod size;
@@ -28,11 +33,10 @@ pub mod weights;
 
 pub use cache::{CacheStats, ExpertCache, LruCache};
 pub use coli_format::spec::{Family, ModelSpec};
-pub use engine::{
-    Engine, EngineOptions, GenerateParams, Generation, GenerationStats, Logits, Placement,
-    StopReason,
-};
+pub use engine::{Engine, GenerateParams, Generation, GenerationStats, Logits, StopReason};
 pub use error::{EngineError, Result};
+pub use options::EngineOptions;
+pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};
 pub use size::parse_size;
 pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};

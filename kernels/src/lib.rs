@@ -1,7 +1,7 @@
 //! # coli-kernels: CPU kernels for coli
 //!
 //! Matrix-vector (decode) and small matrix-matrix (prefill) products `y = W x` over every
-//! weight encoding of the store ([`Encoding`]: f32, bf16, fp8 e4m3 with 128x128 block scales,
+//! weight encoding of the store ([`coli_format::Encoding`]: f32, bf16, fp8 e4m3 with 128x128 block scales,
 //! int8 with a per-row scale, int4 with per-group scales; layouts in `docs/FORMAT.md` section 6),
 //! read directly from a [`MatrixView`] (weights `[rows = out features, cols = in features]`),
 //! plus a few f32 helpers ([`dot`], [`rms_norm`], [`softmax_inplace`], [`silu`], [`axpy`]).

@@ -215,7 +215,7 @@ pub struct DenseTensor<'a> {
     pub name: &'a str,
     /// Encoding.
     pub encoding: Encoding,
-    /// Shape: [n] or [rows, cols].
+    /// Shape: `[n]` or `[rows, cols]`.
     pub shape: &'a [usize],
     /// Weight section.
     pub data: &'a [u8],

@@ -332,7 +332,7 @@ fn pinning_leaves_the_lru_one_decode_step() {
         cfg["num_hidden_layers"].as_u64().unwrap() as usize,
         cfg["num_experts_per_tok"].as_u64().unwrap() as usize,
     );
-    let step = coli_engine::engine::decode_step_bytes(&store, layers, top_k);
+    let step = coli_engine::placement::decode_step_bytes(&store, layers, top_k);
     let one = store.index().iter().map(|r| r.length.get()).max().unwrap();
     assert_eq!(step, (layers * top_k) as u64 * one);
     for (budget, pinned_max) in [(step + 2 * one, 2 * one), (step, step)] {

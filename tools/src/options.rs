@@ -41,7 +41,7 @@ pub struct EngineOptions {
     #[arg(long)]
     pub no_pin: bool,
     /// Share of the budget the pinned hot set may take (0..1).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE,
+    #[arg(long, value_name = "F", default_value_t = coli_engine::placement::DEFAULT_PIN_SHARE,
           value_parser = parse_share, allow_negative_numbers = true)]
     pub pin_share: f64,
     /// Turn off router lookahead prefetch.
@@ -49,11 +49,11 @@ pub struct EngineOptions {
     pub no_prefetch: bool,
     /// Pause lookahead prefetch while fewer than this share of the experts it reads are used
     /// (0..1; 0 keeps it always on; probes every 32 forward passes while paused).
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PREFETCH_MIN_USE,
+    #[arg(long, value_name = "F", default_value_t = coli_engine::placement::DEFAULT_PREFETCH_MIN_USE,
           value_parser = parse_share, allow_negative_numbers = true)]
     pub prefetch_min_use: f64,
     /// Routing-usage history file (default: $COLI_STATE_DIR, $XDG_STATE_HOME/coli or
-    /// ~/.local/state/coli, file usage-<store id>.json).
+    /// ~/.local/state/coli, file `usage-<store id>.json`).
     #[arg(long, value_name = "FILE")]
     pub usage: Option<PathBuf>,
     /// Maximum tokens in the KV cache (default: max_position_embeddings, capped at 4096).
@@ -78,7 +78,7 @@ pub struct EngineOptions {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub queue_depth: Option<u16>,
     /// Prompt tokens per prefill batch (at least 1).
-    #[arg(long, value_name = "N", default_value_t = coli_engine::engine::DEFAULT_PREFILL_BATCH,
+    #[arg(long, value_name = "N", default_value_t = coli_engine::options::DEFAULT_PREFILL_BATCH,
           value_parser = parse_at_least_one)]
     pub prefill_batch: usize,
     /// Mirror directory: a full or partial read-only copy of the store on another drive

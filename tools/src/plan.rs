@@ -4,7 +4,7 @@
 //! - dense bytes resident: `dense.bin` (memory-mapped, read whole at load); KV cache:
 //!   `context * kv_bytes_per_token`;
 //! - budget: `--ram-budget`, else the engine's default (MemAvailable minus dense, KV and
-//!   512 MiB; `coli_engine::engine::default_ram_budget`);
+//!   512 MiB; `coli_engine::placement::default_ram_budget`);
 //! - pinned set: the hottest experts of the usage history (as `coli run` would pin them) that
 //!   fit `--pin-share` of the budget; the LRU tier gets the rest, in experts of the mean record
 //!   size;
@@ -37,7 +37,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_budget)]
     pub ram_budget: Option<u64>,
     /// Share of the budget the pinned hot set may take.
-    #[arg(long, value_name = "F", default_value_t = coli_engine::engine::DEFAULT_PIN_SHARE)]
+    #[arg(long, value_name = "F", default_value_t = coli_engine::placement::DEFAULT_PIN_SHARE)]
     pub pin_share: f64,
     /// Plan without the pinned hot set.
     #[arg(long)]
@@ -120,7 +120,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let kv_bytes = eng.kv_bytes_per_token() * context as u64;
     let top_k = eng.spec().top_k as f64;
     let step_bytes =
-        coli_engine::engine::decode_step_bytes(&store, eng.spec().num_layers, eng.spec().top_k);
+        coli_engine::placement::decode_step_bytes(&store, eng.spec().num_layers, eng.spec().top_k);
     drop(eng);
 
     let usage_path = a
@@ -143,7 +143,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let mut pinned = Vec::new();
     let mut pinned_bytes = 0u64;
     if let (Some(h), false) = (&history, a.no_pin) {
-        let share = coli_engine::engine::pin_bytes(budget, a.pin_share, step_bytes);
+        let share = coli_engine::placement::pin_bytes(budget, a.pin_share, step_bytes);
         for (k, _) in h.hottest() {
             let l = len(k);
             if l == 0 {

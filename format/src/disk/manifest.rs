@@ -36,7 +36,7 @@ pub struct DenseEntry {
     pub encoding: u16,
     /// Group size field.
     pub group_size: u16,
-    /// Shape: [n] for vectors, [rows, cols] for matrices.
+    /// Shape: `[n]` for vectors, `[rows, cols]` for matrices.
     pub shape: Vec<usize>,
     /// Offset of the weight section in dense.bin, bytes (multiple of 64).
     pub offset: u64,

@@ -64,7 +64,7 @@ pub trait Codec {
 /// A weight encoding, with its explicit on-disk id (never guessed from byte counts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Encoding {
-    /// id 1: little-endian f32 ([`f32`]).
+    /// id 1: little-endian f32 ([`prim@f32`]).
     F32,
     /// id 2: bfloat16 bit patterns, u16 ([`bf16`]).
     Bf16,

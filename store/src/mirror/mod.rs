@@ -10,7 +10,7 @@
 //!   parses them), admitted when intact and their store id and every entry match the primary.
 //!
 //! [`set::admit`] builds, for every record of the primary INDEX, the list of drives that hold a
-//! copy ([`set::MirrorSet`]); [`assign`] maps every expert to one drive by weighted rendezvous
+//! copy ([`set::MirrorSet`]); [`mod@assign`] maps every expert to one drive by weighted rendezvous
 //! hashing and plans weighted striped reads; [`weights`] parses declared disk weights or
 //! measures them with a short O_DIRECT probe, cached per store and device. Per-record checksums
 //! (FORMAT.md section 3) hold for every copy, since records are byte-identical.

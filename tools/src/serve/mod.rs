@@ -4,7 +4,7 @@
 //! streaming as server-sent events and not), `GET /health`, `GET /metrics`. One engine runs on a
 //! dedicated thread that owns the store; handlers tokenize and validate, then queue a job FIFO on
 //! a bounded channel (`--max-queue` waiting jobs; a full queue answers 429 with `Retry-After`).
-//! A client that disconnects drops its [`worker::CancelOnDrop`] guard, which stops its
+//! A client that disconnects drops its `CancelOnDrop` (serve/worker.rs) guard, which stops its
 //! generation at the next token (or skips it while queued). The KV cache persists across
 //! requests, so a prompt that extends the previous conversation prefills only its new tokens.
 //! See `docs/SERVE.md`.

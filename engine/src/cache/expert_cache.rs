@@ -1,211 +1,16 @@
-//! The RAM expert cache (`--ram-budget`): a pinned tier that is never evicted plus a
-//! least-recently-used tier, both bounded together in bytes, shared by the engine's compute
-//! thread and its prefetch thread.
-//!
-//! - [`LruCache`] is a generic byte-bounded LRU (hash map + doubly linked list in a slab: every
-//!   operation O(1)).
-//! - [`ExpertCache`] holds `Arc<ExpertBuf>`s: the pinned set ([`ExpertCache::pin`], loaded at
-//!   start from the usage history, see [`crate::usage`]) and the LRU tier whose capacity is the
-//!   budget minus the pinned bytes. [`ExpertCache::get_many`] serves a request from RAM, waits
-//!   for experts whose read is already in flight (issued by [`ExpertCache::prefetch`]) and reads
-//!   every other miss with ONE [`Store::fetch`] call; an expert is never read twice at once.
-//! - Prediction accounting: [`ExpertCache::set_prediction`] records the experts the lookahead
-//!   router predicted for a layer; the next demand request of that layer counts how many of
-//!   them it used (precision) and how many of its experts were predicted (recall).
-//!
-//! Memory outside the budget: the experts of the request being computed (a request larger than
-//! the budget keeps its experts alive until the layer is done), prefetched experts that did not
-//! fit the LRU tier without evicting and wait for their layer (at most the two outstanding
-//! prefetch requests, each capped by the LRU capacity and [`PREFETCH_MAX_BYTES`]), and the
-//! store's fetch buffer pool (up to `fetch_threads` idle record buffers).
+//! [`ExpertCache`]: the engine's expert cache, a pinned tier plus an LRU tier of
+//! `Arc<ExpertBuf>` bounded together in bytes, with the reads in flight and the counters.
+//! See the module map in [`crate::cache`].
 
+use super::inflight::{fail_all, InFlight, ReadSlot};
+use super::lru::LruCache;
+use super::stats::CacheStats;
 use crate::error::{store_err, Result};
 use coli_format::ExpertKey;
 use coli_store::{ExpertBuf, Store};
 use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
-
-const NIL: usize = usize::MAX;
-
-struct Node<K, V> {
-    key: K,
-    value: Option<V>,
-    bytes: u64,
-    prev: usize,
-    next: usize,
-}
-
-/// A least-recently-used cache bounded by the sum of its entries' sizes in bytes.
-///
-/// Inserting evicts least-recently-used entries until the new entry fits; an entry larger than
-/// the whole capacity is not kept. `get` and `insert` are O(1).
-pub struct LruCache<K, V> {
-    capacity: u64,
-    used: u64,
-    map: HashMap<K, usize>,
-    nodes: Vec<Node<K, V>>,
-    free: Vec<usize>,
-    head: usize, // most recently used
-    tail: usize, // least recently used
-    evictions: u64,
-}
-
-impl<K: Hash + Eq + Clone, V> LruCache<K, V> {
-    /// An empty cache holding at most `capacity` bytes.
-    pub fn new(capacity: u64) -> Self {
-        LruCache {
-            capacity,
-            used: 0,
-            map: HashMap::new(),
-            nodes: Vec::new(),
-            free: Vec::new(),
-            head: NIL,
-            tail: NIL,
-            evictions: 0,
-        }
-    }
-
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    /// Bytes held.
-    pub fn used(&self) -> u64 {
-        self.used
-    }
-
-    /// Entries held.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// True when nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Entries evicted since creation.
-    pub fn evictions(&self) -> u64 {
-        self.evictions
-    }
-
-    fn unlink(&mut self, i: usize) {
-        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
-        if prev != NIL {
-            self.nodes[prev].next = next;
-        } else {
-            self.head = next;
-        }
-        if next != NIL {
-            self.nodes[next].prev = prev;
-        } else {
-            self.tail = prev;
-        }
-    }
-
-    fn push_front(&mut self, i: usize) {
-        self.nodes[i].prev = NIL;
-        self.nodes[i].next = self.head;
-        if self.head != NIL {
-            self.nodes[self.head].prev = i;
-        }
-        self.head = i;
-        if self.tail == NIL {
-            self.tail = i;
-        }
-    }
-
-    /// The value for `key`, marked most recently used.
-    pub fn get(&mut self, key: &K) -> Option<&V> {
-        let i = *self.map.get(key)?;
-        self.unlink(i);
-        self.push_front(i);
-        self.nodes[i].value.as_ref()
-    }
-
-    /// The value for `key`, mutable, marked most recently used.
-    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = *self.map.get(key)?;
-        self.unlink(i);
-        self.push_front(i);
-        self.nodes[i].value.as_mut()
-    }
-
-    /// The value for `key` without changing its recency.
-    pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = *self.map.get(key)?;
-        self.nodes[i].value.as_mut()
-    }
-
-    /// Sets the capacity to `capacity` bytes, evicting least-recently-used entries until the
-    /// held bytes fit.
-    pub fn set_capacity(&mut self, capacity: u64) {
-        self.capacity = capacity;
-        while self.used > self.capacity {
-            self.evict_lru();
-        }
-    }
-
-    /// Whether `key` is held (does not change recency).
-    pub fn contains(&self, key: &K) -> bool {
-        self.map.contains_key(key)
-    }
-
-    fn evict_lru(&mut self) {
-        let i = self.tail;
-        debug_assert!(i != NIL);
-        self.unlink(i);
-        let node = &mut self.nodes[i];
-        node.value = None;
-        self.used -= node.bytes;
-        let key = node.key.clone();
-        self.map.remove(&key);
-        self.free.push(i);
-        self.evictions += 1;
-    }
-
-    /// Inserts `value` of `bytes` bytes as most recently used, evicting least-recently-used
-    /// entries until it fits. Returns false (and keeps nothing) when `bytes > capacity`.
-    pub fn insert(&mut self, key: K, value: V, bytes: u64) -> bool {
-        if let Some(&i) = self.map.get(&key) {
-            self.unlink(i);
-            self.used -= self.nodes[i].bytes;
-            self.map.remove(&key);
-            self.nodes[i].value = None;
-            self.free.push(i);
-        }
-        if bytes > self.capacity {
-            return false;
-        }
-        while self.used + bytes > self.capacity {
-            self.evict_lru();
-        }
-        let node = Node {
-            key: key.clone(),
-            value: Some(value),
-            bytes,
-            prev: NIL,
-            next: NIL,
-        };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.nodes[i] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        };
-        self.push_front(i);
-        self.map.insert(key, i);
-        self.used += bytes;
-        true
-    }
-}
 
 /// Upper bound of one prefetch request's bytes (on top of the LRU capacity bound), so that the
 /// reads in flight stay a small, fixed amount of memory outside the budget.
@@ -217,147 +22,8 @@ pub const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 /// demo model's 368 KiB experts: a thread per layer made a run 2x slower). Bytes.
 pub const OVERLAP_MIN_READY_BYTES: u64 = 4 << 20;
 
-/// Counters of the expert cache since it was created. Every expert lookup of a demand request
-/// is exactly one of: a pinned hit, an LRU hit, a wait for a read in flight, or a miss.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CacheStats {
-    /// Lookups served without a demand read: `pinned_hits` + LRU hits + `inflight_waits`.
-    pub hits: u64,
-    /// Lookups served by the pinned tier.
-    pub pinned_hits: u64,
-    /// Lookups that waited for a prefetch read already in flight instead of reading again.
-    pub inflight_waits: u64,
-    /// Lookups that needed a demand read from the store.
-    pub misses: u64,
-    /// Experts dropped from the LRU tier to make room.
-    pub evictions: u64,
-    /// Bytes of expert records fetched from the store, demand and prefetch (sum of
-    /// `ExpertBuf::len_bytes`).
-    pub bytes_fetched: u64,
-    /// Of `bytes_fetched`, bytes read on demand.
-    pub demand_bytes: u64,
-    /// Of `bytes_fetched`, bytes read by prefetch (used or not).
-    pub prefetch_bytes: u64,
-    /// `Store::fetch` calls made (demand and prefetch).
-    pub fetch_calls: u64,
-    /// Experts read by prefetch.
-    pub prefetch_reads: u64,
-    /// Prefetched experts that a demand request used (from RAM or by waiting for the read).
-    pub prefetch_used: u64,
-    /// Experts the lookahead router predicted (summed over layers and forward passes).
-    pub predicted: u64,
-    /// Predicted experts that the layer's demand request then asked for.
-    pub predicted_used: u64,
-    /// Experts asked for by demand requests of layers that had a prediction.
-    pub demanded_after_prediction: u64,
-    /// Experts pinned at start (loaded by [`ExpertCache::pin`]).
-    pub pinned_reads: u64,
-    /// Nanoseconds demand requests spent waiting for reads (the compute thread stalled).
-    pub io_wait_ns: u64,
-    /// Nanoseconds of demand reads that ran while the layer computed the experts it already
-    /// had ([`ExpertCache::get_many_while`]): read time hidden behind compute.
-    pub io_hidden_ns: u64,
-}
-
-impl CacheStats {
-    /// hits / (hits + misses); 1.0 before any lookup.
-    pub fn hit_rate(&self) -> f64 {
-        ratio(self.hits, self.hits + self.misses, 1.0)
-    }
-
-    /// Prediction precision: `predicted_used / predicted` (0.0 before any prediction).
-    pub fn prefetch_precision(&self) -> f64 {
-        ratio(self.predicted_used, self.predicted, 0.0)
-    }
-
-    /// Prediction recall: `predicted_used / demanded_after_prediction` (0.0 before any).
-    pub fn prefetch_recall(&self) -> f64 {
-        ratio(self.predicted_used, self.demanded_after_prediction, 0.0)
-    }
-
-    /// Share of prefetch reads that a demand request used: `prefetch_used / prefetch_reads`
-    /// (0.0 before any prefetch read). `1 -` this is the bandwidth spent on mispredictions.
-    pub fn prefetch_read_precision(&self) -> f64 {
-        ratio(self.prefetch_used, self.prefetch_reads, 0.0)
-    }
-
-    /// Seconds demand requests spent waiting for reads.
-    pub fn io_wait_s(&self) -> f64 {
-        self.io_wait_ns as f64 * 1e-9
-    }
-
-    /// The counters accumulated since `earlier` (a snapshot of the same cache).
-    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
-        CacheStats {
-            hits: self.hits - earlier.hits,
-            pinned_hits: self.pinned_hits - earlier.pinned_hits,
-            inflight_waits: self.inflight_waits - earlier.inflight_waits,
-            misses: self.misses - earlier.misses,
-            evictions: self.evictions - earlier.evictions,
-            bytes_fetched: self.bytes_fetched - earlier.bytes_fetched,
-            demand_bytes: self.demand_bytes - earlier.demand_bytes,
-            prefetch_bytes: self.prefetch_bytes - earlier.prefetch_bytes,
-            fetch_calls: self.fetch_calls - earlier.fetch_calls,
-            prefetch_reads: self.prefetch_reads - earlier.prefetch_reads,
-            prefetch_used: self.prefetch_used - earlier.prefetch_used,
-            predicted: self.predicted - earlier.predicted,
-            predicted_used: self.predicted_used - earlier.predicted_used,
-            demanded_after_prediction: self.demanded_after_prediction
-                - earlier.demanded_after_prediction,
-            pinned_reads: self.pinned_reads - earlier.pinned_reads,
-            io_wait_ns: self.io_wait_ns - earlier.io_wait_ns,
-            io_hidden_ns: self.io_hidden_ns - earlier.io_hidden_ns,
-        }
-    }
-}
-
-fn ratio(a: u64, b: u64, empty: f64) -> f64 {
-    if b == 0 {
-        empty
-    } else {
-        a as f64 / b as f64
-    }
-}
-
-/// The outcome of a read in flight, shared with the requests waiting for it.
-enum SlotState {
-    Pending,
-    Done(Arc<ExpertBuf>),
-    /// The read failed; a waiter reads the expert itself (and reports the error if it recurs).
-    Failed,
-}
-
-struct Slot {
-    state: Mutex<SlotState>,
-    done: Condvar,
-}
-
-impl Slot {
-    fn new() -> Arc<Slot> {
-        Arc::new(Slot {
-            state: Mutex::new(SlotState::Pending),
-            done: Condvar::new(),
-        })
-    }
-
-    fn complete(&self, s: SlotState) {
-        *lock(&self.state) = s;
-        self.done.notify_all();
-    }
-
-    fn wait(&self) -> Option<Arc<ExpertBuf>> {
-        let mut g = lock(&self.state);
-        loop {
-            match &*g {
-                SlotState::Pending => {
-                    g = self.done.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-                SlotState::Done(b) => return Some(Arc::clone(b)),
-                SlotState::Failed => return None,
-            }
-        }
-    }
-}
+/// A read in flight of one expert.
+type Slot = ReadSlot<Arc<ExpertBuf>>;
 
 /// Locks a mutex; a panic in another holder does not make the cache unusable (its state is
 /// updated in single steps that leave it consistent).
@@ -376,7 +42,7 @@ struct State {
     pinned: HashMap<ExpertKey, Arc<ExpertBuf>>,
     pinned_bytes: u64,
     lru: LruCache<ExpertKey, Entry>,
-    inflight: HashMap<ExpertKey, Arc<Slot>>,
+    inflight: InFlight<ExpertKey, Arc<ExpertBuf>>,
     /// Prefetched experts that did not fit the LRU tier without evicting: held outside the
     /// budget until their layer's demand request takes them (or drops them).
     ready: HashMap<ExpertKey, Arc<ExpertBuf>>,
@@ -441,7 +107,7 @@ impl ExpertCache {
                 pinned: HashMap::new(),
                 pinned_bytes: 0,
                 lru: LruCache::new(budget),
-                inflight: HashMap::new(),
+                inflight: InFlight::new(),
                 ready: HashMap::new(),
                 predicted: HashMap::new(),
                 usage: HashMap::new(),
@@ -577,7 +243,7 @@ impl ExpertCache {
                 !(s.pinned.contains_key(k)
                     || s.lru.contains(k)
                     || s.ready.contains_key(k)
-                    || s.inflight.contains_key(k))
+                    || s.inflight.contains(k))
             })
             .collect()
     }
@@ -618,7 +284,7 @@ impl ExpertCache {
                 if s.pinned.contains_key(&k)
                     || s.lru.contains(&k)
                     || s.ready.contains_key(&k)
-                    || s.inflight.contains_key(&k)
+                    || s.inflight.contains(&k)
                     || todo.contains(&k)
                 {
                     continue;
@@ -629,8 +295,7 @@ impl ExpertCache {
                     break;
                 }
                 total += len;
-                let slot = Slot::new();
-                s.inflight.insert(k, Arc::clone(&slot));
+                let slot = s.inflight.start(k);
                 todo.push(k);
                 slots.push(slot);
             }
@@ -642,7 +307,7 @@ impl ExpertCache {
         let mut s = self.state();
         s.stats.fetch_calls += 1;
         for k in &todo {
-            s.inflight.remove(k);
+            s.inflight.finish(k);
         }
         match res {
             Ok(bufs) => {
@@ -659,15 +324,13 @@ impl ExpertCache {
                 drop(s);
                 let n = done.len();
                 for (slot, b) in slots.iter().zip(done) {
-                    slot.complete(SlotState::Done(b));
+                    slot.complete(Some(b));
                 }
                 Ok(n)
             }
             Err(e) => {
                 drop(s);
-                for slot in &slots {
-                    slot.complete(SlotState::Failed);
-                }
+                fail_all(&slots);
                 Err(store_err(format!("prefetching {} experts", todo.len()))(e))
             }
         }
@@ -744,15 +407,14 @@ impl ExpertCache {
                     s.stats.hits += 1;
                     s.stats.prefetch_used += 1;
                     out.push(Some(b));
-                } else if let Some(slot) = s.inflight.get(k) {
-                    waits.push((i, Arc::clone(slot)));
+                } else if let Some(slot) = s.inflight.waiter(k) {
+                    waits.push((i, slot));
                     s.stats.hits += 1;
                     s.stats.inflight_waits += 1;
                     out.push(None);
                 } else {
                     s.stats.misses += 1;
-                    let slot = Slot::new();
-                    s.inflight.insert(*k, Arc::clone(&slot));
+                    let slot = s.inflight.start(*k);
                     missing.push(*k);
                     missing_at.push(i);
                     own_slots.push(slot);
@@ -823,14 +485,13 @@ impl ExpertCache {
         for i in retry {
             // The prefetch read failed: read it on demand (an error now is reported).
             let k = keys[i];
-            let slot = Slot::new();
-            {
+            let slot = {
                 let mut s = self.state();
                 s.stats.hits -= 1;
                 s.stats.inflight_waits -= 1;
                 s.stats.misses += 1;
-                s.inflight.insert(k, Arc::clone(&slot));
-            }
+                s.inflight.start(k)
+            };
             let b = self.read_missing(store, &[k], std::slice::from_ref(&slot))?;
             out[i] = b.into_iter().next();
         }
@@ -872,15 +533,13 @@ impl ExpertCache {
         let mut s = self.state();
         s.stats.fetch_calls += 1;
         for k in missing {
-            s.inflight.remove(k);
+            s.inflight.finish(k);
         }
         let bufs = match res {
             Ok(b) => b,
             Err(e) => {
                 drop(s);
-                for slot in slots {
-                    slot.complete(SlotState::Failed);
-                }
+                fail_all(slots);
                 return Err(store_err(what)(e));
             }
         };
@@ -900,9 +559,7 @@ impl ExpertCache {
                 }
                 None => {
                     drop(s);
-                    for slot in slots {
-                        slot.complete(SlotState::Failed);
-                    }
+                    fail_all(slots);
                     return Err(crate::EngineError::Store {
                         what: format!("fetching {k}"),
                         error: coli_store::StoreError::NotFound(format!(
@@ -914,7 +571,7 @@ impl ExpertCache {
         }
         drop(s);
         for (slot, b) in slots.iter().zip(&out) {
-            slot.complete(SlotState::Done(Arc::clone(b)));
+            slot.complete(Some(Arc::clone(b)));
         }
         Ok(out)
     }
@@ -923,48 +580,7 @@ impl ExpertCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lru_evicts_least_recent_by_bytes() {
-        let mut c: LruCache<u32, String> = LruCache::new(10);
-        assert!(c.insert(1, "a".into(), 4));
-        assert!(c.insert(2, "b".into(), 4));
-        assert_eq!(c.get(&1).map(String::as_str), Some("a")); // 1 is now most recent
-        assert!(c.insert(3, "c".into(), 4)); // evicts 2
-        assert!(c.contains(&1) && !c.contains(&2) && c.contains(&3));
-        assert_eq!(c.evictions(), 1);
-        assert_eq!(c.used(), 8);
-        assert!(!c.insert(4, "big".into(), 11));
-        assert!(!c.contains(&4));
-        assert!(c.insert(5, "e".into(), 10)); // evicts both
-        assert_eq!(c.len(), 1);
-        assert_eq!(c.evictions(), 3);
-        // Reinserting an existing key replaces it without counting an eviction.
-        assert!(c.insert(5, "f".into(), 6));
-        assert_eq!((c.len(), c.used(), c.evictions()), (1, 6, 3));
-        assert_eq!(c.get(&5).map(String::as_str), Some("f"));
-    }
-
-    #[test]
-    fn lru_many_ops_keep_invariants() {
-        let mut c: LruCache<u32, u32> = LruCache::new(50);
-        for i in 0..1000u32 {
-            c.insert(i % 37, i, (i % 7 + 1) as u64);
-            if i % 3 == 0 {
-                c.get(&(i % 11));
-            }
-            assert!(c.used() <= 50);
-        }
-        let total: u64 = c.map.values().map(|&i| c.nodes[i].bytes).sum();
-        assert_eq!(total, c.used());
-        // Walk the list: every linked node is in the map.
-        let (mut n, mut i) = (0, c.head);
-        while i != NIL {
-            n += 1;
-            i = c.nodes[i].next;
-        }
-        assert_eq!(n, c.len());
-    }
+    use std::sync::Condvar;
 
     /// A real store of one layer of `n` int4 experts (H = 64, I = 32) in a temp dir.
     fn tiny_store(n: u32) -> (tempfile::TempDir, Store) {
@@ -1081,17 +697,6 @@ mod tests {
         assert!(cache.take_usage().is_empty());
     }
 
-    #[test]
-    fn hit_rate() {
-        let s = CacheStats {
-            hits: 3,
-            misses: 1,
-            ..Default::default()
-        };
-        assert_eq!(s.hit_rate(), 0.75);
-        assert_eq!(CacheStats::default().hit_rate(), 1.0);
-    }
-
     /// TEST-ONLY engine layer over the store's real engine: completions are handed back only
     /// once the gate is opened (or after 10 s, noted as a timeout so the test fails instead of
     /// hanging).
@@ -1099,6 +704,8 @@ mod tests {
         open: Mutex<bool>,
         cv: Condvar,
         timed_out: std::sync::atomic::AtomicBool,
+        /// Completions still to be turned into read errors.
+        fail_next: std::sync::atomic::AtomicUsize,
     }
 
     impl Gate {
@@ -1134,10 +741,25 @@ mod tests {
             self.inner.submit(req);
         }
         fn wait(&mut self) -> Option<coli_store::Completion> {
+            use std::sync::atomic::Ordering::SeqCst;
             if self.inner.outstanding() > 0 {
                 self.gate.pass();
             }
-            self.inner.wait()
+            let mut c = self.inner.wait()?;
+            let fail = &self.gate.fail_next;
+            if fail
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                c.result = Err(coli_store::ReadError {
+                    path: "injected".into(),
+                    offset: 0,
+                    len: c.buf.len(),
+                    tag: c.tag,
+                    error: std::io::Error::other("injected read error"),
+                });
+            }
+            Some(c)
         }
         fn outstanding(&self) -> usize {
             self.inner.outstanding()
@@ -1177,14 +799,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn demand_reads_run_while_the_experts_in_ram_are_used() {
-        // 2 experts in RAM of 3 MiB each: above OVERLAP_MIN_READY_BYTES.
-        let (tmp, _) = store_of(4, 1024, 2048);
+    /// The store in `tmp` opened over its real I/O engine wrapped in a [`Gate`] (open).
+    fn gated(tmp: &tempfile::TempDir) -> (Store, Arc<Gate>) {
         let gate = Arc::new(Gate {
             open: Mutex::new(true),
             cv: Condvar::new(),
             timed_out: Default::default(),
+            fail_next: Default::default(),
         });
         let g = Arc::clone(&gate);
         let wrapper = Arc::new(
@@ -1203,6 +824,54 @@ mod tests {
             },
         )
         .unwrap();
+        (store, gate)
+    }
+
+    #[test]
+    fn a_demand_request_waiting_on_a_failed_prefetch_reads_the_expert_itself() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (tmp, _) = tiny_store(4);
+        let (store, gate) = gated(&tmp);
+        let keys = [ExpertKey::new(0, 0)];
+        let cache = ExpertCache::new(u64::MAX);
+        gate.set(false);
+        gate.fail_next.store(1, SeqCst);
+        let (prefetched, got) = std::thread::scope(|s| {
+            let (c, st, k) = (&cache, &store, &keys);
+            let prefetch = s.spawn(move || c.prefetch(st, k));
+            // Once the prefetch read is in flight, the demand request waits for it.
+            while cache.absent(&keys).len() == 1 {
+                std::thread::yield_now();
+            }
+            let demand = s.spawn(move || c.get_many(st, k));
+            while cache.stats().inflight_waits == 0 {
+                std::thread::yield_now();
+            }
+            gate.set(true);
+            (prefetch.join().unwrap(), demand.join().unwrap())
+        });
+        assert!(!gate.timed_out.load(SeqCst));
+        let err = prefetched.unwrap_err().to_string();
+        assert!(err.contains("injected read error"), "{err}");
+        let got = got.unwrap();
+        assert_eq!(got[0].key, keys[0]);
+        assert_eq!(got[0].bytes(), store.fetch_one(keys[0]).unwrap().bytes());
+        // The failed wait became a miss read on demand, not a hit.
+        let s = cache.stats();
+        assert_eq!((s.hits, s.inflight_waits, s.misses), (0, 0, 1), "{s:?}");
+        assert_eq!(
+            (s.fetch_calls, s.demand_bytes),
+            (2, got[0].len_bytes() as u64)
+        );
+        assert_eq!((s.prefetch_reads, s.prefetch_used), (0, 0), "{s:?}");
+        assert_eq!(cache.absent(&keys), vec![]);
+    }
+
+    #[test]
+    fn demand_reads_run_while_the_experts_in_ram_are_used() {
+        // 2 experts in RAM of 3 MiB each: above OVERLAP_MIN_READY_BYTES.
+        let (tmp, _) = store_of(4, 1024, 2048);
+        let (store, gate) = gated(&tmp);
         let keys: Vec<ExpertKey> = (0..4).map(|e| ExpertKey::new(0, e)).collect();
         let cache = ExpertCache::new(u64::MAX);
         cache.get_many(&store, &keys[1..3]).unwrap();

@@ -1,0 +1,119 @@
+//! [`EngineOptions`]: what a caller chooses when it builds an [`crate::Engine`] (budget,
+//! pinning, prefetch, usage file, context, threads, prefill batch), with their defaults and
+//! their validation.
+
+use crate::error::{EngineError, Result};
+use crate::placement::{DEFAULT_PIN_SHARE, DEFAULT_PREFETCH_MIN_USE};
+use std::path::PathBuf;
+
+/// Default number of prompt tokens processed together in prefill.
+pub const DEFAULT_PREFILL_BATCH: usize = 32;
+
+/// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+
+/// Options for [`crate::Engine::new`].
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Expert cache capacity in bytes, pinned set included (None: [`crate::placement::default_ram_budget`],
+    /// from the available memory; `Some(u64::MAX)`: unbounded).
+    pub ram_budget: Option<u64>,
+    /// Pin the hottest experts of the usage history at start (`--no-pin` turns it off).
+    pub pin: bool,
+    /// Share of the budget the pinned set may take, 0..=1 (`--pin-share`).
+    pub pin_share: f64,
+    /// Router lookahead prefetch (`--no-prefetch` turns it off).
+    pub prefetch: bool,
+    /// The usage-history file read at start (for pinning) and merged into as the engine runs
+    /// (None: no history is read or written; the CLI passes
+    /// [`crate::usage::default_usage_path`] or `--usage FILE`).
+    pub usage: Option<PathBuf>,
+    /// Maximum tokens in the KV cache (None: `min(max_position_embeddings, 4096)`).
+    pub context: Option<usize>,
+    /// Worker threads of the engine's pool (None: rayon's default, one per CPU).
+    pub threads: Option<usize>,
+    /// Tokens per prefill batch (>= 1).
+    pub prefill_batch: usize,
+    /// Lookahead prefetch is skipped while the share of prefetched experts that demand requests
+    /// use stays below this (0..=1; 0: never skipped; see [`crate::placement::PrefetchGate`]).
+    pub prefetch_min_use: f64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            ram_budget: None,
+            pin: true,
+            pin_share: DEFAULT_PIN_SHARE,
+            prefetch: true,
+            usage: None,
+            context: None,
+            threads: None,
+            prefill_batch: DEFAULT_PREFILL_BATCH,
+            prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// Checks the options that do not depend on the model: `prefill_batch` and an explicit
+    /// `context` at least 1, `pin_share` and `prefetch_min_use` within 0..=1.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] naming the option and the value found.
+    pub fn validate(&self) -> Result<()> {
+        if self.context == Some(0) || self.prefill_batch == 0 {
+            return Err(EngineError::Invalid(
+                "context and prefill batch must be at least 1".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.prefetch_min_use) {
+            return Err(EngineError::Invalid(format!(
+                "prefetch minimum use must be between 0 and 1, found {}",
+                self.prefetch_min_use
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.pin_share) {
+            return Err(EngineError::Invalid(format!(
+                "pin share {} must be between 0 and 1",
+                self.pin_share
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_option_out_of_range() {
+        assert!(EngineOptions::default().validate().is_ok());
+        let bad = |o: EngineOptions| o.validate().unwrap_err().to_string();
+        let d = EngineOptions::default;
+        assert!(bad(EngineOptions {
+            prefill_batch: 0,
+            ..d()
+        })
+        .contains("prefill batch"));
+        assert!(bad(EngineOptions {
+            context: Some(0),
+            ..d()
+        })
+        .contains("context"));
+        assert!(bad(EngineOptions {
+            pin_share: 1.5,
+            ..d()
+        })
+        .contains("pin share 1.5"));
+        let e = bad(EngineOptions {
+            prefetch_min_use: -0.1,
+            ..d()
+        });
+        assert!(
+            e.contains("prefetch minimum use") && e.contains("-0.1"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! Placement policy: where the experts live while the engine runs. Placement only changes
+//! speed, never results (tests/tests/placement.rs checks every family).
+//!
+//! - [`budget`]: the expert budget (`--ram-budget`, else from `MemAvailable`) and the share of
+//!   it the pinned hot set may take.
+//! - [`gate`]: [`PrefetchGate`], whether a forward pass's lookahead reads what it predicts.
+//! - [`PlacementPolicy`] puts them together for one engine: it builds the
+//!   [`ExpertCache`] (budget; the hottest experts of the usage history pinned), decides before
+//!   each forward pass what the lookahead does ([`Lookahead`]) and merges the routing counts
+//!   back into the usage history ([`crate::usage`]) as tokens run.
+//!
+//! The mechanisms live elsewhere: the tiers and reads in [`crate::cache`], the lookahead and
+//! its prefetch thread in [`crate::prefetch`], the history file in [`crate::usage`].
+
+pub mod budget;
+pub mod gate;
+
+pub use budget::{
+    decode_step_bytes, default_ram_budget, pin_bytes, BUDGET_RESERVE_BYTES, DEFAULT_PIN_SHARE,
+};
+pub use gate::{PrefetchGate, DEFAULT_PREFETCH_MIN_USE, PREFETCH_PROBE_EVERY};
+
+use crate::cache::{CacheStats, ExpertCache};
+use crate::error::Result;
+use crate::options::EngineOptions;
+use crate::usage::{UsageError, UsageHistory, SAVE_EVERY_TOKENS};
+use coli_format::ExpertKey;
+use coli_store::Store;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Where the expert budget goes, as set up by [`PlacementPolicy::new`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Placement {
+    /// The expert budget, bytes (pinned + LRU tiers; `u64::MAX` = unbounded).
+    pub budget: u64,
+    /// Whether the budget came from the available memory (no `ram_budget` given).
+    pub budget_from_available_memory: bool,
+    /// Experts pinned at start and their bytes.
+    pub pinned_experts: usize,
+    /// Bytes of the pinned experts.
+    pub pinned_bytes: u64,
+    /// Capacity of the LRU tier, bytes.
+    pub lru_capacity: u64,
+    /// Router lookahead prefetch on.
+    pub prefetch: bool,
+    /// The usage-history file, if any.
+    pub usage: Option<PathBuf>,
+    /// Tokens merged into the usage history as read at start (decayed), 0 without one.
+    pub usage_tokens: f64,
+}
+
+/// What the router lookahead does in one forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookahead {
+    /// Nothing (`--no-prefetch`).
+    Off,
+    /// Predict each layer's experts and score the predictions, read nothing (the gate paused
+    /// the reads).
+    Predict,
+    /// Predict, score and read the predicted experts that are not in RAM.
+    PredictAndRead,
+}
+
+/// The placement decisions of one engine (see the module doc).
+pub struct PlacementPolicy {
+    placement: Placement,
+    gate: PrefetchGate,
+    /// Tokens run through the model since the usage counts were last merged into the file.
+    unsaved_tokens: u64,
+    warnings: Vec<String>,
+}
+
+impl PlacementPolicy {
+    /// Sets up placement for a model over `store` whose KV cache takes `kv_bytes` at full
+    /// context and whose decoder has `num_layers` layers routing `top_k` experts per token: the
+    /// budget (`opts.ram_budget`, else [`default_ram_budget`], else unbounded), the usage
+    /// history read from `opts.usage` (a corrupt file or one of another store becomes a
+    /// warning and is neither used nor written), and, with `opts.pin`, the hottest experts of
+    /// the history pinned within [`pin_bytes`]. Returns the policy and the cache it set up.
+    ///
+    /// # Errors
+    /// [`crate::EngineError::Store`] when reading the experts to pin fails.
+    pub fn new(
+        store: &Store,
+        opts: &EngineOptions,
+        kv_bytes: u64,
+        num_layers: usize,
+        top_k: usize,
+    ) -> Result<(PlacementPolicy, ExpertCache)> {
+        let budget = match opts.ram_budget {
+            Some(b) => b,
+            None => default_ram_budget(store, kv_bytes).unwrap_or(u64::MAX),
+        };
+        let cache = ExpertCache::new(budget);
+        let mut policy = PlacementPolicy {
+            placement: Placement {
+                budget,
+                budget_from_available_memory: opts.ram_budget.is_none(),
+                pinned_experts: 0,
+                pinned_bytes: 0,
+                lru_capacity: budget,
+                prefetch: opts.prefetch,
+                usage: opts.usage.clone(),
+                usage_tokens: 0.0,
+            },
+            gate: PrefetchGate::new(opts.prefetch_min_use),
+            unsaved_tokens: 0,
+            warnings: Vec::new(),
+        };
+        if let Some(history) = policy.load_history(store) {
+            policy.placement.usage_tokens = history.tokens;
+            if opts.pin {
+                let hot: Vec<ExpertKey> = history
+                    .hottest()
+                    .into_iter()
+                    .map(|x| x.0)
+                    .filter(|k| store.record(*k).is_some())
+                    .collect();
+                let step = decode_step_bytes(store, num_layers, top_k);
+                cache.pin(store, &hot, pin_bytes(budget, opts.pin_share, step))?;
+            }
+        }
+        let (n, bytes) = cache.pinned();
+        policy.placement.pinned_experts = n;
+        policy.placement.pinned_bytes = bytes;
+        policy.placement.lru_capacity = cache.lru_capacity();
+        Ok((policy, cache))
+    }
+
+    /// The usage history of the configured file; None without one, or with a warning when it
+    /// cannot be read.
+    fn load_history(&mut self, store: &Store) -> Option<UsageHistory> {
+        let path = self.placement.usage.as_ref()?;
+        match UsageHistory::load_locked(path, store.manifest().store_id) {
+            Ok(h) => h,
+            Err(err @ (UsageError::Corrupt { .. } | UsageError::OtherStore { .. })) => {
+                // Not this store's history: never overwritten, so not updated either.
+                self.placement.usage = None;
+                self.warnings.push(format!(
+                    "{err}: it is ignored and left unchanged, and this run keeps no usage \
+                     history (delete the file or pass another --usage FILE)"
+                ));
+                None
+            }
+            Err(err) => {
+                self.warnings.push(err.to_string());
+                None
+            }
+        }
+    }
+
+    /// Where the expert budget went.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The prefetch gate (its estimate of the share of prefetched experts used, the passes
+    /// it ran without reads).
+    pub fn gate(&self) -> &PrefetchGate {
+        &self.gate
+    }
+
+    /// What the lookahead of the next forward pass does, given the cache's counters so far.
+    /// The lookahead predicts (and scores its predictions) on every pass; the gate decides
+    /// whether the pass also reads the predicted experts.
+    pub fn next_pass(&mut self, stats: &CacheStats) -> Lookahead {
+        if !self.placement.prefetch {
+            Lookahead::Off
+        } else if self.gate.allow(stats.prefetch_reads, stats.prefetch_used) {
+            Lookahead::PredictAndRead
+        } else {
+            Lookahead::Predict
+        }
+    }
+
+    /// Notes that `tokens` more tokens ran through the model; merges the routing counts into
+    /// the usage history every [`SAVE_EVERY_TOKENS`] tokens.
+    pub fn tokens_ran(&mut self, tokens: u64, store: &Store, cache: &ExpertCache) {
+        self.unsaved_tokens += tokens;
+        if self.unsaved_tokens >= SAVE_EVERY_TOKENS {
+            self.save_usage(store, cache);
+        }
+    }
+
+    /// Merges the routing counts since the last save into the usage-history file (under its
+    /// lock, atomically; see [`crate::usage`]). Nothing happens without a usage file or when no
+    /// token ran since the last save. A failure becomes a warning and ends the saves of this
+    /// policy.
+    pub fn save_usage(&mut self, store: &Store, cache: &ExpertCache) {
+        let Some(path) = self.placement.usage.clone() else {
+            return;
+        };
+        let routed: HashMap<ExpertKey, u64> = cache.take_usage();
+        let tokens = std::mem::take(&mut self.unsaved_tokens);
+        if tokens == 0 && routed.is_empty() {
+            return;
+        }
+        let id = store.manifest().store_id;
+        if let Err(err) = UsageHistory::merge_into_file(&path, id, &routed, tokens) {
+            self.placement.usage = None;
+            self.warnings.push(format!(
+                "saving the usage history: {err} (not saved again in this run)"
+            ));
+        }
+    }
+
+    /// Warnings since the last call (an unreadable or corrupt usage history, a failed save).
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+}
