@@ -99,7 +99,9 @@ pub use io::{
     IoEngineChoice, IoMode, IoPreference, IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
     DEFAULT_VERIFY_PIECE_BYTES,
 };
-pub use reader::{DenseTensor, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH};
+pub use reader::{
+    DenseTensor, EngineWrapper, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH,
+};
 pub use writer::{
     EncodedMatrix, OsFs, ResumeInfo, StoreSpec, StoreWriter, WriterFs, WriterStart, CONVERTER_NAME,
     DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,

@@ -1,0 +1,165 @@
+//! Typed views of what was read: [`ExpertBuf`] (one expert record) and [`DenseTensor`] (a
+//! dense tensor in the memory map of dense.bin).
+
+use super::Store;
+use crate::{AlignedBuf, Encoding, ExpertKey, MatrixView, RecordLayout, StoreError};
+use std::sync::atomic::Ordering;
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
+use zerocopy::FromBytes;
+
+/// One fetched expert: its record bytes in an aligned buffer, with typed views of its matrices.
+///
+/// `ExpertBuf` is `Send + Sync` (engines keep `Arc<ExpertBuf>` in caches).
+pub struct ExpertBuf {
+    /// Which expert.
+    pub key: ExpertKey,
+    /// Its encoding.
+    pub encoding: Encoding,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Intermediate size I.
+    pub intermediate: usize,
+    pub(super) layout: RecordLayout,
+    pub(super) buf: AlignedBuf,
+}
+
+/// A dense tensor, borrowed from the store's memory map.
+pub struct DenseTensor<'a> {
+    /// Tensor name.
+    pub name: &'a str,
+    /// Encoding.
+    pub encoding: Encoding,
+    /// Shape: `[n]` or `[rows, cols]`.
+    pub shape: &'a [usize],
+    /// Weight section.
+    pub data: &'a [u8],
+    /// Scales (empty for f32/bf16).
+    pub scales: &'a [f32],
+}
+
+/// Views `bytes` as f32 values (aligned, length a multiple of 4: guaranteed by the format's
+/// 64-byte section alignment inside an aligned buffer or page-aligned map).
+pub(super) fn as_f32s(bytes: &[u8]) -> &[f32] {
+    if bytes.is_empty() {
+        return &[];
+    }
+    <[f32]>::ref_from_bytes(bytes).expect("scale sections are 64-byte aligned, length 4*n")
+}
+
+impl Store {
+    /// A dense tensor by name, borrowed from the memory map of `dense.bin`. Its xxh3 is checked
+    /// at the first access (when `verify_checksums`); later accesses do not re-check.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown name, [`StoreError::Checksum`] naming the tensor
+    /// on a mismatch.
+    pub fn dense(&self, name: &str) -> Result<DenseTensor<'_>, StoreError> {
+        let &i = self
+            .dense_by_name
+            .get(name)
+            .ok_or_else(|| StoreError::NotFound(format!("dense tensor {name}")))?;
+        let e = &self.manifest.dense[i];
+        let map: &[u8] = self.dense_map.as_deref().unwrap_or(&[]);
+        let data = &map[e.offset as usize..(e.offset + e.length) as usize];
+        let sbytes = &map[e.scales_offset as usize..(e.scales_offset + e.scales_length) as usize];
+        if self.verify && !self.dense_verified[i].load(Ordering::Acquire) {
+            let mut h = Xxh3::with_seed(xxh3_64_with_seed(e.name.as_bytes(), 0));
+            h.update(data);
+            h.update(sbytes);
+            let found = h.digest();
+            let expected = e.xxh3.0;
+            if found != expected {
+                return Err(StoreError::Checksum {
+                    what: format!("dense tensor {name}"),
+                    file: "dense.bin".into(),
+                    offset: e.offset,
+                    expected,
+                    found,
+                });
+            }
+            self.dense_verified[i].store(true, Ordering::Release);
+        }
+        Ok(DenseTensor {
+            name: &e.name,
+            encoding: self.dense_encodings[i],
+            shape: &e.shape,
+            data,
+            scales: as_f32s(sbytes),
+        })
+    }
+
+    /// True when the store has a dense tensor of that name.
+    pub fn has_dense(&self, name: &str) -> bool {
+        self.dense_by_name.contains_key(name)
+    }
+}
+
+impl ExpertBuf {
+    fn view(&self, i: usize) -> MatrixView<'_> {
+        let (w_off, wb, s_off, sb) = self.layout.sections[i];
+        let (rows, cols) = if i == 2 {
+            (self.hidden, self.intermediate)
+        } else {
+            (self.intermediate, self.hidden)
+        };
+        MatrixView::new(
+            self.encoding,
+            rows,
+            cols,
+            &self.buf[w_off..w_off + wb],
+            as_f32s(&self.buf[s_off..s_off + sb]),
+        )
+        .expect("record sections follow RecordLayout (checked at open)")
+    }
+
+    /// The gate projection, [I, H] (rows = intermediate features, cols = hidden).
+    pub fn gate(&self) -> MatrixView<'_> {
+        self.view(0)
+    }
+
+    /// The up projection, [I, H].
+    pub fn up(&self) -> MatrixView<'_> {
+        self.view(1)
+    }
+
+    /// The down projection, [H, I].
+    pub fn down(&self) -> MatrixView<'_> {
+        self.view(2)
+    }
+
+    /// Bytes of the record as read (payload plus padding to the store alignment).
+    pub fn len_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The raw record bytes (FORMAT.md section 5), padding included.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl<'a> DenseTensor<'a> {
+    /// The tensor as a matrix view: `[n]` vectors as [1, n], `[rows, cols]` as is.
+    pub fn matrix(&self) -> MatrixView<'a> {
+        let (rows, cols) = match *self.shape {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => unreachable!("checked at open"),
+        };
+        MatrixView::new(self.encoding, rows, cols, self.data, self.scales)
+            .expect("dense sections have their encoding's lengths (checked at open)")
+    }
+
+    /// Dequantizes the whole tensor to f32, row-major (`rows * cols` values), with
+    /// [`MatrixView::dequantize_row`].
+    pub fn to_f32(&self) -> Vec<f32> {
+        let m = self.matrix();
+        let mut out = vec![0f32; m.rows() * m.cols()];
+        if m.cols() > 0 {
+            for (r, row) in out.chunks_exact_mut(m.cols()).enumerate() {
+                m.dequantize_row(r, row);
+            }
+        }
+        out
+    }
+}
