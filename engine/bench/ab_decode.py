@@ -9,13 +9,16 @@ Each repetition runs REF then NEW (the order alternates every repetition, so a s
 the machine hits both), `coli run --json`, greedy. The binaries must produce the same tokens
 (a refactor must not change output), else the script exits 1. Reports per binary the median
 and spread of decode tok/s and prefill tok/s, and the ratio NEW / REF of the medians: these
-machines are shared and noisy, so only the ratio of an interleaved run means anything.
+machines are shared and noisy, so only the ratio of an interleaved run means anything. Also the
+CPU seconds (user + system) of each whole run, which other tenants' load disturbs less than
+wall-clock rates (with `--threads 1`, the work done).
 Standard library only.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +35,10 @@ def run(coli, store, a):
         cmd += ["--threads", str(a.threads)]
     cmd += a.args.split()
     t0 = time.time()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, capture_output=True, text=True)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if p.returncode != 0:
         sys.exit(f"ab_decode: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
     j = json.loads(p.stdout)
@@ -42,6 +48,7 @@ def run(coli, store, a):
         "decode_tok_s": s["decode_tok_s"],
         "prefill_tok_s": s.get("prefill_tok_s"),
         "wall_s": time.time() - t0,
+        "cpu_s": cpu_s,
     }
 
 
@@ -78,19 +85,24 @@ def main():
             lines.append(
                 json.dumps({"rep": rep, "bin": name, "decode_tok_s": round(r["decode_tok_s"], 3),
                             "prefill_tok_s": r["prefill_tok_s"] and round(r["prefill_tok_s"], 3),
-                            "wall_s": round(r["wall_s"], 3)})
+                            "wall_s": round(r["wall_s"], 3), "cpu_s": round(r["cpu_s"], 3)})
             )
     lines.append(f"# load average after: {os.getloadavg()}")
     med = {}
+    cpu = {}
     for name, rs in runs.items():
+        cpu[name] = statistics.median(r["cpu_s"] for r in rs)
         d = [r["decode_tok_s"] for r in rs]
         p = [r["prefill_tok_s"] for r in rs if r["prefill_tok_s"]]
         med[name] = statistics.median(d)
         lines.append(
             f"{name}: decode tok/s median {med[name]:.2f} (min {min(d):.2f}, max {max(d):.2f}); "
-            f"prefill tok/s median {statistics.median(p) if p else float('nan'):.2f}"
+            f"prefill tok/s median {statistics.median(p) if p else float('nan'):.2f}; "
+            f"CPU seconds per run median {cpu[name]:.3f}"
         )
     lines.append(f"ratio new/ref (decode tok/s medians): {med['new'] / med['ref']:.3f}")
+    lines.append(f"ratio new/ref (CPU seconds per run medians, lower is faster): "
+                 f"{cpu['new'] / cpu['ref']:.3f}")
     lines.append(f"tokens identical in all {2 * a.reps} runs: {len(tokens)} tokens")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)

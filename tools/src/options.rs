@@ -26,7 +26,7 @@ pub fn parse_io_engine(s: &str) -> Result<IoEngineChoice, String> {
     s.parse()
 }
 
-/// Options shared by run, chat and eval.
+/// Options shared by run, chat, eval, serve and plan.
 #[derive(Args, Debug)]
 pub struct EngineOptions {
     /// Store directory (written by coli-convert).
@@ -135,6 +135,58 @@ pub fn parse_at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+impl EngineOptions {
+    /// How the store is opened: checksums (`--no-verify`), O_DIRECT (`--direct`), I/O engine
+    /// (`--io`), queue depth, mirrors ([`mirror_dirs`]) and disk weights.
+    ///
+    /// # Errors
+    /// Bad `--disk-weights`.
+    pub fn open_options(&self) -> Result<OpenOptions> {
+        Ok(OpenOptions {
+            verify_checksums: !self.no_verify,
+            io: match self.direct {
+                DirectArg::Auto => IoPreference::Auto,
+                DirectArg::On => IoPreference::Direct,
+                DirectArg::Off => IoPreference::Buffered,
+            },
+            engine: self.io,
+            queue_depth: self.queue_depth.map(usize::from),
+            mirrors: mirror_dirs(&self.mirrors),
+            disk_weights: self
+                .disk_weights
+                .as_deref()
+                .map(coli_store::mirror::parse_disk_weights)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--disk-weights: {e}"))?,
+            ..OpenOptions::default()
+        })
+    }
+
+    /// The usage-history file: `--usage`, else the state directory's file for `store`
+    /// ([`coli_engine::usage::default_usage_path`]; None when there is no state directory).
+    pub fn usage_path(&self, store: &Store) -> Option<PathBuf> {
+        self.usage
+            .clone()
+            .or_else(|| coli_engine::usage::default_usage_path(store.manifest().store_id))
+    }
+
+    /// The engine's options: budget, context, threads, prefill batch, pinning, prefetch and
+    /// the usage history ([`EngineOptions::usage_path`]).
+    pub fn core_options(&self, store: &Store) -> CoreOptions {
+        CoreOptions {
+            ram_budget: self.ram_budget,
+            context: self.context,
+            threads: self.threads.map(usize::from),
+            prefill_batch: self.prefill_batch,
+            pin: !self.no_pin,
+            pin_share: self.pin_share,
+            prefetch: !self.no_prefetch,
+            prefetch_min_use: self.prefetch_min_use,
+            usage: self.usage_path(store),
+        }
+    }
+}
+
 /// An opened store plus what loading took.
 pub struct Loaded {
     /// The store.
@@ -160,30 +212,8 @@ pub fn open(opts: &EngineOptions) -> Result<Loaded> {
             opts.store.display()
         );
     }
-    let io = match opts.direct {
-        DirectArg::Auto => IoPreference::Auto,
-        DirectArg::On => IoPreference::Direct,
-        DirectArg::Off => IoPreference::Buffered,
-    };
-    let io_engine = opts.io;
-    let store = Store::open_with(
-        &opts.store,
-        &OpenOptions {
-            verify_checksums: !opts.no_verify,
-            io,
-            engine: io_engine,
-            queue_depth: opts.queue_depth.map(usize::from),
-            mirrors: mirror_dirs(&opts.mirrors),
-            disk_weights: opts
-                .disk_weights
-                .as_deref()
-                .map(coli_store::mirror::parse_disk_weights)
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--disk-weights: {e}"))?,
-            ..OpenOptions::default()
-        },
-    )
-    .with_context(|| format!("opening store {}", opts.store.display()))?;
+    let store = Store::open_with(&opts.store, &opts.open_options()?)
+        .with_context(|| format!("opening store {}", opts.store.display()))?;
     let tokenizer = TextTokenizer::from_store(&store).context("loading the store's tokenizer")?;
     Ok(Loaded {
         store,
@@ -210,21 +240,7 @@ pub fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s
             );
         }
     }
-    let usage = opts
-        .usage
-        .clone()
-        .or_else(|| coli_engine::usage::default_usage_path(loaded.store.manifest().store_id));
-    let core = CoreOptions {
-        ram_budget: opts.ram_budget,
-        context: opts.context,
-        threads: opts.threads.map(usize::from),
-        prefill_batch: opts.prefill_batch,
-        pin: !opts.no_pin,
-        pin_share: opts.pin_share,
-        prefetch: !opts.no_prefetch,
-        prefetch_min_use: opts.prefetch_min_use,
-        usage,
-    };
+    let core = opts.core_options(&loaded.store);
     let mut e = Engine::new(&loaded.store, &core)
         .with_context(|| format!("loading the model of {}", opts.store.display()))?;
     for w in e.take_warnings() {

@@ -1,5 +1,5 @@
-//! `coli plan --store DIR [--ram-budget SIZE] [--json]`: where a RAM budget goes and the decode
-//! speed bound it implies.
+//! `coli plan --store DIR [--ram-budget SIZE] [any other `coli run` option] [--json]`: where a
+//! RAM budget goes and the decode speed bound it implies, for a run with the same options.
 //!
 //! - dense bytes resident: `dense.bin` (memory-mapped, read whole at load); KV cache:
 //!   `context * kv_bytes_per_token`;
@@ -16,38 +16,26 @@
 //!   `top_k` of its `E` experts, a resident share `r` of the layer hits, so the bytes are
 //!   `sum_l top_k * mean_record_bytes * (1 - r)` (for uniform routing an LRU of C of N experts
 //!   hits C/N). Prefill batches read each expert once per batch and need less per token.
-//! - disk bandwidth: a short probe reading expert records of the store through `Store::fetch`
-//!   with O_DIRECT (checksums off), `queue_depth` records at a time, until `--probe-mib` MiB
-//!   or 3 s; the records are spread over the store so the probe does not read one region;
+//! - disk bandwidth: a short probe reading expert records of the store through `Store::fetch`,
+//!   the store opened as the run would open it (`--io`, `--direct`, mirrors; O_DIRECT by
+//!   default) with checksums off, 4 records at a time, until `--probe-mib` MiB or 3 s; the
+//!   records are spread over the store so the probe does not read one region;
 //! - decode bound: bandwidth / expected bytes per token (compute time not included).
 
+use crate::options::EngineOptions;
 use anyhow::{Context, Result};
-use coli_engine::{Engine, EngineOptions};
-use coli_store::{ExpertKey, IoPreference, OpenOptions, Store};
-use std::path::PathBuf;
+use coli_engine::{Engine, EngineOptions as CoreOptions};
+use coli_store::{ExpertKey, OpenOptions, Store};
 use std::time::Instant;
 
-/// Arguments of `coli plan`.
+/// Arguments of `coli plan`: the options of `coli run` (so that a plan describes the run
+/// with the same command line; only the store, budget, pinning, usage and context options
+/// change the figures, and the I/O options how the probe reads), plus the probe size and JSON.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// Store directory.
-    #[arg(long, value_name = "DIR")]
-    pub store: PathBuf,
-    /// Expert budget (as `coli run --ram-budget`); default from the available memory.
-    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_budget)]
-    pub ram_budget: Option<u64>,
-    /// Share of the budget the pinned hot set may take.
-    #[arg(long, value_name = "F", default_value_t = coli_engine::placement::DEFAULT_PIN_SHARE)]
-    pub pin_share: f64,
-    /// Plan without the pinned hot set.
-    #[arg(long)]
-    pub no_pin: bool,
-    /// Usage-history file (default: the state directory's file for this store).
-    #[arg(long, value_name = "FILE")]
-    pub usage: Option<PathBuf>,
-    /// KV-cache tokens to plan for (default: max_position_embeddings, capped at 4096).
-    #[arg(long, value_name = "N")]
-    pub context: Option<usize>,
+    /// The options `coli run` takes.
+    #[command(flatten)]
+    pub engine: EngineOptions,
     /// Most MiB the disk probe reads (0: no probe).
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     pub probe_mib: u64,
@@ -56,61 +44,103 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-/// The plan's figures (the JSON output).
+/// The plan's figures (the JSON output). Bytes unless named otherwise.
 #[derive(serde::Serialize, Debug)]
-struct Plan {
-    store: String,
-    store_id: String,
-    experts: usize,
-    expert_bytes_total: u64,
-    mean_expert_bytes: f64,
-    dense_bytes: u64,
-    kv_bytes: u64,
-    context: usize,
-    budget: u64,
-    budget_from_available_memory: bool,
-    pinned_experts: usize,
-    pinned_bytes: u64,
-    cache_capacity_bytes: u64,
-    cache_capacity_experts: f64,
-    resident_share: f64,
-    usage_history: Option<String>,
-    usage_tokens: f64,
-    routing_model: &'static str,
-    expected_disk_bytes_per_token: f64,
-    probe_bytes: u64,
-    probe_s: f64,
-    probe_io_mode: String,
-    disk_gib_s: Option<f64>,
-    decode_tok_s_bound: Option<f64>,
-    ram_total_bytes: u64,
+pub struct Plan {
+    /// The store directory.
+    pub store: String,
+    /// Its store id (32 hex digits).
+    pub store_id: String,
+    /// Expert records in the store.
+    pub experts: usize,
+    /// Bytes of all expert records.
+    pub expert_bytes_total: u64,
+    /// Mean expert record, bytes.
+    pub mean_expert_bytes: f64,
+    /// dense.bin, bytes (resident).
+    pub dense_bytes: u64,
+    /// KV cache at full context, bytes.
+    pub kv_bytes: u64,
+    /// Context, tokens.
+    pub context: usize,
+    /// Expert budget (pinned + LRU), bytes.
+    pub budget: u64,
+    /// Whether the budget came from the available memory.
+    pub budget_from_available_memory: bool,
+    /// Experts the engine would pin at start.
+    pub pinned_experts: usize,
+    /// Their bytes.
+    pub pinned_bytes: u64,
+    /// LRU tier, bytes.
+    pub cache_capacity_bytes: u64,
+    /// LRU tier in mean experts.
+    pub cache_capacity_experts: f64,
+    /// Share of the experts resident (pinned, or hottest in the LRU tier), 0..=1.
+    pub resident_share: f64,
+    /// The usage-history file used, when it holds tokens.
+    pub usage_history: Option<String>,
+    /// Tokens in the usage history (decayed).
+    pub usage_tokens: f64,
+    /// `usage history` or `uniform routing`.
+    pub routing_model: &'static str,
+    /// Expected expert bytes read from disk per decode token.
+    pub expected_disk_bytes_per_token: f64,
+    /// Bytes the disk probe read.
+    pub probe_bytes: u64,
+    /// Seconds it took.
+    pub probe_s: f64,
+    /// Whether it read with O_DIRECT.
+    pub probe_io_mode: String,
+    /// Probe throughput, GiB/s.
+    pub disk_gib_s: Option<f64>,
+    /// Decode tok/s if the disk were the only limit.
+    pub decode_tok_s_bound: Option<f64>,
+    /// dense + KV + budget (capped at the experts' total), bytes.
+    pub ram_total_bytes: u64,
 }
 
-/// Runs `coli plan`.
+/// Runs `coli plan`: prints [`plan`]'s figures as a table or JSON.
+///
+/// # Errors
+/// As [`plan`].
+pub fn run(a: &PlanArgs) -> Result<()> {
+    let plan = plan(a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print_table(&plan);
+    }
+    Ok(())
+}
+
+/// The plan of a run with `a.engine`'s options: budget and context as the engine sets them up,
+/// the pinned set as it would choose it from the usage history
+/// ([`coli_engine::placement::pinned_set`]), the expected disk bytes per token, and a disk
+/// probe through the store opened as the run would open it (checksums off).
 ///
 /// # Errors
 /// A store that does not open, a model the engine cannot load, a failed probe read.
-pub fn run(a: &PlanArgs) -> Result<()> {
+pub fn plan(a: &PlanArgs) -> Result<Plan> {
+    let opts = &a.engine;
     let store = Store::open_with(
-        &a.store,
+        &opts.store,
         &OpenOptions {
             verify_checksums: false,
-            ..OpenOptions::default()
+            ..opts.open_options()?
         },
     )
-    .with_context(|| format!("opening store {}", a.store.display()))?;
+    .with_context(|| format!("opening store {}", opts.store.display()))?;
+    // The engine only for its budget, context and KV size: nothing pinned or prefetched.
     let eng = Engine::new(
         &store,
-        &EngineOptions {
-            ram_budget: a.ram_budget,
-            context: a.context,
+        &CoreOptions {
             pin: false,
             prefetch: false,
             usage: None,
-            ..EngineOptions::default()
+            ..opts.core_options(&store)
         },
     )
-    .with_context(|| format!("loading the model of {}", a.store.display()))?;
+    .with_context(|| format!("loading the model of {}", opts.store.display()))?;
     let m = store.manifest();
     let index = store.index();
     let expert_bytes_total: u64 = index.iter().map(|r| r.length.get()).sum();
@@ -123,10 +153,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         coli_engine::placement::decode_step_bytes(&store, eng.spec().num_layers, eng.spec().top_k);
     drop(eng);
 
-    let usage_path = a
-        .usage
-        .clone()
-        .or_else(|| coli_engine::usage::default_usage_path(m.store_id));
+    let usage_path = opts.usage_path(&store);
     let history = match &usage_path {
         Some(p) => match coli_engine::usage::UsageHistory::load_locked(p, m.store_id) {
             Ok(h) => h.filter(|h| h.tokens > 0.0),
@@ -139,23 +166,15 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     };
     let len = |k: ExpertKey| store.record(k).map_or(0, |r| r.length.get());
 
-    // Pinned set: as Engine::new picks it.
-    let mut pinned = Vec::new();
-    let mut pinned_bytes = 0u64;
-    if let (Some(h), false) = (&history, a.no_pin) {
-        let share = coli_engine::placement::pin_bytes(budget, a.pin_share, step_bytes);
-        for (k, _) in h.hottest() {
-            let l = len(k);
-            if l == 0 {
-                continue;
-            }
-            if pinned_bytes + l > share {
-                break;
-            }
-            pinned_bytes += l;
-            pinned.push(k);
-        }
-    }
+    // Pinned set: as the engine's placement policy picks it.
+    let (pinned, pinned_bytes) = match (&history, opts.no_pin) {
+        (Some(h), false) => coli_engine::placement::pinned_set(
+            &store,
+            h.hottest().into_iter().map(|x| x.0),
+            coli_engine::placement::pin_bytes(budget, opts.pin_share, step_bytes),
+        ),
+        _ => (Vec::new(), 0),
+    };
     let cache_bytes = budget.saturating_sub(pinned_bytes);
     let (routing_model, bytes_per_token, resident_share) = match &history {
         Some(h) => {
@@ -187,15 +206,15 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         }
     };
 
-    let (probe_bytes, probe_s, probe_io_mode) = probe(&a.store, a.probe_mib)?;
+    let (probe_bytes, probe_s, probe_io_mode) = probe(&store, a.probe_mib)?;
     let gib_s = (probe_s > 0.0 && probe_bytes > 0)
         .then(|| probe_bytes as f64 / probe_s / (1u64 << 30) as f64);
     let bound = match gib_s {
         Some(g) if bytes_per_token > 0.0 => Some(g * (1u64 << 30) as f64 / bytes_per_token),
         _ => None,
     };
-    let plan = Plan {
-        store: a.store.display().to_string(),
+    Ok(Plan {
+        store: opts.store.display().to_string(),
         store_id: m.store_id.to_string(),
         experts: index.len(),
         expert_bytes_total,
@@ -204,7 +223,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         kv_bytes,
         context,
         budget,
-        budget_from_available_memory: a.ram_budget.is_none(),
+        budget_from_available_memory: opts.ram_budget.is_none(),
         pinned_experts: pinned.len(),
         pinned_bytes,
         cache_capacity_bytes: cache_bytes,
@@ -223,30 +242,15 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         disk_gib_s: gib_s,
         decode_tok_s_bound: bound,
         ram_total_bytes: m.dense_file.length + kv_bytes + budget.min(expert_bytes_total),
-    };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-    } else {
-        print_table(&plan);
-    }
-    Ok(())
+    })
 }
 
-/// Reads expert records spread over the store with O_DIRECT (checksums off), `queue_depth`
-/// at a time, until `mib` MiB or 3 s. Returns bytes, seconds and the I/O mode used.
-fn probe(dir: &std::path::Path, mib: u64) -> Result<(u64, f64, String)> {
+/// Reads expert records spread over `store` (opened as the run would, checksums off),
+/// 4 at a time, until `mib` MiB or 3 s. Returns bytes, seconds and the I/O mode.
+fn probe(store: &Store, mib: u64) -> Result<(u64, f64, String)> {
     if mib == 0 {
         return Ok((0, 0.0, "none".into()));
     }
-    let store = Store::open_with(
-        dir,
-        &OpenOptions {
-            verify_checksums: false,
-            io: IoPreference::Auto,
-            ..OpenOptions::default()
-        },
-    )
-    .with_context(|| format!("opening store {} for the disk probe", dir.display()))?;
     let mode = match store.io_mode() {
         coli_store::IoMode::Direct => "direct",
         coli_store::IoMode::Buffered => "buffered (page cache: the figure is not the disk's)",

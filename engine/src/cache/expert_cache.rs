@@ -156,25 +156,25 @@ impl ExpertCache {
         }
     }
 
-    /// Reads `keys` (in that order, hottest first) and pins them while their bytes (INDEX record
-    /// lengths) fit in `max_bytes`; experts already pinned are skipped, the first expert that
-    /// does not fit ends the list. The LRU tier shrinks to the budget minus the pinned bytes
-    /// (evicting as needed). Returns the experts pinned by this call.
+    /// Reads `keys` and pins them (experts already pinned are skipped); which experts to pin
+    /// is the placement policy's choice ([`crate::placement::pinned_set`]). The LRU tier
+    /// shrinks to the budget minus the pinned bytes (evicting as needed). Returns the experts
+    /// pinned by this call.
     ///
     /// # Errors
-    /// [`crate::EngineError::Store`] for a key not in the store or a failed read (nothing of the
-    /// failed chunk is pinned).
-    pub fn pin(&self, store: &Store, keys: &[ExpertKey], max_bytes: u64) -> Result<usize> {
-        let mut chosen = Vec::new();
+    /// [`crate::EngineError::Invalid`] when the keys' bytes (INDEX record lengths) do not fit
+    /// in the budget left, before anything is read; [`crate::EngineError::Store`] for a key not
+    /// in the store or a failed read (nothing of the failed chunk of 64 is pinned).
+    pub fn pin(&self, store: &Store, keys: &[ExpertKey]) -> Result<usize> {
+        let mut chosen: Vec<ExpertKey> = Vec::with_capacity(keys.len());
         let mut total = 0u64;
         {
             let s = self.state();
-            let room = max_bytes.min(s.budget.saturating_sub(s.pinned_bytes));
             for &k in keys {
                 if s.pinned.contains_key(&k) || chosen.contains(&k) {
                     continue;
                 }
-                let len = store
+                total += store
                     .record(k)
                     .ok_or_else(|| crate::EngineError::Store {
                         what: format!("pinning {k}"),
@@ -182,11 +182,14 @@ impl ExpertCache {
                     })?
                     .length
                     .get();
-                if total + len > room {
-                    break;
-                }
-                total += len;
                 chosen.push(k);
+            }
+            let room = s.budget.saturating_sub(s.pinned_bytes);
+            if total > room {
+                return Err(crate::EngineError::Invalid(format!(
+                    "pinning {} experts of {total} bytes: only {room} bytes of the budget are left",
+                    chosen.len()
+                )));
             }
         }
         for chunk in chosen.chunks(64) {
@@ -641,8 +644,17 @@ mod tests {
         let keys: Vec<ExpertKey> = (0..8).map(|e| ExpertKey::new(0, e)).collect();
         let one = store.record(keys[0]).unwrap().length.get();
         let cache = ExpertCache::new(4 * one);
-        // Pin two experts; the LRU tier gets the other two experts' worth.
-        assert_eq!(cache.pin(&store, &keys[..3], 2 * one).unwrap(), 2);
+        // Pin two experts (twice: already pinned ones are skipped); the LRU tier gets the other
+        // two experts' worth. More than the budget left is refused before any read.
+        assert_eq!(cache.pin(&store, &keys[..2]).unwrap(), 2);
+        assert_eq!(cache.pin(&store, &keys[..2]).unwrap(), 0);
+        let reads = store.stats().reads;
+        let err = cache.pin(&store, &keys[2..5]).unwrap_err().to_string();
+        assert!(
+            err.contains("3 experts") && err.contains("bytes of the budget"),
+            "{err}"
+        );
+        assert_eq!(store.stats().reads, reads);
         assert_eq!(cache.pinned(), (2, 2 * one));
         assert_eq!(cache.lru_capacity(), 2 * one);
         // Prefetch stops at the LRU capacity and skips pinned experts.

@@ -1,5 +1,6 @@
 //! How many bytes the expert cache may hold and how many of them the pinned hot set may take.
 
+use coli_format::ExpertKey;
 use coli_store::Store;
 use std::collections::HashMap;
 
@@ -65,6 +66,33 @@ pub fn pin_bytes(budget: u64, pin_share: f64, step_bytes: u64) -> u64 {
     } else {
         share
     }
+}
+
+/// The pinned hot set: `hottest` (most used first) taken in order while their bytes (INDEX
+/// record lengths) fit in `max_bytes` (see [`pin_bytes`]); keys not in the store and repeats
+/// are skipped, the first expert that does not fit ends the set. Returns the experts and their
+/// bytes. `coli plan` and [`crate::placement::PlacementPolicy`] both choose with it.
+pub fn pinned_set(
+    store: &Store,
+    hottest: impl IntoIterator<Item = ExpertKey>,
+    max_bytes: u64,
+) -> (Vec<ExpertKey>, u64) {
+    let mut set: Vec<ExpertKey> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for k in hottest {
+        let Some(r) = store.record(k) else { continue };
+        if !seen.insert(k) {
+            continue;
+        }
+        let len = r.length.get();
+        if total + len > max_bytes {
+            break;
+        }
+        total += len;
+        set.push(k);
+    }
+    (set, total)
 }
 
 /// Bytes of the routed experts one decode step may read: for each expert layer of the decoder

@@ -16,7 +16,8 @@ pub mod budget;
 pub mod gate;
 
 pub use budget::{
-    decode_step_bytes, default_ram_budget, pin_bytes, BUDGET_RESERVE_BYTES, DEFAULT_PIN_SHARE,
+    decode_step_bytes, default_ram_budget, pin_bytes, pinned_set, BUDGET_RESERVE_BYTES,
+    DEFAULT_PIN_SHARE,
 };
 pub use gate::{PrefetchGate, DEFAULT_PREFETCH_MIN_USE, PREFETCH_PROBE_EVERY};
 
@@ -111,14 +112,10 @@ impl PlacementPolicy {
         if let Some(history) = policy.load_history(store) {
             policy.placement.usage_tokens = history.tokens;
             if opts.pin {
-                let hot: Vec<ExpertKey> = history
-                    .hottest()
-                    .into_iter()
-                    .map(|x| x.0)
-                    .filter(|k| store.record(*k).is_some())
-                    .collect();
                 let step = decode_step_bytes(store, num_layers, top_k);
-                cache.pin(store, &hot, pin_bytes(budget, opts.pin_share, step))?;
+                let hottest = history.hottest().into_iter().map(|x| x.0);
+                let (set, _) = pinned_set(store, hottest, pin_bytes(budget, opts.pin_share, step));
+                cache.pin(store, &set)?;
             }
         }
         let (n, bytes) = cache.pinned();

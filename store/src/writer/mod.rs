@@ -38,7 +38,6 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::{DenseEntry, Encoding, ExpertKey, ExpertLayer, FileEntry, SourceFile};
 
-
 use std::collections::{BTreeMap, HashMap};
 
 use std::path::{Path, PathBuf};
