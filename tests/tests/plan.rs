@@ -32,18 +32,18 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
     let all: u64 = store.index().iter().map(|r| r.length.get()).sum();
     let budget = all / 2;
     let budget_s = budget.to_string();
-
-    // No history yet: uniform routing, nothing pinned.
-    let p = plan_of(&[
+    let base = [
         "--store",
         store_s,
         "--usage",
         usage_s,
         "--ram-budget",
         &budget_s,
-        "--probe-mib",
-        "1",
-    ]);
+    ];
+    let plan_with = |extra: &[&str]| plan_of(&[&base[..], extra].concat());
+
+    // No history yet: uniform routing, nothing pinned.
+    let p = plan_with(&["--probe-mib", "1"]);
     assert_eq!(p.routing_model, "uniform routing");
     assert_eq!((p.pinned_experts, p.pinned_bytes), (0, 0));
     assert_eq!(p.budget, budget);
@@ -63,18 +63,7 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
         greedy(&mut e, &ids(&exp["prompt_ids"]), 16);
     }
     for share in ["0.1", "0.5", "1"] {
-        let p = plan_of(&[
-            "--store",
-            store_s,
-            "--usage",
-            usage_s,
-            "--ram-budget",
-            &budget_s,
-            "--pin-share",
-            share,
-            "--probe-mib",
-            "0",
-        ]);
+        let p = plan_with(&["--pin-share", share, "--probe-mib", "0"]);
         assert_eq!(p.routing_model, "usage history", "{p:?}");
         assert!(p.usage_tokens > 0.0);
         let opts = EngineOptions {
@@ -101,20 +90,14 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
         let share_bytes = (budget as f64 * share.parse::<f64>().unwrap()) as u64;
         assert!(p.pinned_bytes <= share_bytes, "pin share {share}: {p:?}");
         // 0.1 of this budget is less than one expert record; the larger shares pin some.
-        assert_eq!(p.pinned_experts > 0, share != "0.1", "pin share {share}: {p:?}");
+        assert_eq!(
+            p.pinned_experts > 0,
+            share != "0.1",
+            "pin share {share}: {p:?}"
+        );
         assert_eq!(p.probe_bytes, 0);
     }
     // --no-pin: nothing pinned, the whole budget is LRU.
-    let p = plan_of(&[
-        "--store",
-        store_s,
-        "--usage",
-        usage_s,
-        "--ram-budget",
-        &budget_s,
-        "--no-pin",
-        "--probe-mib",
-        "0",
-    ]);
+    let p = plan_with(&["--no-pin", "--probe-mib", "0"]);
     assert_eq!((p.pinned_experts, p.cache_capacity_bytes), (0, budget));
 }

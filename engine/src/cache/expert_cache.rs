@@ -778,36 +778,21 @@ mod tests {
         }
     }
 
-    impl coli_store::IoEngine for GatedEngine {
-        fn name(&self) -> &'static str {
-            self.inner.name()
+    impl coli_store::EngineLayer for GatedEngine {
+        fn inner(&self) -> &dyn coli_store::IoEngine {
+            &*self.inner
         }
-        fn concurrent_pieces(&self) -> bool {
-            self.inner.concurrent_pieces()
-        }
-        fn verify_piece_bytes(&self) -> usize {
-            self.inner.verify_piece_bytes()
-        }
-        fn verify_lone_records_in_pieces(&self) -> bool {
-            self.inner.verify_lone_records_in_pieces()
-        }
-        fn queue_depth(&self) -> usize {
-            self.inner.queue_depth()
-        }
-        fn describe(&self) -> String {
+        fn describe_layer(&self) -> String {
             format!("{} (gated)", self.inner.describe())
         }
-        fn path(&self, file: coli_store::FileId) -> Option<&std::path::Path> {
-            self.inner.path(file)
-        }
-        fn buffer(&self, len: usize, align: usize) -> coli_store::AlignedBuf {
-            self.inner.buffer(len, align)
-        }
-        fn queue(&self) -> std::io::Result<Box<dyn coli_store::IoQueue + '_>> {
-            Ok(Box::new(GatedQueue {
-                inner: self.inner.queue()?,
+        fn wrap_queue<'a>(
+            &'a self,
+            inner: Box<dyn coli_store::IoQueue + 'a>,
+        ) -> Box<dyn coli_store::IoQueue + 'a> {
+            Box::new(GatedQueue {
+                inner,
                 gate: &self.gate,
-            }))
+            })
         }
     }
 

@@ -153,33 +153,8 @@ fn fmt_err(what: impl Into<String>) -> FormatError {
 /// # Errors
 /// [`FormatError::Format`] naming INDEX, the record and the field; [`FormatError::NewerVersion`].
 pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, FormatError> {
-    if bytes.len() < 64 {
-        return Err(fmt_err(format!(
-            "{} bytes, shorter than the 64-byte header",
-            bytes.len()
-        )));
-    }
+    super::check_header_64(names::INDEX, bytes, &INDEX_MAGIC, "COLIIDX")?;
     let h = IndexHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
-    if h.magic != INDEX_MAGIC {
-        return Err(fmt_err(format!(
-            "magic {:02x?}, expected {:02x?} (COLIIDX)",
-            h.magic, INDEX_MAGIC
-        )));
-    }
-    let crc = crc32fast::hash(&bytes[..60]);
-    if crc != h.crc.get() {
-        return Err(fmt_err(format!(
-            "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
-            h.crc.get()
-        )));
-    }
-    if h.version.get() > FORMAT_VERSION {
-        return Err(FormatError::NewerVersion {
-            file: names::INDEX.into(),
-            found: h.version.get(),
-            known: FORMAT_VERSION,
-        });
-    }
     if h.version.get() != m.format_version {
         return Err(fmt_err(format!(
             "version {} differs from MANIFEST's {}",

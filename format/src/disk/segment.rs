@@ -63,33 +63,8 @@ impl SegmentHeader {
         actual_len: u64,
     ) -> Result<SegmentHeader, FormatError> {
         let fmt_err = |what: String| FormatError::format(rel, what);
-        if bytes.len() < SEGMENT_HEADER_FIELDS {
-            return Err(fmt_err(format!(
-                "{} bytes, shorter than the 64-byte header",
-                bytes.len()
-            )));
-        }
-        let h = SegmentHeader::read_from_bytes(&bytes[..64]).expect("64 bytes");
-        if h.magic != SEGMENT_MAGIC {
-            return Err(fmt_err(format!(
-                "magic {:02x?}, expected {:02x?} (COLISEG)",
-                h.magic, SEGMENT_MAGIC
-            )));
-        }
-        let crc = crc32fast::hash(&bytes[..60]);
-        if crc != h.crc.get() {
-            return Err(fmt_err(format!(
-                "header crc32 mismatch: stored {:08x}, computed {crc:08x}",
-                h.crc.get()
-            )));
-        }
-        if h.version.get() > FORMAT_VERSION {
-            return Err(FormatError::NewerVersion {
-                file: rel.into(),
-                found: h.version.get(),
-                known: FORMAT_VERSION,
-            });
-        }
+        super::check_header_64(rel, bytes, &SEGMENT_MAGIC, "COLISEG")?;
+        let h = SegmentHeader::read_from_bytes(&bytes[..SEGMENT_HEADER_FIELDS]).expect("64 bytes");
         if h.version.get() != FORMAT_VERSION {
             return Err(fmt_err(format!(
                 "header version {} invalid",

@@ -2,9 +2,8 @@
 //! bytes, failures), so that engines themselves keep no counters (as foyer's `monitor.rs`
 //! wraps its engines).
 
-use super::engine::{Completion, FileId, IoEngine, IoQueue, ReadRequest};
-use super::AlignedBuf;
-use std::path::Path;
+use super::engine::{Completion, IoEngine, IoQueue, ReadRequest};
+use super::layer::EngineLayer;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +18,7 @@ pub struct EngineStats {
     pub failed: u64,
 }
 
-/// An engine with counters around it; everything else is the inner engine's.
+/// An engine with counters around it ([`EngineLayer`]: everything else is the inner engine's).
 pub struct CountingEngine {
     inner: Arc<dyn IoEngine>,
     requests: AtomicU64,
@@ -76,35 +75,14 @@ impl IoQueue for CountingQueue<'_> {
     }
 }
 
-impl IoEngine for CountingEngine {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl EngineLayer for CountingEngine {
+    fn inner(&self) -> &dyn IoEngine {
+        &*self.inner
     }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn path(&self, file: FileId) -> Option<&Path> {
-        self.inner.path(file)
-    }
-    fn buffer(&self, len: usize, align: usize) -> AlignedBuf {
-        self.inner.buffer(len, align)
-    }
-    fn queue(&self) -> std::io::Result<Box<dyn IoQueue + '_>> {
-        Ok(Box::new(CountingQueue {
+    fn wrap_queue<'a>(&'a self, inner: Box<dyn IoQueue + 'a>) -> Box<dyn IoQueue + 'a> {
+        Box::new(CountingQueue {
             engine: self,
-            inner: self.inner.queue()?,
-        }))
-    }
-    fn concurrent_pieces(&self) -> bool {
-        self.inner.concurrent_pieces()
-    }
-    fn verify_piece_bytes(&self) -> usize {
-        self.inner.verify_piece_bytes()
-    }
-    fn verify_lone_records_in_pieces(&self) -> bool {
-        self.inner.verify_lone_records_in_pieces()
+            inner,
+        })
     }
 }

@@ -12,6 +12,7 @@
 
 mod counting;
 mod engine;
+mod layer;
 mod mmap;
 mod open;
 mod pool;
@@ -24,6 +25,7 @@ pub use engine::{
     DEFAULT_VERIFY_PIECE_BYTES,
 };
 pub(crate) use engine::{EngineConfig, EngineFile};
+pub use layer::EngineLayer;
 pub(crate) use open::open_engine;
 pub use open::{io_engine_names, IoEngineChoice};
 

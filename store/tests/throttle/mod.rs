@@ -14,7 +14,7 @@
 
 #![allow(dead_code)] // each including target uses a different part
 
-use coli_store::{AlignedBuf, Completion, FileId, IoEngine, IoQueue, ReadRequest};
+use coli_store::{Completion, EngineLayer, FileId, IoEngine, IoQueue, ReadRequest};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,23 +129,11 @@ impl ThrottledEngine {
     }
 }
 
-impl IoEngine for ThrottledEngine {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl EngineLayer for ThrottledEngine {
+    fn inner(&self) -> &dyn IoEngine {
+        &*self.inner
     }
-    fn concurrent_pieces(&self) -> bool {
-        self.inner.concurrent_pieces()
-    }
-    fn verify_piece_bytes(&self) -> usize {
-        self.inner.verify_piece_bytes()
-    }
-    fn verify_lone_records_in_pieces(&self) -> bool {
-        self.inner.verify_lone_records_in_pieces()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn describe(&self) -> String {
+    fn describe_layer(&self) -> String {
         let rates: Vec<String> = self
             .drives
             .iter()
@@ -157,20 +145,14 @@ impl IoEngine for ThrottledEngine {
             rates.join("/")
         )
     }
-    fn path(&self, file: FileId) -> Option<&Path> {
-        self.inner.path(file)
-    }
-    fn buffer(&self, len: usize, align: usize) -> AlignedBuf {
-        self.inner.buffer(len, align)
-    }
-    fn queue(&self) -> std::io::Result<Box<dyn IoQueue + '_>> {
-        Ok(Box::new(ThrottledQueue {
-            inner: self.inner.queue()?,
+    fn wrap_queue<'a>(&'a self, inner: Box<dyn IoQueue + 'a>) -> Box<dyn IoQueue + 'a> {
+        Box::new(ThrottledQueue {
+            inner,
             engine: self,
             pending: HashMap::new(),
             held: Vec::new(),
             next: 0,
-        }))
+        })
     }
 }
 
