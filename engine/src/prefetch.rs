@@ -108,7 +108,8 @@ pub fn with_prefetcher<R>(
         drop(tx);
         let worker = worker.into_inner().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = worker {
-            // A panic in the worker leaves nothing half-done in the cache (see cache/inflight.rs).
+            // A panic in the worker leaves nothing half-done in the cache: its reads fail
+            // their slots on the way out (`FailOnDrop` in cache/expert_cache.rs).
             let _ = h.join();
         }
         cache.settle();

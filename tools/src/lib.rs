@@ -2,7 +2,9 @@
 //!
 //! [`options`] turns the shared command-line options into an opened store and engine; [`info`],
 //! [`plan`], [`mirror`] and [`serve`] are the `coli info`, `plan`, `mirror` and `serve`
-//! commands. The binaries (`src/bin/`) parse arguments and call these.
+//! commands. `src/bin/coli.rs` parses arguments, calls these, and keeps the terminal loops of
+//! `run`, `chat` and `eval` (streaming text and statistics to stdout/stderr); `coli-fsck`
+//! (`src/bin/coli-fsck.rs`) calls the store's fsck directly.
 
 #![forbid(unsafe_code)]
 

@@ -1,7 +1,7 @@
-//! The options `coli run`, `chat`, `eval` and `serve` share, turned into built objects: the
-//! opened store (I/O engine, mirrors, O_DIRECT) and the engine (budget, pinning, prefetch,
-//! usage history), as ripgrep's flags become its `HiArgs`. The commands and the server take
-//! their store and engine from here.
+//! The options `coli run`, `chat`, `eval`, `serve` and `plan` share, turned into built
+//! objects: the opened store (I/O engine, mirrors, O_DIRECT) and the engine (budget, pinning,
+//! prefetch, usage history), as ripgrep's flags become its `HiArgs`. The commands and the
+//! server take their store and engine from here.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};

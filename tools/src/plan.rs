@@ -1,5 +1,6 @@
-//! `coli plan --store DIR [--ram-budget SIZE] [any other `coli run` option] [--json]`: where a
-//! RAM budget goes and the decode speed bound it implies, for a run with the same options.
+//! `coli plan --store DIR [--ram-budget SIZE] [--json]` (and any other option of `coli run`):
+//! where a RAM budget goes and the decode speed bound it implies, for a run with the same
+//! options.
 //!
 //! - dense bytes resident: `dense.bin` (memory-mapped, read whole at load); KV cache:
 //!   `context * kv_bytes_per_token`;

@@ -2,7 +2,7 @@
 //! `Arc<ExpertBuf>` bounded together in bytes, with the reads in flight and the counters.
 //! See the module map in [`crate::cache`].
 
-use super::inflight::{fail_all, InFlight, ReadSlot};
+use super::inflight::{fail_all, lock, InFlight, ReadSlot};
 use super::lru::LruCache;
 use super::stats::CacheStats;
 use crate::error::{store_err, Result};
@@ -25,10 +25,34 @@ pub const OVERLAP_MIN_READY_BYTES: u64 = 4 << 20;
 /// A read in flight of one expert.
 type Slot = ReadSlot<Arc<ExpertBuf>>;
 
-/// Locks a mutex; a panic in another holder does not make the cache unusable (its state is
-/// updated in single steps that leave it consistent).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Fails the reads of `keys` (their table entries removed, their waiters woken with `None`)
+/// when dropped armed: a read that panics (in the store, or a test's engine) must not leave
+/// requests blocked on its slots. Disarmed once the read returned; the caller then finishes
+/// and completes the slots itself.
+struct FailOnDrop<'a> {
+    cache: &'a ExpertCache,
+    keys: &'a [ExpertKey],
+    slots: &'a [Arc<Slot>],
+    armed: bool,
+}
+
+impl FailOnDrop<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for FailOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut s = self.cache.state();
+            for (k, slot) in self.keys.iter().zip(self.slots) {
+                s.inflight.finish(k, slot);
+            }
+            drop(s);
+            fail_all(self.slots);
+        }
+    }
 }
 
 /// An LRU entry: the expert and whether it was read by prefetch and not used yet.
@@ -306,11 +330,18 @@ impl ExpertCache {
         if todo.is_empty() {
             return Ok(0);
         }
+        let guard = FailOnDrop {
+            cache: self,
+            keys: &todo,
+            slots: &slots,
+            armed: true,
+        };
         let res = store.fetch(&todo);
+        guard.disarm();
         let mut s = self.state();
         s.stats.fetch_calls += 1;
-        for k in &todo {
-            s.inflight.finish(k);
+        for (k, slot) in todo.iter().zip(&slots) {
+            s.inflight.finish(k, slot);
         }
         match res {
             Ok(bufs) => {
@@ -486,17 +517,35 @@ impl ExpertCache {
             }
         }
         for i in retry {
-            // The prefetch read failed: read it on demand (an error now is reported).
+            // The prefetch read failed: read it on demand (an error now is reported), or wait
+            // for another request that already does.
             let k = keys[i];
-            let slot = {
+            {
                 let mut s = self.state();
                 s.stats.hits -= 1;
                 s.stats.inflight_waits -= 1;
                 s.stats.misses += 1;
-                s.inflight.start(k)
-            };
-            let b = self.read_missing(store, &[k], std::slice::from_ref(&slot))?;
-            out[i] = b.into_iter().next();
+            }
+            out[i] = Some(loop {
+                let pending = {
+                    let mut s = self.state();
+                    match s.inflight.waiter(&k) {
+                        Some(w) => Err(w),
+                        None => Ok(s.inflight.start(k)),
+                    }
+                };
+                match pending {
+                    Err(w) => {
+                        if let Some(b) = w.wait() {
+                            break b;
+                        }
+                    }
+                    Ok(slot) => {
+                        let b = self.read_missing(store, &[k], std::slice::from_ref(&slot))?;
+                        break b.into_iter().next().expect("one key, one expert");
+                    }
+                }
+            });
         }
         let waited = stalled + t0.elapsed().as_nanos() as u64;
         let mut s = self.state();
@@ -532,11 +581,18 @@ impl ExpertCache {
                 missing[missing.len() - 1]
             )
         };
+        let guard = FailOnDrop {
+            cache: self,
+            keys: missing,
+            slots,
+            armed: true,
+        };
         let res = store.fetch(missing);
+        guard.disarm();
         let mut s = self.state();
         s.stats.fetch_calls += 1;
-        for k in missing {
-            s.inflight.finish(k);
+        for (k, slot) in missing.iter().zip(slots) {
+            s.inflight.finish(k, slot);
         }
         let bufs = match res {
             Ok(b) => b,
@@ -718,6 +774,8 @@ mod tests {
         timed_out: std::sync::atomic::AtomicBool,
         /// Completions still to be turned into read errors.
         fail_next: std::sync::atomic::AtomicUsize,
+        /// Completions still to be turned into a panic of the reading thread.
+        panic_next: std::sync::atomic::AtomicUsize,
     }
 
     impl Gate {
@@ -758,6 +816,13 @@ mod tests {
                 self.gate.pass();
             }
             let mut c = self.inner.wait()?;
+            let panic = &self.gate.panic_next;
+            if panic
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                panic!("injected panic in a read");
+            }
             let fail = &self.gate.fail_next;
             if fail
                 .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
@@ -803,6 +868,7 @@ mod tests {
             cv: Condvar::new(),
             timed_out: Default::default(),
             fail_next: Default::default(),
+            panic_next: Default::default(),
         });
         let g = Arc::clone(&gate);
         let wrapper = Arc::new(
@@ -862,6 +928,38 @@ mod tests {
         );
         assert_eq!((s.prefetch_reads, s.prefetch_used), (0, 0), "{s:?}");
         assert_eq!(cache.absent(&keys), vec![]);
+    }
+
+    #[test]
+    fn a_read_that_panics_fails_its_waiters_instead_of_blocking_them() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (tmp, _) = tiny_store(4);
+        let (store, gate) = gated(&tmp);
+        let keys = [ExpertKey::new(0, 1)];
+        let cache = ExpertCache::new(u64::MAX);
+        gate.set(false);
+        gate.panic_next.store(1, SeqCst);
+        let (prefetched, got) = std::thread::scope(|s| {
+            let (c, st, k) = (&cache, &store, &keys);
+            let prefetch = s.spawn(move || c.prefetch(st, k));
+            while cache.absent(&keys).len() == 1 {
+                std::thread::yield_now();
+            }
+            let demand = s.spawn(move || c.get_many(st, k));
+            while cache.stats().inflight_waits == 0 {
+                std::thread::yield_now();
+            }
+            gate.set(true);
+            (prefetch.join(), demand.join().unwrap())
+        });
+        assert!(prefetched.is_err(), "the prefetch read panicked");
+        assert!(!gate.timed_out.load(SeqCst));
+        let got = got.unwrap();
+        assert_eq!(got[0].bytes(), store.fetch_one(keys[0]).unwrap().bytes());
+        assert_eq!(cache.stats().misses, 1);
+        // Nothing is left in flight: a new request reads nothing and waits for nothing.
+        assert!(cache.absent(&keys).is_empty());
+        assert_eq!(cache.get_many(&store, &keys).unwrap()[0].key, keys[0]);
     }
 
     #[test]

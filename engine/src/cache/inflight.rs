@@ -6,7 +6,9 @@
 //! reader removes the key from the table ([`InFlight::finish`], under the cache's lock, in the
 //! same step that stores the result) and then hands the outcome to the waiters
 //! ([`ReadSlot::complete`]). A failed read wakes the waiters with `None`: each then reads on its
-//! own, so one failed prefetch never fails a demand request that could succeed.
+//! own, so one failed prefetch never fails a demand request that could succeed. A reader that
+//! panics must still finish and fail its slots (the expert cache does it in a drop guard), or
+//! its waiters would block for ever.
 //!
 //! The table itself takes no lock: it lives inside the expert cache's state, behind the
 //! cache's mutex. Only [`ReadSlot`] synchronizes, so waiting never holds the cache's lock.
@@ -28,7 +30,7 @@ enum Outcome<V> {
 
 /// Locks a mutex; a panic in another holder leaves the value consistent (it is written in one
 /// step), so the poison is ignored.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -105,18 +107,23 @@ impl<K: Hash + Eq + Copy, V: Clone> InFlight<K, V> {
         slot
     }
 
-    /// Removes `key` from the table once its read has ended (the result is stored where the
-    /// next request finds it, or the read failed).
-    pub fn finish(&mut self, key: &K) {
-        self.reads.remove(key);
+    /// Removes `key` from the table once its read, the one of `slot`, has ended (the result is
+    /// stored where the next request finds it, or the read failed). An entry of another read
+    /// of `key` (started after this one was removed) is left alone.
+    pub fn finish(&mut self, key: &K, slot: &Arc<ReadSlot<V>>) {
+        if self.reads.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            self.reads.remove(key);
+        }
     }
 
     /// Reads in flight.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.reads.len()
     }
 
     /// True when nothing is in flight.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.reads.is_empty()
     }
@@ -161,7 +168,7 @@ mod tests {
                 {
                     let mut t = lock(table);
                     lock(store).insert(k, Arc::clone(&v));
-                    t.finish(&k);
+                    t.finish(&k, &mine);
                 }
                 mine.complete(Some(Arc::clone(&v)));
                 v
@@ -203,17 +210,22 @@ mod tests {
         std::thread::scope(|s| {
             let hs: Vec<_> = waiters.iter().map(|w| s.spawn(|| w.wait())).collect();
             std::thread::sleep(Duration::from_millis(5));
-            table.finish(&7);
+            table.finish(&7, &slot);
             fail_all(std::slice::from_ref(&slot));
             for h in hs {
                 assert_eq!(h.join().unwrap(), None);
             }
         });
         assert!(table.is_empty());
-        // The key can be read again afterwards, and a completed slot answers at once.
+        // The key can be read again afterwards, and a completed slot answers at once. Finishing
+        // with an older read's slot leaves the newer read in the table.
         let again = table.start(7);
+        table.finish(&7, &slot);
+        assert!(table.contains(&7));
         again.complete(Some(70));
         assert_eq!(again.wait(), Some(70));
         assert_eq!(table.waiter(&7).unwrap().wait(), Some(70));
+        table.finish(&7, &again);
+        assert!(table.is_empty());
     }
 }

@@ -5,7 +5,7 @@
 //! One job per file:
 //! - [`lru`]: [`LruCache`], a generic byte-bounded LRU (hash map + doubly linked list in a
 //!   slab: every operation O(1)).
-//! - [`inflight`]: the reads in flight, so that an expert is never read twice at once (a
+//! - `inflight`: the reads in flight, so that an expert is never read twice at once (a
 //!   request for an expert being read waits for that read).
 //! - [`stats`]: [`CacheStats`], the counters (hits by tier, misses, demand and prefetch bytes,
 //!   prediction precision and recall, I/O wait).
@@ -28,7 +28,7 @@
 //! store's fetch buffer pool (up to `fetch_threads` idle record buffers).
 
 pub mod expert_cache;
-pub mod inflight;
+pub(crate) mod inflight;
 pub mod lru;
 pub mod stats;
 

@@ -125,7 +125,7 @@ mod tests {
     }
 
     #[test]
-    fn pinned_set_leaves_one_decode_step_to_the_lru_tier() {
+    fn pin_bytes_leave_one_decode_step_to_the_lru_tier() {
         assert_eq!(pin_bytes(100, 0.5, 10), 50);
         assert_eq!(pin_bytes(100, 1.0, 10), 90);
         assert_eq!(pin_bytes(100, 0.95, 30), 70);

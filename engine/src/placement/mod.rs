@@ -37,7 +37,7 @@ pub struct Placement {
     pub budget: u64,
     /// Whether the budget came from the available memory (no `ram_budget` given).
     pub budget_from_available_memory: bool,
-    /// Experts pinned at start and their bytes.
+    /// Experts pinned at start.
     pub pinned_experts: usize,
     /// Bytes of the pinned experts.
     pub pinned_bytes: u64,

@@ -29,18 +29,16 @@ mod start;
 
 pub use fs::{OsFs, WriterFs};
 
-use crate::{StoreError, StoreId};
+use crate::{
+    DenseEntry, Encoding, ExpertKey, ExpertLayer, FileEntry, SourceFile, StoreError, StoreId,
+};
 use coli_format::disk::index::IndexRecord;
 use coli_format::disk::manifest::ConverterInfo;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
-
-use crate::{DenseEntry, Encoding, ExpertKey, ExpertLayer, FileEntry, SourceFile};
-
-use std::collections::{BTreeMap, HashMap};
-
-use std::path::{Path, PathBuf};
 
 /// Name of the converter recorded in the manifest.
 pub const CONVERTER_NAME: &str = "coli-convert";
