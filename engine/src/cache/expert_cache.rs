@@ -890,6 +890,35 @@ mod tests {
         (store, gate)
     }
 
+    /// A prefetch of `keys` held at the (closed) gate, then a demand request for them that
+    /// waits on the prefetch's read, then the gate opened: the prefetch thread's outcome (Err
+    /// when it panicked) and the demand request's result.
+    #[allow(clippy::type_complexity)]
+    fn prefetch_then_demand(
+        cache: &ExpertCache,
+        store: &Store,
+        gate: &Gate,
+        keys: &[ExpertKey],
+    ) -> (
+        std::thread::Result<Result<usize>>,
+        Result<Vec<Arc<ExpertBuf>>>,
+    ) {
+        gate.set(false);
+        std::thread::scope(|s| {
+            let prefetch = s.spawn(|| cache.prefetch(store, keys));
+            // Once the prefetch read is in flight, the demand request waits for it.
+            while cache.absent(keys).len() == keys.len() {
+                std::thread::yield_now();
+            }
+            let demand = s.spawn(|| cache.get_many(store, keys));
+            while cache.stats().inflight_waits == 0 {
+                std::thread::yield_now();
+            }
+            gate.set(true);
+            (prefetch.join(), demand.join().unwrap())
+        })
+    }
+
     #[test]
     fn a_demand_request_waiting_on_a_failed_prefetch_reads_the_expert_itself() {
         use std::sync::atomic::Ordering::SeqCst;
@@ -897,22 +926,9 @@ mod tests {
         let (store, gate) = gated(&tmp);
         let keys = [ExpertKey::new(0, 0)];
         let cache = ExpertCache::new(u64::MAX);
-        gate.set(false);
         gate.fail_next.store(1, SeqCst);
-        let (prefetched, got) = std::thread::scope(|s| {
-            let (c, st, k) = (&cache, &store, &keys);
-            let prefetch = s.spawn(move || c.prefetch(st, k));
-            // Once the prefetch read is in flight, the demand request waits for it.
-            while cache.absent(&keys).len() == 1 {
-                std::thread::yield_now();
-            }
-            let demand = s.spawn(move || c.get_many(st, k));
-            while cache.stats().inflight_waits == 0 {
-                std::thread::yield_now();
-            }
-            gate.set(true);
-            (prefetch.join().unwrap(), demand.join().unwrap())
-        });
+        let (prefetched, got) = prefetch_then_demand(&cache, &store, &gate, &keys);
+        let prefetched = prefetched.unwrap();
         assert!(!gate.timed_out.load(SeqCst));
         let err = prefetched.unwrap_err().to_string();
         assert!(err.contains("injected read error"), "{err}");
@@ -937,21 +953,8 @@ mod tests {
         let (store, gate) = gated(&tmp);
         let keys = [ExpertKey::new(0, 1)];
         let cache = ExpertCache::new(u64::MAX);
-        gate.set(false);
         gate.panic_next.store(1, SeqCst);
-        let (prefetched, got) = std::thread::scope(|s| {
-            let (c, st, k) = (&cache, &store, &keys);
-            let prefetch = s.spawn(move || c.prefetch(st, k));
-            while cache.absent(&keys).len() == 1 {
-                std::thread::yield_now();
-            }
-            let demand = s.spawn(move || c.get_many(st, k));
-            while cache.stats().inflight_waits == 0 {
-                std::thread::yield_now();
-            }
-            gate.set(true);
-            (prefetch.join(), demand.join().unwrap())
-        });
+        let (prefetched, got) = prefetch_then_demand(&cache, &store, &gate, &keys);
         assert!(prefetched.is_err(), "the prefetch read panicked");
         assert!(!gate.timed_out.load(SeqCst));
         let got = got.unwrap();
