@@ -2,7 +2,7 @@
 
 use super::set::{check_copy, PrimaryInfo};
 use super::status::MirrorStatus;
-use super::{drop_cache, free_bytes, fsync_dir, io_err};
+use super::{drop_cache, free_bytes, fsync_dir, io_err, require_mirror_dir};
 use crate::{Store, StoreError};
 use coli_format::disk::names::{segment_path, segment_rel};
 use std::fs::File;
@@ -38,15 +38,7 @@ pub fn copy_segments(
     reserve: u64,
 ) -> Result<Vec<CopyOutcome>, StoreError> {
     let primary = PrimaryInfo::of(store)?;
-    if !mirror.is_dir() {
-        return Err(io_err(
-            mirror,
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "mirror directory does not exist (create it first)",
-            ),
-        ));
-    }
+    require_mirror_dir(mirror)?;
     let mut todo = Vec::new();
     let mut out = Vec::new();
     for seg in &primary.segments {

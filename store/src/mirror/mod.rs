@@ -51,6 +51,21 @@ pub(crate) fn fmt_err(file: impl Into<String>, what: impl Into<String>) -> Store
 }
 
 /// fsyncs a directory (so that a rename or a new entry in it is durable).
+/// `Ok` when `mirror` is a directory; else [`StoreError::Io`] (`NotFound`) naming it, for the
+/// commands that write into a mirror (the directory is the user's to create).
+pub(crate) fn require_mirror_dir(mirror: &Path) -> Result<(), StoreError> {
+    if mirror.is_dir() {
+        return Ok(());
+    }
+    Err(io_err(
+        mirror,
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "mirror directory does not exist (create it first)",
+        ),
+    ))
+}
+
 pub(crate) fn fsync_dir(path: &Path) -> Result<(), StoreError> {
     std::fs::File::open(path)
         .and_then(|f| f.sync_all())

@@ -4,7 +4,7 @@
 
 use super::primary::PrimaryInfo;
 use super::staged::parse_staged;
-use super::{drop_cache, fmt_err, free_bytes, fsync_dir, io_err};
+use super::{drop_cache, fmt_err, free_bytes, fsync_dir, io_err, require_mirror_dir};
 use crate::{ExpertKey, IndexRecord, Store, StoreError};
 use coli_format::disk::names::{parse_staged_name, staged_rel, STAGED_DIR};
 use coli_format::disk::staged::{data_start, staged_head};
@@ -60,15 +60,7 @@ pub fn stage_records(
     let a = primary.alignment;
     let start = data_start(recs.len() as u64, a);
     let total = start + recs.iter().map(|r| r.length.get()).sum::<u64>();
-    if !mirror.is_dir() {
-        return Err(io_err(
-            mirror,
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "mirror directory does not exist (create it first)",
-            ),
-        ));
-    }
+    require_mirror_dir(mirror)?;
     let free = free_bytes(mirror).map_err(|e| io_err(mirror, e))?;
     if free < total.saturating_add(reserve) {
         return Err(StoreError::Writer(format!(
