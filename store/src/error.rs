@@ -57,6 +57,10 @@ pub enum StoreError {
     /// No such expert or tensor in this store.
     #[error("not in store: {0}")]
     NotFound(String),
+    /// Open options that cannot work together or are out of range (refused before anything
+    /// is read; the message names the options).
+    #[error("{0}")]
+    Options(String),
     /// Misuse of the writer (wrong order, writes after a failure, parameters differing on resume).
     #[error("{0}")]
     Writer(String),

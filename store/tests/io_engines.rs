@@ -414,6 +414,10 @@ fn mmap_refuses_o_direct() {
     .err()
     .expect("mmap with O_DIRECT must be refused");
     assert!(e.to_string().contains("mmap engine"), "{e}");
+    // An option problem, not a file's: the message does not repeat the store path (the
+    // caller's context names it).
+    assert!(matches!(e, StoreError::Options(_)), "{e}");
+    assert!(!e.to_string().contains(&*dir.to_string_lossy()), "{e}");
 }
 
 #[test]

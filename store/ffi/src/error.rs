@@ -71,6 +71,7 @@ impl From<StoreError> for FfiError {
             StoreError::Incomplete { .. } => COLI_ERR_INCOMPLETE,
             StoreError::Checksum { .. } => COLI_ERR_CHECKSUM,
             StoreError::NotFound(_) => COLI_ERR_NOT_FOUND,
+            StoreError::Options(_) => COLI_ERR_INVALID_ARGUMENT,
             StoreError::Writer(_) => COLI_ERR_PANIC,
             // Variants added to the store later map to the generic internal code.
             #[allow(unreachable_patterns)]

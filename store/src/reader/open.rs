@@ -242,13 +242,10 @@ impl Store {
                     IoEngineChoice::Engine(n) => n,
                     IoEngineChoice::Auto => "auto",
                 };
-                return Err(io_err(
-                    &dir,
-                    std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        format!("O_DIRECT was requested with the {name} engine, which always reads through the page cache; choose another engine or buffered I/O"),
-                    ),
-                ));
+                return Err(StoreError::Options(format!(
+                    "O_DIRECT was requested with the {name} engine, which always reads through \
+                     the page cache; choose another engine or buffered I/O"
+                )));
             }
             (IoPreference::Buffered, _) | (_, false) => {
                 (IoMode::Buffered, AlignedBuf::DEFAULT_ALIGN.max(align))
@@ -287,16 +284,10 @@ impl Store {
         // I/O engine, over its own handles of the segment files (same O_DIRECT choice).
         let queue_depth = opts.queue_depth.unwrap_or(opts.fetch_threads).max(1);
         if queue_depth > MAX_QUEUE_DEPTH {
-            return Err(io_err(
-                &dir,
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!(
-                        "queue depth {queue_depth} is above the maximum {MAX_QUEUE_DEPTH} \
-                         (each unit of depth is a read in flight and a pool thread)"
-                    ),
-                ),
-            ));
+            return Err(StoreError::Options(format!(
+                "queue depth {queue_depth} is above the maximum {MAX_QUEUE_DEPTH} \
+                 (each unit of depth is a read in flight and a pool thread)"
+            )));
         }
         let mut files = Vec::with_capacity(segments.len());
         for (id, s) in segments.iter().enumerate() {
