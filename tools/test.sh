@@ -3,7 +3,9 @@
 #   1. cargo test --workspace   (store, converter, kernels, engine vs transformers fixtures)
 #   2. tests/store_bytes.py     (every store written from the tiny fixtures is byte-identical to
 #                                tests/fixtures/store_sha256.txt)
-#   3. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
+#   3. tests/bench_models.py    (issue-17 benchmark generators at small dimensions: bytes from
+#                                the seed, routing gate accepts them and refuses a degenerate one)
+#   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,8 @@ cargo build -q -p coli-convert -p coli-tools
   --check tests/fixtures/store_sha256.txt
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check -r tests/python_reader/requirements.txt
 .venv-demo/bin/python tests/python_reader/test_reader.py "${CARGO_TARGET_DIR:-target}/debug/coli-convert"
+# Benchmark-model generators: same seed, same bytes; realistic routing accepted, degenerate refused.
+.venv-demo/bin/python tests/bench_models.py --bin "${CARGO_TARGET_DIR:-target}/debug"
 .venv-demo/bin/python tests/demo_e2e.py
 
 # --- coli serve (tests/serve): the official openai client against a real `coli serve` on the

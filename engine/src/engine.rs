@@ -8,6 +8,7 @@ use crate::models::Model;
 use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
 use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::trace::RoutingTrace;
 use coli_format::ModelSpec;
 use coli_store::Store;
 use std::time::Instant;
@@ -141,6 +142,8 @@ pub struct Engine<'s> {
     pool: rayon::ThreadPool,
     /// Warnings of the model load not yet taken.
     warnings: Vec<String>,
+    /// Where each token's routing is recorded, if anywhere ([`crate::trace`]).
+    trace: Option<RoutingTrace>,
 }
 
 impl<'s> Engine<'s> {
@@ -204,7 +207,15 @@ impl<'s> Engine<'s> {
             prefill_batch: opts.prefill_batch,
             pool,
             warnings,
+            trace: None,
         })
+    }
+
+    /// Records every token's routing and lookahead prediction from now on into `trace`
+    /// ([`crate::trace`]); None stops recording. Returns the trace that was set, if any (call
+    /// [`RoutingTrace::finish`] on it to flush it).
+    pub fn set_routing_trace(&mut self, trace: Option<RoutingTrace>) -> Option<RoutingTrace> {
+        std::mem::replace(&mut self.trace, trace)
     }
 
     /// The lookahead prefetch gate: its estimate of the share of prefetched experts used and
@@ -351,6 +362,7 @@ impl<'s> Engine<'s> {
                 rope: &model.rope,
                 store,
                 cache,
+                trace: None,
             };
             mtp.forward(hidden, next_ids, 0, &mut kv, &mut ctx)
         })
@@ -427,8 +439,10 @@ impl<'s> Engine<'s> {
             cache,
             kv,
             pool,
+            trace,
             ..
         } = self;
+        let trace = trace.as_ref();
         let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
             let mut x = vec![0f32; n * h];
             for (t, &id) in ids.iter().enumerate() {
@@ -441,6 +455,7 @@ impl<'s> Engine<'s> {
                 rope: &model.rope,
                 store,
                 cache,
+                trace,
             };
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
@@ -448,12 +463,16 @@ impl<'s> Engine<'s> {
                     // Lookahead (see prefetch.rs): layer 0 from the embeddings, then layer
                     // li + 1 from the residual stream after layer li's attention.
                     if let (Some(pf), 0) = (pf, li) {
-                        crate::prefetch::predict_and_request(layer, &x, n, &handle, pf);
+                        crate::prefetch::predict_and_request(
+                            layer, &x, n, pos0, &handle, trace, pf,
+                        );
                     }
                     let handle = &handle;
                     layer.forward_observed(&mut x, n, pos0, kvl, &mut ctx, |h| {
                         if let (Some(pf), Some(next)) = (pf, layers.get(li + 1)) {
-                            crate::prefetch::predict_and_request(next, h, n, handle, pf);
+                            crate::prefetch::predict_and_request(
+                                next, h, n, pos0, handle, trace, pf,
+                            );
                         }
                     })?;
                 }

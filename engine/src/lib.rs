@@ -13,7 +13,7 @@
 //! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
 //! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
 //! history file), [`sampling`], [`text`] (tokenizer, chat template, streaming decoder),
-//! [`size`] (byte sizes). See `docs/ENGINE.md`.
+//! [`size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +28,7 @@ pub mod prefetch;
 pub mod sampling;
 pub mod size;
 pub mod text;
+pub mod trace;
 pub mod usage;
 pub mod weights;
 

@@ -30,7 +30,9 @@
 //! yet are dropped and the read in progress is finished.
 
 use crate::cache::ExpertCache;
+use crate::layers::moe::{rank_union, Routing};
 use crate::layers::{DecoderLayer, Ffn};
+use crate::trace::RoutingTrace;
 use coli_format::ExpertKey;
 use coli_store::Store;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,32 +120,48 @@ pub fn with_prefetcher<R>(
     (r, failures.load(Ordering::Relaxed))
 }
 
-/// The experts `layer`'s router predicts for hidden states `x` (`[n, H]`, the residual stream,
-/// not normalized), most wanted first; None for a dense layer.
-pub fn predict(layer: &DecoderLayer<'_>, x: &[f32], n: usize) -> Option<(u32, Vec<u32>)> {
+/// The per-token routing `layer`'s router predicts for hidden states `x` (`[n, H]`, the
+/// residual stream, not normalized) and its layer index; None for a dense layer.
+pub fn predict_routes(
+    layer: &DecoderLayer<'_>,
+    x: &[f32],
+    n: usize,
+) -> Option<(u32, Vec<Routing>)> {
     let normed = || {
         let mut v = vec![0f32; x.len()];
         layer.post_norm.forward(x, &mut v);
         v
     };
     match &layer.ffn {
-        Ffn::Moe(m) => Some((m.layer, m.predict_experts(&normed(), n))),
-        Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.predict_experts(&normed(), n))),
+        Ffn::Moe(m) => Some((m.layer, m.route(&normed(), n))),
+        Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.route(&normed(), n))),
         Ffn::Dense(_) => None,
     }
 }
 
-/// Predicts `layer`'s experts for `x` (see [`predict`]), records the prediction in `cache`
-/// (for precision/recall) and, with a prefetcher (`p`; None when the gate paused the reads),
-/// queues the reads of those not in RAM.
+/// The experts `layer`'s router predicts for `x` (see [`predict_routes`]), most wanted first
+/// ([`rank_union`]); None for a dense layer.
+pub fn predict(layer: &DecoderLayer<'_>, x: &[f32], n: usize) -> Option<(u32, Vec<u32>)> {
+    predict_routes(layer, x, n).map(|(l, routes)| (l, rank_union(&routes)))
+}
+
+/// Predicts `layer`'s experts for `x` (tokens at positions `pos0..pos0+n`; see [`predict`]),
+/// records the prediction in `cache` (for precision/recall) and in `trace`, and, with a
+/// prefetcher (`p`; None when the gate paused the reads), queues the reads of those not in RAM.
 pub fn predict_and_request(
     layer: &DecoderLayer<'_>,
     x: &[f32],
     n: usize,
+    pos0: usize,
     cache: &ExpertCache,
+    trace: Option<&RoutingTrace>,
     p: Option<&Prefetcher<'_, '_>>,
 ) {
-    if let Some((l, experts)) = predict(layer, x, n) {
+    if let Some((l, routes)) = predict_routes(layer, x, n) {
+        if let Some(t) = trace {
+            t.predicted(l, pos0, &routes);
+        }
+        let experts = rank_union(&routes);
         let keys: Vec<ExpertKey> = experts.iter().map(|&e| ExpertKey::new(l, e)).collect();
         cache.set_prediction(l, experts);
         if let Some(p) = p {

@@ -4,6 +4,7 @@
 use crate::cache::ExpertCache;
 use crate::error::Result;
 use crate::layers::{Attention, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe};
+use crate::trace::RoutingTrace;
 use coli_store::Store;
 
 /// The feed-forward part of a layer.
@@ -43,6 +44,8 @@ pub struct LayerCtx<'a, 's> {
     pub store: &'s Store,
     /// The expert cache.
     pub cache: &'a mut ExpertCache,
+    /// Where to record each token's routing, if anywhere ([`crate::trace`]).
+    pub trace: Option<&'a RoutingTrace>,
 }
 
 /// One decoder layer.
@@ -102,9 +105,21 @@ impl DecoderLayer<'_> {
         after_attention(h);
         self.post_norm.forward(h, &mut normed);
         match &self.ffn {
-            Ffn::Moe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,
+            Ffn::Moe(m) => {
+                let routes = m.route(&normed, n);
+                if let Some(t) = ctx.trace {
+                    t.routed(m.layer, pos0, &routes);
+                }
+                m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
+            }
             Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
-            Ffn::SigmoidMoe(m) => m.forward(&normed, n, ctx.store, ctx.cache, &mut delta)?,
+            Ffn::SigmoidMoe(m) => {
+                let routes = m.route(&normed, n);
+                if let Some(t) = ctx.trace {
+                    t.routed(m.experts.layer, pos0, &routes);
+                }
+                m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
+            }
         }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;

@@ -101,8 +101,25 @@ impl SigmoidMoe<'_> {
         out: &mut [f32],
     ) -> Result<()> {
         let routes = self.route(x, n);
+        self.forward_routes(x, n, &routes, store, cache, out)
+    }
+
+    /// [`SigmoidMoe::forward`] with the routing already computed (`routes[t]` for token `t`,
+    /// as [`SigmoidMoe::route`] gives it).
+    ///
+    /// # Errors
+    /// As [`SigmoidMoe::forward`].
+    pub fn forward_routes(
+        &self,
+        x: &[f32],
+        n: usize,
+        routes: &[crate::layers::moe::Routing],
+        store: &Store,
+        cache: &mut ExpertCache,
+        out: &mut [f32],
+    ) -> Result<()> {
         self.experts
-            .forward_routes(x, n, &routes, store, cache, out)?;
+            .forward_routes(x, n, routes, store, cache, out)?;
         if let Some(sh) = &self.shared {
             let mut y = vec![0f32; out.len()];
             sh.forward(x, n, &mut y);

@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use coli_engine::trace::RoutingTrace;
 use coli_engine::{
     ChatMessage, Engine, GenerateParams, Generation, Logits, SamplingParams, StreamDecoder,
 };
@@ -108,6 +109,10 @@ struct RunArgs {
     /// Write the logits of the last prompt position to FILE as a JSON array.
     #[arg(long, value_name = "FILE")]
     logits_out: Option<PathBuf>,
+    /// Write every token's routing and lookahead prediction, per MoE layer, to FILE (JSON
+    /// lines: pos, layer, experts, predicted; see coli_engine::trace). Tokens are unchanged.
+    #[arg(long, value_name = "FILE")]
+    routing_trace: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -301,6 +306,11 @@ fn run(a: RunArgs) -> Result<()> {
         // Generation below prefills the prompt again, so its statistics cover the whole prompt.
         eng.reset();
     }
+    if let Some(path) = &a.routing_trace {
+        eng.set_routing_trace(Some(
+            RoutingTrace::create(path).map_err(anyhow::Error::msg)?,
+        ));
+    }
     let params = a.sampling.params();
     let stream = !a.json;
     let mut dec = StreamDecoder::new();
@@ -326,6 +336,9 @@ fn run(a: RunArgs) -> Result<()> {
             Ok(true)
         })
         .context("generating")?;
+    if let Some(t) = eng.set_routing_trace(None) {
+        t.finish().map_err(anyhow::Error::msg)?;
+    }
     for w in eng.take_warnings() {
         eprintln!("warning: {w}");
     }
