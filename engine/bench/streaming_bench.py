@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""coli vs llama.cpp at equal total memory on a model that does not fit (issue 17).
+
+    streaming_bench.py --bench-dir DIR --out FILE [--reps 3] [--threads 2] [--limits 10,50,100]
+        [--decode-tokens 24] [--stream-tokens 32] [--engines LIST] [--coli PATH]
+        [--llama-python PATH] [--workloads decode,stream]
+
+DIR holds what `streaming_bench.sh` made from the OLMoE-shaped benchmark model
+(`make_olmoe_shape.py`, routing checked by `routing_stats.py`): coli stores `store-int4`
+(`--experts int4-g64 --dense bf16`), `store-int4-d8` (`--experts int4-g64 --dense int8
+--embeddings int8`), `store-int8` (`--experts int8 --dense bf16`), and llama.cpp GGUFs of the same
+weights `olmoe-q4_0.gguf`, `olmoe-q8_0.gguf` (`olmoe_gguf.py`: llama.cpp's own quantizer; the
+type of every tensor is listed in `olmoe-<type>.tensors.txt`). Engines missing from DIR are
+skipped (and said so).
+
+Equal memory. Every run is a fresh process inside its own cgroup-v1 memory cgroup
+(`/sys/fs/cgroup/memory/coli-bench-*`, created, `memory.limit_in_bytes` set, removed after), which
+counts RSS AND page cache, so an engine that pages its weights through mmap gets no more memory
+than one that reads them into its own buffers. Before every run: `sync; echo 3 >
+/proc/sys/vm/drop_caches` (cold). Runs are interleaved: for each limit, repetition, workload,
+every engine once, in turn.
+
+Limits, per bit-width group (int4: coli int4, coli int4-d8 and llama.cpp Q4_0; int8: coli int8 and
+llama.cpp Q8_0), from that group's coli store with bf16 dense weights: dense.bin + P% of the expert
+records + 384 MiB (KV cache at --context 512, code, buffers), for each P of --limits (100 holds
+the whole model). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
+pinned set included) = (limit - its own dense.bin - 384 MiB) x record bytes / bytes a record's
+buffer holds (`coli_budget`: the store rounds buffers of 2 MiB or more up to 2 MiB multiples); the usage history is learned on
+other token ids before the first run (so it may pin its hottest experts). llama.cpp: mmap on
+(its default, the way it runs models larger than RAM) and weight repacking OFF
+(`use_extra_bufts = false`, `--no-repack` in its CLI): with repacking, its CPU backend copies the
+Q4_0 weights into anonymous memory at load, which holds the whole model in RAM and is killed in
+a cgroup smaller than the model. At the whole-model limit llama.cpp also runs with repacking on
+(`llama-q4_0-repack`), its fastest configuration when everything fits.
+
+Workloads (token ids; the model has no tokenizer):
+- decode: 8 varied prompt ids, then --decode-tokens greedy tokens (TTFT, decode tok/s);
+- stream: --stream-tokens varied ids fed ONE PER FORWARD (teacher forcing: every step routes a
+  new token, the I/O-heavy case); tok/s = ids / seconds.
+
+Reported per engine, limit and workload: tok/s (median of the repetitions, min-max), TTFT,
+bytes read from disk per token (the same measure for every engine: the process's read_bytes from
+wait4's rusage, ru_inblock x 512, = /proc/PID/io read_bytes at exit, load included, divided by
+the tokens run; coli's own expert counter beside it), peak cgroup memory
+(memory.max_usage_in_bytes), OOM kills, hit rate (coli). Tokens: each coli store must give the
+same tokens at every limit (placement invariance; the script exits 1 otherwise); llama.cpp's are
+reported. Bounds, next to each coli figure, in the same run: the I/O bound = fio bandwidth
+(random O_DIRECT reads at the store's expert record size and coli's queue depth, io_uring,
+over its segment files) / coli's expert bytes read per token; the compute bound = coli's tok/s
+with every expert resident (whole-model budget, every expert pinned at load) ; and coli's
+share of min(I/O bound, compute bound).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CG = "/sys/fs/cgroup/memory"
+MiB = 1 << 20
+OVERHEAD = 384 * MiB
+CONTEXT = 512
+
+# name: (kind, file in bench dir, group, extra args)
+ENGINES = {
+    "coli-int4": ("coli", "store-int4", "int4", []),
+    "coli-int4-d8": ("coli", "store-int4-d8", "int4", []),
+    "coli-int8": ("coli", "store-int8", "int8", []),
+    "llama-q4_0": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "off"]),
+    "llama-q8_0": ("llama", "olmoe-q8_0.gguf", "int8", ["--repack", "off"]),
+    "llama-q4_0-repack": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "cpu"]),
+}
+GROUP_REF = {"int4": "store-int4", "int8": "store-int8"}
+
+
+def drop_caches() -> bool:
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
+    """(dense.bin bytes, routed expert record bytes, mean record bytes) from `coli info --json`."""
+    p = subprocess.run([coli, "info", store, "--json"], capture_output=True, text=True, check=True)
+    c = json.loads(p.stdout)["classes"]["routed_experts"]
+    return os.path.getsize(os.path.join(store, "dense.bin")), c["bytes"], c["bytes"] // c["count"]
+
+
+def coli_budget(limit: int, dense: int, record: int) -> int:
+    """coli's --ram-budget for a cgroup of `limit` bytes: what is left after dense.bin and
+    384 MiB (KV cache at --context 512 = 128 MiB on the OLMoE shape, code, heap, reads in
+    flight), times record / allocated bytes per record. The expert cache charges a record's
+    length against the budget, but the store's buffers of 2 MiB or more are rounded up to a
+    multiple of 2 MiB (huge pages, store/src/io/mod.rs) and zeroed whole: an int4 record of
+    3.375 MiB holds 4 MiB, an int8 record of 6.02 MiB 8 MiB, so the process holds up to 1.19x
+    (int4) / 1.33x (int8) the budget. With a flat 384 MiB margin (first run,
+    results/2026-12-01-streaming-olmoe-run1.txt) coli filled its cgroup at 50% (int4, int8) and
+    10% (int8) and re-read evicted dense.bin pages (int8 at 50%: 31.5 GiB read for 14.8 GiB of
+    experts)."""
+    held = -(-record // (2 * MiB)) * 2 * MiB if record >= 2 * MiB else record
+    return max((limit - dense - OVERHEAD) * record // held, 16 * MiB)
+
+
+def run_in_cgroup(name: str, limit: int, cmd: list, env=None) -> dict:
+    """Runs cmd in a fresh memory cgroup of `limit` bytes, cold; returns stdout, rc, wall time,
+    read_bytes (rusage), peak cgroup memory, OOM kills."""
+    cg = os.path.join(CG, f"coli-bench-{name}-{os.getpid()}")
+    if os.path.isdir(cg):
+        os.rmdir(cg)
+    os.mkdir(cg)
+    try:
+        with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit))
+        dropped = drop_caches()
+        out = tempfile.TemporaryFile()
+        err = tempfile.TemporaryFile()
+
+        def enter():
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                f.write("0")
+
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=enter, env=env)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+
+        def rd(f):
+            with open(os.path.join(cg, f)) as h:
+                return h.read()
+
+        oom = 0
+        for line in rd("memory.oom_control").splitlines():
+            if line.startswith("oom_kill "):
+                oom = int(line.split()[1])
+        return {
+            "rc": p.returncode, "stdout": out.read().decode(), "stderr": err.read().decode()[-4000:],
+            "wall_s": wall, "read_bytes": ru.ru_inblock * 512, "maxrss_bytes": ru.ru_maxrss * 1024,
+            "cpu_s": ru.ru_utime + ru.ru_stime, "peak_cgroup_bytes": int(rd("memory.max_usage_in_bytes")),
+            "failcnt": int(rd("memory.failcnt")), "oom_kills": oom, "dropped_caches": dropped,
+        }
+    finally:
+        # Charges of the page cache left behind move to the parent when the group is removed.
+        for _ in range(50):
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def fio_bandwidth(store: str, block: int, qd: int, seconds: int = 5, jobs: int = 2) -> float:
+    """Random O_DIRECT reads (io_uring) over the store's segment files: GiB/s. Two jobs of
+    depth `qd` by default: coli reads a layer's demand misses and the lookahead's prefetch on two
+    threads, each with up to `qd` reads in flight (one job at qd 4 measured ~0.7 GiB/s here while
+    coli read at ~1.2 GiB/s)."""
+    seg_dir = os.path.join(store, "segments")
+    files = ":".join(os.path.join(seg_dir, f) for f in sorted(os.listdir(seg_dir)))
+    bs = (block + 4095) // 4096 * 4096
+    p = subprocess.run(["fio", "--name=coli", f"--filename={files}", "--rw=randread", f"--bs={bs}",
+                        "--direct=1", "--ioengine=io_uring", f"--iodepth={qd}", "--runtime=" + str(seconds),
+                        "--time_based", "--readonly", f"--numjobs={jobs}", "--group_reporting",
+                        "--output-format=json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"fio failed: {p.stderr}")
+    j = json.loads(p.stdout)
+    return j["jobs"][0]["read"]["bw_bytes"] / 2**30
+
+
+def coli_cmd(a, store, workload, ids, budget, usage, extra=()):
+    cmd = [a.coli, "run", "--store", store, "--prompt-ids", ",".join(map(str, ids)), "--ram-budget",
+           str(budget), "--context", str(CONTEXT), "--threads", str(a.threads), "--usage", usage, "--json"]
+    if workload == "decode":
+        cmd += ["--max-tokens", str(a.decode_tokens)]
+    else:
+        cmd += ["--max-tokens", "1", "--prefill-batch", "1"]
+    return cmd + list(extra)
+
+
+def llama_cmd(a, gguf, workload, ids, extra):
+    cmd = [a.llama_python, os.path.join(ROOT, "engine", "bench", "llamacpp_run.py"), "--model", gguf,
+           "--workload", workload, "--prompt-ids", ",".join(map(str, ids)), "--threads", str(a.threads),
+           "--ctx", str(CONTEXT), "--mmap", "on"] + list(extra)
+    if workload == "decode":
+        cmd += ["--max-tokens", str(a.decode_tokens)]
+    return cmd
+
+
+def summarize(kind, workload, res, n_tokens):
+    """Common figures from one run's JSON (coli --json or llamacpp_run.py)."""
+    j = json.loads(res["stdout"].strip().splitlines()[-1])
+    if kind == "coli":
+        s = j["stats"]
+        tokens = j["token_ids"]
+        if workload == "decode":
+            tok_s, ttft = s["decode_tok_s"], s["ttft_s"]
+        else:
+            tok_s, ttft = s["prompt_tokens"] / s["prefill_s"], None
+        extra = {"hit_rate": s["hit_rate"], "coli_expert_bytes_per_token": s["expert_bytes_per_token"],
+                 "coli_expert_bytes_read": s["expert_bytes_read"], "io_wait_s": s.get("io_wait_s"),
+                 "load_s": s["load_s"], "queue_depth": s["queue_depth"]}
+    else:
+        tokens = j["tokens"]
+        tok_s, ttft = j["decode_tok_s"], j.get("ttft_s")
+        extra = {"load_s": j.get("load_s"), "rss_peak_bytes": j.get("rss_peak_bytes")}
+    return dict(tok_s=tok_s, ttft_s=ttft, tokens=tokens, read_bytes_per_token=res["read_bytes"] / n_tokens,
+                **extra)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--limits", default="10,50,100", help="percent of the experts held, besides dense")
+    ap.add_argument("--decode-tokens", type=int, default=24)
+    ap.add_argument("--stream-tokens", type=int, default=32)
+    ap.add_argument("--workloads", default="decode,stream")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--coli", default=os.path.join(ROOT, "target", "release", "coli"))
+    ap.add_argument("--llama-python", default="/work/venv-llama/bin/python")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--bounds-from", help="reuse the bounds lines of an earlier results file of this script")
+    a = ap.parse_args()
+    if not os.path.isdir(CG):
+        sys.exit(f"{CG}: no cgroup-v1 memory controller here")
+
+    log = open(a.out, "w")
+
+    def emit(obj):
+        line = json.dumps(obj) if not isinstance(obj, str) else obj
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    emit(f"# streaming_bench.py {' '.join(sys.argv[1:])}")
+    emit(f"# host {os.uname().nodename}, {os.cpu_count()} CPUs, git {git.stdout.strip()}, "
+         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+    engines = []
+    for name in a.engines.split(","):
+        kind, f, group, extra = ENGINES[name]
+        path = os.path.join(a.bench_dir, f)
+        if not os.path.exists(path):
+            emit(f"# skipped {name}: {path} missing")
+            continue
+        engines.append((name, kind, path, group, extra))
+    rng = random.Random(a.seed)
+    with open(os.path.join(a.bench_dir, "store-int4", "files", "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    prompt = [rng.randrange(vocab) for _ in range(8)]
+    stream_ids = [rng.randrange(vocab) for _ in range(a.stream_tokens)]
+    learn_ids = [rng.randrange(vocab) for _ in range(256)]
+    emit({"prompt_ids": prompt, "stream_ids": stream_ids})
+
+    groups = {}
+    for g, ref in GROUP_REF.items():
+        p = os.path.join(a.bench_dir, ref)
+        if os.path.isdir(p):
+            dense, experts, rec = store_sizes(a.coli, p)
+            groups[g] = {p_: dense + experts * int(p_) // 100 + OVERHEAD for p_ in a.limits.split(",")}
+            emit({"group": g, "ref_store": ref, "dense_bytes": dense, "expert_bytes": experts,
+                  "record_bytes": rec, "limits": groups[g]})
+
+    tmp = tempfile.mkdtemp(prefix="coli-bench-")
+    usage = {}
+    # Usage histories learned on other ids (teacher forcing), once per store.
+    for name, kind, path, group, extra in engines:
+        if kind == "coli":
+            usage[name] = os.path.join(tmp, f"usage-{name}.json")
+            subprocess.run(coli_cmd(a, path, "stream", learn_ids, 1 << 40, usage[name], ["--no-pin"]),
+                           capture_output=True, check=True)
+    # Bounds: fio and everything resident, per coli store.
+    bounds = {}
+    if a.bounds_from:
+        for line in open(a.bounds_from):
+            if line.startswith('{"bounds"'):
+                b = json.loads(line)
+                name = b.pop("bounds")
+                bounds[name] = b
+                emit({"reused_bounds": name, "from": a.bounds_from, **b})
+    for name, kind, path, group, extra in engines:
+        if kind != "coli" or name in bounds:
+            continue
+        dense, experts, rec = store_sizes(a.coli, path)
+        qd = 0
+        b = {"fio_gib_s": None, "compute_tok_s": {}}
+        for w in a.workloads.split(","):
+            ids = prompt if w == "decode" else stream_ids
+            vals = []
+            for _ in range(a.reps):
+                saved = usage[name] + ".resident"
+                shutil.copy(usage[name], saved)
+                r = subprocess.run(coli_cmd(a, path, w, ids, experts + 64 * MiB, saved, ["--pin-share", "1.0"]),
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    sys.exit(f"{name} resident run failed: {r.stderr}")
+                s = summarize("coli", w, {"stdout": r.stdout, "read_bytes": 0}, 1)
+                vals.append(s["tok_s"])
+                qd = s["queue_depth"]
+            b["compute_tok_s"][w] = statistics.median(vals)
+        b["fio_gib_s"] = fio_bandwidth(path, rec, qd or 8)
+        b["fio_block"], b["fio_qd"], b["fio_jobs"] = rec, qd, 2
+        bounds[name] = b
+        emit({"bounds": name, **b})
+
+    results = []
+    reference_tokens = {}
+    failures = []
+    for limit_p in a.limits.split(","):
+        for rep in range(a.reps):
+            for w in a.workloads.split(","):
+                ids = prompt if w == "decode" else stream_ids
+                n_tokens = len(ids) + (a.decode_tokens - 1 if w == "decode" else 0)
+                for name, kind, path, group, extra in engines:
+                    if group not in groups:
+                        continue
+                    if name.endswith("-repack") and limit_p != "100":
+                        continue
+                    limit = groups[group][limit_p]
+                    if kind == "coli":
+                        dense, _, rec = store_sizes(a.coli, path)
+                        budget = coli_budget(limit, dense, rec)
+                        u = os.path.join(tmp, f"u-{name}-{limit_p}-{rep}-{w}.json")
+                        shutil.copy(usage[name], u)
+                        cmd = coli_cmd(a, path, w, ids, budget, u)
+                    else:
+                        budget = None
+                        cmd = llama_cmd(a, path, w, ids, extra)
+                    subprocess.run(["uptime"], stdout=log)
+                    res = run_in_cgroup(name, limit, cmd)
+                    row = {"engine": name, "limit_pct": int(limit_p), "limit_bytes": limit, "rep": rep,
+                           "workload": w, "budget": budget, "rc": res["rc"], "wall_s": res["wall_s"],
+                           "read_bytes": res["read_bytes"], "peak_cgroup_bytes": res["peak_cgroup_bytes"],
+                           "oom_kills": res["oom_kills"], "cpu_s": res["cpu_s"], "maxrss_bytes": res["maxrss_bytes"],
+                           "dropped_caches": res["dropped_caches"]}
+                    if res["rc"] == 0:
+                        row.update(summarize(kind, w, res, n_tokens))
+                        if kind == "coli":
+                            key = (name, w)
+                            ref = reference_tokens.setdefault(key, row["tokens"])
+                            if row["tokens"] != ref:
+                                failures.append(f"{name} {w} limit {limit_p}%: tokens differ {row['tokens']} vs {ref}")
+                    else:
+                        row["stderr"] = res["stderr"][-600:]
+                    results.append(row)
+                    emit(row)
+
+    # Table of medians.
+    emit("# summary: median tok/s (min-max) | TTFT s | disk read MB/token (rusage) | coli expert MB/token | "
+         "peak cgroup MiB | hit rate | share of min(I/O bound, compute bound)")
+    for limit_p in a.limits.split(","):
+        for w in a.workloads.split(","):
+            for name, kind, path, group, extra in engines:
+                rows = [r for r in results if r["engine"] == name and r["limit_pct"] == int(limit_p)
+                        and r["workload"] == w]
+                if not rows:
+                    continue
+                ok = [r for r in rows if r["rc"] == 0]
+                if not ok:
+                    emit(f"{limit_p:>4}% {w:<7} {name:<18} FAILED ({rows[0]['rc']}, oom kills "
+                         f"{max(r['oom_kills'] for r in rows)})")
+                    continue
+                ts = [r["tok_s"] for r in ok]
+                med = statistics.median(ts)
+                ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
+                rd = statistics.median(r["read_bytes_per_token"] for r in ok) / 1e6
+                peak = max(r["peak_cgroup_bytes"] for r in ok) / MiB
+                line = (f"{limit_p:>4}% {w:<7} {name:<18} {med:8.2f} ({min(ts):.2f}-{max(ts):.2f}) "
+                        f"ttft {statistics.median(ttft) if ttft else float('nan'):6.2f} read {rd:8.1f} MB/tok "
+                        f"peak {peak:7.0f} MiB")
+                if kind == "coli":
+                    eb = statistics.median(r["coli_expert_bytes_per_token"] for r in ok)
+                    hr = statistics.median(r["hit_rate"] for r in ok)
+                    b = bounds[name]
+                    io_bound = b["fio_gib_s"] * 2**30 / eb if eb > 0 else float("inf")
+                    cb = b["compute_tok_s"][w]
+                    share = med / min(io_bound, cb)
+                    line += (f" expert {eb / 1e6:7.1f} MB/tok hit {hr:.3f} | io bound {io_bound:7.2f} "
+                             f"compute bound {cb:6.2f} share {share:.2f}")
+                    emit({"summary": name, "limit_pct": int(limit_p), "workload": w, "tok_s": med,
+                          "io_bound": io_bound, "compute_bound": cb, "share": share})
+                emit(line)
+            # Ratios coli / llama.cpp at the same bits.
+            def med_of(n):
+                ok = [r["tok_s"] for r in results if r["engine"] == n and r["limit_pct"] == int(limit_p)
+                      and r["workload"] == w and r["rc"] == 0]
+                return statistics.median(ok) if ok else None
+            for c, l in (("coli-int4", "llama-q4_0"), ("coli-int4-d8", "llama-q4_0"), ("coli-int8", "llama-q8_0")):
+                mc, ml = med_of(c), med_of(l)
+                if mc and ml:
+                    emit(f"       ratio {c} / {l} ({w}, {limit_p}%): {mc / ml:.2f}")
+    for f_ in failures:
+        emit(f"# PLACEMENT INVARIANCE FAILED: {f_}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
