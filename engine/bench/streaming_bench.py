@@ -63,6 +63,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from olmoe_bench import drop_caches  # noqa: E402
+import streaming_report  # noqa: E402
 CG = "/sys/fs/cgroup/memory"
 MiB = 1 << 20
 OVERHEAD = 384 * MiB
@@ -78,16 +81,6 @@ ENGINES = {
     "llama-q4_0-repack": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "cpu"]),
 }
 GROUP_REF = {"int4": "store-int4", "int8": "store-int8"}
-
-
-def drop_caches() -> bool:
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
@@ -360,50 +353,10 @@ def main() -> int:
                     results.append(row)
                     emit(row)
 
-    # Table of medians.
-    emit("# summary: median tok/s (min-max) | TTFT s | disk read MB/token (rusage) | coli expert MB/token | "
-         "peak cgroup MiB | hit rate | share of min(I/O bound, compute bound)")
-    for limit_p in a.limits.split(","):
-        for w in a.workloads.split(","):
-            for name, kind, path, group, extra in engines:
-                rows = [r for r in results if r["engine"] == name and r["limit_pct"] == int(limit_p)
-                        and r["workload"] == w]
-                if not rows:
-                    continue
-                ok = [r for r in rows if r["rc"] == 0]
-                if not ok:
-                    emit(f"{limit_p:>4}% {w:<7} {name:<18} FAILED ({rows[0]['rc']}, oom kills "
-                         f"{max(r['oom_kills'] for r in rows)})")
-                    continue
-                ts = [r["tok_s"] for r in ok]
-                med = statistics.median(ts)
-                ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
-                rd = statistics.median(r["read_bytes_per_token"] for r in ok) / 1e6
-                peak = max(r["peak_cgroup_bytes"] for r in ok) / MiB
-                line = (f"{limit_p:>4}% {w:<7} {name:<18} {med:8.2f} ({min(ts):.2f}-{max(ts):.2f}) "
-                        f"ttft {statistics.median(ttft) if ttft else float('nan'):6.2f} read {rd:8.1f} MB/tok "
-                        f"peak {peak:7.0f} MiB")
-                if kind == "coli":
-                    eb = statistics.median(r["coli_expert_bytes_per_token"] for r in ok)
-                    hr = statistics.median(r["hit_rate"] for r in ok)
-                    b = bounds[name]
-                    io_bound = b["fio_gib_s"] * 2**30 / eb if eb > 0 else float("inf")
-                    cb = b["compute_tok_s"][w]
-                    share = med / min(io_bound, cb)
-                    line += (f" expert {eb / 1e6:7.1f} MB/tok hit {hr:.3f} | io bound {io_bound:7.2f} "
-                             f"compute bound {cb:6.2f} share {share:.2f}")
-                    emit({"summary": name, "limit_pct": int(limit_p), "workload": w, "tok_s": med,
-                          "io_bound": io_bound, "compute_bound": cb, "share": share})
-                emit(line)
-            # Ratios coli / llama.cpp at the same bits.
-            def med_of(n):
-                ok = [r["tok_s"] for r in results if r["engine"] == n and r["limit_pct"] == int(limit_p)
-                      and r["workload"] == w and r["rc"] == 0]
-                return statistics.median(ok) if ok else None
-            for c, l in (("coli-int4", "llama-q4_0"), ("coli-int4-d8", "llama-q4_0"), ("coli-int8", "llama-q8_0")):
-                mc, ml = med_of(c), med_of(l)
-                if mc and ml:
-                    emit(f"       ratio {c} / {l} ({w}, {limit_p}%): {mc / ml:.2f}")
+    log.close()
+    # The tables (streaming_report.py over this run's file), on stdout.
+    streaming_report.main([a.out])
+    log = open(a.out, "a")
     for f_ in failures:
         emit(f"# PLACEMENT INVARIANCE FAILED: {f_}")
     shutil.rmtree(tmp, ignore_errors=True)
