@@ -107,6 +107,7 @@ def layer_stats(rows, num_experts: int, k: int) -> dict:
             "lookahead_hits": hit,
             "lookahead_routed": pred_n,
             "consecutive_overlap": float(np.mean(overlap)) if overlap else None,
+            "usage": p,
         }
     return out
 
@@ -131,6 +132,9 @@ def check_against_coli_records(stats, out, hist, num_experts) -> list[str]:
         if used != s["experts_used"] or abs(ent - s["entropy"]) > 0.005:
             errs.append(f"layer {layer}: usage history says {used} experts / entropy {ent:.4f}, "
                         f"trace {s['experts_used']} / {s['entropy']:.4f}")
+        diff = float(np.abs(p - s["usage"]).max())
+        if diff > 1e-3:  # decay between merges changes the shares by far less
+            errs.append(f"layer {layer}: usage history shares differ from the trace's by {diff:.4f}")
     hits = sum(s["lookahead_hits"] for s in stats.values())
     routed = sum(s["lookahead_routed"] for s in stats.values())
     json_recall = out["stats"].get("prefetch_recall")
@@ -231,10 +235,13 @@ def olmoe_routes(cfg, W: StoreWeights, ids, n_layers):
         for t in range(T):
             routed, gap = top_k_with_gap(probs[t], k)
             yield L, t, routed, gap, pred[t][0], pred[t][1]
-            for e in routed:
+            w = probs[t, routed]
+            if cfg.get("norm_topk_prob"):
+                w = w / w.sum()
+            for e, we in zip(routed, w):
                 ep = f"model.layers.{L}.mlp.experts.{e}."
                 g, u = W[ep + "gate_proj.weight"] @ xn[t], W[ep + "up_proj.weight"] @ xn[t]
-                out[t] += probs[t, e] * (W[ep + "down_proj.weight"] @ (g / (1 + np.exp(-g)) * u))
+                out[t] += we * (W[ep + "down_proj.weight"] @ (g / (1 + np.exp(-g)) * u))
         h = h + out
         pred = next_pred
 
@@ -336,6 +343,13 @@ def main() -> int:
         print("the gate needs --tokens >= 1024", file=sys.stderr)
         return 2
     cfg = load_config(a.store)
+    if cfg["model_type"] not in ("olmoe", "glm_moe_dsa", "deepseek_v3"):
+        print(f"{a.store}: model_type {cfg['model_type']}: the numpy cross-check covers olmoe, glm_moe_dsa "
+              "and deepseek_v3 only", file=sys.stderr)
+        return 2
+    if a.check_tokens < 1 or a.check_layers < 1 or a.tokens < 2:
+        print("need --check-tokens >= 1, --check-layers >= 1 and --tokens >= 2", file=sys.stderr)
+        return 2
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
     k = cfg["num_experts_per_tok"]
     rng = random.Random(a.seed)
@@ -345,7 +359,17 @@ def main() -> int:
     rows = [r for r in rows if r["pos"] < a.tokens]  # the prompt; not the one decode step
     stats = layer_stats(rows, E, k)
     record_errors = check_against_coli_records(stats, out, hist, E)
+    first_moe = cfg.get("first_k_dense_replace", 0) if cfg["model_type"] != "olmoe" else 0
+    want_layers = list(range(first_moe, cfg["num_hidden_layers"]))
+    if sorted(stats) != want_layers:
+        record_errors.append(f"the trace has MoE layers {sorted(stats)}, the config {want_layers}")
+    for layer, st in stats.items():
+        if st["tokens"] != a.tokens:
+            record_errors.append(f"layer {layer}: {st['tokens']} tokens traced, {a.tokens} fed")
     xc = cross_check(a, cfg, rows)
+    if xc["compared"] == 0 or xc["skipped_near_ties"] > xc["compared"]:
+        xc["errors"].append(f"numpy cross-check compared {xc['compared']} routings "
+                            f"({xc['skipped_near_ties']} near ties skipped): too few to check anything")
 
     print(f"store {a.store}: {cfg['model_type']}, {E} experts, top-{k}, {a.tokens} tokens (seed {a.seed}), "
           f"one per forward")
@@ -354,7 +378,7 @@ def main() -> int:
     for layer, s in stats.items():
         rec = s["lookahead_recall"]
         print(f"{layer:>5} {s['entropy']:>8.3f} {s['experts_used']:>5} {s['top16_share']:>6.3f} "
-              f"{rec if rec is None else round(rec, 3)!s:>7} {s['consecutive_overlap']:>8.3f}")
+              f"{rec if rec is None else round(rec, 3)!s:>7} {s['consecutive_overlap'] or 0:>8.3f}")
         if s["entropy"] < ENTROPY_MIN:
             fails.append(f"layer {layer}: usage entropy {s['entropy']:.3f} < {ENTROPY_MIN}")
         if s["experts_used"] < E:
@@ -366,6 +390,8 @@ def main() -> int:
           f"{xc['skipped_near_ties']} near ties skipped, {len(xc['errors'])} differ")
     for e in record_errors + xc["errors"]:
         print(f"  {e}")
+    for st in stats.values():
+        st["usage"] = [round(float(x), 6) for x in st["usage"]]
     summary = {"store": a.store, "model_type": cfg["model_type"], "experts": E, "top_k": k, "tokens": a.tokens,
                "seed": a.seed, "layers": stats, "record_errors": record_errors, "numpy_cross_check": xc,
                "gate_failures": fails, "coli_stats": out["stats"]}
