@@ -443,6 +443,9 @@ impl<'s> Engine<'s> {
             ..
         } = self;
         let trace = trace.as_ref();
+        if let Some(t) = trace {
+            t.begin_pass();
+        }
         let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
             let mut x = vec![0f32; n * h];
             for (t, &id) in ids.iter().enumerate() {

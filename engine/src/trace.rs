@@ -62,6 +62,13 @@ impl RoutingTrace {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Starts a forward pass: predictions left from a pass that failed before its layers
+    /// consumed them are dropped, so they are never attributed to this pass's tokens. (Lines a
+    /// failed pass already wrote stay in the file.)
+    pub fn begin_pass(&self) {
+        self.state().predicted.clear();
+    }
+
     /// Records the lookahead's per-token routing for `layer` (`routes[t]` is the token at
     /// position `pos0 + t`); written with the layer's real routing by [`RoutingTrace::routed`].
     pub fn predicted(&self, layer: u32, pos0: usize, routes: &[Routing]) {
