@@ -139,13 +139,8 @@ pub fn predict_routes(
     }
 }
 
-/// The experts `layer`'s router predicts for `x` (see [`predict_routes`]), most wanted first
-/// ([`rank_union`]); None for a dense layer.
-pub fn predict(layer: &DecoderLayer<'_>, x: &[f32], n: usize) -> Option<(u32, Vec<u32>)> {
-    predict_routes(layer, x, n).map(|(l, routes)| (l, rank_union(&routes)))
-}
-
-/// Predicts `layer`'s experts for `x` (tokens at positions `pos0..pos0+n`; see [`predict`]),
+/// Predicts `layer`'s experts for `x` (tokens at positions `pos0..pos0+n`; see
+/// [`predict_routes`]; ordered by [`rank_union`]),
 /// records the prediction in `cache` (for precision/recall) and in `trace`, and, with a
 /// prefetcher (`p`; None when the gate paused the reads), queues the reads of those not in RAM.
 pub fn predict_and_request(

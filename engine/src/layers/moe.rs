@@ -99,30 +99,6 @@ impl MoeBlock<'_> {
             .collect()
     }
 
-    /// Lookahead prediction: the experts this block's router would choose for `x` (`[n, H]`,
-    /// already normalized with this layer's `post_attention_layernorm`), most wanted first
-    /// ([`rank_union`]). The engine applies it to an EARLIER hidden state than the one the
-    /// layer will see, so the result is a guess: it only orders prefetch reads.
-    pub fn predict_experts(&self, x: &[f32], n: usize) -> Vec<u32> {
-        rank_union(&self.route(x, n))
-    }
-
-    /// `out[n, H]` = the MoE output for `x[n, H]` (see the module doc for the order of sums).
-    ///
-    /// # Errors
-    /// A failed expert fetch, or an expert whose shape differs from the config.
-    pub fn forward(
-        &self,
-        x: &[f32],
-        n: usize,
-        store: &Store,
-        cache: &mut ExpertCache,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let routes = self.route(x, n);
-        self.forward_routes(x, n, &routes, store, cache, out)
-    }
-
     /// `out[n, H]` = `sum_e w_e SwiGLU_e(x)` for `x[n, H]` with the given per-token routing
     /// (`routes[t]` = `(expert, weight)` pairs), experts fetched through `cache`.
     ///

@@ -88,27 +88,11 @@ impl SigmoidMoe<'_> {
             .collect()
     }
 
-    /// `out[n, H]` = routed experts + shared experts of `x[n, H]`.
+    /// `out[n, H]` = routed experts + shared experts of `x[n, H]`, with the routing
+    /// computed by [`SigmoidMoe::route`] (`routes[t]` for token `t`).
     ///
     /// # Errors
     /// A failed expert fetch, or an expert whose shape differs from the config.
-    pub fn forward(
-        &self,
-        x: &[f32],
-        n: usize,
-        store: &Store,
-        cache: &mut ExpertCache,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let routes = self.route(x, n);
-        self.forward_routes(x, n, &routes, store, cache, out)
-    }
-
-    /// [`SigmoidMoe::forward`] with the routing already computed (`routes[t]` for token `t`,
-    /// as [`SigmoidMoe::route`] gives it).
-    ///
-    /// # Errors
-    /// As [`SigmoidMoe::forward`].
     pub fn forward_routes(
         &self,
         x: &[f32],
@@ -128,16 +112,6 @@ impl SigmoidMoe<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// Lookahead prediction for the grouped sigmoid router (used by the engine's prefetch).
-impl SigmoidMoe<'_> {
-    /// The routed experts this layer's router would choose for `x` (`[n, H]`, already
-    /// normalized with this layer's `post_attention_layernorm`), most wanted first
-    /// ([`crate::layers::moe::rank_union`]). Shared experts are dense and never predicted.
-    pub fn predict_experts(&self, x: &[f32], n: usize) -> Vec<u32> {
-        crate::layers::moe::rank_union(&self.route(x, n))
     }
 }
 
