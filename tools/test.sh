@@ -7,6 +7,8 @@
 #                                the seed, routing gate accepts them and refuses a degenerate one)
 #   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
+#   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
+#   6. tests/tests/batched_decode.rs on the demo store (batched logits equal solo logits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -32,3 +34,8 @@ cargo build -q -p coli-convert -p coli-tools
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/serve/requirements.txt
 .venv-demo/bin/python tests/serve/test_serve.py
 # --- end coli serve
+
+# Batched decode on the demo store test_serve.py built: every sequence's logits equal its solo
+# run's (tests/tests/batched_decode.rs; the fixture families ran in cargo test above).
+COLI_DEMO_STORE="${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store" \
+  cargo test -q -p coli-tests --test batched_decode -- --ignored

@@ -3,14 +3,18 @@
 
 use crate::cache::{CacheStats, ExpertCache};
 use crate::error::{store_err, EngineError, Result};
+use crate::layers::Span;
 use crate::layers::{LayerCtx, LayerKv};
 use crate::models::Model;
 use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
 use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::sequence::{Sequence, SlotGuard};
 use crate::trace::RoutingTrace;
 use coli_format::ModelSpec;
 use coli_store::Store;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Which logits a forward pass returns.
@@ -129,14 +133,30 @@ pub struct GenerateParams {
     pub stop_on_eos: bool,
 }
 
-/// A model ready to run over a store, with one sequence's KV cache.
+/// One sequence's part of a forward pass over several sequences ([`Engine::forward_many`]).
+pub struct BatchItem<'a> {
+    /// The sequence (its KV cache grows by `ids`).
+    pub seq: &'a mut Sequence,
+    /// Token ids fed after the sequence's cached tokens (at least one).
+    pub ids: &'a [u32],
+    /// Which logits to return for this sequence (None: none, e.g. a prefill chunk that is not
+    /// the prompt's last).
+    pub logits: Option<Logits>,
+}
+
+/// A model ready to run over a store, with its own sequence's KV cache (used by
+/// [`Engine::forward`] and [`Engine::generate`]) and any number of further sequences up to
+/// `max_sequences` ([`Engine::new_sequence`], run together by [`Engine::forward_many`]).
 pub struct Engine<'s> {
     store: &'s Store,
     model: Model<'s>,
     cache: ExpertCache,
     policy: PlacementPolicy,
-    kv: Vec<LayerKv>,
-    tokens: Vec<u32>,
+    /// The engine's own sequence.
+    seq: Sequence,
+    /// Sequences made by [`Engine::new_sequence`] and not yet dropped.
+    live: Arc<AtomicUsize>,
+    max_sequences: usize,
     context: usize,
     prefill_batch: usize,
     pool: rayon::ThreadPool,
@@ -190,10 +210,10 @@ impl<'s> Engine<'s> {
             threads: opts.threads.unwrap_or(0),
             msg: e.to_string(),
         })?;
-        let kv = (0..model.layers.len())
-            .map(|_| LayerKv::default())
-            .collect();
-        let kv_bytes = kv_bytes_per_token(&model.layers) * context as u64;
+        let seq = Sequence::new(layer_kv_dims(&model.layers), None);
+        let kv_bytes = kv_bytes_per_token(&model.layers)
+            .saturating_mul(context as u64)
+            .saturating_mul(opts.max_sequences as u64);
         let (num_layers, top_k) = (model.spec.num_layers, model.spec.top_k);
         let (policy, cache) = PlacementPolicy::new(store, opts, kv_bytes, num_layers, top_k)?;
         Ok(Engine {
@@ -201,8 +221,9 @@ impl<'s> Engine<'s> {
             model,
             cache,
             policy,
-            kv,
-            tokens: Vec::new(),
+            seq,
+            live: Arc::new(AtomicUsize::new(0)),
+            max_sequences: opts.max_sequences,
             context,
             prefill_batch: opts.prefill_batch,
             pool,
@@ -281,9 +302,65 @@ impl<'s> Engine<'s> {
         (self.cache.capacity(), self.cache.used())
     }
 
-    /// The token ids whose keys/values are in the KV cache.
+    /// The token ids whose keys/values are in the engine's own sequence's KV cache.
     pub fn cached_tokens(&self) -> &[u32] {
-        &self.tokens
+        &self.seq.tokens
+    }
+
+    /// Sequences whose KV caches the engine may hold at once ([`EngineOptions::max_sequences`]).
+    pub fn max_sequences(&self) -> usize {
+        self.max_sequences
+    }
+
+    /// Sequences in use: those of [`Engine::new_sequence`] not yet dropped, plus the engine's
+    /// own while it holds tokens.
+    pub fn sequences_in_use(&self) -> usize {
+        self.live.load(Ordering::Acquire) + usize::from(!self.seq.is_empty())
+    }
+
+    /// Bytes of KV cache one sequence takes at the context limit
+    /// ([`Engine::kv_bytes_per_token`] x [`Engine::context`]).
+    pub fn kv_bytes_per_sequence(&self) -> u64 {
+        self.kv_bytes_per_token()
+            .saturating_mul(self.context as u64)
+    }
+
+    fn too_many(&self) -> EngineError {
+        EngineError::TooManySequences {
+            max: self.max_sequences,
+            kv_bytes_per_sequence: self.kv_bytes_per_sequence(),
+        }
+    }
+
+    /// A new, empty sequence for [`Engine::forward_many`]; it counts against
+    /// [`Engine::max_sequences`] until dropped.
+    ///
+    /// # Errors
+    /// [`EngineError::TooManySequences`] when `max_sequences` are in use.
+    pub fn new_sequence(&self) -> Result<Sequence> {
+        Ok(Sequence::new(
+            layer_kv_dims(&self.model.layers),
+            Some(self.take_slot()?),
+        ))
+    }
+
+    /// A new sequence holding a copy of `src`'s KV cache and tokens (n completions of one
+    /// prompt share its prefill this way).
+    ///
+    /// # Errors
+    /// As [`Engine::new_sequence`].
+    pub fn fork_sequence(&self, src: &Sequence) -> Result<Sequence> {
+        Ok(src.fork(self.take_slot()?))
+    }
+
+    fn take_slot(&self) -> Result<SlotGuard> {
+        let own = usize::from(!self.seq.is_empty());
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n + own < self.max_sequences).then_some(n + 1)
+            })
+            .map_err(|_| self.too_many())?;
+        Ok(SlotGuard(self.live.clone()))
     }
 
     /// Bytes of KV cache per token over all decoder layers (f32 values, 4 bytes each): keys
@@ -373,21 +450,22 @@ impl<'s> Engine<'s> {
         self.truncate(0);
     }
 
-    /// Keeps only the first `len` positions of the KV cache.
+    /// Keeps only the first `len` positions of the engine's own KV cache.
     pub fn truncate(&mut self, len: usize) {
-        let len = len.min(self.tokens.len());
-        for (kv, layer) in self.kv.iter_mut().zip(&self.model.layers) {
-            kv.truncate(len, layer.attn.kv_dim());
-        }
-        self.tokens.truncate(len);
+        self.seq.truncate(len);
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        self.check_ids_after(self.seq.len(), ids)
+    }
+
+    /// Ids below the vocabulary size and room for them after `cached` positions.
+    fn check_ids_after(&self, cached: usize, ids: &[u32]) -> Result<()> {
         let vocab = self.model.spec.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { id, vocab });
         }
-        let needed = self.tokens.len() + ids.len();
+        let needed = cached + ids.len();
         if needed > self.context {
             return Err(EngineError::ContextOverflow {
                 needed,
@@ -406,7 +484,10 @@ impl<'s> Engine<'s> {
     /// expert fetch failures (the KV cache is rolled back to its state before the call).
     pub fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<Vec<f32>>> {
         self.check_ids(ids)?;
-        let start = self.tokens.len();
+        if self.seq.is_empty() && !ids.is_empty() && self.sequences_in_use() >= self.max_sequences {
+            return Err(self.too_many());
+        }
+        let start = self.seq.len();
         let mut out = Vec::new();
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
         let last_chunk = chunks.len().saturating_sub(1);
@@ -427,28 +508,103 @@ impl<'s> Engine<'s> {
         Ok(out)
     }
 
-    /// One batch: `want` None = no logits, Some(true) = last row only, Some(false) = all rows.
+    /// One batch of the engine's own sequence: `want` None = no logits, Some(true) = last row
+    /// only, Some(false) = all rows.
     fn forward_batch(&mut self, ids: &[u32], want: Option<bool>) -> Result<Vec<Vec<f32>>> {
-        let n = ids.len();
+        let placeholder = Sequence::new(Vec::new(), None);
+        let mut seq = std::mem::replace(&mut self.seq, placeholder);
+        let r = self.pass(&mut [&mut seq], &[ids], &[want]);
+        self.seq = seq;
+        Ok(r?.pop().expect("one sequence"))
+    }
+
+    /// One forward pass over several sequences: for each sequence, `ids` fed after its cached
+    /// tokens, in one pass (no prefill chunking: the caller sizes each item, e.g. one token of
+    /// decode or one `--prefill-batch` chunk of a prompt). Per decoder layer the dense
+    /// projections run once over all rows and the union of the experts the rows route to is
+    /// fetched once ([`crate::layers::DecoderLayer::forward_spans`]). Returns, per item, the
+    /// logits rows it asked for (`[vocab]` f32 each; none for `logits: None`).
+    ///
+    /// A sequence's logits and KV cache are bit-identical whatever else the pass holds: the
+    /// same as running it alone with the same chunks.
+    ///
+    /// # Errors
+    /// An item with no ids ([`EngineError::Invalid`]), [`EngineError::TokenOutOfRange`],
+    /// [`EngineError::ContextOverflow`] (nothing is run then), expert fetch failures (every
+    /// sequence is rolled back to its state before the call).
+    pub fn forward_many(&mut self, items: &mut [BatchItem<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
+        for (i, it) in items.iter().enumerate() {
+            if it.ids.is_empty() {
+                return Err(EngineError::Invalid(format!(
+                    "batch item {i} has no token ids"
+                )));
+            }
+            self.check_ids_after(it.seq.len(), it.ids)?;
+        }
+        let ids: Vec<&[u32]> = items.iter().map(|it| it.ids).collect();
+        let want: Vec<Option<bool>> = items
+            .iter()
+            .map(|it| it.logits.map(|l| l == Logits::Last))
+            .collect();
+        let mut seqs: Vec<&mut Sequence> = items.iter_mut().map(|it| &mut *it.seq).collect();
+        self.pass(&mut seqs, &ids, &want)
+    }
+
+    /// The forward pass of [`Engine::forward_many`] (ids already checked). On error every
+    /// sequence is truncated back to its length before the pass.
+    fn pass(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        ids: &[&[u32]],
+        want: &[Option<bool>],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let starts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        let r = self.pass_inner(seqs, ids, want);
+        if r.is_err() {
+            for (s, &len) in seqs.iter_mut().zip(&starts) {
+                s.truncate(len);
+            }
+        }
+        r
+    }
+
+    fn pass_inner(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        ids: &[&[u32]],
+        want: &[Option<bool>],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let spans: Vec<Span> = seqs
+            .iter()
+            .zip(ids)
+            .map(|(s, ids)| Span {
+                pos0: s.len(),
+                n: ids.len(),
+            })
+            .collect();
+        let n = Span::rows(&spans);
         let h = self.model.spec.hidden_size;
-        let pos0 = self.tokens.len();
         let lookahead = self.policy.next_pass(&self.cache.stats());
         let Engine {
             store,
             model,
             cache,
-            kv,
             pool,
             trace,
             ..
         } = self;
-        let trace = trace.as_ref();
+        // The trace records positions of one sequence: passes over several are not traced.
+        let trace = match spans.len() {
+            1 => trace.as_ref(),
+            _ => None,
+        };
+        let pos0 = spans.first().map_or(0, |s| s.pos0);
         if let Some(t) = trace {
             t.begin_pass();
         }
-        let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
+        let logits = pool.install(|| -> Result<Vec<Vec<Vec<f32>>>> {
             let mut x = vec![0f32; n * h];
-            for (t, &id) in ids.iter().enumerate() {
+            for (t, &id) in ids.iter().flat_map(|ids| ids.iter()).enumerate() {
                 model
                     .embed
                     .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
@@ -462,7 +618,9 @@ impl<'s> Engine<'s> {
             };
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
-                for (li, (layer, kvl)) in layers.iter().zip(kv.iter_mut()).enumerate() {
+                for (li, layer) in layers.iter().enumerate() {
+                    let mut kvs: Vec<&mut LayerKv> =
+                        seqs.iter_mut().map(|s| &mut s.kv[li]).collect();
                     // Lookahead (see prefetch.rs): layer 0 from the embeddings, then layer
                     // li + 1 from the residual stream after layer li's attention.
                     if let (Some(pf), 0) = (pf, li) {
@@ -471,7 +629,7 @@ impl<'s> Engine<'s> {
                         );
                     }
                     let handle = &handle;
-                    layer.forward_observed(&mut x, n, pos0, kvl, &mut ctx, |h| {
+                    layer.forward_spans(&mut x, &spans, &mut kvs, &mut ctx, |h| {
                         if let (Some(pf), Some(next)) = (pf, layers.get(li + 1)) {
                             crate::prefetch::predict_and_request(
                                 next, h, n, pos0, handle, trace, pf,
@@ -488,30 +646,44 @@ impl<'s> Engine<'s> {
                 Lookahead::Predict => run(Some(None))?,
                 Lookahead::Off => run(None)?,
             }
-            let Some(last_only) = want else {
-                return Ok(Vec::new());
-            };
-            let rows: Vec<usize> = if last_only {
-                vec![n - 1]
-            } else {
-                (0..n).collect()
-            };
-            let mut xs = Vec::with_capacity(rows.len() * h);
-            for &t in &rows {
-                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+            // The rows whose logits are wanted, over all items, then one lm_head product.
+            let mut rows: Vec<usize> = Vec::new();
+            let mut counts: Vec<usize> = Vec::with_capacity(spans.len());
+            let mut r0 = 0;
+            for (s, w) in spans.iter().zip(want) {
+                let before = rows.len();
+                match w {
+                    None => {}
+                    Some(true) => rows.push(r0 + s.n - 1),
+                    Some(false) => rows.extend(r0..r0 + s.n),
+                }
+                counts.push(rows.len() - before);
+                r0 += s.n;
             }
-            let mut normed = vec![0f32; xs.len()];
-            model.final_norm.forward(&xs, &mut normed);
             let vocab = model.spec.vocab_size;
             let mut l = vec![0f32; rows.len() * vocab];
-            if rows.len() == 1 {
-                coli_kernels::matvec(&model.lm_head, &normed, &mut l);
-            } else {
-                coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+            if !rows.is_empty() {
+                let mut xs = Vec::with_capacity(rows.len() * h);
+                for &t in &rows {
+                    xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+                }
+                let mut normed = vec![0f32; xs.len()];
+                model.final_norm.forward(&xs, &mut normed);
+                if rows.len() == 1 {
+                    coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+                } else {
+                    coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+                }
             }
-            Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+            let mut all = l.chunks_exact(vocab).map(<[f32]>::to_vec);
+            Ok(counts
+                .iter()
+                .map(|&c| all.by_ref().take(c).collect())
+                .collect())
         })?;
-        self.tokens.extend_from_slice(ids);
+        for (s, ids) in seqs.iter_mut().zip(ids) {
+            s.tokens.extend_from_slice(ids);
+        }
         self.policy.tokens_ran(n as u64, self.store, &self.cache);
         Ok(logits)
     }
@@ -578,6 +750,7 @@ impl<'s> Engine<'s> {
         let cache0 = self.cache.stats();
         let bytes0 = self.store.stats().bytes_read;
         let common = self
+            .seq
             .tokens
             .iter()
             .zip(prompt)
@@ -638,6 +811,11 @@ impl<'s> Engine<'s> {
             stats,
         })
     }
+}
+
+/// f32 values per position of each layer's KV cache (`LayerKv::k` row width).
+fn layer_kv_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
+    layers.iter().map(|l| l.attn.kv_dim()).collect()
 }
 
 /// Bytes of KV cache per token of `layers` (see [`Engine::kv_bytes_per_token`]).

@@ -58,6 +58,14 @@ pub enum EngineError {
         /// The context limit, tokens.
         context: usize,
     },
+    /// Every sequence the engine planned KV memory for is in use.
+    #[error("all {max} sequences the engine planned KV memory for are in use ({kv_bytes_per_sequence} bytes of KV cache each at the context limit); finish one first or raise the batch size (--max-batch) if memory allows (see coli plan)")]
+    TooManySequences {
+        /// The engine's `max_sequences`.
+        max: usize,
+        /// KV bytes of one sequence at the context limit.
+        kv_bytes_per_sequence: u64,
+    },
     /// The store has no usable tokenizer (`files/tokenizer.json`).
     #[error("the store has no tokenizer.json; pass token ids (--prompt-ids) instead of text")]
     NoTokenizer,

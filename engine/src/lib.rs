@@ -12,7 +12,7 @@
 //! family), [`engine`] (the forward pass: prefill/decode/generate), [`options`] (what a caller
 //! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
 //! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
-//! history file), [`sampling`], [`text`] (tokenizer, chat template, streaming decoder),
+//! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`text`] (tokenizer, chat template, streaming decoder),
 //! [`size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
@@ -26,6 +26,7 @@ pub mod options;
 pub mod placement;
 pub mod prefetch;
 pub mod sampling;
+pub mod sequence;
 pub mod size;
 pub mod text;
 pub mod trace;
@@ -34,10 +35,13 @@ pub mod weights;
 
 pub use cache::{CacheStats, ExpertCache, LruCache};
 pub use coli_format::spec::{Family, ModelSpec};
-pub use engine::{Engine, GenerateParams, Generation, GenerationStats, Logits, StopReason};
+pub use engine::{
+    BatchItem, Engine, GenerateParams, Generation, GenerationStats, Logits, StopReason,
+};
 pub use error::{EngineError, Result};
 pub use options::EngineOptions;
 pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};
+pub use sequence::Sequence;
 pub use size::parse_size;
 pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};

@@ -37,6 +37,11 @@ pub struct EngineOptions {
     /// Lookahead prefetch is skipped while the share of prefetched experts that demand requests
     /// use stays below this (0..=1; 0: never skipped; see [`crate::placement::PrefetchGate`]).
     pub prefetch_min_use: f64,
+    /// Sequences whose KV caches (each up to `context` tokens) may be held at once: the
+    /// engine's own sequence (while it holds tokens) plus those of
+    /// [`crate::Engine::new_sequence`] (>= 1). The default expert budget leaves room for all
+    /// of them; the engine refuses a sequence past this count.
+    pub max_sequences: usize,
 }
 
 impl Default for EngineOptions {
@@ -51,13 +56,14 @@ impl Default for EngineOptions {
             threads: None,
             prefill_batch: DEFAULT_PREFILL_BATCH,
             prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
+            max_sequences: 1,
         }
     }
 }
 
 impl EngineOptions {
     /// Checks the options that do not depend on the model: `prefill_batch` and an explicit
-    /// `context` at least 1, `pin_share` and `prefetch_min_use` within 0..=1.
+    /// `context` and `max_sequences` at least 1, `pin_share` and `prefetch_min_use` within 0..=1.
     ///
     /// # Errors
     /// [`EngineError::Invalid`] naming the option and the value found.
@@ -65,6 +71,11 @@ impl EngineOptions {
         if self.context == Some(0) || self.prefill_batch == 0 {
             return Err(EngineError::Invalid(
                 "context and prefill batch must be at least 1".into(),
+            ));
+        }
+        if self.max_sequences == 0 {
+            return Err(EngineError::Invalid(
+                "the maximum number of sequences (batch size) must be at least 1".into(),
             ));
         }
         if !(0.0..=1.0).contains(&self.prefetch_min_use) {

@@ -1,7 +1,7 @@
 //! Router lookahead prefetch.
 //!
 //! While decoder layer `L` runs, right after its attention's residual add
-//! ([`DecoderLayer::forward_observed`]), the engine applies layer `L+1`'s
+//! ([`DecoderLayer::forward_spans`]), the engine applies layer `L+1`'s
 //! `post_attention_layernorm` and router to that residual stream (before layer 0 it predicts
 //! layer 0 from the embeddings) and hands the predicted experts to a prefetch thread, which
 //! reads them into the expert cache while layer `L`'s MoE and layer `L+1`'s attention compute.

@@ -13,7 +13,13 @@ reproducibility; 401 for a missing or wrong key; 400 for malformed JSON, wrong t
 fields and a prompt longer than the context; 404 for a wrong model id and an unknown path; 429
 with Retry-After when the queue is full; cancellation of a streaming and of a non-streaming
 request when the client disconnects; KV prefix reuse across requests; /health; /metrics parsed as
-Prometheus text; a bounded load test (50 requests from 8 clients) with an RSS check.
+Prometheus text; a bounded load test (50 requests from 8 clients) with an RSS check (that server
+runs --max-batch 1, so that queued requests can be counted). Then continuous batching on a second
+server (--max-batch 4): concurrent streams each get the text they get alone at temperature 0 and
+share forward passes; a seeded request samples the same text alone and in a batch; n choices
+(choice i equals a request seeded seed + i); a closed stream frees its slot for a waiting request;
+the batching metrics and one log line per request; SIGTERM with a full batch (the short stream
+finishes, the long ones end with finish reason "abort", no new request is admitted, exit code 0).
 
 Run from the repository root after `cargo build -p coli-convert -p coli-tools`, with the
 packages of tools/demo/requirements.txt (--no-deps) and tests/serve/requirements.txt installed.
@@ -46,6 +52,12 @@ MAX_QUEUE = 2
 # A prompt the demo model continues by counting, without EOS, for LONG_TOKENS tokens (> 10 s).
 LONG_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"
 LONG_TOKENS = 400
+
+# The continuous-batching server: sequences per forward pass, and its shutdown grace (s).
+BATCH = 4
+GRACE = 4
+PROMPTS = ["Once upon a time, in a small village by the sea,", "The three most important inventions are",
+           "def fibonacci(n):", "Dear diary, today I learned", "The recipe for a good soup starts with"]
 
 failures = []
 passed = []
@@ -80,11 +92,11 @@ def demo_store():
 class Server:
     """A `coli serve` child on a free port (--port 0; the address is read from its log)."""
 
-    def __init__(self, store, *args):
+    def __init__(self, store, *args, max_queue=MAX_QUEUE):
         self.log_path = os.path.join(os.path.dirname(store), "serve.log")
         self.log = open(self.log_path, "w")
         cmd = [COLI, "serve", "--store", store, "--port", "0", "--context", str(CONTEXT),
-               "--model-id", MODEL, "--api-key", KEY, "--max-queue", str(MAX_QUEUE), *args]
+               "--model-id", MODEL, "--api-key", KEY, "--max-queue", str(max_queue), *args]
         print("$ " + " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
@@ -175,11 +187,17 @@ def main():
     q = exp["int4_g64"]
     question = [{"role": "user", "content": q["prompt"]}]
     store = demo_store()
-    server = Server(store)
+    # One sequence at a time: the queue, 429 and cancellation checks count queued requests.
+    server = Server(store, "--max-batch", "1", "--shutdown-grace", "1")
     try:
         run_checks(server, q, question)
     finally:
         server.stop()
+    batched = Server(store, "--max-batch", str(BATCH), "--shutdown-grace", str(GRACE), max_queue=16)
+    try:
+        batching_checks(batched)
+    finally:
+        batched.stop()
     print(f"serve: {len(passed)} passed, {len(failures)} failed")
     if failures:
         print("server log:\n" + open(server.log_path).read()[-4000:])
@@ -279,7 +297,7 @@ def run_checks(server, q, question):
         ("response_format", dict(messages=question, response_format={"type": "json_object"}), "response_format",
          "unsupported_parameter"),
         ("logprobs", dict(messages=question, logprobs=True), "logprobs", "unsupported_parameter"),
-        ("n > 1", dict(messages=question, n=2), "n", "unsupported_parameter"),
+        ("n above --max-batch", dict(messages=question, n=2), "n", None),
         ("5 stop strings", dict(messages=question, stop=["a", "b", "c", "d", "e"]), "stop", None),
         ("max_tokens beyond the context", dict(messages=question, max_tokens=CONTEXT), "max_tokens",
          "context_length_exceeded"),
@@ -394,6 +412,122 @@ def run_checks(server, q, question):
         rc = None
     check(rc == 0, f"SIGTERM during a generation: exit code {rc} after {time.time() - t0:.2f} s")
     s.close()
+
+
+def stream_text(stream, n=1):
+    """Texts and finish reasons of a streaming completion's n choices."""
+    texts, finish = [""] * n, [None] * n
+    for c in stream:
+        for ch in c.choices:
+            texts[ch.index] += ch.text or ""
+            finish[ch.index] = ch.finish_reason or finish[ch.index]
+    return texts, finish
+
+
+def batching_checks(server):
+    """Continuous batching (--max-batch BATCH): concurrent streams get the text they get alone,
+    seeded sampling and n choices do not depend on the batch, a cancelled stream frees its slot,
+    metrics and per-request log lines, and SIGTERM with a full batch."""
+    cl = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    t_start = time.time()
+
+    def one(prompt, tokens=32, **kw):
+        return stream_text(cl.completions.create(model=MODEL, prompt=prompt, max_tokens=tokens, stream=True,
+                                                 **{"temperature": 0, **kw}), kw.get("n", 1))
+
+    alone = [one(p)[0][0] for p in PROMPTS[:BATCH]]
+    m0 = metrics(server)
+    pool = concurrent.futures.ThreadPoolExecutor(BATCH)
+    together = [t[0][0] for t in pool.map(one, PROMPTS[:BATCH])]
+    m1 = metrics(server)
+    check(together == alone, f"{BATCH} concurrent streams each get the text they get alone at temperature 0"
+          + ("" if together == alone else f": {together} vs {alone}"))
+    steps = m1["coli_batch_size_count"] - m0["coli_batch_size_count"]
+    seqs = m1["coli_batch_size_sum"] - m0["coli_batch_size_sum"]
+    check(steps > 0 and seqs / steps > 1.5, f"the concurrent streams shared forward passes: {seqs / max(steps, 1):.2f}"
+          f" sequences per pass over {steps:.0f} passes")
+
+    # Seeded sampling: the same text alone or beside others; choice i of n uses seed + i.
+    seeded = dict(temperature=0.9, top_p=0.95, seed=1234)
+    solo = one(PROMPTS[0], 24, **seeded)[0][0]
+    futs = [pool.submit(one, p, 24) for p in PROMPTS[1:BATCH]]
+    mixed = one(PROMPTS[0], 24, **seeded)[0][0]
+    [f.result() for f in futs]
+    check(solo == mixed, f"a seeded request (temperature 0.9) gives the same text alone and in a batch: {solo!r}")
+    texts, finish = one(PROMPTS[0], 24, n=3, **seeded)
+    singles = [one(PROMPTS[0], 24, **{**seeded, "seed": 1234 + i})[0][0] for i in range(3)]
+    check(texts == singles and finish == ["length"] * 3,
+          f"n=3 gives 3 choices, choice i equal to a request seeded seed + i: {texts} vs {singles}")
+    r = cl.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, n=2, temperature=0)
+    check(len(r.choices) == 2 and r.choices[0].text == r.choices[1].text and r.usage.completion_tokens == 16,
+          f"n=2 non-streaming at temperature 0: two equal choices, usage counts both: {r.usage}")
+
+    # A cancelled stream frees its slot: BATCH long streams fill the batch, one more waits; closing
+    # one running stream lets the waiting one start while the others still run.
+    running = []
+    for i in range(BATCH):
+        s = cl.completions.create(model=MODEL, prompt=f"{LONG_PROMPT} {i},", max_tokens=LONG_TOKENS,
+                                  temperature=0, stream=True)
+        next(iter(s))
+        running.append(s)
+    waiting = cl.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=4, temperature=0, stream=True)
+    check(wait_for(lambda: metrics(server)["coli_queue_depth"] == 1 and metrics(server)["coli_running_requests"]
+                   == BATCH, 10), f"with {BATCH} streams running the next request waits")
+    running.pop().close()
+    t0 = time.time()
+    text, fin = stream_text(waiting)
+    check(fin == ["length"] and time.time() - t0 < 20 and metrics(server)["coli_running_requests"] == BATCH - 1,
+          f"closing a stream frees its slot: the waiting request ran ({time.time() - t0:.2f} s) beside "
+          f"{BATCH - 1} still running")
+    for s in running:
+        s.close()
+    check(wait_for(lambda: metrics(server)["coli_running_requests"] == 0, 10), "closed streams free every slot")
+
+    # Metrics and the per-request log line.
+    _, _, mtext = raw(server, "GET", "/metrics", key=None)
+    names = {f.name for f in text_string_to_metric_families(mtext)}
+    want = {"coli_batch_size", "coli_tokens_per_forward", "coli_inter_token_latency_seconds",
+            "coli_prefill_step_seconds", "coli_decode_step_seconds", "coli_expert_bytes_per_generated_token",
+            "coli_queue_wait_seconds", "coli_time_to_first_token_seconds"}
+    check(want <= names, f"/metrics has {sorted(want - names) or 'the batching families'}")
+    log = open(server.log_path).read()
+    lines = [ln for ln in log.splitlines() if ln.startswith("coli serve: request ")]
+    fields = ("status=", "prompt_tokens=", "cached_tokens=", "completion_tokens=", "queue_wait_s=", "ttft_s=",
+              "tok_s=", "finish=")
+    check(len(lines) >= 2 * BATCH + 8 and all(all(f in ln for f in fields) for ln in lines)
+          and any("status=cancelled" in ln for ln in lines),
+          f"one log line per request ({len(lines)}), e.g. {lines[0] if lines else None}")
+
+    # SIGTERM with a full batch: running streams may finish within the grace period; the long ones
+    # end with finish reason "abort"; nothing new is admitted; exit code 0.
+    shorts = [pool.submit(one, PROMPTS[0], 6)]
+    longs = [pool.submit(one, f"{LONG_PROMPT} {i},", LONG_TOKENS) for i in range(BATCH - 1)]
+    check(wait_for(lambda: metrics(server)["coli_running_requests"] == BATCH, 10), "the batch is full")
+    t0 = time.time()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        req = urllib.request.Request(server.url + "/v1/completions", method="POST",
+                                     data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        urllib.request.urlopen(req, timeout=2)
+        refused = False
+    except urllib.error.HTTPError as e:
+        refused = e.code == 503
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        refused = True
+    check(refused, "after SIGTERM a new request is refused")
+    short = shorts[0].result(timeout=30)
+    long_fin = [f.result(timeout=30)[1][0] for f in longs]
+    try:
+        rc = server.proc.wait(timeout=GRACE + 10)
+    except subprocess.TimeoutExpired:
+        rc = None
+    dt = time.time() - t0
+    check(short[1] == ["length"] and long_fin == ["abort"] * (BATCH - 1),
+          f"SIGTERM: the short stream finished ({short[1]}), the long ones ended with 'abort' ({long_fin})")
+    check(rc == 0 and dt < GRACE + 8, f"SIGTERM with a full batch: exit code {rc} after {dt:.2f} s (grace {GRACE} s)")
+    print(f"batching checks took {time.time() - t_start:.1f} s", flush=True)
 
 
 def load_test(server):

@@ -2,12 +2,42 @@
 //! context and KV bytes are the engine's, and the pinned set it reports from a usage history is
 //! the one the engine then pins (same experts' count and bytes) for every pin share; without a
 //! history it assumes uniform routing; its disk probe reads through the store as a run opens it.
+//! Its KV figures match the model's config, and the sequences it says fit follow from the
+//! memory limit, dense set and budget it reports.
 
 use clap::Parser;
 use coli_engine::{Engine, EngineOptions};
 use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, greedy, ids, open_store};
-use coli_tools::plan::{plan, PlanArgs};
+use coli_tools::plan::{plan, Plan, PlanArgs};
+
+/// RAM the engine leaves out of the default budget (`BUDGET_RESERVE_BYTES`), bytes.
+const RESERVE: u64 = 512 << 20;
+
+/// KV cache bytes per token of a GQA model from its config.json: keys and values (f32) of
+/// `num_key_value_heads * head_dim` per layer.
+fn gqa_kv_bytes_per_token(cfg: &serde_json::Value) -> u64 {
+    let n = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config.json {k}"));
+    let head_dim = cfg["head_dim"]
+        .as_u64()
+        .unwrap_or_else(|| n("hidden_size") / n("num_attention_heads"));
+    2 * n("num_hidden_layers") * n("num_key_value_heads") * head_dim * 4
+}
+
+/// Sequences of `p.kv_bytes` that fit in the plan's memory limit beside its dense set, budget
+/// and the reserve, at most 4096.
+fn sequences_fit(p: &Plan) -> Option<usize> {
+    let room = p
+        .memory_limit_bytes?
+        .saturating_sub(p.dense_bytes)
+        .saturating_sub(p.budget)
+        .saturating_sub(RESERVE);
+    // No KV at all: the most reported.
+    Some(
+        room.checked_div(p.kv_bytes)
+            .map_or(4096, |n| n.min(4096) as usize),
+    )
+}
 
 #[derive(Parser)]
 struct Cli {
@@ -50,6 +80,46 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
     assert_eq!(p.experts, store.index().len());
     assert_eq!(p.expert_bytes_total, all);
     assert!(p.probe_bytes > 0 && p.probe_s > 0.0, "{p:?}");
+
+    // KV: per token from the config, per sequence at the context; the JSON output names them.
+    let per_token = gqa_kv_bytes_per_token(store.model_config());
+    assert!(per_token > 0);
+    assert_eq!(p.kv_bytes_per_token, per_token);
+    assert_eq!(p.kv_bytes, per_token * p.context as u64);
+    assert!(p.memory_limit_bytes.is_some_and(|m| m > 0), "{p:?}");
+    assert_eq!(p.sequences_fit, sequences_fit(&p), "{p:?}");
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["kv_bytes_per_token"], per_token);
+    assert_eq!(json["kv_bytes"], per_token * p.context as u64);
+    assert_eq!(json["memory_limit_bytes"], p.memory_limit_bytes.unwrap());
+    assert_eq!(json["sequences_fit"], p.sequences_fit.unwrap());
+    // A long context: each sequence takes a share of the memory (the tiny model's KV at 512
+    // tokens fits the 4096 sequences reported at most).
+    let long = plan_of(&[
+        "--store",
+        store_s,
+        "--ram-budget",
+        "1",
+        "--context",
+        "1000000",
+        "--probe-mib",
+        "0",
+    ]);
+    assert_eq!(long.kv_bytes, per_token * 1_000_000);
+    assert_eq!(long.sequences_fit, sequences_fit(&long), "{long:?}");
+
+    // The default budget comes from the memory limit and leaves room for one sequence.
+    let d = plan_of(&["--store", store_s, "--context", "64", "--probe-mib", "0"]);
+    assert!(d.budget_from_available_memory);
+    assert_eq!(d.kv_bytes, per_token * 64);
+    let limit = d.memory_limit_bytes.expect("memory limit");
+    let largest = store.index().iter().map(|r| r.length.get()).max().unwrap();
+    let left = limit.saturating_sub(d.dense_bytes + d.kv_bytes + RESERVE);
+    assert_eq!(d.budget, left.max(largest), "{d:?}");
+    if left >= largest {
+        assert_eq!(d.sequences_fit, Some(1), "{d:?}");
+    }
+    assert_eq!(d.sequences_fit, sequences_fit(&d), "{d:?}");
 
     // Learn a history with a real run, then plan and run with the same options.
     {

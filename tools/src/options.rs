@@ -33,8 +33,8 @@ pub struct EngineOptions {
     #[arg(long, value_name = "DIR")]
     pub store: PathBuf,
     /// Expert cache capacity, pinned set included: bytes, or with a suffix K/M/G/T
-    /// (=KiB/MiB/...) or KB/MB/GB. Default: MemAvailable minus the dense set, the KV cache and
-    /// 512 MiB.
+    /// (=KiB/MiB/...) or KB/MB/GB. Default: MemAvailable, capped by the memory cgroup, minus
+    /// the dense set, the KV cache and 512 MiB.
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub ram_budget: Option<u64>,
     /// Do not pin the hottest experts of the usage history at start.
@@ -183,6 +183,7 @@ impl EngineOptions {
             prefetch: !self.no_prefetch,
             prefetch_min_use: self.prefetch_min_use,
             usage: self.usage_path(store),
+            max_sequences: 1,
         }
     }
 }
@@ -229,6 +230,19 @@ pub fn open(opts: &EngineOptions) -> Result<Loaded> {
 /// # Errors
 /// A model that does not load (missing tensors, bad config) or invalid options.
 pub fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s>, f64)> {
+    engine_with_sequences(loaded, opts, 1)
+}
+
+/// [`engine`] with room for `max_sequences` sequences' KV caches (`coli serve --max-batch`;
+/// the default expert budget leaves room for all of them).
+///
+/// # Errors
+/// As [`engine`].
+pub fn engine_with_sequences<'s>(
+    loaded: &'s Loaded,
+    opts: &EngineOptions,
+    max_sequences: usize,
+) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
     // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
     let isa = coli_kernels::detected_isa().name();
@@ -240,7 +254,10 @@ pub fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s
             );
         }
     }
-    let core = opts.core_options(&loaded.store);
+    let core = CoreOptions {
+        max_sequences,
+        ..opts.core_options(&loaded.store)
+    };
     let mut e = Engine::new(&loaded.store, &core)
         .with_context(|| format!("loading the model of {}", opts.store.display()))?;
     for w in e.take_warnings() {

@@ -2,10 +2,20 @@
 //! where a RAM budget goes and the decode speed bound it implies, for a run with the same
 //! options.
 //!
-//! - dense bytes resident: `dense.bin` (memory-mapped, read whole at load); KV cache:
-//!   `context * kv_bytes_per_token`;
-//! - budget: `--ram-budget`, else the engine's default (MemAvailable minus dense, KV and
-//!   512 MiB; `coli_engine::placement::default_ram_budget`);
+//! - dense bytes resident: `dense.bin` (memory-mapped, read whole at load);
+//! - KV cache: `kv_bytes_per_token` (`Engine::kv_bytes_per_token`: f32 keys and values of
+//!   every layer, or the MLA latent and rope key) and per sequence `context * kv_bytes_per_token`
+//!   at `--context`;
+//! - memory limit: what the process may still use when the engine is set up, MemAvailable
+//!   capped by the memory cgroup's limit minus its usage
+//!   (`coli_engine::placement::memory_limit_bytes`);
+//! - budget: `--ram-budget`, else the engine's default (the memory limit minus dense, one
+//!   sequence's KV and 512 MiB; `coli_engine::placement::default_ram_budget`);
+//! - sequences that fit: how many sequences' KV caches at `--context` fit in the memory limit
+//!   beside the dense set, the budget and the 512 MiB reserve
+//!   (`coli_engine::placement::sequences_that_fit`; at most 4096). A default budget was
+//!   computed leaving room for one sequence, so it reports about 1: S sequences at once need a
+//!   `--ram-budget` about S - 1 sequences' KV below the default;
 //! - pinned set: the hottest experts of the usage history (as `coli run` would pin them) that
 //!   fit `--pin-share` of the budget; the LRU tier gets the rest, in experts of the mean record
 //!   size;
@@ -60,7 +70,9 @@ pub struct Plan {
     pub mean_expert_bytes: f64,
     /// dense.bin, bytes (resident).
     pub dense_bytes: u64,
-    /// KV cache at full context, bytes.
+    /// KV cache per token of context (`Engine::kv_bytes_per_token`: f32), bytes.
+    pub kv_bytes_per_token: u64,
+    /// KV cache of one sequence at full context (`kv_bytes_per_token * context`), bytes.
     pub kv_bytes: u64,
     /// Context, tokens.
     pub context: usize,
@@ -68,6 +80,13 @@ pub struct Plan {
     pub budget: u64,
     /// Whether the budget came from the available memory.
     pub budget_from_available_memory: bool,
+    /// The memory the process may use (MemAvailable capped by the memory cgroup) when the
+    /// engine was set up, bytes; None when it cannot be read.
+    pub memory_limit_bytes: Option<u64>,
+    /// Sequences whose KV cache at full context (`kv_bytes` each) fit in `memory_limit_bytes`
+    /// beside the dense set, the budget and the 512 MiB reserve (at most 4096); None when the
+    /// memory limit cannot be read.
+    pub sequences_fit: Option<usize>,
     /// Experts the engine would pin at start.
     pub pinned_experts: usize,
     /// Their bytes.
@@ -148,7 +167,21 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
     let mean = expert_bytes_total as f64 / index.len().max(1) as f64;
     let budget = eng.placement().budget;
     let context = eng.context();
-    let kv_bytes = eng.kv_bytes_per_token() * context as u64;
+    let kv_bytes_per_token = eng.kv_bytes_per_token();
+    let kv_bytes = kv_bytes_per_token * context as u64;
+    // The limit the default budget came from, else the limit now (the model loaded).
+    let memory_limit = eng
+        .placement()
+        .memory_limit
+        .or_else(coli_engine::placement::memory_limit_bytes);
+    let sequences_fit = memory_limit.map(|avail| {
+        coli_engine::placement::sequences_that_fit(
+            avail,
+            store.manifest().dense_file.length,
+            budget,
+            kv_bytes,
+        )
+    });
     let top_k = eng.spec().top_k as f64;
     let step_bytes =
         coli_engine::placement::decode_step_bytes(&store, eng.spec().num_layers, eng.spec().top_k);
@@ -221,10 +254,13 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
         expert_bytes_total,
         mean_expert_bytes: mean,
         dense_bytes: m.dense_file.length,
+        kv_bytes_per_token,
         kv_bytes,
         context,
         budget,
         budget_from_available_memory: opts.ram_budget.is_none(),
+        memory_limit_bytes: memory_limit,
+        sequences_fit,
         pinned_experts: pinned.len(),
         pinned_bytes,
         cache_capacity_bytes: cache_bytes,
@@ -310,18 +346,48 @@ fn print_table(p: &Plan) {
         ("dense bytes resident", mib(p.dense_bytes as f64)),
         (
             "KV cache",
-            format!("{} at {} tokens", mib(p.kv_bytes as f64), p.context),
+            format!(
+                "{} bytes per token, {} per sequence of {} tokens",
+                p.kv_bytes_per_token,
+                mib(p.kv_bytes as f64),
+                p.context
+            ),
+        ),
+        (
+            "memory limit",
+            match p.memory_limit_bytes {
+                Some(b) => format!(
+                    "{} (the lesser of MemAvailable and what the memory cgroup leaves)",
+                    mib(b as f64)
+                ),
+                None => "unknown (neither /proc/meminfo nor a cgroup limit readable)".into(),
+            },
         ),
         (
             "expert budget",
             format!(
                 "{budget}{}",
                 if p.budget_from_available_memory {
-                    " (from MemAvailable)"
+                    " (from the memory limit)"
                 } else {
                     ""
                 }
             ),
+        ),
+        (
+            "sequences that fit",
+            match p.sequences_fit {
+                Some(n) => format!(
+                    "{n}{} of {} tokens beside the dense set, the expert budget and 512 MiB",
+                    if n == coli_engine::placement::MAX_SEQUENCES {
+                        " (the most reported)"
+                    } else {
+                        ""
+                    },
+                    p.context
+                ),
+                None => "unknown (memory limit unknown)".into(),
+            },
         ),
         (
             "pinned set",

@@ -1,7 +1,7 @@
 //! Causal grouped-query self-attention with RoPE and an f32 KV cache, as transformers'
 //! `eager_attention_forward`: `softmax(q k^T * head_dim^-0.5 + mask) v`, softmax in f32.
 
-use crate::layers::{Linear, RmsNorm, Rope};
+use crate::layers::{Linear, RmsNorm, Rope, Span};
 use rayon::prelude::*;
 
 /// Optional RMSNorm of the projected queries and keys (before RoPE).
@@ -74,10 +74,8 @@ impl Attention<'_> {
 
     /// Attention for `n` tokens at positions `pos0..pos0+n` whose normalized hidden states are
     /// `x` (`[n, hidden]`): appends their keys/values to `kv` (which must hold exactly `pos0`
-    /// positions) and writes the o_proj output to `out` (`[n, hidden]`).
-    ///
-    /// Each (token, head) output is computed by one task in a fixed order, so results do not
-    /// depend on the number of threads.
+    /// positions) and writes the o_proj output to `out` (`[n, hidden]`). One span of
+    /// [`Attention::forward_spans`].
     pub fn forward(
         &self,
         x: &[f32],
@@ -87,6 +85,29 @@ impl Attention<'_> {
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
+        self.forward_spans(x, &[Span { pos0, n }], rope, &mut [kv], out);
+    }
+
+    /// Attention for several sequences in one pass: `x` (`[N, hidden]`, N = the spans' rows)
+    /// holds the rows of `spans[0]`, then those of `spans[1]`, ...; span `i` is `n` tokens at
+    /// positions `pos0..pos0+n` of the sequence whose KV cache is `kvs[i]` (holding exactly
+    /// `pos0` positions; its keys/values are appended). The q/k/v/o projections run once over
+    /// all N rows (row `r` of a matmul is bit-identical to the matvec of that row), RoPE and
+    /// the softmax over keys run per row against its own sequence's cache, so each row's output
+    /// (`out`, `[N, hidden]`) is bit-identical to running its sequence alone.
+    ///
+    /// Each (row, head) output is computed by one task in a fixed order, so results do not
+    /// depend on the number of threads.
+    pub fn forward_spans(
+        &self,
+        x: &[f32],
+        spans: &[Span],
+        rope: &Rope,
+        kvs: &mut [&mut LayerKv],
+        out: &mut [f32],
+    ) {
+        debug_assert_eq!(spans.len(), kvs.len());
+        let n = Span::rows(spans);
         let (hd, nh, nkv) = (self.head_dim, self.num_heads, self.num_kv_heads);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let mut q = vec![0f32; n * qd];
@@ -107,32 +128,38 @@ impl Attention<'_> {
                 *t = t.clamp(-c, c);
             }
         }
-        for t in 0..n {
-            let (cos, sin) = rope.tables(pos0 + t);
-            for h in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+        let rows = Span::row_positions(spans);
+        for (r, &(_, pos)) in rows.iter().enumerate() {
+            let (cos, sin) = rope.tables(pos);
+            for h in q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
                 Rope::apply(h, &cos, &sin);
             }
-            for h in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+            for h in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
                 Rope::apply(h, &cos, &sin);
             }
         }
-        debug_assert_eq!(kv.k.len(), pos0 * kvd);
-        kv.k.extend_from_slice(&k);
-        kv.v.extend_from_slice(&v);
+        let mut r0 = 0;
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            debug_assert_eq!(kv.k.len(), s.pos0 * kvd);
+            kv.k.extend_from_slice(&k[r0 * kvd..(r0 + s.n) * kvd]);
+            kv.v.extend_from_slice(&v[r0 * kvd..(r0 + s.n) * kvd]);
+            r0 += s.n;
+        }
 
         let scale = (hd as f64).powf(-0.5) as f32;
         let group = nh / nkv;
         let window = self.window;
-        let (keys, values) = (&kv.k, &kv.v);
+        let caches: Vec<&LayerKv> = kvs.iter().map(|kv| &**kv).collect();
         let mut ctx = vec![0f32; n * qd];
         ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-            let (t, h) = (i / nh, i % nh);
-            let pos = pos0 + t;
+            let (r, h) = (i / nh, i % nh);
+            let (seq, pos) = rows[r];
+            let (keys, values) = (&caches[seq].k, &caches[seq].v);
             let lo = match window {
                 Some(w) if pos + 1 > w => pos + 1 - w,
                 _ => 0,
             };
-            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
             let kvh = h / group;
             let mut scores: Vec<f32> = (lo..=pos)
                 .map(|j| {

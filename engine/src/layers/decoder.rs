@@ -60,6 +60,33 @@ pub struct DecoderLayer<'s> {
     pub ffn: Ffn<'s>,
 }
 
+/// The rows of one sequence in a forward pass over several sequences: `n` consecutive rows of
+/// the activations, the tokens at positions `pos0..pos0+n` of that sequence (its KV cache
+/// holds `pos0` positions before the pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Position of the span's first token in its sequence.
+    pub pos0: usize,
+    /// Tokens (rows) of the span.
+    pub n: usize,
+}
+
+impl Span {
+    /// Total rows of `spans`.
+    pub fn rows(spans: &[Span]) -> usize {
+        spans.iter().map(|s| s.n).sum()
+    }
+
+    /// `(span index, position)` of every row of `spans`, in row order.
+    pub fn row_positions(spans: &[Span]) -> Vec<(usize, usize)> {
+        spans
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (s.pos0..s.pos0 + s.n).map(move |p| (i, p)))
+            .collect()
+    }
+}
+
 impl DecoderLayer<'_> {
     /// Runs the layer on `h` (`[n, H]`, updated in place) for tokens at positions
     /// `pos0..pos0+n`, appending to this layer's KV cache.
@@ -74,40 +101,53 @@ impl DecoderLayer<'_> {
         kv: &mut LayerKv,
         ctx: &mut LayerCtx<'_, '_>,
     ) -> Result<()> {
-        self.forward_observed(h, n, pos0, kv, ctx, |_| {})
+        self.forward_spans(h, &[Span { pos0, n }], &mut [kv], ctx, |_| {})
     }
 
-    /// [`DecoderLayer::forward`] that shows `after_attention` the residual stream after the
-    /// attention's residual add, before the feed-forward part (`[n, H]`; the engine's router
-    /// lookahead predicts the next layer's experts from it).
+    /// Runs the layer on the rows of several sequences at once: `h` (`[N, H]`, updated in
+    /// place) holds the rows of `spans[0]`, then `spans[1]`, ...; `kvs[i]` is span i's KV
+    /// cache of this layer. Norms, projections, the router and the experts run over all N rows
+    /// (the experts the rows route to are fetched once, as their union); attention runs per
+    /// sequence. `after_attention` sees the residual stream after the attention's residual
+    /// add, before the feed-forward part (`[N, H]`; the engine's router lookahead predicts the
+    /// next layer's experts from it). The routing trace, if any, is written only for a pass of
+    /// one span.
+    ///
+    /// Every row's result is bit-identical to running its sequence alone: per row the same
+    /// kernels (a matmul row equals the matvec), and each row's expert outputs are summed in
+    /// ascending expert index whatever else the pass holds.
     ///
     /// # Errors
     /// Expert fetch failures.
-    pub fn forward_observed(
+    pub fn forward_spans(
         &self,
         h: &mut [f32],
-        n: usize,
-        pos0: usize,
-        kv: &mut LayerKv,
+        spans: &[Span],
+        kvs: &mut [&mut LayerKv],
         ctx: &mut LayerCtx<'_, '_>,
         after_attention: impl FnOnce(&[f32]),
     ) -> Result<()> {
+        let n = Span::rows(spans);
         let mut normed = vec![0f32; h.len()];
         let mut delta = vec![0f32; h.len()];
         self.input_norm.forward(h, &mut normed);
         match &self.attn {
-            SelfAttn::Gqa(a) => a.forward(&normed, n, pos0, ctx.rope, kv, &mut delta),
-            SelfAttn::Mla(a) => a.forward(&normed, n, pos0, ctx.rope, kv, &mut delta),
+            SelfAttn::Gqa(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
+            SelfAttn::Mla(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
         }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }
         after_attention(h);
         self.post_norm.forward(h, &mut normed);
+        let trace = match spans {
+            [one] => ctx.trace.map(|t| (t, one.pos0)),
+            _ => None,
+        };
         match &self.ffn {
             Ffn::Moe(m) => {
                 let routes = m.route(&normed, n);
-                if let Some(t) = ctx.trace {
+                if let Some((t, pos0)) = trace {
                     t.routed(m.layer, pos0, &routes);
                 }
                 m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
@@ -115,7 +155,7 @@ impl DecoderLayer<'_> {
             Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
             Ffn::SigmoidMoe(m) => {
                 let routes = m.route(&normed, n);
-                if let Some(t) = ctx.trace {
+                if let Some((t, pos0)) = trace {
                     t.routed(m.experts.layer, pos0, &routes);
                 }
                 m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?

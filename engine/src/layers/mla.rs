@@ -20,7 +20,7 @@
 //! selects.
 
 use crate::layers::dsa_indexer::{DsaIndexer, Selection};
-use crate::layers::{LayerKv, Linear, RmsNorm, Rope};
+use crate::layers::{LayerKv, Linear, RmsNorm, Rope, Span};
 use coli_format::spec::mla::yarn_mscale;
 use coli_format::spec::MlaSpec;
 use rayon::prelude::*;
@@ -154,16 +154,15 @@ impl Mla<'_> {
     }
 
     /// Projects `x` (`[n, H]`) to queries `[n, nh * (dn + dr)]` (RoPE applied to each head's
-    /// last dr values), returns them with the normalized q latent (`[n, rq]`, when q_lora), and
-    /// appends `[c, k_pe, ik]` rows to `kv` (which must hold `pos0` rows).
+    /// last dr values) and to the latent cache rows `[n, rkv + dr]` (`c` normalized, `k_pe`
+    /// rotated); returns them with the normalized q latent (`[n, rq]`, when q_lora). Row `t`
+    /// is rotated with `tables[t]`.
     fn project(
         &self,
         x: &[f32],
         n: usize,
-        pos0: usize,
         tables: &[(Vec<f32>, Vec<f32>)],
-        kv: &mut LayerKv,
-    ) -> (Vec<f32>, Option<Vec<f32>>) {
+    ) -> (Vec<f32>, Option<Vec<f32>>, Vec<f32>) {
         let (nh, dn, dr, rkv) = (self.num_heads, self.nope, self.rope_dim, self.kv_lora_rank);
         let qd = nh * (dn + dr);
         let mut q = vec![0f32; n * qd];
@@ -199,27 +198,12 @@ impl Mla<'_> {
                 rope_apply(&mut q[s..s + dr], cos, sin, self.interleave);
             }
         }
-        let stride = self.kv_dim();
-        debug_assert_eq!(kv.k.len(), pos0 * stride);
-        match &self.dsa {
-            Some(Dsa::Full { indexer, .. }) => {
-                let ik = indexer.keys(x, n, tables);
-                let id = indexer.head_dim;
-                for t in 0..n {
-                    kv.k.extend_from_slice(&ckv[t * kvd..(t + 1) * kvd]);
-                    kv.k.extend_from_slice(&ik[t * id..(t + 1) * id]);
-                }
-            }
-            _ => kv.k.extend_from_slice(&ckv),
-        }
-        (q, q_lat)
+        (q, q_lat, ckv)
     }
 
     /// Attention for `n` tokens at positions `pos0..pos0+n` (normalized hidden states `x`,
     /// `[n, H]`): appends their latent rows to `kv` and writes the o_proj output to `out`
-    /// (`[n, H]`). One token (decode) uses the absorbed form when `absorb_decode`, otherwise
-    /// the expanded form (`kv_b` applied to every cached latent); GLM-5 layers restrict each
-    /// query to the keys its DSA indexer selects.
+    /// (`[n, H]`). One span of [`Mla::forward_spans`].
     pub fn forward(
         &self,
         x: &[f32],
@@ -229,42 +213,100 @@ impl Mla<'_> {
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
-        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..n)
-            .map(|t| {
-                let (mut cos, mut sin) = rope.tables(pos0 + t);
+        self.forward_spans(x, &[Span { pos0, n }], rope, &mut [kv], out);
+    }
+
+    /// Attention for several sequences in one pass (row layout as
+    /// [`crate::layers::Attention::forward_spans`]: `x` `[N, H]` holds span 0's rows, then span
+    /// 1's, ...; `kvs[i]` is span i's cache, holding `pos0` rows; `out` `[N, H]`). The q/kv/o
+    /// projections run once over all N rows; each span then appends its latent rows (and GLM-5
+    /// indexer keys), runs its DSA selection and attends over its own cache: a span of one
+    /// token (decode) in the absorbed form when `absorb_decode`, otherwise the expanded form
+    /// (`kv_b` applied to every cached latent). Each row's result is bit-identical to running
+    /// its sequence alone. A full DSA layer publishes the selections of all N rows for the
+    /// shared layers that follow.
+    pub fn forward_spans(
+        &self,
+        x: &[f32],
+        spans: &[Span],
+        rope: &Rope,
+        kvs: &mut [&mut LayerKv],
+        out: &mut [f32],
+    ) {
+        debug_assert_eq!(spans.len(), kvs.len());
+        let n = Span::rows(spans);
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = Span::row_positions(spans)
+            .into_iter()
+            .map(|(_, pos)| {
+                let (mut cos, mut sin) = rope.tables(pos);
                 for v in cos.iter_mut().chain(sin.iter_mut()) {
                     *v *= self.attention_factor;
                 }
                 (cos, sin)
             })
             .collect();
-        let (q, q_lat) = self.project(x, n, pos0, &tables, kv);
+        let (q, q_lat, ckv) = self.project(x, n, &tables);
+        let (nh, dn, dr, dv) = (self.num_heads, self.nope, self.rope_dim, self.v_dim);
+        let (qd, kvd, h) = (nh * (dn + dr), self.kv_lora_rank + dr, x.len() / n.max(1));
         let stride = self.kv_dim();
-        let sel: Option<Selection> = match &self.dsa {
-            None => None,
-            Some(Dsa::Full { indexer, slot }) => {
-                // load_mla refuses an indexer without q_lora_rank, so q_lat is present.
-                let lat = q_lat.as_deref().unwrap_or(&[]);
-                let s = indexer.select(
-                    lat,
-                    x,
-                    n,
-                    pos0,
-                    &tables,
-                    (&kv.k, stride, self.kv_lora_rank + self.rope_dim),
-                );
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
-                Some(s)
-            }
+        let shared: Option<Selection> = match &self.dsa {
             Some(Dsa::Shared { slot }) => {
                 Some(slot.lock().unwrap_or_else(|e| e.into_inner()).clone())
             }
+            _ => None,
         };
-        let ctx = if n == 1 && self.absorb_decode {
-            self.attend_absorbed(&q, pos0, sel.as_ref().map(|s| s[0].as_slice()), &kv.k)
-        } else {
-            self.attend_expanded(&q, n, pos0, sel.as_ref(), &kv.k)
-        };
+        let mut published: Selection = Vec::new();
+        let mut ctx = Vec::with_capacity(n * nh * dv);
+        let mut r0 = 0;
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            let rows = r0..r0 + s.n;
+            let xs = &x[rows.start * h..rows.end * h];
+            let span_tables = &tables[rows.clone()];
+            debug_assert_eq!(kv.k.len(), s.pos0 * stride);
+            let new_rows = &ckv[rows.start * kvd..rows.end * kvd];
+            let sel: Option<Selection> = match &self.dsa {
+                None => {
+                    kv.k.extend_from_slice(new_rows);
+                    None
+                }
+                Some(Dsa::Full { indexer, .. }) => {
+                    let ik = indexer.keys(xs, s.n, span_tables);
+                    let id = indexer.head_dim;
+                    for t in 0..s.n {
+                        kv.k.extend_from_slice(&new_rows[t * kvd..(t + 1) * kvd]);
+                        kv.k.extend_from_slice(&ik[t * id..(t + 1) * id]);
+                    }
+                    // load_mla refuses an indexer without q_lora_rank, so q_lat is present.
+                    let lat = q_lat.as_deref().unwrap_or(&[]);
+                    let rq = lat.len() / n.max(1);
+                    let sel = indexer.select(
+                        &lat[rows.start * rq..rows.end * rq],
+                        xs,
+                        s.n,
+                        s.pos0,
+                        span_tables,
+                        (&kv.k, stride, self.kv_lora_rank + dr),
+                    );
+                    published.extend(sel.iter().cloned());
+                    Some(sel)
+                }
+                Some(Dsa::Shared { .. }) => {
+                    kv.k.extend_from_slice(new_rows);
+                    shared.as_ref().map(|all| all[rows.clone()].to_vec())
+                }
+            };
+            let qs = &q[rows.start * qd..rows.end * qd];
+            let out_rows = if s.n == 1 && self.absorb_decode {
+                self.attend_absorbed(qs, s.pos0, sel.as_ref().map(|s| s[0].as_slice()), &kv.k)
+            } else {
+                self.attend_expanded(qs, s.n, s.pos0, sel.as_ref(), &kv.k)
+            };
+            ctx.extend_from_slice(&out_rows);
+            r0 += s.n;
+        }
+        if let Some(Dsa::Full { slot, .. }) = &self.dsa {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = published;
+        }
         self.o.forward(&ctx, n, out);
     }
 

@@ -1,4 +1,6 @@
-//! How many bytes the expert cache may hold and how many of them the pinned hot set may take.
+//! How many bytes the expert cache may hold and how many of them the pinned hot set may take;
+//! the memory the process may use (MemAvailable capped by its memory cgroup) and how many
+//! sequences' KV caches fit in it beside the dense set and the expert budget.
 
 use coli_format::ExpertKey;
 use coli_store::Store;
@@ -24,6 +26,108 @@ pub fn mem_available_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The memory this process may still use, bytes: [`mem_available_bytes`] capped by what its
+/// memory cgroup leaves (the limit minus the usage, least over the process's cgroup and each
+/// of its ancestors; cgroup v1 under /sys/fs/cgroup/memory, v2 under /sys/fs/cgroup). A cgroup
+/// whose files cannot be read, or that has no limit, caps nothing. Conservative under a
+/// cgroup: its usage includes page cache the kernel could reclaim (in cgroup v1
+/// `memory.usage_in_bytes` counts the page cache charged to the group, the pages of a
+/// memory-mapped dense.bin among them). None when neither /proc/meminfo nor a cgroup limit
+/// can be read.
+pub fn memory_limit_bytes() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_memory_left(&c, |p| std::fs::read_to_string(p).ok()));
+    match (mem_available_bytes(), cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// A cgroup v1 `memory.limit_in_bytes` at or above this means no limit (the kernel writes
+/// `PAGE_COUNTER_MAX` pages, about 2^63 bytes), bytes.
+const CGROUP_V1_UNLIMITED: u64 = 1 << 60;
+
+/// Bytes the memory cgroups of a process leave it, from `proc_self_cgroup` (the text of
+/// /proc/self/cgroup) and `read` (a file's text by absolute path, None when unreadable): the
+/// least `limit - usage` over the process's cgroup and its ancestors, in cgroup v1 (the line
+/// whose controllers include `memory`: /sys/fs/cgroup/memory/PATH/memory.limit_in_bytes minus
+/// memory.usage_in_bytes; a limit of 2^60 or more is none) and in cgroup v2 (the `0::PATH`
+/// line: /sys/fs/cgroup/PATH/memory.max minus memory.current; `max` is none). A level whose
+/// limit or usage cannot be read is skipped. None when no level has a limit. The ancestors
+/// (up to the mount's root) also cover a container whose /proc/self/cgroup names a path of the
+/// host while its own cgroup is mounted at the root.
+fn cgroup_memory_left(
+    proc_self_cgroup: &str,
+    read: impl Fn(&str) -> Option<String>,
+) -> Option<u64> {
+    let number = |path: String| -> Option<u64> { read(&path)?.trim().parse().ok() };
+    let mut least: Option<u64> = None;
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let v1 = controllers.split(',').any(|c| c == "memory");
+        let v2 = id == "0" && controllers.is_empty();
+        if !v1 && !v2 {
+            continue;
+        }
+        let root = if v1 {
+            "/sys/fs/cgroup/memory"
+        } else {
+            "/sys/fs/cgroup"
+        };
+        for dir in ancestors(path) {
+            let dir = format!("{root}{dir}");
+            let left = if v1 {
+                let limit = number(format!("{dir}/memory.limit_in_bytes"));
+                match limit {
+                    Some(l) if l < CGROUP_V1_UNLIMITED => {
+                        number(format!("{dir}/memory.usage_in_bytes")).map(|u| l.saturating_sub(u))
+                    }
+                    _ => None,
+                }
+            } else {
+                let max = read(&format!("{dir}/memory.max"));
+                match max.as_deref().map(str::trim) {
+                    Some("max") | None => None,
+                    Some(m) => match m.parse::<u64>() {
+                        Ok(l) => {
+                            number(format!("{dir}/memory.current")).map(|u| l.saturating_sub(u))
+                        }
+                        Err(_) => None,
+                    },
+                }
+            };
+            if let Some(left) = left {
+                least = Some(least.map_or(left, |m| m.min(left)));
+            }
+        }
+    }
+    least
+}
+
+/// `path` (a cgroup path such as `/a/b`) and its ancestors, the root last, each without a
+/// trailing slash (the root is the empty string): `/a/b`, `/a`, ``.
+fn ancestors(path: &str) -> Vec<&str> {
+    let mut dirs = Vec::new();
+    let mut p = path.trim_end_matches('/');
+    loop {
+        dirs.push(p);
+        match p.rfind('/') {
+            Some(i) => p = &p[..i],
+            None => break,
+        }
+        if p.is_empty() {
+            dirs.push(p);
+            break;
+        }
+    }
+    dirs
+}
+
 /// The expert budget left by `available` bytes of RAM: `available` minus the dense set
 /// (`dense_bytes`, dense.bin, memory-mapped and read whole at load), the KV cache at full
 /// context (`kv_bytes`) and [`BUDGET_RESERVE_BYTES`], and at least `largest_record` bytes (one
@@ -36,10 +140,33 @@ pub fn expert_budget(available: u64, dense_bytes: u64, kv_bytes: u64, largest_re
         .max(largest_record)
 }
 
-/// The default expert budget of `store` ([`expert_budget`] of [`mem_available_bytes`]) with a
-/// KV cache of `kv_bytes` at full context. None when /proc/meminfo cannot be read (the budget
-/// is then unbounded).
-pub fn default_ram_budget(store: &Store, kv_bytes: u64) -> Option<u64> {
+/// Most sequences [`sequences_that_fit`] reports (what it reports when a sequence's KV cache
+/// takes no bytes).
+pub const MAX_SEQUENCES: usize = 4096;
+
+/// How many sequences whose KV cache takes `kv_bytes_per_sequence` bytes each fit in
+/// `available` bytes of RAM beside the dense set (`dense_bytes`), an expert budget of
+/// `expert_budget` bytes and [`BUDGET_RESERVE_BYTES`] (the subtraction saturates at 0), at
+/// most [`MAX_SEQUENCES`] (also the answer when `kv_bytes_per_sequence` is 0).
+pub fn sequences_that_fit(
+    available: u64,
+    dense_bytes: u64,
+    expert_budget: u64,
+    kv_bytes_per_sequence: u64,
+) -> usize {
+    let room = available
+        .saturating_sub(dense_bytes)
+        .saturating_sub(expert_budget)
+        .saturating_sub(BUDGET_RESERVE_BYTES);
+    match room.checked_div(kv_bytes_per_sequence) {
+        Some(n) => n.min(MAX_SEQUENCES as u64) as usize,
+        None => MAX_SEQUENCES,
+    }
+}
+
+/// The expert budget of `store` ([`expert_budget`]) within `available` bytes of RAM, with a
+/// KV cache of `kv_bytes` at full context. Bytes.
+pub fn store_expert_budget(store: &Store, available: u64, kv_bytes: u64) -> u64 {
     let largest = store
         .index()
         .iter()
@@ -47,12 +174,15 @@ pub fn default_ram_budget(store: &Store, kv_bytes: u64) -> Option<u64> {
         .max()
         .unwrap_or(0);
     let dense = store.manifest().dense_file.length;
-    Some(expert_budget(
-        mem_available_bytes()?,
-        dense,
-        kv_bytes,
-        largest,
-    ))
+    expert_budget(available, dense, kv_bytes, largest)
+}
+
+/// The default expert budget of `store` ([`store_expert_budget`] within
+/// [`memory_limit_bytes`]: MemAvailable capped by the memory cgroup) with a KV cache of
+/// `kv_bytes` at full context, bytes. None when neither /proc/meminfo nor a cgroup limit can
+/// be read (the budget is then unbounded).
+pub fn default_ram_budget(store: &Store, kv_bytes: u64) -> Option<u64> {
+    Some(store_expert_budget(store, memory_limit_bytes()?, kv_bytes))
 }
 
 /// Bytes the pinned hot set may take: `pin_share` of `budget`, capped at `budget - step_bytes`
@@ -122,6 +252,140 @@ mod tests {
         );
         assert_eq!(expert_budget(gib, 2 * gib, gib, 1 << 20), 1 << 20);
         assert!(mem_available_bytes().is_some_and(|b| b > 0));
+    }
+
+    /// A `read` over literal files: (path, text) pairs.
+    fn files<'a>(f: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |p| f.iter().find(|(q, _)| *q == p).map(|(_, t)| t.to_string())
+    }
+
+    #[test]
+    fn cgroup_v1_limit_minus_usage_least_over_the_ancestors() {
+        let gib = 1u64 << 30;
+        let proc_cgroup = "12:pids:/a\n4:memory:/a/b\n3:cpu,cpuacct:/a\n0::/\n";
+        let (two, one_half) = ((2 * gib).to_string(), (gib / 2).to_string());
+        let unlimited = "9223372036854771712\n";
+        let f = [
+            (
+                "/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes",
+                two.as_str(),
+            ),
+            (
+                "/sys/fs/cgroup/memory/a/b/memory.usage_in_bytes",
+                one_half.as_str(),
+            ),
+            ("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", unlimited),
+            ("/sys/fs/cgroup/memory/a/memory.usage_in_bytes", "123\n"),
+            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", unlimited),
+            (
+                "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                "99999999999\n",
+            ),
+        ];
+        assert_eq!(
+            cgroup_memory_left(proc_cgroup, files(&f)),
+            Some(2 * gib - gib / 2)
+        );
+        // A parent with less room wins.
+        let mut g = f.to_vec();
+        g[2].1 = "1073741824";
+        g[3].1 = "1000";
+        assert_eq!(cgroup_memory_left(proc_cgroup, files(&g)), Some(gib - 1000));
+        // Usage above the limit leaves nothing.
+        g[3].1 = "2000000000";
+        assert_eq!(cgroup_memory_left(proc_cgroup, files(&g)), Some(0));
+        // A container: /proc/self/cgroup names the host's path, its own cgroup is the root.
+        let h = [
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "1073741824\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "73741824\n"),
+        ];
+        assert_eq!(
+            cgroup_memory_left("5:memory:/docker/abc\n", files(&h)),
+            Some(1_000_000_000)
+        );
+    }
+
+    #[test]
+    fn cgroup_v2_memory_max_minus_current() {
+        let f = [
+            ("/sys/fs/cgroup/user.slice/job/memory.max", "2147483648\n"),
+            (
+                "/sys/fs/cgroup/user.slice/job/memory.current",
+                "147483648\n",
+            ),
+            ("/sys/fs/cgroup/user.slice/memory.max", "max\n"),
+            ("/sys/fs/cgroup/user.slice/memory.current", "5000000000\n"),
+        ];
+        assert_eq!(
+            cgroup_memory_left("0::/user.slice/job\n", files(&f)),
+            Some(2_000_000_000)
+        );
+        // memory.max "max" everywhere: no limit.
+        let g = [
+            ("/sys/fs/cgroup/user.slice/job/memory.max", "max\n"),
+            (
+                "/sys/fs/cgroup/user.slice/job/memory.current",
+                "147483648\n",
+            ),
+        ];
+        assert_eq!(cgroup_memory_left("0::/user.slice/job\n", files(&g)), None);
+    }
+
+    #[test]
+    fn cgroup_unlimited_or_unreadable_is_no_limit() {
+        let v1 = "4:memory:/a\n0::/\n";
+        let unlimited = [
+            (
+                "/sys/fs/cgroup/memory/a/memory.limit_in_bytes",
+                "9223372036854771712",
+            ),
+            ("/sys/fs/cgroup/memory/a/memory.usage_in_bytes", "1000"),
+        ];
+        assert_eq!(cgroup_memory_left(v1, files(&unlimited)), None);
+        // Nothing readable, a limit without its usage, garbage, no memory line at all.
+        assert_eq!(cgroup_memory_left(v1, |_| None), None);
+        let no_usage = [("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "1000")];
+        assert_eq!(cgroup_memory_left(v1, files(&no_usage)), None);
+        let garbage = [
+            ("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "lots"),
+            ("/sys/fs/cgroup/memory/a/memory.usage_in_bytes", "1000"),
+        ];
+        assert_eq!(cgroup_memory_left(v1, files(&garbage)), None);
+        assert_eq!(cgroup_memory_left("3:cpu:/a\n", files(&unlimited)), None);
+        assert_eq!(cgroup_memory_left("", files(&unlimited)), None);
+        // The live figure of this machine: never above MemAvailable.
+        let (limit, avail) = (memory_limit_bytes(), mem_available_bytes());
+        assert!(limit.is_some());
+        if let (Some(l), Some(a)) = (limit, avail) {
+            assert!(l <= a, "{l} > {a}");
+        }
+    }
+
+    #[test]
+    fn sequences_fit_beside_dense_experts_and_reserve() {
+        let gib = 1u64 << 30;
+        let r = BUDGET_RESERVE_BYTES;
+        // 8 GiB - 1 dense - 4 experts - reserve = 3 GiB - 512 MiB: 2 sequences of 1 GiB.
+        assert_eq!(sequences_that_fit(8 * gib, gib, 4 * gib, gib), 2);
+        assert_eq!(sequences_that_fit(8 * gib, gib, 4 * gib, 3 * gib - r), 1);
+        assert_eq!(
+            sequences_that_fit(8 * gib, gib, 4 * gib, 3 * gib - r + 1),
+            0
+        );
+        // Nothing left (the subtraction saturates), an unbounded budget.
+        assert_eq!(sequences_that_fit(gib, 2 * gib, 0, 1), 0);
+        assert_eq!(sequences_that_fit(8 * gib, gib, u64::MAX, 1), 0);
+        // The cap, and no KV at all.
+        assert_eq!(sequences_that_fit(8 * gib, 0, 0, 1), MAX_SEQUENCES);
+        assert_eq!(sequences_that_fit(8 * gib, 0, 0, 0), MAX_SEQUENCES);
+        assert_eq!(sequences_that_fit(0, 0, 0, 0), MAX_SEQUENCES);
+        // A default budget leaves room for exactly the one sequence it counted.
+        let kv = 300 << 20;
+        let budget = expert_budget(8 * gib, gib, kv, 1 << 20);
+        assert_eq!(sequences_that_fit(8 * gib, gib, budget, kv), 1);
     }
 
     #[test]

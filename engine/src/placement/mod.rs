@@ -1,8 +1,9 @@
 //! Placement policy: where the experts live while the engine runs. Placement only changes
 //! speed, never results (tests/tests/placement.rs checks every family).
 //!
-//! - [`budget`]: the expert budget (`--ram-budget`, else from `MemAvailable`) and the share of
-//!   it the pinned hot set may take.
+//! - [`budget`]: the expert budget (`--ram-budget`, else from `MemAvailable` capped by the
+//!   memory cgroup), the share of it the pinned hot set may take, and how many sequences' KV
+//!   caches fit beside it.
 //! - [`gate`]: [`PrefetchGate`], whether a forward pass's lookahead reads what it predicts.
 //! - [`PlacementPolicy`] puts them together for one engine: it builds the
 //!   [`ExpertCache`] (budget; the hottest experts of the usage history pinned), decides before
@@ -16,8 +17,9 @@ pub mod budget;
 pub mod gate;
 
 pub use budget::{
-    decode_step_bytes, default_ram_budget, pin_bytes, pinned_set, BUDGET_RESERVE_BYTES,
-    DEFAULT_PIN_SHARE,
+    decode_step_bytes, default_ram_budget, mem_available_bytes, memory_limit_bytes, pin_bytes,
+    pinned_set, sequences_that_fit, store_expert_budget, BUDGET_RESERVE_BYTES, DEFAULT_PIN_SHARE,
+    MAX_SEQUENCES,
 };
 pub use gate::{PrefetchGate, DEFAULT_PREFETCH_MIN_USE, PREFETCH_PROBE_EVERY};
 
@@ -37,6 +39,9 @@ pub struct Placement {
     pub budget: u64,
     /// Whether the budget came from the available memory (no `ram_budget` given).
     pub budget_from_available_memory: bool,
+    /// The memory the default budget was derived from ([`memory_limit_bytes`] when the engine
+    /// was set up), bytes; None when `ram_budget` was given or the memory could not be read.
+    pub memory_limit: Option<u64>,
     /// Experts pinned at start.
     pub pinned_experts: usize,
     /// Bytes of the pinned experts.
@@ -89,15 +94,19 @@ impl PlacementPolicy {
         num_layers: usize,
         top_k: usize,
     ) -> Result<(PlacementPolicy, ExpertCache)> {
-        let budget = match opts.ram_budget {
-            Some(b) => b,
-            None => default_ram_budget(store, kv_bytes).unwrap_or(u64::MAX),
+        // As default_ram_budget, keeping the memory limit it used.
+        let memory_limit = opts.ram_budget.is_none().then(memory_limit_bytes).flatten();
+        let budget = match (opts.ram_budget, memory_limit) {
+            (Some(b), _) => b,
+            (None, Some(available)) => store_expert_budget(store, available, kv_bytes),
+            (None, None) => u64::MAX,
         };
         let cache = ExpertCache::new(budget);
         let mut policy = PlacementPolicy {
             placement: Placement {
                 budget,
                 budget_from_available_memory: opts.ram_budget.is_none(),
+                memory_limit,
                 pinned_experts: 0,
                 pinned_bytes: 0,
                 lru_capacity: budget,

@@ -286,7 +286,16 @@ pub struct GenRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage`.
     pub include_usage: bool,
+    /// `n`: choices generated from the prompt (1..=[`MAX_N`]; the server also caps it at its
+    /// batch size). The prompt is prefilled once; choice `i` samples with `seed + i`.
+    pub n: usize,
+    /// Keep generating past an EOS token (vLLM's `ignore_eos` extension; benchmarks use it to
+    /// get a fixed number of tokens).
+    pub ignore_eos: bool,
 }
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_N: usize = 128;
 
 /// A field that is absent or JSON null reads as absent.
 fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
@@ -365,7 +374,7 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             return Err(ApiError::unsupported("top_logprobs", "(log probabilities)"));
         }
     }
-    for name in ["n", "best_of"] {
+    for name in ["best_of"] {
         if let Some(v) = field(obj, name) {
             match v.as_u64() {
                 Some(1) => {}
@@ -680,6 +689,14 @@ pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiE
         Some(v) => return Err(ApiError::wrong_type("seed", "an integer", v)),
     };
     let stop = parse_stop(&obj)?;
+    let n = get_count(&obj, "n")?.unwrap_or(1);
+    if n > MAX_N {
+        return Err(ApiError::invalid(
+            "n",
+            format!("Invalid 'n': expected a value <= {MAX_N}, got {n}."),
+        ));
+    }
+    let ignore_eos = get_bool(&obj, "ignore_eos")?.unwrap_or(false);
     let stream = get_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match field(&obj, "stream_options") {
         None => false,
@@ -705,6 +722,8 @@ pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiE
         stop,
         stream,
         include_usage,
+        n,
+        ignore_eos,
     })
 }
 
@@ -891,7 +910,7 @@ mod tests {
             ("response_format", json!({"type": "json_object"})),
             ("logprobs", json!(true)),
             ("top_logprobs", json!(2)),
-            ("n", json!(2)),
+            ("best_of", json!(2)),
             ("logit_bias", json!({"42": 1})),
             ("presence_penalty", json!(0.5)),
             ("frequency_penalty", json!(-1)),

@@ -32,6 +32,11 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     /// Seconds per decode step (one generated token fed back).
     pub decode_step: Histogram,
+    pub prefill_step: Histogram,
+    pub inter_token_latency: Histogram,
+    pub batch_size: Histogram,
+    pub tokens_per_forward: Histogram,
+    pub expert_bytes_per_token: Gauge<f64, AtomicU64>,
     /// Bytes of expert records read from disk.
     pub expert_bytes_read: Counter,
     /// Expert-cache hits.
@@ -113,8 +118,38 @@ impl Metrics {
         let decode_step = histogram(
             &mut registry,
             "decode_step",
-            "Time of one decode step (one generated token fed back)",
+            "Time of one batched forward pass that carries no prefill chunk (one token of every running sequence)",
             0.001,
+        );
+        let prefill_step = histogram(
+            &mut registry,
+            "prefill_step",
+            "Time of one batched forward pass that carries a prefill chunk (the running sequences' tokens plus up to --prefill-batch prompt tokens)",
+            0.001,
+        );
+        let inter_token_latency = histogram(
+            &mut registry,
+            "inter_token_latency",
+            "Time between two consecutive tokens of one sequence (ITL)",
+            0.001,
+        );
+        let count_histogram = |registry: &mut Registry, name: &str, help: &str| {
+            let h = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+            registry.register(name, help, h.clone());
+            h
+        };
+        let batch_size =
+            count_histogram(&mut registry, "batch_size", "Sequences in one forward pass");
+        let tokens_per_forward = count_histogram(
+            &mut registry,
+            "tokens_per_forward",
+            "Tokens (rows) in one forward pass: decode tokens plus prefill-chunk tokens",
+        );
+        let expert_bytes_per_token = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "expert_bytes_per_generated_token",
+            "Expert bytes read from disk per generated token since the server started (model loading included)",
+            expert_bytes_per_token.clone(),
         );
         let expert_cache_hit_rate = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -141,6 +176,11 @@ impl Metrics {
             ttft,
             queue_wait,
             decode_step,
+            prefill_step,
+            inter_token_latency,
+            batch_size,
+            tokens_per_forward,
+            expert_bytes_per_token,
             expert_bytes_read,
             expert_cache_hits,
             expert_cache_misses,

@@ -2,11 +2,15 @@
 //!
 //! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both
 //! streaming as server-sent events and not), `GET /health`, `GET /metrics`. One engine runs on a
-//! dedicated thread that owns the store; handlers tokenize and validate, then queue a job FIFO on
+//! dedicated thread that owns the store and batches: up to `--max-batch` sequences decode
+//! together, one forward pass per step, new requests joining at step boundaries
+//! (serve/worker.rs has the scheduler). Handlers tokenize and validate, then queue a job FIFO on
 //! a bounded channel (`--max-queue` waiting jobs; a full queue answers 429 with `Retry-After`).
-//! A client that disconnects drops its `CancelOnDrop` (serve/worker.rs) guard, which stops its
-//! generation at the next token (or skips it while queued). The KV cache persists across
-//! requests, so a prompt that extends the previous conversation prefills only its new tokens.
+//! A client that disconnects drops its `CancelOnDrop` (serve/worker.rs) guard, which frees its
+//! sequences at the next step (or skips it while queued). Finished sequences keep their KV
+//! cache, so a prompt that extends an earlier conversation prefills only its new tokens. On
+//! SIGTERM or Ctrl-C the server stops admitting requests, lets running ones finish for up to
+//! `--shutdown-grace` seconds, ends the rest with finish reason `abort`, and exits 0.
 //! See `docs/SERVE.md`.
 
 mod api;
@@ -33,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes};
+use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes, Shutdown};
 
 /// `coli serve` options.
 #[derive(Args, Debug)]
@@ -56,6 +60,17 @@ pub struct ServeArgs {
     /// Model id of /v1/models and the `model` field (default: the store directory's name).
     #[arg(long, value_name = "NAME")]
     model_id: Option<String>,
+    /// Sequences decoded together in one forward pass (continuous batching; a request with
+    /// `n` choices takes n). Default: 8, or fewer when fewer sequences' KV caches at
+    /// `--context` fit beside the dense set and the expert budget in the memory this process
+    /// may use (MemAvailable capped by its memory cgroup; see `coli plan`); a given N that does
+    /// not fit is refused.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    max_batch: Option<u32>,
+    /// Seconds running generations may go on after SIGTERM or Ctrl-C before they are ended
+    /// with finish reason `abort`.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    shutdown_grace: f64,
 }
 
 /// State shared by the handlers.
@@ -70,6 +85,7 @@ struct App {
     info: EngineInfo,
     max_queue: usize,
     next_id: AtomicU64,
+    shutdown: Arc<Shutdown>,
 }
 
 fn unix_now() -> u64 {
@@ -98,7 +114,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let max_queue = a.max_queue as usize;
     let (jobs_tx, jobs_rx) = mpsc::channel(max_queue);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let shutdown = Arc::new(AtomicBool::new(false));
+    if !(a.shutdown_grace >= 0.0 && a.shutdown_grace.is_finite()) {
+        bail!(
+            "--shutdown-grace {}: expected a number of seconds >= 0",
+            a.shutdown_grace
+        );
+    }
+    let shutdown = Arc::new(Shutdown::default());
     let worker = {
         let shared = worker::Shared {
             metrics: metrics.clone(),
@@ -106,9 +128,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             shutdown: shutdown.clone(),
         };
         let opts = a.engine;
+        let max_batch = a.max_batch.map(|n| n as usize);
         std::thread::Builder::new()
             .name("coli-engine".into())
-            .spawn(move || worker::run(opts, shared, jobs_rx, ready_tx))
+            .spawn(move || worker::run(opts, max_batch, shared, jobs_rx, ready_tx))
             .context("starting the engine thread")?
     };
     let info = match ready_rx.recv() {
@@ -126,27 +149,40 @@ pub fn run(a: ServeArgs) -> Result<()> {
         info,
         max_queue,
         next_id: AtomicU64::new(1),
+        shutdown: shutdown.clone(),
     });
+    let grace = Duration::from_secs_f64(a.shutdown_grace);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let served = rt.block_on(serve(app, &a.host, a.port, shutdown));
+    let served = rt.block_on(serve(app, &a.host, a.port, shutdown, grace));
     drop(rt);
     // Every job sender is gone with the app: the engine thread finishes its job and returns.
     let _ = worker.join();
     served
 }
 
-async fn serve(app: Arc<App>, host: &str, port: u16, shutdown: Arc<AtomicBool>) -> Result<()> {
+async fn serve(
+    app: Arc<App>,
+    host: &str,
+    port: u16,
+    shutdown: Arc<Shutdown>,
+    grace: Duration,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind((host, port))
         .await
         .with_context(|| format!("binding {host}:{port}; pick another --port or --host"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     eprintln!(
-        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, {} threads); listening on http://{addr}",
-        app.model_id, app.info.load_s, app.info.context, app.info.threads
+        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, max batch {} sequences, {:.1} MiB of KV cache each at full context, {} threads); listening on http://{addr}",
+        app.model_id,
+        app.info.load_s,
+        app.info.context,
+        app.info.max_batch,
+        app.info.kv_bytes_per_sequence as f64 / (1u64 << 20) as f64,
+        app.info.threads
     );
     let router = Router::new()
         .route("/v1/models", get(list_models))
@@ -161,9 +197,13 @@ async fn serve(app: Arc<App>, host: &str, port: u16, shutdown: Arc<AtomicBool>) 
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
-            // Open responses end now instead of running their generations to the end.
-            shutdown.store(true, Ordering::Relaxed);
-            eprintln!("coli serve: shutting down");
+            // No request is admitted from now on; running generations end within the grace
+            // period (then with finish reason `abort`), and their responses with them.
+            shutdown.begin(grace);
+            eprintln!(
+                "coli serve: shutting down (running requests may finish for {:.1} s)",
+                grace.as_secs_f64()
+            );
         })
         .await
         .context("serving HTTP")?;
@@ -365,7 +405,7 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
             top_p: req.top_p,
             seed,
         },
-        stop_on_eos: true,
+        stop_on_eos: !req.ignore_eos,
     };
     Ok(Prepared {
         req,
@@ -397,27 +437,30 @@ async fn generate(
 /// The ids, creation time and model of one response.
 struct Meta {
     id: String,
+    /// Choices of the request.
+    n: usize,
     created: u64,
     model: String,
     ep: Endpoint,
 }
 
 impl Meta {
-    /// One choice of a non-streaming response.
-    fn choice(&self, text: &str, reason: &str) -> Value {
+    /// Choice `index` of a non-streaming response.
+    fn choice(&self, index: usize, text: &str, reason: &str) -> Value {
         match self.ep {
             Endpoint::Chat => json!({
-                "index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                "index": index, "message": {"role": "assistant", "content": text, "refusal": null},
                 "logprobs": null, "finish_reason": reason,
             }),
             Endpoint::Completions => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
+                json!({"index": index, "text": text, "logprobs": null, "finish_reason": reason})
             }
         }
     }
 
-    /// One streamed choice: `text` (None: the role-only first chat chunk) and the finish reason.
-    fn delta(&self, text: Option<&str>, reason: Option<&str>) -> Value {
+    /// One streamed piece of choice `index`: `text` (None: the role-only first chat chunk) and
+    /// the finish reason.
+    fn delta(&self, index: usize, text: Option<&str>, reason: Option<&str>) -> Value {
         match self.ep {
             Endpoint::Chat => {
                 let delta = match (text, reason) {
@@ -425,10 +468,10 @@ impl Meta {
                     (Some(t), _) => json!({"content": t}),
                     (None, Some(_)) => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": reason})
             }
             Endpoint::Completions => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason,
+                "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason,
             }),
         }
     }
@@ -453,19 +496,24 @@ impl Meta {
     }
 }
 
-fn usage(f: &Finish) -> Value {
+/// Usage of a request whose choices ended with `fins`: the prompt once, the completions of
+/// every choice.
+fn usage(fins: &[Finish]) -> Value {
+    let prompt = fins.first().map_or(0, |f| f.prompt_tokens);
+    let cached = fins.first().map_or(0, |f| f.cached_tokens);
+    let completion: usize = fins.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
-/// 429 with `Retry-After`: the mean job time times the jobs ahead (the queue and the running
-/// one), 1 to 600 s.
+/// 429 with `Retry-After`: the mean time a request holds a batch slot times the requests
+/// ahead (the queue and the running batch) over the batch size, 1 to 600 s.
 fn queue_full(app: &App) -> ApiError {
-    let ahead = app.max_queue as f64 + 1.0;
+    let ahead = (app.max_queue + app.info.max_batch) as f64 / app.info.max_batch as f64;
     let secs = (app.times.mean_s() * ahead).ceil().clamp(1.0, 600.0) as u64;
     ApiError::queue_full(app.max_queue, secs)
 }
@@ -477,6 +525,18 @@ async fn generate_checked(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let req = api::parse_request(&body, ep)?;
+    if app.shutdown.started() {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    if req.n > app.info.max_batch {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "Invalid 'n': this server decodes at most {} sequences together (--max-batch), got {}.",
+                app.info.max_batch, req.n
+            ),
+        ));
+    }
     if app.jobs.capacity() == 0 {
         // Full already: refuse before spending time on the chat template and the tokenizer.
         return Err(queue_full(app));
@@ -485,9 +545,17 @@ async fn generate_checked(
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
+    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = match ep {
+        Endpoint::Chat => format!("chatcmpl-{:x}{n:06x}", app.created),
+        Endpoint::Completions => format!("cmpl-{:x}{n:06x}", app.created),
+    };
+    let choices = p.req.n;
     let job = Job {
+        id: id.clone(),
         prompt: p.prompt,
         params: p.params,
+        n: choices,
         stop: p.req.stop.clone(),
         events: events_tx,
         cancel,
@@ -503,12 +571,9 @@ async fn generate_checked(
             }
         });
     }
-    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     let meta = Meta {
-        id: match ep {
-            Endpoint::Chat => format!("chatcmpl-{:x}{n:06x}", app.created),
-            Endpoint::Completions => format!("cmpl-{:x}{n:06x}", app.created),
-        },
+        id,
+        n: choices,
         created: unix_now(),
         model: app.model_id.clone(),
         ep,
@@ -519,18 +584,25 @@ async fn generate_checked(
     }
     // Not streaming: the guard lives in this future, which hyper drops if the client goes away.
     let _guard = guard;
-    let mut text = String::new();
+    let mut texts = vec![String::new(); choices];
+    let mut done: Vec<Option<Finish>> = vec![None; choices];
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(f) => {
-                app.metrics.count_request(ep.label(), 200);
-                let v = meta.response(
-                    json!([meta.choice(&text, f.reason)]),
-                    Some(usage(&f)),
-                    false,
-                );
-                return Ok(Json(v).into_response());
+            Event::Text(i, t) => texts[i].push_str(&t),
+            Event::Done(i, f) => {
+                done[i] = Some(f);
+                if done.iter().all(Option::is_some) {
+                    app.metrics.count_request(ep.label(), 200);
+                    let fins: Vec<Finish> = done.into_iter().flatten().collect();
+                    let list: Vec<Value> = fins
+                        .iter()
+                        .zip(&texts)
+                        .enumerate()
+                        .map(|(i, (f, t))| meta.choice(i, t, f.reason))
+                        .collect();
+                    let v = meta.response(Value::Array(list), Some(usage(&fins)), false);
+                    return Ok(Json(v).into_response());
+                }
             }
             Event::Error(e) => return Err(e),
         }
@@ -554,22 +626,35 @@ fn stream_response(
         let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
         let null_usage = include_usage.then_some(Value::Null);
         let chunk = |choice: Value| meta.response(json!([choice]), null_usage.clone(), true);
-        if meta.ep == Endpoint::Chat && out.send(data(chunk(meta.delta(None, None)))).await.is_err()
-        {
-            return;
+        if meta.ep == Endpoint::Chat {
+            for i in 0..meta.n {
+                if out
+                    .send(data(chunk(meta.delta(i, None, None))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
         }
+        let mut fins: Vec<Finish> = Vec::new();
         loop {
             let ev = tokio::select! {
                 ev = events.recv() => ev,
                 () = out.closed() => return,
             };
-            let last = !matches!(ev, Some(Event::Text(_)));
+            let last = match &ev {
+                Some(Event::Text(..)) => false,
+                Some(Event::Done(..)) => fins.len() + 1 == meta.n,
+                _ => true,
+            };
             let msgs: Vec<Value> = match ev {
-                Some(Event::Text(t)) => vec![chunk(meta.delta(Some(&t), None))],
-                Some(Event::Done(f)) => {
-                    let mut v = vec![chunk(meta.delta(None, Some(f.reason)))];
-                    if include_usage {
-                        v.push(meta.response(json!([]), Some(usage(&f)), true));
+                Some(Event::Text(i, t)) => vec![chunk(meta.delta(i, Some(&t), None))],
+                Some(Event::Done(i, f)) => {
+                    fins.push(f);
+                    let mut v = vec![chunk(meta.delta(i, None, Some(f.reason)))];
+                    if include_usage && last {
+                        v.push(meta.response(json!([]), Some(usage(&fins)), true));
                     }
                     v
                 }
@@ -604,6 +689,7 @@ mod tests {
     fn meta(ep: Endpoint) -> Meta {
         Meta {
             id: "id-1".into(),
+            n: 1,
             created: 1,
             model: "m".into(),
             ep,
@@ -632,14 +718,17 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         for piece in ["hé", "世", "🎉"] {
-            tx.send(Event::Text(piece.into())).expect("send");
+            tx.send(Event::Text(0, piece.into())).expect("send");
         }
-        tx.send(Event::Done(Finish {
-            reason: "length",
-            prompt_tokens: 3,
-            cached_tokens: 1,
-            completion_tokens: 4,
-        }))
+        tx.send(Event::Done(
+            0,
+            Finish {
+                reason: "length",
+                prompt_tokens: 3,
+                cached_tokens: 1,
+                completion_tokens: 4,
+            },
+        ))
         .expect("send");
         let resp = stream_response(meta(Endpoint::Chat), rx, CancelOnDrop(cancel.clone()), true);
         let data = sse_data(resp).await;
@@ -677,7 +766,7 @@ mod tests {
     #[tokio::test]
     async fn completion_stream_error_then_done() {
         let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(Event::Text("a".into())).expect("send");
+        tx.send(Event::Text(0, "a".into())).expect("send");
         tx.send(Event::Error(ApiError::internal("boom")))
             .expect("send");
         let guard = CancelOnDrop(Arc::new(AtomicBool::new(false)));

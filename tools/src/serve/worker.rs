@@ -1,36 +1,54 @@
-//! The engine thread: owns the store and the one [`Engine`], takes jobs FIFO from a bounded
-//! channel, streams text events back, and stops a generation as soon as its client is gone.
+//! The engine thread: owns the store and the one [`Engine`], and runs continuous batching.
+//!
+//! Up to `max_batch` sequences decode together: every step is one forward pass
+//! ([`Engine::forward_many`]) holding one token of every running sequence plus, when a request
+//! is waiting for its prefill, the next `--prefill-batch` chunk of its prompt (one chunk per
+//! step, oldest request first, so a long prompt delays the running streams by one chunk per
+//! step at most). Requests join at step boundaries, in arrival order, while sequences are free;
+//! a request with `n` choices takes `n` sequences, prefilled once and forked
+//! ([`Engine::fork_sequence`]). Each choice samples with its own seeded sampler (choice `i`
+//! seeds with `seed + i`), so a seeded request gives the same text alone or in a batch (the
+//! engine's logits of a sequence do not depend on the rest of the pass). A finished
+//! sequence stays in a pool with its KV cache; the next request takes the pooled sequence whose
+//! cached tokens share the longest prefix with its prompt (a follow-up turn prefills only its
+//! new tokens). A client that disconnects frees its sequences at the next step. On shutdown the
+//! thread stops admitting requests, lets the running ones go on until the grace period ends,
+//! then ends the rest with finish reason `abort`.
 
 use super::api::ApiError;
 use super::metrics::Metrics;
 use super::text::TextStream;
-use coli_engine::{Engine, EngineError, GenerateParams, StopReason, TextTokenizer};
+use coli_engine::{
+    BatchItem, Engine, EngineError, GenerateParams, Logits, Sampler, SamplingParams, Sequence,
+    TextTokenizer,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// What the engine thread reports about a job.
 #[derive(Debug)]
 pub enum Event {
-    /// Text to append (whole characters, stop strings already cut).
-    Text(String),
-    /// Generation ended normally.
-    Done(Finish),
-    /// Generation failed.
+    /// Text to append to choice `index` (whole characters, stop strings already cut).
+    Text(usize, String),
+    /// Choice `index` ended normally.
+    Done(usize, Finish),
+    /// The job failed (every choice ends).
     Error(ApiError),
 }
 
-/// The end of a generation.
+/// The end of one choice of a generation.
 #[derive(Clone, Copy, Debug)]
 pub struct Finish {
-    /// `stop` (EOS or a stop string) or `length` (max_tokens reached).
+    /// `stop` (EOS or a stop string), `length` (max_tokens reached) or `abort` (the server
+    /// shut down before the choice finished).
     pub reason: &'static str,
     /// Tokens of the whole prompt.
     pub prompt_tokens: usize,
-    /// Prompt tokens reused from the KV cache (not prefilled).
+    /// Prompt tokens reused from a KV cache (not prefilled).
     pub cached_tokens: usize,
-    /// Tokens generated (an EOS that ended generation included).
+    /// Tokens this choice generated (an EOS that ended it included).
     pub completion_tokens: usize,
 }
 
@@ -46,10 +64,14 @@ impl Drop for CancelOnDrop {
 
 /// One generation request, tokenized and validated.
 pub struct Job {
+    /// Request id (for the log line).
+    pub id: String,
     /// Prompt token ids.
     pub prompt: Vec<u32>,
-    /// Generation parameters.
+    /// Generation parameters (the seed is choice 0's; choice `i` uses `seed + i`).
     pub params: GenerateParams,
+    /// Choices to generate from the prompt (`n`, at most the batch size).
+    pub n: usize,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Where text goes.
@@ -61,10 +83,8 @@ pub struct Job {
 }
 
 impl Job {
-    fn cancelled(&self, shutdown: &AtomicBool) -> bool {
-        self.cancel.load(Ordering::Relaxed)
-            || self.events.is_closed()
-            || shutdown.load(Ordering::Relaxed)
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
     }
 }
 
@@ -73,7 +93,7 @@ impl Job {
 pub struct EngineInfo {
     /// The store's tokenizer, shared with the engine thread.
     pub tok: Arc<TextTokenizer>,
-    /// KV-cache capacity, tokens.
+    /// KV-cache capacity of one sequence, tokens.
     pub context: usize,
     /// Vocabulary size (ids must be below it).
     pub vocab: usize,
@@ -81,10 +101,14 @@ pub struct EngineInfo {
     pub load_s: f64,
     /// Engine worker threads.
     pub threads: usize,
+    /// Sequences decoded together at most (`--max-batch`).
+    pub max_batch: usize,
+    /// KV-cache bytes of one sequence at the context limit.
+    pub kv_bytes_per_sequence: u64,
 }
 
-/// Shared between the engine thread and the handlers: a moving average of job durations, for
-/// `Retry-After`.
+/// Shared between the engine thread and the handlers: a moving average of the time one
+/// request holds a batch slot, for `Retry-After`.
 #[derive(Default)]
 pub struct JobTimes {
     /// Mean seconds per job (exponential moving average, weight 1/4), as f64 bits.
@@ -104,14 +128,41 @@ impl JobTimes {
     }
 }
 
+/// When the server shuts down: set once a signal arrives; running generations may go on until
+/// the deadline.
+#[derive(Default)]
+pub struct Shutdown {
+    deadline: Mutex<Option<Instant>>,
+    started: AtomicBool,
+}
+
+impl Shutdown {
+    /// Starts the shutdown: no request is admitted from now on; running ones end by `grace`.
+    pub fn begin(&self, grace: Duration) {
+        let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        d.get_or_insert(Instant::now() + grace);
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// Whether shutdown has begun.
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    fn past_deadline(&self) -> bool {
+        let d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        d.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
 /// Where the engine thread reports.
 pub struct Shared {
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Job durations, for `Retry-After`.
     pub times: Arc<JobTimes>,
-    /// Set when the server shuts down: the running job stops, queued ones are dropped.
-    pub shutdown: Arc<AtomicBool>,
+    /// Set when the server shuts down.
+    pub shutdown: Arc<Shutdown>,
 }
 
 /// Opens the store (on this thread, which owns it for the life of the server) and takes out its
@@ -131,19 +182,16 @@ fn open(
     Ok((loaded, Arc::new(tok)))
 }
 
-/// Runs on the engine thread: opens the store, loads the engine, reports through `ready`, then
-/// serves jobs in arrival order until every sender is dropped.
+/// Runs on the engine thread: opens the store, loads the engine with room for `max_batch`
+/// sequences (None: chosen from the memory plan, [`load_engine`]), reports through `ready`,
+/// then schedules jobs until every sender is dropped (or shutdown ends).
 pub fn run(
     opts: crate::options::EngineOptions,
+    max_batch: Option<usize>,
     shared: Shared,
-    mut jobs: mpsc::Receiver<Job>,
+    jobs: mpsc::Receiver<Job>,
     ready: std::sync::mpsc::Sender<anyhow::Result<EngineInfo>>,
 ) {
-    let Shared {
-        metrics,
-        times,
-        shutdown,
-    } = shared;
     let (loaded, tok) = match open(&opts) {
         Ok(x) => x,
         Err(err) => {
@@ -151,50 +199,720 @@ pub fn run(
             return;
         }
     };
-    let mut eng = match crate::options::engine(&loaded, &opts) {
-        Ok((e, load_s)) => {
+    let (eng, max_batch) = match load_engine(&loaded, &opts, max_batch) {
+        Ok((e, load_s, max_batch)) => {
             let info = EngineInfo {
                 tok: tok.clone(),
                 context: e.context(),
                 vocab: e.spec().vocab_size,
                 load_s,
                 threads: e.threads(),
+                max_batch,
+                kv_bytes_per_sequence: e.kv_bytes_per_sequence(),
             };
             if ready.send(Ok(info)).is_err() {
                 return;
             }
-            e
+            (e, max_batch)
         }
         Err(err) => {
             let _ = ready.send(Err(err));
             return;
         }
     };
-    // Every expert byte the store read, loading (e.g. pinned experts) included.
-    let mut bytes_seen = 0u64;
-    let mut count_bytes = |eng: &Engine<'_>| {
-        let now = eng.store().stats().bytes_read;
-        metrics
-            .expert_bytes_read
-            .inc_by(now.saturating_sub(bytes_seen));
-        bytes_seen = bytes_seen.max(now);
+    let mut s = Scheduler {
+        eng,
+        tok: &tok,
+        shared,
+        max_batch,
+        prefill_batch: opts.prefill_batch,
+        active: Vec::new(),
+        pool: Vec::new(),
+        bytes_seen: 0,
+        cache_seen: coli_engine::CacheStats::default(),
     };
-    count_bytes(&eng);
-    while let Some(job) = jobs.blocking_recv() {
-        metrics.queue_depth.dec();
-        let t0 = Instant::now();
-        metrics
-            .queue_wait
-            .observe(t0.duration_since(job.arrived).as_secs_f64());
-        if job.cancelled(&shutdown) {
-            metrics.cancelled.inc();
-            continue;
+    s.count_bytes();
+    s.run(jobs);
+}
+
+/// Default `--max-batch` when the memory allows it.
+const DEFAULT_MAX_BATCH: usize = 8;
+
+/// How many sequences' KV caches (each `kv_bytes_per_sequence` at the context limit) fit beside
+/// the dense set and `eng`'s expert budget in the memory limit the placement used, and that
+/// limit in bytes (None: no limit could be read, or the budget is unbounded).
+fn sequences_fit(eng: &Engine<'_>, store: &coli_store::Store) -> Option<(usize, u64)> {
+    use coli_engine::placement::budget;
+    let p = eng.placement();
+    let limit = p.memory_limit.or_else(budget::memory_limit_bytes)?;
+    if p.budget == u64::MAX {
+        return None;
+    }
+    let experts: u64 = store.index().iter().map(|r| r.length.get()).sum();
+    let fit = budget::sequences_that_fit(
+        limit,
+        store.manifest().dense_file.length,
+        p.budget.min(experts),
+        eng.kv_bytes_per_sequence(),
+    );
+    Some((fit, limit))
+}
+
+/// Loads the engine for `requested` sequences (`--max-batch`), or for
+/// [`DEFAULT_MAX_BATCH`] reduced to what fits when not given. Returns the engine, the load
+/// seconds and the batch size.
+///
+/// # Errors
+/// The model cannot be loaded; `--max-batch N` whose N sequences of `--context` do not fit
+/// beside the dense set and the expert budget in the memory this process may use (the error
+/// names the figures and what to change).
+pub fn load_engine<'s>(
+    loaded: &'s crate::options::Loaded,
+    opts: &crate::options::EngineOptions,
+    requested: Option<usize>,
+) -> anyhow::Result<(Engine<'s>, f64, usize)> {
+    let want = requested.unwrap_or(DEFAULT_MAX_BATCH);
+    let (eng, load_s) = crate::options::engine_with_sequences(loaded, opts, want)?;
+    let Some((fit, limit)) = sequences_fit(&eng, &loaded.store) else {
+        return Ok((eng, load_s, want));
+    };
+    if fit >= want {
+        return Ok((eng, load_s, want));
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let p = eng.placement();
+    let what = format!(
+        "{want} sequences of {} tokens need {:.1} MiB of KV cache each, but beside the dense set ({:.1} MiB), the expert budget ({:.1} MiB) and 512 MiB of reserve only {fit} fit in the {:.1} MiB this process may use",
+        eng.context(),
+        mib(eng.kv_bytes_per_sequence()),
+        mib(loaded.store.manifest().dense_file.length),
+        mib(p.budget),
+        mib(limit),
+    );
+    if requested.is_some() || fit == 0 {
+        anyhow::bail!(
+            "{what}; lower --max-batch, --context or --ram-budget (`coli plan` shows the memory plan)"
+        );
+    }
+    drop(eng);
+    let (eng, load_s) = crate::options::engine_with_sequences(loaded, opts, fit)?;
+    eprintln!("coli serve: {what}; --max-batch defaults to {fit}");
+    Ok((eng, load_s, fit))
+}
+
+/// One choice of a running request.
+struct Choice {
+    index: usize,
+    /// Its sequence (None until the prompt's prefill is done and it is forked).
+    seq: Option<Sequence>,
+    sampler: Sampler,
+    text: TextStream,
+    /// Tokens generated.
+    generated: usize,
+    /// The token to feed next (sampled, not yet in the KV cache).
+    next: Option<u32>,
+    /// Finish reason once it ended.
+    finished: Option<&'static str>,
+    last_token_at: Option<Instant>,
+}
+
+/// A request admitted to the batch.
+struct Request {
+    job: Job,
+    /// Prompt tokens still to prefill (into choice 0's sequence).
+    prefill_from: usize,
+    cached: usize,
+    choices: Vec<Choice>,
+    admitted: Instant,
+    first_token_at: Option<Instant>,
+    status: &'static str,
+}
+
+impl Request {
+    fn prefilling(&self) -> bool {
+        self.prefill_from < self.job.prompt.len()
+    }
+
+    fn done(&self) -> bool {
+        self.choices.iter().all(|c| c.finished.is_some())
+    }
+}
+
+struct Scheduler<'a, 's> {
+    eng: Engine<'s>,
+    tok: &'a TextTokenizer,
+    shared: Shared,
+    max_batch: usize,
+    prefill_batch: usize,
+    active: Vec<Request>,
+    /// Finished sequences kept for prefix reuse.
+    pool: Vec<Sequence>,
+    bytes_seen: u64,
+    /// Expert-cache counters at the last [`Scheduler::count_bytes`].
+    cache_seen: coli_engine::CacheStats,
+}
+
+/// What a step fed for one sequence: (request, choice, prefill chunk or decode token).
+#[derive(Clone, Copy)]
+enum Feed {
+    Prefill { req: usize, end: usize },
+    Decode { req: usize, choice: usize },
+}
+
+impl Scheduler<'_, '_> {
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Adds the store's expert bytes read since the last call to the counter (model loading,
+    /// e.g. pinned experts, included).
+    fn count_bytes(&mut self) {
+        let now = self.eng.store().stats().bytes_read;
+        self.shared
+            .metrics
+            .expert_bytes_read
+            .inc_by(now.saturating_sub(self.bytes_seen));
+        self.bytes_seen = self.bytes_seen.max(now);
+        let stats = self.eng.cache_stats();
+        let d = stats.since(&self.cache_seen);
+        self.shared.metrics.expert_cache_hits.inc_by(d.hits);
+        self.shared.metrics.expert_cache_misses.inc_by(d.misses);
+        self.shared
+            .metrics
+            .expert_cache_hit_rate
+            .set(stats.hit_rate());
+        self.cache_seen = stats;
+        let gen = self.shared.metrics.completion_tokens.get();
+        if gen > 0 {
+            self.shared
+                .metrics
+                .expert_bytes_per_token
+                .set(self.shared.metrics.expert_bytes_read.get() as f64 / gen as f64);
         }
-        metrics.running.inc();
-        run_job(&mut eng, &tok, &metrics, &shutdown, job);
-        count_bytes(&eng);
-        metrics.running.dec();
-        times.record(t0.elapsed().as_secs_f64());
+    }
+
+    /// Sequences no running request holds or will hold (pooled or never made): each running
+    /// request takes one per choice.
+    fn free_sequences(&self) -> usize {
+        let reserved: usize = self.active.iter().map(|r| r.choices.len()).sum();
+        self.max_batch.saturating_sub(reserved)
+    }
+
+    /// Drops pooled sequences until the engine can make one more.
+    fn make_room(&mut self) {
+        while self.eng.sequences_in_use() >= self.max_batch && !self.pool.is_empty() {
+            // The oldest pooled sequence goes first.
+            self.pool.remove(0);
+        }
+    }
+
+    fn run(&mut self, mut jobs: mpsc::Receiver<Job>) {
+        let mut closed = false;
+        loop {
+            let shutting = self.shared.shutdown.started();
+            if shutting {
+                // No new request: the queued ones end now.
+                while let Ok(job) = jobs.try_recv() {
+                    self.metrics().queue_depth.dec();
+                    let _ = job.events.send(Event::Error(ApiError::unavailable(
+                        "the server is shutting down",
+                    )));
+                }
+                if self.shared.shutdown.past_deadline() {
+                    self.abort_all();
+                }
+                if self.active.is_empty() {
+                    return;
+                }
+            } else if !closed {
+                closed = self.admit(&mut jobs);
+            }
+            if self.active.is_empty() {
+                if closed {
+                    return;
+                }
+                // Wait for a job (or shutdown): the first recv blocks.
+                match jobs.blocking_recv() {
+                    Some(job) => {
+                        self.metrics().queue_depth.dec();
+                        self.start(job);
+                    }
+                    None => return,
+                }
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    /// Takes queued jobs while sequences are free; true when every sender is gone.
+    fn admit(&mut self, jobs: &mut mpsc::Receiver<Job>) -> bool {
+        loop {
+            let free = self.free_sequences();
+            if free == 0 {
+                return false;
+            }
+            // A job needing more sequences than are free waits at the head of the queue
+            // (arrival order is kept): peeking is not possible on the channel, so hold it.
+            match jobs.try_recv() {
+                Ok(job) => {
+                    self.metrics().queue_depth.dec();
+                    if job.n > free {
+                        // Finish the running requests first, then start it.
+                        self.drain_until_free(job.n);
+                    }
+                    if self.shared.shutdown.started() {
+                        self.metrics()
+                            .queue_wait
+                            .observe(job.arrived.elapsed().as_secs_f64());
+                        let _ = job.events.send(Event::Error(ApiError::unavailable(
+                            "the server is shutting down",
+                        )));
+                        return false;
+                    }
+                    self.start(job);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+    }
+
+    /// Steps the batch until `n` sequences are free (a request with n choices waits for them).
+    fn drain_until_free(&mut self, n: usize) {
+        while self.free_sequences() < n && !self.active.is_empty() {
+            if self.shared.shutdown.past_deadline() {
+                self.abort_all();
+            }
+            self.step();
+        }
+    }
+
+    /// Admits `job` into the batch: a pooled sequence with the longest common prefix (or a new
+    /// one) for its prefill.
+    fn start(&mut self, job: Job) {
+        let now = Instant::now();
+        self.metrics()
+            .queue_wait
+            .observe(now.duration_since(job.arrived).as_secs_f64());
+        if job.cancelled() {
+            self.metrics().cancelled.inc();
+            return;
+        }
+        let seq = match self.take_sequence(&job.prompt) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job.events.send(Event::Error(engine_error(e)));
+                return;
+            }
+        };
+        let cached = seq.len();
+        let choices = (0..job.n)
+            .map(|i| Choice {
+                index: i,
+                seq: None,
+                sampler: Sampler::new(SamplingParams {
+                    seed: job.params.sampling.seed.wrapping_add(i as u64),
+                    ..job.params.sampling
+                }),
+                text: TextStream::new(job.stop.clone()),
+                generated: 0,
+                next: None,
+                finished: None,
+                last_token_at: None,
+            })
+            .collect::<Vec<_>>();
+        let mut r = Request {
+            prefill_from: cached,
+            cached,
+            choices,
+            admitted: now,
+            first_token_at: None,
+            status: "ok",
+            job,
+        };
+        r.choices[0].seq = Some(seq);
+        self.metrics().running.inc();
+        self.active.push(r);
+    }
+
+    /// The pooled sequence sharing the longest prefix with `prompt` (truncated to it, keeping
+    /// at least one prompt token to feed), else a new one (else the least useful pooled one,
+    /// emptied).
+    fn take_sequence(&mut self, prompt: &[u32]) -> coli_engine::Result<Sequence> {
+        let common = |s: &Sequence| {
+            s.tokens()
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let best = (0..self.pool.len()).max_by_key(|&i| (common(&self.pool[i]), i));
+        let mut seq = match best {
+            Some(i) if common(&self.pool[i]) > 0 => self.pool.remove(i),
+            _ => match self.eng.new_sequence() {
+                Ok(s) => s,
+                Err(e) => match self.pool.is_empty() {
+                    false => self.pool.remove(0),
+                    true => return Err(e),
+                },
+            },
+        };
+        let keep = common(&seq).min(prompt.len() - 1);
+        seq.truncate(keep);
+        Ok(seq)
+    }
+
+    /// One forward pass: every running choice's next token, plus the next prefill chunk of the
+    /// oldest request still prefilling.
+    fn step(&mut self) {
+        let mut feeds: Vec<Feed> = Vec::new();
+        for (ri, r) in self.active.iter().enumerate() {
+            for (ci, c) in r.choices.iter().enumerate() {
+                if c.finished.is_none() && c.next.is_some() {
+                    feeds.push(Feed::Decode {
+                        req: ri,
+                        choice: ci,
+                    });
+                }
+            }
+        }
+        let decode_rows = feeds.len();
+        if let Some(ri) = self.active.iter().position(Request::prefilling) {
+            let r = &self.active[ri];
+            let end = (r.prefill_from + self.prefill_batch).min(r.job.prompt.len());
+            feeds.push(Feed::Prefill { req: ri, end });
+        }
+        if feeds.is_empty() {
+            self.reap();
+            return;
+        }
+        let t0 = Instant::now();
+        let result = {
+            // Take the sequences out so that the batch items can borrow them mutably.
+            let mut seqs: Vec<Sequence> = feeds
+                .iter()
+                .map(|f| {
+                    let (ri, ci) = match *f {
+                        Feed::Prefill { req, .. } => (req, 0),
+                        Feed::Decode { req, choice } => (req, choice),
+                    };
+                    self.active[ri].choices[ci]
+                        .seq
+                        .take()
+                        .expect("a fed choice holds its sequence")
+                })
+                .collect();
+            let ids: Vec<Vec<u32>> = feeds
+                .iter()
+                .map(|f| match *f {
+                    Feed::Prefill { req, end } => {
+                        let r = &self.active[req];
+                        r.job.prompt[r.prefill_from..end].to_vec()
+                    }
+                    Feed::Decode { req, choice } => {
+                        vec![self.active[req].choices[choice].next.expect("fed")]
+                    }
+                })
+                .collect();
+            let wants: Vec<Option<Logits>> = feeds
+                .iter()
+                .map(|f| match *f {
+                    Feed::Prefill { req, end } => {
+                        (end == self.active[req].job.prompt.len()).then_some(Logits::Last)
+                    }
+                    Feed::Decode { .. } => Some(Logits::Last),
+                })
+                .collect();
+            let mut items: Vec<BatchItem<'_>> = seqs
+                .iter_mut()
+                .zip(&ids)
+                .zip(&wants)
+                .map(|((seq, ids), &logits)| BatchItem { seq, ids, logits })
+                .collect();
+            let r = self.eng.forward_many(&mut items);
+            drop(items);
+            for (f, seq) in feeds.iter().zip(seqs) {
+                let (ri, ci) = match *f {
+                    Feed::Prefill { req, .. } => (req, 0),
+                    Feed::Decode { req, choice } => (req, choice),
+                };
+                self.active[ri].choices[ci].seq = Some(seq);
+            }
+            r
+        };
+        let step_s = t0.elapsed().as_secs_f64();
+        let prefill = feeds.len() > decode_rows;
+        {
+            let m = self.metrics();
+            m.batch_size.observe(feeds.len() as f64);
+            let tokens: usize = feeds
+                .iter()
+                .map(|f| match *f {
+                    Feed::Prefill { req, end } => end - self.active[req].prefill_from,
+                    Feed::Decode { .. } => 1,
+                })
+                .sum();
+            m.tokens_per_forward.observe(tokens as f64);
+            if prefill {
+                m.prefill_step.observe(step_s);
+            } else {
+                m.decode_step.observe(step_s);
+            }
+        }
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // Every sequence of the pass was rolled back; its requests fail.
+                let msg = e.to_string();
+                let mut failed: Vec<usize> = feeds
+                    .iter()
+                    .map(|f| match *f {
+                        Feed::Prefill { req, .. } | Feed::Decode { req, .. } => req,
+                    })
+                    .collect();
+                failed.dedup();
+                for ri in failed {
+                    let r = &mut self.active[ri];
+                    let _ = r.job.events.send(Event::Error(ApiError::internal(format!(
+                        "generation failed: {msg}"
+                    ))));
+                    r.status = "error";
+                    for c in &mut r.choices {
+                        c.finished.get_or_insert("error");
+                    }
+                }
+                self.reap();
+                return;
+            }
+        };
+        let now = Instant::now();
+        for (f, rows) in feeds.iter().zip(logits) {
+            match *f {
+                Feed::Prefill { req, end } => {
+                    let prompt_len = self.active[req].job.prompt.len();
+                    self.active[req].prefill_from = end;
+                    if end == prompt_len {
+                        let row = rows.into_iter().next().expect("last-token logits");
+                        self.prefill_done(req, &row, now);
+                    }
+                }
+                Feed::Decode { req, choice } => {
+                    let row = rows.into_iter().next().expect("decode logits");
+                    self.sample(req, choice, &row, now);
+                }
+            }
+        }
+        self.reap();
+    }
+
+    /// The prompt is in choice 0's sequence: fork it for the other choices, and sample every
+    /// choice's first token from `logits`.
+    fn prefill_done(&mut self, ri: usize, logits: &[f32], now: Instant) {
+        for ci in 1..self.active[ri].choices.len() {
+            self.make_room();
+            let src = self.active[ri].choices[0].seq.as_ref().expect("prefilled");
+            match self.eng.fork_sequence(src) {
+                Ok(s) => self.active[ri].choices[ci].seq = Some(s),
+                Err(e) => {
+                    let r = &mut self.active[ri];
+                    let _ = r.job.events.send(Event::Error(engine_error(e)));
+                    r.status = "error";
+                    for c in &mut r.choices {
+                        c.finished.get_or_insert("error");
+                    }
+                    return;
+                }
+            }
+        }
+        let r = &mut self.active[ri];
+        r.first_token_at = Some(now);
+        self.shared
+            .metrics
+            .ttft
+            .observe(now.duration_since(r.job.arrived).as_secs_f64());
+        for ci in 0..self.active[ri].choices.len() {
+            self.sample(ri, ci, logits, now);
+        }
+    }
+
+    /// Samples choice `ci`'s next token from `logits`, sends its text, and ends the choice on
+    /// EOS, a stop string, max_tokens or a cancelled client.
+    fn sample(&mut self, ri: usize, ci: usize, logits: &[f32], now: Instant) {
+        let tok = self.tok;
+        let metrics = self.shared.metrics.clone();
+        let eos = &self.eng.spec().eos_token_ids;
+        let r = &mut self.active[ri];
+        let c = &mut r.choices[ci];
+        let id = c.sampler.sample(logits);
+        c.generated += 1;
+        metrics.completion_tokens.inc();
+        if let Some(prev) = c.last_token_at {
+            metrics
+                .inter_token_latency
+                .observe(now.duration_since(prev).as_secs_f64());
+        }
+        c.last_token_at = Some(now);
+        c.next = Some(id);
+        if r.job.cancelled() {
+            c.finished = Some("cancelled");
+            return;
+        }
+        let (piece, hit) = match c.text.push(tok, id) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = r.job.events.send(Event::Error(engine_error(e)));
+                r.status = "error";
+                c.finished = Some("error");
+                return;
+            }
+        };
+        if !piece.is_empty() && r.job.events.send(Event::Text(c.index, piece)).is_err() {
+            c.finished = Some("cancelled");
+            return;
+        }
+        if hit || (r.job.params.stop_on_eos && eos.contains(&id)) {
+            c.finished = Some("stop");
+        } else if c.generated >= r.job.params.max_tokens {
+            c.finished = Some("length");
+        }
+        if let Some(reason) = c.finished {
+            Self::finish_choice(tok, &r.job, r.cached, c, reason);
+        }
+    }
+
+    /// Sends the rest of a choice's text and its Done event.
+    fn finish_choice(
+        tok: &TextTokenizer,
+        job: &Job,
+        cached: usize,
+        c: &mut Choice,
+        mut reason: &'static str,
+    ) {
+        c.finished = Some(reason);
+        match c.text.finish(tok) {
+            Ok((rest, hit)) => {
+                if hit {
+                    reason = "stop";
+                    c.finished = Some(reason);
+                }
+                if !rest.is_empty() {
+                    let _ = job.events.send(Event::Text(c.index, rest));
+                }
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Error(engine_error(e)));
+                return;
+            }
+        }
+        let _ = job.events.send(Event::Done(
+            c.index,
+            Finish {
+                reason,
+                prompt_tokens: job.prompt.len(),
+                cached_tokens: cached,
+                completion_tokens: c.generated,
+            },
+        ));
+    }
+
+    /// Ends every running choice with finish reason `abort` (the shutdown grace period is
+    /// over).
+    fn abort_all(&mut self) {
+        let tok = self.tok;
+        for r in &mut self.active {
+            r.status = "aborted";
+            for c in &mut r.choices {
+                if c.finished.is_none() {
+                    Self::finish_choice(tok, &r.job, r.cached, c, "abort");
+                }
+            }
+        }
+        self.reap();
+    }
+
+    /// Removes finished and cancelled requests: their sequences go back to the pool, their
+    /// log line is written.
+    fn reap(&mut self) {
+        for r in &mut self.active {
+            if !r.done() && r.job.cancelled() {
+                for c in &mut r.choices {
+                    c.finished.get_or_insert("cancelled");
+                }
+                if r.status == "ok" {
+                    r.status = "cancelled";
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.active.len() {
+            if !self.active[i].done() {
+                i += 1;
+                continue;
+            }
+            let r = self.active.swap_remove(i);
+            self.finish_request(r);
+        }
+        self.count_bytes();
+    }
+
+    fn finish_request(&mut self, mut r: Request) {
+        if r.status == "ok" && r.choices.iter().any(|c| c.finished == Some("cancelled")) {
+            r.status = "cancelled";
+        }
+        let m = self.shared.metrics.clone();
+        m.running.dec();
+        let generated: usize = r.choices.iter().map(|c| c.generated).sum();
+        m.prompt_tokens.inc_by(r.job.prompt.len() as u64);
+        m.prefill_tokens
+            .inc_by((r.prefill_from.min(r.job.prompt.len()) - r.cached) as u64);
+        m.cached_tokens.inc_by(r.cached as u64);
+        if r.status == "cancelled" {
+            m.cancelled.inc();
+        }
+        let now = Instant::now();
+        self.shared
+            .times
+            .record(now.duration_since(r.admitted).as_secs_f64());
+        let queue_wait = r.admitted.duration_since(r.job.arrived).as_secs_f64();
+        let ttft = r
+            .first_token_at
+            .map(|t| t.duration_since(r.job.arrived).as_secs_f64());
+        let decode_s = r
+            .first_token_at
+            .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+        let tok_s = if decode_s > 0.0 && generated > r.choices.len() {
+            (generated - r.choices.len()) as f64 / decode_s
+        } else {
+            0.0
+        };
+        let reasons: Vec<&str> = r
+            .choices
+            .iter()
+            .map(|c| c.finished.unwrap_or("none"))
+            .collect();
+        eprintln!(
+            "coli serve: request {} status={} prompt_tokens={} cached_tokens={} completion_tokens={} n={} queue_wait_s={:.3} ttft_s={} tok_s={:.2} finish={}",
+            r.job.id,
+            r.status,
+            r.job.prompt.len(),
+            r.cached,
+            generated,
+            r.choices.len(),
+            queue_wait,
+            ttft.map_or("-".to_string(), |t| format!("{t:.3}")),
+            tok_s,
+            reasons.join(","),
+        );
+        for c in r.choices {
+            if let Some(mut seq) = c.seq {
+                // The KV cache holds every fed token; the last sampled one was never fed.
+                if seq.len() > self.eng.context() {
+                    seq.truncate(self.eng.context());
+                }
+                self.pool.push(seq);
+            }
+        }
     }
 }
 
@@ -213,85 +931,4 @@ fn engine_error(e: EngineError) -> ApiError {
         }
         e => ApiError::internal(format!("generation failed: {e}")),
     }
-}
-
-fn run_job(
-    eng: &mut Engine<'_>,
-    tok: &TextTokenizer,
-    m: &Metrics,
-    shutdown: &AtomicBool,
-    job: Job,
-) {
-    let started = Instant::now();
-    let mut text = TextStream::new(job.stop.clone());
-    let mut stopped_by_string = false;
-    let result = eng.generate(&job.prompt, &job.params, |id| {
-        if job.cancelled(shutdown) {
-            return Ok(false);
-        }
-        let (piece, hit) = text.push(tok, id)?;
-        if !piece.is_empty() && job.events.send(Event::Text(piece)).is_err() {
-            return Ok(false);
-        }
-        if hit {
-            stopped_by_string = true;
-            return Ok(false);
-        }
-        Ok(true)
-    });
-    let g = match result {
-        Ok(g) => g,
-        Err(e) => {
-            let _ = job.events.send(Event::Error(engine_error(e)));
-            return;
-        }
-    };
-    let s = &g.stats;
-    m.prompt_tokens.inc_by(job.prompt.len() as u64);
-    m.prefill_tokens.inc_by(s.prompt_tokens as u64);
-    m.cached_tokens
-        .inc_by((job.prompt.len() - s.prompt_tokens) as u64);
-    m.completion_tokens.inc_by(g.tokens.len() as u64);
-    m.expert_cache_hits.inc_by(s.cache.hits);
-    m.expert_cache_misses.inc_by(s.cache.misses);
-    m.expert_cache_hit_rate.set(eng.cache_stats().hit_rate());
-    if !g.tokens.is_empty() {
-        let queued = started.duration_since(job.arrived).as_secs_f64();
-        m.ttft.observe(queued + s.ttft_s);
-    }
-    if s.decode_steps > 0 {
-        let per = s.decode_s / s.decode_steps as f64;
-        for _ in 0..s.decode_steps {
-            m.decode_step.observe(per);
-        }
-    }
-    if g.stop == StopReason::Callback && !stopped_by_string {
-        m.cancelled.inc();
-        return;
-    }
-    if !stopped_by_string {
-        match text.finish(tok) {
-            Ok((rest, hit)) => {
-                stopped_by_string = hit;
-                if !rest.is_empty() {
-                    let _ = job.events.send(Event::Text(rest));
-                }
-            }
-            Err(e) => {
-                let _ = job.events.send(Event::Error(engine_error(e)));
-                return;
-            }
-        }
-    }
-    let reason = if stopped_by_string || g.stop == StopReason::Eos {
-        "stop"
-    } else {
-        "length"
-    };
-    let _ = job.events.send(Event::Done(Finish {
-        reason,
-        prompt_tokens: job.prompt.len(),
-        cached_tokens: job.prompt.len() - s.prompt_tokens,
-        completion_tokens: g.tokens.len(),
-    }));
 }

@@ -1,0 +1,87 @@
+//! One sequence's state: its KV cache (one [`LayerKv`] per decoder layer) and the token ids
+//! whose keys and values it holds. An [`crate::Engine`] runs several sequences in one forward
+//! pass ([`crate::Engine::forward_many`]); each is created by [`crate::Engine::new_sequence`],
+//! which counts it against the engine's `max_sequences` (the KV memory the engine planned for)
+//! until it is dropped.
+
+use crate::layers::LayerKv;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A sequence's KV cache and tokens (see the module doc).
+pub struct Sequence {
+    pub(crate) kv: Vec<LayerKv>,
+    pub(crate) tokens: Vec<u32>,
+    /// f32 values per position of each layer's cache (`LayerKv::k` row width).
+    kv_dims: Vec<usize>,
+    /// Returns the sequence's place to the engine's count when dropped.
+    _slot: Option<SlotGuard>,
+}
+
+/// One place of the engine's live-sequence count, given back on drop.
+pub(crate) struct SlotGuard(pub(crate) Arc<AtomicUsize>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Sequence {
+    /// An empty sequence for layers whose cache rows are `kv_dims` f32 values wide.
+    pub(crate) fn new(kv_dims: Vec<usize>, slot: Option<SlotGuard>) -> Sequence {
+        Sequence {
+            kv: kv_dims.iter().map(|_| LayerKv::default()).collect(),
+            tokens: Vec::new(),
+            kv_dims,
+            _slot: slot,
+        }
+    }
+
+    /// A copy of `self`'s cache and tokens holding `slot`.
+    pub(crate) fn fork(&self, slot: SlotGuard) -> Sequence {
+        Sequence {
+            kv: self
+                .kv
+                .iter()
+                .map(|l| LayerKv {
+                    k: l.k.clone(),
+                    v: l.v.clone(),
+                })
+                .collect(),
+            tokens: self.tokens.clone(),
+            kv_dims: self.kv_dims.clone(),
+            _slot: Some(slot),
+        }
+    }
+
+    /// The token ids whose keys/values are cached, in position order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Positions cached, tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Keeps only the first `len` positions (no effect when `len >= self.len()`).
+    pub fn truncate(&mut self, len: usize) {
+        let len = len.min(self.tokens.len());
+        for (kv, &dim) in self.kv.iter_mut().zip(&self.kv_dims) {
+            kv.truncate(len, dim);
+        }
+        self.tokens.truncate(len);
+    }
+
+    /// Bytes of KV cache the sequence holds now (f32 keys and values of every layer).
+    pub fn kv_bytes(&self) -> u64 {
+        let values: usize = self.kv.iter().map(|l| l.k.len() + l.v.len()).sum();
+        (values * std::mem::size_of::<f32>()) as u64
+    }
+}
