@@ -3,7 +3,7 @@
 #   1. demo store, resident (no cgroup): target 8 clients >= 2.5x the 1-client aggregate tok/s;
 #   2. the realistic-routing OLMoE-shaped int4 store, streamed: O_DIRECT (--direct on), in a
 #      cgroup-v1 memory cgroup of dense.bin + 25% of the expert bytes + 384 MiB (streaming_bench's
-#      process overhead) + the KV caches of the 7 extra sequences at --context 512,
+#      process overhead) + the KV caches of the 8 sequences at --context 512,
 #      --ram-budget fitted to it; target 8 clients >= 4x.
 # Both: clients 1,2,4,8 (a fresh server per count, pages dropped first), 128 tokens each, a
 # warm-up request before each measurement; steady p99 ITL at 8 clients <= 3x the 1-client p50.

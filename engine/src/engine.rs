@@ -157,6 +157,8 @@ pub struct Engine<'s> {
     /// Sequences made by [`Engine::new_sequence`] and not yet dropped.
     live: Arc<AtomicUsize>,
     max_sequences: usize,
+    /// Values per position of each layer's `v` cache rows (0 for MLA, which caches only `k`).
+    v_dims: Vec<usize>,
     context: usize,
     prefill_batch: usize,
     pool: rayon::ThreadPool,
@@ -200,6 +202,9 @@ impl<'s> Engine<'s> {
                 "context and prefill batch must be at least 1".into(),
             ));
         }
+        // Measured before the dense tensors are read: under a memory cgroup their pages would
+        // count as usage here and be subtracted again as the dense set.
+        let memory_limit = crate::placement::memory_limit_bytes();
         let mut model = Model::load(store, config)?;
         let warnings = std::mem::take(&mut model.warnings);
         let mut builder = rayon::ThreadPoolBuilder::new();
@@ -211,11 +216,13 @@ impl<'s> Engine<'s> {
             msg: e.to_string(),
         })?;
         let seq = Sequence::new(layer_kv_dims(&model.layers), None);
+        let v_dims = layer_v_dims(&model.layers);
         let kv_bytes = kv_bytes_per_token(&model.layers)
             .saturating_mul(context as u64)
             .saturating_mul(opts.max_sequences as u64);
         let (num_layers, top_k) = (model.spec.num_layers, model.spec.top_k);
-        let (policy, cache) = PlacementPolicy::new(store, opts, kv_bytes, num_layers, top_k)?;
+        let (policy, cache) =
+            PlacementPolicy::new(store, opts, kv_bytes, memory_limit, num_layers, top_k)?;
         Ok(Engine {
             store,
             model,
@@ -224,6 +231,7 @@ impl<'s> Engine<'s> {
             seq,
             live: Arc::new(AtomicUsize::new(0)),
             max_sequences: opts.max_sequences,
+            v_dims,
             context,
             prefill_batch: opts.prefill_batch,
             pool,
@@ -344,13 +352,14 @@ impl<'s> Engine<'s> {
         ))
     }
 
-    /// A new sequence holding a copy of `src`'s KV cache and tokens (n completions of one
-    /// prompt share its prefill this way).
+    /// A new sequence holding a copy of the first `len` positions of `src`'s KV cache and
+    /// tokens (all of them when `len >= src.len()`): n completions of one prompt share its
+    /// prefill this way, and a new conversation can start from another's common prefix.
     ///
     /// # Errors
     /// As [`Engine::new_sequence`].
-    pub fn fork_sequence(&self, src: &Sequence) -> Result<Sequence> {
-        Ok(src.fork(self.take_slot()?))
+    pub fn fork_sequence(&self, src: &Sequence, len: usize) -> Result<Sequence> {
+        Ok(src.fork(len, self.take_slot()?))
     }
 
     fn take_slot(&self) -> Result<SlotGuard> {
@@ -584,6 +593,9 @@ impl<'s> Engine<'s> {
             .collect();
         let n = Span::rows(&spans);
         let h = self.model.spec.hidden_size;
+        for s in seqs.iter_mut() {
+            s.reserve(self.context, &self.v_dims);
+        }
         let lookahead = self.policy.next_pass(&self.cache.stats());
         let Engine {
             store,
@@ -811,6 +823,18 @@ impl<'s> Engine<'s> {
             stats,
         })
     }
+}
+
+/// f32 values per position of each layer's `v` cache rows (GQA: `kv_dim`; MLA: 0).
+fn layer_v_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
+    use crate::layers::SelfAttn;
+    layers
+        .iter()
+        .map(|l| match &l.attn {
+            SelfAttn::Gqa(a) => a.kv_dim(),
+            SelfAttn::Mla(_) => 0,
+        })
+        .collect()
 }
 
 /// f32 values per position of each layer's KV cache (`LayerKv::k` row width).

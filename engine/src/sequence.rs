@@ -38,18 +38,21 @@ impl Sequence {
         }
     }
 
-    /// A copy of `self`'s cache and tokens holding `slot`.
-    pub(crate) fn fork(&self, slot: SlotGuard) -> Sequence {
+    /// A copy of the first `len` positions of `self`'s cache and tokens (all when `len` is
+    /// larger) holding `slot`.
+    pub(crate) fn fork(&self, len: usize, slot: SlotGuard) -> Sequence {
+        let len = len.min(self.tokens.len());
         Sequence {
             kv: self
                 .kv
                 .iter()
-                .map(|l| LayerKv {
-                    k: l.k.clone(),
-                    v: l.v.clone(),
+                .zip(&self.kv_dims)
+                .map(|(l, &dim)| LayerKv {
+                    k: l.k[..len * dim].to_vec(),
+                    v: l.v[..(len * dim).min(l.v.len())].to_vec(),
                 })
                 .collect(),
-            tokens: self.tokens.clone(),
+            tokens: self.tokens[..len].to_vec(),
             kv_dims: self.kv_dims.clone(),
             _slot: Some(slot),
         }
@@ -58,6 +61,22 @@ impl Sequence {
     /// The token ids whose keys/values are cached, in position order.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// Makes room for `positions` positions in every layer's cache at once (`v_dims[l]`: the
+    /// values per position of layer l's `v` rows, 0 when it has none), so that a cache never
+    /// holds more than the planned `context` positions' bytes (growing a `Vec` one pass at a
+    /// time could reserve up to twice that). Untouched reserved memory is not resident.
+    pub(crate) fn reserve(&mut self, positions: usize, v_dims: &[usize]) {
+        for ((kv, &kd), &vd) in self.kv.iter_mut().zip(&self.kv_dims).zip(v_dims) {
+            let (k, v) = (positions * kd, positions * vd);
+            if kv.k.capacity() < k {
+                kv.k.reserve_exact(k - kv.k.len());
+            }
+            if kv.v.capacity() < v {
+                kv.v.reserve_exact(v - kv.v.len());
+            }
+        }
     }
 
     /// Positions cached, tokens.

@@ -462,6 +462,23 @@ def batching_checks(server):
     check(len(r.choices) == 2 and r.choices[0].text == r.choices[1].text and r.usage.completion_tokens == 16,
           f"n=2 non-streaming at temperature 0: two equal choices, usage counts both: {r.usage}")
 
+    # Prefix reuse with interleaved conversations: each follow-up turn reuses its own
+    # conversation's KV although the other conversation ran in between (both share the chat
+    # template's first tokens, which must not make one take the other's cache).
+    convs = [[{"role": "user", "content": q}] for q in ("What is the capital of France?",
+                                                        "Name three colours of the rainbow.")]
+    firsts = []
+    for conv in convs:
+        r = cl.chat.completions.create(model=MODEL, messages=conv, max_tokens=12, temperature=0)
+        conv += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "Tell me more."}]
+        firsts.append(r.usage.prompt_tokens)
+    for conv, first in zip(convs, firsts):
+        r = cl.chat.completions.create(model=MODEL, messages=conv, max_tokens=4, temperature=0)
+        cached = r.usage.prompt_tokens_details.cached_tokens
+        check(cached >= first, f"interleaved conversations: the follow-up turn reuses its own KV "
+              f"({cached} cached of {r.usage.prompt_tokens}; its first turn had {first})")
+
     # A cancelled stream frees its slot: BATCH long streams fill the batch, one more waits; closing
     # one running stream lets the waiting one start while the others still run.
     running = []

@@ -216,6 +216,73 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[(Option<u64>, bo
         }
         assert_eq!(e.sequences_in_use(), 0, "{what}: every sequence was freed");
     }
+    forks_equal_solo(&store, name, &prompts[7], &want[7]);
+}
+
+/// Forked sequences continue exactly as the solo run: a whole copy after the prompt (n
+/// completions share a prefill) decoding beside its source, and a copy of a prefix (a new
+/// conversation starting from another's common prefix) that prefills the rest itself.
+fn forks_equal_solo(store: &Store, name: &str, p: &[u32], want: &[Vec<f32>]) {
+    let mut e = Engine::new(
+        store,
+        &EngineOptions {
+            threads: Some(2),
+            prefill_batch: PREFILL_BATCH,
+            max_sequences: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    // The source: the prompt in PREFILL_BATCH chunks, as the solo run fed it.
+    let mut src = e.new_sequence().unwrap();
+    let mut last = Vec::new();
+    for chunk in p.chunks(PREFILL_BATCH) {
+        let mut items = [BatchItem {
+            seq: &mut src,
+            ids: chunk,
+            logits: Some(Logits::Last),
+        }];
+        last = e.forward_many(&mut items).unwrap().remove(0).remove(0);
+    }
+    assert!(same(&last, &want[0]), "{name}: prefilled source");
+    let mut whole = e.fork_sequence(&src, usize::MAX).unwrap();
+    // A prefix copy ending on a chunk boundary, so its remaining chunks match the solo run's.
+    let k = PREFILL_BATCH.min(p.len() - 1);
+    let mut prefix = e.fork_sequence(&src, k).unwrap();
+    assert_eq!((whole.tokens(), prefix.tokens()), (src.tokens(), &p[..k]));
+    for chunk in p[k..].chunks(PREFILL_BATCH) {
+        let mut items = [BatchItem {
+            seq: &mut prefix,
+            ids: chunk,
+            logits: Some(Logits::Last),
+        }];
+        last = e.forward_many(&mut items).unwrap().remove(0).remove(0);
+    }
+    assert!(
+        same(&last, &want[0]),
+        "{name}: prefix fork prefilled the rest"
+    );
+    let mut ids = [argmax(&want[0]); 3];
+    for (t, row) in want.iter().enumerate().skip(1) {
+        let mut items: Vec<BatchItem<'_>> = [&mut src, &mut whole, &mut prefix]
+            .into_iter()
+            .zip(&ids)
+            .map(|(seq, id)| BatchItem {
+                seq,
+                ids: std::slice::from_ref(id),
+                logits: Some(Logits::Last),
+            })
+            .collect();
+        let out = e.forward_many(&mut items).unwrap();
+        for (i, rows) in out.iter().enumerate() {
+            assert!(
+                same(&rows[0], row),
+                "{name}: sequence {i} (0 source, 1 whole fork, 2 prefix fork) row {t}"
+            );
+        }
+        ids = [argmax(row); 3];
+    }
 }
 
 /// (budget (1 = one expert), prefetch, pin, threads)
@@ -260,7 +327,7 @@ fn sequences_past_the_planned_count_are_refused() {
     e.forward(&[1, 2], Logits::Last).unwrap();
     assert!(e.new_sequence().is_err());
     e.reset();
-    let c = e.fork_sequence(&a).unwrap();
+    let c = e.fork_sequence(&a, usize::MAX).unwrap();
     assert_eq!(c.len(), a.len());
     assert_eq!(e.sequences_in_use(), 2);
     // A context overflow in one item runs nothing.

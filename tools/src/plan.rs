@@ -12,10 +12,10 @@
 //! - budget: `--ram-budget`, else the engine's default (the memory limit minus dense, one
 //!   sequence's KV and 512 MiB; `coli_engine::placement::default_ram_budget`);
 //! - sequences that fit: how many sequences' KV caches at `--context` fit in the memory limit
-//!   beside the dense set, the budget and the 512 MiB reserve
-//!   (`coli_engine::placement::sequences_that_fit`; at most 4096). A default budget was
-//!   computed leaving room for one sequence, so it reports about 1: S sequences at once need a
-//!   `--ram-budget` about S - 1 sequences' KV below the default;
+//!   beside the dense set, the budget (at most the experts' total) and the 512 MiB reserve
+//!   (`coli_engine::placement::sequences_that_fit`; at most 4096), as `coli serve` counts
+//!   them for `--max-batch`. A default budget was computed leaving room for one sequence, so it
+//!   reports about 1 (`coli serve`'s default budget leaves room for `--max-batch` sequences);
 //! - pinned set: the hottest experts of the usage history (as `coli run` would pin them) that
 //!   fit `--pin-share` of the budget; the LRU tier gets the rest, in experts of the mean record
 //!   size;
@@ -169,16 +169,14 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
     let context = eng.context();
     let kv_bytes_per_token = eng.kv_bytes_per_token();
     let kv_bytes = kv_bytes_per_token * context as u64;
-    // The limit the default budget came from, else the limit now (the model loaded).
-    let memory_limit = eng
-        .placement()
-        .memory_limit
-        .or_else(coli_engine::placement::memory_limit_bytes);
+    // Measured when the engine started, before the model loaded.
+    let memory_limit = eng.placement().memory_limit;
     let sequences_fit = memory_limit.map(|avail| {
         coli_engine::placement::sequences_that_fit(
             avail,
             store.manifest().dense_file.length,
-            budget,
+            // A budget above the experts' total never fills (as coli serve counts it).
+            budget.min(expert_bytes_total),
             kv_bytes,
         )
     });

@@ -39,8 +39,9 @@ pub struct Placement {
     pub budget: u64,
     /// Whether the budget came from the available memory (no `ram_budget` given).
     pub budget_from_available_memory: bool,
-    /// The memory the default budget was derived from ([`memory_limit_bytes`] when the engine
-    /// was set up), bytes; None when `ram_budget` was given or the memory could not be read.
+    /// The memory this process could use when the engine started, before the model loaded
+    /// ([`memory_limit_bytes`]; the default budget is derived from it), bytes; None when it
+    /// could not be read.
     pub memory_limit: Option<u64>,
     /// Experts pinned at start.
     pub pinned_experts: usize,
@@ -91,11 +92,13 @@ impl PlacementPolicy {
         store: &Store,
         opts: &EngineOptions,
         kv_bytes: u64,
+        memory_limit: Option<u64>,
         num_layers: usize,
         top_k: usize,
     ) -> Result<(PlacementPolicy, ExpertCache)> {
-        // As default_ram_budget, keeping the memory limit it used.
-        let memory_limit = opts.ram_budget.is_none().then(memory_limit_bytes).flatten();
+        // As default_ram_budget, with the memory limit the caller measured before the model
+        // loaded (under a memory cgroup the dense pages read at load count as usage, and the
+        // budget subtracts them again).
         let budget = match (opts.ram_budget, memory_limit) {
             (Some(b), _) => b,
             (None, Some(available)) => store_expert_budget(store, available, kv_bytes),

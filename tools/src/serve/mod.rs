@@ -377,6 +377,17 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "The prompt has no tokens."));
     }
+    // Ids from the tokenizer or the chat template must fit the model too: one bad prompt must
+    // not fail the forward pass it would share with other requests.
+    if let Some(&bad) = prompt.iter().find(|&&i| i as usize >= app.info.vocab) {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "The prompt holds token id {bad}, outside the model's vocabulary (size {}); the tokenizer does not match the model.",
+                app.info.vocab
+            ),
+        ));
+    }
     let context = app.info.context;
     if prompt.len() > context {
         return Err(ApiError {

@@ -391,6 +391,14 @@ impl Scheduler<'_, '_> {
         }
     }
 
+    /// Merges the routing counts into the usage history (a failure is logged, not fatal).
+    fn save_usage(&mut self) {
+        self.eng.save_usage();
+        for w in self.eng.take_warnings() {
+            eprintln!("coli serve: warning: {w}");
+        }
+    }
+
     /// Sequences no running request holds or will hold (pooled or never made): each running
     /// request takes one per choice.
     fn free_sequences(&self) -> usize {
@@ -422,12 +430,15 @@ impl Scheduler<'_, '_> {
                     self.abort_all();
                 }
                 if self.active.is_empty() {
+                    self.save_usage();
                     return;
                 }
             } else if !closed {
                 closed = self.admit(&mut jobs);
             }
             if self.active.is_empty() {
+                // Idle: the routing counts since the last save go to the usage history.
+                self.save_usage();
                 if closed {
                     return;
                 }
@@ -435,7 +446,13 @@ impl Scheduler<'_, '_> {
                 match jobs.blocking_recv() {
                     Some(job) => {
                         self.metrics().queue_depth.dec();
-                        self.start(job);
+                        if self.shared.shutdown.started() {
+                            let _ = job.events.send(Event::Error(ApiError::unavailable(
+                                "the server is shutting down",
+                            )));
+                        } else {
+                            self.start(job);
+                        }
                     }
                     None => return,
                 }
@@ -497,6 +514,12 @@ impl Scheduler<'_, '_> {
             .observe(now.duration_since(job.arrived).as_secs_f64());
         if job.cancelled() {
             self.metrics().cancelled.inc();
+            eprintln!(
+                "coli serve: request {} status=cancelled prompt_tokens={} queue_wait_s={:.3} (the client left while it was queued)",
+                job.id,
+                job.prompt.len(),
+                now.duration_since(job.arrived).as_secs_f64()
+            );
             return;
         }
         let seq = match self.take_sequence(&job.prompt) {
@@ -536,9 +559,14 @@ impl Scheduler<'_, '_> {
         self.active.push(r);
     }
 
-    /// The pooled sequence sharing the longest prefix with `prompt` (truncated to it, keeping
-    /// at least one prompt token to feed), else a new one (else the least useful pooled one,
-    /// emptied).
+    /// A sequence for `prompt`, reusing the longest prefix any pooled sequence shares with it
+    /// (at most all but the last prompt token: one is always fed, to get logits):
+    /// - a pooled conversation the prompt extends is taken whole (a follow-up turn);
+    /// - a pooled sequence sharing only a prefix (e.g. the chat template's system turn) is
+    ///   copied up to that prefix, so that its own conversation keeps its KV for a follow-up
+    ///   (with no sequence free, the oldest other pooled one is dropped to make room; when it
+    ///   is the only one pooled, it is taken and truncated);
+    /// - else a new sequence, or, with none free, the oldest pooled one emptied.
     fn take_sequence(&mut self, prompt: &[u32]) -> coli_engine::Result<Sequence> {
         let common = |s: &Sequence| {
             s.tokens()
@@ -547,18 +575,32 @@ impl Scheduler<'_, '_> {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
-        let best = (0..self.pool.len()).max_by_key(|&i| (common(&self.pool[i]), i));
+        // Ties go to the most recently pooled (the end of the pool).
+        let best = (0..self.pool.len())
+            .map(|i| (common(&self.pool[i]), i))
+            .max()
+            .filter(|&(c, _)| c > 0);
+        let keep = |c: usize| c.min(prompt.len() - 1);
+        let mut free = self.eng.sequences_in_use() < self.max_batch;
+        let mut best = best;
+        if let Some((c, i)) = best {
+            if c < self.pool[i].len() && !free && self.pool.len() > 1 {
+                // The oldest pooled sequence other than the best goes.
+                let drop = usize::from(i == 0);
+                self.pool.remove(drop);
+                best = Some((c, if drop < i { i - 1 } else { i }));
+                free = true;
+            }
+        }
         let mut seq = match best {
-            Some(i) if common(&self.pool[i]) > 0 => self.pool.remove(i),
-            _ => match self.eng.new_sequence() {
-                Ok(s) => s,
-                Err(e) => match self.pool.is_empty() {
-                    false => self.pool.remove(0),
-                    true => return Err(e),
-                },
-            },
+            Some((c, i)) if c == self.pool[i].len() => self.pool.remove(i),
+            Some((c, i)) if free => self.eng.fork_sequence(&self.pool[i], keep(c))?,
+            Some((_, i)) => self.pool.remove(i),
+            None if free => self.eng.new_sequence()?,
+            None if !self.pool.is_empty() => self.pool.remove(0),
+            None => self.eng.new_sequence()?,
         };
-        let keep = common(&seq).min(prompt.len() - 1);
+        let keep = keep(common(&seq));
         seq.truncate(keep);
         Ok(seq)
     }
@@ -712,7 +754,7 @@ impl Scheduler<'_, '_> {
         for ci in 1..self.active[ri].choices.len() {
             self.make_room();
             let src = self.active[ri].choices[0].seq.as_ref().expect("prefilled");
-            match self.eng.fork_sequence(src) {
+            match self.eng.fork_sequence(src, usize::MAX) {
                 Ok(s) => self.active[ri].choices[ci].seq = Some(s),
                 Err(e) => {
                     let r = &mut self.active[ri];
@@ -802,6 +844,7 @@ impl Scheduler<'_, '_> {
             }
             Err(e) => {
                 let _ = job.events.send(Event::Error(engine_error(e)));
+                c.finished = Some("error");
                 return;
             }
         }
@@ -821,7 +864,9 @@ impl Scheduler<'_, '_> {
     fn abort_all(&mut self) {
         let tok = self.tok;
         for r in &mut self.active {
-            r.status = "aborted";
+            if r.status == "ok" {
+                r.status = "aborted";
+            }
             for c in &mut r.choices {
                 if c.finished.is_none() {
                     Self::finish_choice(tok, &r.job, r.cached, c, "abort");
@@ -850,14 +895,17 @@ impl Scheduler<'_, '_> {
                 i += 1;
                 continue;
             }
-            let r = self.active.swap_remove(i);
+            // `remove`, not `swap_remove`: admission order decides whose prefill runs first.
+            let r = self.active.remove(i);
             self.finish_request(r);
         }
         self.count_bytes();
     }
 
     fn finish_request(&mut self, mut r: Request) {
-        if r.status == "ok" && r.choices.iter().any(|c| c.finished == Some("cancelled")) {
+        if r.choices.iter().any(|c| c.finished == Some("error")) {
+            r.status = "error";
+        } else if r.status == "ok" && r.choices.iter().any(|c| c.finished == Some("cancelled")) {
             r.status = "cancelled";
         }
         let m = self.shared.metrics.clone();
