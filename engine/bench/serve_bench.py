@@ -462,7 +462,7 @@ def main() -> int:
                     help="share of the routed expert bytes in --cgroup-limit auto (default 0.25)")
     ap.add_argument("--kv-reserve", default="auto",
                     help="bytes added to --cgroup-limit auto for the KV caches of the sequences; "
-                         "auto = max clients x one sequence's KV at --context (coli plan)")
+                         "auto = (max clients + 1) x one sequence's KV at --context (coli plan)")
     ap.add_argument("--usage", help="usage history copied in for every server start "
                     "(default: an empty history per start, or the one --learn makes)")
     ap.add_argument("--learn", action="store_true",
@@ -496,7 +496,7 @@ def main() -> int:
                 # Every sequence's KV at --context: coli serve reserves them all beside the budget
                 # and its own 512 MiB (placement::budget::sequences_that_fit), which OVERHEAD
                 # (384 MiB) plus the budget's rounding margin (coli_budget) covers.
-                kv_reserve = max(counts) * kv_seq
+                kv_reserve = (max(counts) + 1) * kv_seq  # one more: the process's own use
             else:
                 kv_reserve = parse_bytes(a.kv_reserve)
             limit = dense + int(experts * a.expert_share) + streaming_bench.OVERHEAD + kv_reserve

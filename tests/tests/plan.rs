@@ -120,7 +120,10 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
         assert_eq!(d.sequences_fit, Some(1), "{d:?}");
     }
     // A budget above the experts' total is counted as that total, which frees the rest for KV.
-    assert!(d.budget > d.expert_bytes_total && d.sequences_fit > Some(1), "{d:?}");
+    assert!(
+        d.budget > d.expert_bytes_total && d.sequences_fit > Some(1),
+        "{d:?}"
+    );
     assert_eq!(d.sequences_fit, sequences_fit(&d), "{d:?}");
 
     // Learn a history with a real run, then plan and run with the same options.

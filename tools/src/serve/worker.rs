@@ -2,9 +2,9 @@
 //!
 //! Up to `max_batch` sequences decode together: every step is one forward pass
 //! ([`Engine::forward_many`]) holding one token of every running sequence plus, when a request
-//! is waiting for its prefill, the next `--prefill-batch` chunk of its prompt (one chunk per
-//! step, oldest request first, so a long prompt delays the running streams by one chunk per
-//! step at most). Requests join at step boundaries, in arrival order, while sequences are free;
+//! is waiting for its prefill, the next `--prefill-batch` chunk of its prompt (oldest request
+//! first; whole chunks of several requests share a step while they fit in one chunk's rows), so
+//! a long prompt delays the running streams by one chunk per step at most. Requests join at step boundaries, in arrival order, while sequences are free;
 //! a request with `n` choices takes `n` sequences, prefilled once and forked
 //! ([`Engine::fork_sequence`]). Each choice samples with its own seeded sampler (choice `i`
 //! seeds with `seed + i`), so a seeded request gives the same text alone or in a batch (the
@@ -620,10 +620,22 @@ impl Scheduler<'_, '_> {
             }
         }
         let decode_rows = feeds.len();
-        if let Some(ri) = self.active.iter().position(Request::prefilling) {
-            let r = &self.active[ri];
+        // Prefill chunks, oldest request first, as many whole chunks as fit in one chunk's
+        // worth of rows (`--prefill-batch`): a long prompt adds one chunk per step, short ones
+        // (or the uncached tails of follow-up turns) share a step. A chunk is never split, so
+        // a request is chunked as when it runs alone.
+        let mut prefill_rows = 0;
+        for (ri, r) in self.active.iter().enumerate() {
+            if !r.prefilling() {
+                continue;
+            }
             let end = (r.prefill_from + self.prefill_batch).min(r.job.prompt.len());
+            let rows = end - r.prefill_from;
+            if prefill_rows > 0 && prefill_rows + rows > self.prefill_batch {
+                break;
+            }
             feeds.push(Feed::Prefill { req: ri, end });
+            prefill_rows += rows;
         }
         if feeds.is_empty() {
             self.reap();
