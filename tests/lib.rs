@@ -7,6 +7,16 @@ use coli_store::Encoding;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
+pub const FIXTURE_FAMILIES: [&str; 6] = [
+    "mixtral_fp8",
+    "qwen3_moe_fp8",
+    "olmoe_fp8",
+    "qwen3_moe_bf16",
+    "deepseek_v3_fp8",
+    "glm5_fp8",
+];
+
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).
 pub fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

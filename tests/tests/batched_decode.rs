@@ -17,14 +17,7 @@ use coli_store::{ExpertKey, IoPreference, Store};
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::Path;
 
-const FAMILIES: [&str; 6] = [
-    "mixtral_fp8",
-    "qwen3_moe_fp8",
-    "olmoe_fp8",
-    "qwen3_moe_bf16",
-    "deepseek_v3_fp8",
-    "glm5_fp8",
-];
+const FAMILIES: [&str; 6] = coli_tests::FIXTURE_FAMILIES;
 
 /// Sequences of the schedule.
 const SEQS: usize = 8;

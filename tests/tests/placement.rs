@@ -10,14 +10,7 @@ use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::Path;
 
-const FAMILIES: [&str; 6] = [
-    "mixtral_fp8",
-    "qwen3_moe_fp8",
-    "olmoe_fp8",
-    "qwen3_moe_bf16",
-    "deepseek_v3_fp8",
-    "glm5_fp8",
-];
+const FAMILIES: [&str; 6] = coli_tests::FIXTURE_FAMILIES;
 
 fn params(n: usize) -> GenerateParams {
     GenerateParams {
