@@ -37,5 +37,6 @@ cargo build -q -p coli-convert -p coli-tools
 
 # Batched decode on the demo store test_serve.py built: every sequence's logits equal its solo
 # run's (tests/tests/batched_decode.rs; the fixture families ran in cargo test above).
-COLI_DEMO_STORE="${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store" \
+# cargo runs the test in tests/, so the path must be absolute.
+COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
   cargo test -q -p coli-tests --test batched_decode -- --ignored
