@@ -115,6 +115,7 @@ pub fn greedy(engine: &mut coli_engine::Engine<'_>, prompt: &[u32], n: usize) ->
         max_tokens: n,
         sampling: coli_engine::SamplingParams::default(),
         stop_on_eos: true,
+        speculation: Default::default(),
     };
     engine
         .generate(prompt, &params, |_| Ok(true))

@@ -4,12 +4,14 @@
 use crate::cache::{CacheStats, ExpertCache};
 use crate::error::{store_err, EngineError, Result};
 use crate::layers::Span;
-use crate::layers::{LayerCtx, LayerKv};
+use crate::layers::{HeldUsage, LayerCtx, LayerKv};
 use crate::models::Model;
 use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
 use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::sequence::{Sequence, SlotGuard};
+use crate::speculative::gate::{DraftGate, PassCosts};
+use crate::speculative::{ngram, Speculate, SpeculationParams, SpeculationStats};
 use crate::trace::RoutingTrace;
 use coli_format::ModelSpec;
 use coli_store::Store;
@@ -51,8 +53,12 @@ pub struct GenerationStats {
     pub prefill_s: f64,
     /// Seconds of decode (the forward passes of generated tokens fed back).
     pub decode_s: f64,
-    /// Decode forward passes.
+    /// Decode forward passes (with speculation one pass can emit several tokens).
     pub decode_steps: usize,
+    /// The draft source that ran (`Auto` resolved; `Off` without speculation).
+    pub speculation_mode: Speculate,
+    /// Drafts proposed and accepted, verify passes, passes the draft gate paused.
+    pub speculation: SpeculationStats,
     /// Bytes of expert records read from disk during the call (store counter).
     pub expert_bytes_read: u64,
     /// Expert-cache counters during the call (hits by tier, misses, evictions, demand and
@@ -65,9 +71,26 @@ impl GenerationStats {
     pub fn prefill_tok_s(&self) -> f64 {
         rate(self.prompt_tokens, self.prefill_s)
     }
-    /// Generated tokens fed back per second of decode.
+    /// Tokens generated after the first per second of decode (the first token comes from
+    /// the prefill's logits; without speculation this is decode passes per second).
     pub fn decode_tok_s(&self) -> f64 {
-        rate(self.decode_steps, self.decode_s)
+        rate(self.generated_tokens.saturating_sub(1), self.decode_s)
+    }
+    /// Tokens generated after the first per decode forward pass (1 without speculation).
+    pub fn tokens_per_forward(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.generated_tokens.saturating_sub(1) as f64 / self.decode_steps as f64
+        }
+    }
+    /// Expert bytes read from disk per generated token (prefill's reads included).
+    pub fn expert_bytes_per_generated_token(&self) -> f64 {
+        if self.generated_tokens == 0 {
+            0.0
+        } else {
+            self.expert_bytes_read as f64 / self.generated_tokens as f64
+        }
     }
     /// Expert bytes read from disk per token processed (prompt + decode steps).
     pub fn expert_bytes_per_token(&self) -> f64 {
@@ -131,6 +154,8 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Stop when an EOS id (config.json + generation_config.json) is sampled.
     pub stop_on_eos: bool,
+    /// Speculative decoding ([`crate::speculative`]); the tokens are the same either way.
+    pub speculation: SpeculationParams,
 }
 
 /// One sequence's part of a forward pass over several sequences ([`Engine::forward_many`]).
@@ -142,6 +167,11 @@ pub struct BatchItem<'a> {
     /// Which logits to return for this sequence (None: none, e.g. a prefill chunk that is not
     /// the prompt's last).
     pub logits: Option<Logits>,
+    /// Speculative verification: `ids` are the sampled token and its drafts. Every row is
+    /// computed bit for bit as a one-token decode ([`Span::as_decode`]), and the rows' expert
+    /// usage counts wait until they survive to the sequence's next pass (roll rejected rows
+    /// back with [`Sequence::truncate`]; see [`Engine::commit_usage`]).
+    pub verify: bool,
 }
 
 /// A model ready to run over a store, with its own sequence's KV cache (used by
@@ -166,6 +196,8 @@ pub struct Engine<'s> {
     warnings: Vec<String>,
     /// Where each token's routing is recorded, if anywhere ([`crate::trace`]).
     trace: Option<RoutingTrace>,
+    /// Wall time of forward passes by row count (the draft gate's cost model).
+    pass_costs: PassCosts,
 }
 
 impl<'s> Engine<'s> {
@@ -237,6 +269,7 @@ impl<'s> Engine<'s> {
             pool,
             warnings,
             trace: None,
+            pass_costs: PassCosts::default(),
         })
     }
 
@@ -449,6 +482,7 @@ impl<'s> Engine<'s> {
                 store,
                 cache,
                 trace: None,
+                held_usage: None,
             };
             mtp.forward(hidden, next_ids, 0, &mut kv, &mut ctx)
         })
@@ -506,7 +540,7 @@ impl<'s> Engine<'s> {
                 Logits::Last if ci == last_chunk => Some(true),
                 Logits::Last => None,
             };
-            match self.forward_batch(chunk, want) {
+            match self.forward_batch(chunk, want, false) {
                 Ok(mut l) => out.append(&mut l),
                 Err(e) => {
                     self.truncate(start);
@@ -518,11 +552,16 @@ impl<'s> Engine<'s> {
     }
 
     /// One batch of the engine's own sequence: `want` None = no logits, Some(true) = last row
-    /// only, Some(false) = all rows.
-    fn forward_batch(&mut self, ids: &[u32], want: Option<bool>) -> Result<Vec<Vec<f32>>> {
+    /// only, Some(false) = all rows; `verify` as [`BatchItem::verify`].
+    fn forward_batch(
+        &mut self,
+        ids: &[u32],
+        want: Option<bool>,
+        verify: bool,
+    ) -> Result<Vec<Vec<f32>>> {
         let placeholder = Sequence::new(Vec::new(), None);
         let mut seq = std::mem::replace(&mut self.seq, placeholder);
-        let r = self.pass(&mut [&mut seq], &[ids], &[want]);
+        let r = self.pass(&mut [&mut seq], &[ids], &[want], &[verify]);
         self.seq = seq;
         Ok(r?.pop().expect("one sequence"))
     }
@@ -555,8 +594,37 @@ impl<'s> Engine<'s> {
             .iter()
             .map(|it| it.logits.map(|l| l == Logits::Last))
             .collect();
+        let verify: Vec<bool> = items.iter().map(|it| it.verify).collect();
         let mut seqs: Vec<&mut Sequence> = items.iter_mut().map(|it| &mut *it.seq).collect();
-        self.pass(&mut seqs, &ids, &want)
+        self.pass(&mut seqs, &ids, &want, &verify)
+    }
+
+    /// Counts the held expert usage of `seq`'s verified positions that are still in it
+    /// ([`BatchItem::verify`]); a sequence's next pass does this itself, so call it only for a
+    /// sequence that will not run again (e.g. before dropping or pooling it).
+    pub fn commit_usage(&mut self, seq: &mut Sequence) {
+        let held = std::mem::take(&mut seq.held_usage);
+        let len = seq.len();
+        let mut kept = 0u64;
+        let mut counts: std::collections::BTreeMap<coli_format::ExpertKey, u64> =
+            std::collections::BTreeMap::new();
+        for (pos, experts) in held {
+            if pos < len {
+                kept += 1;
+                for k in experts {
+                    *counts.entry(k).or_insert(0) += 1;
+                }
+            }
+        }
+        self.cache.record_usage(counts);
+        if kept > 0 {
+            self.policy.tokens_ran(kept, self.store, &self.cache);
+        }
+    }
+
+    /// The measured wall time of forward passes by row count (for the draft gate).
+    pub fn pass_costs(&self) -> &PassCosts {
+        &self.pass_costs
     }
 
     /// The forward pass of [`Engine::forward_many`] (ids already checked). On error every
@@ -566,9 +634,16 @@ impl<'s> Engine<'s> {
         seqs: &mut [&mut Sequence],
         ids: &[&[u32]],
         want: &[Option<bool>],
+        verify: &[bool],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
+        for s in seqs.iter_mut() {
+            self.commit_usage(s);
+        }
         let starts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
-        let r = self.pass_inner(seqs, ids, want);
+        let t0 = Instant::now();
+        let r = self.pass_inner(seqs, ids, want, verify);
+        let rows: usize = ids.iter().map(|i| i.len()).sum();
+        self.pass_costs.record(rows, t0.elapsed().as_secs_f64());
         if r.is_err() {
             for (s, &len) in seqs.iter_mut().zip(&starts) {
                 s.truncate(len);
@@ -582,16 +657,26 @@ impl<'s> Engine<'s> {
         seqs: &mut [&mut Sequence],
         ids: &[&[u32]],
         want: &[Option<bool>],
+        verify: &[bool],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let spans: Vec<Span> = seqs
             .iter()
             .zip(ids)
-            .map(|(s, ids)| Span {
+            .zip(verify)
+            .map(|((s, ids), &v)| Span {
                 pos0: s.len(),
                 n: ids.len(),
+                as_decode: v,
             })
             .collect();
         let n = Span::rows(&spans);
+        let mut held = verify.iter().any(|&v| v).then(|| HeldUsage {
+            hold: spans
+                .iter()
+                .flat_map(|s| std::iter::repeat_n(s.as_decode, s.n))
+                .collect(),
+            experts: vec![Vec::new(); n],
+        });
         let h = self.model.spec.hidden_size;
         for s in seqs.iter_mut() {
             s.reserve(self.context, &self.v_dims);
@@ -627,6 +712,7 @@ impl<'s> Engine<'s> {
                 store,
                 cache,
                 trace,
+                held_usage: held.as_mut(),
             };
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
@@ -693,10 +779,20 @@ impl<'s> Engine<'s> {
                 .map(|&c| all.by_ref().take(c).collect())
                 .collect())
         })?;
-        for (s, ids) in seqs.iter_mut().zip(ids) {
+        let mut held_rows = 0;
+        let mut held_experts = held.map(|h| h.experts.into_iter());
+        for ((s, ids), span) in seqs.iter_mut().zip(ids).zip(&spans) {
             s.tokens.extend_from_slice(ids);
+            if let Some(experts) = held_experts.as_mut() {
+                let rows = experts.by_ref().take(span.n);
+                if span.as_decode {
+                    s.held_usage.extend((span.pos0..).zip(rows));
+                    held_rows += span.n;
+                }
+            }
         }
-        self.policy.tokens_ran(n as u64, self.store, &self.cache);
+        self.policy
+            .tokens_ran((n - held_rows) as u64, self.store, &self.cache);
         Ok(logits)
     }
 
@@ -745,9 +841,17 @@ impl<'s> Engine<'s> {
     /// then up to `max_tokens` tokens are sampled, each fed back with the decode path.
     /// `on_token` sees every generated id and returns false to stop.
     ///
+    /// With `params.speculation` on, a decode pass may feed drafts after the sampled token and
+    /// emit several tokens ([`crate::speculative`]); the tokens are the ones plain decode gives
+    /// (bit-identical logits, the same sampler draws), drafts past a stop are rolled back, and
+    /// the KV cache ends holding the prompt and every generated token but the last, as without
+    /// speculation. Speculation is off while a routing trace is recorded (the trace records
+    /// positions one decode at a time).
+    ///
     /// # Errors
-    /// Empty prompt, invalid sampling parameters, context overflow (prompt + max_tokens must fit),
-    /// token ids out of range, expert fetch failures, errors returned by `on_token`.
+    /// Empty prompt, invalid sampling or speculation parameters (`mtp` without an MTP layer),
+    /// context overflow (prompt + max_tokens must fit), token ids out of range, expert fetch
+    /// failures, errors returned by `on_token`.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -758,6 +862,12 @@ impl<'s> Engine<'s> {
             return Err(EngineError::Invalid("the prompt has no tokens".into()));
         }
         params.sampling.validate()?;
+        params.speculation.validate()?;
+        let mut spec = params.speculation;
+        spec.mode = spec.mode.resolve(self.has_mtp())?;
+        if self.trace.is_some() {
+            spec.mode = Speculate::Off;
+        }
         let t0 = Instant::now();
         let cache0 = self.cache.stats();
         let bytes0 = self.store.stats().bytes_read;
@@ -781,6 +891,7 @@ impl<'s> Engine<'s> {
         let mut sampler = Sampler::new(params.sampling);
         let mut stats = GenerationStats {
             prompt_tokens: new.len(),
+            speculation_mode: spec.mode,
             ..Default::default()
         };
         let mut logits = self
@@ -789,37 +900,97 @@ impl<'s> Engine<'s> {
             .expect("one row for the last token");
         stats.prefill_s = t0.elapsed().as_secs_f64();
         let mut tokens = Vec::new();
-        let mut stop = StopReason::MaxTokens;
+        let mut stop = None;
         let decode_start = Instant::now();
+        let eos = self.model.spec.eos_token_ids.clone();
+        // Emits one token: why generation stops after it, if it does.
+        let mut emit = |id: u32, tokens: &mut Vec<u32>| -> Result<Option<StopReason>> {
+            tokens.push(id);
+            let go_on = on_token(id)?;
+            Ok(if params.stop_on_eos && eos.contains(&id) {
+                Some(StopReason::Eos)
+            } else if !go_on {
+                Some(StopReason::Callback)
+            } else if tokens.len() >= params.max_tokens {
+                Some(StopReason::MaxTokens)
+            } else {
+                None
+            })
+        };
+        let mut gate = DraftGate::new();
+        // A token already sampled (a rejected draft's replacement), fed by the next pass.
+        let mut pending: Option<u32> = None;
         while tokens.len() < params.max_tokens {
-            let id = sampler.sample(&logits);
+            let id = match pending.take() {
+                Some(id) => id,
+                None => sampler.sample(&logits),
+            };
             if tokens.is_empty() {
                 stats.ttft_s = t0.elapsed().as_secs_f64();
             }
-            tokens.push(id);
-            let go_on = on_token(id)?;
-            if params.stop_on_eos && self.model.spec.eos_token_ids.contains(&id) {
-                stop = StopReason::Eos;
+            if let Some(why) = emit(id, &mut tokens)? {
+                stop = Some(why);
                 break;
             }
-            if !go_on {
-                stop = StopReason::Callback;
-                break;
+            // Drafts: never past max_tokens (the pass emits up to drafts + 1 tokens).
+            let room = params.max_tokens - tokens.len() - 1;
+            let mut drafts = match spec.mode {
+                Speculate::Ngram if room > 0 => {
+                    let mut ctx = self.seq.tokens.clone();
+                    ctx.push(id);
+                    ngram::propose(&ctx, spec.max_ngram, spec.draft_tokens.min(room))
+                }
+                _ => Vec::new(),
+            };
+            if !drafts.is_empty() && spec.gate && !gate.allow(&self.pass_costs, 1, drafts.len()) {
+                stats.speculation.gate_paused_passes += 1;
+                drafts.clear();
             }
-            if tokens.len() == params.max_tokens {
-                break;
-            }
-            logits = self.forward(&[id], Logits::Last)?.pop().expect("one row");
             stats.decode_steps += 1;
+            if drafts.is_empty() {
+                logits = self.forward(&[id], Logits::Last)?.pop().expect("one row");
+                continue;
+            }
+            let base = self.seq.len();
+            let mut feed = Vec::with_capacity(drafts.len() + 1);
+            feed.push(id);
+            feed.extend_from_slice(&drafts);
+            let rows = self.forward_batch(&feed, Some(false), true)?;
+            stats.speculation.verify_passes += 1;
+            stats.speculation.drafts_proposed += drafts.len() as u64;
+            // Row i sampled as plain decode would; drafts accepted while they agree.
+            let verdict = crate::speculative::accept(&mut sampler, &rows, &drafts);
+            let accepted = verdict.accepted;
+            let mut emitted = 1;
+            for &z in &drafts[..accepted] {
+                emitted += 1;
+                if let Some(why) = emit(z, &mut tokens)? {
+                    stop = Some(why);
+                    break;
+                }
+            }
+            pending = Some(verdict.next);
+            stats.speculation.drafts_accepted += (emitted - 1) as u64;
+            gate.record(emitted);
+            // Keep the fed token and the accepted drafts emitted, except a last emitted token
+            // that stopped generation (the cache never holds the final token).
+            let kept = emitted - usize::from(stop.is_some());
+            self.truncate(base + kept);
+            if stop.is_some() {
+                break;
+            }
         }
         stats.decode_s = decode_start.elapsed().as_secs_f64();
         stats.generated_tokens = tokens.len();
         stats.cache = self.cache.stats().since(&cache0);
         stats.expert_bytes_read = self.store.stats().bytes_read - bytes0;
+        let mut own = std::mem::replace(&mut self.seq, Sequence::new(Vec::new(), None));
+        self.commit_usage(&mut own);
+        self.seq = own;
         self.save_usage();
         Ok(Generation {
             tokens,
-            stop,
+            stop: stop.unwrap_or(StopReason::MaxTokens),
             stats,
         })
     }

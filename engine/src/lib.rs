@@ -12,7 +12,7 @@
 //! family), [`engine`] (the forward pass: prefill/decode/generate), [`options`] (what a caller
 //! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
 //! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
-//! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`text`] (tokenizer, chat template, streaming decoder),
+//! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`speculative`] (drafts, verification, the draft gate), [`text`] (tokenizer, chat template, streaming decoder),
 //! [`size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
@@ -28,6 +28,7 @@ pub mod prefetch;
 pub mod sampling;
 pub mod sequence;
 pub mod size;
+pub mod speculative;
 pub mod text;
 pub mod trace;
 pub mod usage;
@@ -44,4 +45,5 @@ pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};
 pub use sequence::Sequence;
 pub use size::parse_size;
+pub use speculative::{Speculate, SpeculationParams, SpeculationStats};
 pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};

@@ -5,6 +5,7 @@
 //! until it is dropped.
 
 use crate::layers::LayerKv;
+use coli_format::ExpertKey;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -14,6 +15,10 @@ pub struct Sequence {
     pub(crate) tokens: Vec<u32>,
     /// f32 values per position of each layer's cache (`LayerKv::k` row width).
     kv_dims: Vec<usize>,
+    /// The routed experts of positions whose usage counts wait (speculative verify rows):
+    /// `(position, experts)`, counted by the engine once the position has survived to the
+    /// sequence's next pass, dropped when it is rolled back.
+    pub(crate) held_usage: Vec<(usize, Vec<ExpertKey>)>,
     /// Returns the sequence's place to the engine's count when dropped.
     _slot: Option<SlotGuard>,
 }
@@ -34,6 +39,7 @@ impl Sequence {
             kv: kv_dims.iter().map(|_| LayerKv::default()).collect(),
             tokens: Vec::new(),
             kv_dims,
+            held_usage: Vec::new(),
             _slot: slot,
         }
     }
@@ -54,6 +60,7 @@ impl Sequence {
                 .collect(),
             tokens: self.tokens[..len].to_vec(),
             kv_dims: self.kv_dims.clone(),
+            held_usage: Vec::new(),
             _slot: Some(slot),
         }
     }
@@ -96,6 +103,7 @@ impl Sequence {
             kv.truncate(len, dim);
         }
         self.tokens.truncate(len);
+        self.held_usage.retain(|(pos, _)| *pos < len);
     }
 
     /// Bytes of KV cache the sequence holds now (f32 keys and values of every layer).

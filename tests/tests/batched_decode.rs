@@ -109,6 +109,7 @@ fn batched(e: &mut Engine<'_>, prompts: &[Vec<u32>]) -> (Vec<Vec<Vec<f32>>>, usi
                 seq: &mut s.seq,
                 ids,
                 logits: last.then_some(Logits::Last),
+                verify: false,
             })
             .collect();
         let out = e.forward_many(&mut items).unwrap();
@@ -235,6 +236,7 @@ fn forks_equal_solo(store: &Store, name: &str, p: &[u32], want: &[Vec<f32>]) {
             seq: &mut src,
             ids: chunk,
             logits: Some(Logits::Last),
+            verify: false,
         }];
         last = e.forward_many(&mut items).unwrap().remove(0).remove(0);
     }
@@ -249,6 +251,7 @@ fn forks_equal_solo(store: &Store, name: &str, p: &[u32], want: &[Vec<f32>]) {
             seq: &mut prefix,
             ids: chunk,
             logits: Some(Logits::Last),
+            verify: false,
         }];
         last = e.forward_many(&mut items).unwrap().remove(0).remove(0);
     }
@@ -265,6 +268,7 @@ fn forks_equal_solo(store: &Store, name: &str, p: &[u32], want: &[Vec<f32>]) {
                 seq,
                 ids: std::slice::from_ref(id),
                 logits: Some(Logits::Last),
+                verify: false,
             })
             .collect();
         let out = e.forward_many(&mut items).unwrap();
@@ -330,6 +334,7 @@ fn sequences_past_the_planned_count_are_refused() {
         seq: &mut a,
         ids: &long,
         logits: Some(Logits::Last),
+        verify: false,
     }];
     assert!(e.forward_many(&mut items).is_err());
     assert!(a.is_empty());

@@ -134,6 +134,7 @@ fn placement_never_changes_tokens() {
             max_tokens: 32,
             sampling: SamplingParams::default(),
             stop_on_eos: true,
+            speculation: Default::default(),
         };
         let g = e.generate(&prompt, &params, |_| Ok(true)).unwrap();
         let what =
@@ -187,6 +188,7 @@ fn kv_cache_reuse_and_decode_agree_with_full_recompute() {
         max_tokens: 6,
         sampling: SamplingParams::default(),
         stop_on_eos: true,
+        speculation: Default::default(),
     };
     let g = e.generate(&longer, &params, |_| Ok(true)).unwrap();
     assert!(
@@ -221,6 +223,7 @@ fn bad_inputs_are_clear_errors() {
         max_tokens: 10,
         sampling: SamplingParams::default(),
         stop_on_eos: true,
+        speculation: Default::default(),
     };
     let err = e
         .generate(&[1; 8], &params, |_| Ok(true))
@@ -277,6 +280,7 @@ fn generation_stops_on_every_eos_id() {
         max_tokens: 32,
         sampling: SamplingParams::default(),
         stop_on_eos: true,
+        speculation: Default::default(),
     };
     // Any id of the EOS list stops generation; the EOS itself is returned.
     e.set_eos_token_ids(vec![9999, want[4]]);
@@ -292,6 +296,7 @@ fn generation_stops_on_every_eos_id() {
             &ids(&exp["prompt_ids"]),
             &GenerateParams {
                 stop_on_eos: false,
+                speculation: Default::default(),
                 ..params
             },
             |_| Ok(true),

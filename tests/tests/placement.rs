@@ -17,6 +17,7 @@ fn params(n: usize) -> GenerateParams {
         max_tokens: n,
         sampling: SamplingParams::default(),
         stop_on_eos: true,
+        speculation: Default::default(),
     }
 }
 

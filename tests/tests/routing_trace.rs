@@ -36,6 +36,7 @@ fn routing_trace_matches_the_run_and_changes_nothing() {
             max_tokens: want.len(),
             sampling: SamplingParams::default(),
             stop_on_eos: true,
+            speculation: coli_engine::SpeculationParams::off(),
         };
         let g = e.generate(&prompt, &params, |_| Ok(true)).unwrap();
         e.set_routing_trace(None).unwrap().finish().unwrap();

@@ -281,3 +281,52 @@ mod tests {
         assert_eq!(mirror_dirs_from(&p(&["/c"]), env("/a,/b")), p(&["/c"]));
     }
 }
+
+/// `--speculate`: where drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SpeculateArg {
+    /// One token per decode pass.
+    Off,
+    /// Prompt lookup: the tokens that followed the last n-gram's most recent earlier occurrence.
+    Ngram,
+    /// The store's multi-token-prediction layer (an error where it has none).
+    Mtp,
+    /// MTP where the store has it, else prompt lookup; drafting pauses while it does not pay.
+    Auto,
+}
+
+/// Speculative decoding options of run, chat and serve (docs/ENGINE.md, "Speculative
+/// decoding"). The tokens are the same whatever they are.
+#[derive(Args, Debug, Clone)]
+pub struct SpeculationArgs {
+    /// Draft tokens to verify per decode pass: prompt lookup (ngram), the MTP layer (mtp), or
+    /// auto (mtp where the store has an MTP layer, else ngram).
+    #[arg(long, value_enum, default_value_t = SpeculateArg::Auto)]
+    pub speculate: SpeculateArg,
+    /// Drafts per decode pass at most (k).
+    #[arg(long, value_name = "K", default_value_t = coli_engine::speculative::DEFAULT_DRAFT_TOKENS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=coli_engine::speculative::MAX_DRAFT_TOKENS as i64))]
+    pub draft_tokens: u32,
+    /// Draft on every pass that has a proposal, even where the measured gain does not pay
+    /// (for measurements).
+    #[arg(long)]
+    pub no_draft_gate: bool,
+}
+
+impl SpeculationArgs {
+    /// The engine's speculation parameters.
+    pub fn params(&self) -> coli_engine::SpeculationParams {
+        use coli_engine::Speculate;
+        coli_engine::SpeculationParams {
+            mode: match self.speculate {
+                SpeculateArg::Off => Speculate::Off,
+                SpeculateArg::Ngram => Speculate::Ngram,
+                SpeculateArg::Mtp => Speculate::Mtp,
+                SpeculateArg::Auto => Speculate::Auto,
+            },
+            draft_tokens: self.draft_tokens as usize,
+            gate: !self.no_draft_gate,
+            ..Default::default()
+        }
+    }
+}

@@ -85,7 +85,7 @@ impl Attention<'_> {
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
-        self.forward_spans(x, &[Span { pos0, n }], rope, &mut [kv], out);
+        self.forward_spans(x, &[Span::new(pos0, n)], rope, &mut [kv], out);
     }
 
     /// Attention for several sequences in one pass: `x` (`[N, hidden]`, N = the spans' rows)

@@ -3,9 +3,12 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
+use crate::layers::moe::Routing;
 use crate::layers::{Attention, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe};
 use crate::trace::RoutingTrace;
+use coli_format::ExpertKey;
 use coli_store::Store;
+use std::collections::BTreeMap;
 
 /// The feed-forward part of a layer.
 pub enum Ffn<'s> {
@@ -46,6 +49,46 @@ pub struct LayerCtx<'a, 's> {
     pub cache: &'a mut ExpertCache,
     /// Where to record each token's routing, if anywhere ([`crate::trace`]).
     pub trace: Option<&'a RoutingTrace>,
+    /// Rows whose expert usage counts wait for the caller (speculative verify rows, some of
+    /// which are rolled back); None: every row counts at once.
+    pub held_usage: Option<&'a mut HeldUsage>,
+}
+
+/// The routed experts of the rows of a forward pass whose usage counts are held back
+/// ([`LayerCtx::held_usage`]): the engine adds them to the usage counts only for rows that stay
+/// in their sequence, so rolled-back speculative rows are never counted.
+#[derive(Debug, Default)]
+pub struct HeldUsage {
+    /// Per row of the pass: whether its usage is held (`[N]`).
+    pub hold: Vec<bool>,
+    /// Per row of the pass: the experts it routed to, every MoE layer, in layer order (held
+    /// rows only).
+    pub experts: Vec<Vec<ExpertKey>>,
+}
+
+impl LayerCtx<'_, '_> {
+    /// Counts one MoE layer's routing in the usage counts (tokens routed per expert), except
+    /// for held rows, whose experts go to [`LayerCtx::held_usage`].
+    pub fn record_usage(&mut self, layer: u32, routes: &[Routing]) {
+        let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
+        for (t, r) in routes.iter().enumerate() {
+            match self.held_usage.as_deref_mut() {
+                Some(h) if h.hold.get(t).copied().unwrap_or(false) => {
+                    h.experts[t].extend(r.iter().map(|&(e, _)| ExpertKey::new(layer, e)))
+                }
+                _ => {
+                    for &(e, _) in r {
+                        *counts.entry(e).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        self.cache.record_usage(
+            counts
+                .into_iter()
+                .map(|(e, n)| (ExpertKey::new(layer, e), n)),
+        );
+    }
 }
 
 /// One decoder layer.
@@ -69,9 +112,23 @@ pub struct Span {
     pub pos0: usize,
     /// Tokens (rows) of the span.
     pub n: usize,
+    /// Compute every row exactly as a one-token decode would (MLA: the absorbed form per row
+    /// instead of the expanded prefill form), so that verifying speculative drafts gives each
+    /// position the bits decode gives it. Other attention kinds compute rows the same way
+    /// either way.
+    pub as_decode: bool,
 }
 
 impl Span {
+    /// A span of `n` rows from `pos0`, in the prefill form (`as_decode` false).
+    pub fn new(pos0: usize, n: usize) -> Span {
+        Span {
+            pos0,
+            n,
+            as_decode: false,
+        }
+    }
+
     /// Total rows of `spans`.
     pub fn rows(spans: &[Span]) -> usize {
         spans.iter().map(|s| s.n).sum()
@@ -101,7 +158,7 @@ impl DecoderLayer<'_> {
         kv: &mut LayerKv,
         ctx: &mut LayerCtx<'_, '_>,
     ) -> Result<()> {
-        self.forward_spans(h, &[Span { pos0, n }], &mut [kv], ctx, |_| {})
+        self.forward_spans(h, &[Span::new(pos0, n)], &mut [kv], ctx, |_| {})
     }
 
     /// Runs the layer on the rows of several sequences at once: `h` (`[N, H]`, updated in
@@ -150,6 +207,7 @@ impl DecoderLayer<'_> {
                 if let Some((t, pos0)) = trace {
                     t.routed(m.layer, pos0, &routes);
                 }
+                ctx.record_usage(m.layer, &routes);
                 m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
             }
             Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
@@ -158,6 +216,7 @@ impl DecoderLayer<'_> {
                 if let Some((t, pos0)) = trace {
                     t.routed(m.experts.layer, pos0, &routes);
                 }
+                ctx.record_usage(m.experts.layer, &routes);
                 m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
             }
         }

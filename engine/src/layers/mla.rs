@@ -213,7 +213,7 @@ impl Mla<'_> {
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
-        self.forward_spans(x, &[Span { pos0, n }], rope, &mut [kv], out);
+        self.forward_spans(x, &[Span::new(pos0, n)], rope, &mut [kv], out);
     }
 
     /// Attention for several sequences in one pass (row layout as
@@ -221,7 +221,8 @@ impl Mla<'_> {
     /// 1's, ...; `kvs[i]` is span i's cache, holding `pos0` rows; `out` `[N, H]`). The q/kv/o
     /// projections run once over all N rows; each span then appends its latent rows (and GLM-5
     /// indexer keys), runs its DSA selection and attends over its own cache: a span of one
-    /// token (decode) in the absorbed form when `absorb_decode`, otherwise the expanded form
+    /// token (decode), and every row of a span marked `as_decode`, in the absorbed form when
+    /// `absorb_decode`, otherwise the expanded form
     /// (`kv_b` applied to every cached latent). Each row's result is bit-identical to running
     /// its sequence alone. A full DSA layer publishes the selections of all N rows for the
     /// shared layers that follow.
@@ -296,12 +297,17 @@ impl Mla<'_> {
                 }
             };
             let qs = &q[rows.start * qd..rows.end * qd];
-            let out_rows = if s.n == 1 && self.absorb_decode {
-                self.attend_absorbed(qs, s.pos0, sel.as_ref().map(|s| s[0].as_slice()), &kv.k)
+            if (s.n == 1 || s.as_decode) && self.absorb_decode {
+                // Decode form: each row alone against the cache (it reads positions <= its
+                // own, so the rows after it in this span do not matter).
+                for t in 0..s.n {
+                    let keys = sel.as_ref().map(|s| s[t].as_slice());
+                    let qt = &qs[t * qd..(t + 1) * qd];
+                    ctx.extend_from_slice(&self.attend_absorbed(qt, s.pos0 + t, keys, &kv.k));
+                }
             } else {
-                self.attend_expanded(qs, s.n, s.pos0, sel.as_ref(), &kv.k)
-            };
-            ctx.extend_from_slice(&out_rows);
+                ctx.extend_from_slice(&self.attend_expanded(qs, s.n, s.pos0, sel.as_ref(), &kv.k));
+            }
             r0 += s.n;
         }
         if let Some(Dsa::Full { slot, .. }) = &self.dsa {

@@ -18,7 +18,7 @@ pub mod rope;
 pub mod sigmoid_router;
 
 pub use attention::{Attention, LayerKv, QkNorm};
-pub use decoder::{DecoderLayer, Ffn, LayerCtx, SelfAttn, Span};
+pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, SelfAttn, Span};
 pub use linear::Linear;
 pub use mla::Mla;
 pub use mlp::Mlp;

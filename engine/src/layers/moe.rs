@@ -126,10 +126,6 @@ impl MoeBlock<'_> {
             .filter(|&e| !per_expert[e].is_empty())
             .map(|e| ExpertKey::new(self.layer, e as u32))
             .collect();
-        cache.record_usage(
-            keys.iter()
-                .map(|k| (*k, per_expert[k.expert as usize].len() as u64)),
-        );
         let shape_ok = |key: &ExpertKey, buf: &ExpertBuf| -> Result<()> {
             if buf.hidden != h || buf.intermediate != self.inter {
                 return Err(EngineError::Shape {

@@ -18,7 +18,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use coli_tools::options::{engine, open, EngineOptions};
+use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
 use coli_tools::{info, mirror, plan, serve};
 
 #[derive(Parser)]
@@ -67,6 +67,8 @@ struct SamplingArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
 }
 
 impl SamplingArgs {
@@ -80,6 +82,7 @@ impl SamplingArgs {
                 seed: self.seed,
             },
             stop_on_eos: true,
+            speculation: self.speculation.params(),
         }
     }
 }
@@ -183,12 +186,24 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize)) {
         s.ttft_s
     );
     eprintln!(
-        "decode: {} tokens generated, {} decode steps in {:.3} s ({:.1} tok/s), stop: {:?}",
+        "decode: {} tokens generated, {} decode passes in {:.3} s ({:.1} tok/s), stop: {:?}",
         s.generated_tokens,
         s.decode_steps,
         s.decode_s,
         s.decode_tok_s(),
         g.stop
+    );
+    let sp = &s.speculation;
+    eprintln!(
+        "speculation: {}; {} drafts proposed, {} accepted ({:.1}%), {} verify passes, {:.2} tokens per decode pass, {} passes paused by the draft gate; {} of experts read per generated token",
+        s.speculation_mode.name(),
+        sp.drafts_proposed,
+        sp.drafts_accepted,
+        sp.acceptance_rate() * 100.0,
+        sp.verify_passes,
+        s.tokens_per_forward(),
+        sp.gate_paused_passes,
+        fmt_bytes(s.expert_bytes_per_generated_token()),
     );
     eprintln!(
         "experts: {} read from disk ({} per token), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
@@ -380,6 +395,19 @@ fn run(a: RunArgs) -> Result<()> {
                 "threads": eng.threads(),
                 "kernels": coli_kernels::detected_isa().name(),
                 "kv_bytes_per_token": eng.kv_bytes_per_token(),
+                "decode_passes": s.decode_steps,
+                "expert_bytes_per_generated_token": s.expert_bytes_per_generated_token(),
+                "speculation": {
+                    "mode": s.speculation_mode.name(),
+                    "draft_tokens": params.speculation.draft_tokens,
+                    "drafts_proposed": s.speculation.drafts_proposed,
+                    "drafts_accepted": s.speculation.drafts_accepted,
+                    "acceptance_rate": s.speculation.acceptance_rate(),
+                    "verify_passes": s.speculation.verify_passes,
+                    "decode_passes": s.decode_steps,
+                    "tokens_per_forward": s.tokens_per_forward(),
+                    "gate_paused_passes": s.speculation.gate_paused_passes,
+                },
             }
         });
         if let (Some(stats), serde_json::Value::Object(extra)) =

@@ -45,6 +45,14 @@ pub struct Metrics {
     pub expert_cache_misses: Counter,
     /// Expert-cache hit rate since the server started (0..1).
     pub expert_cache_hit_rate: Gauge<f64, AtomicU64>,
+    /// Draft tokens proposed and verified (speculative decoding).
+    pub drafts_proposed: Counter,
+    /// Draft tokens accepted.
+    pub drafts_accepted: Counter,
+    /// Accepted / proposed drafts since the server started (0..1).
+    pub draft_acceptance_rate: Gauge<f64, AtomicU64>,
+    /// Tokens a sequence's decode pass emitted (1 without drafts; accepted drafts + 1 with).
+    pub tokens_per_decode_pass: Histogram,
     /// Requests waiting for the engine.
     pub queue_depth: Gauge,
     /// Generations running (0 or 1).
@@ -87,6 +95,16 @@ impl Metrics {
             &mut registry,
             "cancelled_requests",
             "Generations cancelled because the client disconnected",
+        );
+        let drafts_proposed = counter(
+            &mut registry,
+            "speculative_drafts_proposed",
+            "Draft tokens proposed and verified (speculative decoding)",
+        );
+        let drafts_accepted = counter(
+            &mut registry,
+            "speculative_drafts_accepted",
+            "Draft tokens accepted (speculative decoding)",
         );
         let expert_cache_hits = counter(&mut registry, "expert_cache_hits", "Expert-cache hits");
         let expert_cache_misses =
@@ -145,6 +163,17 @@ impl Metrics {
             "tokens_per_forward",
             "Tokens (rows) in one forward pass: decode tokens plus prefill-chunk tokens",
         );
+        let tokens_per_decode_pass = count_histogram(
+            &mut registry,
+            "tokens_per_decode_pass",
+            "Tokens one sequence's decode pass emitted: 1 without drafts, accepted drafts + 1 with",
+        );
+        let draft_acceptance_rate = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "speculative_acceptance_rate",
+            "Accepted / proposed draft tokens since the server started (0..1)",
+            draft_acceptance_rate.clone(),
+        );
         let expert_bytes_per_token = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "expert_bytes_per_generated_token",
@@ -185,6 +214,10 @@ impl Metrics {
             expert_cache_hits,
             expert_cache_misses,
             expert_cache_hit_rate,
+            drafts_proposed,
+            drafts_accepted,
+            draft_acceptance_rate,
+            tokens_per_decode_pass,
             queue_depth,
             running,
         }

@@ -71,6 +71,8 @@ pub struct ServeArgs {
     /// with finish reason `abort`.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     shutdown_grace: f64,
+    #[command(flatten)]
+    speculation: crate::options::SpeculationArgs,
 }
 
 /// State shared by the handlers.
@@ -84,6 +86,8 @@ struct App {
     times: Arc<JobTimes>,
     info: EngineInfo,
     max_queue: usize,
+    /// Speculative decoding of every request.
+    speculation: coli_engine::SpeculationParams,
     next_id: AtomicU64,
     shutdown: Arc<Shutdown>,
 }
@@ -138,6 +142,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Ok(r) => r?,
         Err(_) => bail!("the engine thread stopped while loading the model"),
     };
+    let mut speculation = a.speculation.params();
+    speculation.mode = speculation
+        .mode
+        .resolve(info.has_mtp)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let app = Arc::new(App {
         model_id,
         created: unix_now(),
@@ -148,6 +157,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         times,
         info,
         max_queue,
+        speculation,
         next_id: AtomicU64::new(1),
         shutdown: shutdown.clone(),
     });
@@ -417,6 +427,7 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
             seed,
         },
         stop_on_eos: !req.ignore_eos,
+        speculation: app.speculation,
     };
     Ok(Prepared {
         req,

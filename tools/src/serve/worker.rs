@@ -18,6 +18,8 @@
 use super::api::ApiError;
 use super::metrics::Metrics;
 use super::text::TextStream;
+use coli_engine::speculative::gate::DraftGate;
+use coli_engine::speculative::{self, ngram, Speculate};
 use coli_engine::{
     BatchItem, Engine, EngineError, GenerateParams, Logits, Sampler, SamplingParams, Sequence,
     TextTokenizer,
@@ -105,6 +107,8 @@ pub struct EngineInfo {
     pub max_batch: usize,
     /// KV-cache bytes of one sequence at the context limit.
     pub kv_bytes_per_sequence: u64,
+    /// Whether the model has a multi-token-prediction layer (MTP drafts).
+    pub has_mtp: bool,
 }
 
 /// Shared between the engine thread and the handlers: a moving average of the time one
@@ -209,6 +213,7 @@ pub fn run(
                 threads: e.threads(),
                 max_batch,
                 kv_bytes_per_sequence: e.kv_bytes_per_sequence(),
+                has_mtp: e.has_mtp(),
             };
             if ready.send(Ok(info)).is_err() {
                 return;
@@ -311,6 +316,10 @@ struct Choice {
     generated: usize,
     /// The token to feed next (sampled, not yet in the KV cache).
     next: Option<u32>,
+    /// Drafts fed after `next` by the coming pass (speculative decoding).
+    drafts: Vec<u32>,
+    /// Whether this choice's passes carry drafts (the measured gain against the cost).
+    gate: DraftGate,
     /// Finish reason once it ended.
     finished: Option<&'static str>,
     last_token_at: Option<Instant>,
@@ -541,6 +550,8 @@ impl Scheduler<'_, '_> {
                 text: TextStream::new(job.stop.clone()),
                 generated: 0,
                 next: None,
+                drafts: Vec::new(),
+                gate: DraftGate::new(),
                 finished: None,
                 last_token_at: None,
             })
@@ -641,6 +652,7 @@ impl Scheduler<'_, '_> {
             self.reap();
             return;
         }
+        self.draft(&feeds, decode_rows + prefill_rows);
         let t0 = Instant::now();
         let result = {
             // Take the sequences out so that the batch items can borrow them mutably.
@@ -665,7 +677,10 @@ impl Scheduler<'_, '_> {
                         r.job.prompt[r.prefill_from..end].to_vec()
                     }
                     Feed::Decode { req, choice } => {
-                        vec![self.active[req].choices[choice].next.expect("fed")]
+                        let c = &self.active[req].choices[choice];
+                        let mut ids = vec![c.next.expect("fed")];
+                        ids.extend_from_slice(&c.drafts);
+                        ids
                     }
                 })
                 .collect();
@@ -675,14 +690,24 @@ impl Scheduler<'_, '_> {
                     Feed::Prefill { req, end } => {
                         (end == self.active[req].job.prompt.len()).then_some(Logits::Last)
                     }
-                    Feed::Decode { .. } => Some(Logits::Last),
+                    Feed::Decode { req, choice } => {
+                        Some(match self.active[req].choices[choice].drafts.is_empty() {
+                            true => Logits::Last,
+                            false => Logits::All,
+                        })
+                    }
                 })
                 .collect();
             let mut items: Vec<BatchItem<'_>> = seqs
                 .iter_mut()
                 .zip(&ids)
                 .zip(&wants)
-                .map(|((seq, ids), &logits)| BatchItem { seq, ids, logits })
+                .map(|((seq, ids), &logits)| BatchItem {
+                    seq,
+                    ids,
+                    logits,
+                    verify: ids.len() > 1 && logits == Some(Logits::All),
+                })
                 .collect();
             let r = self.eng.forward_many(&mut items);
             drop(items);
@@ -704,7 +729,9 @@ impl Scheduler<'_, '_> {
                 .iter()
                 .map(|f| match *f {
                     Feed::Prefill { req, end } => end - self.active[req].prefill_from,
-                    Feed::Decode { .. } => 1,
+                    Feed::Decode { req, choice } => {
+                        1 + self.active[req].choices[choice].drafts.len()
+                    }
                 })
                 .sum();
             m.tokens_per_forward.observe(tokens as f64);
@@ -752,12 +779,96 @@ impl Scheduler<'_, '_> {
                     }
                 }
                 Feed::Decode { req, choice } => {
-                    let row = rows.into_iter().next().expect("decode logits");
-                    self.sample(req, choice, &row, now);
+                    let drafts = std::mem::take(&mut self.active[req].choices[choice].drafts);
+                    if drafts.is_empty() {
+                        let row = rows.into_iter().next().expect("decode logits");
+                        self.sample(req, choice, &row, now);
+                        self.shared.metrics.tokens_per_decode_pass.observe(1.0);
+                    } else {
+                        self.verify(req, choice, &rows, &drafts, now);
+                    }
                 }
             }
         }
         self.reap();
+    }
+
+    /// Chooses the drafts of every decoding choice of the coming pass (prompt lookup on the
+    /// choice's own tokens; each choice's gate weighs the pass's `rows` with and without its
+    /// drafts, counting the drafts already chosen), never past `max_tokens` or the context.
+    fn draft(&mut self, feeds: &[Feed], mut rows: usize) {
+        let context = self.eng.context();
+        for f in feeds {
+            let Feed::Decode { req, choice } = *f else {
+                continue;
+            };
+            let r = &mut self.active[req];
+            let spec = r.job.params.speculation;
+            let c = &mut r.choices[choice];
+            c.drafts.clear();
+            if spec.mode != Speculate::Ngram {
+                continue;
+            }
+            let (Some(seq), Some(next)) = (c.seq.as_ref(), c.next) else {
+                continue;
+            };
+            let room = r
+                .job
+                .params
+                .max_tokens
+                .saturating_sub(c.generated + 1)
+                .min(context.saturating_sub(seq.len() + 1));
+            if room == 0 {
+                continue;
+            }
+            let mut tokens = seq.tokens().to_vec();
+            tokens.push(next);
+            let drafts = ngram::propose(&tokens, spec.max_ngram, spec.draft_tokens.min(room));
+            if drafts.is_empty() {
+                continue;
+            }
+            if spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, drafts.len()) {
+                continue;
+            }
+            rows += drafts.len();
+            c.drafts = drafts;
+        }
+    }
+
+    /// Verifies choice `ci`'s drafts against its pass's logits `rows` (one per fed token):
+    /// samples each row as plain decode would, sends the accepted drafts and the token after
+    /// them, and rolls the rejected positions back ([`speculative::accept`]).
+    fn verify(&mut self, ri: usize, ci: usize, rows: &[Vec<f32>], drafts: &[u32], now: Instant) {
+        let c = &mut self.active[ri].choices[ci];
+        let verdict = speculative::accept(&mut c.sampler, rows, drafts);
+        let base = c.seq.as_ref().map_or(0, |s| s.len() - rows.len());
+        // The fed token stays; each accepted draft emitted stays.
+        let mut kept = 1;
+        for &d in &drafts[..verdict.accepted] {
+            self.emit(ri, ci, d, now);
+            kept += 1;
+            if self.active[ri].choices[ci].finished.is_some() {
+                break;
+            }
+        }
+        let c = &mut self.active[ri].choices[ci];
+        let emitted = if c.finished.is_none() {
+            self.emit(ri, ci, verdict.next, now);
+            kept
+        } else {
+            kept - 1
+        };
+        let c = &mut self.active[ri].choices[ci];
+        if let Some(seq) = c.seq.as_mut() {
+            seq.truncate(base + kept);
+        }
+        c.gate.record(emitted.max(1));
+        let m = &self.shared.metrics;
+        m.drafts_proposed.inc_by(drafts.len() as u64);
+        m.drafts_accepted.inc_by((kept - 1) as u64);
+        m.draft_acceptance_rate
+            .set(m.drafts_accepted.get() as f64 / m.drafts_proposed.get().max(1) as f64);
+        m.tokens_per_decode_pass.observe(emitted as f64);
     }
 
     /// The prompt is in choice 0's sequence: fork it for the other choices, and sample every
@@ -793,12 +904,18 @@ impl Scheduler<'_, '_> {
     /// Samples choice `ci`'s next token from `logits`, sends its text, and ends the choice on
     /// EOS, a stop string, max_tokens or a cancelled client.
     fn sample(&mut self, ri: usize, ci: usize, logits: &[f32], now: Instant) {
+        let id = self.active[ri].choices[ci].sampler.sample(logits);
+        self.emit(ri, ci, id, now);
+    }
+
+    /// Sends token `id` of choice `ci` (sampled, or an accepted draft) and ends the choice on
+    /// EOS, a stop string, max_tokens or a cancelled client.
+    fn emit(&mut self, ri: usize, ci: usize, id: u32, now: Instant) {
         let tok = self.tok;
         let metrics = self.shared.metrics.clone();
         let eos = &self.eng.spec().eos_token_ids;
         let r = &mut self.active[ri];
         let c = &mut r.choices[ci];
-        let id = c.sampler.sample(logits);
         c.generated += 1;
         metrics.completion_tokens.inc();
         if let Some(prev) = c.last_token_at {
@@ -966,6 +1083,8 @@ impl Scheduler<'_, '_> {
         );
         for c in r.choices {
             if let Some(mut seq) = c.seq {
+                // Count the usage of its last verified positions (drafts that stayed).
+                self.eng.commit_usage(&mut seq);
                 // The KV cache holds every fed token; the last sampled one was never fed.
                 if seq.len() > self.eng.context() {
                     seq.truncate(self.eng.context());
