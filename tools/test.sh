@@ -40,3 +40,6 @@ cargo build -q -p coli-convert -p coli-tools
 # cargo runs the test in tests/, so the path must be absolute.
 COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
   cargo test -q -p coli-tests --test batched_decode -- --ignored
+# Speculative decoding on the demo store: the tokens of plain decoding (tests/tests/speculative.rs).
+COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
+  cargo test -q -p coli-tests --test speculative -- --ignored

@@ -433,6 +433,120 @@ impl<'s> Engine<'s> {
         self.model.mtp.is_some()
     }
 
+    /// Turns MTP drafting on for `seq` ([`Engine::mtp_draft`]): from now on every pass over it
+    /// keeps its rows' final hidden states for the MTP layer. No effect when it is on already.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] without an MTP layer, or for a sequence that already holds
+    /// tokens without MTP state (their hidden states are gone: start from an empty sequence).
+    pub fn enable_mtp(&self, seq: &mut Sequence) -> Result<()> {
+        let Some(mtp) = self.model.mtp.as_ref() else {
+            return Err(EngineError::Invalid(
+                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
+                    .into(),
+            ));
+        };
+        if seq.mtp.is_some() {
+            return Ok(());
+        }
+        if !seq.is_empty() {
+            return Err(EngineError::Invalid(
+                "MTP drafting must start on an empty sequence".into(),
+            ));
+        }
+        seq.mtp = Some(crate::sequence::MtpState {
+            kv: LayerKv::default(),
+            kv_dim: mtp.kv_dim(),
+            hidden: Vec::new(),
+            hidden_size: self.model.spec.hidden_size,
+        });
+        Ok(())
+    }
+
+    /// Up to `k` draft tokens for `seq` from the MTP layer, `next` being the token sampled after
+    /// its cached ones (not yet fed). The MTP layer first runs over the positions it has not
+    /// seen (main-model hidden state of position i with the token after it; the last one pairs
+    /// with `next`), whose last row proposes draft 1; draft j > 1 comes from one more MTP step
+    /// on draft j - 1, chained as vLLM's `EagleProposer` chains `deepseek_mtp`
+    /// (vllm/v1/spec_decode/eagle.py, `propose`): step 2 takes the main model's hidden state of
+    /// the last position, later steps the MTP layer's own output of the step before. Drafts are
+    /// the argmax of each step's logits. The chained positions are rolled back from the MTP
+    /// cache afterwards; their expert usage is not counted.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] when MTP drafting is not on for `seq` ([`Engine::enable_mtp`])
+    /// or it is empty; [`EngineError::TokenOutOfRange`] for `next`; expert fetch failures (the
+    /// MTP cache is then rolled back to before the call).
+    pub fn mtp_draft(&mut self, seq: &mut Sequence, next: u32, k: usize) -> Result<Vec<u32>> {
+        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
+        if next as usize >= vocab {
+            return Err(EngineError::TokenOutOfRange { id: next, vocab });
+        }
+        let len = seq.len();
+        let tokens = &seq.tokens;
+        let Some(state) = seq.mtp.as_mut() else {
+            return Err(EngineError::Invalid(
+                "MTP drafting is not on for this sequence".into(),
+            ));
+        };
+        let fed = state.fed();
+        if len == 0 || k == 0 || len <= fed {
+            return Ok(Vec::new());
+        }
+        let Engine {
+            store,
+            model,
+            cache,
+            pool,
+            ..
+        } = self;
+        let mtp = model.mtp.as_ref().expect("enable_mtp checked the layer");
+        let mut next_ids: Vec<u32> = tokens[fed + 1..len].to_vec();
+        next_ids.push(next);
+        let r = pool.install(|| -> Result<Vec<u32>> {
+            let mut ctx = LayerCtx {
+                rope: &model.rope,
+                store,
+                cache,
+                trace: None,
+                held_usage: None,
+            };
+            let (logits, _) =
+                mtp.draft_step(&state.hidden, &next_ids, fed, &mut state.kv, &mut ctx)?;
+            let mut drafts = vec![crate::sampling::argmax(&logits)];
+            let mut prev = state.hidden[(len - fed - 1) * h..(len - fed) * h].to_vec();
+            // The chained rows' routing is held and dropped: they are drafts, not tokens.
+            let mut held = HeldUsage {
+                hold: vec![true],
+                experts: vec![Vec::new()],
+            };
+            let mut ctx = LayerCtx {
+                held_usage: Some(&mut held),
+                ..ctx
+            };
+            while drafts.len() < k {
+                let pos = len + drafts.len() - 1;
+                let last = *drafts.last().expect("one draft");
+                let (logits, out) = mtp.draft_step(&prev, &[last], pos, &mut state.kv, &mut ctx)?;
+                if let Some(h) = ctx.held_usage.as_deref_mut() {
+                    h.experts[0].clear();
+                }
+                drafts.push(crate::sampling::argmax(&logits));
+                prev = out;
+            }
+            Ok(drafts)
+        });
+        // Keep the real positions (0..len); the chained ones go.
+        match &r {
+            Ok(_) => {
+                state.kv.truncate(len, state.kv_dim);
+                state.hidden.clear();
+            }
+            Err(_) => state.kv.truncate(fed, state.kv_dim),
+        }
+        r
+    }
+
     /// Logits of the MTP layer ([`crate::models::mtp`]) at positions `0..n` from an empty MTP
     /// KV cache: `hidden` is `[n, H]` f32 (the main model's hidden states after `model.norm` at
     /// positions `0..n`), `next_ids[i]` the token after position i (`n = next_ids.len()`).
@@ -744,6 +858,17 @@ impl<'s> Engine<'s> {
                 Lookahead::Predict => run(Some(None))?,
                 Lookahead::Off => run(None)?,
             }
+            // Sequences that draft with the MTP layer keep every row's final hidden state.
+            let mut r0 = 0;
+            for (s, span) in seqs.iter_mut().zip(&spans) {
+                if let Some(m) = s.mtp.as_mut() {
+                    let rows = &x[r0 * h..(r0 + span.n) * h];
+                    let start = m.hidden.len();
+                    m.hidden.resize(start + rows.len(), 0.0);
+                    model.final_norm.forward(rows, &mut m.hidden[start..]);
+                }
+                r0 += span.n;
+            }
             // The rows whose logits are wanted, over all items, then one lm_head product.
             let mut rows: Vec<usize> = Vec::new();
             let mut counts: Vec<usize> = Vec::with_capacity(spans.len());
@@ -868,6 +993,18 @@ impl<'s> Engine<'s> {
         if self.trace.is_some() {
             spec.mode = Speculate::Off;
         }
+        if spec.mode == Speculate::Mtp {
+            if self.seq.mtp.is_none() {
+                // The cached positions' hidden states are gone: prefill them again.
+                self.truncate(0);
+                let mut own = std::mem::replace(&mut self.seq, Sequence::new(Vec::new(), None));
+                let r = self.enable_mtp(&mut own);
+                self.seq = own;
+                r?;
+            }
+        } else {
+            self.seq.mtp = None;
+        }
         let t0 = Instant::now();
         let cache0 = self.cache.stats();
         let bytes0 = self.store.stats().bytes_read;
@@ -933,18 +1070,35 @@ impl<'s> Engine<'s> {
                 break;
             }
             // Drafts: never past max_tokens (the pass emits up to drafts + 1 tokens).
-            let room = params.max_tokens - tokens.len() - 1;
-            let mut drafts = match spec.mode {
-                Speculate::Ngram if room > 0 => {
+            let k = spec.draft_tokens.min(params.max_tokens - tokens.len() - 1);
+            let mut drafts = Vec::new();
+            match spec.mode {
+                Speculate::Ngram if k > 0 => {
                     let mut ctx = self.seq.tokens.clone();
                     ctx.push(id);
-                    ngram::propose(&ctx, spec.max_ngram, spec.draft_tokens.min(room))
+                    drafts = ngram::propose(&ctx, spec.max_ngram, k);
+                    if !drafts.is_empty()
+                        && spec.gate
+                        && !gate.allow(&self.pass_costs, 1, drafts.len())
+                    {
+                        stats.speculation.gate_paused_passes += 1;
+                        drafts.clear();
+                    }
                 }
-                _ => Vec::new(),
-            };
-            if !drafts.is_empty() && spec.gate && !gate.allow(&self.pass_costs, 1, drafts.len()) {
-                stats.speculation.gate_paused_passes += 1;
-                drafts.clear();
+                Speculate::Mtp if k > 0 => {
+                    if !spec.gate || gate.allow(&self.pass_costs, 1, k) {
+                        let t = Instant::now();
+                        let mut own =
+                            std::mem::replace(&mut self.seq, Sequence::new(Vec::new(), None));
+                        let r = self.mtp_draft(&mut own, id, k);
+                        self.seq = own;
+                        drafts = r?;
+                        gate.record_draft_time(t.elapsed().as_secs_f64());
+                    } else {
+                        stats.speculation.gate_paused_passes += 1;
+                    }
+                }
+                _ => {}
             }
             stats.decode_steps += 1;
             if drafts.is_empty() {

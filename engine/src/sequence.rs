@@ -19,8 +19,42 @@ pub struct Sequence {
     /// `(position, experts)`, counted by the engine once the position has survived to the
     /// sequence's next pass, dropped when it is rolled back.
     pub(crate) held_usage: Vec<(usize, Vec<ExpertKey>)>,
+    /// What MTP drafting needs, when it is on for this sequence.
+    pub(crate) mtp: Option<MtpState>,
     /// Returns the sequence's place to the engine's count when dropped.
     _slot: Option<SlotGuard>,
+}
+
+/// A sequence's multi-token-prediction state (MTP drafts, [`crate::speculative`]): the MTP
+/// layer's own KV cache for positions `0..fed`, and the main model's hidden states (after
+/// `model.norm`) of the positions `fed..len` it has not run on yet. Every pass over the
+/// sequence appends its rows' hidden states; drafting runs the MTP layer over them.
+#[derive(Clone)]
+pub(crate) struct MtpState {
+    pub(crate) kv: LayerKv,
+    /// f32 values per position of `kv.k`.
+    pub(crate) kv_dim: usize,
+    /// `[len - fed, H]` f32.
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) hidden_size: usize,
+}
+
+impl MtpState {
+    /// Positions in the MTP layer's KV cache.
+    pub(crate) fn fed(&self) -> usize {
+        self.kv.k.len() / self.kv_dim.max(1)
+    }
+
+    /// Keeps positions `0..len` of a sequence now `seq_len` long.
+    fn truncate(&mut self, len: usize, seq_len: usize) {
+        let fed = self.fed();
+        if len < fed {
+            self.kv.truncate(len, self.kv_dim);
+            self.hidden.clear();
+        } else if len < seq_len {
+            self.hidden.truncate((len - fed) * self.hidden_size);
+        }
+    }
 }
 
 /// One place of the engine's live-sequence count, given back on drop.
@@ -40,6 +74,7 @@ impl Sequence {
             tokens: Vec::new(),
             kv_dims,
             held_usage: Vec::new(),
+            mtp: None,
             _slot: slot,
         }
     }
@@ -61,6 +96,10 @@ impl Sequence {
             tokens: self.tokens[..len].to_vec(),
             kv_dims: self.kv_dims.clone(),
             held_usage: Vec::new(),
+            mtp: self.mtp.clone().map(|mut m| {
+                m.truncate(len, self.tokens.len());
+                m
+            }),
             _slot: Some(slot),
         }
     }
@@ -99,6 +138,9 @@ impl Sequence {
     /// Keeps only the first `len` positions (no effect when `len >= self.len()`).
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.tokens.len());
+        if let Some(m) = self.mtp.as_mut() {
+            m.truncate(len, self.tokens.len());
+        }
         for (kv, &dim) in self.kv.iter_mut().zip(&self.kv_dims) {
             kv.truncate(len, dim);
         }
@@ -106,9 +148,19 @@ impl Sequence {
         self.held_usage.retain(|(pos, _)| *pos < len);
     }
 
-    /// Bytes of KV cache the sequence holds now (f32 keys and values of every layer).
+    /// Whether MTP drafting is on for this sequence ([`crate::Engine::enable_mtp`]).
+    pub fn has_mtp_state(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Bytes of KV cache the sequence holds now (f32 keys and values of every layer, the MTP
+    /// layer's and the pending MTP hidden states included).
     pub fn kv_bytes(&self) -> u64 {
-        let values: usize = self.kv.iter().map(|l| l.k.len() + l.v.len()).sum();
+        let mtp = self
+            .mtp
+            .as_ref()
+            .map_or(0, |m| m.kv.k.len() + m.kv.v.len() + m.hidden.len());
+        let values: usize = mtp + self.kv.iter().map(|l| l.k.len() + l.v.len()).sum::<usize>();
         (values * std::mem::size_of::<f32>()) as u64
     }
 }

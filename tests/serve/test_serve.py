@@ -92,8 +92,8 @@ def demo_store():
 class Server:
     """A `coli serve` child on a free port (--port 0; the address is read from its log)."""
 
-    def __init__(self, store, *args, max_queue=MAX_QUEUE):
-        self.log_path = os.path.join(os.path.dirname(store), "serve.log")
+    def __init__(self, store, *args, max_queue=MAX_QUEUE, log_name="serve.log"):
+        self.log_path = os.path.join(os.path.dirname(store), log_name)
         self.log = open(self.log_path, "w")
         cmd = [COLI, "serve", "--store", store, "--port", "0", "--context", str(CONTEXT),
                "--model-id", MODEL, "--api-key", KEY, "--max-queue", str(max_queue), *args]
@@ -198,6 +198,14 @@ def main():
         batching_checks(batched)
     finally:
         batched.stop()
+    plain = Server(store, "--max-batch", "1", "--speculate", "off", log_name="serve-off.log")
+    drafting = Server(store, "--max-batch", str(BATCH), "--speculate", "ngram", "--draft-tokens", "4",
+                      "--no-draft-gate", log_name="serve-ngram.log")
+    try:
+        speculation_checks(plain, drafting)
+    finally:
+        plain.stop()
+        drafting.stop()
     print(f"serve: {len(passed)} passed, {len(failures)} failed")
     if failures:
         print("server log:\n" + open(server.log_path).read()[-4000:])
@@ -545,6 +553,48 @@ def batching_checks(server):
           f"SIGTERM: the short stream finished ({short[1]}), the long ones ended with 'abort' ({long_fin})")
     check(rc == 0 and dt < GRACE + 8, f"SIGTERM with a full batch: exit code {rc} after {dt:.2f} s (grace {GRACE} s)")
     print(f"batching checks took {time.time() - t_start:.1f} s", flush=True)
+
+
+# Input-grounded prompts: the continuation repeats what the prompt holds, so prompt lookup drafts.
+GROUNDED = ["Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
+            "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nCopy: apple, banana,",
+            "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a,"]
+
+
+def speculation_checks(plain, drafting):
+    """Speculative decoding (prompt lookup, every proposal verified): the same text as a server
+    that does not draft, greedy and seeded, alone and in a batch; the drafts show in /metrics."""
+    mk = lambda s: openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)  # noqa: E731
+    cp, cd = mk(plain), mk(drafting)
+
+    def text(cl, prompt, **kw):
+        r = cl.completions.create(model=MODEL, prompt=prompt, max_tokens=40, **{"temperature": 0, **kw})
+        return r.choices[0].text, r.usage.completion_tokens
+
+    m0 = metrics(drafting)
+    for prompt in GROUNDED:
+        want = text(cp, prompt)
+        got = text(cd, prompt)
+        check(got == want, f"drafting gives the text of plain decoding: {got[0]!r} vs {want[0]!r}")
+        seeded = dict(temperature=0.8, top_p=0.95, seed=99)
+        check(text(cd, prompt, **seeded) == text(cp, prompt, **seeded),
+              "a seeded request samples the same text with and without drafts")
+    m1 = metrics(drafting)
+    proposed = m1["coli_speculative_drafts_proposed_total"] - m0["coli_speculative_drafts_proposed_total"]
+    accepted = m1["coli_speculative_drafts_accepted_total"] - m0["coli_speculative_drafts_accepted_total"]
+    passes = m1["coli_tokens_per_decode_pass_count"] - m0["coli_tokens_per_decode_pass_count"]
+    emitted = m1["coli_tokens_per_decode_pass_sum"] - m0["coli_tokens_per_decode_pass_sum"]
+    check(proposed > 0 and 0 < accepted <= proposed,
+          f"drafts proposed and accepted on input-grounded prompts: {accepted:.0f} of {proposed:.0f}")
+    check(passes > 0 and emitted / passes > 1.2,
+          f"decode passes emit more than one token each: {emitted / max(passes, 1):.2f} tokens per pass")
+    check(0 < m1["coli_speculative_acceptance_rate"] <= 1, "the acceptance-rate gauge is set")
+    # Drafting sequences in one batch: each gets its text alone.
+    pool = concurrent.futures.ThreadPoolExecutor(len(GROUNDED) + 1)
+    prompts = GROUNDED + PROMPTS[:1]
+    together = list(pool.map(lambda p: text(cd, p), prompts))
+    alone = [text(cp, p) for p in prompts]
+    check(together == alone, "drafting sequences batched together get the text plain decoding gives each")
 
 
 def load_test(server):

@@ -107,13 +107,21 @@ fn run(
     (g, cached, h)
 }
 
-/// Two runs' saved usage histories are equal (tokens and every expert's count).
-fn same_usage(a: &UsageHistory, b: &UsageHistory, what: &str) {
+/// Two runs' saved usage histories are equal (tokens and every expert's count), the MTP
+/// layer's experts (layers from `main_layers` on: counted only where MTP drafts) left out.
+fn same_usage(a: &UsageHistory, b: &UsageHistory, main_layers: u32, what: &str) {
     assert_eq!(a.tokens, b.tokens, "{what}: usage tokens");
-    let mut ka: Vec<_> = a.counts.iter().collect();
-    let mut kb: Vec<_> = b.counts.iter().collect();
-    ka.sort_by_key(|(k, _)| **k);
-    kb.sort_by_key(|(k, _)| **k);
+    let main = |h: &UsageHistory| -> Vec<(ExpertKey, f64)> {
+        h.counts
+            .iter()
+            .filter(|(k, _)| k.layer < main_layers)
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    };
+    let mut ka = main(a);
+    let mut kb = main(b);
+    ka.sort_by_key(|(k, _)| *k);
+    kb.sort_by_key(|(k, _)| *k);
     assert_eq!(ka, kb, "{what}: usage counts");
 }
 
@@ -154,14 +162,26 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[Config]) -> (u64
         None,
     );
     let (mut proposed, mut accepted) = (0, 0);
-    for &cfg in configs {
-        let what = format!("{name} {cfg:?}");
+    let (has_mtp, main_layers) = {
+        let e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        (e.has_mtp(), e.spec().num_layers as u32)
+    };
+    let modes: &[Speculate] = if has_mtp {
+        &[Speculate::Ngram, Speculate::Mtp]
+    } else {
+        &[Speculate::Ngram]
+    };
+    for (&cfg, &mode) in configs
+        .iter()
+        .flat_map(|c| modes.iter().map(move |m| (c, m)))
+    {
+        let what = format!("{name} {cfg:?} {mode}");
         let (got, kv, usage) = run(
             &store,
             cfg,
             &pin_from,
             &prompt,
-            &params(24, greedy, Speculate::Ngram),
+            &params(24, greedy, mode),
             None,
         );
         assert_eq!(got.tokens, want.tokens, "{what}: greedy tokens");
@@ -175,7 +195,14 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[Config]) -> (u64
             "{what}: every decode pass emits one token plus its accepted drafts"
         );
         if !cfg.2 {
-            same_usage(&want_usage, &usage, &what);
+            same_usage(&want_usage, &usage, main_layers, &what);
+        }
+        if mode == Speculate::Mtp {
+            // MTP drafts on every pass (gate off): k per pass, fewer only near max_tokens.
+            assert!(
+                s.verify_passes as usize >= got.stats.decode_steps - 1,
+                "{what}"
+            );
         }
         proposed += s.drafts_proposed;
         accepted += s.drafts_accepted;
@@ -192,17 +219,15 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[Config]) -> (u64
             &params(20, sp, Speculate::Off),
             None,
         );
-        let (b, _, _) = run(
-            &store,
-            cfg,
-            &pin_from,
-            &prompt,
-            &params(20, sp, Speculate::Ngram),
-            None,
-        );
-        assert_eq!(a.tokens, b.tokens, "{name}: sampled tokens, seed {seed}");
-        proposed += b.stats.speculation.drafts_proposed;
-        accepted += b.stats.speculation.drafts_accepted;
+        for &mode in modes {
+            let (b, _, _) = run(&store, cfg, &pin_from, &prompt, &params(20, sp, mode), None);
+            assert_eq!(
+                a.tokens, b.tokens,
+                "{name}: sampled tokens, seed {seed}, {mode}"
+            );
+            proposed += b.stats.speculation.drafts_proposed;
+            accepted += b.stats.speculation.drafts_accepted;
+        }
     }
     // Cuts: max_tokens inside a pass's drafts, and an EOS that is (or follows) an accepted
     // draft: the same tokens, and the KV cache holds all but the last token, as without drafts.
@@ -216,16 +241,18 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[Config]) -> (u64
             &params(max, greedy, Speculate::Off),
             None,
         );
-        let (b, bkv, _) = run(
-            &store,
-            cfg,
-            &pin_from,
-            &prompt,
-            &params(max, greedy, Speculate::Ngram),
-            None,
-        );
-        assert_eq!(a.tokens, b.tokens, "{name}: max_tokens {max}");
-        assert_eq!(akv, bkv, "{name}: KV cache after max_tokens {max}");
+        for &mode in modes {
+            let (b, bkv, _) = run(
+                &store,
+                cfg,
+                &pin_from,
+                &prompt,
+                &params(max, greedy, mode),
+                None,
+            );
+            assert_eq!(a.tokens, b.tokens, "{name}: max_tokens {max}, {mode}");
+            assert_eq!(akv, bkv, "{name}: KV cache after max_tokens {max}, {mode}");
+        }
     }
     for &eos in want.tokens.iter().skip(3).take(6) {
         let cfg = (None, true, false, 2);
@@ -240,21 +267,23 @@ fn check_store(dir: &Path, name: &str, base: &[u32], configs: &[Config]) -> (u64
             },
             Some(eos),
         );
-        let (b, bkv, bu) = run(
-            &store,
-            cfg,
-            &pin_from,
-            &prompt,
-            &GenerateParams {
-                stop_on_eos: true,
-                ..params(24, greedy, Speculate::Ngram)
-            },
-            Some(eos),
-        );
-        assert_eq!(a.tokens, b.tokens, "{name}: EOS {eos}");
         assert_eq!(a.stop, coli_engine::StopReason::Eos);
-        assert_eq!(akv, bkv, "{name}: KV cache after EOS {eos}");
-        same_usage(&au, &bu, &format!("{name}: EOS {eos}"));
+        for &mode in modes {
+            let (b, bkv, bu) = run(
+                &store,
+                cfg,
+                &pin_from,
+                &prompt,
+                &GenerateParams {
+                    stop_on_eos: true,
+                    ..params(24, greedy, mode)
+                },
+                Some(eos),
+            );
+            assert_eq!(a.tokens, b.tokens, "{name}: EOS {eos}, {mode}");
+            assert_eq!(akv, bkv, "{name}: KV cache after EOS {eos}, {mode}");
+            same_usage(&au, &bu, main_layers, &format!("{name}: EOS {eos}, {mode}"));
+        }
     }
     assert!(proposed > 0, "{name}: drafts were verified");
     (proposed, accepted)
@@ -522,5 +551,56 @@ fn verify_rows_equal_decode_rows_and_rollback_continues_exactly() {
             same(&last, &rows[done + 1]),
             "{name}: the cache after rollbacks"
         );
+    }
+}
+
+/// The MTP drafter's first draft is the MTP layer's top-1 as transformers computes it: on the
+/// lossless DeepSeek-V3 and GLM-5 fixtures, prefilled chunk by chunk, the draft after each chunk
+/// (the MTP layer catching up over the chunk's positions) equals `expected.json["mtp"]["top1"]`
+/// at the chunk's last position. Chained drafts are checked by the greedy tests above (any
+/// draft gives plain decode's tokens); their quality needs a trained model.
+#[test]
+fn first_mtp_draft_is_the_mtp_layers_top1() {
+    use coli_engine::BatchItem;
+    for name in ["deepseek_v3_fp8", "glm5_fp8"] {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "lossless_store");
+        let store = open_store(&dir, false, IoPreference::Auto);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                max_sequences: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let m = &exp["mtp"];
+        let input = ids(&m["input_ids"]);
+        let next = ids(&m["next_ids"]);
+        let top1 = ids(&m["top1"]);
+        let mut seq = e.new_sequence().unwrap();
+        e.enable_mtp(&mut seq).unwrap();
+        let mut fed = 0;
+        for (step, n) in [1usize, 4, 1, 7, 11].into_iter().enumerate() {
+            let chunk = &input[fed..fed + n];
+            let mut items = [BatchItem {
+                seq: &mut seq,
+                ids: chunk,
+                logits: Some(Logits::Last),
+                verify: false,
+            }];
+            e.forward_many(&mut items).unwrap();
+            fed += n;
+            let drafts = e.mtp_draft(&mut seq, next[fed - 1], 1 + step % 3).unwrap();
+            assert_eq!(drafts.len(), 1 + step % 3, "{name}");
+            assert_eq!(
+                drafts[0],
+                top1[fed - 1],
+                "{name}: first MTP draft after {fed} positions"
+            );
+        }
+        // A sequence without MTP state is refused.
+        let mut plain = e.new_sequence().unwrap();
+        assert!(e.mtp_draft(&mut plain, 1, 2).is_err());
     }
 }

@@ -26,7 +26,7 @@ pub enum QkNorm {
 }
 
 /// The KV cache of one layer: f32 keys and values after RoPE, `[positions, kv_heads * head_dim]`.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct LayerKv {
     /// Keys, row-major by position.
     pub k: Vec<f32>,

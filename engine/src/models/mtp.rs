@@ -135,6 +135,43 @@ impl MtpLayer<'_> {
         ctx: &mut LayerCtx<'_, '_>,
     ) -> Result<Vec<Vec<f32>>> {
         let n = next_ids.len();
+        let u = self.layer_output(hidden, next_ids, pos0, kv, ctx)?;
+        Ok(self.logits(&u, n))
+    }
+
+    /// One draft step of speculative decoding: runs the layer as [`MtpLayer::forward`] does on
+    /// positions `pos0..pos0+n` but returns only the last position's `[vocab]` logits and its
+    /// layer output before `shared_head.norm` (`[H]`, the hidden state a chained step feeds
+    /// back, as vLLM's `EagleProposer` does for `deepseek_mtp`).
+    ///
+    /// # Errors
+    /// Expert fetch failures.
+    pub fn draft_step(
+        &self,
+        hidden: &[f32],
+        next_ids: &[u32],
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = next_ids.len();
+        let h = self.enorm.weight.len();
+        let u = self.layer_output(hidden, next_ids, pos0, kv, ctx)?;
+        let last = u[(n - 1) * h..n * h].to_vec();
+        let logits = self.logits(&last, 1).pop().expect("one row");
+        Ok((logits, last))
+    }
+
+    /// `u` = the decoder layer's output (`[n, H]`) for `eh_proj(cat(enorm(e), hnorm(h)))`.
+    fn layer_output(
+        &self,
+        hidden: &[f32],
+        next_ids: &[u32],
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+    ) -> Result<Vec<f32>> {
+        let n = next_ids.len();
         let h = self.enorm.weight.len();
         assert_eq!(hidden.len(), n * h, "MTP hidden states must be [n, H]");
         let mut cat = vec![0f32; n * 2 * h];
@@ -149,8 +186,13 @@ impl MtpLayer<'_> {
         let mut u = vec![0f32; n * h];
         self.eh_proj.forward(&cat, n, &mut u);
         self.decoder.forward(&mut u, n, pos0, kv, ctx)?;
-        let mut normed = vec![0f32; n * h];
-        self.norm.forward(&u, &mut normed);
+        Ok(u)
+    }
+
+    /// `shared_head.head(shared_head.norm(u))` for `n` rows of `u`: n `[vocab]` rows.
+    fn logits(&self, u: &[f32], n: usize) -> Vec<Vec<f32>> {
+        let mut normed = vec![0f32; u.len()];
+        self.norm.forward(u, &mut normed);
         let vocab = self.head.rows();
         let mut l = vec![0f32; n * vocab];
         if n == 1 {
@@ -158,6 +200,6 @@ impl MtpLayer<'_> {
         } else {
             coli_kernels::matmul(&self.head, &normed, n, &mut l);
         }
-        Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        l.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
     }
 }

@@ -56,13 +56,16 @@ impl PassCosts {
 ///
 /// The gain estimate starts optimistic (every draft accepted) and moves, after every draft
 /// pass, toward the tokens that pass emitted (accepted drafts + 1). A pass drafts when the gain
-/// is at least the cost ratio of the pass with and without the drafts' rows, while that ratio
+/// is at least the cost ratio of the pass with and without the drafts' rows (plus the
+/// drafter's own time, [`DraftGate::record_draft_time`], over the plain pass's), while that ratio
 /// is unmeasured (so it gets measured; at most [`DRAFT_PROBE_EVERY`] times in a row, then one
 /// pass goes without drafts so the plain cost is measured too), and every
 /// [`DRAFT_PROBE_EVERY`]-th pass while paused.
 #[derive(Clone, Debug)]
 pub struct DraftGate {
     gain: Option<f64>,
+    /// Seconds the drafter itself takes per draft pass (MTP steps; None for prompt lookup).
+    draft_s: Option<f64>,
     passes: u64,
     unmeasured_in_a_row: u64,
     paused: u64,
@@ -79,6 +82,7 @@ impl DraftGate {
     pub fn new() -> DraftGate {
         DraftGate {
             gain: None,
+            draft_s: None,
             passes: 0,
             unmeasured_in_a_row: 0,
             paused: 0,
@@ -91,8 +95,13 @@ impl DraftGate {
     pub fn allow(&mut self, costs: &PassCosts, base_rows: usize, drafts: usize) -> bool {
         self.passes += 1;
         let gain = self.gain.unwrap_or((drafts + 1) as f64);
+        let overhead = match (self.draft_s, costs.seconds(base_rows)) {
+            (Some(d), Some(plain)) => d / plain.max(1e-12),
+            _ => 0.0,
+        };
         let on = match costs.ratio(base_rows + drafts, base_rows) {
             Some(ratio) => {
+                let ratio = ratio + overhead;
                 self.unmeasured_in_a_row = 0;
                 gain >= ratio || self.passes.is_multiple_of(DRAFT_PROBE_EVERY)
             }
@@ -118,6 +127,15 @@ impl DraftGate {
         self.gain = Some(match self.gain {
             None => t,
             Some(g) => (1.0 - EMA_WEIGHT) * g + EMA_WEIGHT * t,
+        });
+    }
+
+    /// Records the seconds the drafter took to propose one pass's drafts (the MTP layer's
+    /// steps): they count in the cost of drafting.
+    pub fn record_draft_time(&mut self, seconds: f64) {
+        self.draft_s = Some(match self.draft_s {
+            None => seconds,
+            Some(d) => (1.0 - EMA_WEIGHT) * d + EMA_WEIGHT * seconds,
         });
     }
 

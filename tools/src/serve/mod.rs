@@ -132,21 +132,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
             shutdown: shutdown.clone(),
         };
         let opts = a.engine;
+        let speculation = a.speculation.params();
         let max_batch = a.max_batch.map(|n| n as usize);
         std::thread::Builder::new()
             .name("coli-engine".into())
-            .spawn(move || worker::run(opts, max_batch, shared, jobs_rx, ready_tx))
+            .spawn(move || worker::run(opts, speculation, max_batch, shared, jobs_rx, ready_tx))
             .context("starting the engine thread")?
     };
     let info = match ready_rx.recv() {
         Ok(r) => r?,
         Err(_) => bail!("the engine thread stopped while loading the model"),
     };
-    let mut speculation = a.speculation.params();
-    speculation.mode = speculation
-        .mode
-        .resolve(info.has_mtp)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let speculation = info.speculation;
     let app = Arc::new(App {
         model_id,
         created: unix_now(),
@@ -186,13 +183,18 @@ async fn serve(
         .with_context(|| format!("binding {host}:{port}; pick another --port or --host"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     eprintln!(
-        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, max batch {} sequences, {:.1} MiB of KV cache each at full context, {} threads); listening on http://{addr}",
+        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, max batch {} sequences, {:.1} MiB of KV cache each at full context, {} threads, speculative decoding {}{}); listening on http://{addr}",
         app.model_id,
         app.info.load_s,
         app.info.context,
         app.info.max_batch,
         app.info.kv_bytes_per_sequence as f64 / (1u64 << 20) as f64,
-        app.info.threads
+        app.info.threads,
+        app.speculation.mode,
+        match app.speculation.mode {
+            coli_engine::Speculate::Off => String::new(),
+            _ => format!(" with up to {} drafts", app.speculation.draft_tokens),
+        },
     );
     let router = Router::new()
         .route("/v1/models", get(list_models))

@@ -107,8 +107,8 @@ pub struct EngineInfo {
     pub max_batch: usize,
     /// KV-cache bytes of one sequence at the context limit.
     pub kv_bytes_per_sequence: u64,
-    /// Whether the model has a multi-token-prediction layer (MTP drafts).
-    pub has_mtp: bool,
+    /// Speculative decoding as it runs (`auto` resolved for this model).
+    pub speculation: coli_engine::SpeculationParams,
 }
 
 /// Shared between the engine thread and the handlers: a moving average of the time one
@@ -191,6 +191,7 @@ fn open(
 /// then schedules jobs until every sender is dropped (or shutdown ends).
 pub fn run(
     opts: crate::options::EngineOptions,
+    speculation: coli_engine::SpeculationParams,
     max_batch: Option<usize>,
     shared: Shared,
     jobs: mpsc::Receiver<Job>,
@@ -203,7 +204,7 @@ pub fn run(
             return;
         }
     };
-    let (eng, max_batch) = match load_engine(&loaded, &opts, max_batch) {
+    let (eng, max_batch, speculation) = match load_engine(&loaded, &opts, max_batch) {
         Ok((e, load_s, max_batch)) => {
             let info = EngineInfo {
                 tok: tok.clone(),
@@ -213,12 +214,22 @@ pub fn run(
                 threads: e.threads(),
                 max_batch,
                 kv_bytes_per_sequence: e.kv_bytes_per_sequence(),
-                has_mtp: e.has_mtp(),
+                speculation: coli_engine::SpeculationParams {
+                    mode: match speculation.mode.resolve(e.has_mtp()) {
+                        Ok(m) => m,
+                        Err(err) => {
+                            let _ = ready.send(Err(anyhow::anyhow!("{err}")));
+                            return;
+                        }
+                    },
+                    ..speculation
+                },
             };
+            let speculation = info.speculation;
             if ready.send(Ok(info)).is_err() {
                 return;
             }
-            (e, max_batch)
+            (e, max_batch, speculation)
         }
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -233,6 +244,7 @@ pub fn run(
         prefill_batch: opts.prefill_batch,
         active: Vec::new(),
         pool: Vec::new(),
+        speculation,
         bytes_seen: 0,
         cache_seen: coli_engine::CacheStats::default(),
     };
@@ -356,6 +368,8 @@ struct Scheduler<'a, 's> {
     active: Vec<Request>,
     /// Finished sequences kept for prefix reuse.
     pool: Vec<Sequence>,
+    /// Speculative decoding of the server (mode resolved).
+    speculation: coli_engine::SpeculationParams,
     bytes_seen: u64,
     /// Expert-cache counters at the last [`Scheduler::count_bytes`].
     cache_seen: coli_engine::CacheStats,
@@ -613,6 +627,11 @@ impl Scheduler<'_, '_> {
         };
         let keep = keep(common(&seq));
         seq.truncate(keep);
+        if self.speculation.mode == Speculate::Mtp && !seq.has_mtp_state() {
+            // Every sequence of an MTP server tracks MTP state from its first token.
+            seq.truncate(0);
+            self.eng.enable_mtp(&mut seq)?;
+        }
         Ok(seq)
     }
 
@@ -806,10 +825,7 @@ impl Scheduler<'_, '_> {
             let spec = r.job.params.speculation;
             let c = &mut r.choices[choice];
             c.drafts.clear();
-            if spec.mode != Speculate::Ngram {
-                continue;
-            }
-            let (Some(seq), Some(next)) = (c.seq.as_ref(), c.next) else {
+            let (Some(seq), Some(next)) = (c.seq.as_mut(), c.next) else {
                 continue;
             };
             let room = r
@@ -818,18 +834,40 @@ impl Scheduler<'_, '_> {
                 .max_tokens
                 .saturating_sub(c.generated + 1)
                 .min(context.saturating_sub(seq.len() + 1));
-            if room == 0 {
+            let k = spec.draft_tokens.min(room);
+            if k == 0 {
                 continue;
             }
-            let mut tokens = seq.tokens().to_vec();
-            tokens.push(next);
-            let drafts = ngram::propose(&tokens, spec.max_ngram, spec.draft_tokens.min(room));
-            if drafts.is_empty() {
-                continue;
-            }
-            if spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, drafts.len()) {
-                continue;
-            }
+            let drafts = match spec.mode {
+                Speculate::Ngram => {
+                    let mut tokens = seq.tokens().to_vec();
+                    tokens.push(next);
+                    let d = ngram::propose(&tokens, spec.max_ngram, k);
+                    if d.is_empty()
+                        || (spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, d.len()))
+                    {
+                        continue;
+                    }
+                    d
+                }
+                Speculate::Mtp => {
+                    if spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, k) {
+                        continue;
+                    }
+                    let t = Instant::now();
+                    match self.eng.mtp_draft(seq, next, k) {
+                        Ok(d) => {
+                            c.gate.record_draft_time(t.elapsed().as_secs_f64());
+                            d
+                        }
+                        Err(e) => {
+                            eprintln!("coli serve: warning: request {}: MTP drafting failed, decoding without drafts: {e}", r.job.id);
+                            continue;
+                        }
+                    }
+                }
+                Speculate::Off | Speculate::Auto => continue,
+            };
             rows += drafts.len();
             c.drafts = drafts;
         }
