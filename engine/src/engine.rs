@@ -1072,6 +1072,7 @@ impl<'s> Engine<'s> {
             // Drafts: never past max_tokens (the pass emits up to drafts + 1 tokens).
             let k = spec.draft_tokens.min(params.max_tokens - tokens.len() - 1);
             let mut drafts = Vec::new();
+            let t_draft = Instant::now();
             match spec.mode {
                 Speculate::Ngram if k > 0 => {
                     let mut ctx = self.seq.tokens.clone();
@@ -1100,6 +1101,7 @@ impl<'s> Engine<'s> {
                 }
                 _ => {}
             }
+            stats.speculation.draft_s += t_draft.elapsed().as_secs_f64();
             stats.decode_steps += 1;
             if drafts.is_empty() {
                 logits = self.forward(&[id], Logits::Last)?.pop().expect("one row");

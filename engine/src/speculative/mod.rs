@@ -169,6 +169,8 @@ pub struct SpeculationStats {
     pub verify_passes: u64,
     /// Decode passes the draft gate kept without drafts although a proposal existed.
     pub gate_paused_passes: u64,
+    /// Seconds spent proposing drafts (the MTP layer's steps; prompt lookup's search).
+    pub draft_s: f64,
 }
 
 impl SpeculationStats {
@@ -187,6 +189,7 @@ impl SpeculationStats {
         self.drafts_accepted += o.drafts_accepted;
         self.verify_passes += o.verify_passes;
         self.gate_paused_passes += o.gate_paused_passes;
+        self.draft_s += o.draft_s;
     }
 }
 

@@ -407,6 +407,7 @@ fn run(a: RunArgs) -> Result<()> {
                     "decode_passes": s.decode_steps,
                     "tokens_per_forward": s.tokens_per_forward(),
                     "gate_paused_passes": s.speculation.gate_paused_passes,
+                    "draft_s": s.speculation.draft_s,
                 },
             }
         });
