@@ -255,6 +255,26 @@ impl<'s> Engine<'s> {
         let (num_layers, top_k) = (model.spec.num_layers, model.spec.top_k);
         let (policy, cache) =
             PlacementPolicy::new(store, opts, kv_bytes, memory_limit, num_layers, top_k)?;
+        let prefill_batch = match opts.prefill_batch {
+            crate::options::PREFILL_BATCH_AUTO => {
+                use crate::placement::budget;
+                let dense = store.manifest().dense_file.length;
+                let budget = policy.placement().budget;
+                let free = memory_limit.map(|m| {
+                    m.saturating_sub(dense)
+                        .saturating_sub(budget)
+                        .saturating_sub(kv_bytes)
+                        .saturating_sub(budget::BUDGET_RESERVE_BYTES)
+                });
+                budget::prefill_chunk(
+                    free,
+                    budget::prefill_row_bytes(&model.spec),
+                    budget::prefill_fixed_bytes(&model.spec, context),
+                    context,
+                )
+            }
+            n => n,
+        };
         Ok(Engine {
             store,
             model,
@@ -265,7 +285,7 @@ impl<'s> Engine<'s> {
             max_sequences: opts.max_sequences,
             v_dims,
             context,
-            prefill_batch: opts.prefill_batch,
+            prefill_batch,
             pool,
             warnings,
             trace: None,
@@ -325,6 +345,12 @@ impl<'s> Engine<'s> {
     /// The context limit, tokens.
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Prompt tokens per prefill forward pass (`--prefill-batch`, or the chunk the memory plan
+    /// chose: [`crate::placement::budget::prefill_chunk`]).
+    pub fn prefill_batch(&self) -> usize {
+        self.prefill_batch
     }
 
     /// Threads of the engine's pool.

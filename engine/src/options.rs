@@ -6,8 +6,9 @@ use crate::error::{EngineError, Result};
 use crate::placement::{DEFAULT_PIN_SHARE, DEFAULT_PREFETCH_MIN_USE};
 use std::path::PathBuf;
 
-/// Default number of prompt tokens processed together in prefill.
-pub const DEFAULT_PREFILL_BATCH: usize = 32;
+/// `prefill_batch` value that lets the engine choose the prefill chunk from the memory plan
+/// ([`crate::placement::budget::prefill_chunk`]); the default.
+pub const PREFILL_BATCH_AUTO: usize = 0;
 
 /// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
@@ -32,7 +33,8 @@ pub struct EngineOptions {
     pub context: Option<usize>,
     /// Worker threads of the engine's pool (None: rayon's default, one per CPU).
     pub threads: Option<usize>,
-    /// Tokens per prefill batch (>= 1).
+    /// Tokens per prefill batch; [`PREFILL_BATCH_AUTO`] (0, the default): as many as the
+    /// memory plan allows ([`crate::Engine::prefill_batch`] tells the choice).
     pub prefill_batch: usize,
     /// Lookahead prefetch is skipped while the share of prefetched experts that demand requests
     /// use stays below this (0..=1; 0: never skipped; see [`crate::placement::PrefetchGate`]).
@@ -54,7 +56,7 @@ impl Default for EngineOptions {
             usage: None,
             context: None,
             threads: None,
-            prefill_batch: DEFAULT_PREFILL_BATCH,
+            prefill_batch: PREFILL_BATCH_AUTO,
             prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
             max_sequences: 1,
         }
@@ -62,15 +64,15 @@ impl Default for EngineOptions {
 }
 
 impl EngineOptions {
-    /// Checks the options that do not depend on the model: `prefill_batch` and an explicit
-    /// `context` and `max_sequences` at least 1, `pin_share` and `prefetch_min_use` within 0..=1.
+    /// Checks the options that do not depend on the model: an explicit `context` and
+    /// `max_sequences` at least 1, `pin_share` and `prefetch_min_use` within 0..=1.
     ///
     /// # Errors
     /// [`EngineError::Invalid`] naming the option and the value found.
     pub fn validate(&self) -> Result<()> {
-        if self.context == Some(0) || self.prefill_batch == 0 {
+        if self.context == Some(0) {
             return Err(EngineError::Invalid(
-                "context and prefill batch must be at least 1".into(),
+                "the context must be at least 1".into(),
             ));
         }
         if self.max_sequences == 0 {
@@ -103,11 +105,6 @@ mod tests {
         assert!(EngineOptions::default().validate().is_ok());
         let bad = |o: EngineOptions| o.validate().unwrap_err().to_string();
         let d = EngineOptions::default;
-        assert!(bad(EngineOptions {
-            prefill_batch: 0,
-            ..d()
-        })
-        .contains("prefill batch"));
         assert!(bad(EngineOptions {
             context: Some(0),
             ..d()

@@ -17,7 +17,10 @@ fn params(n: usize) -> GenerateParams {
         max_tokens: n,
         sampling: SamplingParams::default(),
         stop_on_eos: true,
-        speculation: Default::default(),
+        // The counters compared below assume one token per decode pass (the draft gate's
+        // timing would change how many passes verify drafts; tests/tests/speculative.rs checks
+        // placement with speculation on).
+        speculation: coli_engine::SpeculationParams::off(),
     }
 }
 

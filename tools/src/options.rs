@@ -77,10 +77,10 @@ pub struct EngineOptions {
     /// Expert reads in flight at once (default 4, at most 256).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub queue_depth: Option<u16>,
-    /// Prompt tokens per prefill batch (at least 1).
-    #[arg(long, value_name = "N", default_value_t = coli_engine::options::DEFAULT_PREFILL_BATCH,
-          value_parser = parse_at_least_one)]
-    pub prefill_batch: usize,
+    /// Prompt tokens per prefill forward pass (at least 1). Default: as many as the memory plan
+    /// allows (up to 2048; docs/ENGINE.md, "Long prompts").
+    #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
+    pub prefill_batch: Option<usize>,
     /// Mirror directory: a full or partial read-only copy of the store on another drive
     /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
     /// ignored); --mirror on the command line replaces COLI_MIRRORS.
@@ -177,7 +177,9 @@ impl EngineOptions {
             ram_budget: self.ram_budget,
             context: self.context,
             threads: self.threads.map(usize::from),
-            prefill_batch: self.prefill_batch,
+            prefill_batch: self
+                .prefill_batch
+                .unwrap_or(coli_engine::options::PREFILL_BATCH_AUTO),
             pin: !self.no_pin,
             pin_share: self.pin_share,
             prefetch: !self.no_prefetch,

@@ -236,12 +236,13 @@ pub fn run(
             return;
         }
     };
+    let prefill_batch = eng.prefill_batch();
     let mut s = Scheduler {
         eng,
         tok: &tok,
         shared,
         max_batch,
-        prefill_batch: opts.prefill_batch,
+        prefill_batch,
         active: Vec::new(),
         pool: Vec::new(),
         speculation,
