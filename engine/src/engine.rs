@@ -1104,16 +1104,20 @@ impl<'s> Engine<'s> {
                     let mut ctx = self.seq.tokens.clone();
                     ctx.push(id);
                     drafts = ngram::propose(&ctx, spec.max_ngram, k);
-                    if !drafts.is_empty()
-                        && spec.gate
-                        && !gate.allow(&self.pass_costs, 1, drafts.len())
-                    {
-                        stats.speculation.gate_paused_passes += 1;
-                        drafts.clear();
+                    if !drafts.is_empty() && spec.gate {
+                        let k = gate.choose(&self.pass_costs, 1, drafts.len());
+                        if k == 0 {
+                            stats.speculation.gate_paused_passes += 1;
+                        }
+                        drafts.truncate(k);
                     }
                 }
                 Speculate::Mtp if k > 0 => {
-                    if !spec.gate || gate.allow(&self.pass_costs, 1, k) {
+                    let k = match spec.gate {
+                        true => gate.choose(&self.pass_costs, 1, k),
+                        false => k,
+                    };
+                    if k > 0 {
                         let t = Instant::now();
                         let mut own =
                             std::mem::replace(&mut self.seq, Sequence::new(Vec::new(), None));
@@ -1153,7 +1157,7 @@ impl<'s> Engine<'s> {
             }
             pending = Some(verdict.next);
             stats.speculation.drafts_accepted += (emitted - 1) as u64;
-            gate.record(emitted);
+            gate.record(accepted, drafts.len());
             // Keep the fed token and the accepted drafts emitted, except a last emitted token
             // that stopped generation (the cache never holds the final token).
             let kept = emitted - usize::from(stop.is_some());

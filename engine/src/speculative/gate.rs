@@ -1,15 +1,15 @@
-//! The draft gate: whether a sequence's next decode pass carries drafts, from what drafting
-//! measurably gains (tokens emitted per draft pass, this sequence) against what it costs (the
-//! time of a pass with the drafts' extra rows over the time of the pass without them, measured
-//! by the engine for every row count it runs). Drafting pauses while it does not pay and
-//! probes again every [`DRAFT_PROBE_EVERY`] passes. Only speed changes, never tokens:
-//! verification emits what plain decode would (see [`crate::speculative`]).
+//! The draft gate: how many drafts a sequence's next decode pass carries, from what drafting
+//! measurably gains (this sequence's acceptance rate) against what it costs (the time of a pass
+//! with the drafts' extra rows over the time of the pass without them, measured by the engine
+//! for every row count it runs). Drafting pauses while it does not pay and probes again every
+//! [`DRAFT_PROBE_EVERY`] paused passes. Only speed changes, never tokens: verification emits
+//! what plain decode would (see [`crate::speculative`]).
 
-/// Weight of the latest pass in the moving estimates (tokens per draft pass, seconds per pass).
+/// Weight of the latest pass in the moving estimates (acceptance counts, seconds per pass).
 pub const EMA_WEIGHT: f64 = 0.3;
 
-/// While drafting is paused, every this many decode passes of the sequence still drafts, to
-/// keep the gain estimate current.
+/// While drafting is paused, every this many paused passes of the sequence still drafts one
+/// token, to keep the acceptance estimate current.
 pub const DRAFT_PROBE_EVERY: u64 = 16;
 
 /// Row counts whose pass time is tracked (larger passes share the last slot).
@@ -52,22 +52,33 @@ impl PassCosts {
     }
 }
 
+/// Prior of the per-draft acceptance estimate: acceptance 0.8 with the weight of 2 drafts, so
+/// that a new sequence drafts (and its acceptance gets measured).
+const PRIOR_ACCEPTED: f64 = 1.6;
+const PRIOR_DRAWS: f64 = 2.0;
+
+/// Extra cost per draft row assumed while a pass of that many rows is unmeasured, as a share of
+/// the plain pass (extrapolated from the nearest measured row count when there is one).
+const UNMEASURED_ROW_COST: f64 = 0.5;
+
 /// One sequence's draft gate (see the module doc).
 ///
-/// The gain estimate starts optimistic (every draft accepted) and moves, after every draft
-/// pass, toward the tokens that pass emitted (accepted drafts + 1). A pass drafts when the gain
-/// is at least the cost ratio of the pass with and without the drafts' rows (plus the
-/// drafter's own time, [`DraftGate::record_draft_time`], over the plain pass's), while that ratio
-/// is unmeasured (so it gets measured; at most [`DRAFT_PROBE_EVERY`] times in a row, then one
-/// pass goes without drafts so the plain cost is measured too), and every
-/// [`DRAFT_PROBE_EVERY`]-th pass while paused.
+/// Speculative decoding's expected tokens per pass with k drafts and a per-draft acceptance
+/// rate a are `(1 - a^(k+1)) / (1 - a)` (Leviathan et al. 2023, eq. 1). The gate estimates a
+/// from this sequence's verify passes (accepted drafts over drafts up to and including the first
+/// rejected one, decayed by [`EMA_WEIGHT`] per pass, with an optimistic prior), prices a pass of
+/// k draft rows by the engine's measured pass times ([`PassCosts`]: the pass with them over the
+/// pass without them, plus the drafter's own time, [`DraftGate::record_draft_time`]), and
+/// chooses the k in `1..=k_max` with the most tokens per unit of cost. Drafting pauses while
+/// even that k does not beat a plain pass, and every [`DRAFT_PROBE_EVERY`]-th paused pass drafts
+/// one token anyway, to keep the estimate current.
 #[derive(Clone, Debug)]
 pub struct DraftGate {
-    gain: Option<f64>,
+    accepted: f64,
+    draws: f64,
     /// Seconds the drafter itself takes per draft pass (MTP steps; None for prompt lookup).
     draft_s: Option<f64>,
     passes: u64,
-    unmeasured_in_a_row: u64,
     paused: u64,
 }
 
@@ -77,57 +88,93 @@ impl Default for DraftGate {
     }
 }
 
+/// Expected tokens a pass emits with `k` drafts at per-draft acceptance `a` (accepted drafts +
+/// the token after them).
+pub fn expected_tokens(a: f64, k: usize) -> f64 {
+    if a >= 1.0 {
+        return (k + 1) as f64;
+    }
+    (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
+}
+
 impl DraftGate {
     /// A gate with no history.
     pub fn new() -> DraftGate {
         DraftGate {
-            gain: None,
+            accepted: 0.0,
+            draws: 0.0,
             draft_s: None,
             passes: 0,
-            unmeasured_in_a_row: 0,
             paused: 0,
         }
     }
 
-    /// Whether the next pass of the sequence carries its `drafts` (> 0) draft rows, given the
-    /// pass's other rows `base_rows` (1 when the sequence decodes alone) and the engine's
-    /// measured pass costs.
-    pub fn allow(&mut self, costs: &PassCosts, base_rows: usize, drafts: usize) -> bool {
-        self.passes += 1;
-        let gain = self.gain.unwrap_or((drafts + 1) as f64);
-        let overhead = match (self.draft_s, costs.seconds(base_rows)) {
-            (Some(d), Some(plain)) => d / plain.max(1e-12),
-            _ => 0.0,
-        };
-        let on = match costs.ratio(base_rows + drafts, base_rows) {
-            Some(ratio) => {
-                let ratio = ratio + overhead;
-                self.unmeasured_in_a_row = 0;
-                gain >= ratio || self.passes.is_multiple_of(DRAFT_PROBE_EVERY)
-            }
-            None => {
-                self.unmeasured_in_a_row += 1;
-                // Measure the plain pass once in a while when only draft passes ran so far.
-                self.unmeasured_in_a_row <= DRAFT_PROBE_EVERY || costs.seconds(base_rows).is_some()
-            }
-        };
-        if !on {
-            self.paused += 1;
-            if self.unmeasured_in_a_row > DRAFT_PROBE_EVERY {
-                self.unmeasured_in_a_row = 0;
-            }
-        }
-        on
+    /// The estimated per-draft acceptance rate (0..1).
+    pub fn acceptance(&self) -> f64 {
+        (self.accepted + PRIOR_ACCEPTED) / (self.draws + PRIOR_DRAWS)
     }
 
-    /// Records a draft pass that emitted `tokens` tokens (accepted drafts + the token sampled
-    /// after them).
-    pub fn record(&mut self, tokens: usize) {
-        let t = tokens as f64;
-        self.gain = Some(match self.gain {
-            None => t,
-            Some(g) => (1.0 - EMA_WEIGHT) * g + EMA_WEIGHT * t,
-        });
+    /// The estimated cost of a pass of `base_rows + k` rows over one of `base_rows`.
+    fn cost_ratio(&self, costs: &PassCosts, base_rows: usize, k: usize) -> f64 {
+        let plain = costs.seconds(base_rows);
+        let ratio = match (costs.seconds(base_rows + k), plain) {
+            (Some(w), Some(p)) => w / p.max(1e-12),
+            (_, Some(p)) => {
+                // The nearest measured larger pass, scaled linearly in rows.
+                let near =
+                    (base_rows + k + 1..=MAX_ROWS).find_map(|r| costs.seconds(r).map(|s| (r, s)));
+                match near {
+                    Some((r, s)) => {
+                        1.0 + (s / p.max(1e-12) - 1.0).max(0.0) * k as f64 / (r - base_rows) as f64
+                    }
+                    None => 1.0 + UNMEASURED_ROW_COST * k as f64,
+                }
+            }
+            _ => 1.0 + UNMEASURED_ROW_COST * k as f64,
+        };
+        let overhead = match (self.draft_s, plain) {
+            (Some(d), Some(p)) => d / p.max(1e-12),
+            _ => 0.0,
+        };
+        ratio + overhead
+    }
+
+    /// How many drafts (0..=`k_max`) the sequence's next pass should carry, given the pass's
+    /// other rows `base_rows` (1 when the sequence decodes alone) and the engine's measured pass
+    /// costs: the k with the most expected tokens per unit of cost, 0 while no k beats a plain
+    /// pass (1 on every [`DRAFT_PROBE_EVERY`]-th such pass).
+    pub fn choose(&mut self, costs: &PassCosts, base_rows: usize, k_max: usize) -> usize {
+        if k_max == 0 {
+            return 0;
+        }
+        self.passes += 1;
+        if costs.seconds(base_rows).is_none() && self.passes.is_multiple_of(DRAFT_PROBE_EVERY) {
+            // The plain pass is unmeasured (every pass so far drafted): run one to measure it.
+            return 0;
+        }
+        let a = self.acceptance();
+        let (mut best_k, mut best) = (0, 1.0);
+        for k in 1..=k_max {
+            let value = expected_tokens(a, k) / self.cost_ratio(costs, base_rows, k);
+            if value > best {
+                (best_k, best) = (k, value);
+            }
+        }
+        if best_k == 0 {
+            self.paused += 1;
+            if self.paused.is_multiple_of(DRAFT_PROBE_EVERY) {
+                return 1;
+            }
+        }
+        best_k
+    }
+
+    /// Records a verify pass that carried `proposed` drafts of which the first `accepted` were
+    /// accepted.
+    pub fn record(&mut self, accepted: usize, proposed: usize) {
+        let draws = (accepted + usize::from(accepted < proposed)) as f64;
+        self.accepted = (1.0 - EMA_WEIGHT) * self.accepted + accepted as f64;
+        self.draws = (1.0 - EMA_WEIGHT) * self.draws + draws;
     }
 
     /// Records the seconds the drafter took to propose one pass's drafts (the MTP layer's
@@ -137,11 +184,6 @@ impl DraftGate {
             None => seconds,
             Some(d) => (1.0 - EMA_WEIGHT) * d + EMA_WEIGHT * seconds,
         });
-    }
-
-    /// The current estimate of tokens emitted per draft pass (None before the first).
-    pub fn gain(&self) -> Option<f64> {
-        self.gain
     }
 
     /// Decode passes the gate kept without drafts.
@@ -168,38 +210,76 @@ mod tests {
     }
 
     #[test]
-    fn gate_pauses_when_drafts_do_not_pay_and_probes() {
-        let mut c = PassCosts::default();
-        c.record(1, 1.0);
-        c.record(5, 2.5);
-        let mut g = DraftGate::new();
-        assert!(g.allow(&c, 1, 4), "optimistic before any draft pass");
-        // Every draft pass emits 1 token (nothing accepted) but costs 2.5 plain passes.
-        let mut on = Vec::new();
-        for _ in 0..64 {
-            if on.last().copied().unwrap_or(true) {
-                g.record(1);
-            }
-            on.push(g.allow(&c, 1, 4));
-        }
-        let off = on.iter().filter(|&&x| !x).count();
-        assert!(off > 50, "paused most passes: {on:?}");
-        assert!(on[10..].iter().any(|&x| x), "still probes: {on:?}");
-        assert_eq!(g.paused_passes(), off as u64);
-        // Drafts that are all accepted (5 tokens per pass) pay at 2.5x the cost.
-        for _ in 0..20 {
-            g.record(5);
-        }
-        assert!(g.allow(&c, 1, 4));
+    fn expected_tokens_follow_the_geometric_series() {
+        assert_eq!(expected_tokens(0.0, 4), 1.0);
+        assert_eq!(expected_tokens(1.0, 4), 5.0);
+        assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
     }
 
     #[test]
-    fn unmeasured_plain_cost_gets_measured() {
+    fn gate_pauses_when_drafts_do_not_pay_and_probes() {
         let mut c = PassCosts::default();
-        c.record(5, 2.0);
+        c.record(1, 1.0);
+        c.record(2, 1.4);
+        c.record(3, 1.8);
+        c.record(5, 2.6);
         let mut g = DraftGate::new();
-        let on: Vec<bool> = (0..40).map(|_| g.allow(&c, 1, 4)).collect();
-        assert!(on.iter().any(|&x| !x), "a plain pass is forced: {on:?}");
-        assert!(on.iter().filter(|&&x| x).count() >= 32);
+        assert!(g.choose(&c, 1, 4) > 0, "optimistic before any verify pass");
+        // Nothing is ever accepted: drafting stops, probing one draft now and then.
+        let mut ks = Vec::new();
+        for _ in 0..64 {
+            let k = g.choose(&c, 1, 4);
+            if k > 0 {
+                g.record(0, k);
+            }
+            ks.push(k);
+        }
+        let off = ks.iter().filter(|&&k| k == 0).count();
+        assert!(off > 50, "paused most passes: {ks:?}");
+        assert!(ks[20..].contains(&1), "still probes: {ks:?}");
+        assert!(g.paused_passes() as usize >= off);
+        // Drafts that are all accepted pay, and the longest pays most at this cost.
+        for _ in 0..20 {
+            g.record(4, 4);
+        }
+        assert!(g.acceptance() > 0.95);
+        assert_eq!(g.choose(&c, 1, 4), 4);
+    }
+
+    #[test]
+    fn draft_length_follows_acceptance_and_cost() {
+        // Each draft row costs as much as the plain pass (a compute-bound resident model).
+        let mut c = PassCosts::default();
+        for r in 1..=5 {
+            c.record(r, r as f64);
+        }
+        let mut g = DraftGate::new();
+        for _ in 0..20 {
+            g.record(1, 2);
+        }
+        // Acceptance ~0.5: one more token per row never beats its cost.
+        assert_eq!(g.choose(&c, 1, 4), 0);
+        // Cheap rows (a streamed model: the pass is expert reads): drafting pays.
+        let mut c = PassCosts::default();
+        for r in 1..=5 {
+            c.record(r, 1.0 + 0.05 * r as f64);
+        }
+        assert!(g.choose(&c, 1, 4) >= 2);
+        // The drafter's own time counts.
+        g.record_draft_time(10.0);
+        assert_eq!(g.choose(&c, 1, 4), 0);
+    }
+
+    #[test]
+    fn unmeasured_costs_are_extrapolated() {
+        let mut c = PassCosts::default();
+        c.record(1, 1.0);
+        let g = DraftGate::new();
+        assert!((g.cost_ratio(&c, 1, 2) - 2.0).abs() < 1e-12);
+        c.record(5, 3.0);
+        assert!(
+            (g.cost_ratio(&c, 1, 2) - 2.0).abs() < 1e-12,
+            "halfway to the 5-row pass"
+        );
     }
 }

@@ -843,16 +843,21 @@ impl Scheduler<'_, '_> {
                 Speculate::Ngram => {
                     let mut tokens = seq.tokens().to_vec();
                     tokens.push(next);
-                    let d = ngram::propose(&tokens, spec.max_ngram, k);
-                    if d.is_empty()
-                        || (spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, d.len()))
-                    {
+                    let mut d = ngram::propose(&tokens, spec.max_ngram, k);
+                    if spec.gate && !d.is_empty() {
+                        d.truncate(c.gate.choose(self.eng.pass_costs(), rows, d.len()));
+                    }
+                    if d.is_empty() {
                         continue;
                     }
                     d
                 }
                 Speculate::Mtp => {
-                    if spec.gate && !c.gate.allow(self.eng.pass_costs(), rows, k) {
+                    let k = match spec.gate {
+                        true => c.gate.choose(self.eng.pass_costs(), rows, k),
+                        false => k,
+                    };
+                    if k == 0 {
                         continue;
                     }
                     let t = Instant::now();
@@ -901,7 +906,7 @@ impl Scheduler<'_, '_> {
         if let Some(seq) = c.seq.as_mut() {
             seq.truncate(base + kept);
         }
-        c.gate.record(emitted.max(1));
+        c.gate.record(verdict.accepted, drafts.len());
         let m = &self.shared.metrics;
         m.drafts_proposed.inc_by(drafts.len() as u64);
         m.drafts_accepted.inc_by((kept - 1) as u64);
