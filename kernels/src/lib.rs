@@ -230,6 +230,9 @@ pub fn matmul(w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_with(detected_isa(), w, x, n, y)
 }
 
+/// Below this many rows [`matmul`] runs the matvec once per row (the same bits, faster there).
+pub const MATMUL_MIN_ROWS: usize = 4;
+
 /// [`matmul`] with an explicit instruction set (tests and benches).
 ///
 /// # Panics
@@ -250,6 +253,15 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
         y.len()
     );
     if n == 0 || rows == 0 {
+        return;
+    }
+    if n < MATMUL_MIN_ROWS {
+        // A matmul row equals the matvec of that row bit for bit, and below this many rows the
+        // matvec is faster per row (kernels/benches/matvec.rs: int4-g64 576x1536, n = 2 ran at
+        // ~0.6x the matvec's per-row rate on AVX-512).
+        for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+            matvec_with(isa, w, xt, yt);
+        }
         return;
     }
     // Compute transposed ([rows, n]) so that each task owns a contiguous block, then scatter.
