@@ -34,12 +34,17 @@ Method (engine/bench/README.md, "Issue 19: long prompts"):
   (hits + misses) / (passes x MoE layers) is the mean union of experts a chunk's tokens route to,
   which cannot exceed the expert count;
 - order: for each rep, every --lengths prompt (default chunk) in turn, the order reversed on odd
-  reps; then each --compare LEN:BATCH (e.g. 2048:32, the old default) and each --room LEN (the
-  cgroup enlarged so the plan can choose min(LEN, 2048) rows; the expert budget unchanged) once;
+  reps; then each --compare LEN:BATCH (e.g. 2048:32, the old default) once (skipped when the
+  default runs of LEN already used chunks of BATCH: the same run) and each --room LEN (the cgroup
+  enlarged by what the plan needs to choose min(LEN, 2048) rows, + 64 MiB; the expert budget
+  unchanged) once;
   then each --long length once, skipped when a linear extrapolation of the longest measured
   default prompt's TTFT exceeds --long-max-s (a lower bound: attention grows with the square);
 - correctness: the chunk never changes results, so every run of a length must give the same
-  first token (exit 1 otherwise).
+  first token (exit 1 otherwise);
+- --resume: the successful runs already in --out (same store, seed, ids, share, extra options) are
+  kept and the plan goes on with the others (the usage history is learned again: the same ids
+  give the same counts; or pass --usage).
 
 Output: the table on stdout; every run (commands with the ids elided, cgroup figures, the plan's
 and the run's whole JSON) in --out, rewritten after every run. Python 3 standard library only;
@@ -135,6 +140,8 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=1.5, help="TTFT / bound target at --target-length")
     ap.add_argument("--target-length", type=int, default=2048)
     ap.add_argument("--out", help="raw JSON of every run")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the successful runs already in --out (same store, seed and lengths) and run the rest")
     ap.add_argument("--dry-run", action="store_true", help="print the plan of runs and the commands only")
     a = ap.parse_args(argv)
     if "--prefill-batch" in extra or "--usage" in extra or "--context" in extra or "--ram-budget" in extra:
@@ -150,8 +157,10 @@ def main() -> int:
     n_max = max(lengths + longs + [c[0] for c in compares] + rooms)
     if max_pos is not None and n_max + CONTEXT_PAD > max_pos:
         sys.exit(f"{n_max} + {CONTEXT_PAD} tokens exceed max_position_embeddings {max_pos}")
-    prompt = [random.Random(a.seed).randrange(vocab) for _ in range(n_max)]
-    learn_ids = [random.Random(a.seed + 1).randrange(vocab) for _ in range(LEARN_TOKENS)]
+    rng = random.Random(a.seed)
+    prompt = [rng.randrange(vocab) for _ in range(n_max)]
+    rng_learn = random.Random(a.seed + 1)
+    learn_ids = [rng_learn.randrange(vocab) for _ in range(LEARN_TOKENS)]
     row = prefill_row_bytes(cfg)
     n_layers_moe = cfg["num_hidden_layers"]  # every layer is MoE in the GQA families benchmarked here
     n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
@@ -201,9 +210,13 @@ def main() -> int:
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip() != ""
+    import hashlib
+    with open(a.coli, "rb") as f:
+        coli_sha = hashlib.sha256(f.read()).hexdigest()
     meta = {
         "script": "prefill_bench.py", "argv": sys.argv[1:], "store": os.path.abspath(a.store),
-        "coli": a.coli, "host": os.uname().nodename, "cpus": os.cpu_count(),
+        "coli": a.coli, "coli_sha256": coli_sha,
+        "coli_mtime_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(os.path.getmtime(a.coli))), "host": os.uname().nodename, "cpus": os.cpu_count(),
         "git": git.stdout.strip() + ("-dirty" if dirty else ""),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "max_position_embeddings": max_pos, "vocab_size": vocab, "dense_bytes": dense,
@@ -212,6 +225,18 @@ def main() -> int:
         "seed": a.seed, "prompt_ids": prompt, "learn_ids": learn_ids, "extra_args": extra,
     }
     out = {"meta": meta, "runs": [], "skipped": []}
+    done_keys = set()
+    if a.resume and a.out and os.path.exists(a.out):
+        with open(a.out) as f:
+            old = json.load(f)
+        om = old["meta"]
+        for k in ("store", "seed", "prompt_ids", "learn_ids", "expert_share", "extra_args", "coli_sha256"):
+            if om.get(k) != meta[k]:
+                sys.exit(f"--resume: {a.out} was made with another {k}")
+        out["runs"] = [r for r in old["runs"] if r.get("rc") == 0]
+        done_keys = {(r["variant"], r["length"], r["rep"]) for r in out["runs"]}
+        meta["resumed_from"] = [{k: om.get(k) for k in ("date_utc", "git", "argv")}] + om.get("resumed_from", [])
+        meta["date_utc_first"] = om.get("date_utc_first", om.get("date_utc"))
 
     def save():
         if a.out:
@@ -222,12 +247,16 @@ def main() -> int:
 
     print(f"# prefill_bench.py {' '.join(sys.argv[1:])}")
     print(f"# store {a.store}, git {meta['git']}, {meta['cpus']} CPUs, {meta['date_utc']} UTC")
+    print(f"# coli {a.coli}: built {meta['coli_mtime_utc']} UTC, sha256 {coli_sha[:16]}")
     print(f"# dense {dense / MiB:.1f} MiB, experts {experts / MiB:.1f} MiB ({rec / MiB:.3f} MiB/record), "
           f"KV {kv_per_token / 1024:.0f} KiB/token, prefill row {row / 1024:.1f} KiB, "
           f"max_position_embeddings {max_pos}")
+    print(f"# prompt: {n_max} ids from random.Random({a.seed}), {len(set(prompt))} distinct; usage history "
+          f"learned on {LEARN_TOKENS} ids from random.Random({a.seed + 1})")
 
     tmp = tempfile.mkdtemp(prefix="coli-prefill-bench-")
     usage_src = a.usage
+    meta["usage_source"] = a.usage or ("empty" if a.no_learn else "learned")
     if not usage_src and not a.no_learn:
         usage_src = os.path.join(tmp, "usage-learned.json")
         cmd = [a.coli, "run", "--store", a.store, "--prompt-ids", ",".join(map(str, learn_ids)),
@@ -242,6 +271,19 @@ def main() -> int:
     failures = []
     first_token = {}
     for name, n, batch, room, rep in plan:
+        if (name, n, rep) in done_keys:
+            r = next(r for r in out["runs"] if (r["variant"], r["length"], r["rep"]) == (name, n, rep))
+            print(f"# {name:8s} {n:5d} tok rep {rep}: kept from {a.out} (TTFT {r['ttft_s']:.2f} s)", flush=True)
+            continue
+        if batch:
+            same = [r for r in out["runs"] if r["variant"] == "default" and r["length"] == n and r.get("chunk")]
+            if same and all(r["chunk"] == batch for r in same):
+                msg = (f"{name} at {n} tokens skipped: the default runs of {n} tokens already prefilled in "
+                       f"chunks of {batch} (the same command but for --prefill-batch)")
+                print(f"# {msg}", flush=True)
+                out["skipped"].append(msg)
+                save()
+                continue
         if name == "default" and n in longs and rep == 0 and n not in lengths:
             done = [r for r in out["runs"] if r["variant"] == "default" and r.get("ttft_s")]
             if done:

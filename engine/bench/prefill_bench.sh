@@ -13,23 +13,27 @@
 # The store is `BENCH_DIR/store-int4-serve` (made by serve_bench.sh: make_olmoe_shape.py seed 6,
 # int4-g64 experts, bf16 dense, the demo tokenizer padded to 50304 ids; max_position_embeddings
 # 16384). Runs: 512 and 2048 tokens x REPS (2) interleaved with the engine's own prefill chunk,
-# 2048 once with --prefill-batch 32 (the old default), LONG (8192) once (skipped when the 2048
-# runs extrapolate past LONG_MAX_S, 600 s). ~15-25 min on 2 cores.
+# 2048 once with --prefill-batch 32 (the old default; skipped when the plan chose 32 anyway),
+# 512 and 2048 once each with ROOM (a cgroup with room for the plan to choose a whole-prompt
+# chunk, same expert budget), LONG (8192) once (skipped when the 2048 runs extrapolate past
+# LONG_MAX_S, 600 s). ~25 min on 2 cores.
 # Commands it runs, in order (root: cgroups and drop_caches):
 #   cargo build --release -p coli-tools
 #   python3 engine/bench/prefill_bench.py --store $D/store-int4-serve --coli target/release/coli \
-#       --lengths 512,2048 --reps 2 --long 8192 --compare 2048:32 [--room $ROOM] --threads 2 \
+#       --lengths 512,2048 --reps 2 --long 8192 --compare 2048:32 --room 512,2048 --threads 2 \
 #       --out results/<date>-prefill-olmoe.json [-- $RUN_ARGS]
 # Output: results/<date>-prefill-olmoe.txt (the printed table) and .json (every run).
 # Variables: LENGTHS (512,2048), REPS (2), LONG (8192; empty: none), LONG_MAX_S (600),
-# COMPARE (2048:32), ROOM (empty; e.g. 2048: one more run in a cgroup with room for a 2048-row
-# chunk, same expert budget), THREADS (2), LABEL (file name suffix), RUN_ARGS (extra `coli run`
-# and `coli plan` options), SKIP_BUILD=1, CARGO_TARGET_DIR.
+# COMPARE (2048:32), ROOM (512,2048; empty: none), THREADS (2), LABEL (file name suffix), RUN_ARGS (extra `coli run`
+# and `coli plan` options), RESUME=1 (keep the runs already in the .json, run the rest, append to
+# the .txt), USAGE (a usage-history file instead of learning one), COLI (the binary; e.g. a copy,
+# so that a rebuild during the ~25 min does not change it between runs), SKIP_BUILD=1,
+# CARGO_TARGET_DIR.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 D="${1:-/work/bench-olmoe}"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-COLI="$TARGET/release/coli"
+COLI="${COLI:-$TARGET/release/coli}"
 DATE="$(date -u +%Y-%m-%d)"
 RES="$ROOT/engine/bench/results"
 LABEL="${LABEL:-}"
@@ -46,8 +50,12 @@ OUT="$RES/$DATE-prefill-olmoe${LABEL:+-$LABEL}"
 args=(--store "$S" --coli "$COLI" --lengths "${LENGTHS:-512,2048}" --reps "${REPS:-2}"
   --long "${LONG-8192}" --long-max-s "${LONG_MAX_S:-600}" --compare "${COMPARE-2048:32}"
   --threads "${THREADS:-2}" --out "$OUT.json")
-[ -z "${ROOM:-}" ] || args+=(--room "$ROOM")
+[ -z "${ROOM-512,2048}" ] || args+=(--room "${ROOM-512,2048}")
+[ "${RESUME:-0}" = 0 ] || args+=(--resume)
+[ -z "${USAGE:-}" ] || args+=(--usage "$USAGE")
 [ ${#EXTRA[@]} -eq 0 ] || args+=(-- "${EXTRA[@]}")
+tee_mode=()
+[ "${RESUME:-0}" = 0 ] || tee_mode=(-a)
 set +e
-python3 "$ROOT/engine/bench/prefill_bench.py" "${args[@]}" | tee "$OUT.txt"
+python3 "$ROOT/engine/bench/prefill_bench.py" "${args[@]}" | tee ${tee_mode[@]+"${tee_mode[@]}"} "$OUT.txt"
 exit "${PIPESTATUS[0]}"
