@@ -69,6 +69,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from olmoe_bench import drop_caches  # noqa: E402  (sync; echo 3 > /proc/sys/vm/drop_caches)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -198,17 +201,6 @@ def show(cmd):
         else:
             out.append(shlex.quote(c))
     return " ".join(out)
-
-
-def drop_caches():
-    """True when the page cache was dropped (root only)."""
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def die(msg):
