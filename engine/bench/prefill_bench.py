@@ -102,6 +102,14 @@ def prefill_chunk(free: int, row: int, context: int) -> int:
     return min(max(rows, MIN_CHUNK), MAX_CHUNK, max(context, 1))
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds every process of the machine has used since boot (/proc/stat: user, nice,
+    system, irq, softirq, steal), to tell how much CPU others took during a run."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
 def elide(cmd: list) -> list:
     """The command with the --prompt-ids value shortened (the ids are saved once)."""
     out = list(cmd)
@@ -317,11 +325,13 @@ def main() -> int:
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
         cmd = run_cmd(n, budget, batch, usage)
+        cpu0 = busy_cpu_s()
         res = streaming_bench.run_in_cgroup(f"prefill-{n}", limit,
                                             ["timeout", "-s", "KILL", str(a.run_timeout)] + cmd)
+        other_cpu = busy_cpu_s() - cpu0 - res["cpu_s"]
         r = {"variant": name, "length": n, "rep": rep, "context": context, "prefill_batch_arg": batch,
              "room_bytes": extra_room, "cgroup_limit_bytes": limit, "kv_bytes": kv, "ram_budget": budget,
-             "loadavg_before": load, "cmd": elide(cmd), "plan_cmd": elide(pcmd), "plan": pj,
+             "loadavg_before": load, "other_cpu_s": other_cpu, "cmd": elide(cmd), "plan_cmd": elide(pcmd), "plan": pj,
              "plan_cgroup": {k: v for k, v in pres.items() if k != "stdout"},
              **{k: res[k] for k in ("rc", "wall_s", "read_bytes", "maxrss_bytes", "cpu_s", "peak_cgroup_bytes",
                                     "failcnt", "oom_kills", "dropped_caches")}}
@@ -366,7 +376,8 @@ def main() -> int:
         print(f"# {name:8s} {n:5d} tok rep {rep}: TTFT {s['ttft_s']:.2f} s, bound {bound:.2f} s "
               f"(I/O {io_s:.2f} s at {bw:.2f} GiB/s, compute {s['compute_s']:.2f} s), chunk {chunk}, "
               f"{s['expert_bytes_read'] / GiB:.1f} GiB read, I/O wait {s['io_wait_s']:.2f} s, "
-              f"peak {res['peak_cgroup_bytes'] / MiB:.0f}/{limit / MiB:.0f} MiB, load {' '.join(load)}",
+              f"peak {res['peak_cgroup_bytes'] / MiB:.0f}/{limit / MiB:.0f} MiB, CPU {res['cpu_s']:.0f} s "
+              f"(others {other_cpu:.0f} s), load {' '.join(load)}",
               flush=True)
 
     report(out, a)
@@ -387,8 +398,8 @@ def report(out: dict, a) -> None:
     print()
     print("| prompt | variant | runs | chunk | TTFT s (min-max) | bound s | I/O s | compute s | TTFT/bound "
           "| I/O wait s | prefill tok/s | expert MiB/prompt tok | GiB read | hit rate | probe GiB/s "
-          "| run GiB/s | peak/limit MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| run GiB/s | peak/limit MiB | CPU s (others) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (v, n), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != "default", kv[0][0])):
         t = [r["ttft_s"] for r in rs]
         rng = f" ({min(t):.1f}-{max(t):.1f})" if len(rs) > 1 else ""
@@ -400,7 +411,8 @@ def report(out: dict, a) -> None:
               f"| {med(r['expert_bytes_per_prompt_token'] for r in rs) / MiB:.2f} "
               f"| {med(r['expert_bytes_read'] for r in rs) / GiB:.1f} | {med(r['hit_rate'] for r in rs):.3f} "
               f"| {med(r['probe_gib_s'] for r in rs):.2f} | {med(r['disk_gib_s'] for r in rs):.2f} "
-              f"| {max(r['peak_cgroup_bytes'] for r in rs) / MiB:.0f}/{rs[0]['cgroup_limit_bytes'] / MiB:.0f} |")
+              f"| {max(r['peak_cgroup_bytes'] for r in rs) / MiB:.0f}/{rs[0]['cgroup_limit_bytes'] / MiB:.0f} "
+              f"| {med(r['cpu_s'] for r in rs):.0f} ({max(r.get('other_cpu_s') or 0 for r in rs):.0f}) |")
     for s in out["skipped"]:
         print(f"\n{s}")
     tgt = groups.get(("default", a.target_length))
