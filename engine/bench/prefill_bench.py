@@ -395,6 +395,10 @@ def report(out: dict, a) -> None:
     for r in runs:
         groups.setdefault((r["variant"], r["length"]), []).append(r)
     med = statistics.median
+
+    def others(rs):
+        v = [r.get("other_cpu_s") for r in rs]
+        return "-" if None in v else f"{max(v):.0f}"
     print()
     print("| prompt | variant | runs | chunk | TTFT s (min-max) | bound s | I/O s | compute s | TTFT/bound "
           "| I/O wait s | prefill tok/s | expert MiB/prompt tok | GiB read | hit rate | probe GiB/s "
@@ -412,7 +416,7 @@ def report(out: dict, a) -> None:
               f"| {med(r['expert_bytes_read'] for r in rs) / GiB:.1f} | {med(r['hit_rate'] for r in rs):.3f} "
               f"| {med(r['probe_gib_s'] for r in rs):.2f} | {med(r['disk_gib_s'] for r in rs):.2f} "
               f"| {max(r['peak_cgroup_bytes'] for r in rs) / MiB:.0f}/{rs[0]['cgroup_limit_bytes'] / MiB:.0f} "
-              f"| {med(r['cpu_s'] for r in rs):.0f} ({max(r.get('other_cpu_s') or 0 for r in rs):.0f}) |")
+              f"| {med(r['cpu_s'] for r in rs):.0f} ({others(rs)}) |")
     for s in out["skipped"]:
         print(f"\n{s}")
     tgt = groups.get(("default", a.target_length))
