@@ -8,13 +8,14 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 6] = [
+pub const FIXTURE_FAMILIES: [&str; 7] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
     "qwen3_moe_bf16",
     "deepseek_v3_fp8",
     "glm5_fp8",
+    "gpt_oss_mxfp4",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).
@@ -46,7 +47,8 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// A `coli-convert` encoding name (`fp8`, `bf16`, `f32`, `int8`, `int4-g64`, `int4-g32`).
+/// A `coli-convert` encoding name (`fp8`, `bf16`, `f32`, `int8`, `int4-g64`, `int4-g32`,
+/// `mxfp4`).
 ///
 /// # Panics
 /// On another name.
@@ -58,6 +60,7 @@ pub fn encoding(s: &str) -> Encoding {
         "int8" => Encoding::Int8,
         "int4-g64" => Encoding::Int4 { group_size: 64 },
         "int4-g32" => Encoding::Int4 { group_size: 32 },
+        "mxfp4" => Encoding::Mxfp4,
         other => panic!("unknown encoding {other}"),
     }
 }

@@ -38,12 +38,19 @@ PARAMS = {
         "--experts", "int4-g32", "--dense", "int8", "--embeddings", "int8",
     ],
     "bf16": ["--experts", "bf16", "--dense", "bf16", "--mtp", "bf16"],
+    # Format version 2: MXFP4 experts kept as published, with their biases (gpt-oss).
+    "mxfp4": ["--experts", "mxfp4", "--dense", "bf16"],
 }
 
 
 def applicable(fixture, params):
-    """fp8 targets need FP8 sources: the bf16 fixture has none."""
-    return not ("fp8" in params and fixture.endswith("_bf16"))
+    """fp8 targets need FP8 sources (the bf16 and gpt-oss fixtures have none); mxfp4 targets
+    need MXFP4 sources (only gpt_oss_mxfp4)."""
+    if "fp8" in params and not fixture.endswith("_fp8"):
+        return False
+    if "mxfp4" in params:
+        return fixture.endswith("_mxfp4")
+    return True
 
 
 def store_hashes(convert, out_root):

@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod error;
+pub mod fused;
 pub mod pipeline;
 pub mod plan;
 pub mod quant;

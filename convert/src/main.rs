@@ -16,8 +16,10 @@ struct Cli {
     /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
     #[arg(value_name = "OUTPUT_STORE")]
     output: PathBuf,
-    /// Routed expert encoding: int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only), bf16.
-    #[arg(long, default_value = "int4-g64")]
+    /// Routed expert encoding: auto (mxfp4 when config.json declares MXFP4 experts, else
+    /// int4-g64), int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only), mxfp4 (lossless,
+    /// MXFP4 sources only), bf16.
+    #[arg(long, default_value = "auto")]
     experts: String,
     /// Encoding of the other linear weights: bf16, int8, fp8 (FP8 sources only).
     #[arg(long, default_value = "bf16")]
@@ -49,10 +51,14 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let experts = match cli.experts.as_str() {
+        "auto" => auto_experts(&cli.input),
+        other => other,
+    };
     let encodings = Encodings {
         experts: parse_encoding(
-            &cli.experts,
-            &["int4-g64", "int4-g32", "int8", "fp8", "bf16"],
+            experts,
+            &["int4-g64", "int4-g32", "int8", "fp8", "mxfp4", "bf16"],
             "experts",
         )?,
         dense: parse_encoding(&cli.dense, &["bf16", "int8", "fp8"], "dense")?,
@@ -92,6 +98,21 @@ fn real_main() -> anyhow::Result<()> {
         print!("{}", report.to_text());
     }
     Ok(())
+}
+
+/// `--experts auto`: `mxfp4` when the checkpoint's config.json declares MXFP4 experts
+/// (`quantization_config.quant_method`, gpt-oss as published: kept bit for bit), else
+/// `int4-g64`. An unreadable config gives `int4-g64` here; the conversion then reports it.
+fn auto_experts(input: &std::path::Path) -> &'static str {
+    let declared = std::fs::read(input.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|c| coli_format::spec::gpt_oss::declares_mxfp4(&c));
+    if declared {
+        "mxfp4"
+    } else {
+        "int4-g64"
+    }
 }
 
 /// The error and its causes joined by ": " (each error adds its context once: a library error

@@ -89,6 +89,7 @@ pub fn parse_encoding(s: &str, allowed: &[&str], flag: &str) -> Result<Encoding>
         "int8" => Encoding::Int8,
         "fp8" => Encoding::Fp8,
         "bf16" => Encoding::Bf16,
+        "mxfp4" => Encoding::Mxfp4,
         _ => unreachable!("checked against allowed"),
     })
 }
@@ -395,19 +396,14 @@ fn write_all(
     for x in &plan.experts {
         if writer.is_expert_done(x.key) {
             report.experts_skipped += 1;
-            for n in &x.names {
-                let (_, regions) = plan::source_matrix(ck, n)?;
-                pb.inc(regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>());
-            }
+            let regions = expert_regions(ck, x)?;
+            pb.inc(regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>());
         } else {
             todo.push(x);
         }
     }
     let (h, i) = (ck.spec.hidden_size, ck.spec.moe_intermediate_size);
-    type Region<'a> = (
-        &'a crate::safetensors::Shard,
-        &'a crate::safetensors::TensorInfo,
-    );
+    type Region<'a> = crate::fused::Region<'a>;
     type Job<'a> = (
         coli_store::ExpertKey,
         Vec<EncodedMatrix>,
@@ -435,25 +431,38 @@ fn write_all(
             // Readahead: the source bytes of the next PREFETCH_EXPERTS experts are requested
             // from the disk while this one is quantized (and the previous one written).
             for x in todo.iter().take(PREFETCH_EXPERTS) {
-                x.names.iter().for_each(|n| prefetch(ck, n));
+                prefetch_expert(ck, x);
             }
             for (k, x) in todo.iter().enumerate() {
                 if let Some(next) = todo.get(k + PREFETCH_EXPERTS) {
-                    next.names.iter().for_each(|n| prefetch(ck, n));
+                    prefetch_expert(ck, next);
                 }
                 pb.set_message(format!("{}", x.key));
                 let mut mats: Vec<EncodedMatrix> = Vec::with_capacity(3);
-                let mut all_regions = Vec::with_capacity(6);
+                let mut all_regions: Vec<Region<'_>> = Vec::with_capacity(6);
                 let mut nbytes = 0u64;
-                for n in &x.names {
-                    let (m, regions) = plan::source_matrix(ck, n)?;
-                    nbytes += regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>();
-                    let (enc, st) = quant::encode(&m, x.encoding)?;
-                    stats.entry(x.class).or_default().add(st);
-                    counted.insert(x.class, true);
-                    report.bytes_out += out_bytes(&enc);
-                    mats.push(enc);
-                    all_regions.extend(regions);
+                match &x.source {
+                    plan::ExpertSource::PerMatrix(names) => {
+                        for n in names {
+                            let (m, regions) = plan::source_matrix(ck, n)?;
+                            nbytes += regions.iter().map(|(_, t)| t.nbytes() as u64).sum::<u64>();
+                            let (enc, st) = quant::encode(&m, x.encoding)?;
+                            stats.entry(x.class).or_default().add(st);
+                            mats.push(enc);
+                            all_regions.extend(regions.into_iter().map(|(s, t)| (s, t.clone())));
+                        }
+                    }
+                    plan::ExpertSource::Fused { set, storage, .. } => {
+                        let g = crate::fused::gather(ck, set, *storage, x.key.expert, x.encoding)?;
+                        nbytes += g.bytes_in;
+                        stats.entry(x.class).or_default().add(g.stats);
+                        mats.extend(g.mats);
+                        all_regions.extend(g.regions);
+                    }
+                }
+                counted.insert(x.class, true);
+                for m in &mats {
+                    report.bytes_out += out_bytes(m);
                 }
                 report.bytes_in += nbytes;
                 if tx.send((x.key, mats, all_regions, nbytes)).is_err() {
@@ -496,6 +505,35 @@ fn write_all(
 /// a 2048 x 768 FP8 expert): enough to keep the disk busy while both cores quantize.
 const PREFETCH_EXPERTS: usize = 3;
 
+/// The source byte ranges of expert `x` (for progress of skipped experts).
+fn expert_regions<'a>(
+    ck: &'a Checkpoint,
+    x: &'a plan::ExpertItem,
+) -> Result<Vec<crate::fused::Region<'a>>> {
+    Ok(match &x.source {
+        plan::ExpertSource::PerMatrix(names) => {
+            let mut out = Vec::new();
+            for n in names {
+                let (_, regions) = plan::source_matrix(ck, n)?;
+                out.extend(regions.into_iter().map(|(s, t)| (s, t.clone())));
+            }
+            out
+        }
+        plan::ExpertSource::Fused { set, tensors, .. } => {
+            crate::fused::regions(ck, tensors, x.key.expert, set.count)
+        }
+    })
+}
+
+/// Starts asynchronous readahead of an expert's source bytes (errors ignored: advice only).
+fn prefetch_expert(ck: &Checkpoint, x: &plan::ExpertItem) {
+    if let Ok(regions) = expert_regions(ck, x) {
+        for (s, t) in regions {
+            s.prefetch(&t);
+        }
+    }
+}
+
 /// Starts asynchronous readahead of a tensor and its scale (errors ignored: advice only).
 fn prefetch(ck: &Checkpoint, name: &str) {
     if let Ok((_, regions)) = plan::source_matrix(ck, name) {
@@ -506,7 +544,7 @@ fn prefetch(ck: &Checkpoint, name: &str) {
 }
 
 fn out_bytes(m: &EncodedMatrix) -> u64 {
-    (m.data.len() + m.scales.len() * 4) as u64
+    (m.data.len() + m.scale_section().len() + m.bias.as_ref().map_or(0, |b| b.len() * 4)) as u64
 }
 
 impl Report {

@@ -6,7 +6,9 @@ use crate::error::{ConvertError, Result};
 use crate::quant::{ScaleSource, SourceMatrix};
 use crate::safetensors::Dtype;
 use coli_format::encoding::{align_up, FP8_BLOCK, SECTION_ALIGN};
-use coli_format::spec::{layer_of, ExpertsSpec, TensorClass, TensorKind, TensorSpec};
+use coli_format::spec::{
+    layer_of, ExpertStorage, ExpertsSpec, TensorClass, TensorKind, TensorSpec,
+};
 use coli_format::{Encoding, ExpertKey, RecordLayout};
 use coli_store::ExpertLayer;
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,13 +73,29 @@ pub struct DenseItem {
     pub class: Class,
 }
 
+/// Where one routed expert's matrices are in the checkpoint.
+#[derive(Clone, Debug)]
+pub enum ExpertSource {
+    /// One tensor each: gate, up, down tensor names.
+    PerMatrix([String; 3]),
+    /// A slice of the layer's fused tensors ([`crate::fused`]).
+    Fused {
+        /// The layer's experts as the spec describes them.
+        set: ExpertsSpec,
+        /// The fused layout the checkpoint has ([`crate::fused::resolve_storage`]).
+        storage: ExpertStorage,
+        /// The fused tensors' names (weights, scales, biases).
+        tensors: Vec<String>,
+    },
+}
+
 /// One routed expert to write.
 #[derive(Clone, Debug)]
 pub struct ExpertItem {
     /// (layer, expert).
     pub key: ExpertKey,
-    /// gate, up, down tensor names.
-    pub names: [String; 3],
+    /// Its tensors.
+    pub source: ExpertSource,
     /// Target encoding.
     pub encoding: Encoding,
     /// [`Class::Experts`] or [`Class::Mtp`].
@@ -213,6 +231,12 @@ fn dense_target(
         Dtype::Bf16 => Encoding::Bf16,
         Dtype::F16 | Dtype::F32 => Encoding::F32,
         Dtype::F8E4M3 => Encoding::Fp8,
+        Dtype::U8 => {
+            return Err(terr(
+                &t.name,
+                format!("is U8 in {shard}: only MXFP4 expert blocks and scales may be U8"),
+            ))
+        }
     };
     let mtp = t.class == TensorClass::Mtp;
     Ok(match t.kind {
@@ -270,12 +294,18 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
     let nl = spec.num_layers as u32;
     let mtp_index = spec.mtp_layer().map(|n| n as u32);
 
-    // Fused experts and stray layers.
+    // Fused experts of a family read per expert, and stray layers.
+    let fused_family = spec
+        .tensors
+        .expert_sets()
+        .iter()
+        .any(|s| !matches!(s.storage, ExpertStorage::PerExpert(_)));
     for name in ck.tensors.keys() {
-        if name.contains(".experts.gate_up_proj")
-            || name.contains(".experts.down_proj")
-            || name.contains(".experts.w1")
-            || name.contains(".experts.w13")
+        if !fused_family
+            && (name.contains(".experts.gate_up_proj")
+                || name.contains(".experts.down_proj")
+                || name.contains(".experts.w1")
+                || name.contains(".experts.w13"))
         {
             return Err(terr(
                 name,
@@ -351,6 +381,43 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             num_experts: set.count,
         });
         let encoding = if mtp { enc.mtp } else { enc.experts };
+        if !matches!(set.storage, ExpertStorage::PerExpert(_)) {
+            let storage = crate::fused::resolve_storage(ck, set);
+            let tensors = crate::fused::check(ck, set, storage)?;
+            if encoding == Encoding::Mxfp4 && storage != ExpertStorage::FusedMxfp4 {
+                return Err(terr(
+                    &tensors[0],
+                    "is not MXFP4; the mxfp4 encoding keeps MXFP4 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
+                ));
+            }
+            if encoding == Encoding::Fp8 {
+                return Err(terr(
+                    &tensors[0],
+                    "is not F8_E4M3; the fp8 encoding keeps FP8 weights only: choose another encoding for experts",
+                ));
+            }
+            expert_tensors.extend(tensors.iter().cloned());
+            for e in 0..set.count {
+                experts.push(ExpertItem {
+                    key: ExpertKey::new(l, e),
+                    source: ExpertSource::Fused {
+                        set: (*set).clone(),
+                        storage,
+                        tensors: tensors.clone(),
+                    },
+                    encoding,
+                    class: if mtp { Class::Mtp } else { Class::Experts },
+                });
+            }
+            continue;
+        }
+        if encoding == Encoding::Mxfp4 {
+            let n = set.tensor_names(0)[0].clone();
+            return Err(terr(
+                &n,
+                "is not MXFP4; the mxfp4 encoding keeps MXFP4 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
+            ));
+        }
         for e in 0..set.count {
             let tensors = set.tensors(e);
             for t in &tensors {
@@ -387,7 +454,7 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
             experts.push(ExpertItem {
                 key: ExpertKey::new(l, e),
-                names: tensors.map(|t| t.name),
+                source: ExpertSource::PerMatrix(tensors.map(|t| t.name)),
                 encoding,
                 class: if mtp { Class::Mtp } else { Class::Experts },
             });
@@ -482,11 +549,28 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             + align_up(d.encoding.scale_bytes(r, c), SECTION_ALIGN) as u64;
     }
     for x in &experts {
-        for n in &x.names {
-            bytes_in += check(n)?.2;
-        }
-        estimated_out += RecordLayout::new(x.encoding, spec.hidden_size, spec.moe_intermediate_size)
-            .record_len(alignment) as u64;
+        let biases = match &x.source {
+            ExpertSource::PerMatrix(names) => {
+                for n in names {
+                    bytes_in += check(n)?.2;
+                }
+                false
+            }
+            ExpertSource::Fused { set, tensors, .. } => {
+                bytes_in += crate::fused::regions(ck, tensors, x.key.expert, set.count)
+                    .iter()
+                    .map(|(_, t)| t.nbytes() as u64)
+                    .sum::<u64>();
+                set.biases
+            }
+        };
+        estimated_out += RecordLayout::new(
+            x.encoding,
+            spec.hidden_size,
+            spec.moe_intermediate_size,
+            biases,
+        )
+        .record_len(alignment) as u64;
     }
     estimated_out += 1 << 20; // headers, index, manifest, files
     Ok(Plan {

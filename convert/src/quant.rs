@@ -95,9 +95,10 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
-/// Decodes element `i` of a little-endian buffer of `dtype` (FP8 without its scale).
+/// Decodes element `i` of a little-endian buffer of `dtype` (FP8 without its scale; U8 as its
+/// integer value, never a weight: callers refuse U8 weights before decoding).
 #[inline]
-fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
+pub(crate) fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
     match dtype {
         Dtype::F8E4M3 => fp8_e4m3_to_f32(data[i]),
         Dtype::Bf16 => bf16_to_f32(u16::from_le_bytes([data[2 * i], data[2 * i + 1]])),
@@ -108,6 +109,7 @@ fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
             data[4 * i + 2],
             data[4 * i + 3],
         ]),
+        Dtype::U8 => data[i] as f32,
     }
 }
 
@@ -227,19 +229,41 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
             what: format!("has {} bytes, expected {expect}", src.data.len()),
         });
     }
+    if src.dtype == Dtype::U8 {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!(
+                "is U8 in {}: raw bytes are not weights (MXFP4 experts are read from their \
+                 *_blocks and *_scales tensors)",
+                src.file.display()
+            ),
+        });
+    }
+    if enc == Encoding::Mxfp4 {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!(
+                "is {} in {}; the mxfp4 encoding keeps MXFP4 experts only (copied as \
+                 published): choose int4-g64, int8 or bf16",
+                src.dtype.name(),
+                src.file.display()
+            ),
+        });
+    }
     let scales = src.scales_f32()?;
-    let mut out = EncodedMatrix {
-        encoding: enc,
+    let mut out = EncodedMatrix::new(
+        enc,
         rows,
         cols,
-        data: vec![0u8; enc.weight_bytes(rows, cols)],
-        scales: vec![0f32; enc.scale_count(rows, cols)],
-    };
+        vec![0u8; enc.weight_bytes(rows, cols)],
+        vec![0f32; enc.scale_count(rows, cols)],
+    );
     if rows == 0 || cols == 0 {
         return Ok((out, ErrStats::default()));
     }
     let mut per_row = vec![RowOut::default(); rows];
     match enc {
+        Encoding::Mxfp4 => unreachable!("refused above"),
         Encoding::Fp8 => {
             if src.dtype != Dtype::F8E4M3 {
                 return Err(ConvertError::Tensor {

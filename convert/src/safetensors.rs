@@ -36,6 +36,9 @@ pub enum Dtype {
     F16,
     /// `F32`: IEEE single, 4 bytes.
     F32,
+    /// `U8`: raw bytes; only MXFP4 expert blocks (two e2m1 codes per byte) and their e8m0
+    /// scales are read as U8.
+    U8,
 }
 
 impl Dtype {
@@ -46,6 +49,7 @@ impl Dtype {
             "BF16" => Dtype::Bf16,
             "F16" => Dtype::F16,
             "F32" => Dtype::F32,
+            "U8" => Dtype::U8,
             _ => return None,
         })
     }
@@ -53,7 +57,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::F8E4M3 => 1,
+            Dtype::F8E4M3 | Dtype::U8 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
         }
@@ -66,6 +70,7 @@ impl Dtype {
             Dtype::Bf16 => "BF16",
             Dtype::F16 => "F16",
             Dtype::F32 => "F32",
+            Dtype::U8 => "U8",
         }
     }
 }
@@ -300,7 +305,7 @@ fn parse_header(
             .ok_or_else(|| bad("missing string field \"dtype\"".into()))?;
         let dtype = Dtype::parse(dtype_s).ok_or_else(|| {
             bad(format!(
-                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32)"
+                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32, and U8 MXFP4 blocks)"
             ))
         })?;
         let shape: Vec<u64> = entry

@@ -1,6 +1,7 @@
 //! [`MatrixView`]: a borrowed, checked view of one encoded matrix.
 
 use crate::{Encoding, FormatError};
+use zerocopy::{FromBytes, IntoBytes};
 
 /// A borrowed view of one encoded matrix: weights and scales in the store's byte layout
 /// (docs/FORMAT.md section 6), `[rows = output features, cols = input features]`.
@@ -16,22 +17,81 @@ pub struct MatrixView<'a> {
     cols: usize,
     data: &'a [u8],
     scales: &'a [f32],
+    e8m0_scales: &'a [u8],
 }
 
 impl<'a> MatrixView<'a> {
     /// A view of a `[rows, cols]` matrix of `encoding` with weight section `data`
     /// (`encoding.weight_bytes(rows, cols)` bytes) and scales `scales`
-    /// (`encoding.scale_count(rows, cols)` f32 values).
+    /// (`encoding.scale_count(rows, cols)` f32 values). For mxfp4, whose scales are e8m0
+    /// bytes, use [`MatrixView::from_sections`].
     ///
     /// # Errors
     /// [`FormatError::Format`] (with an empty file name, for the caller to fill) when a
-    /// section has another length, or an int4 group size is odd or below 2.
+    /// section has another length, an int4 group size is odd or below 2, or the encoding's
+    /// scales are not f32 (mxfp4).
     pub fn new(
         encoding: Encoding,
         rows: usize,
         cols: usize,
         data: &'a [u8],
         scales: &'a [f32],
+    ) -> Result<MatrixView<'a>, FormatError> {
+        if !encoding.has_f32_scales() {
+            return Err(FormatError::format(
+                "",
+                format!(
+                    "{} scales are not f32 values: build the view with MatrixView::from_sections",
+                    encoding.name()
+                ),
+            ));
+        }
+        Self::checked(encoding, rows, cols, data, scales, &[])
+    }
+
+    /// A view of a `[rows, cols]` matrix from its two sections as stored (docs/FORMAT.md
+    /// section 6): the weight section `data` and the scale section `scale_section`
+    /// (`encoding.scale_bytes(rows, cols)` bytes: little-endian f32 values, 4-byte aligned in
+    /// memory as the store's 64-byte section alignment guarantees, or mxfp4's e8m0 bytes).
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] (empty file name) as [`MatrixView::new`], or when an f32 scale
+    /// section is not 4-byte aligned in memory.
+    pub fn from_sections(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        scale_section: &'a [u8],
+    ) -> Result<MatrixView<'a>, FormatError> {
+        if !encoding.has_f32_scales() {
+            return Self::checked(encoding, rows, cols, data, &[], scale_section);
+        }
+        let scales: &[f32] = if scale_section.is_empty() {
+            &[]
+        } else {
+            <[f32]>::ref_from_bytes(scale_section).map_err(|_| {
+                FormatError::format(
+                    "",
+                    format!(
+                        "{} [{rows}, {cols}] matrix: scale section of {} bytes is not whole, \
+                         4-byte-aligned f32 values",
+                        encoding.name(),
+                        scale_section.len()
+                    ),
+                )
+            })?
+        };
+        Self::checked(encoding, rows, cols, data, scales, &[])
+    }
+
+    fn checked(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        scales: &'a [f32],
+        e8m0_scales: &'a [u8],
     ) -> Result<MatrixView<'a>, FormatError> {
         if let Encoding::Int4 { group_size } = encoding {
             if group_size < 2 || !group_size.is_multiple_of(2) {
@@ -56,13 +116,13 @@ impl<'a> MatrixView<'a> {
             ));
         }
         let sc = encoding.scale_count(rows, cols);
-        if scales.len() != sc {
+        let found = scales.len() + e8m0_scales.len();
+        if found != sc {
             return Err(FormatError::format(
                 "",
                 format!(
-                    "{} [{rows}, {cols}] matrix: {} scales, expected {sc}",
+                    "{} [{rows}, {cols}] matrix: {found} scales, expected {sc}",
                     encoding.name(),
-                    scales.len()
                 ),
             ));
         }
@@ -72,6 +132,7 @@ impl<'a> MatrixView<'a> {
             cols,
             data,
             scales,
+            e8m0_scales,
         })
     }
 
@@ -95,9 +156,25 @@ impl<'a> MatrixView<'a> {
         self.data
     }
 
-    /// The scales, `encoding.scale_count(rows, cols)` f32 values (empty for f32 and bf16).
+    /// The f32 scales, `encoding.scale_count(rows, cols)` values (empty for f32, bf16 and
+    /// mxfp4).
     pub fn scales(&self) -> &'a [f32] {
         self.scales
+    }
+
+    /// The e8m0 scale bytes of an mxfp4 matrix, `[rows, ceil(cols / 32)]` row-major (empty for
+    /// every other encoding).
+    pub fn e8m0_scales(&self) -> &'a [u8] {
+        self.e8m0_scales
+    }
+
+    /// The scale section as stored: the f32 scales' bytes or the e8m0 bytes.
+    pub fn scale_section(&self) -> &'a [u8] {
+        if self.e8m0_scales.is_empty() {
+            self.scales.as_bytes()
+        } else {
+            self.e8m0_scales
+        }
     }
 
     /// Reference (scalar) decode of columns `c0..c1` of row `r` into `out[..c1 - c0]`, exactly
@@ -151,5 +228,18 @@ mod tests {
         let odd = Encoding::Int4 { group_size: 3 };
         assert!(MatrixView::new(odd, 2, 100, &d, &s).is_err());
         assert!(MatrixView::new(Encoding::Bf16, usize::MAX, 2, &d, &[]).is_err());
+        // mxfp4: scales are bytes; `new` refuses, `from_sections` checks the byte count.
+        let m4 = Encoding::Mxfp4;
+        let d4 = vec![0u8; m4.weight_bytes(2, 100)];
+        assert!(MatrixView::new(m4, 2, 100, &d4, &[]).is_err());
+        assert!(MatrixView::from_sections(m4, 2, 100, &d4, &[127; 8]).is_ok());
+        let err = MatrixView::from_sections(m4, 2, 100, &d4, &[127; 7])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("7 scales, expected 8"), "{err}");
+        let f = [1f32, 2.0, 3.0, 4.0];
+        let v = MatrixView::from_sections(e, 1, 200, &d[..100], f.as_bytes()).unwrap();
+        assert_eq!(v.scales(), &f);
+        assert_eq!(v.scale_section(), f.as_bytes());
     }
 }

@@ -33,7 +33,9 @@ fn time(mut f: impl FnMut()) -> f64 {
     best
 }
 
-fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<f32>) {
+/// Weight bytes and the scale section's bytes (f32 scales as little-endian bytes; mxfp4's
+/// e8m0 bytes in 120..=129).
+fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<u8>) {
     let nb = enc.weight_bytes(rows, cols);
     let data: Vec<u8> = match enc {
         Encoding::F32 => (0..rows * cols)
@@ -45,9 +47,15 @@ fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u
         Encoding::Fp8 => (0..nb).map(|_| rng.gen::<u8>() & 0x77).collect(),
         _ => (0..nb).map(|_| rng.gen()).collect(),
     };
-    let scales = (0..enc.scale_count(rows, cols))
-        .map(|_| rng.gen_range(0.01f32..0.1))
-        .collect();
+    let scales = if enc == Encoding::Mxfp4 {
+        (0..enc.scale_count(rows, cols))
+            .map(|_| rng.gen_range(120u8..=129))
+            .collect()
+    } else {
+        (0..enc.scale_count(rows, cols))
+            .flat_map(|_| rng.gen_range(0.01f32..0.1).to_le_bytes())
+            .collect()
+    };
     (data, scales)
 }
 
@@ -69,6 +77,7 @@ fn main() {
         Encoding::Int8,
         Encoding::Int4 { group_size: 32 },
         Encoding::Int4 { group_size: 64 },
+        Encoding::Mxfp4,
     ];
     // (rows, cols, tokens, label)
     let cases: &[(usize, usize, usize, &str)] = &[
@@ -96,11 +105,21 @@ fn main() {
             if rows == 49152 && !matches!(enc, Encoding::Bf16 | Encoding::Int8) {
                 continue;
             }
-            let (data, scales) = data_for(enc, rows, cols, &mut rng);
-            let w = MatrixView::new(enc, rows, cols, &data, &scales).expect("valid sections");
+            let (data, scale_bytes) = data_for(enc, rows, cols, &mut rng);
+            // f32 scale sections are copied into f32 storage (aligned) before viewing.
+            let f32_scales: Vec<f32> = scale_bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect();
+            let w = if enc == Encoding::Mxfp4 {
+                MatrixView::from_sections(enc, rows, cols, &data, &scale_bytes)
+            } else {
+                MatrixView::new(enc, rows, cols, &data, &f32_scales)
+            }
+            .expect("valid sections");
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
             let mut y = vec![0f32; n * rows];
-            let bytes = (data.len() + scales.len() * 4) as f64;
+            let bytes = (data.len() + scale_bytes.len()) as f64;
             let flops = 2.0 * (rows * cols * n) as f64;
             let mut scalar_1t = None;
             for &isa in &isas {

@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 
+use coli_format::encoding::mxfp4::{e8m0_to_f32, MXFP4_BLOCK};
 use coli_format::encoding::FP8_BLOCK;
 use coli_format::{Encoding, MatrixView};
 
@@ -412,6 +413,57 @@ impl Chunks for Int4Pow2Src<'_> {
     }
 }
 
+/// The 8 e2m1 codes of bytes `k * 4..k * 4 + 4` (low nibble first) decoded exactly to f32
+/// lanes: magnitude `[0, 0.5, 1, 1.5, 2, 3, 4, 6][code & 7]` by a lane permutation, sign from
+/// bit 3 (`coli_format::encoding::mxfp4::E2M1_VALUES`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn e2m1_codes(b: &[u8], k: usize) -> __m256 {
+    let b: [u8; 4] = b[k * 4..k * 4 + 4].try_into().expect("4 bytes");
+    let v = _mm256_set1_epi32(i32::from_le_bytes(b));
+    let sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let nib = _mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32(0x0F));
+    let mags = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    let mag = _mm256_permutevar8x32_ps(mags, nib);
+    let sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+    _mm256_xor_ps(mag, _mm256_castsi256_ps(sign))
+}
+
+/// mxfp4 weights: e2m1 codes times the block's e8m0 scale (one exact f32 product per weight,
+/// as the reference decode); the 4 chunks of `next4` share one block of 32 columns.
+struct Mxfp4Src<'a> {
+    cur: Cursor<'a>,
+    /// The row's e8m0 scales.
+    srow: &'a [u8],
+    /// Index of the next chunk (8 columns; a block is 4 chunks).
+    c: usize,
+}
+
+impl Chunks for Mxfp4Src<'_> {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next(&mut self) -> __m256 {
+        let s = _mm256_set1_ps(e8m0_to_f32(self.srow[self.c / 4]));
+        self.c += 1;
+        _mm256_mul_ps(e2m1_codes(self.cur.take::<4>(), 0), s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next4(&mut self) -> [__m256; 4] {
+        let b = self.cur.take::<16>();
+        // `c` is a multiple of 4 here: the 4 chunks are one block.
+        let s = _mm256_set1_ps(e8m0_to_f32(self.srow[self.c / 4]));
+        self.c += 4;
+        [
+            _mm256_mul_ps(e2m1_codes(b, 0), s),
+            _mm256_mul_ps(e2m1_codes(b, 1), s),
+            _mm256_mul_ps(e2m1_codes(b, 2), s),
+            _mm256_mul_ps(e2m1_codes(b, 3), s),
+        ]
+    }
+}
+
 /// int4 weights with any even group size: per-lane scales (slower; group sizes that are not a
 /// multiple of 8 are unusual).
 struct Int4AnySrc<'a> {
@@ -546,6 +598,17 @@ macro_rules! with_src {
                     };
                     $body
                 }
+            }
+            Encoding::Mxfp4 => {
+                let stride = cols.div_ceil(2);
+                let row = &w.data()[r * stride..r * stride + nfull * 4];
+                let nb = cols.div_ceil(MXFP4_BLOCK);
+                let $src = &mut Mxfp4Src {
+                    cur: Cursor::new(row),
+                    srow: &w.e8m0_scales()[r * nb..(r + 1) * nb],
+                    c: 0,
+                };
+                $body
             }
         }
     }};

@@ -15,6 +15,8 @@ struct Mat {
     cols: usize,
     data: Vec<u8>,
     scales: Vec<f32>,
+    /// mxfp4's e8m0 scale bytes.
+    e8m0: Vec<u8>,
 }
 
 impl Mat {
@@ -45,6 +47,20 @@ impl Mat {
             _ => (0..nbytes).map(|_| rng.gen()).collect(),
         };
         assert_eq!(data.len(), nbytes);
+        if encoding == Encoding::Mxfp4 {
+            // Block scales 2^-7 .. 2^2 (e8m0 120..=129); the extremes are tested in coli-format.
+            let e8m0 = (0..encoding.scale_count(rows, cols))
+                .map(|_| rng.gen_range(120u8..=129))
+                .collect();
+            return Mat {
+                encoding,
+                rows,
+                cols,
+                data,
+                scales: vec![],
+                e8m0,
+            };
+        }
         let scales = (0..encoding.scale_count(rows, cols))
             .map(|_| rng.gen_range(0.001f32..0.1) * if rng.gen() { 1.0 } else { -1.0 })
             .collect();
@@ -54,10 +70,21 @@ impl Mat {
             cols,
             data,
             scales,
+            e8m0: vec![],
         }
     }
 
     fn view(&self) -> MatrixView<'_> {
+        if self.encoding == Encoding::Mxfp4 {
+            return MatrixView::from_sections(
+                self.encoding,
+                self.rows,
+                self.cols,
+                &self.data,
+                &self.e8m0,
+            )
+            .expect("sections of the encoding's sizes");
+        }
         MatrixView::new(
             self.encoding,
             self.rows,
@@ -101,6 +128,7 @@ fn encodings() -> Vec<Encoding> {
         Encoding::Int4 { group_size: 2 },
         Encoding::Int4 { group_size: 6 },
         Encoding::Int4 { group_size: 24 },
+        Encoding::Mxfp4,
     ]
 }
 

@@ -26,7 +26,7 @@ const EXPERTS_PER_LAYER: u32 = 32;
 
 fn write(dir: &Path, gib: u64) -> Result<(), Box<dyn std::error::Error>> {
     let enc = Encoding::Int8;
-    let rec = RecordLayout::new(enc, H, I).record_len(4096) as u64;
+    let rec = RecordLayout::new(enc, H, I, false).record_len(4096) as u64;
     let n = (gib << 30).div_ceil(rec);
     let layers = n.div_ceil(EXPERTS_PER_LAYER as u64) as u32;
     let spec = StoreSpec {
@@ -62,6 +62,8 @@ fn write(dir: &Path, gib: u64) -> Result<(), Box<dyn std::error::Error>> {
             cols,
             data,
             scales: vec![0.01; rows],
+            e8m0_scales: Vec::new(),
+            bias: None,
         }
     };
     let (g, u, d) = (mat(I, H), mat(I, H), mat(H, I));

@@ -42,7 +42,7 @@ const BURST: u64 = 256 << 10;
 
 fn write(dir: &Path, mib: u64) -> Result<(), Box<dyn std::error::Error>> {
     let enc = Encoding::Int8;
-    let rec = RecordLayout::new(enc, H, I).record_len(4096) as u64;
+    let rec = RecordLayout::new(enc, H, I, false).record_len(4096) as u64;
     let n = (mib << 20).div_ceil(rec);
     let layers = n.div_ceil(EXPERTS_PER_LAYER as u64) as u32;
     let spec = StoreSpec {
@@ -76,6 +76,8 @@ fn write(dir: &Path, mib: u64) -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect(),
         scales: vec![0.01; rows],
+        e8m0_scales: Vec::new(),
+        bias: None,
     };
     let (g, u, d) = (mat(I, H), mat(I, H), mat(H, I));
     let mut w = match StoreWriter::create_or_resume(dir, spec)? {

@@ -49,6 +49,8 @@
 //!     cols,
 //!     data: vec![0x99; enc.weight_bytes(rows, cols)],
 //!     scales: vec![0.5; enc.scale_count(rows, cols)],
+//!     e8m0_scales: Vec::new(),
+//!     bias: None,
 //! };
 //! let (h, i) = (8, 4);
 //! let (gate, up, down) = (mat(i, h), mat(i, h), mat(h, i));
@@ -62,6 +64,8 @@
 //!     encoding: Encoding::Bf16, rows: 1, cols: 8,
 //!     data: [0x80u8, 0x3f].repeat(8), // bf16 1.0
 //!     scales: vec![],
+//!     e8m0_scales: Vec::new(),
+//!     bias: None,
 //! };
 //! w.add_dense("model.norm.weight", &[8], &norm)?;
 //! w.finish()?;

@@ -214,10 +214,14 @@ fn wrong_magic() {
 #[test]
 fn newer_version() {
     let (_t, target, _) = fixture();
-    rewrite_manifest(&target, 2, |v| v["format_version"] = 2.into());
+    let newer = FORMAT_VERSION + 1;
+    rewrite_manifest(&target, newer, |v| v["format_version"] = newer.into());
     match Store::open(&target) {
         Err(StoreError::NewerVersion { file, found, known }) => {
-            assert_eq!((file.as_str(), found, known), ("MANIFEST", 2, 1));
+            assert_eq!(
+                (file.as_str(), found, known),
+                ("MANIFEST", newer, FORMAT_VERSION)
+            );
         }
         other => panic!("expected NewerVersion, got {:?}", other.err()),
     }

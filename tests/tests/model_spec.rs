@@ -226,6 +226,8 @@ fn copy_store_without(src: &coli_store::Store, dst: &Path, skip: &str) {
         cols: v.cols(),
         data: v.data().to_vec(),
         scales: v.scales().to_vec(),
+        e8m0_scales: Vec::new(),
+        bias: None,
     };
     for d in &m.dense {
         if d.name != skip {

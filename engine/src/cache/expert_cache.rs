@@ -674,6 +674,8 @@ mod tests {
             cols,
             data: vec![v; enc.weight_bytes(rows, cols)],
             scales: vec![0.5; enc.scale_count(rows, cols)],
+            e8m0_scales: Vec::new(),
+            bias: None,
         };
         let coli_store::WriterStart::Fresh(mut w) =
             StoreWriter::create_or_resume(&target, spec).unwrap()

@@ -64,6 +64,10 @@ pub struct Attention<'s> {
     pub head_dim: usize,
     /// Sliding window in tokens (None: full causal).
     pub window: Option<usize>,
+    /// gpt-oss attention sinks, one logit per query head (`self_attn.sinks`, f32
+    /// `[num_heads]`): each head's softmax runs over its key scores plus this logit, whose
+    /// probability is dropped (`eager_attention_forward` of `modeling_gpt_oss.py`).
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl Attention<'_> {
@@ -167,7 +171,14 @@ impl Attention<'_> {
                         * scale
                 })
                 .collect();
-            coli_kernels::softmax_inplace(&mut scores);
+            if let Some(sinks) = &self.sinks {
+                // The sink joins the softmax as one more logit; its probability is dropped.
+                scores.push(sinks[h]);
+                coli_kernels::softmax_inplace(&mut scores);
+                scores.pop();
+            } else {
+                coli_kernels::softmax_inplace(&mut scores);
+            }
             o.fill(0.0);
             for (j, p) in (lo..=pos).zip(&scores) {
                 coli_kernels::axpy(*p, &values[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd], o);
@@ -199,6 +210,10 @@ mod tests {
     }
 
     fn run(window: Option<usize>, x: &[f32]) -> Vec<f32> {
+        run_with(window, None, x)
+    }
+
+    fn run_with(window: Option<usize>, sinks: Option<Vec<f32>>, x: &[f32]) -> Vec<f32> {
         let (sq, kv2) = (eye(4, 4), eye(2, 4));
         let attn = Attention {
             q: linear(&sq, 4, 4),
@@ -211,6 +226,7 @@ mod tests {
             num_kv_heads: 1,
             head_dim: 2,
             window,
+            sinks,
         };
         let rope = Rope::new(2, 10_000.0);
         let n = x.len() / 4;
@@ -243,5 +259,26 @@ mod tests {
             (full[8] - out[8]).abs() > 1e-4,
             "without a window position 2 mixes earlier values"
         );
+    }
+
+    #[test]
+    fn sinks_take_probability_mass_and_add_no_value() {
+        // One token: its only key gets p = e^s / (e^s + e^sink) with s = q.k / sqrt(2) and the
+        // value is scaled by p (the sink carries no value); head 1's sink is -inf (no effect).
+        let x = [0.5f32, -1.0, 2.0, 0.25];
+        let plain = run(None, &x);
+        let sunk = run_with(None, Some(vec![0.7, f32::NEG_INFINITY]), &x);
+        // Head 0 sees q = (x0, x1), k = v = (x0, x1) (kv head 0 = first 2 dims).
+        let s = (x[0] * x[0] + x[1] * x[1]) / 2f32.sqrt();
+        let p = s.exp() / (s.exp() + 0.7f32.exp());
+        for c in 0..2 {
+            assert!(
+                (sunk[c] - plain[c] * p).abs() < 1e-6,
+                "{c}: {} vs {}",
+                sunk[c],
+                plain[c] * p
+            );
+        }
+        assert_eq!(sunk[2..], plain[2..]);
     }
 }

@@ -11,6 +11,8 @@ use coli_store::Store;
 use std::collections::BTreeMap;
 
 /// The feed-forward part of a layer.
+// One per decoder layer: the variants' size difference costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn<'s> {
     /// Routed experts.
     Moe(MoeBlock<'s>),

@@ -21,7 +21,6 @@
 
 use crate::layers::dsa_indexer::{DsaIndexer, Selection};
 use crate::layers::{LayerKv, Linear, RmsNorm, Rope, Span};
-use coli_format::spec::mla::yarn_mscale;
 use coli_format::spec::MlaSpec;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -29,39 +28,10 @@ use std::sync::{Arc, Mutex};
 /// The rotary frequencies (`qk_rope_head_dim / 2` values, f32) and the cos/sin multiplier
 /// (`attention_factor`), as `_compute_yarn_parameters` (YaRN) or the default RoPE.
 pub fn mla_rope(m: &MlaSpec) -> (Rope, f32) {
-    let d = m.qk_rope_head_dim;
-    let base = Rope::new(d, m.rope_theta);
-    let Some(y) = &m.yarn else {
-        return (base, 1.0);
-    };
-    let attention_factor = match (y.mscale, y.mscale_all_dim) {
-        (Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
-            yarn_mscale(y.factor, m) / yarn_mscale(y.factor, ma)
-        }
-        _ => yarn_mscale(y.factor, 1.0),
-    };
-    let theta = m.rope_theta;
-    let cd = |r: f64| {
-        d as f64 * (y.original_max_position_embeddings / (r * 2.0 * std::f64::consts::PI)).ln()
-            / (2.0 * theta.ln())
-    };
-    let low = cd(y.beta_fast).floor().max(0.0);
-    let mut high = cd(y.beta_slow).ceil().min(d as f64 - 1.0);
-    if low == high {
-        high += 0.001;
+    match &m.yarn {
+        None => (Rope::new(m.qk_rope_head_dim, m.rope_theta), 1.0),
+        Some(y) => Rope::yarn(m.qk_rope_head_dim, m.rope_theta, y),
     }
-    let factor = y.factor as f32;
-    let inv_freq = base
-        .inv_freq
-        .iter()
-        .enumerate()
-        .map(|(i, &f)| {
-            let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
-            let extrapolation = 1.0 - ramp;
-            (f / factor) * (1.0 - extrapolation) + f * extrapolation
-        })
-        .collect();
-    (Rope { inv_freq }, attention_factor as f32)
 }
 
 /// The DSA part of a GLM-5 attention block: a `"full"` layer runs its indexer and publishes

@@ -1,5 +1,7 @@
 //! The sparse MoE block: router (softmax over all experts in f32, top-k, optional
-//! renormalization) and the routed SwiGLU experts, read through the [`ExpertCache`].
+//! renormalization; or gpt-oss's top-k of the logits then a softmax over the k) and the routed
+//! experts (SwiGLU, or gpt-oss's clamped SwiGLU with biases), read through the
+//! [`ExpertCache`].
 //!
 //! For a batch of tokens the block routes every token first, takes the UNION of the selected
 //! experts, gets them all with one cache request (one `Store::fetch` for all the misses, read
@@ -12,7 +14,8 @@ use crate::cache::ExpertCache;
 use crate::error::{EngineError, Result};
 use crate::layers::mlp::swiglu;
 use crate::layers::Linear;
-use coli_format::ExpertKey;
+use coli_format::spec::ExpertActivation;
+use coli_format::{ExpertKey, MatrixView};
 use coli_store::{ExpertBuf, Store};
 use rayon::prelude::*;
 
@@ -31,6 +34,10 @@ pub struct MoeBlock<'s> {
     pub top_k: usize,
     /// Renormalize the top-k weights to sum to 1.
     pub norm_topk: bool,
+    /// gpt-oss routing: top-k of the logits, then a softmax over those k (`norm_topk` unused).
+    pub topk_then_softmax: bool,
+    /// The experts' activation (their biases come with their records).
+    pub activation: ExpertActivation,
     /// Hidden size H.
     pub hidden: usize,
     /// Expert intermediate size I.
@@ -88,6 +95,58 @@ pub fn route(logits: &[f32], k: usize, norm_topk: bool) -> Routing {
     sel
 }
 
+/// gpt-oss routing of one token (`GptOssTopKRouter`): top-k of the router logits (bias
+/// included), then a softmax (f32) over those k logits, by rank.
+pub fn route_topk_softmax(logits: &[f32], k: usize) -> Routing {
+    let mut sel = top_k(logits, k);
+    let mut w: Vec<f32> = sel.iter().map(|x| x.1).collect();
+    coli_kernels::softmax_inplace(&mut w);
+    for (x, p) in sel.iter_mut().zip(w) {
+        x.1 = p;
+    }
+    sel
+}
+
+/// gpt-oss's expert (`GptOssExperts.forward`, transformers 5.23): `g = gate x + b_g`,
+/// `u = up x + b_u`, `g = min(g, limit)`, `u = clamp(u, -limit, limit)`,
+/// `y = down(((u + 1) * g * sigmoid(alpha * g))) + b_d`, for `n` rows of `x` `[n, H]`.
+#[allow(clippy::too_many_arguments)]
+fn clamped_swiglu(
+    mats: [&MatrixView<'_>; 3],
+    biases: [Option<&[f32]>; 3],
+    alpha: f32,
+    limit: f32,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let [gate, up, down] = mats;
+    let (inter, hidden) = (gate.rows(), down.rows());
+    let mut g = vec![0f32; n * inter];
+    let mut u = vec![0f32; n * inter];
+    coli_kernels::matmul(gate, x, n, &mut g);
+    coli_kernels::matmul(up, x, n, &mut u);
+    let add_bias = |v: &mut [f32], b: Option<&[f32]>, width: usize| {
+        if let Some(b) = b {
+            for row in v.chunks_exact_mut(width) {
+                for (o, bb) in row.iter_mut().zip(b) {
+                    *o += bb;
+                }
+            }
+        }
+    };
+    add_bias(&mut g, biases[0], inter);
+    add_bias(&mut u, biases[1], inter);
+    for (gv, uv) in g.iter_mut().zip(&u) {
+        let gc = gv.min(limit);
+        let uc = uv.clamp(-limit, limit);
+        let glu = gc * (1.0 / (1.0 + (-(gc * alpha)).exp()));
+        *gv = (uc + 1.0) * glu;
+    }
+    coli_kernels::matmul(down, &g, n, y);
+    add_bias(y, biases[2], hidden);
+}
+
 impl MoeBlock<'_> {
     /// Routes `n` tokens of `x` (`[n, H]`, post-attention-normalized).
     pub fn route(&self, x: &[f32], n: usize) -> Vec<Routing> {
@@ -95,7 +154,13 @@ impl MoeBlock<'_> {
         self.router.forward(x, n, &mut logits);
         logits
             .chunks_exact(self.num_experts)
-            .map(|l| route(l, self.top_k, self.norm_topk))
+            .map(|l| {
+                if self.topk_then_softmax {
+                    route_topk_softmax(l, self.top_k)
+                } else {
+                    route(l, self.top_k, self.norm_topk)
+                }
+            })
             .collect()
     }
 
@@ -145,7 +210,28 @@ impl MoeBlock<'_> {
                 xs.extend_from_slice(&x[t * h..(t + 1) * h]);
             }
             let mut ys = vec![0f32; m * h];
-            swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys);
+            match self.activation {
+                ExpertActivation::Silu if !buf.has_biases() => {
+                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys)
+                }
+                ExpertActivation::Silu => {
+                    return Err(EngineError::Config {
+                        file: "config.json".into(),
+                        what: format!(
+                            "{key} has biases, which this model's SwiGLU experts do not take"
+                        ),
+                    })
+                }
+                ExpertActivation::ClampedSwiglu { alpha, limit } => clamped_swiglu(
+                    [&buf.gate(), &buf.up(), &buf.down()],
+                    [buf.gate_bias(), buf.up_bias(), buf.down_bias()],
+                    alpha,
+                    limit,
+                    &xs,
+                    m,
+                    &mut ys,
+                ),
+            }
             Ok(ys)
         };
         // The experts run concurrently (one rayon task each, their products parallel inside

@@ -4,6 +4,7 @@
 //! [`Weights`], the one narrow loading API. [`Model`] is the result.
 
 pub mod deepseek_v3;
+pub mod gpt_oss;
 pub mod mixtral;
 pub mod mtp;
 pub mod olmoe;
@@ -58,6 +59,7 @@ impl<'s> Model<'s> {
             Family::DeepseekV3 | Family::GlmMoeDsa => {
                 deepseek_v3::load(&mut w, &spec, &mut warnings)?
             }
+            Family::GptOss => gpt_oss::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,
@@ -149,7 +151,10 @@ pub(crate) fn load_attention<'s>(
     layer: &LayerSpec,
     qk_norm: impl FnOnce(&mut Weights<'s>) -> Result<QkNorm>,
 ) -> Result<Attention<'s>> {
-    let AttentionSpec::Gqa { q, k, v, o, .. } = &layer.attention else {
+    let AttentionSpec::Gqa {
+        q, k, v, o, sinks, ..
+    } = &layer.attention
+    else {
         return Err(EngineError::Config {
             file: "config.json".into(),
             what: format!("layer {} has no grouped-query attention", layer.index),
@@ -165,7 +170,11 @@ pub(crate) fn load_attention<'s>(
         num_heads: spec.num_heads,
         num_kv_heads: spec.num_kv_heads,
         head_dim: spec.head_dim,
-        window: spec.sliding_window,
+        window: spec.window_of(layer.index),
+        sinks: match sinks {
+            Some(t) => Some(w.vector(t)?),
+            None => None,
+        },
     })
 }
 
@@ -188,17 +197,23 @@ pub(crate) fn load_moe<'s>(
         Routing::SoftmaxTopK { renormalize } | Routing::GroupedSigmoid { renormalize, .. } => {
             renormalize
         }
+        Routing::TopKSoftmax => true,
     };
     Ok(MoeBlock {
         layer: m.experts.layer,
         router: crate::layers::Linear {
             name: m.router.name.clone(),
             w: w.matrix(&m.router)?,
-            bias: None,
+            bias: match &m.router_logit_bias {
+                Some(t) => Some(w.vector(t)?),
+                None => None,
+            },
         },
         num_experts: m.experts.count as usize,
         top_k: spec.top_k,
         norm_topk: renormalize,
+        topk_then_softmax: spec.routing == Routing::TopKSoftmax,
+        activation: spec.expert_activation,
         hidden: m.experts.hidden,
         inter: m.experts.intermediate,
     })
@@ -252,7 +267,10 @@ pub(crate) fn assemble_gqa<'s>(
         layers,
         final_norm,
         lm_head,
-        rope: Rope::new(spec.head_dim, spec.rope_theta),
+        rope: match &spec.rope_yarn {
+            None => Rope::new(spec.head_dim, spec.rope_theta),
+            Some(y) => Rope::yarn_scaled(spec.head_dim, spec.rope_theta, y),
+        },
         mtp: None,
     })
 }

@@ -34,13 +34,17 @@ pub struct IndexRecord {
     pub intermediate: U32,
     /// xxh3 of the whole record, seeded with `(layer << 32) | expert`.
     pub checksum: U64,
-    /// Zero.
-    pub reserved: U32,
+    /// Record flags ([`RECORD_FLAG_BIASES`]); zero in format version 1.
+    pub flags: U32,
     /// crc32 of bytes 0..60.
     pub crc: U32,
 }
 
 const _: () = assert!(std::mem::size_of::<IndexRecord>() == INDEX_RECORD_SIZE);
+
+/// INDEX record flag bit 0 (format version 2): the record carries an f32 bias section after
+/// each matrix (FORMAT.md section 5).
+pub const RECORD_FLAG_BIASES: u32 = 1;
 
 /// Where a record is and what it holds: the fields of an [`IndexRecord`] a writer chooses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +65,8 @@ pub struct RecordPlace {
     pub hidden: u32,
     /// Intermediate size I.
     pub intermediate: u32,
+    /// Whether the record carries bias sections ([`RECORD_FLAG_BIASES`]).
+    pub biases: bool,
     /// xxh3 of the record's `length` bytes, seeded with [`ExpertKey::checksum_seed`].
     pub checksum: u64,
 }
@@ -80,7 +86,7 @@ impl IndexRecord {
             hidden: U32::new(p.hidden),
             intermediate: U32::new(p.intermediate),
             checksum: U64::new(p.checksum),
-            reserved: U32::new(0),
+            flags: U32::new(if p.biases { RECORD_FLAG_BIASES } else { 0 }),
             crc: U32::new(0),
         };
         r.crc = U32::new(r.compute_crc());
@@ -90,6 +96,26 @@ impl IndexRecord {
     /// The key of this record.
     pub fn key(&self) -> ExpertKey {
         ExpertKey::new(self.layer.get(), self.expert.get())
+    }
+
+    /// True when the record carries bias sections ([`RECORD_FLAG_BIASES`]).
+    pub fn has_biases(&self) -> bool {
+        self.flags.get() & RECORD_FLAG_BIASES != 0
+    }
+
+    /// The byte layout of the record this entry describes.
+    ///
+    /// # Panics
+    /// If the encoding fields are invalid (callers use entries [`parse_index`] accepted).
+    pub fn layout(&self) -> RecordLayout {
+        let enc = Encoding::from_id(self.encoding.get(), self.group_size.get())
+            .expect("INDEX records are checked at parse");
+        RecordLayout::new(
+            enc,
+            self.hidden.get() as usize,
+            self.intermediate.get() as usize,
+            self.has_biases(),
+        )
     }
 
     /// crc32 of the first 60 bytes, as stored in `crc`.
@@ -118,13 +144,33 @@ pub struct IndexHeader {
 
 const _: () = assert!(std::mem::size_of::<IndexHeader>() == 64);
 
-/// The INDEX file's bytes for `records` (sorted here by key): header, then the records.
-pub fn write_index(records: &[IndexRecord]) -> Vec<u8> {
+/// The oldest format version that can hold `records`: 2 when one has biases or an encoding of
+/// version 2 (mxfp4), else 1. A writer stamps this version on every file of the store, so a
+/// store that needs nothing new stays readable by version-1 readers (FORMAT.md section 12).
+pub fn min_format_version(records: &[IndexRecord]) -> u32 {
+    records
+        .iter()
+        .map(|r| {
+            let enc = Encoding::from_id(r.encoding.get(), r.group_size.get())
+                .map_or(FORMAT_VERSION, |e| e.min_format_version());
+            if r.has_biases() {
+                enc.max(2)
+            } else {
+                enc
+            }
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// The INDEX file's bytes for `records` (sorted here by key) at format `version`: header, then
+/// the records.
+pub fn write_index(records: &[IndexRecord], version: u32) -> Vec<u8> {
     let mut recs = records.to_vec();
     recs.sort_by_key(|r| r.key());
     let mut header = IndexHeader {
         magic: INDEX_MAGIC,
-        version: U32::new(FORMAT_VERSION),
+        version: U32::new(version),
         record_size: U32::new(INDEX_RECORD_SIZE as u32),
         count: U64::new(recs.len() as u64),
         reserved: [0; 36],
@@ -206,8 +252,13 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 r.crc.get()
             )));
         }
-        if r.reserved.get() != 0 {
-            return Err(what("reserved field is not zero".into()));
+        if m.format_version < 2 && r.flags.get() != 0 {
+            return Err(what(
+                "flags field is not zero (a version 1 record has no flags)".into(),
+            ));
+        }
+        if r.flags.get() & !RECORD_FLAG_BIASES != 0 {
+            return Err(what(format!("unknown flags {:#x}", r.flags.get())));
         }
         if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
             if r.key() <= prev {
@@ -231,6 +282,14 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 r.group_size.get()
             ))
         })?;
+        if enc.min_format_version() > m.format_version {
+            return Err(what(format!(
+                "encoding {} needs format version {}, the store is version {}",
+                enc.name(),
+                enc.min_format_version(),
+                m.format_version
+            )));
+        }
         if enc.group_size() != r.group_size.get() {
             return Err(what(format!(
                 "group size {} invalid for {}",
@@ -251,7 +310,7 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 "hidden {h_} / intermediate {i_} out of range"
             )));
         }
-        let layout = RecordLayout::new(enc, h_, i_);
+        let layout = RecordLayout::new(enc, h_, i_, r.has_biases());
         if layout.payload_len as u64 != r.payload_len.get() {
             return Err(what(format!(
                 "payload length {} differs from the {} layout's {}",

@@ -294,6 +294,12 @@ impl DenseEntry {
                 enc.name()
             )));
         }
+        if !enc.has_f32_scales() {
+            return Err(bad(format!(
+                "{} is an expert encoding, not a dense one (FORMAT.md section 7)",
+                enc.name()
+            )));
+        }
         let Some((rows, cols)) = e.rows_cols() else {
             return Err(bad(format!(
                 "shape {:?} must have 1 or 2 dimensions",

@@ -2,7 +2,7 @@
 //! segment file, 64 bytes of fields then zeros; expert records follow.
 
 use super::hex::StoreId;
-use super::{FORMAT_VERSION, SEGMENT_HEADER_FIELDS, SEGMENT_MAGIC};
+use super::{SEGMENT_HEADER_FIELDS, SEGMENT_MAGIC};
 use crate::FormatError;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -34,10 +34,16 @@ const _: () = assert!(std::mem::size_of::<SegmentHeader>() == SEGMENT_HEADER_FIE
 impl SegmentHeader {
     /// The header of segment `segment` of store `store_id`, `file_len` bytes long, whose bytes
     /// after the header hash to `body_xxh3` (seed = segment id); with its crc32.
-    pub fn new(segment: u32, store_id: StoreId, file_len: u64, body_xxh3: u64) -> SegmentHeader {
+    pub fn new(
+        version: u32,
+        segment: u32,
+        store_id: StoreId,
+        file_len: u64,
+        body_xxh3: u64,
+    ) -> SegmentHeader {
         let mut h = SegmentHeader {
             magic: SEGMENT_MAGIC,
-            version: U32::new(FORMAT_VERSION),
+            version: U32::new(version),
             segment: U32::new(segment),
             store_id: store_id.0,
             file_len: U64::new(file_len),
@@ -65,11 +71,9 @@ impl SegmentHeader {
         let fmt_err = |what: String| FormatError::format(rel, what);
         super::check_header_64(rel, bytes, &SEGMENT_MAGIC, "COLISEG")?;
         let h = SegmentHeader::read_from_bytes(&bytes[..SEGMENT_HEADER_FIELDS]).expect("64 bytes");
-        if h.version.get() != FORMAT_VERSION {
-            return Err(fmt_err(format!(
-                "header version {} invalid",
-                h.version.get()
-            )));
+        // check_header_64 refused a newer version.
+        if h.version.get() == 0 {
+            return Err(fmt_err("header version 0 invalid".into()));
         }
         if h.segment.get() != id {
             return Err(fmt_err(format!(

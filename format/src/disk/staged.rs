@@ -217,9 +217,10 @@ pub fn parse_staged_index(
     for (i, chunk) in ib[..nbytes].chunks_exact(INDEX_RECORD_SIZE).enumerate() {
         let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
         let key = r.key();
-        if r.compute_crc() != r.crc.get() || r.reserved.get() != 0 {
+        if r.compute_crc() != r.crc.get() || r.flags.get() & !super::index::RECORD_FLAG_BIASES != 0
+        {
             return Err(Damaged(format!(
-                "index entry {i} ({key}): crc32 or reserved field wrong"
+                "index entry {i} ({key}): crc32 or flags field wrong"
             )));
         }
         if let Some(prev) = entries.last().map(|p| p.key()) {
@@ -267,6 +268,7 @@ mod tests {
                 payload_len: 8000,
                 hidden: 64,
                 intermediate: 32,
+                biases: false,
                 checksum: 42 + e as u64,
             })
         };

@@ -12,6 +12,7 @@ pub mod f32;
 pub mod fp8;
 pub mod int4;
 pub mod int8;
+pub mod mxfp4;
 
 use crate::{FormatError, MatrixView};
 
@@ -38,7 +39,7 @@ pub struct ErrSums {
 /// What one encoding is: its id, its section sizes, and its reference decode and encode.
 ///
 /// Implemented once per encoding module ([`f32::F32`], [`bf16::Bf16`], [`fp8::Fp8`],
-/// [`int8::Int8`], [`int4::Int4`]); reached through [`Encoding`].
+/// [`int8::Int8`], [`int4::Int4`], [`mxfp4::Mxfp4`]); reached through [`Encoding`].
 pub trait Codec {
     /// The on-disk encoding id (FORMAT.md section 6).
     fn id(&self) -> u16;
@@ -48,8 +49,12 @@ pub trait Codec {
     fn name(&self) -> String;
     /// Bytes of the weight section of a `[rows, cols]` matrix.
     fn weight_bytes(&self, rows: usize, cols: usize) -> usize;
-    /// Number of f32 scales of a `[rows, cols]` matrix (0 for f32 and bf16).
+    /// Number of scales of a `[rows, cols]` matrix (0 for f32 and bf16).
     fn scale_count(&self, rows: usize, cols: usize) -> usize;
+    /// Bytes of one scale: 4 (f32) for every encoding but mxfp4, whose e8m0 scales are bytes.
+    fn scale_width(&self) -> usize {
+        4
+    }
     /// Reference decode of columns `c0..c1` of row `r` of `m` into `out[..c1 - c0]`, exactly
     /// as FORMAT.md section 6 defines the values (one f32 rounding of `code * scale`).
     /// `m` has this encoding; `r < rows`, `c0 <= c1 <= cols` (checked by the caller).
@@ -78,6 +83,9 @@ pub enum Encoding {
         /// Columns per scale group (32 or 64 in practice; even, at least 2).
         group_size: u16,
     },
+    /// id 6 (format version 2): OCP MXFP4, e2m1 codes two per byte with one e8m0 scale byte per
+    /// block of 32 columns of a row ([`mxfp4`]).
+    Mxfp4,
 }
 
 impl Encoding {
@@ -89,6 +97,7 @@ impl Encoding {
             Encoding::Fp8 => f(&fp8::Fp8),
             Encoding::Int8 => f(&int8::Int8),
             Encoding::Int4 { group_size } => f(&int4::Int4 { group_size }),
+            Encoding::Mxfp4 => f(&mxfp4::Mxfp4),
         }
     }
 
@@ -97,7 +106,8 @@ impl Encoding {
         self.with_codec(|c| c.id())
     }
 
-    /// The group size field written next to the id: int4 group size, 128 for fp8, else 0.
+    /// The group size field written next to the id: int4 group size, 128 for fp8, 32 for
+    /// mxfp4, else 0.
     pub fn group_size(self) -> u16 {
         self.with_codec(|c| c.group_size_field())
     }
@@ -106,7 +116,7 @@ impl Encoding {
     ///
     /// # Errors
     /// [`FormatError::Format`] (with an empty file name, for the caller to fill) for an
-    /// unknown id or an int4 group size of 0 or odd.
+    /// unknown id, an int4 group size of 0 or odd, or an mxfp4 group size other than 32.
     pub fn from_id(id: u16, group_size: u16) -> Result<Encoding, FormatError> {
         Ok(match id {
             1 => Encoding::F32,
@@ -114,6 +124,7 @@ impl Encoding {
             3 => Encoding::Fp8,
             4 => Encoding::Int8,
             5 if group_size >= 2 && group_size.is_multiple_of(2) => Encoding::Int4 { group_size },
+            6 if group_size as usize == mxfp4::MXFP4_BLOCK => Encoding::Mxfp4,
             _ => {
                 return Err(FormatError::format(
                     "",
@@ -123,7 +134,7 @@ impl Encoding {
         })
     }
 
-    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`.
+    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`, `mxfp4`.
     pub fn name(self) -> String {
         self.with_codec(|c| c.name())
     }
@@ -133,14 +144,35 @@ impl Encoding {
         self.with_codec(|c| c.weight_bytes(rows, cols))
     }
 
-    /// Number of f32 scales of a `[rows, cols]` matrix (0 for f32 and bf16).
+    /// Number of scales of a `[rows, cols]` matrix (0 for f32 and bf16): f32 values, or e8m0
+    /// bytes for mxfp4 ([`Encoding::scale_width`]).
     pub fn scale_count(self, rows: usize, cols: usize) -> usize {
         self.with_codec(|c| c.scale_count(rows, cols))
     }
 
+    /// Bytes of one scale: 4 (f32), or 1 for mxfp4's e8m0 scales.
+    pub fn scale_width(self) -> usize {
+        self.with_codec(|c| c.scale_width())
+    }
+
+    /// True when the scales are f32 values (every encoding with scales but mxfp4).
+    pub fn has_f32_scales(self) -> bool {
+        self.scale_width() == 4
+    }
+
+    /// The oldest store format version that can hold this encoding: 2 for mxfp4, else 1
+    /// (docs/FORMAT.md section 12).
+    pub fn min_format_version(self) -> u32 {
+        if self == Encoding::Mxfp4 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Bytes of the scale section of a `[rows, cols]` matrix.
     pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
-        self.scale_count(rows, cols) * 4
+        self.scale_count(rows, cols) * self.scale_width()
     }
 
     /// The reference encode of one row ([`Codec::encode_row`]).
@@ -188,12 +220,15 @@ mod tests {
             Encoding::Int8,
             Encoding::Int4 { group_size: 64 },
             Encoding::Int4 { group_size: 32 },
+            Encoding::Mxfp4,
         ] {
             assert_eq!(Encoding::from_id(e.id(), e.group_size()).unwrap(), e);
         }
         assert!(Encoding::from_id(5, 0).is_err());
         assert!(Encoding::from_id(5, 3).is_err());
         assert!(Encoding::from_id(9, 0).is_err());
+        assert!(Encoding::from_id(6, 16).is_err());
+        assert_eq!(Encoding::Mxfp4.name(), "mxfp4");
         assert_eq!(Encoding::Int4 { group_size: 64 }.name(), "int4-g64");
         assert_eq!(Encoding::Fp8.group_size(), 128);
     }
@@ -207,5 +242,7 @@ mod tests {
         assert_eq!(Encoding::Int8.scale_bytes(5, 7), 20);
         assert_eq!(Encoding::Bf16.weight_bytes(2, 3), 12);
         assert_eq!(Encoding::F32.scale_count(2, 3), 0);
+        assert_eq!(Encoding::Mxfp4.weight_bytes(3, 65), 3 * 33);
+        assert_eq!(Encoding::Mxfp4.scale_bytes(3, 65), 3 * 3);
     }
 }

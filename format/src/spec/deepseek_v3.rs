@@ -116,6 +116,7 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, m: &MlaSpec, i: usize, class: TensorCla
             class,
             TensorKind::Bias,
         )),
+        router_logit_bias: None,
         shared: (m.n_shared_experts > 0).then(|| {
             Box::new(build::mlp(
                 &format!("{p}.shared_experts"),
@@ -135,7 +136,8 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, m: &MlaSpec, i: usize, class: TensorCla
                 TensorClass::RoutedExpert
             },
             prefix: format!("{p}.experts"),
-            matrices: ["gate_proj", "up_proj", "down_proj"],
+            storage: super::ExpertStorage::PerExpert(["gate_proj", "up_proj", "down_proj"]),
+            biases: false,
         },
     })
 }

@@ -19,6 +19,9 @@ pub struct Yarn {
     pub mscale: Option<f64>,
     /// `mscale_all_dim` (None when absent).
     pub mscale_all_dim: Option<f64>,
+    /// `truncate` (default true): round the correction range to whole dimensions (floor/ceil)
+    /// in `_compute_yarn_parameters`; gpt-oss sets false.
+    pub truncate: bool,
 }
 
 /// The MLA / DeepSeek-V3 specific part of config.json.
@@ -183,6 +186,62 @@ pub fn yarn_mscale(scale: f64, m: f64) -> f64 {
     }
 }
 
+/// The RoPE base and YaRN parameters of `rope_parameters` (transformers 5) or `rope_theta` +
+/// `rope_scaling` (older configs): rope types `default` and `yarn` (`family` names the family in
+/// the error for any other). Returns `rope_theta` when set (top level or inside the
+/// parameters) and the YaRN parameters when the type is yarn.
+///
+/// # Errors
+/// [`FormatError::Config`] for a yarn block without factor or original length;
+/// [`FormatError::Unsupported`] for another rope type.
+pub(crate) fn rope_params(
+    f: &Fields<'_>,
+    family: &str,
+) -> Result<(Option<f64>, Option<Yarn>), FormatError> {
+    let params = f
+        .object("rope_parameters", "rope_parameters.")
+        .or_else(|| f.object("rope_scaling", "rope_scaling."));
+    let mut rope_theta = f.f64("rope_theta")?;
+    let mut yarn = None;
+    if let Some(p) = params {
+        if let Some(t) = p.f64("rope_theta")? {
+            rope_theta = Some(t);
+        }
+        let ty = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        match ty {
+            "default" => {}
+            "yarn" => {
+                let factor = p
+                    .f64("factor")?
+                    .ok_or_else(|| f.err("yarn rope scaling without factor"))?;
+                let orig = p
+                    .f64("original_max_position_embeddings")?
+                    .or(f.f64("max_position_embeddings")?)
+                    .ok_or_else(|| f.err("yarn needs original_max_position_embeddings"))?;
+                yarn = Some(Yarn {
+                    factor,
+                    original_max_position_embeddings: orig,
+                    beta_fast: p.f64("beta_fast")?.unwrap_or(32.0),
+                    beta_slow: p.f64("beta_slow")?.unwrap_or(1.0),
+                    mscale: p.f64("mscale")?,
+                    mscale_all_dim: p.f64("mscale_all_dim")?,
+                    truncate: p.bool("truncate")?.unwrap_or(true),
+                });
+            }
+            other => {
+                return Err(FormatError::Unsupported(format!(
+                    "rope type {other:?} ({family} runs default and yarn)"
+                )))
+            }
+        }
+    }
+    Ok((rope_theta, yarn))
+}
+
 impl MlaSpec {
     /// Reads the MLA, RoPE and routing keys of a DeepSeek-V3 config (`f`), with
     /// `DeepseekV3Config`'s defaults; `num_experts` is `n_routed_experts`. `glm` (model_type
@@ -213,46 +272,7 @@ impl MlaSpec {
                 )));
             }
         }
-        let params = f
-            .object("rope_parameters", "rope_parameters.")
-            .or_else(|| f.object("rope_scaling", "rope_scaling."));
-        let mut rope_theta = f.f64("rope_theta")?;
-        let mut yarn = None;
-        if let Some(p) = params {
-            if let Some(t) = p.f64("rope_theta")? {
-                rope_theta = Some(t);
-            }
-            let ty = p
-                .get("rope_type")
-                .or_else(|| p.get("type"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("default");
-            match ty {
-                "default" => {}
-                "yarn" => {
-                    let factor = p
-                        .f64("factor")?
-                        .ok_or_else(|| f.err("yarn rope scaling without factor"))?;
-                    let orig = p
-                        .f64("original_max_position_embeddings")?
-                        .or(f.f64("max_position_embeddings")?)
-                        .ok_or_else(|| f.err("yarn needs original_max_position_embeddings"))?;
-                    yarn = Some(Yarn {
-                        factor,
-                        original_max_position_embeddings: orig,
-                        beta_fast: p.f64("beta_fast")?.unwrap_or(32.0),
-                        beta_slow: p.f64("beta_slow")?.unwrap_or(1.0),
-                        mscale: p.f64("mscale")?,
-                        mscale_all_dim: p.f64("mscale_all_dim")?,
-                    });
-                }
-                other => {
-                    return Err(FormatError::Unsupported(format!(
-                        "rope type {other:?} (deepseek_v3 runs default and yarn)"
-                    )))
-                }
-            }
-        }
+        let (rope_theta, yarn) = rope_params(f, "deepseek_v3")?;
         let qk_nope_head_dim = f.req_usize("qk_nope_head_dim")?;
         let qk_rope_head_dim = f.req_usize("qk_rope_head_dim")?;
         if qk_rope_head_dim == 0 || qk_rope_head_dim % 2 != 0 {

@@ -14,6 +14,7 @@
 
 pub mod deepseek_v3;
 pub mod glm_moe_dsa;
+pub mod gpt_oss;
 mod json;
 pub mod mixtral;
 pub mod mla;
@@ -36,6 +37,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v3",
     "kimi_k2",
     "glm_moe_dsa",
+    "gpt_oss",
 ];
 
 /// A supported model family.
@@ -51,6 +53,8 @@ pub enum Family {
     DeepseekV3,
     /// `glm_moe_dsa`, GLM-5 ([`glm_moe_dsa`]).
     GlmMoeDsa,
+    /// `gpt_oss`, gpt-oss-20b / -120b ([`gpt_oss`]).
+    GptOss,
 }
 
 impl Family {
@@ -65,6 +69,7 @@ impl Family {
             "olmoe" => Ok(Family::Olmoe),
             "deepseek_v3" | "kimi_k2" => Ok(Family::DeepseekV3),
             "glm_moe_dsa" => Ok(Family::GlmMoeDsa),
+            "gpt_oss" => Ok(Family::GptOss),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -80,6 +85,7 @@ impl Family {
             Family::Olmoe => "olmoe",
             Family::DeepseekV3 => "deepseek_v3",
             Family::GlmMoeDsa => "glm_moe_dsa",
+            Family::GptOss => "gpt_oss",
         }
     }
 
@@ -94,6 +100,7 @@ impl Family {
         match self {
             Family::Mixtral => 1_000_000.0,
             Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 | Family::GlmMoeDsa => 10_000.0,
+            Family::GptOss => 150_000.0,
         }
     }
 
@@ -101,7 +108,7 @@ impl Family {
     fn default_eps(self) -> f64 {
         match self {
             Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
-            Family::Mixtral | Family::Olmoe | Family::GlmMoeDsa => 1e-5,
+            Family::Mixtral | Family::Olmoe | Family::GlmMoeDsa | Family::GptOss => 1e-5,
         }
     }
 }
@@ -115,6 +122,9 @@ pub enum Routing {
         /// Renormalize the top-k weights.
         renormalize: bool,
     },
+    /// gpt-oss: top-k of the router logits (bias included), then a softmax over those k
+    /// logits (`GptOssTopKRouter`).
+    TopKSoftmax,
     /// DeepSeek-V3's grouped sigmoid routing: sigmoid scores plus `e_score_correction_bias`
     /// for selection only; groups scored by the sum of their top 2, the best `topk_group` of
     /// `n_group` kept, top-k experts among them; weights = unbiased scores (renormalized when
@@ -128,6 +138,21 @@ pub enum Routing {
         renormalize: bool,
         /// `routed_scaling_factor`.
         scaling: f32,
+    },
+}
+
+/// The activation between a routed expert's gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// SwiGLU `silu(gate) * up`.
+    Silu,
+    /// gpt-oss's clamped SwiGLU (`GptOssExperts`): `g = min(gate, limit)`,
+    /// `u = clamp(up, -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`.
+    ClampedSwiglu {
+        /// `alpha` (1.702).
+        alpha: f32,
+        /// `swiglu_limit` (7.0).
+        limit: f32,
     },
 }
 
@@ -163,8 +188,18 @@ pub struct ModelSpec {
     /// lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
     /// Sliding attention window in tokens (a query at position i sees keys j with
-    /// i - window < j <= i).
+    /// i - window < j <= i), on the layers [`ModelSpec::sliding_layers`] marks.
     pub sliding_window: Option<usize>,
+    /// Per main layer: whether it uses the sliding window (every layer when the family has one
+    /// window for all; gpt-oss alternates by `layer_types`).
+    pub sliding_layers: Vec<bool>,
+    /// YaRN RoPE of a GQA family (gpt-oss), None for the default RoPE.
+    pub rope_yarn: Option<Yarn>,
+    /// The routed experts' activation.
+    pub expert_activation: ExpertActivation,
+    /// config.json declares MXFP4 experts (`quantization_config.quant_method: "mxfp4"`,
+    /// gpt-oss as published).
+    pub mxfp4_experts: bool,
     /// Routed experts per MoE layer.
     pub num_experts: usize,
     /// Experts selected per token (top-k).
@@ -307,6 +342,7 @@ impl ModelSpec {
         }
         if let Some(bs) = config
             .get("quantization_config")
+            .filter(|_| family != Family::GptOss)
             .or_else(|| f.get("quantization_config"))
             .and_then(|q| q.get("weight_block_size"))
         {
@@ -367,6 +403,10 @@ impl ModelSpec {
             max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(4096),
             tie_word_embeddings,
             sliding_window: None,
+            sliding_layers: vec![],
+            rope_yarn: None,
+            expert_activation: ExpertActivation::Silu,
+            mxfp4_experts: false,
             num_experts: 0,
             top_k: 0,
             norm_topk_prob: false,
@@ -393,6 +433,10 @@ impl ModelSpec {
             Family::Olmoe => olmoe::configure(&f, &mut spec)?,
             Family::DeepseekV3 => deepseek_v3::configure(&f, &mut spec)?,
             Family::GlmMoeDsa => glm_moe_dsa::configure(&f, &mut spec)?,
+            Family::GptOss => gpt_oss::configure(config, &f, &mut spec)?,
+        }
+        if spec.sliding_layers.is_empty() {
+            spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
         }
         let top_k = f.req_usize("num_experts_per_tok")?;
         if top_k == 0 || top_k > spec.num_experts {
@@ -413,8 +457,16 @@ impl ModelSpec {
             Family::Olmoe => olmoe::tensors(&spec),
             Family::DeepseekV3 => deepseek_v3::tensors(&spec),
             Family::GlmMoeDsa => glm_moe_dsa::tensors(&spec),
+            Family::GptOss => gpt_oss::tensors(&spec),
         };
         Ok(spec)
+    }
+
+    /// The attention window of main layer `layer`: `sliding_window` on a sliding layer, None
+    /// (full causal attention) elsewhere.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| self.sliding_layers.get(layer).copied().unwrap_or(false))
     }
 
     /// Whether main decoder layer `layer` has routed experts (the family's rule, see its file).
@@ -577,6 +629,7 @@ pub(crate) mod build {
             v: linear(&format!("{p}.v_proj"), kvd, h, b, c),
             o: linear(&format!("{p}.o_proj"), h, qd, b, c),
             qk_norm,
+            sinks: None,
         }
     }
 
@@ -597,6 +650,7 @@ pub(crate) mod build {
                 TensorKind::Router,
             ),
             router_bias: None,
+            router_logit_bias: None,
             shared: None,
             experts: ExpertsSpec {
                 layer: i as u32,
@@ -605,7 +659,8 @@ pub(crate) mod build {
                 intermediate: spec.moe_intermediate_size,
                 class: TensorClass::RoutedExpert,
                 prefix: format!("{p}.experts"),
-                matrices,
+                storage: ExpertStorage::PerExpert(matrices),
+                biases: false,
             },
         })
     }

@@ -173,6 +173,9 @@ pub enum AttentionSpec {
         o: LinearSpec,
         /// q/k normalization.
         qk_norm: QkNormSpec,
+        /// gpt-oss: `self_attn.sinks` `[heads]`, one learned logit per head that joins the
+        /// softmax over the keys and carries no value.
+        sinks: Option<TensorSpec>,
     },
     /// Multi-head latent attention (DeepSeek-V3, GLM-5).
     Mla {
@@ -191,8 +194,28 @@ pub enum AttentionSpec {
     },
 }
 
-/// The routed experts of one layer: `count` records in the store, each holding the three
-/// checkpoint tensors [`ExpertsSpec::tensor_names`] (gate `[I, H]`, up `[I, H]`, down `[H, I]`).
+/// How a checkpoint stores a layer's routed experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertStorage {
+    /// One tensor per expert matrix: `{prefix}.{e}.{name}.weight` for the three names (gate,
+    /// up, down: `gate_proj`, ... or Mixtral's `w1`, `w3`, `w2`).
+    PerExpert([&'static str; 3]),
+    /// gpt-oss in BF16/F32 (transformers' `GptOssExperts` parameters): `{prefix}.gate_up_proj`
+    /// `[E, H, 2I]` (input-major; column `2i` is gate feature `i`, column `2i + 1` up feature
+    /// `i`), `{prefix}.down_proj` `[E, I, H]`, biases `{prefix}.gate_up_proj_bias` `[E, 2I]`
+    /// (interleaved the same way) and `{prefix}.down_proj_bias` `[E, H]`.
+    FusedInterleaved,
+    /// gpt-oss as published (MXFP4 experts): `{prefix}.gate_up_proj_blocks` U8
+    /// `[E, 2I, H/32, 16]` and `{prefix}.gate_up_proj_scales` U8 `[E, 2I, H/32]` (row `2i` is
+    /// gate feature `i`, row `2i + 1` up feature `i`; e2m1 codes two per byte, low nibble first;
+    /// e8m0 scales), `{prefix}.down_proj_blocks` `[E, H, I/32, 16]` and `..._scales`
+    /// `[E, H, I/32]`, biases as [`ExpertStorage::FusedInterleaved`].
+    FusedMxfp4,
+}
+
+/// The routed experts of one layer: `count` records in the store, each holding expert `e`'s
+/// gate `[I, H]`, up `[I, H]` and down `[H, I]` (and their biases when `biases`), stored in
+/// the checkpoint as [`ExpertsSpec::storage`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpertsSpec {
     /// Decoder layer index.
@@ -207,24 +230,79 @@ pub struct ExpertsSpec {
     pub class: TensorClass,
     /// Name prefix of the layer's experts (`model.layers.L.mlp.experts`).
     pub prefix: String,
-    /// Names of gate, up and down under `{prefix}.{e}` (`gate_proj`, ... or Mixtral's `w1`,
-    /// `w3`, `w2`).
-    pub matrices: [&'static str; 3],
+    /// The checkpoint's tensors for them.
+    pub storage: ExpertStorage,
+    /// Each matrix has a bias (gpt-oss): gate `[I]`, up `[I]`, down `[H]`.
+    pub biases: bool,
 }
 
 impl ExpertsSpec {
-    /// The checkpoint names of expert `e`'s gate, up and down weights.
+    /// The checkpoint names of expert `e`'s gate, up and down weights (per-expert storage).
+    ///
+    /// # Panics
+    /// For fused storage, whose tensors hold every expert ([`ExpertsSpec::fused_tensors`]).
     pub fn tensor_names(&self, e: u32) -> [String; 3] {
-        self.matrices
-            .map(|m| format!("{}.{e}.{m}.weight", self.prefix))
+        let ExpertStorage::PerExpert(m) = self.storage else {
+            panic!("tensor_names of fused experts {}", self.prefix)
+        };
+        m.map(|m| format!("{}.{e}.{m}.weight", self.prefix))
     }
 
-    /// Expert `e`'s three tensors with their shapes.
+    /// Expert `e`'s three tensors with their shapes (per-expert storage).
+    ///
+    /// # Panics
+    /// For fused storage.
     pub fn tensors(&self, e: u32) -> [TensorSpec; 3] {
         let (h, i) = (self.hidden, self.intermediate);
         let [g, u, d] = self.tensor_names(e);
         let t = |n: String, s: &[usize]| TensorSpec::new(n, s, self.class, TensorKind::Linear);
         [t(g, &[i, h]), t(u, &[i, h]), t(d, &[h, i])]
+    }
+
+    /// The fused tensors of the layer with their checkpoint shapes and dtypes (`"U8"` for MXFP4
+    /// blocks and scales, `None` for "BF16, F16 or F32"): weights first, then biases. Empty for
+    /// per-expert storage.
+    pub fn fused_tensors(&self) -> Vec<(String, Vec<usize>, Option<&'static str>)> {
+        let (e, h, i, p) = (
+            self.count as usize,
+            self.hidden,
+            self.intermediate,
+            &self.prefix,
+        );
+        let mut out = match self.storage {
+            ExpertStorage::PerExpert(_) => return vec![],
+            ExpertStorage::FusedInterleaved => vec![
+                (format!("{p}.gate_up_proj"), vec![e, h, 2 * i], None),
+                (format!("{p}.down_proj"), vec![e, i, h], None),
+            ],
+            ExpertStorage::FusedMxfp4 => vec![
+                (
+                    format!("{p}.gate_up_proj_blocks"),
+                    vec![e, 2 * i, h.div_ceil(32), 16],
+                    Some("U8"),
+                ),
+                (
+                    format!("{p}.gate_up_proj_scales"),
+                    vec![e, 2 * i, h.div_ceil(32)],
+                    Some("U8"),
+                ),
+                (
+                    format!("{p}.down_proj_blocks"),
+                    vec![e, h, i.div_ceil(32), 16],
+                    Some("U8"),
+                ),
+                (
+                    format!("{p}.down_proj_scales"),
+                    vec![e, h, i.div_ceil(32)],
+                    Some("U8"),
+                ),
+            ],
+        };
+        if self.biases {
+            out.push((format!("{p}.gate_up_proj_bias"), vec![e, 2 * i], None));
+            out.push((format!("{p}.down_proj_bias"), vec![e, h], None));
+        }
+        out
     }
 }
 
@@ -244,6 +322,8 @@ pub struct MoeSpec {
     pub router: TensorSpec,
     /// The selection bias `e_score_correction_bias` `[experts]` (sigmoid routing).
     pub router_bias: Option<TensorSpec>,
+    /// The router's linear bias `[experts]`, added to its logits (gpt-oss `mlp.router.bias`).
+    pub router_logit_bias: Option<TensorSpec>,
     /// Shared experts (always-on SwiGLU of `moe_intermediate_size * n_shared_experts`).
     pub shared: Option<Box<MlpSpec>>,
     /// The routed experts.
@@ -325,6 +405,7 @@ impl LayerSpec {
                 v,
                 o,
                 qk_norm,
+                sinks,
             } => {
                 for l in [q, k, v, o] {
                     push_linear(&mut out, l);
@@ -332,6 +413,7 @@ impl LayerSpec {
                 if let QkNormSpec::PerHead { q, k } | QkNormSpec::Full { q, k } = qk_norm {
                     out.extend([q, k]);
                 }
+                out.extend(sinks.as_ref());
             }
             AttentionSpec::Mla {
                 q,
@@ -366,6 +448,7 @@ impl LayerSpec {
             FfnSpec::Dense(m) => push_mlp(&mut out, m),
             FfnSpec::Moe(m) => {
                 out.push(&m.router);
+                out.extend(m.router_logit_bias.as_ref());
                 out.extend(m.router_bias.as_ref());
                 if let Some(s) = &m.shared {
                     push_mlp(&mut out, s);

@@ -47,6 +47,8 @@ pub struct coli_expert_info {
     pub payload_len: usize,
 }
 
+// One per fetched expert handle: the size difference is not worth a Box.
+#[allow(clippy::large_enum_variant)]
 enum Mem {
     /// A record read into a library-owned aligned buffer.
     Owned(ExpertBuf),
@@ -72,7 +74,7 @@ impl ColiExpert {
             encoding: b.encoding,
             hidden: b.hidden,
             intermediate: b.intermediate,
-            layout: RecordLayout::new(b.encoding, b.hidden, b.intermediate),
+            layout: *b.layout(),
             mem: Mem::Owned(b),
         }
     }
@@ -239,7 +241,7 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
             encoding,
             hidden,
             intermediate,
-            layout: RecordLayout::new(encoding, hidden, intermediate),
+            layout: r.layout(),
             mem: Mem::Borrowed { ptr: buf, len },
         };
         // SAFETY: caller contract; non-null checked.
@@ -327,6 +329,19 @@ pub unsafe extern "C" fn coli_expert_matrix(
                 )))
             }
         };
+        if !e.encoding.has_f32_scales() {
+            // The C view's scales are f32; mxfp4's e8m0 byte scales (format version 2) have no
+            // view in this ABI version.
+            return Err(FfiError::new(
+                crate::error::COLI_ERR_UNSUPPORTED,
+                format!(
+                    "{F}: {} is {}, whose e8m0 byte scales this C ABI version cannot describe \
+                     (coli_matrix_view.scales is f32)",
+                    e.key,
+                    e.encoding.name()
+                ),
+            ));
+        }
         let (w_off, wb, s_off, sb) = e.layout.sections[i];
         let (rows, cols) = if i == 2 {
             (e.hidden, e.intermediate)

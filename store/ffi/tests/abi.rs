@@ -60,6 +60,8 @@ fn matrix(enc: Encoding, rows: usize, cols: usize, seed: u64) -> EncodedMatrix {
         cols,
         data,
         scales,
+        e8m0_scales: Vec::new(),
+        bias: None,
     }
 }
 

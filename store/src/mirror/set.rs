@@ -155,7 +155,8 @@ pub(crate) fn check_copy(
     let h = SegmentHeader::read_from_bytes(&hb[..SEGMENT_HEADER_FIELDS]).expect("64 bytes");
     if h.magic != SEGMENT_MAGIC
         || crc32fast::hash(&hb[..60]) != h.crc.get()
-        || h.version.get() != FORMAT_VERSION
+        || h.version.get() == 0
+        || h.version.get() > FORMAT_VERSION
         || h.reserved
             .iter()
             .chain(&hb[SEGMENT_HEADER_FIELDS..])

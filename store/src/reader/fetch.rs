@@ -5,7 +5,7 @@ use super::views::ExpertBuf;
 use super::{io_err, Store};
 use crate::checksum::StreamingChecksum;
 use crate::io::{ReadProgress, ReadRequest};
-use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, RecordLayout, StoreError};
+use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -279,7 +279,7 @@ impl Store {
             encoding,
             hidden,
             intermediate,
-            layout: RecordLayout::new(encoding, hidden, intermediate),
+            layout: r.layout(),
             buf,
         })
     }

@@ -4,7 +4,7 @@
 use super::views::ExpertBuf;
 use super::{io_err, Store};
 use crate::io::ReadRequest;
-use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, RecordLayout, StoreError};
+use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -138,7 +138,7 @@ impl Store {
                 encoding,
                 hidden,
                 intermediate,
-                layout: RecordLayout::new(encoding, hidden, intermediate),
+                layout: r.layout(),
                 buf,
             });
         }

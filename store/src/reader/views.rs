@@ -102,14 +102,44 @@ impl ExpertBuf {
         } else {
             (self.intermediate, self.hidden)
         };
-        MatrixView::new(
+        MatrixView::from_sections(
             self.encoding,
             rows,
             cols,
             &self.buf[w_off..w_off + wb],
-            as_f32s(&self.buf[s_off..s_off + sb]),
+            &self.buf[s_off..s_off + sb],
         )
         .expect("record sections follow RecordLayout (checked at open)")
+    }
+
+    fn bias(&self, i: usize) -> Option<&[f32]> {
+        let (off, len) = self.layout.biases[i];
+        (len > 0).then(|| as_f32s(&self.buf[off..off + len]))
+    }
+
+    /// The record's byte layout (FORMAT.md section 5).
+    pub fn layout(&self) -> &RecordLayout {
+        &self.layout
+    }
+
+    /// True when the record carries biases (format version 2, FORMAT.md section 5).
+    pub fn has_biases(&self) -> bool {
+        self.layout.has_biases()
+    }
+
+    /// The gate projection's bias, f32 `[I]`, when the record has biases.
+    pub fn gate_bias(&self) -> Option<&[f32]> {
+        self.bias(0)
+    }
+
+    /// The up projection's bias, f32 `[I]`, when the record has biases.
+    pub fn up_bias(&self) -> Option<&[f32]> {
+        self.bias(1)
+    }
+
+    /// The down projection's bias, f32 `[H]`, when the record has biases.
+    pub fn down_bias(&self) -> Option<&[f32]> {
+        self.bias(2)
     }
 
     /// The gate projection, [I, H] (rows = intermediate features, cols = hidden).

@@ -52,12 +52,29 @@ pub(super) fn check_matrix(
         )));
     }
     let sc = m.encoding.scale_count(rows, cols);
-    if m.scales.len() != sc {
+    let (found, other) = if m.encoding.has_f32_scales() {
+        (m.scales.len(), m.e8m0_scales.len())
+    } else {
+        (m.e8m0_scales.len(), m.scales.len())
+    };
+    if found != sc || other != 0 {
         return Err(writer_err(format!(
-            "{what}: {} scales, expected {sc} for {} [{rows}, {cols}]",
-            m.scales.len(),
+            "{what}: {found} scales ({other} of the wrong kind), expected {sc} for {} [{rows}, {cols}]",
             m.encoding.name()
         )));
+    }
+    if let Some(e8m0) = m.e8m0_scales.iter().position(|&e| e == 255) {
+        return Err(writer_err(format!(
+            "{what}: e8m0 scale {e8m0} is the NaN code 255"
+        )));
+    }
+    if let Some(b) = &m.bias {
+        if b.len() != rows {
+            return Err(writer_err(format!(
+                "{what}: bias of {} values, expected {rows}",
+                b.len()
+            )));
+        }
     }
     Ok(())
 }
@@ -133,14 +150,25 @@ impl StoreWriter {
         check_matrix(&format!("{key} gate"), mats[0], inter, hidden, Some(enc))?;
         check_matrix(&format!("{key} up"), mats[1], inter, hidden, Some(enc))?;
         check_matrix(&format!("{key} down"), mats[2], hidden, inter, Some(enc))?;
-        let layout = RecordLayout::new(enc, hidden, inter);
+        let biases = mats[0].bias.is_some();
+        if mats.iter().any(|m| m.bias.is_some() != biases) {
+            return Err(writer_err(format!(
+                "{key}: either all three matrices have a bias or none has"
+            )));
+        }
+        let layout = RecordLayout::new(enc, hidden, inter, biases);
         let alignment = self.spec.alignment;
         let rec_len = layout.record_len(alignment);
         let mut rec = vec![0u8; rec_len];
-        for (m, &(w_off, wb, s_off, sb)) in mats.iter().zip(layout.sections.iter()) {
+        for (i, (m, &(w_off, wb, s_off, sb))) in mats.iter().zip(layout.sections.iter()).enumerate()
+        {
             rec[w_off..w_off + wb].copy_from_slice(&m.data);
             if sb > 0 {
-                rec[s_off..s_off + sb].copy_from_slice(m.scales.as_bytes());
+                rec[s_off..s_off + sb].copy_from_slice(m.scale_section());
+            }
+            if let Some(b) = &m.bias {
+                let (b_off, bb) = layout.biases[i];
+                rec[b_off..b_off + bb].copy_from_slice(b.as_bytes());
             }
         }
         let sum = crate::checksum::xxh3_64_with_seed(&rec, key.checksum_seed());
@@ -212,6 +240,7 @@ impl StoreWriter {
             intermediate: inter as u32,
             encoding: enc_id,
             group_size: gs,
+            biases,
             checksum: Xxh3Sum(sum),
         })?;
         failpoint::hit_nth("writer.after_journal", self.records_this_run);
@@ -224,6 +253,7 @@ impl StoreWriter {
             payload_len: layout.payload_len as u64,
             hidden: hidden as u32,
             intermediate: inter as u32,
+            biases,
             checksum: sum,
         }));
         self.experts_done.insert(key, sum);
@@ -270,6 +300,13 @@ impl StoreWriter {
             return Err(writer_err("dense tensor with an empty name"));
         }
         check_matrix(&format!("dense tensor {name}"), m, rows, cols, None)?;
+        if !m.encoding.has_f32_scales() || m.bias.is_some() {
+            return Err(writer_err(format!(
+                "dense tensor {name}: {}{} is not a dense encoding (FORMAT.md section 7)",
+                m.encoding.name(),
+                if m.bias.is_some() { " with a bias" } else { "" }
+            )));
+        }
         let seed = xxh3_64_with_seed(name.as_bytes(), 0);
         let mut h = Xxh3::with_seed(seed);
         h.update(&m.data);

@@ -6,11 +6,12 @@ use super::{
     SPEC_FILE,
 };
 use crate::{failpoint, ExpertKey, Manifest, StoreError, Xxh3Sum};
+use coli_format::disk::index::min_format_version;
 use coli_format::disk::index::write_index;
 use coli_format::disk::manifest::{ConverterInfo, EncodingInfo, WholeFile};
+use coli_format::disk::names;
 use coli_format::disk::names::segment_path;
 use coli_format::disk::segment::SegmentHeader;
-use coli_format::disk::{names, FORMAT_VERSION};
 use std::fs::File;
 use std::path::PathBuf;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -61,9 +62,10 @@ impl StoreWriter {
                 body_xxh3: old.hasher.digest(),
             });
         }
+        let version = min_format_version(&self.index);
         for (id, s) in self.closed.iter().enumerate() {
             let id = id as u32;
-            let h = SegmentHeader::new(id, self.store_id, s.len, s.body_xxh3);
+            let h = SegmentHeader::new(version, id, self.store_id, s.len, s.body_xxh3);
             let path = segment_path(&self.partial, id);
             let f = File::options()
                 .write(true)
@@ -75,7 +77,7 @@ impl StoreWriter {
         }
         failpoint::hit("writer.before_index");
         // INDEX.
-        let index_bytes = write_index(&self.index);
+        let index_bytes = write_index(&self.index, version);
         let ipath = self.partial.join(names::INDEX);
         fs.write_file(&ipath, &index_bytes, true)
             .map_err(|e| io_err(&ipath, e))?;
@@ -96,7 +98,7 @@ impl StoreWriter {
         failpoint::hit("writer.before_manifest");
         let spec = &self.spec;
         let manifest = Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: version,
             store_id: self.store_id,
             alignment: alignment as u64,
             family: spec.family.clone(),

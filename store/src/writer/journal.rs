@@ -29,6 +29,9 @@ pub(super) enum JournalEntry {
         intermediate: u32,
         encoding: u16,
         group_size: u16,
+        /// Whether the record carries bias sections (absent in journals of older writers).
+        #[serde(default)]
+        biases: bool,
         checksum: Xxh3Sum,
     },
     Dense {
@@ -79,6 +82,7 @@ impl StoreWriter {
                 intermediate,
                 encoding,
                 group_size,
+                biases,
                 checksum,
             } => {
                 let key = ExpertKey::new(*layer, *expert);
@@ -86,7 +90,8 @@ impl StoreWriter {
                 let Ok(enc) = Encoding::from_id(*encoding, *group_size) else {
                     return Ok(false);
                 };
-                let layout = RecordLayout::new(enc, *hidden as usize, *intermediate as usize);
+                let layout =
+                    RecordLayout::new(enc, *hidden as usize, *intermediate as usize, *biases);
                 if self.experts_done.contains_key(&key)
                     || self.expected.get(layer).is_none_or(|&n| *expert >= n)
                     || layout.payload_len as u64 != *payload_len
@@ -155,6 +160,7 @@ impl StoreWriter {
                     payload_len: *payload_len,
                     hidden: *hidden,
                     intermediate: *intermediate,
+                    biases: *biases,
                     checksum: sum,
                 }));
                 self.experts_done.insert(key, sum);

@@ -97,8 +97,45 @@ pub struct EncodedMatrix {
     pub cols: usize,
     /// Weight section bytes.
     pub data: Vec<u8>,
-    /// Scales.
+    /// f32 scales (`encoding.scale_count(rows, cols)` of them; empty for f32, bf16, mxfp4).
     pub scales: Vec<f32>,
+    /// mxfp4's e8m0 scale bytes, `[rows, ceil(cols / 32)]` (empty for every other encoding).
+    pub e8m0_scales: Vec<u8>,
+    /// The matrix's bias, f32 `[rows]`, for expert records that carry biases (format
+    /// version 2, FORMAT.md section 5): all three matrices of a record have one or none.
+    /// Dense tensors never have one (a bias is its own dense tensor).
+    pub bias: Option<Vec<f32>>,
+}
+
+impl EncodedMatrix {
+    /// A matrix without bias from its weight bytes and f32 scales.
+    pub fn new(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        scales: Vec<f32>,
+    ) -> EncodedMatrix {
+        EncodedMatrix {
+            encoding,
+            rows,
+            cols,
+            data,
+            scales,
+            e8m0_scales: Vec::new(),
+            bias: None,
+        }
+    }
+
+    /// The scale section as written: the f32 scales' bytes or the e8m0 bytes.
+    pub fn scale_section(&self) -> &[u8] {
+        use zerocopy::IntoBytes;
+        if self.encoding.has_f32_scales() {
+            self.scales.as_bytes()
+        } else {
+            &self.e8m0_scales
+        }
+    }
 }
 
 /// What a resumed writer found already written and verified.

@@ -42,6 +42,14 @@ pub fn random_matrix(rng: &mut StdRng, enc: Encoding, rows: usize, cols: usize) 
         }
         _ => {}
     }
+    if enc == Encoding::Mxfp4 {
+        // Any code byte; e8m0 scales of every exponent but the NaN code 255.
+        let mut m = EncodedMatrix::new(enc, rows, cols, data, vec![]);
+        m.e8m0_scales = (0..enc.scale_count(rows, cols))
+            .map(|_| rng.gen_range(0u8..=254))
+            .collect();
+        return m;
+    }
     let scales = (0..enc.scale_count(rows, cols))
         .map(|_| rng.gen_range(1e-4f32..1.0))
         .collect();
@@ -51,6 +59,8 @@ pub fn random_matrix(rng: &mut StdRng, enc: Encoding, rows: usize, cols: usize) 
         cols,
         data,
         scales,
+        e8m0_scales: Vec::new(),
+        bias: None,
     }
 }
 

@@ -75,6 +75,8 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
             .map(|i| (i as u8).wrapping_mul(seed))
             .collect(),
         scales: vec![0.25; rows],
+        e8m0_scales: Vec::new(),
+        bias: None,
     };
     let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(&target, spec).unwrap() else {
         panic!("fresh target expected")
@@ -98,6 +100,8 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
             cols: 16,
             data: vec![0x3f; 32],
             scales: vec![],
+            e8m0_scales: Vec::new(),
+            bias: None,
         };
         w.add_dense("model.norm.weight", &[16], &norm).unwrap();
         w.add_file("tokenizer.json", b"{}").unwrap();

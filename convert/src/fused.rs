@@ -1,0 +1,374 @@
+//! Fused expert tensors: one checkpoint tensor holds a whole layer's experts (`[E, ...]`,
+//! expert-major), as gpt-oss publishes them ([`ExpertStorage`]). [`gather`] cuts expert `e`'s
+//! gate `[I, H]`, up `[I, H]` and down `[H, I]` (and their biases) out of them, reading only
+//! that expert's byte range of each tensor from the memory map (bounded memory: one expert at a
+//! time), de-interleaving gate and up and transposing the input-major BF16 layout, as
+//! transformers' `GptOssExperts.forward` reads them:
+//!
+//! - [`ExpertStorage::FusedMxfp4`]: `gate_up_proj_blocks` `[E, 2I, H/32, 16]` row `2i` is gate
+//!   row `i`, row `2i + 1` up row `i` (`gate_up[..., ::2]` / `[..., 1::2]` of the product); each
+//!   row's `H/2` bytes and `H/32` e8m0 scales are copied as they are (the store's mxfp4 layout,
+//!   docs/FORMAT.md section 6, is the published one: low nibble = even column).
+//! - [`ExpertStorage::FusedInterleaved`]: `gate_up_proj` `[E, H, 2I]` (`hidden @ gate_up_proj`):
+//!   gate `[i][c] = t[e][c][2i]`, up `[i][c] = t[e][c][2i + 1]`; `down_proj` `[E, I, H]`:
+//!   down `[h][i] = t[e][i][h]`.
+//! - Biases `gate_up_proj_bias` `[E, 2I]` (interleaved the same way) and `down_proj_bias`
+//!   `[E, H]`, widened to f32 exactly.
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{ConvertError, Result};
+use crate::quant::{self, decode, ErrStats, SourceMatrix};
+use crate::safetensors::{Dtype, Shard, TensorInfo};
+use coli_format::encoding::mxfp4::{e2m1_to_f32, e8m0_to_f32, E8M0_NAN, MXFP4_BLOCK};
+use coli_format::spec::{ExpertStorage, ExpertsSpec};
+use coli_format::Encoding;
+use coli_store::EncodedMatrix;
+
+/// A byte range of a checkpoint tensor (one expert's slice), for readahead and release.
+pub type Region<'a> = (&'a Shard, TensorInfo);
+
+fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
+    ConvertError::Tensor {
+        tensor: tensor.to_string(),
+        what: what.into(),
+    }
+}
+
+/// The fused tensors of `set` as the checkpoint has them: `storage` as the spec declares it,
+/// or the other fused layout when the checkpoint holds that one instead (a dequantized BF16
+/// gpt-oss whose config.json still declares MXFP4, or the reverse).
+pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
+    let p = &set.prefix;
+    match set.storage {
+        ExpertStorage::FusedMxfp4
+            if !ck.has(&format!("{p}.gate_up_proj_blocks"))
+                && ck.has(&format!("{p}.gate_up_proj")) =>
+        {
+            ExpertStorage::FusedInterleaved
+        }
+        ExpertStorage::FusedInterleaved
+            if !ck.has(&format!("{p}.gate_up_proj"))
+                && ck.has(&format!("{p}.gate_up_proj_blocks")) =>
+        {
+            ExpertStorage::FusedMxfp4
+        }
+        s => s,
+    }
+}
+
+/// Checks the fused tensors of `set` (with `storage`) against the spec: present, shapes, dtypes
+/// (U8 for MXFP4 blocks and scales; BF16, F16 or F32 otherwise). Returns their names.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] naming the tensor.
+pub fn check(ck: &Checkpoint, set: &ExpertsSpec, storage: ExpertStorage) -> Result<Vec<String>> {
+    let spec = ExpertsSpec {
+        storage,
+        ..set.clone()
+    };
+    if storage == ExpertStorage::FusedMxfp4
+        && (!set.hidden.is_multiple_of(MXFP4_BLOCK)
+            || !set.intermediate.is_multiple_of(MXFP4_BLOCK))
+    {
+        return Err(terr(
+            &format!("{}.gate_up_proj_blocks", set.prefix),
+            format!(
+                "MXFP4 experts need hidden_size ({}) and intermediate_size ({}) to be multiples of 32",
+                set.hidden, set.intermediate
+            ),
+        ));
+    }
+    let mut names = Vec::new();
+    for (name, shape, dtype) in spec.fused_tensors() {
+        let Some((shard, info)) = ck.get(&name) else {
+            return Err(terr(
+                &name,
+                format!(
+                    "missing from the checkpoint (layer {} fused experts, {} experts per config.json): is a shard absent?",
+                    set.layer, set.count
+                ),
+            ));
+        };
+        if info.shape != shape {
+            return Err(terr(
+                &name,
+                format!(
+                    "shape {:?} in {}, expected {shape:?} (num_local_experts {}, hidden_size {}, intermediate_size {} from config.json)",
+                    info.shape, shard.name, set.count, set.hidden, set.intermediate
+                ),
+            ));
+        }
+        let ok = match dtype {
+            Some("U8") => info.dtype == Dtype::U8,
+            _ => matches!(info.dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32),
+        };
+        if !ok {
+            return Err(terr(
+                &name,
+                format!(
+                    "is {} in {}, expected {}",
+                    info.dtype.name(),
+                    shard.name,
+                    dtype.unwrap_or("BF16, F16 or F32")
+                ),
+            ));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// Expert `e`'s byte range of the fused tensor `name` (`[E, ...]`, expert-major).
+fn slice<'a>(ck: &'a Checkpoint, name: &str, e: u32, count: u32) -> Result<(Region<'a>, &'a [u8])> {
+    let (shard, info) = ck
+        .get(name)
+        .ok_or_else(|| terr(name, "missing from the checkpoint"))?;
+    let per = info.nbytes() / count as usize;
+    let start = info.start + per * e as usize;
+    let sub = TensorInfo {
+        dtype: info.dtype,
+        shape: info.shape[1..].to_vec(),
+        start,
+        end: start + per,
+    };
+    let data = &shard.data(info)[per * e as usize..per * (e as usize + 1)];
+    Ok(((shard, sub), data))
+}
+
+/// The byte ranges expert `e` reads from the fused tensors `names` (readahead, release and
+/// progress of skipped experts).
+pub fn regions<'a>(ck: &'a Checkpoint, names: &[String], e: u32, count: u32) -> Vec<Region<'a>> {
+    names
+        .iter()
+        .filter_map(|n| slice(ck, n, e, count).ok().map(|(r, _)| r))
+        .collect()
+}
+
+/// One expert cut out of the fused tensors, encoded.
+pub struct Gathered<'a> {
+    /// gate, up, down, each with its bias.
+    pub mats: Vec<EncodedMatrix>,
+    /// Error sums per matrix (zero for copied MXFP4).
+    pub stats: ErrStats,
+    /// The byte ranges read.
+    pub regions: Vec<Region<'a>>,
+    /// Source bytes read.
+    pub bytes_in: u64,
+}
+
+/// An MXFP4 matrix: `rows` rows of `cols / 2` code bytes and `cols / 32` e8m0 scales.
+struct Mxfp4Rows {
+    data: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+/// Rows `rows` (in order) of expert slices `blocks` / `scales` whose rows are `cols` wide.
+fn mxfp4_rows(
+    blocks: &[u8],
+    scales: &[u8],
+    cols: usize,
+    rows: impl Iterator<Item = usize>,
+) -> Mxfp4Rows {
+    let (rb, rs) = (cols / 2, cols / MXFP4_BLOCK);
+    let mut m = Mxfp4Rows {
+        data: Vec::new(),
+        scales: Vec::new(),
+    };
+    for r in rows {
+        m.data.extend_from_slice(&blocks[r * rb..(r + 1) * rb]);
+        m.scales.extend_from_slice(&scales[r * rs..(r + 1) * rs]);
+    }
+    m
+}
+
+/// Widens `n` values `idx(k)` of a bias slice to f32, refusing NaN/Inf.
+fn bias(
+    name: &str,
+    file: &std::path::Path,
+    dtype: Dtype,
+    data: &[u8],
+    n: usize,
+    idx: impl Fn(usize) -> usize,
+) -> Result<Vec<f32>> {
+    let v: Vec<f32> = (0..n).map(|k| decode(dtype, data, idx(k))).collect();
+    if let Some(k) = v.iter().position(|x| !x.is_finite()) {
+        return Err(ConvertError::NonFinite {
+            tensor: name.to_string(),
+            file: file.to_path_buf(),
+            position: format!("element {} of this expert", idx(k)),
+            value: format!("{}", v[k]),
+        });
+    }
+    Ok(v)
+}
+
+/// Cuts expert `e` out of `set`'s fused tensors (`storage`, names from [`check`]) and encodes
+/// its matrices into `encoding`: mxfp4 copies MXFP4 blocks and scales as published (refusing the
+/// e8m0 NaN code 255, naming the tensor); any other encoding quantizes the decoded values
+/// (MXFP4 decoded exactly, docs/FORMAT.md section 6) as for per-expert tensors.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] for an e8m0 NaN scale or an encoding the source cannot give (mxfp4
+/// from BF16); [`ConvertError::NonFinite`] for NaN/Inf values.
+pub fn gather<'a>(
+    ck: &'a Checkpoint,
+    set: &ExpertsSpec,
+    storage: ExpertStorage,
+    e: u32,
+    encoding: Encoding,
+) -> Result<Gathered<'a>> {
+    let (h, i, n, p) = (set.hidden, set.intermediate, set.count, &set.prefix);
+    let mut regions = Vec::new();
+    let mut take = |name: String| -> Result<(String, &'a Shard, Dtype, &'a [u8])> {
+        let ((shard, info), data) = slice(ck, &name, e, n)?;
+        let dtype = info.dtype;
+        regions.push((shard, info));
+        Ok((name, shard, dtype, data))
+    };
+    let mut stats = ErrStats::default();
+    let mut mats: Vec<EncodedMatrix> = Vec::with_capacity(3);
+    match storage {
+        ExpertStorage::FusedMxfp4 => {
+            let (gbn, _, _, gb) = take(format!("{p}.gate_up_proj_blocks"))?;
+            let (gsn, gss, _, gs) = take(format!("{p}.gate_up_proj_scales"))?;
+            let (dbn, _, _, db) = take(format!("{p}.down_proj_blocks"))?;
+            let (dsn, dss, _, ds) = take(format!("{p}.down_proj_scales"))?;
+            for (sn, ss, s) in [(&gsn, gss, gs), (&dsn, dss, ds)] {
+                if let Some(k) = s.iter().position(|&x| x == E8M0_NAN) {
+                    return Err(terr(
+                        sn,
+                        format!(
+                            "e8m0 scale {k} of expert {e} ({}) is the NaN code 0xFF",
+                            ss.name
+                        ),
+                    ));
+                }
+            }
+            let parts = [
+                (mxfp4_rows(gb, gs, h, (0..i).map(|r| 2 * r)), i, h, &gbn),
+                (mxfp4_rows(gb, gs, h, (0..i).map(|r| 2 * r + 1)), i, h, &gbn),
+                (mxfp4_rows(db, ds, i, 0..h), h, i, &dbn),
+            ];
+            for (m, rows, cols, name) in parts {
+                if encoding == Encoding::Mxfp4 {
+                    let mut em = EncodedMatrix::new(Encoding::Mxfp4, rows, cols, m.data, vec![]);
+                    em.e8m0_scales = m.scales;
+                    mats.push(em);
+                } else {
+                    // Decode exactly to f32, then quantize as any f32 source.
+                    let nb = cols / MXFP4_BLOCK;
+                    let mut f = Vec::with_capacity(rows * cols * 4);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            let byte = m.data[r * cols / 2 + c / 2];
+                            let code = if c % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                            let v =
+                                e2m1_to_f32(code) * e8m0_to_f32(m.scales[r * nb + c / MXFP4_BLOCK]);
+                            f.extend_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    let (enc, st) = encode_f32(ck, name, rows, cols, &f, encoding)?;
+                    stats.add(st);
+                    mats.push(enc);
+                }
+            }
+        }
+        ExpertStorage::FusedInterleaved => {
+            let (gun, gush, gud, gu) = take(format!("{p}.gate_up_proj"))?;
+            let (dn, dsh, dd, d) = take(format!("{p}.down_proj"))?;
+            let sz = gud.size();
+            // gate/up [i][c] = t[c][2i + half], down [r][c] = t[c][r] (t = the expert's slice).
+            let gather_t = |src: &[u8],
+                            sz: usize,
+                            rows: usize,
+                            cols: usize,
+                            stride: usize,
+                            col_of: &dyn Fn(usize) -> usize| {
+                let mut out = Vec::with_capacity(rows * cols * sz);
+                for r in 0..rows {
+                    let j = col_of(r);
+                    for c in 0..cols {
+                        let at = (c * stride + j) * sz;
+                        out.extend_from_slice(&src[at..at + sz]);
+                    }
+                }
+                out
+            };
+            let parts = [
+                (
+                    gather_t(gu, sz, i, h, 2 * i, &|r| 2 * r),
+                    i,
+                    h,
+                    &gun,
+                    gush,
+                    gud,
+                ),
+                (
+                    gather_t(gu, sz, i, h, 2 * i, &|r| 2 * r + 1),
+                    i,
+                    h,
+                    &gun,
+                    gush,
+                    gud,
+                ),
+                (gather_t(d, dd.size(), h, i, h, &|r| r), h, i, &dn, dsh, dd),
+            ];
+            for (bytes, rows, cols, name, shard, dtype) in parts {
+                let src = SourceMatrix {
+                    name,
+                    file: &shard.path,
+                    dtype,
+                    rows,
+                    cols,
+                    data: &bytes,
+                    scales: None,
+                };
+                let (enc, st) = quant::encode(&src, encoding)?;
+                stats.add(st);
+                mats.push(enc);
+            }
+        }
+        ExpertStorage::PerExpert(_) => unreachable!("per-expert tensors are not fused"),
+    }
+    if set.biases {
+        let (gbn, gbs, gbd, gb) = take(format!("{p}.gate_up_proj_bias"))?;
+        let (dbn, dbs, dbd, db) = take(format!("{p}.down_proj_bias"))?;
+        mats[0].bias = Some(bias(&gbn, &gbs.path, gbd, gb, i, |k| 2 * k)?);
+        mats[1].bias = Some(bias(&gbn, &gbs.path, gbd, gb, i, |k| 2 * k + 1)?);
+        mats[2].bias = Some(bias(&dbn, &dbs.path, dbd, db, h, |k| k)?);
+    }
+    let bytes_in = regions.iter().map(|(_, t)| t.nbytes() as u64).sum();
+    Ok(Gathered {
+        mats,
+        stats,
+        regions,
+        bytes_in,
+    })
+}
+
+/// Encodes f32 values (little-endian bytes, `[rows, cols]`) decoded from `name`.
+fn encode_f32(
+    ck: &Checkpoint,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    f32_bytes: &[u8],
+    encoding: Encoding,
+) -> Result<(EncodedMatrix, ErrStats)> {
+    let file = ck
+        .get(name)
+        .map(|(s, _)| s.path.as_path())
+        .unwrap_or(ck.dir.as_path());
+    quant::encode(
+        &SourceMatrix {
+            name,
+            file,
+            dtype: Dtype::F32,
+            rows,
+            cols,
+            data: f32_bytes,
+            scales: None,
+        },
+        encoding,
+    )
+}

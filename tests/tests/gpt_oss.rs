@@ -1,0 +1,175 @@
+//! gpt-oss's published layout through the converter (tests/fixtures/tiny/gpt_oss_mxfp4 and
+//! gpt_oss_bf16, made by tests/fixtures/make_gpt_oss_fixtures.py):
+//!
+//! - the lossless store keeps the published MXFP4 experts bit for bit: each record's gate rows
+//!   are the even rows of `gate_up_proj_blocks`/`_scales` of that expert, up the odd rows, down
+//!   the `down_proj` slice, biases the BF16 values widened, as transformers' `GptOssExperts`
+//!   reads them (not as this code's own decoder would: the bytes are compared with the
+//!   checkpoint's);
+//! - the store's reference decode of expert 0's first gate rows equals the fixture script's
+//!   independent numpy decode (`mxfp4_probe`);
+//! - the BF16 re-release (fused `[E, H, 2I]` tensors) converts to the same dequantized weights;
+//! - an e8m0 NaN scale and `--experts mxfp4` on BF16 experts are refused, naming the tensor.
+
+use coli_convert::checkpoint::Checkpoint;
+use coli_convert::{Encodings, Options};
+use coli_store::{Encoding, ExpertKey, IoPreference};
+use coli_tests::{convert_fixture, expected, fixture_dir, open_store};
+
+/// The expert-`e` slice of a fused tensor's bytes.
+fn slice<'a>(ck: &'a Checkpoint, name: &str, e: usize, count: usize) -> &'a [u8] {
+    let (shard, info) = ck.get(name).unwrap_or_else(|| panic!("{name} missing"));
+    let per = info.nbytes() / count;
+    &shard.data(info)[e * per..(e + 1) * per]
+}
+
+fn bf16s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(2)
+        .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+        .collect()
+}
+
+#[test]
+fn lossless_store_keeps_the_published_mxfp4_experts_bit_for_bit() {
+    let name = "gpt_oss_mxfp4";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "lossless_store");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    assert_eq!(store.manifest().format_version, 2);
+    let ck = Checkpoint::open(&fixture_dir(name)).unwrap();
+    let dims = &exp["dims"];
+    let (h, i) = (
+        dims["hidden"].as_u64().unwrap() as usize,
+        dims["moe_intermediate"].as_u64().unwrap() as usize,
+    );
+    let (layers, experts) = (
+        dims["layers"].as_u64().unwrap() as usize,
+        dims["experts"].as_u64().unwrap() as usize,
+    );
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        for e in 0..experts {
+            let buf = &store.fetch(&[ExpertKey::new(l as u32, e as u32)]).unwrap()[0];
+            assert_eq!(buf.encoding, Encoding::Mxfp4);
+            let gb = slice(&ck, &format!("{p}.gate_up_proj_blocks"), e, experts);
+            let gs = slice(&ck, &format!("{p}.gate_up_proj_scales"), e, experts);
+            let rows = |b: &[u8], w: usize, odd: usize| -> Vec<u8> {
+                (0..i)
+                    .flat_map(|r| b[(2 * r + odd) * w..(2 * r + odd + 1) * w].to_vec())
+                    .collect()
+            };
+            assert_eq!(buf.gate().data(), &rows(gb, h / 2, 0)[..], "L{l} E{e} gate");
+            assert_eq!(buf.up().data(), &rows(gb, h / 2, 1)[..], "L{l} E{e} up");
+            assert_eq!(buf.gate().e8m0_scales(), &rows(gs, h / 32, 0)[..]);
+            assert_eq!(buf.up().e8m0_scales(), &rows(gs, h / 32, 1)[..]);
+            assert_eq!(
+                buf.down().data(),
+                slice(&ck, &format!("{p}.down_proj_blocks"), e, experts)
+            );
+            assert_eq!(
+                buf.down().e8m0_scales(),
+                slice(&ck, &format!("{p}.down_proj_scales"), e, experts)
+            );
+            let gub = bf16s(slice(&ck, &format!("{p}.gate_up_proj_bias"), e, experts));
+            let even: Vec<f32> = gub.iter().step_by(2).copied().collect();
+            let odd: Vec<f32> = gub.iter().skip(1).step_by(2).copied().collect();
+            assert_eq!(buf.gate_bias().unwrap(), &even[..]);
+            assert_eq!(buf.up_bias().unwrap(), &odd[..]);
+            assert_eq!(
+                buf.down_bias().unwrap(),
+                &bf16s(slice(&ck, &format!("{p}.down_proj_bias"), e, experts))[..]
+            );
+        }
+    }
+    // The store's decode of layer 0 expert 0's gate rows against the fixture's numpy decode.
+    let probe = &exp["mxfp4_probe"];
+    let buf = &store.fetch(&[ExpertKey::new(0, 0)]).unwrap()[0];
+    let want = probe["values_f32"]
+        .as_array()
+        .expect("mxfp4_probe.values_f32");
+    let mut row = vec![0f32; h];
+    for (r, w) in want.iter().enumerate() {
+        buf.gate().dequantize_row(r, &mut row);
+        let w: Vec<f32> = w
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(row, w, "gate row {r}");
+    }
+}
+
+#[test]
+fn bf16_re_release_converts_to_the_same_weights() {
+    let (_a, mx) = convert_fixture("gpt_oss_mxfp4", "lossless_store");
+    let (_b, bf) = convert_fixture("gpt_oss_bf16", "lossless_store");
+    let (mx, bf) = (
+        open_store(&mx, true, IoPreference::Auto),
+        open_store(&bf, true, IoPreference::Auto),
+    );
+    let key = ExpertKey::new(1, 3);
+    let (a, b) = (&mx.fetch(&[key]).unwrap()[0], &bf.fetch(&[key]).unwrap()[0]);
+    assert_eq!(b.encoding, Encoding::Bf16);
+    for (va, vb) in [(a.gate(), b.gate()), (a.up(), b.up()), (a.down(), b.down())] {
+        let (mut ra, mut rb) = (vec![0f32; va.cols()], vec![0f32; vb.cols()]);
+        for r in 0..va.rows() {
+            va.dequantize_row(r, &mut ra);
+            vb.dequantize_row(r, &mut rb);
+            assert_eq!(ra, rb, "row {r}");
+        }
+    }
+    assert_eq!(a.gate_bias(), b.gate_bias());
+    assert_eq!(a.down_bias(), b.down_bias());
+}
+
+fn convert_err(dir: &std::path::Path, experts: Encoding) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let r = coli_convert::run(&Options {
+        input: dir.to_path_buf(),
+        output: out.clone(),
+        encodings: Encodings {
+            experts,
+            dense: Encoding::Bf16,
+            mtp: Encoding::Int8,
+            embeddings: None,
+        },
+        threads: Some(1),
+        progress: false,
+    });
+    assert!(!out.exists(), "no store is published on an error");
+    match r {
+        Ok(_) => panic!("the conversion must fail"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn nan_scales_and_mxfp4_from_bf16_are_refused_by_name() {
+    let err = convert_err(&fixture_dir("gpt_oss_bf16"), Encoding::Mxfp4);
+    assert!(
+        err.contains("model.layers.0.mlp.experts.gate_up_proj") && err.contains("mxfp4"),
+        "{err}"
+    );
+    // A copy of the MXFP4 checkpoint with one e8m0 scale of layer 1 set to the NaN code.
+    let src = fixture_dir("gpt_oss_mxfp4");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("ck");
+    std::fs::create_dir(&dst).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+    }
+    let name = "model.layers.1.mlp.experts.down_proj_scales";
+    let (file, at) = {
+        let ck = Checkpoint::open(&dst).unwrap();
+        let (shard, info) = ck.get(name).unwrap();
+        (shard.path.clone(), info.start + info.nbytes() / 2)
+    };
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[at] = 0xFF;
+    std::fs::write(&file, bytes).unwrap();
+    let err = convert_err(&dst, Encoding::Mxfp4);
+    assert!(err.contains(name) && err.contains("NaN"), "{err}");
+}
