@@ -69,3 +69,52 @@ fn golden_v1_opens_verifies_and_decodes() {
         "fsck of the golden v1 store: {report:?}"
     );
 }
+
+/// `v2-gpt-oss-mxfp4` was written by `coli-convert` 0.1.0 (format version 2) from the tiny
+/// gpt-oss fixture `tests/fixtures/tiny/gpt_oss_mxfp4` with default parameters (`--experts
+/// auto` = mxfp4, kept as published, with expert biases; bf16 dense). Expected values come from
+/// that fixture's `expected.json` `mxfp4_probe` (the fixture script's own numpy MXFP4 decode)
+/// and the checkpoint's BF16 biases.
+#[test]
+fn golden_v2_opens_verifies_and_decodes() {
+    let dir = golden("v2-gpt-oss-mxfp4");
+    let store = Store::open(&dir).expect("golden v2 store opens");
+    let m = store.manifest();
+    assert_eq!(m.format_version, 2);
+    assert_eq!(m.family, "gpt_oss");
+    assert_eq!(m.expert_layers.len(), 3);
+    let keys: Vec<ExpertKey> = m
+        .expert_layers
+        .iter()
+        .flat_map(|l| (0..l.num_experts).map(move |e| ExpertKey::new(l.layer, e)))
+        .collect();
+    assert_eq!(keys.len(), 24);
+    let experts = store.fetch(&keys).expect("fetch every golden expert");
+    assert!(experts.iter().all(|x| x.has_biases()));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/tiny/gpt_oss_mxfp4/expected.json");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read expected.json"))
+            .expect("parse expected.json");
+    let probe = &exp["mxfp4_probe"];
+    assert_eq!(
+        (probe["layer"].as_u64(), probe["expert"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let gate = experts[0].gate();
+    assert_eq!(gate.encoding(), Encoding::Mxfp4);
+    let want = probe["values_f32"].as_array().expect("probe rows");
+    let mut row = vec![0f32; gate.cols()];
+    for (r, want_row) in want.iter().enumerate() {
+        gate.dequantize_row(r, &mut row);
+        let want_row: Vec<f32> = want_row
+            .as_array()
+            .expect("probe row")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect();
+        assert_eq!(row, want_row, "golden v2 gate row {r}");
+    }
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}

@@ -25,14 +25,18 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # newest version read (section 12); version 1 stores too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
 
 # Encoding ids (FORMAT.md section 6).
-F32, BF16, FP8, INT8, INT4 = 1, 2, 3, 4, 5
-ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4"}
+F32, BF16, FP8, INT8, INT4, MXFP4 = 1, 2, 3, 4, 5, 6
+ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4"}
+MXFP4_BLOCK = 32
+# e2m1 magnitudes by code & 7; bit 3 is the sign (section 6, OCP MX v1.0 5.3.3).
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+RECORD_FLAG_BIASES = 1
 FP8_BLOCK = 128
 SECTION_ALIGN = 64
 
@@ -50,7 +54,7 @@ INDEX_DTYPE = np.dtype(
         ("hidden", "<u4"),
         ("intermediate", "<u4"),
         ("checksum", "<u8"),
-        ("reserved", "<u4"),
+        ("flags", "<u4"),
         ("crc", "<u4"),
     ]
 )
@@ -112,13 +116,18 @@ def weight_bytes(enc: int, rows: int, cols: int) -> int:
         return rows * cols * 2
     if enc in (FP8, INT8):
         return rows * cols
-    if enc == INT4:
+    if enc in (INT4, MXFP4):
         return rows * ((cols + 1) // 2)
     raise FormatError(f"unknown encoding id {enc}")
 
 
+def scale_bytes_per(enc: int) -> int:
+    """Bytes of one scale: f32, or one e8m0 byte for mxfp4 (section 6)."""
+    return 1 if enc == MXFP4 else 4
+
+
 def scale_count(enc: int, group: int, rows: int, cols: int) -> int:
-    """Number of f32 scales of a [rows, cols] matrix (section 6)."""
+    """Number of scales of a [rows, cols] matrix (section 6): f32 values, e8m0 bytes for mxfp4."""
     if enc in (F32, BF16):
         return 0
     if enc == FP8:
@@ -129,6 +138,10 @@ def scale_count(enc: int, group: int, rows: int, cols: int) -> int:
         if group < 2 or group % 2:
             raise FormatError(f"int4 group size {group} is invalid")
         return rows * -(-cols // group)
+    if enc == MXFP4:
+        if group != MXFP4_BLOCK:
+            raise FormatError(f"mxfp4 group size {group} is not 32")
+        return rows * -(-cols // MXFP4_BLOCK)
     raise FormatError(f"unknown encoding id {enc}")
 
 
@@ -141,7 +154,8 @@ class Matrix:
     rows: int
     cols: int
     data: bytes
-    scales: np.ndarray  # float32, possibly empty
+    scales: np.ndarray  # float32 (uint8 e8m0 for mxfp4), possibly empty
+    bias: np.ndarray | None = None  # float32 [rows] when the record has biases (version 2)
 
     def raw(self) -> np.ndarray:
         """The weight section as an array: f32 [r, c], u16 [r, c] (bf16), u8 [r, c] (fp8),
@@ -179,6 +193,22 @@ class Matrix:
             return E4M3[self.raw()] * s_full
         if self.encoding == INT8:
             return self.raw().astype(np.float32) * self.scales[:, None]
+        if self.encoding == MXFP4:
+            b = self.raw()
+            codes = np.empty((r, b.shape[1] * 2), dtype=np.uint8)
+            codes[:, 0::2] = b & 0x0F
+            codes[:, 1::2] = b >> 4
+            codes = codes[:, :c]
+            v = E2M1[codes & 7]
+            v = np.where(codes & 8, -v, v).astype(np.float32)
+            e = self.scales.reshape(r, -(-c // MXFP4_BLOCK)).astype(np.int32)
+            if np.any(e == 255):
+                raise FormatError("mxfp4 scale 255 (NaN) in a store")
+            # 2^(e - 127) exactly in float32 (np.ldexp keeps subnormals: e = 0 gives 2^-127).
+            s = np.ldexp(np.float32(1.0), e - 127).astype(np.float32)
+            s_full = np.repeat(s, MXFP4_BLOCK, axis=1)[:, :c]
+            with np.errstate(over="ignore"):
+                return (v * s_full).astype(np.float32)
         g = self.group_size
         s = self.scales.reshape(r, -(-c // g))
         s_full = np.repeat(s, g, axis=1)[:, :c]
@@ -225,6 +255,8 @@ def parse_index(b: bytes, manifest: dict) -> np.ndarray:
         raise FormatError("INDEX: bad magic or shorter than its header")
     version, rec_size, count = struct.unpack_from("<IIQ", b, 8)
     (hcrc,) = struct.unpack_from("<I", b, 60)
+    if version > FORMAT_VERSION:
+        raise FormatError(f"INDEX: format version {version} is newer than {FORMAT_VERSION}")
     if crc32(b[:60]) != hcrc:
         raise FormatError("INDEX: header crc32 mismatch")
     if version != manifest["format_version"] or rec_size != 64:
@@ -241,6 +273,10 @@ def parse_index(b: bytes, manifest: dict) -> np.ndarray:
     keys = recs["layer"].astype(np.uint64) << np.uint64(32) | recs["expert"].astype(np.uint64)
     if count > 1 and not np.all(keys[1:] > keys[:-1]):
         raise FormatError("INDEX: records not sorted by (layer, expert) or duplicated")
+    if np.any(recs["flags"] & ~np.uint32(RECORD_FLAG_BIASES)):
+        raise FormatError("INDEX: unknown record flags")
+    if version < 2 and (np.any(recs["flags"]) or np.any(recs["encoding"] == MXFP4)):
+        raise FormatError("INDEX: a version 1 store with record flags or mxfp4 records")
     align = manifest["alignment"]
     if np.any(recs["offset"] % align) or np.any(recs["length"] % align):
         raise FormatError(f"INDEX: offsets/lengths not multiples of {align}")
@@ -255,10 +291,11 @@ def compute_store_id(manifest: dict) -> str:
     return f"{xxhash.xxh3_128_intdigest(canon):032x}"
 
 
-def record_layout(enc: int, group: int, hidden: int, inter: int) -> tuple[list, int]:
+def record_layout(enc: int, group: int, hidden: int, inter: int, biases: bool = False) -> tuple[list, int]:
     """Sections of an expert record (section 5): for gate [I, H], up [I, H], down [H, I]:
-    (rows, cols, weight offset, weight bytes, scale offset, scale count); and the payload length.
-    Each section starts at a multiple of 64 bytes; scale sections are absent for f32/bf16."""
+    (rows, cols, weight offset, weight bytes, scale offset, scale count, bias offset); and the
+    payload length. Each section starts at a multiple of 64 bytes; scale sections are absent for
+    f32/bf16; a bias section (f32 [rows]) follows each matrix when `biases` (version 2)."""
     off, out, end = 0, [], 0
     for rows, cols in ((inter, hidden), (inter, hidden), (hidden, inter)):
         wb = weight_bytes(enc, rows, cols)
@@ -269,9 +306,14 @@ def record_layout(enc: int, group: int, hidden: int, inter: int) -> tuple[list, 
         s_off = 0
         if sc:
             s_off = off
-            end = s_off + 4 * sc
+            end = s_off + scale_bytes_per(enc) * sc
             off = _align_up(end, SECTION_ALIGN)
-        out.append((rows, cols, w_off, wb, s_off, sc))
+        b_off = None
+        if biases:
+            b_off = off
+            end = b_off + 4 * rows
+            off = _align_up(end, SECTION_ALIGN)
+        out.append((rows, cols, w_off, wb, s_off, sc, b_off))
     return out, end
 
 
@@ -322,7 +364,7 @@ class Store:
             raise FormatError(f"{p}: segment header crc32 mismatch")
         version, seg = struct.unpack_from("<II", h, 8)
         (file_len,) = struct.unpack_from("<Q", h, 32)
-        if version != FORMAT_VERSION or seg != sid or h[16:32] != self.store_id or file_len != size:
+        if version != self.manifest["format_version"] or seg != sid or h[16:32] != self.store_id or file_len != size:
             raise FormatError(f"{p}: segment header fields (version/id/store id/length) disagree")
         if h[48:60] != bytes(12) or h[64:] != bytes(align - 64):
             raise FormatError(f"{p}: segment header reserved bytes are not zero")
@@ -367,13 +409,16 @@ class Store:
                 )
         enc, group = int(r["encoding"]), int(r["group_size"])
         hidden, inter = int(r["hidden"]), int(r["intermediate"])
-        sections, payload = record_layout(enc, group, hidden, inter)
+        biases = bool(int(r["flags"]) & RECORD_FLAG_BIASES)
+        sections, payload = record_layout(enc, group, hidden, inter, biases)
         if payload != int(r["payload_len"]) or _align_up(payload, self.manifest["alignment"]) != length:
             raise FormatError(f"layer {layer} expert {expert}: payload/length disagree with the layout")
         mats = []
-        for rows, cols, w_off, wb, s_off, sc in sections:
-            scales = np.frombuffer(rec, dtype="<f4", count=sc, offset=s_off) if sc else np.zeros(0, np.float32)
-            mats.append(Matrix(enc, group, rows, cols, rec[w_off : w_off + wb], scales))
+        for rows, cols, w_off, wb, s_off, sc, b_off in sections:
+            sdt = np.uint8 if enc == MXFP4 else "<f4"
+            scales = np.frombuffer(rec, dtype=sdt, count=sc, offset=s_off) if sc else np.zeros(0, np.float32)
+            bias = None if b_off is None else np.frombuffer(rec, dtype="<f4", count=rows, offset=b_off)
+            mats.append(Matrix(enc, group, rows, cols, rec[w_off : w_off + wb], scales, bias))
         return Expert(layer, expert, hidden, inter, rec, *mats)
 
     def dense_names(self) -> list[str]:

@@ -235,6 +235,50 @@ def test_int4_probe_from_expected_json():
         assert np.array_equal(d, want), f"{fx}: dequantized values differ from int4_probe"
 
 
+def _file_tensor(fixture: str, name: str) -> np.ndarray:
+    """A tensor of a fixture checkpoint as its raw array (BF16 as uint16 bits, U8 as bytes)."""
+    d = os.path.join(FIXTURES, fixture)
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        shard = json.load(f)["weight_map"][name]
+    with open(os.path.join(d, shard), "rb") as f:
+        b = f.read()
+    n = int.from_bytes(b[:8], "little")
+    h = json.loads(b[8 : 8 + n])[name]
+    s, e = h["data_offsets"]
+    raw = np.frombuffer(b[8 + n + s : 8 + n + e], dtype={"BF16": "<u2", "U8": np.uint8}[h["dtype"]])
+    return raw.reshape(h["shape"])
+
+
+def test_mxfp4_store_version_2():
+    """gpt-oss (format version 2): the lossless store's mxfp4 records hold the published
+    blocks and e8m0 scales (rows de-interleaved) and the biases; their decode equals the
+    fixture generator's own numpy decode (`mxfp4_probe`), and the whole of layer 0 expert 0
+    decodes like the checkpoint blocks decoded by this reader's rule."""
+    fx = "gpt_oss_mxfp4"
+    with open(os.path.join(FIXTURES, fx, "expected.json")) as f:
+        exp = json.load(f)
+    path = convert(fx, "mxfp4", "bf16")
+    st = cr.Store(path)
+    st.verify_segment_bodies()
+    assert st.manifest["format_version"] == 2
+    probe = exp["mxfp4_probe"]
+    e = st.read_expert(probe["layer"], probe["expert"])
+    assert e.gate.encoding == cr.MXFP4 and e.gate.scales.dtype == np.uint8
+    got = e.gate.dequantize()[probe["rows"]]
+    want = np.array(probe["values_f32"], dtype=np.float64).astype(np.float32)
+    assert np.array_equal(got, want), "mxfp4 decode differs from the fixture's probe"
+    blocks = _file_tensor(fx, "model.layers.0.mlp.experts.gate_up_proj_blocks")[0]
+    scales = _file_tensor(fx, "model.layers.0.mlp.experts.gate_up_proj_scales")[0]
+    rows2 = blocks.reshape(blocks.shape[0], -1)
+    assert e.gate.data == rows2[0::2].tobytes() and e.up.data == rows2[1::2].tobytes()
+    assert np.array_equal(e.gate.scales.reshape(scales[0::2].shape), scales[0::2])
+    bias = cr.bf16_to_f32(_file_tensor(fx, "model.layers.0.mlp.experts.gate_up_proj_bias")[0])
+    assert np.array_equal(e.gate.bias, bias[0::2]) and np.array_equal(e.up.bias, bias[1::2])
+    dbias = cr.bf16_to_f32(_file_tensor(fx, "model.layers.0.mlp.experts.down_proj_bias")[0])
+    assert np.array_equal(e.down.bias, dbias)
+    print(f"  {fx} --experts mxfp4: version 2, blocks/scales/biases as published, probe decoded exactly")
+
+
 def _damaged_copy(src: str, name: str) -> str:
     dst = os.path.join(_TMP, name)
     shutil.rmtree(dst, ignore_errors=True)
