@@ -34,12 +34,19 @@ fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
     }
 }
 
-/// The fused tensors of `set` as the checkpoint has them: `storage` as the spec declares it,
+/// The layout of `set`'s experts as the checkpoint has them: `storage` as the spec declares it,
 /// or the other fused layout when the checkpoint holds that one instead (a dequantized BF16
-/// gpt-oss whose config.json still declares MXFP4, or the reverse).
+/// gpt-oss whose config.json still declares MXFP4, or the reverse), or transformers 5's fused
+/// [`ExpertStorage::FusedConcat`] when a per-expert family's checkpoint has `gate_up_proj`
+/// instead of expert 0's tensors.
 pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
     let p = &set.prefix;
     match set.storage {
+        ExpertStorage::PerExpert(_)
+            if !ck.has(&set.tensor_names(0)[0]) && ck.has(&format!("{p}.gate_up_proj")) =>
+        {
+            ExpertStorage::FusedConcat
+        }
         ExpertStorage::FusedMxfp4
             if !ck.has(&format!("{p}.gate_up_proj_blocks"))
                 && ck.has(&format!("{p}.gate_up_proj")) =>
@@ -271,6 +278,31 @@ pub fn gather<'a>(
                     stats.add(st);
                     mats.push(enc);
                 }
+            }
+        }
+        ExpertStorage::FusedConcat => {
+            // gate = rows 0..I, up = rows I..2I of the expert's [2I, H]; down its [H, I].
+            let (gun, gush, gud, gu) = take(format!("{p}.gate_up_proj"))?;
+            let (dn, dsh, dd, d) = take(format!("{p}.down_proj"))?;
+            let half = i * h * gud.size();
+            let parts = [
+                (&gu[..half], i, h, &gun, gush, gud),
+                (&gu[half..], i, h, &gun, gush, gud),
+                (d, h, i, &dn, dsh, dd),
+            ];
+            for (bytes, rows, cols, name, shard, dtype) in parts {
+                let src = SourceMatrix {
+                    name,
+                    file: &shard.path,
+                    dtype,
+                    rows,
+                    cols,
+                    data: bytes,
+                    scales: None,
+                };
+                let (enc, st) = quant::encode(&src, encoding)?;
+                stats.add(st);
+                mats.push(enc);
             }
         }
         ExpertStorage::FusedInterleaved => {

@@ -294,14 +294,21 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
     let nl = spec.num_layers as u32;
     let mtp_index = spec.mtp_layer().map(|n| n as u32);
 
-    // Fused experts of a family read per expert, and stray layers.
-    let fused_family = spec
+    // Fused experts in a layout the spec does not read, and stray layers.
+    let fused_prefixes: BTreeSet<String> = spec
         .tensors
         .expert_sets()
         .iter()
-        .any(|s| !matches!(s.storage, ExpertStorage::PerExpert(_)));
+        .filter(|s| {
+            !matches!(
+                crate::fused::resolve_storage(ck, s),
+                ExpertStorage::PerExpert(_)
+            )
+        })
+        .map(|s| format!("{}.", s.prefix))
+        .collect();
     for name in ck.tensors.keys() {
-        if !fused_family
+        if !fused_prefixes.iter().any(|p| name.starts_with(p.as_str()))
             && (name.contains(".experts.gate_up_proj")
                 || name.contains(".experts.down_proj")
                 || name.contains(".experts.w1")
@@ -309,8 +316,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         {
             return Err(terr(
                 name,
-                "fused expert tensors (all experts in one [E, ...] tensor) are not supported: \
-                 convert from a checkpoint with one tensor per expert matrix",
+                "fused expert tensors (all experts in one [E, ...] tensor) in a layout coli does not \
+                 read for this family: convert from a checkpoint with one tensor per expert \
+                 matrix, or with transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and \
+                 `down_proj` [E, H, I] under the spec's expert prefix",
             ));
         }
         if let Some(l) = layer_of(name) {
@@ -381,8 +390,8 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             num_experts: set.count,
         });
         let encoding = if mtp { enc.mtp } else { enc.experts };
-        if !matches!(set.storage, ExpertStorage::PerExpert(_)) {
-            let storage = crate::fused::resolve_storage(ck, set);
+        let storage = crate::fused::resolve_storage(ck, set);
+        if !matches!(storage, ExpertStorage::PerExpert(_)) {
             let tensors = crate::fused::check(ck, set, storage)?;
             if encoding == Encoding::Mxfp4 && storage != ExpertStorage::FusedMxfp4 {
                 return Err(terr(

@@ -200,6 +200,13 @@ pub enum ExpertStorage {
     /// One tensor per expert matrix: `{prefix}.{e}.{name}.weight` for the three names (gate,
     /// up, down: `gate_proj`, ... or Mixtral's `w1`, `w3`, `w2`).
     PerExpert([&'static str; 3]),
+    /// transformers 5's fused layout of the SwiGLU families (`Qwen3MoeExperts`,
+    /// `OlmoeExperts` parameters, as `save_pretrained` of transformers 5 writes them):
+    /// `{prefix}.gate_up_proj` `[E, 2I, H]` (rows `0..I` gate, `I..2I` up: the product is
+    /// `chunk(2)`-ed) and `{prefix}.down_proj` `[E, H, I]`, BF16/F16/F32, no biases. The spec of
+    /// those families says [`ExpertStorage::PerExpert`]; the converter reads this layout when the
+    /// checkpoint has it instead.
+    FusedConcat,
     /// gpt-oss in BF16/F32 (transformers' `GptOssExperts` parameters): `{prefix}.gate_up_proj`
     /// `[E, H, 2I]` (input-major; column `2i` is gate feature `i`, column `2i + 1` up feature
     /// `i`), `{prefix}.down_proj` `[E, I, H]`, biases `{prefix}.gate_up_proj_bias` `[E, 2I]`
@@ -271,6 +278,10 @@ impl ExpertsSpec {
         );
         let mut out = match self.storage {
             ExpertStorage::PerExpert(_) => return vec![],
+            ExpertStorage::FusedConcat => vec![
+                (format!("{p}.gate_up_proj"), vec![e, 2 * i, h], None),
+                (format!("{p}.down_proj"), vec![e, h, i], None),
+            ],
             ExpertStorage::FusedInterleaved => vec![
                 (format!("{p}.gate_up_proj"), vec![e, h, 2 * i], None),
                 (format!("{p}.down_proj"), vec![e, i, h], None),

@@ -9,7 +9,9 @@
 //! - the store's reference decode of expert 0's first gate rows equals the fixture script's
 //!   independent numpy decode (`mxfp4_probe`);
 //! - the BF16 re-release (fused `[E, H, 2I]` tensors) converts to the same dequantized weights;
-//! - an e8m0 NaN scale and `--experts mxfp4` on BF16 experts are refused, naming the tensor.
+//! - an e8m0 NaN scale and `--experts mxfp4` on BF16 experts are refused, naming the tensor;
+//! - transformers 5's fused layout of the per-expert families (`gate_up_proj` `[E, 2I, H]`,
+//!   `down_proj` `[E, H, I]`) converts to the same expert records as per-expert tensors.
 
 use coli_convert::checkpoint::Checkpoint;
 use coli_convert::{Encodings, Options};
@@ -172,4 +174,119 @@ fn nan_scales_and_mxfp4_from_bf16_are_refused_by_name() {
     std::fs::write(&file, bytes).unwrap();
     let err = convert_err(&dst, Encoding::Mxfp4);
     assert!(err.contains(name) && err.contains("NaN"), "{err}");
+}
+
+/// Writes a single-file safetensors checkpoint `dir/model.safetensors` holding `tensors`
+/// (name, dtype, shape, bytes), in name order.
+fn write_safetensors(dir: &std::path::Path, tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) {
+    let mut sorted: Vec<&(String, &str, Vec<usize>, Vec<u8>)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut header = serde_json::Map::new();
+    let mut off = 0usize;
+    for (name, dtype, shape, bytes) in &sorted {
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + bytes.len()]}),
+        );
+        off += bytes.len();
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    for (_, _, _, bytes) in &sorted {
+        out.extend_from_slice(bytes);
+    }
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+}
+
+/// transformers 5's fused layout of a per-expert family (`Qwen3MoeExperts.gate_up_proj`
+/// `[E, 2I, H]`, gate rows first, and `down_proj` `[E, H, I]`), built from the per-expert
+/// qwen3_moe_bf16 fixture: the store's expert records are byte-identical to the per-expert
+/// conversion's.
+#[test]
+fn transformers5_fused_experts_convert_like_per_expert_tensors() {
+    let name = "qwen3_moe_bf16";
+    let src = fixture_dir(name);
+    let ck = Checkpoint::open(&src).unwrap();
+    let exp = expected(name);
+    let dims = &exp["dims"];
+    let (e_count, layers) = (
+        dims["experts"].as_u64().unwrap() as usize,
+        dims["layers"].as_u64().unwrap() as usize,
+    );
+    let mut tensors: Vec<(String, &str, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (n, _) in ck.tensors.iter() {
+        if n.contains(".mlp.experts.") {
+            continue;
+        }
+        let (shard, info) = ck.get(n).unwrap();
+        tensors.push((
+            n.clone(),
+            "BF16",
+            info.shape.clone(),
+            shard.data(info).to_vec(),
+        ));
+    }
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        let (mut h, mut i) = (0, 0);
+        for e in 0..e_count {
+            for m in ["gate_proj", "up_proj"] {
+                let (shard, info) = ck.get(&format!("{p}.{e}.{m}.weight")).unwrap();
+                (i, h) = (info.shape[0], info.shape[1]);
+                gu.extend_from_slice(shard.data(info));
+            }
+            let (shard, info) = ck.get(&format!("{p}.{e}.down_proj.weight")).unwrap();
+            down.extend_from_slice(shard.data(info));
+        }
+        tensors.push((
+            format!("{p}.gate_up_proj"),
+            "BF16",
+            vec![e_count, 2 * i, h],
+            gu,
+        ));
+        tensors.push((format!("{p}.down_proj"), "BF16", vec![e_count, h, i], down));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fused");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+    }
+    write_safetensors(&dir, &tensors);
+    let convert = |input: &std::path::Path, out: &std::path::Path| {
+        coli_convert::run(&Options {
+            input: input.to_path_buf(),
+            output: out.to_path_buf(),
+            encodings: Encodings {
+                experts: Encoding::Int4 { group_size: 64 },
+                dense: Encoding::Bf16,
+                mtp: Encoding::Int8,
+                embeddings: None,
+            },
+            threads: Some(1),
+            progress: false,
+        })
+        .unwrap_or_else(|e| panic!("{}: {e}", input.display()));
+    };
+    let (a, b) = (tmp.path().join("per-expert"), tmp.path().join("from-fused"));
+    convert(&src, &a);
+    convert(&dir, &b);
+    let (a, b) = (
+        open_store(&a, true, IoPreference::Auto),
+        open_store(&b, true, IoPreference::Auto),
+    );
+    for l in 0..layers as u32 {
+        for e in 0..e_count as u32 {
+            let k = ExpertKey::new(l, e);
+            let (x, y) = (&a.fetch(&[k]).unwrap()[0], &b.fetch(&[k]).unwrap()[0]);
+            assert_eq!(x.bytes(), y.bytes(), "{k}");
+        }
+    }
 }
