@@ -291,16 +291,7 @@ pub fn gather<'a>(
                 (d, h, i, &dn, dsh, dd),
             ];
             for (bytes, rows, cols, name, shard, dtype) in parts {
-                let src = SourceMatrix {
-                    name,
-                    file: &shard.path,
-                    dtype,
-                    rows,
-                    cols,
-                    data: bytes,
-                    scales: None,
-                };
-                let (enc, st) = quant::encode(&src, encoding)?;
+                let (enc, st) = encode_slice(name, shard, dtype, rows, cols, bytes, encoding)?;
                 stats.add(st);
                 mats.push(enc);
             }
@@ -346,16 +337,7 @@ pub fn gather<'a>(
                 (gather_t(d, dd.size(), h, i, h, &|r| r), h, i, &dn, dsh, dd),
             ];
             for (bytes, rows, cols, name, shard, dtype) in parts {
-                let src = SourceMatrix {
-                    name,
-                    file: &shard.path,
-                    dtype,
-                    rows,
-                    cols,
-                    data: &bytes,
-                    scales: None,
-                };
-                let (enc, st) = quant::encode(&src, encoding)?;
+                let (enc, st) = encode_slice(name, shard, dtype, rows, cols, &bytes, encoding)?;
                 stats.add(st);
                 mats.push(enc);
             }
@@ -376,6 +358,28 @@ pub fn gather<'a>(
         regions,
         bytes_in,
     })
+}
+
+/// Encodes a `[rows, cols]` matrix cut from the fused tensor `name` (its bytes in `dtype`).
+fn encode_slice(
+    name: &str,
+    shard: &Shard,
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+    encoding: Encoding,
+) -> Result<(EncodedMatrix, ErrStats)> {
+    let src = SourceMatrix {
+        name,
+        file: &shard.path,
+        dtype,
+        rows,
+        cols,
+        data: bytes,
+        scales: None,
+    };
+    quant::encode(&src, encoding)
 }
 
 /// Encodes f32 values (little-endian bytes, `[rows, cols]`) decoded from `name`.
