@@ -289,8 +289,15 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
             );
         }
         for e in s.tensors.expert_sets() {
-            for x in 0..e.count {
-                for n in e.tensor_names(x) {
+            if let ExpertStorage::PerExpert(_) = e.storage {
+                for x in 0..e.count {
+                    for n in e.tensor_names(x) {
+                        assert!(in_checkpoint.remove(&n), "{}: {n} missing", dir.display());
+                    }
+                }
+            } else {
+                // gpt-oss: the layer's fused tensors (MXFP4 blocks and scales, or BF16).
+                for (n, _, _) in e.fused_tensors() {
                     assert!(in_checkpoint.remove(&n), "{}: {n} missing", dir.display());
                 }
             }
@@ -302,7 +309,7 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
         );
         seen += 1;
     }
-    assert!(seen >= 6, "expected the six tiny fixtures, found {seen}");
+    assert!(seen >= 8, "expected the eight tiny fixtures, found {seen}");
 }
 
 #[test]
@@ -345,4 +352,64 @@ fn kimi_k2_is_deepseek_v3_and_dense_layers_come_first() {
     bad["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
     let e = spec(bad).unwrap_err();
     assert!(e.to_string().contains("llama3"), "{e}");
+}
+
+/// gpt-oss: `GptOssConfig`'s defaults (YaRN when no rope block, sliding on even layers,
+/// swiglu 1.702 / 7.0), the published MXFP4 storage when `quantization_config` says so, the
+/// fused BF16 storage otherwise, and the window per layer.
+#[test]
+fn gpt_oss_defaults_and_storage() {
+    let base = json!({"model_type": "gpt_oss", "vocab_size": 100, "hidden_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 96, "num_local_experts": 8,
+        "num_experts_per_tok": 2});
+    let s = spec(base.clone()).unwrap();
+    assert_eq!(s.family, Family::GptOss);
+    assert_eq!(s.routing, Routing::TopKSoftmax);
+    assert_eq!(s.sliding_layers, vec![true, false, true, false]);
+    assert_eq!((s.window_of(0), s.window_of(1)), (Some(128), None));
+    let y = s.rope_yarn.clone().expect("default yarn");
+    assert_eq!(
+        (y.factor, y.original_max_position_embeddings, y.truncate),
+        (32.0, 4096.0, false)
+    );
+    assert_eq!(s.rope_theta, 150_000.0);
+    assert_eq!(
+        s.expert_activation,
+        ExpertActivation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+    let e = s.tensors.expert_sets()[0];
+    assert_eq!(e.storage, ExpertStorage::FusedInterleaved);
+    assert!(e.biases);
+    let mut mx = base.clone();
+    mx["quantization_config"] = json!({"quant_method": "mxfp4"});
+    mx["layer_types"] = json!([
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+        "full_attention"
+    ]);
+    mx["sliding_window"] = json!(8);
+    let s = spec(mx.clone()).unwrap();
+    assert_eq!(
+        s.tensors.expert_sets()[0].storage,
+        ExpertStorage::FusedMxfp4
+    );
+    assert_eq!(s.window_of(1), Some(8));
+    assert_eq!(s.window_of(0), None);
+    // Every layer's attention has sinks; the router has a bias.
+    let names: Vec<String> = s.tensors.dense().iter().map(|t| t.name.clone()).collect();
+    assert!(names.contains(&"model.layers.3.self_attn.sinks".to_string()));
+    assert!(names.contains(&"model.layers.0.mlp.router.bias".to_string()));
+    assert!(names.contains(&"model.layers.0.self_attn.q_proj.bias".to_string()));
+    // MXFP4 needs whole 32-column blocks.
+    mx["intermediate_size"] = json!(80);
+    let err = spec(mx).unwrap_err().to_string();
+    assert!(err.contains("multiples of 32"), "{err}");
+    let mut bad = base;
+    bad["layer_types"] = json!(["sliding_attention"]);
+    assert!(spec(bad).unwrap_err().to_string().contains("layer_types"));
 }
