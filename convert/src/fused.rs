@@ -19,9 +19,9 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{ConvertError, Result};
 use crate::quant::{self, decode, ErrStats, SourceMatrix};
 use crate::safetensors::{Dtype, Shard, TensorInfo};
-use coli_format::encoding::mxfp4::{e2m1_to_f32, e8m0_to_f32, E8M0_NAN, MXFP4_BLOCK};
+use coli_format::encoding::mxfp4::{E8M0_NAN, MXFP4_BLOCK};
 use coli_format::spec::{ExpertStorage, ExpertsSpec};
-use coli_format::Encoding;
+use coli_format::{Encoding, MatrixView};
 use coli_store::EncodedMatrix;
 
 /// A byte range of a checkpoint tensor (one expert's slice), for readahead and release.
@@ -262,17 +262,16 @@ pub fn gather<'a>(
                     em.e8m0_scales = m.scales;
                     mats.push(em);
                 } else {
-                    // Decode exactly to f32, then quantize as any f32 source.
-                    let nb = cols / MXFP4_BLOCK;
+                    // Decode exactly to f32 with the encoding's reference decode, then quantize
+                    // as any f32 source.
+                    let view =
+                        MatrixView::from_sections(Encoding::Mxfp4, rows, cols, &m.data, &m.scales)
+                            .expect("MXFP4 rows of the checked shapes");
+                    let mut row = vec![0f32; cols];
                     let mut f = Vec::with_capacity(rows * cols * 4);
                     for r in 0..rows {
-                        for c in 0..cols {
-                            let byte = m.data[r * cols / 2 + c / 2];
-                            let code = if c % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                            let v =
-                                e2m1_to_f32(code) * e8m0_to_f32(m.scales[r * nb + c / MXFP4_BLOCK]);
-                            f.extend_from_slice(&v.to_le_bytes());
-                        }
+                        view.dequantize_row(r, &mut row);
+                        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
                     }
                     let (enc, st) = encode_f32(ck, name, rows, cols, &f, encoding)?;
                     stats.add(st);

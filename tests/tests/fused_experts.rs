@@ -191,7 +191,7 @@ fn write_safetensors(dir: &std::path::Path, tensors: &[(String, &str, Vec<usize>
         off += bytes.len();
     }
     let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
