@@ -8,7 +8,7 @@
 //! code under test.
 
 use coli_store::fsck::{check, FsckOptions, NoProgress};
-use coli_store::{Encoding, ExpertKey, Store};
+use coli_store::{Encoding, ExpertBuf, ExpertKey, MatrixView, Store};
 use std::path::PathBuf;
 
 fn golden(name: &str) -> PathBuf {
@@ -17,12 +17,43 @@ fn golden(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn fixture_probe() -> serde_json::Value {
+/// `expected.json` of the tiny fixture `name` (tests/fixtures/tiny/).
+fn fixture_expected(name: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/tiny/mixtral_fp8/expected.json");
+        .join("../tests/fixtures/tiny")
+        .join(name)
+        .join("expected.json");
     let text = std::fs::read_to_string(&path).expect("read fixture expected.json");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("parse expected.json");
-    v["int4_probe"].clone()
+    serde_json::from_str(&text).expect("parse expected.json")
+}
+
+/// Every expert record of `store` (manifest order), each fetched with its checksum verified.
+fn fetch_all(store: &Store) -> Vec<ExpertBuf> {
+    let keys: Vec<ExpertKey> = store
+        .manifest()
+        .expert_layers
+        .iter()
+        .flat_map(|l| (0..l.num_experts).map(move |e| ExpertKey::new(l.layer, e)))
+        .collect();
+    assert_eq!(keys.len(), 24);
+    store.fetch(&keys).expect("fetch every golden expert")
+}
+
+/// Rows `0..want.len()` of `view`, decoded by the store's reference decode, equal the fixture
+/// script's values (`want`: a JSON array of rows) bit for bit.
+fn assert_rows(view: &MatrixView<'_>, want: &serde_json::Value, what: &str) {
+    let want = want.as_array().expect("probe rows");
+    let mut row = vec![0f32; view.cols()];
+    for (r, want_row) in want.iter().enumerate() {
+        view.dequantize_row(r, &mut row);
+        let want_row: Vec<f32> = want_row
+            .as_array()
+            .expect("probe row")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect();
+        assert_eq!(row, want_row, "{what} gate row {r}");
+    }
 }
 
 #[test]
@@ -33,34 +64,15 @@ fn golden_v1_opens_verifies_and_decodes() {
     assert_eq!(m.format_version, 1);
     assert_eq!(m.family, "mixtral");
     assert_eq!(m.expert_layers.len(), 3);
-
-    // Every record fetches with its checksum verified.
-    let keys: Vec<ExpertKey> = m
-        .expert_layers
-        .iter()
-        .flat_map(|l| (0..l.num_experts).map(move |e| ExpertKey::new(l.layer, e)))
-        .collect();
-    assert_eq!(keys.len(), 24);
-    let experts = store.fetch(&keys).expect("fetch every golden expert");
+    let experts = fetch_all(&store);
 
     // Expert (0, 0) gate rows 0 and 1 equal the fixture script's int4 g64 values bit for bit.
-    let probe = fixture_probe();
+    let probe = &fixture_expected("mixtral_fp8")["int4_probe"];
     assert_eq!(probe["layer"], 0);
     assert_eq!(probe["expert"], 0);
     let gate = experts[0].gate();
     assert_eq!(gate.encoding(), Encoding::Int4 { group_size: 64 });
-    let want = probe["int4_dequantized"].as_array().expect("probe rows");
-    let mut row = vec![0f32; gate.cols()];
-    for (r, want_row) in want.iter().enumerate() {
-        gate.dequantize_row(r, &mut row);
-        let want_row: Vec<f32> = want_row
-            .as_array()
-            .expect("probe row")
-            .iter()
-            .map(|x| x.as_f64().expect("number") as f32)
-            .collect();
-        assert_eq!(row, want_row, "golden v1 gate row {r}");
-    }
+    assert_rows(&gate, &probe["int4_dequantized"], "golden v1");
 
     // fsck finds it clean.
     let report = check(&dir, &FsckOptions::default(), &NoProgress);
@@ -73,8 +85,7 @@ fn golden_v1_opens_verifies_and_decodes() {
 /// `v2-gpt-oss-mxfp4` was written by `coli-convert` 0.1.0 (format version 2) from the tiny
 /// gpt-oss fixture `tests/fixtures/tiny/gpt_oss_mxfp4` with default parameters (`--experts
 /// auto` = mxfp4, kept as published, with expert biases; bf16 dense). Expected values come from
-/// that fixture's `expected.json` `mxfp4_probe` (the fixture script's own numpy MXFP4 decode)
-/// and the checkpoint's BF16 biases.
+/// that fixture's `expected.json` `mxfp4_probe` (the fixture script's own numpy MXFP4 decode).
 #[test]
 fn golden_v2_opens_verifies_and_decodes() {
     let dir = golden("v2-gpt-oss-mxfp4");
@@ -83,38 +94,16 @@ fn golden_v2_opens_verifies_and_decodes() {
     assert_eq!(m.format_version, 2);
     assert_eq!(m.family, "gpt_oss");
     assert_eq!(m.expert_layers.len(), 3);
-    let keys: Vec<ExpertKey> = m
-        .expert_layers
-        .iter()
-        .flat_map(|l| (0..l.num_experts).map(move |e| ExpertKey::new(l.layer, e)))
-        .collect();
-    assert_eq!(keys.len(), 24);
-    let experts = store.fetch(&keys).expect("fetch every golden expert");
+    let experts = fetch_all(&store);
     assert!(experts.iter().all(|x| x.has_biases()));
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/tiny/gpt_oss_mxfp4/expected.json");
-    let exp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("read expected.json"))
-            .expect("parse expected.json");
-    let probe = &exp["mxfp4_probe"];
+    let probe = &fixture_expected("gpt_oss_mxfp4")["mxfp4_probe"];
     assert_eq!(
         (probe["layer"].as_u64(), probe["expert"].as_u64()),
         (Some(0), Some(0))
     );
     let gate = experts[0].gate();
     assert_eq!(gate.encoding(), Encoding::Mxfp4);
-    let want = probe["values_f32"].as_array().expect("probe rows");
-    let mut row = vec![0f32; gate.cols()];
-    for (r, want_row) in want.iter().enumerate() {
-        gate.dequantize_row(r, &mut row);
-        let want_row: Vec<f32> = want_row
-            .as_array()
-            .expect("probe row")
-            .iter()
-            .map(|x| x.as_f64().expect("number") as f32)
-            .collect();
-        assert_eq!(row, want_row, "golden v2 gate row {r}");
-    }
+    assert_rows(&gate, &probe["values_f32"], "golden v2");
     let r = check(&dir, &FsckOptions::default(), &NoProgress);
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
