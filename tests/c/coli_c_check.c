@@ -9,8 +9,12 @@
  *   int8 / int4 : scale = max(absmax / qmax, 1e-8) per row / group, q = clip(rint(w / s)),
  *                 exactly; and |w_deq - w_src| <= s / 2 (within half a quantization step)
  *   f32 store   : bits equal the source's value
+ *   mxfp4 store : e2m1 bytes and e8m0 scales equal the source's MXFP4 blocks (bit-exact,
+ *                 lossless; gpt-oss's fused [E, 2I, H/32, 16] tensors, gate = even rows)
+ *   biases      : f32 bits equal the source's widened BF16 bias (gpt-oss); none elsewhere
  *
- * where w_src = e4m3(q) * scale (FP8 source, in f32) or the widened BF16/F32 value. It also
+ * where w_src = e4m3(q) * scale (FP8 source, in f32), e2m1(q) * 2^(e - 127) (MXFP4 source) or
+ * the widened BF16/F32 value. It also
  * checks its own dequantization against coli_dequantize_row, the caller-buffer fetch against
  * the library-owned fetch, the batch fetch, stats and error codes.
  *
@@ -31,9 +35,9 @@
 _Static_assert(sizeof(coli_open_options) == 32, "coli_open_options layout");
 _Static_assert(sizeof(coli_stats) == 16, "coli_stats layout");
 _Static_assert(sizeof(coli_expert_key) == 8, "coli_expert_key layout");
-_Static_assert(sizeof(coli_expert_info) == 56, "coli_expert_info layout");
-_Static_assert(sizeof(coli_matrix_view) == 56, "coli_matrix_view layout");
-_Static_assert(sizeof(coli_dense_view) == 88, "coli_dense_view layout");
+_Static_assert(sizeof(coli_expert_info) == 64, "coli_expert_info layout");
+_Static_assert(sizeof(coli_matrix_view) == 72, "coli_matrix_view layout");
+_Static_assert(sizeof(coli_dense_view) == 104, "coli_dense_view layout");
 
 static long g_failures = 0;
 static long g_checked_values = 0;
@@ -60,7 +64,7 @@ static long g_checked_values = 0;
 
 /* ---- source checkpoint: safetensors files parsed here ---------------------------------- */
 
-enum src_dtype { SRC_F8, SRC_BF16, SRC_F32 };
+enum src_dtype { SRC_F8, SRC_BF16, SRC_F32, SRC_U8 };
 
 typedef struct {
     char *path;
@@ -72,7 +76,8 @@ typedef struct {
 
 typedef struct {
     enum src_dtype dtype;
-    size_t ndim, rows, cols;
+    size_t ndim, rows, cols; /* rows/cols: of a 1-D or 2-D tensor */
+    size_t shape[4];
     const uint8_t *data;
 } src_tensor;
 
@@ -204,18 +209,24 @@ static int find_tensor(const char *name, src_tensor *t) {
         if (strncmp(dt, "\"F8_E4M3\"", 9) == 0) t->dtype = SRC_F8;
         else if (strncmp(dt, "\"BF16\"", 6) == 0) t->dtype = SRC_BF16;
         else if (strncmp(dt, "\"F32\"", 5) == 0) t->dtype = SRC_F32;
+        else if (strncmp(dt, "\"U8\"", 4) == 0) t->dtype = SRC_U8;
         else {
             fprintf(stderr, "%s: unsupported source dtype %.12s\n", name, dt);
             exit(2);
         }
         uint64_t shape[4], offs[2];
         size_t nd = json_uints(sh, end, shape, 4);
-        if (json_uints(of, end, offs, 2) != 2 || nd < 1 || nd > 2) break;
+        if (json_uints(of, end, offs, 2) != 2 || nd < 1 || nd > 4) break;
         t->ndim = nd;
         t->rows = nd == 2 ? shape[0] : 1;
         t->cols = nd == 2 ? shape[1] : shape[0];
-        size_t esz = t->dtype == SRC_F8 ? 1 : t->dtype == SRC_BF16 ? 2 : 4;
-        if (offs[1] - offs[0] != t->rows * t->cols * esz ||
+        size_t esz = (t->dtype == SRC_F8 || t->dtype == SRC_U8) ? 1 : t->dtype == SRC_BF16 ? 2 : 4;
+        size_t count = 1;
+        for (size_t k = 0; k < 4; k++) {
+            t->shape[k] = k < nd ? shape[k] : 1;
+            count *= t->shape[k];
+        }
+        if (offs[1] - offs[0] != count * esz ||
             g_shards[i].data_start + offs[1] > g_shards[i].len) {
             fprintf(stderr, "%s: inconsistent safetensors entry\n", name);
             exit(2);
@@ -254,6 +265,16 @@ static float e4m3(uint8_t b) {
     return sign ? -v : v;
 }
 
+/* MXFP4 element (OCP Microscaling Formats v1.0): e2m1 code -> value; 1 sign bit, 2 exponent
+ * bits (bias 1), 1 mantissa bit. */
+static float e2m1(int code) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+
+/* e8m0 scale byte -> 2^(e - 127) (255 is NaN and never stored). */
+static float e8m0(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+
 /* f32 -> bf16, round to nearest, ties to even. */
 static uint16_t f32_bf16_rne(float f) {
     uint32_t u = f32_bits(f);
@@ -262,16 +283,22 @@ static uint16_t f32_bf16_rne(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* A source matrix with its (optional) FP8 block scales, as f32 values. */
+/* A source matrix with its (optional) FP8 block scales, as f32 values; or (mx = 1) rows of one
+ * expert's slice of fused MXFP4 tensors: matrix row r is row r * mx_step + mx_off of
+ * mx_blocks ([R, cols/32, 16] bytes) and mx_scales ([R, cols/32] e8m0 bytes). */
 typedef struct {
     const char *name;
     src_tensor w;
     int has_scale;
     src_tensor s;
+    int mx;
+    const uint8_t *mx_blocks, *mx_scales;
+    size_t mx_step, mx_off;
 } src_matrix;
 
 static void load_src_matrix(const char *name, src_matrix *m) {
     m->name = name;
+    m->mx = 0;
     if (find_tensor(name, &m->w) != 0) {
         fprintf(stderr, "source tensor %s not found in the checkpoint\n", name);
         exit(2);
@@ -294,8 +321,21 @@ static float src_block_scale(const src_matrix *m, size_t br, size_t bc) {
     return m->s.dtype == SRC_BF16 ? bf16_f32(rd16(m->s.data + 2 * i)) : bits_f32(rd32(m->s.data + 4 * i));
 }
 
-/* Source value [r][c] as f32: e4m3(q) * scale (in f32), or the widened BF16/F32 value. */
+/* The source bytes of MXFP4 matrix row r: cols/2 e2m1 bytes, cols/32 e8m0 scales. */
+static const uint8_t *mx_row(const src_matrix *m, size_t r) {
+    return m->mx_blocks + (r * m->mx_step + m->mx_off) * (m->w.cols / 2);
+}
+static const uint8_t *mx_row_scales(const src_matrix *m, size_t r) {
+    return m->mx_scales + (r * m->mx_step + m->mx_off) * (m->w.cols / 32);
+}
+
+/* Source value [r][c] as f32: e4m3(q) * scale (in f32), e2m1(q) * 2^(e - 127), or the widened
+ * BF16/F32 value. */
 static float src_value(const src_matrix *m, size_t r, size_t c) {
+    if (m->mx) {
+        uint8_t b = mx_row(m, r)[c / 2];
+        return e2m1(c % 2 == 0 ? (b & 15) : (b >> 4)) * e8m0(mx_row_scales(m, r)[c / 32]);
+    }
     size_t i = r * m->w.cols + c;
     switch (m->w.dtype) {
     case SRC_F8: return e4m3(m->w.data[i]) * src_block_scale(m, r / 128, c / 128);
@@ -320,6 +360,10 @@ static float own_dequant(const coli_matrix_view *v, size_t r, size_t c) {
         uint8_t b = v->data[r * stride + c / 2];
         int nib = (c % 2 == 0) ? (b & 15) : (b >> 4);
         return (float)(nib - 8) * v->scales[r * ng + c / g];
+    }
+    case COLI_ENC_MXFP4: {
+        uint8_t b = v->data[r * ((v->cols + 1) / 2) + c / 2];
+        return e2m1(c % 2 == 0 ? (b & 15) : (b >> 4)) * e8m0(v->e8m0_scales[r * ((v->cols + 31) / 32) + c / 32]);
     }
     }
     fprintf(stderr, "unknown encoding %u\n", v->encoding);
@@ -355,6 +399,17 @@ static void check_matrix(const char *what, const coli_matrix_view *v, const src_
         }
         /* 2. Against the source. */
         switch (v->encoding) {
+        case COLI_ENC_MXFP4:
+            if (!src->mx) {
+                FAIL("%s: mxfp4 store from a non-MXFP4 source", what);
+                break;
+            }
+            if (memcmp(v->data + r * (cols / 2), mx_row(src, r), cols / 2) != 0)
+                FAIL("%s row %zu: mxfp4 bytes differ from the source", what, r);
+            if (memcmp(v->e8m0_scales + r * (cols / 32), mx_row_scales(src, r), cols / 32) != 0)
+                FAIL("%s row %zu: e8m0 scales differ from the source", what, r);
+            g_checked_values += (long)cols;
+            break;
         case COLI_ENC_FP8:
             if (src->w.dtype != SRC_F8) {
                 FAIL("%s: fp8 store from a non-FP8 source", what);
@@ -440,6 +495,81 @@ static const char *matrix_suffix(const char *family, int which) {
     return strcmp(family, "mixtral") == 0 ? mixtral[which] : hf[which];
 }
 
+/* Compares the store's bias of one expert matrix with `want` (BF16 [n] values, or NULL when the
+ * source has none). */
+static void check_bias(const char *what, const coli_expert *e, uint32_t which, const uint8_t *want,
+                       size_t n) {
+    const float *b = NULL;
+    size_t len = 0;
+    CHECK_OK(coli_expert_bias(e, which, &b, &len));
+    if (want == NULL) {
+        if (b != NULL || len != 0) FAIL("%s: a bias of %zu values, the source has none", what, len);
+        return;
+    }
+    if (b == NULL || len != n || ((uintptr_t)b % 64) != 0) {
+        FAIL("%s: bias %p of %zu values, expected %zu", what, (const void *)b, len, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float w = bf16_f32(rd16(want + 2 * i));
+        if (f32_bits(b[i]) != f32_bits(w)) FAIL("%s bias [%zu]: %.9g, source %.9g", what, i, b[i], w);
+    }
+    g_checked_values += (long)n;
+}
+
+/* gpt-oss: expert e's gate (which 0), up (1) or down (2) out of the layer's fused MXFP4 tensors
+ * (gate_up rows interleaved: gate row i = row 2i, up row i = row 2i + 1), and its bias. */
+static void check_gpt_oss_matrix(const coli_expert_info *info, const coli_expert *e, int which,
+                                 const coli_matrix_view *v) {
+    char base[256], name[320], what[320];
+    snprintf(base, sizeof base, "model.layers.%u.mlp.experts.%s", info->layer,
+             which == 2 ? "down_proj" : "gate_up_proj");
+    src_tensor blocks, scales, bias;
+    snprintf(name, sizeof name, "%s_blocks", base);
+    if (find_tensor(name, &blocks) != 0 || blocks.dtype != SRC_U8 || blocks.ndim != 4) {
+        fprintf(stderr, "source tensor %s (U8 [E, R, C/32, 16]) not found\n", name);
+        exit(2);
+    }
+    snprintf(name, sizeof name, "%s_scales", base);
+    if (find_tensor(name, &scales) != 0 || scales.dtype != SRC_U8 || scales.ndim != 3) {
+        fprintf(stderr, "source tensor %s (U8 [E, R, C/32]) not found\n", name);
+        exit(2);
+    }
+    snprintf(name, sizeof name, "%s_bias", base);
+    if (find_tensor(name, &bias) != 0 || bias.dtype != SRC_BF16 || bias.ndim != 2) {
+        fprintf(stderr, "source tensor %s (BF16 [E, R]) not found\n", name);
+        exit(2);
+    }
+    size_t rows = which == 2 ? info->hidden : info->intermediate, cols = v->cols;
+    size_t src_rows = blocks.shape[1], nblk = blocks.shape[2];
+    if (info->expert >= blocks.shape[0] || nblk * 32 != cols || blocks.shape[3] != 16 ||
+        src_rows != (which == 2 ? rows : 2 * rows) || scales.shape[1] != src_rows || scales.shape[2] != nblk ||
+        bias.cols != src_rows) {
+        FAIL("%s: source shape does not match the store's [%zu, %zu]", base, rows, cols);
+        return;
+    }
+    src_matrix src;
+    memset(&src, 0, sizeof src);
+    src.name = base;
+    src.w.dtype = SRC_U8;
+    src.w.ndim = 2;
+    src.w.rows = rows;
+    src.w.cols = cols;
+    src.mx = 1;
+    src.mx_blocks = blocks.data + (size_t)info->expert * src_rows * nblk * 16;
+    src.mx_scales = scales.data + (size_t)info->expert * src_rows * nblk;
+    src.mx_step = which == 2 ? 1 : 2;
+    src.mx_off = which == 1 ? 1 : 0;
+    snprintf(what, sizeof what, "%s expert %u %s", base, info->expert, matrix_suffix("gpt_oss", which));
+    check_matrix(what, v, &src);
+    /* The bias, de-interleaved the same way (BF16 values). */
+    const uint8_t *b = bias.data + 2 * (size_t)info->expert * src_rows;
+    uint8_t *want = xmalloc(2 * rows);
+    for (size_t r = 0; r < rows; r++) memcpy(want + 2 * r, b + 2 * (r * src.mx_step + src.mx_off), 2);
+    check_bias(what, e, (uint32_t)which, want, rows);
+    free(want);
+}
+
 static void check_expert(const char *family, const coli_expert *e) {
     coli_expert_info info;
     CHECK_OK(coli_expert_get_info(e, &info));
@@ -459,6 +589,13 @@ static void check_expert(const char *family, const coli_expert *e) {
         if (v.rows != want_rows || v.encoding != info.encoding || ((uintptr_t)v.data % 64) != 0)
             FAIL("layer %u expert %u matrix %d: view rows %zu encoding %u", info.layer, info.expert, which,
                  v.rows, v.encoding);
+        int gpt_oss = strcmp(family, "gpt_oss") == 0;
+        if (gpt_oss != ((info.flags & COLI_RECORD_FLAG_BIASES) != 0))
+            FAIL("layer %u expert %u: flags %#x for family %s", info.layer, info.expert, info.flags, family);
+        if (gpt_oss) {
+            check_gpt_oss_matrix(&info, e, which, &v);
+            continue;
+        }
         char name[256];
         snprintf(name, sizeof name, "model.layers.%u.%s.experts.%u.%s.weight", info.layer,
                  strcmp(family, "mixtral") == 0 ? "block_sparse_moe" : "mlp", info.expert,
@@ -466,6 +603,7 @@ static void check_expert(const char *family, const coli_expert *e) {
         src_matrix src;
         load_src_matrix(name, &src);
         check_matrix(name, &v, &src);
+        check_bias(name, e, (uint32_t)which, NULL, 0);
     }
 }
 

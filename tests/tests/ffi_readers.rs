@@ -140,12 +140,19 @@ fn c_program_reads_lossless_stores_bit_exact() {
         ("olmoe_fp8", Encoding::Fp8),
         ("qwen3_moe_fp8", Encoding::Fp8),
         ("qwen3_moe_bf16", Encoding::Bf16),
+        // Fused MXFP4 experts with biases (format version 2), BF16 dense as published.
+        ("gpt_oss_mxfp4", Encoding::Mxfp4),
     ]
     .into_iter()
     .enumerate()
     {
         let store = tmp.path().join(format!("{name}-lossless"));
-        convert(&fixture_dir(name), &store, enc, enc);
+        let dense = if enc == Encoding::Mxfp4 {
+            Encoding::Bf16
+        } else {
+            enc
+        };
+        convert(&fixture_dir(name), &store, enc, dense);
         assert_checker_passes(&store, &fixture_dir(name), i == 0);
     }
 }
@@ -164,6 +171,8 @@ fn c_program_reads_quantized_stores_within_half_a_step() {
         ),
         // MLA: shared experts and the MTP layer (int8 experts) besides the int4 routed ones.
         ("deepseek_v3_fp8", int4, Encoding::Bf16),
+        // MXFP4 source requantized to int4 (w_src = e2m1 * 2^(e - 127)), biases kept.
+        ("gpt_oss_mxfp4", int4, Encoding::Bf16),
     ]
     .into_iter()
     .enumerate()
@@ -244,6 +253,67 @@ fn c_program_detects_a_store_that_differs_from_its_source() {
     );
     assert!(
         stderr.contains(&format!("{tensor} [3][5]")) || stderr.contains(&format!("{tensor} row 3")),
+        "{stderr}"
+    );
+}
+
+/// A changed e2m1 byte in gpt-oss's fused `gate_up_proj_blocks` (expert 3, source row 5 = up
+/// row 2) and a changed e8m0 scale (expert 1, gate row 0): the C program names both.
+#[test]
+fn c_program_detects_an_mxfp4_store_that_differs_from_its_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = "gpt_oss_mxfp4";
+    let store = tmp.path().join("lossless");
+    convert(&fixture_dir(name), &store, Encoding::Mxfp4, Encoding::Bf16);
+    let dst = tmp.path().join("damaged");
+    std::fs::create_dir_all(&dst).unwrap();
+    let mut changed = 0;
+    for e in std::fs::read_dir(fixture_dir(name)).unwrap() {
+        let p = e.unwrap().path();
+        let mut bytes = std::fs::read(&p).unwrap();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            for (tensor, expert, row) in [
+                ("model.layers.1.mlp.experts.gate_up_proj_blocks", 3, 5),
+                ("model.layers.1.mlp.experts.gate_up_proj_scales", 1, 0),
+            ] {
+                if let Some(t) = header.get(tensor) {
+                    let shape: Vec<usize> = t["shape"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|d| d.as_u64().unwrap() as usize)
+                        .collect();
+                    let row_bytes: usize = shape[2..].iter().product();
+                    let start = t["data_offsets"][0].as_u64().unwrap() as usize;
+                    let at = 8 + n + start + (expert * shape[1] + row) * row_bytes;
+                    bytes[at] ^= 0x11;
+                    changed += 1;
+                }
+            }
+        }
+        std::fs::write(dst.join(p.file_name().unwrap()), bytes).unwrap();
+    }
+    assert_eq!(changed, 2);
+    let out = run_checker(&store, &dst, false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a mismatch exit:\n{stderr}"
+    );
+    let base = "model.layers.1.mlp.experts.gate_up_proj";
+    assert!(
+        stderr.contains(&format!(
+            "{base} expert 3 up_proj row 2: mxfp4 bytes differ"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{base} expert 1 gate_proj row 0: e8m0 scales differ"
+        )),
         "{stderr}"
     );
 }

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Version of this ABI; compare with coli_abi_version() at run time. */
-#define COLI_ABI_VERSION 1u
+#define COLI_ABI_VERSION 2u
 
 /* ---- status codes -------------------------------------------------------------------- */
 
@@ -68,8 +68,11 @@ enum {
     COLI_ENC_BF16 = 2,  /* bfloat16 bit patterns (u16), no scales */
     COLI_ENC_FP8 = 3,   /* e4m3fn bytes; f32 scale per 128x128 block [ceil(r/128), ceil(c/128)] */
     COLI_ENC_INT8 = 4,  /* i8; f32 scale per row */
-    COLI_ENC_INT4 = 5   /* two per byte (low nibble = even column, q = nibble - 8);
+    COLI_ENC_INT4 = 5,  /* two per byte (low nibble = even column, q = nibble - 8);
                            f32 scale per group_size columns [rows, ceil(cols/group_size)] */
+    COLI_ENC_MXFP4 = 6  /* format version 2: e2m1 values, two per byte (low nibble = even
+                           column); e8m0 byte scale 2^(e-127) per 32 columns
+                           [rows, ceil(cols/32)] in coli_matrix_view.e8m0_scales */
 };
 
 /* ---- opening a store ------------------------------------------------------------------- */
@@ -115,7 +118,8 @@ coli_status coli_store_expert_layer(const coli_store *store, size_t index, uint3
 /* Experts of one decoder layer (COLI_ERR_NOT_FOUND when it holds none). */
 coli_status coli_store_layer_num_experts(const coli_store *store, uint32_t layer,
                                          uint32_t *num_experts);
-/* Expert encoding (COLI_ENC_*) and group size field (int4: group; fp8: 128; else 0). */
+/* Expert encoding (COLI_ENC_*) and group size field (int4: group; fp8: 128; mxfp4: 32;
+ * else 0). */
 coli_status coli_store_expert_encoding(const coli_store *store, uint32_t *encoding,
                                        uint32_t *group_size);
 /* Hidden size H and intermediate size I of one expert (gate/up [I, H], down [H, I]). */
@@ -168,7 +172,12 @@ typedef struct coli_expert_info {
     const uint8_t *record;   /* raw record bytes (docs/FORMAT.md section 5) */
     size_t record_len;       /* bytes, padding included */
     size_t payload_len;      /* bytes before the zero padding */
+    uint32_t flags;          /* COLI_RECORD_FLAG_* bits (ABI 2) */
+    uint32_t reserved;       /* 0 */
 } coli_expert_info;
+
+/* coli_expert_info.flags: the record carries an f32 bias per matrix (coli_expert_bias). */
+#define COLI_RECORD_FLAG_BIASES 1u
 
 coli_status coli_expert_get_info(const coli_expert *expert, coli_expert_info *out);
 
@@ -186,12 +195,19 @@ typedef struct coli_matrix_view {
     size_t rows;           /* output features */
     size_t cols;           /* input features */
     uint32_t encoding;     /* COLI_ENC_* */
-    uint32_t group_size;   /* int4: columns per group; fp8: 128; else 0 */
+    uint32_t group_size;   /* int4: columns per group; fp8: 128; mxfp4: 32; else 0 */
+    const uint8_t *e8m0_scales; /* mxfp4: e8m0_scale_count bytes [rows, ceil(cols/32)],
+                                   64-byte aligned; NULL for the other encodings (ABI 2) */
+    size_t e8m0_scale_count;
 } coli_matrix_view;
 
 /* View of one matrix of a fetched expert; valid while the handle lives. */
 coli_status coli_expert_matrix(const coli_expert *expert, uint32_t which,
                                coli_matrix_view *out);
+/* Bias of one matrix (f32 [I] for gate/up, [H] for down), 64-byte aligned, valid while the
+ * handle lives; *out = NULL and *out_len = 0 when the record has no biases (ABI 2). */
+coli_status coli_expert_bias(const coli_expert *expert, uint32_t which, const float **out,
+                             size_t *out_len);
 
 /* ---- dense tensors --------------------------------------------------------------------- */
 

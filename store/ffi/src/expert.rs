@@ -13,6 +13,10 @@ pub const COLI_MATRIX_UP: u32 = 1;
 /// `which` value: the down projection, [H, I].
 pub const COLI_MATRIX_DOWN: u32 = 2;
 
+/// Bit of [`coli_expert_info::flags`]: the record carries an f32 bias per matrix (format
+/// version 2, docs/FORMAT.md section 5; read them with [`coli_expert_bias`]).
+pub const COLI_RECORD_FLAG_BIASES: u32 = 1;
+
 /// Identity of one routed expert (C `coli_expert_key`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +49,10 @@ pub struct coli_expert_info {
     pub record_len: usize,
     /// Bytes of the record before its zero padding.
     pub payload_len: usize,
+    /// `COLI_RECORD_FLAG_*` bits of the record (ABI version 2).
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 // One per fetched expert handle: the size difference is not worth a Box.
@@ -295,10 +303,26 @@ pub unsafe extern "C" fn coli_expert_get_info(
             record: bytes.as_ptr(),
             record_len: bytes.len(),
             payload_len: e.layout.payload_len,
+            flags: if e.layout.has_biases() {
+                COLI_RECORD_FLAG_BIASES
+            } else {
+                0
+            },
+            reserved: 0,
         };
         // SAFETY: caller contract.
         unsafe { put(out, v, "out", F) }
     })
+}
+
+/// Parses a `which` argument: [`COLI_MATRIX_GATE`], [`COLI_MATRIX_UP`] or [`COLI_MATRIX_DOWN`].
+fn matrix_index(which: u32, func: &str) -> FfiResult<usize> {
+    match which {
+        COLI_MATRIX_GATE | COLI_MATRIX_UP | COLI_MATRIX_DOWN => Ok(which as usize),
+        w => Err(FfiError::invalid(format!(
+            "{func}: which = {w}, expected COLI_MATRIX_GATE (0), COLI_MATRIX_UP (1) or COLI_MATRIX_DOWN (2)"
+        ))),
+    }
 }
 
 /// Writes a view of one matrix of a fetched expert to `*out`: `which` is
@@ -321,27 +345,7 @@ pub unsafe extern "C" fn coli_expert_matrix(
         // SAFETY: caller contract.
         let e = unsafe { expert_ref(expert, F)? };
         need(out, "out", F)?;
-        let i = match which {
-            COLI_MATRIX_GATE | COLI_MATRIX_UP | COLI_MATRIX_DOWN => which as usize,
-            w => {
-                return Err(FfiError::invalid(format!(
-                    "{F}: which = {w}, expected COLI_MATRIX_GATE (0), COLI_MATRIX_UP (1) or COLI_MATRIX_DOWN (2)"
-                )))
-            }
-        };
-        if !e.encoding.has_f32_scales() {
-            // The C view's scales are f32; mxfp4's e8m0 byte scales (format version 2) have no
-            // view in this ABI version.
-            return Err(FfiError::new(
-                crate::error::COLI_ERR_UNSUPPORTED,
-                format!(
-                    "{F}: {} is {}, whose e8m0 byte scales this C ABI version cannot describe \
-                     (coli_matrix_view.scales is f32)",
-                    e.key,
-                    e.encoding.name()
-                ),
-            ));
-        }
+        let i = matrix_index(which, F)?;
         let (w_off, wb, s_off, sb) = e.layout.sections[i];
         let (rows, cols) = if i == 2 {
             (e.hidden, e.intermediate)
@@ -358,5 +362,46 @@ pub unsafe extern "C" fn coli_expert_matrix(
         );
         // SAFETY: caller contract; non-null checked.
         unsafe { put(out, v, "out", F) }
+    })
+}
+
+/// Writes the bias of one matrix of a fetched expert: `*out` points to `*out_len` f32 values
+/// (`[I]` for [`COLI_MATRIX_GATE`] and [`COLI_MATRIX_UP`], `[H]` for [`COLI_MATRIX_DOWN`]),
+/// 64-byte aligned, valid while the handle lives. A record without biases
+/// ([`COLI_RECORD_FLAG_BIASES`] clear; every format-version-1 record) gives `*out = NULL` and
+/// `*out_len = 0`: the matrix adds no bias. ABI version 2.
+///
+/// # Safety
+/// `expert` is NULL or a live handle; `out` and `out_len` are NULL or writable.
+///
+/// # Errors
+/// `COLI_ERR_NULL_ARGUMENT`; `COLI_ERR_INVALID_ARGUMENT` for another `which`.
+#[no_mangle]
+pub unsafe extern "C" fn coli_expert_bias(
+    expert: *const ColiExpert,
+    which: u32,
+    out: *mut *const f32,
+    out_len: *mut usize,
+) -> coli_status {
+    const F: &str = "coli_expert_bias";
+    guard(F, || {
+        // SAFETY: caller contract.
+        let e = unsafe { expert_ref(expert, F)? };
+        need(out, "out", F)?;
+        need(out_len, "out_len", F)?;
+        let i = matrix_index(which, F)?;
+        let (off, len) = e.layout.biases[i];
+        let ptr = if len == 0 {
+            std::ptr::null()
+        } else {
+            // The section is inside the record (RecordLayout, checked at open) and starts at a
+            // 64-byte section boundary of a buffer aligned to the store alignment.
+            e.bytes()[off..off + len].as_ptr().cast::<f32>()
+        };
+        // SAFETY: caller contract; non-null checked.
+        unsafe {
+            put(out, ptr, "out", F)?;
+            put(out_len, len / 4, "out_len", F)
+        }
     })
 }

@@ -32,7 +32,11 @@ pub use store::*;
 pub use views::*;
 
 /// Version of this C ABI (bumped on any incompatible change of a struct or function).
-pub const COLI_ABI_VERSION: u32 = 1;
+///
+/// Version 2 (format version 2): `coli_matrix_view` gained `e8m0_scales` and
+/// `e8m0_scale_count` (mxfp4 views), `coli_expert_info` gained `flags` and `reserved`, and
+/// [`coli_expert_bias`] is new. Version 1: the first release.
+pub const COLI_ABI_VERSION: u32 = 2;
 
 /// The version of the C ABI this library implements ([`COLI_ABI_VERSION`]); a program compiled
 /// against `coli_store.h` compares it with the header's `COLI_ABI_VERSION`.
@@ -42,7 +46,7 @@ pub extern "C" fn coli_abi_version() -> u32 {
     std::panic::catch_unwind(|| COLI_ABI_VERSION).unwrap_or(0)
 }
 
-/// The newest store format version this library reads (`docs/FORMAT.md`, currently 1).
+/// The newest store format version this library reads (`docs/FORMAT.md`, currently 2).
 #[no_mangle]
 pub extern "C" fn coli_format_version() -> u32 {
     std::panic::catch_unwind(|| coli_store::FORMAT_VERSION).unwrap_or(0)

@@ -16,6 +16,11 @@ pub const COLI_ENC_INT8: u32 = 4;
 /// Encoding id 5: symmetric int4 (two per byte, low nibble = even column), one f32 scale per
 /// `group_size` columns of a row.
 pub const COLI_ENC_INT4: u32 = 5;
+/// Encoding id 6 (format version 2): MXFP4, e2m1 values (two per byte, low nibble = even
+/// column) with one e8m0 byte scale (`2^(e - 127)`) per block of 32 columns of a row (OCP
+/// Microscaling Formats v1.0); group size field 32. Its scales are in
+/// [`coli_matrix_view::e8m0_scales`].
+pub const COLI_ENC_MXFP4: u32 = 6;
 
 /// A view of one encoded matrix (C `coli_matrix_view`): weights and scales in the store's byte
 /// layout (docs/FORMAT.md section 6), borrowed from an expert handle or the store.
@@ -28,8 +33,8 @@ pub struct coli_matrix_view {
     pub data_len: usize,
     /// f32 scales, `scale_count` values (NULL when `scale_count` is 0). 64-byte aligned.
     pub scales: *const f32,
-    /// Number of scales: fp8 ceil(rows/128)*ceil(cols/128) row-major; int8 rows; int4
-    /// rows*ceil(cols/group_size); f32/bf16 0.
+    /// Number of f32 scales: fp8 ceil(rows/128)*ceil(cols/128) row-major; int8 rows; int4
+    /// rows*ceil(cols/group_size); f32/bf16/mxfp4 0.
     pub scale_count: usize,
     /// Output features.
     pub rows: usize,
@@ -37,8 +42,13 @@ pub struct coli_matrix_view {
     pub cols: usize,
     /// Encoding id (`COLI_ENC_*`).
     pub encoding: u32,
-    /// Group size field (int4: columns per group; fp8: 128; else 0).
+    /// Group size field (int4: columns per group; fp8: 128; mxfp4: 32; else 0).
     pub group_size: u32,
+    /// e8m0 byte scales of an mxfp4 matrix, `e8m0_scale_count` bytes, [rows, ceil(cols/32)]
+    /// row-major, 64-byte aligned (NULL for the other encodings). ABI version 2.
+    pub e8m0_scales: *const u8,
+    /// Number of e8m0 scales: mxfp4 rows*ceil(cols/32); 0 for the other encodings.
+    pub e8m0_scale_count: usize,
 }
 
 /// A view of one dense tensor (C `coli_dense_view`), borrowed from the store's memory map of
@@ -58,7 +68,8 @@ pub struct coli_dense_view {
     pub shape: [usize; 2],
 }
 
-/// Builds a C matrix view from the sections of one matrix.
+/// Builds a C matrix view from the sections of one matrix: the scale section is f32 values
+/// (`scales`) or, for mxfp4, e8m0 bytes (`e8m0_scales`).
 pub(crate) fn matrix_view(
     enc: Encoding,
     rows: usize,
@@ -66,19 +77,29 @@ pub(crate) fn matrix_view(
     data: &[u8],
     scale_bytes: &[u8],
 ) -> coli_matrix_view {
+    let (f32_scales, byte_scales) = if enc.has_f32_scales() {
+        (scale_bytes, &[][..])
+    } else {
+        (&[][..], scale_bytes)
+    };
+    let ptr_or_null = |b: &[u8]| {
+        if b.is_empty() {
+            std::ptr::null()
+        } else {
+            b.as_ptr()
+        }
+    };
     coli_matrix_view {
         data: data.as_ptr(),
         data_len: data.len(),
-        scales: if scale_bytes.is_empty() {
-            std::ptr::null()
-        } else {
-            scale_bytes.as_ptr().cast::<f32>()
-        },
-        scale_count: scale_bytes.len() / 4,
+        scales: ptr_or_null(f32_scales).cast::<f32>(),
+        scale_count: f32_scales.len() / 4,
         rows,
         cols,
         encoding: enc.id() as u32,
         group_size: enc.group_size() as u32,
+        e8m0_scales: ptr_or_null(byte_scales),
+        e8m0_scale_count: byte_scales.len(),
     }
 }
 
@@ -206,28 +227,32 @@ unsafe fn rust_view<'a>(v: &coli_matrix_view, func: &str) -> FfiResult<MatrixVie
                 v.encoding, v.group_size
             ))
         })?;
-    let sizes = v
+    // The scale count each field must hold: f32 scales, or e8m0 bytes for mxfp4.
+    let (want_f32, want_e8m0) = if enc.has_f32_scales() {
+        (enc.scale_count(v.rows, v.cols), 0)
+    } else {
+        (0, enc.scale_count(v.rows, v.cols))
+    };
+    let fits = v
         .rows
         .checked_mul(v.cols)
         .and_then(|n| n.checked_mul(4))
-        .map(|_| {
-            (
-                enc.weight_bytes(v.rows, v.cols),
-                enc.scale_count(v.rows, v.cols),
-            )
-        });
-    match sizes {
-        Some((wb, sc)) if wb == v.data_len && sc == v.scale_count => {}
-        _ => {
-            return Err(FfiError::invalid(format!(
-                "{func}: view of [{}, {}] {} has {} weight bytes and {} scales, which do not match the encoding",
-                v.rows,
-                v.cols,
-                enc.name(),
-                v.data_len,
-                v.scale_count
-            )))
-        }
+        .is_some();
+    if !fits
+        || enc.weight_bytes(v.rows, v.cols) != v.data_len
+        || v.scale_count != want_f32
+        || v.e8m0_scale_count != want_e8m0
+    {
+        return Err(FfiError::invalid(format!(
+            "{func}: view of [{}, {}] {} has {} weight bytes, {} f32 scales and {} e8m0 scales, \
+             which do not match the encoding",
+            v.rows,
+            v.cols,
+            enc.name(),
+            v.data_len,
+            v.scale_count,
+            v.e8m0_scale_count
+        )));
     }
     need(v.data, "view->data", func)?;
     if v.scale_count > 0 {
@@ -238,16 +263,22 @@ unsafe fn rust_view<'a>(v: &coli_matrix_view, func: &str) -> FfiResult<MatrixVie
             )));
         }
     }
+    if v.e8m0_scale_count > 0 {
+        need(v.e8m0_scales, "view->e8m0_scales", func)?;
+    }
     // SAFETY: non-null checked; the caller guarantees `data_len` readable bytes.
     let data = unsafe { std::slice::from_raw_parts(v.data, v.data_len) };
-    let scales = if v.scale_count == 0 {
-        &[][..]
-    } else {
+    let scale_section: &[u8] = if v.scale_count > 0 {
         // SAFETY: non-null and aligned (checked); the caller guarantees `scale_count` readable
-        // f32 values.
-        unsafe { std::slice::from_raw_parts(v.scales, v.scale_count) }
+        // f32 values, i.e. 4 * scale_count bytes.
+        unsafe { std::slice::from_raw_parts(v.scales.cast::<u8>(), v.scale_count * 4) }
+    } else if v.e8m0_scale_count > 0 {
+        // SAFETY: non-null (checked); the caller guarantees `e8m0_scale_count` readable bytes.
+        unsafe { std::slice::from_raw_parts(v.e8m0_scales, v.e8m0_scale_count) }
+    } else {
+        &[]
     };
-    MatrixView::new(enc, v.rows, v.cols, data, scales)
+    MatrixView::from_sections(enc, v.rows, v.cols, data, scale_section)
         .map_err(|e| FfiError::invalid(format!("{func}: {e}")))
 }
 

@@ -51,23 +51,49 @@ fn matrix(enc: Encoding, rows: usize, cols: usize, seed: u64) -> EncodedMatrix {
             }
         }
     }
-    let scales = (0..enc.scale_count(rows, cols))
-        .map(|k| 0.001 * (1 + (k as u64 * 7 + seed) % 97) as f32)
-        .collect();
+    let (scales, e8m0_scales) = if enc.has_f32_scales() {
+        let s = (0..enc.scale_count(rows, cols))
+            .map(|k| 0.001 * (1 + (k as u64 * 7 + seed) % 97) as f32)
+            .collect();
+        (s, Vec::new())
+    } else {
+        // mxfp4: e8m0 exponents around 2^0, never the NaN code 255.
+        let e = (0..enc.scale_count(rows, cols))
+            .map(|k| 100 + ((k as u64 * 13 + seed) % 50) as u8)
+            .collect();
+        (Vec::new(), e)
+    };
     EncodedMatrix {
         encoding: enc,
         rows,
         cols,
         data,
         scales,
-        e8m0_scales: Vec::new(),
+        e8m0_scales,
         bias: None,
     }
+}
+
+/// [`matrix`] with a bias of `rows` values.
+fn matrix_with_bias(enc: Encoding, rows: usize, cols: usize, seed: u64) -> EncodedMatrix {
+    let mut m = matrix(enc, rows, cols, seed);
+    m.bias = Some(
+        (0..rows)
+            .map(|r| (r as f32 - 7.5) * 0.25 + seed as f32)
+            .collect(),
+    );
+    m
 }
 
 /// Writes a store with 2 expert layers (layers 1 and 2 of 3) of 3 experts each in `enc`, one
 /// bf16 norm vector and one fp8 [96, 80] matrix; returns its directory.
 fn write_store(dir: &Path, enc: Encoding) -> PathBuf {
+    write_store_with(dir, enc, false)
+}
+
+/// [`write_store`], with a bias per expert matrix when `biases` (format version 2).
+fn write_store_with(dir: &Path, enc: Encoding, biases: bool) -> PathBuf {
+    let mk = if biases { matrix_with_bias } else { matrix };
     let target = dir.join("s.coli");
     let spec = StoreSpec {
         family: "mixtral".into(),
@@ -96,11 +122,7 @@ fn write_store(dir: &Path, enc: Encoding) -> PathBuf {
     for layer in 1..3u32 {
         for e in 0..3u32 {
             let s = (layer * 10 + e) as u64 * 3;
-            let (g, u, d) = (
-                matrix(enc, I, H, s),
-                matrix(enc, I, H, s + 1),
-                matrix(enc, H, I, s + 2),
-            );
+            let (g, u, d) = (mk(enc, I, H, s), mk(enc, I, H, s + 1), mk(enc, H, I, s + 2));
             w.add_expert(ExpertKey::new(layer, e), H, I, [&g, &u, &d])
                 .unwrap();
         }
@@ -171,6 +193,32 @@ fn view_slices(v: &coli_matrix_view) -> (&[u8], &[f32]) {
     }
 }
 
+/// The view's e8m0 scale bytes (mxfp4; empty otherwise).
+fn view_e8m0(v: &coli_matrix_view) -> &[u8] {
+    if v.e8m0_scale_count == 0 {
+        assert!(v.e8m0_scales.is_null());
+        return &[];
+    }
+    // SAFETY: the library's view points at e8m0_scale_count bytes living with the handle.
+    unsafe { std::slice::from_raw_parts(v.e8m0_scales, v.e8m0_scale_count) }
+}
+
+/// The bias `coli_expert_bias` gives for `which` (None for NULL / 0).
+fn c_bias(h: *const ColiExpert, which: u32) -> Option<Vec<f32>> {
+    let mut p: *const f32 = null();
+    let mut n = usize::MAX;
+    // SAFETY: live handle, writable outs.
+    let rc = unsafe { coli_expert_bias(h, which, &mut p, &mut n) };
+    assert_eq!(rc, COLI_OK, "{}", last_error());
+    if p.is_null() {
+        assert_eq!(n, 0);
+        return None;
+    }
+    assert_eq!(p as usize % 64, 0, "bias sections are 64-byte aligned");
+    // SAFETY: `n` f32 values at `p` live with the handle.
+    Some(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}
+
 fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
     let mut info = std::mem::MaybeUninit::<coli_expert_info>::uninit();
     // SAFETY: live handle, writable out.
@@ -186,11 +234,21 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
     // SAFETY: record_len bytes at `record` live with the handle.
     let rec = unsafe { std::slice::from_raw_parts(info.record, info.record_len) };
     assert_eq!(rec, b.bytes());
-    for (which, m) in [
-        (COLI_MATRIX_GATE, b.gate()),
-        (COLI_MATRIX_UP, b.up()),
-        (COLI_MATRIX_DOWN, b.down()),
+    assert_eq!(
+        info.flags,
+        if b.has_biases() {
+            COLI_RECORD_FLAG_BIASES
+        } else {
+            0
+        }
+    );
+    assert_eq!(info.reserved, 0);
+    for (which, m, bias) in [
+        (COLI_MATRIX_GATE, b.gate(), b.gate_bias()),
+        (COLI_MATRIX_UP, b.up(), b.up_bias()),
+        (COLI_MATRIX_DOWN, b.down(), b.down_bias()),
     ] {
+        assert_eq!(c_bias(h, which).as_deref(), bias);
         let mut v = std::mem::MaybeUninit::<coli_matrix_view>::uninit();
         // SAFETY: live handle, writable out.
         let rc = unsafe { coli_expert_matrix(h, which, v.as_mut_ptr()) };
@@ -202,7 +260,15 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
         let (d, s) = view_slices(&v);
         assert_eq!(d, m.data());
         assert_eq!(s, m.scales());
+        assert_eq!(view_e8m0(&v), m.e8m0_scales());
         assert_eq!(v.scales.is_null(), m.scales().is_empty());
+        if !v.e8m0_scales.is_null() {
+            assert_eq!(
+                v.e8m0_scales as usize % 64,
+                0,
+                "e8m0 sections are 64-byte aligned"
+            );
+        }
         if !v.scales.is_null() {
             assert_eq!(
                 v.scales as usize % 64,
@@ -238,12 +304,30 @@ fn check_expert_against_rust(h: *const ColiExpert, b: &ExpertBuf) {
         let rc = unsafe { coli_dequantize_row(&bad, 0, row.as_mut_ptr(), row.len()) };
         assert_eq!(rc, COLI_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("do not match"), "{}", last_error());
+        // The scales in the other field than the encoding's are refused too.
+        let mut swapped = v;
+        std::mem::swap(&mut swapped.scale_count, &mut swapped.e8m0_scale_count);
+        if swapped.scale_count != v.scale_count {
+            // SAFETY: the inconsistent view is rejected before any read.
+            let rc = unsafe { coli_dequantize_row(&swapped, 0, row.as_mut_ptr(), row.len()) };
+            assert_eq!(rc, COLI_ERR_INVALID_ARGUMENT);
+        }
     }
+    // Another `which` is refused by the bias call as by the matrix call.
+    let (mut p, mut n) = (null(), 0usize);
+    // SAFETY: live handle, writable outs.
+    let rc = unsafe { coli_expert_bias(h, 3, &mut p, &mut n) };
+    assert_eq!(rc, COLI_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("which = 3"), "{}", last_error());
 }
 
 fn run_encoding(enc: Encoding) {
+    run_encoding_with(enc, false)
+}
+
+fn run_encoding_with(enc: Encoding, biases: bool) {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = write_store(tmp.path(), enc);
+    let dir = write_store_with(tmp.path(), enc, biases);
     let rust = Store::open_with(
         &dir,
         &OpenOptions {
@@ -442,6 +526,16 @@ fn fp8_int8_bf16_f32_stores_through_the_c_abi() {
     }
 }
 
+/// Format version 2 through the C ABI (version 2): mxfp4 records with biases (e8m0 scales in
+/// `e8m0_scales`, the library's dequantization against the Rust reader's), int4 records with
+/// biases, and mxfp4 without.
+#[test]
+fn mxfp4_and_bias_records_through_the_c_abi() {
+    run_encoding_with(Encoding::Mxfp4, true);
+    run_encoding_with(Encoding::Int4 { group_size: 64 }, true);
+    run_encoding_with(Encoding::Mxfp4, false);
+}
+
 #[test]
 fn null_arguments_give_error_codes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -553,6 +647,19 @@ fn null_arguments_give_error_codes() {
         assert_eq!(
             coli_expert_matrix(e, 3, v.as_mut_ptr()),
             COLI_ERR_INVALID_ARGUMENT
+        );
+        let (mut bp, mut bn) = (null(), 0usize);
+        assert_eq!(
+            coli_expert_bias(null(), 0, &mut bp, &mut bn),
+            COLI_ERR_NULL_ARGUMENT
+        );
+        assert_eq!(
+            coli_expert_bias(e, 0, null_mut(), &mut bn),
+            COLI_ERR_NULL_ARGUMENT
+        );
+        assert_eq!(
+            coli_expert_bias(e, 0, &mut bp, null_mut()),
+            COLI_ERR_NULL_ARGUMENT
         );
         coli_expert_release(e);
         let mut o = std::mem::MaybeUninit::<coli_open_options>::uninit();
@@ -765,14 +872,16 @@ fn struct_layouts_match_the_header() {
     assert_eq!(offset_of!(coli_open_options, mirror_dirs), 16);
     assert_eq!(size_of::<coli_stats>(), 16);
     assert_eq!(size_of::<coli_expert_key>(), 8);
-    assert_eq!(size_of::<coli_expert_info>(), 56);
+    assert_eq!(size_of::<coli_expert_info>(), 64);
     assert_eq!(offset_of!(coli_expert_info, record), 32);
-    assert_eq!(size_of::<coli_matrix_view>(), 56);
+    assert_eq!(offset_of!(coli_expert_info, flags), 56);
+    assert_eq!(size_of::<coli_matrix_view>(), 72);
     assert_eq!(offset_of!(coli_matrix_view, encoding), 48);
-    assert_eq!(size_of::<coli_dense_view>(), 88);
-    assert_eq!(offset_of!(coli_dense_view, ndim), 64);
-    assert_eq!(offset_of!(coli_dense_view, shape), 72);
-    assert_eq!(coli_abi_version(), 1);
+    assert_eq!(offset_of!(coli_matrix_view, e8m0_scales), 56);
+    assert_eq!(size_of::<coli_dense_view>(), 104);
+    assert_eq!(offset_of!(coli_dense_view, ndim), 80);
+    assert_eq!(offset_of!(coli_dense_view, shape), 88);
+    assert_eq!(coli_abi_version(), 2);
     assert_eq!(coli_format_version(), FORMAT_VERSION);
 }
 
