@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod engine;
 mod error;
+pub mod harmony;
 pub mod layers;
 pub mod models;
 pub mod options;
@@ -40,6 +41,7 @@ pub use engine::{
     BatchItem, Engine, GenerateParams, Generation, GenerationStats, Logits, StopReason,
 };
 pub use error::{EngineError, Result};
+pub use harmony::{HarmonyParser, HarmonyTokens, Routed};
 pub use options::EngineOptions;
 pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};

@@ -333,6 +333,12 @@ impl TextTokenizer {
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// The id of token `token` (added and special tokens included), or `None` when the
+    /// vocabulary has no such token.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -408,7 +414,7 @@ impl StreamDecoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// GPT-2's bytes_to_unicode: the printable stand-in character of each byte.
@@ -433,11 +439,24 @@ mod tests {
 
     /// A byte-level BPE tokenizer whose token i is byte i (no merges).
     fn byte_tokenizer() -> TextTokenizer {
+        byte_tokenizer_with(&[])
+    }
+
+    /// [`byte_tokenizer`] plus special tokens `special[k]` with ids `256 + k`.
+    pub(crate) fn byte_tokenizer_with(special: &[&str]) -> TextTokenizer {
         let vocab: serde_json::Map<String, Json> = (0..=255u8)
             .map(|b| (byte_char(b).to_string(), Json::from(b as u32)))
             .collect();
+        let added: Vec<Json> = special
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                serde_json::json!({"id": 256 + k, "content": t, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+            })
+            .collect();
         let json = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
             "normalizer": null,
             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
             "post_processor": null,

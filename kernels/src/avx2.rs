@@ -879,6 +879,124 @@ pub(crate) unsafe fn int4_matmul_rows(
     }
 }
 
+/// Twice the e2m1 values (`coli_format::encoding::mxfp4::E2M1_VALUES`) as i8, indexed by the
+/// 4-bit code: every e2m1 value is a multiple of 0.5, so `2 v` is a small integer and the
+/// MXFP4 fast paths fold the `1/2` into the block scale (`2^(e - 128)`, exact: a power of two).
+pub(crate) const E2M1_TWICE: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Whether `w` takes the MXFP4 fast paths (AVX2 here, AVX-512 in `avx512.rs`): mxfp4 with
+/// `cols` a multiple of the 32-column block (every published MXFP4 matrix).
+pub(crate) fn mxfp4_fast(w: &MatrixView<'_>) -> bool {
+    w.encoding() == Encoding::Mxfp4 && w.cols() > 0 && w.cols().is_multiple_of(MXFP4_BLOCK)
+}
+
+/// Half the block scale of e8m0 byte `e`: `2^(e - 128)`, exact for every `e` (2^-128 is an f32
+/// subnormal; 255, the NaN code, never reaches a kernel: the store refuses it).
+#[inline]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    e8m0_to_f32(e) * 0.5
+}
+
+/// The bytes and e8m0 scales of row `r` of an mxfp4 matrix with `mxfp4_fast(w)`.
+pub(crate) fn mxfp4_row<'a>(w: &MatrixView<'a>, r: usize) -> (&'a [u8], &'a [u8]) {
+    let stride = w.cols() / 2;
+    let nb = w.cols() / MXFP4_BLOCK;
+    (
+        &w.data()[r * stride..(r + 1) * stride],
+        &w.e8m0_scales()[r * nb..(r + 1) * nb],
+    )
+}
+
+/// Dot products of one mxfp4 row (`row`: `cols / 2` bytes; `srow`: its `cols / 32` e8m0
+/// scales) with `T` tokens' permuted activations `xps[t]` (`cols` long, [`int4_permute`] with
+/// blocks of 32), as the int4 fast path with a group of 32: per block `sum (2 v) x` over the
+/// codes mapped by [`E2M1_TWICE`] (one byte shuffle per 16 codes), four 8-lane accumulators,
+/// then `total = fma((a0 + a1) + (a2 + a3), 2^(e - 128), total)`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `row.len() * 2 == xps[t].len() == srow.len() * 32`.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_dot_tokens<const T: usize>(row: &[u8], srow: &[u8], xps: [&[f32]; T]) -> [f32; T] {
+    let blocks = row.as_chunks::<16>().0;
+    let xb: [&[[f32; 32]]; T] = std::array::from_fn(|t| xps[t].as_chunks::<32>().0);
+    let mask = _mm_set1_epi8(0x0F);
+    // SAFETY: E2M1_TWICE is 16 readable bytes (unaligned 128-bit load).
+    let lut = unsafe { _mm_loadu_si128(E2M1_TWICE.as_ptr().cast::<__m128i>()) };
+    let mut tot = [_mm256_setzero_ps(); T];
+    for (b, &e) in srow.iter().enumerate() {
+        // SAFETY: `blocks[b]` is 16 readable bytes (unaligned 128-bit load).
+        let v = unsafe { _mm_loadu_si128(blocks[b].as_ptr().cast::<__m128i>()) };
+        let lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, mask));
+        let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
+        let w = [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi))),
+        ];
+        let s = _mm256_set1_ps(e8m0_half(e));
+        for t in 0..T {
+            let xs = xb[t][b].as_chunks::<8>().0;
+            let a01 = _mm256_fmadd_ps(w[1], load8(&xs[1]), _mm256_mul_ps(w[0], load8(&xs[0])));
+            let a23 = _mm256_fmadd_ps(w[3], load8(&xs[3]), _mm256_mul_ps(w[2], load8(&xs[2])));
+            tot[t] = _mm256_fmadd_ps(_mm256_add_ps(a01, a23), s, tot[t]);
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum1(tot[t]);
+    }
+    out
+}
+
+/// `y[i] = row (r0 + i) of w . x` on the MXFP4 fast path; `xp` is `x` permuted by
+/// [`int4_permute`] with blocks of 32.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView`) and
+/// `mxfp4_fast(w)`; `xp.len() == cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_matvec_rows(w: &MatrixView<'_>, xp: &[f32], r0: usize, y: &mut [f32]) {
+    for (i, yo) in y.iter_mut().enumerate() {
+        let (row, srow) = mxfp4_row(w, r0 + i);
+        // SAFETY: AVX2+FMA+F16C available (caller); lengths as `mxfp4_fast` and the caller ensure.
+        *yo = unsafe { mxfp4_dot_tokens::<1>(row, srow, [xp]) }[0];
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . X[t]` on the MXFP4 fast path; `xp` is `X` (`[n, cols]`)
+/// permuted by [`int4_permute`] with blocks of 32. Up to [`INT4_TILE`] tokens per pass.
+///
+/// # Safety
+/// As [`mxfp4_matvec_rows`]; `xp.len() == n * cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_matmul_rows(
+    w: &MatrixView<'_>,
+    xp: &[f32],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
+    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
+        let (row, srow) = mxfp4_row(w, r0 + i);
+        let mut t = 0;
+        while t + INT4_TILE <= n {
+            // SAFETY: as in `mxfp4_matvec_rows`.
+            let v = unsafe { mxfp4_dot_tokens::<INT4_TILE>(row, srow, [xt(t), xt(t + 1)]) };
+            yrow[t..t + INT4_TILE].copy_from_slice(&v);
+            t += INT4_TILE;
+        }
+        if t < n {
+            // SAFETY: as above.
+            yrow[t] = unsafe { mxfp4_dot_tokens::<1>(row, srow, [xt(t)]) }[0];
+        }
+    }
+}
+
 /// Row `r` of an fp8 matrix decoded into `out` (`cols` values) through float16 as the fp8
 /// products decode it ([`fp8x8`]); the columns past the last full 8-column chunk of each block
 /// use the reference lookup table. Equal to the reference for every code whose product with

@@ -1,5 +1,5 @@
-//! AVX-512 int4 kernel (x86-64 with AVX-512F; selected at run time by `lib.rs` as
-//! [`crate::Isa::Avx512`], which runs the AVX2 kernels for every other product).
+//! AVX-512 kernels for int4, int8 and mxfp4 (x86-64 with AVX-512F; selected at run time by
+//! `lib.rs` as [`crate::Isa::Avx512`], which runs the AVX2 kernels for every other product).
 //!
 //! The AVX2 int4 fast path (see `avx2.rs`) with 16-lane vectors and 64-column blocks: a block is
 //! 32 bytes; its 32 low nibbles (the even columns) and 32 high nibbles (the odd columns) are
@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use coli_format::{Encoding, MatrixView};
 
-use crate::avx2::{hsum1, int4_group, int4_row};
+use crate::avx2::{e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, E2M1_TWICE};
 
 /// Tokens per pass of `int4_matmul_rows`.
 const TILE: usize = 3;
@@ -235,6 +235,110 @@ pub(crate) unsafe fn int8_matmul_rows(
         while t < n {
             // SAFETY: as above.
             yrow[t] = unsafe { int8_dot_tokens::<1>(row, s, [xt(t)]) }[0];
+            t += 1;
+        }
+    }
+}
+
+/// The 32 codes of one mxfp4 block (16 bytes) as `2 v` in f32: the even columns (low nibbles)
+/// then the odd columns (high nibbles), mapped by [`E2M1_TWICE`] with one byte shuffle each.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn mxfp4_block(block: &[u8; 16], lut: __m128i) -> [__m512; 2] {
+    let mask = _mm_set1_epi8(0x0F);
+    // SAFETY: `block` is 16 readable bytes (unaligned 128-bit load).
+    let v = unsafe { _mm_loadu_si128(block.as_ptr().cast::<__m128i>()) };
+    let lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, mask));
+    let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
+    [
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)),
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)),
+    ]
+}
+
+/// Dot products of one mxfp4 row (`row`: `cols / 2` bytes; `srow`: its `cols / 32` e8m0
+/// scales) with `T` tokens' activations permuted in blocks of 32 (`avx2::int4_permute`): per
+/// block `fma(w_odd, x_odd, w_even * x_even)` over the codes as `2 v`, then
+/// `total = fma(sum, 2^(e - 128), total)`, even blocks into one total and odd blocks into
+/// another (two independent FMA chains), lanes summed by [`hsum16`] of `total0 + total1`.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C are available; `row.len() * 2 == xps[t].len() == srow.len() *
+/// 32`.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn mxfp4_dot_tokens<const T: usize>(row: &[u8], srow: &[u8], xps: [&[f32]; T]) -> [f32; T] {
+    let blocks = row.as_chunks::<16>().0;
+    let xb: [&[[f32; 32]]; T] = std::array::from_fn(|t| xps[t].as_chunks::<32>().0);
+    // SAFETY: E2M1_TWICE is 16 readable bytes (unaligned 128-bit load).
+    let lut = unsafe { _mm_loadu_si128(E2M1_TWICE.as_ptr().cast::<__m128i>()) };
+    let mut tot = [[_mm512_setzero_ps(); 2]; T];
+    for (b, &e) in srow.iter().enumerate() {
+        let w = mxfp4_block(&blocks[b], lut);
+        let s = _mm512_set1_ps(e8m0_half(e));
+        for t in 0..T {
+            let xs = xb[t][b].as_chunks::<16>().0;
+            // SAFETY: `xs[0]` and `xs[1]` are 16 readable f32 each (unaligned 512-bit loads).
+            let (xe, xo) = unsafe {
+                (
+                    _mm512_loadu_ps(xs[0].as_ptr()),
+                    _mm512_loadu_ps(xs[1].as_ptr()),
+                )
+            };
+            let sum = _mm512_fmadd_ps(w[1], xo, _mm512_mul_ps(w[0], xe));
+            tot[t][b % 2] = _mm512_fmadd_ps(sum, s, tot[t][b % 2]);
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum16(_mm512_add_ps(tot[t][0], tot[t][1]));
+    }
+    out
+}
+
+/// `y[i] = row (r0 + i) of w . x` for an mxfp4 matrix with `avx2::mxfp4_fast(w)`; `xp` is `x`
+/// permuted in blocks of 32.
+///
+/// # Safety
+/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView`)
+/// and `mxfp4_fast(w)`; `xp.len() == cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_matvec_rows(w: &MatrixView<'_>, xp: &[f32], r0: usize, y: &mut [f32]) {
+    for (i, yo) in y.iter_mut().enumerate() {
+        let (row, srow) = mxfp4_row(w, r0 + i);
+        // SAFETY: features available (caller); lengths as `mxfp4_fast` and the caller ensure.
+        *yo = unsafe { mxfp4_dot_tokens::<1>(row, srow, [xp]) }[0];
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . X[t]` for an mxfp4 matrix with `mxfp4_fast(w)`; `xp`
+/// is `X` (`[n, cols]`) permuted in blocks of 32. Up to [`TILE`] tokens per pass over a row.
+///
+/// # Safety
+/// As [`mxfp4_matvec_rows`]; `xp.len() == n * cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_matmul_rows(
+    w: &MatrixView<'_>,
+    xp: &[f32],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
+    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
+        let (row, srow) = mxfp4_row(w, r0 + i);
+        let mut t = 0;
+        while t + TILE <= n {
+            // SAFETY: as in `mxfp4_matvec_rows`.
+            let v = unsafe { mxfp4_dot_tokens::<TILE>(row, srow, [xt(t), xt(t + 1), xt(t + 2)]) };
+            yrow[t..t + TILE].copy_from_slice(&v);
+            t += TILE;
+        }
+        while t < n {
+            // SAFETY: as above.
+            yrow[t] = unsafe { mxfp4_dot_tokens::<1>(row, srow, [xt(t)]) }[0];
             t += 1;
         }
     }

@@ -8,8 +8,8 @@
 //!
 //! ## Instruction sets
 //! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time by
-//! [`detected_isa`], coli's one CPU detection in `coli_format::cpu`, honouring `COLI_ISA`), AVX-512F kernels for the two encodings that dominate decode (int4 with
-//! a group size that is a multiple of 64, and int8; [`Isa::Avx512`]) and a portable scalar
+//! [`detected_isa`], coli's one CPU detection in `coli_format::cpu`, honouring `COLI_ISA`), AVX-512F kernels for the encodings that dominate decode (int4 with
+//! a group size that is a multiple of 64, int8 and mxfp4; [`Isa::Avx512`]) and a portable scalar
 //! twin ([`Isa::Scalar`]). All accumulate in f32 and agree within f32 rounding (about
 //! `cols * 2^-24 * sum |w x|`), not bit for bit:
 //!
@@ -24,7 +24,11 @@
 //! - AVX2/AVX-512 int4 with a group size that is a multiple of 32 (AVX2) or 64 (AVX-512)
 //!   dividing `cols`: per group `sum (q - 8) x` over codes widened straight from the nibbles
 //!   (activations permuted once per product to match), times the group scale with one FMA into
-//!   the row total (`avx2.rs`, `avx512.rs`). One multiply per group or row instead of one per
+//!   the row total (`avx2.rs`, `avx512.rs`).
+//! - AVX2/AVX-512 mxfp4 with `cols` a multiple of 32: the same per 32-column block, the e2m1
+//!   codes mapped to `2 v` (small integers) by one byte shuffle, times `2^(e - 128)` (half the
+//!   e8m0 block scale, a power of two: exact). Other mxfp4 shapes decode each weight exactly
+//!   (`e2m1 * 2^(e - 127)`) as the other AVX2 kernels do. One multiply per group or row instead of one per
 //!   weight is what lets these kernels keep up with llama.cpp's (which quantize the activations
 //!   to int8 instead, changing the results; these do not).
 //!
@@ -80,14 +84,17 @@ pub(crate) fn require(isa: Isa) {
     );
 }
 
-/// Activations prepared for one product: as given, or permuted for an int4 fast path
-/// (`avx2::int4_permute`: blocks of 32 columns for AVX2, 64 for AVX-512).
+/// Activations prepared for one product: as given, or permuted for an int4 or mxfp4 fast path
+/// (`avx2::int4_permute`: blocks of 32 columns for AVX2 int4 and for mxfp4, 64 for AVX-512
+/// int4).
 enum Act<'a> {
     Plain(&'a [f32]),
     #[cfg(target_arch = "x86_64")]
     Int4Avx2(Vec<f32>),
     #[cfg(target_arch = "x86_64")]
     Int4Avx512(Vec<f32>),
+    #[cfg(target_arch = "x86_64")]
+    Mxfp4(Vec<f32>),
 }
 
 impl<'a> Act<'a> {
@@ -100,6 +107,9 @@ impl<'a> Act<'a> {
             }
             if base(isa) == Isa::Avx2Fma && avx2::int4_fast(w) {
                 return Act::Int4Avx2(avx2::int4_permute(x, 32));
+            }
+            if base(isa) == Isa::Avx2Fma && avx2::mxfp4_fast(w) {
+                return Act::Mxfp4(avx2::int4_permute(x, 32));
             }
         }
         let _ = (isa, w);
@@ -138,6 +148,17 @@ fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f
             // `require`) with `avx512::int4_fast(w)`; `xp` is the permuted `x`.
             unsafe { avx512::int4_matvec_rows(w, xp, r0, y) }
         }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Mxfp4(xp)) => {
+            // SAFETY: `Act::new` built this only with `avx2::mxfp4_fast(w)` for an instruction
+            // set whose support `require` checked (AVX-512F too when `isa` is `Avx512`); `xp`
+            // is the permuted `x`.
+            if isa == Isa::Avx512 {
+                unsafe { avx512::mxfp4_matvec_rows(w, xp, r0, y) }
+            } else {
+                unsafe { avx2::mxfp4_matvec_rows(w, xp, r0, y) }
+            }
+        }
         _ => unreachable!("activations prepared for another instruction set"),
     }
 }
@@ -168,6 +189,15 @@ fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, 
         (Isa::Avx2Fma, Act::Int4Avx512(xp)) => {
             // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
             unsafe { avx512::int4_matmul_rows(w, xp, n, r0, yt) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Act::Mxfp4(xp)) => {
+            // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
+            if isa == Isa::Avx512 {
+                unsafe { avx512::mxfp4_matmul_rows(w, xp, n, r0, yt) }
+            } else {
+                unsafe { avx2::mxfp4_matmul_rows(w, xp, n, r0, yt) }
+            }
         }
         _ => unreachable!("activations prepared for another instruction set"),
     }

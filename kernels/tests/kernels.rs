@@ -108,7 +108,9 @@ fn isas() -> Vec<Isa> {
         if Isa::Avx512.supported() {
             v.push(Isa::Avx512);
         } else {
-            eprintln!("AVX-512F not available: the AVX-512 int4 kernel is not tested here");
+            eprintln!(
+                "AVX-512F not available: the AVX-512 int4, int8 and mxfp4 kernels are not tested here"
+            );
         }
     } else {
         eprintln!("AVX2+FMA not available: testing the scalar kernels only");
@@ -237,6 +239,67 @@ fn unit_vectors_extract_exact_weights() {
     }
 }
 
+/// The MXFP4 fast paths (cols a multiple of 32) over every e8m0 exponent whose products stay
+/// finite (0..=250: `6 * 2^123` at most; 0 gives `2^-127`, a subnormal scale) and every e2m1
+/// code: `W e_j` is column j exactly as the reference decodes it (`e2m1 * 2^(e - 127)`), on
+/// every instruction set; then random activations within the f64 reference's bound.
+#[test]
+fn mxfp4_every_exponent_and_code() {
+    let (rows, cols) = (9usize, 256usize);
+    let mut m = Mat::random(Encoding::Mxfp4, rows, cols, 4242);
+    for (k, e) in m.e8m0.iter_mut().enumerate() {
+        *e = ((k * 37) % 251) as u8;
+    }
+    m.e8m0[0] = 0;
+    m.e8m0[1] = 250;
+    // Every code appears in every row: byte j of a row holds codes (j % 16, (j / 16) % 16).
+    for (j, b) in m.data.iter_mut().enumerate() {
+        let j = j % (cols / 2);
+        *b = ((j % 16) | (((j / 16) % 16) << 4)) as u8;
+    }
+    let w = m.view();
+    let mut dense = vec![0f32; rows * cols];
+    for r in 0..rows {
+        w.dequantize_row(r, &mut dense[r * cols..(r + 1) * cols]);
+    }
+    for isa in isas() {
+        for j in 0..cols {
+            let mut x = vec![0f32; cols];
+            x[j] = 1.0;
+            let mut y = vec![f32::NAN; rows];
+            matvec_with(isa, &w, &x, &mut y);
+            for r in 0..rows {
+                // Value equality: a sum starting at +0 turns the code -0 into +0.
+                assert_eq!(
+                    y[r],
+                    dense[r * cols + j],
+                    "{isa:?} W[{r}, {j}] (e8m0 {})",
+                    m.e8m0[r * (cols / 32) + j / 32]
+                );
+            }
+        }
+    }
+    // Random activations on scales near 2^0 (the exponents above span 2^-127..2^123, whose
+    // products no f32 sum holds in one row).
+    for e in m.e8m0.iter_mut() {
+        *e = 120 + *e % 10;
+    }
+    let w = m.view();
+    let x = random_vec(cols, 5);
+    let (yref, mag) = reference(&w, &x);
+    for isa in isas() {
+        let mut y = vec![f32::NAN; rows];
+        matvec_with(isa, &w, &x, &mut y);
+        for r in 0..rows {
+            let err = (y[r] as f64 - yref[r]).abs();
+            assert!(
+                err <= tolerance(cols) * mag[r],
+                "{isa:?} row {r}: err {err:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn matmul_rows_are_bit_identical_to_matvec() {
     for (ei, &enc) in encodings().iter().enumerate() {
@@ -286,6 +349,7 @@ fn results_do_not_depend_on_thread_count() {
             Encoding::Int4 { group_size: 32 },
             Encoding::Int4 { group_size: 64 },
             Encoding::F32,
+            Encoding::Mxfp4,
         ]
         .into_iter()
         .enumerate()
