@@ -150,12 +150,12 @@ fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f
         }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2Fma, Act::Mxfp4(xp)) => {
-            // SAFETY: `Act::new` built this only with `avx2::mxfp4_fast(w)` for an instruction
-            // set whose support `require` checked (AVX-512F too when `isa` is `Avx512`); `xp`
-            // is the permuted `x`.
             if isa == Isa::Avx512 {
+                // SAFETY: `Act::new` built this only with `avx2::mxfp4_fast(w)`; `require`
+                // checked AVX-512F+AVX2+FMA+F16C for `Isa::Avx512`; `xp` is the permuted `x`.
                 unsafe { avx512::mxfp4_matvec_rows(w, xp, r0, y) }
             } else {
+                // SAFETY: as above, AVX2+FMA+F16C checked by `require`.
                 unsafe { avx2::mxfp4_matvec_rows(w, xp, r0, y) }
             }
         }
@@ -192,10 +192,11 @@ fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, 
         }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2Fma, Act::Mxfp4(xp)) => {
-            // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
             if isa == Isa::Avx512 {
+                // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
                 unsafe { avx512::mxfp4_matmul_rows(w, xp, n, r0, yt) }
             } else {
+                // SAFETY: as in `matvec_chunk`; `xp.len() == n * cols`.
                 unsafe { avx2::mxfp4_matmul_rows(w, xp, n, r0, yt) }
             }
         }
