@@ -187,10 +187,28 @@ fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// transformers' `strftime_now(format)` (`datetime.now().strftime(format)`): the local time
+/// now, formatted with strftime specifiers (chrono's, a superset of the common Python ones;
+/// gpt-oss's template writes `Current date: {strftime_now("%Y-%m-%d")}`).
+fn strftime_now(format: String) -> std::result::Result<Value, JinjaError> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: {format:?} is not a strftime format"),
+        ));
+    }
+    let now = chrono::Local::now();
+    Ok(Value::from(
+        now.format_with_items(items.into_iter()).to_string(),
+    ))
+}
+
 impl ChatTemplate {
     /// Renders `messages` as transformers' `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=...)`: Jinja with `trim_blocks` and `lstrip_blocks`, the
-    /// `raise_exception` function, Python string methods (pycompat), the Python-style `tojson`
+    /// `raise_exception` and `strftime_now` functions, Python string methods (pycompat), the Python-style `tojson`
     /// filter, the named special tokens as variables, `tools` and `documents` set to none.
     ///
     /// # Errors
@@ -202,6 +220,7 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson_filter);
         let tmpl = env
             .template_from_str(&self.source)
@@ -466,6 +485,33 @@ pub(crate) mod tests {
                       "vocab": vocab, "merges": []}
         });
         TextTokenizer::from_parts(json.to_string().as_bytes(), None, None).unwrap()
+    }
+
+    #[test]
+    fn strftime_now_formats_the_current_date() {
+        let t = ChatTemplate {
+            source: "Current date: {{ strftime_now(\"%Y-%m-%d\") }}".into(),
+            special_tokens: vec![],
+        };
+        let before = std::time::SystemTime::now();
+        let out = t.render(&[], false).unwrap();
+        let date = out.strip_prefix("Current date: ").expect(&out);
+        let parts: Vec<u32> = date.split('-').map(|p| p.parse().expect(date)).collect();
+        assert_eq!(parts.len(), 3, "{date}");
+        assert!(date.len() == 10 && (1..=12).contains(&parts[1]) && (1..=31).contains(&parts[2]));
+        // The year agrees with the clock (within a day of a year boundary either way).
+        let secs = before
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let year = 1970.0 + secs as f64 / (365.2425 * 86400.0);
+        assert!((parts[0] as f64 - year).abs() < 1.01, "{date} vs {year}");
+        let bad = ChatTemplate {
+            source: "{{ strftime_now(\"%Q\") }}".into(),
+            special_tokens: vec![],
+        };
+        let e = bad.render(&[], false).unwrap_err().to_string();
+        assert!(e.contains("not a strftime format"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use coli_engine::trace::RoutingTrace;
 use coli_engine::{
-    ChatMessage, Engine, GenerateParams, Generation, Logits, SamplingParams, StreamDecoder,
+    ChatMessage, Engine, GenerateParams, Generation, HarmonyTokens, Logits, SamplingParams,
+    StreamDecoder,
 };
 use coli_store::Store;
 use std::io::{BufRead, Write};
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
+use coli_tools::serve::text::{Piece, ReplyText};
 use coli_tools::{info, mirror, plan, serve};
 
 #[derive(Parser)]
@@ -444,6 +446,7 @@ fn chat(a: ChatArgs) -> Result<()> {
     }
     let base = messages.len();
     let params = a.sampling.params();
+    let harmony = HarmonyTokens::detect(tok);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -465,19 +468,27 @@ fn chat(a: ChatArgs) -> Result<()> {
         let (_, ids) = tok
             .chat_ids(&messages, true)
             .context("applying the chat template")?;
-        let mut dec = StreamDecoder::new();
+        // A harmony model (gpt-oss) answers in its final channel; its analysis goes to stderr.
+        let mut reply = ReplyText::new(Vec::new(), harmony);
+        let mut answer = String::new();
         let mut out = std::io::stdout().lock();
-        let g = match eng.generate(&ids, &params, |id| {
-            let piece = dec.push(tok, id)?;
-            if !piece.is_empty()
-                && out
-                    .write_all(piece.as_bytes())
+        let mut show = |piece: Option<Piece>, answer: &mut String| match piece {
+            Some(Piece::Content(t)) => {
+                answer.push_str(&t);
+                out.write_all(t.as_bytes())
                     .and_then(|_| out.flush())
-                    .is_err()
-            {
-                return Ok(false);
+                    .is_ok()
             }
-            Ok(true)
+            Some(Piece::Reasoning(t)) => {
+                eprint!("{t}");
+                true
+            }
+            None => true,
+        };
+        let g = match eng.generate(&ids, &params, |id| {
+            let (piece, _) = reply.push(tok, id)?;
+            // A closed stdout stops generation.
+            Ok(show(piece, &mut answer))
         }) {
             Ok(g) => g,
             Err(coli_engine::EngineError::ContextOverflow { needed, context }) => {
@@ -487,11 +498,13 @@ fn chat(a: ChatArgs) -> Result<()> {
             }
             Err(e) => return Err(e).context("generating"),
         };
-        let rest = dec.finish(tok)?;
-        let _ = writeln!(out, "{rest}");
+        let (rest, _) = reply.finish(tok)?;
+        for p in rest {
+            show(Some(p), &mut answer);
+        }
+        let _ = writeln!(out);
         let _ = out.flush();
-        let reply = tok.decode(&g.tokens, true)?;
-        messages.push(ChatMessage::new("assistant", &reply));
+        messages.push(ChatMessage::new("assistant", &answer));
         let s = &g.stats;
         eprintln!(
             "[{} new prompt tokens, {} generated, TTFT {:.2} s, {:.1} tok/s, {} expert bytes read, hit rate {:.1}%]",

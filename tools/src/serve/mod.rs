@@ -15,7 +15,7 @@
 
 mod api;
 mod metrics;
-mod text;
+pub mod text;
 mod worker;
 
 use anyhow::{bail, Context, Result};
@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
-use coli_engine::{GenerateParams, SamplingParams, TextTokenizer};
+use coli_engine::{GenerateParams, HarmonyTokens, SamplingParams, TextTokenizer};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -343,6 +343,8 @@ struct Prepared {
     req: GenRequest,
     prompt: Vec<u32>,
     params: GenerateParams,
+    /// Set for a chat with a harmony model (gpt-oss): the reply's final channel is the content.
+    harmony: Option<HarmonyTokens>,
 }
 
 /// Tokenizes the prompt and checks it against the context.
@@ -431,10 +433,15 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
         stop_on_eos: !req.ignore_eos,
         speculation: app.speculation,
     };
+    let harmony = match req.prompt {
+        Prompt::Chat(_) => HarmonyTokens::detect(tok),
+        _ => None,
+    };
     Ok(Prepared {
         req,
         prompt,
         params,
+        harmony,
     })
 }
 
@@ -470,16 +477,29 @@ struct Meta {
 
 impl Meta {
     /// Choice `index` of a non-streaming response.
-    fn choice(&self, index: usize, text: &str, reason: &str) -> Value {
+    /// One choice of a whole response; `reasoning` (harmony's analysis and commentary) becomes
+    /// the message's `reasoning_content` when not empty.
+    fn choice(&self, index: usize, text: &str, reasoning: &str, reason: &str) -> Value {
         match self.ep {
-            Endpoint::Chat => json!({
-                "index": index, "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": null, "finish_reason": reason,
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = json!(reasoning);
+                }
+                json!({
+                    "index": index, "message": message, "logprobs": null, "finish_reason": reason,
+                })
+            }
             Endpoint::Completions => {
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": reason})
             }
         }
+    }
+
+    /// One streamed piece of reasoning of chat choice `index` (`delta.reasoning_content`).
+    fn reasoning_delta(&self, index: usize, text: &str) -> Value {
+        json!({"index": index, "delta": {"reasoning_content": text}, "logprobs": null,
+               "finish_reason": null})
     }
 
     /// One streamed piece of choice `index`: `text` (None: the role-only first chat chunk) and
@@ -581,6 +601,7 @@ async fn generate_checked(
         params: p.params,
         n: choices,
         stop: p.req.stop.clone(),
+        harmony: p.harmony,
         events: events_tx,
         cancel,
         arrived,
@@ -609,10 +630,12 @@ async fn generate_checked(
     // Not streaming: the guard lives in this future, which hyper drops if the client goes away.
     let _guard = guard;
     let mut texts = vec![String::new(); choices];
+    let mut reasoning = vec![String::new(); choices];
     let mut done: Vec<Option<Finish>> = vec![None; choices];
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Text(i, t) => texts[i].push_str(&t),
+            Event::Reasoning(i, t) => reasoning[i].push_str(&t),
             Event::Done(i, f) => {
                 done[i] = Some(f);
                 if done.iter().all(Option::is_some) {
@@ -620,9 +643,9 @@ async fn generate_checked(
                     let fins: Vec<Finish> = done.into_iter().flatten().collect();
                     let list: Vec<Value> = fins
                         .iter()
-                        .zip(&texts)
+                        .zip(texts.iter().zip(&reasoning))
                         .enumerate()
-                        .map(|(i, (f, t))| meta.choice(i, t, f.reason))
+                        .map(|(i, (f, (t, r)))| meta.choice(i, t, r, f.reason))
                         .collect();
                     let v = meta.response(Value::Array(list), Some(usage(&fins)), false);
                     return Ok(Json(v).into_response());
@@ -668,12 +691,13 @@ fn stream_response(
                 () = out.closed() => return,
             };
             let last = match &ev {
-                Some(Event::Text(..)) => false,
+                Some(Event::Text(..) | Event::Reasoning(..)) => false,
                 Some(Event::Done(..)) => fins.len() + 1 == meta.n,
                 _ => true,
             };
             let msgs: Vec<Value> = match ev {
                 Some(Event::Text(i, t)) => vec![chunk(meta.delta(i, Some(&t), None))],
+                Some(Event::Reasoning(i, t)) => vec![chunk(meta.reasoning_delta(i, &t))],
                 Some(Event::Done(i, f)) => {
                     fins.push(f);
                     let mut v = vec![chunk(meta.delta(i, None, Some(f.reason)))];
@@ -785,6 +809,48 @@ mod tests {
         );
         // The stream is over, so its guard was dropped.
         assert!(cancel.load(Ordering::Relaxed));
+    }
+
+    /// A harmony reply (gpt-oss): reasoning streams as `delta.reasoning_content`, the final
+    /// channel as `delta.content`; a whole response carries both in the message.
+    #[tokio::test]
+    async fn chat_reasoning_and_content() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Event::Reasoning(0, "think".into())).expect("send");
+        tx.send(Event::Text(0, "answer".into())).expect("send");
+        let fin = Finish {
+            reason: "stop",
+            prompt_tokens: 3,
+            cached_tokens: 0,
+            completion_tokens: 9,
+        };
+        tx.send(Event::Done(0, fin)).expect("send");
+        let guard = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let data = sse_data(stream_response(meta(Endpoint::Chat), rx, guard, false)).await;
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).expect("JSON"))
+            .collect();
+        assert_eq!(
+            chunks.len(),
+            4,
+            "role, reasoning, content, finish: {data:?}"
+        );
+        assert_eq!(
+            chunks[1]["choices"][0]["delta"],
+            json!({"reasoning_content": "think"})
+        );
+        assert_eq!(
+            chunks[2]["choices"][0]["delta"],
+            json!({"content": "answer"})
+        );
+        let m = meta(Endpoint::Chat);
+        let c = m.choice(0, "answer", "think", "stop");
+        assert_eq!(c["message"]["content"], "answer");
+        assert_eq!(c["message"]["reasoning_content"], "think");
+        // Without reasoning the message has no such field (as before).
+        let c = m.choice(0, "answer", "", "stop");
+        assert!(c["message"].get("reasoning_content").is_none(), "{c}");
     }
 
     #[tokio::test]

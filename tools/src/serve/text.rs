@@ -1,8 +1,10 @@
 //! Generated text for streaming: whole UTF-8 characters only (through
 //! [`coli_engine::StreamDecoder`]) and stop strings applied across token boundaries, holding back
-//! any tail that may still become a stop string.
+//! any tail that may still become a stop string; for a model that answers in OpenAI's harmony
+//! format (gpt-oss), the final channel as the content and the other channels as reasoning
+//! ([`ReplyText`]).
 
-use coli_engine::{StreamDecoder, TextTokenizer};
+use coli_engine::{HarmonyParser, HarmonyTokens, Routed, StreamDecoder, TextTokenizer};
 
 /// Cuts generated text at the first stop string, releasing text only once no stop string can
 /// start inside it.
@@ -111,6 +113,83 @@ impl TextStream {
     }
 }
 
+/// A piece of a reply, ready to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Text of the answer (the message `content`).
+    Content(String),
+    /// Reasoning: harmony's `analysis` and `commentary` channels (the message's
+    /// `reasoning_content`, as vLLM and llama.cpp name it).
+    Reasoning(String),
+}
+
+/// The text of one choice: every token into one [`TextStream`], or, for a harmony reply, the
+/// final channel's tokens into the content stream (stop strings apply to it) and the other
+/// channels' into a reasoning stream (no stop strings), the format's special tokens and headers
+/// into neither ([`HarmonyParser`]).
+pub struct ReplyText {
+    content: TextStream,
+    harmony: Option<(HarmonyParser, TextStream)>,
+}
+
+impl ReplyText {
+    /// A reply applying `stops` to its content; `harmony` when the request is a chat with a
+    /// model whose tokenizer has the harmony tokens.
+    pub fn new(stops: Vec<String>, harmony: Option<HarmonyTokens>) -> ReplyText {
+        ReplyText {
+            content: TextStream::new(stops),
+            harmony: harmony.map(|t| (HarmonyParser::new(t), TextStream::new(Vec::new()))),
+        }
+    }
+
+    /// Adds generated token `id`; returns the piece to send (if any) and whether a stop string
+    /// ended generation.
+    ///
+    /// # Errors
+    /// The tokenizer's decode error (an id outside its vocabulary).
+    pub fn push(
+        &mut self,
+        tok: &TextTokenizer,
+        id: u32,
+    ) -> coli_engine::Result<(Option<Piece>, bool)> {
+        let routed = match &mut self.harmony {
+            Some((parser, _)) => parser.push(tok, id)?,
+            None => Routed::Final,
+        };
+        Ok(match (routed, &mut self.harmony) {
+            (Routed::Final, _) => {
+                let (t, hit) = self.content.push(tok, id)?;
+                ((!t.is_empty()).then_some(Piece::Content(t)), hit)
+            }
+            (Routed::Reasoning, Some((_, reasoning))) => {
+                let (t, _) = reasoning.push(tok, id)?;
+                ((!t.is_empty()).then_some(Piece::Reasoning(t)), false)
+            }
+            _ => (None, false),
+        })
+    }
+
+    /// End of generation: the rest of the reasoning and content, and whether the content
+    /// completed a stop string.
+    ///
+    /// # Errors
+    /// As [`ReplyText::push`].
+    pub fn finish(&mut self, tok: &TextTokenizer) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        let mut out = Vec::new();
+        if let Some((_, reasoning)) = &mut self.harmony {
+            let (t, _) = reasoning.finish(tok)?;
+            if !t.is_empty() {
+                out.push(Piece::Reasoning(t));
+            }
+        }
+        let (t, hit) = self.content.finish(tok)?;
+        if !t.is_empty() {
+            out.push(Piece::Content(t));
+        }
+        Ok((out, hit))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -131,11 +210,24 @@ pub(crate) mod tests {
     /// A byte-level BPE tokenizer whose token i is byte i (no merges), so any multi-byte
     /// character is split across tokens.
     pub(crate) fn byte_tokenizer() -> TextTokenizer {
+        byte_tokenizer_with(&[])
+    }
+
+    /// [`byte_tokenizer`] plus special tokens `special[k]` with ids `256 + k`.
+    pub(crate) fn byte_tokenizer_with(special: &[&str]) -> TextTokenizer {
         let vocab: serde_json::Map<String, Value> = (0..=255u8)
             .map(|b| (byte_char(b).to_string(), Value::from(b as u32)))
             .collect();
+        let added: Vec<Value> = special
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                json!({"id": 256 + k, "content": t, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": true})
+            })
+            .collect();
         let j = json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
             "normalizer": null,
             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
             "post_processor": null,
@@ -216,5 +308,80 @@ pub(crate) mod tests {
         // No stop strings: everything passes at once.
         let mut f = StopFilter::new(Vec::new());
         assert_eq!(f.push("END"), ("END".to_string(), false));
+    }
+
+    /// harmony's special tokens (o200k_harmony names), ids 256.. in the byte tokenizer.
+    pub(crate) const HARMONY: [&str; 7] = [
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|return|>",
+        "<|call|>",
+        "<|constrain|>",
+    ];
+
+    /// Feeds `reply` token by token; returns the pieces (adjacent pieces of one kind joined)
+    /// and whether a stop string hit.
+    fn reply(stops: &[&str], harmony: bool, reply: &str) -> (Vec<Piece>, bool) {
+        let tok = byte_tokenizer_with(&HARMONY);
+        let t = harmony.then(|| HarmonyTokens::detect(&tok).expect("harmony tokens"));
+        let mut r = ReplyText::new(stops.iter().map(|s| s.to_string()).collect(), t);
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut add = |p: Piece| match (pieces.last_mut(), p) {
+            (Some(Piece::Content(a)), Piece::Content(b))
+            | (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+            (_, p) => pieces.push(p),
+        };
+        for id in tok.encode(reply, false).expect("encode") {
+            let (p, hit) = r.push(&tok, id).expect("push");
+            if let Some(p) = p {
+                add(p);
+            }
+            if hit {
+                let (rest, _) = r.finish(&tok).expect("finish");
+                rest.into_iter().for_each(&mut add);
+                return (pieces, true);
+            }
+        }
+        let (rest, hit) = r.finish(&tok).expect("finish");
+        rest.into_iter().for_each(&mut add);
+        (pieces, hit)
+    }
+
+    const HARMONY_REPLY: &str = "<|channel|>analysis<|message|>The user asks 2+2. Easy → 4.<|end|>\
+        <|start|>assistant<|channel|>final<|message|>2 + 2 = 4. 世界 END ignored<|return|>";
+
+    #[test]
+    fn harmony_final_channel_is_the_content() {
+        let (pieces, hit) = reply(&[], true, HARMONY_REPLY);
+        assert!(!hit);
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Reasoning("The user asks 2+2. Easy → 4.".into()),
+                Piece::Content("2 + 2 = 4. 世界 END ignored".into()),
+            ]
+        );
+        // Stop strings cut the content only (the reasoning also holds "4").
+        let (pieces, hit) = reply(&["END", "4."], true, HARMONY_REPLY);
+        assert!(hit);
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Reasoning("The user asks 2+2. Easy → 4.".into()),
+                Piece::Content("2 + 2 = ".into()),
+            ]
+        );
+        // Without harmony (e.g. /v1/completions) the special tokens are skipped and every
+        // channel's text is content, as before.
+        let (pieces, _) = reply(&[], false, HARMONY_REPLY);
+        assert_eq!(
+            pieces,
+            vec![Piece::Content(
+                "analysisThe user asks 2+2. Easy → 4.assistantfinal2 + 2 = 4. 世界 END ignored"
+                    .into()
+            )]
+        );
     }
 }

@@ -17,7 +17,7 @@
 
 use super::api::ApiError;
 use super::metrics::Metrics;
-use super::text::TextStream;
+use super::text::{Piece, ReplyText};
 use coli_engine::speculative::gate::DraftGate;
 use coli_engine::speculative::{self, ngram, Speculate};
 use coli_engine::{
@@ -34,10 +34,20 @@ use tokio::sync::mpsc;
 pub enum Event {
     /// Text to append to choice `index` (whole characters, stop strings already cut).
     Text(usize, String),
+    /// Reasoning to append to choice `index` (harmony's analysis and commentary channels).
+    Reasoning(usize, String),
     /// Choice `index` ended normally.
     Done(usize, Finish),
     /// The job failed (every choice ends).
     Error(ApiError),
+}
+
+/// The event carrying piece `p` of choice `index`.
+fn event(index: usize, p: Piece) -> Event {
+    match p {
+        Piece::Content(t) => Event::Text(index, t),
+        Piece::Reasoning(t) => Event::Reasoning(index, t),
+    }
 }
 
 /// The end of one choice of a generation.
@@ -76,6 +86,9 @@ pub struct Job {
     pub n: usize,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// The harmony tokens when the reply is a chat message of a harmony model (gpt-oss): its
+    /// final channel is the content, the other channels reasoning.
+    pub harmony: Option<coli_engine::HarmonyTokens>,
     /// Where text goes.
     pub events: mpsc::UnboundedSender<Event>,
     /// Set when the client is gone.
@@ -324,7 +337,7 @@ struct Choice {
     /// Its sequence (None until the prompt's prefill is done and it is forked).
     seq: Option<Sequence>,
     sampler: Sampler,
-    text: TextStream,
+    text: ReplyText,
     /// Tokens generated.
     generated: usize,
     /// The token to feed next (sampled, not yet in the KV cache).
@@ -562,7 +575,7 @@ impl Scheduler<'_, '_> {
                     seed: job.params.sampling.seed.wrapping_add(i as u64),
                     ..job.params.sampling
                 }),
-                text: TextStream::new(job.stop.clone()),
+                text: ReplyText::new(job.stop.clone(), job.harmony),
                 generated: 0,
                 next: None,
                 drafts: Vec::new(),
@@ -982,9 +995,11 @@ impl Scheduler<'_, '_> {
                 return;
             }
         };
-        if !piece.is_empty() && r.job.events.send(Event::Text(c.index, piece)).is_err() {
-            c.finished = Some("cancelled");
-            return;
+        if let Some(p) = piece {
+            if r.job.events.send(event(c.index, p)).is_err() {
+                c.finished = Some("cancelled");
+                return;
+            }
         }
         if hit || (r.job.params.stop_on_eos && eos.contains(&id)) {
             c.finished = Some("stop");
@@ -1011,8 +1026,8 @@ impl Scheduler<'_, '_> {
                     reason = "stop";
                     c.finished = Some(reason);
                 }
-                if !rest.is_empty() {
-                    let _ = job.events.send(Event::Text(c.index, rest));
+                for p in rest {
+                    let _ = job.events.send(event(c.index, p));
                 }
             }
             Err(e) => {
