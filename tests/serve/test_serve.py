@@ -37,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 
+import anthropic
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -190,6 +191,8 @@ def main():
     # One sequence at a time: the queue, 429 and cancellation checks count queued requests.
     server = Server(store, "--max-batch", "1", "--shutdown-grace", "1")
     try:
+        # Before run_checks, which ends with the server's SIGTERM.
+        anthropic_checks(server, q, question)
         run_checks(server, q, question)
     finally:
         server.stop()
@@ -420,6 +423,101 @@ def run_checks(server, q, question):
         rc = None
     check(rc == 0, f"SIGTERM during a generation: exit code {rc} after {time.time() - t0:.2f} s")
     s.close()
+
+
+def anthropic_checks(server, q, question):
+    """POST /v1/messages with the official anthropic client: the same answers as the OpenAI
+    endpoint (transformers' greedy text), the event sequence, stop sequences, usage, errors."""
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+    # Anthropic's current API (and this client) dropped the sampling fields; coli still takes
+    # temperature, top_p and top_k (older clients send them), here through extra_body.
+    T0 = {"extra_body": {"temperature": 0}}
+    n_prompt, n_new = len(q["prompt_ids"]), len(q["expected_new_ids"])
+
+    m = client.messages.create(model=MODEL, max_tokens=24, messages=question, **T0)
+    text = m.content[0].text if m.content else None
+    check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_") and len(m.content) == 1
+          and m.content[0].type == "text", f"messages: one text block: {m}")
+    check(text == q["decoded"], f"messages answer equals transformers' decoding: {text!r}")
+    check(m.stop_reason == "end_turn" and m.stop_sequence is None, f"messages stop_reason end_turn: {m.stop_reason}")
+    u = m.usage
+    check(u.input_tokens + u.cache_read_input_tokens == n_prompt and u.output_tokens == n_new
+          and u.cache_creation_input_tokens == 0,
+          f"messages usage: input {u.input_tokens} + cache read {u.cache_read_input_tokens} = {n_prompt}, "
+          f"output {u.output_tokens} = {n_new}")
+
+    # The template's own default system prompt, given explicitly: the same prompt, the same answer.
+    m2 = client.messages.create(model=MODEL, max_tokens=24, **T0, messages=question,
+                                system="You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    check(m2.content[0].text == text, f"system prompt as the template's default gives the same answer: "
+                                      f"{m2.content[0].text!r}")
+
+    # Streaming: the raw event sequence, and the helper's assembled text and final message.
+    types, pieces = [], []
+    for ev in client.messages.create(model=MODEL, max_tokens=24, messages=question, **T0, stream=True):
+        types.append(ev.type)
+        if ev.type == "content_block_delta":
+            pieces.append(ev.delta.text)
+    check(types[:2] == ["message_start", "content_block_start"]
+          and types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+          and set(types[2:-3]) == {"content_block_delta"} and len(pieces) > 3,
+          f"stream event sequence: {types[:3]} ... {types[-3:]} ({len(types)} events)")
+    check("".join(pieces) == text and all("\ufffd" not in p for p in pieces),
+          f"streamed text_delta pieces assemble to the answer ({len(pieces)} pieces)")
+    with client.messages.stream(model=MODEL, max_tokens=24, messages=question, **T0) as st:
+        streamed = "".join(st.text_stream)
+        final = st.get_final_message()
+    check(streamed == text and final.stop_reason == "end_turn" and final.usage.output_tokens == n_new
+          and final.usage.input_tokens + final.usage.cache_read_input_tokens == n_prompt,
+          f"messages.stream: text, stop_reason {final.stop_reason}, usage {final.usage}")
+
+    # Stop sequences and max_tokens.
+    cut = text[:text.index("Paris")]
+    m3 = client.messages.create(model=MODEL, max_tokens=24, messages=question, **T0,
+                                stop_sequences=["zzz", "Paris"])
+    check(m3.content[0].text == cut and m3.stop_reason == "stop_sequence" and m3.stop_sequence == "Paris",
+          f"stop sequence: {m3.content[0].text!r} {m3.stop_reason} {m3.stop_sequence!r}")
+    with client.messages.stream(model=MODEL, max_tokens=24, messages=question, **T0,
+                                stop_sequences=["Paris"]) as st:
+        s3 = "".join(st.text_stream)
+        f3 = st.get_final_message()
+    check(s3 == cut and f3.stop_reason == "stop_sequence" and f3.stop_sequence == "Paris",
+          f"streamed stop sequence: {s3!r} {f3.stop_reason} {f3.stop_sequence!r}")
+    m4 = client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Tell a story."}])
+    check(m4.stop_reason == "max_tokens" and m4.usage.output_tokens == 5, f"max_tokens: {m4.stop_reason} {m4.usage}")
+
+    # Errors in Anthropic's shape.
+    def err(fn):
+        try:
+            fn()
+        except anthropic.APIStatusError as e:
+            return e
+        return None
+    bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    e = err(lambda: bad.messages.create(model=MODEL, max_tokens=2, messages=question))
+    check(isinstance(e, anthropic.AuthenticationError) and e.body.get("type") == "error"
+          and e.body["error"]["type"] == "authentication_error", f"wrong key: {e and e.body}")
+    e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question,
+                                           tools=[{"name": "t", "input_schema": {"type": "object"}}]))
+    check(isinstance(e, anthropic.BadRequestError) and e.body["error"]["type"] == "invalid_request_error"
+          and "tools" in e.body["error"]["message"], f"tools refused: {e and e.body}")
+    e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
+    check(isinstance(e, anthropic.BadRequestError) and "messages[0].content[0].type" in e.body["error"]["message"],
+          f"image block refused: {e and e.body}")
+    e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question,
+                                           thinking={"type": "enabled", "budget_tokens": 1024}))
+    check(isinstance(e, anthropic.BadRequestError) and "thinking" in e.body["error"]["message"],
+          f"extended thinking refused: {e and e.body}")
+    e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question, output_config={
+        "format": {"type": "json_schema", "schema": {"type": "object"}}}))
+    check(isinstance(e, anthropic.BadRequestError) and "output_config.format" in e.body["error"]["message"],
+          f"structured output refused: {e and e.body}")
+    e = err(lambda: client.messages.create(model="other", max_tokens=2, messages=question))
+    check(isinstance(e, anthropic.NotFoundError) and e.body["error"]["type"] == "not_found_error",
+          f"unknown model: {e and e.body}")
+    st, _, body = raw(server, "POST", "/v1/messages", '{"model": "demo", "messages": [')
+    check(st == 400 and body.get("type") == "error", f"malformed JSON in Anthropic's shape: {st} {body}")
 
 
 def stream_text(stream, n=1):

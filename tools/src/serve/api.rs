@@ -109,9 +109,9 @@ impl ApiError {
     /// 401 for a missing or wrong API key.
     pub fn unauthorized(present: bool) -> ApiError {
         let msg = if present {
-            "Incorrect API key provided. Pass the key given to `coli serve --api-key` as `Authorization: Bearer KEY`."
+            "Incorrect API key provided. Pass the key given to `coli serve --api-key` as `Authorization: Bearer KEY` (or `x-api-key: KEY`)."
         } else {
-            "You didn't provide an API key. Pass the key given to `coli serve --api-key` as `Authorization: Bearer KEY`."
+            "You didn't provide an API key. Pass the key given to `coli serve --api-key` as `Authorization: Bearer KEY` (or `x-api-key: KEY`)."
         };
         ApiError {
             code: Some("invalid_api_key"),
@@ -139,7 +139,7 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
-                format!("Unknown request URL: {path}. Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics."),
+                format!("Unknown request URL: {path}. Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, GET /health, GET /metrics."),
             )
         }
     }
@@ -151,7 +151,7 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
-                format!("{method} is not allowed on {path}. Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics."),
+                format!("{method} is not allowed on {path}. Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, GET /health, GET /metrics."),
             )
         }
     }
@@ -240,6 +240,8 @@ pub enum Endpoint {
     Chat,
     /// `POST /v1/completions`.
     Completions,
+    /// `POST /v1/messages` (Anthropic's Messages API, `super::anthropic`).
+    Messages,
 }
 
 impl Endpoint {
@@ -248,6 +250,7 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "chat_completions",
             Endpoint::Completions => "completions",
+            Endpoint::Messages => "messages",
         }
     }
 }
@@ -615,6 +618,9 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
 /// 400 [`ApiError`] for a body that is not a JSON object, a field of the wrong type or out of
 /// range, a missing `model`/`messages`/`prompt`, or a field coli cannot honour.
 pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiError> {
+    if endpoint == Endpoint::Messages {
+        return super::anthropic::parse_request(body);
+    }
     let v: Value = serde_json::from_slice(body).map_err(ApiError::malformed)?;
     let Value::Object(obj) = v else {
         return Err(ApiError::malformed(format!("got {}", type_name(&v))));
@@ -633,6 +639,7 @@ pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiE
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(parse_messages(&obj)?),
         Endpoint::Completions => parse_prompt(&obj)?,
+        Endpoint::Messages => unreachable!("dispatched to anthropic::parse_request above"),
     };
     // max_completion_tokens supersedes max_tokens (OpenAI deprecated the latter for chat).
     let max_tokens = match get_count(&obj, "max_completion_tokens")? {

@@ -13,6 +13,7 @@
 //! `--shutdown-grace` seconds, ends the rest with finish reason `abort`, and exits 0.
 //! See `docs/SERVE.md`.
 
+mod anthropic;
 mod api;
 mod metrics;
 pub mod text;
@@ -201,6 +202,7 @@ async fn serve(
         .route("/v1/models/{id}", get(get_model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -252,7 +254,9 @@ fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| {
             let (scheme, key) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(key)
-        });
+        })
+        // Anthropic's clients send the key as `x-api-key`.
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
         Some(g) if g.trim() == key => Ok(()),
         Some(_) => Err(ApiError::unauthorized(true)),
@@ -336,6 +340,16 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     generate(app, headers, body_or_error(body), Endpoint::Completions).await
+}
+
+/// Anthropic's Messages API (`anthropic.rs`); the `anthropic-version` header is accepted and
+/// not checked.
+async fn messages(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(app, headers, body_or_error(body), Endpoint::Messages).await
 }
 
 /// A validated, tokenized request ready to queue.
@@ -460,12 +474,16 @@ async fn generate(
         Ok(resp) => resp,
         Err(e) => {
             app.metrics.count_request(ep.label(), e.status.as_u16());
-            e.into_response()
+            if ep == Endpoint::Messages {
+                anthropic::error_response(&e)
+            } else {
+                e.into_response()
+            }
         }
     }
 }
 
-/// The ids, creation time and model of one response.
+/// The ids, creation time and model of one OpenAI response.
 struct Meta {
     id: String,
     /// Choices of the request.
@@ -476,12 +494,12 @@ struct Meta {
 }
 
 impl Meta {
-    /// Choice `index` of a non-streaming response.
     /// One choice of a whole response; `reasoning` (harmony's analysis and commentary) becomes
     /// the message's `reasoning_content` when not empty.
     fn choice(&self, index: usize, text: &str, reasoning: &str, reason: &str) -> Value {
         match self.ep {
-            Endpoint::Chat => {
+            // Messages responses are built by anthropic.rs, never from a Meta.
+            Endpoint::Chat | Endpoint::Messages => {
                 let mut message = json!({"role": "assistant", "content": text, "refusal": null});
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = json!(reasoning);
@@ -506,7 +524,8 @@ impl Meta {
     /// the finish reason.
     fn delta(&self, index: usize, text: Option<&str>, reason: Option<&str>) -> Value {
         match self.ep {
-            Endpoint::Chat => {
+            // Messages responses are built by anthropic.rs, never from a Meta.
+            Endpoint::Chat | Endpoint::Messages => {
                 let delta = match (text, reason) {
                     (None, None) => json!({"role": "assistant", "content": ""}),
                     (Some(t), _) => json!({"content": t}),
@@ -522,8 +541,8 @@ impl Meta {
 
     fn object(&self, chunk: bool) -> &'static str {
         match (self.ep, chunk) {
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Chat | Endpoint::Messages, false) => "chat.completion",
+            (Endpoint::Chat | Endpoint::Messages, true) => "chat.completion.chunk",
             (Endpoint::Completions, _) => "text_completion",
         }
     }
@@ -593,8 +612,10 @@ async fn generate_checked(
     let id = match ep {
         Endpoint::Chat => format!("chatcmpl-{:x}{n:06x}", app.created),
         Endpoint::Completions => format!("cmpl-{:x}{n:06x}", app.created),
+        Endpoint::Messages => format!("msg_{:x}{n:06x}", app.created),
     };
     let choices = p.req.n;
+    let prompt_tokens = p.prompt.len();
     let job = Job {
         id: id.clone(),
         prompt: p.prompt,
@@ -615,6 +636,22 @@ async fn generate_checked(
                 ApiError::unavailable("the engine thread has stopped; restart coli serve")
             }
         });
+    }
+    if ep == Endpoint::Messages {
+        let meta = anthropic::MessageMeta {
+            id,
+            model: app.model_id.clone(),
+            stop: p.req.stop.clone(),
+            prompt_tokens,
+        };
+        if p.req.stream {
+            app.metrics.count_request(ep.label(), 200);
+            return Ok(anthropic::stream(meta, events, guard));
+        }
+        let _guard = guard;
+        let v = anthropic::whole(&meta, &mut events).await?;
+        app.metrics.count_request(ep.label(), 200);
+        return Ok(Json(v).into_response());
     }
     let meta = Meta {
         id,
@@ -775,6 +812,7 @@ mod tests {
                 prompt_tokens: 3,
                 cached_tokens: 1,
                 completion_tokens: 4,
+                stop_index: None,
             },
         ))
         .expect("send");
@@ -823,6 +861,7 @@ mod tests {
             prompt_tokens: 3,
             cached_tokens: 0,
             completion_tokens: 9,
+            stop_index: None,
         };
         tx.send(Event::Done(0, fin)).expect("send");
         let guard = CancelOnDrop(Arc::new(AtomicBool::new(false)));

@@ -10,24 +10,39 @@ use coli_engine::{HarmonyParser, HarmonyTokens, Routed, StreamDecoder, TextToken
 /// start inside it.
 #[derive(Debug, Default)]
 pub struct StopFilter {
-    stops: Vec<String>,
+    /// The non-empty stop strings with their index in the list given to [`StopFilter::new`].
+    stops: Vec<(usize, String)>,
     pending: String,
     hit: bool,
+    /// Index (in the list given to `new`) of the stop string that ended the text.
+    matched: Option<usize>,
 }
 
 impl StopFilter {
-    /// A filter for `stops` (non-empty strings; an empty list passes everything through).
+    /// A filter for `stops` (empty strings are ignored; an empty list passes everything
+    /// through).
     pub fn new(stops: Vec<String>) -> StopFilter {
         StopFilter {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            stops: stops
+                .into_iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .collect(),
             pending: String::new(),
             hit: false,
+            matched: None,
         }
     }
 
     /// Whether a stop string was seen.
     pub fn hit(&self) -> bool {
         self.hit
+    }
+
+    /// The index, in the list given to [`StopFilter::new`], of the stop string that ended the
+    /// text (the one starting first; of those, the first listed).
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 
     /// Adds `piece`; returns the text that is now safe to emit and whether a stop string was
@@ -40,10 +55,11 @@ impl StopFilter {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, *i)))
             .min();
-        if let Some(at) = first {
+        if let Some((at, i)) = first {
             self.hit = true;
+            self.matched = Some(i);
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -56,7 +72,7 @@ impl StopFilter {
             .map(|(i, _)| i)
             .find(|&i| {
                 let tail = &self.pending[i..];
-                self.stops.iter().any(|s| s.starts_with(tail))
+                self.stops.iter().any(|(_, s)| s.starts_with(tail))
             })
             .unwrap_or(self.pending.len());
         let out = self.pending[..hold].to_string();
@@ -94,6 +110,11 @@ impl TextStream {
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> coli_engine::Result<(String, bool)> {
         let piece = self.decoder.push(tok, id)?;
         Ok(self.filter.push(&piece))
+    }
+
+    /// The index of the stop string that ended the text ([`StopFilter::matched`]).
+    pub fn matched(&self) -> Option<usize> {
+        self.filter.matched()
     }
 
     /// End of generation: the rest of the text and whether it completed a stop string.
@@ -167,6 +188,12 @@ impl ReplyText {
             }
             _ => (None, false),
         })
+    }
+
+    /// The index (in the `stops` given to [`ReplyText::new`]) of the stop string that ended
+    /// the content, if one did.
+    pub fn matched_stop(&self) -> Option<usize> {
+        self.content.matched()
     }
 
     /// End of generation: the rest of the reasoning and content, and whether the content
@@ -292,6 +319,13 @@ pub(crate) mod tests {
         let (chunks, hit) = run(&["lo", "é"], "héllo");
         assert!(hit);
         assert_eq!(chunks.concat(), "h");
+        let mut f = StopFilter::new(vec!["".into(), "lo".into(), "él".into(), "é".into()]);
+        assert_eq!(f.push("héllo"), ("h".to_string(), true));
+        assert_eq!(
+            f.matched(),
+            Some(2),
+            "the first listed of those starting first"
+        );
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct Finish {
     pub cached_tokens: usize,
     /// Tokens this choice generated (an EOS that ended it included).
     pub completion_tokens: usize,
+    /// The index in the request's stop strings of the one that ended the choice, if one did.
+    pub stop_index: Option<usize>,
 }
 
 /// Sets the cancel flag when dropped: the handler (or the stream feeding a response body) holds
@@ -1043,6 +1045,7 @@ impl Scheduler<'_, '_> {
                 prompt_tokens: job.prompt.len(),
                 cached_tokens: cached,
                 completion_tokens: c.generated,
+                stop_index: c.text.matched_stop(),
             },
         ));
     }
