@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod doctor;
 pub mod info;
 pub mod mirror;
 pub mod options;

@@ -105,6 +105,9 @@ pub struct Plan {
     pub routing_model: &'static str,
     /// Expected expert bytes read from disk per decode token.
     pub expected_disk_bytes_per_token: f64,
+    /// Expert bytes one decode token routes to at most (each layer's largest record times
+    /// top-k, summed over the layers): a budget below it re-reads experts within one token.
+    pub decode_step_bytes: u64,
     /// Bytes the disk probe read.
     pub probe_bytes: u64,
     /// Seconds it took.
@@ -141,7 +144,14 @@ pub fn run(a: &PlanArgs) -> Result<()> {
 /// # Errors
 /// A store that does not open, a model the engine cannot load, a failed probe read.
 pub fn plan(a: &PlanArgs) -> Result<Plan> {
-    let opts = &a.engine;
+    plan_for(&a.engine, a.probe_mib)
+}
+
+/// [`plan`] for `opts` with a disk probe of at most `probe_mib` MiB (0: none).
+///
+/// # Errors
+/// As [`plan`].
+pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
     let store = Store::open_with(
         &opts.store,
         &OpenOptions {
@@ -238,7 +248,7 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
         }
     };
 
-    let (probe_bytes, probe_s, probe_io_mode) = probe(&store, a.probe_mib)?;
+    let (probe_bytes, probe_s, probe_io_mode) = probe(&store, probe_mib)?;
     let gib_s = (probe_s > 0.0 && probe_bytes > 0)
         .then(|| probe_bytes as f64 / probe_s / (1u64 << 30) as f64);
     let bound = match gib_s {
@@ -271,6 +281,7 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
         usage_tokens: history.as_ref().map_or(0.0, |h| h.tokens),
         routing_model,
         expected_disk_bytes_per_token: bytes_per_token,
+        decode_step_bytes: step_bytes,
         probe_bytes,
         probe_s,
         probe_io_mode,

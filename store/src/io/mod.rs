@@ -373,9 +373,15 @@ pub(crate) fn read_aligned(
 }
 
 /// Decides whether `path` (a segment file of at least `file_len` bytes) can be read with
-/// O_DIRECT at offsets and lengths that are multiples of `alignment`. Returns the buffer
-/// alignment to use on success, or the reason it cannot.
-pub(crate) fn probe_direct(path: &Path, alignment: usize, file_len: u64) -> Result<usize, String> {
+/// O_DIRECT at offsets and lengths that are multiples of `alignment` (bytes): the file system's
+/// direct-I/O alignment from `statx(STATX_DIOALIGN)` when the kernel reports it, then one probe
+/// read. Returns the buffer alignment to use on success, or the reason it cannot (what the store
+/// decides at open, and what `coli doctor` reports per drive).
+///
+/// # Errors
+/// The reason, as a sentence: no direct I/O on this file system, an alignment mismatch, or the
+/// open or read error.
+pub fn probe_direct(path: &Path, alignment: usize, file_len: u64) -> Result<usize, String> {
     let mut mem_align = alignment.max(AlignedBuf::DEFAULT_ALIGN);
     if let Some((mem, off)) = dio_alignment(path) {
         if mem == 0 || off == 0 {
@@ -402,6 +408,20 @@ pub(crate) fn probe_direct(path: &Path, alignment: usize, file_len: u64) -> Resu
             .map_err(|e| format!("O_DIRECT probe read failed: {e}"))?;
     }
     Ok(mem_align)
+}
+
+/// The process's locked-memory limit (`RLIMIT_MEMLOCK`, soft), bytes; `None` when unlimited
+/// (or unreadable).
+/// io_uring's registered buffers count against it (kernels before 5.12 always, later ones
+/// under memory-cgroup accounting); a refusal leaves reads unregistered, not failed.
+pub fn memlock_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the valid out-pointer.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
 #[cfg(test)]

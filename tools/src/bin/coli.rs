@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
 use coli_tools::serve::text::{Piece, ReplyText};
-use coli_tools::{info, mirror, plan, serve};
+use coli_tools::{doctor, info, mirror, plan, serve};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +46,9 @@ enum Cmd {
     Info(InfoArgs),
     /// Where a RAM budget goes and the decode speed bound it implies (disk probe included).
     Plan(plan::PlanArgs),
+    /// Check this machine and a store (CPU, memory, O_DIRECT, io_uring, disks, fsck): PASS /
+    /// WARN / FAIL per check with the fix; exit 1 when a check fails, 2 when it cannot run.
+    Doctor(doctor::DoctorArgs),
     /// OpenAI-compatible HTTP server (chat/completions, streaming, /metrics).
     Serve(serve::ServeArgs),
     /// Build and check mirrors of a store on other drives (plan, stage, copy, verify).
@@ -583,6 +586,13 @@ fn main() -> std::process::ExitCode {
         Cmd::Eval(a) => eval(a),
         Cmd::Info(a) => info::run(&a.store, a.json),
         Cmd::Plan(a) => plan::run(&a),
+        Cmd::Doctor(a) => match doctor::run(&a) {
+            Ok(code) => return std::process::ExitCode::from(code as u8),
+            Err(e) => {
+                eprintln!("error: {}", error_chain(&e));
+                return std::process::ExitCode::from(2);
+            }
+        },
         Cmd::Serve(a) => serve::run(a),
         Cmd::Mirror(a) => {
             let verify = a.is_verify();

@@ -1,0 +1,64 @@
+//! The real `coli doctor` binary: a line per check with PASS/WARN/FAIL and fixes, `--json`,
+//! exit 1 when a check fails (here: a store whose config.json no model loads from, so the
+//! memory plan cannot be made), 2 when there is no store to check.
+
+mod common;
+use common::{run, write_tiny_store, TempDir, TinyStore};
+
+fn doctor(args: &[&str]) -> (i32, String, String) {
+    let mut a = vec!["doctor"];
+    a.extend_from_slice(args);
+    run(env!("CARGO_BIN_EXE_coli"), &a)
+}
+
+#[test]
+fn exit_codes_text_and_json() {
+    let t = TempDir::new("doctor-cli");
+    let store = write_tiny_store(
+        t.path(),
+        &TinyStore {
+            layers: 1,
+            experts: 2,
+            segment_max_bytes: 1 << 20,
+            norm_and_tokenizer: true,
+        },
+    );
+    let s = store.to_str().unwrap();
+    let (code, out, err) = doctor(&["--store", s, "--probe-mib", "1"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.starts_with(&format!("coli doctor: {s} (store ")),
+        "{out}"
+    );
+    assert!(
+        out.contains("\nFAIL  memory     the memory plan failed"),
+        "{out}"
+    );
+    assert!(out.contains("\nPASS  fsck "), "{out}");
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("fix: ")),
+        "{out}"
+    );
+    assert!(
+        out.contains("failed\n") && out.contains("result: "),
+        "{out}"
+    );
+    let (code, out, _) = doctor(&["--store", s, "--probe-mib", "0", "--json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["store_id"].as_str().unwrap().len(), 32);
+    let checks = v["checks"].as_array().unwrap();
+    assert!(checks
+        .iter()
+        .any(|c| c["name"] == "memory" && c["level"] == "FAIL" && c["fix"].is_string()));
+    // No store: the doctor cannot run.
+    let missing = t.path().join("nothing-here");
+    let (code, out, err) = doctor(&["--store", missing.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("cannot check") && err.contains("nothing-here"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+}
