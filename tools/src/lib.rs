@@ -14,3 +14,4 @@ pub mod mirror;
 pub mod options;
 pub mod plan;
 pub mod serve;
+pub mod tune;

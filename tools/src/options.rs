@@ -27,7 +27,7 @@ pub fn parse_io_engine(s: &str) -> Result<IoEngineChoice, String> {
 }
 
 /// Options shared by run, chat, eval, serve and plan.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct EngineOptions {
     /// Store directory (written by coli-convert).
     #[arg(long, value_name = "DIR")]
@@ -90,6 +90,10 @@ pub struct EngineOptions {
     /// given (e.g. 9,3). Default: measured at open with a short O_DIRECT probe, cached.
     #[arg(long, value_name = "W,W,...")]
     pub disk_weights: Option<String>,
+    /// Ignore the settings `coli tune` saved for this store and machine (by default they apply
+    /// to every option not given here).
+    #[arg(long)]
+    pub no_tune: bool,
 }
 
 /// The mirror directories: `--mirror` when given, else the non-empty entries of

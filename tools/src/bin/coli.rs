@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
 use coli_tools::serve::text::{Piece, ReplyText};
-use coli_tools::{doctor, info, mirror, plan, serve};
+use coli_tools::{doctor, info, mirror, plan, serve, tune};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +46,9 @@ enum Cmd {
     Info(InfoArgs),
     /// Where a RAM budget goes and the decode speed bound it implies (disk probe included).
     Plan(plan::PlanArgs),
+    /// Measure the speed settings (I/O engine, queue depth, prefetch, pinning, threads, prefill
+    /// batch) on this machine and store, keep the fastest for run/chat/eval/serve.
+    Tune(tune::TuneArgs),
     /// Check this machine and a store (CPU, memory, O_DIRECT, io_uring, disks, fsck): PASS /
     /// WARN / FAIL per check with the fix; exit 1 when a check fails, 2 when it cannot run.
     Doctor(doctor::DoctorArgs),
@@ -579,13 +582,34 @@ fn eval(a: EvalArgs) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The settings `coli tune` saved apply to every engine option not given on the command line.
+    if let Some((_, sub)) = matches.subcommand() {
+        let explicit = |id: &str| {
+            matches!(
+                sub.value_source(id),
+                Some(
+                    clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable
+                )
+            )
+        };
+        match &mut cli.cmd {
+            Cmd::Run(a) => tune::apply_saved(&mut a.engine, &explicit),
+            Cmd::Chat(a) => tune::apply_saved(&mut a.engine, &explicit),
+            Cmd::Eval(a) => tune::apply_saved(&mut a.engine, &explicit),
+            Cmd::Serve(a) => tune::apply_saved(&mut a.engine, &explicit),
+            _ => {}
+        }
+    }
     let r = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Chat(a) => chat(a),
         Cmd::Eval(a) => eval(a),
         Cmd::Info(a) => info::run(&a.store, a.json),
         Cmd::Plan(a) => plan::run(&a),
+        Cmd::Tune(a) => tune::run(&a),
         Cmd::Doctor(a) => match doctor::run(&a) {
             Ok(code) => return std::process::ExitCode::from(code as u8),
             Err(e) => {

@@ -43,8 +43,9 @@ use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes, Shutdown};
 /// `coli serve` options.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// The engine options (as `coli run`).
     #[command(flatten)]
-    engine: crate::options::EngineOptions,
+    pub engine: crate::options::EngineOptions,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
