@@ -11,8 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use coli_engine::trace::RoutingTrace;
 use coli_engine::{
-    ChatMessage, Engine, GenerateParams, Generation, HarmonyTokens, Logits, SamplingParams,
-    StreamDecoder,
+    ChatMessage, Engine, GenerateParams, Generation, Logits, SamplingParams, StreamDecoder,
 };
 use coli_store::Store;
 use std::io::{BufRead, Write};
@@ -20,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
-use coli_tools::serve::text::{Piece, ReplyText};
+use coli_tools::serve::text::{reply_format, Piece, ReplyText};
 use coli_tools::{doctor, info, mirror, plan, serve, tune};
 
 #[derive(Parser)]
@@ -452,7 +451,6 @@ fn chat(a: ChatArgs) -> Result<()> {
     }
     let base = messages.len();
     let params = a.sampling.params();
-    let harmony = HarmonyTokens::detect(tok);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -471,30 +469,33 @@ fn chat(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", text));
-        let (_, ids) = tok
+        let (prompt_text, ids) = tok
             .chat_ids(&messages, true)
             .context("applying the chat template")?;
-        // A harmony model (gpt-oss) answers in its final channel; its analysis goes to stderr.
-        let mut reply = ReplyText::new(Vec::new(), harmony);
+        // A harmony model (gpt-oss) answers in its final channel and a reasoning model after its
+        // `<think>` block: the reasoning goes to stderr, the answer to stdout and the history.
+        let mut reply =
+            ReplyText::for_tokenizer(tok, Vec::new(), reply_format(tok, &prompt_text, true));
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
-        let mut show = |piece: Option<Piece>, answer: &mut String| match piece {
-            Some(Piece::Content(t)) => {
-                answer.push_str(&t);
-                out.write_all(t.as_bytes())
-                    .and_then(|_| out.flush())
-                    .is_ok()
-            }
-            Some(Piece::Reasoning(t)) => {
-                eprint!("{t}");
-                true
-            }
-            None => true,
+        let mut show = |pieces: Vec<Piece>, answer: &mut String| {
+            pieces.into_iter().all(|p| match p {
+                Piece::Content(t) => {
+                    answer.push_str(&t);
+                    out.write_all(t.as_bytes())
+                        .and_then(|_| out.flush())
+                        .is_ok()
+                }
+                Piece::Reasoning(t) => {
+                    eprint!("{t}");
+                    true
+                }
+            })
         };
         let g = match eng.generate(&ids, &params, |id| {
-            let (piece, _) = reply.push(tok, id)?;
+            let (pieces, _) = reply.push(tok, id)?;
             // A closed stdout stops generation.
-            Ok(show(piece, &mut answer))
+            Ok(show(pieces, &mut answer))
         }) {
             Ok(g) => g,
             Err(coli_engine::EngineError::ContextOverflow { needed, context }) => {
@@ -505,9 +506,7 @@ fn chat(a: ChatArgs) -> Result<()> {
             Err(e) => return Err(e).context("generating"),
         };
         let (rest, _) = reply.finish(tok)?;
-        for p in rest {
-            show(Some(p), &mut answer);
-        }
+        show(rest, &mut answer);
         let _ = writeln!(out);
         let _ = out.flush();
         messages.push(ChatMessage::new("assistant", &answer));

@@ -30,13 +30,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
-use coli_engine::{GenerateParams, HarmonyTokens, SamplingParams, TextTokenizer};
+use coli_engine::{GenerateParams, SamplingParams, TextTokenizer};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use text::ReplyFormat;
 use tokio::sync::mpsc;
 use worker::{CancelOnDrop, EngineInfo, Event, Finish, Job, JobTimes, Shutdown};
 
@@ -73,8 +74,22 @@ pub struct ServeArgs {
     /// with finish reason `abort`.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     shutdown_grace: f64,
+    /// A reasoning model's `<think>...</think>` block: `separate` returns it as the message's
+    /// `reasoning_content` (as vLLM and llama.cpp do), `inline` leaves it in the content.
+    /// gpt-oss's harmony channels are always separated.
+    #[arg(long, value_enum, default_value_t = ReasoningArg::Separate)]
+    reasoning: ReasoningArg,
     #[command(flatten)]
     speculation: crate::options::SpeculationArgs,
+}
+
+/// `--reasoning`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningArg {
+    /// `reasoning_content` apart from `content`.
+    Separate,
+    /// Thoughts left in `content`, tags included.
+    Inline,
 }
 
 /// State shared by the handlers.
@@ -90,6 +105,8 @@ struct App {
     max_queue: usize,
     /// Speculative decoding of every request.
     speculation: coli_engine::SpeculationParams,
+    /// `--reasoning separate`: `<think>` blocks go to `reasoning_content`.
+    split_think: bool,
     next_id: AtomicU64,
     shutdown: Arc<Shutdown>,
 }
@@ -157,6 +174,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         info,
         max_queue,
         speculation,
+        split_think: a.reasoning == ReasoningArg::Separate,
         next_id: AtomicU64::new(1),
         shutdown: shutdown.clone(),
     });
@@ -358,8 +376,8 @@ struct Prepared {
     req: GenRequest,
     prompt: Vec<u32>,
     params: GenerateParams,
-    /// Set for a chat with a harmony model (gpt-oss): the reply's final channel is the content.
-    harmony: Option<HarmonyTokens>,
+    /// How a chat reply's text splits into content and reasoning (plain for completions).
+    reply_format: ReplyFormat,
 }
 
 /// Tokenizes the prompt and checks it against the context.
@@ -368,6 +386,7 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
         return Err(ApiError::model_not_found(&req.model, &app.model_id));
     }
     let tok = &app.tok;
+    let mut reply_format = ReplyFormat::Plain;
     let prompt = match &req.prompt {
         Prompt::Chat(messages) => {
             if tok.chat_template.is_none() {
@@ -376,11 +395,11 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
                     "The served model has no chat template; use /v1/completions.",
                 ));
             }
-            tok.chat_ids(messages, true)
-                .map_err(|e| {
-                    ApiError::invalid("messages", format!("Applying the chat template: {e}"))
-                })?
-                .1
+            let (text, ids) = tok.chat_ids(messages, true).map_err(|e| {
+                ApiError::invalid("messages", format!("Applying the chat template: {e}"))
+            })?;
+            reply_format = text::reply_format(tok, &text, app.split_think);
+            ids
         }
         Prompt::Text(t) => tok
             .encode(t, true)
@@ -448,15 +467,11 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
         stop_on_eos: !req.ignore_eos,
         speculation: app.speculation,
     };
-    let harmony = match req.prompt {
-        Prompt::Chat(_) => HarmonyTokens::detect(tok),
-        _ => None,
-    };
     Ok(Prepared {
         req,
         prompt,
         params,
-        harmony,
+        reply_format,
     })
 }
 
@@ -623,7 +638,7 @@ async fn generate_checked(
         params: p.params,
         n: choices,
         stop: p.req.stop.clone(),
-        harmony: p.harmony,
+        reply_format: p.reply_format,
         events: events_tx,
         cancel,
         arrived,

@@ -144,27 +144,241 @@ pub enum Piece {
     Reasoning(String),
 }
 
-/// The text of one choice: every token into one [`TextStream`], or, for a harmony reply, the
-/// final channel's tokens into the content stream (stop strings apply to it) and the other
-/// channels' into a reasoning stream (no stop strings), the format's special tokens and headers
-/// into neither ([`HarmonyParser`]).
+/// The opening and closing tags of a reasoning model's thoughts (Qwen3, DeepSeek-R1, GLM-4.5,
+/// MiniMax-M2, ...).
+pub const THINK_OPEN: &str = "<think>";
+/// See [`THINK_OPEN`].
+pub const THINK_CLOSE: &str = "</think>";
+
+/// How a chat reply's text is split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyFormat {
+    /// All text is content.
+    Plain,
+    /// OpenAI's harmony format (gpt-oss): the final channel is content, the others reasoning.
+    Harmony(HarmonyTokens),
+    /// `<think>...</think>` then the answer: the thoughts are reasoning. `open` when the prompt
+    /// already opened the block (the template ends the generation prompt with `<think>`), so
+    /// the reply starts inside it.
+    Think {
+        /// The reply starts inside the thoughts.
+        open: bool,
+    },
+}
+
+/// The format of a chat reply whose prompt rendered as `prompt_text`: harmony when the tokenizer
+/// has harmony's tokens; `<think>` blocks when `split_think` and the tokenizer has the `<think>`
+/// and `</think>` tokens (open when the prompt's last `<think>` is not closed); else plain.
+pub fn reply_format(tok: &TextTokenizer, prompt_text: &str, split_think: bool) -> ReplyFormat {
+    if let Some(t) = HarmonyTokens::detect(tok) {
+        return ReplyFormat::Harmony(t);
+    }
+    if split_think && tok.token_id(THINK_OPEN).is_some() && tok.token_id(THINK_CLOSE).is_some() {
+        let open = match (
+            prompt_text.rfind(THINK_OPEN),
+            prompt_text.rfind(THINK_CLOSE),
+        ) {
+            (Some(o), Some(c)) => o > c,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        return ReplyFormat::Think { open };
+    }
+    ReplyFormat::Plain
+}
+
+/// Splits streamed text at `<think>` / `</think>` (text level: the tags may be one token or
+/// several): text inside is reasoning, text after is content (its leading whitespace dropped).
+/// A reply that does not start with `<think>` (and was not opened by the prompt) is all content.
+#[derive(Debug)]
+struct ThinkSplit {
+    state: ThinkState,
+    /// Text not yet released: a possible prefix of the tag being looked for.
+    pending: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ThinkState {
+    /// Before anything but whitespace: looking for `<think>`.
+    Start,
+    /// Inside the thoughts.
+    Thinking,
+    /// After `</think>`, before the first non-whitespace character of the answer.
+    AnswerStart,
+    /// The answer.
+    Answer,
+}
+
+impl ThinkSplit {
+    fn new(open: bool) -> ThinkSplit {
+        ThinkSplit {
+            state: if open {
+                ThinkState::Thinking
+            } else {
+                ThinkState::Start
+            },
+            pending: String::new(),
+        }
+    }
+
+    /// The longest tail of `s` that is a proper prefix of `tag` (held back: it may become the
+    /// tag), as a byte offset into `s`.
+    fn hold_from(s: &str, tag: &str) -> usize {
+        s.char_indices()
+            .map(|(i, _)| i)
+            .find(|&i| tag.starts_with(&s[i..]) && s.len() - i < tag.len())
+            .unwrap_or(s.len())
+    }
+
+    /// Adds `text`; returns (reasoning, content) released now.
+    fn push(&mut self, text: &str) -> (String, String) {
+        self.pending.push_str(text);
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        loop {
+            match self.state {
+                ThinkState::Start => {
+                    let t = self.pending.trim_start();
+                    if let Some(rest) = t.strip_prefix(THINK_OPEN) {
+                        self.pending = rest.to_string();
+                        self.state = ThinkState::Thinking;
+                    } else if THINK_OPEN.starts_with(t) {
+                        return (reasoning, content); // maybe the tag: wait
+                    } else {
+                        self.state = ThinkState::Answer;
+                    }
+                }
+                ThinkState::Thinking => match self.pending.find(THINK_CLOSE) {
+                    Some(at) => {
+                        reasoning.push_str(&self.pending[..at]);
+                        self.pending = self.pending[at + THINK_CLOSE.len()..].to_string();
+                        self.state = ThinkState::AnswerStart;
+                    }
+                    None => {
+                        let h = Self::hold_from(&self.pending, THINK_CLOSE);
+                        reasoning.push_str(&self.pending[..h]);
+                        self.pending.drain(..h);
+                        return (reasoning, content);
+                    }
+                },
+                ThinkState::AnswerStart => {
+                    let t = self.pending.trim_start();
+                    if t.is_empty() {
+                        self.pending.clear();
+                        return (reasoning, content);
+                    }
+                    self.pending = t.to_string();
+                    self.state = ThinkState::Answer;
+                }
+                ThinkState::Answer => {
+                    content.push_str(&self.pending);
+                    self.pending.clear();
+                    return (reasoning, content);
+                }
+            }
+        }
+    }
+
+    /// End of the reply: what is still held back (an unfinished tag is text).
+    fn finish(&mut self) -> (String, String) {
+        let rest = std::mem::take(&mut self.pending);
+        match self.state {
+            ThinkState::Thinking => (rest, String::new()),
+            ThinkState::AnswerStart => (String::new(), String::new()),
+            ThinkState::Start | ThinkState::Answer => (String::new(), rest),
+        }
+    }
+}
+
+/// The text of one choice: every token into one [`TextStream`]; for a harmony reply, the final
+/// channel's tokens into the content stream (stop strings apply to it) and the other channels'
+/// into a reasoning stream (no stop strings), the format's special tokens and headers into
+/// neither ([`HarmonyParser`]); for a `<think>` reply, the decoded text split at the tags
+/// ([`ReplyFormat::Think`]), stop strings applied to the answer only.
 pub struct ReplyText {
     content: TextStream,
     harmony: Option<(HarmonyParser, TextStream)>,
+    /// `<think>` replies: the whole text decoded once, split, then the answer through the stop
+    /// filter.
+    think: Option<(StreamDecoder, ThinkSplit, StopFilter)>,
+    /// The ids of `<think>` and `</think>` when each is one token: fed to the split as their
+    /// text, not decoded (a tokenizer may mark them special, which decoding skips).
+    think_ids: Option<(u32, u32)>,
 }
 
 impl ReplyText {
     /// A reply applying `stops` to its content; `harmony` when the request is a chat with a
     /// model whose tokenizer has the harmony tokens.
     pub fn new(stops: Vec<String>, harmony: Option<HarmonyTokens>) -> ReplyText {
-        ReplyText {
-            content: TextStream::new(stops),
-            harmony: harmony.map(|t| (HarmonyParser::new(t), TextStream::new(Vec::new()))),
-        }
+        let format = match harmony {
+            Some(t) => ReplyFormat::Harmony(t),
+            None => ReplyFormat::Plain,
+        };
+        ReplyText::with_format(stops, format)
     }
 
-    /// Adds generated token `id`; returns the piece to send (if any) and whether a stop string
-    /// ended generation.
+    /// A reply in `format`, applying `stops` to its content; for [`ReplyFormat::Think`], the
+    /// tag ids of `tok` when the tags are single tokens.
+    pub fn for_tokenizer(
+        tok: &TextTokenizer,
+        stops: Vec<String>,
+        format: ReplyFormat,
+    ) -> ReplyText {
+        let mut r = ReplyText::with_format(stops, format);
+        if matches!(format, ReplyFormat::Think { .. }) {
+            r.think_ids = tok.token_id(THINK_OPEN).zip(tok.token_id(THINK_CLOSE));
+        }
+        r
+    }
+
+    /// A reply in `format`, applying `stops` to its content.
+    pub fn with_format(stops: Vec<String>, format: ReplyFormat) -> ReplyText {
+        let mut r = ReplyText {
+            content: TextStream::new(Vec::new()),
+            harmony: None,
+            think: None,
+            think_ids: None,
+        };
+        match format {
+            ReplyFormat::Plain => r.content = TextStream::new(stops),
+            ReplyFormat::Harmony(t) => {
+                r.content = TextStream::new(stops);
+                r.harmony = Some((HarmonyParser::new(t), TextStream::new(Vec::new())));
+            }
+            ReplyFormat::Think { open } => {
+                r.think = Some((
+                    StreamDecoder::new(),
+                    ThinkSplit::new(open),
+                    StopFilter::new(stops),
+                ));
+            }
+        }
+        r
+    }
+
+    /// Pieces of reasoning and content from a split, the content through the stop filter.
+    fn think_pieces(
+        reasoning: String,
+        content: String,
+        filter: &mut StopFilter,
+    ) -> (Vec<Piece>, bool) {
+        let mut out = Vec::new();
+        if !reasoning.is_empty() {
+            out.push(Piece::Reasoning(reasoning));
+        }
+        let (c, hit) = if content.is_empty() {
+            (String::new(), filter.hit())
+        } else {
+            filter.push(&content)
+        };
+        if !c.is_empty() {
+            out.push(Piece::Content(c));
+        }
+        (out, hit)
+    }
+
+    /// Adds generated token `id`; returns the pieces to send now (none, one, or a reasoning
+    /// piece then a content piece when a `</think>` fell inside this token's text) and whether
+    /// a stop string ended generation.
     ///
     /// # Errors
     /// The tokenizer's decode error (an id outside its vocabulary).
@@ -172,7 +386,16 @@ impl ReplyText {
         &mut self,
         tok: &TextTokenizer,
         id: u32,
-    ) -> coli_engine::Result<(Option<Piece>, bool)> {
+    ) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        if let Some((dec, split, filter)) = &mut self.think {
+            let text = match self.think_ids {
+                Some((open, _)) if id == open => THINK_OPEN.to_string(),
+                Some((_, close)) if id == close => THINK_CLOSE.to_string(),
+                _ => dec.push(tok, id)?,
+            };
+            let (r, c) = split.push(&text);
+            return Ok(Self::think_pieces(r, c, filter));
+        }
         let routed = match &mut self.harmony {
             Some((parser, _)) => parser.push(tok, id)?,
             None => Routed::Final,
@@ -180,20 +403,35 @@ impl ReplyText {
         Ok(match (routed, &mut self.harmony) {
             (Routed::Final, _) => {
                 let (t, hit) = self.content.push(tok, id)?;
-                ((!t.is_empty()).then_some(Piece::Content(t)), hit)
+                (
+                    (!t.is_empty())
+                        .then_some(Piece::Content(t))
+                        .into_iter()
+                        .collect(),
+                    hit,
+                )
             }
             (Routed::Reasoning, Some((_, reasoning))) => {
                 let (t, _) = reasoning.push(tok, id)?;
-                ((!t.is_empty()).then_some(Piece::Reasoning(t)), false)
+                (
+                    (!t.is_empty())
+                        .then_some(Piece::Reasoning(t))
+                        .into_iter()
+                        .collect(),
+                    false,
+                )
             }
-            _ => (None, false),
+            _ => (Vec::new(), false),
         })
     }
 
-    /// The index (in the `stops` given to [`ReplyText::new`]) of the stop string that ended
+    /// The index (in the `stops` given to [`ReplyText::with_format`]) of the stop string that ended
     /// the content, if one did.
     pub fn matched_stop(&self) -> Option<usize> {
-        self.content.matched()
+        match &self.think {
+            Some((_, _, filter)) => filter.matched(),
+            None => self.content.matched(),
+        }
     }
 
     /// End of generation: the rest of the reasoning and content, and whether the content
@@ -202,6 +440,24 @@ impl ReplyText {
     /// # Errors
     /// As [`ReplyText::push`].
     pub fn finish(&mut self, tok: &TextTokenizer) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        if let Some((dec, split, filter)) = &mut self.think {
+            if filter.hit() {
+                return Ok((Vec::new(), true));
+            }
+            let text = dec.finish(tok)?;
+            let (mut r, mut c) = split.push(&text);
+            let (r2, c2) = split.finish();
+            r.push_str(&r2);
+            c.push_str(&c2);
+            let (mut out, hit) = Self::think_pieces(r, c, filter);
+            if !hit {
+                let rest = filter.finish();
+                if !rest.is_empty() {
+                    out.push(Piece::Content(rest));
+                }
+            }
+            return Ok((out, hit));
+        }
         let mut out = Vec::new();
         if let Some((_, reasoning)) = &mut self.harmony {
             let (t, _) = reasoning.finish(tok)?;
@@ -368,10 +624,8 @@ pub(crate) mod tests {
             (_, p) => pieces.push(p),
         };
         for id in tok.encode(reply, false).expect("encode") {
-            let (p, hit) = r.push(&tok, id).expect("push");
-            if let Some(p) = p {
-                add(p);
-            }
+            let (ps, hit) = r.push(&tok, id).expect("push");
+            ps.into_iter().for_each(&mut add);
             if hit {
                 let (rest, _) = r.finish(&tok).expect("finish");
                 rest.into_iter().for_each(&mut add);
@@ -417,5 +671,104 @@ pub(crate) mod tests {
                     .into()
             )]
         );
+    }
+
+    /// Feeds `reply` with `format` token by token (tokenizer: bytes plus `special`).
+    fn reply_with(
+        special: &[&str],
+        stops: &[&str],
+        format: ReplyFormat,
+        reply: &str,
+    ) -> (Vec<Piece>, bool) {
+        let tok = byte_tokenizer_with(special);
+        let mut r =
+            ReplyText::for_tokenizer(&tok, stops.iter().map(|s| s.to_string()).collect(), format);
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut add = |p: Piece| match (pieces.last_mut(), p) {
+            (Some(Piece::Content(a)), Piece::Content(b))
+            | (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+            (_, p) => pieces.push(p),
+        };
+        for id in tok.encode(reply, false).expect("encode") {
+            let (ps, hit) = r.push(&tok, id).expect("push");
+            ps.into_iter().for_each(&mut add);
+            if hit {
+                return (pieces, true);
+            }
+        }
+        let (rest, hit) = r.finish(&tok).expect("finish");
+        rest.into_iter().for_each(&mut add);
+        (pieces, hit)
+    }
+
+    #[test]
+    fn think_blocks_are_reasoning() {
+        let think = ReplyFormat::Think { open: false };
+        let reply = "<think>\nThe user wants 2+2 → 4.\n</think>\n\n2 + 2 = 4.";
+        // The tags as one token each (here marked special, so decoding would drop them) and as
+        // plain text (bytes).
+        for special in [&["<think>", "</think>"][..], &[][..]] {
+            let (p, hit) = reply_with(special, &[], think, reply);
+            assert!(!hit);
+            assert_eq!(
+                p,
+                vec![
+                    Piece::Reasoning("\nThe user wants 2+2 → 4.\n".into()),
+                    Piece::Content("2 + 2 = 4.".into())
+                ],
+                "special tokens {special:?}"
+            );
+        }
+        // A prompt that opened the block (DeepSeek-R1's template): the reply starts inside it.
+        let (p, _) = reply_with(&[], &[], ReplyFormat::Think { open: true }, "hmm</think>ok");
+        assert_eq!(
+            p,
+            vec![Piece::Reasoning("hmm".into()), Piece::Content("ok".into())]
+        );
+        // No block: all content; stop strings cut the answer only.
+        let (p, _) = reply_with(&[], &[], think, "  plain <think> text");
+        assert_eq!(p, vec![Piece::Content("  plain <think> text".into())]);
+        let (p, hit) = reply_with(&[], &["4."], think, reply);
+        assert!(hit);
+        assert_eq!(
+            p,
+            vec![
+                Piece::Reasoning("\nThe user wants 2+2 → 4.\n".into()),
+                Piece::Content("2 + 2 = ".into())
+            ]
+        );
+        // Cut off while thinking (max_tokens): what came is reasoning, no content.
+        let (p, _) = reply_with(&[], &[], think, "<think>still thinking </thi");
+        assert_eq!(p, vec![Piece::Reasoning("still thinking </thi".into())]);
+    }
+
+    #[test]
+    fn reply_format_from_the_tokenizer_and_prompt() {
+        let tok = byte_tokenizer_with(&["<think>", "</think>"]);
+        assert_eq!(
+            reply_format(&tok, "<|user|>hi<|assistant|>", true),
+            ReplyFormat::Think { open: false }
+        );
+        assert_eq!(
+            reply_format(&tok, "<|assistant|><think>\n", true),
+            ReplyFormat::Think { open: true }
+        );
+        assert_eq!(
+            reply_format(&tok, "<think>a</think>b<|assistant|>", true),
+            ReplyFormat::Think { open: false }
+        );
+        assert_eq!(
+            reply_format(&tok, "x", false),
+            ReplyFormat::Plain,
+            "inline reasoning"
+        );
+        assert_eq!(
+            reply_format(&byte_tokenizer(), "x", true),
+            ReplyFormat::Plain
+        );
+        assert!(matches!(
+            reply_format(&byte_tokenizer_with(&HARMONY), "x", true),
+            ReplyFormat::Harmony(_)
+        ));
     }
 }

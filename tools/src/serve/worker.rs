@@ -88,9 +88,9 @@ pub struct Job {
     pub n: usize,
     /// Stop strings.
     pub stop: Vec<String>,
-    /// The harmony tokens when the reply is a chat message of a harmony model (gpt-oss): its
-    /// final channel is the content, the other channels reasoning.
-    pub harmony: Option<coli_engine::HarmonyTokens>,
+    /// How the reply's text splits into content and reasoning (harmony channels, `<think>`
+    /// blocks; plain for completions).
+    pub reply_format: super::text::ReplyFormat,
     /// Where text goes.
     pub events: mpsc::UnboundedSender<Event>,
     /// Set when the client is gone.
@@ -577,7 +577,7 @@ impl Scheduler<'_, '_> {
                     seed: job.params.sampling.seed.wrapping_add(i as u64),
                     ..job.params.sampling
                 }),
-                text: ReplyText::new(job.stop.clone(), job.harmony),
+                text: ReplyText::for_tokenizer(self.tok, job.stop.clone(), job.reply_format),
                 generated: 0,
                 next: None,
                 drafts: Vec::new(),
@@ -997,7 +997,7 @@ impl Scheduler<'_, '_> {
                 return;
             }
         };
-        if let Some(p) = piece {
+        for p in piece {
             if r.job.events.send(event(c.index, p)).is_err() {
                 c.finished = Some("cancelled");
                 return;
