@@ -322,13 +322,7 @@ fn io_checks(store: &Store, asked: IoEngineChoice) -> Vec<Check> {
         )),
     }
     if engine == "uring" {
-        let largest = store
-            .index()
-            .iter()
-            .map(|r| r.length.get())
-            .max()
-            .unwrap_or(0);
-        let need = largest * store.queue_depth() as u64;
+        let need = store.largest_record_len() * store.queue_depth() as u64;
         match coli_store::memlock_limit() {
             None => out.push(check(
                 "memlock",

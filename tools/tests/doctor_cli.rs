@@ -3,7 +3,7 @@
 //! memory plan cannot be made), 2 when there is no store to check.
 
 mod common;
-use common::{run, write_tiny_store, TempDir, TinyStore};
+use common::{run, write_small_store, TempDir};
 
 fn doctor(args: &[&str]) -> (i32, String, String) {
     let mut a = vec!["doctor"];
@@ -14,15 +14,7 @@ fn doctor(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn exit_codes_text_and_json() {
     let t = TempDir::new("doctor-cli");
-    let store = write_tiny_store(
-        t.path(),
-        &TinyStore {
-            layers: 1,
-            experts: 2,
-            segment_max_bytes: 1 << 20,
-            norm_and_tokenizer: true,
-        },
-    );
+    let store = write_small_store(t.path());
     let s = store.to_str().unwrap();
     let (code, out, err) = doctor(&["--store", s, "--probe-mib", "1"]);
     assert_eq!(code, 1, "{out}{err}");

@@ -3,20 +3,12 @@
 //! as it is. A message naming the file and the OS error must not repeat either.
 
 mod common;
-use common::{run, write_tiny_store, TempDir, TinyStore};
+use common::{run, write_small_store, TempDir};
 
 #[test]
 fn an_os_error_is_printed_once_with_its_file() {
     let t = TempDir::new("errors-cli");
-    let store = write_tiny_store(
-        t.path(),
-        &TinyStore {
-            layers: 1,
-            experts: 2,
-            segment_max_bytes: 1 << 20,
-            norm_and_tokenizer: true,
-        },
-    );
+    let store = write_small_store(t.path());
     // INDEX replaced by a directory: reading it fails with EISDIR.
     let index = store.join("INDEX");
     std::fs::remove_file(&index).unwrap();

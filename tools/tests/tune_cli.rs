@@ -3,7 +3,7 @@
 
 mod common;
 use coli_tools::tune::{tune_path, Machine, Settings, TuneResult};
-use common::{write_tiny_store, TempDir, TinyStore};
+use common::{write_small_store, TempDir};
 use std::process::Command;
 
 fn coli(state: &std::path::Path, args: &[&str]) -> String {
@@ -18,15 +18,7 @@ fn coli(state: &std::path::Path, args: &[&str]) -> String {
 #[test]
 fn run_says_which_tuned_settings_it_uses() {
     let t = TempDir::new("tune-cli");
-    let store = write_tiny_store(
-        t.path(),
-        &TinyStore {
-            layers: 1,
-            experts: 2,
-            segment_max_bytes: 1 << 20,
-            norm_and_tokenizer: true,
-        },
-    );
+    let store = write_small_store(t.path());
     let state = t.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let id = coli_store::Store::open(&store)

@@ -167,12 +167,7 @@ pub fn sequences_that_fit(
 /// The expert budget of `store` ([`expert_budget`]) within `available` bytes of RAM, with a
 /// KV cache of `kv_bytes` at full context. Bytes.
 pub fn store_expert_budget(store: &Store, available: u64, kv_bytes: u64) -> u64 {
-    let largest = store
-        .index()
-        .iter()
-        .map(|r| r.length.get())
-        .max()
-        .unwrap_or(0);
+    let largest = store.largest_record_len();
     let dense = store.manifest().dense_file.length;
     expert_budget(available, dense, kv_bytes, largest)
 }

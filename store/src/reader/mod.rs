@@ -176,6 +176,12 @@ impl Store {
             .map(|i| &self.index[i])
     }
 
+    /// The longest expert record, bytes (0 for a store without experts): the buffer one read
+    /// needs at most.
+    pub fn largest_record_len(&self) -> u64 {
+        self.index.iter().map(|r| r.length.get()).max().unwrap_or(0)
+    }
+
     /// How expert records are read (O_DIRECT or buffered).
     pub fn io_mode(&self) -> IoMode {
         self.io_mode

@@ -11,12 +11,11 @@
 use super::api::{ApiError, GenRequest, Prompt};
 use super::worker::{Event, Finish};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use coli_engine::ChatMessage;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Most stop sequences a request may give.
@@ -485,9 +484,7 @@ pub fn stream<G: Send + 'static>(
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(body))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
-        .into_response()
+    super::sse_response(body)
 }
 
 #[cfg(test)]

@@ -778,6 +778,12 @@ fn stream_response(
             }
         }
     });
+    sse_response(body)
+}
+
+/// The SSE response of the events a task sends on `body`'s channel, with a keep-alive comment
+/// every 5 s (while a request waits in the queue).
+fn sse_response(body: mpsc::Receiver<Result<SseEvent, Infallible>>) -> Response {
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(body))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
         .into_response()

@@ -611,30 +611,16 @@ pub(crate) mod tests {
         "<|constrain|>",
     ];
 
-    /// Feeds `reply` token by token; returns the pieces (adjacent pieces of one kind joined)
-    /// and whether a stop string hit.
+    /// Feeds `reply` token by token, harmony when `harmony`; returns the pieces (adjacent
+    /// pieces of one kind joined) and whether a stop string hit.
     fn reply(stops: &[&str], harmony: bool, reply: &str) -> (Vec<Piece>, bool) {
-        let tok = byte_tokenizer_with(&HARMONY);
-        let t = harmony.then(|| HarmonyTokens::detect(&tok).expect("harmony tokens"));
-        let mut r = ReplyText::new(stops.iter().map(|s| s.to_string()).collect(), t);
-        let mut pieces: Vec<Piece> = Vec::new();
-        let mut add = |p: Piece| match (pieces.last_mut(), p) {
-            (Some(Piece::Content(a)), Piece::Content(b))
-            | (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
-            (_, p) => pieces.push(p),
+        let format = if harmony {
+            let tok = byte_tokenizer_with(&HARMONY);
+            ReplyFormat::Harmony(HarmonyTokens::detect(&tok).expect("harmony tokens"))
+        } else {
+            ReplyFormat::Plain
         };
-        for id in tok.encode(reply, false).expect("encode") {
-            let (ps, hit) = r.push(&tok, id).expect("push");
-            ps.into_iter().for_each(&mut add);
-            if hit {
-                let (rest, _) = r.finish(&tok).expect("finish");
-                rest.into_iter().for_each(&mut add);
-                return (pieces, true);
-            }
-        }
-        let (rest, hit) = r.finish(&tok).expect("finish");
-        rest.into_iter().for_each(&mut add);
-        (pieces, hit)
+        reply_with(&HARMONY, stops, format, reply)
     }
 
     const HARMONY_REPLY: &str = "<|channel|>analysis<|message|>The user asks 2+2. Easy → 4.<|end|>\

@@ -45,6 +45,22 @@ pub struct TinyStore {
     pub norm_and_tokenizer: bool,
 }
 
+/// [`write_tiny_store`] of one layer of 2 experts in one segment, with a norm and a
+/// tokenizer (a store no model loads from: its config.json has only `model_type` and
+/// `hidden_size`).
+#[allow(dead_code)] // not every test binary uses it
+pub fn write_small_store(dir: &Path) -> PathBuf {
+    write_tiny_store(
+        dir,
+        &TinyStore {
+            layers: 1,
+            experts: 2,
+            segment_max_bytes: 1 << 20,
+            norm_and_tokenizer: true,
+        },
+    )
+}
+
 /// Writes `dir/s.coli` with the given shape; expert `(l, e)`'s matrices hold bytes
 /// `i * seed` with seeds from `(l * experts + e) + 3`, scales 0.25.
 pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
