@@ -216,6 +216,21 @@ pub fn source_matrix<'a>(
     ))
 }
 
+/// The encoding the converter stores dense tensor `t` in, when the checkpoint holds it as
+/// `src` (`fp8_checkpoint`: the checkpoint has FP8 weights), with encodings `enc`: what
+/// `coli plan --checkpoint` counts (the same rule as the conversion).
+///
+/// # Errors
+/// As the conversion: a U8 dense tensor, fp8 asked of a checkpoint without FP8 weights.
+pub fn dense_encoding(
+    t: &TensorSpec,
+    src: Dtype,
+    enc: Encodings,
+    fp8_checkpoint: bool,
+) -> Result<Encoding> {
+    dense_target(t, src, enc, fp8_checkpoint, "the checkpoint").map(|(e, _)| e)
+}
+
 /// The dense tensor's class for the error report and its target encoding, from what the
 /// spec says it is: norms, biases and routers stay as in the source; the main embedding and
 /// lm_head follow `--embeddings`; linear weights follow `--dense` (`--mtp` in an MTP layer).

@@ -176,3 +176,83 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
     let p = plan_with(&["--no-pin", "--probe-mib", "0"]);
     assert_eq!((p.pinned_experts, p.cache_capacity_bytes), (0, budget));
 }
+
+/// `coli plan --checkpoint` (nothing converted, headers only) against the store `coli-convert`
+/// then writes from the same checkpoint with the same encodings: the same expert record size and
+/// count (main layers and MTP), the same dense bytes (the manifest's sections, padding aside),
+/// and the KV bytes per token the engine allocates. Families: GQA (OLMoE), MLA with an MTP layer
+/// and FP8 (DeepSeek-V3, lossless and int4), fused MXFP4 experts with biases (gpt-oss).
+#[test]
+fn plan_from_a_checkpoint_predicts_the_store() {
+    use coli_tools::plan_config::{plan_from_config, ConfigPlanArgs};
+    for (name, variant) in [
+        ("olmoe_fp8", "int4_store"),
+        ("deepseek_v3_fp8", "lossless_store"),
+        ("deepseek_v3_fp8", "int4_store"),
+        ("gpt_oss_mxfp4", "lossless_store"),
+    ] {
+        let exp = expected(name);
+        let params = &exp[variant];
+        let enc =
+            |k: &str, default: &str| coli_tests::encoding(params[k].as_str().unwrap_or(default));
+        let p = plan_from_config(&ConfigPlanArgs {
+            checkpoint: Some(&coli_tests::fixture_dir(name)),
+            config: None,
+            total_ram: 16 << 30,
+            context: 1024,
+            disk_gib_s: Some(2.0),
+            experts: Some(enc("experts", "")),
+            mtp: enc("mtp", "int8"),
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let (_tmp, dir) = convert_fixture(name, variant);
+        let store = open_store(&dir, false, IoPreference::Buffered);
+        let m = store.manifest();
+        // The MTP layer's index is num_hidden_layers (the manifest's num_layers counts it).
+        let num_layers = m.config["num_hidden_layers"].as_u64().unwrap() as u32;
+        let (main, mtp): (Vec<&coli_store::IndexRecord>, Vec<&coli_store::IndexRecord>) = store
+            .index()
+            .iter()
+            .partition(|r| r.layer.get() < num_layers);
+        assert_eq!(p.experts, main.len() as u64, "{name} {variant}");
+        assert!(
+            main.iter().all(|r| r.length.get() == p.expert_record_bytes),
+            "{name} {variant}"
+        );
+        assert_eq!(p.mtp_experts, mtp.len() as u64, "{name} {variant}");
+        assert_eq!(
+            p.mtp_expert_bytes_total,
+            mtp.iter().map(|r| r.length.get()).sum::<u64>(),
+            "{name} {variant}"
+        );
+        let dense_enc = params["dense"].as_str().unwrap();
+        let row = p
+            .rows
+            .iter()
+            .find(|r| r.dense_encoding == dense_enc)
+            .unwrap_or_else(|| panic!("{name}: no {dense_enc} row"));
+        let sections: u64 = m.dense.iter().map(|d| d.length + d.scales_length).sum();
+        assert_eq!(row.dense_bytes, sections, "{name} {variant}: dense bytes");
+        let eng = Engine::new(
+            &store,
+            &EngineOptions {
+                context: Some(8),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            p.kv_bytes_per_token,
+            eng.kv_bytes_per_token(),
+            "{name}: KV bytes per token"
+        );
+        // The figures follow from each other.
+        assert_eq!(row.kv_bytes, p.kv_bytes_per_token * 1024);
+        assert_eq!(
+            row.expert_cache_bytes,
+            (16u64 << 30) - row.dense_bytes - row.kv_bytes - (512 << 20)
+        );
+        assert_eq!(row.hit_rate_uniform, 1.0, "a tiny model fits");
+        assert!(!row.usable || row.expert_cache_bytes_at_8k >= 8 << 30);
+    }
+}

@@ -343,13 +343,16 @@ pub fn print_stats(store: &Store) {
         return;
     };
     let total: u64 = m.drives.iter().map(|d| d.bytes).sum::<u64>().max(1);
+    // Weights are measured bytes per second or given ratios: print each as its share.
+    let wsum: f64 = m.weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     for (i, (d, w)) in m.drives.iter().zip(&m.weights).enumerate() {
         eprintln!(
-            "drive {i} {}: {} reads, {} bytes ({:.1}%, weight {w:.3}), {} faults{}",
+            "drive {i} {}: {} reads, {} bytes ({:.1}%, weight share {:.1}%), {} faults{}",
             d.dir.display(),
             d.reads,
             d.bytes,
             d.bytes as f64 * 100.0 / total as f64,
+            w * 100.0 / wsum,
             d.faults,
             if d.in_rotation {
                 ""

@@ -37,12 +37,18 @@ use crate::options::EngineOptions;
 use anyhow::{Context, Result};
 use coli_engine::{Engine, EngineOptions as CoreOptions};
 use coli_store::{ExpertKey, OpenOptions, Store};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// Arguments of `coli plan`: the options of `coli run` (so that a plan describes the run
 /// with the same command line; only the store, budget, pinning, usage and context options
 /// change the figures, and the I/O options how the probe reads), plus the probe size and JSON.
 #[derive(clap::Args, Debug)]
+#[command(mut_arg("store", |a| a
+    .required(false)
+    .required_unless_present_any(["checkpoint", "config"])
+    .default_value(".")
+    .hide_default_value(true)))]
 pub struct PlanArgs {
     /// The options `coli run` takes.
     #[command(flatten)]
@@ -53,6 +59,27 @@ pub struct PlanArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Plan from a checkpoint directory instead of a store: config.json and the safetensors
+    /// headers (no weights read); one row per dense encoding.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["store", "config"])]
+    pub checkpoint: Option<PathBuf>,
+    /// Plan from a config.json alone (dtypes assumed as published).
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
+    pub config: Option<PathBuf>,
+    /// With --checkpoint/--config: all the RAM the run may use (dense, KV, expert cache,
+    /// runtime), e.g. 25G. Default: this machine's memory limit.
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_budget)]
+    pub total_ram: Option<u64>,
+    /// With --checkpoint/--config: disk read bandwidth for the decode bound, GiB/s.
+    #[arg(long, value_name = "GIB_S")]
+    pub disk_gib_s: Option<f64>,
+    /// With --checkpoint/--config: the routed experts' encoding (default as coli-convert's:
+    /// mxfp4 when config.json declares MXFP4 experts, else int4-g64).
+    #[arg(long, value_name = "ENC")]
+    pub experts: Option<String>,
+    /// With --checkpoint/--config: the MTP layer's encoding (default int8, as coli-convert's).
+    #[arg(long, value_name = "ENC", default_value = "int8")]
+    pub mtp: String,
 }
 
 /// The plan's figures (the JSON output). Bytes unless named otherwise.
@@ -127,6 +154,44 @@ pub struct Plan {
 /// # Errors
 /// As [`plan`].
 pub fn run(a: &PlanArgs) -> Result<()> {
+    if a.checkpoint.is_some() || a.config.is_some() {
+        let enc = |s: &str, flag: &str| {
+            coli_convert::parse_encoding(
+                s,
+                &["mxfp4", "int4-g64", "int4-g32", "int8", "fp8", "bf16"],
+                flag,
+            )
+            .map_err(anyhow::Error::from)
+        };
+        let total_ram = match a.total_ram {
+            Some(t) => t,
+            None => coli_engine::placement::memory_limit_bytes().context(
+                "neither /proc/meminfo nor a memory cgroup limit is readable: give --total-ram",
+            )?,
+        };
+        let p = crate::plan_config::plan_from_config(&crate::plan_config::ConfigPlanArgs {
+            checkpoint: a.checkpoint.as_deref(),
+            config: a.config.as_deref(),
+            total_ram,
+            context: a
+                .engine
+                .context
+                .unwrap_or(crate::plan_config::USABLE_CONTEXT),
+            disk_gib_s: a.disk_gib_s,
+            experts: a
+                .experts
+                .as_deref()
+                .map(|e| enc(e, "experts"))
+                .transpose()?,
+            mtp: enc(&a.mtp, "mtp")?,
+        })?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&p)?);
+        } else {
+            crate::plan_config::print(&p);
+        }
+        return Ok(());
+    }
     let plan = plan(a)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
@@ -408,11 +473,22 @@ fn print_table(p: &Plan) {
         ),
         (
             "cache capacity",
-            format!(
-                "{:.1} experts ({})",
-                p.cache_capacity_experts,
-                mib(p.cache_capacity_bytes as f64)
-            ),
+            if p.cache_capacity_experts >= p.experts as f64 {
+                // The tier holds more than the whole store: say so rather than print a count
+                // capped at the store's size beside the whole tier.
+                format!(
+                    "{} (every one of the {} experts fits; they take {})",
+                    mib(p.cache_capacity_bytes as f64),
+                    p.experts,
+                    mib(p.expert_bytes_total as f64)
+                )
+            } else {
+                format!(
+                    "{:.1} experts of the mean size ({})",
+                    p.cache_capacity_experts,
+                    mib(p.cache_capacity_bytes as f64)
+                )
+            },
         ),
         (
             "resident share",

@@ -1,0 +1,413 @@
+//! `coli plan --checkpoint DIR` / `coli plan --config FILE`: the memory plan before any
+//! conversion or download. From the model spec (`coli_format::spec`, the one reader of
+//! config.json) and the converter's own encoding rule per tensor
+//! (`coli_convert::plan::dense_encoding`), for each dense encoding: the resident bytes, the
+//! expert record size and count, the bytes a decoded token reads with no hits, the KV cache, what
+//! remains of `--total-ram` for the expert cache, the hit rate an LRU of that size has under
+//! uniform routing, and the decode bound at `--disk-gib-s`.
+//!
+//! With `--checkpoint` the safetensors headers give each tensor's dtype (nothing else is read);
+//! with `--config` the published layout is assumed: BF16, with linear weights in FP8 when
+//! config.json declares `quantization_config.quant_method: fp8` (then the few BF16 linear weights
+//! such checkpoints keep, e.g. DeepSeek's `eh_proj`, are counted as FP8).
+
+use anyhow::{bail, Context, Result};
+use coli_convert::safetensors::Dtype;
+use coli_convert::Encodings;
+use coli_format::spec::{TensorClass, TensorKind, TensorSpec};
+use coli_format::{Encoding, ModelSpec, RecordLayout};
+use serde::Serialize;
+use std::path::Path;
+
+/// RAM left for the runtime (buffers, activations, allocator): the engine's budget reserve.
+pub const RUNTIME_RESERVE_BYTES: u64 = coli_engine::placement::BUDGET_RESERVE_BYTES;
+/// A configuration is usable when its expert cache gets at least this much at
+/// [`USABLE_CONTEXT`] tokens.
+pub const USABLE_CACHE_BYTES: u64 = 8 << 30;
+/// The context of the usability rule, tokens.
+pub const USABLE_CONTEXT: usize = 8192;
+/// Store record alignment the converter uses, bytes.
+const ALIGNMENT: usize = 4096;
+
+/// One configuration of the plan (a dense encoding).
+#[derive(Debug, Serialize)]
+pub struct ConfigRow {
+    /// `--dense`.
+    pub dense_encoding: String,
+    /// Resident bytes: every dense tensor at the encoding the converter gives it (embeddings,
+    /// attention, dense MLPs, shared experts, routers, norms, the MTP layer's dense part, the
+    /// output head), without the store's section padding (at most 126 bytes a tensor).
+    pub dense_bytes: u64,
+    /// Of which the embedding and output head.
+    pub embedding_bytes: u64,
+    /// Of which the MTP layer(s).
+    pub mtp_dense_bytes: u64,
+    /// KV cache at `context` tokens.
+    pub kv_bytes: u64,
+    /// What `total_ram` leaves for the expert cache after dense, KV and the runtime reserve.
+    pub expert_cache_bytes: u64,
+    /// The same at [`USABLE_CONTEXT`] tokens.
+    pub expert_cache_bytes_at_8k: u64,
+    /// Main-layer expert records the cache holds.
+    pub cached_experts: u64,
+    /// Hit rate of an LRU of `cached_experts` of the main layers' experts under uniform
+    /// routing (`min(1, cached / total)`).
+    pub hit_rate_uniform: f64,
+    /// Expert bytes read per decoded token at that hit rate.
+    pub expert_bytes_per_token: f64,
+    /// Decode tokens per second if the disk were the only limit (`--disk-gib-s`).
+    pub decode_tok_s_bound: Option<f64>,
+    /// At least 8 GiB of expert cache at an 8k-token context.
+    pub usable: bool,
+}
+
+/// The config-only plan (JSON output).
+#[derive(Debug, Serialize)]
+pub struct ConfigPlan {
+    /// The checkpoint directory or config file.
+    pub source: String,
+    /// `model_type`.
+    pub model_type: String,
+    /// Whether dtypes came from the safetensors headers (`--checkpoint`) or were assumed.
+    pub dtypes_from_headers: bool,
+    /// `--total-ram`, bytes.
+    pub total_ram_bytes: u64,
+    /// Context, tokens.
+    pub context: usize,
+    /// `--disk-gib-s`.
+    pub disk_gib_s: Option<f64>,
+    /// Expert encoding of the main layers.
+    pub expert_encoding: String,
+    /// Bytes of one main-layer expert record on disk (4096-aligned).
+    pub expert_record_bytes: u64,
+    /// Main-layer expert records.
+    pub experts: u64,
+    /// Their bytes.
+    pub expert_bytes_total: u64,
+    /// MTP expert records (at `--mtp`'s encoding) and their bytes.
+    pub mtp_experts: u64,
+    /// See `mtp_experts`.
+    pub mtp_expert_bytes_total: u64,
+    /// Expert bytes one decoded token reads with no hit: MoE layers x top-k x record.
+    pub expert_bytes_per_token_no_hits: u64,
+    /// KV cache per token of context (f32, as the engine caches it), bytes.
+    pub kv_bytes_per_token: u64,
+    /// One row per dense encoding.
+    pub rows: Vec<ConfigRow>,
+}
+
+/// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
+/// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
+/// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
+/// its full layers. Checked against `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
+pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
+    let values: usize = match &spec.mla {
+        Some(m) => (0..spec.num_layers)
+            .map(|l| {
+                let dsa = m
+                    .dsa
+                    .as_ref()
+                    .filter(|d| d.full.get(l).copied().unwrap_or(false))
+                    .map_or(0, |d| d.head_dim);
+                m.kv_lora_rank + m.qk_rope_head_dim + dsa
+            })
+            .sum(),
+        None => spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim,
+    };
+    (values * 4) as u64
+}
+
+/// Bytes of tensor `t` stored in `enc`: weight and scale sections (a vector as one row).
+fn tensor_bytes(t: &TensorSpec, enc: Encoding) -> u64 {
+    let (rows, cols) = match t.shape.as_slice() {
+        [n] => (1, *n),
+        [r, c] => (*r, *c),
+        other => (1, other.iter().product()),
+    };
+    (enc.weight_bytes(rows, cols) + enc.scale_bytes(rows, cols)) as u64
+}
+
+/// The dtype each tensor has: from the headers, or assumed (see the module docs).
+enum Dtypes<'a> {
+    Headers(&'a coli_convert::checkpoint::Checkpoint),
+    Assumed { fp8: bool },
+}
+
+impl Dtypes<'_> {
+    /// `None`: the checkpoint lacks this (optional) tensor.
+    fn of(&self, t: &TensorSpec) -> Option<Dtype> {
+        match self {
+            Dtypes::Headers(ck) => ck.get(&t.name).map(|(_, i)| i.dtype),
+            Dtypes::Assumed { fp8 } => Some(if *fp8 && t.kind == TensorKind::Linear {
+                Dtype::F8E4M3
+            } else {
+                Dtype::Bf16
+            }),
+        }
+    }
+
+    fn fp8_checkpoint(&self) -> bool {
+        match self {
+            Dtypes::Headers(ck) => ck
+                .shards
+                .iter()
+                .any(|s| s.tensors.values().any(|t| t.dtype == Dtype::F8E4M3)),
+            Dtypes::Assumed { fp8 } => *fp8,
+        }
+    }
+}
+
+/// Arguments of the config-only plan.
+pub struct ConfigPlanArgs<'a> {
+    /// A checkpoint directory (config.json and safetensors headers).
+    pub checkpoint: Option<&'a Path>,
+    /// A config.json (no checkpoint).
+    pub config: Option<&'a Path>,
+    /// RAM for everything, bytes.
+    pub total_ram: u64,
+    /// Context, tokens.
+    pub context: usize,
+    /// Disk read bandwidth, GiB/s.
+    pub disk_gib_s: Option<f64>,
+    /// Main-layer expert encoding (`None`: the converter's default, mxfp4 for a config that
+    /// declares MXFP4 experts, else int4-g64).
+    pub experts: Option<Encoding>,
+    /// MTP layer encoding (`--mtp`, default int8).
+    pub mtp: Encoding,
+}
+
+/// Builds the config-only plan.
+///
+/// # Errors
+/// A config.json that does not parse or that the spec refuses; an unreadable checkpoint.
+pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
+    let ck;
+    let (spec, dtypes, source, config) = match (a.checkpoint, a.config) {
+        (Some(dir), None) => {
+            ck = coli_convert::checkpoint::Checkpoint::open(dir)
+                .with_context(|| format!("reading checkpoint {}", dir.display()))?;
+            let config: serde_json::Value = serde_json::from_slice(&ck.config_bytes)
+                .with_context(|| format!("{}/config.json", dir.display()))?;
+            (
+                ck.spec.clone(),
+                Dtypes::Headers(&ck),
+                dir.display().to_string(),
+                config,
+            )
+        }
+        (None, Some(file)) => {
+            let text =
+                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let config: serde_json::Value = serde_json::from_slice(&text)
+                .with_context(|| format!("{}: not JSON", file.display()))?;
+            let spec = ModelSpec::from_config(&config, None)
+                .with_context(|| format!("{}", file.display()))?;
+            let fp8 = config
+                .pointer("/quantization_config/quant_method")
+                .and_then(serde_json::Value::as_str)
+                == Some("fp8");
+            (
+                spec,
+                Dtypes::Assumed { fp8 },
+                file.display().to_string(),
+                config,
+            )
+        }
+        _ => bail!("give exactly one of --checkpoint DIR and --config FILE"),
+    };
+    let experts = a.experts.unwrap_or_else(|| {
+        if coli_format::spec::gpt_oss::declares_mxfp4(&config) {
+            Encoding::Mxfp4
+        } else {
+            Encoding::Int4 { group_size: 64 }
+        }
+    });
+    let record = |enc: Encoding, biases: bool| -> u64 {
+        RecordLayout::new(enc, spec.hidden_size, spec.moe_intermediate_size, biases)
+            .record_len(ALIGNMENT) as u64
+    };
+    // Expert sets present (an MTP layer the checkpoint lacks is not converted).
+    let sets: Vec<_> = spec
+        .tensors
+        .expert_sets()
+        .into_iter()
+        .filter(|s| match &dtypes {
+            Dtypes::Headers(ck) => s.class != TensorClass::Mtp || ck.has(&s.tensor_names(0)[0]),
+            Dtypes::Assumed { .. } => true,
+        })
+        .collect();
+    let (mut experts_n, mut experts_bytes, mut mtp_n, mut mtp_bytes) = (0u64, 0u64, 0u64, 0u64);
+    let mut main_record = 0;
+    let mut moe_layers = 0u64;
+    for s in &sets {
+        if s.class == TensorClass::Mtp {
+            mtp_n += s.count as u64;
+            mtp_bytes += s.count as u64 * record(a.mtp, s.biases);
+        } else {
+            main_record = record(experts, s.biases);
+            experts_n += s.count as u64;
+            experts_bytes += s.count as u64 * main_record;
+            moe_layers += 1;
+        }
+    }
+    let no_hits = moe_layers * spec.top_k as u64 * main_record;
+    let kv_tok = kv_bytes_per_token(&spec);
+    let fp8 = dtypes.fp8_checkpoint();
+    let mut dense_choices = vec![Encoding::Bf16, Encoding::Int8];
+    if fp8 {
+        dense_choices.push(Encoding::Fp8);
+    }
+    let mut rows = Vec::new();
+    for dense_enc in dense_choices {
+        let enc = Encodings {
+            experts,
+            dense: dense_enc,
+            mtp: a.mtp,
+            embeddings: None,
+        };
+        let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
+        for t in spec.tensors.dense() {
+            let Some(src) = dtypes.of(t) else {
+                continue;
+            };
+            let e = coli_convert::plan::dense_encoding(t, src, enc, fp8)
+                .with_context(|| format!("--dense {}", dense_enc.name()))?;
+            let b = tensor_bytes(t, e);
+            dense += b;
+            if matches!(t.kind, TensorKind::Embedding | TensorKind::OutputHead)
+                && t.class != TensorClass::Mtp
+            {
+                embed += b;
+            }
+            if t.class == TensorClass::Mtp {
+                mtp_dense += b;
+            }
+        }
+        let cache = |ctx: usize| {
+            a.total_ram
+                .saturating_sub(dense + kv_tok * ctx as u64 + RUNTIME_RESERVE_BYTES)
+        };
+        let cache_bytes = cache(a.context);
+        let cached = cache_bytes
+            .checked_div(main_record)
+            .unwrap_or(0)
+            .min(experts_n);
+        let hit = if experts_n == 0 {
+            1.0
+        } else {
+            cached as f64 / experts_n as f64
+        };
+        let per_token = no_hits as f64 * (1.0 - hit);
+        rows.push(ConfigRow {
+            dense_encoding: dense_enc.name(),
+            dense_bytes: dense,
+            embedding_bytes: embed,
+            mtp_dense_bytes: mtp_dense,
+            kv_bytes: kv_tok * a.context as u64,
+            expert_cache_bytes: cache_bytes,
+            expert_cache_bytes_at_8k: cache(USABLE_CONTEXT),
+            cached_experts: cached,
+            hit_rate_uniform: hit,
+            expert_bytes_per_token: per_token,
+            decode_tok_s_bound: a
+                .disk_gib_s
+                .filter(|_| per_token > 0.0)
+                .map(|g| g * (1u64 << 30) as f64 / per_token),
+            usable: cache(USABLE_CONTEXT) >= USABLE_CACHE_BYTES,
+        });
+    }
+    Ok(ConfigPlan {
+        source,
+        model_type: spec.model_type.clone(),
+        dtypes_from_headers: matches!(dtypes, Dtypes::Headers(_)),
+        total_ram_bytes: a.total_ram,
+        context: a.context,
+        disk_gib_s: a.disk_gib_s,
+        expert_encoding: experts.name(),
+        expert_record_bytes: main_record,
+        experts: experts_n,
+        expert_bytes_total: experts_bytes,
+        mtp_experts: mtp_n,
+        mtp_expert_bytes_total: mtp_bytes,
+        expert_bytes_per_token_no_hits: no_hits,
+        kv_bytes_per_token: kv_tok,
+        rows,
+    })
+}
+
+/// A size in GiB (MiB below 1 GiB).
+fn size(b: f64) -> String {
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// Prints the plan as a table.
+pub fn print(p: &ConfigPlan) {
+    println!(
+        "{} ({}; dtypes {}): {} RAM, context {} tokens{}",
+        p.source,
+        p.model_type,
+        if p.dtypes_from_headers {
+            "from the safetensors headers"
+        } else {
+            "assumed as published"
+        },
+        size(p.total_ram_bytes as f64),
+        p.context,
+        p.disk_gib_s
+            .map(|g| format!(", disk {g} GiB/s"))
+            .unwrap_or_default()
+    );
+    println!(
+        "experts: {} records of {} ({}), {} in all; {} per token with no hits; MTP: {} records, {}",
+        p.experts,
+        size(p.expert_record_bytes as f64),
+        p.expert_encoding,
+        size(p.expert_bytes_total as f64),
+        size(p.expert_bytes_per_token_no_hits as f64),
+        p.mtp_experts,
+        size(p.mtp_expert_bytes_total as f64)
+    );
+    println!(
+        "KV cache: {} bytes per token, {} at {} tokens",
+        p.kv_bytes_per_token,
+        size((p.kv_bytes_per_token * p.context as u64) as f64),
+        p.context
+    );
+    println!(
+        "{:<8} {:>12} {:>12} {:>14} {:>9} {:>14} {:>12} {:>7}",
+        "--dense",
+        "resident",
+        "expert cache",
+        "cached experts",
+        "hit rate",
+        "read/token",
+        "tok/s bound",
+        "usable"
+    );
+    for r in &p.rows {
+        println!(
+            "{:<8} {:>12} {:>12} {:>14} {:>8.1}% {:>14} {:>12} {:>7}",
+            r.dense_encoding,
+            size(r.dense_bytes as f64),
+            size(r.expert_cache_bytes as f64),
+            r.cached_experts,
+            r.hit_rate_uniform * 100.0,
+            size(r.expert_bytes_per_token),
+            r.decode_tok_s_bound
+                .map_or("-".into(), |t| format!("{t:.2}")),
+            if r.usable { "yes" } else { "no" }
+        );
+    }
+    println!(
+        "usable: at least {} of expert cache at {} tokens of context beside the dense set, the \
+         KV cache and {} for the runtime; hit rate for uniform routing (trained models route \
+         unevenly and hit more)",
+        size(USABLE_CACHE_BYTES as f64),
+        USABLE_CONTEXT,
+        size(RUNTIME_RESERVE_BYTES as f64)
+    );
+}
