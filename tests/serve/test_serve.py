@@ -518,6 +518,15 @@ def anthropic_checks(server, q, question):
           f"unknown model: {e and e.body}")
     st, _, body = raw(server, "POST", "/v1/messages", '{"model": "demo", "messages": [')
     check(st == 400 and body.get("type") == "error", f"malformed JSON in Anthropic's shape: {st} {body}")
+    # A proxy's own Authorization beside the right x-api-key: either header may carry the key.
+    req = urllib.request.Request(server.url + "/v1/models", method="GET",
+                                 headers={"Authorization": "Bearer proxy-token", "x-api-key": KEY})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            st = r.status
+    except urllib.error.HTTPError as e:
+        st = e.code
+    check(st == 200, f"a wrong bearer beside the right x-api-key is accepted: {st}")
 
 
 def stream_text(stream, n=1):

@@ -215,12 +215,24 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         }
         _ => bail!("give exactly one of --checkpoint DIR and --config FILE"),
     };
-    let experts = a.experts.unwrap_or_else(|| {
-        if coli_format::spec::gpt_oss::declares_mxfp4(&config) {
-            Encoding::Mxfp4
-        } else {
-            Encoding::Int4 { group_size: 64 }
+    if a.context == 0 {
+        bail!("--context must be at least 1 token");
+    }
+    if let Some(g) = a.disk_gib_s {
+        if !(g.is_finite() && g > 0.0) {
+            bail!("--disk-gib-s must be a positive number of GiB/s, got {g}");
         }
+    }
+    let declares_mxfp4 = coli_format::spec::gpt_oss::declares_mxfp4(&config);
+    if a.experts == Some(Encoding::Mxfp4) && !declares_mxfp4 {
+        bail!(
+            "--experts mxfp4 keeps published MXFP4 experts; {source} does not declare them              (quantization_config.quant_method mxfp4): choose int4-g64, int4-g32, int8, fp8 or bf16"
+        );
+    }
+    let experts = a.experts.unwrap_or(if declares_mxfp4 {
+        Encoding::Mxfp4
+    } else {
+        Encoding::Int4 { group_size: 64 }
     });
     let record = |enc: Encoding, biases: bool| -> u64 {
         RecordLayout::new(enc, spec.hidden_size, spec.moe_intermediate_size, biases)
@@ -284,8 +296,10 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             }
         }
         let cache = |ctx: usize| {
-            a.total_ram
-                .saturating_sub(dense + kv_tok * ctx as u64 + RUNTIME_RESERVE_BYTES)
+            let need = dense
+                .saturating_add(kv_tok.saturating_mul(ctx as u64))
+                .saturating_add(RUNTIME_RESERVE_BYTES);
+            a.total_ram.saturating_sub(need)
         };
         let cache_bytes = cache(a.context);
         let cached = cache_bytes
@@ -303,7 +317,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             dense_bytes: dense,
             embedding_bytes: embed,
             mtp_dense_bytes: mtp_dense,
-            kv_bytes: kv_tok * a.context as u64,
+            kv_bytes: kv_tok.saturating_mul(a.context as u64),
             expert_cache_bytes: cache_bytes,
             expert_cache_bytes_at_8k: cache(USABLE_CONTEXT),
             cached_experts: cached,
@@ -374,7 +388,7 @@ pub fn print(p: &ConfigPlan) {
     println!(
         "KV cache: {} bytes per token, {} at {} tokens",
         p.kv_bytes_per_token,
-        size((p.kv_bytes_per_token * p.context as u64) as f64),
+        size(p.kv_bytes_per_token.saturating_mul(p.context as u64) as f64),
         p.context
     );
     println!(
@@ -410,4 +424,69 @@ pub fn print(p: &ConfigPlan) {
         USABLE_CONTEXT,
         size(RUNTIME_RESERVE_BYTES as f64)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn repo(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    }
+
+    fn args(config: &Path) -> ConfigPlanArgs<'_> {
+        ConfigPlanArgs {
+            checkpoint: None,
+            config: Some(config),
+            total_ram: 25 << 30,
+            context: 8192,
+            disk_gib_s: Some(3.0),
+            experts: None,
+            mtp: Encoding::Int8,
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let oss = repo("docs/configs/gpt-oss-20b.config.json");
+        let mixtral = repo("tests/fixtures/tiny/mixtral_fp8/config.json");
+        let err = |a: ConfigPlanArgs<'_>| plan_from_config(&a).unwrap_err().to_string();
+        assert!(err(ConfigPlanArgs {
+            context: 0,
+            ..args(&oss)
+        })
+        .contains("--context"));
+        for g in [0.0, -3.0, f64::NAN, f64::INFINITY] {
+            let e = err(ConfigPlanArgs {
+                disk_gib_s: Some(g),
+                ..args(&oss)
+            });
+            assert!(e.contains("--disk-gib-s"), "{g}: {e}");
+        }
+        let e = err(ConfigPlanArgs {
+            experts: Some(Encoding::Mxfp4),
+            ..args(&mixtral)
+        });
+        assert!(e.contains("does not declare"), "{e}");
+        // A huge context saturates instead of overflowing: no room left, not usable.
+        let p = plan_from_config(&ConfigPlanArgs {
+            context: usize::MAX / 2,
+            ..args(&oss)
+        })
+        .unwrap();
+        assert!(p
+            .rows
+            .iter()
+            .all(|r| r.expert_cache_bytes == 0 && r.kv_bytes == u64::MAX));
+        // The defaults: mxfp4 for a config declaring it, int4-g64 otherwise.
+        assert_eq!(
+            plan_from_config(&args(&oss)).unwrap().expert_encoding,
+            "mxfp4"
+        );
+        assert_eq!(
+            plan_from_config(&args(&mixtral)).unwrap().expert_encoding,
+            "int4-g64"
+        );
+    }
 }

@@ -70,6 +70,41 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The speed options `opts` sets away from their defaults: the baseline a tune measures
+    /// from, saved with what it keeps (a tune run with `--no-prefetch` measured its candidates
+    /// without prefetch, so its result applies without prefetch).
+    pub fn of_options(opts: &EngineOptions) -> Settings {
+        let io = match opts.io {
+            IoEngineChoice::Auto => None,
+            IoEngineChoice::Engine(n) => Some(n.to_string()),
+        };
+        Settings {
+            io,
+            queue_depth: opts.queue_depth,
+            prefetch: opts.no_prefetch.then_some(false),
+            prefetch_min_use: (opts.prefetch_min_use
+                != coli_engine::placement::DEFAULT_PREFETCH_MIN_USE)
+                .then_some(opts.prefetch_min_use),
+            pin_share: (opts.pin_share != coli_engine::placement::DEFAULT_PIN_SHARE)
+                .then_some(opts.pin_share),
+            threads: opts.threads,
+            prefill_batch: opts.prefill_batch,
+        }
+    }
+
+    /// These settings with `over`'s set values on top.
+    pub fn overlaid(&self, over: &Settings) -> Settings {
+        Settings {
+            io: over.io.clone().or_else(|| self.io.clone()),
+            queue_depth: over.queue_depth.or(self.queue_depth),
+            prefetch: over.prefetch.or(self.prefetch),
+            prefetch_min_use: over.prefetch_min_use.or(self.prefetch_min_use),
+            pin_share: over.pin_share.or(self.pin_share),
+            threads: over.threads.or(self.threads),
+            prefill_batch: over.prefill_batch.or(self.prefill_batch),
+        }
+    }
+
     /// The settings as command-line options (`--queue-depth 8 --no-prefetch`); `default` when
     /// none is set.
     pub fn flags(&self) -> String {
@@ -227,7 +262,8 @@ pub struct TuneResult {
     pub store_id: String,
     /// The machine measured on.
     pub machine: Machine,
-    /// The settings kept (empty: the defaults were fastest).
+    /// The settings kept: the speed options `coli tune` was given (its baseline), with the
+    /// change that won on top (empty: the defaults were fastest).
     pub settings: Settings,
     /// The kept settings' median over the default's (below 1: faster).
     pub ratio: f64,
@@ -638,7 +674,8 @@ pub fn tune(a: &TuneArgs) -> Result<TuneResult> {
     Ok(TuneResult {
         store_id,
         machine: Machine::current(&opts.store),
-        settings,
+        // The baseline's own speed options go with what was kept on top of them.
+        settings: Settings::of_options(opts).overlaid(&settings),
         ratio,
         table,
         prompts: prompts.len(),
@@ -778,6 +815,36 @@ mod tests {
         assert_eq!(o.io, IoEngineChoice::named("pread").unwrap());
         assert_eq!(used.threads, None);
         assert_eq!(used.queue_depth, Some(8));
+    }
+
+    #[test]
+    fn the_baseline_goes_with_what_was_kept() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            e: EngineOptions,
+        }
+        let o = <Cli as clap::Parser>::parse_from([
+            "x",
+            "--store",
+            "s",
+            "--no-prefetch",
+            "--io",
+            "pread",
+        ])
+        .e;
+        let base = Settings::of_options(&o);
+        assert_eq!(base.flags(), "--io pread --no-prefetch");
+        let plain = <Cli as clap::Parser>::parse_from(["x", "--store", "s"]).e;
+        assert_eq!(Settings::of_options(&plain), Settings::default());
+        let won = Settings {
+            queue_depth: Some(16),
+            ..Settings::default()
+        };
+        assert_eq!(
+            base.overlaid(&won).flags(),
+            "--io pread --queue-depth 16 --no-prefetch"
+        );
     }
 
     #[test]

@@ -599,6 +599,9 @@ fn main() -> std::process::ExitCode {
             Cmd::Chat(a) => tune::apply_saved(&mut a.engine, &explicit),
             Cmd::Eval(a) => tune::apply_saved(&mut a.engine, &explicit),
             Cmd::Serve(a) => tune::apply_saved(&mut a.engine, &explicit),
+            // Plan and doctor describe the run with the same command line.
+            Cmd::Plan(a) => tune::apply_saved(&mut a.engine, &explicit),
+            Cmd::Doctor(a) => tune::apply_saved(&mut a.engine, &explicit),
             _ => {}
         }
     }

@@ -273,14 +273,16 @@ fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| {
             let (scheme, key) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(key)
-        })
-        // Anthropic's clients send the key as `x-api-key`.
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-    match given {
-        Some(g) if g.trim() == key => Ok(()),
-        Some(_) => Err(ApiError::unauthorized(true)),
-        None => Err(ApiError::unauthorized(false)),
+        });
+    // Anthropic's clients send the key as `x-api-key`; either header may carry it (a proxy
+    // may add an Authorization of its own).
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if [given, x_api_key].iter().flatten().any(|g| g.trim() == key) {
+        return Ok(());
     }
+    Err(ApiError::unauthorized(
+        given.is_some() || x_api_key.is_some(),
+    ))
 }
 
 fn model_object(app: &App) -> Value {
@@ -381,7 +383,7 @@ struct Prepared {
 }
 
 /// Tokenizes the prompt and checks it against the context.
-fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
+fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiError> {
     if req.model != app.model_id {
         return Err(ApiError::model_not_found(&req.model, &app.model_id));
     }
@@ -398,7 +400,11 @@ fn prepare(app: &App, req: GenRequest) -> Result<Prepared, ApiError> {
             let (text, ids) = tok.chat_ids(messages, true).map_err(|e| {
                 ApiError::invalid("messages", format!("Applying the chat template: {e}"))
             })?;
-            reply_format = text::reply_format(tok, &text, app.split_think);
+            // Anthropic's endpoint returns text only: `<think>` blocks stay inline there (no
+            // extended thinking was asked for); harmony is always split (its channel names
+            // would otherwise run into the text).
+            let split_think = app.split_think && ep != Endpoint::Messages;
+            reply_format = text::reply_format(tok, &text, split_think);
             ids
         }
         Prompt::Text(t) => tok
@@ -620,7 +626,7 @@ async fn generate_checked(
         // Full already: refuse before spending time on the chat template and the tokenizer.
         return Err(queue_full(app));
     }
-    let p = prepare(app, req)?;
+    let p = prepare(app, req, ep)?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());

@@ -168,20 +168,15 @@ pub enum ReplyFormat {
 
 /// The format of a chat reply whose prompt rendered as `prompt_text`: harmony when the tokenizer
 /// has harmony's tokens; `<think>` blocks when `split_think` and the tokenizer has the `<think>`
-/// and `</think>` tokens (open when the prompt's last `<think>` is not closed); else plain.
+/// and `</think>` tokens (open when the prompt ends with `<think>`, whitespace aside: the
+/// template opened the block; a `<think>` elsewhere, e.g. in a user's text, does not count);
+/// else plain.
 pub fn reply_format(tok: &TextTokenizer, prompt_text: &str, split_think: bool) -> ReplyFormat {
     if let Some(t) = HarmonyTokens::detect(tok) {
         return ReplyFormat::Harmony(t);
     }
     if split_think && tok.token_id(THINK_OPEN).is_some() && tok.token_id(THINK_CLOSE).is_some() {
-        let open = match (
-            prompt_text.rfind(THINK_OPEN),
-            prompt_text.rfind(THINK_CLOSE),
-        ) {
-            (Some(o), Some(c)) => o > c,
-            (Some(_), None) => true,
-            _ => false,
-        };
+        let open = prompt_text.trim_end().ends_with(THINK_OPEN);
         return ReplyFormat::Think { open };
     }
     ReplyFormat::Plain
@@ -741,6 +736,11 @@ pub(crate) mod tests {
         );
         assert_eq!(
             reply_format(&tok, "<think>a</think>b<|assistant|>", true),
+            ReplyFormat::Think { open: false }
+        );
+        // A user asking about the tag does not open a block.
+        assert_eq!(
+            reply_format(&tok, "<|user|>What does <think> do?<|assistant|>", true),
             ReplyFormat::Think { open: false }
         );
         assert_eq!(
