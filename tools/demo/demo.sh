@@ -14,12 +14,14 @@ demo_dir=${DEMO_DIR:-demo}
 python=${PYTHON:-python3}
 
 # 1. Python environment for the checkpoint builder (numpy, gguf, ml_dtypes; no torch).
+echo "demo: Python packages into .venv-demo (first run: a minute or two)" >&2
 if [ ! -x .venv-demo/bin/python ]; then
   "$python" -m venv .venv-demo
 fi
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 
 # 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
+echo "demo: building coli and coli-convert (first run: about 15 minutes on 2 cores)" >&2
 cargo build -q -p coli-convert -p coli-tools
 bin="${CARGO_TARGET_DIR:-target}/debug"
 
@@ -35,3 +37,4 @@ fi
 budget_args=()
 if [ -n "${COLI_BUDGET:-}" ]; then budget_args=(--ram-budget "$COLI_BUDGET"); fi
 "$bin/coli" run --store "$demo_dir/store" --chat --prompt "$question" --max-tokens 48 "${budget_args[@]}"
+echo "demo: the binaries are in $bin (e.g. $bin/coli chat --store $demo_dir/store); runs keep a routing-usage history in \${COLI_STATE_DIR:-~/.local/state/coli}" >&2

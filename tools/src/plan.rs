@@ -192,6 +192,12 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if a.total_ram.is_some() || a.disk_gib_s.is_some() || a.experts.is_some() {
+        anyhow::bail!(
+            "--total-ram, --disk-gib-s and --experts plan from --checkpoint or --config; with \
+             --store the plan uses --ram-budget and measures the disk (--probe-mib)"
+        );
+    }
     let plan = plan(a)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);

@@ -57,7 +57,8 @@ pub struct ConfigRow {
     pub expert_bytes_per_token: f64,
     /// Decode tokens per second if the disk were the only limit (`--disk-gib-s`).
     pub decode_tok_s_bound: Option<f64>,
-    /// At least 8 GiB of expert cache at an 8k-token context.
+    /// At least 8 GiB of expert cache at an 8k-token context (or room for every main-layer
+    /// expert, for a model whose experts take less).
     pub usable: bool,
 }
 
@@ -327,7 +328,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 .disk_gib_s
                 .filter(|_| per_token > 0.0)
                 .map(|g| g * (1u64 << 30) as f64 / per_token),
-            usable: cache(USABLE_CONTEXT) >= USABLE_CACHE_BYTES,
+            usable: cache(USABLE_CONTEXT) >= USABLE_CACHE_BYTES.min(experts_bytes),
         });
     }
     Ok(ConfigPlan {
@@ -417,9 +418,9 @@ pub fn print(p: &ConfigPlan) {
         );
     }
     println!(
-        "usable: at least {} of expert cache at {} tokens of context beside the dense set, the \
-         KV cache and {} for the runtime; hit rate for uniform routing (trained models route \
-         unevenly and hit more)",
+        "usable: at least {} of expert cache (or every expert) at {} tokens of context beside \
+         the dense set, the KV cache and {} for the runtime; hit rate for uniform routing \
+         (trained models route unevenly and hit more)",
         size(USABLE_CACHE_BYTES as f64),
         USABLE_CONTEXT,
         size(RUNTIME_RESERVE_BYTES as f64)

@@ -711,24 +711,32 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
+    let w = r
+        .table
+        .iter()
+        .map(|row| row.config.len())
+        .max()
+        .unwrap_or(0)
+        .max(13);
     println!(
-        "{:<40} {:>10} {:>8} {:>9}",
+        "{:<w$} {:>10} {:>9} {:>9}",
         "configuration", "median s", "x default", "tok/s"
     );
     for row in &r.table {
         println!(
-            "{:<40} {:>10.3} {:>8.3} {:>9.1}",
+            "{:<w$} {:>10.3} {:>9.3} {:>9.1}",
             row.config, row.median_s, row.ratio, row.tok_s
         );
     }
     println!(
-        "kept: {} ({:.3}x the default's time; {} prompts x {} tokens, {} rounds, every \
+        "kept: {} ({:.3}x the default's time; {} prompts x {} tokens, {} round{}, every \
          configuration gave the default's tokens)",
         r.settings.flags(),
         r.ratio,
         r.prompts,
         r.max_tokens,
-        r.rounds
+        r.rounds,
+        if r.rounds == 1 { "" } else { "s" }
     );
     if let Some(p) = saved {
         println!(

@@ -213,7 +213,7 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize)) {
         fmt_bytes(s.expert_bytes_per_generated_token()),
     );
     eprintln!(
-        "experts: {} read from disk ({} per token), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
+        "experts: {} read from disk ({} per token run, prompt included), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
         fmt_bytes(s.expert_bytes_read as f64),
         fmt_bytes(s.expert_bytes_per_token()),
         s.cache.hits,
