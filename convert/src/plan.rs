@@ -7,7 +7,7 @@ use crate::quant::{ScaleSource, SourceMatrix};
 use crate::safetensors::Dtype;
 use coli_format::encoding::{align_up, FP8_BLOCK, SECTION_ALIGN};
 use coli_format::spec::{
-    layer_of, ExpertStorage, ExpertsSpec, TensorClass, TensorKind, TensorSpec,
+    layer_of, ExpertStorage, ExpertsSpec, Family, TensorClass, TensorKind, TensorSpec,
 };
 use coli_format::{Encoding, ExpertKey, RecordLayout};
 use coli_store::ExpertLayer;
@@ -339,12 +339,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         }
         if let Some(l) = layer_of(name) {
             if l >= nl && Some(l) != mtp_index {
-                let nextn = match &spec.mla {
-                    Some(m) => format!(
-                        " and num_nextn_predict_layers is {}",
-                        m.num_nextn_predict_layers
-                    ),
-                    None => String::new(),
+                let nextn = if spec.family.is_mla() || spec.family == Family::Glm4Moe {
+                    format!(" and num_nextn_predict_layers is {}", spec.num_mtp_layers)
+                } else {
+                    String::new()
                 };
                 return Err(ConvertError::Config {
                     file: ck.dir.join("config.json"),

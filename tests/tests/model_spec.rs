@@ -16,13 +16,14 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
     "olmoe_fp8",
     "deepseek_v3_fp8",
     "glm5_fp8",
+    "glm4_moe_fp8",
 ];
 
 fn default_encodings() -> Encodings {
@@ -154,6 +155,9 @@ fn partial_mtp_layers_are_refused_at_preflight_naming_the_tensor() {
         ),
         ("glm5_fp8", "model.layers.3.self_attn.indexer.wk.weight"),
         ("glm5_fp8", "model.layers.3.hnorm.weight"),
+        ("glm4_moe_fp8", "model.layers.3.self_attn.k_proj.bias"),
+        ("glm4_moe_fp8", "model.layers.3.self_attn.q_norm.weight"),
+        ("glm4_moe_fp8", "model.layers.3.shared_head.norm.weight"),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let ck = without(name, missing, tmp.path());
@@ -173,7 +177,7 @@ fn partial_mtp_layers_are_refused_at_preflight_naming_the_tensor() {
 
 #[test]
 fn checkpoints_without_an_mtp_layer_convert_and_run() {
-    for name in ["deepseek_v3_fp8", "glm5_fp8"] {
+    for name in ["deepseek_v3_fp8", "glm5_fp8", "glm4_moe_fp8"] {
         let exp = expected(name);
         let prompt = ids(&exp["prompt_ids"]);
         let tmp = tempfile::tempdir().unwrap();

@@ -190,6 +190,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         ("deepseek_v3_fp8", "lossless_store"),
         ("deepseek_v3_fp8", "int4_store"),
         ("gpt_oss_mxfp4", "lossless_store"),
+        ("glm4_moe_fp8", "int4_store"),
     ] {
         let exp = expected(name);
         let params = &exp[variant];

@@ -134,12 +134,16 @@ impl Attention<'_> {
         }
         let rows = Span::row_positions(spans);
         for (r, &(_, pos)) in rows.iter().enumerate() {
+            // The rope's tables cover its rotary dimensions (`2 * cos.len()`): every head
+            // dimension, or the leading part of each head under a partial rotary factor
+            // (GLM-4.5), the rest passing through as `apply_rotary_pos_emb` leaves it.
             let (cos, sin) = rope.tables(pos);
+            let rd = 2 * cos.len();
             for h in q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
-                Rope::apply(h, &cos, &sin);
+                Rope::apply(&mut h[..rd], &cos, &sin);
             }
             for h in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
-                Rope::apply(h, &cos, &sin);
+                Rope::apply(&mut h[..rd], &cos, &sin);
             }
         }
         let mut r0 = 0;

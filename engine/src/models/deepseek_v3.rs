@@ -22,7 +22,9 @@ use crate::layers::sigmoid_router::SigmoidRouting;
 use crate::layers::{DecoderLayer, Ffn, Mla, SelfAttn, SigmoidMoe};
 use crate::models::{load_lm_head, load_mlp, load_moe, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, FfnSpec, LayerSpec, MlaQuerySpec, MlaSpec, MoeSpec};
+use coli_format::spec::{
+    AttentionSpec, FfnSpec, LayerSpec, MlaQuerySpec, MlaSpec, MoeSpec, Routing,
+};
 use coli_format::ModelSpec;
 use std::sync::{Arc, Mutex};
 
@@ -58,7 +60,9 @@ pub(crate) fn load<'s>(
     }
     let final_norm = w.rms_norm(&t.final_norm, spec.rms_norm_eps)?;
     let lm_head = load_lm_head(w, spec, embed)?;
-    let mtp = crate::models::mtp::load(w, spec, attention_factor, warnings)?;
+    let mtp = crate::models::mtp::load(w, spec, (embed, lm_head), warnings, |w, l| {
+        load_layer(w, spec, l, attention_factor, &mut None)
+    })?;
     Ok(Parts {
         embed,
         layers,
@@ -144,16 +148,32 @@ pub fn load_mla<'s>(
     })
 }
 
-/// Loads a grouped sigmoid MoE block.
+/// Loads a grouped sigmoid MoE block (routing parameters from `spec.routing`, which must be
+/// [`Routing::GroupedSigmoid`]).
 ///
 /// # Errors
-/// Missing or misshapen tensors.
+/// Missing or misshapen tensors; a spec with another routing.
 pub fn load_sigmoid_moe<'s>(
     w: &mut Weights<'s>,
     spec: &ModelSpec,
     moe: &MoeSpec,
 ) -> Result<SigmoidMoe<'s>> {
-    let m = mla_of(spec)?;
+    let Routing::GroupedSigmoid {
+        n_group,
+        topk_group,
+        scaling,
+        ..
+    } = spec.routing
+    else {
+        return Err(EngineError::Config {
+            file: "config.json".into(),
+            what: format!(
+                "{} has a sigmoid MoE block but routes as {:?}",
+                spec.family.name(),
+                spec.routing
+            ),
+        });
+    };
     let bias = match &moe.router_bias {
         Some(b) => w.vector(b)?,
         None => vec![0.0; spec.num_experts],
@@ -162,9 +182,9 @@ pub fn load_sigmoid_moe<'s>(
         experts: load_moe(w, spec, moe)?,
         routing: SigmoidRouting {
             bias,
-            n_group: m.n_group,
-            topk_group: m.topk_group,
-            scaling: m.routed_scaling_factor,
+            n_group,
+            topk_group,
+            scaling,
         },
         shared: match &moe.shared {
             Some(s) => Some(load_mlp(w, s)?),

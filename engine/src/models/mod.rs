@@ -4,6 +4,7 @@
 //! [`Weights`], the one narrow loading API. [`Model`] is the result.
 
 pub mod deepseek_v3;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod mixtral;
 pub mod mtp;
@@ -33,7 +34,7 @@ pub struct Model<'s> {
     pub lm_head: MatrixView<'s>,
     /// Rotary frequencies.
     pub rope: Rope,
-    /// The multi-token-prediction layer (MLA families whose store holds it).
+    /// The multi-token-prediction layer (DeepSeek-V3, GLM-5, GLM-4.5 stores that hold it).
     pub mtp: Option<mtp::MtpLayer<'s>>,
     /// Every dense tensor the model loaded (names as in the store).
     pub tensors_read: BTreeSet<String>,
@@ -60,6 +61,7 @@ impl<'s> Model<'s> {
                 deepseek_v3::load(&mut w, &spec, &mut warnings)?
             }
             Family::GptOss => gpt_oss::load(&mut w, &spec)?,
+            Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
         };
         Ok(Model {
             embed: parts.embed,
@@ -237,8 +239,45 @@ pub(crate) fn load_lm_head<'s>(
     }
 }
 
+/// The feed-forward block of a GQA layer: a dense MLP, or a MoE block routed as `spec.routing`
+/// says (grouped sigmoid with shared experts for GLM-4.5, softmax top-k otherwise).
+pub(crate) fn load_ffn<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    ffn: &coli_format::spec::FfnSpec,
+) -> Result<Ffn<'s>> {
+    Ok(match ffn {
+        coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
+        coli_format::spec::FfnSpec::Moe(m) => match spec.routing {
+            Routing::GroupedSigmoid { .. } => {
+                Ffn::SigmoidMoe(deepseek_v3::load_sigmoid_moe(w, spec, m)?)
+            }
+            _ => Ffn::Moe(load_moe(w, spec, m)?),
+        },
+    })
+}
+
+/// A GQA decoder layer: its norms, attention with the q/k norm `qk_norm` builds, and the
+/// feed-forward block [`load_ffn`] gives.
+pub(crate) fn load_gqa_layer<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    l: &LayerSpec,
+    qk_norm: impl FnOnce(&mut Weights<'s>) -> Result<QkNorm>,
+) -> Result<DecoderLayer<'s>> {
+    let attn = load_attention(w, spec, l, qk_norm)?;
+    let ffn = load_ffn(w, spec, &l.ffn)?;
+    Ok(DecoderLayer {
+        input_norm: w.rms_norm(&l.input_norm, spec.rms_norm_eps)?,
+        attn: SelfAttn::Gqa(attn),
+        post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
+        ffn,
+    })
+}
+
 /// Builds a GQA model: embedding, layers (each with the q/k norm `qk_norm` and the feed-forward
-/// block its spec gives), final norm, output head.
+/// block its spec gives), final norm, output head; RoPE over `spec.rotary_dim` dimensions of
+/// each head.
 pub(crate) fn assemble_gqa<'s>(
     w: &mut Weights<'s>,
     spec: &ModelSpec,
@@ -248,17 +287,7 @@ pub(crate) fn assemble_gqa<'s>(
     let embed = w.matrix(&t.embed)?;
     let mut layers = Vec::with_capacity(t.layers.len());
     for l in &t.layers {
-        let attn = load_attention(w, spec, l, |w| qk_norm(w, l))?;
-        let ffn = match &l.ffn {
-            coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
-            coli_format::spec::FfnSpec::Moe(m) => Ffn::Moe(load_moe(w, spec, m)?),
-        };
-        layers.push(DecoderLayer {
-            input_norm: w.rms_norm(&l.input_norm, spec.rms_norm_eps)?,
-            attn: SelfAttn::Gqa(attn),
-            post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
-            ffn,
-        });
+        layers.push(load_gqa_layer(w, spec, l, |w| qk_norm(w, l))?);
     }
     let final_norm = w.rms_norm(&t.final_norm, spec.rms_norm_eps)?;
     let lm_head = load_lm_head(w, spec, embed)?;
@@ -268,8 +297,8 @@ pub(crate) fn assemble_gqa<'s>(
         final_norm,
         lm_head,
         rope: match &spec.rope_yarn {
-            None => Rope::new(spec.head_dim, spec.rope_theta),
-            Some(y) => Rope::yarn_scaled(spec.head_dim, spec.rope_theta, y),
+            None => Rope::new(spec.rotary_dim, spec.rope_theta),
+            Some(y) => Rope::yarn_scaled(spec.rotary_dim, spec.rope_theta, y),
         },
         mtp: None,
     })

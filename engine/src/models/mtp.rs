@@ -1,4 +1,4 @@
-//! The multi-token-prediction (MTP) layer of DeepSeek-V3 / Kimi-K2 / GLM-5: decoder layer
+//! The multi-token-prediction (MTP) layer of DeepSeek-V3 / Kimi-K2 / GLM-5 / GLM-4.5: decoder layer
 //! `num_hidden_layers` of the checkpoint (`model.layers.{N}.*`), skipped by the normal forward.
 //! As transformers 5.23 `MtpLayer` and vLLM's `deepseek_mtp.py` compute it (written up in
 //! `docs/MLA.md`, checked by `tests/fixtures/mla_reference.py`):
@@ -13,12 +13,15 @@
 //! The DeepSeek-V3 paper's eq. 21 writes the hidden state first; the released weights follow
 //! the implementations' order (embedding first). RMSNorm eps is `rms_norm_eps`. The layer's
 //! routed experts live in the store like the main layers' (converted with `--mtp`, int8 by
-//! default) and go through the same expert cache.
+//! default) and go through the same expert cache. The decoder layer is the family's (MLA for
+//! DeepSeek-V3 / GLM-5, GQA for GLM-4.5, whose MTP vLLM's `glm4_moe_mtp.py` runs the same way);
+//! GLM-4.6/4.7 publish the layer without `embed_tokens` and `shared_head.head`, and the main
+//! model's embedding and lm_head stand in.
 
 use crate::error::Result;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
 use crate::weights::Weights;
-use coli_format::spec::layer_of;
+use coli_format::spec::{layer_of, LayerSpec, TensorSpec};
 use coli_format::MatrixView;
 use coli_format::ModelSpec;
 
@@ -26,7 +29,8 @@ use coli_format::ModelSpec;
 pub struct MtpLayer<'s> {
     /// Its layer index `N = num_hidden_layers`.
     pub layer: usize,
-    /// `model.layers.{N}.embed_tokens.weight` `[vocab, H]`.
+    /// `model.layers.{N}.embed_tokens.weight` `[vocab, H]` (or the main embedding where the
+    /// layer has none and the spec allows it).
     pub embed: MatrixView<'s>,
     /// `enorm.weight` `[H]`.
     pub enorm: RmsNorm,
@@ -38,22 +42,27 @@ pub struct MtpLayer<'s> {
     pub decoder: DecoderLayer<'s>,
     /// `shared_head.norm.weight` `[H]`.
     pub norm: RmsNorm,
-    /// `shared_head.head.weight` `[vocab, H]`.
+    /// `shared_head.head.weight` `[vocab, H]` (or the main lm_head where the layer has none
+    /// and the spec allows it).
     pub head: MatrixView<'s>,
 }
 
 /// Loads the MTP layer the spec declares (`num_nextn_predict_layers` 1) when the store holds
 /// it; `Ok(None)` when the config declares none or the store holds none of it. A store holding
 /// only part of it (written by a converter that did not refuse such checkpoints) runs without
-/// it: the missing tensors are named in a warning pushed to `warnings`.
+/// it: the missing tensors are named in a warning pushed to `warnings`. `main` is the main
+/// model's `(embedding, lm_head)`, standing in for the layer's own where the spec marks them
+/// optional and the store has none; `load_layer` loads its decoder layer (the family's
+/// attention and MoE block).
 ///
 /// # Errors
 /// Misshapen tensors of a present MTP layer, named.
 pub(crate) fn load<'s>(
     w: &mut Weights<'s>,
     spec: &ModelSpec,
-    attention_factor: f32,
+    main: (MatrixView<'s>, MatrixView<'s>),
     warnings: &mut Vec<String>,
+    load_layer: impl FnOnce(&mut Weights<'s>, &LayerSpec) -> Result<DecoderLayer<'s>>,
 ) -> Result<Option<MtpLayer<'s>>> {
     let Some(m) = spec.tensors.mtp.first() else {
         return Ok(None);
@@ -90,21 +99,22 @@ pub(crate) fn load<'s>(
         return Ok(None);
     }
     let eps = spec.rms_norm_eps;
+    let own_or = |w: &mut Weights<'s>, t: &TensorSpec, stand_in: MatrixView<'s>| {
+        if t.optional && !w.has(t) {
+            Ok(stand_in)
+        } else {
+            w.matrix(t)
+        }
+    };
     Ok(Some(MtpLayer {
         layer: n,
-        embed: w.matrix(&m.embed)?,
+        embed: own_or(w, &m.embed, main.0)?,
         enorm: w.rms_norm(&m.enorm, eps)?,
         hnorm: w.rms_norm(&m.hnorm, eps)?,
         eh_proj: w.linear(&m.eh_proj)?,
-        decoder: crate::models::deepseek_v3::load_layer(
-            w,
-            spec,
-            &m.layer,
-            attention_factor,
-            &mut None,
-        )?,
+        decoder: load_layer(w, &m.layer)?,
         norm: w.rms_norm(&m.head_norm, eps)?,
-        head: w.matrix(&m.head)?,
+        head: own_or(w, &m.head, main.1)?,
     }))
 }
 

@@ -423,7 +423,7 @@ pub fn prefill_row_bytes(spec: &coli_format::ModelSpec) -> u64 {
         }
         None => 2 * spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim,
     };
-    let shared = spec.mla.as_ref().map_or(0, |m| m.n_shared_experts);
+    let shared = spec.n_shared_experts;
     let experts = spec.top_k * (2 * h + 2 * spec.moe_intermediate_size)
         + (2 * h
             + 2 * spec

@@ -54,6 +54,8 @@ pub(crate) fn configure_mla(
     s.moe_layers = (0..s.num_layers)
         .map(|l| s.num_experts > 0 && m.is_moe_layer(l))
         .collect();
+    s.n_shared_experts = m.n_shared_experts;
+    s.num_mtp_layers = m.num_nextn_predict_layers;
     s.mla = Some(m);
     Ok(())
 }
@@ -99,8 +101,8 @@ pub(crate) fn mla_attention(
     }
 }
 
-/// The grouped-sigmoid MoE block of layer `i`.
-pub(crate) fn sigmoid_moe(s: &ModelSpec, m: &MlaSpec, i: usize, class: TensorClass) -> FfnSpec {
+/// The grouped-sigmoid MoE block of layer `i` (with `s.n_shared_experts` shared experts).
+pub(crate) fn sigmoid_moe(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpec {
     let p = format!("model.layers.{i}.mlp");
     let (h, e) = (s.hidden_size, s.num_experts);
     FfnSpec::Moe(MoeSpec {
@@ -117,11 +119,11 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, m: &MlaSpec, i: usize, class: TensorCla
             TensorKind::Bias,
         )),
         router_logit_bias: None,
-        shared: (m.n_shared_experts > 0).then(|| {
+        shared: (s.n_shared_experts > 0).then(|| {
             Box::new(build::mlp(
                 &format!("{p}.shared_experts"),
                 h,
-                s.moe_intermediate_size * m.n_shared_experts,
+                s.moe_intermediate_size * s.n_shared_experts,
                 class,
             ))
         }),
@@ -150,7 +152,7 @@ pub(crate) fn mla_tensors(
     let m = s.mla.as_ref().expect("MLA families have an MLA spec");
     let layer = |i: usize, class: TensorClass| -> LayerSpec {
         let ffn = if class == TensorClass::Mtp || s.is_moe_layer(i) {
-            sigmoid_moe(s, m, i, class)
+            sigmoid_moe(s, i, class)
         } else {
             FfnSpec::Dense(build::mlp(
                 &format!("model.layers.{i}.mlp"),
@@ -172,33 +174,46 @@ pub(crate) fn mla_tensors(
         .collect();
     let mtp = s
         .mtp_layer()
-        .map(|n| {
-            let c = TensorClass::Mtp;
-            let (v, h) = (s.vocab_size, s.hidden_size);
-            let p = format!("model.layers.{n}");
-            MtpSpec {
-                layer: layer(n, c),
-                embed: TensorSpec::new(
-                    format!("{p}.embed_tokens.weight"),
-                    &[v, h],
-                    c,
-                    TensorKind::Embedding,
-                ),
-                enorm: build::norm(format!("{p}.enorm.weight"), h, c),
-                hnorm: build::norm(format!("{p}.hnorm.weight"), h, c),
-                eh_proj: build::linear(&format!("{p}.eh_proj"), h, 2 * h, false, c),
-                head_norm: build::norm(format!("{p}.shared_head.norm.weight"), h, c),
-                head: TensorSpec::new(
-                    format!("{p}.shared_head.head.weight"),
-                    &[v, h],
-                    c,
-                    TensorKind::OutputHead,
-                ),
-            }
-        })
+        .map(|n| mtp_spec(s, layer(n, TensorClass::Mtp), false))
         .into_iter()
         .collect();
     build::model(s, layers, mtp)
+}
+
+/// The MTP layer `model.layers.{N}` around its decoder layer `layer`: `embed_tokens`,
+/// `enorm`, `hnorm`, `eh_proj`, `shared_head.{norm, head}`. `shared_embed_and_head`: the
+/// layer's own `embed_tokens` and `shared_head.head` are optional, the main model's embedding
+/// and lm_head standing in (GLM-4.6/4.7 publish their MTP layer without them).
+pub(crate) fn mtp_spec(s: &ModelSpec, layer: LayerSpec, shared_embed_and_head: bool) -> MtpSpec {
+    let c = TensorClass::Mtp;
+    let (v, h) = (s.vocab_size, s.hidden_size);
+    let p = format!("model.layers.{}", layer.index);
+    let maybe = |t: TensorSpec| {
+        if shared_embed_and_head {
+            t.optional()
+        } else {
+            t
+        }
+    };
+    MtpSpec {
+        embed: maybe(TensorSpec::new(
+            format!("{p}.embed_tokens.weight"),
+            &[v, h],
+            c,
+            TensorKind::Embedding,
+        )),
+        enorm: build::norm(format!("{p}.enorm.weight"), h, c),
+        hnorm: build::norm(format!("{p}.hnorm.weight"), h, c),
+        eh_proj: build::linear(&format!("{p}.eh_proj"), h, 2 * h, false, c),
+        head_norm: build::norm(format!("{p}.shared_head.norm.weight"), h, c),
+        head: maybe(TensorSpec::new(
+            format!("{p}.shared_head.head.weight"),
+            &[v, h],
+            c,
+            TensorKind::OutputHead,
+        )),
+        layer,
+    }
 }
 
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {

@@ -6,13 +6,15 @@
 //! [`ModelTensors`]: every tensor with its name, shape, class and whether it is optional. The
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
-//! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`].
+//! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
+//! [`gpt_oss`], [`glm4_moe`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
 //! [`ModelSpec::canonical_tensor_name`]: the spec describes the language model alone.
 
 pub mod deepseek_v3;
+pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 mod json;
@@ -38,6 +40,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "kimi_k2",
     "glm_moe_dsa",
     "gpt_oss",
+    "glm4_moe",
 ];
 
 /// A supported model family.
@@ -55,6 +58,8 @@ pub enum Family {
     GlmMoeDsa,
     /// `gpt_oss`, gpt-oss-20b / -120b ([`gpt_oss`]).
     GptOss,
+    /// `glm4_moe`, GLM-4.5 / 4.6 / 4.7 ([`glm4_moe`]).
+    Glm4Moe,
 }
 
 impl Family {
@@ -70,6 +75,7 @@ impl Family {
             "deepseek_v3" | "kimi_k2" => Ok(Family::DeepseekV3),
             "glm_moe_dsa" => Ok(Family::GlmMoeDsa),
             "gpt_oss" => Ok(Family::GptOss),
+            "glm4_moe" => Ok(Family::Glm4Moe),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -86,6 +92,7 @@ impl Family {
             Family::DeepseekV3 => "deepseek_v3",
             Family::GlmMoeDsa => "glm_moe_dsa",
             Family::GptOss => "gpt_oss",
+            Family::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -99,7 +106,11 @@ impl Family {
     fn default_theta(self) -> f64 {
         match self {
             Family::Mixtral => 1_000_000.0,
-            Family::Qwen3Moe | Family::Olmoe | Family::DeepseekV3 | Family::GlmMoeDsa => 10_000.0,
+            Family::Qwen3Moe
+            | Family::Olmoe
+            | Family::DeepseekV3
+            | Family::GlmMoeDsa
+            | Family::Glm4Moe => 10_000.0,
             Family::GptOss => 150_000.0,
         }
     }
@@ -108,7 +119,11 @@ impl Family {
     fn default_eps(self) -> f64 {
         match self {
             Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
-            Family::Mixtral | Family::Olmoe | Family::GlmMoeDsa | Family::GptOss => 1e-5,
+            Family::Mixtral
+            | Family::Olmoe
+            | Family::GlmMoeDsa
+            | Family::GptOss
+            | Family::Glm4Moe => 1e-5,
         }
     }
 }
@@ -179,6 +194,11 @@ pub struct ModelSpec {
     pub num_kv_heads: usize,
     /// Dimension of one head.
     pub head_dim: usize,
+    /// GQA families: the leading dimensions of each q/k head that RoPE rotates (`rotate_half`
+    /// over them, the rest passes through): `head_dim` unless the config has a partial rotary
+    /// factor (GLM-4.5: `int(head_dim * partial_rotary_factor)`, transformers'
+    /// `compute_default_rope_parameters`). Unused by MLA families (their [`MlaSpec`] says).
+    pub rotary_dim: usize,
     /// RMSNorm epsilon (added to the f32 mean square).
     pub rms_norm_eps: f32,
     /// RoPE base (`rope_theta`).
@@ -208,12 +228,21 @@ pub struct ModelSpec {
     pub norm_topk_prob: bool,
     /// How experts are chosen and weighed.
     pub routing: Routing,
+    /// Shared experts of a MoE layer (`n_shared_experts`: one always-on SwiGLU of
+    /// `moe_intermediate_size * n_shared_experts`); 0 for the softmax-routed families.
+    pub n_shared_experts: usize,
+    /// Multi-token-prediction layers the config declares (`num_nextn_predict_layers`, 0 or 1),
+    /// stored after the decoder layers.
+    pub num_mtp_layers: usize,
     /// Intermediate size I of one routed expert.
     pub moe_intermediate_size: usize,
     /// Intermediate size of the dense MLP of non-MoE layers.
     pub intermediate_size: usize,
-    /// q/k/v/o projections have biases.
+    /// q/k/v/o projections have biases (GLM-4.5: q/k/v only).
     pub attention_bias: bool,
+    /// GLM-4.5 `use_qk_norm`: RMSNorm of each q and k head before RoPE (Qwen3-MoE always
+    /// has it, OLMoE has its whole-vector form; both say so in their tensors, not here).
+    pub qk_norm: bool,
     /// OLMoE: clamp q, k, v to [-clip, clip] after the q/k norms.
     pub clip_qkv: Option<f32>,
     /// Per main layer: whether it has routed experts.
@@ -259,9 +288,10 @@ fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
         if let Some(t) = p.f64("rope_theta")? {
             theta = Some(t);
         }
-        if p.get("partial_rotary_factor")
-            .and_then(Value::as_f64)
-            .is_some_and(|x| x != 1.0)
+        if family != Family::Glm4Moe
+            && p.get("partial_rotary_factor")
+                .and_then(Value::as_f64)
+                .is_some_and(|x| x != 1.0)
         {
             return Err(FormatError::Unsupported(
                 "unsupported rope scaling: partial_rotary_factor != 1".into(),
@@ -311,7 +341,7 @@ impl ModelSpec {
     /// Reads config.json (`config`) and the EOS ids of generation_config.json
     /// (`generation_config`, when given), applying the transformers 5.23 config classes'
     /// defaults (`MixtralConfig`, `Qwen3MoeConfig`, `OlmoeConfig`, `DeepseekV3Config`,
-    /// `GlmMoeDsaConfig`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
+    /// `GlmMoeDsaConfig`, `GptOssConfig`, `Glm4MoeConfig`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
     /// wrapper is read through its `text_config` (inheriting `tie_word_embeddings` and EOS ids
     /// from the top level).
     ///
@@ -398,6 +428,7 @@ impl ModelSpec {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim: head_dim,
             rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(family.default_eps()) as f32,
             rope_theta: family.default_theta(),
             max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(4096),
@@ -411,9 +442,12 @@ impl ModelSpec {
             top_k: 0,
             norm_topk_prob: false,
             routing: Routing::SoftmaxTopK { renormalize: false },
+            n_shared_experts: 0,
+            num_mtp_layers: 0,
             moe_intermediate_size: 0,
             intermediate_size: f.usize("intermediate_size")?.unwrap_or(0),
             attention_bias: false,
+            qk_norm: false,
             clip_qkv: None,
             moe_layers: vec![true; num_layers],
             bos_token_id: f.usize("bos_token_id")?.map(|n| n as u32),
@@ -434,6 +468,7 @@ impl ModelSpec {
             Family::DeepseekV3 => deepseek_v3::configure(&f, &mut spec)?,
             Family::GlmMoeDsa => glm_moe_dsa::configure(&f, &mut spec)?,
             Family::GptOss => gpt_oss::configure(config, &f, &mut spec)?,
+            Family::Glm4Moe => glm4_moe::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -458,6 +493,7 @@ impl ModelSpec {
             Family::DeepseekV3 => deepseek_v3::tensors(&spec),
             Family::GlmMoeDsa => glm_moe_dsa::tensors(&spec),
             Family::GptOss => gpt_oss::tensors(&spec),
+            Family::Glm4Moe => glm4_moe::tensors(&spec),
         };
         Ok(spec)
     }
@@ -477,10 +513,7 @@ impl ModelSpec {
 
     /// The index of the MTP layer the config declares (`num_hidden_layers`), if any.
     pub fn mtp_layer(&self) -> Option<usize> {
-        self.mla
-            .as_ref()
-            .filter(|m| m.num_nextn_predict_layers > 0)
-            .map(|_| self.num_layers)
+        (self.num_mtp_layers > 0).then_some(self.num_layers)
     }
 
     /// Every main-layer routed expert count by layer, then the MTP layer's.

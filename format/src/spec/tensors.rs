@@ -356,11 +356,13 @@ pub struct LayerSpec {
     pub ffn: FfnSpec,
 }
 
-/// A multi-token-prediction layer (DeepSeek-V3, GLM-5): decoder layer `num_hidden_layers` of
-/// the checkpoint. Present or absent as a whole.
+/// A multi-token-prediction layer (DeepSeek-V3, GLM-5, GLM-4.5): decoder layer
+/// `num_hidden_layers` of the checkpoint. Present or absent as a whole, except `embed` and
+/// `head` where they are optional (GLM-4.6/4.7: the main model's embedding and lm_head stand
+/// in).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MtpSpec {
-    /// Its decoder layer (MLA, always MoE).
+    /// Its decoder layer (the family's attention, always MoE).
     pub layer: LayerSpec,
     /// `embed_tokens.weight` `[vocab, H]` (a copy of the main embedding in the published
     /// checkpoints: DeepSeek-V3 shares it, paper section 2.2).

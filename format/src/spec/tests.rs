@@ -413,3 +413,106 @@ fn gpt_oss_defaults_and_storage() {
     bad["layer_types"] = json!(["sliding_attention"]);
     assert!(spec(bad).unwrap_err().to_string().contains("layer_types"));
 }
+
+fn glm4_moe() -> Value {
+    json!({"model_type": "glm4_moe", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 20,
+           "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
+           "num_experts_per_tok": 2})
+}
+
+#[test]
+fn glm4_moe_defaults_as_glm4_moe_config() {
+    let c = spec(glm4_moe()).unwrap();
+    assert_eq!(c.family, Family::Glm4Moe);
+    // Glm4MoeConfig: partial_rotary_factor 0.5, first_k_dense_replace 1, n_shared_experts 1,
+    // num_nextn_predict_layers 1, n_group/topk_group 1, routed_scaling_factor 1, norm_topk true.
+    assert_eq!(c.rotary_dim, 10);
+    assert_eq!(c.moe_layers, vec![false, true, true]);
+    assert_eq!(c.n_shared_experts, 1);
+    assert_eq!(c.mtp_layer(), Some(3));
+    assert_eq!(
+        c.routing,
+        Routing::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            renormalize: true,
+            scaling: 1.0
+        }
+    );
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (10_000.0, 1e-5));
+    assert!(c.mla.is_none() && !c.attention_bias && !c.qk_norm);
+    let n = names(&c);
+    assert!(!n
+        .iter()
+        .any(|n| n.contains("q_norm") || n.ends_with(".bias")));
+    assert!(n.contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
+    assert!(n.contains(&"model.layers.1.mlp.shared_experts.down_proj.weight".to_string()));
+    assert!(n.contains(&"model.layers.2.mlp.gate.e_score_correction_bias".to_string()));
+    // The MTP layer: its embedding and head optional (GLM-4.6/4.7 publish none).
+    let m = &c.tensors.mtp[0];
+    assert!(m.embed.optional && m.head.optional && !m.eh_proj.weight.optional);
+    assert_eq!(m.layer.experts().unwrap().class, TensorClass::Mtp);
+}
+
+#[test]
+fn glm4_moe_biases_norms_and_rotary_factor() {
+    let mut v = glm4_moe();
+    v["attention_bias"] = json!(true);
+    v["use_qk_norm"] = json!(true);
+    v["partial_rotary_factor"] = json!(1.0);
+    v["rope_theta"] = json!(1e6);
+    v["rope_scaling"] = Value::Null;
+    v["num_nextn_predict_layers"] = json!(0);
+    v["n_group"] = json!(2);
+    v["topk_group"] = json!(1);
+    v["routed_scaling_factor"] = json!(2.5);
+    let c = spec(v.clone()).unwrap();
+    assert_eq!((c.rotary_dim, c.rope_theta), (20, 1e6));
+    assert!(c.tensors.mtp.is_empty() && c.mtp_layer().is_none());
+    let n = names(&c);
+    for t in [
+        "q_proj.bias",
+        "k_proj.bias",
+        "v_proj.bias",
+        "q_norm.weight",
+        "k_norm.weight",
+    ] {
+        assert!(n.contains(&format!("model.layers.0.self_attn.{t}")), "{t}");
+    }
+    assert!(!n.contains(&"model.layers.0.self_attn.o_proj.bias".to_string()));
+    assert!(matches!(
+        c.routing,
+        Routing::GroupedSigmoid { n_group: 2, topk_group: 1, scaling, .. } if scaling == 2.5
+    ));
+    // transformers 5 writes the factor inside rope_parameters; that one wins.
+    let mut w = v.clone();
+    w["rope_parameters"] =
+        json!({"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5});
+    let c = spec(w).unwrap();
+    assert_eq!((c.rotary_dim, c.rope_theta), (10, 5e5));
+    // Refusals name the field.
+    for (k, x, what) in [
+        (
+            "partial_rotary_factor",
+            json!(0.45),
+            "partial_rotary_factor",
+        ),
+        ("n_group", json!(3), "n_group"),
+        (
+            "num_nextn_predict_layers",
+            json!(2),
+            "num_nextn_predict_layers",
+        ),
+        ("scoring_func", json!("softmax"), "scoring_func"),
+    ] {
+        let mut w = v.clone();
+        w[k] = x;
+        let e = spec(w).unwrap_err().to_string();
+        assert!(e.contains(what), "{k}: {e}");
+    }
+    let mut w = v;
+    w.as_object_mut().unwrap().remove("n_routed_experts");
+    let e = spec(w).unwrap_err().to_string();
+    assert!(e.contains("n_routed_experts"), "{e}");
+}

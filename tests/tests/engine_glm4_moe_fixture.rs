@@ -1,0 +1,248 @@
+//! The engine against transformers on the GLM-4.5-family fixture (tests/fixtures/tiny/
+//! glm4_moe_fp8, made by `make_glm4_moe_fixtures.py`): GQA with q/k/v biases, per-head q/k
+//! norms and RoPE over half of each head (`partial_rotary_factor` 0.5, 10 of 20 dimensions),
+//! a dense first layer, grouped sigmoid routing (2 groups, 1 kept) with a shared expert and
+//! `routed_scaling_factor` 2.5, and an MTP layer published without its own embedding and head.
+//!
+//! The checkpoint is converted into temporary stores (lossless `--experts fp8 --dense fp8 --mtp
+//! fp8` and the default `--experts int4-g64 --dense bf16 --mtp int8`); greedy tokens, last
+//! logits and teacher-forced top-1 are compared with `expected.json`, decode against one
+//! prefill, the MTP layer against transformers' `MtpModel`, and the int4 tokens whatever the
+//! expert budget, threads and prefill batch.
+
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_store::{ExpertKey, IoPreference, Store};
+use coli_tests::{convert_fixture, expected, greedy, ids, open_store};
+use serde_json::Value;
+use std::path::Path;
+
+const NAME: &str = "glm4_moe_fp8";
+
+fn open(dir: &Path) -> Store {
+    open_store(dir, true, IoPreference::Auto)
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+fn top1(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter()
+        .map(|l| coli_engine::sampling::argmax(l))
+        .collect()
+}
+
+/// MTP logits on the fixture's inputs against `want`: top-1 at every position, last logits
+/// within 1e-3.
+fn check_mtp(e: &mut Engine<'_>, exp: &Value, want: &Value, what: &str) {
+    let m = &exp["mtp"];
+    assert!(e.has_mtp(), "{what}: the store should hold the MTP layer");
+    let hidden: Vec<f32> = m["main_hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(floats)
+        .collect();
+    let rows = e.mtp_logits(&hidden, &ids(&m["next_ids"])).unwrap();
+    assert_eq!(top1(&rows), ids(&want["top1"]), "{what}: MTP top-1");
+    let d = max_abs_diff(rows.last().unwrap(), &floats(&want["last_logits"]));
+    assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
+}
+
+#[test]
+fn glm4_moe_lossless_matches_transformers() {
+    let exp = expected(NAME);
+    let (_tmp, dir) = convert_fixture(NAME, "lossless_store");
+    let store = open(&dir);
+    // The MTP layer has no embed_tokens / shared_head.head: nothing of the kind is stored.
+    let names: Vec<&str> = store
+        .manifest()
+        .dense
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert!(names.contains(&"model.layers.3.eh_proj.weight"));
+    assert!(!names
+        .iter()
+        .any(|n| n.starts_with("model.layers.3.embed_tokens")
+            || n.starts_with("model.layers.3.shared_head.head")));
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let d = &exp["dims"];
+    let u = |k: &str| d[k].as_u64().unwrap();
+    assert_eq!(
+        e.kv_bytes_per_token(),
+        4 * u("layers") * 2 * u("kv_heads") * u("head_dim"),
+        "f32 keys and values of every layer"
+    );
+    let prompt = ids(&exp["prompt_ids"]);
+    assert_eq!(
+        greedy(&mut e, &prompt, 32),
+        ids(&exp["greedy_lossless"]),
+        "greedy 32 tokens"
+    );
+    e.reset();
+    let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+    let dl = max_abs_diff(&last, &floats(&exp["last_logits_lossless"]));
+    assert!(dl < 1e-3, "last logits differ by {dl}");
+    let teacher = ids(&exp["teacher_ids"]);
+    let full = e.forward_logits(&teacher).unwrap();
+    assert_eq!(
+        top1(&full),
+        ids(&exp["teacher_top1_lossless"]),
+        "teacher top-1"
+    );
+    // Decode one token per call equals one prefill.
+    e.reset();
+    for (t, &id) in teacher.iter().enumerate() {
+        let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
+        let dd = max_abs_diff(&l, &full[t]);
+        assert!(
+            dd < 1e-4,
+            "decode position {t} differs from prefill by {dd}"
+        );
+    }
+    check_mtp(&mut e, &exp, &exp["mtp"], "lossless");
+}
+
+#[test]
+fn glm4_moe_int4_matches_transformers_whatever_the_budget() {
+    let exp = expected(NAME);
+    let (_tmp, dir) = convert_fixture(NAME, "int4_store");
+    let want = ids(&exp["greedy_int4_g64"]);
+    let prompt = ids(&exp["prompt_ids"]);
+    let probe = open(&dir);
+    let first = probe.manifest().expert_layers[0].layer;
+    assert_eq!(first, 1, "layer 0 is dense (first_k_dense_replace 1)");
+    let one = probe
+        .fetch_one(ExpertKey::new(first, 0))
+        .unwrap()
+        .len_bytes() as u64;
+    drop(probe);
+    for (budget, threads, batch) in [(None, 2, 32), (Some(one), 1, 3)] {
+        let store = open(&dir);
+        let opts = EngineOptions {
+            ram_budget: budget,
+            threads: Some(threads),
+            context: None,
+            prefill_batch: batch,
+            ..Default::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            want,
+            "int4 greedy, budget {budget:?} threads {threads} batch {batch}"
+        );
+        if budget.is_some() {
+            assert!(e.cache_stats().evictions > 0);
+        } else {
+            check_mtp(&mut e, &exp, &exp["mtp_int8"], "int8 MTP");
+        }
+    }
+}
+
+/// Converts the checkpoint in `ck` into `tmp/store`: must fail with a message holding every
+/// string of `names`, leaving neither the store nor its partial directory behind.
+fn refused(ck: &Path, tmp: &Path, names: &[&str]) {
+    let out = tmp.join("store");
+    let e = coli_convert::run(&coli_convert::Options {
+        input: ck.to_path_buf(),
+        output: out.clone(),
+        encodings: coli_convert::Encodings {
+            experts: coli_tests::encoding("int4-g64"),
+            dense: coli_tests::encoding("bf16"),
+            mtp: coli_tests::encoding("int8"),
+            embeddings: None,
+        },
+        threads: Some(1),
+        progress: false,
+    })
+    .expect_err("conversion should fail")
+    .to_string();
+    for n in names {
+        assert!(e.contains(n), "error {e:?} should name {n:?}");
+    }
+    assert!(!out.exists(), "a store was written: {e}");
+    assert!(
+        !tmp.join("store.partial").exists(),
+        "a partial store was left: {e}"
+    );
+}
+
+/// A copy of the fixture checkpoint whose config.json is `edit`ed.
+fn with_config(tmp: &Path, edit: impl FnOnce(&mut Value)) -> std::path::PathBuf {
+    let ck = tmp.join("ckpt");
+    std::fs::create_dir(&ck).unwrap();
+    for entry in std::fs::read_dir(coli_tests::fixture_dir(NAME)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, ck.join(p.file_name().unwrap())).unwrap();
+    }
+    let path = ck.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    ck
+}
+
+#[test]
+fn glm4_moe_bad_inputs_are_refused_before_anything_is_written() {
+    // A missing shard: named, with the tensors the index maps to it.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |_| {});
+    std::fs::remove_file(ck.join("model-00003-of-00004.safetensors")).unwrap();
+    refused(&ck, tmp.path(), &["model-00003-of-00004.safetensors"]);
+    // A config field the family needs.
+    for field in [
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = with_config(tmp.path(), |c| {
+            c.as_object_mut().unwrap().remove(field);
+        });
+        refused(&ck, tmp.path(), &["config.json", field]);
+    }
+    // Shapes that disagree with config.json: the tensor is named.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |c| c["head_dim"] = serde_json::json!(16));
+    refused(
+        &ck,
+        tmp.path(),
+        &["model.layers.0.self_attn.", "expected [16]"],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |c| {
+        c["intermediate_size"] = serde_json::json!(64)
+    });
+    refused(&ck, tmp.path(), &["model.layers.0.mlp.", "expected"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |c| c["n_shared_experts"] = serde_json::json!(2));
+    refused(
+        &ck,
+        tmp.path(),
+        &["model.layers.1.mlp.shared_experts", "expected"],
+    );
+    // A partial rotary factor that leaves an odd number of dimensions.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |c| {
+        c["partial_rotary_factor"] = serde_json::json!(0.45)
+    });
+    refused(&ck, tmp.path(), &["config.json", "partial_rotary_factor"]);
+    // n_group that does not divide the experts.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(tmp.path(), |c| c["n_group"] = serde_json::json!(3));
+    refused(&ck, tmp.path(), &["config.json", "n_group"]);
+}
