@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 8] = [
+pub const FIXTURE_FAMILIES: [&str; 9] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -17,6 +17,7 @@ pub const FIXTURE_FAMILIES: [&str; 8] = [
     "glm5_fp8",
     "gpt_oss_mxfp4",
     "glm4_moe_fp8",
+    "minimax_m2_fp8",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).

@@ -11,13 +11,14 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 6] = [
+const FAMILIES: [&str; 7] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
     "qwen3_moe_bf16",
     "gpt_oss_mxfp4",
     "gpt_oss_bf16",
+    "minimax_m2_fp8",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.

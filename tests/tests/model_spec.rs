@@ -16,7 +16,7 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
@@ -24,6 +24,7 @@ const FIXTURES: [&str; 7] = [
     "deepseek_v3_fp8",
     "glm5_fp8",
     "glm4_moe_fp8",
+    "minimax_m2_fp8",
 ];
 
 fn default_encodings() -> Encodings {

@@ -6,6 +6,7 @@
 pub mod deepseek_v3;
 pub mod glm4_moe;
 pub mod gpt_oss;
+pub mod minimax_m2;
 pub mod mixtral;
 pub mod mtp;
 pub mod olmoe;
@@ -62,6 +63,7 @@ impl<'s> Model<'s> {
             }
             Family::GptOss => gpt_oss::load(&mut w, &spec)?,
             Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
+            Family::MinimaxM2 => minimax_m2::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,

@@ -28,8 +28,8 @@ use super::build;
 use super::deepseek_v3::{mtp_spec, sigmoid_moe};
 use super::json::Fields;
 use super::{
-    gqa_rope_theta, num_experts, AttentionSpec, Family, FfnSpec, LayerSpec, ModelSpec,
-    ModelTensors, QkNormSpec, Routing, TensorClass,
+    gqa_rope_theta, num_experts, partial_rotary_dim, AttentionSpec, Family, FfnSpec, LayerSpec,
+    ModelSpec, ModelTensors, QkNormSpec, Routing, TensorClass,
 };
 use crate::FormatError;
 use serde_json::Value;
@@ -41,7 +41,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     s.qk_norm = f.bool("use_qk_norm")?.unwrap_or(false);
     s.rope_theta = gqa_rope_theta(f, Family::Glm4Moe)?;
-    s.rotary_dim = rotary_dim(f, s.head_dim)?;
+    s.rotary_dim = partial_rotary_dim(f, s.head_dim, 0.5)?;
     if let Some(m) = f.get("scoring_func").and_then(Value::as_str) {
         if m != "sigmoid" {
             return Err(FormatError::Unsupported(format!(
@@ -85,28 +85,6 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     }
     s.num_mtp_layers = mtp;
     Ok(())
-}
-
-/// `int(head_dim * partial_rotary_factor)`: the factor from `rope_parameters` (transformers 5),
-/// else `rope_scaling`, else the top level (the published configs), else 0.5
-/// (`Glm4MoeConfig.__post_init__`). Must give an even number in `2..=head_dim`.
-fn rotary_dim(f: &Fields<'_>, head_dim: usize) -> Result<usize, FormatError> {
-    let nested = ["rope_parameters", "rope_scaling"]
-        .iter()
-        .find_map(|k| f.get(k).and_then(|p| p.get("partial_rotary_factor")));
-    let factor = match nested.or_else(|| f.get("partial_rotary_factor")) {
-        None => 0.5,
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| f.err(format!("partial_rotary_factor must be a number, found {v}")))?,
-    };
-    let dim = (head_dim as f64 * factor) as usize;
-    if !(factor > 0.0 && factor <= 1.0) || dim < 2 || !dim.is_multiple_of(2) {
-        return Err(f.err(format!(
-            "partial_rotary_factor {factor} gives {dim} rotary dimensions of head_dim {head_dim} (must be even and at least 2)"
-        )));
-    }
-    Ok(dim)
 }
 
 /// The GQA block of layer `i` (`class`: Dense, or Mtp for the MTP layer): q/k/v bias when

@@ -7,7 +7,7 @@
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
-//! [`gpt_oss`], [`glm4_moe`].
+//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
@@ -18,6 +18,7 @@ pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 mod json;
+pub mod minimax_m2;
 pub mod mixtral;
 pub mod mla;
 pub mod olmoe;
@@ -41,6 +42,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm_moe_dsa",
     "gpt_oss",
     "glm4_moe",
+    "minimax_m2",
 ];
 
 /// A supported model family.
@@ -60,6 +62,8 @@ pub enum Family {
     GptOss,
     /// `glm4_moe`, GLM-4.5 / 4.6 / 4.7 ([`glm4_moe`]).
     Glm4Moe,
+    /// `minimax_m2`, MiniMax-M2 / M2.1 ([`minimax_m2`]).
+    MinimaxM2,
 }
 
 impl Family {
@@ -76,6 +80,7 @@ impl Family {
             "glm_moe_dsa" => Ok(Family::GlmMoeDsa),
             "gpt_oss" => Ok(Family::GptOss),
             "glm4_moe" => Ok(Family::Glm4Moe),
+            "minimax_m2" => Ok(Family::MinimaxM2),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -93,6 +98,7 @@ impl Family {
             Family::GlmMoeDsa => "glm_moe_dsa",
             Family::GptOss => "gpt_oss",
             Family::Glm4Moe => "glm4_moe",
+            Family::MinimaxM2 => "minimax_m2",
         }
     }
 
@@ -112,13 +118,14 @@ impl Family {
             | Family::GlmMoeDsa
             | Family::Glm4Moe => 10_000.0,
             Family::GptOss => 150_000.0,
+            Family::MinimaxM2 => 5_000_000.0,
         }
     }
 
     /// Default `rms_norm_eps` of the transformers config class.
     fn default_eps(self) -> f64 {
         match self {
-            Family::Qwen3Moe | Family::DeepseekV3 => 1e-6,
+            Family::Qwen3Moe | Family::DeepseekV3 | Family::MinimaxM2 => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -288,7 +295,7 @@ fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
         if let Some(t) = p.f64("rope_theta")? {
             theta = Some(t);
         }
-        if family != Family::Glm4Moe
+        if !matches!(family, Family::Glm4Moe | Family::MinimaxM2)
             && p.get("partial_rotary_factor")
                 .and_then(Value::as_f64)
                 .is_some_and(|x| x != 1.0)
@@ -303,6 +310,42 @@ fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
         return Err(f.err(format!("rope_theta must be positive, found {theta}")));
     }
     Ok(theta)
+}
+
+/// The rotary dimensions of a partial-rotary GQA family: `int(head_dim * factor)` with the
+/// factor from `rope_parameters.partial_rotary_factor` (transformers 5), else `rope_scaling`'s,
+/// else the top-level `partial_rotary_factor` (GLM-4.5's published configs), else
+/// `rotary_dim / head_dim` from a top-level `rotary_dim` (MiniMax-M2's published configs, as
+/// `MiniMaxM2Config.convert_rope_params_to_dict` reads it), else `default_factor` (the config
+/// class's). As transformers' `compute_default_rope_parameters`.
+///
+/// # Errors
+/// [`FormatError::Config`] when the factor is not in (0, 1] or gives an odd number of
+/// dimensions or fewer than 2.
+pub(crate) fn partial_rotary_dim(
+    f: &Fields<'_>,
+    head_dim: usize,
+    default_factor: f64,
+) -> Result<usize, FormatError> {
+    let nested = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .find_map(|k| f.get(k).and_then(|p| p.get("partial_rotary_factor")));
+    let factor = match nested.or_else(|| f.get("partial_rotary_factor")) {
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| f.err(format!("partial_rotary_factor must be a number, found {v}")))?,
+        None => match f.usize("rotary_dim")? {
+            Some(d) => d as f64 / head_dim as f64,
+            None => default_factor,
+        },
+    };
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor <= 1.0) || dim < 2 || !dim.is_multiple_of(2) {
+        return Err(f.err(format!(
+            "partial_rotary_factor {factor} gives {dim} rotary dimensions of head_dim {head_dim} (must be even and at least 2)"
+        )));
+    }
+    Ok(dim)
 }
 
 /// The expert count under its primary key or its `attribute_map` alias (transformers 5 writes
@@ -341,7 +384,7 @@ impl ModelSpec {
     /// Reads config.json (`config`) and the EOS ids of generation_config.json
     /// (`generation_config`, when given), applying the transformers 5.23 config classes'
     /// defaults (`MixtralConfig`, `Qwen3MoeConfig`, `OlmoeConfig`, `DeepseekV3Config`,
-    /// `GlmMoeDsaConfig`, `GptOssConfig`, `Glm4MoeConfig`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
+    /// `GlmMoeDsaConfig`, `GptOssConfig`, `Glm4MoeConfig`, `MiniMaxM2Config`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
     /// wrapper is read through its `text_config` (inheriting `tie_word_embeddings` and EOS ids
     /// from the top level).
     ///
@@ -469,6 +512,7 @@ impl ModelSpec {
             Family::GlmMoeDsa => glm_moe_dsa::configure(&f, &mut spec)?,
             Family::GptOss => gpt_oss::configure(config, &f, &mut spec)?,
             Family::Glm4Moe => glm4_moe::configure(&f, &mut spec)?,
+            Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -494,6 +538,7 @@ impl ModelSpec {
             Family::GlmMoeDsa => glm_moe_dsa::tensors(&spec),
             Family::GptOss => gpt_oss::tensors(&spec),
             Family::Glm4Moe => glm4_moe::tensors(&spec),
+            Family::MinimaxM2 => minimax_m2::tensors(&spec),
         };
         Ok(spec)
     }

@@ -516,3 +516,67 @@ fn glm4_moe_biases_norms_and_rotary_factor() {
     let e = spec(w).unwrap_err().to_string();
     assert!(e.contains("n_routed_experts"), "{e}");
 }
+
+#[test]
+fn minimax_m2_as_minimax_m2_config() {
+    let v = json!({"model_type": "minimax_m2", "vocab_size": 100, "hidden_size": 64,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+                   "rotary_dim": 64, "scoring_func": "sigmoid",
+                   "quantization_config": {"quant_method": "fp8", "fmt": "float8_e4m3fn",
+                                           "weight_block_size": [128, 128]}});
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.family, Family::MinimaxM2);
+    // MiniMaxM2Config: head_dim 128 by default (not hidden / heads), theta 5e6, eps 1e-6;
+    // rotary_dim read as partial_rotary_factor = rotary_dim / head_dim.
+    assert_eq!((c.head_dim, c.rotary_dim), (128, 64));
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (5e6, 1e-6));
+    assert_eq!(c.moe_intermediate_size, 32);
+    assert_eq!(c.moe_layers, vec![true, true]);
+    assert_eq!((c.n_shared_experts, c.mtp_layer()), (0, None));
+    assert_eq!(
+        c.routing,
+        Routing::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            renormalize: true,
+            scaling: 1.0
+        }
+    );
+    let n = names(&c);
+    for t in [
+        "model.layers.1.block_sparse_moe.gate.weight",
+        "model.layers.1.block_sparse_moe.e_score_correction_bias",
+        "model.layers.0.self_attn.q_norm.weight",
+    ] {
+        assert!(n.contains(&t.to_string()), "{t}");
+    }
+    assert!(!n
+        .iter()
+        .any(|n| n.ends_with(".bias") || n.contains("shared")));
+    let q = c.tensors.dense()[2..]
+        .iter()
+        .find(|t| t.name.ends_with("q_norm.weight"))
+        .cloned();
+    assert_eq!(
+        q.unwrap().shape,
+        vec![4 * 128],
+        "one norm over the whole projection"
+    );
+    let e = &c.tensors.expert_sets()[0];
+    assert_eq!(
+        e.tensor_names(5),
+        [
+            "model.layers.0.block_sparse_moe.experts.5.w1.weight",
+            "model.layers.0.block_sparse_moe.experts.5.w3.weight",
+            "model.layers.0.block_sparse_moe.experts.5.w2.weight"
+        ]
+    );
+    // Without rotary_dim every head dimension rotates (factor 1).
+    let mut w = v.clone();
+    w.as_object_mut().unwrap().remove("rotary_dim");
+    assert_eq!(spec(w).unwrap().rotary_dim, 128);
+    let mut w = v;
+    w["scoring_func"] = json!("softmax");
+    assert!(spec(w).unwrap_err().to_string().contains("scoring_func"));
+}
