@@ -376,15 +376,22 @@ pub fn print(p: &ConfigPlan) {
             .map(|g| format!(", disk {g} GiB/s"))
             .unwrap_or_default()
     );
+    let mtp = if p.mtp_experts > 0 {
+        format!(
+            "; MTP: {} records, {}",
+            p.mtp_experts,
+            size(p.mtp_expert_bytes_total as f64)
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "experts: {} records of {} ({}), {} in all; {} per token with no hits; MTP: {} records, {}",
+        "experts: {} records of {} ({}), {} in all; {} per token with no hits{mtp}",
         p.experts,
         size(p.expert_record_bytes as f64),
         p.expert_encoding,
         size(p.expert_bytes_total as f64),
         size(p.expert_bytes_per_token_no_hits as f64),
-        p.mtp_experts,
-        size(p.mtp_expert_bytes_total as f64)
     );
     println!(
         "KV cache: {} bytes per token, {} at {} tokens",

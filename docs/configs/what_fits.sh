@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# "What fits where" for the published configs in docs/configs/ (dimensions only, transcribed;
+# nothing downloaded): `coli plan --config` at 25 GiB and 64 GiB of RAM, 8192 tokens of
+# context, a 3 GiB/s disk. Writes docs/configs/what_fits.txt (the figures docs/CONVERT.md quotes).
+# Usage: bash docs/configs/what_fits.sh [COLI_BINARY]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+coli="${1:-${CARGO_TARGET_DIR:-target}/release/coli}"
+out=docs/configs/what_fits.txt
+: > "$out"
+for c in glm-4.5 glm-4.6 glm-4.5-air minimax-m2 gpt-oss-120b; do
+  for ram in 25G 64G; do
+    echo "== $c, --total-ram $ram --context 8192 --disk-gib-s 3" >> "$out"
+    "$coli" plan --config "docs/configs/$c.config.json" --total-ram "$ram" --context 8192 \
+      --disk-gib-s 3 >> "$out" 2>&1
+    echo >> "$out"
+  done
+done
+echo "wrote $out"
