@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 9] = [
+pub const FIXTURE_FAMILIES: [&str; 10] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -18,6 +18,7 @@ pub const FIXTURE_FAMILIES: [&str; 9] = [
     "gpt_oss_mxfp4",
     "glm4_moe_fp8",
     "minimax_m2_fp8",
+    "deepseek_v32_fp8",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).

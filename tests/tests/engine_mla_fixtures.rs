@@ -1,5 +1,5 @@
-//! The engine against transformers on the MLA fixtures (tests/fixtures/tiny/deepseek_v3_fp8
-//! and tests/fixtures/tiny/glm5_fp8): each checkpoint is converted with `coli_convert` into
+//! The engine against transformers on the MLA fixtures (tests/fixtures/tiny/deepseek_v3_fp8,
+//! tests/fixtures/tiny/glm5_fp8 and tests/fixtures/tiny/deepseek_v32_fp8): each checkpoint is converted with `coli_convert` into
 //! temporary stores (lossless `--experts fp8 --dense fp8 --mtp fp8` and the default
 //! `--experts int4-g64 --dense bf16 --mtp int8`), then greedy tokens, last-position logits and
 //! teacher-forced top-1 are compared with `expected.json`; absorbed decode against the expanded
@@ -169,6 +169,16 @@ fn deepseek_v3_lossless_matches_transformers() {
 #[test]
 fn deepseek_v3_int4_matches_transformers_whatever_the_budget() {
     int4_matches_transformers_whatever_the_budget("deepseek_v3_fp8");
+}
+
+#[test]
+fn deepseek_v32_lossless_matches_transformers() {
+    lossless_matches_transformers("deepseek_v32_fp8");
+}
+
+#[test]
+fn deepseek_v32_int4_matches_transformers_whatever_the_budget() {
+    int4_matches_transformers_whatever_the_budget("deepseek_v32_fp8");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
@@ -25,6 +25,7 @@ const FIXTURES: [&str; 8] = [
     "glm5_fp8",
     "glm4_moe_fp8",
     "minimax_m2_fp8",
+    "deepseek_v32_fp8",
 ];
 
 fn default_encodings() -> Encodings {
@@ -159,6 +160,10 @@ fn partial_mtp_layers_are_refused_at_preflight_naming_the_tensor() {
         ("glm4_moe_fp8", "model.layers.3.self_attn.k_proj.bias"),
         ("glm4_moe_fp8", "model.layers.3.self_attn.q_norm.weight"),
         ("glm4_moe_fp8", "model.layers.3.shared_head.norm.weight"),
+        (
+            "deepseek_v32_fp8",
+            "model.layers.3.self_attn.indexer.weights_proj.weight",
+        ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let ck = without(name, missing, tmp.path());
@@ -178,7 +183,12 @@ fn partial_mtp_layers_are_refused_at_preflight_naming_the_tensor() {
 
 #[test]
 fn checkpoints_without_an_mtp_layer_convert_and_run() {
-    for name in ["deepseek_v3_fp8", "glm5_fp8", "glm4_moe_fp8"] {
+    for name in [
+        "deepseek_v3_fp8",
+        "glm5_fp8",
+        "glm4_moe_fp8",
+        "deepseek_v32_fp8",
+    ] {
         let exp = expected(name);
         let prompt = ids(&exp["prompt_ids"]);
         let tmp = tempfile::tempdir().unwrap();

@@ -562,7 +562,12 @@ fn verify_rows_equal_decode_rows_and_rollback_continues_exactly() {
 #[test]
 fn first_mtp_draft_is_the_mtp_layers_top1() {
     use coli_engine::BatchItem;
-    for name in ["deepseek_v3_fp8", "glm5_fp8"] {
+    for name in [
+        "deepseek_v3_fp8",
+        "glm5_fp8",
+        "glm4_moe_fp8",
+        "deepseek_v32_fp8",
+    ] {
         let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "lossless_store");
         let store = open_store(&dir, false, IoPreference::Auto);

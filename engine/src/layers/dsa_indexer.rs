@@ -1,11 +1,12 @@
-//! The DeepSeek Sparse Attention (DSA) lightning indexer of GLM-5 (`glm_moe_dsa`), as
-//! transformers 5.23 `GlmMoeDsaIndexer` computes it (DeepSeek-V3.2's `Indexer` with GLM's
-//! interleaved RoPE; written up in `docs/MLA.md`):
+//! The DeepSeek Sparse Attention (DSA) lightning indexer of GLM-5 (`glm_moe_dsa`) and
+//! DeepSeek-V3.2 (`deepseek_v32`), as transformers 5.23 `GlmMoeDsaIndexer` /
+//! `DeepseekV32Indexer` compute it (written up in `docs/MLA.md`); they differ only in the RoPE
+//! layout of the indexer (GLM-5 interleaved pairs, DeepSeek-V3.2 `rotate_half` halves):
 //!
 //! ```text
 //! iq = wq_b(q_lat)                         [T, ih, id]   q_lat = q_a_layernorm(q_a_proj(x)), shared with MLA
 //! ik = LayerNorm_1e-6(wk(x), k_norm.weight, k_norm.bias)   [T, id]   one key head, cached per token
-//! RoPE (interleaved pairs, the attention's frequencies) on the FIRST dr dims of every iq head and of ik
+//! RoPE (the attention's frequencies; GLM-5 interleaved pairs, V3.2 halves) on the FIRST dr dims of every iq head and of ik
 //! w  = weights_proj(x) * ih^-0.5           [T, ih]
 //! score[i, j] = sum_h w[i, h] * relu(iq[i, h] . ik[j] * id^-0.5)     for keys j <= i
 //! selected(i) = the index_topk keys with the largest score (every j <= i when i < index_topk)
@@ -50,6 +51,8 @@ pub struct DsaIndexer<'s> {
     pub rope_dim: usize,
     /// `index_topk`.
     pub topk: usize,
+    /// RoPE on interleaved pairs (GLM-5) or on halves (DeepSeek-V3.2).
+    pub rope_interleave: bool,
 }
 
 /// `(x - mean) / sqrt(var + eps) * w + b` over one row, f32 (torch's `nn.LayerNorm`, biased
@@ -98,6 +101,7 @@ impl<'s> DsaIndexer<'s> {
             head_dim: c.head_dim,
             rope_dim,
             topk: c.topk,
+            rope_interleave: c.rope_interleave,
         })
     }
 
@@ -109,7 +113,7 @@ impl<'s> DsaIndexer<'s> {
         self.wk.forward(x, n, &mut k);
         for (row, (cos, sin)) in k.chunks_exact_mut(id).zip(tables) {
             layer_norm(row, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
-            rope_apply(&mut row[..self.rope_dim], cos, sin, true);
+            rope_apply(&mut row[..self.rope_dim], cos, sin, self.rope_interleave);
         }
         k
     }
@@ -134,7 +138,7 @@ impl<'s> DsaIndexer<'s> {
         for (t, (cos, sin)) in tables.iter().enumerate().take(n) {
             for h in 0..ih {
                 let s = (t * ih + h) * id;
-                rope_apply(&mut q[s..s + self.rope_dim], cos, sin, true);
+                rope_apply(&mut q[s..s + self.rope_dim], cos, sin, self.rope_interleave);
             }
         }
         let mut w = vec![0f32; n * ih];

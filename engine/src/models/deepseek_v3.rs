@@ -1,4 +1,5 @@
-//! DeepSeek-V3 / Kimi-K2 (`model_type: deepseek_v3` / `kimi_k2`) and GLM-5 (`glm_moe_dsa`), as
+//! DeepSeek-V3 / Kimi-K2 (`model_type: deepseek_v3` / `kimi_k2`), GLM-5 (`glm_moe_dsa`) and
+//! DeepSeek-V3.2 (`deepseek_v32`: GLM-5's indexer with half-split indexer RoPE), as
 //! transformers 5.23 `modeling_deepseek_v3.py` / `modeling_glm_moe_dsa.py` (details in
 //! `docs/MLA.md`; tensors and config in `coli_format::spec::{deepseek_v3, glm_moe_dsa}`):
 //!

@@ -58,7 +58,7 @@ impl<'s> Model<'s> {
             Family::Mixtral => mixtral::load(&mut w, &spec)?,
             Family::Qwen3Moe => qwen3_moe::load(&mut w, &spec)?,
             Family::Olmoe => olmoe::load(&mut w, &spec)?,
-            Family::DeepseekV3 | Family::GlmMoeDsa => {
+            Family::DeepseekV3 | Family::GlmMoeDsa | Family::DeepseekV32 => {
                 deepseek_v3::load(&mut w, &spec, &mut warnings)?
             }
             Family::GptOss => gpt_oss::load(&mut w, &spec)?,

@@ -38,12 +38,7 @@ pub(crate) fn configure_mla(
     s.moe_intermediate_size = f.req_usize("moe_intermediate_size")?;
     s.norm_topk_prob = f.bool("norm_topk_prob")?.unwrap_or(true);
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
-    let m = MlaSpec::read(
-        f,
-        s.num_experts,
-        family.default_theta(),
-        family == Family::GlmMoeDsa,
-    )?;
+    let m = MlaSpec::read(f, s.num_experts, family.default_theta(), family)?;
     s.rope_theta = m.rope_theta;
     s.routing = Routing::GroupedSigmoid {
         n_group: m.n_group,

@@ -24,9 +24,13 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     Ok(())
 }
 
+/// Every tensor of GLM-5 or DeepSeek-V3.2: DeepSeek-V3's with the DSA indexer of each full layer.
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let m = s.mla.as_ref().expect("MLA families have an MLA spec");
-    let d = m.dsa.as_ref().expect("glm_moe_dsa has a DSA spec");
+    let d = m
+        .dsa
+        .as_ref()
+        .expect("glm_moe_dsa and deepseek_v32 have a DSA spec");
     let rq = m.q_lora_rank.expect("checked in configure");
     let h = s.hidden_size;
     mla_tensors(s, |i, c| {

@@ -2,6 +2,7 @@
 //! read with `DeepseekV3Config`'s / `GlmMoeDsaConfig`'s defaults (transformers 5.23).
 
 use super::json::Fields;
+use super::Family;
 use crate::FormatError;
 
 /// YaRN parameters (`rope_scaling` / `rope_parameters` with `type`/`rope_type` `"yarn"`).
@@ -78,6 +79,10 @@ pub struct DsaSpec {
     /// Per main layer: true = `"full"` (runs its indexer), false = `"shared"` (reuses the
     /// previous full layer's selection).
     pub full: Vec<bool>,
+    /// The indexer's RoPE on its first `qk_rope_head_dim` dimensions: interleaved pairs
+    /// (GLM-5, `apply_rotary_pos_emb_interleave` in `GlmMoeDsaIndexer`) or `rotate_half` halves
+    /// (DeepSeek-V3.2, `apply_rotary_pos_emb` in `DeepseekV32Indexer`).
+    pub rope_interleave: bool,
 }
 
 impl DsaSpec {
@@ -86,17 +91,20 @@ impl DsaSpec {
         self.full.get(layer).copied().unwrap_or(true)
     }
 
-    /// Reads `index_n_heads`, `index_head_dim`, `index_topk` and the per-layer indexer types
+    /// Reads `index_n_heads` (default `default_heads`: 32 for `GlmMoeDsaConfig`, 64 for
+    /// `DeepseekV32Config`), `index_head_dim` (default 128), `index_topk` (default 2048) and the
+    /// per-layer indexer types
     /// (`indexer_types`, else `index_topk_pattern` as a string of F/S or a list, else
     /// `index_topk_freq` / `index_skip_topk_offset`), and checks `layer_types`.
     pub(crate) fn read(
         f: &Fields<'_>,
         num_layers: usize,
         rope_dim: usize,
+        default_heads: usize,
     ) -> Result<DsaSpec, FormatError> {
-        let n_heads = f.req_usize("index_n_heads")?;
-        let head_dim = f.req_usize("index_head_dim")?;
-        let topk = f.req_usize("index_topk")?;
+        let n_heads = f.usize("index_n_heads")?.unwrap_or(default_heads);
+        let head_dim = f.usize("index_head_dim")?.unwrap_or(128);
+        let topk = f.usize("index_topk")?.unwrap_or(2048);
         if n_heads == 0 || topk == 0 || head_dim < rope_dim || head_dim == 0 {
             return Err(f.err(format!(
                 "index_n_heads {n_heads}, index_topk {topk} must be positive and index_head_dim {head_dim} >= qk_rope_head_dim {rope_dim}"
@@ -173,6 +181,7 @@ impl DsaSpec {
             head_dim,
             topk,
             full,
+            rope_interleave: true,
         })
     }
 }
@@ -242,11 +251,64 @@ pub(crate) fn rope_params(
     Ok((rope_theta, yarn))
 }
 
+/// The defaults a DeepSeek-V3-style config class gives the keys config.json may omit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaDefaults {
+    /// `n_group`.
+    pub n_group: usize,
+    /// `topk_group`.
+    pub topk_group: usize,
+    /// `routed_scaling_factor`.
+    pub routed_scaling_factor: f64,
+    /// `n_shared_experts`.
+    pub n_shared_experts: usize,
+    /// `first_k_dense_replace`.
+    pub first_k_dense_replace: usize,
+    /// `q_lora_rank` when the key is absent (an explicit null means no q LoRA).
+    pub q_lora_rank: Option<usize>,
+    /// `num_nextn_predict_layers` (`num_mtp_layers`).
+    pub num_nextn_predict_layers: usize,
+}
+
+impl MlaDefaults {
+    /// The class defaults of transformers 5.23: `DeepseekV3Config` (n_group 8, topk_group 4,
+    /// scaling 2.5, 1 shared expert, 3 dense layers, q_lora_rank 1536, 1 MTP layer),
+    /// `DeepseekV32Config` (the same, no MTP field), `GlmMoeDsaConfig` (n_group 1, topk_group
+    /// 1, q_lora_rank 2048, no MTP field). Other families get DeepSeek-V3's.
+    pub fn of(family: Family) -> MlaDefaults {
+        let v3 = MlaDefaults {
+            n_group: 8,
+            topk_group: 4,
+            routed_scaling_factor: 2.5,
+            n_shared_experts: 1,
+            first_k_dense_replace: 3,
+            q_lora_rank: Some(1536),
+            num_nextn_predict_layers: 1,
+        };
+        match family {
+            Family::DeepseekV32 => MlaDefaults {
+                num_nextn_predict_layers: 0,
+                ..v3
+            },
+            Family::GlmMoeDsa => MlaDefaults {
+                n_group: 1,
+                topk_group: 1,
+                q_lora_rank: Some(2048),
+                num_nextn_predict_layers: 0,
+                ..v3
+            },
+            _ => v3,
+        }
+    }
+}
+
 impl MlaSpec {
-    /// Reads the MLA, RoPE and routing keys of a DeepSeek-V3 config (`f`), with
-    /// `DeepseekV3Config`'s defaults; `num_experts` is `n_routed_experts`. `glm` (model_type
-    /// `glm_moe_dsa`): RoPE always interleaved, `mlp_layer_types` and the DSA indexer keys
-    /// ([`DsaSpec`]) are read too.
+    /// Reads the MLA, RoPE and routing keys of a DeepSeek-V3-style config (`f`) with the
+    /// defaults of `family`'s config class (transformers 5.23 `DeepseekV3Config`,
+    /// `GlmMoeDsaConfig`, `DeepseekV32Config`: see [`MlaDefaults::of`]); `num_experts` is
+    /// `n_routed_experts`. GLM-5 and DeepSeek-V3.2: MLA RoPE always interleaved, the DSA
+    /// indexer keys ([`DsaSpec`]) are read too (V3.2: every layer runs its indexer, whose RoPE
+    /// is half-split); GLM-5 also reads `mlp_layer_types`.
     ///
     /// # Errors
     /// [`FormatError::Config`] for missing/mistyped keys or groups that do not divide the
@@ -256,8 +318,11 @@ impl MlaSpec {
         f: &Fields<'_>,
         num_experts: usize,
         default_theta: f64,
-        glm: bool,
+        family: Family,
     ) -> Result<MlaSpec, FormatError> {
+        let d = MlaDefaults::of(family);
+        let glm = family == Family::GlmMoeDsa;
+        let dsa_family = glm || family == Family::DeepseekV32;
         if let Some(s) = f.get("scoring_func").and_then(|v| v.as_str()) {
             if s != "sigmoid" {
                 return Err(FormatError::Unsupported(format!(
@@ -288,7 +353,7 @@ impl MlaSpec {
             }
         }
         let num_layers = f.req_usize("num_hidden_layers")?;
-        let (mlp_sparse, dsa) = if glm {
+        let (mlp_sparse, dsa) = if dsa_family {
             let sparse = match f.get("mlp_layer_types") {
                 None => None,
                 Some(serde_json::Value::Array(a)) if a.len() == num_layers => Some(
@@ -308,41 +373,58 @@ impl MlaSpec {
                     )))
                 }
             };
-            (
-                sparse,
-                Some(DsaSpec::read(f, num_layers, qk_rope_head_dim)?),
-            )
+            let heads = if glm { 32 } else { 64 };
+            let mut dsa = DsaSpec::read(f, num_layers, qk_rope_head_dim, heads)?;
+            if !glm {
+                // DeepseekV32Attention always builds its indexer; its RoPE is half-split.
+                dsa.full = vec![true; num_layers];
+                dsa.rope_interleave = false;
+            }
+            (if glm { sparse } else { None }, Some(dsa))
         } else {
             (None, None)
         };
-        let n_group = f.usize("n_group")?.unwrap_or(1).max(1);
-        let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
+        let n_group = f.usize("n_group")?.unwrap_or(d.n_group).max(1);
+        let topk_group = f.usize("topk_group")?.unwrap_or(d.topk_group).max(1);
         if !num_experts.is_multiple_of(n_group) || topk_group > n_group {
             return Err(f.err(format!(
                 "n_group {n_group} must divide n_routed_experts {num_experts} and be >= topk_group {topk_group}"
             )));
         }
-        let num_nextn_predict_layers = f.usize("num_nextn_predict_layers")?.unwrap_or(0);
+        let num_nextn_predict_layers = match f.usize("num_nextn_predict_layers")? {
+            Some(n) => n,
+            None => f
+                .usize("num_mtp_layers")?
+                .unwrap_or(d.num_nextn_predict_layers),
+        };
         if num_nextn_predict_layers > 1 {
             return Err(FormatError::Unsupported(format!(
                 "num_nextn_predict_layers {num_nextn_predict_layers}: coli runs at most one MTP layer"
             )));
         }
         Ok(MlaSpec {
-            q_lora_rank: f.usize("q_lora_rank")?,
+            // Absent: the class default; an explicit null: no q LoRA (plain q_proj).
+            q_lora_rank: match f.v.get("q_lora_rank") {
+                None => d.q_lora_rank,
+                Some(_) => f.usize("q_lora_rank")?,
+            },
             kv_lora_rank: f.req_usize("kv_lora_rank")?,
             qk_nope_head_dim,
             qk_rope_head_dim,
             v_head_dim: f.req_usize("v_head_dim")?,
             rope_theta: rope_theta.unwrap_or(default_theta),
-            rope_interleave: glm || f.bool("rope_interleave")?.unwrap_or(true),
+            rope_interleave: dsa_family || f.bool("rope_interleave")?.unwrap_or(true),
             yarn,
             softmax_scale: softmax_scale as f32,
             n_group,
             topk_group,
-            routed_scaling_factor: f.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
-            n_shared_experts: f.usize("n_shared_experts")?.unwrap_or(0),
-            first_k_dense_replace: f.usize("first_k_dense_replace")?.unwrap_or(0),
+            routed_scaling_factor: f
+                .f64("routed_scaling_factor")?
+                .unwrap_or(d.routed_scaling_factor) as f32,
+            n_shared_experts: f.usize("n_shared_experts")?.unwrap_or(d.n_shared_experts),
+            first_k_dense_replace: f
+                .usize("first_k_dense_replace")?
+                .unwrap_or(d.first_k_dense_replace),
             moe_layer_freq: f.usize("moe_layer_freq")?.unwrap_or(1).max(1),
             num_nextn_predict_layers,
             mlp_sparse,
@@ -373,7 +455,7 @@ mod tests {
             file: "config.json",
             prefix: "",
         };
-        DsaSpec::read(&f, layers, 8)
+        DsaSpec::read(&f, layers, 8, 32)
     }
 
     #[test]

@@ -7,13 +7,14 @@
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
-//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`].
+//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
 //! [`ModelSpec::canonical_tensor_name`]: the spec describes the language model alone.
 
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
@@ -43,6 +44,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_oss",
     "glm4_moe",
     "minimax_m2",
+    "deepseek_v32",
 ];
 
 /// A supported model family.
@@ -64,6 +66,8 @@ pub enum Family {
     Glm4Moe,
     /// `minimax_m2`, MiniMax-M2 / M2.1 ([`minimax_m2`]).
     MinimaxM2,
+    /// `deepseek_v32`, DeepSeek-V3.2 ([`deepseek_v32`]).
+    DeepseekV32,
 }
 
 impl Family {
@@ -81,6 +85,7 @@ impl Family {
             "gpt_oss" => Ok(Family::GptOss),
             "glm4_moe" => Ok(Family::Glm4Moe),
             "minimax_m2" => Ok(Family::MinimaxM2),
+            "deepseek_v32" => Ok(Family::DeepseekV32),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -99,13 +104,17 @@ impl Family {
             Family::GptOss => "gpt_oss",
             Family::Glm4Moe => "glm4_moe",
             Family::MinimaxM2 => "minimax_m2",
+            Family::DeepseekV32 => "deepseek_v32",
         }
     }
 
     /// MLA families (DeepSeek-V3 architecture: MLA attention, grouped sigmoid routing, dense
     /// first layers, MTP layer).
     pub fn is_mla(self) -> bool {
-        matches!(self, Family::DeepseekV3 | Family::GlmMoeDsa)
+        matches!(
+            self,
+            Family::DeepseekV3 | Family::GlmMoeDsa | Family::DeepseekV32
+        )
     }
 
     /// `default_theta` of the transformers config class (used when config.json names no theta).
@@ -115,6 +124,7 @@ impl Family {
             Family::Qwen3Moe
             | Family::Olmoe
             | Family::DeepseekV3
+            | Family::DeepseekV32
             | Family::GlmMoeDsa
             | Family::Glm4Moe => 10_000.0,
             Family::GptOss => 150_000.0,
@@ -125,7 +135,7 @@ impl Family {
     /// Default `rms_norm_eps` of the transformers config class.
     fn default_eps(self) -> f64 {
         match self {
-            Family::Qwen3Moe | Family::DeepseekV3 | Family::MinimaxM2 => 1e-6,
+            Family::Qwen3Moe | Family::DeepseekV3 | Family::DeepseekV32 | Family::MinimaxM2 => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -384,7 +394,8 @@ impl ModelSpec {
     /// Reads config.json (`config`) and the EOS ids of generation_config.json
     /// (`generation_config`, when given), applying the transformers 5.23 config classes'
     /// defaults (`MixtralConfig`, `Qwen3MoeConfig`, `OlmoeConfig`, `DeepseekV3Config`,
-    /// `GlmMoeDsaConfig`, `GptOssConfig`, `Glm4MoeConfig`, `MiniMaxM2Config`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
+    /// `GlmMoeDsaConfig`, `GptOssConfig`, `Glm4MoeConfig`, `MiniMaxM2Config`,
+    /// `DeepseekV32Config`); `head_dim` is `config.head_dim` or `hidden / heads`. A multimodal
     /// wrapper is read through its `text_config` (inheriting `tie_word_embeddings` and EOS ids
     /// from the top level).
     ///
@@ -513,6 +524,7 @@ impl ModelSpec {
             Family::GptOss => gpt_oss::configure(config, &f, &mut spec)?,
             Family::Glm4Moe => glm4_moe::configure(&f, &mut spec)?,
             Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
+            Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -539,6 +551,7 @@ impl ModelSpec {
             Family::GptOss => gpt_oss::tensors(&spec),
             Family::Glm4Moe => glm4_moe::tensors(&spec),
             Family::MinimaxM2 => minimax_m2::tensors(&spec),
+            Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
         };
         Ok(spec)
     }

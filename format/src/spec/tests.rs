@@ -19,7 +19,7 @@ fn deepseek() -> Value {
            "intermediate_size": 12, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
            "q_lora_rank": 8, "kv_lora_rank": 4, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2,
            "v_head_dim": 4, "topk_method": "noaux_tc", "n_shared_experts": 1,
-           "num_nextn_predict_layers": 1})
+           "num_nextn_predict_layers": 1, "n_group": 1, "topk_group": 1})
 }
 
 fn glm() -> Value {
@@ -207,7 +207,12 @@ fn glm_moe_dsa_reads_indexer_and_layer_types() {
     v["indexer_types"] = json!(["full", "shared", "full"]);
     let c = spec(v.clone()).unwrap();
     assert!(!names(&c).contains(&"model.layers.1.self_attn.indexer.wk.weight".to_string()));
+    // GlmMoeDsaConfig's defaults for the indexer keys.
     v.as_object_mut().unwrap().remove("index_topk");
+    v.as_object_mut().unwrap().remove("index_n_heads");
+    let d = spec(v.clone()).unwrap().mla.unwrap().dsa.unwrap();
+    assert_eq!((d.topk, d.n_heads, d.head_dim), (2048, 32, 16));
+    v["index_topk"] = json!(0);
     let e = spec(v.clone()).unwrap_err().to_string();
     assert!(e.contains("index_topk"), "{e}");
     let mut v = glm();
@@ -342,9 +347,14 @@ fn kimi_k2_is_deepseek_v3_and_dense_layers_come_first() {
             n_group: 2,
             topk_group: 1,
             renormalize: true,
-            scaling: 1.0
+            scaling: 2.5 // DeepseekV3Config's default routed_scaling_factor
         }
     );
+    // DeepseekV3Config's defaults: 1 shared expert, 1 MTP layer; an absent q_lora_rank is 1536.
+    assert_eq!((c.n_shared_experts, c.mtp_layer()), (1, Some(4)));
+    let mut w = v.clone();
+    w.as_object_mut().unwrap().remove("q_lora_rank");
+    assert_eq!(spec(w).unwrap().mla.unwrap().q_lora_rank, Some(1536));
     let mut bad = v.clone();
     bad["n_group"] = json!(3);
     assert!(spec(bad.clone()).is_err());
@@ -579,4 +589,28 @@ fn minimax_m2_as_minimax_m2_config() {
     let mut w = v;
     w["scoring_func"] = json!("softmax");
     assert!(spec(w).unwrap_err().to_string().contains("scoring_func"));
+}
+
+#[test]
+fn deepseek_v32_is_deepseek_v3_with_an_indexer_on_every_layer() {
+    let mut v = glm();
+    v["model_type"] = json!("deepseek_v32");
+    v["n_group"] = json!(2);
+    v["topk_group"] = json!(1);
+    v["indexer_types"] = json!(["full", "shared", "full"]);
+    v.as_object_mut().unwrap().remove("index_n_heads");
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.family, Family::DeepseekV32);
+    assert!(c.family.is_mla());
+    let m = c.mla.as_ref().unwrap();
+    let d = m.dsa.as_ref().unwrap();
+    // Every layer runs its indexer (DeepseekV32Attention always builds one), half-split RoPE
+    // in the indexer, interleaved in the attention; DeepseekV32Config's 64 indexer heads.
+    assert_eq!(d.full, vec![true; 3]);
+    assert!(!d.rope_interleave && m.rope_interleave);
+    assert_eq!(d.n_heads, 64);
+    assert_eq!(c.rms_norm_eps, 1e-6);
+    assert!(names(&c).contains(&"model.layers.1.self_attn.indexer.wk.weight".to_string()));
+    v["q_lora_rank"] = Value::Null;
+    assert!(spec(v).unwrap_err().to_string().contains("q_lora_rank"));
 }
