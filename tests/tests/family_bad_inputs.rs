@@ -1,0 +1,168 @@
+//! Bad inputs of the GLM-4.5, MiniMax-M2 and DeepSeek-V3.2 fixtures (copies of
+//! tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8} with one thing broken):
+//! a missing shard, config fields the family needs, shapes that disagree with config.json and
+//! config values the family cannot run are refused by `coli-convert`'s preflight with an error
+//! naming the file, field or tensor, and nothing is written (no store, no partial directory).
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// Converts the checkpoint in `ck` into `tmp/store`: must fail with a message holding every
+/// string of `names`, leaving neither the store nor its partial directory behind.
+fn refused(ck: &Path, tmp: &Path, names: &[&str]) {
+    let out = tmp.join("store");
+    let e = coli_convert::run(&coli_convert::Options {
+        input: ck.to_path_buf(),
+        output: out.clone(),
+        encodings: coli_convert::Encodings {
+            experts: coli_tests::encoding("int4-g64"),
+            dense: coli_tests::encoding("bf16"),
+            mtp: coli_tests::encoding("int8"),
+            embeddings: None,
+        },
+        threads: Some(1),
+        progress: false,
+    })
+    .expect_err("conversion should fail")
+    .to_string();
+    for n in names {
+        assert!(e.contains(n), "error {e:?} should name {n:?}");
+    }
+    assert!(!out.exists(), "a store was written: {e}");
+    assert!(
+        !tmp.join("store.partial").exists(),
+        "a partial store was left: {e}"
+    );
+}
+
+/// A copy of fixture `name` in `tmp/ckpt` whose config.json is `edit`ed.
+fn with_config(name: &str, tmp: &Path, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let ck = tmp.join("ckpt");
+    std::fs::create_dir(&ck).unwrap();
+    for entry in std::fs::read_dir(coli_tests::fixture_dir(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, ck.join(p.file_name().unwrap())).unwrap();
+    }
+    let path = ck.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    ck
+}
+
+/// Fixture `name` with `key` set to `value` (`Value::Null` removes it) must be refused with an
+/// error naming every string of `names`.
+fn config_refused(name: &str, key: &str, value: Value, names: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(name, tmp.path(), |c| {
+        if value.is_null() {
+            c.as_object_mut().unwrap().remove(key);
+        } else {
+            c[key] = value;
+        }
+    });
+    refused(&ck, tmp.path(), names);
+}
+
+fn missing_shard_refused(name: &str, shard: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(name, tmp.path(), |_| {});
+    std::fs::remove_file(ck.join(shard)).unwrap();
+    refused(&ck, tmp.path(), &[shard]);
+}
+
+#[test]
+fn glm4_moe_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "glm4_moe_fp8";
+    missing_shard_refused(n, "model-00003-of-00004.safetensors");
+    for field in [
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+    ] {
+        config_refused(n, field, Value::Null, &["config.json", field]);
+    }
+    // Shapes that disagree with config.json name the tensor and the expected shape.
+    config_refused(
+        n,
+        "head_dim",
+        json!(16),
+        &["model.layers.0.self_attn.", "expected [16]"],
+    );
+    config_refused(
+        n,
+        "intermediate_size",
+        json!(64),
+        &["model.layers.0.mlp.", "expected"],
+    );
+    config_refused(
+        n,
+        "n_shared_experts",
+        json!(2),
+        &["model.layers.1.mlp.shared_experts", "expected"],
+    );
+    // Values the family cannot run.
+    config_refused(
+        n,
+        "partial_rotary_factor",
+        json!(0.45),
+        &["config.json", "partial_rotary_factor"],
+    );
+    config_refused(n, "n_group", json!(3), &["config.json", "n_group"]);
+}
+
+#[test]
+fn minimax_m2_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "minimax_m2_fp8";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    for field in ["intermediate_size", "num_local_experts", "hidden_size"] {
+        config_refused(n, field, Value::Null, &["config.json", field]);
+    }
+    // The whole-projection k norm is [kv_heads * head_dim]: another head_dim misshapes it.
+    config_refused(
+        n,
+        "head_dim",
+        json!(16),
+        &["model.layers.0.self_attn.", "expected [32]"],
+    );
+    config_refused(
+        n,
+        "num_local_experts",
+        json!(6),
+        &["model.layers.0.block_sparse_moe.", "expected [6"],
+    );
+    config_refused(n, "rotary_dim", json!(7), &["config.json", "rotary"]);
+    config_refused(
+        n,
+        "scoring_func",
+        json!("softmax"),
+        &["scoring_func", "sigmoid"],
+    );
+}
+
+#[test]
+fn deepseek_v32_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "deepseek_v32_fp8";
+    missing_shard_refused(n, "model-00004-of-00004.safetensors");
+    for field in ["kv_lora_rank", "qk_rope_head_dim", "n_routed_experts"] {
+        config_refused(n, field, Value::Null, &["config.json", field]);
+    }
+    config_refused(
+        n,
+        "index_head_dim",
+        json!(16),
+        &["model.layers.0.self_attn.indexer.", "expected"],
+    );
+    // Without the key, DeepseekV32Config's default 1536 applies and the checkpoint's 48 does
+    // not fit it.
+    config_refused(
+        n,
+        "q_lora_rank",
+        Value::Null,
+        &["model.layers.0.self_attn.", "1536]"],
+    );
+    // An explicit null (no q LoRA) leaves the indexer without its input.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(n, tmp.path(), |c| c["q_lora_rank"] = Value::Null);
+    refused(&ck, tmp.path(), &["config.json", "q_lora_rank", "indexer"]);
+}
