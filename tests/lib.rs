@@ -216,3 +216,57 @@ pub fn rewrite_checkpoint(src: &Path, dst: &Path, rename: impl Fn(&str) -> Optio
         }
     }
 }
+
+/// A JSON array of numbers as f32.
+///
+/// # Panics
+/// If `v` is not an array of numbers.
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array of numbers")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+/// The largest `|a[i] - b[i]|`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// The argmax of every logits row.
+pub fn top1(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter()
+        .map(|l| coli_engine::sampling::argmax(l))
+        .collect()
+}
+
+/// The engine's MTP logits on the fixture's MTP inputs (`exp["mtp"]`: `main_hidden`,
+/// `next_ids`) against `want` (`exp["mtp"]` or `exp["mtp_int8"]`): top-1 at every position
+/// identical, last logits within 1e-3.
+///
+/// # Panics
+/// On a mismatch (the message starts with `what`), or when the store has no MTP layer.
+pub fn check_mtp(e: &mut coli_engine::Engine<'_>, exp: &Value, want: &Value, what: &str) {
+    let m = &exp["mtp"];
+    assert!(e.has_mtp(), "{what}: the store should hold the MTP layer");
+    let hidden: Vec<f32> = m["main_hidden"]
+        .as_array()
+        .expect("main_hidden rows")
+        .iter()
+        .flat_map(floats)
+        .collect();
+    let rows = e
+        .mtp_logits(&hidden, &ids(&m["next_ids"]))
+        .expect("MTP logits");
+    assert_eq!(top1(&rows), ids(&want["top1"]), "{what}: MTP top-1");
+    let d = max_abs_diff(rows.last().expect("a row"), &floats(&want["last_logits"]));
+    assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
+}

@@ -453,8 +453,8 @@ impl<'s> Engine<'s> {
         }
     }
 
-    /// Whether the model has a multi-token-prediction layer loaded (MLA families whose store
-    /// holds layer `num_hidden_layers`).
+    /// Whether the model has a multi-token-prediction layer loaded (DeepSeek-V3, GLM-5,
+    /// DeepSeek-V3.2 and GLM-4.5 stores that hold layer `num_hidden_layers`).
     pub fn has_mtp(&self) -> bool {
         self.model.mtp.is_some()
     }

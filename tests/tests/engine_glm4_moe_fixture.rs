@@ -12,53 +12,15 @@
 
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_store::{ExpertKey, IoPreference, Store};
-use coli_tests::{convert_fixture, expected, greedy, ids, open_store};
-use serde_json::Value;
+use coli_tests::{
+    check_mtp, convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store, top1,
+};
 use std::path::Path;
 
 const NAME: &str = "glm4_moe_fp8";
 
 fn open(dir: &Path) -> Store {
     open_store(dir, true, IoPreference::Auto)
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
-}
-
-fn top1(rows: &[Vec<f32>]) -> Vec<u32> {
-    rows.iter()
-        .map(|l| coli_engine::sampling::argmax(l))
-        .collect()
-}
-
-/// MTP logits on the fixture's inputs against `want`: top-1 at every position, last logits
-/// within 1e-3.
-fn check_mtp(e: &mut Engine<'_>, exp: &Value, want: &Value, what: &str) {
-    let m = &exp["mtp"];
-    assert!(e.has_mtp(), "{what}: the store should hold the MTP layer");
-    let hidden: Vec<f32> = m["main_hidden"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(floats)
-        .collect();
-    let rows = e.mtp_logits(&hidden, &ids(&m["next_ids"])).unwrap();
-    assert_eq!(top1(&rows), ids(&want["top1"]), "{what}: MTP top-1");
-    let d = max_abs_diff(rows.last().unwrap(), &floats(&want["last_logits"]));
-    assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
 }
 
 #[test]

@@ -12,34 +12,14 @@
 
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_store::{ExpertKey, IoPreference, Store};
-use coli_tests::{convert_fixture, expected, greedy, ids, open_store};
+use coli_tests::{
+    check_mtp, convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store, top1,
+};
 use serde_json::Value;
 use std::path::Path;
 
 fn open(dir: &Path) -> Store {
     open_store(dir, true, IoPreference::Auto)
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
-}
-
-fn top1(rows: &[Vec<f32>]) -> Vec<u32> {
-    rows.iter()
-        .map(|l| coli_engine::sampling::argmax(l))
-        .collect()
 }
 
 /// KV bytes per token from the fixture's dims: f32 latent + rope key per layer, plus the
@@ -49,23 +29,6 @@ fn expected_kv_bytes(exp: &Value) -> u64 {
     let u = |k: &str| d[k].as_u64().unwrap_or(0);
     let per_layer = u("kv_lora_rank") + u("qk_rope_head_dim") + u("index_head_dim");
     4 * u("layers") * per_layer
-}
-
-/// MTP logits of `e` on the fixture's inputs against `want` (`expected.json["mtp"]` or
-/// `["mtp_int8"]`): top-1 at every position identical, last logits within 1e-3.
-fn check_mtp(e: &mut Engine<'_>, exp: &Value, want: &Value, what: &str) {
-    let m = &exp["mtp"];
-    assert!(e.has_mtp(), "{what}: the store should hold the MTP layer");
-    let hidden: Vec<f32> = m["main_hidden"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(floats)
-        .collect();
-    let rows = e.mtp_logits(&hidden, &ids(&m["next_ids"])).unwrap();
-    assert_eq!(top1(&rows), ids(&want["top1"]), "{what}: MTP top-1");
-    let d = max_abs_diff(rows.last().unwrap(), &floats(&want["last_logits"]));
-    assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
 }
 
 fn lossless_matches_transformers(name: &str) {

@@ -131,7 +131,12 @@ fn minimax_m2_bad_inputs_are_refused_before_anything_is_written() {
         json!(6),
         &["model.layers.0.block_sparse_moe.", "expected [6"],
     );
-    config_refused(n, "rotary_dim", json!(7), &["config.json", "rotary"]);
+    config_refused(
+        n,
+        "rotary_dim",
+        json!(30),
+        &["config.json", "rotary_dim gives 30"],
+    );
     config_refused(
         n,
         "scoring_func",

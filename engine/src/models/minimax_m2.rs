@@ -8,11 +8,9 @@
 //!   selection, top-k with no groups, renormalized, no shared expert
 //!   ([`crate::layers::sigmoid_router`] with one group and scaling 1).
 
-use crate::error::{EngineError, Result};
-use crate::layers::QkNorm;
-use crate::models::{assemble_gqa, Parts};
+use crate::error::Result;
+use crate::models::{assemble_gqa, full_qk_norm, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, QkNormSpec};
 use coli_format::ModelSpec;
 
 /// Loads a MiniMax-M2 model's weights.
@@ -20,17 +18,5 @@ use coli_format::ModelSpec;
 /// # Errors
 /// Missing or misshapen tensors (named).
 pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
-    assemble_gqa(w, spec, |w, l| match &l.attention {
-        AttentionSpec::Gqa {
-            qk_norm: QkNormSpec::Full { q, k },
-            ..
-        } => Ok(QkNorm::Full {
-            q: w.rms_norm(q, spec.rms_norm_eps)?,
-            k: w.rms_norm(k, spec.rms_norm_eps)?,
-        }),
-        _ => Err(EngineError::Config {
-            file: "config.json".into(),
-            what: format!("MiniMax-M2 layer {} without q/k norms", l.index),
-        }),
-    })
+    assemble_gqa(w, spec, |w, l| full_qk_norm(w, spec, l, "MiniMax-M2"))
 }

@@ -35,7 +35,8 @@ pub struct Model<'s> {
     pub lm_head: MatrixView<'s>,
     /// Rotary frequencies.
     pub rope: Rope,
-    /// The multi-token-prediction layer (DeepSeek-V3, GLM-5, GLM-4.5 stores that hold it).
+    /// The multi-token-prediction layer (DeepSeek-V3, GLM-5, DeepSeek-V3.2, GLM-4.5 stores that
+    /// hold it).
     pub mtp: Option<mtp::MtpLayer<'s>>,
     /// Every dense tensor the model loaded (names as in the store).
     pub tensors_read: BTreeSet<String>,
@@ -180,6 +181,33 @@ pub(crate) fn load_attention<'s>(
             None => None,
         },
     })
+}
+
+/// The whole-vector q/k RMSNorms of a GQA layer (OLMoE, MiniMax-M2: one norm over all heads'
+/// q, one over all kv heads' k); `family` names the model in the error.
+///
+/// # Errors
+/// [`EngineError::Config`] when the layer's spec has no such norms; missing or misshapen
+/// tensors.
+pub(crate) fn full_qk_norm(
+    w: &mut Weights<'_>,
+    spec: &ModelSpec,
+    l: &LayerSpec,
+    family: &str,
+) -> Result<QkNorm> {
+    match &l.attention {
+        AttentionSpec::Gqa {
+            qk_norm: coli_format::spec::QkNormSpec::Full { q, k },
+            ..
+        } => Ok(QkNorm::Full {
+            q: w.rms_norm(q, spec.rms_norm_eps)?,
+            k: w.rms_norm(k, spec.rms_norm_eps)?,
+        }),
+        _ => Err(EngineError::Config {
+            file: "config.json".into(),
+            what: format!("{family} layer {} without whole-vector q/k norms", l.index),
+        }),
+    }
 }
 
 /// A dense SwiGLU MLP.

@@ -38,6 +38,14 @@ pub(crate) fn configure_mla(
     s.moe_intermediate_size = f.req_usize("moe_intermediate_size")?;
     s.norm_topk_prob = f.bool("norm_topk_prob")?.unwrap_or(true);
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
+    if s.attention_bias {
+        // transformers would add biases to q_a_proj, kv_a_proj_with_mqa and o_proj; no
+        // published MLA checkpoint has them and coli's MLA has none.
+        return Err(FormatError::Unsupported(
+            "attention_bias true for an MLA model (biased q_a_proj / kv_a_proj_with_mqa / o_proj)"
+                .into(),
+        ));
+    }
     let m = MlaSpec::read(f, s.num_experts, family.default_theta(), family)?;
     s.rope_theta = m.rope_theta;
     s.routing = Routing::GroupedSigmoid {
@@ -139,6 +147,21 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpe
     })
 }
 
+/// The feed-forward block of layer `i` of a DeepSeek-style model: the grouped-sigmoid MoE on a
+/// MoE layer and on the MTP layer (`class` Mtp), else a dense SwiGLU of `intermediate_size`.
+pub(crate) fn sigmoid_moe_or_dense(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpec {
+    if class == TensorClass::Mtp || s.is_moe_layer(i) {
+        sigmoid_moe(s, i, class)
+    } else {
+        FfnSpec::Dense(build::mlp(
+            &format!("model.layers.{i}.mlp"),
+            s.hidden_size,
+            s.intermediate_size,
+            class,
+        ))
+    }
+}
+
 /// Every tensor of an MLA family; `indexer(i, class)` gives layer i's DSA indexer (GLM-5).
 pub(crate) fn mla_tensors(
     s: &ModelSpec,
@@ -146,21 +169,11 @@ pub(crate) fn mla_tensors(
 ) -> ModelTensors {
     let m = s.mla.as_ref().expect("MLA families have an MLA spec");
     let layer = |i: usize, class: TensorClass| -> LayerSpec {
-        let ffn = if class == TensorClass::Mtp || s.is_moe_layer(i) {
-            sigmoid_moe(s, i, class)
-        } else {
-            FfnSpec::Dense(build::mlp(
-                &format!("model.layers.{i}.mlp"),
-                s.hidden_size,
-                s.intermediate_size,
-                class,
-            ))
-        };
         build::layer(
             s,
             i,
             mla_attention(s, m, i, class, indexer(i, class)),
-            ffn,
+            sigmoid_moe_or_dense(s, i, class),
             class,
         )
     };

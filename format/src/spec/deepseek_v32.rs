@@ -16,16 +16,11 @@
 //! by transformers (an orthogonal rotation preserves the dot products; FP8 is a precision
 //! shortcut); coli follows transformers.
 
-use super::deepseek_v3::configure_mla;
+use super::glm_moe_dsa::configure_dsa;
 use super::json::Fields;
 use super::{Family, ModelSpec};
 use crate::FormatError;
 
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
-    configure_mla(f, s, Family::DeepseekV32)?;
-    let m = s.mla.as_ref().expect("set by configure_mla");
-    if m.q_lora_rank.is_none() {
-        return Err(f.err("the DSA indexer needs q_lora_rank (it reads the q latent)"));
-    }
-    Ok(())
+    configure_dsa(f, s, Family::DeepseekV32)
 }

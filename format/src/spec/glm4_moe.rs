@@ -25,11 +25,11 @@
 //!   optional here).
 
 use super::build;
-use super::deepseek_v3::{mtp_spec, sigmoid_moe};
+use super::deepseek_v3::{mtp_spec, sigmoid_moe_or_dense};
 use super::json::Fields;
 use super::{
-    gqa_rope_theta, num_experts, partial_rotary_dim, AttentionSpec, Family, FfnSpec, LayerSpec,
-    ModelSpec, ModelTensors, QkNormSpec, Routing, TensorClass,
+    gqa_rope_theta, num_experts, partial_rotary_dim, AttentionSpec, Family, LayerSpec, ModelSpec,
+    ModelTensors, QkNormSpec, Routing, TensorClass,
 };
 use crate::FormatError;
 use serde_json::Value;
@@ -80,7 +80,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     };
     if mtp > 1 {
         return Err(FormatError::Unsupported(format!(
-            "num_nextn_predict_layers {mtp}: coli runs at most one MTP layer"
+            "num_nextn_predict_layers (num_mtp_layers) {mtp}: coli runs at most one MTP layer"
         )));
     }
     s.num_mtp_layers = mtp;
@@ -111,16 +111,7 @@ fn attention(s: &ModelSpec, i: usize, class: TensorClass) -> AttentionSpec {
 }
 
 fn layer(s: &ModelSpec, i: usize, class: TensorClass) -> LayerSpec {
-    let ffn = if class == TensorClass::Mtp || s.is_moe_layer(i) {
-        sigmoid_moe(s, i, class)
-    } else {
-        FfnSpec::Dense(build::mlp(
-            &format!("model.layers.{i}.mlp"),
-            s.hidden_size,
-            s.intermediate_size,
-            class,
-        ))
-    };
+    let ffn = sigmoid_moe_or_dense(s, i, class);
     build::layer(s, i, attention(s, i, class), ffn, class)
 }
 

@@ -16,7 +16,17 @@ use super::{Family, IndexerSpec, ModelSpec, ModelTensors};
 use crate::FormatError;
 
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
-    configure_mla(f, s, Family::GlmMoeDsa)?;
+    configure_dsa(f, s, Family::GlmMoeDsa)
+}
+
+/// The MLA configuration of a family with the DSA indexer (GLM-5, DeepSeek-V3.2), which needs
+/// `q_lora_rank`.
+pub(crate) fn configure_dsa(
+    f: &Fields<'_>,
+    s: &mut ModelSpec,
+    family: Family,
+) -> Result<(), FormatError> {
+    configure_mla(f, s, family)?;
     let m = s.mla.as_ref().expect("set by configure_mla");
     if m.q_lora_rank.is_none() {
         return Err(f.err("the DSA indexer needs q_lora_rank (it reads the q latent)"));

@@ -1,5 +1,6 @@
 //! The MLA, YaRN, grouped-sigmoid-routing and DSA parts of a DeepSeek-V3-style config.json,
-//! read with `DeepseekV3Config`'s / `GlmMoeDsaConfig`'s defaults (transformers 5.23).
+//! read with `DeepseekV3Config`'s / `GlmMoeDsaConfig`'s / `DeepseekV32Config`'s defaults
+//! (transformers 5.23).
 
 use super::json::Fields;
 use super::Family;
@@ -60,14 +61,14 @@ pub struct MlaSpec {
     pub moe_layer_freq: usize,
     /// `num_nextn_predict_layers` (MTP layers stored after the decoder layers; 0 or 1).
     pub num_nextn_predict_layers: usize,
-    /// GLM-5 `mlp_layer_types` (true = `"sparse"`, MoE); None: derived from
+    /// GLM-5 / DeepSeek-V3.2 `mlp_layer_types` (true = `"sparse"`, MoE); None: derived from
     /// `first_k_dense_replace` / `moe_layer_freq`.
     pub mlp_sparse: Option<Vec<bool>>,
     /// GLM-5 DSA indexer (`glm_moe_dsa`), None for DeepSeek-V3 / Kimi-K2.
     pub dsa: Option<DsaSpec>,
 }
 
-/// The DSA lightning indexer parameters of a GLM-5 config.
+/// The DSA lightning indexer parameters of a GLM-5 or DeepSeek-V3.2 config.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DsaSpec {
     /// Indexer heads (`index_n_heads`).
@@ -101,6 +102,7 @@ impl DsaSpec {
         num_layers: usize,
         rope_dim: usize,
         default_heads: usize,
+        per_layer_types: bool,
     ) -> Result<DsaSpec, FormatError> {
         let n_heads = f.usize("index_n_heads")?.unwrap_or(default_heads);
         let head_dim = f.usize("index_head_dim")?.unwrap_or(128);
@@ -109,6 +111,16 @@ impl DsaSpec {
             return Err(f.err(format!(
                 "index_n_heads {n_heads}, index_topk {topk} must be positive and index_head_dim {head_dim} >= qk_rope_head_dim {rope_dim}"
             )));
+        }
+        if !per_layer_types {
+            // DeepSeek-V3.2: every layer builds its indexer; no per-layer keys are read.
+            return Ok(DsaSpec {
+                n_heads,
+                head_dim,
+                topk,
+                full: vec![true; num_layers],
+                rope_interleave: false,
+            });
         }
         if let Some(lt) = f.strings("layer_types")? {
             if lt.len() != num_layers {
@@ -373,14 +385,12 @@ impl MlaSpec {
                     )))
                 }
             };
+            // GLM-5: per-layer indexer types, interleaved indexer RoPE, 32 heads by default;
+            // DeepSeek-V3.2 (DeepseekV32Attention always builds its indexer): every layer full,
+            // half-split indexer RoPE, 64 heads.
             let heads = if glm { 32 } else { 64 };
-            let mut dsa = DsaSpec::read(f, num_layers, qk_rope_head_dim, heads)?;
-            if !glm {
-                // DeepseekV32Attention always builds its indexer; its RoPE is half-split.
-                dsa.full = vec![true; num_layers];
-                dsa.rope_interleave = false;
-            }
-            (if glm { sparse } else { None }, Some(dsa))
+            let dsa = DsaSpec::read(f, num_layers, qk_rope_head_dim, heads, glm)?;
+            (sparse, Some(dsa))
         } else {
             (None, None)
         };
@@ -455,7 +465,7 @@ mod tests {
             file: "config.json",
             prefix: "",
         };
-        DsaSpec::read(&f, layers, 8, 32)
+        DsaSpec::read(&f, layers, 8, 32, true)
     }
 
     #[test]

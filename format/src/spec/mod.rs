@@ -340,19 +340,25 @@ pub(crate) fn partial_rotary_dim(
     let nested = ["rope_parameters", "rope_scaling"]
         .iter()
         .find_map(|k| f.get(k).and_then(|p| p.get("partial_rotary_factor")));
-    let factor = match nested.or_else(|| f.get("partial_rotary_factor")) {
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| f.err(format!("partial_rotary_factor must be a number, found {v}")))?,
+    let (factor, key) = match nested.or_else(|| f.v.get("partial_rotary_factor")) {
+        // An explicit null survives the config class's `setdefault` and leaves RoPE over the
+        // whole head (`compute_default_rope_parameters` reads 1.0).
+        Some(Value::Null) => (1.0, "partial_rotary_factor"),
+        Some(v) => (
+            v.as_f64().ok_or_else(|| {
+                f.err(format!("partial_rotary_factor must be a number, found {v}"))
+            })?,
+            "partial_rotary_factor",
+        ),
         None => match f.usize("rotary_dim")? {
-            Some(d) => d as f64 / head_dim as f64,
-            None => default_factor,
+            Some(d) => (d as f64 / head_dim as f64, "rotary_dim"),
+            None => (default_factor, "partial_rotary_factor"),
         },
     };
     let dim = (head_dim as f64 * factor) as usize;
     if !(factor > 0.0 && factor <= 1.0) || dim < 2 || !dim.is_multiple_of(2) {
         return Err(f.err(format!(
-            "partial_rotary_factor {factor} gives {dim} rotary dimensions of head_dim {head_dim} (must be even and at least 2)"
+            "{key} gives {dim} rotary dimensions (factor {factor}) of head_dim {head_dim}: must be even, at least 2 and at most head_dim"
         )));
     }
     Ok(dim)

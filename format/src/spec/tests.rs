@@ -501,6 +501,10 @@ fn glm4_moe_biases_norms_and_rotary_factor() {
         json!({"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5});
     let c = spec(w).unwrap();
     assert_eq!((c.rotary_dim, c.rope_theta), (10, 5e5));
+    // An explicit null is kept by Glm4MoeConfig's setdefault: RoPE over the whole head.
+    let mut w = glm4_moe();
+    w["partial_rotary_factor"] = Value::Null;
+    assert_eq!(spec(w).unwrap().rotary_dim, 20);
     // Refusals name the field.
     for (k, x, what) in [
         (
@@ -611,6 +615,18 @@ fn deepseek_v32_is_deepseek_v3_with_an_indexer_on_every_layer() {
     assert_eq!(d.n_heads, 64);
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert!(names(&c).contains(&"model.layers.1.self_attn.indexer.wk.weight".to_string()));
+    // DeepseekV32Config reads mlp_layer_types when given; the GLM-5-only per-layer indexer
+    // keys are not read (a "shared" first entry would be refused for GLM-5).
+    v["mlp_layer_types"] = json!(["dense", "sparse", "dense"]);
+    v["indexer_types"] = json!(["shared", "full", "full"]);
+    let c = spec(v.clone()).unwrap();
+    assert_eq!(c.moe_layers, [false, true, false]);
+    v["attention_bias"] = json!(true);
+    assert!(spec(v.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("attention_bias"));
+    v["attention_bias"] = json!(false);
     v["q_lora_rank"] = Value::Null;
     assert!(spec(v).unwrap_err().to_string().contains("q_lora_rank"));
 }
