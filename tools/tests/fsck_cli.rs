@@ -36,6 +36,13 @@ fn exit_codes_json_and_naming() {
     let (code, out) = fsck(&[s]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("result: clean"), "{out}");
+    // `--store DIR` as run/chat/plan/serve take it, the same as the positional argument; both
+    // at once, or neither, is a usage error (exit 2).
+    let (code, out2) = fsck(&["--store", s]);
+    assert_eq!(code, 0, "{out2}");
+    assert!(out2.contains("result: clean"), "{out2}");
+    assert_eq!(fsck(&[s, "--store", s]).0, 2);
+    assert_eq!(fsck(&[]).0, 2);
     let (code, out) = fsck(&[s, "--json", "--quick"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -64,3 +64,29 @@ fn dense_tensors_are_classed_by_name() {
         "other_dense"
     );
 }
+
+/// The `coli info` binary takes the store positionally or as `--store DIR` (as run, chat, plan
+/// and serve do), with the same report; both at once or neither is a usage error (exit 2).
+#[test]
+fn info_takes_the_store_positionally_or_with_store() {
+    let t = TempDir::new("info-cli");
+    let store = write_tiny_store(
+        t.path(),
+        &TinyStore {
+            layers: 1,
+            experts: 2,
+            segment_max_bytes: 4096,
+            norm_and_tokenizer: true,
+        },
+    );
+    let s = store.to_str().unwrap();
+    let coli = env!("CARGO_BIN_EXE_coli");
+    let (code, positional, err) = run(coli, &["info", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, flag, err) = run(coli, &["info", "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(positional, flag);
+    assert!(positional.contains("\"experts\""), "{positional}");
+    assert_eq!(run(coli, &["info", s, "--store", s]).0, 2);
+    assert_eq!(run(coli, &["info"]).0, 2);
+}

@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use coli_store::fsck::{self, FsckOptions, FsckReport, MirrorStatus, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
@@ -21,9 +21,14 @@ use std::path::PathBuf;
     version,
     about = "Verify a coli store (and its mirrors): structure, every checksum, completeness"
 )]
+#[command(group(ArgGroup::new("store_dir").required(true).args(["store", "store_flag"])))]
 struct Args {
     /// The store directory.
-    store: PathBuf,
+    store: Option<PathBuf>,
+    /// The store directory, as `coli run --store` takes it (the same as the positional
+    /// argument).
+    #[arg(long = "store", value_name = "DIR")]
+    store_flag: Option<PathBuf>,
     /// A mirror directory (copies of segment files DIR/segments/seg-NNNNN.bin and staged
     /// segments DIR/staged/stg-NNNNN.bin); repeatable.
     #[arg(long = "mirror", value_name = "DIR")]
@@ -146,6 +151,11 @@ fn print_human(r: &FsckReport) {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let store = args
+        .store
+        .clone()
+        .or(args.store_flag.clone())
+        .expect("clap requires one of them");
     let bar = if args.json || !std::io::stderr().is_terminal() {
         ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
     } else {
@@ -162,12 +172,12 @@ fn main() -> anyhow::Result<()> {
         quick: args.quick,
         mirrors: args.mirrors.clone(),
     };
-    let mut report = fsck::check(&args.store, &opts, &Bar(bar.clone()));
+    let mut report = fsck::check(&store, &opts, &Bar(bar.clone()));
     if args.repair && report.status == fsck::Status::Damaged {
-        let actions = fsck::repair(&args.store, &opts, &report);
+        let actions = fsck::repair(&store, &opts, &report);
         if !actions.is_empty() {
             bar.reset();
-            report = fsck::check(&args.store, &opts, &Bar(bar.clone()));
+            report = fsck::check(&store, &opts, &Bar(bar.clone()));
             report.repairs = actions;
         }
     }

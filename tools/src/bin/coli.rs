@@ -8,7 +8,7 @@
 //! - `coli serve --store DIR [--port 8000]`: OpenAI-compatible HTTP server (docs/SERVE.md).
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use coli_engine::trace::RoutingTrace;
 use coli_engine::{
     ChatMessage, Engine, GenerateParams, Generation, Logits, SamplingParams, StreamDecoder,
@@ -152,9 +152,13 @@ struct EvalArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(ArgGroup::new("store_dir").required(true).args(["store", "store_flag"])))]
 struct InfoArgs {
     /// Store directory.
-    store: PathBuf,
+    store: Option<PathBuf>,
+    /// Store directory, as run/chat/plan/serve take it (the same as the positional argument).
+    #[arg(long = "store", value_name = "DIR")]
+    store_flag: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -609,7 +613,10 @@ fn main() -> std::process::ExitCode {
         Cmd::Run(a) => run(a),
         Cmd::Chat(a) => chat(a),
         Cmd::Eval(a) => eval(a),
-        Cmd::Info(a) => info::run(&a.store, a.json),
+        Cmd::Info(a) => {
+            let store = a.store.or(a.store_flag).expect("clap requires one of them");
+            info::run(&store, a.json)
+        }
         Cmd::Plan(a) => plan::run(&a),
         Cmd::Tune(a) => tune::run(&a),
         Cmd::Doctor(a) => match doctor::run(&a) {
