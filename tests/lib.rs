@@ -69,19 +69,37 @@ pub fn encoding(s: &str) -> Encoding {
 }
 
 /// Converts fixture `name` with the encodings of `expected.json[variant]` (`experts`, `dense`,
+/// the per-role `attention`, `indexer`, `shared_experts`, `dense_mlp` and `embeddings` when given,
 /// and `mtp` when given, else int8) into a new temporary directory; returns the directory (keep
 /// it alive) and the store path inside it.
 ///
 /// # Panics
 /// If the conversion fails.
 pub fn convert_fixture(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf) {
-    let exp = expected(name);
-    let params = &exp[variant];
+    convert_fixture_with(name, &expected(name)[variant], variant)
+}
+
+/// [`convert_fixture`] with the encodings given as a JSON object `params` (`what` names them
+/// in a panic message).
+///
+/// # Panics
+/// If the conversion fails.
+pub fn convert_fixture_with(
+    name: &str,
+    params: &Value,
+    what: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("temp dir");
     let out = tmp.path().join("store");
     let enc = Encodings {
         experts: encoding(params["experts"].as_str().expect("experts encoding")),
         dense: encoding(params["dense"].as_str().expect("dense encoding")),
+        roles: coli_convert::RoleEncodings {
+            attention: params["attention"].as_str().map(encoding),
+            indexer: params["indexer"].as_str().map(encoding),
+            shared_experts: params["shared_experts"].as_str().map(encoding),
+            dense_mlp: params["dense_mlp"].as_str().map(encoding),
+        },
         mtp: params["mtp"].as_str().map_or(Encoding::Int8, encoding),
         embeddings: params["embeddings"].as_str().map(encoding),
     };
@@ -92,7 +110,7 @@ pub fn convert_fixture(name: &str, variant: &str) -> (tempfile::TempDir, PathBuf
         threads: Some(1),
         progress: false,
     })
-    .unwrap_or_else(|e| panic!("converting {name} ({variant}): {e}"));
+    .unwrap_or_else(|e| panic!("converting {name} ({what}): {e}"));
     (tmp, out)
 }
 

@@ -10,6 +10,7 @@
 pub mod checkpoint;
 pub mod error;
 pub mod fused;
+pub mod memory_plan;
 pub mod pipeline;
 pub mod plan;
 pub mod quant;
@@ -17,4 +18,4 @@ pub mod safetensors;
 
 pub use error::{ConvertError, Result};
 pub use pipeline::{parse_encoding, run, Options, Report};
-pub use plan::Encodings;
+pub use plan::{Encodings, RoleEncodings};

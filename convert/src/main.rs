@@ -3,7 +3,18 @@
 
 use anyhow::Context;
 use clap::Parser;
-use coli_convert::{parse_encoding, run, Encodings, Options};
+use coli_convert::{parse_encoding, run, Encodings, Options, RoleEncodings};
+
+/// The encodings of the dense linear weights (`--dense` and the per-role options).
+const DENSE_CHOICES: &[&str] = &["bf16", "int8", "int4-g64", "int4-g32", "fp8"];
+
+/// A per-role option (`--attention` ...): `None` when not given.
+fn role(v: &Option<String>, flag: &str) -> anyhow::Result<Option<coli_format::Encoding>> {
+    v.as_deref()
+        .map(|s| parse_encoding(s, DENSE_CHOICES, flag))
+        .transpose()
+        .map_err(Into::into)
+}
 use std::path::PathBuf;
 
 /// Converts a Hugging Face FP8/BF16 MoE checkpoint into a coli block store.
@@ -21,16 +32,43 @@ struct Cli {
     /// MXFP4 sources only), bf16.
     #[arg(long, default_value = "auto")]
     experts: String,
-    /// Encoding of the other linear weights: bf16, int8, fp8 (FP8 sources only).
+    /// Encoding of the other linear weights (attention, DSA indexer, shared experts, dense MLP
+    /// layers): bf16, int8, int4-g64, int4-g32 (format version 3), fp8 (FP8 sources only).
     #[arg(long, default_value = "bf16")]
     dense: String,
+    /// Encoding of the attention projections, instead of --dense.
+    #[arg(long, value_name = "ENCODING")]
+    attention: Option<String>,
+    /// Encoding of the DSA indexer's projections (GLM-5, DeepSeek-V3.2), instead of --dense;
+    /// its weights_proj stays as in the source when this is int4.
+    #[arg(long, value_name = "ENCODING")]
+    indexer: Option<String>,
+    /// Encoding of the shared experts, instead of --dense.
+    #[arg(long, value_name = "ENCODING")]
+    shared_experts: Option<String>,
+    /// Encoding of the MLP of the dense (non-MoE) layers, instead of --dense.
+    #[arg(long, value_name = "ENCODING")]
+    dense_mlp: Option<String>,
     /// Encoding of the MTP layer's linear weights and experts: int8, bf16, fp8.
     #[arg(long, default_value = "int8")]
     mtp: String,
-    /// Encoding of the token embedding and lm_head: source (as in the checkpoint) or int8
-    /// (per-row scales; halves the bytes the output projection reads per token).
+    /// Encoding of the token embedding and lm_head: source (as in the checkpoint), int8
+    /// (per-row scales; halves the bytes the output projection reads per token), int4-g64 or
+    /// int4-g32 (format version 3).
     #[arg(long, default_value = "source")]
     embeddings: String,
+    /// Plan memory before converting: RAM for everything at run time (dense set, KV cache,
+    /// expert cache, runtime), e.g. 25GiB. Prints the memory plan of the chosen encodings and
+    /// of the standard ones to stderr, and warns, naming the options that fit, when the chosen
+    /// ones leave less than 8 GiB for the expert cache at 8192 tokens (docs/CONVERT.md).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    total_ram: Option<u64>,
+    /// Context of the memory plan, tokens (with --total-ram).
+    #[arg(long, value_name = "TOKENS", default_value_t = coli_convert::memory_plan::USABLE_CONTEXT)]
+    context: usize,
+    /// Disk read bandwidth of the memory plan's decode bound, GiB/s (with --total-ram).
+    #[arg(long, value_name = "GIB_S")]
+    disk_gib_s: Option<f64>,
     /// Quantization threads (default: one per core). Output does not depend on it.
     #[arg(long)]
     threads: Option<usize>,
@@ -61,14 +99,32 @@ fn real_main() -> anyhow::Result<()> {
             &["int4-g64", "int4-g32", "int8", "fp8", "mxfp4", "bf16"],
             "experts",
         )?,
-        dense: parse_encoding(&cli.dense, &["bf16", "int8", "fp8"], "dense")?,
+        dense: parse_encoding(&cli.dense, DENSE_CHOICES, "dense")?,
+        roles: RoleEncodings {
+            attention: role(&cli.attention, "attention")?,
+            indexer: role(&cli.indexer, "indexer")?,
+            shared_experts: role(&cli.shared_experts, "shared-experts")?,
+            dense_mlp: role(&cli.dense_mlp, "dense-mlp")?,
+        },
         mtp: parse_encoding(&cli.mtp, &["int8", "bf16", "fp8"], "mtp")?,
         embeddings: match cli.embeddings.as_str() {
             "source" => None,
-            "int8" => Some(parse_encoding("int8", &["int8"], "embeddings")?),
-            other => anyhow::bail!("--embeddings {other}: expected one of source, int8"),
+            e => Some(
+                parse_encoding(e, &["int8", "int4-g64", "int4-g32"], "embeddings").map_err(
+                    |_| {
+                        anyhow::anyhow!(
+                            "--embeddings {e}: expected one of source, int8, int4-g64, int4-g32"
+                        )
+                    },
+                )?,
+            ),
         },
     };
+    if let Some(total_ram) = cli.total_ram {
+        preflight_plan(&cli, encodings, total_ram)?;
+    } else if cli.disk_gib_s.is_some() || cli.context != coli_convert::memory_plan::USABLE_CONTEXT {
+        anyhow::bail!("--context and --disk-gib-s belong to the memory plan: give --total-ram too");
+    }
     if cli.threads == Some(0) {
         anyhow::bail!("--threads must be at least 1");
     }
@@ -119,4 +175,52 @@ fn auto_experts(input: &std::path::Path) -> &'static str {
 /// shows its inner error in its message or returns it as `source()`, never both).
 fn error_chain(e: &anyhow::Error) -> String {
     format!("{e:#}")
+}
+
+/// A `--total-ram` size (`coli_format::parse_size`).
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    coli_format::parse_size(s)
+}
+
+/// `--total-ram`: prints the memory plan of the chosen encodings and of the standard ones to
+/// stderr (from config.json and the safetensors headers; no weight is read) and warns when the
+/// chosen ones are not usable, naming the configurations that are.
+fn preflight_plan(cli: &Cli, encodings: Encodings, total_ram: u64) -> anyhow::Result<()> {
+    use coli_convert::memory_plan::{
+        plan_from_config, render, row_options, ConfigPlanArgs, USABLE_CACHE_BYTES, USABLE_CONTEXT,
+    };
+    let p = plan_from_config(&ConfigPlanArgs {
+        checkpoint: Some(&cli.input),
+        config: None,
+        total_ram,
+        context: cli.context,
+        disk_gib_s: cli.disk_gib_s,
+        experts: Some(encodings.experts),
+        mtp: encodings.mtp,
+        chosen: Some(encodings),
+    })
+    .context("--total-ram: planning memory")?;
+    eprint!("{}", render(&p));
+    let chosen = p.rows.iter().find(|r| r.chosen).expect("the chosen row");
+    if !chosen.usable {
+        let fits: Vec<String> = p
+            .rows
+            .iter()
+            .filter(|r| r.usable)
+            .map(row_options)
+            .collect();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        eprintln!(
+            "coli-convert: warning: these encodings leave {:.2} GiB of {:.2} GiB for the expert cache at {USABLE_CONTEXT} tokens, less than the {:.0} GiB a usable configuration leaves; {}",
+            gib(chosen.expert_cache_bytes_at_8k),
+            gib(total_ram),
+            gib(USABLE_CACHE_BYTES),
+            if fits.is_empty() {
+                "none of the planned encodings fits this RAM: plan a larger machine".to_string()
+            } else {
+                format!("these fit: {}", fits.join("; "))
+            }
+        );
+    }
+    Ok(())
 }

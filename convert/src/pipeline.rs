@@ -235,6 +235,9 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     parameters.insert("experts".to_string(), opts.encodings.experts.name());
     parameters.insert("dense".to_string(), opts.encodings.dense.name());
     parameters.insert("mtp".to_string(), opts.encodings.mtp.name());
+    for (k, e) in opts.encodings.roles.chosen() {
+        parameters.insert(k.to_string(), e.name());
+    }
     if let Some(e) = opts.encodings.embeddings {
         parameters.insert("embeddings".to_string(), e.name());
     }
@@ -487,6 +490,8 @@ fn write_all(
     for c in [
         Class::Experts,
         Class::Attention,
+        Class::Indexer,
+        Class::SharedExperts,
         Class::DenseMlp,
         Class::Mtp,
         Class::Embeddings,

@@ -7,7 +7,7 @@ use crate::quant::{ScaleSource, SourceMatrix};
 use crate::safetensors::Dtype;
 use coli_format::encoding::{align_up, FP8_BLOCK, SECTION_ALIGN};
 use coli_format::spec::{
-    layer_of, ExpertStorage, ExpertsSpec, Family, TensorClass, TensorKind, TensorSpec,
+    layer_of, ExpertStorage, ExpertsSpec, Family, LinearRole, TensorClass, TensorKind, TensorSpec,
 };
 use coli_format::{Encoding, ExpertKey, RecordLayout};
 use coli_store::ExpertLayer;
@@ -18,8 +18,12 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct Encodings {
     /// Routed experts of the main layers.
     pub experts: Encoding,
-    /// Linear weights outside the routed experts (attention, shared experts, dense MLP, indexer).
+    /// Linear weights outside the routed experts (attention, shared experts, dense MLP, indexer)
+    /// whose role has no choice of its own in [`Encodings::roles`].
     pub dense: Encoding,
+    /// Per-role choices that override `dense` (`--attention`, `--indexer`, `--shared-experts`,
+    /// `--dense-mlp`); empty by default.
+    pub roles: RoleEncodings,
     /// Every linear weight of the MTP layer(s), their routed experts included.
     pub mtp: Encoding,
     /// The token embedding `model.embed_tokens.weight` and `lm_head.weight`: `None` keeps
@@ -29,14 +33,79 @@ pub struct Encodings {
     pub embeddings: Option<Encoding>,
 }
 
+/// Per-role encodings of the main layers' dense linear weights ([`LinearRole`]); `None` follows
+/// [`Encodings::dense`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoleEncodings {
+    /// Attention projections (`--attention`).
+    pub attention: Option<Encoding>,
+    /// The DSA indexer's `wq_b` and `wk` (`--indexer`); its `weights_proj` too, except that
+    /// an int4 choice keeps `weights_proj` as in the source.
+    pub indexer: Option<Encoding>,
+    /// Shared experts (`--shared-experts`).
+    pub shared_experts: Option<Encoding>,
+    /// The MLP of dense layers (`--dense-mlp`).
+    pub dense_mlp: Option<Encoding>,
+}
+
+impl RoleEncodings {
+    /// The choice for `role`, if one was made.
+    pub fn get(&self, role: LinearRole) -> Option<Encoding> {
+        match role {
+            LinearRole::Attention => self.attention,
+            LinearRole::Indexer | LinearRole::IndexerWeights => self.indexer,
+            LinearRole::SharedExperts => self.shared_experts,
+            LinearRole::DenseMlp => self.dense_mlp,
+        }
+    }
+
+    /// The choices made, as `(option name, encoding)` in a fixed order (the store's
+    /// conversion parameters).
+    pub fn chosen(&self) -> Vec<(&'static str, Encoding)> {
+        [
+            ("attention", self.attention),
+            ("indexer", self.indexer),
+            ("shared_experts", self.shared_experts),
+            ("dense_mlp", self.dense_mlp),
+        ]
+        .into_iter()
+        .filter_map(|(k, e)| e.map(|e| (k, e)))
+        .collect()
+    }
+}
+
+impl Encodings {
+    /// Experts `experts`, every dense linear weight `dense`, MTP `mtp`, embeddings as in the
+    /// source, no per-role choices.
+    pub fn new(experts: Encoding, dense: Encoding, mtp: Encoding) -> Encodings {
+        Encodings {
+            experts,
+            dense,
+            roles: RoleEncodings::default(),
+            mtp,
+            embeddings: None,
+        }
+    }
+
+    /// The encoding chosen for a main-layer linear weight of `role` (before the rules that
+    /// keep some tensors as in the source).
+    pub fn for_role(&self, role: LinearRole) -> Encoding {
+        self.roles.get(role).unwrap_or(self.dense)
+    }
+}
+
 /// Class of a tensor for the quantization error report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
     /// Routed experts of the main layers.
     Experts,
-    /// Attention linear weights (`self_attn.*`, the GLM indexer included).
+    /// Attention linear weights (`self_attn.*` but the DSA indexer).
     Attention,
-    /// Other linear weights of the main layers (shared experts, dense MLP layers).
+    /// The DSA indexer's linear weights (`self_attn.indexer.*`).
+    Indexer,
+    /// Shared experts of the MoE layers.
+    SharedExperts,
+    /// The MLP of dense layers.
     DenseMlp,
     /// Every linear weight of the MTP layer(s), experts included.
     Mtp,
@@ -52,6 +121,8 @@ impl Class {
         match self {
             Class::Experts => "experts",
             Class::Attention => "attention",
+            Class::Indexer => "indexer",
+            Class::SharedExperts => "shared_experts",
             Class::DenseMlp => "dense_mlp",
             Class::Mtp => "mtp",
             Class::Embeddings => "embeddings",
@@ -217,26 +288,46 @@ pub fn source_matrix<'a>(
 }
 
 /// The encoding the converter stores dense tensor `t` in, when the checkpoint holds it as
-/// `src` (`fp8_checkpoint`: the checkpoint has FP8 weights), with encodings `enc`: what
-/// `coli plan --checkpoint` counts (the same rule as the conversion).
+/// `src` (`fp8_checkpoint`: the checkpoint has FP8 weights), with encodings `enc`; `role` is
+/// the tensor's entry in [`coli_format::spec::ModelTensors::linear_roles`] (`None` for MTP
+/// layers and tensors that are not linear weights): what `coli plan --checkpoint` counts (the
+/// same rule as the conversion).
 ///
 /// # Errors
 /// As the conversion: a U8 dense tensor, fp8 asked of a checkpoint without FP8 weights.
 pub fn dense_encoding(
     t: &TensorSpec,
+    role: Option<LinearRole>,
     src: Dtype,
     enc: Encodings,
     fp8_checkpoint: bool,
 ) -> Result<Encoding> {
-    dense_target(t, src, enc, fp8_checkpoint, "the checkpoint").map(|(e, _)| e)
+    dense_target(t, role, src, enc, fp8_checkpoint, "the checkpoint").map(|(e, _)| e)
+}
+
+/// The converter option that chooses the encoding of a main-layer linear weight of `role`.
+fn role_option(role: Option<LinearRole>, enc: &Encodings) -> &'static str {
+    match role {
+        Some(r) if enc.roles.get(r).is_some() => match r {
+            LinearRole::Attention => "attention",
+            LinearRole::Indexer | LinearRole::IndexerWeights => "indexer",
+            LinearRole::SharedExperts => "shared-experts",
+            LinearRole::DenseMlp => "dense-mlp",
+        },
+        _ => "dense",
+    }
 }
 
 /// The dense tensor's class for the error report and its target encoding, from what the
 /// spec says it is: norms, biases and routers stay as in the source; the main embedding and
-/// lm_head follow `--embeddings`; linear weights follow `--dense` (`--mtp` in an MTP layer).
-/// An MTP layer's own embedding and head copies stay as in the source.
+/// lm_head follow `--embeddings`; linear weights follow their role's choice (`--attention`,
+/// `--indexer`, `--shared-experts`, `--dense-mlp`, else `--dense`; `--mtp` in an MTP layer).
+/// An MTP layer's own embedding and head copies stay as in the source. The linear weights an
+/// FP8 checkpoint publishes in high precision stay as in the source when the choice is fp8
+/// (lossless), and the indexer's `weights_proj` also when it is int4.
 fn dense_target(
     t: &TensorSpec,
+    role: Option<LinearRole>,
     src: Dtype,
     enc: Encodings,
     fp8_checkpoint: bool,
@@ -253,6 +344,10 @@ fn dense_target(
             ))
         }
     };
+    let keep_high = match src {
+        Dtype::Bf16 => Encoding::Bf16,
+        _ => Encoding::F32,
+    };
     let mtp = t.class == TensorClass::Mtp;
     Ok(match t.kind {
         TensorKind::Embedding | TensorKind::OutputHead if !mtp => match enc.embeddings {
@@ -260,32 +355,44 @@ fn dense_target(
             None => (as_source, Class::Kept),
         },
         TensorKind::Linear => {
-            let e = if mtp { enc.mtp } else { enc.dense };
-            let class = if mtp {
-                Class::Mtp
-            } else if t.name.contains(".self_attn.") {
-                Class::Attention
-            } else {
-                Class::DenseMlp
+            let e = match (mtp, role) {
+                (true, _) => enc.mtp,
+                (false, Some(r)) => enc.for_role(r),
+                (false, None) => enc.dense,
             };
+            let class = match (mtp, role) {
+                (true, _) => Class::Mtp,
+                (false, Some(LinearRole::Attention)) => Class::Attention,
+                (false, Some(LinearRole::Indexer | LinearRole::IndexerWeights)) => Class::Indexer,
+                (false, Some(LinearRole::SharedExperts)) => Class::SharedExperts,
+                (false, Some(LinearRole::DenseMlp)) => Class::DenseMlp,
+                (false, None) if t.name.contains(".self_attn.") => Class::Attention,
+                (false, None) => Class::DenseMlp,
+            };
+            let kept_high_precision = role.is_some_and(LinearRole::kept_high_precision);
             if e == Encoding::Fp8 && src != Dtype::F8E4M3 && fp8_checkpoint {
                 // An FP8 checkpoint publishes a few linear weights in high precision (DeepSeek's
                 // MTP eh_proj, GLM's indexer.weights_proj): the lossless store keeps them as in
                 // the source.
-                let keep = match src {
-                    Dtype::Bf16 => Encoding::Bf16,
-                    _ => Encoding::F32,
-                };
-                (keep, Class::Kept)
+                (keep_high, Class::Kept)
             } else if e == Encoding::Fp8 && src != Dtype::F8E4M3 {
+                let option = if mtp { "mtp" } else { role_option(role, &enc) };
                 return Err(terr(
                     &t.name,
                     format!(
-                        "is {} in {shard} and the checkpoint has no FP8 weights; --{} fp8 keeps FP8 weights only: choose bf16 or int8",
+                        "is {} in {shard} and the checkpoint has no FP8 weights; --{option} fp8 keeps FP8 weights only: choose bf16, int8 or int4-g64",
                         src.name(),
-                        if mtp { "mtp" } else { "dense" }
                     ),
                 ));
+            } else if matches!(e, Encoding::Int4 { .. }) && kept_high_precision {
+                // The published checkpoints keep the indexer's head weights in BF16 (it scores
+                // every cached token); int4 is not asked of them (issue 23).
+                let keep = if src == Dtype::F8E4M3 {
+                    Encoding::Fp8
+                } else {
+                    keep_high
+                };
+                (keep, Class::Kept)
             } else {
                 (e, class)
             }
@@ -364,6 +471,7 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             wanted.extend(m.dense());
         }
     }
+    let roles = spec.tensors.linear_roles();
     let mut dense_spec: BTreeMap<&str, &TensorSpec> = BTreeMap::new();
     for t in wanted {
         dense_spec.insert(&t.name, t);
@@ -541,7 +649,9 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                 ),
             ));
         }
-        let (encoding, class) = dense_target(t, info.dtype, enc, fp8_checkpoint, &shard.name)?;
+        let role = roles.get(name.as_str()).copied();
+        let (encoding, class) =
+            dense_target(t, role, info.dtype, enc, fp8_checkpoint, &shard.name)?;
         dense.push(DenseItem {
             name: name.clone(),
             shape: info.shape.clone(),

@@ -178,16 +178,12 @@ fn embeddings_int8_values_and_refusal() {
     // The other dense tensors keep their encodings (router and norms bf16, attention bf16).
     let q = st.dense("model.layers.0.self_attn.q_proj.weight").unwrap();
     assert_eq!(q.encoding, coli_store::Encoding::Bf16);
-    // Only int8 (or the source encoding) is accepted.
-    let o = convert(
-        &input,
-        &tmp.path().join("bad"),
-        &["--embeddings", "int4-g64"],
-    );
+    // Only int8, int4 (or the source encoding) is accepted.
+    let o = convert(&input, &tmp.path().join("bad"), &["--embeddings", "fp8"]);
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(
-        e.contains("--embeddings int4-g64") && e.contains("int8"),
+        e.contains("--embeddings fp8") && e.contains("int8, int4-g64"),
         "{e}"
     );
     assert!(!tmp.path().join("bad").exists());

@@ -13,7 +13,7 @@
 //! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
 //! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
 //! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`speculative`] (drafts, verification, the draft gate), [`text`] (tokenizer, chat template, streaming decoder),
-//! [`size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
+//! [`parse_size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
 
@@ -28,7 +28,6 @@ pub mod placement;
 pub mod prefetch;
 pub mod sampling;
 pub mod sequence;
-pub mod size;
 pub mod speculative;
 pub mod text;
 pub mod trace;
@@ -46,6 +45,12 @@ pub use options::EngineOptions;
 pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};
 pub use sequence::Sequence;
-pub use size::parse_size;
+/// Parses a byte size (`coli_format::size::parse_size`: bytes, K/M/G/T = KiB/MiB/..., KB/MB/GB).
+///
+/// # Errors
+/// [`EngineError::Invalid`] with the parser's message.
+pub fn parse_size(s: &str) -> Result<u64> {
+    coli_format::parse_size(s).map_err(EngineError::Invalid)
+}
 pub use speculative::{Speculate, SpeculationParams, SpeculationStats};
 pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};

@@ -25,6 +25,7 @@ mod error;
 mod key;
 mod matrix;
 mod record;
+pub mod size;
 pub mod spec;
 
 pub use encoding::{Codec, Encoding, ErrSums};
@@ -32,4 +33,5 @@ pub use error::FormatError;
 pub use key::ExpertKey;
 pub use matrix::MatrixView;
 pub use record::RecordLayout;
+pub use size::parse_size;
 pub use spec::{Family, ModelSpec};

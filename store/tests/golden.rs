@@ -52,7 +52,7 @@ fn assert_rows(view: &MatrixView<'_>, want: &serde_json::Value, what: &str) {
             .iter()
             .map(|x| x.as_f64().expect("number") as f32)
             .collect();
-        assert_eq!(row, want_row, "{what} gate row {r}");
+        assert_eq!(row, want_row, "{what} row {r}");
     }
 }
 
@@ -104,6 +104,44 @@ fn golden_v2_opens_verifies_and_decodes() {
     let gate = experts[0].gate();
     assert_eq!(gate.encoding(), Encoding::Mxfp4);
     assert_rows(&gate, &probe["values_f32"], "golden v2");
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
+/// `v3-mixtral-int4-dense` was written by `coli-convert` 0.1.0 (format version 3) from the tiny
+/// Mixtral fixture with `--dense int4-g32 --embeddings int4-g64` (int4-g64 experts). Expected
+/// values: the fixture's `expected_int4_dense.json` `probe` (layer 0's first attention
+/// projection) and `expected.json` `int4_probe`, both computed by the fixture scripts' own numpy
+/// int4 formula.
+#[test]
+fn golden_v3_opens_verifies_and_decodes() {
+    let dir = golden("v3-mixtral-int4-dense");
+    let store = Store::open(&dir).expect("golden v3 store opens");
+    let m = store.manifest();
+    assert_eq!(m.format_version, 3);
+    assert_eq!(m.family, "mixtral");
+    let experts = fetch_all(&store);
+    let probe = &fixture_expected("mixtral_fp8")["int4_probe"];
+    assert_rows(
+        &experts[0].gate(),
+        &probe["int4_dequantized"],
+        "golden v3 expert",
+    );
+
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/tiny/mixtral_fp8/expected_int4_dense.json");
+    let dense_probe: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("parse");
+    let p = &dense_probe["probe"];
+    let t = store
+        .dense(p["tensor"].as_str().expect("name"))
+        .expect("probe tensor");
+    assert_eq!(t.encoding, Encoding::Int4 { group_size: 32 });
+    let view = MatrixView::new(t.encoding, t.shape[0], t.shape[1], t.data, t.scales).unwrap();
+    assert_rows(&view, &p["int4_dequantized"], "golden v3 dense");
+    let embed = store.dense("model.embed_tokens.weight").expect("embedding");
+    assert_eq!(embed.encoding, Encoding::Int4 { group_size: 64 });
+
     let r = check(&dir, &FsckOptions::default(), &NoProgress);
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }

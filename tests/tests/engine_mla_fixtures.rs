@@ -180,6 +180,7 @@ fn glm5_shared_indexer_layers_decode_like_prefill() {
         encodings: coli_convert::Encodings {
             experts: coli_tests::encoding("int4-g64"),
             dense: coli_tests::encoding("bf16"),
+            roles: Default::default(),
             mtp: coli_tests::encoding("int8"),
             embeddings: None,
         },

@@ -17,6 +17,7 @@ fn refused(ck: &Path, tmp: &Path, names: &[&str]) {
         encodings: coli_convert::Encodings {
             experts: coli_tests::encoding("int4-g64"),
             dense: coli_tests::encoding("bf16"),
+            roles: Default::default(),
             mtp: coli_tests::encoding("int8"),
             embeddings: None,
         },

@@ -70,6 +70,7 @@ fn convert(input: &Path, out: &Path, experts: Encoding, dense: Encoding) {
     let enc = Encodings {
         experts,
         dense,
+        roles: Default::default(),
         mtp: Encoding::Int8,
         embeddings: None,
     };

@@ -134,6 +134,7 @@ fn convert_err(dir: &std::path::Path, experts: Encoding) -> String {
         encodings: Encodings {
             experts,
             dense: Encoding::Bf16,
+            roles: Default::default(),
             mtp: Encoding::Int8,
             embeddings: None,
         },
@@ -267,6 +268,7 @@ fn transformers5_fused_experts_convert_like_per_expert_tensors() {
             encodings: Encodings {
                 experts: Encoding::Int4 { group_size: 64 },
                 dense: Encoding::Bf16,
+                roles: Default::default(),
                 mtp: Encoding::Int8,
                 embeddings: None,
             },

@@ -184,7 +184,7 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
 /// and FP8 (DeepSeek-V3, lossless and int4), fused MXFP4 experts with biases (gpt-oss).
 #[test]
 fn plan_from_a_checkpoint_predicts_the_store() {
-    use coli_tools::plan_config::{plan_from_config, ConfigPlanArgs};
+    use coli_convert::memory_plan::{plan_from_config, ConfigPlanArgs};
     for (name, variant) in [
         ("olmoe_fp8", "int4_store"),
         ("deepseek_v3_fp8", "lossless_store"),
@@ -204,6 +204,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
             disk_gib_s: Some(2.0),
             experts: Some(enc("experts", "")),
             mtp: enc("mtp", "int8"),
+            chosen: None,
         })
         .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         let (_tmp, dir) = convert_fixture(name, variant);
@@ -256,5 +257,59 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         assert_eq!(row.hit_rate_uniform, 1.0, "a tiny model fits");
         // Usable: 8 GiB of cache at 8k tokens, or every expert (a tiny model's all fit).
         assert!(row.usable && row.expert_cache_bytes_at_8k >= p.expert_bytes_total);
+    }
+}
+
+/// The plan of the converter's own choices (`coli-convert --total-ram`: int4 dense, per-role
+/// and embeddings choices) gives the dense bytes of the store those choices produce, exactly.
+#[test]
+fn plan_of_chosen_encodings_predicts_the_store() {
+    use coli_convert::memory_plan::{plan_from_config, ConfigPlanArgs};
+    for name in ["glm5_fp8", "deepseek_v3_fp8", "glm4_moe_fp8"] {
+        let p = coli_tests::fixture_dir(name).join("expected_int4_dense.json");
+        let exp: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+        let mut params = exp["store"].clone();
+        params["attention"] = "int8".into();
+        let (_tmp, dir) =
+            coli_tests::convert_fixture_with(name, &params, "int4 dense, int8 attention");
+        let store = open_store(&dir, false, IoPreference::Buffered);
+        let m = store.manifest();
+        let e = |k: &str| coli_tests::encoding(params[k].as_str().unwrap());
+        let chosen = coli_convert::Encodings {
+            embeddings: Some(e("embeddings")),
+            roles: coli_convert::RoleEncodings {
+                attention: Some(coli_format::Encoding::Int8),
+                ..Default::default()
+            },
+            ..coli_convert::Encodings::new(e("experts"), e("dense"), e("mtp"))
+        };
+        let plan = plan_from_config(&ConfigPlanArgs {
+            checkpoint: Some(&coli_tests::fixture_dir(name)),
+            config: None,
+            total_ram: 16 << 30,
+            context: 1024,
+            disk_gib_s: None,
+            experts: Some(chosen.experts),
+            mtp: chosen.mtp,
+            chosen: Some(chosen),
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let row = &plan.rows[0];
+        assert!(row.chosen && plan.rows[1..].iter().all(|r| !r.chosen));
+        assert_eq!(
+            row.dense_encoding,
+            format!("{} attention=int8", params["dense"].as_str().unwrap())
+        );
+        let sections: u64 = m.dense.iter().map(|d| d.length + d.scales_length).sum();
+        assert_eq!(
+            row.dense_bytes, sections,
+            "{name}: dense bytes of the chosen encodings"
+        );
+        assert!(
+            plan.rows
+                .iter()
+                .any(|r| r.dense_encoding == "int4-g64" && r.embeddings_encoding == "int4-g64"),
+            "{name}: the standard int4 rows are planned too"
+        );
     }
 }

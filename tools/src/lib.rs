@@ -13,6 +13,5 @@ pub mod info;
 pub mod mirror;
 pub mod options;
 pub mod plan;
-pub mod plan_config;
 pub mod serve;
 pub mod tune;

@@ -169,26 +169,29 @@ pub fn run(a: &PlanArgs) -> Result<()> {
                 "neither /proc/meminfo nor a memory cgroup limit is readable: give --total-ram",
             )?,
         };
-        let p = crate::plan_config::plan_from_config(&crate::plan_config::ConfigPlanArgs {
-            checkpoint: a.checkpoint.as_deref(),
-            config: a.config.as_deref(),
-            total_ram,
-            context: a
-                .engine
-                .context
-                .unwrap_or(crate::plan_config::USABLE_CONTEXT),
-            disk_gib_s: a.disk_gib_s,
-            experts: a
-                .experts
-                .as_deref()
-                .map(|e| enc(e, "experts"))
-                .transpose()?,
-            mtp: enc(&a.mtp, "mtp")?,
-        })?;
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint: a.checkpoint.as_deref(),
+                config: a.config.as_deref(),
+                total_ram,
+                context: a
+                    .engine
+                    .context
+                    .unwrap_or(coli_convert::memory_plan::USABLE_CONTEXT),
+                disk_gib_s: a.disk_gib_s,
+                experts: a
+                    .experts
+                    .as_deref()
+                    .map(|e| enc(e, "experts"))
+                    .transpose()?,
+                mtp: enc(&a.mtp, "mtp")?,
+                chosen: None,
+            },
+        )?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&p)?);
         } else {
-            crate::plan_config::print(&p);
+            print!("{}", coli_convert::memory_plan::render(&p));
         }
         return Ok(());
     }
@@ -537,5 +540,16 @@ fn print_table(p: &Plan) {
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     for (k, v) in rows {
         println!("{k:<w$}  {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_converter_plans_with_the_engines_runtime_reserve() {
+        assert_eq!(
+            coli_convert::memory_plan::RUNTIME_RESERVE_BYTES,
+            coli_engine::placement::BUDGET_RESERVE_BYTES
+        );
     }
 }

@@ -50,6 +50,25 @@ pub struct DenseEntry {
     pub xxh3: Xxh3Sum,
 }
 
+/// The oldest format version that can hold the dense tensors `dense`: 3 when one is int4
+/// (FORMAT.md section 12), else 1. A writer stamps the larger of this and
+/// [`crate::disk::index::min_format_version`] on every file of the store.
+pub fn dense_min_format_version(dense: &[DenseEntry]) -> u32 {
+    if dense.iter().any(DenseEntry::is_int4) {
+        3
+    } else {
+        1
+    }
+}
+
+impl DenseEntry {
+    /// True when the entry's encoding id is int4 (5): allowed for dense tensors from format
+    /// version 3 on.
+    pub fn is_int4(&self) -> bool {
+        self.encoding == crate::Encoding::Int4 { group_size: 2 }.id()
+    }
+}
+
 /// A file copied from the checkpoint into `files/` (section 8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -225,6 +244,14 @@ impl Manifest {
             )));
         }
         m.expert_encoding()?;
+        if let Some(e) = m.dense.iter().find(|e| e.is_int4()) {
+            if m.format_version < 3 {
+                return Err(fmt_err(format!(
+                    "dense tensor {} is int4, which format version {} does not allow (int4 dense tensors are version 3, FORMAT.md section 12)",
+                    e.name, m.format_version
+                )));
+            }
+        }
         for f in &m.files {
             if f.name.is_empty() || f.name.contains('/') || f.name == ".." || f.name == "." {
                 return Err(fmt_err(format!("bad file name {:?}", f.name)));
@@ -456,5 +483,38 @@ mod tests {
             Manifest::parse(&newer.to_bytes()),
             Err(FormatError::NewerVersion { .. })
         ));
+    }
+
+    #[test]
+    fn int4_dense_tensors_need_version_3() {
+        let int4 = Encoding::Int4 { group_size: 32 };
+        let entry = |enc: Encoding| DenseEntry {
+            name: "model.layers.0.self_attn.q_proj.weight".into(),
+            encoding: enc.id(),
+            group_size: enc.group_size(),
+            shape: vec![2, 64],
+            offset: 0,
+            length: enc.weight_bytes(2, 64) as u64,
+            scales_offset: 64,
+            scales_length: enc.scale_bytes(2, 64) as u64,
+            xxh3: Xxh3Sum(3),
+        };
+        assert_eq!(dense_min_format_version(&[entry(Encoding::Int8)]), 1);
+        assert_eq!(
+            dense_min_format_version(&[entry(Encoding::Int8), entry(int4)]),
+            3
+        );
+        let mut m = sample();
+        m.dense = vec![entry(int4)];
+        assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+        for v in [1, 2] {
+            m.format_version = v;
+            let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+            assert!(
+                e.contains("dense tensor model.layers.0.self_attn.q_proj.weight is int4")
+                    && e.contains(&format!("format version {v} does not allow")),
+                "{e}"
+            );
+        }
     }
 }

@@ -35,6 +35,54 @@ pub enum TensorKind {
     Bias,
 }
 
+/// Which block of a main layer a dense linear weight belongs to: the converter chooses an
+/// encoding per role (`coli-convert --attention/--indexer/--shared-experts/--dense-mlp`, each
+/// defaulting to `--dense`), as llama.cpp's quantization mixes do per tensor type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LinearRole {
+    /// Attention projections: GQA `q/k/v/o_proj`, MLA `q_a/q_b/q_proj`, `kv_a_proj_with_mqa`,
+    /// `kv_b_proj`, `o_proj`.
+    Attention,
+    /// The DSA indexer's query and key projections (`self_attn.indexer.wq_b`, `.wk`).
+    Indexer,
+    /// The DSA indexer's head weights (`self_attn.indexer.weights_proj`): one of the linear
+    /// weights the published FP8 checkpoints keep in BF16; never quantized below 8 bits.
+    IndexerWeights,
+    /// Shared experts of a MoE layer (`mlp.shared_experts.*`).
+    SharedExperts,
+    /// The SwiGLU MLP of a dense (non-MoE) layer (`mlp.{gate,up,down}_proj`).
+    DenseMlp,
+}
+
+impl LinearRole {
+    /// Every role, in a fixed order.
+    pub const ALL: [LinearRole; 5] = [
+        LinearRole::Attention,
+        LinearRole::Indexer,
+        LinearRole::IndexerWeights,
+        LinearRole::SharedExperts,
+        LinearRole::DenseMlp,
+    ];
+
+    /// A short name (`attention`, `indexer`, `indexer_weights`, `shared_experts`,
+    /// `dense_mlp`), as reports and `coli info` spell it.
+    pub fn key(self) -> &'static str {
+        match self {
+            LinearRole::Attention => "attention",
+            LinearRole::Indexer => "indexer",
+            LinearRole::IndexerWeights => "indexer_weights",
+            LinearRole::SharedExperts => "shared_experts",
+            LinearRole::DenseMlp => "dense_mlp",
+        }
+    }
+
+    /// True for the weights the published FP8 checkpoints keep in high precision (BF16): the
+    /// converter keeps them as in the source when their role's choice is int4.
+    pub fn kept_high_precision(self) -> bool {
+        self == LinearRole::IndexerWeights
+    }
+}
+
 /// One tensor the model reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
@@ -471,6 +519,59 @@ impl LayerSpec {
         out
     }
 
+    /// The layer's linear weights outside the routed experts with their role (biases are
+    /// not linear weights), in the order of [`LayerSpec::dense`].
+    pub fn linear_roles<'a>(&'a self) -> Vec<(&'a TensorSpec, LinearRole)> {
+        let mut out = Vec::new();
+        let mut add = |l: &'a LinearSpec, r: LinearRole| out.push((&l.weight, r));
+        match &self.attention {
+            AttentionSpec::Gqa { q, k, v, o, .. } => {
+                for l in [q, k, v, o] {
+                    add(l, LinearRole::Attention);
+                }
+            }
+            AttentionSpec::Mla {
+                q,
+                kv_a,
+                kv_b,
+                o,
+                indexer,
+                ..
+            } => {
+                match q {
+                    MlaQuerySpec::Lora { a, b, .. } => {
+                        add(a, LinearRole::Attention);
+                        add(b, LinearRole::Attention);
+                    }
+                    MlaQuerySpec::Direct(l) => add(l, LinearRole::Attention),
+                }
+                for l in [kv_a, kv_b, o] {
+                    add(l, LinearRole::Attention);
+                }
+                if let Some(ix) = indexer {
+                    add(&ix.wq_b, LinearRole::Indexer);
+                    add(&ix.wk, LinearRole::Indexer);
+                    add(&ix.weights_proj, LinearRole::IndexerWeights);
+                }
+            }
+        }
+        match &self.ffn {
+            FfnSpec::Dense(m) => {
+                for l in [&m.gate, &m.up, &m.down] {
+                    add(l, LinearRole::DenseMlp);
+                }
+            }
+            FfnSpec::Moe(m) => {
+                if let Some(s) = &m.shared {
+                    for l in [&s.gate, &s.up, &s.down] {
+                        add(l, LinearRole::SharedExperts);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The layer's routed experts, if it is a MoE layer.
     pub fn experts(&self) -> Option<&ExpertsSpec> {
         match &self.ffn {
@@ -492,6 +593,17 @@ impl MtpSpec {
 }
 
 impl ModelTensors {
+    /// The role of every linear weight of the main layers outside the routed experts, by
+    /// tensor name ([`LayerSpec::linear_roles`]); MTP layers are not included (their weights
+    /// follow the converter's `--mtp`).
+    pub fn linear_roles(&self) -> std::collections::HashMap<&str, LinearRole> {
+        self.layers
+            .iter()
+            .flat_map(LayerSpec::linear_roles)
+            .map(|(t, r)| (t.name.as_str(), r))
+            .collect()
+    }
+
     /// Every tensor other than routed experts (main layers, then MTP layers), in a fixed order.
     pub fn dense(&self) -> Vec<&TensorSpec> {
         let mut out = self.main_dense();

@@ -8,6 +8,7 @@ use super::{
 use crate::{failpoint, ExpertKey, Manifest, StoreError, Xxh3Sum};
 use coli_format::disk::index::min_format_version;
 use coli_format::disk::index::write_index;
+use coli_format::disk::manifest::dense_min_format_version;
 use coli_format::disk::manifest::{ConverterInfo, EncodingInfo, WholeFile};
 use coli_format::disk::names;
 use coli_format::disk::names::segment_path;
@@ -62,7 +63,7 @@ impl StoreWriter {
                 body_xxh3: old.hasher.digest(),
             });
         }
-        let version = min_format_version(&self.index);
+        let version = min_format_version(&self.index).max(dense_min_format_version(&self.dense));
         for (id, s) in self.closed.iter().enumerate() {
             let id = id as u32;
             let h = SegmentHeader::new(version, id, self.store_id, s.len, s.body_xxh3);

@@ -1,25 +1,19 @@
-//! Byte sizes for `--ram-budget`.
-
-use crate::error::{EngineError, Result};
+//! Byte sizes as every command-line tool of coli accepts them (`--ram-budget`, `--total-ram`).
 
 /// Parses a byte size: a number (decimals allowed) with an optional suffix. `K`, `M`, `G`, `T`
 /// and `KiB`, `MiB`, `GiB`, `TiB` are powers of 1024; `KB`, `MB`, `GB`, `TB` powers of 1000;
 /// `B` or nothing means bytes. Case-insensitive; spaces between number and suffix allowed.
 ///
 /// # Errors
-/// [`EngineError::Invalid`] for an empty string, a bad number, an unknown suffix, or a value
-/// that does not fit in u64.
-pub fn parse_size(s: &str) -> Result<u64> {
+/// A message naming the input and the accepted forms, for an empty string, a bad number, an
+/// unknown suffix, or a value that does not fit in u64.
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
-    let bad = || {
-        EngineError::Invalid(format!(
-            "invalid size {s:?}: expected e.g. 1073741824, 512M, 1.5GiB, 2GB"
-        ))
-    };
+    let bad = || format!("invalid size {s:?}: expected e.g. 1073741824, 512M, 1.5GiB, 2GB");
     if num.is_empty() {
         return Err(bad());
     }

@@ -1,7 +1,7 @@
-//! `coli plan --checkpoint DIR` / `coli plan --config FILE`: the memory plan before any
-//! conversion or download. From the model spec (`coli_format::spec`, the one reader of
+//! The memory plan before any conversion or download: what `coli plan --checkpoint DIR` /
+//! `coli plan --config FILE` print and `coli-convert --total-ram` checks in its preflight. From the model spec (`coli_format::spec`, the one reader of
 //! config.json) and the converter's own encoding rule per tensor
-//! (`coli_convert::plan::dense_encoding`), for each dense encoding: the resident bytes, the
+//! (`crate::plan::dense_encoding`), for each dense encoding: the resident bytes, the
 //! expert record size and count, the bytes a decoded token reads with no hits, the KV cache, what
 //! remains of `--total-ram` for the expert cache, the hit rate an LRU of that size has under
 //! uniform routing, and the decode bound at `--disk-gib-s`.
@@ -11,16 +11,18 @@
 //! config.json declares `quantization_config.quant_method: fp8` (then the few BF16 linear weights
 //! such checkpoints keep, e.g. DeepSeek's `eh_proj`, are counted as FP8).
 
+use crate::safetensors::Dtype;
+use crate::Encodings;
 use anyhow::{bail, Context, Result};
-use coli_convert::safetensors::Dtype;
-use coli_convert::Encodings;
 use coli_format::spec::{TensorClass, TensorKind, TensorSpec};
 use coli_format::{Encoding, ModelSpec, RecordLayout};
 use serde::Serialize;
 use std::path::Path;
 
-/// RAM left for the runtime (buffers, activations, allocator): the engine's budget reserve.
-pub const RUNTIME_RESERVE_BYTES: u64 = coli_engine::placement::BUDGET_RESERVE_BYTES;
+/// RAM left for the runtime (buffers, activations, allocator), bytes: the engine's budget
+/// reserve `coli_engine::placement::BUDGET_RESERVE_BYTES` (512 MiB; the converter does not
+/// depend on the engine, a test of `coli-tools` checks that the two agree).
+pub const RUNTIME_RESERVE_BYTES: u64 = 512 << 20;
 /// A configuration is usable when its expert cache gets at least this much at
 /// [`USABLE_CONTEXT`] tokens.
 pub const USABLE_CACHE_BYTES: u64 = 8 << 30;
@@ -29,11 +31,15 @@ pub const USABLE_CONTEXT: usize = 8192;
 /// Store record alignment the converter uses, bytes.
 const ALIGNMENT: usize = 4096;
 
-/// One configuration of the plan (a dense encoding).
+/// One configuration of the plan (a dense encoding and an embeddings encoding).
 #[derive(Debug, Serialize)]
 pub struct ConfigRow {
     /// `--dense`.
     pub dense_encoding: String,
+    /// `--embeddings` (`source`: as in the checkpoint).
+    pub embeddings_encoding: String,
+    /// The configuration asked for ([`ConfigPlanArgs::chosen`], the converter's options).
+    pub chosen: bool,
     /// Resident bytes: every dense tensor at the encoding the converter gives it (embeddings,
     /// attention, dense MLPs, shared experts, routers, norms, the MTP layer's dense part, the
     /// output head), without the store's section padding (at most 126 bytes a tensor).
@@ -130,7 +136,7 @@ fn tensor_bytes(t: &TensorSpec, enc: Encoding) -> u64 {
 
 /// The dtype each tensor has: from the headers, or assumed (see the module docs).
 enum Dtypes<'a> {
-    Headers(&'a coli_convert::checkpoint::Checkpoint),
+    Headers(&'a crate::checkpoint::Checkpoint),
     Assumed { fp8: bool },
 }
 
@@ -175,6 +181,34 @@ pub struct ConfigPlanArgs<'a> {
     pub experts: Option<Encoding>,
     /// MTP layer encoding (`--mtp`, default int8).
     pub mtp: Encoding,
+    /// A configuration to plan first, marked as chosen (the converter's own options; its
+    /// `experts` and `mtp` are replaced by the two fields above).
+    pub chosen: Option<Encodings>,
+}
+
+/// `--dense` of a configuration, with its per-role choices (`int4-g64 attention=int8`).
+pub fn dense_label(enc: &Encodings) -> String {
+    let mut s = enc.dense.name();
+    for (k, e) in enc.roles.chosen() {
+        s.push_str(&format!(" {k}={}", e.name()));
+    }
+    s
+}
+
+/// The converter options of a row (`--dense int4-g64 --embeddings int4-g64`), for a warning
+/// that names the configurations that fit.
+pub fn row_options(r: &ConfigRow) -> String {
+    let mut it = r.dense_encoding.split(' ');
+    let mut s = format!("--dense {}", it.next().unwrap_or_default());
+    for kv in it {
+        if let Some((k, v)) = kv.split_once('=') {
+            s.push_str(&format!(" --{} {v}", k.replace('_', "-")));
+        }
+    }
+    if r.embeddings_encoding != "source" {
+        s.push_str(&format!(" --embeddings {}", r.embeddings_encoding));
+    }
+    s
 }
 
 /// Builds the config-only plan.
@@ -185,7 +219,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let ck;
     let (spec, dtypes, source, config) = match (a.checkpoint, a.config) {
         (Some(dir), None) => {
-            ck = coli_convert::checkpoint::Checkpoint::open(dir)
+            ck = crate::checkpoint::Checkpoint::open(dir)
                 .with_context(|| format!("reading checkpoint {}", dir.display()))?;
             let config: serde_json::Value = serde_json::from_slice(&ck.config_bytes)
                 .with_context(|| format!("{}/config.json", dir.display()))?;
@@ -266,24 +300,43 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let no_hits = moe_layers * spec.top_k as u64 * main_record;
     let kv_tok = kv_bytes_per_token(&spec);
     let fp8 = dtypes.fp8_checkpoint();
-    let mut dense_choices = vec![Encoding::Bf16, Encoding::Int8];
+    let int4 = Encoding::Int4 { group_size: 64 };
+    let mut dense_choices = vec![(Encoding::Bf16, None), (Encoding::Int8, None)];
     if fp8 {
-        dense_choices.push(Encoding::Fp8);
+        dense_choices.push((Encoding::Fp8, None));
     }
-    let mut rows = Vec::new();
-    for dense_enc in dense_choices {
-        let enc = Encodings {
-            experts,
-            dense: dense_enc,
-            mtp: a.mtp,
-            embeddings: None,
+    dense_choices.extend([(int4, None), (int4, Some(int4))]);
+    let mut configs: Vec<(Encodings, bool)> = Vec::new();
+    if let Some(c) = a.chosen {
+        configs.push((
+            Encodings {
+                experts,
+                mtp: a.mtp,
+                ..c
+            },
+            true,
+        ));
+    }
+    for (dense_enc, embeddings) in dense_choices {
+        let e = Encodings {
+            embeddings,
+            ..Encodings::new(experts, dense_enc, a.mtp)
         };
+        if !configs.iter().any(|(c, _)| *c == e) {
+            configs.push((e, false));
+        }
+    }
+    let roles = spec.tensors.linear_roles();
+    let mut rows = Vec::new();
+    for (enc, chosen) in configs {
+        let dense_enc = enc.dense;
         let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
         for t in spec.tensors.dense() {
             let Some(src) = dtypes.of(t) else {
                 continue;
             };
-            let e = coli_convert::plan::dense_encoding(t, src, enc, fp8)
+            let role = roles.get(t.name.as_str()).copied();
+            let e = crate::plan::dense_encoding(t, role, src, enc, fp8)
                 .with_context(|| format!("--dense {}", dense_enc.name()))?;
             let b = tensor_bytes(t, e);
             dense += b;
@@ -314,7 +367,9 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         };
         let per_token = no_hits as f64 * (1.0 - hit);
         rows.push(ConfigRow {
-            dense_encoding: dense_enc.name(),
+            dense_encoding: dense_label(&enc),
+            embeddings_encoding: enc.embeddings.map_or("source".into(), Encoding::name),
+            chosen,
             dense_bytes: dense,
             embedding_bytes: embed,
             mtp_dense_bytes: mtp_dense,
@@ -359,9 +414,10 @@ fn size(b: f64) -> String {
     }
 }
 
-/// Prints the plan as a table.
-pub fn print(p: &ConfigPlan) {
-    println!(
+/// The plan as a table (lines ending in newlines).
+pub fn render(p: &ConfigPlan) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
         "{} ({}; dtypes {}): {} RAM, context {} tokens{}",
         p.source,
         p.model_type,
@@ -375,7 +431,8 @@ pub fn print(p: &ConfigPlan) {
         p.disk_gib_s
             .map(|g| format!(", disk {g} GiB/s"))
             .unwrap_or_default()
-    );
+    ));
+    out.push('\n');
     let mtp = if p.mtp_experts > 0 {
         format!(
             "; MTP: {} records, {}",
@@ -385,23 +442,26 @@ pub fn print(p: &ConfigPlan) {
     } else {
         String::new()
     };
-    println!(
+    out.push_str(&format!(
         "experts: {} records of {} ({}), {} in all; {} per token with no hits{mtp}",
         p.experts,
         size(p.expert_record_bytes as f64),
         p.expert_encoding,
         size(p.expert_bytes_total as f64),
         size(p.expert_bytes_per_token_no_hits as f64),
-    );
-    println!(
+    ));
+    out.push('\n');
+    out.push_str(&format!(
         "KV cache: {} bytes per token, {} at {} tokens",
         p.kv_bytes_per_token,
         size(p.kv_bytes_per_token.saturating_mul(p.context as u64) as f64),
         p.context
-    );
-    println!(
-        "{:<8} {:>12} {:>12} {:>14} {:>9} {:>14} {:>12} {:>7}",
+    ));
+    out.push('\n');
+    out.push_str(&format!(
+        "{:<26} {:<12} {:>12} {:>12} {:>14} {:>9} {:>14} {:>12} {:>7}",
         "--dense",
+        "--embeddings",
         "resident",
         "expert cache",
         "cached experts",
@@ -409,11 +469,17 @@ pub fn print(p: &ConfigPlan) {
         "read/token",
         "tok/s bound",
         "usable"
-    );
+    ));
+    out.push('\n');
     for r in &p.rows {
-        println!(
-            "{:<8} {:>12} {:>12} {:>14} {:>8.1}% {:>14} {:>12} {:>7}",
-            r.dense_encoding,
+        out.push_str(&format!(
+            "{:<26} {:<12} {:>12} {:>12} {:>14} {:>8.1}% {:>14} {:>12} {:>7}",
+            if r.chosen {
+                format!("{} (chosen)", r.dense_encoding)
+            } else {
+                r.dense_encoding.clone()
+            },
+            r.embeddings_encoding,
             size(r.dense_bytes as f64),
             size(r.expert_cache_bytes as f64),
             r.cached_experts,
@@ -422,16 +488,19 @@ pub fn print(p: &ConfigPlan) {
             r.decode_tok_s_bound
                 .map_or("-".into(), |t| format!("{t:.2}")),
             if r.usable { "yes" } else { "no" }
-        );
+        ));
+        out.push('\n');
     }
-    println!(
+    out.push_str(&format!(
         "usable: at least {} of expert cache (or every expert) at {} tokens of context beside \
          the dense set, the KV cache and {} for the runtime; hit rate for uniform routing \
          (trained models route unevenly and hit more)",
         size(USABLE_CACHE_BYTES as f64),
         USABLE_CONTEXT,
         size(RUNTIME_RESERVE_BYTES as f64)
-    );
+    ));
+    out.push('\n');
+    out
 }
 
 #[cfg(test)]
@@ -452,6 +521,7 @@ mod tests {
             disk_gib_s: Some(3.0),
             experts: None,
             mtp: Encoding::Int8,
+            chosen: None,
         }
     }
 

@@ -1,0 +1,224 @@
+//! int4 dense encodings and per-role choices (issue 23) on the committed GLM-5 fixture
+//! (tests/fixtures/tiny/glm5_fp8: MLA attention, DSA indexer, a dense first layer, shared
+//! experts, an MTP layer): which tensor gets which encoding, the recorded parameters and
+//! format version, and the refusals.
+
+mod common;
+use coli_format::Encoding;
+use coli_store::Store;
+use common::*;
+use std::path::PathBuf;
+
+fn glm5() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny/glm5_fp8")
+}
+
+fn enc(st: &Store, name: &str) -> Encoding {
+    st.dense(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .encoding
+}
+
+#[test]
+fn per_role_choices_reach_every_tensor_of_their_role() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let o = convert(
+        &glm5(),
+        &out,
+        &[
+            "--dense",
+            "int4-g64",
+            "--attention",
+            "int8",
+            "--shared-experts",
+            "int4-g32",
+            "--embeddings",
+            "int4-g32",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rep: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for k in [
+        "attention",
+        "indexer",
+        "shared_experts",
+        "dense_mlp",
+        "embeddings",
+    ] {
+        let e = rep["rel_rms_error"][k].as_f64().unwrap_or(0.0);
+        assert!(e > 0.0 && e < 0.2, "{k}: relative RMS error {e}");
+    }
+    let st = Store::open(&out).unwrap();
+    let m = st.manifest();
+    assert_eq!(m.format_version, 3);
+    let p = &m.parameters;
+    assert_eq!(p["dense"], "int4-g64");
+    assert_eq!(p["attention"], "int8");
+    assert_eq!(p["shared_experts"], "int4-g32");
+    assert_eq!(p["embeddings"], "int4-g32");
+    assert!(!p.contains_key("indexer") && !p.contains_key("dense_mlp"));
+
+    let g64 = Encoding::Int4 { group_size: 64 };
+    let g32 = Encoding::Int4 { group_size: 32 };
+    let l = "model.layers";
+    for (name, want) in [
+        (format!("{l}.0.self_attn.q_a_proj.weight"), Encoding::Int8),
+        (format!("{l}.1.self_attn.kv_b_proj.weight"), Encoding::Int8),
+        (format!("{l}.2.self_attn.o_proj.weight"), Encoding::Int8),
+        // The indexer follows --dense; its weights_proj stays BF16 as published.
+        (format!("{l}.0.self_attn.indexer.wq_b.weight"), g64),
+        (format!("{l}.0.self_attn.indexer.wk.weight"), g64),
+        (
+            format!("{l}.0.self_attn.indexer.weights_proj.weight"),
+            Encoding::Bf16,
+        ),
+        // Layer 0 is dense (first_k_dense_replace 1): its MLP follows --dense.
+        (format!("{l}.0.mlp.gate_proj.weight"), g64),
+        (format!("{l}.1.mlp.shared_experts.down_proj.weight"), g32),
+        // Routers, norms and biases as in the source.
+        (format!("{l}.1.mlp.gate.weight"), Encoding::Bf16),
+        (format!("{l}.1.input_layernorm.weight"), Encoding::Bf16),
+        ("model.embed_tokens.weight".into(), g32),
+        ("lm_head.weight".into(), g32),
+        // The MTP layer (3) follows --mtp (int8), its own embedding as in the source.
+        (format!("{l}.3.self_attn.q_a_proj.weight"), Encoding::Int8),
+        (format!("{l}.3.eh_proj.weight"), Encoding::Int8),
+        (format!("{l}.3.embed_tokens.weight"), Encoding::Bf16),
+    ] {
+        assert_eq!(enc(&st, &name), want, "{name}");
+    }
+}
+
+#[test]
+fn dense_encodings_without_int4_keep_the_older_format_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let o = convert(&glm5(), &out, &["--dense", "int8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(Store::open(&out).unwrap().manifest().format_version, 1);
+}
+
+#[test]
+fn bad_role_choices_are_refused_and_name_the_option() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    for (args, want) in [
+        (
+            &["--attention", "int3"][..],
+            "--attention int3: expected one of bf16, int8, int4-g64, int4-g32, fp8",
+        ),
+        (
+            &["--embeddings", "fp8"][..],
+            "--embeddings fp8: expected one of source, int8, int4-g64, int4-g32",
+        ),
+        (
+            &["--dense-mlp", "mxfp4"][..],
+            "--dense-mlp mxfp4: expected one of",
+        ),
+    ] {
+        let o = convert(&glm5(), &out, args);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert!(!out.exists(), "nothing published on a refusal");
+    }
+    // fp8 for a role asked of a BF16 checkpoint names that role's option.
+    let input = tmp.path().join("bf16");
+    tiny_mixtral_bf16(1, 2).write(&input);
+    let o = convert(&input, &out, &["--attention", "fp8"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("--attention fp8 keeps FP8 weights only"), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_resume_with_other_role_choices_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let o = convert(&glm5(), &out, &["--dense", "int4-g64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = convert(
+        &glm5(),
+        &out,
+        &["--dense", "int4-g64", "--attention", "int8"],
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("attention"), "{e}");
+}
+
+#[test]
+fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
+    use coli_convert::memory_plan::{
+        plan_from_config, ConfigPlanArgs, RUNTIME_RESERVE_BYTES, USABLE_CONTEXT,
+    };
+    // A RAM size where the int4 dense + int4 embeddings configuration just keeps every expert
+    // cached at 8k tokens and the bf16 default does not.
+    let p = plan_from_config(&ConfigPlanArgs {
+        checkpoint: Some(&glm5()),
+        config: None,
+        total_ram: 1 << 30,
+        context: USABLE_CONTEXT,
+        disk_gib_s: None,
+        experts: None,
+        mtp: Encoding::Int8,
+        chosen: None,
+    })
+    .unwrap();
+    let int4 = p
+        .rows
+        .iter()
+        .find(|r| r.dense_encoding == "int4-g64" && r.embeddings_encoding == "int4-g64")
+        .unwrap();
+    let total = int4.dense_bytes + int4.kv_bytes + RUNTIME_RESERVE_BYTES + p.expert_bytes_total;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let total_s = total.to_string();
+    let o = convert(&glm5(), &out, &["--total-ram", &total_s, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("bf16 (chosen)"), "{e}");
+    assert!(
+        e.contains("warning: these encodings leave")
+            && e.contains("these fit: --dense int4-g64 --embeddings int4-g64"),
+        "{e}"
+    );
+    let rep: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        rep["status"], "converted",
+        "the plan warns, the conversion goes on"
+    );
+
+    // The chosen int4 configuration fits: no warning.
+    let out2 = tmp.path().join("store2");
+    let o = convert(
+        &glm5(),
+        &out2,
+        &[
+            "--total-ram",
+            &total_s,
+            "--dense",
+            "int4-g64",
+            "--embeddings",
+            "int4-g64",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("int4-g64 (chosen)") && !e.contains("warning"),
+        "{e}"
+    );
+
+    // The plan's other options need --total-ram.
+    let o = convert(&glm5(), &tmp.path().join("s3"), &["--disk-gib-s", "3"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("give --total-ram too"),
+        "{}",
+        stderr(&o)
+    );
+}
