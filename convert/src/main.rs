@@ -63,9 +63,10 @@ struct Cli {
     /// ones leave less than 8 GiB for the expert cache at 8192 tokens (docs/CONVERT.md).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     total_ram: Option<u64>,
-    /// Context of the memory plan, tokens (with --total-ram).
-    #[arg(long, value_name = "TOKENS", default_value_t = coli_convert::memory_plan::USABLE_CONTEXT)]
-    context: usize,
+    /// Context of the memory plan, tokens (with --total-ram; default 8192). Whether a
+    /// configuration is usable is judged at 8192 tokens whatever this is.
+    #[arg(long, value_name = "TOKENS")]
+    context: Option<usize>,
     /// Disk read bandwidth of the memory plan's decode bound, GiB/s (with --total-ram).
     #[arg(long, value_name = "GIB_S")]
     disk_gib_s: Option<f64>,
@@ -122,7 +123,7 @@ fn real_main() -> anyhow::Result<()> {
     };
     if let Some(total_ram) = cli.total_ram {
         preflight_plan(&cli, encodings, total_ram)?;
-    } else if cli.disk_gib_s.is_some() || cli.context != coli_convert::memory_plan::USABLE_CONTEXT {
+    } else if cli.disk_gib_s.is_some() || cli.context.is_some() {
         anyhow::bail!("--context and --disk-gib-s belong to the memory plan: give --total-ram too");
     }
     if cli.threads == Some(0) {
@@ -193,7 +194,7 @@ fn preflight_plan(cli: &Cli, encodings: Encodings, total_ram: u64) -> anyhow::Re
         checkpoint: Some(&cli.input),
         config: None,
         total_ram,
-        context: cli.context,
+        context: cli.context.unwrap_or(USABLE_CONTEXT),
         disk_gib_s: cli.disk_gib_s,
         experts: Some(encodings.experts),
         mtp: encodings.mtp,

@@ -253,6 +253,13 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     if a.context == 0 {
         bail!("--context must be at least 1 token");
     }
+    if a.total_ram <= RUNTIME_RESERVE_BYTES {
+        bail!(
+            "--total-ram {} bytes leaves nothing beside the {} MiB runtime reserve: give the machine's RAM, e.g. 25G",
+            a.total_ram,
+            RUNTIME_RESERVE_BYTES >> 20
+        );
+    }
     if let Some(g) = a.disk_gib_s {
         if !(g.is_finite() && g > 0.0) {
             bail!("--disk-gib-s must be a positive number of GiB/s, got {g}");
@@ -261,7 +268,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let declares_mxfp4 = coli_format::spec::gpt_oss::declares_mxfp4(&config);
     if a.experts == Some(Encoding::Mxfp4) && !declares_mxfp4 {
         bail!(
-            "--experts mxfp4 keeps published MXFP4 experts; {source} does not declare them              (quantization_config.quant_method mxfp4): choose int4-g64, int4-g32, int8, fp8 or bf16"
+            "--experts mxfp4 keeps published MXFP4 experts; {source} does not declare them (quantization_config.quant_method mxfp4): choose int4-g64, int4-g32, int8, fp8 or bf16"
         );
     }
     let experts = a.experts.unwrap_or(if declares_mxfp4 {
@@ -329,7 +336,6 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let roles = spec.tensors.linear_roles();
     let mut rows = Vec::new();
     for (enc, chosen) in configs {
-        let dense_enc = enc.dense;
         let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
         for t in spec.tensors.dense() {
             let Some(src) = dtypes.of(t) else {
@@ -337,7 +343,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             };
             let role = roles.get(t.name.as_str()).copied();
             let e = crate::plan::dense_encoding(t, role, src, enc, fp8)
-                .with_context(|| format!("--dense {}", dense_enc.name()))?;
+                .with_context(|| format!("planning --dense {}", dense_label(&enc)))?;
             let b = tensor_bytes(t, e);
             dense += b;
             if matches!(t.kind, TensorKind::Embedding | TensorKind::OutputHead)
@@ -458,8 +464,22 @@ pub fn render(p: &ConfigPlan) -> String {
         p.context
     ));
     out.push('\n');
+    let label = |r: &ConfigRow| {
+        if r.chosen {
+            format!("{} (chosen)", r.dense_encoding)
+        } else {
+            r.dense_encoding.clone()
+        }
+    };
+    let label_width = p
+        .rows
+        .iter()
+        .map(|r| label(r).len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
     out.push_str(&format!(
-        "{:<26} {:<12} {:>12} {:>12} {:>14} {:>9} {:>14} {:>12} {:>7}",
+        "{:<w$} {:<12} {:>12} {:>12} {:>14} {:>9} {:>14} {:>12} {:>7}",
         "--dense",
         "--embeddings",
         "resident",
@@ -468,17 +488,14 @@ pub fn render(p: &ConfigPlan) -> String {
         "hit rate",
         "read/token",
         "tok/s bound",
-        "usable"
+        "usable",
+        w = label_width
     ));
     out.push('\n');
     for r in &p.rows {
         out.push_str(&format!(
-            "{:<26} {:<12} {:>12} {:>12} {:>14} {:>8.1}% {:>14} {:>12} {:>7}",
-            if r.chosen {
-                format!("{} (chosen)", r.dense_encoding)
-            } else {
-                r.dense_encoding.clone()
-            },
+            "{:<w$} {:<12} {:>12} {:>12} {:>14} {:>8.1}% {:>14} {:>12} {:>7}",
+            label(r),
             r.embeddings_encoding,
             size(r.dense_bytes as f64),
             size(r.expert_cache_bytes as f64),
@@ -487,7 +504,8 @@ pub fn render(p: &ConfigPlan) -> String {
             size(r.expert_bytes_per_token),
             r.decode_tok_s_bound
                 .map_or("-".into(), |t| format!("{t:.2}")),
-            if r.usable { "yes" } else { "no" }
+            if r.usable { "yes" } else { "no" },
+            w = label_width
         ));
         out.push('\n');
     }

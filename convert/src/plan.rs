@@ -380,8 +380,9 @@ fn dense_target(
                 return Err(terr(
                     &t.name,
                     format!(
-                        "is {} in {shard} and the checkpoint has no FP8 weights; --{option} fp8 keeps FP8 weights only: choose bf16, int8 or int4-g64",
+                        "is {} in {shard} and the checkpoint has no FP8 weights; --{option} fp8 keeps FP8 weights only: choose {}",
                         src.name(),
+                        if mtp { "bf16 or int8" } else { "bf16, int8 or int4-g64" },
                     ),
                 ));
             } else if matches!(e, Encoding::Int4 { .. }) && kept_high_precision {
@@ -472,6 +473,28 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         }
     }
     let roles = spec.tensors.linear_roles();
+    for (option, role) in [
+        ("attention", LinearRole::Attention),
+        ("indexer", LinearRole::Indexer),
+        ("shared-experts", LinearRole::SharedExperts),
+        ("dense-mlp", LinearRole::DenseMlp),
+    ] {
+        if let Some(e) = enc.roles.get(role) {
+            if !roles.values().any(|&r| r == role) {
+                return Err(ConvertError::Usage(format!(
+                    "--{option} {}: this {} model has no {} weights; drop the option",
+                    e.name(),
+                    spec.model_type,
+                    match role {
+                        LinearRole::Attention => "attention",
+                        LinearRole::Indexer | LinearRole::IndexerWeights => "DSA indexer",
+                        LinearRole::SharedExperts => "shared-expert",
+                        LinearRole::DenseMlp => "dense-layer MLP",
+                    }
+                )));
+            }
+        }
+    }
     let mut dense_spec: BTreeMap<&str, &TensorSpec> = BTreeMap::new();
     for t in wanted {
         dense_spec.insert(&t.name, t);

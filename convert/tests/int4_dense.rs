@@ -124,6 +124,30 @@ fn bad_role_choices_are_refused_and_name_the_option() {
         assert!(e.contains(want), "{args:?}: {e}");
         assert!(!out.exists(), "nothing published on a refusal");
     }
+    // A role the model does not have is refused, not silently recorded.
+    let input_q =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny/qwen3_moe_bf16");
+    for (args, want) in [
+        (
+            &["--indexer", "int4-g32"][..],
+            "--indexer int4-g32: this qwen3_moe model has no DSA indexer weights",
+        ),
+        (
+            &["--shared-experts", "int8"][..],
+            "--shared-experts int8: this qwen3_moe model has no shared-expert weights",
+        ),
+        (
+            &["--total-ram", "0"][..],
+            "--total-ram 0 bytes leaves nothing",
+        ),
+        (&["--context", "4096"][..], "give --total-ram too"),
+    ] {
+        let o = convert(&input_q, &out, args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = stderr(&o);
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert!(!out.exists());
+    }
     // fp8 for a role asked of a BF16 checkpoint names that role's option.
     let input = tmp.path().join("bf16");
     tiny_mixtral_bf16(1, 2).write(&input);

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # "What fits where" for the published configs in docs/configs/ (dimensions only, transcribed;
 # nothing downloaded): `coli plan --config` at 25 GiB and 64 GiB of RAM, 8192 tokens of
-# context, a 3 GiB/s disk. Writes docs/configs/what_fits.txt (the figures docs/CONVERT.md quotes).
+# context, a 3 GiB/s disk. Writes docs/configs/what_fits.txt and the table docs/WHAT_FITS.md quotes
+# (docs/configs/what_fits.md, by what_fits_table.py).
 # Usage: bash docs/configs/what_fits.sh [COLI_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 coli="${1:-${CARGO_TARGET_DIR:-target}/release/coli}"
 out=docs/configs/what_fits.txt
 : > "$out"
-for c in glm-4.5 glm-4.6 glm-4.5-air minimax-m2 deepseek-v3.2 gpt-oss-120b; do
+for c in glm-5 deepseek-v3 deepseek-v3.2 kimi-k2 qwen3-235b-a22b glm-4.5 glm-4.6 glm-4.5-air minimax-m2 gpt-oss-120b; do
   for ram in 25G 64G; do
     echo "== $c, --total-ram $ram --context 8192 --disk-gib-s 3" >> "$out"
     "$coli" plan --config "docs/configs/$c.config.json" --total-ram "$ram" --context 8192 \
@@ -16,4 +17,5 @@ for c in glm-4.5 glm-4.6 glm-4.5-air minimax-m2 deepseek-v3.2 gpt-oss-120b; do
     echo >> "$out"
   done
 done
-echo "wrote $out"
+python3 docs/configs/what_fits_table.py "$coli" > docs/configs/what_fits.md
+echo "wrote $out and docs/configs/what_fits.md"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 2  # newest version read (section 12); version 1 stores too
+FORMAT_VERSION = 3  # newest version read (section 12); versions 1 and 2 too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
@@ -246,6 +246,9 @@ def parse_manifest(b: bytes) -> dict:
     m = json.loads(body.decode("utf-8"))
     if m["format_version"] != version:
         raise FormatError("MANIFEST: body format_version differs from the header")
+    for d in m["dense"]:
+        if d["encoding"] == 5 and version < 3:  # int4 dense tensors: version 3 (sections 7, 12)
+            raise FormatError(f"MANIFEST: dense tensor {d['name']} is int4, which version {version} does not allow")
     return m
 
 

@@ -235,6 +235,18 @@ def test_int4_probe_from_expected_json():
         assert np.array_equal(d, want), f"{fx}: dequantized values differ from int4_probe"
 
 
+def test_int4_dense_store_version_3():
+    """int4 dense tensors (format version 3): every dense int4 tensor's codes and scales follow
+    FORMAT.md section 6 from the source values; routers, norms and the rest as in the source."""
+    for fx in ("mixtral_fp8", "qwen3_moe_bf16"):
+        check_store(fx, "int4-g64", "int4-g32")
+        st = cr.Store(convert(fx, "int4-g64", "int4-g32"))
+        assert st.manifest["format_version"] == 3, st.manifest["format_version"]
+        encs = {d["name"]: (d["encoding"], d["group_size"]) for d in st.manifest["dense"]}
+        assert encs["model.layers.0.self_attn.q_proj.weight"] == (cr.INT4, 32), encs
+        assert encs["model.norm.weight"][0] in (cr.BF16, cr.F32), encs
+
+
 def _file_tensor(fixture: str, name: str) -> np.ndarray:
     """A tensor of a fixture checkpoint as its raw array (BF16 as uint16 bits, U8 as bytes)."""
     d = os.path.join(FIXTURES, fixture)

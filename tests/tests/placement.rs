@@ -411,3 +411,31 @@ fn prefetch_gate_pauses_unused_reads_and_never_changes_tokens() {
         assert!(err.contains("prefetch minimum use"), "{err}");
     }
 }
+
+/// A budget below one expert record caches nothing: the engine says so (a warning naming both
+/// sizes), reads every routed expert from disk each time, and still gives the same tokens.
+#[test]
+fn a_budget_below_one_record_warns_and_keeps_the_tokens() {
+    let name = "olmoe_fp8";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    let smallest = store.index().iter().map(|r| r.length.get()).min().unwrap();
+    let opts = EngineOptions {
+        ram_budget: Some(smallest - 1),
+        ..Default::default()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    let w = e.take_warnings();
+    assert!(
+        w.len() == 1
+            && w[0].contains("smaller than one expert record")
+            && w[0].contains(&format!("({smallest} bytes)")),
+        "{w:?}"
+    );
+    let g = e
+        .generate(&ids(&exp["prompt_ids"]), &params(32), |_| Ok(true))
+        .unwrap();
+    assert_eq!(g.tokens, ids(&exp["greedy_int4_g64"]));
+    assert_eq!(g.stats.cache.hits, 0, "nothing is cached");
+}

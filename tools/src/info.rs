@@ -63,29 +63,43 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
     let m = st.manifest();
     let cfg = st.model_config();
     let mut classes: BTreeMap<&str, (u64, u64)> = CLASSES.iter().map(|c| (*c, (0, 0))).collect();
+    let mut class_encodings: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
     let mut record_encodings: BTreeMap<String, u64> = BTreeMap::new();
     for r in st.index() {
         let e = classes.get_mut("routed_experts").expect("class exists");
         e.0 += 1;
         e.1 += r.length.get();
-        *record_encodings
-            .entry(encoding_name(r.encoding.get(), r.group_size.get()))
+        let name = encoding_name(r.encoding.get(), r.group_size.get());
+        *class_encodings
+            .entry("routed_experts")
+            .or_default()
+            .entry(name.clone())
             .or_default() += 1;
+        *record_encodings.entry(name).or_default() += 1;
     }
     let mut dense_encodings: BTreeMap<String, u64> = BTreeMap::new();
     for d in &m.dense {
-        let e = classes.get_mut(dense_class(&d.name)).expect("class exists");
+        let class = dense_class(&d.name);
+        let e = classes.get_mut(class).expect("class exists");
         e.0 += 1;
         e.1 += d.length + d.scales_length;
-        *dense_encodings
-            .entry(encoding_name(d.encoding, d.group_size))
+        let name = encoding_name(d.encoding, d.group_size);
+        *class_encodings
+            .entry(class)
+            .or_default()
+            .entry(name.clone())
             .or_default() += 1;
+        *dense_encodings.entry(name).or_default() += 1;
     }
     let classes_json: serde_json::Map<String, Value> = CLASSES
         .iter()
         .map(|c| {
             let (n, b) = classes[c];
-            (c.to_string(), json!({"count": n, "bytes": b}))
+            let enc = class_encodings.get(c).cloned().unwrap_or_default();
+            (
+                c.to_string(),
+                json!({"count": n, "bytes": b, "encodings": enc}),
+            )
         })
         .collect();
     Ok(json!({
@@ -179,11 +193,12 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
         let x = &r["classes"][c];
         let bytes = x["bytes"].as_u64().unwrap_or(0);
         println!(
-            "  {:<15} {:>8}  {:>12}  ({} bytes)",
+            "  {:<15} {:>8}  {:>12}  ({} bytes)  {}",
             c,
             opt(&x["count"]),
             human_bytes(bytes),
-            bytes
+            bytes,
+            fmt_counts(&x["encodings"])
         );
     }
     println!(

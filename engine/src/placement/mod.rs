@@ -130,6 +130,14 @@ impl PlacementPolicy {
                 cache.pin(store, &set)?;
             }
         }
+        let smallest = store.index().iter().map(|r| r.length.get()).min();
+        if let Some(rec) = smallest.filter(|&rec| budget < rec) {
+            policy.warnings.push(format!(
+                "the expert budget ({budget} bytes) is smaller than one expert record ({rec} bytes): \
+                 no expert is cached, every routed expert is read from disk each time a token uses \
+                 it; give --ram-budget at least {rec} bytes to cache one"
+            ));
+        }
         let (n, bytes) = cache.pinned();
         policy.placement.pinned_experts = n;
         policy.placement.pinned_bytes = bytes;

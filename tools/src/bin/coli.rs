@@ -180,7 +180,7 @@ fn fmt_bytes(b: f64) -> String {
 }
 
 /// `kv`: KV-cache bytes per token and tokens held.
-fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize)) {
+fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch: bool) {
     let s = &g.stats;
     eprintln!("load: {load_s:.2} s (io: {io})");
     eprintln!(
@@ -225,11 +225,11 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize)) {
         s.cache.hit_rate() * 100.0,
         s.cache.evictions
     );
-    print_placement_stats(s);
+    print_placement_stats(s, prefetch);
 }
 
 /// The tiered-cache and prefetch lines of the run statistics (stderr).
-fn print_placement_stats(s: &coli_engine::GenerationStats) {
+fn print_placement_stats(s: &coli_engine::GenerationStats, prefetch: bool) {
     let c = &s.cache;
     eprintln!(
         "disk per token: {} demand + {} prefetch; hits by tier: pinned {}, cache {}, in flight {}",
@@ -239,13 +239,22 @@ fn print_placement_stats(s: &coli_engine::GenerationStats) {
         c.hits - c.pinned_hits - c.inflight_waits,
         c.inflight_waits
     );
-    eprintln!(
-        "prefetch: {} experts read, {} used; prediction precision {:.1}% recall {:.1}%",
-        c.prefetch_reads,
-        c.prefetch_used,
-        c.prefetch_precision() * 100.0,
-        c.prefetch_recall() * 100.0
-    );
+    if !prefetch {
+        eprintln!("prefetch: off");
+    } else if c.prefetch_reads == 0 {
+        eprintln!(
+            "prefetch: on, no expert read ahead (each predicted expert was already cached or in \
+             flight, or the cache holds none)"
+        );
+    } else {
+        eprintln!(
+            "prefetch: {} experts read, {} used; prediction precision {:.1}% recall {:.1}%",
+            c.prefetch_reads,
+            c.prefetch_used,
+            c.prefetch_precision() * 100.0,
+            c.prefetch_recall() * 100.0
+        );
+    }
     eprintln!(
         "per token: I/O wait {:.2} ms (+{:.2} ms of reads hidden behind compute), compute {:.2} ms; disk {:.3} GiB/s",
         s.per_token(s.io_wait_s()) * 1e3,
@@ -376,7 +385,13 @@ fn run(a: RunArgs) -> Result<()> {
         let _ = writeln!(stdout);
         let _ = stdout.flush();
         let kv = (eng.kv_bytes_per_token(), eng.cached_tokens().len());
-        print_stats(&g, load_s, &io_desc(&loaded.store), kv);
+        print_stats(
+            &g,
+            load_s,
+            &io_desc(&loaded.store),
+            kv,
+            eng.placement().prefetch,
+        );
         mirror::print_stats(&loaded.store);
     } else {
         let s = &g.stats;
