@@ -29,6 +29,8 @@ fn info_reports_classes_encodings_and_provenance() {
     assert_eq!(r["classes"]["routed_experts"]["bytes"], expert_bytes);
     assert_eq!(r["classes"]["norms"]["count"], 1);
     assert_eq!(r["classes"]["norms"]["bytes"], 32);
+    assert_eq!(r["classes"]["routed_experts"]["encodings"]["int8"], 6);
+    assert_eq!(r["classes"]["norms"]["encodings"]["bf16"], 1);
     for class in ["attention", "embeddings", "other_dense"] {
         assert_eq!(r["classes"][class]["count"], 0, "{class}");
     }
