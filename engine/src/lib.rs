@@ -53,4 +53,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
     coli_format::parse_size(s).map_err(EngineError::Invalid)
 }
 pub use speculative::{Speculate, SpeculationParams, SpeculationStats};
-pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer};
+pub use text::{
+    builtin_chat_template, ChatMessage, ChatTemplate, StreamDecoder, TextTokenizer,
+    DEEPSEEK_V32_CHAT_TEMPLATE,
+};

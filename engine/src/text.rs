@@ -256,6 +256,19 @@ fn special_token_content(v: &Json) -> Option<String> {
     }
 }
 
+/// llama.cpp's Jinja port of DeepSeek-V3.2's prompt encoder (`models/templates/
+/// deepseek-ai-DeepSeek-V3.2.jinja`, as vendored by the llama-cpp-python 0.3.36 sdist on PyPI;
+/// MIT license). The release publishes its encoder as Python code (`encoding/encoding_dsv32.py`)
+/// and no chat template; tests/tests/engine_chat_template.rs checks that this renders as
+/// transformers renders it.
+pub const DEEPSEEK_V32_CHAT_TEMPLATE: &str = include_str!("templates/deepseek-v3.2.jinja");
+
+/// The chat template coli uses for a store of `family` whose checkpoint ships none: DeepSeek-V3.2
+/// ([`DEEPSEEK_V32_CHAT_TEMPLATE`]); `None` for every other family (their releases ship one).
+pub fn builtin_chat_template(family: &str) -> Option<&'static str> {
+    (family == "deepseek_v32").then_some(DEEPSEEK_V32_CHAT_TEMPLATE)
+}
+
 impl TextTokenizer {
     /// Builds a tokenizer from `tokenizer.json` bytes and, optionally, `tokenizer_config.json`
     /// and `chat_template.jinja` contents (the .jinja file wins over the config's
@@ -306,11 +319,47 @@ impl TextTokenizer {
     }
 
     /// Loads the tokenizer of `store` (`files/tokenizer.json`, `tokenizer_config.json`,
-    /// `chat_template.jinja`); `Ok(None)` when the store has no tokenizer.json.
+    /// `chat_template.jinja`); `Ok(None)` when the store has no tokenizer.json. A store without
+    /// a chat template gets its family's built-in one where there is one
+    /// ([`builtin_chat_template`]: DeepSeek-V3.2).
     ///
     /// # Errors
     /// Store read errors, unparsable files.
     pub fn from_store(store: &Store) -> Result<Option<TextTokenizer>> {
+        let mut t = Self::from_store_files(store)?;
+        if let Some(t) = t.as_mut().filter(|t| t.chat_template.is_none()) {
+            if let Some(source) = builtin_chat_template(&store.manifest().family) {
+                let special_tokens = t.special_tokens_from_store(store)?;
+                t.chat_template = Some(ChatTemplate {
+                    source: source.to_string(),
+                    special_tokens,
+                });
+            }
+        }
+        Ok(t)
+    }
+
+    /// The special tokens of the store's tokenizer_config.json (none without one).
+    fn special_tokens_from_store(&self, store: &Store) -> Result<Vec<(String, String)>> {
+        let cfg = store
+            .file("tokenizer_config.json")
+            .map_err(store_err("reading tokenizer_config.json".to_string()))?;
+        let cfg: Json = match cfg {
+            Some(b) => serde_json::from_slice(&b).unwrap_or(Json::Null),
+            None => Json::Null,
+        };
+        Ok(SPECIAL_TOKEN_NAMES
+            .iter()
+            .filter_map(|n| {
+                cfg.get(*n)
+                    .and_then(special_token_content)
+                    .map(|c| (n.to_string(), c))
+            })
+            .collect())
+    }
+
+    /// [`TextTokenizer::from_store`] without the built-in templates.
+    fn from_store_files(store: &Store) -> Result<Option<TextTokenizer>> {
         let read = |name: &str| {
             store
                 .file(name)

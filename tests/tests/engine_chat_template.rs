@@ -92,3 +92,85 @@ fn demo_checkpoint_template_is_the_embedded_one_when_present() {
         .collect();
     assert_eq!(ids, want);
 }
+
+/// The published chat templates of the supported families (tests/fixtures/chat_templates/, from
+/// the llama-cpp-python 0.3.36 sdist on PyPI, which vendors llama.cpp's copies of them; for
+/// DeepSeek-V3.2 llama.cpp's Jinja port of the release's Python prompt encoder) render exactly as
+/// transformers' `render_jinja_template` rendered them (`make_chat_template_expected.py`).
+#[test]
+fn published_family_templates_render_like_transformers() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/chat_templates");
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let templates = exp["templates"].as_object().unwrap();
+    for family in [
+        "glm4_moe",
+        "minimax_m2",
+        "deepseek_v32",
+        "deepseek_v3",
+        "kimi_k2",
+        "qwen3_moe",
+    ] {
+        assert!(
+            templates.values().any(|t| t["family"] == family),
+            "no template for {family}"
+        );
+    }
+    let mut n = 0;
+    for (name, t) in templates {
+        let source = std::fs::read_to_string(dir.join(t["file"].as_str().unwrap())).unwrap();
+        let ct = ChatTemplate {
+            source,
+            special_tokens: t["special_tokens"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect(),
+        };
+        for case in t["cases"].as_array().unwrap() {
+            let messages: Vec<ChatMessage> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect();
+            let gen = case["add_generation_prompt"].as_bool().unwrap();
+            let got = ct
+                .render(&messages, gen)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                got,
+                case["rendered"].as_str().unwrap(),
+                "{name}, {} messages, add_generation_prompt {gen}",
+                messages.len()
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 40, "{n} renderings");
+}
+
+/// A DeepSeek-V3.2 store gets llama.cpp's port of the release's encoder as its chat template
+/// (the release ships none): the built-in copy is byte for byte the fixture's, which renders as
+/// transformers renders it (above). No other family has a built-in template.
+#[test]
+fn deepseek_v32_built_in_template_is_the_checked_one() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/chat_templates");
+    let fixture = std::fs::read_to_string(dir.join("deepseek-v3.2.jinja")).unwrap();
+    assert_eq!(
+        coli_engine::builtin_chat_template("deepseek_v32"),
+        Some(fixture.as_str())
+    );
+    for family in [
+        "deepseek_v3",
+        "glm_moe_dsa",
+        "glm4_moe",
+        "minimax_m2",
+        "mixtral",
+    ] {
+        assert_eq!(coli_engine::builtin_chat_template(family), None, "{family}");
+    }
+}
