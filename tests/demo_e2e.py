@@ -161,6 +161,8 @@ def main():
         check(p.returncode == 0 and "Paris" in p.stdout.splitlines()[0], f"chat turn 1 names Paris: {p.stdout!r}")
         check(len(turns) == 2 and turns[0] == len(q["prompt_ids"]) and turns[1] < turns[0],
               f"chat turn 2 reuses the KV cache: new prompt tokens per turn {turns}")
+        check(f"> {q['prompt']}\n" in p.stderr and "> And what is the capital of Germany?\n" in p.stderr,
+              "piped chat echoes each question after its prompt (stderr)")
 
         # 3. Lossless store vs transformers' greedy ids for three prompts.
         for p in exp["lossless"]["prompts"]:

@@ -43,8 +43,12 @@ pub struct Report {
     pub store: PathBuf,
     /// `model_type`.
     pub family: String,
-    /// `experts`, `dense`, `mtp` encodings.
+    /// `experts`, `dense`, `mtp` encodings (and `embeddings` and the per-role choices when
+    /// given), as recorded in the store (`mtp` is recorded even for a model without an MTP
+    /// layer: see `mtp_layer`).
     pub parameters: BTreeMap<String, String>,
+    /// Whether the store holds an MTP layer (the text report names `mtp=` only then).
+    pub mtp_layer: bool,
     /// Dense tensors in the store.
     pub tensors: u64,
     /// Expert records in the store.
@@ -70,6 +74,20 @@ pub struct Report {
     pub not_converted: Vec<String>,
     /// Wall time, seconds.
     pub elapsed_s: f64,
+}
+
+/// What an absent conversion parameter means, for the message that compares a resumed or
+/// finished store's parameters with the requested ones: `embeddings` = `source`, each per-role
+/// choice = the `--dense` encoding.
+fn parameter_defaults() -> BTreeMap<String, String> {
+    let mut d = BTreeMap::from([("embeddings".to_string(), "source (the default)".to_string())]);
+    for k in ["attention", "indexer", "shared_experts", "dense_mlp"] {
+        d.insert(
+            k.to_string(),
+            "the --dense encoding (the default)".to_string(),
+        );
+    }
+    d
 }
 
 /// Parses an `--experts` value: `int4-g64`, `int4-g32`, `int8`, `fp8`, `bf16`.
@@ -277,6 +295,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         alignment: ALIGNMENT,
         segment_max_bytes: SEGMENT_MAX_BYTES,
         converter_version: env!("CARGO_PKG_VERSION").to_string(),
+        parameter_defaults: parameter_defaults(),
         parameters: parameters.clone(),
         sources: ck
             .shards
@@ -293,6 +312,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         store: opts.output.clone(),
         family: ck.spec.model_type.clone(),
         parameters,
+        mtp_layer: !plan.mtp_layers.is_empty(),
         tensors: plan.dense.len() as u64,
         experts: plan.experts.len() as u64,
         experts_skipped: 0,
@@ -574,6 +594,7 @@ impl Report {
             self.family,
             self.parameters
                 .iter()
+                .filter(|(k, _)| self.mtp_layer || k.as_str() != "mtp")
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" "),
@@ -608,14 +629,10 @@ impl Report {
                 }
             );
         }
+        // Classes with no tensor converted by this run (null in the JSON report) are left out.
         for (k, v) in &self.rel_rms_error {
-            match v {
-                Some(v) => {
-                    let _ = writeln!(s, "relative RMS error {k}: {v:.6}");
-                }
-                None => {
-                    let _ = writeln!(s, "relative RMS error {k}: n/a");
-                }
+            if let Some(v) = v {
+                let _ = writeln!(s, "relative RMS error {k}: {v:.6}");
             }
         }
         s

@@ -171,7 +171,36 @@ fn a_resume_with_other_role_choices_is_refused() {
     );
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("attention"), "{e}");
+    assert!(
+        e.contains(
+            "parameter attention: existing the --dense encoding (the default) vs requested int8"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_text_report_names_only_what_is_true() {
+    // A model without an MTP layer: no `mtp=` in the converted line, no rows for classes that
+    // had nothing converted; a model with one: `mtp=int8`.
+    let tmp = tempfile::tempdir().unwrap();
+    let mixtral =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny/mixtral_fp8");
+    let o = convert(&mixtral, &tmp.path().join("a"), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = stdout(&o);
+    assert!(
+        t.contains("converted mixtral (dense=bf16 experts=int4-g64)"),
+        "{t}"
+    );
+    assert!(!t.contains("mtp") && !t.contains("n/a"), "{t}");
+    let o = convert(&glm5(), &tmp.path().join("b"), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = stdout(&o);
+    assert!(
+        t.contains("mtp=int8") && t.contains("relative RMS error mtp:"),
+        "{t}"
+    );
 }
 
 #[test]

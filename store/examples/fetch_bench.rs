@@ -43,6 +43,7 @@ fn write(dir: &Path, gib: u64) -> Result<(), Box<dyn std::error::Error>> {
         alignment: 4096,
         segment_max_bytes: DEFAULT_SEGMENT_MAX_BYTES,
         converter_version: "bench".into(),
+        parameter_defaults: Default::default(),
         parameters: BTreeMap::new(),
         sources: vec![],
     };

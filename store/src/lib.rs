@@ -39,6 +39,7 @@
 //!     alignment: 4096,
 //!     segment_max_bytes: 1 << 20,
 //!     converter_version: "0.1.0".into(),
+//!     parameter_defaults: Default::default(),
 //!     parameters: BTreeMap::from([("experts".to_string(), "int4-g4".to_string())]),
 //!     sources: vec![],
 //! };

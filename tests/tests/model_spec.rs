@@ -230,6 +230,7 @@ fn copy_store_without(src: &coli_store::Store, dst: &Path, skip: &str) {
         alignment: m.alignment as usize,
         segment_max_bytes: m.segment_max_bytes,
         converter_version: m.converter.version.clone(),
+        parameter_defaults: Default::default(),
         parameters: m.parameters.clone(),
         sources: m.sources.clone(),
     };

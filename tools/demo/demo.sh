@@ -21,19 +21,22 @@ fi
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 
 # 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
-echo "demo: building coli and coli-convert (first run: about 15 minutes on 2 cores)" >&2
-cargo build -q -p coli-convert -p coli-tools
+echo "demo: building coli and coli-convert (first run: about 15 minutes on 2 cores; cargo shows its progress)" >&2
+cargo build -p coli-convert -p coli-tools
 bin="${CARGO_TARGET_DIR:-target}/debug"
 
 # 3. The Mixtral-layout FP8 checkpoint (4 experts per layer) from the GGUF.
+echo "demo: the checkpoint from the GGUF in $demo_dir/checkpoint" >&2
 if [ ! -f "$demo_dir/checkpoint/model.safetensors.index.json" ]; then
   .venv-demo/bin/python tools/demo/make_demo_checkpoint.py "$demo_dir/checkpoint"
 fi
 
 # 4. Convert to the default store (int4 g64 experts, bf16 dense). Reruns say "already complete".
+echo "demo: converting into $demo_dir/store" >&2
 "$bin/coli-convert" "$demo_dir/checkpoint" "$demo_dir/store"
 
 # 5. Generate.
+echo "demo: generating an answer to: $question" >&2
 budget_args=()
 if [ -n "${COLI_BUDGET:-}" ]; then budget_args=(--ram-budget "$COLI_BUDGET"); fi
 "$bin/coli" run --store "$demo_dir/store" --chat --prompt "$question" --max-tokens 48 "${budget_args[@]}"

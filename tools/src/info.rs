@@ -30,6 +30,13 @@ pub fn dense_class(name: &str) -> &'static str {
     }
 }
 
+/// Whether the store holds an MTP layer: a layer index at or past config.json's
+/// `num_hidden_layers` (the MTP layer is decoder layer `num_hidden_layers`).
+fn has_mtp_layer(m: &coli_store::Manifest) -> bool {
+    let main = config_u64(&m.config, &["num_hidden_layers", "n_layers"]);
+    main.is_some_and(|n| u64::from(m.num_layers) > n)
+}
+
 fn encoding_name(id: u16, group_size: u16) -> String {
     Encoding::from_id(id, group_size)
         .map(|e| e.name())
@@ -49,7 +56,7 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// absent), `encodings` {experts, records, dense}, `classes` {CLASS: {count, bytes}} for
 /// routed_experts / attention / norms / embeddings / other_dense (bytes on disk, padding of
 /// expert records included), `provenance` {converter, parameters, sources}, `format_version`,
-/// `store_id`, `alignment`, `segments`.
+/// `store_id`, `mtp_layer` (the store holds an MTP layer), `alignment`, `segments`.
 ///
 /// # Errors
 /// When the store cannot be opened (the error says why and suggests `coli-fsck`).
@@ -119,6 +126,7 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
             "dense": dense_encodings,
         },
         "classes": classes_json,
+        "mtp_layer": has_mtp_layer(m),
         "alignment": m.alignment,
         "segments": m.segment_count,
         "provenance": {
@@ -212,8 +220,12 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
         p["converter"]["version"].as_str().unwrap_or("")
     );
     if let Some(o) = p["parameters"].as_object() {
+        // `mtp` is recorded for every store; it says something only when the store holds an
+        // MTP layer (the JSON report keeps the parameters as recorded).
+        let has_mtp = r["mtp_layer"].as_bool().unwrap_or(true);
         let s: Vec<String> = o
             .iter()
+            .filter(|(k, _)| has_mtp || k.as_str() != "mtp")
             .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
             .collect();
         println!("parameters:     {}", s.join(" "));

@@ -36,6 +36,7 @@ fn info_reports_classes_encodings_and_provenance() {
     }
     assert_eq!(r["store_id"], store.manifest().store_id.to_string());
     assert_eq!(r["format_version"], 1);
+    assert_eq!(r["mtp_layer"], false);
     assert_eq!(r["provenance"]["converter"]["version"], "test");
     assert_eq!(r["provenance"]["parameters"]["experts"], "int8");
     info::run(&target, false).unwrap();

@@ -665,6 +665,7 @@ mod tests {
             alignment: 4096,
             segment_max_bytes: 1 << 20,
             converter_version: "0.1.0".into(),
+            parameter_defaults: Default::default(),
             parameters: Default::default(),
             sources: vec![],
         };

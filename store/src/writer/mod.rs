@@ -72,6 +72,9 @@ pub struct StoreSpec {
     pub segment_max_bytes: u64,
     /// Converter version string.
     pub converter_version: String,
+    /// What an absent parameter means (`embeddings` -> `source (the default)`), for messages
+    /// only: neither recorded nor part of the store id.
+    pub parameter_defaults: BTreeMap<String, String>,
     /// Conversion parameters (threads are not a parameter).
     pub parameters: BTreeMap<String, String>,
     /// Source files.

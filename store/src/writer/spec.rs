@@ -44,8 +44,10 @@ impl SpecFile {
 }
 
 /// Lists what differs between what a store (or partial store) was built with and what is
-/// requested now.
+/// requested now; a parameter absent on one side is named by what its absence means
+/// (`defaults`), else "(not given)".
 pub(super) fn describe_differences(
+    defaults: &BTreeMap<String, String>,
     old_params: &BTreeMap<String, String>,
     new_params: &BTreeMap<String, String>,
     old_sources: &[SourceFile],
@@ -59,10 +61,11 @@ pub(super) fn describe_differences(
         let a = old_params.get(k);
         let b = new_params.get(k);
         if a != b {
+            let absent = defaults.get(k).map_or("(not given)", String::as_str);
             d.push(format!(
                 "parameter {k}: existing {} vs requested {}",
-                a.map(String::as_str).unwrap_or("(unset)"),
-                b.map(String::as_str).unwrap_or("(unset)")
+                a.map_or(absent, String::as_str),
+                b.map_or(absent, String::as_str)
             ));
         }
     }
@@ -100,8 +103,13 @@ pub(super) fn describe_differences(
     d
 }
 
-pub(super) fn spec_differences(old: &SpecFile, new: &SpecFile) -> Vec<String> {
+pub(super) fn spec_differences(
+    defaults: &BTreeMap<String, String>,
+    old: &SpecFile,
+    new: &SpecFile,
+) -> Vec<String> {
     let mut d = describe_differences(
+        defaults,
         &old.parameters,
         &new.parameters,
         &old.sources,

@@ -67,7 +67,7 @@ impl StoreWriter {
                         partial.display()
                     ))
                 })?;
-                let diffs = spec_differences(&old, &spec_file);
+                let diffs = spec_differences(&spec.parameter_defaults, &old, &spec_file);
                 if !diffs.is_empty() {
                     return Err(writer_err(format!(
                         "{} is a partial build with a different spec: {}; remove it to start over or use the original parameters",
@@ -146,6 +146,7 @@ impl StoreWriter {
             return Ok(WriterStart::AlreadyComplete);
         }
         let diffs = describe_differences(
+            &spec.parameter_defaults,
             &m.parameters,
             &spec.parameters,
             &m.sources,

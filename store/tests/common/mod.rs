@@ -128,6 +128,7 @@ pub fn make_model(p: &ModelParams) -> Model {
         alignment: p.alignment,
         segment_max_bytes: p.segment_max_bytes,
         converter_version: "0.1.0-test".into(),
+        parameter_defaults: Default::default(),
         parameters: BTreeMap::from([
             ("experts".to_string(), p.encoding.name()),
             ("dense".to_string(), "mixed".to_string()),

@@ -471,11 +471,17 @@ fn chat(a: ChatArgs) -> Result<()> {
     let base = messages.len();
     let params = a.sampling.params();
     let stdin = std::io::stdin();
+    // Piped input is not echoed by a terminal: echo it after the prompt (stderr, beside the
+    // prompt), so that a transcript shows each question before its answer.
+    let echo = !std::io::IsTerminal::is_terminal(&stdin);
     let mut lines = stdin.lock().lines();
     loop {
         eprint!("> ");
         let Some(line) = lines.next() else { break };
         let line = line.context("reading stdin")?;
+        if echo {
+            eprintln!("{line}");
+        }
         let text = line.trim();
         match text {
             "" => continue,

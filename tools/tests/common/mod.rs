@@ -80,6 +80,7 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
         alignment: 512,
         segment_max_bytes: shape.segment_max_bytes,
         converter_version: "test".into(),
+        parameter_defaults: Default::default(),
         parameters: BTreeMap::from([("experts".to_string(), "int8".to_string())]),
         sources: vec![],
     };
