@@ -63,8 +63,8 @@ struct Cli {
     /// ones leave less than 8 GiB for the expert cache at 8192 tokens (docs/CONVERT.md).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     total_ram: Option<u64>,
-    /// Context of the memory plan, tokens (with --total-ram; default 8192). Whether a
-    /// configuration is usable is judged at 8192 tokens whatever this is.
+    /// Context of the memory plan, tokens (with --total-ram; default 8192): usability is judged
+    /// at this context.
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
     /// Disk read bandwidth of the memory plan's decode bound, GiB/s (with --total-ram).
@@ -211,15 +211,25 @@ fn preflight_plan(cli: &Cli, encodings: Encodings, total_ram: u64) -> anyhow::Re
             .map(row_options)
             .collect();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let cache_goal = USABLE_CACHE_BYTES.min(p.expert_bytes_total);
         eprintln!(
-            "coli-convert: warning: these encodings leave {:.2} GiB of {:.2} GiB for the expert cache at {USABLE_CONTEXT} tokens, less than the {:.0} GiB a usable configuration leaves; {}",
-            gib(chosen.expert_cache_bytes_at_8k),
+            "coli-convert: warning: these encodings are not usable on {:.2} GiB at {} tokens: they need {:.2} GiB (dense {:.2} + KV cache {:.2} + runtime reserve {:.2} + expert cache {:.2} GiB, {}); {}",
             gib(total_ram),
-            gib(USABLE_CACHE_BYTES),
-            if fits.is_empty() {
-                "none of the planned encodings fits this RAM: plan a larger machine".to_string()
+            p.context,
+            gib(chosen.usable_ram_bytes),
+            gib(chosen.dense_bytes),
+            gib(chosen.kv_bytes),
+            gib(coli_convert::memory_plan::RUNTIME_RESERVE_BYTES),
+            gib(cache_goal),
+            if cache_goal < USABLE_CACHE_BYTES {
+                "every expert"
             } else {
-                format!("these fit: {}", fits.join("; "))
+                "the usable minimum"
+            },
+            if fits.is_empty() {
+                "none of the planned encodings is usable on this RAM: plan a larger machine or a shorter context".to_string()
+            } else {
+                format!("these are: {}", fits.join("; "))
             }
         );
     }

@@ -61,10 +61,16 @@ pub struct ConfigRow {
     pub hit_rate_uniform: f64,
     /// Expert bytes read per decoded token at that hit rate.
     pub expert_bytes_per_token: f64,
-    /// Decode tokens per second if the disk were the only limit (`--disk-gib-s`).
+    /// Decode tokens per second if the disk were the only limit (`--disk-gib-s`); `None`
+    /// without one, when every expert is cached, or when the configuration does not fit.
     pub decode_tok_s_bound: Option<f64>,
-    /// At least 8 GiB of expert cache at an 8k-token context (or room for every main-layer
-    /// expert, for a model whose experts take less).
+    /// The dense set, the KV cache at `context` and the runtime reserve fit in `total_ram`.
+    pub fits: bool,
+    /// RAM this configuration needs to be usable at `context`: dense, KV cache, reserve and
+    /// the usable expert cache (8 GiB, or every main-layer expert when they take less), bytes.
+    pub usable_ram_bytes: u64,
+    /// At least 8 GiB of expert cache at `context` tokens (the plan's default, 8192: the
+    /// issue's rule), or room for every main-layer expert for a model whose experts take less.
     pub usable: bool,
 }
 
@@ -355,13 +361,15 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 mtp_dense += b;
             }
         }
-        let cache = |ctx: usize| {
-            let need = dense
+        // RAM before any expert cache: the dense set, the KV cache at `ctx` tokens, the reserve.
+        let need = |ctx: usize| {
+            dense
                 .saturating_add(kv_tok.saturating_mul(ctx as u64))
-                .saturating_add(RUNTIME_RESERVE_BYTES);
-            a.total_ram.saturating_sub(need)
+                .saturating_add(RUNTIME_RESERVE_BYTES)
         };
+        let cache = |ctx: usize| a.total_ram.saturating_sub(need(ctx));
         let cache_bytes = cache(a.context);
+        let fits = need(a.context) <= a.total_ram;
         let cached = cache_bytes
             .checked_div(main_record)
             .unwrap_or(0)
@@ -387,9 +395,11 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             expert_bytes_per_token: per_token,
             decode_tok_s_bound: a
                 .disk_gib_s
-                .filter(|_| per_token > 0.0)
+                .filter(|_| per_token > 0.0 && fits)
                 .map(|g| g * (1u64 << 30) as f64 / per_token),
-            usable: cache(USABLE_CONTEXT) >= USABLE_CACHE_BYTES.min(experts_bytes),
+            fits,
+            usable_ram_bytes: need(a.context).saturating_add(USABLE_CACHE_BYTES.min(experts_bytes)),
+            usable: cache_bytes >= USABLE_CACHE_BYTES.min(experts_bytes),
         });
     }
     Ok(ConfigPlan {
@@ -502,9 +512,18 @@ pub fn render(p: &ConfigPlan) -> String {
             r.cached_experts,
             r.hit_rate_uniform * 100.0,
             size(r.expert_bytes_per_token),
-            r.decode_tok_s_bound
-                .map_or("-".into(), |t| format!("{t:.2}")),
-            if r.usable { "yes" } else { "no" },
+            match r.decode_tok_s_bound {
+                Some(t) => format!("{t:.2}"),
+                None if !r.fits => "no fit".into(),
+                None => "-".into(),
+            },
+            if r.usable {
+                "yes"
+            } else if r.fits {
+                "no"
+            } else {
+                "no fit"
+            },
             w = label_width
         ));
         out.push('\n');
@@ -512,9 +531,11 @@ pub fn render(p: &ConfigPlan) -> String {
     out.push_str(&format!(
         "usable: at least {} of expert cache (or every expert) at {} tokens of context beside \
          the dense set, the KV cache and {} for the runtime; hit rate for uniform routing \
-         (trained models route unevenly and hit more)",
+         (trained models route unevenly and hit more); \"no fit\": the dense set, the KV cache \
+         and the reserve alone exceed the RAM; tok/s bound \"-\": no disk bandwidth given, or \
+         every expert cached",
         size(USABLE_CACHE_BYTES as f64),
-        USABLE_CONTEXT,
+        p.context,
         size(RUNTIME_RESERVE_BYTES as f64)
     ));
     out.push('\n');

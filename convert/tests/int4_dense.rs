@@ -235,8 +235,8 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
     let e = stderr(&o);
     assert!(e.contains("bf16 (chosen)"), "{e}");
     assert!(
-        e.contains("warning: these encodings leave")
-            && e.contains("these fit: --dense int4-g64 --embeddings int4-g64"),
+        e.contains("warning: these encodings are not usable")
+            && e.contains("these are: --dense int4-g64 --embeddings int4-g64"),
         "{e}"
     );
     let rep: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();

@@ -27,5 +27,6 @@ for m in MODELS:
             tok = r["decode_tok_s_bound"]
             print(f"| {first} | {ram_cell} | {r['dense_encoding']} | {r['embeddings_encoding']} | "
                   f"{r['dense_bytes'] / GIB:.2f} GiB | {r['expert_cache_bytes'] / GIB:.2f} GiB | "
-                  f"{r['hit_rate_uniform'] * 100:.1f}% | {'-' if tok is None else f'{tok:.2f}'} | "
-                  f"{'yes' if r['usable'] else 'no'} |")
+                  f"{r['hit_rate_uniform'] * 100:.1f}% | "
+                  f"{f'{tok:.2f}' if tok is not None else ('-' if r['fits'] else 'no fit')} | "
+                  f"{'yes' if r['usable'] else ('no' if r['fits'] else 'no fit')} |")

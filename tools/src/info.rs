@@ -61,6 +61,9 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// # Errors
 /// When the store cannot be opened (the error says why and suggests `coli-fsck`).
 pub fn report(store: &Path) -> anyhow::Result<Value> {
+    if store.is_dir() && !store.join("MANIFEST").exists() {
+        anyhow::bail!("{}", crate::options::not_a_store(store));
+    }
     let st = Store::open(store).with_context(|| {
         format!(
             "cannot open store {} (run coli-fsck on it to see what is wrong)",

@@ -204,6 +204,28 @@ pub struct Loaded {
     pub open_s: f64,
 }
 
+/// Why `dir` (which has no MANIFEST) is not a store, and what to do: a Hugging Face checkpoint
+/// (config.json and safetensors) is to be converted into another directory; anything else is
+/// to be created with `coli-convert` (the demo, `bash tools/demo/demo.sh`, makes one).
+pub fn not_a_store(dir: &std::path::Path) -> String {
+    let checkpoint = dir.join("config.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|r| {
+            r.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        });
+    if checkpoint {
+        format!(
+            "{d} is a Hugging Face checkpoint, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
+            d = dir.display()
+        )
+    } else {
+        format!(
+            "{} is not a coli store (no MANIFEST): create one with `coli-convert CHECKPOINT_DIR STORE_DIR` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
+            dir.display()
+        )
+    }
+}
+
 /// Opens the store the options name (its I/O engine, O_DIRECT choice, queue depth, mirrors
 /// and disk weights) and its tokenizer.
 ///
@@ -213,11 +235,7 @@ pub struct Loaded {
 pub fn open(opts: &EngineOptions) -> Result<Loaded> {
     let t0 = Instant::now();
     if !opts.store.join("MANIFEST").is_file() {
-        bail!(
-            "{} is not a coli store (no MANIFEST); create one with `coli-convert CHECKPOINT {}`",
-            opts.store.display(),
-            opts.store.display()
-        );
+        bail!("{}", not_a_store(&opts.store));
     }
     let store = Store::open_with(&opts.store, &opts.open_options()?)
         .with_context(|| format!("opening store {}", opts.store.display()))?;
