@@ -305,15 +305,23 @@ pub fn dense_encoding(
     dense_target(t, role, src, enc, fp8_checkpoint, "the checkpoint").map(|(e, _)| e)
 }
 
-/// The converter option that chooses the encoding of a main-layer linear weight of `role`.
+/// The converter option that chooses the encoding of the linear weights of `role`
+/// (`attention`, `indexer`, `shared-experts`, `dense-mlp`: `--attention` ...), and what the
+/// role's weights are called in messages.
+fn role_flag(role: LinearRole) -> (&'static str, &'static str) {
+    match role {
+        LinearRole::Attention => ("attention", "attention"),
+        LinearRole::Indexer | LinearRole::IndexerWeights => ("indexer", "DSA indexer"),
+        LinearRole::SharedExperts => ("shared-experts", "shared-expert"),
+        LinearRole::DenseMlp => ("dense-mlp", "dense-layer MLP"),
+    }
+}
+
+/// The option that chose the encoding of a main-layer linear weight of `role`: its role's, when
+/// given, else `dense`.
 fn role_option(role: Option<LinearRole>, enc: &Encodings) -> &'static str {
     match role {
-        Some(r) if enc.roles.get(r).is_some() => match r {
-            LinearRole::Attention => "attention",
-            LinearRole::Indexer | LinearRole::IndexerWeights => "indexer",
-            LinearRole::SharedExperts => "shared-experts",
-            LinearRole::DenseMlp => "dense-mlp",
-        },
+        Some(r) if enc.roles.get(r).is_some() => role_flag(r).0,
         _ => "dense",
     }
 }
@@ -473,24 +481,14 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         }
     }
     let roles = spec.tensors.linear_roles();
-    for (option, role) in [
-        ("attention", LinearRole::Attention),
-        ("indexer", LinearRole::Indexer),
-        ("shared-experts", LinearRole::SharedExperts),
-        ("dense-mlp", LinearRole::DenseMlp),
-    ] {
+    for role in LinearRole::ALL {
         if let Some(e) = enc.roles.get(role) {
-            if !roles.values().any(|&r| r == role) {
+            if !roles.values().any(|&r| role_flag(r).0 == role_flag(role).0) {
+                let (option, what) = role_flag(role);
                 return Err(ConvertError::Usage(format!(
-                    "--{option} {}: this {} model has no {} weights; drop the option",
+                    "--{option} {}: this {} model has no {what} weights; drop the option",
                     e.name(),
                     spec.model_type,
-                    match role {
-                        LinearRole::Attention => "attention",
-                        LinearRole::Indexer | LinearRole::IndexerWeights => "DSA indexer",
-                        LinearRole::SharedExperts => "shared-expert",
-                        LinearRole::DenseMlp => "dense-layer MLP",
-                    }
                 )));
             }
         }
