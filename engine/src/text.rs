@@ -282,6 +282,17 @@ impl TextTokenizer {
         tokenizer_config: Option<&[u8]>,
         jinja: Option<&str>,
     ) -> Result<TextTokenizer> {
+        Self::build(tokenizer_json, tokenizer_config, jinja, None)
+    }
+
+    /// [`TextTokenizer::from_parts`] with a template to use when neither the .jinja file nor
+    /// the config has one (the family's built-in one).
+    fn build(
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&[u8]>,
+        jinja: Option<&str>,
+        fallback: Option<&str>,
+    ) -> Result<TextTokenizer> {
         let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| EngineError::Tokenizer(format!("tokenizer.json: {e}")))?;
         let cfg: Json = match tokenizer_config {
@@ -308,7 +319,10 @@ impl TextTokenizer {
                 .map(str::to_string),
             _ => None,
         };
-        let source = jinja.map(str::to_string).or(from_cfg);
+        let source = jinja
+            .map(str::to_string)
+            .or(from_cfg)
+            .or(fallback.map(str::to_string));
         Ok(TextTokenizer {
             inner,
             chat_template: source.map(|source| ChatTemplate {
@@ -326,40 +340,6 @@ impl TextTokenizer {
     /// # Errors
     /// Store read errors, unparsable files.
     pub fn from_store(store: &Store) -> Result<Option<TextTokenizer>> {
-        let mut t = Self::from_store_files(store)?;
-        if let Some(t) = t.as_mut().filter(|t| t.chat_template.is_none()) {
-            if let Some(source) = builtin_chat_template(&store.manifest().family) {
-                let special_tokens = t.special_tokens_from_store(store)?;
-                t.chat_template = Some(ChatTemplate {
-                    source: source.to_string(),
-                    special_tokens,
-                });
-            }
-        }
-        Ok(t)
-    }
-
-    /// The special tokens of the store's tokenizer_config.json (none without one).
-    fn special_tokens_from_store(&self, store: &Store) -> Result<Vec<(String, String)>> {
-        let cfg = store
-            .file("tokenizer_config.json")
-            .map_err(store_err("reading tokenizer_config.json".to_string()))?;
-        let cfg: Json = match cfg {
-            Some(b) => serde_json::from_slice(&b).unwrap_or(Json::Null),
-            None => Json::Null,
-        };
-        Ok(SPECIAL_TOKEN_NAMES
-            .iter()
-            .filter_map(|n| {
-                cfg.get(*n)
-                    .and_then(special_token_content)
-                    .map(|c| (n.to_string(), c))
-            })
-            .collect())
-    }
-
-    /// [`TextTokenizer::from_store`] without the built-in templates.
-    fn from_store_files(store: &Store) -> Result<Option<TextTokenizer>> {
         let read = |name: &str| {
             store
                 .file(name)
@@ -375,7 +355,8 @@ impl TextTokenizer {
                     .map_err(|_| EngineError::Template("chat_template.jinja is not UTF-8".into()))
             })
             .transpose()?;
-        Self::from_parts(&tok, cfg.as_deref(), jinja.as_deref()).map(Some)
+        let builtin = builtin_chat_template(&store.manifest().family);
+        Self::build(&tok, cfg.as_deref(), jinja.as_deref(), builtin).map(Some)
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS),
