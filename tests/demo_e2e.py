@@ -164,6 +164,31 @@ def main():
         check(f"> {q['prompt']}\n" in p.stderr and "> And what is the capital of Germany?\n" in p.stderr,
               "piped chat echoes each question after its prompt (stderr)")
 
+        # A named session survives the process: the second run resumes the first turn's KV cache
+        # from disk (prefilling only the new turn) and answers as the two-turn run above did.
+        state = os.path.join(work, "state")
+        env = dict(os.environ, COLI_STATE_DIR=state)
+        outs = []
+        for line in (q["prompt"], "And what is the capital of Germany?"):
+            r = subprocess.run([COLI, "chat", "--store", int4, "--max-tokens", "24", "--session", "demo"],
+                               capture_output=True, text=True, input=line + "\n", env=env)
+            sys.stderr.write(r.stderr)
+            outs.append(r)
+        resumed = [line for line in outs[1].stderr.splitlines() if line.startswith("[resumed ")]
+        new = [int(line.split("[", 1)[1].split()[0]) for line in outs[1].stderr.splitlines()
+               if "new prompt tokens" in line]
+        check(all(r.returncode == 0 for r in outs) and len(resumed) == 1 and new == [turns[1]],
+              f"chat --session resumes its KV cache after a restart: {resumed}, new prompt tokens {new} "
+              f"(one process: {turns[1]})")
+        check(outs[0].stdout + outs[1].stdout == p.stdout,
+              f"the resumed session answers as one process does: {[r.stdout for r in outs]!r} vs {p.stdout!r}")
+        ls = json.loads(run([COLI, "kv", "ls", "--json"], env=env).stdout)
+        check(len(ls["files"]) == 1 and ls["files"][0]["status"] == "ok" and ls["quarantined"] == 0,
+              f"coli kv ls lists the session's file: {ls}")
+        cleared = run([COLI, "kv", "clear"], env=env)
+        check(not json.loads(run([COLI, "kv", "ls", "--json"], env=env).stdout)["files"],
+              f"coli kv clear removes it: {cleared.stdout}")
+
         # 3. Lossless store vs transformers' greedy ids for three prompts.
         for p in exp["lossless"]["prompts"]:
             n = len(p["expected_new_ids"])

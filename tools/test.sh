@@ -8,7 +8,7 @@
 #   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 #   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
-#   6. tests/tests/batched_decode.rs on the demo store (batched logits equal solo logits)
+#   6. tests/tests/batched_decode.rs, speculative.rs and prefix_cache.rs on the demo store
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -43,3 +43,7 @@ COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serv
 # Speculative decoding on the demo store: the tokens of plain decoding (tests/tests/speculative.rs).
 COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
   cargo test -q -p coli-tests --test speculative -- --ignored
+# The prefix cache on the demo store: a conversation resumed from RAM and from a file continues
+# exactly as the live one (tests/tests/prefix_cache.rs; the fixture families ran in cargo test).
+COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
+  cargo test -q -p coli-tests --test prefix_cache -- --ignored resumed_conversation_continues_exactly_on_the_demo_store

@@ -8,7 +8,9 @@ use crate::layers::{HeldUsage, LayerCtx, LayerKv};
 use crate::models::Model;
 use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
 use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
+use crate::prefix_cache::{KvLayout, MtpLayout};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::sequence::KvState;
 use crate::sequence::{Sequence, SlotGuard};
 use crate::speculative::gate::{DraftGate, PassCosts};
 use crate::speculative::{ngram, Speculate, SpeculationParams, SpeculationStats};
@@ -187,6 +189,8 @@ pub struct Engine<'s> {
     /// Sequences made by [`Engine::new_sequence`] and not yet dropped.
     live: Arc<AtomicUsize>,
     max_sequences: usize,
+    /// Bytes of KV states a prefix cache may keep in RAM ([`EngineOptions::kv_cache_budget`]).
+    kv_cache_budget: u64,
     /// Values per position of each layer's `v` cache rows (0 for MLA, which caches only `k`).
     v_dims: Vec<usize>,
     context: usize,
@@ -249,9 +253,11 @@ impl<'s> Engine<'s> {
         })?;
         let seq = Sequence::new(layer_kv_dims(&model.layers), None);
         let v_dims = layer_v_dims(&model.layers);
-        let kv_bytes = kv_bytes_per_token(&model.layers)
-            .saturating_mul(context as u64)
-            .saturating_mul(opts.max_sequences as u64);
+        let kv_per_sequence = kv_bytes_per_token(&model.layers).saturating_mul(context as u64);
+        let kv_cache_budget = opts.kv_cache_budget.unwrap_or(kv_per_sequence);
+        let kv_bytes = kv_per_sequence
+            .saturating_mul(opts.max_sequences as u64)
+            .saturating_add(kv_cache_budget);
         let (num_layers, top_k) = (model.spec.num_layers, model.spec.top_k);
         let (policy, cache) =
             PlacementPolicy::new(store, opts, kv_bytes, memory_limit, num_layers, top_k)?;
@@ -283,6 +289,7 @@ impl<'s> Engine<'s> {
             seq,
             live: Arc::new(AtomicUsize::new(0)),
             max_sequences: opts.max_sequences,
+            kv_cache_budget,
             v_dims,
             context,
             prefill_batch,
@@ -379,6 +386,13 @@ impl<'s> Engine<'s> {
         self.max_sequences
     }
 
+    /// Bytes of KV states a prefix cache beside this engine may keep in RAM: what the memory
+    /// plan left room for ([`EngineOptions::kv_cache_budget`], default one sequence's KV cache
+    /// at the context limit).
+    pub fn kv_cache_budget(&self) -> u64 {
+        self.kv_cache_budget
+    }
+
     /// Sequences in use: those of [`Engine::new_sequence`] not yet dropped, plus the engine's
     /// own while it holds tokens.
     pub fn sequences_in_use(&self) -> usize {
@@ -418,7 +432,94 @@ impl<'s> Engine<'s> {
     /// # Errors
     /// As [`Engine::new_sequence`].
     pub fn fork_sequence(&self, src: &Sequence, len: usize) -> Result<Sequence> {
-        Ok(src.fork(len, self.take_slot()?))
+        Ok(src.fork(len, Some(self.take_slot()?)))
+    }
+
+    /// Makes `state` (a prefix cache entry of this engine, [`crate::prefix_cache`]) a live
+    /// sequence again, counted against [`Engine::max_sequences`].
+    ///
+    /// # Errors
+    /// As [`Engine::new_sequence`]; [`EngineError::Invalid`] when `state` does not fit this
+    /// model (other layer shapes) or this context.
+    pub fn resume_sequence(&self, state: KvState) -> Result<Sequence> {
+        self.check_state(&state)?;
+        let mut seq = state.seq;
+        seq.set_slot(self.take_slot()?);
+        Ok(seq)
+    }
+
+    /// A copy of the engine's own sequence's KV state (what [`Engine::restore_own`] takes).
+    pub fn own_state(&self) -> KvState {
+        self.seq.fork(usize::MAX, None).into_state()
+    }
+
+    /// Replaces the engine's own sequence with `state` (e.g. a conversation read back from the
+    /// prefix cache); [`Engine::generate`] then continues from its tokens.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] as [`Engine::resume_sequence`]; the own sequence is unchanged.
+    pub fn restore_own(&mut self, state: KvState) -> Result<()> {
+        self.check_state(&state)?;
+        self.seq = state.seq;
+        Ok(())
+    }
+
+    fn check_state(&self, state: &KvState) -> Result<()> {
+        let s = &state.seq;
+        let dims = layer_kv_dims(&self.model.layers);
+        let fits = s.kv_dims() == dims.as_slice()
+            && s.kv
+                .iter()
+                .zip(dims.iter().zip(&self.v_dims))
+                .all(|(l, (&kd, &vd))| l.k.len() == s.len() * kd && l.v.len() == s.len() * vd)
+            && (s.mtp.is_none() || self.model.mtp.is_some());
+        if !fits {
+            return Err(EngineError::Invalid(
+                "a saved KV state does not fit this model's layer shapes".into(),
+            ));
+        }
+        if s.len() > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed: s.len(),
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    /// This engine's KV cache identity and shapes: what a saved state must match to be reused
+    /// ([`crate::prefix_cache`]).
+    pub fn kv_layout(&self) -> KvLayout {
+        use crate::layers::SelfAttn;
+        let mla = self
+            .model
+            .layers
+            .iter()
+            .find_map(|l| match &l.attn {
+                SelfAttn::Mla(a) => Some(if a.absorb_decode {
+                    "absorbed"
+                } else {
+                    "expanded"
+                }),
+                SelfAttn::Gqa(_) => None,
+            })
+            .unwrap_or("none");
+        let mtp = self.model.mtp.as_ref().map(|m| MtpLayout {
+            kv_dim: m.kv_dim(),
+            v_dim: match &m.decoder.attn {
+                SelfAttn::Gqa(a) => a.kv_dim(),
+                SelfAttn::Mla(_) => 0,
+            },
+            hidden_size: self.model.spec.hidden_size,
+        });
+        KvLayout::new(
+            self.store.manifest().store_id.0,
+            coli_kernels::detected_isa().name(),
+            mla,
+            layer_kv_dims(&self.model.layers),
+            self.v_dims.clone(),
+            mtp,
+        )
     }
 
     fn take_slot(&self) -> Result<SlotGuard> {

@@ -12,7 +12,7 @@
 //! family), [`engine`] (the forward pass: prefill/decode/generate), [`options`] (what a caller
 //! chooses), [`cache`] (the expert cache: LRU, reads in flight, counters), [`placement`]
 //! (budget, pinning, prefetch gate), [`prefetch`] (router lookahead), [`usage`] (the usage
-//! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`speculative`] (drafts, verification, the draft gate), [`text`] (tokenizer, chat template, streaming decoder),
+//! history file), [`sampling`], [`sequence`] (one sequence's KV cache), [`prefix_cache`] (KV states kept by prefix, in RAM and on disk), [`speculative`] (drafts, verification, the draft gate), [`text`] (tokenizer, chat template, streaming decoder),
 //! [`parse_size`] (byte sizes), [`trace`] (the routing trace). See `docs/ENGINE.md`.
 
 #![forbid(unsafe_code)]
@@ -26,6 +26,7 @@ pub mod models;
 pub mod options;
 pub mod placement;
 pub mod prefetch;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod sequence;
 pub mod speculative;
@@ -44,7 +45,7 @@ pub use harmony::{HarmonyParser, HarmonyTokens, Routed};
 pub use options::EngineOptions;
 pub use placement::Placement;
 pub use sampling::{Sampler, SamplingParams};
-pub use sequence::Sequence;
+pub use sequence::{KvState, Sequence};
 /// Parses a byte size (`coli_format::size::parse_size`: bytes, K/M/G/T = KiB/MiB/..., KB/MB/GB).
 ///
 /// # Errors

@@ -44,6 +44,11 @@ pub struct EngineOptions {
     /// [`crate::Engine::new_sequence`] (>= 1). The default expert budget leaves room for all
     /// of them; the engine refuses a sequence past this count.
     pub max_sequences: usize,
+    /// Bytes of KV states the caller keeps in RAM beside the engine's sequences, in a
+    /// [`crate::prefix_cache::PrefixCache`] (`--kv-cache-budget`). None: one sequence's KV cache
+    /// at `context` ([`crate::Engine::kv_cache_budget`] tells the choice). The default expert
+    /// budget leaves room for it.
+    pub kv_cache_budget: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -59,6 +64,7 @@ impl Default for EngineOptions {
             prefill_batch: PREFILL_BATCH_AUTO,
             prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
             max_sequences: 1,
+            kv_cache_budget: Some(0),
         }
     }
 }

@@ -57,6 +57,58 @@ impl MtpState {
     }
 }
 
+/// A sequence's KV cache and tokens held outside the engine's count of live sequences: an
+/// entry of the prefix cache ([`crate::prefix_cache`]), in RAM or read back from disk. It runs
+/// again once [`crate::Engine::resume_sequence`] has made it a [`Sequence`].
+pub struct KvState {
+    pub(crate) seq: Sequence,
+}
+
+impl KvState {
+    /// Wraps `seq`, which must hold no slot.
+    pub(crate) fn new(seq: Sequence) -> KvState {
+        debug_assert!(seq._slot.is_none());
+        KvState { seq }
+    }
+
+    /// The token ids whose keys and values are held, in position order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.seq.tokens
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.seq.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.seq.is_empty()
+    }
+
+    /// Bytes of f32 keys, values and MTP state held ([`Sequence::kv_bytes`]).
+    pub fn bytes(&self) -> u64 {
+        self.seq.kv_bytes()
+    }
+
+    /// Whether an MTP state is held (MTP drafting can continue from it).
+    pub fn has_mtp_state(&self) -> bool {
+        self.seq.mtp.is_some()
+    }
+
+    /// A copy of the first `len` positions (all when `len` is larger).
+    pub fn copy_prefix(&self, len: usize) -> KvState {
+        KvState {
+            seq: self.seq.fork(len, None),
+        }
+    }
+
+    /// Keeps only the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.seq.truncate(len);
+    }
+}
+
 /// One place of the engine's live-sequence count, given back on drop.
 pub(crate) struct SlotGuard(pub(crate) Arc<AtomicUsize>);
 
@@ -81,7 +133,7 @@ impl Sequence {
 
     /// A copy of the first `len` positions of `self`'s cache and tokens (all when `len` is
     /// larger) holding `slot`.
-    pub(crate) fn fork(&self, len: usize, slot: SlotGuard) -> Sequence {
+    pub(crate) fn fork(&self, len: usize, slot: Option<SlotGuard>) -> Sequence {
         let len = len.min(self.tokens.len());
         Sequence {
             kv: self
@@ -100,8 +152,26 @@ impl Sequence {
                 m.truncate(len, self.tokens.len());
                 m
             }),
-            _slot: Some(slot),
+            _slot: slot,
         }
+    }
+
+    /// The sequence's KV state without its place in the engine's count of live sequences
+    /// (for the prefix cache); verify rows' usage counts still held are dropped.
+    pub fn into_state(mut self) -> KvState {
+        self._slot = None;
+        self.held_usage.clear();
+        KvState { seq: self }
+    }
+
+    /// Gives the sequence a place in the engine's count.
+    pub(crate) fn set_slot(&mut self, slot: SlotGuard) {
+        self._slot = Some(slot);
+    }
+
+    /// f32 values per position of each layer's cache.
+    pub(crate) fn kv_dims(&self) -> &[usize] {
+        &self.kv_dims
     }
 
     /// The token ids whose keys/values are cached, in position order.

@@ -183,7 +183,71 @@ def expect_error(fn, status, param=None, code=None):
     return False, None
 
 
+def kv_restart_checks(store):
+    """The prefix cache on disk: a follow-up turn after a restart reuses the first turn's KV cache
+    (cached_tokens, fewer prefilled tokens) and answers as a server that prefills it all; a
+    second API key never reuses the first key's prefix; `coli kv ls|clear` see the files."""
+    kv_dir = tempfile.mkdtemp(prefix="kv-", dir=os.path.dirname(store))
+    other = "second-key"
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def client(server, key=KEY):
+        return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    first = Server(store, "--max-batch", "2", "--kv-dir", kv_dir, "--api-key", other, log_name="serve-kv1.log")
+    try:
+        t1 = client(first).chat.completions.create(model=MODEL, messages=conv, max_tokens=16, temperature=0)
+    finally:
+        first.stop()
+    conv2 = conv + [{"role": "assistant", "content": t1.choices[0].message.content},
+                    {"role": "user", "content": "And of Germany?"}]
+    fresh = Server(store, "--max-batch", "2", "--no-kv-disk", log_name="serve-kv0.log")
+    try:
+        want = client(fresh).chat.completions.create(model=MODEL, messages=conv2, max_tokens=16, temperature=0)
+    finally:
+        fresh.stop()
+    second = Server(store, "--max-batch", "2", "--kv-dir", kv_dir, "--api-key", other, log_name="serve-kv2.log")
+    try:
+        before = metrics(second)
+        got = client(second).chat.completions.create(model=MODEL, messages=conv2, max_tokens=16, temperature=0)
+        after = metrics(second)
+        cached = got.usage.prompt_tokens_details.cached_tokens
+        prefilled = after["coli_prefill_tokens_total"] - before["coli_prefill_tokens_total"]
+        check(cached >= t1.usage.prompt_tokens and prefilled == got.usage.prompt_tokens - cached,
+              f"after a restart the follow-up turn reuses the first turn's KV from disk: {cached} cached, "
+              f"{prefilled} prefilled of {got.usage.prompt_tokens}")
+        check(got.choices[0].message.content == want.choices[0].message.content,
+              f"resumed from disk it answers as a server that prefills it all: {got.choices[0].message.content!r} "
+              f"vs {want.choices[0].message.content!r}")
+        check(want.usage.prompt_tokens_details.cached_tokens == 0,
+              "the --no-kv-disk server started with nothing cached")
+        # Another key: the same conversation is prefilled again (no reuse across keys).
+        theirs = client(second, other).chat.completions.create(model=MODEL, messages=conv2, max_tokens=16,
+                                                               temperature=0)
+        check(theirs.usage.prompt_tokens_details.cached_tokens == 0
+              and theirs.choices[0].message.content == want.choices[0].message.content,
+              f"another API key never reuses a prefix cached for the first: "
+              f"{theirs.usage.prompt_tokens_details.cached_tokens} cached")
+    finally:
+        second.stop()
+    ls = json.loads(subprocess.run([COLI, "kv", "ls", "--kv-dir", kv_dir, "--json"], capture_output=True,
+                                   text=True, check=True).stdout)
+    scopes = {f["scope"] for f in ls["files"]}
+    check(ls["files"] and all(f["status"] == "ok" for f in ls["files"]) and len(scopes) == 2
+          and "shared" not in scopes,
+          f"coli kv ls: each key's conversation in its own file: {[(f['tokens'], f['scope']) for f in ls['files']]}")
+    mode = os.stat(os.path.join(kv_dir, ls["files"][0]["file"])).st_mode & 0o777
+    check(mode == 0o600, f"KV cache files are private to the user: mode {mode:o}")
+    subprocess.run([COLI, "kv", "clear", "--kv-dir", kv_dir], check=True, capture_output=True)
+    ls = json.loads(subprocess.run([COLI, "kv", "ls", "--kv-dir", kv_dir, "--json"], capture_output=True,
+                                   text=True, check=True).stdout)
+    check(not ls["files"], "coli kv clear removes them")
+    shutil.rmtree(kv_dir, ignore_errors=True)
+
+
 def main():
+    # Prefix caches on disk go to a fresh state directory: nothing from an earlier run is reused.
+    os.environ["COLI_STATE_DIR"] = tempfile.mkdtemp(prefix="coli-serve-state-")
     exp = json.load(open(EXPECTED))
     q = exp["int4_g64"]
     question = [{"role": "user", "content": q["prompt"]}]
@@ -209,6 +273,7 @@ def main():
     finally:
         plain.stop()
         drafting.stop()
+    kv_restart_checks(store)
     print(f"serve: {len(passed)} passed, {len(failures)} failed")
     if failures:
         print("server log:\n" + open(server.log_path).read()[-4000:])

@@ -24,11 +24,12 @@ fn gqa_kv_bytes_per_token(cfg: &serde_json::Value) -> u64 {
     2 * n("num_hidden_layers") * n("num_key_value_heads") * head_dim * 4
 }
 
-/// Sequences of `p.kv_bytes` that fit in the plan's memory limit beside its dense set, budget
-/// and the reserve, at most 4096.
+/// Sequences of `p.kv_bytes` that fit in the plan's memory limit beside its dense set, budget,
+/// prefix cache and the reserve, at most 4096.
 fn sequences_fit(p: &Plan) -> Option<usize> {
     let room = p
         .memory_limit_bytes?
+        .saturating_sub(p.kv_cache_budget_bytes)
         .saturating_sub(p.dense_bytes)
         .saturating_sub(p.budget.min(p.expert_bytes_total))
         .saturating_sub(RESERVE);
@@ -108,13 +109,16 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
     assert_eq!(long.kv_bytes, per_token * 1_000_000);
     assert_eq!(long.sequences_fit, sequences_fit(&long), "{long:?}");
 
-    // The default budget comes from the memory limit and leaves room for one sequence.
+    // The default budget comes from the memory limit and leaves room for one sequence and the
+    // prefix cache.
     let d = plan_of(&["--store", store_s, "--context", "64", "--probe-mib", "0"]);
     assert!(d.budget_from_available_memory);
     assert_eq!(d.kv_bytes, per_token * 64);
     let limit = d.memory_limit_bytes.expect("memory limit");
     let largest = store.index().iter().map(|r| r.length.get()).max().unwrap();
-    let left = limit.saturating_sub(d.dense_bytes + d.kv_bytes + RESERVE);
+    // The prefix cache of chat and serve defaults to one sequence's KV cache.
+    assert_eq!(d.kv_cache_budget_bytes, d.kv_bytes, "{d:?}");
+    let left = limit.saturating_sub(d.dense_bytes + d.kv_bytes + d.kv_cache_budget_bytes + RESERVE);
     assert_eq!(d.budget, left.max(largest), "{d:?}");
     if left >= largest && d.budget <= d.expert_bytes_total {
         assert_eq!(d.sequences_fit, Some(1), "{d:?}");
@@ -312,4 +316,75 @@ fn plan_of_chosen_encodings_predicts_the_store() {
             "{name}: the standard int4 rows are planned too"
         );
     }
+}
+
+/// `coli info` classes dense tensors by their role in the spec's tree (as the converter's
+/// per-role options do), not by name: on GLM-5 (MLA with a DSA indexer, a dense first layer,
+/// shared experts, an MTP layer) every role's tensors land in their class.
+#[test]
+fn info_classes_follow_the_spec_roles() {
+    let (_tmp, dir) = coli_tests::convert_fixture("glm5_fp8", "int4_store");
+    let r = coli_tools::info::report(&dir).unwrap();
+    let c = &r["classes"];
+    let store = coli_store::Store::open(&dir).unwrap();
+    let m = store.manifest();
+    let spec = coli_format::spec::ModelSpec::from_config(store.model_config(), None).unwrap();
+    let roles = spec.tensors.linear_roles();
+    let n = spec.num_layers as u64;
+    let named = |f: &dyn Fn(&str) -> bool| m.dense.iter().filter(|d| f(&d.name)).count() as u64;
+    let layer = |name: &str| -> Option<u64> {
+        name.strip_prefix("model.layers.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    };
+    let main = |name: &str| layer(name).is_some_and(|l| l < n);
+    // Independent of `classify`: counts from the tensor names of the main layers.
+    assert_eq!(
+        c["shared_experts"]["count"],
+        named(&|s| main(s) && s.contains(".mlp.shared_experts."))
+    );
+    assert_eq!(
+        c["indexer"]["count"],
+        named(&|s| main(s)
+            && s.contains(".self_attn.indexer.")
+            && s.ends_with("weight")
+            && !s.contains("norm"))
+    );
+    assert_eq!(
+        c["mtp"]["count"],
+        named(&|s| layer(s).is_some_and(|l| l >= n))
+    );
+    assert!(c["dense_mlp"]["count"].as_u64().unwrap() > 0, "{c}");
+    assert!(c["mtp"]["count"].as_u64().unwrap() > 0, "{c}");
+    let total: u64 = [
+        "attention",
+        "indexer",
+        "shared_experts",
+        "dense_mlp",
+        "mtp",
+        "norms",
+        "embeddings",
+        "other_dense",
+    ]
+    .iter()
+    .map(|k| c[k]["count"].as_u64().unwrap())
+    .sum();
+    assert_eq!(total, m.dense.len() as u64);
+    assert!(!roles.is_empty());
+    for name in [
+        "model.layers.0.self_attn.q_a_proj.weight",
+        "model.embed_tokens.weight",
+    ] {
+        assert!(m.dense.iter().any(|d| d.name == name), "{name}");
+    }
+    assert_eq!(
+        coli_tools::info::classify("model.layers.0.self_attn.q_a_proj.weight", &roles, Some(n)),
+        "attention"
+    );
+    assert_eq!(
+        coli_tools::info::classify("model.embed_tokens.weight", &roles, Some(n)),
+        "embeddings"
+    );
 }

@@ -629,6 +629,7 @@ mod tests {
             dense_bytes: dense,
             kv_bytes_per_token: 1024,
             kv_bytes: kv,
+            kv_cache_budget_bytes: 0,
             context: 1024,
             budget,
             budget_from_available_memory: true,

@@ -7,17 +7,52 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Tensor classes reported by `coli info`.
-const CLASSES: [&str; 5] = [
+const CLASSES: [&str; 9] = [
     "routed_experts",
     "attention",
+    "indexer",
+    "shared_experts",
+    "dense_mlp",
+    "mtp",
     "norms",
     "embeddings",
     "other_dense",
 ];
 
-/// The class of a dense tensor, from its checkpoint name: `attention` (`self_attn`/`attn`),
-/// `norms` (`norm`), `embeddings` (`embed_tokens`, `lm_head`, `embed`), else `other_dense`
-/// (routers, shared experts, dense MLPs, MTP projections, ...).
+/// The class of dense tensor `name`: by its role in the model spec's tree when `roles` (from
+/// `ModelTensors::linear_roles`) names it (`attention`, `indexer`, `shared_experts`,
+/// `dense_mlp`, as the converter's options and report count them); `mtp` for a tensor of a
+/// layer at or past `num_hidden_layers` (the MTP layer); else by name ([`dense_class`]).
+pub fn classify(
+    name: &str,
+    roles: &std::collections::HashMap<&str, coli_format::spec::LinearRole>,
+    num_hidden_layers: Option<u64>,
+) -> &'static str {
+    use coli_format::spec::LinearRole;
+    if let Some(role) = roles.get(name) {
+        return match role {
+            LinearRole::Attention => "attention",
+            LinearRole::Indexer | LinearRole::IndexerWeights => "indexer",
+            LinearRole::SharedExperts => "shared_experts",
+            LinearRole::DenseMlp => "dense_mlp",
+        };
+    }
+    let layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|l| l.parse::<u64>().ok());
+    if let (Some(l), Some(n)) = (layer, num_hidden_layers) {
+        if l >= n {
+            return "mtp";
+        }
+    }
+    dense_class(name)
+}
+
+/// The class of a dense tensor from its checkpoint name alone (the fallback of [`classify`]
+/// for tensors outside the spec's linear roles, or a config the spec cannot read):
+/// `attention` (`self_attn`/`attn`), `norms` (`norm`), `embeddings` (`embed_tokens`,
+/// `lm_head`, `embed`), else `other_dense` (routers, biases, gpt-oss sinks, ...).
 pub fn dense_class(name: &str) -> &'static str {
     if name.contains("attn") {
         "attention"
@@ -53,9 +88,9 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 
 /// Builds the `coli info` report of the store in `store` as JSON:
 /// `family`, `dims` {hidden_size, num_layers, num_experts, top_k} (from config.json; null when
-/// absent), `encodings` {experts, records, dense}, `classes` {CLASS: {count, bytes}} for
-/// routed_experts / attention / norms / embeddings / other_dense (bytes on disk, padding of
-/// expert records included), `provenance` {converter, parameters, sources}, `format_version`,
+/// absent), `encodings` {experts, records, dense}, `classes` {CLASS: {count, bytes, encodings}}
+/// for routed_experts / attention / indexer / shared_experts / dense_mlp / mtp / norms /
+/// embeddings / other_dense ([`classify`]; bytes on disk, padding of expert records included), `provenance` {converter, parameters, sources}, `format_version`,
 /// `store_id`, `mtp_layer` (the store holds an MTP layer), `alignment`, `segments`.
 ///
 /// # Errors
@@ -88,8 +123,15 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
         *record_encodings.entry(name).or_default() += 1;
     }
     let mut dense_encodings: BTreeMap<String, u64> = BTreeMap::new();
+    // Roles from the spec's tree; a config the spec cannot read falls back to names.
+    let spec = coli_format::spec::ModelSpec::from_config(cfg, None).ok();
+    let roles = spec
+        .as_ref()
+        .map(|s| s.tensors.linear_roles())
+        .unwrap_or_default();
+    let main_layers = config_u64(cfg, &["num_hidden_layers", "n_layers"]);
     for d in &m.dense {
-        let class = dense_class(&d.name);
+        let class = classify(&d.name, &roles, main_layers);
         let e = classes.get_mut(class).expect("class exists");
         e.0 += 1;
         e.1 += d.length + d.scales_length;
@@ -202,6 +244,10 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
     println!("tensors:");
     for c in CLASSES {
         let x = &r["classes"][c];
+        // A class the model does not have (no indexer, no MTP layer, ...) is left out.
+        if x["count"].as_u64() == Some(0) && c != "routed_experts" {
+            continue;
+        }
         let bytes = x["bytes"].as_u64().unwrap_or(0);
         println!(
             "  {:<15} {:>8}  {:>12}  ({} bytes)  {}",

@@ -10,8 +10,10 @@
 
 pub mod doctor;
 pub mod info;
+pub mod kv;
 pub mod mirror;
 pub mod options;
 pub mod plan;
 pub mod serve;
+pub mod session;
 pub mod tune;

@@ -90,6 +90,11 @@ pub struct EngineOptions {
     /// given (e.g. 9,3). Default: measured at open with a short O_DIRECT probe, cached.
     #[arg(long, value_name = "W,W,...")]
     pub disk_weights: Option<String>,
+    /// RAM kept for finished conversations' KV caches, reused by any prompt that extends one
+    /// (the prefix cache of chat and serve; docs/KV_CACHE.md): bytes or K/M/G/T. Default: one
+    /// sequence's KV cache at --context. The default --ram-budget leaves room for it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    pub kv_cache_budget: Option<u64>,
     /// Ignore the settings `coli tune` saved for this store and machine (by default they apply
     /// to every option not given here).
     #[arg(long)]
@@ -190,6 +195,7 @@ impl EngineOptions {
             prefetch_min_use: self.prefetch_min_use,
             usage: self.usage_path(store),
             max_sequences: 1,
+            kv_cache_budget: self.kv_cache_budget,
         }
     }
 }
@@ -303,6 +309,62 @@ mod tests {
         assert_eq!(mirror_dirs_from(&[], env(",, ,")), p(&[]));
         assert_eq!(mirror_dirs_from(&[], env("/a,,/b ")), p(&["/a", "/b"]));
         assert_eq!(mirror_dirs_from(&p(&["/c"]), env("/a,/b")), p(&["/c"]));
+    }
+}
+
+/// Where the prefix cache keeps KV states on disk (chat and serve; docs/KV_CACHE.md).
+#[derive(Args, Debug, Clone)]
+pub struct KvDiskArgs {
+    /// Directory of KV cache files, where conversations survive a restart (default:
+    /// $COLI_STATE_DIR, $XDG_STATE_HOME/coli or ~/.local/state/coli, subdirectory `kv`).
+    #[arg(long, value_name = "DIR")]
+    pub kv_dir: Option<PathBuf>,
+    /// Bytes of KV cache files the directory may hold, every store's together; the least
+    /// recently used go first.
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget, default_value = "16GiB")]
+    pub kv_disk_budget: u64,
+    /// Keep the prefix cache in RAM only (nothing is read from or written to disk).
+    #[arg(long, conflicts_with = "kv_dir")]
+    pub no_kv_disk: bool,
+}
+
+impl KvDiskArgs {
+    /// The KV cache directory: `--kv-dir`, else the default under the state directory; None
+    /// with `--no-kv-disk` (or when no state directory is known, with a note on stderr).
+    pub fn dir(&self) -> Option<PathBuf> {
+        if self.no_kv_disk {
+            return None;
+        }
+        let d = self
+            .kv_dir
+            .clone()
+            .or_else(coli_engine::prefix_cache::default_disk_dir);
+        if d.is_none() {
+            eprintln!("note: no state directory (HOME, XDG_STATE_HOME and COLI_STATE_DIR are unset): KV caches stay in RAM; pass --kv-dir DIR to keep them on disk");
+        }
+        d
+    }
+
+    /// Opens the prefix cache of `eng`: RAM within the engine's [`Engine::kv_cache_budget`],
+    /// disk as these options say. Warnings about unusable files go to stderr.
+    ///
+    /// # Errors
+    /// The directory cannot be created, listed or locked (the message names it and says how
+    /// to run without it).
+    pub fn open(&self, eng: &Engine<'_>) -> Result<coli_engine::prefix_cache::PrefixCache> {
+        use coli_engine::prefix_cache::{PrefixCache, PrefixCacheOptions};
+        let opts = PrefixCacheOptions {
+            ram_budget: eng.kv_cache_budget(),
+            disk_dir: self.dir(),
+            disk_budget: self.kv_disk_budget,
+        };
+        let mut c = PrefixCache::open(eng.kv_layout(), &opts).map_err(|e| {
+            anyhow::anyhow!("opening the KV cache directory: {e} (pass --kv-dir DIR, or --no-kv-disk to keep KV caches in RAM only)")
+        })?;
+        for w in c.take_warnings() {
+            eprintln!("warning: {w}");
+        }
+        Ok(c)
     }
 }
 

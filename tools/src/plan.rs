@@ -101,6 +101,9 @@ pub struct Plan {
     pub kv_bytes_per_token: u64,
     /// KV cache of one sequence at full context (`kv_bytes_per_token * context`), bytes.
     pub kv_bytes: u64,
+    /// RAM the prefix cache of chat and serve may keep finished conversations' KV states in
+    /// (`--kv-cache-budget`; default one sequence's KV cache), bytes.
+    pub kv_cache_budget_bytes: u64,
     /// Context, tokens.
     pub context: usize,
     /// Expert budget (pinned + LRU), bytes.
@@ -111,7 +114,7 @@ pub struct Plan {
     /// engine was set up, bytes; None when it cannot be read.
     pub memory_limit_bytes: Option<u64>,
     /// Sequences whose KV cache at full context (`kv_bytes` each) fit in `memory_limit_bytes`
-    /// beside the dense set, the budget and the 512 MiB reserve (at most 4096); None when the
+    /// beside the dense set, the budget, the prefix cache and the 512 MiB reserve (at most 4096); None when the
     /// memory limit cannot be read.
     pub sequences_fit: Option<usize>,
     /// Experts the engine would pin at start.
@@ -145,7 +148,7 @@ pub struct Plan {
     pub disk_gib_s: Option<f64>,
     /// Decode tok/s if the disk were the only limit.
     pub decode_tok_s_bound: Option<f64>,
-    /// dense + KV + budget (capped at the experts' total), bytes.
+    /// dense + KV + prefix cache + budget (capped at the experts' total), bytes.
     pub ram_total_bytes: u64,
 }
 
@@ -253,11 +256,12 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
     let context = eng.context();
     let kv_bytes_per_token = eng.kv_bytes_per_token();
     let kv_bytes = kv_bytes_per_token * context as u64;
+    let kv_cache_budget = eng.kv_cache_budget();
     // Measured when the engine started, before the model loaded.
     let memory_limit = eng.placement().memory_limit;
     let sequences_fit = memory_limit.map(|avail| {
         coli_engine::placement::sequences_that_fit(
-            avail,
+            avail.saturating_sub(kv_cache_budget),
             store.manifest().dense_file.length,
             // A budget above the experts' total never fills (as coli serve counts it).
             budget.min(expert_bytes_total),
@@ -338,6 +342,7 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
         dense_bytes: m.dense_file.length,
         kv_bytes_per_token,
         kv_bytes,
+        kv_cache_budget_bytes: kv_cache_budget,
         context,
         budget,
         budget_from_available_memory: opts.ram_budget.is_none(),
@@ -361,7 +366,10 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
         probe_io_mode,
         disk_gib_s: gib_s,
         decode_tok_s_bound: bound,
-        ram_total_bytes: m.dense_file.length + kv_bytes + budget.min(expert_bytes_total),
+        ram_total_bytes: m.dense_file.length
+            + kv_bytes
+            + kv_cache_budget
+            + budget.min(expert_bytes_total),
     })
 }
 
@@ -437,6 +445,13 @@ fn print_table(p: &Plan) {
             ),
         ),
         (
+            "prefix cache (RAM)",
+            format!(
+                "{} for finished conversations' KV states (chat, serve; --kv-cache-budget)",
+                mib(p.kv_cache_budget_bytes as f64)
+            ),
+        ),
+        (
             "memory limit",
             match p.memory_limit_bytes {
                 Some(b) => format!(
@@ -461,7 +476,7 @@ fn print_table(p: &Plan) {
             "sequences that fit",
             match p.sequences_fit {
                 Some(n) => format!(
-                    "{n}{} of {} tokens beside the dense set, the expert budget and 512 MiB",
+                    "{n}{} of {} tokens beside the dense set, the expert budget, the prefix cache and 512 MiB",
                     if n == coli_engine::placement::MAX_SEQUENCES {
                         " (the most reported)"
                     } else {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use coli_tools::options::{engine, open, EngineOptions, SpeculationArgs};
 use coli_tools::serve::text::{reply_format, Piece, ReplyText};
-use coli_tools::{doctor, info, mirror, plan, serve, tune};
+use coli_tools::{doctor, info, kv, mirror, plan, serve, session, tune};
 
 #[derive(Parser)]
 #[command(
@@ -55,6 +55,8 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Build and check mirrors of a store on other drives (plan, stage, copy, verify).
     Mirror(mirror::MirrorArgs),
+    /// The prefix cache's KV cache files on disk: list them (ls) or remove them (clear).
+    Kv(kv::KvArgs),
 }
 
 #[derive(Args, Debug)]
@@ -132,8 +134,30 @@ struct ChatArgs {
     /// System message placed before the conversation.
     #[arg(long)]
     system: Option<String>,
+    /// Name of a conversation kept across runs: its messages are saved in the state
+    /// directory's `sessions/NAME.json` after every turn and its KV cache in the KV cache
+    /// directory, so that the next `coli chat --session NAME` resumes it without prefilling the
+    /// history again. /reset empties it.
+    #[arg(long, value_name = "NAME", value_parser = parse_session_name)]
+    session: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    kv_disk: coli_tools::options::KvDiskArgs,
+}
+
+/// A session name: letters, digits, `-`, `_` and `.`, not starting with `.` (it names a file).
+fn parse_session_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("expected 1 to 128 letters, digits, '-', '_' or '.', not starting with '.'".into())
+    }
 }
 
 #[derive(Args, Debug)]
@@ -179,6 +203,11 @@ fn fmt_bytes(b: f64) -> String {
     }
 }
 
+/// `n` and the noun in the number it needs ("1 token", "2 tokens").
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// `kv`: KV-cache bytes per token and tokens held.
 fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch: bool) {
     let s = &g.stats;
@@ -190,32 +219,40 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch
         kv.1
     );
     eprintln!(
-        "prefill: {} tokens in {:.3} s ({:.1} tok/s), TTFT {:.3} s",
-        s.prompt_tokens,
+        "prefill: {} in {:.3} s ({:.1} tok/s), TTFT {:.3} s",
+        count(s.prompt_tokens, "token", "tokens"),
         s.prefill_s,
         s.prefill_tok_s(),
         s.ttft_s
     );
     eprintln!(
-        "decode: {} tokens generated, {} decode passes in {:.3} s ({:.1} tok/s), stop: {:?}",
-        s.generated_tokens,
-        s.decode_steps,
+        "decode: {} generated, {} in {:.3} s ({:.1} tok/s), stop: {:?}",
+        count(s.generated_tokens, "token", "tokens"),
+        count(s.decode_steps, "decode pass", "decode passes"),
         s.decode_s,
         s.decode_tok_s(),
         g.stop
     );
     let sp = &s.speculation;
-    eprintln!(
-        "speculation: {}; {} drafts proposed, {} accepted ({:.1}%), {} verify passes, {:.2} tokens per decode pass, {} passes paused by the draft gate; {} of experts read per generated token",
-        s.speculation_mode.name(),
-        sp.drafts_proposed,
-        sp.drafts_accepted,
-        sp.acceptance_rate() * 100.0,
-        sp.verify_passes,
-        s.tokens_per_forward(),
-        sp.gate_paused_passes,
-        fmt_bytes(s.expert_bytes_per_generated_token()),
-    );
+    let per_generated = fmt_bytes(s.expert_bytes_per_generated_token());
+    if sp.drafts_proposed == 0 && sp.gate_paused_passes == 0 {
+        // Nothing was drafted (off, or no proposal): one token per decode pass.
+        eprintln!(
+            "speculation: {}, no drafts; {per_generated} of experts read per generated token",
+            s.speculation_mode.name()
+        );
+    } else {
+        eprintln!(
+            "speculation: {}; {} proposed, {} accepted ({:.1}%), {}, {:.2} tokens generated per decode pass after the first token, {} paused by the draft gate; {per_generated} of experts read per generated token",
+            s.speculation_mode.name(),
+            count(sp.drafts_proposed as usize, "draft", "drafts"),
+            sp.drafts_accepted,
+            sp.acceptance_rate() * 100.0,
+            count(sp.verify_passes as usize, "verify pass", "verify passes"),
+            s.tokens_per_forward(),
+            count(sp.gate_paused_passes as usize, "pass", "passes"),
+        );
+    }
     eprintln!(
         "experts: {} read from disk ({} per token run, prompt included), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
         fmt_bytes(s.expert_bytes_read as f64),
@@ -309,7 +346,9 @@ fn io_name(store: &Store) -> &'static str {
     }
 }
 
-fn run(a: RunArgs) -> Result<()> {
+fn run(mut a: RunArgs) -> Result<()> {
+    // One generation keeps no prefix cache: its RAM goes to the expert budget.
+    a.engine.kv_cache_budget.get_or_insert(0);
     let loaded = open(&a.engine)?;
     let (mut eng, load_s) = engine(&loaded, &a.engine)?;
     let tok = loaded.tokenizer.as_ref();
@@ -463,12 +502,39 @@ fn chat(a: ChatArgs) -> Result<()> {
     if tok.chat_template.is_none() {
         bail!("the store has no chat template (tokenizer_config.json chat_template or chat_template.jinja)");
     }
+    let mut prefix = match &a.session {
+        Some(_) => Some(a.kv_disk.open(&eng)?),
+        None => None,
+    };
+    let session = a
+        .session
+        .as_deref()
+        .map(|name| session::Session::open(name, loaded.store.manifest().store_id))
+        .transpose()?;
     eprintln!("loaded in {load_s:.2} s; one message per line, /reset to start over, /exit or Ctrl-D to quit");
-    let mut messages: Vec<ChatMessage> = Vec::new();
+    let mut system = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage::new("system", s));
+        system.push(ChatMessage::new("system", s));
     }
-    let base = messages.len();
+    let mut messages: Vec<ChatMessage> = match &session {
+        Some(s) if !s.messages.is_empty() => {
+            if a.system.is_some() && s.messages.first().map(|m| m.role.as_str()) != Some("system") {
+                eprintln!(
+                    "note: session {} started without a system message; --system is ignored",
+                    s.name
+                );
+            }
+            eprintln!(
+                "resuming session {} ({} messages; /reset empties it)",
+                s.name,
+                s.messages.len()
+            );
+            s.messages.clone()
+        }
+        _ => system.clone(),
+    };
+    // The first turn of a resumed session continues from its saved KV cache.
+    let mut resumed = session.is_none();
     let params = a.sampling.params();
     let stdin = std::io::stdin();
     // Piped input is not echoed by a terminal: echo it after the prompt (stderr, beside the
@@ -477,7 +543,10 @@ fn chat(a: ChatArgs) -> Result<()> {
     let mut lines = stdin.lock().lines();
     loop {
         eprint!("> ");
-        let Some(line) = lines.next() else { break };
+        let Some(line) = lines.next() else {
+            eprintln!();
+            break;
+        };
         let line = line.context("reading stdin")?;
         if echo {
             eprintln!("{line}");
@@ -487,8 +556,11 @@ fn chat(a: ChatArgs) -> Result<()> {
             "" => continue,
             "/exit" | "/quit" => break,
             "/reset" => {
-                messages.truncate(base);
+                messages = system.clone();
                 eng.reset();
+                if let Some(s) = &session {
+                    s.save(&messages)?;
+                }
                 continue;
             }
             _ => {}
@@ -497,6 +569,21 @@ fn chat(a: ChatArgs) -> Result<()> {
         let (prompt_text, ids) = tok
             .chat_ids(&messages, true)
             .context("applying the chat template")?;
+        if let (false, Some(p)) = (resumed, prefix.as_mut()) {
+            resumed = true;
+            if let Some(hit) = p.take(0, &ids, ids.len() - 1) {
+                let n = hit.state.len();
+                match eng.restore_own(hit.state) {
+                    Ok(()) => eprintln!("[resumed {n} cached tokens of the session]"),
+                    Err(e) => eprintln!(
+                        "warning: the session's KV cache does not fit: {e}; prefilling it again"
+                    ),
+                }
+            }
+            for w in p.take_warnings() {
+                eprintln!("warning: {w}");
+            }
+        }
         // A harmony model (gpt-oss) answers in its final channel and a reasoning model after its
         // `<think>` block: the reasoning goes to stderr, the answer to stdout and the history.
         let mut reply =
@@ -535,6 +622,15 @@ fn chat(a: ChatArgs) -> Result<()> {
         let _ = writeln!(out);
         let _ = out.flush();
         messages.push(ChatMessage::new("assistant", &answer));
+        if let Some(s) = &session {
+            s.save(&messages)?;
+            if let Some(p) = prefix.as_mut() {
+                p.save(0, &eng.own_state());
+                for w in p.take_warnings() {
+                    eprintln!("warning: {w}");
+                }
+            }
+        }
         let s = &g.stats;
         eprintln!(
             "[{} new prompt tokens, {} generated, TTFT {:.2} s, {:.1} tok/s, {} expert bytes read, hit rate {:.1}%]",
@@ -549,7 +645,9 @@ fn chat(a: ChatArgs) -> Result<()> {
     Ok(())
 }
 
-fn eval(a: EvalArgs) -> Result<()> {
+fn eval(mut a: EvalArgs) -> Result<()> {
+    // Scoring keeps no prefix cache: its RAM goes to the expert budget.
+    a.engine.kv_cache_budget.get_or_insert(0);
     let loaded = open(&a.engine)?;
     let (mut eng, load_s) = engine(&loaded, &a.engine)?;
     let tok = loaded
@@ -648,6 +746,7 @@ fn main() -> std::process::ExitCode {
             }
         },
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Kv(a) => kv::kv(a),
         Cmd::Mirror(a) => {
             let verify = a.is_verify();
             match mirror::run(a) {

@@ -53,6 +53,19 @@ pub struct Metrics {
     pub draft_acceptance_rate: Gauge<f64, AtomicU64>,
     /// Tokens a sequence's decode pass emitted (1 without drafts; accepted drafts + 1 with).
     pub tokens_per_decode_pass: Histogram,
+    /// Prefix-cache lookups by result: `ram`, `disk` (a prefix reused from that tier) or
+    /// `miss`.
+    pub prefix_lookups: Family<RequestLabels, Counter>,
+    /// Bytes of KV cache files written.
+    pub kv_file_written: Counter,
+    /// Bytes of KV cache files read back.
+    pub kv_file_read: Counter,
+    /// Seconds writing KV cache files (fsync and rename included).
+    pub kv_file_write_seconds: Counter<f64, AtomicU64>,
+    /// Seconds reading KV cache files back (checks included).
+    pub kv_file_read_seconds: Counter<f64, AtomicU64>,
+    /// KV cache files found damaged, foreign or unreadable (each reported once on stderr).
+    pub kv_files_bad: Counter,
     /// Requests waiting for the engine.
     pub queue_depth: Gauge,
     /// Generations running (0 or 1).
@@ -194,6 +207,45 @@ impl Metrics {
         );
         let running = Gauge::default();
         registry.register("running_requests", "Generations running", running.clone());
+        let prefix_lookups = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "prefix_cache_lookups",
+            "Prefix-cache lookups by result (ram or disk: a prefix reused from that tier; miss)",
+            prefix_lookups.clone(),
+        );
+        let kv_file_written = Counter::default();
+        registry.register_with_unit(
+            "kv_file_written",
+            "Bytes of KV cache files written",
+            Unit::Bytes,
+            kv_file_written.clone(),
+        );
+        let kv_file_read = Counter::default();
+        registry.register_with_unit(
+            "kv_file_read",
+            "Bytes of KV cache files read back",
+            Unit::Bytes,
+            kv_file_read.clone(),
+        );
+        let kv_file_write_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "kv_file_write",
+            "Seconds writing KV cache files (fsync and rename included)",
+            Unit::Seconds,
+            kv_file_write_seconds.clone(),
+        );
+        let kv_file_read_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "kv_file_read",
+            "Seconds reading KV cache files back (checks included)",
+            Unit::Seconds,
+            kv_file_read_seconds.clone(),
+        );
+        let kv_files_bad = counter(
+            &mut registry,
+            "kv_files_bad",
+            "KV cache files found damaged, foreign or unreadable (quarantined or left in place)",
+        );
         Metrics {
             registry,
             requests,
@@ -218,6 +270,12 @@ impl Metrics {
             drafts_accepted,
             draft_acceptance_rate,
             tokens_per_decode_pass,
+            prefix_lookups,
+            kv_file_written,
+            kv_file_read,
+            kv_file_write_seconds,
+            kv_file_read_seconds,
+            kv_files_bad,
             queue_depth,
             running,
         }

@@ -53,9 +53,16 @@ pub struct ServeArgs {
     /// TCP port (0 = any free port; the chosen address is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 endpoints.
-    #[arg(long, value_name = "KEY", env = "COLI_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints. Repeat it (or separate keys with
+    /// commas) for several clients: a prefix cached for one key is never reused for another.
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "COLI_API_KEY",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    api_keys: Vec<String>,
     /// Requests that may wait for the engine while one runs; more are answered 429.
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -81,6 +88,8 @@ pub struct ServeArgs {
     reasoning: ReasoningArg,
     #[command(flatten)]
     speculation: crate::options::SpeculationArgs,
+    #[command(flatten)]
+    kv_disk: crate::options::KvDiskArgs,
 }
 
 /// `--reasoning`.
@@ -96,7 +105,8 @@ pub enum ReasoningArg {
 struct App {
     model_id: String,
     created: u64,
-    api_key: Option<String>,
+    /// Accepted API keys (empty: no key needed).
+    api_keys: Vec<String>,
     tok: Arc<TextTokenizer>,
     jobs: mpsc::Sender<Job>,
     metrics: Arc<Metrics>,
@@ -153,9 +163,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let opts = a.engine;
         let speculation = a.speculation.params();
         let max_batch = a.max_batch.map(|n| n as usize);
+        let kv_disk = a.kv_disk;
         std::thread::Builder::new()
             .name("coli-engine".into())
-            .spawn(move || worker::run(opts, speculation, max_batch, shared, jobs_rx, ready_tx))
+            .spawn(move || {
+                worker::run(
+                    opts,
+                    speculation,
+                    max_batch,
+                    kv_disk,
+                    shared,
+                    jobs_rx,
+                    ready_tx,
+                )
+            })
             .context("starting the engine thread")?
     };
     let info = match ready_rx.recv() {
@@ -166,7 +187,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let app = Arc::new(App {
         model_id,
         created: unix_now(),
-        api_key: a.api_key,
+        api_keys: a
+            .api_keys
+            .into_iter()
+            .filter(|k| !k.trim().is_empty())
+            .collect(),
         tok: info.tok.clone(),
         jobs: jobs_tx,
         metrics,
@@ -262,10 +287,12 @@ async fn shutdown_signal() {
     }
 }
 
-fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &app.api_key else {
-        return Ok(());
-    };
+/// Checks the request's API key; returns the scope of its cached prefixes
+/// ([`coli_engine::prefix_cache::scope_of`]: 0 when the server needs no key).
+fn check_key(app: &App, headers: &HeaderMap) -> Result<u64, ApiError> {
+    if app.api_keys.is_empty() {
+        return Ok(0);
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -277,8 +304,10 @@ fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     // Anthropic's clients send the key as `x-api-key`; either header may carry it (a proxy
     // may add an Authorization of its own).
     let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    if [given, x_api_key].iter().flatten().any(|g| g.trim() == key) {
-        return Ok(());
+    for g in [given, x_api_key].into_iter().flatten() {
+        if let Some(k) = app.api_keys.iter().find(|k| k.trim() == g.trim()) {
+            return Ok(coli_engine::prefix_cache::scope_of(Some(k.trim())));
+        }
     }
     Err(ApiError::unauthorized(
         given.is_some() || x_api_key.is_some(),
@@ -488,8 +517,8 @@ async fn generate(
     ep: Endpoint,
 ) -> Response {
     let arrived = Instant::now();
-    let r = match check_key(&app, &headers).and(body) {
-        Ok(body) => generate_checked(&app, body, ep, arrived).await,
+    let r = match check_key(&app, &headers).and_then(|scope| Ok((scope, body?))) {
+        Ok((scope, body)) => generate_checked(&app, body, ep, arrived, scope).await,
         Err(e) => Err(e),
     };
     match r {
@@ -608,6 +637,7 @@ async fn generate_checked(
     body: Bytes,
     ep: Endpoint,
     arrived: Instant,
+    scope: u64,
 ) -> Result<Response, ApiError> {
     let req = api::parse_request(&body, ep)?;
     if app.shutdown.started() {
@@ -648,6 +678,7 @@ async fn generate_checked(
         events: events_tx,
         cancel,
         arrived,
+        scope,
     };
     app.metrics.queue_depth.inc();
     if let Err(e) = app.jobs.try_send(job) {

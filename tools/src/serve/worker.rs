@@ -9,15 +9,17 @@
 //! ([`Engine::fork_sequence`]). Each choice samples with its own seeded sampler (choice `i`
 //! seeds with `seed + i`), so a seeded request gives the same text alone or in a batch (the
 //! engine's logits of a sequence do not depend on the rest of the pass). A finished
-//! sequence stays in a pool with its KV cache; the next request takes the pooled sequence whose
-//! cached tokens share the longest prefix with its prompt (a follow-up turn prefills only its
-//! new tokens). A client that disconnects frees its sequences at the next step. On shutdown the
+//! sequence's KV cache goes to the prefix cache ([`coli_engine::prefix_cache`]: RAM, and a file
+//! that survives a restart); the next request reuses the cached state that shares the longest
+//! prefix with its prompt, within its API key's scope (a follow-up turn prefills only its new
+//! tokens). A client that disconnects frees its sequences at the next step. On shutdown the
 //! thread stops admitting requests, lets the running ones go on until the grace period ends,
 //! then ends the rest with finish reason `abort`.
 
 use super::api::ApiError;
 use super::metrics::Metrics;
 use super::text::{Piece, ReplyText};
+use coli_engine::prefix_cache::PrefixCache;
 use coli_engine::speculative::gate::DraftGate;
 use coli_engine::speculative::{self, ngram, Speculate};
 use coli_engine::{
@@ -97,6 +99,9 @@ pub struct Job {
     pub cancel: Arc<AtomicBool>,
     /// When the request arrived.
     pub arrived: Instant,
+    /// Whose cached prefixes it may reuse ([`coli_engine::prefix_cache::scope_of`] of its API
+    /// key; 0 without keys).
+    pub scope: u64,
 }
 
 impl Job {
@@ -208,6 +213,7 @@ pub fn run(
     opts: crate::options::EngineOptions,
     speculation: coli_engine::SpeculationParams,
     max_batch: Option<usize>,
+    kv_disk: crate::options::KvDiskArgs,
     shared: Shared,
     jobs: mpsc::Receiver<Job>,
     ready: std::sync::mpsc::Sender<anyhow::Result<EngineInfo>>,
@@ -219,8 +225,15 @@ pub fn run(
             return;
         }
     };
-    let (eng, max_batch, speculation) = match load_engine(&loaded, &opts, max_batch) {
+    let (eng, max_batch, speculation, prefix) = match load_engine(&loaded, &opts, max_batch) {
         Ok((e, load_s, max_batch)) => {
+            let prefix = match kv_disk.open(&e) {
+                Ok(p) => p,
+                Err(err) => {
+                    let _ = ready.send(Err(err));
+                    return;
+                }
+            };
             let info = EngineInfo {
                 tok: tok.clone(),
                 context: e.context(),
@@ -244,7 +257,7 @@ pub fn run(
             if ready.send(Ok(info)).is_err() {
                 return;
             }
-            (e, max_batch, speculation)
+            (e, max_batch, speculation, prefix)
         }
         Err(err) => {
             let _ = ready.send(Err(err));
@@ -259,7 +272,8 @@ pub fn run(
         max_batch,
         prefill_batch,
         active: Vec::new(),
-        pool: Vec::new(),
+        prefix,
+        prefix_seen: Default::default(),
         speculation,
         bytes_seen: 0,
         cache_seen: coli_engine::CacheStats::default(),
@@ -283,7 +297,7 @@ fn sequences_fit(eng: &Engine<'_>, store: &coli_store::Store) -> Option<(usize, 
     }
     let experts: u64 = store.index().iter().map(|r| r.length.get()).sum();
     let fit = budget::sequences_that_fit(
-        limit,
+        limit.saturating_sub(eng.kv_cache_budget()),
         store.manifest().dense_file.length,
         p.budget.min(experts),
         eng.kv_bytes_per_sequence(),
@@ -315,16 +329,17 @@ pub fn load_engine<'s>(
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let p = eng.placement();
     let what = format!(
-        "{want} sequences of {} tokens need {:.1} MiB of KV cache each, but beside the dense set ({:.1} MiB), the expert budget ({:.1} MiB) and 512 MiB of reserve only {fit} fit in the {:.1} MiB this process may use",
+        "{want} sequences of {} tokens need {:.1} MiB of KV cache each, but beside the dense set ({:.1} MiB), the expert budget ({:.1} MiB), the prefix cache ({:.1} MiB, --kv-cache-budget) and 512 MiB of reserve only {fit} fit in the {:.1} MiB this process may use",
         eng.context(),
         mib(eng.kv_bytes_per_sequence()),
         mib(loaded.store.manifest().dense_file.length),
         mib(p.budget),
+        mib(eng.kv_cache_budget()),
         mib(limit),
     );
     if requested.is_some() || fit == 0 {
         anyhow::bail!(
-            "{what}; lower --max-batch, --context or --ram-budget (`coli plan` shows the memory plan)"
+            "{what}; lower --max-batch, --context, --kv-cache-budget or --ram-budget (`coli plan` shows the memory plan)"
         );
     }
     drop(eng);
@@ -382,8 +397,10 @@ struct Scheduler<'a, 's> {
     max_batch: usize,
     prefill_batch: usize,
     active: Vec<Request>,
-    /// Finished sequences kept for prefix reuse.
-    pool: Vec<Sequence>,
+    /// Finished sequences' KV states, reused by prefix.
+    prefix: PrefixCache,
+    /// Its counters at the last [`Scheduler::count_bytes`].
+    prefix_seen: coli_engine::prefix_cache::PrefixCacheStats,
     /// Speculative decoding of the server (mode resolved).
     speculation: coli_engine::SpeculationParams,
     bytes_seen: u64,
@@ -421,6 +438,26 @@ impl Scheduler<'_, '_> {
             .expert_cache_hit_rate
             .set(stats.hit_rate());
         self.cache_seen = stats;
+        let p = self.prefix.stats();
+        let was = std::mem::replace(&mut self.prefix_seen, p);
+        let m = &self.shared.metrics;
+        for (result, now, before) in [
+            ("ram", p.ram_hits, was.ram_hits),
+            ("disk", p.disk_hits, was.disk_hits),
+            ("miss", p.misses, was.misses),
+        ] {
+            m.prefix_lookups
+                .get_or_create(&vec![("result", result.to_string())])
+                .inc_by(now - before);
+        }
+        m.kv_file_written
+            .inc_by(p.bytes_written - was.bytes_written);
+        m.kv_file_read.inc_by(p.bytes_read - was.bytes_read);
+        m.kv_file_write_seconds
+            .inc_by((p.write_ns - was.write_ns) as f64 * 1e-9);
+        m.kv_file_read_seconds
+            .inc_by((p.read_ns - was.read_ns) as f64 * 1e-9);
+        m.kv_files_bad.inc_by(p.bad_files - was.bad_files);
         let gen = self.shared.metrics.completion_tokens.get();
         if gen > 0 {
             self.shared
@@ -438,19 +475,11 @@ impl Scheduler<'_, '_> {
         }
     }
 
-    /// Sequences no running request holds or will hold (pooled or never made): each running
+    /// Sequences no running request holds or will hold: each running
     /// request takes one per choice.
     fn free_sequences(&self) -> usize {
         let reserved: usize = self.active.iter().map(|r| r.choices.len()).sum();
         self.max_batch.saturating_sub(reserved)
-    }
-
-    /// Drops pooled sequences until the engine can make one more.
-    fn make_room(&mut self) {
-        while self.eng.sequences_in_use() >= self.max_batch && !self.pool.is_empty() {
-            // The oldest pooled sequence goes first.
-            self.pool.remove(0);
-        }
     }
 
     fn run(&mut self, mut jobs: mpsc::Receiver<Job>) {
@@ -544,8 +573,8 @@ impl Scheduler<'_, '_> {
         }
     }
 
-    /// Admits `job` into the batch: a pooled sequence with the longest common prefix (or a new
-    /// one) for its prefill.
+    /// Admits `job` into the batch: a sequence resumed from the prefix cache's longest common
+    /// prefix (or a new one) for its prefill.
     fn start(&mut self, job: Job) {
         let now = Instant::now();
         self.metrics()
@@ -561,7 +590,7 @@ impl Scheduler<'_, '_> {
             );
             return;
         }
-        let seq = match self.take_sequence(&job.prompt) {
+        let seq = match self.take_sequence(&job.prompt, job.scope) {
             Ok(s) => s,
             Err(e) => {
                 let _ = job.events.send(Event::Error(engine_error(e)));
@@ -600,55 +629,31 @@ impl Scheduler<'_, '_> {
         self.active.push(r);
     }
 
-    /// A sequence for `prompt`, reusing the longest prefix any pooled sequence shares with it
-    /// (at most all but the last prompt token: one is always fed, to get logits):
-    /// - a pooled conversation the prompt extends is taken whole (a follow-up turn);
-    /// - a pooled sequence sharing only a prefix (e.g. the chat template's system turn) is
-    ///   copied up to that prefix, so that its own conversation keeps its KV for a follow-up
-    ///   (with no sequence free, the oldest other pooled one is dropped to make room; when it
-    ///   is the only one pooled, it is taken and truncated);
-    /// - else a new sequence, or, with none free, the oldest pooled one emptied.
-    fn take_sequence(&mut self, prompt: &[u32]) -> coli_engine::Result<Sequence> {
-        let common = |s: &Sequence| {
-            s.tokens()
-                .iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-        };
-        // Ties go to the most recently pooled (the end of the pool).
-        let best = (0..self.pool.len())
-            .map(|i| (common(&self.pool[i]), i))
-            .max()
-            .filter(|&(c, _)| c > 0);
-        let keep = |c: usize| c.min(prompt.len() - 1);
-        let mut free = self.eng.sequences_in_use() < self.max_batch;
-        let mut best = best;
-        if let Some((c, i)) = best {
-            if c < self.pool[i].len() && !free && self.pool.len() > 1 {
-                // The oldest pooled sequence other than the best goes.
-                let drop = usize::from(i == 0);
-                self.pool.remove(drop);
-                best = Some((c, if drop < i { i - 1 } else { i }));
-                free = true;
+    /// A sequence for `prompt`: the prefix cache's state that shares the longest prefix with
+    /// it in `scope` (at most all but the last prompt token: one is always fed, to get logits),
+    /// or a new one.
+    fn take_sequence(&mut self, prompt: &[u32], scope: u64) -> coli_engine::Result<Sequence> {
+        let hit = self.prefix.take(scope, prompt, prompt.len() - 1);
+        self.prefix_warnings();
+        let mut seq = match hit {
+            Some(h) if self.speculation.mode != Speculate::Mtp || h.state.has_mtp_state() => {
+                self.eng.resume_sequence(h.state)?
             }
-        }
-        let mut seq = match best {
-            Some((c, i)) if c == self.pool[i].len() => self.pool.remove(i),
-            Some((c, i)) if free => self.eng.fork_sequence(&self.pool[i], keep(c))?,
-            Some((_, i)) => self.pool.remove(i),
-            None if free => self.eng.new_sequence()?,
-            None if !self.pool.is_empty() => self.pool.remove(0),
-            None => self.eng.new_sequence()?,
+            _ => self.eng.new_sequence()?,
         };
-        let keep = keep(common(&seq));
-        seq.truncate(keep);
         if self.speculation.mode == Speculate::Mtp && !seq.has_mtp_state() {
             // Every sequence of an MTP server tracks MTP state from its first token.
             seq.truncate(0);
             self.eng.enable_mtp(&mut seq)?;
         }
         Ok(seq)
+    }
+
+    /// Prints the prefix cache's warnings (files that could not be used or written).
+    fn prefix_warnings(&mut self) {
+        for w in self.prefix.take_warnings() {
+            eprintln!("coli serve: warning: {w}");
+        }
     }
 
     /// One forward pass: every running choice's next token, plus the next prefill chunk of the
@@ -934,7 +939,6 @@ impl Scheduler<'_, '_> {
     /// choice's first token from `logits`.
     fn prefill_done(&mut self, ri: usize, logits: &[f32], now: Instant) {
         for ci in 1..self.active[ri].choices.len() {
-            self.make_room();
             let src = self.active[ri].choices[0].seq.as_ref().expect("prefilled");
             match self.eng.fork_sequence(src, usize::MAX) {
                 Ok(s) => self.active[ri].choices[ci].seq = Some(s),
@@ -1067,7 +1071,7 @@ impl Scheduler<'_, '_> {
         self.reap();
     }
 
-    /// Removes finished and cancelled requests: their sequences go back to the pool, their
+    /// Removes finished and cancelled requests: their sequences go to the prefix cache, their
     /// log line is written.
     fn reap(&mut self) {
         for r in &mut self.active {
@@ -1151,9 +1155,10 @@ impl Scheduler<'_, '_> {
                 if seq.len() > self.eng.context() {
                     seq.truncate(self.eng.context());
                 }
-                self.pool.push(seq);
+                self.prefix.put(r.job.scope, seq.into_state());
             }
         }
+        self.prefix_warnings();
     }
 }
 

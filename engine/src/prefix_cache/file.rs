@@ -1,0 +1,547 @@
+//! The KV cache file: one sequence's KV state on disk (specified in docs/KV_CACHE.md).
+//!
+//! A file is a header (magic, cache-layout version, store id, parameter hash, scope, token ids,
+//! layer count, body length and checksum) closed by an XXH3-64 of its own bytes, then the body:
+//! every layer's f32 keys and values, then the MTP state when there is one. All integers and
+//! floats are little-endian. A file is written to a temporary name, fsynced, renamed into
+//! place and its directory fsynced ([`write_atomic`]), so a reader sees either no file or a
+//! whole one; [`read_header`] and [`read_state`] check everything before a byte is used.
+
+use super::layout::KvLayout;
+use crate::layers::LayerKv;
+use crate::sequence::{KvState, MtpState, Sequence};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use zerocopy::IntoBytes;
+
+#[cfg(target_endian = "big")]
+compile_error!("KV cache files are little-endian f32; this build writes them as native bytes");
+
+/// First 8 bytes of every KV cache file.
+pub const KV_FILE_MAGIC: [u8; 8] = *b"COLIKV\0\0";
+
+/// The cache-layout version this build writes and reads. A file of a newer version is left
+/// alone (a newer coli owns it); any change to what the cached numbers mean or to the bytes
+/// below bumps it.
+pub const KV_LAYOUT_VERSION: u32 = 1;
+
+/// Bytes of the header before the token ids.
+const FIXED_HEADER_BYTES: usize = 88;
+
+/// Header flag: the body ends with an MTP state.
+const FLAG_MTP: u32 = 1;
+
+/// What a KV cache file's header says (docs/KV_CACHE.md, "Header").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvFileHeader {
+    /// Cache-layout version ([`KV_LAYOUT_VERSION`]).
+    pub version: u32,
+    /// Id of the store the numbers were computed from.
+    pub store_id: [u8; 16],
+    /// XXH3-64 of the canonical parameter string ([`KvLayout::params`]).
+    pub param_hash: u64,
+    /// Who may reuse the state: 0 = anyone; else the XXH3-64 of an API key.
+    pub scope: u64,
+    /// The token ids whose keys and values the body holds, in position order.
+    pub tokens: Vec<u32>,
+    /// Decoder layers in the body.
+    pub layers: u32,
+    /// Whether the body ends with an MTP state.
+    pub has_mtp: bool,
+    /// Bytes of the body.
+    pub body_len: u64,
+    /// XXH3-64 of the body.
+    pub body_xxh3: u64,
+    /// When the file was written, seconds since the Unix epoch.
+    pub created_unix_s: u64,
+}
+
+impl KvFileHeader {
+    /// Bytes of the header on disk: the fixed part, 4 per token, the 8-byte checksum.
+    pub fn encoded_len(tokens: usize) -> usize {
+        FIXED_HEADER_BYTES + 4 * tokens + 8
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::encoded_len(self.tokens.len()));
+        b.extend_from_slice(&KV_FILE_MAGIC);
+        b.extend_from_slice(&self.version.to_le_bytes());
+        b.extend_from_slice(&(Self::encoded_len(self.tokens.len()) as u32).to_le_bytes());
+        b.extend_from_slice(&self.store_id);
+        b.extend_from_slice(&self.param_hash.to_le_bytes());
+        b.extend_from_slice(&self.scope.to_le_bytes());
+        b.extend_from_slice(&(self.tokens.len() as u64).to_le_bytes());
+        b.extend_from_slice(&self.layers.to_le_bytes());
+        let flags = if self.has_mtp { FLAG_MTP } else { 0 };
+        b.extend_from_slice(&flags.to_le_bytes());
+        b.extend_from_slice(&self.body_len.to_le_bytes());
+        b.extend_from_slice(&self.body_xxh3.to_le_bytes());
+        b.extend_from_slice(&self.created_unix_s.to_le_bytes());
+        debug_assert_eq!(b.len(), FIXED_HEADER_BYTES);
+        for t in &self.tokens {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        let sum = xxh3_64(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        b
+    }
+}
+
+/// Why a KV cache file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KvFileError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Not a KV cache file at all.
+    #[error("{path}: not a coli KV cache file (bad magic bytes)")]
+    NotKvFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Written by a newer coli: left in place.
+    #[error("{path}: written by a newer coli (cache layout version {found}; this build reads version {KV_LAYOUT_VERSION}); left in place")]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+    },
+    /// Shorter than its header says.
+    #[error("{path}: truncated ({what})")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// What is missing.
+        what: String,
+    },
+    /// A checksum does not match: the bytes changed after they were written.
+    #[error("{path}: {part} checksum mismatch (stored {stored:016x}, computed {computed:016x}): the file is damaged")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// `header` or `body`.
+        part: &'static str,
+        /// What the file says.
+        stored: u64,
+        /// What its bytes give.
+        computed: u64,
+    },
+    /// Computed from another store or with other parameters.
+    #[error(
+        "{path}: belongs to another store or other parameters ({what}); it is never reused here"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Which field differs.
+        what: String,
+    },
+    /// Checksums match but the content does not fit this model (shapes, lengths).
+    #[error("{path}: malformed ({what})")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+impl KvFileError {
+    /// Whether the file should be moved out of the way (damaged, foreign or not ours): every
+    /// error but I/O failures (possibly transient) and newer versions (left in place).
+    pub fn quarantine(&self) -> bool {
+        !matches!(self, KvFileError::Io { .. } | KvFileError::Newer { .. })
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KvFileError + '_ {
+    move |source| KvFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Reads `reader` to fill `buf`; a short read is [`KvFileError::Truncated`] naming `what`.
+fn read_full(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    path: &Path,
+    what: &str,
+) -> Result<(), KvFileError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(KvFileError::Truncated {
+                    path: path.to_path_buf(),
+                    what: format!("{what}: {got} of {} bytes", buf.len()),
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(path)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks a file's header (magic, version, header checksum); the body is not read.
+/// With `expect`, also that the file belongs to that store and parameters.
+///
+/// # Errors
+/// [`KvFileError`]: I/O, not a KV file, newer version, truncated, header checksum, foreign.
+pub fn read_header(path: &Path, expect: Option<&KvLayout>) -> Result<KvFileHeader, KvFileError> {
+    let mut f = File::open(path).map_err(io(path))?;
+    read_header_from(&mut f, path, expect)
+}
+
+fn read_header_from(
+    f: &mut impl Read,
+    path: &Path,
+    expect: Option<&KvLayout>,
+) -> Result<KvFileHeader, KvFileError> {
+    let mut fixed = [0u8; FIXED_HEADER_BYTES];
+    read_full(f, &mut fixed, path, "fixed header")?;
+    if fixed[..8] != KV_FILE_MAGIC {
+        return Err(KvFileError::NotKvFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let version = u32_at(&fixed, 8);
+    if version > KV_LAYOUT_VERSION {
+        return Err(KvFileError::Newer {
+            path: path.to_path_buf(),
+            found: version,
+        });
+    }
+    let malformed = |what: String| KvFileError::Malformed {
+        path: path.to_path_buf(),
+        what,
+    };
+    if version != KV_LAYOUT_VERSION {
+        return Err(malformed(format!("cache layout version {version}")));
+    }
+    let header_len = u32_at(&fixed, 12) as usize;
+    let tokens = u64_at(&fixed, 48);
+    // A header length that disagrees with the token count is damage (the checksum below
+    // cannot be trusted to catch it: it would be read over the wrong span).
+    if tokens > (u32::MAX as u64) / 4 || header_len != KvFileHeader::encoded_len(tokens as usize) {
+        return Err(malformed(format!(
+            "header length {header_len} does not match {tokens} token ids"
+        )));
+    }
+    let mut rest = vec![0u8; header_len - FIXED_HEADER_BYTES];
+    read_full(f, &mut rest, path, "header token ids")?;
+    let mut hasher = Xxh3::new();
+    hasher.update(&fixed);
+    hasher.update(&rest[..rest.len() - 8]);
+    let computed = hasher.digest();
+    let stored = u64_at(&rest, rest.len() - 8);
+    if stored != computed {
+        return Err(KvFileError::Checksum {
+            path: path.to_path_buf(),
+            part: "header",
+            stored,
+            computed,
+        });
+    }
+    let flags = u32_at(&fixed, 60);
+    if flags & !FLAG_MTP != 0 {
+        return Err(malformed(format!("unknown flags {flags:#x}")));
+    }
+    let h = KvFileHeader {
+        version,
+        store_id: fixed[16..32].try_into().expect("16 bytes"),
+        param_hash: u64_at(&fixed, 32),
+        scope: u64_at(&fixed, 40),
+        tokens: rest[..rest.len() - 8]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect(),
+        layers: u32_at(&fixed, 56),
+        has_mtp: flags & FLAG_MTP != 0,
+        body_len: u64_at(&fixed, 64),
+        body_xxh3: u64_at(&fixed, 72),
+        created_unix_s: u64_at(&fixed, 80),
+    };
+    if let Some(l) = expect {
+        let foreign = |what: String| KvFileError::Foreign {
+            path: path.to_path_buf(),
+            what,
+        };
+        if h.store_id != l.store_id {
+            return Err(foreign(format!(
+                "store {} instead of {}",
+                hex(&h.store_id),
+                hex(&l.store_id)
+            )));
+        }
+        if h.param_hash != l.param_hash {
+            return Err(foreign(format!(
+                "parameter hash {:016x} instead of {:016x} ({})",
+                h.param_hash, l.param_hash, l.params
+            )));
+        }
+        if h.layers as usize != l.kv_dims.len() {
+            return Err(malformed(format!(
+                "{} layers, the model has {}",
+                h.layers,
+                l.kv_dims.len()
+            )));
+        }
+    }
+    Ok(h)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Reads a whole file and checks it against `layout` (store, parameters, header and body
+/// checksums, every array's length against the model's dimensions).
+///
+/// # Errors
+/// [`KvFileError`]; nothing is returned from a file that fails any check.
+pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvState), KvFileError> {
+    let f = File::open(path).map_err(io(path))?;
+    let file_len = f.metadata().map_err(io(path))?.len();
+    let mut r = BufReader::with_capacity(1 << 20, f);
+    let h = read_header_from(&mut r, path, Some(layout))?;
+    let header_len = KvFileHeader::encoded_len(h.tokens.len()) as u64;
+    let truncated = |what: String| KvFileError::Truncated {
+        path: path.to_path_buf(),
+        what,
+    };
+    if file_len < header_len + h.body_len {
+        return Err(truncated(format!(
+            "{} bytes, the header says {}",
+            file_len,
+            header_len + h.body_len
+        )));
+    }
+    if file_len > header_len + h.body_len {
+        return Err(KvFileError::Malformed {
+            path: path.to_path_buf(),
+            what: format!(
+                "{} bytes, the header says {}",
+                file_len,
+                header_len + h.body_len
+            ),
+        });
+    }
+    let mut body = BodyReader {
+        r: &mut r,
+        path,
+        hasher: Xxh3::new(),
+        left: h.body_len,
+    };
+    let n = h.tokens.len();
+    let mut kv = Vec::with_capacity(layout.kv_dims.len());
+    for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
+        let k = body.f32s(n * kd, &format!("layer {l} keys"))?;
+        let v = body.f32s(n * vd, &format!("layer {l} values"))?;
+        kv.push(LayerKv { k, v });
+    }
+    let mtp = if h.has_mtp {
+        let Some(m) = &layout.mtp else {
+            return Err(KvFileError::Malformed {
+                path: path.to_path_buf(),
+                what: "an MTP state, but the model has no MTP layer".into(),
+            });
+        };
+        let fed = body.u64("MTP positions")? as usize;
+        if fed > n {
+            return Err(KvFileError::Malformed {
+                path: path.to_path_buf(),
+                what: format!("MTP state of {fed} positions in a sequence of {n}"),
+            });
+        }
+        let k = body.f32s(fed * m.kv_dim, "MTP keys")?;
+        let v = body.f32s(fed * m.v_dim, "MTP values")?;
+        let hidden = body.f32s((n - fed) * m.hidden_size, "MTP hidden states")?;
+        Some(MtpState {
+            kv: LayerKv { k, v },
+            kv_dim: m.kv_dim,
+            hidden,
+            hidden_size: m.hidden_size,
+        })
+    } else {
+        None
+    };
+    if body.left != 0 {
+        return Err(KvFileError::Malformed {
+            path: path.to_path_buf(),
+            what: format!("{} body bytes beyond the model's arrays", body.left),
+        });
+    }
+    let computed = body.hasher.digest();
+    if computed != h.body_xxh3 {
+        return Err(KvFileError::Checksum {
+            path: path.to_path_buf(),
+            part: "body",
+            stored: h.body_xxh3,
+            computed,
+        });
+    }
+    let mut seq = Sequence::new(layout.kv_dims.clone(), None);
+    seq.kv = kv;
+    seq.tokens = h.tokens.clone();
+    seq.mtp = mtp;
+    Ok((h, KvState::new(seq)))
+}
+
+struct BodyReader<'a, R: Read> {
+    r: &'a mut R,
+    path: &'a Path,
+    hasher: Xxh3,
+    left: u64,
+}
+
+impl<R: Read> BodyReader<'_, R> {
+    fn take(&mut self, buf: &mut [u8], what: &str) -> Result<(), KvFileError> {
+        if (buf.len() as u64) > self.left {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: {} bytes needed, {} left in the body",
+                    buf.len(),
+                    self.left
+                ),
+            });
+        }
+        read_full(self.r, buf, self.path, what)?;
+        self.hasher.update(buf);
+        self.left -= buf.len() as u64;
+        Ok(())
+    }
+
+    fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, KvFileError> {
+        let mut v = vec![0f32; n];
+        self.take(v.as_mut_bytes(), what)?;
+        Ok(v)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, KvFileError> {
+        let mut b = [0u8; 8];
+        self.take(&mut b, what)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// Body bytes of `state` ([`write_atomic`] writes exactly this many).
+pub fn body_len(state: &KvState) -> u64 {
+    let s = &state.seq;
+    let kv: usize = s.kv.iter().map(|l| l.k.len() + l.v.len()).sum();
+    let mtp = s
+        .mtp
+        .as_ref()
+        .map_or(0, |m| 2 + m.kv.k.len() + m.kv.v.len() + m.hidden.len());
+    // The MTP position count is one u64 (two f32-sized slots above).
+    4 * (kv + mtp) as u64
+}
+
+/// Writes `state` to `path` atomically: a temporary file in the same directory (mode 0600),
+/// fsynced, renamed over `path`, the directory fsynced. Returns the bytes written.
+///
+/// # Errors
+/// [`KvFileError::Io`]; the temporary file is removed and `path` is untouched then.
+pub fn write_atomic(
+    path: &Path,
+    state: &KvState,
+    store_id: [u8; 16],
+    param_hash: u64,
+    scope: u64,
+) -> Result<u64, KvFileError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let r = write_file(&tmp, state, store_id, param_hash, scope).and_then(|n| {
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&dir))?;
+        Ok(n)
+    });
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn write_file(
+    tmp: &Path,
+    state: &KvState,
+    store_id: [u8; 16],
+    param_hash: u64,
+    scope: u64,
+) -> Result<u64, KvFileError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let s = &state.seq;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(io(tmp))?;
+    let mut header = KvFileHeader {
+        version: KV_LAYOUT_VERSION,
+        store_id,
+        param_hash,
+        scope,
+        tokens: s.tokens.clone(),
+        layers: s.kv.len() as u32,
+        has_mtp: s.mtp.is_some(),
+        body_len: body_len(state),
+        body_xxh3: 0,
+        created_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let header_len = KvFileHeader::encoded_len(s.tokens.len());
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    // The header's checksums need the body: a placeholder first, the header last.
+    w.write_all(&vec![0u8; header_len]).map_err(io(tmp))?;
+    let mut hasher = Xxh3::new();
+    let mut put = |w: &mut BufWriter<File>, b: &[u8]| -> Result<(), KvFileError> {
+        hasher.update(b);
+        w.write_all(b).map_err(io(tmp))
+    };
+    for l in &s.kv {
+        put(&mut w, l.k.as_bytes())?;
+        put(&mut w, l.v.as_bytes())?;
+    }
+    if let Some(m) = &s.mtp {
+        put(&mut w, &(m.fed() as u64).to_le_bytes())?;
+        put(&mut w, m.kv.k.as_bytes())?;
+        put(&mut w, m.kv.v.as_bytes())?;
+        put(&mut w, m.hidden.as_bytes())?;
+    }
+    header.body_xxh3 = hasher.digest();
+    w.seek(SeekFrom::Start(0)).map_err(io(tmp))?;
+    w.write_all(&header.encode()).map_err(io(tmp))?;
+    let f = w.into_inner().map_err(|e| io(tmp)(e.into_error()))?;
+    f.sync_all().map_err(io(tmp))?;
+    Ok(header_len as u64 + header.body_len)
+}

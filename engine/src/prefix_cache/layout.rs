@@ -1,0 +1,77 @@
+//! What a KV state's numbers depend on, and the shapes of its arrays.
+
+use super::file::KV_LAYOUT_VERSION;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// The MTP layer's state shapes ([`KvLayout::mtp`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MtpLayout {
+    /// f32 values per position of the MTP layer's keys.
+    pub kv_dim: usize,
+    /// f32 values per position of its values (0 for MLA, which caches only keys).
+    pub v_dim: usize,
+    /// Hidden size: f32 values per pending hidden-state row.
+    pub hidden_size: usize,
+}
+
+/// One engine's KV cache identity and shapes: a saved state is reused only by an engine whose
+/// [`KvLayout::param_hash`] and store id are equal, and is read back with these shapes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Id of the store the weights come from.
+    pub store_id: [u8; 16],
+    /// The canonical parameter string: every parameter that changes the cached numbers (cache
+    /// layout version, store id, kernel instruction set, MLA decode form, KV dtype), and none
+    /// that does not (budget, I/O engine, prefetch, threads, prefill chunk).
+    pub params: String,
+    /// XXH3-64 of [`KvLayout::params`].
+    pub param_hash: u64,
+    /// f32 values per position of each decoder layer's keys (MLA: latent, rope key and DSA
+    /// indexer key).
+    pub kv_dims: Vec<usize>,
+    /// f32 values per position of each layer's values (0 for MLA).
+    pub v_dims: Vec<usize>,
+    /// The MTP layer's shapes, when the model has one.
+    pub mtp: Option<MtpLayout>,
+}
+
+impl KvLayout {
+    /// The layout of an engine over store `store_id` running kernels `isa`
+    /// (`coli_kernels::Isa::name`); `mla_decode` is `absorbed`, `expanded`, or `none` for
+    /// families without MLA.
+    pub fn new(
+        store_id: [u8; 16],
+        isa: &str,
+        mla_decode: &str,
+        kv_dims: Vec<usize>,
+        v_dims: Vec<usize>,
+        mtp: Option<MtpLayout>,
+    ) -> KvLayout {
+        let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
+        let params = format!(
+            "kv-layout={KV_LAYOUT_VERSION};store={id};isa={isa};mla-decode={mla_decode};kv-dtype=f32"
+        );
+        KvLayout {
+            store_id,
+            param_hash: xxh3_64(params.as_bytes()),
+            params,
+            kv_dims,
+            v_dims,
+            mtp,
+        }
+    }
+
+    /// `<store id>-<parameter hash>`: the name prefix of this layout's files.
+    pub fn file_prefix(&self) -> String {
+        let id: String = self.store_id.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{id}-{:016x}", self.param_hash)
+    }
+}
+
+/// The scope of a state cached for API key `key` (None: shared by every client): 0, or the
+/// XXH3-64 of the key (never 0).
+pub fn scope_of(key: Option<&str>) -> u64 {
+    key.map_or(0, |k| {
+        xxh3_64(format!("coli-kv-scope:{k}").as_bytes()).max(1)
+    })
+}
