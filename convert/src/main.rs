@@ -49,9 +49,10 @@ struct Cli {
     /// Encoding of the MLP of the dense (non-MoE) layers, instead of --dense.
     #[arg(long, value_name = "ENCODING")]
     dense_mlp: Option<String>,
-    /// Encoding of the MTP layer's linear weights and experts: int8, bf16, fp8.
-    #[arg(long, default_value = "int8")]
-    mtp: String,
+    /// Encoding of the MTP layer's linear weights and experts: int8 (the default), bf16, fp8.
+    /// Refused for a model without an MTP layer.
+    #[arg(long, value_name = "ENCODING")]
+    mtp: Option<String>,
     /// Encoding of the token embedding and lm_head: source (as in the checkpoint), int8
     /// (per-row scales; halves the bytes the output projection reads per token), int4-g64 or
     /// int4-g32 (format version 3).
@@ -107,7 +108,11 @@ fn real_main() -> anyhow::Result<()> {
             shared_experts: role(&cli.shared_experts, "shared-experts")?,
             dense_mlp: role(&cli.dense_mlp, "dense-mlp")?,
         },
-        mtp: parse_encoding(&cli.mtp, &["int8", "bf16", "fp8"], "mtp")?,
+        mtp: parse_encoding(
+            cli.mtp.as_deref().unwrap_or("int8"),
+            &["int8", "bf16", "fp8"],
+            "mtp",
+        )?,
         embeddings: match cli.embeddings.as_str() {
             "source" => None,
             e => Some(
@@ -121,6 +126,9 @@ fn real_main() -> anyhow::Result<()> {
             ),
         },
     };
+    if let Some(mtp) = &cli.mtp {
+        refuse_mtp_without_layer(&cli.input, mtp)?;
+    }
     if let Some(total_ram) = cli.total_ram {
         preflight_plan(&cli, encodings, total_ram)?;
     } else if cli.disk_gib_s.is_some() || cli.context.is_some() {
@@ -153,6 +161,29 @@ fn real_main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+/// `--mtp` given for a model whose config.json declares no MTP layer
+/// (`num_nextn_predict_layers` 0 or absent): refused, as `--indexer` is for a model without an
+/// indexer. An unreadable config is left to the conversion, which reports it.
+fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Result<()> {
+    let Some(cfg) = std::fs::read(input.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return Ok(());
+    };
+    let Ok(spec) = coli_format::spec::ModelSpec::from_config(&cfg, None) else {
+        return Ok(());
+    };
+    if spec.mtp_layer().is_none() {
+        anyhow::bail!(
+            "--mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); drop the option",
+            spec.model_type,
+            input.join("config.json").display()
+        );
     }
     Ok(())
 }

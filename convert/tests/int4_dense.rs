@@ -137,6 +137,10 @@ fn bad_role_choices_are_refused_and_name_the_option() {
             "--shared-experts int8: this qwen3_moe model has no shared-expert weights",
         ),
         (
+            &["--mtp", "int8"][..],
+            "--mtp int8: this qwen3_moe model has no MTP layer",
+        ),
+        (
             &["--total-ram", "0"][..],
             "--total-ram 0 bytes leaves nothing",
         ),
