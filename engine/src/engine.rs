@@ -512,8 +512,17 @@ impl<'s> Engine<'s> {
             },
             hidden_size: self.model.spec.hidden_size,
         });
+        // The store id names the conversion; the checksums in MANIFEST and INDEX name the bytes.
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for f in [
+            coli_format::disk::names::MANIFEST,
+            coli_format::disk::names::INDEX,
+        ] {
+            h.update(&std::fs::read(self.store.dir().join(f)).unwrap_or_default());
+        }
         KvLayout::new(
             self.store.manifest().store_id.0,
+            h.digest(),
             coli_kernels::detected_isa().name(),
             mla,
             layer_kv_dims(&self.model.layers),

@@ -218,6 +218,12 @@ impl Sequence {
         self.held_usage.retain(|(pos, _)| *pos < len);
     }
 
+    /// Turns MTP drafting off for this sequence, dropping its MTP state (e.g. a state resumed
+    /// from the prefix cache by an engine that does not draft with the MTP layer).
+    pub fn disable_mtp(&mut self) {
+        self.mtp = None;
+    }
+
     /// Whether MTP drafting is on for this sequence ([`crate::Engine::enable_mtp`]).
     pub fn has_mtp_state(&self) -> bool {
         self.mtp.is_some()

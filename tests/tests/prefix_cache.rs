@@ -17,7 +17,8 @@
 //! the resume check on the demo store (tools/test.sh does).
 
 use coli_engine::prefix_cache::{
-    file::KV_LAYOUT_VERSION, scope_of, KvLayout, PrefixCache, PrefixCacheOptions, Tier,
+    file::KV_LAYOUT_VERSION, scope_of, session_scope, KvLayout, PrefixCache, PrefixCacheOptions,
+    Tier,
 };
 use coli_engine::{BatchItem, Engine, EngineOptions, Logits, Sequence};
 use coli_store::IoPreference;
@@ -310,6 +311,22 @@ fn damaged_foreign_and_newer_files_are_never_used() {
             Box::new(|b: &mut Vec<u8>| b[0] = b'X'),
             "not a coli KV cache file",
         ),
+        (
+            // A damaged count with a consistent header length: refused before any allocation
+            // of that size.
+            "huge token count",
+            Box::new(|b: &mut Vec<u8>| {
+                let n: u64 = 1 << 24;
+                b[12..16].copy_from_slice(&((96 + 4 * n) as u32).to_le_bytes());
+                b[48..56].copy_from_slice(&n.to_le_bytes());
+            }),
+            "shorter than its",
+        ),
+        (
+            "token count past the limit",
+            Box::new(|b: &mut Vec<u8>| b[48..56].copy_from_slice(&(u64::MAX / 8).to_le_bytes())),
+            "does not match",
+        ),
     ];
     for (what, damage, says) in cases {
         let mut b = good.clone();
@@ -334,15 +351,21 @@ fn damaged_foreign_and_newer_files_are_never_used() {
     let mut c = cache(layout.clone(), Some(&kv), 0);
     let hit = c.take(0, &prompt, prompt.len() - 1).expect("the good file");
     assert_eq!(hit.state.len(), toks.len());
-    // Another scope never sees it; another key's scope differs from the shared one.
+    // Another scope never sees it; keys and chat sessions each have their own.
     assert!(c
         .take(scope_of(Some("alice")), &prompt, prompt.len() - 1)
         .is_none());
+    assert!(c
+        .take(session_scope("alice"), &prompt, prompt.len() - 1)
+        .is_none());
+    assert_ne!(session_scope("alice"), scope_of(Some("alice")));
+    assert!(session_scope("alice") != 0 && scope_of(Some("alice")) != 0);
     assert_ne!(scope_of(Some("alice")), scope_of(Some("bob")));
     // A foreign file (other parameters: another kernel instruction set) under this layout's
     // name: detected at indexing, quarantined.
     let other = KvLayout::new(
         layout.store_id,
+        0,
         "other-isa",
         "none",
         layout.kv_dims.clone(),
@@ -534,4 +557,67 @@ fn writers_killed_mid_write_never_leave_a_used_half_file() {
         assert_eq!(tmps, 0, "kill {kill}: stale temporary files");
     }
     assert!(!kv_files(&kv).is_empty(), "the writers wrote files");
+}
+
+/// The store id names a conversion (converter, parameters, source names, sizes and headers),
+/// not the weights' bytes: two checkpoints that differ only in tensor data get the same id.
+/// Their KV states must not be shared: the layout's parameter hash covers the checksums of
+/// every tensor and record (MANIFEST and INDEX).
+#[test]
+fn same_store_id_other_weights_never_share_states() {
+    let (_a, store_a) = convert_fixture("olmoe_fp8", "int4_store");
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    let src = coli_tests::fixture_dir("olmoe_fp8");
+    let mut changed = false;
+    let mut names: Vec<_> = std::fs::read_dir(&src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    names.sort();
+    for p in names {
+        let mut bytes = std::fs::read(&p).unwrap();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !changed && name.ends_with(".safetensors") {
+            // The last bytes are tensor data, not the header.
+            let n = bytes.len();
+            for b in &mut bytes[n - 64..] {
+                *b ^= 0x01;
+            }
+            changed = true;
+        }
+        std::fs::write(ck.join(&name), bytes).unwrap();
+    }
+    assert!(changed);
+    let store_b = tmp.path().join("store");
+    coli_convert::run(&coli_convert::Options {
+        input: ck,
+        output: store_b.clone(),
+        encodings: coli_convert::Encodings::new(
+            coli_store::Encoding::Int4 { group_size: 64 },
+            coli_store::Encoding::Bf16,
+            coli_store::Encoding::Int8,
+        ),
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap();
+    let a = open_store(&store_a, false, IoPreference::Auto);
+    let b = open_store(&store_b, false, IoPreference::Auto);
+    let la = Engine::new(&a, &EngineOptions::default())
+        .unwrap()
+        .kv_layout();
+    let lb = Engine::new(&b, &EngineOptions::default())
+        .unwrap()
+        .kv_layout();
+    assert_eq!(
+        la.store_id, lb.store_id,
+        "the store id does not see tensor data"
+    );
+    assert_ne!(
+        la.param_hash, lb.param_hash,
+        "other weights, same parameter hash"
+    );
 }

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use coli_engine::prefix_cache::disk::{KV_FILE_SUFFIX, QUARANTINE_DIR};
+use coli_engine::prefix_cache::disk::{is_kv_file_name, KV_FILE_SUFFIX, QUARANTINE_DIR};
 use coli_engine::prefix_cache::file::{read_header, KvFileError};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -65,7 +65,9 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+/// The KV cache files of `dir` (named as coli names them; other files are never touched), or
+/// with `quarantined` every `.kv` file of the quarantine directory `dir`.
+fn files(dir: &Path, quarantined: bool) -> Result<Vec<(PathBuf, u64)>> {
     let mut out = Vec::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -74,7 +76,12 @@ fn files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.ends_with(KV_FILE_SUFFIX) && !name.starts_with('.') {
+        let ours = if quarantined {
+            name.ends_with(KV_FILE_SUFFIX)
+        } else {
+            is_kv_file_name(&name)
+        };
+        if ours {
             out.push((e.path(), e.metadata().map_or(0, |m| m.len())));
         }
     }
@@ -87,7 +94,7 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut rows = Vec::new();
-    for (path, bytes) in files(dir)? {
+    for (path, bytes) in files(dir, false)? {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -96,7 +103,7 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
             Ok(h) => json!({
                 "file": name, "bytes": bytes, "status": "ok",
                 "store_id": hex(&h.store_id), "parameter_hash": format!("{:016x}", h.param_hash),
-                "tokens": h.tokens.len(), "scope": if h.scope == 0 { "shared".to_string() } else { format!("key {:016x}", h.scope) },
+                "tokens": h.tokens.len(), "scope": if h.scope == 0 { "shared".to_string() } else { format!("private {:016x}", h.scope) },
                 "mtp_state": h.has_mtp, "age_s": now.saturating_sub(h.created_unix_s),
             }),
             Err(e) => {
@@ -109,7 +116,7 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
             }
         });
     }
-    let quarantined = files(&dir.join(QUARANTINE_DIR))?.len();
+    let quarantined = files(&dir.join(QUARANTINE_DIR), true)?.len();
     if as_json {
         println!(
             "{}",
@@ -176,7 +183,7 @@ fn clear(dir: &Path, store_id: Option<&str>) -> Result<()> {
         .with_context(|| format!("locking {}", dir.display()))?;
     let mut removed = 0u64;
     let mut bytes = 0u64;
-    for (path, len) in files(dir)? {
+    for (path, len) in files(dir, false)? {
         let mine = match store_id {
             None => true,
             Some(id) => path
@@ -192,7 +199,7 @@ fn clear(dir: &Path, store_id: Option<&str>) -> Result<()> {
     let q = dir.join(QUARANTINE_DIR);
     let mut quarantined = 0;
     if store_id.is_none() {
-        for (path, _) in files(&q)? {
+        for (path, _) in files(&q, true)? {
             std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
             quarantined += 1;
         }

@@ -32,7 +32,7 @@ pub(crate) struct DiskEntry {
 /// The directory tier (see the module doc).
 pub(crate) struct DiskTier {
     pub(crate) dir: PathBuf,
-    budget: u64,
+    pub(crate) budget: u64,
     pub(crate) entries: Vec<DiskEntry>,
 }
 
@@ -74,6 +74,20 @@ pub(crate) fn file_name(layout: &KvLayout, scope: u64, tokens: &[u32]) -> String
     )
 }
 
+/// Whether `name` is a KV cache file's name (`<32 hex>-<16 hex>-<16 hex>-<16 hex>.kv`, as
+/// [`file_name`] makes it): other files in the directory are never touched.
+pub fn is_kv_file_name(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(KV_FILE_SUFFIX) else {
+        return false;
+    };
+    let parts: Vec<&str> = stem.split('-').collect();
+    parts.len() == 4
+        && parts
+            .iter()
+            .zip([32, 16, 16, 16])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Every KV cache file in `dir` (not the quarantine), with its size and modification time.
 pub(crate) fn list_files(dir: &Path) -> Result<Vec<(PathBuf, u64, SystemTime)>, KvFileError> {
     let mut out = Vec::new();
@@ -85,7 +99,7 @@ pub(crate) fn list_files(dir: &Path) -> Result<Vec<(PathBuf, u64, SystemTime)>, 
     for e in rd {
         let e = e.map_err(io(dir))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || !name.ends_with(KV_FILE_SUFFIX) {
+        if !is_kv_file_name(&name) {
             continue;
         }
         let Ok(m) = e.metadata() else { continue };
@@ -103,18 +117,24 @@ pub(crate) fn list_files(dir: &Path) -> Result<Vec<(PathBuf, u64, SystemTime)>, 
 /// Moves `path` into `<dir>/quarantine/` (or removes it when that fails), keeping at most
 /// [`QUARANTINE_KEEP`] files there. Returns where it went.
 pub(crate) fn quarantine(dir: &Path, path: &Path) -> String {
+    use std::os::unix::fs::DirBuilderExt;
     let q = dir.join(QUARANTINE_DIR);
-    // A unique name: the same file may go bad more than once.
-    let mut name = path
+    // A unique name (the same file may go bad more than once), still ending in `.kv`.
+    let name = path
         .file_name()
-        .map(|n| n.to_os_string())
+        .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let stem = name.strip_suffix(KV_FILE_SUFFIX).unwrap_or(&name);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    name.push(format!(".{nanos}"));
-    let target = q.join(&name);
-    let moved = std::fs::create_dir_all(&q).is_ok() && std::fs::rename(path, &target).is_ok();
+    let target = q.join(format!("{stem}.{nanos}{KV_FILE_SUFFIX}"));
+    let moved = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&q)
+        .is_ok()
+        && std::fs::rename(path, &target).is_ok();
     if !moved {
         let _ = std::fs::remove_file(path);
         return "removed".into();
@@ -133,22 +153,19 @@ pub(crate) fn quarantine(dir: &Path, path: &Path) -> String {
     format!("moved to {}", target.display())
 }
 
-/// Removes temporary files of writers that no longer run (a writer killed mid-write leaves
-/// `.<name>.tmp.<pid>`; a live writer's file is left alone).
+/// Removes the temporary files of writers killed mid-write (`.<name>.tmp.<pid>`). Called under
+/// the directory's lock: every write holds it, so no temporary seen then is being written.
 fn remove_stale_temporaries(dir: &Path) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
+        let temporary = name
             .strip_prefix('.')
             .and_then(|n| n.rsplit_once(".tmp."))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+            .is_some_and(|(kv, pid)| is_kv_file_name(kv) && pid.parse::<u32>().is_ok());
+        if temporary {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -267,6 +284,8 @@ impl DiskTier {
         }
         let path = self.dir.join(file_name(layout, scope, state.tokens()));
         let _lock = lock(&self.dir)?;
+        // A temporary left by a killed writer of the same pid would make O_EXCL fail.
+        remove_stale_temporaries(&self.dir);
         let n = file::write_atomic(&path, state, layout.store_id, layout.param_hash, scope)?;
         let tokens = state.tokens();
         let mut keep = Vec::with_capacity(self.entries.len() + 1);

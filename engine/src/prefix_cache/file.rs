@@ -33,6 +33,10 @@ const FIXED_HEADER_BYTES: usize = 88;
 /// Header flag: the body ends with an MTP state.
 const FLAG_MTP: u32 = 1;
 
+/// Token ids a file may hold at most (16 Mi: beyond any context), so that a damaged count
+/// cannot make a reader allocate before the checksums have been checked.
+pub const MAX_TOKENS: u64 = 1 << 24;
+
 /// What a KV cache file's header says (docs/KV_CACHE.md, "Header").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvFileHeader {
@@ -208,12 +212,14 @@ fn read_full(
 /// [`KvFileError`]: I/O, not a KV file, newer version, truncated, header checksum, foreign.
 pub fn read_header(path: &Path, expect: Option<&KvLayout>) -> Result<KvFileHeader, KvFileError> {
     let mut f = File::open(path).map_err(io(path))?;
-    read_header_from(&mut f, path, expect)
+    let file_len = f.metadata().map_err(io(path))?.len();
+    read_header_from(&mut f, path, file_len, expect)
 }
 
 fn read_header_from(
     f: &mut impl Read,
     path: &Path,
+    file_len: u64,
     expect: Option<&KvLayout>,
 ) -> Result<KvFileHeader, KvFileError> {
     let mut fixed = [0u8; FIXED_HEADER_BYTES];
@@ -241,10 +247,16 @@ fn read_header_from(
     let tokens = u64_at(&fixed, 48);
     // A header length that disagrees with the token count is damage (the checksum below
     // cannot be trusted to catch it: it would be read over the wrong span).
-    if tokens > (u32::MAX as u64) / 4 || header_len != KvFileHeader::encoded_len(tokens as usize) {
+    if tokens > MAX_TOKENS || header_len != KvFileHeader::encoded_len(tokens as usize) {
         return Err(malformed(format!(
-            "header length {header_len} does not match {tokens} token ids"
+            "header length {header_len} does not match {tokens} token ids (at most {MAX_TOKENS})"
         )));
+    }
+    if header_len as u64 > file_len {
+        return Err(KvFileError::Truncated {
+            path: path.to_path_buf(),
+            what: format!("{file_len} bytes, shorter than its {header_len}-byte header"),
+        });
     }
     let mut rest = vec![0u8; header_len - FIXED_HEADER_BYTES];
     read_full(f, &mut rest, path, "header token ids")?;
@@ -322,27 +334,22 @@ pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvSta
     let f = File::open(path).map_err(io(path))?;
     let file_len = f.metadata().map_err(io(path))?.len();
     let mut r = BufReader::with_capacity(1 << 20, f);
-    let h = read_header_from(&mut r, path, Some(layout))?;
+    let h = read_header_from(&mut r, path, file_len, Some(layout))?;
     let header_len = KvFileHeader::encoded_len(h.tokens.len()) as u64;
+    let whole = header_len.saturating_add(h.body_len);
     let truncated = |what: String| KvFileError::Truncated {
         path: path.to_path_buf(),
         what,
     };
-    if file_len < header_len + h.body_len {
+    if file_len < whole {
         return Err(truncated(format!(
-            "{} bytes, the header says {}",
-            file_len,
-            header_len + h.body_len
+            "{file_len} bytes, the header says {whole}"
         )));
     }
-    if file_len > header_len + h.body_len {
+    if file_len > whole {
         return Err(KvFileError::Malformed {
             path: path.to_path_buf(),
-            what: format!(
-                "{} bytes, the header says {}",
-                file_len,
-                header_len + h.body_len
-            ),
+            what: format!("{file_len} bytes, the header says {whole}"),
         });
     }
     let mut body = BodyReader {
@@ -354,8 +361,8 @@ pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvSta
     let n = h.tokens.len();
     let mut kv = Vec::with_capacity(layout.kv_dims.len());
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
-        let k = body.f32s(n * kd, &format!("layer {l} keys"))?;
-        let v = body.f32s(n * vd, &format!("layer {l} values"))?;
+        let k = body.f32s(n.saturating_mul(kd), &format!("layer {l} keys"))?;
+        let v = body.f32s(n.saturating_mul(vd), &format!("layer {l} values"))?;
         kv.push(LayerKv { k, v });
     }
     let mtp = if h.has_mtp {
@@ -372,9 +379,9 @@ pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvSta
                 what: format!("MTP state of {fed} positions in a sequence of {n}"),
             });
         }
-        let k = body.f32s(fed * m.kv_dim, "MTP keys")?;
-        let v = body.f32s(fed * m.v_dim, "MTP values")?;
-        let hidden = body.f32s((n - fed) * m.hidden_size, "MTP hidden states")?;
+        let k = body.f32s(fed.saturating_mul(m.kv_dim), "MTP keys")?;
+        let v = body.f32s(fed.saturating_mul(m.v_dim), "MTP values")?;
+        let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
             kv: LayerKv { k, v },
             kv_dim: m.kv_dim,
@@ -432,6 +439,17 @@ impl<R: Read> BodyReader<'_, R> {
     }
 
     fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, KvFileError> {
+        // Checked before allocating: the body is no longer than the file.
+        let bytes = (n as u64).saturating_mul(4);
+        if bytes > self.left {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: {bytes} bytes needed, {} left in the body",
+                    self.left
+                ),
+            });
+        }
         let mut v = vec![0f32; n];
         self.take(v.as_mut_bytes(), what)?;
         Ok(v)

@@ -21,7 +21,8 @@ pub struct KvLayout {
     /// Id of the store the weights come from.
     pub store_id: [u8; 16],
     /// The canonical parameter string: every parameter that changes the cached numbers (cache
-    /// layout version, store id, kernel instruction set, MLA decode form, KV dtype), and none
+    /// layout version, store id, weights fingerprint, kernel instruction set, MLA decode form,
+    /// KV dtype), and none
     /// that does not (budget, I/O engine, prefetch, threads, prefill chunk).
     pub params: String,
     /// XXH3-64 of [`KvLayout::params`].
@@ -36,11 +37,14 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    /// The layout of an engine over store `store_id` running kernels `isa`
+    /// The layout of an engine over store `store_id` whose weights have fingerprint `weights`
+    /// (XXH3-64 of the store's MANIFEST and INDEX, which hold every tensor's and record's
+    /// checksum: the store id names the conversion, not the bytes) running kernels `isa`
     /// (`coli_kernels::Isa::name`); `mla_decode` is `absorbed`, `expanded`, or `none` for
     /// families without MLA.
     pub fn new(
         store_id: [u8; 16],
+        weights: u64,
         isa: &str,
         mla_decode: &str,
         kv_dims: Vec<usize>,
@@ -49,7 +53,7 @@ impl KvLayout {
     ) -> KvLayout {
         let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
         let params = format!(
-            "kv-layout={KV_LAYOUT_VERSION};store={id};isa={isa};mla-decode={mla_decode};kv-dtype=f32"
+            "kv-layout={KV_LAYOUT_VERSION};store={id};weights={weights:016x};isa={isa};mla-decode={mla_decode};kv-dtype=f32"
         );
         KvLayout {
             store_id,
@@ -69,9 +73,15 @@ impl KvLayout {
 }
 
 /// The scope of a state cached for API key `key` (None: shared by every client): 0, or the
-/// XXH3-64 of the key (never 0).
+/// XXH3-64 of `coli-kv-scope:<key>` (never 0).
 pub fn scope_of(key: Option<&str>) -> u64 {
     key.map_or(0, |k| {
         xxh3_64(format!("coli-kv-scope:{k}").as_bytes()).max(1)
     })
+}
+
+/// The scope of chat session `name`'s states: the XXH3-64 of `coli-kv-session:<name>` (never
+/// 0), so that neither another session nor a server without API keys reuses them.
+pub fn session_scope(name: &str) -> u64 {
+    xxh3_64(format!("coli-kv-session:{name}").as_bytes()).max(1)
 }

@@ -20,7 +20,7 @@ pub mod disk;
 pub mod file;
 mod layout;
 
-pub use layout::{scope_of, KvLayout, MtpLayout};
+pub use layout::{scope_of, session_scope, KvLayout, MtpLayout};
 
 use crate::sequence::KvState;
 use disk::DiskTier;
@@ -269,6 +269,10 @@ impl PrefixCache {
         let tokens = state.tokens();
         self.ram
             .retain(|e| !(e.scope == scope && tokens.starts_with(e.state.tokens())));
+        if state.bytes() > self.ram_budget {
+            // Larger than the whole RAM tier: it would only push the others out.
+            return;
+        }
         self.ram.push(RamEntry {
             state,
             scope,
@@ -288,6 +292,14 @@ impl PrefixCache {
         };
         if d.has(scope, state.tokens()) {
             return true;
+        }
+        let size = KvFileHeader::encoded_len(state.len()) as u64 + file::body_len(state);
+        if size > d.budget {
+            self.warnings.push(format!(
+                "KV cache file not written: {size} bytes, more than --kv-disk-budget ({} bytes); the state stays in RAM only",
+                d.budget
+            ));
+            return false;
         }
         let t0 = std::time::Instant::now();
         let written = d.write(&self.layout, scope, state);

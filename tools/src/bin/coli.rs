@@ -492,7 +492,10 @@ fn run(mut a: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn chat(a: ChatArgs) -> Result<()> {
+fn chat(mut a: ChatArgs) -> Result<()> {
+    // The conversation lives in the engine's own sequence (and, with --session, on disk):
+    // nothing is kept in a RAM prefix cache, whose room goes to the expert budget.
+    a.engine.kv_cache_budget.get_or_insert(0);
     let loaded = open(&a.engine)?;
     let (mut eng, load_s) = engine(&loaded, &a.engine)?;
     let tok = loaded
@@ -516,8 +519,21 @@ fn chat(a: ChatArgs) -> Result<()> {
     if let Some(s) = &a.system {
         system.push(ChatMessage::new("system", s));
     }
+    // A session's states are its own: no other session, and no server, reuses them.
+    let scope = a
+        .session
+        .as_deref()
+        .map_or(0, coli_engine::prefix_cache::session_scope);
     let mut messages: Vec<ChatMessage> = match &session {
         Some(s) if !s.messages.is_empty() => {
+            // /reset keeps the session's own system message.
+            system = s
+                .messages
+                .first()
+                .filter(|m| m.role == "system")
+                .cloned()
+                .into_iter()
+                .collect();
             if a.system.is_some() && s.messages.first().map(|m| m.role.as_str()) != Some("system") {
                 eprintln!(
                     "note: session {} started without a system message; --system is ignored",
@@ -569,12 +585,12 @@ fn chat(a: ChatArgs) -> Result<()> {
         let (prompt_text, ids) = tok
             .chat_ids(&messages, true)
             .context("applying the chat template")?;
+        let mut restored = false;
         if let (false, Some(p)) = (resumed, prefix.as_mut()) {
             resumed = true;
-            if let Some(hit) = p.take(0, &ids, ids.len() - 1) {
-                let n = hit.state.len();
+            if let Some(hit) = p.take(scope, &ids, ids.len() - 1) {
                 match eng.restore_own(hit.state) {
-                    Ok(()) => eprintln!("[resumed {n} cached tokens of the session]"),
+                    Ok(()) => restored = true,
                     Err(e) => eprintln!(
                         "warning: the session's KV cache does not fit: {e}; prefilling it again"
                     ),
@@ -625,13 +641,20 @@ fn chat(a: ChatArgs) -> Result<()> {
         if let Some(s) = &session {
             s.save(&messages)?;
             if let Some(p) = prefix.as_mut() {
-                p.save(0, &eng.own_state());
+                p.save(scope, &eng.own_state());
                 for w in p.take_warnings() {
                     eprintln!("warning: {w}");
                 }
             }
         }
         let s = &g.stats;
+        if restored {
+            // Counted from what generation prefilled: MTP drafting, for one, may drop a state.
+            eprintln!(
+                "[resumed {} cached tokens of the session]",
+                ids.len() - s.prompt_tokens
+            );
+        }
         eprintln!(
             "[{} new prompt tokens, {} generated, TTFT {:.2} s, {:.1} tok/s, {} expert bytes read, hit rate {:.1}%]",
             s.prompt_tokens,

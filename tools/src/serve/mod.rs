@@ -53,14 +53,13 @@ pub struct ServeArgs {
     /// TCP port (0 = any free port; the chosen address is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 endpoints. Repeat it (or separate keys with
-    /// commas) for several clients: a prefix cached for one key is never reused for another.
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints. Repeat it for several clients: a
+    /// prefix cached for one key is never reused for another. (COLI_API_KEY: one key.)
     #[arg(
         long = "api-key",
         value_name = "KEY",
         env = "COLI_API_KEY",
-        hide_env_values = true,
-        value_delimiter = ','
+        hide_env_values = true
     )]
     api_keys: Vec<String>,
     /// Requests that may wait for the engine while one runs; more are answered 429.
@@ -147,6 +146,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let max_queue = a.max_queue as usize;
     let (jobs_tx, jobs_rx) = mpsc::channel(max_queue);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    if a.api_keys.iter().any(|k| k.trim().is_empty()) {
+        bail!("--api-key (or COLI_API_KEY) is empty: give a non-empty key, or leave the option out to serve without keys");
+    }
     if !(a.shutdown_grace >= 0.0 && a.shutdown_grace.is_finite()) {
         bail!(
             "--shutdown-grace {}: expected a number of seconds >= 0",
@@ -187,11 +189,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let app = Arc::new(App {
         model_id,
         created: unix_now(),
-        api_keys: a
-            .api_keys
-            .into_iter()
-            .filter(|k| !k.trim().is_empty())
-            .collect(),
+        api_keys: a.api_keys.iter().map(|k| k.trim().to_string()).collect(),
         tok: info.tok.clone(),
         jobs: jobs_tx,
         metrics,

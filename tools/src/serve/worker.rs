@@ -641,7 +641,10 @@ impl Scheduler<'_, '_> {
             }
             _ => self.eng.new_sequence()?,
         };
-        if self.speculation.mode == Speculate::Mtp && !seq.has_mtp_state() {
+        if self.speculation.mode != Speculate::Mtp {
+            // A state saved by an MTP server: its MTP rows would only grow unplanned.
+            seq.disable_mtp();
+        } else if !seq.has_mtp_state() {
             // Every sequence of an MTP server tracks MTP state from its first token.
             seq.truncate(0);
             self.eng.enable_mtp(&mut seq)?;
