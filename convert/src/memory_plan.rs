@@ -468,7 +468,9 @@ pub fn render(p: &ConfigPlan) -> String {
     ));
     out.push('\n');
     out.push_str(&format!(
-        "KV cache: {} bytes per token, {} at {} tokens",
+        "KV cache: {} bytes per token, {} at {} tokens (one sequence; coli serve also keeps finished \
+         conversations' KV states in RAM, --kv-cache-budget, by default as much again: `coli plan \
+         --store` counts it)",
         p.kv_bytes_per_token,
         size(p.kv_bytes_per_token.saturating_mul(p.context as u64) as f64),
         p.context

@@ -46,7 +46,7 @@ impl MtpState {
     }
 
     /// Keeps positions `0..len` of a sequence now `seq_len` long.
-    fn truncate(&mut self, len: usize, seq_len: usize) {
+    pub(crate) fn truncate(&mut self, len: usize, seq_len: usize) {
         let fed = self.fed();
         if len < fed {
             self.kv.truncate(len, self.kv_dim);

@@ -155,12 +155,21 @@ fn check_resume(dir: &Path, name: &str, base: &[u32]) {
     }
     let (resumed_tokens, resumed_last) =
         compare_continuations(&mut e, &mut live, &mut seq, &turn2, name, "disk");
-    // A prefix shorter than the file: the file serves it, truncated.
+    // A prefix shorter than the file: the file serves it (only the kept rows are held), and
+    // it continues as the live sequence cut to the same prefix.
     let short = &prompt2[..5];
     let hit = c
         .take(0, short, short.len() - 1)
         .expect("a prefix of the file");
     assert_eq!(hit.state.len(), 4);
+    assert!(c.take_warnings().is_empty());
+    {
+        let mut part = e.resume_sequence(hit.state).unwrap();
+        let mut cut = e.fork_sequence(&live, 4).unwrap();
+        let a = feed(&mut e, &mut part, &prompt2[4..9]);
+        let b = feed(&mut e, &mut cut, &prompt2[4..9]);
+        assert!(same_bits(&a, &b), "{name}: a prefix read from a file");
+    }
     // From scratch: the whole conversation prefilled at once.
     let mut scratch = e.new_sequence().unwrap();
     let ls = feed(&mut e, &mut scratch, &prompt2);

@@ -91,8 +91,9 @@ pub struct EngineOptions {
     #[arg(long, value_name = "W,W,...")]
     pub disk_weights: Option<String>,
     /// RAM kept for finished conversations' KV caches, reused by any prompt that extends one
-    /// (the prefix cache of chat and serve; docs/KV_CACHE.md): bytes or K/M/G/T. Default: one
-    /// sequence's KV cache at --context. The default --ram-budget leaves room for it.
+    /// (coli serve's prefix cache; docs/KV_CACHE.md): bytes or K/M/G/T. Default: one
+    /// sequence's KV cache at --context for serve, 0 for run, chat and eval. The default
+    /// --ram-budget leaves room for it.
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub kv_cache_budget: Option<u64>,
     /// Ignore the settings `coli tune` saved for this store and machine (by default they apply

@@ -216,16 +216,18 @@ impl DiskTier {
         })
     }
 
-    /// Reads entry `i` back (every check of [`file::read_state`]) and marks it recently used.
-    /// A bad file is quarantined, reported in `warnings` and dropped from the index.
+    /// Reads entry `i` back keeping its first `keep` positions (every check of
+    /// [`file::read_state`]) and marks it recently used. A bad file is quarantined, reported
+    /// in `warnings` and dropped from the index.
     pub(crate) fn read(
         &mut self,
         i: usize,
+        keep: usize,
         layout: &KvLayout,
         warnings: &mut Vec<String>,
     ) -> Option<(KvFileHeader, KvState)> {
         let path = self.entries[i].path.clone();
-        match file::read_state(&path, layout) {
+        match file::read_state_prefix(&path, layout, keep) {
             Ok((h, s))
                 if h.scope == self.entries[i].scope && h.tokens == self.entries[i].tokens =>
             {

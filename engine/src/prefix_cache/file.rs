@@ -331,6 +331,20 @@ fn hex(b: &[u8]) -> String {
 /// # Errors
 /// [`KvFileError`]; nothing is returned from a file that fails any check.
 pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvState), KvFileError> {
+    read_state_prefix(path, layout, usize::MAX)
+}
+
+/// [`read_state`] keeping only the first `keep` positions (all when `keep` is larger): every
+/// byte is still read and checked, but only what is kept is held in memory (a short prefix of
+/// a long file costs the file's read, not its size in RAM).
+///
+/// # Errors
+/// As [`read_state`].
+pub fn read_state_prefix(
+    path: &Path,
+    layout: &KvLayout,
+    keep: usize,
+) -> Result<(KvFileHeader, KvState), KvFileError> {
     let f = File::open(path).map_err(io(path))?;
     let file_len = f.metadata().map_err(io(path))?.len();
     let mut r = BufReader::with_capacity(1 << 20, f);
@@ -359,10 +373,11 @@ pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvSta
         left: h.body_len,
     };
     let n = h.tokens.len();
+    let keep = keep.min(n);
     let mut kv = Vec::with_capacity(layout.kv_dims.len());
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
-        let k = body.f32s(n.saturating_mul(kd), &format!("layer {l} keys"))?;
-        let v = body.f32s(n.saturating_mul(vd), &format!("layer {l} values"))?;
+        let k = body.f32s_prefix(n, keep, kd, &format!("layer {l} keys"))?;
+        let v = body.f32s_prefix(n, keep, vd, &format!("layer {l} values"))?;
         kv.push(LayerKv { k, v });
     }
     let mtp = if h.has_mtp {
@@ -406,9 +421,13 @@ pub fn read_state(path: &Path, layout: &KvLayout) -> Result<(KvFileHeader, KvSta
             computed,
         });
     }
+    let mut mtp = mtp;
+    if let Some(m) = mtp.as_mut() {
+        m.truncate(keep, n);
+    }
     let mut seq = Sequence::new(layout.kv_dims.clone(), None);
     seq.kv = kv;
-    seq.tokens = h.tokens.clone();
+    seq.tokens = h.tokens[..keep].to_vec();
     seq.mtp = mtp;
     Ok((h, KvState::new(seq)))
 }
@@ -452,6 +471,36 @@ impl<R: Read> BodyReader<'_, R> {
         }
         let mut v = vec![0f32; n];
         self.take(v.as_mut_bytes(), what)?;
+        Ok(v)
+    }
+
+    /// `rows` rows of `width` f32 of which the first `keep` are returned; the rest are read
+    /// and hashed in chunks, not held.
+    fn f32s_prefix(
+        &mut self,
+        rows: usize,
+        keep: usize,
+        width: usize,
+        what: &str,
+    ) -> Result<Vec<f32>, KvFileError> {
+        let total = (rows as u64).saturating_mul(width as u64).saturating_mul(4);
+        if total > self.left {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: {total} bytes needed, {} left in the body",
+                    self.left
+                ),
+            });
+        }
+        let v = self.f32s(keep * width, what)?;
+        let mut skip = total - (keep * width * 4) as u64;
+        let mut buf = vec![0u8; (skip as usize).min(1 << 20)];
+        while skip > 0 {
+            let n = (skip as usize).min(buf.len());
+            self.take(&mut buf[..n], what)?;
+            skip -= n as u64;
+        }
         Ok(v)
     }
 

@@ -229,7 +229,7 @@ impl PrefixCache {
                     };
                     let bad_before = self.warnings.len();
                     let t0 = std::time::Instant::now();
-                    let read = d.read(j, &self.layout, &mut self.warnings);
+                    let read = d.read(j, n, &self.layout, &mut self.warnings);
                     self.stats.read_ns += t0.elapsed().as_nanos() as u64;
                     match read {
                         Some((h, mut s)) => {
