@@ -75,7 +75,7 @@ pub(crate) fn file_name(layout: &KvLayout, scope: u64, tokens: &[u32]) -> String
 }
 
 /// Whether `name` is a KV cache file's name (`<32 hex>-<16 hex>-<16 hex>-<16 hex>.kv`, as
-/// [`file_name`] makes it): other files in the directory are never touched.
+/// the writer names its files): other files in the directory are never touched.
 pub fn is_kv_file_name(name: &str) -> bool {
     let Some(stem) = name.strip_suffix(KV_FILE_SUFFIX) else {
         return false;
