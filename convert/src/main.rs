@@ -50,7 +50,7 @@ struct Cli {
     #[arg(long, value_name = "ENCODING")]
     dense_mlp: Option<String>,
     /// Encoding of the MTP layer's linear weights and experts: int8 (the default), bf16, fp8.
-    /// Refused for a model without an MTP layer.
+    /// A model without an MTP layer has nothing it applies to (a warning says so).
     #[arg(long, value_name = "ENCODING")]
     mtp: Option<String>,
     /// Encoding of the token embedding and lm_head: source (as in the checkpoint), int8
@@ -127,7 +127,7 @@ fn real_main() -> anyhow::Result<()> {
         },
     };
     if let Some(mtp) = &cli.mtp {
-        refuse_mtp_without_layer(&cli.input, mtp)?;
+        warn_mtp_without_layer(&cli.input, mtp);
     }
     if let Some(total_ram) = cli.total_ram {
         preflight_plan(&cli, encodings, total_ram)?;
@@ -166,26 +166,27 @@ fn real_main() -> anyhow::Result<()> {
 }
 
 /// `--mtp` given for a model whose config.json declares no MTP layer
-/// (`num_nextn_predict_layers` 0 or absent): refused, as `--indexer` is for a model without an
-/// indexer. An unreadable config is left to the conversion, which reports it.
-fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Result<()> {
+/// (`num_nextn_predict_layers` 0 or absent): a warning that it applies to nothing. (It is
+/// still recorded in the store's conversion parameters, as it always was, so that a store's
+/// bytes and id do not change with this warning.) An unreadable config is left to the
+/// conversion, which reports it.
+fn warn_mtp_without_layer(input: &std::path::Path, mtp: &str) {
     let Some(cfg) = std::fs::read(input.join("config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
     else {
-        return Ok(());
+        return;
     };
     let Ok(spec) = coli_format::spec::ModelSpec::from_config(&cfg, None) else {
-        return Ok(());
+        return;
     };
     if spec.mtp_layer().is_none() {
-        anyhow::bail!(
-            "--mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); drop the option",
+        eprintln!(
+            "coli-convert: warning: --mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); the option has no effect",
             spec.model_type,
             input.join("config.json").display()
         );
     }
-    Ok(())
 }
 
 /// `--experts auto`: `mxfp4` when the checkpoint's config.json declares MXFP4 experts

@@ -137,10 +137,6 @@ fn bad_role_choices_are_refused_and_name_the_option() {
             "--shared-experts int8: this qwen3_moe model has no shared-expert weights",
         ),
         (
-            &["--mtp", "int8"][..],
-            "--mtp int8: this qwen3_moe model has no MTP layer",
-        ),
-        (
             &["--total-ram", "0"][..],
             "--total-ram 0 bytes leaves nothing",
         ),
@@ -152,6 +148,16 @@ fn bad_role_choices_are_refused_and_name_the_option() {
         assert!(e.contains(want), "{args:?}: {e}");
         assert!(!out.exists());
     }
+    // --mtp on a model without an MTP layer converts, with a warning that it has no effect.
+    let o = convert(&input_q, &out, &["--mtp", "bf16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--mtp bf16: this qwen3_moe model has no MTP layer")
+            && stderr(&o).contains("no effect"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&out).unwrap();
     // fp8 for a role asked of a BF16 checkpoint names that role's option.
     let input = tmp.path().join("bf16");
     tiny_mixtral_bf16(1, 2).write(&input);
