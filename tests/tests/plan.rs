@@ -358,19 +358,10 @@ fn info_classes_follow_the_spec_roles() {
     );
     assert!(c["dense_mlp"]["count"].as_u64().unwrap() > 0, "{c}");
     assert!(c["mtp"]["count"].as_u64().unwrap() > 0, "{c}");
-    let total: u64 = [
-        "attention",
-        "indexer",
-        "shared_experts",
-        "dense_mlp",
-        "mtp",
-        "norms",
-        "embeddings",
-        "other_dense",
-    ]
-    .iter()
-    .map(|k| c[k]["count"].as_u64().unwrap())
-    .sum();
+    let total: u64 = coli_tools::info::CLASSES[1..]
+        .iter()
+        .map(|k| c[k]["count"].as_u64().unwrap())
+        .sum();
     assert_eq!(total, m.dense.len() as u64);
     assert!(!roles.is_empty());
     for name in [

@@ -238,6 +238,18 @@ fn setup() -> Setup {
     Setup { _tmp: tmp, dir }
 }
 
+/// An engine with room for 4 sequences (the fault and budget tests use up to 3 at once).
+fn engine(store: &coli_store::Store) -> Engine<'_> {
+    Engine::new(
+        store,
+        &EngineOptions {
+            max_sequences: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 fn state_of(e: &mut Engine<'_>, tokens: &[u32]) -> coli_engine::KvState {
     let mut s = e.new_sequence().unwrap();
     feed(e, &mut s, tokens);
@@ -263,14 +275,7 @@ fn quarantined(dir: &Path) -> usize {
 fn damaged_foreign_and_newer_files_are_never_used() {
     let s = setup();
     let store = open_store(&s.dir, false, IoPreference::Auto);
-    let mut e = Engine::new(
-        &store,
-        &EngineOptions {
-            max_sequences: 4,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut e = engine(&store);
     let layout = e.kv_layout();
     let tmp = tempfile::tempdir().unwrap();
     let kv = tmp.path().join("kv");
@@ -421,14 +426,7 @@ fn damaged_foreign_and_newer_files_are_never_used() {
 fn disk_budget_evicts_least_recently_used_and_longer_states_replace_their_prefixes() {
     let s = setup();
     let store = open_store(&s.dir, false, IoPreference::Auto);
-    let mut e = Engine::new(
-        &store,
-        &EngineOptions {
-            max_sequences: 4,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut e = engine(&store);
     let layout = e.kv_layout();
     let tmp = tempfile::tempdir().unwrap();
     let kv = tmp.path().join("kv");

@@ -6,8 +6,9 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Tensor classes reported by `coli info`.
-const CLASSES: [&str; 9] = [
+/// Tensor classes reported by `coli info`: `routed_experts`, then the dense classes of
+/// [`classify`].
+pub const CLASSES: [&str; 9] = [
     "routed_experts",
     "attention",
     "indexer",
