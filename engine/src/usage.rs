@@ -326,13 +326,19 @@ fn lock_exclusive(path: &Path) -> Result<std::fs::File, UsageError> {
     let mut name = path.as_os_str().to_os_string();
     name.push(".lock");
     let lock_path = PathBuf::from(name);
+    flock_exclusive(&lock_path).map_err(io_err(&lock_path))
+}
+
+/// Opens (creating it) the lock file `lock_path` and locks it exclusively until the returned
+/// file is dropped (flock; released on close). Shared by the state directory's files: the
+/// usage history and the prefix cache's directory.
+pub(crate) fn flock_exclusive(lock_path: &Path) -> std::io::Result<std::fs::File> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&lock_path)
-        .map_err(io_err(&lock_path))?;
-    fs4::fs_std::FileExt::lock_exclusive(&f).map_err(io_err(&lock_path))?;
+        .open(lock_path)?;
+    fs4::fs_std::FileExt::lock_exclusive(&f)?;
     Ok(f)
 }
 

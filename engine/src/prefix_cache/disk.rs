@@ -50,14 +50,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KvFileError + '_ {
 /// [`KvFileError::Io`] when the lock file cannot be opened or locked.
 pub fn lock(dir: &Path) -> Result<File, KvFileError> {
     let path = dir.join(".lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io(&path))?;
-    fs4::fs_std::FileExt::lock_exclusive(&f).map_err(io(&path))?;
-    Ok(f)
+    crate::usage::flock_exclusive(&path).map_err(io(&path))
 }
 
 /// The name of the file holding `tokens` for `scope` in `layout`:
