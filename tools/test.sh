@@ -8,7 +8,10 @@
 #   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 #   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
-#   6. tests/tests/batched_decode.rs, speculative.rs and prefix_cache.rs on the demo store
+#   6. tests/web/test_web.py     (`coli serve --web` in headless Chromium: chat, figures, heat map;
+#                                needs Debian's chromium and chromium-driver: skipped with a
+#                                message without them, unless COLI_WEB_REQUIRED=1 as in .ci/run)
+#   7. tests/tests/batched_decode.rs, speculative.rs and prefix_cache.rs on the demo store
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -34,6 +37,14 @@ cargo build -q -p coli-convert -p coli-tools
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/serve/requirements.txt
 .venv-demo/bin/python tests/serve/test_serve.py
 # --- end coli serve
+
+# --- coli web (tests/web): the page in headless Chromium against `coli serve --web`.
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || [ "${COLI_WEB_REQUIRED:-}" = 1 ]; then
+  .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/web/requirements.txt
+  .venv-demo/bin/python tests/web/test_web.py
+else
+  echo "SKIPPED tests/web/test_web.py: no /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver; COLI_WEB_REQUIRED=1 makes this an error)"
+fi
 
 # Batched decode on the demo store test_serve.py built: every sequence's logits equal its solo
 # run's (tests/tests/batched_decode.rs; the fixture families ran in cargo test above).

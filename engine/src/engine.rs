@@ -365,6 +365,12 @@ impl<'s> Engine<'s> {
         self.pool.current_num_threads()
     }
 
+    /// Every expert of the store with the tokens routed to it since this engine started and
+    /// where it is now (pinned, cached, being read, on which drive): `coli web`'s heat map.
+    pub fn expert_map(&self) -> crate::expert_map::ExpertMap {
+        crate::expert_map::ExpertMap::of(self.store, &self.cache)
+    }
+
     /// Expert-cache counters since creation.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()

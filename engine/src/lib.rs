@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod engine;
 mod error;
+pub mod expert_map;
 pub mod harmony;
 pub mod layers;
 pub mod models;
@@ -35,7 +36,7 @@ pub mod trace;
 pub mod usage;
 pub mod weights;
 
-pub use cache::{CacheStats, ExpertCache, LruCache};
+pub use cache::{CacheStats, ExpertCache, LruCache, Residency};
 pub use coli_format::spec::{Family, ModelSpec};
 pub use engine::{
     BatchItem, Engine, GenerateParams, Generation, GenerationStats, Logits, StopReason,

@@ -142,3 +142,64 @@ fn greedy_tokens_do_not_depend_on_mirrors_or_their_faults() {
     assert_eq!(tokens(&s, one, &prompt), want, "reopened");
     assert_eq!(s.mirror_stats().unwrap().read_errors, 0);
 }
+
+/// `Store::drive_of` (what `coli web`'s heat map shows per expert) names the drive that read
+/// each expert: with an unbounded cache every routed expert is read once, unstriped, so each
+/// drive's byte counter equals the record bytes of the experts the map assigns to it; and an
+/// expert is never assigned to a partial mirror that lacks it.
+#[test]
+fn the_expert_map_names_the_drive_that_read_each_expert() {
+    let name = "olmoe_fp8";
+    let exp = expected(name);
+    let (tmp, dir) = convert_fixture(name, "int4_store");
+    let prompt = ids(&exp["prompt_ids"]);
+    let store = Store::open(&dir).unwrap();
+    let keys: Vec<ExpertKey> = store.index().iter().map(|r| r.key()).collect();
+    let full = tmp.path().join("full");
+    let part = tmp.path().join("part");
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::create_dir_all(&part).unwrap();
+    copy_segments(&store, &full, 0).unwrap();
+    let half: Vec<ExpertKey> = keys.iter().copied().step_by(2).collect();
+    stage_records(&store, &part, &half, 0).unwrap();
+    drop(store);
+    let s = open(&dir, &[full, part], Some(vec![2.0, 1.0, 1.0]), u64::MAX);
+    let opts = EngineOptions {
+        ram_budget: Some(u64::MAX),
+        threads: Some(1),
+        ..Default::default()
+    };
+    let mut e = Engine::new(&s, &opts).unwrap();
+    greedy(&mut e, &prompt, 8);
+    let map = e.expert_map();
+    let st = s.mirror_stats().unwrap();
+    let mut want = vec![0u64; st.drives.len()];
+    let mut read = 0;
+    for l in &map.layers {
+        for (x, r) in l.residency.iter().enumerate() {
+            let key = ExpertKey::new(l.layer, x as u32);
+            let drive = l.drive[x];
+            assert_eq!(Some(drive), s.drive_of(key));
+            if drive == 2 {
+                assert!(
+                    half.contains(&key),
+                    "{key:?} assigned to the partial mirror"
+                );
+            }
+            if matches!(
+                r,
+                Some(coli_engine::Residency::Cached | coli_engine::Residency::Pinned)
+            ) {
+                want[drive as usize] += s.record(key).unwrap().length.get();
+                read += 1;
+            }
+        }
+    }
+    assert!(read > 0 && map.routed_total > 0, "{map:?}");
+    let got: Vec<u64> = st.drives.iter().map(|d| d.bytes).collect();
+    assert_eq!(got, want, "bytes read per drive vs the map's assignment");
+    assert!(
+        want.iter().all(|&b| b > 0),
+        "every drive served some: {want:?}"
+    );
+}

@@ -1,7 +1,8 @@
 //! The routing trace (`coli run --routing-trace`, `coli_engine::trace`) on every family's tiny
 //! fixture: it never changes the tokens; it has one line per token and MoE layer of the main
 //! model, each with the layer's top-k distinct experts; and the lookahead recall it gives equals
-//! the expert cache's own prediction counters of the same run.
+//! the expert cache's own prediction counters of the same run; the engine's expert map (`coli
+//! web`'s heat map) counts the same routings.
 
 use coli_engine::trace::RoutingTrace;
 use coli_engine::{Engine, EngineOptions, GenerateParams, SamplingParams};
@@ -60,6 +61,36 @@ fn routing_trace_matches_the_run_and_changes_nothing() {
             "{name}: one line per token and MoE layer"
         );
         let (mut hits, mut routed) = (0u64, 0u64);
+        // The expert map's routing counts (what `coli web` draws) equal the trace's.
+        let mut per_expert: std::collections::BTreeMap<(u32, u32), u64> = Default::default();
+        for r in &rows {
+            for x in ids(&r["experts"]) {
+                *per_expert
+                    .entry((r["layer"].as_u64().unwrap() as u32, x))
+                    .or_insert(0) += 1;
+            }
+        }
+        let map = e.expert_map();
+        let mut from_map: std::collections::BTreeMap<(u32, u32), u64> = Default::default();
+        for l in &map.layers {
+            for (x, &n) in l.routed.iter().enumerate() {
+                if n > 0 {
+                    from_map.insert((l.layer, x as u32), n);
+                }
+                // An unbounded cache keeps every expert it read.
+                let held = matches!(
+                    l.residency[x],
+                    Some(coli_engine::Residency::Cached | coli_engine::Residency::Pinned)
+                );
+                assert!(
+                    n == 0 || held,
+                    "{name}: routed expert {x} of layer {} not held",
+                    l.layer
+                );
+            }
+        }
+        assert_eq!(from_map, per_expert, "{name}: expert map vs trace");
+        assert_eq!(map.routed_total, (rows.len() * k) as u64, "{name}");
         for r in &rows {
             let experts = ids(&r["experts"]);
             let mut distinct = experts.clone();

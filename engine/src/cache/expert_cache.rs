@@ -55,6 +55,20 @@ impl Drop for FailOnDrop<'_> {
     }
 }
 
+/// Where an expert is at one moment ([`ExpertCache::residency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    /// Only on disk: the next use reads it.
+    Disk,
+    /// A read of it is in flight (demand or prefetch).
+    Reading,
+    /// In RAM in the LRU tier (or read by prefetch and held for its layer).
+    Cached,
+    /// In RAM in the pinned tier (never evicted).
+    Pinned,
+}
+
 /// An LRU entry: the expert and whether it was read by prefetch and not used yet.
 struct Entry {
     buf: Arc<ExpertBuf>,
@@ -74,6 +88,8 @@ struct State {
     predicted: HashMap<u32, Vec<u32>>,
     /// Per (layer, expert), tokens routed to it since the last [`ExpertCache::take_usage`].
     usage: HashMap<ExpertKey, u64>,
+    /// Per (layer, expert), tokens routed to it since the cache was created (never emptied).
+    routed_total: HashMap<ExpertKey, u64>,
     stats: CacheStats,
 }
 
@@ -135,6 +151,7 @@ impl ExpertCache {
                 ready: HashMap::new(),
                 predicted: HashMap::new(),
                 usage: HashMap::new(),
+                routed_total: HashMap::new(),
                 stats: CacheStats::default(),
             })),
         }
@@ -281,7 +298,33 @@ impl ExpertCache {
         let mut s = self.state();
         for (k, n) in routed {
             *s.usage.entry(k).or_insert(0) += n;
+            *s.routed_total.entry(k).or_insert(0) += n;
         }
+    }
+
+    /// Tokens routed to each expert since the cache was created (what
+    /// [`ExpertCache::record_usage`] added; [`ExpertCache::take_usage`] does not empty it).
+    pub fn routed_totals(&self) -> HashMap<ExpertKey, u64> {
+        self.state().routed_total.clone()
+    }
+
+    /// Where each of `keys` is now (order kept): pinned, in the LRU tier (or held after a
+    /// prefetch), being read, or only on disk.
+    pub fn residency(&self, keys: &[ExpertKey]) -> Vec<Residency> {
+        let s = self.state();
+        keys.iter()
+            .map(|k| {
+                if s.pinned.contains_key(k) {
+                    Residency::Pinned
+                } else if s.lru.contains(k) || s.ready.contains_key(k) {
+                    Residency::Cached
+                } else if s.inflight.contains(k) {
+                    Residency::Reading
+                } else {
+                    Residency::Disk
+                }
+            })
+            .collect()
     }
 
     /// The usage counts recorded since the last call (tokens routed per expert), emptied.
@@ -732,6 +775,13 @@ mod tests {
         assert_eq!((s.predicted, s.predicted_used), (4, 3));
         assert_eq!(s.demanded_after_prediction, 5);
         assert!(cache.used() <= cache.capacity());
+        // Where each expert is: the two pinned, the LRU tier's two (capacity 2 experts), the
+        // rest on disk.
+        let r = cache.residency(&keys);
+        assert_eq!(&r[..2], &[Residency::Pinned; 2]);
+        let cached = r[2..].iter().filter(|&&x| x == Residency::Cached).count();
+        let disk = r[2..].iter().filter(|&&x| x == Residency::Disk).count();
+        assert_eq!((cached, disk), (2, keys.len() - 4), "{r:?}");
         assert_eq!(
             store.stats().bytes_read,
             s.demand_bytes + s.prefetch_bytes,
@@ -764,6 +814,10 @@ mod tests {
         cache.record_usage([(k, 2), (ExpertKey::new(3, 2), 1)]);
         cache.record_usage([(k, 5)]);
         let u = cache.take_usage();
+        // The totals outlive take_usage.
+        cache.record_usage([(k, 1)]);
+        assert_eq!(cache.take_usage().get(&k), Some(&1));
+        assert_eq!(cache.routed_totals().get(&k), Some(&8));
         assert_eq!(u[&k], 7);
         assert!(cache.take_usage().is_empty());
     }

@@ -32,6 +32,6 @@ pub(crate) mod inflight;
 pub mod lru;
 pub mod stats;
 
-pub use expert_cache::{ExpertCache, OVERLAP_MIN_READY_BYTES, PREFETCH_MAX_BYTES};
+pub use expert_cache::{ExpertCache, Residency, OVERLAP_MIN_READY_BYTES, PREFETCH_MAX_BYTES};
 pub use lru::LruCache;
 pub use stats::CacheStats;

@@ -145,6 +145,11 @@ impl Router {
         drive == 0 || !self.out[drive as usize].load(Ordering::Relaxed)
     }
 
+    /// The drive an unstriped read of record `pos` goes to now (0 = the primary).
+    pub(crate) fn drive_of(&self, pos: usize) -> u32 {
+        self.choose(pos).drive
+    }
+
     /// The copy that serves an unstriped read of record `pos`: its assigned drive, or, when
     /// that drive left the rotation, the assignment among the holders still in rotation.
     pub(crate) fn choose(&self, pos: usize) -> Source {

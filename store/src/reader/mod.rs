@@ -176,6 +176,16 @@ impl Store {
             .map(|i| &self.index[i])
     }
 
+    /// The drive an unstriped read of `key` goes to now: 0 for the primary (always, for a
+    /// store opened without mirrors), k for the k-th mirror in the order given; the assignment
+    /// is deterministic and weighted ([`crate::mirror::assign`]) and skips drives that left
+    /// the rotation. A record at or above the stripe threshold is read in pieces from all of
+    /// its holders instead. `None` for a key not in the store.
+    pub fn drive_of(&self, key: ExpertKey) -> Option<u32> {
+        let pos = self.index.binary_search_by_key(&key, |r| r.key()).ok()?;
+        Some(self.router.as_ref().map_or(0, |r| r.drive_of(pos)))
+    }
+
     /// The longest expert record, bytes (0 for a store without experts): the buffer one read
     /// needs at most.
     pub fn largest_record_len(&self) -> u64 {

@@ -53,6 +53,9 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// OpenAI-compatible HTTP server (chat/completions, streaming, /metrics).
     Serve(serve::ServeArgs),
+    /// `coli serve --web`: the server with its web page at / (chat, live figures, heat map of
+    /// expert routing and residency, memory plan).
+    Web(serve::ServeArgs),
     /// Build and check mirrors of a store on other drives (plan, stage, copy, verify).
     Mirror(mirror::MirrorArgs),
     /// The prefix cache's KV cache files on disk: list them (ls) or remove them (clear).
@@ -744,7 +747,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Run(a) => tune::apply_saved(&mut a.engine, &explicit),
             Cmd::Chat(a) => tune::apply_saved(&mut a.engine, &explicit),
             Cmd::Eval(a) => tune::apply_saved(&mut a.engine, &explicit),
-            Cmd::Serve(a) => tune::apply_saved(&mut a.engine, &explicit),
+            Cmd::Serve(a) | Cmd::Web(a) => tune::apply_saved(&mut a.engine, &explicit),
             // Plan and doctor describe the run with the same command line.
             Cmd::Plan(a) => tune::apply_saved(&mut a.engine, &explicit),
             Cmd::Doctor(a) => tune::apply_saved(&mut a.engine, &explicit),
@@ -769,6 +772,10 @@ fn main() -> std::process::ExitCode {
             }
         },
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Web(mut a) => {
+            a.web = true;
+            serve::run(a)
+        }
         Cmd::Kv(a) => kv::kv(a),
         Cmd::Mirror(a) => {
             let verify = a.is_verify();

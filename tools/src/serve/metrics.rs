@@ -8,6 +8,42 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::atomic::AtomicU64;
 
+/// A histogram that also keeps its sum and count readable (prometheus-client exposes them only
+/// to tests), for the web page's means over a window.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    hist: Histogram,
+    sum: Counter<f64, AtomicU64>,
+    count: Counter,
+}
+
+impl Observed {
+    fn new(hist: Histogram) -> Observed {
+        Observed {
+            hist,
+            sum: Counter::default(),
+            count: Counter::default(),
+        }
+    }
+
+    /// Adds one observation.
+    pub fn observe(&self, v: f64) {
+        self.hist.observe(v);
+        self.sum.inc_by(v);
+        self.count.inc();
+    }
+
+    /// Sum of the observations.
+    pub fn sum(&self) -> f64 {
+        self.sum.get()
+    }
+
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.count.get()
+    }
+}
+
 /// Labels of `coli_requests`: endpoint and HTTP status.
 pub type RequestLabels = Vec<(&'static str, String)>;
 
@@ -27,15 +63,15 @@ pub struct Metrics {
     /// Generations cancelled because the client went away (queued or running).
     pub cancelled: Counter,
     /// Seconds from request arrival to the first generated token, queue wait included.
-    pub ttft: Histogram,
+    pub ttft: Observed,
     /// Seconds spent waiting in the queue.
-    pub queue_wait: Histogram,
+    pub queue_wait: Observed,
     /// Seconds per decode step (one generated token fed back).
-    pub decode_step: Histogram,
-    pub prefill_step: Histogram,
-    pub inter_token_latency: Histogram,
-    pub batch_size: Histogram,
-    pub tokens_per_forward: Histogram,
+    pub decode_step: Observed,
+    pub prefill_step: Observed,
+    pub inter_token_latency: Observed,
+    pub batch_size: Observed,
+    pub tokens_per_forward: Observed,
     pub expert_bytes_per_token: Gauge<f64, AtomicU64>,
     /// Bytes of expert records read from disk.
     pub expert_bytes_read: Counter,
@@ -52,7 +88,7 @@ pub struct Metrics {
     /// Accepted / proposed drafts since the server started (0..1).
     pub draft_acceptance_rate: Gauge<f64, AtomicU64>,
     /// Tokens a sequence's decode pass emitted (1 without drafts; accepted drafts + 1 with).
-    pub tokens_per_decode_pass: Histogram,
+    pub tokens_per_decode_pass: Observed,
     /// Prefix-cache lookups by result: `ram`, `disk` (a prefix reused from that tier) or
     /// `miss`.
     pub prefix_lookups: Family<RequestLabels, Counter>,
@@ -66,6 +102,15 @@ pub struct Metrics {
     pub kv_file_read_seconds: Counter<f64, AtomicU64>,
     /// KV cache files found damaged, foreign or unreadable (each reported once on stderr).
     pub kv_files_bad: Counter,
+    /// Expert lookups by result: `pinned`, `cached` (LRU tier), `inflight` (waited for a read
+    /// already under way) or `miss` (a demand read).
+    pub expert_lookups: Family<RequestLabels, Counter>,
+    /// Seconds forward passes waited for expert reads (the engine's compute thread stalled).
+    pub io_wait_seconds: Counter<f64, AtomicU64>,
+    /// Seconds of forward passes (I/O wait included; compute = this minus `io_wait_seconds`).
+    pub forward_seconds: Counter<f64, AtomicU64>,
+    /// Bytes of expert records read, by drive (`0` the primary, `k` the k-th mirror).
+    pub drive_read_bytes: Family<RequestLabels, Counter>,
     /// Requests waiting for the engine.
     pub queue_depth: Gauge,
     /// Generations running (0 or 1).
@@ -132,7 +177,7 @@ impl Metrics {
         let histogram = |registry: &mut Registry, name: &str, help: &str, start: f64| {
             let h = Histogram::new(exponential_buckets(start, 2.0, 15));
             registry.register_with_unit(name, help, Unit::Seconds, h.clone());
-            h
+            Observed::new(h)
         };
         let ttft = histogram(
             &mut registry,
@@ -167,7 +212,7 @@ impl Metrics {
         let count_histogram = |registry: &mut Registry, name: &str, help: &str| {
             let h = Histogram::new(exponential_buckets(1.0, 2.0, 10));
             registry.register(name, help, h.clone());
-            h
+            Observed::new(h)
         };
         let batch_size =
             count_histogram(&mut registry, "batch_size", "Sequences in one forward pass");
@@ -246,6 +291,33 @@ impl Metrics {
             "kv_files_bad",
             "KV cache files found damaged, foreign or unreadable (quarantined or left in place)",
         );
+        let expert_lookups = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "expert_lookups",
+            "Expert lookups by result: pinned, cached (LRU tier), inflight (waited for a read under way), miss (demand read)",
+            expert_lookups.clone(),
+        );
+        let io_wait_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "expert_io_wait",
+            "Seconds forward passes waited for expert reads",
+            Unit::Seconds,
+            io_wait_seconds.clone(),
+        );
+        let forward_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "forward",
+            "Seconds of forward passes, expert I/O wait included",
+            Unit::Seconds,
+            forward_seconds.clone(),
+        );
+        let drive_read_bytes = Family::<RequestLabels, Counter>::default();
+        registry.register_with_unit(
+            "drive_read",
+            "Bytes of expert records read, by drive (0 the primary, k the k-th mirror)",
+            Unit::Bytes,
+            drive_read_bytes.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -276,6 +348,10 @@ impl Metrics {
             kv_file_write_seconds,
             kv_file_read_seconds,
             kv_files_bad,
+            expert_lookups,
+            io_wait_seconds,
+            forward_seconds,
+            drive_read_bytes,
             queue_depth,
             running,
         }

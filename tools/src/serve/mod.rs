@@ -17,6 +17,7 @@ mod anthropic;
 mod api;
 mod metrics;
 pub mod text;
+mod web;
 mod worker;
 
 use anyhow::{bail, Context, Result};
@@ -89,6 +90,11 @@ pub struct ServeArgs {
     speculation: crate::options::SpeculationArgs,
     #[command(flatten)]
     kv_disk: crate::options::KvDiskArgs,
+    /// Also serve the web page at `/`: chat, live figures (tok/s, TTFT, hit rate by tier,
+    /// bytes per token, I/O wait, disk GiB/s per drive), the heat map of expert routing and
+    /// residency, and the memory plan (docs/WEB.md). `coli web` is this option's shorthand.
+    #[arg(long)]
+    pub web: bool,
 }
 
 /// `--reasoning`.
@@ -118,6 +124,8 @@ struct App {
     split_think: bool,
     next_id: AtomicU64,
     shutdown: Arc<Shutdown>,
+    /// What the engine thread publishes for the web page (`--web`; None without it).
+    view: Option<Arc<web::ViewCell>>,
 }
 
 fn unix_now() -> u64 {
@@ -156,11 +164,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let shutdown = Arc::new(Shutdown::default());
+    let view = a.web.then(|| Arc::new(web::ViewCell::default()));
     let worker = {
         let shared = worker::Shared {
             metrics: metrics.clone(),
             times: times.clone(),
             shutdown: shutdown.clone(),
+            view: view.clone(),
         };
         let opts = a.engine;
         let speculation = a.speculation.params();
@@ -200,6 +210,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         split_think: a.reasoning == ReasoningArg::Separate,
         next_id: AtomicU64::new(1),
         shutdown: shutdown.clone(),
+        view,
     });
     let grace = Duration::from_secs_f64(a.shutdown_grace);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -239,14 +250,21 @@ async fn serve(
             _ => format!(" with up to {} drafts", app.speculation.draft_tokens),
         },
     );
-    let router = Router::new()
+    if app.view.is_some() {
+        eprintln!("coli serve: web page on http://{addr}/");
+    }
+    let mut router = Router::new()
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
+        .route("/metrics", get(metrics_text));
+    if app.view.is_some() {
+        router = router.merge(web::routes());
+    }
+    let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);

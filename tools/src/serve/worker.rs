@@ -187,6 +187,8 @@ pub struct Shared {
     pub times: Arc<JobTimes>,
     /// Set when the server shuts down.
     pub shutdown: Arc<Shutdown>,
+    /// Where the engine thread publishes what `coli web` draws (None without `--web`).
+    pub view: Option<Arc<super::web::ViewCell>>,
 }
 
 /// Opens the store (on this thread, which owns it for the life of the server) and takes out its
@@ -276,6 +278,8 @@ pub fn run(
         prefix_seen: Default::default(),
         speculation,
         bytes_seen: 0,
+        drive_seen: Vec::new(),
+        view_at: None,
         cache_seen: coli_engine::CacheStats::default(),
     };
     s.count_bytes();
@@ -404,6 +408,10 @@ struct Scheduler<'a, 's> {
     /// Speculative decoding of the server (mode resolved).
     speculation: coli_engine::SpeculationParams,
     bytes_seen: u64,
+    /// Per drive, bytes read at the last [`Scheduler::count_bytes`].
+    drive_seen: Vec<u64>,
+    /// When the engine view for `coli web` was last published (None: never).
+    view_at: Option<Instant>,
     /// Expert-cache counters at the last [`Scheduler::count_bytes`].
     cache_seen: coli_engine::CacheStats,
 }
@@ -433,6 +441,33 @@ impl Scheduler<'_, '_> {
         let d = stats.since(&self.cache_seen);
         self.shared.metrics.expert_cache_hits.inc_by(d.hits);
         self.shared.metrics.expert_cache_misses.inc_by(d.misses);
+        {
+            let m = &self.shared.metrics;
+            let lru_hits = d.hits.saturating_sub(d.pinned_hits + d.inflight_waits);
+            for (result, n) in [
+                ("pinned", d.pinned_hits),
+                ("cached", lru_hits),
+                ("inflight", d.inflight_waits),
+                ("miss", d.misses),
+            ] {
+                m.expert_lookups
+                    .get_or_create(&vec![("result", result.to_string())])
+                    .inc_by(n);
+            }
+            m.io_wait_seconds.inc_by(d.io_wait_ns as f64 * 1e-9);
+            let store = self.eng.store();
+            let drives: Vec<u64> = match store.mirror_stats() {
+                Some(ms) => ms.drives.iter().map(|d| d.bytes).collect(),
+                None => vec![now],
+            };
+            self.drive_seen.resize(drives.len(), 0);
+            for (k, (&b, seen)) in drives.iter().zip(self.drive_seen.iter_mut()).enumerate() {
+                m.drive_read_bytes
+                    .get_or_create(&vec![("drive", k.to_string())])
+                    .inc_by(b.saturating_sub(*seen));
+                *seen = (*seen).max(b);
+            }
+        }
         self.shared
             .metrics
             .expert_cache_hit_rate
@@ -458,6 +493,7 @@ impl Scheduler<'_, '_> {
         m.kv_file_read_seconds
             .inc_by((p.read_ns - was.read_ns) as f64 * 1e-9);
         m.kv_files_bad.inc_by(p.bad_files - was.bad_files);
+        self.publish_view(false);
         let gen = self.shared.metrics.completion_tokens.get();
         if gen > 0 {
             self.shared
@@ -465,6 +501,27 @@ impl Scheduler<'_, '_> {
                 .expert_bytes_per_token
                 .set(self.shared.metrics.expert_bytes_read.get() as f64 / gen as f64);
         }
+    }
+
+    /// Publishes the engine view for `coli web` (expert map, memory plan, drives) when the
+    /// last one is older than [`super::web::VIEW_INTERVAL`] or `force` (the batch went idle).
+    fn publish_view(&mut self, force: bool) {
+        let Some(cell) = &self.shared.view else {
+            return;
+        };
+        if !force
+            && self
+                .view_at
+                .is_some_and(|t| t.elapsed() < super::web::VIEW_INTERVAL)
+        {
+            return;
+        }
+        cell.publish(super::web::EngineView::of(
+            &self.eng,
+            &self.prefix,
+            self.max_batch,
+        ));
+        self.view_at = Some(Instant::now());
     }
 
     /// Merges the routing counts into the usage history (a failure is logged, not fatal).
@@ -507,6 +564,7 @@ impl Scheduler<'_, '_> {
             if self.active.is_empty() {
                 // Idle: the routing counts since the last save go to the usage history.
                 self.save_usage();
+                self.publish_view(true);
                 if closed {
                     return;
                 }
@@ -767,6 +825,7 @@ impl Scheduler<'_, '_> {
         let prefill = feeds.len() > decode_rows;
         {
             let m = self.metrics();
+            m.forward_seconds.inc_by(step_s);
             m.batch_size.observe(feeds.len() as f64);
             let tokens: usize = feeds
                 .iter()

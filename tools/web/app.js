@@ -1,0 +1,541 @@
+// coli web page: chat over the OpenAI endpoints, live figures from /web/api/state, the
+// heat map from /web/api/experts. Plain JavaScript, no dependencies, nothing fetched from
+// elsewhere (docs/WEB.md).
+"use strict";
+
+const STATE_POLL_MS = 1000;
+const EXPERTS_POLL_MS = 2000;
+// Figures are computed over the polls of the last WINDOW_MS.
+const WINDOW_MS = 10000;
+const HISTORY = 120;
+const TIER_COLORS = { pinned: "#a06cff", cached: "#2ecc71", reading: "#f1c40f", disk: "#4a5568" };
+// On disk, one colour per drive (0 the primary, then the mirrors).
+const DRIVE_COLORS = ["#4a5568", "#2b6cb0", "#c05621", "#2f855a", "#b83280", "#6b46c1"];
+
+const $ = (id) => document.getElementById(id);
+const page = {
+  key: sessionStorage.getItem("coli-api-key") || "",
+  needKey: false,
+  model: null,
+  samples: [],       // [{t, s}] state polls, oldest first
+  shown: {},         // last value of each figure (kept while idle)
+  map: null,         // the last expert map
+  history: [],       // messages of the conversation
+  abort: null,       // AbortController of the reply streaming now
+  statePolls: 0,
+  expertPolls: 0,
+};
+
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  if (page.key) h["Authorization"] = "Bearer " + page.key;
+  return h;
+}
+
+// ---- formatting ----
+function fmtBytes(b) {
+  if (b == null || !isFinite(b)) return "–";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(b) >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+  return (i === 0 ? b.toFixed(0) : b.toFixed(b < 10 ? 2 : 1)) + " " + u[i];
+}
+function fmtSecs(s) {
+  if (s == null || !isFinite(s)) return "–";
+  return s < 1 ? (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms" : s.toFixed(2) + " s";
+}
+function fmtNum(x, d) { return x == null || !isFinite(x) ? "–" : x.toFixed(d); }
+function pct(x) { return (100 * x).toFixed(1) + "%"; }
+
+function setStatus(text, cls) {
+  const s = $("status");
+  s.textContent = text;
+  s.className = "status " + (cls || "");
+}
+
+// ---- API key ----
+function askKey(refused) {
+  page.needKey = true;
+  $("key-panel").hidden = false;
+  $("key-error").textContent = refused ? "The server refused this key." : "";
+  setStatus("API key needed", "bad");
+}
+$("key-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  page.key = $("key-input").value.trim();
+  sessionStorage.setItem("coli-api-key", page.key);
+  page.needKey = false;
+  $("key-panel").hidden = true;
+  pollState();
+  pollExperts();
+});
+
+// ---- polling ----
+async function getJson(path) {
+  const r = await fetch(path, { headers: headers(), cache: "no-store" });
+  if (r.status === 401) {
+    askKey(!!page.key);
+    return null;
+  }
+  if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+  return r.json();
+}
+
+async function pollState() {
+  if (page.needKey) return;
+  try {
+    const s = await getJson("/web/api/state");
+    if (!s) return;
+    page.statePolls++;
+    document.body.dataset.statePolls = String(page.statePolls);
+    setStatus("live", "ok");
+    page.model = s.model;
+    $("model").textContent = s.model;
+    const sv = s.server;
+    $("server-info").textContent =
+      `context ${sv.context} tokens · max batch ${sv.max_batch} · ${sv.threads} threads · ` +
+      `speculation ${sv.speculation}` + (sv.io_engine ? ` · ${sv.io_engine}` : "");
+    page.samples.push({ t: s.at_ms, s });
+    if (page.samples.length > HISTORY) page.samples.shift();
+    drawFigures();
+    drawPlan(s.plan);
+    drawSpark();
+  } catch (err) {
+    setStatus("server unreachable", "bad");
+  }
+}
+
+async function pollExperts() {
+  if (page.needKey) return;
+  try {
+    const e = await getJson("/web/api/experts");
+    if (!e || !e.map) return;
+    page.expertPolls++;
+    page.map = e.map;
+    drawHeat();
+  } catch (err) {
+    setStatus("server unreachable", "bad");
+  }
+}
+
+// ---- live figures ----
+// The sample WINDOW_MS before the newest (or the oldest there is).
+function windowStart() {
+  const n = page.samples.length;
+  const last = page.samples[n - 1];
+  let i = n - 1;
+  while (i > 0 && last.t - page.samples[i - 1].t <= WINDOW_MS) i--;
+  return page.samples[i === n - 1 ? Math.max(0, n - 2) : i];
+}
+
+// One figure: recomputed when its denominator moved in the window, else the last value kept
+// (so an idle server shows the figures of its last activity).
+function figure(name, num, den, scale) {
+  if (den > 0) page.shown[name] = (num / den) * (scale || 1);
+  return page.shown[name];
+}
+
+function drawFigures() {
+  const n = page.samples.length;
+  const b = page.samples[n - 1].s;
+  const a = n > 1 ? windowStart().s : b;
+  const d = (f) => f(b) - f(a);
+  const c = (s) => s.counters;
+  const h = (s) => s.histograms;
+  const gen = d((s) => c(s).completion_tokens);
+  const fwd = d((s) => c(s).forward_s);
+  const io = d((s) => c(s).io_wait_s);
+  const processed = d((s) => c(s).prefill_tokens + c(s).completion_tokens);
+  const active = fwd > 0;
+  $("window").textContent = active
+    ? "over the last " + Math.round((b.at_ms - a.at_ms) / 1000) + " s"
+    : page.shown.tok_s == null ? "no activity yet" : "idle: figures of the last activity";
+
+  $("fig-tok-s").textContent = fmtNum(figure("tok_s", gen, fwd), 2);
+  $("fig-ttft").textContent = fmtSecs(figure("ttft", d((s) => h(s).ttft_s.sum), d((s) => h(s).ttft_s.count)));
+  $("fig-itl").textContent = fmtSecs(figure("itl",
+    d((s) => h(s).inter_token_latency_s.sum), d((s) => h(s).inter_token_latency_s.count)));
+  $("fig-bytes-token").textContent = fmtBytes(figure("bpt", d((s) => c(s).expert_bytes_read), gen));
+  $("fig-batch").textContent = fmtNum(figure("batch",
+    d((s) => h(s).batch_size.sum), d((s) => h(s).batch_size.count)), 2);
+  $("fig-queue").textContent = `${b.gauges.queue_depth} · ${b.gauges.running}`;
+  $("fig-tokens").textContent =
+    `${b.counters.completion_tokens} · ${b.counters.prompt_tokens} (${b.counters.cached_tokens})`;
+  $("fig-drafts").textContent = b.counters.drafts_proposed > 0
+    ? `${b.counters.drafts_accepted} / ${b.counters.drafts_proposed}` : "–";
+
+  // Lookups by tier over the window (or since start while nothing moved).
+  const tiers = ["pinned", "cached", "inflight", "miss"];
+  let lk = tiers.map((t) => d((s) => c(s).lookups[t]));
+  if (lk.every((x) => x === 0)) lk = tiers.map((t) => b.counters.lookups[t]);
+  const total = lk.reduce((x, y) => x + y, 0);
+  const tierColor = { pinned: TIER_COLORS.pinned, cached: TIER_COLORS.cached,
+    inflight: TIER_COLORS.reading, miss: "#e05252" };
+  const tierName = { pinned: "pinned", cached: "cached (LRU)", inflight: "read in flight",
+    miss: "miss (read from disk)" };
+  drawBar("hit-bar", "hit-legend", tiers.map((t, i) => ({
+    label: `${tierName[t]} ${total ? pct(lk[i] / total) : "–"}`, value: lk[i], color: tierColor[t],
+  })));
+  $("hit-bar").dataset.total = String(total);
+
+  // I/O wait vs compute per processed token.
+  if (processed > 0) {
+    page.shown.io_tok = io / processed;
+    page.shown.compute_tok = Math.max(0, fwd - io) / processed;
+  }
+  drawBar("io-bar", "io-legend", [
+    { label: "waiting for expert reads " + fmtSecs(page.shown.io_tok), value: page.shown.io_tok || 0, color: "#e05252" },
+    { label: "compute " + fmtSecs(page.shown.compute_tok), value: page.shown.compute_tok || 0, color: "#4fd1c5" },
+  ]);
+
+  // Disk GiB/s per drive: bytes over forward-pass seconds in the window.
+  const tbody = $("drives").querySelector("tbody");
+  tbody.textContent = "";
+  for (const dr of b.drives) {
+    const before = (a.drives || []).find((x) => x.drive === dr.drive);
+    const db = dr.bytes_read - (before ? before.bytes_read : 0);
+    const gibs = figure("drive" + dr.drive, db, fwd, 1 / (1 << 30));
+    const tr = document.createElement("tr");
+    for (const v of [String(dr.drive) + (dr.in_rotation ? "" : " (out)"), dr.dir,
+      fmtNum(gibs, 3), fmtBytes(dr.bytes_read)]) {
+      const td = document.createElement("td");
+      td.textContent = v;
+      tr.appendChild(td);
+    }
+    tbody.appendChild(tr);
+  }
+}
+
+function drawBar(barId, legendId, parts) {
+  const bar = $(barId), legend = $(legendId);
+  const total = parts.reduce((x, p) => x + p.value, 0);
+  bar.textContent = "";
+  legend.textContent = "";
+  for (const p of parts) {
+    const seg = document.createElement("div");
+    seg.style.width = total > 0 ? (100 * p.value / total) + "%" : "0";
+    seg.style.background = p.color;
+    seg.title = p.label;
+    bar.appendChild(seg);
+    const item = document.createElement("span");
+    const sw = document.createElement("span");
+    sw.className = "sw";
+    sw.style.background = p.color;
+    item.appendChild(sw);
+    item.appendChild(document.createTextNode(p.label));
+    legend.appendChild(item);
+  }
+}
+
+function drawSpark() {
+  const cv = $("spark");
+  const w = cv.clientWidth || 600;
+  cv.width = w;
+  const ctx = cv.getContext("2d");
+  ctx.clearRect(0, 0, cv.width, cv.height);
+  const s = page.samples;
+  const rates = [];
+  for (let i = 1; i < s.length; i++) {
+    const dt = (s[i].t - s[i - 1].t) / 1000;
+    rates.push(dt > 0 ? (s[i].s.counters.completion_tokens - s[i - 1].s.counters.completion_tokens) / dt : 0);
+  }
+  const max = Math.max(1, ...rates);
+  ctx.strokeStyle = "#f6a623";
+  ctx.lineWidth = 1.5;
+  ctx.beginPath();
+  rates.forEach((r, i) => {
+    const x = w - (rates.length - 1 - i) * (w / (HISTORY - 1));
+    const y = cv.height - 4 - (r / max) * (cv.height - 14);
+    if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+  });
+  ctx.stroke();
+  ctx.fillStyle = "#8a93a6";
+  ctx.font = "11px sans-serif";
+  ctx.fillText("max " + max.toFixed(1) + " tok/s", 4, 11);
+}
+
+// ---- memory plan ----
+function drawPlan(plan) {
+  if (!plan) return;
+  const kvAll = plan.kv_per_sequence * plan.max_batch;
+  // The LRU tier can hold at most the experts that are not pinned, whatever its budget.
+  const unpinned = Math.max(0, plan.experts_on_disk - plan.pinned);
+  const lruBudget = plan.expert_budget == null ? unpinned : Math.max(0, plan.expert_budget - plan.pinned);
+  const lruUsed = Math.max(0, plan.expert_cache_used - plan.pinned);
+  const parts = [
+    { label: "dense " + fmtBytes(plan.dense), value: plan.dense, color: "#4299e1" },
+    { label: "pinned experts " + fmtBytes(plan.pinned), value: plan.pinned, color: TIER_COLORS.pinned },
+    { label: `expert cache ${fmtBytes(lruUsed)} of ${plan.expert_budget == null ? "unbounded" : fmtBytes(lruBudget)}` +
+        (lruBudget > unpinned ? ` (the unpinned experts are ${fmtBytes(unpinned)})` : ""),
+      value: Math.min(lruBudget, unpinned), color: TIER_COLORS.cached },
+    { label: `KV cache ${plan.max_batch} × ${fmtBytes(plan.kv_per_sequence)} (${plan.sequences_in_use} in use)`,
+      value: kvAll, color: "#ed8936" },
+    { label: `prefix cache ${fmtBytes(plan.prefix_cache_used)} of ${fmtBytes(plan.prefix_cache_budget)}`,
+      value: plan.prefix_cache_budget, color: "#d69e2e" },
+  ];
+  const planned = parts.reduce((x, p) => x + p.value, 0);
+  drawBar("plan-bar", "plan-legend", parts);
+  $("plan-note").textContent =
+    `Planned ${fmtBytes(planned)}` +
+    (plan.memory_limit != null
+      ? ` of the ${fmtBytes(plan.memory_limit)} this process could use at start (${pct(planned / plan.memory_limit)}). `
+      : ". ") +
+    `Experts on disk ${fmtBytes(plan.experts_on_disk)}; the expert cache holds ` +
+    `${plan.experts_on_disk > 0 ? pct(plan.expert_cache_used / plan.experts_on_disk) : "–"} of them now.`;
+}
+
+// ---- heat map ----
+function heatColor(f) {
+  // 0 -> dark blue-grey, 1 -> bright yellow, through red-orange.
+  const stops = [[27, 33, 48], [120, 40, 90], [230, 80, 50], [250, 200, 60], [255, 250, 200]];
+  const x = Math.max(0, Math.min(1, f)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(x));
+  const t = x - i;
+  const c = stops[i].map((v, k) => Math.round(v + (stops[i + 1][k] - v) * t));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function residencyColor(res, drive) {
+  if (res === "disk") return DRIVE_COLORS[drive % DRIVE_COLORS.length];
+  return TIER_COLORS[res] || "#000";
+}
+
+function heatGeometry(map) {
+  const avail = Math.max(300, $("heat-wrap").clientWidth - 40);
+  // Wide cells for a few experts per layer, down to 3 px for hundreds.
+  const cw = Math.max(3, Math.min(map.experts <= 32 ? 28 : 16, Math.floor(avail / Math.max(1, map.experts))));
+  const ch = Math.max(6, Math.min(18, cw));
+  return { cw, ch, left: 36, top: 4 };
+}
+
+function drawHeat() {
+  const map = page.map;
+  const cv = $("heatmap");
+  const g = heatGeometry(map);
+  cv.width = g.left + map.experts * g.cw + 4;
+  cv.height = g.top + map.layers.length * g.ch + 4;
+  const ctx = cv.getContext("2d");
+  ctx.clearRect(0, 0, cv.width, cv.height);
+  let max = 0;
+  for (const l of map.layers) for (const r of l.routed) max = Math.max(max, r);
+  const lmax = Math.log1p(max);
+  const counts = { pinned: 0, cached: 0, reading: 0, disk: 0 };
+  ctx.font = "10px sans-serif";
+  map.layers.forEach((l, row) => {
+    const y = g.top + row * g.ch;
+    ctx.fillStyle = "#8a93a6";
+    if (g.ch >= 9 || row % 5 === 0) ctx.fillText("L" + l.layer, 2, y + g.ch - 2);
+    for (let e = 0; e < map.experts; e++) {
+      const res = l.residency[e];
+      if (res == null) continue;
+      counts[res]++;
+      const x = g.left + e * g.cw;
+      const strip = Math.max(2, Math.round(g.ch * 0.35));
+      ctx.fillStyle = heatColor(lmax > 0 ? Math.log1p(l.routed[e]) / lmax : 0);
+      ctx.fillRect(x, y, g.cw - 1, g.ch - strip - 1);
+      ctx.fillStyle = residencyColor(res, l.drive[e]);
+      ctx.fillRect(x, y + g.ch - strip - 1, g.cw - 1, strip);
+    }
+  });
+  cv.dataset.routedTotal = String(map.routed_total);
+  for (const [k, v] of Object.entries(counts)) cv.dataset[k] = String(v);
+  cv.dataset.draws = String(page.expertPolls);
+  $("heat-summary").textContent =
+    `${map.layers.length} layers × ${map.experts} experts · ${map.routed_total} routings · ` +
+    `pinned ${counts.pinned} · cached ${counts.cached} · reading ${counts.reading} · on disk ${counts.disk}`;
+  const drives = new Set();
+  for (const l of map.layers) l.residency.forEach((r, e) => { if (r === "disk") drives.add(l.drive[e]); });
+  const legend = [
+    { label: "routed: none → most (" + max + " tokens)", color: heatColor(1) },
+    { label: "pinned", color: TIER_COLORS.pinned },
+    { label: "cached", color: TIER_COLORS.cached },
+    { label: "being read", color: TIER_COLORS.reading },
+  ];
+  for (const dr of [...drives].sort()) {
+    legend.push({ label: dr === 0 ? "on disk (primary)" : "on disk (mirror " + dr + ")", color: residencyColor("disk", dr) });
+  }
+  const el = $("heat-legend");
+  el.textContent = "";
+  for (const p of legend) {
+    const item = document.createElement("span");
+    const sw = document.createElement("span");
+    sw.className = "sw";
+    sw.style.background = p.color;
+    item.appendChild(sw);
+    item.appendChild(document.createTextNode(p.label));
+    el.appendChild(item);
+  }
+}
+
+$("heatmap").addEventListener("mousemove", (ev) => {
+  const map = page.map, tip = $("heat-tip");
+  if (!map) return;
+  const g = heatGeometry(map);
+  const rect = ev.target.getBoundingClientRect();
+  const sx = ev.target.width / rect.width, sy = ev.target.height / rect.height;
+  const e = Math.floor(((ev.clientX - rect.left) * sx - g.left) / g.cw);
+  const row = Math.floor(((ev.clientY - rect.top) * sy - g.top) / g.ch);
+  const l = map.layers[row];
+  if (!l || e < 0 || e >= map.experts || l.residency[e] == null) { tip.hidden = true; return; }
+  const res = l.residency[e];
+  const where = res === "disk" ? "on disk, drive " + l.drive[e] : res === "reading" ? "being read" : res;
+  tip.textContent = `layer ${l.layer}, expert ${e}: ${l.routed[e]} tokens routed · ${where}`;
+  tip.style.left = ev.clientX + 12 + "px";
+  tip.style.top = ev.clientY + 12 + "px";
+  tip.hidden = false;
+});
+$("heatmap").addEventListener("mouseleave", () => { $("heat-tip").hidden = true; });
+
+// ---- chat ----
+function addMessage(role, text) {
+  const div = document.createElement("div");
+  div.className = "msg " + role;
+  if (role === "assistant") {
+    const r = document.createElement("div");
+    r.className = "reasoning";
+    div.appendChild(r);
+  }
+  const content = document.createElement("div");
+  content.className = "content";
+  content.textContent = text;
+  div.appendChild(content);
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  div.appendChild(meta);
+  $("messages").appendChild(div);
+  $("messages").scrollTop = $("messages").scrollHeight;
+  return div;
+}
+
+function readSse(buffer, onData) {
+  let i;
+  while ((i = buffer.indexOf("\n\n")) >= 0) {
+    const event = buffer.slice(0, i);
+    buffer = buffer.slice(i + 2);
+    for (const line of event.split("\n")) {
+      if (line.startsWith("data:")) onData(line.slice(5).trim());
+    }
+  }
+  return buffer;
+}
+
+async function send(text) {
+  const temperature = Number($("temperature").value);
+  const maxTokens = Math.max(1, Math.floor(Number($("max-tokens").value)));
+  page.history.push({ role: "user", content: text });
+  addMessage("user", text);
+  const msg = addMessage("assistant", "");
+  const content = msg.querySelector(".content"), reasoning = msg.querySelector(".reasoning");
+  const meta = msg.querySelector(".meta");
+  const t0 = performance.now();
+  let first = null, tokens = null, finish = null, reply = "";
+  page.abort = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  try {
+    const resp = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify({
+        model: page.model, messages: page.history, stream: true, temperature,
+        max_tokens: maxTokens, stream_options: { include_usage: true },
+      }),
+      signal: page.abort.signal,
+    });
+    if (!resp.ok) {
+      let m = "HTTP " + resp.status;
+      try { m = (await resp.json()).error.message; } catch (_) { /* not JSON */ }
+      if (resp.status === 401) askKey(!!page.key);
+      throw new Error(m);
+    }
+    const reader = resp.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf = readSse(buf + dec.decode(value, { stream: true }), (data) => {
+        if (data === "[DONE]") return;
+        const obj = JSON.parse(data);
+        if (obj.error) throw new Error(obj.error.message);
+        if (obj.usage) tokens = obj.usage.completion_tokens;
+        const ch = obj.choices && obj.choices[0];
+        if (!ch) return;
+        const delta = ch.delta || {};
+        if (delta.content) {
+          if (first == null) first = performance.now();
+          reply += delta.content;
+          content.textContent = reply;
+        }
+        if (delta.reasoning_content) {
+          if (first == null) first = performance.now();
+          reasoning.textContent += delta.reasoning_content;
+        }
+        if (ch.finish_reason) finish = ch.finish_reason;
+        $("messages").scrollTop = $("messages").scrollHeight;
+      });
+    }
+    page.history.push({ role: "assistant", content: reply });
+    const secs = (performance.now() - t0) / 1000;
+    const decode = first != null ? (performance.now() - first) / 1000 : 0;
+    meta.textContent = [
+      tokens != null ? tokens + " tokens" : null,
+      first != null ? "first token after " + fmtSecs((first - t0) / 1000) : null,
+      tokens > 1 && decode > 0 ? fmtNum((tokens - 1) / decode, 1) + " tok/s" : null,
+      "finish: " + (finish || "?"),
+      "total " + fmtSecs(secs),
+    ].filter(Boolean).join(" · ");
+    msg.dataset.finish = finish || "none";
+  } catch (err) {
+    msg.classList.add("failed");
+    meta.textContent = err.name === "AbortError" ? "stopped" : "error: " + err.message;
+    msg.dataset.finish = err.name === "AbortError" ? "stopped" : "error";
+    // The exchange is left out of the conversation sent next.
+    page.history.pop();
+  } finally {
+    page.abort = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+    pollState();
+    pollExperts();
+  }
+}
+
+$("chat-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = $("prompt").value;
+  if (!text.trim() || page.abort) return;
+  $("prompt").value = "";
+  send(text);
+});
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) {
+    e.preventDefault();
+    $("chat-form").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", () => { if (page.abort) page.abort.abort(); });
+$("new-chat").addEventListener("click", () => {
+  if (page.abort) page.abort.abort();
+  page.history = [];
+  $("messages").textContent = "";
+});
+
+async function start() {
+  try {
+    const r = await fetch("/web/api/info", { cache: "no-store" });
+    const info = await r.json();
+    if (info.needs_key && !page.key) {
+      askKey(false);
+    } else {
+      pollState();
+      pollExperts();
+    }
+  } catch (err) {
+    setStatus("server unreachable", "bad");
+  }
+}
+
+start();
+setInterval(pollState, STATE_POLL_MS);
+setInterval(() => { if (!document.hidden) pollExperts(); }, EXPERTS_POLL_MS);
