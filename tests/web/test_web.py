@@ -38,6 +38,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 MAX_TOKENS = 40
 PROMPT = "Write a short poem about the sea."
+COMPLETION_PROMPT = "The three primary colours are"
 
 failures = []
 
@@ -59,14 +60,17 @@ def get(server, path, key=None):
         return e.code, e.headers, e.read()
 
 
-def api_answer(server, messages):
-    body = json.dumps({"model": MODEL, "messages": messages, "temperature": 0,
-                       "max_tokens": MAX_TOKENS}).encode()
-    req = urllib.request.Request(server.url + "/v1/chat/completions", data=body, method="POST",
+def api_answer(server, messages=None, prompt=None):
+    """The non-streaming answer at temperature 0: chat to `messages`, or completion of `prompt`."""
+    req = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS}
+    req.update({"messages": messages} if messages is not None else {"prompt": prompt})
+    path = "/v1/chat/completions" if messages is not None else "/v1/completions"
+    req = urllib.request.Request(server.url + path, data=json.dumps(req).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
                                           "Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
+        choice = json.loads(r.read())["choices"][0]
+        return choice["message"]["content"] if messages is not None else choice["text"]
 
 
 def wait_for(what, cond, timeout=60.0, every=0.05):
@@ -199,11 +203,24 @@ def main():
         check(finish in ("stop", "length"), f"the reply finished ({finish})")
         check(len(partial) >= 2 and all(reply.startswith(p) for p in partial),
               f"the reply streamed: {len(partial)} partial texts seen, each a prefix of the reply")
-        expected = api_answer(server, [{"role": "user", "content": PROMPT}])
+        expected = api_answer(server, messages=[{"role": "user", "content": PROMPT}])
         check(reply == expected, f"the page's reply equals the API's answer ({reply!r} vs {expected!r})")
         meta = driver.execute_script(
             "return [...document.querySelectorAll('.msg.assistant')].pop().querySelector('.meta').textContent")
         check("tokens" in meta and "tok/s" in meta, f"the reply's line gives tokens and tok/s ({meta})")
+
+        # --- completion mode: the text as typed, continued as /v1/completions continues it
+        from selenium.webdriver.support.select import Select
+        Select(el("mode")).select_by_value("completion")
+        el("prompt").send_keys(COMPLETION_PROMPT)
+        el("send").click()
+        wait_for("the second reply", lambda: driver.execute_script(
+            "return document.querySelectorAll('.msg.assistant[data-finish]').length") == 2, 180)
+        completion = driver.execute_script(
+            "return [...document.querySelectorAll('.msg.assistant')].pop().querySelector('.content').textContent")
+        expected = api_answer(server, prompt=COMPLETION_PROMPT)
+        check(completion == expected and completion,
+              f"completion mode: the reply equals /v1/completions' text ({completion!r} vs {expected!r})")
 
         # --- the figures and the heat map changed
         wait_for("the figures after the request",

@@ -71,6 +71,13 @@ $("key-form").addEventListener("submit", (e) => {
 });
 
 // ---- polling ----
+// A failed poll: the server is gone, or this page has a bug; either way it goes to the console
+// (the browser test fails on console errors).
+function failed(err) {
+  setStatus(err instanceof TypeError && /fetch/i.test(err.message) ? "server unreachable" : "page error", "bad");
+  console.error("coli web:", err);
+}
+
 async function getJson(path) {
   const r = await fetch(path, { headers: headers(), cache: "no-store" });
   if (r.status === 401) {
@@ -90,6 +97,13 @@ async function pollState() {
     document.body.dataset.statePolls = String(page.statePolls);
     setStatus("live", "ok");
     page.model = s.model;
+    if (!s.server.chat_template && !page.modeSet) {
+      // Without a chat template only completions make sense.
+      $("mode").value = "completion";
+      $("mode").querySelector("option[value=chat]").disabled = true;
+      $("mode").title = "this model has no chat template: the page continues the text as typed (/v1/completions)";
+    }
+    page.modeSet = true;
     $("model").textContent = s.model;
     const sv = s.server;
     $("server-info").textContent =
@@ -101,7 +115,7 @@ async function pollState() {
     drawPlan(s.plan);
     drawSpark();
   } catch (err) {
-    setStatus("server unreachable", "bad");
+    failed(err);
   }
 }
 
@@ -114,7 +128,7 @@ async function pollExperts() {
     page.map = e.map;
     drawHeat();
   } catch (err) {
-    setStatus("server unreachable", "bad");
+    failed(err);
   }
 }
 
@@ -422,7 +436,8 @@ function readSse(buffer, onData) {
 async function send(text) {
   const temperature = Number($("temperature").value);
   const maxTokens = Math.max(1, Math.floor(Number($("max-tokens").value)));
-  page.history.push({ role: "user", content: text });
+  const chat = $("mode").value === "chat";
+  if (chat) page.history.push({ role: "user", content: text });
   addMessage("user", text);
   const msg = addMessage("assistant", "");
   const content = msg.querySelector(".content"), reasoning = msg.querySelector(".reasoning");
@@ -433,13 +448,13 @@ async function send(text) {
   $("send").disabled = true;
   $("stop").disabled = false;
   try {
-    const resp = await fetch("/v1/chat/completions", {
+    const common = { model: page.model, stream: true, temperature, max_tokens: maxTokens,
+      stream_options: { include_usage: true } };
+    const resp = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
-      body: JSON.stringify({
-        model: page.model, messages: page.history, stream: true, temperature,
-        max_tokens: maxTokens, stream_options: { include_usage: true },
-      }),
+      body: JSON.stringify(chat ? Object.assign({ messages: page.history }, common)
+        : Object.assign({ prompt: text }, common)),
       signal: page.abort.signal,
     });
     if (!resp.ok) {
@@ -462,9 +477,10 @@ async function send(text) {
         const ch = obj.choices && obj.choices[0];
         if (!ch) return;
         const delta = ch.delta || {};
-        if (delta.content) {
+        const piece = chat ? delta.content : ch.text;
+        if (piece) {
           if (first == null) first = performance.now();
-          reply += delta.content;
+          reply += piece;
           content.textContent = reply;
         }
         if (delta.reasoning_content) {
@@ -475,7 +491,7 @@ async function send(text) {
         $("messages").scrollTop = $("messages").scrollHeight;
       });
     }
-    page.history.push({ role: "assistant", content: reply });
+    if (chat) page.history.push({ role: "assistant", content: reply });
     const secs = (performance.now() - t0) / 1000;
     const decode = first != null ? (performance.now() - first) / 1000 : 0;
     meta.textContent = [
@@ -491,7 +507,7 @@ async function send(text) {
     meta.textContent = err.name === "AbortError" ? "stopped" : "error: " + err.message;
     msg.dataset.finish = err.name === "AbortError" ? "stopped" : "error";
     // The exchange is left out of the conversation sent next.
-    page.history.pop();
+    if (chat) page.history.pop();
   } finally {
     page.abort = null;
     $("send").disabled = false;
@@ -532,7 +548,7 @@ async function start() {
       pollExperts();
     }
   } catch (err) {
-    setStatus("server unreachable", "bad");
+    failed(err);
   }
 }
 

@@ -256,6 +256,7 @@ async fn state(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
             "threads": app.info.threads,
             "load_s": app.info.load_s,
             "speculation": app.speculation.mode.to_string(),
+            "chat_template": app.tok.chat_template.is_some(),
             "io_engine": view.as_ref().map(|v| v.io_engine.clone()),
         },
         "counters": {
