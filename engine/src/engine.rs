@@ -195,6 +195,8 @@ pub struct Engine<'s> {
     v_dims: Vec<usize>,
     context: usize,
     prefill_batch: usize,
+    /// [`EngineOptions::token_major_prefill`].
+    token_major_prefill: bool,
     pool: rayon::ThreadPool,
     /// Warnings of the model load not yet taken.
     warnings: Vec<String>,
@@ -293,6 +295,7 @@ impl<'s> Engine<'s> {
             v_dims,
             context,
             prefill_batch,
+            token_major_prefill: opts.token_major_prefill,
             pool,
             warnings,
             trace: None,
@@ -776,7 +779,10 @@ impl<'s> Engine<'s> {
 
     /// Feeds `ids` after the cached tokens (positions continue from the cache), in batches of up
     /// to `prefill_batch` tokens (one token: the matvec path), and returns f32 logits
-    /// (`[vocab]` rows) for the last token or for every token.
+    /// (`[vocab]` rows) for the last token or for every token. Several batches run layer by
+    /// layer (docs/ENGINE.md, "Long prompts"): the same bits as feeding them one call at a
+    /// time, with each layer's experts read and each MLA latent expanded once per call; with a
+    /// routing trace they run one batch at a time.
     ///
     /// # Errors
     /// [`EngineError::TokenOutOfRange`], [`EngineError::ContextOverflow`] (nothing is run then),
@@ -789,6 +795,13 @@ impl<'s> Engine<'s> {
         let start = self.seq.len();
         let mut out = Vec::new();
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
+        if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
+            let r = self.forward_layer_major(&chunks, which);
+            if r.is_err() {
+                self.truncate(start);
+            }
+            return r;
+        }
         let last_chunk = chunks.len().saturating_sub(1);
         for (ci, chunk) in chunks.into_iter().enumerate() {
             let want = match which {
@@ -805,6 +818,157 @@ impl<'s> Engine<'s> {
             }
         }
         Ok(out)
+    }
+
+    /// Layer groups of a layer-major prefill, in order: a group starts at every layer that does
+    /// not read what the layer before it published ([`crate::layers::DecoderLayer::reads_previous_layer`]).
+    fn layer_groups(&self) -> Vec<std::ops::Range<usize>> {
+        let layers = &self.model.layers;
+        let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+        for (li, layer) in layers.iter().enumerate() {
+            match groups.last_mut() {
+                Some(g) if layer.reads_previous_layer() => g.end = li + 1,
+                _ => groups.push(li..li + 1),
+            }
+        }
+        groups
+    }
+
+    /// A prompt of several chunks through the engine's own sequence, layer by layer (see
+    /// [`Engine::forward`]).
+    fn forward_layer_major(&mut self, chunks: &[&[u32]], which: Logits) -> Result<Vec<Vec<f32>>> {
+        let placeholder = Sequence::new(Vec::new(), None);
+        let mut seq = std::mem::replace(&mut self.seq, placeholder);
+        self.commit_usage(&mut seq);
+        let r = self.layer_major_inner(&mut seq, chunks, which);
+        self.seq = seq;
+        r
+    }
+
+    /// The layer-major prefill: the residual stream of the whole prompt is kept (`[P, H]`
+    /// f32); for each group of layers ([`Engine::layer_groups`], usually one layer) every
+    /// chunk runs through the group's layers in order, so a chunk's attention finds the
+    /// earlier chunks' keys of that layer already cached. Each row is computed exactly as a
+    /// token-major pass of the same chunks computes it, so logits and KV cache are the same
+    /// bits. What changes is the order: a layer's experts serve all chunks of the prompt one
+    /// after the other (each is read once per prompt when the layer's experts fit in the
+    /// expert cache, instead of once per chunk), and an MLA layer expands each cached latent
+    /// once ([`crate::layers::LayerKv::expanded`]) instead of once per chunk. The router
+    /// lookahead predicts the next layer from the group's last chunk.
+    fn layer_major_inner(
+        &mut self,
+        seq: &mut Sequence,
+        chunks: &[&[u32]],
+        which: Logits,
+    ) -> Result<Vec<Vec<f32>>> {
+        let pos_start = seq.len();
+        let n: usize = chunks.iter().map(|c| c.len()).sum();
+        let h = self.model.spec.hidden_size;
+        seq.reserve(self.context, &self.v_dims);
+        let lookahead = self.policy.next_pass(&self.cache.stats());
+        let groups = self.layer_groups();
+        let mut bounds: Vec<(usize, usize)> = Vec::with_capacity(chunks.len());
+        let mut r0 = 0;
+        for c in chunks {
+            bounds.push((r0, c.len()));
+            r0 += c.len();
+        }
+        let Engine {
+            store,
+            model,
+            cache,
+            pool,
+            ..
+        } = self;
+        let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
+            let mut x = vec![0f32; n * h];
+            for (t, &id) in chunks.iter().flat_map(|c| c.iter()).enumerate() {
+                model
+                    .embed
+                    .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
+            }
+            let handle = cache.clone();
+            let mut ctx = LayerCtx {
+                rope: &model.rope,
+                store,
+                cache,
+                trace: None,
+                held_usage: None,
+            };
+            let layers = &model.layers;
+            let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
+                for g in &groups {
+                    for li in g.clone() {
+                        seq.kv[li].expanded = layers[li].is_mla().then(Vec::new);
+                    }
+                    for (ci, &(r0, cn)) in bounds.iter().enumerate() {
+                        let last = ci + 1 == bounds.len();
+                        let pos0 = pos_start + r0;
+                        let span = [Span::new(pos0, cn)];
+                        let xs = &mut x[r0 * h..(r0 + cn) * h];
+                        if let (Some(pf), 0, 0) = (pf, g.start, ci) {
+                            crate::prefetch::predict_and_request(
+                                &layers[0], xs, cn, pos0, &handle, None, pf,
+                            );
+                        }
+                        for li in g.clone() {
+                            let handle = &handle;
+                            let mut kvs = [&mut seq.kv[li]];
+                            layers[li].forward_spans(xs, &span, &mut kvs, &mut ctx, |hs| {
+                                // The next layer runs next for this chunk inside the group,
+                                // or after the group's last chunk.
+                                if li + 1 < g.end || last {
+                                    if let (Some(pf), Some(next)) = (pf, layers.get(li + 1)) {
+                                        crate::prefetch::predict_and_request(
+                                            next, hs, cn, pos0, handle, None, pf,
+                                        );
+                                    }
+                                }
+                            })?;
+                        }
+                    }
+                    for li in g.clone() {
+                        seq.kv[li].expanded = None;
+                    }
+                }
+                Ok(())
+            };
+            match lookahead {
+                Lookahead::PredictAndRead => {
+                    crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?
+                }
+                Lookahead::Predict => run(Some(None))?,
+                Lookahead::Off => run(None)?,
+            }
+            if let Some(m) = seq.mtp.as_mut() {
+                let start = m.hidden.len();
+                m.hidden.resize(start + x.len(), 0.0);
+                model.final_norm.forward(&x, &mut m.hidden[start..]);
+            }
+            let rows: Vec<usize> = match which {
+                Logits::Last => vec![n - 1],
+                Logits::All => (0..n).collect(),
+            };
+            let vocab = model.spec.vocab_size;
+            let mut xs = Vec::with_capacity(rows.len() * h);
+            for &t in &rows {
+                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            let mut normed = vec![0f32; xs.len()];
+            model.final_norm.forward(&xs, &mut normed);
+            let mut l = vec![0f32; rows.len() * vocab];
+            if rows.len() == 1 {
+                coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+            } else {
+                coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+            }
+            Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        })?;
+        for c in chunks {
+            seq.tokens.extend_from_slice(c);
+        }
+        self.policy.tokens_ran(n as u64, self.store, &self.cache);
+        Ok(logits)
     }
 
     /// One batch of the engine's own sequence: `want` None = no logits, Some(true) = last row

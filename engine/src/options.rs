@@ -49,6 +49,10 @@ pub struct EngineOptions {
     /// at `context` ([`crate::Engine::kv_cache_budget`] tells the choice). The default expert
     /// budget leaves room for it.
     pub kv_cache_budget: Option<u64>,
+    /// Prefill a prompt of several chunks chunk by chunk through all layers (the order before
+    /// the layer-major prefill; `--token-major-prefill`): the same bits, more expert reads and
+    /// MLA expansions; for comparison (docs/ENGINE.md, "Long prompts").
+    pub token_major_prefill: bool,
 }
 
 impl Default for EngineOptions {
@@ -65,6 +69,7 @@ impl Default for EngineOptions {
             prefetch_min_use: DEFAULT_PREFETCH_MIN_USE,
             max_sequences: 1,
             kv_cache_budget: Some(0),
+            token_major_prefill: false,
         }
     }
 }

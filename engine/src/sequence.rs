@@ -143,6 +143,7 @@ impl Sequence {
                 .map(|(l, &dim)| LayerKv {
                     k: l.k[..len * dim].to_vec(),
                     v: l.v[..(len * dim).min(l.v.len())].to_vec(),
+                    expanded: None,
                 })
                 .collect(),
             tokens: self.tokens[..len].to_vec(),

@@ -81,6 +81,11 @@ pub struct EngineOptions {
     /// allows (up to 2048; docs/ENGINE.md, "Long prompts").
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     pub prefill_batch: Option<usize>,
+    /// Prefill a long prompt chunk by chunk through all layers instead of layer by layer: the
+    /// same output, each chunk reading the experts again (for comparison; docs/ENGINE.md,
+    /// "Long prompts").
+    #[arg(long)]
+    pub token_major_prefill: bool,
     /// Mirror directory: a full or partial read-only copy of the store on another drive
     /// (docs/MIRRORS.md); repeatable. Without --mirror: COLI_MIRRORS=DIR1,DIR2 (empty entries
     /// ignored); --mirror on the command line replaces COLI_MIRRORS.
@@ -197,6 +202,7 @@ impl EngineOptions {
             usage: self.usage_path(store),
             max_sequences: 1,
             kv_cache_budget: self.kv_cache_budget,
+            token_major_prefill: self.token_major_prefill,
         }
     }
 }

@@ -32,6 +32,11 @@ pub struct LayerKv {
     pub k: Vec<f32>,
     /// Values, row-major by position.
     pub v: Vec<f32>,
+    /// MLA only, during a layer-major prefill ([`crate::Engine::forward`]): the `kv_b`
+    /// expansion of the positions cached so far (`[positions, heads, nope + v]` f32), so that
+    /// each chunk of the prompt expands only its own rows instead of the whole cache. None
+    /// otherwise; never part of the sequence's state (dropped when the layer's chunks end).
+    pub expanded: Option<Vec<f32>>,
 }
 
 impl LayerKv {
@@ -39,6 +44,7 @@ impl LayerKv {
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         self.k.truncate(len * kv_dim);
         self.v.truncate(len * kv_dim);
+        self.expanded = None;
     }
 }
 

@@ -147,6 +147,21 @@ impl Span {
 }
 
 impl DecoderLayer<'_> {
+    /// Whether the layer's attention is MLA (its prefill expands the cached latents).
+    pub fn is_mla(&self) -> bool {
+        matches!(self.attn, SelfAttn::Mla(_))
+    }
+
+    /// Whether the layer reads state the layer before it published for the same rows (GLM-5's
+    /// shared DSA layers reuse the previous full layer's selection): a layer-major prefill
+    /// keeps such a layer in its predecessor's group.
+    pub fn reads_previous_layer(&self) -> bool {
+        match &self.attn {
+            SelfAttn::Mla(m) => matches!(m.dsa, Some(crate::layers::mla::Dsa::Shared { .. })),
+            SelfAttn::Gqa(_) => false,
+        }
+    }
+
     /// Runs the layer on `h` (`[n, H]`, updated in place) for tokens at positions
     /// `pos0..pos0+n`, appending to this layer's KV cache.
     ///

@@ -276,7 +276,15 @@ impl Mla<'_> {
                     ctx.extend_from_slice(&self.attend_absorbed(qt, s.pos0 + t, keys, &kv.k));
                 }
             } else {
-                ctx.extend_from_slice(&self.attend_expanded(qs, s.n, s.pos0, sel.as_ref(), &kv.k));
+                let LayerKv { k, expanded, .. } = &mut **kv;
+                ctx.extend_from_slice(&self.attend_expanded(
+                    qs,
+                    s.n,
+                    s.pos0,
+                    sel.as_ref(),
+                    k,
+                    expanded.as_mut(),
+                ));
             }
             r0 += s.n;
         }
@@ -287,7 +295,10 @@ impl Mla<'_> {
     }
 
     /// Expanded form: `k_nope`/`v` of every cached position from `kv_b`, then per (token,
-    /// head) softmax over the allowed keys. Returns `[n, nh * dv]`.
+    /// head) softmax over the allowed keys. Returns `[n, nh * dv]`. With `expanded` (a
+    /// layer-major prefill, [`LayerKv::expanded`]) the expansion of the first `pos0` positions
+    /// is taken from it and only the `n` new rows are expanded and appended: the same bits, as
+    /// `kv_b` computes every row alone (a matmul row equals the matvec).
     fn attend_expanded(
         &self,
         q: &[f32],
@@ -295,6 +306,7 @@ impl Mla<'_> {
         pos0: usize,
         sel: Option<&Selection>,
         cache: &[f32],
+        expanded: Option<&mut Vec<f32>>,
     ) -> Vec<f32> {
         let (nh, dn, dr, dv, rkv) = (
             self.num_heads,
@@ -305,13 +317,33 @@ impl Mla<'_> {
         );
         let stride = self.kv_dim();
         let total = pos0 + n;
-        let mut lat = Vec::with_capacity(total * rkv);
-        for j in 0..total {
-            lat.extend_from_slice(&cache[j * stride..j * stride + rkv]);
-        }
         let w = dn + dv;
-        let mut kvx = vec![0f32; total * nh * w];
-        self.kv_b.forward(&lat, total, &mut kvx);
+        let expand = |from: usize, to: &mut Vec<f32>| {
+            let rows = total - from;
+            let mut lat = Vec::with_capacity(rows * rkv);
+            for j in from..total {
+                lat.extend_from_slice(&cache[j * stride..j * stride + rkv]);
+            }
+            let start = to.len();
+            to.resize(start + rows * nh * w, 0.0);
+            self.kv_b.forward(&lat, rows, &mut to[start..]);
+        };
+        let mut own = Vec::new();
+        let kvx: &Vec<f32> = match expanded {
+            Some(e) => {
+                // Anything but exactly the first pos0 positions is expanded again.
+                if e.len() != pos0 * nh * w {
+                    e.clear();
+                }
+                let from = e.len() / (nh * w);
+                expand(from, e);
+                e
+            }
+            None => {
+                expand(0, &mut own);
+                &own
+            }
+        };
         let qd = nh * (dn + dr);
         let scale = self.softmax_scale;
         let mut ctx = vec![0f32; n * nh * dv];

@@ -378,7 +378,11 @@ pub fn read_state_prefix(
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
         let k = body.f32s_prefix(n, keep, kd, &format!("layer {l} keys"))?;
         let v = body.f32s_prefix(n, keep, vd, &format!("layer {l} values"))?;
-        kv.push(LayerKv { k, v });
+        kv.push(LayerKv {
+            k,
+            v,
+            expanded: None,
+        });
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -398,7 +402,11 @@ pub fn read_state_prefix(
         let v = body.f32s(fed.saturating_mul(m.v_dim), "MTP values")?;
         let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
-            kv: LayerKv { k, v },
+            kv: LayerKv {
+                k,
+                v,
+                expanded: None,
+            },
             kv_dim: m.kv_dim,
             hidden,
             hidden_size: m.hidden_size,

@@ -1,0 +1,132 @@
+//! Layer-major prefill (`Engine::forward` over a prompt of several chunks runs it layer by
+//! layer): on every fixture family it gives the same bits as feeding the same chunks one
+//! forward call at a time (token-major), for the logits of every row, the last row, and the
+//! decode that follows, from an empty cache and after a cached prefix; with a budget of about
+//! one layer's experts it reads fewer expert bytes than token-major does.
+
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_store::IoPreference;
+use coli_tests::{convert_fixture, expected, ids, open_store, FIXTURE_FAMILIES};
+
+/// Token-major reference: every chunk in its own forward call (one chunk: no layer-major).
+fn token_major(e: &mut Engine<'_>, ids: &[u32], chunk: usize, which: Logits) -> Vec<Vec<f32>> {
+    let parts: Vec<&[u32]> = ids.chunks(chunk).collect();
+    let last = parts.len() - 1;
+    let mut out = Vec::new();
+    for (i, p) in parts.into_iter().enumerate() {
+        let mut l = e.forward(p, which).unwrap();
+        if which == Logits::Last && i < last {
+            l.clear();
+        }
+        out.append(&mut l);
+    }
+    out
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn layer_major_prefill_gives_the_token_major_bits() {
+    for name in FIXTURE_FAMILIES {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let mut prompt = ids(&exp["prompt_ids"]);
+        // Long enough for several chunks of 3 after a cached prefix of 4.
+        while prompt.len() < 14 {
+            prompt.extend_from_within(..prompt.len().min(14 - prompt.len()));
+        }
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let opts = EngineOptions {
+            ram_budget: Some(u64::MAX),
+            prefill_batch: 3,
+            threads: Some(2),
+            ..Default::default()
+        };
+        for which in [Logits::All, Logits::Last] {
+            let mut lm = Engine::new(&store, &opts).unwrap();
+            let mut tm = Engine::new(&store, &opts).unwrap();
+            // From an empty cache.
+            let a = lm.forward(&prompt, which).unwrap();
+            let b = token_major(&mut tm, &prompt, 3, which);
+            assert_eq!(a.len(), b.len(), "{name} {which:?}");
+            assert!(bits(&a) == bits(&b), "{name} {which:?}: logits differ");
+            // The caches then decode the same bits.
+            let next = [prompt[1]];
+            let a = lm.forward(&next, Logits::Last).unwrap();
+            let b = tm.forward(&next, Logits::Last).unwrap();
+            assert!(
+                bits(&a) == bits(&b),
+                "{name} {which:?}: decode after prefill differs"
+            );
+            assert_eq!(lm.cached_tokens(), tm.cached_tokens());
+            // After a cached prefix (an MLA layer expands the cached latents once).
+            lm.reset();
+            tm.reset();
+            lm.forward(&prompt[..4], Logits::Last).unwrap();
+            tm.forward(&prompt[..4], Logits::Last).unwrap();
+            let a = lm.forward(&prompt[4..], which).unwrap();
+            let b = token_major(&mut tm, &prompt[4..], 3, which);
+            assert!(
+                bits(&a) == bits(&b),
+                "{name} {which:?}: logits after a prefix differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn layer_major_prefill_reads_a_layers_experts_once_per_prompt() {
+    let name = "olmoe_fp8";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let mut prompt = ids(&exp["prompt_ids"]);
+    while prompt.len() < 24 {
+        prompt.extend_from_within(..prompt.len().min(24 - prompt.len()));
+    }
+    let probe = open_store(&dir, true, IoPreference::Auto);
+    let layer0: u64 = probe
+        .index()
+        .iter()
+        .filter(|r| r.key().layer == 0)
+        .map(|r| r.length.get())
+        .sum();
+    let all: u64 = probe.index().iter().map(|r| r.length.get()).sum();
+    drop(probe);
+    // One layer's experts fit; the whole model's do not.
+    assert!(layer0 * 2 <= all, "{layer0} of {all}");
+    let opts = EngineOptions {
+        ram_budget: Some(layer0),
+        prefill_batch: 2,
+        pin: false,
+        prefetch: false,
+        threads: Some(1),
+        ..Default::default()
+    };
+    let read = |layer_major: bool| {
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let before = store.stats().bytes_read;
+        let l = if layer_major {
+            e.forward(&prompt, Logits::Last).unwrap()
+        } else {
+            token_major(&mut e, &prompt, 2, Logits::Last)
+        };
+        (store.stats().bytes_read - before, bits(&l))
+    };
+    let (lm_bytes, lm_logits) = read(true);
+    let (tm_bytes, tm_logits) = read(false);
+    assert!(lm_logits == tm_logits);
+    // Layer-major reads each expert at most once here (a layer's experts all fit).
+    assert!(
+        lm_bytes <= all,
+        "layer-major read {lm_bytes} of {all} bytes"
+    );
+    assert!(
+        lm_bytes < tm_bytes,
+        "layer-major {lm_bytes} bytes vs token-major {tm_bytes}"
+    );
+}
