@@ -820,6 +820,57 @@ impl<'s> Engine<'s> {
         Ok(out)
     }
 
+    /// Feeds `ids` after `seq`'s cached tokens as [`Engine::forward`] feeds the engine's own
+    /// sequence: in chunks of `prefill_batch`, layer by layer when there are several (each
+    /// layer's experts read and each MLA latent expanded once), returning the logits `which`
+    /// asks for. The same bits as feeding the chunks one [`Engine::forward_many`] pass at a
+    /// time. `coli serve` uses it for a prompt whose prefill is the only work.
+    ///
+    /// # Errors
+    /// No ids ([`EngineError::Invalid`]), [`EngineError::TokenOutOfRange`],
+    /// [`EngineError::ContextOverflow`] (nothing is run then), expert fetch failures (`seq` is
+    /// rolled back to its length before the call).
+    pub fn prefill_sequence(
+        &mut self,
+        seq: &mut Sequence,
+        ids: &[u32],
+        which: Logits,
+    ) -> Result<Vec<Vec<f32>>> {
+        if ids.is_empty() {
+            return Err(EngineError::Invalid("a prefill needs token ids".into()));
+        }
+        self.check_ids_after(seq.len(), ids)?;
+        let start = seq.len();
+        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
+        let r = if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
+            self.commit_usage(seq);
+            self.layer_major_inner(seq, &chunks, which)
+        } else {
+            let last = chunks.len() - 1;
+            let mut out = Vec::new();
+            let mut r = Ok(());
+            for (ci, chunk) in chunks.into_iter().enumerate() {
+                let want = match which {
+                    Logits::All => Some(false),
+                    Logits::Last if ci == last => Some(true),
+                    Logits::Last => None,
+                };
+                match self.pass(&mut [&mut *seq], &[chunk], &[want], &[false]) {
+                    Ok(mut l) => out.append(&mut l.pop().expect("one sequence")),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+            }
+            r.map(|()| out)
+        };
+        if r.is_err() {
+            seq.truncate(start);
+        }
+        r
+    }
+
     /// Layer groups of a layer-major prefill, in order: a group starts at every layer that does
     /// not read what the layer before it published ([`crate::layers::DecoderLayer::reads_previous_layer`]).
     fn layer_groups(&self) -> Vec<std::ops::Range<usize>> {

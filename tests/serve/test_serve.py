@@ -265,7 +265,11 @@ def main():
         batching_checks(batched)
     finally:
         batched.stop()
-    plain = Server(store, "--max-batch", "1", "--speculate", "off", log_name="serve-off.log")
+    # The plain server prefills in chunks of 4 tokens: a lone request's prompt runs all its chunks
+    # in one step, layer by layer (Engine::prefill_sequence), which must give the text the
+    # drafting server's one-chunk prefill gives.
+    plain = Server(store, "--max-batch", "1", "--speculate", "off", "--prefill-batch", "4",
+                   log_name="serve-off.log")
     drafting = Server(store, "--max-batch", str(BATCH), "--speculate", "ngram", "--draft-tokens", "4",
                       "--no-draft-gate", log_name="serve-ngram.log")
     try:
@@ -767,6 +771,10 @@ def speculation_checks(plain, drafting):
     together = list(pool.map(lambda p: text(cd, p), prompts))
     alone = [text(cp, p) for p in prompts]
     check(together == alone, "drafting sequences batched together get the text plain decoding gives each")
+    m = metrics(plain)
+    big = m["coli_tokens_per_forward_count"] - m['coli_tokens_per_forward_bucket{"le": "8.0"}']
+    check(big > 0, f"a lone prompt of several 4-token chunks was prefilled in one step, layer by layer "
+          f"({big:.0f} passes of more than 8 rows)")
 
 
 def load_test(server):

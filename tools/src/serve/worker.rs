@@ -753,6 +753,19 @@ impl Scheduler<'_, '_> {
             self.reap();
             return;
         }
+        // A prompt whose prefill is the only work (nothing decoding, nothing queued) runs all
+        // its remaining chunks in this step, layer by layer (`Engine::prefill_sequence`): each
+        // layer's experts are read once for all of them instead of once per step. The same
+        // bits; a request arriving meanwhile waits for it.
+        let whole =
+            decode_rows == 0 && self.active.len() == 1 && self.metrics().queue_depth.get() == 0;
+        if whole {
+            if let [Feed::Prefill { req, end }] = &mut feeds[..] {
+                let len = self.active[*req].job.prompt.len();
+                prefill_rows += len - *end;
+                *end = len;
+            }
+        }
         self.draft(&feeds, decode_rows + prefill_rows);
         let t0 = Instant::now();
         let result = {
@@ -810,7 +823,13 @@ impl Scheduler<'_, '_> {
                     verify: ids.len() > 1 && logits == Some(Logits::All),
                 })
                 .collect();
-            let r = self.eng.forward_many(&mut items);
+            let r = match (&feeds[..], &mut items[..]) {
+                ([Feed::Prefill { .. }], [item]) if whole => self
+                    .eng
+                    .prefill_sequence(&mut *item.seq, item.ids, Logits::Last)
+                    .map(|l| vec![l]),
+                _ => self.eng.forward_many(&mut items),
+            };
             drop(items);
             for (f, seq) in feeds.iter().zip(seqs) {
                 let (ri, ci) = match *f {
