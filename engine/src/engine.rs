@@ -824,10 +824,12 @@ impl<'s> Engine<'s> {
     /// sequence: in chunks of `prefill_batch`, layer by layer when there are several (each
     /// layer's experts read and each MLA latent expanded once), returning the logits `which`
     /// asks for. The same bits as feeding the chunks one [`Engine::forward_many`] pass at a
-    /// time. `coli serve` uses it for a prompt whose prefill is the only work.
+    /// time. `coli serve` uses it for a prompt whose prefill is the only work. `stop` is
+    /// asked between layer groups (between chunks when token-major): when it says true the
+    /// prefill ends with [`EngineError::Stopped`].
     ///
     /// # Errors
-    /// No ids ([`EngineError::Invalid`]), [`EngineError::TokenOutOfRange`],
+    /// [`EngineError::Stopped`], no ids ([`EngineError::Invalid`]), [`EngineError::TokenOutOfRange`],
     /// [`EngineError::ContextOverflow`] (nothing is run then), expert fetch failures (`seq` is
     /// rolled back to its length before the call).
     pub fn prefill_sequence(
@@ -835,6 +837,7 @@ impl<'s> Engine<'s> {
         seq: &mut Sequence,
         ids: &[u32],
         which: Logits,
+        stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Vec<f32>>> {
         if ids.is_empty() {
             return Err(EngineError::Invalid("a prefill needs token ids".into()));
@@ -844,7 +847,7 @@ impl<'s> Engine<'s> {
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
         let r = if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
             self.commit_usage(seq);
-            self.layer_major_inner(seq, &chunks, which)
+            self.layer_major_inner(seq, &chunks, which, stop)
         } else {
             let last = chunks.len() - 1;
             let mut out = Vec::new();
@@ -855,6 +858,10 @@ impl<'s> Engine<'s> {
                     Logits::Last if ci == last => Some(true),
                     Logits::Last => None,
                 };
+                if ci > 0 && stop() {
+                    r = Err(EngineError::Stopped);
+                    break;
+                }
                 match self.pass(&mut [&mut *seq], &[chunk], &[want], &[false]) {
                     Ok(mut l) => out.append(&mut l.pop().expect("one sequence")),
                     Err(e) => {
@@ -891,7 +898,7 @@ impl<'s> Engine<'s> {
         let placeholder = Sequence::new(Vec::new(), None);
         let mut seq = std::mem::replace(&mut self.seq, placeholder);
         self.commit_usage(&mut seq);
-        let r = self.layer_major_inner(&mut seq, chunks, which);
+        let r = self.layer_major_inner(&mut seq, chunks, which, &|| false);
         self.seq = seq;
         r
     }
@@ -904,13 +911,18 @@ impl<'s> Engine<'s> {
     /// bits. What changes is the order: a layer's experts serve all chunks of the prompt one
     /// after the other (each is read once per prompt when the layer's experts fit in the
     /// expert cache, instead of once per chunk), and an MLA layer expands each cached latent
-    /// once ([`crate::layers::LayerKv::expanded`]) instead of once per chunk. The router
-    /// lookahead predicts the next layer from the group's last chunk.
+    /// once ([`crate::layers::LayerKv::expanded`]) instead of once per chunk; a group of
+    /// several MLA layers (GLM-5.2's shared indexer layers) expands per chunk as token-major
+    /// does, so that one expansion at most is held, as the memory plan counts
+    /// ([`crate::placement::budget::prefill_fixed_bytes`]). The router lookahead predicts the
+    /// next layer from the group's last chunk (so its precision counters score that
+    /// prediction against the next layer's first chunk). `stop` is asked before each group.
     fn layer_major_inner(
         &mut self,
         seq: &mut Sequence,
         chunks: &[&[u32]],
         which: Logits,
+        stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Vec<f32>>> {
         let pos_start = seq.len();
         let n: usize = chunks.iter().map(|c| c.len()).sum();
@@ -949,8 +961,16 @@ impl<'s> Engine<'s> {
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
                 for g in &groups {
-                    for li in g.clone() {
-                        seq.kv[li].expanded = layers[li].is_mla().then(Vec::new);
+                    if g.start > 0 && stop() {
+                        return Err(EngineError::Stopped);
+                    }
+                    let mla: Vec<usize> = g
+                        .clone()
+                        .filter(|&li| layers[li].mla_expansion_width().is_some())
+                        .collect();
+                    if let [li] = mla[..] {
+                        let width = layers[li].mla_expansion_width().unwrap_or(0);
+                        seq.kv[li].expanded = Some(Vec::with_capacity((pos_start + n) * width));
                     }
                     for (ci, &(r0, cn)) in bounds.iter().enumerate() {
                         let last = ci + 1 == bounds.len();

@@ -78,6 +78,10 @@ pub enum EngineError {
     /// Bad argument from the caller (sizes, sampling parameters, ...).
     #[error("{0}")]
     Invalid(String),
+    /// The caller's stop check ended a prefill between layer groups
+    /// ([`crate::Engine::prefill_sequence`]); the sequence was rolled back.
+    #[error("the prefill was stopped (client gone or server shutting down)")]
+    Stopped,
     /// The thread pool could not be built.
     #[error("cannot build a thread pool of {threads} threads: {msg}")]
     ThreadPool {

@@ -130,3 +130,57 @@ fn layer_major_prefill_reads_a_layers_experts_once_per_prompt() {
         "layer-major {lm_bytes} bytes vs token-major {tm_bytes}"
     );
 }
+
+/// `Engine::prefill_sequence` (what `coli serve` runs for a lone prompt) gives the bits of
+/// `Engine::forward` on a sequence of its own, after a cached prefix too; a stop check that says
+/// true ends it with `Stopped` and rolls the sequence back to where it was, and the prefill then
+/// runs again to the same bits.
+#[test]
+fn prefill_sequence_matches_forward_and_stops_cleanly() {
+    for name in ["deepseek_v3_fp8", "glm5_fp8", "mixtral_fp8"] {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let mut prompt = ids(&exp["prompt_ids"]);
+        while prompt.len() < 14 {
+            prompt.extend_from_within(..prompt.len().min(14 - prompt.len()));
+        }
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let opts = EngineOptions {
+            ram_budget: Some(u64::MAX),
+            prefill_batch: 3,
+            max_sequences: 3,
+            ..Default::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let want = bits(&e.forward(&prompt, Logits::Last).unwrap());
+        e.reset();
+        let mut seq = e.new_sequence().unwrap();
+        let got = e
+            .prefill_sequence(&mut seq, &prompt, Logits::Last, &|| false)
+            .unwrap();
+        assert!(bits(&got) == want, "{name}: prefill_sequence vs forward");
+        assert_eq!(seq.len(), prompt.len());
+
+        // The same split as forward's (MLA computes a one-token chunk in the absorbed form, so
+        // the chunking must match for the bits to).
+        e.reset();
+        e.forward(&prompt[..4], Logits::Last).unwrap();
+        let want = bits(&e.forward(&prompt[4..], Logits::Last).unwrap());
+        e.reset();
+        let mut seq = e.new_sequence().unwrap();
+        e.prefill_sequence(&mut seq, &prompt[..4], Logits::Last, &|| false)
+            .unwrap();
+        let err = e
+            .prefill_sequence(&mut seq, &prompt[4..], Logits::Last, &|| true)
+            .unwrap_err();
+        assert!(
+            matches!(err, coli_engine::EngineError::Stopped),
+            "{name}: {err}"
+        );
+        assert_eq!(seq.len(), 4, "{name}: rolled back to the cached prefix");
+        let got = e
+            .prefill_sequence(&mut seq, &prompt[4..], Logits::Last, &|| false)
+            .unwrap();
+        assert!(bits(&got) == want, "{name}: after a stop, the same bits");
+    }
+}

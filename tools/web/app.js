@@ -89,7 +89,8 @@ async function getJson(path) {
 }
 
 async function pollState() {
-  if (page.needKey) return;
+  if (page.needKey || page.statePending) return;
+  page.statePending = true;
   try {
     const s = await getJson("/web/api/state");
     if (!s) return;
@@ -116,11 +117,14 @@ async function pollState() {
     drawSpark();
   } catch (err) {
     failed(err);
+  } finally {
+    page.statePending = false;
   }
 }
 
 async function pollExperts() {
-  if (page.needKey) return;
+  if (page.needKey || page.expertsPending) return;
+  page.expertsPending = true;
   try {
     const e = await getJson("/web/api/experts");
     if (!e || !e.map) return;
@@ -129,6 +133,8 @@ async function pollExperts() {
     drawHeat();
   } catch (err) {
     failed(err);
+  } finally {
+    page.expertsPending = false;
   }
 }
 
@@ -365,7 +371,7 @@ function drawHeat() {
     { label: "cached", color: TIER_COLORS.cached },
     { label: "being read", color: TIER_COLORS.reading },
   ];
-  for (const dr of [...drives].sort()) {
+  for (const dr of [...drives].sort((x, y) => x - y)) {
     legend.push({ label: dr === 0 ? "on disk (primary)" : "on disk (mirror " + dr + ")", color: residencyColor("disk", dr) });
   }
   const el = $("heat-legend");
@@ -435,7 +441,7 @@ function readSse(buffer, onData) {
 
 async function send(text) {
   const temperature = Number($("temperature").value);
-  const maxTokens = Math.max(1, Math.floor(Number($("max-tokens").value)));
+  const maxTokens = Math.max(1, Math.floor(Number($("max-tokens").value) || 256));
   const chat = $("mode").value === "chat";
   if (chat) page.history.push({ role: "user", content: text });
   addMessage("user", text);
@@ -503,6 +509,7 @@ async function send(text) {
     ].filter(Boolean).join(" · ");
     msg.dataset.finish = finish || "none";
   } catch (err) {
+    if (page.abort) page.abort.abort();
     msg.classList.add("failed");
     meta.textContent = err.name === "AbortError" ? "stopped" : "error: " + err.message;
     msg.dataset.finish = err.name === "AbortError" ? "stopped" : "error";
@@ -521,6 +528,10 @@ $("chat-form").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value;
   if (!text.trim() || page.abort) return;
+  if (!page.model) {
+    setStatus("waiting for the server", "bad");
+    return;
+  }
   $("prompt").value = "";
   send(text);
 });

@@ -147,9 +147,13 @@ impl Span {
 }
 
 impl DecoderLayer<'_> {
-    /// Whether the layer's attention is MLA (its prefill expands the cached latents).
-    pub fn is_mla(&self) -> bool {
-        matches!(self.attn, SelfAttn::Mla(_))
+    /// f32 values per position of the layer's MLA `kv_b` expansion (heads x (nope + v)), None
+    /// for GQA.
+    pub fn mla_expansion_width(&self) -> Option<usize> {
+        match &self.attn {
+            SelfAttn::Mla(m) => Some(m.num_heads * (m.nope + m.v_dim)),
+            SelfAttn::Gqa(_) => None,
+        }
     }
 
     /// Whether the layer reads state the layer before it published for the same rows (GLM-5's

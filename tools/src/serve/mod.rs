@@ -11,7 +11,8 @@
 //! cache, so a prompt that extends an earlier conversation prefills only its new tokens. On
 //! SIGTERM or Ctrl-C the server stops admitting requests, lets running ones finish for up to
 //! `--shutdown-grace` seconds, ends the rest with finish reason `abort`, and exits 0.
-//! See `docs/SERVE.md`.
+//! With `--web` (`coli web`) it also serves a page at `/` and its JSON endpoints
+//! (serve/web.rs, docs/WEB.md). See `docs/SERVE.md`.
 
 mod anthropic;
 mod api;

@@ -1,4 +1,4 @@
-//! `coli serve --web` (`coli web`): the web page and the two JSON endpoints it polls.
+//! `coli serve --web` (`coli web`): the web page and the JSON endpoints it polls.
 //!
 //! The page is plain files in `tools/web/` (HTML, CSS, JavaScript; no build step), embedded in
 //! the binary with `include_str!` and served from it: nothing is fetched from the network. It
@@ -48,9 +48,27 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 #[derive(Default)]
 pub struct ViewCell {
     view: Mutex<Option<Arc<EngineView>>>,
+    /// When a page last asked for data, ms since the Unix epoch (0: never).
+    polled_ms: std::sync::atomic::AtomicU64,
 }
 
+/// While no page has asked for data for this long, the engine thread publishes views only when
+/// the batch goes idle (building one costs a pass over every expert).
+pub const VIEW_IDLE_AFTER: Duration = Duration::from_secs(10);
+
 impl ViewCell {
+    /// Notes that a page asked for data now.
+    pub fn touch(&self) {
+        self.polled_ms
+            .store(unix_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a page asked for data within [`VIEW_IDLE_AFTER`].
+    pub fn watched(&self) -> bool {
+        let at = self.polled_ms.load(std::sync::atomic::Ordering::Relaxed);
+        unix_ms().saturating_sub(at) < VIEW_IDLE_AFTER.as_millis() as u64
+    }
+
     /// Replaces the view.
     pub fn publish(&self, view: EngineView) {
         *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(view));
@@ -225,6 +243,9 @@ async fn state(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let m = &app.metrics;
+    if let Some(c) = &app.view {
+        c.touch();
+    }
     let view = app.view.as_ref().and_then(|c| c.get());
     let lookups = |result: &str| {
         m.expert_lookups
@@ -297,6 +318,9 @@ async fn state(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 async fn experts(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_key(&app, &headers) {
         return e.into_response();
+    }
+    if let Some(c) = &app.view {
+        c.touch();
     }
     match app.view.as_ref().and_then(|c| c.get()) {
         Some(v) => Json(json!({"at_ms": v.at_ms, "map": &v.experts})).into_response(),

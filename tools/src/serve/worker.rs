@@ -503,16 +503,18 @@ impl Scheduler<'_, '_> {
         }
     }
 
-    /// Publishes the engine view for `coli web` (expert map, memory plan, drives) when the
-    /// last one is older than [`super::web::VIEW_INTERVAL`] or `force` (the batch went idle).
+    /// Publishes the engine view for `coli web` (expert map, memory plan, drives) when a page
+    /// polled lately and the last view is older than [`super::web::VIEW_INTERVAL`], or on
+    /// `force` (the batch went idle).
     fn publish_view(&mut self, force: bool) {
         let Some(cell) = &self.shared.view else {
             return;
         };
         if !force
-            && self
-                .view_at
-                .is_some_and(|t| t.elapsed() < super::web::VIEW_INTERVAL)
+            && (!cell.watched()
+                || self
+                    .view_at
+                    .is_some_and(|t| t.elapsed() < super::web::VIEW_INTERVAL))
         {
             return;
         }
@@ -756,9 +758,13 @@ impl Scheduler<'_, '_> {
         // A prompt whose prefill is the only work (nothing decoding, nothing queued) runs all
         // its remaining chunks in this step, layer by layer (`Engine::prefill_sequence`): each
         // layer's experts are read once for all of them instead of once per step. The same
-        // bits; a request arriving meanwhile waits for it.
-        let whole =
-            decode_rows == 0 && self.active.len() == 1 && self.metrics().queue_depth.get() == 0;
+        // bits; a request arriving meanwhile waits for it. A client that leaves or a shutdown
+        // stops it between layers (the sequence rolls back; after a shutdown the prompt goes on
+        // one chunk per step, within the grace period).
+        let whole = decode_rows == 0
+            && self.active.len() == 1
+            && self.metrics().queue_depth.get() == 0
+            && !self.shared.shutdown.started();
         if whole {
             if let [Feed::Prefill { req, end }] = &mut feeds[..] {
                 let len = self.active[*req].job.prompt.len();
@@ -824,10 +830,14 @@ impl Scheduler<'_, '_> {
                 })
                 .collect();
             let r = match (&feeds[..], &mut items[..]) {
-                ([Feed::Prefill { .. }], [item]) if whole => self
-                    .eng
-                    .prefill_sequence(&mut *item.seq, item.ids, Logits::Last)
-                    .map(|l| vec![l]),
+                ([Feed::Prefill { req, .. }], [item]) if whole => {
+                    let job = &self.active[*req].job;
+                    let shutdown = &self.shared.shutdown;
+                    let stop = || job.cancelled() || shutdown.started();
+                    self.eng
+                        .prefill_sequence(&mut *item.seq, item.ids, Logits::Last, &stop)
+                        .map(|l| vec![l])
+                }
                 _ => self.eng.forward_many(&mut items),
             };
             drop(items);
@@ -864,6 +874,12 @@ impl Scheduler<'_, '_> {
         }
         let logits = match result {
             Ok(l) => l,
+            Err(coli_engine::EngineError::Stopped) => {
+                // A lone prefill stopped for a client that left or a shutdown: rolled back;
+                // reap frees a cancelled request, a shutdown goes on chunk by chunk.
+                self.reap();
+                return;
+            }
             Err(e) => {
                 // Every sequence of the pass was rolled back; its requests fail.
                 let msg = e.to_string();
