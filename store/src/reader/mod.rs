@@ -178,7 +178,7 @@ impl Store {
 
     /// The drive an unstriped read of `key` goes to now: 0 for the primary (always, for a
     /// store opened without mirrors), k for the k-th mirror in the order given; the assignment
-    /// is deterministic and weighted ([`crate::mirror::assign`]) and skips drives that left
+    /// is deterministic and weighted ([`crate::mirror::assign::assign`]) and skips drives that left
     /// the rotation. A record at or above the stripe threshold is read in pieces from all of
     /// its holders instead. `None` for a key not in the store.
     pub fn drive_of(&self, key: ExpertKey) -> Option<u32> {
