@@ -944,12 +944,7 @@ impl<'s> Engine<'s> {
             ..
         } = self;
         let logits = pool.install(|| -> Result<Vec<Vec<f32>>> {
-            let mut x = vec![0f32; n * h];
-            for (t, &id) in chunks.iter().flat_map(|c| c.iter()).enumerate() {
-                model
-                    .embed
-                    .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
-            }
+            let mut x = embed_rows(model, chunks.iter().flat_map(|c| c.iter()), n);
             let handle = cache.clone();
             let mut ctx = LayerCtx {
                 rope: &model.rope,
@@ -1004,13 +999,7 @@ impl<'s> Engine<'s> {
                 }
                 Ok(())
             };
-            match lookahead {
-                Lookahead::PredictAndRead => {
-                    crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?
-                }
-                Lookahead::Predict => run(Some(None))?,
-                Lookahead::Off => run(None)?,
-            }
+            with_lookahead(lookahead, store, &handle, &mut run)?;
             if let Some(m) = seq.mtp.as_mut() {
                 let start = m.hidden.len();
                 m.hidden.resize(start + x.len(), 0.0);
@@ -1021,18 +1010,7 @@ impl<'s> Engine<'s> {
                 Logits::All => (0..n).collect(),
             };
             let vocab = model.spec.vocab_size;
-            let mut xs = Vec::with_capacity(rows.len() * h);
-            for &t in &rows {
-                xs.extend_from_slice(&x[t * h..(t + 1) * h]);
-            }
-            let mut normed = vec![0f32; xs.len()];
-            model.final_norm.forward(&xs, &mut normed);
-            let mut l = vec![0f32; rows.len() * vocab];
-            if rows.len() == 1 {
-                coli_kernels::matvec(&model.lm_head, &normed, &mut l);
-            } else {
-                coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
-            }
+            let l = logits_of_rows(model, &x, &rows);
             Ok(l.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
         })?;
         for c in chunks {
@@ -1191,12 +1169,7 @@ impl<'s> Engine<'s> {
             t.begin_pass();
         }
         let logits = pool.install(|| -> Result<Vec<Vec<Vec<f32>>>> {
-            let mut x = vec![0f32; n * h];
-            for (t, &id) in ids.iter().flat_map(|ids| ids.iter()).enumerate() {
-                model
-                    .embed
-                    .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
-            }
+            let mut x = embed_rows(model, ids.iter().flat_map(|ids| ids.iter()), n);
             let handle = cache.clone();
             let mut ctx = LayerCtx {
                 rope: &model.rope,
@@ -1228,13 +1201,7 @@ impl<'s> Engine<'s> {
                 }
                 Ok(())
             };
-            match lookahead {
-                Lookahead::PredictAndRead => {
-                    crate::prefetch::with_prefetcher(store, &handle, |pf| run(Some(Some(pf)))).0?
-                }
-                Lookahead::Predict => run(Some(None))?,
-                Lookahead::Off => run(None)?,
-            }
+            with_lookahead(lookahead, store, &handle, &mut run)?;
             // Sequences that draft with the MTP layer keep every row's final hidden state.
             let mut r0 = 0;
             for (s, span) in seqs.iter_mut().zip(&spans) {
@@ -1261,20 +1228,7 @@ impl<'s> Engine<'s> {
                 r0 += s.n;
             }
             let vocab = model.spec.vocab_size;
-            let mut l = vec![0f32; rows.len() * vocab];
-            if !rows.is_empty() {
-                let mut xs = Vec::with_capacity(rows.len() * h);
-                for &t in &rows {
-                    xs.extend_from_slice(&x[t * h..(t + 1) * h]);
-                }
-                let mut normed = vec![0f32; xs.len()];
-                model.final_norm.forward(&xs, &mut normed);
-                if rows.len() == 1 {
-                    coli_kernels::matvec(&model.lm_head, &normed, &mut l);
-                } else {
-                    coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
-                }
-            }
+            let l = logits_of_rows(model, &x, &rows);
             let mut all = l.chunks_exact(vocab).map(<[f32]>::to_vec);
             Ok(counts
                 .iter()
@@ -1561,6 +1515,57 @@ fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
         })
         .sum();
     (values * std::mem::size_of::<f32>()) as u64
+}
+
+/// The embeddings of `ids`, `[n, H]` f32 (one row per id, in order).
+fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usize) -> Vec<f32> {
+    let h = model.spec.hidden_size;
+    let mut x = vec![0f32; n * h];
+    for (t, &id) in ids.enumerate() {
+        model
+            .embed
+            .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
+    }
+    x
+}
+
+/// Logits of rows `rows` of the residual stream `x` (`[N, H]`): final norm, then `lm_head`
+/// (matvec for one row, matmul for more: the same bits per row). `[rows.len() * vocab]` f32.
+fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
+    let h = model.spec.hidden_size;
+    let mut l = vec![0f32; rows.len() * model.spec.vocab_size];
+    if rows.is_empty() {
+        return l;
+    }
+    let mut xs = Vec::with_capacity(rows.len() * h);
+    for &t in rows {
+        xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+    }
+    let mut normed = vec![0f32; xs.len()];
+    model.final_norm.forward(&xs, &mut normed);
+    if rows.len() == 1 {
+        coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+    } else {
+        coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+    }
+    l
+}
+
+/// Runs `run` with the lookahead the placement policy chose: with the prefetch thread
+/// (`Some(Some(pf))`), predicting only (`Some(None)`), or without (`None`).
+fn with_lookahead(
+    lookahead: Lookahead,
+    store: &Store,
+    cache: &ExpertCache,
+    mut run: impl FnMut(Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>) -> Result<()>,
+) -> Result<()> {
+    match lookahead {
+        Lookahead::PredictAndRead => {
+            crate::prefetch::with_prefetcher(store, cache, |pf| run(Some(Some(pf)))).0
+        }
+        Lookahead::Predict => run(Some(None)),
+        Lookahead::Off => run(None),
+    }
 }
 
 /// `-log_softmax(logits)[target]` in f64.

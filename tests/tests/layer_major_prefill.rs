@@ -23,6 +23,15 @@ fn token_major(e: &mut Engine<'_>, ids: &[u32], chunk: usize, which: Logits) -> 
     out
 }
 
+/// The fixture's prompt, repeated to `len` tokens.
+fn prompt_of(name: &str, len: usize) -> Vec<u32> {
+    let mut prompt = ids(&expected(name)["prompt_ids"]);
+    while prompt.len() < len {
+        prompt.extend_from_within(..prompt.len().min(len - prompt.len()));
+    }
+    prompt
+}
+
 fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
     rows.iter()
         .map(|r| r.iter().map(|v| v.to_bits()).collect())
@@ -32,13 +41,9 @@ fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
 #[test]
 fn layer_major_prefill_gives_the_token_major_bits() {
     for name in FIXTURE_FAMILIES {
-        let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "int4_store");
-        let mut prompt = ids(&exp["prompt_ids"]);
         // Long enough for several chunks of 3 after a cached prefix of 4.
-        while prompt.len() < 14 {
-            prompt.extend_from_within(..prompt.len().min(14 - prompt.len()));
-        }
+        let prompt = prompt_of(name, 14);
         let store = open_store(&dir, true, IoPreference::Auto);
         let opts = EngineOptions {
             ram_budget: Some(u64::MAX),
@@ -81,12 +86,8 @@ fn layer_major_prefill_gives_the_token_major_bits() {
 #[test]
 fn layer_major_prefill_reads_a_layers_experts_once_per_prompt() {
     let name = "olmoe_fp8";
-    let exp = expected(name);
     let (_tmp, dir) = convert_fixture(name, "int4_store");
-    let mut prompt = ids(&exp["prompt_ids"]);
-    while prompt.len() < 24 {
-        prompt.extend_from_within(..prompt.len().min(24 - prompt.len()));
-    }
+    let prompt = prompt_of(name, 24);
     let probe = open_store(&dir, true, IoPreference::Auto);
     let layer0: u64 = probe
         .index()
@@ -138,12 +139,8 @@ fn layer_major_prefill_reads_a_layers_experts_once_per_prompt() {
 #[test]
 fn prefill_sequence_matches_forward_and_stops_cleanly() {
     for name in ["deepseek_v3_fp8", "glm5_fp8", "mixtral_fp8"] {
-        let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "int4_store");
-        let mut prompt = ids(&exp["prompt_ids"]);
-        while prompt.len() < 14 {
-            prompt.extend_from_within(..prompt.len().min(14 - prompt.len()));
-        }
+        let prompt = prompt_of(name, 14);
         let store = open_store(&dir, true, IoPreference::Auto);
         let opts = EngineOptions {
             ram_budget: Some(u64::MAX),

@@ -226,25 +226,33 @@ function drawFigures() {
   }
 }
 
-function drawBar(barId, legendId, parts) {
-  const bar = $(barId), legend = $(legendId);
-  const total = parts.reduce((x, p) => x + p.value, 0);
-  bar.textContent = "";
-  legend.textContent = "";
-  for (const p of parts) {
-    const seg = document.createElement("div");
-    seg.style.width = total > 0 ? (100 * p.value / total) + "%" : "0";
-    seg.style.background = p.color;
-    seg.title = p.label;
-    bar.appendChild(seg);
+// A legend: a colour swatch and a label per item ({label, color}).
+function drawLegend(el, items) {
+  el.textContent = "";
+  for (const p of items) {
     const item = document.createElement("span");
     const sw = document.createElement("span");
     sw.className = "sw";
     sw.style.background = p.color;
     item.appendChild(sw);
     item.appendChild(document.createTextNode(p.label));
-    legend.appendChild(item);
+    el.appendChild(item);
   }
+}
+
+// A stacked bar of parts ({label, value, color}) and its legend.
+function drawBar(barId, legendId, parts) {
+  const bar = $(barId);
+  const total = parts.reduce((x, p) => x + p.value, 0);
+  bar.textContent = "";
+  for (const p of parts) {
+    const seg = document.createElement("div");
+    seg.style.width = total > 0 ? (100 * p.value / total) + "%" : "0";
+    seg.style.background = p.color;
+    seg.title = p.label;
+    bar.appendChild(seg);
+  }
+  drawLegend($(legendId), parts);
 }
 
 function drawSpark() {
@@ -374,17 +382,7 @@ function drawHeat() {
   for (const dr of [...drives].sort((x, y) => x - y)) {
     legend.push({ label: dr === 0 ? "on disk (primary)" : "on disk (mirror " + dr + ")", color: residencyColor("disk", dr) });
   }
-  const el = $("heat-legend");
-  el.textContent = "";
-  for (const p of legend) {
-    const item = document.createElement("span");
-    const sw = document.createElement("span");
-    sw.className = "sw";
-    sw.style.background = p.color;
-    item.appendChild(sw);
-    item.appendChild(document.createTextNode(p.label));
-    el.appendChild(item);
-  }
+  drawLegend($("heat-legend"), legend);
 }
 
 $("heatmap").addEventListener("mousemove", (ev) => {
