@@ -15,7 +15,8 @@ Checks:
   change;
 - the browser console has no error of the page's own (the wrong-key phase's 401s aside), and
   the page made no request outside the server;
-- a screenshot is written to $COLI_WEB_ARTIFACTS (default $CARGO_TARGET_DIR/web-test).
+- a screenshot is written to $COLI_WEB_ARTIFACTS (default $CARGO_TARGET_DIR/web-test);
+- when the server stops, the page says it is unreachable and marks its figures stale.
 
 Run from the repository root after `cargo build -p coli-convert -p coli-tools`, with the packages
 of tools/demo/requirements.txt (--no-deps), tests/serve/requirements.txt and
@@ -251,6 +252,13 @@ def main():
             "return performance.getEntriesByType('resource').map(e => e.name)")
         outside = [u for u in urls if not u.startswith(origin)]
         check(outside == [], f"the page made no request outside the server ({outside})")
+
+        # --- the server goes away: the page says so and greys its figures
+        server.stop()
+        wait_for("the page to notice the server is gone", lambda: "unreachable" in el("status").text
+                 and driver.execute_script("return document.body.classList.contains('stale')"), 30)
+        check("from before" in el("window").text,
+              f"server gone: the page says so and marks the figures stale ({el('window').text!r})")
     finally:
         if driver is not None:
             driver.quit()

@@ -24,6 +24,9 @@ const page = {
   abort: null,       // AbortController of the reply streaming now
   statePolls: 0,
   expertPolls: 0,
+  failures: 0,       // polls failed in a row
+  skip: 0,           // state polls still to skip (backing off)
+  context: null,     // the server's context, tokens
 };
 
 function headers(extra) {
@@ -73,9 +76,35 @@ $("key-form").addEventListener("submit", (e) => {
 // ---- polling ----
 // A failed poll: the server is gone, or this page has a bug; either way it goes to the console
 // (the browser test fails on console errors).
+// Polls back off while the server cannot be reached (up to 16 polls skipped), and only the
+// first failure of a run goes to the console.
 function failed(err) {
-  setStatus(err instanceof TypeError && /fetch/i.test(err.message) ? "server unreachable" : "page error", "bad");
-  console.error("coli web:", err);
+  const unreachable = err instanceof TypeError && /fetch/i.test(err.message);
+  setStatus(unreachable ? "server unreachable" : "page error", "bad");
+  if (page.failures === 0) console.error("coli web:", err);
+  page.failures++;
+  page.skip = Math.min(16, 2 ** Math.min(4, page.failures));
+  document.body.classList.add("stale");
+  $("window").textContent = unreachable
+    ? "server unreachable: the figures below are from before"
+    : "the page failed to read the figures";
+}
+
+// A poll that reached the server ends a run of failures.
+function reached() {
+  if (page.failures > 0) console.info("coli web: the server answers again");
+  page.failures = 0;
+  page.skip = 0;
+  document.body.classList.remove("stale");
+}
+
+// Whether this interval's poll is skipped (backing off after failures).
+function backingOff() {
+  if (page.skip > 0) {
+    page.skip--;
+    return true;
+  }
+  return false;
 }
 
 async function getJson(path) {
@@ -88,12 +117,14 @@ async function getJson(path) {
   return r.json();
 }
 
-async function pollState() {
-  if (page.needKey || page.statePending) return;
+async function pollState(fromTimer) {
+  if (page.needKey || page.statePending || (fromTimer && backingOff())) return;
   page.statePending = true;
   try {
     const s = await getJson("/web/api/state");
+    reached();
     if (!s) return;
+    page.context = s.server.context;
     page.statePolls++;
     document.body.dataset.statePolls = String(page.statePolls);
     setStatus("live", "ok");
@@ -123,7 +154,7 @@ async function pollState() {
 }
 
 async function pollExperts() {
-  if (page.needKey || page.expertsPending) return;
+  if (page.needKey || page.expertsPending || page.failures > 0) return;
   page.expertsPending = true;
   try {
     const e = await getJson("/web/api/experts");
@@ -331,7 +362,8 @@ function residencyColor(res, drive) {
 function heatGeometry(map) {
   const avail = Math.max(300, $("heat-wrap").clientWidth - 40);
   // Wide cells for a few experts per layer, down to 3 px for hundreds.
-  const cw = Math.max(3, Math.min(map.experts <= 32 ? 28 : 16, Math.floor(avail / Math.max(1, map.experts))));
+  const cap = map.experts <= 8 ? 64 : map.experts <= 32 ? 28 : 16;
+  const cw = Math.max(3, Math.min(cap, Math.floor(avail / Math.max(1, map.experts))));
   const ch = Math.max(6, Math.min(18, cw));
   return { cw, ch, left: 36, top: 4 };
 }
@@ -439,7 +471,9 @@ function readSse(buffer, onData) {
 
 async function send(text) {
   const temperature = Number($("temperature").value);
-  const maxTokens = Math.max(1, Math.floor(Number($("max-tokens").value) || 256));
+  // Empty: the server's default (until the reply or the context ends).
+  const asked = Math.floor(Number($("max-tokens").value));
+  const maxTokens = asked >= 1 ? asked : null;
   const chat = $("mode").value === "chat";
   if (chat) page.history.push({ role: "user", content: text });
   addMessage("user", text);
@@ -452,8 +486,9 @@ async function send(text) {
   $("send").disabled = true;
   $("stop").disabled = false;
   try {
-    const common = { model: page.model, stream: true, temperature, max_tokens: maxTokens,
+    const common = { model: page.model, stream: true, temperature,
       stream_options: { include_usage: true } };
+    if (maxTokens != null) common.max_tokens = maxTokens;
     const resp = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
@@ -509,10 +544,22 @@ async function send(text) {
   } catch (err) {
     if (page.abort) page.abort.abort();
     msg.classList.add("failed");
-    meta.textContent = err.name === "AbortError" ? "stopped" : "error: " + err.message;
-    msg.dataset.finish = err.name === "AbortError" ? "stopped" : "error";
-    // The exchange is left out of the conversation sent next.
-    if (chat) page.history.pop();
+    const stopped = err.name === "AbortError";
+    let why = err.message;
+    if (err instanceof TypeError && /fetch/i.test(why)) why = "the server could not be reached";
+    else if (err instanceof TypeError) why = "the connection to the server was lost (" + why + ")";
+    if (chat && stopped && reply) {
+      // A stopped reply stays in the conversation as far as it went.
+      page.history.push({ role: "assistant", content: reply });
+      meta.textContent = "stopped (kept in the conversation as far as it went)";
+    } else {
+      // The exchange is left out of the conversation sent next.
+      if (chat) page.history.pop();
+      meta.textContent = (stopped ? "stopped" : "error: " + why) +
+        (chat ? " (this exchange is left out of the conversation)" : "");
+    }
+    msg.dataset.finish = stopped ? "stopped" : "error";
+    $("messages").scrollTop = $("messages").scrollHeight;
   } finally {
     page.abort = null;
     $("send").disabled = false;
@@ -526,8 +573,13 @@ $("chat-form").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value;
   if (!text.trim() || page.abort) return;
+  if (page.needKey) {
+    askKey(false);
+    $("key-input").focus();
+    return;
+  }
   if (!page.model) {
-    setStatus("waiting for the server", "bad");
+    setStatus("no answer from the server yet", "bad");
     return;
   }
   $("prompt").value = "";
@@ -562,5 +614,5 @@ async function start() {
 }
 
 start();
-setInterval(pollState, STATE_POLL_MS);
+setInterval(() => pollState(true), STATE_POLL_MS);
 setInterval(() => { if (!document.hidden) pollExperts(); }, EXPERTS_POLL_MS);

@@ -55,8 +55,9 @@ pub struct ServeArgs {
     /// TCP port (0 = any free port; the chosen address is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 endpoints. Repeat it for several clients: a
-    /// prefix cached for one key is never reused for another. (COLI_API_KEY: one key.)
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints and the web page's data
+    /// (/web/api/state, /web/api/experts). Repeat it for several clients: a prefix cached for
+    /// one key is never reused for another. (COLI_API_KEY: one key.)
     #[arg(
         long = "api-key",
         value_name = "KEY",
