@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 10] = [
+pub const FIXTURE_FAMILIES: [&str; 11] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -19,6 +19,7 @@ pub const FIXTURE_FAMILIES: [&str; 10] = [
     "glm4_moe_fp8",
     "minimax_m2_fp8",
     "deepseek_v32_fp8",
+    "inkling_bf16",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).
@@ -247,12 +248,23 @@ pub fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-/// The largest `|a[i] - b[i]|`.
+/// The largest `|a[i] - b[i]|` of the engine's logits `a` and transformers' `b`. A padded
+/// output head (Inkling's `unpadded_vocab_size`) gives `a` more entries than `b`: those must
+/// be -inf (transformers drops them).
 ///
 /// # Panics
-/// If the lengths differ.
+/// If `a` is shorter than `b` or its extra entries are not -inf.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
+    assert!(
+        a.len() >= b.len(),
+        "{} logits, expected {}",
+        a.len(),
+        b.len()
+    );
+    assert!(
+        a[b.len()..].iter().all(|&x| x == f32::NEG_INFINITY),
+        "logits past the unpadded vocabulary must be -inf"
+    );
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())

@@ -12,6 +12,9 @@
 //! - [`ExpertStorage::FusedInterleaved`]: `gate_up_proj` `[E, H, 2I]` (`hidden @ gate_up_proj`):
 //!   gate `[i][c] = t[e][c][2i]`, up `[i][c] = t[e][c][2i + 1]`; `down_proj` `[E, I, H]`:
 //!   down `[h][i] = t[e][i][h]`.
+//! - [`ExpertStorage::FusedW13`] (Inkling): `w13_weight` `[E, 2I, H]`: gate row `i` is row
+//!   `2i`, up row `i` row `2i + 1` (transformers' `Interleave(dim=1)`); `w2_weight` `[E, H, I]`
+//!   is down as it is.
 //! - Biases `gate_up_proj_bias` `[E, 2I]` (interleaved the same way) and `down_proj_bias`
 //!   `[E, H]`, widened to f32 exactly.
 
@@ -334,6 +337,28 @@ pub fn gather<'a>(
                     gud,
                 ),
                 (gather_t(d, dd.size(), h, i, h, &|r| r), h, i, &dn, dsh, dd),
+            ];
+            for (bytes, rows, cols, name, shard, dtype) in parts {
+                let (enc, st) = encode_slice(name, shard, dtype, rows, cols, &bytes, encoding)?;
+                stats.add(st);
+                mats.push(enc);
+            }
+        }
+        ExpertStorage::FusedW13 => {
+            // gate = even rows, up = odd rows of the expert's [2I, H]; down its [H, I].
+            let (gun, gush, gud, gu) = take(format!("{p}.w13_weight"))?;
+            let (dn, dsh, dd, d) = take(format!("{p}.w2_weight"))?;
+            let row = h * gud.size();
+            let rows_of = |parity: usize| -> Vec<u8> {
+                (0..i)
+                    .flat_map(|r| &gu[(2 * r + parity) * row..(2 * r + parity + 1) * row])
+                    .copied()
+                    .collect()
+            };
+            let parts = [
+                (rows_of(0), i, h, &gun, gush, gud),
+                (rows_of(1), i, h, &gun, gush, gud),
+                (d.to_vec(), h, i, &dn, dsh, dd),
             ];
             for (bytes, rows, cols, name, shard, dtype) in parts {
                 let (enc, st) = encode_slice(name, shard, dtype, rows, cols, &bytes, encoding)?;

@@ -216,20 +216,9 @@ pub fn source_matrix<'a>(
     let (shard, info) = ck
         .get(name)
         .ok_or_else(|| terr(name, "missing from the checkpoint"))?;
-    let (rows, cols) = match info.shape.len() {
-        1 => (1, info.shape[0]),
-        2 => (info.shape[0], info.shape[1]),
-        0 => (1, 1),
-        n => {
-            return Err(terr(
-                name,
-                format!(
-                    "has {n} dimensions {:?} ({}); only 1-D and 2-D tensors are supported",
-                    info.shape, shard.name
-                ),
-            ))
-        }
-    };
+    // N-D tensors (stacked shared experts, convolution weights) are their leading dimensions'
+    // product of rows of the last one, as the store keeps them (coli_format::matrix_dims).
+    let (rows, cols) = coli_format::matrix_dims(&info.shape).unwrap_or((1, 1));
     let mut regions = vec![(shard, info)];
     let scales = if info.dtype == Dtype::F8E4M3 {
         let sname_owned = format!("{name}_scale_inv");
@@ -645,17 +634,6 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                     ))
                 }
             }
-        }
-        if info.shape.len() > 2 {
-            return Err(terr(
-                name,
-                format!(
-                    "has {} dimensions {:?} ({}); only 1-D and 2-D tensors are supported",
-                    info.shape.len(),
-                    info.shape,
-                    shard.name
-                ),
-            ));
         }
         let Some(t) = dense_spec.get(name.as_str()) else {
             unused.push(name.clone());

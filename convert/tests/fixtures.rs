@@ -78,7 +78,12 @@ fn tiny_fixtures_convert_and_match_probe() {
                 .get("num_nextn_predict_layers")
                 .and_then(Value::as_u64)
                 .unwrap_or(0) as usize;
-            let moe_layers = layers - first_dense + mtp;
+            // A fixture whose dense layers are not the first ones (Inkling's mlp_layer_types)
+            // states its MoE layer count.
+            let moe_layers = dims
+                .get("moe_layers")
+                .and_then(Value::as_u64)
+                .map_or(layers - first_dense + mtp, |n| n as usize);
             assert_eq!(st.index().len(), moe_layers * experts, "{}", dir.display());
             assert_eq!(st.manifest().expert_layers.len(), moe_layers);
             if let Some(ml) = dims.get("mtp_layer").and_then(Value::as_u64) {

@@ -510,15 +510,12 @@ impl<'s> Engine<'s> {
                 } else {
                     "expanded"
                 }),
-                SelfAttn::Gqa(_) => None,
+                SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => None,
             })
             .unwrap_or("none");
         let mtp = self.model.mtp.as_ref().map(|m| MtpLayout {
             kv_dim: m.kv_dim(),
-            v_dim: match &m.decoder.attn {
-                SelfAttn::Gqa(a) => a.kv_dim(),
-                SelfAttn::Mla(_) => 0,
-            },
+            v_dim: m.decoder.attn.v_dim(),
             hidden_size: self.model.spec.hidden_size,
         });
         // The store id names the conversion; the checksums in MANIFEST and INDEX name the bytes.
@@ -1487,16 +1484,10 @@ impl<'s> Engine<'s> {
     }
 }
 
-/// f32 values per position of each layer's `v` cache rows (GQA: `kv_dim`; MLA: 0).
+/// f32 values per position of each layer's `v` cache rows (GQA: `kv_dim`; MLA: 0; Inkling:
+/// its state row).
 fn layer_v_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
-    use crate::layers::SelfAttn;
-    layers
-        .iter()
-        .map(|l| match &l.attn {
-            SelfAttn::Gqa(a) => a.kv_dim(),
-            SelfAttn::Mla(_) => 0,
-        })
-        .collect()
+    layers.iter().map(|l| l.attn.v_dim()).collect()
 }
 
 /// f32 values per position of each layer's KV cache (`LayerKv::k` row width).
@@ -1506,13 +1497,9 @@ fn layer_kv_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
 
 /// Bytes of KV cache per token of `layers` (see [`Engine::kv_bytes_per_token`]).
 fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
-    use crate::layers::SelfAttn;
     let values: usize = layers
         .iter()
-        .map(|l| match &l.attn {
-            SelfAttn::Gqa(a) => 2 * a.kv_dim(),
-            SelfAttn::Mla(a) => a.kv_dim(),
-        })
+        .map(|l| l.attn.kv_dim() + l.attn.v_dim())
         .sum();
     (values * std::mem::size_of::<f32>()) as u64
 }
@@ -1525,6 +1512,9 @@ fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usiz
         model
             .embed
             .dequantize_row(id as usize, &mut x[t * h..(t + 1) * h]);
+    }
+    if let Some(norm) = &model.embed_norm {
+        norm.forward_inplace(&mut x);
     }
     x
 }
@@ -1543,10 +1533,42 @@ fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
     }
     let mut normed = vec![0f32; xs.len()];
     model.final_norm.forward(&xs, &mut normed);
-    if rows.len() == 1 {
-        coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+    let out = model.output;
+    if out.divisor != 1.0 {
+        for v in &mut normed {
+            *v /= out.divisor;
+        }
+    }
+    let vocab = model.spec.vocab_size;
+    // Only the unpadded rows of lm_head are logits; the rest are -inf.
+    let head = if out.vocab < vocab {
+        model.lm_head.row_range(0, out.vocab)
     } else {
-        coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+        None
+    };
+    match head {
+        Some(head) => {
+            let mut part = vec![0f32; rows.len() * out.vocab];
+            if rows.len() == 1 {
+                coli_kernels::matvec(&head, &normed, &mut part);
+            } else {
+                coli_kernels::matmul(&head, &normed, rows.len(), &mut part);
+            }
+            for (dst, src) in l.chunks_exact_mut(vocab).zip(part.chunks_exact(out.vocab)) {
+                dst[..out.vocab].copy_from_slice(src);
+                dst[out.vocab..].fill(f32::NEG_INFINITY);
+            }
+        }
+        None => {
+            if rows.len() == 1 {
+                coli_kernels::matvec(&model.lm_head, &normed, &mut l);
+            } else {
+                coli_kernels::matmul(&model.lm_head, &normed, rows.len(), &mut l);
+            }
+            for dst in l.chunks_exact_mut(vocab) {
+                dst[out.vocab..].fill(f32::NEG_INFINITY);
+            }
+        }
     }
     l
 }

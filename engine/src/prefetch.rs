@@ -135,7 +135,8 @@ pub fn predict_routes(
     match &layer.ffn {
         Ffn::Moe(m) => Some((m.layer, m.route(&normed(), n))),
         Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.route(&normed(), n))),
-        Ffn::Dense(_) => None,
+        Ffn::SinkMoe(m) => Some((m.experts.layer, m.route(&normed(), n).0)),
+        Ffn::Dense(_) | Ffn::FusedDense(_) => None,
     }
 }
 

@@ -24,6 +24,7 @@ fn purpose(t: &TensorSpec) -> String {
         TensorKind::Router => "router weight",
         TensorKind::Norm => "normalization weight",
         TensorKind::Bias => "bias",
+        TensorKind::Conv => "short-convolution weight",
     };
     match t.class {
         TensorClass::Mtp => format!("{what} of the MTP layer"),

@@ -31,7 +31,7 @@ pub mod spec;
 pub use encoding::{Codec, Encoding, ErrSums};
 pub use error::FormatError;
 pub use key::ExpertKey;
-pub use matrix::MatrixView;
+pub use matrix::{matrix_dims, MatrixView};
 pub use record::RecordLayout;
 pub use size::parse_size;
 pub use spec::{Family, ModelSpec};

@@ -20,7 +20,44 @@ pub struct MatrixView<'a> {
     e8m0_scales: &'a [u8],
 }
 
+/// The `(rows, cols)` matrix view of a tensor of shape `shape`: `[n]` is one row `[1, n]`, a
+/// 2-D `[rows, cols]` is itself, and an N-D shape `[d0, .., dk, cols]` is `[d0 * .. * dk, cols]`
+/// (row-major, the last dimension contiguous: a stacked `[S, 2I, H]` tensor is its `S * 2I`
+/// rows of `H`, a convolution weight `[C, 1, K]` its `C` rows of `K` taps). None for a 0-D
+/// shape or one whose row count overflows.
+pub fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
+    let (&cols, lead) = shape.split_last()?;
+    let rows = lead.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    Some((rows, cols))
+}
+
 impl<'a> MatrixView<'a> {
+    /// Rows `r0..r1` of this matrix as a view of its own (borrowing the same sections), or
+    /// None when the range is empty, out of bounds, or cuts through a block of scales: FP8's
+    /// 128x128 blocks need `r0` a multiple of 128 and `r1` one too or the last row; every other
+    /// encoding scales whole rows (int4 per group of a row, int8 per row, mxfp4 per 32 columns
+    /// of a row) and slices anywhere.
+    pub fn row_range(&self, r0: usize, r1: usize) -> Option<MatrixView<'a>> {
+        if r0 >= r1 || r1 > self.rows {
+            return None;
+        }
+        let (e, c) = (self.encoding, self.cols);
+        if e == Encoding::Fp8 {
+            let b = crate::encoding::fp8::FP8_BLOCK;
+            if !r0.is_multiple_of(b) || !(r1.is_multiple_of(b) || r1 == self.rows) {
+                return None;
+            }
+        }
+        let (w0, w1) = (e.weight_bytes(r0, c), e.weight_bytes(r1, c));
+        let (s0, s1) = (e.scale_count(r0, c), e.scale_count(r1, c));
+        let (scales, e8m0) = if self.e8m0_scales.is_empty() {
+            (self.scales.get(s0..s1).unwrap_or(&[]), &[][..])
+        } else {
+            (&[][..], &self.e8m0_scales[s0..s1])
+        };
+        Self::checked(e, r1 - r0, c, &self.data[w0..w1], scales, e8m0).ok()
+    }
+
     /// A view of a `[rows, cols]` matrix of `encoding` with weight section `data`
     /// (`encoding.weight_bytes(rows, cols)` bytes) and scales `scales`
     /// (`encoding.scale_count(rows, cols)` f32 values). For mxfp4, whose scales are e8m0

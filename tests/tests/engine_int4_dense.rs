@@ -51,7 +51,10 @@ fn int4_dense_stores_match_transformers_on_every_family() {
         let cfg: Value =
             serde_json::from_slice(&std::fs::read(fixture_dir(name).join("config.json")).unwrap())
                 .unwrap();
-        let n_layers = cfg["num_hidden_layers"].as_u64().unwrap() as u32;
+        let n_layers = cfg["num_hidden_layers"]
+            .as_u64()
+            .or_else(|| cfg["text_config"]["num_hidden_layers"].as_u64())
+            .unwrap() as u32;
         let main = |n: &str| layer_of(n).is_none_or(|l| l < n_layers);
         for e in m.dense.iter().filter(|e| main(&e.name)) {
             let enc = Encoding::from_id(e.encoding, e.group_size).unwrap();

@@ -3,6 +3,7 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
+use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
 use crate::layers::moe::Routing;
 use crate::layers::{Attention, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe};
 use crate::trace::RoutingTrace;
@@ -20,6 +21,10 @@ pub enum Ffn<'s> {
     Dense(Mlp<'s>),
     /// DeepSeek-V3 grouped sigmoid routing with shared experts.
     SigmoidMoe(SigmoidMoe<'s>),
+    /// Inkling's routed experts with the shared-expert sink.
+    SinkMoe(SinkMoe<'s>),
+    /// Inkling's dense MLP (fused gate/up, global scale).
+    FusedDense(FusedMlp<'s>),
 }
 
 /// The attention part of a layer.
@@ -28,6 +33,8 @@ pub enum SelfAttn<'s> {
     Gqa(Attention<'s>),
     /// Multi-head latent attention (DeepSeek-V3).
     Mla(Mla<'s>),
+    /// Inkling's attention (short convolutions, relative position bias).
+    Inkling(InklingAttention<'s>),
 }
 
 impl SelfAttn<'_> {
@@ -37,8 +44,29 @@ impl SelfAttn<'_> {
         match self {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(a) => a.kv_dim(),
+            SelfAttn::Inkling(a) => a.row_width(),
         }
     }
+
+    /// f32 values per token in this layer's `LayerKv::v` rows: GQA's `kv_dim`, none for MLA,
+    /// Inkling's full state row.
+    pub fn v_dim(&self) -> usize {
+        match self {
+            SelfAttn::Gqa(a) => a.kv_dim(),
+            SelfAttn::Mla(_) => 0,
+            SelfAttn::Inkling(a) => a.row_width(),
+        }
+    }
+}
+
+/// Inkling's short convolutions over a layer's two sublayer outputs (`attn_sconv`,
+/// `mlp_sconv`), applied before each residual add; their inputs are kept in the layer's state
+/// rows ([`crate::layers::inkling`]).
+pub struct OutputConvs {
+    /// `attn_sconv` `[H, 1, K]`.
+    pub attn: ShortConv,
+    /// `mlp_sconv` `[H, 1, K]`.
+    pub mlp: ShortConv,
 }
 
 /// What a layer needs besides its weights: the rotary tables, the store and the expert cache.
@@ -103,6 +131,8 @@ pub struct DecoderLayer<'s> {
     pub post_norm: RmsNorm,
     /// MoE block or dense MLP.
     pub ffn: Ffn<'s>,
+    /// Inkling's output convolutions (None for every other family).
+    pub output_convs: Option<OutputConvs>,
 }
 
 /// The rows of one sequence in a forward pass over several sequences: `n` consecutive rows of
@@ -152,7 +182,7 @@ impl DecoderLayer<'_> {
     pub fn mla_expansion_width(&self) -> Option<usize> {
         match &self.attn {
             SelfAttn::Mla(m) => Some(m.num_heads * (m.nope + m.v_dim)),
-            SelfAttn::Gqa(_) => None,
+            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => None,
         }
     }
 
@@ -162,7 +192,7 @@ impl DecoderLayer<'_> {
     pub fn reads_previous_layer(&self) -> bool {
         match &self.attn {
             SelfAttn::Mla(m) => matches!(m.dsa, Some(crate::layers::mla::Dsa::Shared { .. })),
-            SelfAttn::Gqa(_) => false,
+            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => false,
         }
     }
 
@@ -212,7 +242,9 @@ impl DecoderLayer<'_> {
         match &self.attn {
             SelfAttn::Gqa(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Mla(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
+            SelfAttn::Inkling(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
         }
+        self.output_conv(spans, kvs, true, &mut delta);
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }
@@ -240,10 +272,51 @@ impl DecoderLayer<'_> {
                 ctx.record_usage(m.experts.layer, &routes);
                 m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
             }
+            Ffn::SinkMoe(m) => {
+                let (routes, gammas) = m.route(&normed, n);
+                if let Some((t, pos0)) = trace {
+                    t.routed(m.experts.layer, pos0, &routes);
+                }
+                ctx.record_usage(m.experts.layer, &routes);
+                m.forward_routes(
+                    &normed, n, &routes, &gammas, ctx.store, ctx.cache, &mut delta,
+                )?
+            }
+            Ffn::FusedDense(m) => m.forward(&normed, n, &mut delta),
         }
+        self.output_conv(spans, kvs, false, &mut delta);
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }
         Ok(())
+    }
+
+    /// Inkling: replaces a sublayer's output `delta` (`[N, H]`) by its short convolution
+    /// (`attn_sconv` when `attention`, else `mlp_sconv`), keeping the inputs in the state rows
+    /// (`k` rows for the attention output, `v` rows for the MLP's). Nothing for other layers.
+    fn output_conv(
+        &self,
+        spans: &[Span],
+        kvs: &mut [&mut LayerKv],
+        attention: bool,
+        delta: &mut [f32],
+    ) {
+        let (Some(c), SelfAttn::Inkling(a)) = (&self.output_convs, &self.attn) else {
+            return;
+        };
+        let input = delta.to_vec();
+        let mut states: Vec<&mut Vec<f32>> = kvs
+            .iter_mut()
+            .map(|kv| if attention { &mut kv.k } else { &mut kv.v })
+            .collect();
+        let conv = if attention { &c.attn } else { &c.mlp };
+        conv.forward_spans(
+            &input,
+            spans,
+            &mut states,
+            a.row_width(),
+            a.output_slot(),
+            delta,
+        );
     }
 }

@@ -9,6 +9,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod dsa_indexer;
+pub mod inkling;
 pub mod linear;
 pub mod mla;
 pub mod mlp;
@@ -18,7 +19,7 @@ pub mod rope;
 pub mod sigmoid_router;
 
 pub use attention::{Attention, LayerKv, QkNorm};
-pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, SelfAttn, Span};
+pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, OutputConvs, SelfAttn, Span};
 pub use linear::Linear;
 pub use mla::Mla;
 pub use mlp::Mlp;

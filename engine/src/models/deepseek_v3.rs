@@ -66,6 +66,8 @@ pub(crate) fn load<'s>(
     })?;
     Ok(Parts {
         embed,
+        embed_norm: None,
+        output: crate::models::OutputScaling::identity(spec.vocab_size),
         layers,
         final_norm,
         lm_head,
@@ -209,11 +211,18 @@ pub fn load_layer<'s>(
     let ffn = match &layer.ffn {
         FfnSpec::Moe(m) => Ffn::SigmoidMoe(load_sigmoid_moe(w, spec, m)?),
         FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
+        FfnSpec::FusedDense(_) | FfnSpec::SinkMoe(_) => {
+            return Err(EngineError::Config {
+                file: "config.json".into(),
+                what: format!("layer {} has an Inkling MLP in an MLA model", layer.index),
+            })
+        }
     };
     Ok(DecoderLayer {
         input_norm: w.rms_norm(&layer.input_norm, spec.rms_norm_eps)?,
         attn: SelfAttn::Mla(load_mla(w, spec, layer, attention_factor, slot)?),
         post_norm: w.rms_norm(&layer.post_norm, spec.rms_norm_eps)?,
         ffn,
+        output_convs: None,
     })
 }

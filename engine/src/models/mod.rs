@@ -6,6 +6,7 @@
 pub mod deepseek_v3;
 pub mod glm4_moe;
 pub mod gpt_oss;
+pub mod inkling;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod mtp;
@@ -27,6 +28,11 @@ pub struct Model<'s> {
     pub spec: ModelSpec,
     /// `model.embed_tokens.weight` `[vocab, H]`.
     pub embed: MatrixView<'s>,
+    /// An RMSNorm of every embedding row (Inkling's `embed_norm`), None elsewhere.
+    pub embed_norm: Option<RmsNorm>,
+    /// How the final hidden state becomes logits besides `lm_head` (Inkling's muP divisor and
+    /// unpadded vocabulary).
+    pub output: OutputScaling,
     /// Decoder layers.
     pub layers: Vec<DecoderLayer<'s>>,
     /// `model.norm.weight`.
@@ -65,9 +71,12 @@ impl<'s> Model<'s> {
             Family::GptOss => gpt_oss::load(&mut w, &spec)?,
             Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
             Family::MinimaxM2 => minimax_m2::load(&mut w, &spec)?,
+            Family::Inkling => inkling::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,
+            embed_norm: parts.embed_norm,
+            output: parts.output,
             layers: parts.layers,
             final_norm: parts.final_norm,
             lm_head: parts.lm_head,
@@ -85,7 +94,8 @@ impl<'s> Model<'s> {
         let moe = |l: &DecoderLayer<'_>| match &l.ffn {
             Ffn::Moe(m) => Some((m.layer, m.num_experts)),
             Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.experts.num_experts)),
-            Ffn::Dense(_) => None,
+            Ffn::SinkMoe(m) => Some((m.experts.layer, m.experts.num_experts)),
+            Ffn::Dense(_) | Ffn::FusedDense(_) => None,
         };
         self.layers
             .iter()
@@ -95,9 +105,32 @@ impl<'s> Model<'s> {
     }
 }
 
+/// Inkling's output head: the final hidden state (after `model.norm`) is divided by
+/// `divisor` before `lm_head`, and only the first `vocab` rows of `lm_head` are logits (the
+/// others are set to -inf: no token there can be chosen or sampled). The identity elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OutputScaling {
+    /// `logits_mup_width_multiplier` (1 elsewhere).
+    pub divisor: f32,
+    /// Rows of `lm_head` that are logits (`unpadded_vocab_size`; `vocab_size` elsewhere).
+    pub vocab: usize,
+}
+
+impl OutputScaling {
+    /// The identity for a vocabulary of `vocab` tokens.
+    pub fn identity(vocab: usize) -> OutputScaling {
+        OutputScaling {
+            divisor: 1.0,
+            vocab,
+        }
+    }
+}
+
 /// What a family's loader builds.
 pub(crate) struct Parts<'s> {
     pub embed: MatrixView<'s>,
+    pub embed_norm: Option<RmsNorm>,
+    pub output: OutputScaling,
     pub layers: Vec<DecoderLayer<'s>>,
     pub final_norm: RmsNorm,
     pub lm_head: MatrixView<'s>,
@@ -230,6 +263,7 @@ pub(crate) fn load_moe<'s>(
             renormalize
         }
         Routing::TopKSoftmax => true,
+        Routing::SigmoidSink => false,
     };
     Ok(MoeBlock {
         layer: m.experts.layer,
@@ -284,6 +318,12 @@ pub(crate) fn load_ffn<'s>(
             }
             _ => Ffn::Moe(load_moe(w, spec, m)?),
         },
+        coli_format::spec::FfnSpec::FusedDense(_) | coli_format::spec::FfnSpec::SinkMoe(_) => {
+            return Err(EngineError::Config {
+                file: "config.json".into(),
+                what: "an Inkling MLP in a grouped-query attention model".into(),
+            })
+        }
     })
 }
 
@@ -302,6 +342,7 @@ pub(crate) fn load_gqa_layer<'s>(
         attn: SelfAttn::Gqa(attn),
         post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
         ffn,
+        output_convs: None,
     })
 }
 
@@ -323,6 +364,8 @@ pub(crate) fn assemble_gqa<'s>(
     let lm_head = load_lm_head(w, spec, embed)?;
     Ok(Parts {
         embed,
+        embed_norm: None,
+        output: OutputScaling::identity(spec.vocab_size),
         layers,
         final_norm,
         lm_head,

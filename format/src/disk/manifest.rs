@@ -289,13 +289,10 @@ impl Manifest {
 }
 
 impl DenseEntry {
-    /// The `(rows, cols)` of this tensor's matrix view: `[n]` is `[1, n]`.
+    /// The `(rows, cols)` of this tensor's matrix view ([`crate::matrix_dims`]): `[n]` is
+    /// `[1, n]`, an N-D shape its leading dimensions' product of rows of the last one.
     pub fn rows_cols(&self) -> Option<(usize, usize)> {
-        match self.shape[..] {
-            [n] => Some((1, n)),
-            [r, c] => Some((r, c)),
-            _ => None,
-        }
+        crate::matrix_dims(&self.shape)
     }
 
     /// Checks this entry against the format and dense.bin's length `dense_len`; returns its
@@ -329,7 +326,7 @@ impl DenseEntry {
         }
         let Some((rows, cols)) = e.rows_cols() else {
             return Err(bad(format!(
-                "shape {:?} must have 1 or 2 dimensions",
+                "shape {:?} must have at least 1 dimension",
                 e.shape
             )));
         };

@@ -18,6 +18,7 @@ pub mod deepseek_v32;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
+pub mod inkling;
 mod json;
 pub mod minimax_m2;
 pub mod mixtral;
@@ -27,6 +28,7 @@ pub mod qwen3_moe;
 pub mod tensors;
 
 use crate::FormatError;
+pub use inkling::{InklingSpec, LogScaling};
 pub use json::eos_ids;
 use json::Fields;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
@@ -45,6 +47,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm4_moe",
     "minimax_m2",
     "deepseek_v32",
+    "inkling_text",
 ];
 
 /// A supported model family.
@@ -68,6 +71,8 @@ pub enum Family {
     MinimaxM2,
     /// `deepseek_v32`, DeepSeek-V3.2 ([`deepseek_v32`]).
     DeepseekV32,
+    /// `inkling_text`, the language model of Inkling (`inkling_mm_model`) ([`inkling`]).
+    Inkling,
 }
 
 impl Family {
@@ -86,6 +91,7 @@ impl Family {
             "glm4_moe" => Ok(Family::Glm4Moe),
             "minimax_m2" => Ok(Family::MinimaxM2),
             "deepseek_v32" => Ok(Family::DeepseekV32),
+            "inkling_text" => Ok(Family::Inkling),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -105,6 +111,7 @@ impl Family {
             Family::Glm4Moe => "glm4_moe",
             Family::MinimaxM2 => "minimax_m2",
             Family::DeepseekV32 => "deepseek_v32",
+            Family::Inkling => "inkling_text",
         }
     }
 
@@ -129,13 +136,19 @@ impl Family {
             | Family::Glm4Moe => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
+            // No RoPE: a learned relative position bias.
+            Family::Inkling => 0.0,
         }
     }
 
     /// Default `rms_norm_eps` of the transformers config class.
     fn default_eps(self) -> f64 {
         match self {
-            Family::Qwen3Moe | Family::DeepseekV3 | Family::DeepseekV32 | Family::MinimaxM2 => 1e-6,
+            Family::Qwen3Moe
+            | Family::DeepseekV3
+            | Family::DeepseekV32
+            | Family::MinimaxM2
+            | Family::Inkling => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -171,6 +184,11 @@ pub enum Routing {
         /// `routed_scaling_factor`.
         scaling: f32,
     },
+    /// Inkling (`InklingTopkRouter`): sigmoid scores plus the selection bias choose the top-k
+    /// routed experts; their logits and the shared experts' logits go through `logsigmoid` and
+    /// are normalized together (a softmax whose shared-expert share is a sink), times
+    /// `route_scale * gate.global_scale`. The shared experts take their share.
+    SigmoidSink,
 }
 
 /// The activation between a routed expert's gate/up and down projections.
@@ -270,6 +288,9 @@ pub struct ModelSpec {
     pub eos_token_ids: Vec<u32>,
     /// MLA families: attention, RoPE and routing parameters.
     pub mla: Option<MlaSpec>,
+    /// Inkling: its sliding layers' heads, relative position bias, short convolutions, routing
+    /// and output scaling.
+    pub inkling: Option<InklingSpec>,
     /// Every tensor the model reads.
     pub tensors: ModelTensors,
 }
@@ -384,9 +405,12 @@ fn language_model_config(config: &Value) -> (&Value, &'static str, Option<String
         .get("text_config")
         .filter(|t| t.is_object())
         .filter(|t| {
-            t.get("model_type")
-                .and_then(Value::as_str)
-                .is_some_and(|m| SUPPORTED_MODEL_TYPES.contains(&m))
+            match t.get("model_type").and_then(Value::as_str) {
+                Some(m) => SUPPORTED_MODEL_TYPES.contains(&m),
+                // `InklingConfig` builds its text config as `inkling_text` whatever the
+                // checkpoint's `text_config` says of its type.
+                None => top == Some(inkling::WRAPPER_MODEL_TYPE),
+            }
         });
     match (top, nested) {
         (Some(t), Some(n)) if !SUPPORTED_MODEL_TYPES.contains(&t) => {
@@ -419,9 +443,11 @@ impl ModelSpec {
             file: "config.json",
             prefix,
         };
-        let model_type = f
-            .str("model_type")?
-            .ok_or_else(|| f.err(format!("missing field {prefix}model_type")))?;
+        let model_type = match f.str("model_type")? {
+            Some(m) => m,
+            None if wrapper.as_deref() == Some(inkling::WRAPPER_MODEL_TYPE) => "inkling_text",
+            None => return Err(f.err(format!("missing field {prefix}model_type"))),
+        };
         let family = Family::from_model_type(model_type)?;
         if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
@@ -513,8 +539,10 @@ impl ModelSpec {
             bos_token_id: f.usize("bos_token_id")?.map(|n| n as u32),
             eos_token_ids,
             mla: None,
+            inkling: None,
             tensors: ModelTensors {
                 embed: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Embedding),
+                embed_norm: None,
                 layers: vec![],
                 final_norm: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Norm),
                 lm_head: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::OutputHead),
@@ -531,6 +559,7 @@ impl ModelSpec {
             Family::Glm4Moe => glm4_moe::configure(&f, &mut spec)?,
             Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
             Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
+            Family::Inkling => inkling::configure(config, &f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -558,6 +587,7 @@ impl ModelSpec {
             Family::Glm4Moe => glm4_moe::tensors(&spec),
             Family::MinimaxM2 => minimax_m2::tensors(&spec),
             Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
+            Family::Inkling => inkling::tensors(&spec),
         };
         Ok(spec)
     }
@@ -600,6 +630,12 @@ impl ModelSpec {
         if self.wrapper.is_none() {
             return Some(Cow::Borrowed(name));
         }
+        if self.family == Family::Inkling {
+            // The published Inkling checkpoint names its language model `model.llm.*` (and its
+            // MTP layers `model.mtp.*`); the vision and audio towers (`model.visual.*`,
+            // `model.audio.*`) are not run.
+            return inkling::language_model_tensor(name).then_some(Cow::Borrowed(name));
+        }
         if let Some(rest) = name.strip_prefix("language_model.") {
             return Some(Cow::Borrowed(rest));
         }
@@ -615,7 +651,9 @@ impl ModelSpec {
 
 /// The layer index in a tensor name `model.layers.L.…`, if any.
 pub fn layer_of(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("model.layers.")?;
+    let rest = name
+        .strip_prefix("model.layers.")
+        .or_else(|| name.strip_prefix("model.llm.layers."))?;
     let (num, _) = rest.split_once('.')?;
     num.parse().ok()
 }
@@ -675,6 +713,7 @@ pub(crate) mod build {
                 c,
                 TensorKind::Embedding,
             ),
+            embed_norm: None,
             layers,
             final_norm: norm("model.norm.weight".into(), h, c),
             lm_head: if spec.tie_word_embeddings {

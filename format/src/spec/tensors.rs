@@ -33,6 +33,9 @@ pub enum TensorKind {
     Norm,
     /// A bias vector (1-D): linear biases, the router's `e_score_correction_bias`.
     Bias,
+    /// A depthwise short-convolution weight `[channels, 1, kernel]` (Inkling's `*_sconv`):
+    /// kept in the source precision (transformers keeps them in f32).
+    Conv,
 }
 
 /// Which block of a main layer a dense linear weight belongs to: the converter chooses an
@@ -122,13 +125,11 @@ impl TensorSpec {
         self
     }
 
-    /// `(rows, cols)` of its matrix view: `[n]` is one row.
+    /// `(rows, cols)` of its matrix view ([`crate::matrix_dims`]): `[n]` is one row, an N-D
+    /// shape (Inkling's stacked shared experts `[S, 2I, H]`, convolution weights `[C, 1, K]`)
+    /// the product of its leading dimensions by the last.
     pub fn rows_cols(&self) -> (usize, usize) {
-        match self.shape[..] {
-            [n] => (1, n),
-            [r, c] => (r, c),
-            _ => unreachable!("specs have 1-D or 2-D shapes"),
-        }
+        crate::matrix_dims(&self.shape).expect("specs have at least one dimension")
     }
 }
 
@@ -225,6 +226,9 @@ pub enum AttentionSpec {
         /// softmax over the keys and carries no value.
         sinks: Option<TensorSpec>,
     },
+    /// Inkling's attention: per-head RMS-normalized q/k, short convolutions over the projected
+    /// keys and values, a learned relative position bias instead of RoPE.
+    Inkling(Box<InklingAttentionSpec>),
     /// Multi-head latent attention (DeepSeek-V3, GLM-5).
     Mla {
         /// The query path.
@@ -240,6 +244,74 @@ pub enum AttentionSpec {
         /// The DSA indexer of a GLM-5 `"full"` layer (`None` elsewhere).
         indexer: Option<Box<IndexerSpec>>,
     },
+}
+
+/// Inkling's attention block `model.llm.layers.{i}.attn.*` (`InklingAttention` of transformers
+/// 5.23 `modeling_inkling.py`), with the layer's `attn_sconv` over its output. Sliding layers
+/// have their own head counts and head dim (`swa_*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InklingAttentionSpec {
+    /// `attn.wq_du` `[heads * head_dim, H]`.
+    pub q: LinearSpec,
+    /// `attn.wk_dv` `[kv_heads * head_dim, H]`.
+    pub k: LinearSpec,
+    /// `attn.wv_dv` `[kv_heads * head_dim, H]`.
+    pub v: LinearSpec,
+    /// `attn.wr_du` `[heads * d_rel, H]`: the relative states.
+    pub r: LinearSpec,
+    /// `attn.wo_ud` `[H, heads * head_dim]`.
+    pub o: LinearSpec,
+    /// `attn.q_norm.weight` `[head_dim]` (RMSNorm of each query head).
+    pub q_norm: TensorSpec,
+    /// `attn.k_norm.weight` `[head_dim]`.
+    pub k_norm: TensorSpec,
+    /// `attn.k_sconv.weight` `[kv_heads * head_dim, 1, kernel]`.
+    pub k_conv: TensorSpec,
+    /// `attn.v_sconv.weight` `[kv_heads * head_dim, 1, kernel]`.
+    pub v_conv: TensorSpec,
+    /// `attn.rel_logits_proj.proj` `[d_rel, extent]` (extent: `rel_extent` on full layers,
+    /// `sliding_window_size` on sliding ones).
+    pub rel_proj: TensorSpec,
+    /// `attn_sconv.weight` `[H, 1, kernel]`: the short convolution over the attention output.
+    pub out_conv: TensorSpec,
+}
+
+/// Inkling's dense MLP `mlp.w13_dn` / `mlp.w2_md` (`InklingMLP`) and the layer's `mlp_sconv`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedMlpSpec {
+    /// `mlp.w13_dn.weight` `[2I, H]`, gate and up rows interleaved (row `2i` gate feature `i`,
+    /// row `2i + 1` up feature `i`: transformers' `Interleave(dim=0)` + `Chunk`).
+    pub gate_up: LinearSpec,
+    /// `mlp.w2_md.weight` `[H, I]`.
+    pub down: LinearSpec,
+    /// `mlp.global_scale` `[1]`: multiplies the output.
+    pub scale: TensorSpec,
+    /// `mlp_sconv.weight` `[H, 1, kernel]`: the short convolution over the MLP output.
+    pub out_conv: TensorSpec,
+}
+
+/// Inkling's MoE block (`InklingMoE`): a router over the routed and the shared experts (the
+/// shared experts' logits join the softmax as a sink), routed experts in the store, shared
+/// experts stacked, and the layer's `mlp_sconv`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkMoeSpec {
+    /// `mlp.gate.weight` `[E + S, H]`: rows `0..E` the routed experts, `E..E+S` the shared.
+    pub router: TensorSpec,
+    /// `mlp.gate.bias` `[E]` (F32): the selection bias (`e_score_correction_bias`).
+    pub router_bias: TensorSpec,
+    /// `mlp.gate.global_scale` `[1]` (F32): multiplies every routing weight.
+    pub router_scale: TensorSpec,
+    /// `mlp.shared_experts.shared_w13_weight` `[S, 2I, H]`, each expert's gate/up rows
+    /// interleaved as [`FusedMlpSpec::gate_up`].
+    pub shared_gate_up: TensorSpec,
+    /// `mlp.shared_experts.shared_w2_weight` `[S, H, I]`.
+    pub shared_down: TensorSpec,
+    /// Shared experts S.
+    pub num_shared: usize,
+    /// The routed experts ([`ExpertStorage::FusedW13`]).
+    pub experts: ExpertsSpec,
+    /// `mlp_sconv.weight` `[H, 1, kernel]`.
+    pub out_conv: TensorSpec,
 }
 
 /// How a checkpoint stores a layer's routed experts.
@@ -266,6 +338,10 @@ pub enum ExpertStorage {
     /// e8m0 scales), `{prefix}.down_proj_blocks` `[E, H, I/32, 16]` and `..._scales`
     /// `[E, H, I/32]`, biases as [`ExpertStorage::FusedInterleaved`].
     FusedMxfp4,
+    /// Inkling as published: `{prefix}.w13_weight` `[E, 2I, H]` (row `2i` is gate feature `i`,
+    /// row `2i + 1` up feature `i`: transformers' `Interleave(dim=1)`) and `{prefix}.w2_weight`
+    /// `[E, H, I]`, BF16/F16/F32, no biases.
+    FusedW13,
 }
 
 /// The routed experts of one layer: `count` records in the store, each holding expert `e`'s
@@ -330,6 +406,10 @@ impl ExpertsSpec {
                 (format!("{p}.gate_up_proj"), vec![e, 2 * i, h], None),
                 (format!("{p}.down_proj"), vec![e, h, i], None),
             ],
+            ExpertStorage::FusedW13 => vec![
+                (format!("{p}.w13_weight"), vec![e, 2 * i, h], None),
+                (format!("{p}.w2_weight"), vec![e, h, i], None),
+            ],
             ExpertStorage::FusedInterleaved => vec![
                 (format!("{p}.gate_up_proj"), vec![e, h, 2 * i], None),
                 (format!("{p}.down_proj"), vec![e, i, h], None),
@@ -372,6 +452,10 @@ pub enum FfnSpec {
     Dense(MlpSpec),
     /// A Mixture-of-Experts block.
     Moe(MoeSpec),
+    /// Inkling's dense MLP with fused gate/up.
+    FusedDense(FusedMlpSpec),
+    /// Inkling's MoE block with the shared-expert sink.
+    SinkMoe(Box<SinkMoeSpec>),
 }
 
 /// A Mixture-of-Experts block: router, routed experts, optional shared experts.
@@ -433,6 +517,9 @@ pub struct MtpSpec {
 pub struct ModelTensors {
     /// `model.embed_tokens.weight` `[vocab, H]`.
     pub embed: TensorSpec,
+    /// An RMSNorm applied to every embedding row (Inkling's `model.llm.embed_norm.weight`
+    /// `[H]`, `InklingNormedEmbedding`), None elsewhere.
+    pub embed_norm: Option<TensorSpec>,
     /// The decoder layers `0..num_hidden_layers`.
     pub layers: Vec<LayerSpec>,
     /// `model.norm.weight` `[H]`.
@@ -476,6 +563,13 @@ impl LayerSpec {
                 }
                 out.extend(sinks.as_ref());
             }
+            AttentionSpec::Inkling(a) => {
+                for l in [&a.q, &a.k, &a.v, &a.r, &a.o] {
+                    push_linear(&mut out, l);
+                }
+                out.extend([&a.q_norm, &a.k_norm, &a.k_conv, &a.v_conv, &a.rel_proj]);
+                out.push(&a.out_conv);
+            }
             AttentionSpec::Mla {
                 q,
                 kv_a,
@@ -515,6 +609,19 @@ impl LayerSpec {
                     push_mlp(&mut out, s);
                 }
             }
+            FfnSpec::FusedDense(m) => {
+                push_linear(&mut out, &m.gate_up);
+                push_linear(&mut out, &m.down);
+                out.extend([&m.scale, &m.out_conv]);
+            }
+            FfnSpec::SinkMoe(m) => out.extend([
+                &m.router,
+                &m.router_bias,
+                &m.router_scale,
+                &m.shared_gate_up,
+                &m.shared_down,
+                &m.out_conv,
+            ]),
         }
         out
     }
@@ -527,6 +634,11 @@ impl LayerSpec {
         match &self.attention {
             AttentionSpec::Gqa { q, k, v, o, .. } => {
                 for l in [q, k, v, o] {
+                    add(l, LinearRole::Attention);
+                }
+            }
+            AttentionSpec::Inkling(a) => {
+                for l in [&a.q, &a.k, &a.v, &a.r, &a.o] {
                     add(l, LinearRole::Attention);
                 }
             }
@@ -568,6 +680,14 @@ impl LayerSpec {
                     }
                 }
             }
+            FfnSpec::FusedDense(m) => {
+                add(&m.gate_up, LinearRole::DenseMlp);
+                add(&m.down, LinearRole::DenseMlp);
+            }
+            FfnSpec::SinkMoe(m) => {
+                out.push((&m.shared_gate_up, LinearRole::SharedExperts));
+                out.push((&m.shared_down, LinearRole::SharedExperts));
+            }
         }
         out
     }
@@ -576,7 +696,8 @@ impl LayerSpec {
     pub fn experts(&self) -> Option<&ExpertsSpec> {
         match &self.ffn {
             FfnSpec::Moe(m) => Some(&m.experts),
-            FfnSpec::Dense(_) => None,
+            FfnSpec::SinkMoe(m) => Some(&m.experts),
+            FfnSpec::Dense(_) | FfnSpec::FusedDense(_) => None,
         }
     }
 }
@@ -617,6 +738,7 @@ impl ModelTensors {
     /// order: embedding, layers, final norm, lm_head.
     pub fn main_dense(&self) -> Vec<&TensorSpec> {
         let mut out = vec![&self.embed];
+        out.extend(self.embed_norm.as_ref());
         for l in &self.layers {
             out.extend(l.dense());
         }

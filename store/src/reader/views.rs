@@ -169,13 +169,11 @@ impl ExpertBuf {
 }
 
 impl<'a> DenseTensor<'a> {
-    /// The tensor as a matrix view: `[n]` vectors as [1, n], `[rows, cols]` as is.
+    /// The tensor as a matrix view ([`coli_format::matrix_dims`]): `[n]` vectors as [1, n],
+    /// `[rows, cols]` as is, N-D shapes as the product of their leading dimensions by the last.
     pub fn matrix(&self) -> MatrixView<'a> {
-        let (rows, cols) = match *self.shape {
-            [n] => (1, n),
-            [r, c] => (r, c),
-            _ => unreachable!("checked at open"),
-        };
+        let (rows, cols) = coli_format::matrix_dims(self.shape)
+            .expect("dense shapes have a dimension (checked at open)");
         MatrixView::new(self.encoding, rows, cols, self.data, self.scales)
             .expect("dense sections have their encoding's lengths (checked at open)")
     }

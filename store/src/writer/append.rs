@@ -287,14 +287,10 @@ impl StoreWriter {
         shape: &[usize],
         m: &EncodedMatrix,
     ) -> Result<(), StoreError> {
-        let (rows, cols) = match shape {
-            [n] => (1, *n),
-            [r, c] => (*r, *c),
-            _ => {
-                return Err(writer_err(format!(
-                    "dense tensor {name}: shape {shape:?} must have 1 or 2 dimensions"
-                )))
-            }
+        let Some((rows, cols)) = coli_format::matrix_dims(shape) else {
+            return Err(writer_err(format!(
+                "dense tensor {name}: shape {shape:?} must have at least 1 dimension"
+            )));
         };
         if name.is_empty() {
             return Err(writer_err("dense tensor with an empty name"));

@@ -1,0 +1,151 @@
+//! Inkling (`inkling_mm_model`'s language model `inkling_text`), as transformers 5.23
+//! `modeling_inkling.py` (tensors and config in `coli_format::spec::inkling`; the math in
+//! docs/ARCHITECTURES.md, "inkling"; the blocks in [`crate::layers::inkling`]):
+//!
+//! - embedding rows RMS-normalized (`embed_norm`);
+//! - every layer: `h += attn_sconv(attn(attn_norm(h)))`, `h += mlp_sconv(mlp(mlp_norm(h)))`,
+//!   the attention sliding (`swa_*` heads, window) or full (log-scaled logits), the MLP dense
+//!   (`w13_dn`, `w2_md`, `global_scale`) or the MoE with the shared-expert sink;
+//! - `unembed(norm(h) / logits_mup_width_multiplier)`, logits beyond `unpadded_vocab_size`
+//!   set to -inf.
+//!
+//! No RoPE: the engine's rotary table is an unused placeholder.
+
+use crate::error::{EngineError, Result};
+use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
+use crate::layers::{DecoderLayer, Ffn, OutputConvs, Rope, SelfAttn};
+use crate::models::{load_moe, OutputScaling, Parts};
+use crate::weights::Weights;
+use coli_format::spec::{AttentionSpec, FfnSpec, InklingSpec, TensorSpec};
+use coli_format::ModelSpec;
+
+fn config_err(what: String) -> EngineError {
+    EngineError::Config {
+        file: "config.json".into(),
+        what,
+    }
+}
+
+/// A short convolution from its `[C, 1, K]` weight.
+fn conv(w: &mut Weights<'_>, t: &TensorSpec) -> Result<ShortConv> {
+    let weight = w.vector(t)?;
+    let (channels, kernel) = (t.shape[0], t.shape[t.shape.len() - 1]);
+    Ok(ShortConv {
+        weight,
+        channels,
+        kernel,
+    })
+}
+
+/// One scalar tensor (`[1]`).
+fn scalar(w: &mut Weights<'_>, t: &TensorSpec) -> Result<f32> {
+    Ok(w.vector(t)?[0])
+}
+
+/// Loads an Inkling model's weights.
+///
+/// # Errors
+/// Missing or misshapen tensors (named); a spec without Inkling parameters.
+pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
+    let ink: &InklingSpec = spec
+        .inkling
+        .as_ref()
+        .ok_or_else(|| config_err("an inkling_text config without its parameters".into()))?;
+    let eps = spec.rms_norm_eps;
+    let t = &spec.tensors;
+    let embed = w.matrix(&t.embed)?;
+    let embed_norm = match &t.embed_norm {
+        Some(n) => Some(w.rms_norm(n, eps)?),
+        None => None,
+    };
+    let mut layers = Vec::with_capacity(t.layers.len());
+    for l in &t.layers {
+        let AttentionSpec::Inkling(a) = &l.attention else {
+            return Err(config_err(format!(
+                "layer {} has no Inkling attention",
+                l.index
+            )));
+        };
+        let d = ink.layer_dims(spec, l.index);
+        let attn = InklingAttention {
+            q: w.linear(&a.q)?,
+            k: w.linear(&a.k)?,
+            v: w.linear(&a.v)?,
+            r: w.linear(&a.r)?,
+            o: w.linear(&a.o)?,
+            q_norm: w.rms_norm(&a.q_norm, eps)?,
+            k_norm: w.rms_norm(&a.k_norm, eps)?,
+            k_conv: conv(w, &a.k_conv)?,
+            v_conv: conv(w, &a.v_conv)?,
+            rel_proj: w.vector(&a.rel_proj)?,
+            d_rel: ink.d_rel,
+            extent: d.extent,
+            num_heads: d.heads,
+            num_kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+            window: d.window,
+            log_scaling: if d.window.is_none() {
+                ink.log_scaling
+            } else {
+                None
+            },
+            hidden: spec.hidden_size,
+        };
+        let (ffn, mlp_conv) = match &l.ffn {
+            FfnSpec::FusedDense(m) => (
+                Ffn::FusedDense(FusedMlp {
+                    gate_up: w.linear(&m.gate_up)?,
+                    down: w.linear(&m.down)?,
+                    scale: scalar(w, &m.scale)?,
+                }),
+                &m.out_conv,
+            ),
+            FfnSpec::SinkMoe(m) => {
+                let moe = coli_format::spec::MoeSpec {
+                    router: m.router.clone(),
+                    router_bias: None,
+                    router_logit_bias: None,
+                    shared: None,
+                    experts: m.experts.clone(),
+                };
+                (
+                    Ffn::SinkMoe(SinkMoe {
+                        experts: load_moe(w, spec, &moe)?,
+                        bias: w.vector(&m.router_bias)?,
+                        scale: ink.route_scale * scalar(w, &m.router_scale)?,
+                        num_shared: m.num_shared,
+                        shared_gate_up: w.matrix(&m.shared_gate_up)?,
+                        shared_down: w.matrix(&m.shared_down)?,
+                    }),
+                    &m.out_conv,
+                )
+            }
+            _ => return Err(config_err(format!("layer {} has no Inkling MLP", l.index))),
+        };
+        layers.push(DecoderLayer {
+            input_norm: w.rms_norm(&l.input_norm, eps)?,
+            output_convs: Some(OutputConvs {
+                attn: conv(w, &a.out_conv)?,
+                mlp: conv(w, mlp_conv)?,
+            }),
+            attn: SelfAttn::Inkling(attn),
+            post_norm: w.rms_norm(&l.post_norm, eps)?,
+            ffn,
+        });
+    }
+    let final_norm = w.rms_norm(&t.final_norm, eps)?;
+    let lm_head = w.matrix(&t.lm_head)?;
+    Ok(Parts {
+        embed,
+        embed_norm,
+        output: OutputScaling {
+            divisor: ink.logits_divisor,
+            vocab: ink.unpadded_vocab_size,
+        },
+        layers,
+        final_norm,
+        lm_head,
+        rope: Rope::new(2, 10_000.0),
+        mtp: None,
+    })
+}
