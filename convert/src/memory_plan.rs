@@ -112,8 +112,20 @@ pub struct ConfigPlan {
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
 /// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
 /// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
-/// its full layers. Checked against `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
+/// its full layers; per Inkling layer its two state rows, keys and values with their
+/// short convolutions' inputs (`2 * (2 * kv_heads * head_dim + H)`, the layer's own heads: the
+/// sliding layers have theirs). Checked against `Engine::kv_bytes_per_token` by
+/// `tests/tests/plan.rs`.
 pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
+    if let Some(ink) = &spec.inkling {
+        let values: usize = (0..spec.num_layers)
+            .map(|l| {
+                let d = ink.layer_dims(spec, l);
+                2 * (2 * d.kv_heads * d.head_dim + spec.hidden_size)
+            })
+            .sum();
+        return (values * 4) as u64;
+    }
     let values: usize = match &spec.mla {
         Some(m) => (0..spec.num_layers)
             .map(|l| {
@@ -132,11 +144,7 @@ pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
 
 /// Bytes of tensor `t` stored in `enc`: weight and scale sections (a vector as one row).
 fn tensor_bytes(t: &TensorSpec, enc: Encoding) -> u64 {
-    let (rows, cols) = match t.shape.as_slice() {
-        [n] => (1, *n),
-        [r, c] => (*r, *c),
-        other => (1, other.iter().product()),
-    };
+    let (rows, cols) = coli_format::matrix_dims(&t.shape).unwrap_or((1, 1));
     (enc.weight_bytes(rows, cols) + enc.scale_bytes(rows, cols)) as u64
 }
 

@@ -458,8 +458,13 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
         }
     }
-    // The MTP layer is converted when the checkpoint holds any of it, and then whole.
-    let mtp_present = mtp_index.is_some_and(|n| ck.tensors.keys().any(|t| layer_of(t) == Some(n)));
+    // The MTP layers are converted when the checkpoint holds any of them, and then whole.
+    let mtp_present = mtp_index.is_some_and(|n| ck.tensors.keys().any(|t| layer_of(t) == Some(n)))
+        || spec
+            .tensors
+            .mtp
+            .iter()
+            .any(|m| m.dense().iter().any(|t| ck.has(&t.name)));
     let mtp_layers: Vec<u32> = mtp_index.filter(|_| mtp_present).into_iter().collect();
 
     // Dense tensors the model reads.
@@ -489,9 +494,13 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             continue;
         }
         let hint = if t.class == TensorClass::Mtp {
+            let which = if t.name.starts_with("model.mtp.") {
+                "model.mtp.*".to_string()
+            } else {
+                format!("model.layers.{}", mtp_index.unwrap_or(nl))
+            };
             format!(
-                "missing from the checkpoint, which holds part of the MTP layer model.layers.{}: convert a checkpoint with the whole MTP layer or none of it",
-                mtp_index.unwrap_or(nl)
+                "missing from the checkpoint, which holds part of the MTP layer {which}: convert a checkpoint with the whole MTP layer or none of it"
             )
         } else if t.name == "model.norm.weight" || t.name == "lm_head.weight" {
             "missing from the checkpoint: is the last shard absent?".into()

@@ -744,6 +744,78 @@ impl<'s> Engine<'s> {
         })
     }
 
+    /// Logits of every MTP layer of a chain (Inkling's `model.mtp.layers.{k}`, as
+    /// transformers' `MtpModel.forward_layer` runs them; a single-layer MTP model gives one
+    /// depth) over positions `0..n`, each layer from an empty cache of its own. Depth 0 takes
+    /// `hidden` (`[n, H]` f32, the main model's hidden states after its final norm at positions
+    /// `0..n`) and `next_ids[i]` for position i; depth d takes depth d - 1's output rows
+    /// ([`crate::models::mtp::MtpLayer::chained`]) and `next_ids[i + d]`, so `next_ids` holds
+    /// `n + depths - 1` ids (`next_ids[i]` is the token at position i + 1). Returns, per depth
+    /// d, n `[vocab]` rows; row i predicts the token at position i + d + 2.
+    ///
+    /// # Errors
+    /// As [`Engine::mtp_logits`]; [`EngineError::Invalid`] when `next_ids` is not
+    /// `n + depths - 1` long.
+    pub fn mtp_chain_logits(
+        &mut self,
+        hidden: &[f32],
+        next_ids: &[u32],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
+        if self.model.mtp.is_none() {
+            return Err(EngineError::Invalid(
+                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
+                    .into(),
+            ));
+        }
+        let depths = 1 + self.model.mtp_chain.len();
+        let n = hidden.len() / h.max(1);
+        if n == 0 || hidden.len() != n * h || next_ids.len() != n + depths - 1 {
+            return Err(EngineError::Invalid(format!(
+                "MTP chain input: {} hidden values ({n} positions of {h}) need {} ids for {depths} layers, got {}",
+                hidden.len(),
+                n + depths - 1,
+                next_ids.len()
+            )));
+        }
+        if let Some(&id) = next_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        if n > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed: n,
+                context: self.context,
+            });
+        }
+        let Engine {
+            store,
+            model,
+            cache,
+            pool,
+            ..
+        } = self;
+        pool.install(|| {
+            let mut ctx = LayerCtx {
+                rope: &model.rope,
+                store,
+                cache,
+                trace: None,
+                held_usage: None,
+            };
+            let mut prev = hidden.to_vec();
+            let mut out = Vec::with_capacity(depths);
+            let layers = model.mtp.iter().chain(&model.mtp_chain);
+            for (d, layer) in layers.enumerate() {
+                let mut kv = LayerKv::default();
+                let (logits, chained) =
+                    layer.forward_chained(&prev, &next_ids[d..d + n], 0, &mut kv, &mut ctx)?;
+                out.push(logits);
+                prev = chained;
+            }
+            Ok(out)
+        })
+    }
+
     /// Empties the KV cache (the expert cache is kept).
     pub fn reset(&mut self) {
         self.truncate(0);

@@ -91,6 +91,44 @@ fn lossless_stores_match_transformers() {
     }
 }
 
+/// Inkling's chained MTP layers (`model.mtp.layers.{k}`) against transformers' `MtpModel`:
+/// every depth's top-1 over the positions and its last row's logits, from the main hidden
+/// states transformers computed.
+#[test]
+fn inkling_mtp_chain_matches_transformers() {
+    let name = "inkling_bf16";
+    let exp = expected(name);
+    let m = &exp["mtp"];
+    let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert!(e.has_mtp(), "the store holds the MTP layers");
+    let hidden: Vec<f32> = m["main_hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(coli_tests::floats)
+        .collect();
+    let depths = e.mtp_chain_logits(&hidden, &ids(&m["next_ids"])).unwrap();
+    let want = m["depths"].as_array().unwrap();
+    assert_eq!(depths.len(), want.len(), "one logits set per MTP layer");
+    for (d, (rows, w)) in depths.iter().zip(want).enumerate() {
+        assert_eq!(
+            coli_tests::top1(rows),
+            ids(&w["top1"]),
+            "MTP depth {d}: top-1"
+        );
+        let diff =
+            coli_tests::max_abs_diff(rows.last().unwrap(), &coli_tests::floats(&w["last_logits"]));
+        assert!(diff < 1e-3, "MTP depth {d}: last logits differ by {diff}");
+    }
+    // A wrong id count is refused, naming what is needed.
+    let err = e
+        .mtp_chain_logits(&hidden, &[1, 2])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("need"), "{err}");
+}
+
 #[test]
 fn int4_stores_match_transformers() {
     for name in FAMILIES {

@@ -1,5 +1,6 @@
-//! Bad inputs of the GLM-4.5, MiniMax-M2 and DeepSeek-V3.2 fixtures (copies of
-//! tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8} with one thing broken):
+//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2 and Inkling fixtures (copies of
+//! tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8, inkling_bf16} with one
+//! thing broken):
 //! a missing shard, config fields the family needs, shapes that disagree with config.json and
 //! config values the family cannot run are refused by `coli-convert`'s preflight with an error
 //! naming the file, field or tensor, and nothing is written (no store, no partial directory).
@@ -171,4 +172,63 @@ fn deepseek_v32_bad_inputs_are_refused_before_anything_is_written() {
     let tmp = tempfile::tempdir().unwrap();
     let ck = with_config(n, tmp.path(), |c| c["q_lora_rank"] = Value::Null);
     refused(&ck, tmp.path(), &["config.json", "q_lora_rank", "indexer"]);
+}
+
+/// Inkling keeps its language model's config under `text_config`: fixture `inkling_bf16` with
+/// `text_config.key` set to `value` (`Value::Null` removes it) must be refused naming `names`.
+fn inkling_config_refused(key: &str, value: Value, names: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config("inkling_bf16", tmp.path(), |c| {
+        let t = c["text_config"].as_object_mut().unwrap();
+        if value.is_null() {
+            t.remove(key);
+        } else {
+            t.insert(key.to_string(), value);
+        }
+    });
+    refused(&ck, tmp.path(), names);
+}
+
+#[test]
+fn inkling_bad_inputs_are_refused_before_anything_is_written() {
+    missing_shard_refused("inkling_bf16", "model-00002-of-00003.safetensors");
+    for field in ["hidden_size", "num_experts_per_tok"] {
+        inkling_config_refused(field, Value::Null, &["config.json", field]);
+    }
+    // Shapes that disagree with config.json name the tensor and the expected shape.
+    inkling_config_refused(
+        "swa_head_dim",
+        json!(16),
+        &["model.llm.layers.0.attn.", "expected"],
+    );
+    inkling_config_refused("sconv_kernel_size", json!(3), &["sconv.weight", "expected"]);
+    inkling_config_refused(
+        "n_routed_experts",
+        json!(6),
+        &["model.llm.layers.1.mlp.", "expected"],
+    );
+    // What coli does not run, or cannot be, is named.
+    inkling_config_refused("shared_expert_sink", json!(false), &["shared_expert_sink"]);
+    inkling_config_refused(
+        "unpadded_vocab_size",
+        json!(600),
+        &["config.json", "unpadded_vocab_size"],
+    );
+    inkling_config_refused(
+        "layer_types",
+        json!(["sliding_attention", "hybrid", "hybrid", "hybrid"]),
+        &["config.json", "layer_types", "hybrid_sliding"],
+    );
+    // A missing convolution weight or half of the MTP layers is named.
+    for drop in [
+        "model.llm.layers.2.attn.k_sconv.weight",
+        "model.mtp.layers.1.input_proj.weight",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("ckpt");
+        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir("inkling_bf16"), &ck, |n| {
+            n == drop
+        });
+        refused(&ck, tmp.path(), &[drop]);
+    }
 }

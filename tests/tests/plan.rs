@@ -195,6 +195,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         ("deepseek_v3_fp8", "int4_store"),
         ("gpt_oss_mxfp4", "lossless_store"),
         ("glm4_moe_fp8", "int4_store"),
+        ("inkling_bf16", "lossless_store"),
     ] {
         let exp = expected(name);
         let params = &exp[variant];
@@ -215,7 +216,10 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         let store = open_store(&dir, false, IoPreference::Buffered);
         let m = store.manifest();
         // The MTP layer's index is num_hidden_layers (the manifest's num_layers counts it).
-        let num_layers = m.config["num_hidden_layers"].as_u64().unwrap() as u32;
+        let num_layers = m.config["num_hidden_layers"]
+            .as_u64()
+            .or_else(|| m.config["text_config"]["num_hidden_layers"].as_u64())
+            .unwrap() as u32;
         let (main, mtp): (Vec<&coli_store::IndexRecord>, Vec<&coli_store::IndexRecord>) = store
             .index()
             .iter()

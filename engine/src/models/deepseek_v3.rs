@@ -73,6 +73,7 @@ pub(crate) fn load<'s>(
         lm_head,
         rope,
         mtp,
+        mtp_chain: Vec::new(),
     })
 }
 

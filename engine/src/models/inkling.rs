@@ -16,7 +16,7 @@ use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
 use crate::layers::{DecoderLayer, Ffn, OutputConvs, Rope, SelfAttn};
 use crate::models::{load_moe, OutputScaling, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, FfnSpec, InklingSpec, TensorSpec};
+use coli_format::spec::{AttentionSpec, FfnSpec, InklingSpec, LayerSpec, TensorSpec};
 use coli_format::ModelSpec;
 
 fn config_err(what: String) -> EngineError {
@@ -60,92 +60,126 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
     };
     let mut layers = Vec::with_capacity(t.layers.len());
     for l in &t.layers {
-        let AttentionSpec::Inkling(a) = &l.attention else {
-            return Err(config_err(format!(
-                "layer {} has no Inkling attention",
-                l.index
-            )));
-        };
-        let d = ink.layer_dims(spec, l.index);
-        let attn = InklingAttention {
-            q: w.linear(&a.q)?,
-            k: w.linear(&a.k)?,
-            v: w.linear(&a.v)?,
-            r: w.linear(&a.r)?,
-            o: w.linear(&a.o)?,
-            q_norm: w.rms_norm(&a.q_norm, eps)?,
-            k_norm: w.rms_norm(&a.k_norm, eps)?,
-            k_conv: conv(w, &a.k_conv)?,
-            v_conv: conv(w, &a.v_conv)?,
-            rel_proj: w.vector(&a.rel_proj)?,
-            d_rel: ink.d_rel,
-            extent: d.extent,
-            num_heads: d.heads,
-            num_kv_heads: d.kv_heads,
-            head_dim: d.head_dim,
-            window: d.window,
-            log_scaling: if d.window.is_none() {
-                ink.log_scaling
-            } else {
-                None
-            },
-            hidden: spec.hidden_size,
-        };
-        let (ffn, mlp_conv) = match &l.ffn {
-            FfnSpec::FusedDense(m) => (
-                Ffn::FusedDense(FusedMlp {
-                    gate_up: w.linear(&m.gate_up)?,
-                    down: w.linear(&m.down)?,
-                    scale: scalar(w, &m.scale)?,
-                }),
-                &m.out_conv,
-            ),
-            FfnSpec::SinkMoe(m) => {
-                let moe = coli_format::spec::MoeSpec {
-                    router: m.router.clone(),
-                    router_bias: None,
-                    router_logit_bias: None,
-                    shared: None,
-                    experts: m.experts.clone(),
-                };
-                (
-                    Ffn::SinkMoe(SinkMoe {
-                        experts: load_moe(w, spec, &moe)?,
-                        bias: w.vector(&m.router_bias)?,
-                        scale: ink.route_scale * scalar(w, &m.router_scale)?,
-                        num_shared: m.num_shared,
-                        shared_gate_up: w.matrix(&m.shared_gate_up)?,
-                        shared_down: w.matrix(&m.shared_down)?,
-                    }),
-                    &m.out_conv,
-                )
-            }
-            _ => return Err(config_err(format!("layer {} has no Inkling MLP", l.index))),
-        };
-        layers.push(DecoderLayer {
-            input_norm: w.rms_norm(&l.input_norm, eps)?,
-            output_convs: Some(OutputConvs {
-                attn: conv(w, &a.out_conv)?,
-                mlp: conv(w, mlp_conv)?,
-            }),
-            attn: SelfAttn::Inkling(attn),
-            post_norm: w.rms_norm(&l.post_norm, eps)?,
-            ffn,
-        });
+        layers.push(load_layer(w, spec, ink, l)?);
     }
     let final_norm = w.rms_norm(&t.final_norm, eps)?;
     let lm_head = w.matrix(&t.lm_head)?;
+    let output = OutputScaling {
+        divisor: ink.logits_divisor,
+        vocab: ink.unpadded_vocab_size,
+    };
+    // The MTP layers, when the store holds them (whole: the converter refuses part of them).
+    let present = t.mtp.iter().any(|m| m.dense().iter().any(|x| w.has(x)));
+    let mut chain = Vec::new();
+    if present {
+        for m in &t.mtp {
+            chain.push(crate::models::mtp::load_one(
+                w,
+                spec,
+                m,
+                (embed, lm_head),
+                output,
+                |w, l| load_layer(w, spec, ink, l),
+            )?);
+        }
+    }
+    let mut chain = chain.into_iter();
+    let mtp = chain.next();
+    let mtp_chain: Vec<_> = chain.collect();
     Ok(Parts {
         embed,
         embed_norm,
-        output: OutputScaling {
-            divisor: ink.logits_divisor,
-            vocab: ink.unpadded_vocab_size,
-        },
+        output,
         layers,
         final_norm,
         lm_head,
         rope: Rope::new(2, 10_000.0),
-        mtp: None,
+        mtp,
+        mtp_chain,
+    })
+}
+
+/// Decoder layer `l` (a main layer, or an MTP layer's `transformer_block`).
+///
+/// # Errors
+/// Missing or misshapen tensors; a layer spec of another family.
+fn load_layer<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    ink: &InklingSpec,
+    l: &LayerSpec,
+) -> Result<DecoderLayer<'s>> {
+    let eps = spec.rms_norm_eps;
+    let AttentionSpec::Inkling(a) = &l.attention else {
+        return Err(config_err(format!(
+            "layer {} has no Inkling attention",
+            l.index
+        )));
+    };
+    let d = ink.layer_dims(spec, l.index);
+    let attn = InklingAttention {
+        q: w.linear(&a.q)?,
+        k: w.linear(&a.k)?,
+        v: w.linear(&a.v)?,
+        r: w.linear(&a.r)?,
+        o: w.linear(&a.o)?,
+        q_norm: w.rms_norm(&a.q_norm, eps)?,
+        k_norm: w.rms_norm(&a.k_norm, eps)?,
+        k_conv: conv(w, &a.k_conv)?,
+        v_conv: conv(w, &a.v_conv)?,
+        rel_proj: w.vector(&a.rel_proj)?,
+        d_rel: ink.d_rel,
+        extent: d.extent,
+        num_heads: d.heads,
+        num_kv_heads: d.kv_heads,
+        head_dim: d.head_dim,
+        window: d.window,
+        log_scaling: if d.window.is_none() {
+            ink.log_scaling
+        } else {
+            None
+        },
+        hidden: spec.hidden_size,
+    };
+    let (ffn, mlp_conv) = match &l.ffn {
+        FfnSpec::FusedDense(m) => (
+            Ffn::FusedDense(FusedMlp {
+                gate_up: w.linear(&m.gate_up)?,
+                down: w.linear(&m.down)?,
+                scale: scalar(w, &m.scale)?,
+            }),
+            &m.out_conv,
+        ),
+        FfnSpec::SinkMoe(m) => {
+            let moe = coli_format::spec::MoeSpec {
+                router: m.router.clone(),
+                router_bias: None,
+                router_logit_bias: None,
+                shared: None,
+                experts: m.experts.clone(),
+            };
+            (
+                Ffn::SinkMoe(SinkMoe {
+                    experts: load_moe(w, spec, &moe)?,
+                    bias: w.vector(&m.router_bias)?,
+                    scale: ink.route_scale * scalar(w, &m.router_scale)?,
+                    num_shared: m.num_shared,
+                    shared_gate_up: w.matrix(&m.shared_gate_up)?,
+                    shared_down: w.matrix(&m.shared_down)?,
+                }),
+                &m.out_conv,
+            )
+        }
+        _ => return Err(config_err(format!("layer {} has no Inkling MLP", l.index))),
+    };
+    Ok(DecoderLayer {
+        input_norm: w.rms_norm(&l.input_norm, eps)?,
+        output_convs: Some(OutputConvs {
+            attn: conv(w, &a.out_conv)?,
+            mlp: conv(w, mlp_conv)?,
+        }),
+        attn: SelfAttn::Inkling(attn),
+        post_norm: w.rms_norm(&l.post_norm, eps)?,
+        ffn,
     })
 }

@@ -44,6 +44,9 @@ pub struct Model<'s> {
     /// The multi-token-prediction layer (DeepSeek-V3, GLM-5, DeepSeek-V3.2, GLM-4.5 stores that
     /// hold it).
     pub mtp: Option<mtp::MtpLayer<'s>>,
+    /// The MTP layers after the first, in chain order (Inkling's `model.mtp.layers.{1..}`; see
+    /// [`crate::Engine::mtp_chain_logits`]); empty elsewhere.
+    pub mtp_chain: Vec<mtp::MtpLayer<'s>>,
     /// Every dense tensor the model loaded (names as in the store).
     pub tensors_read: BTreeSet<String>,
     /// What the load could not use and went on without (an incomplete MTP layer of a store
@@ -82,6 +85,7 @@ impl<'s> Model<'s> {
             lm_head: parts.lm_head,
             rope: parts.rope,
             mtp: parts.mtp,
+            mtp_chain: parts.mtp_chain,
             tensors_read: w.into_read(),
             warnings,
             spec,
@@ -136,6 +140,7 @@ pub(crate) struct Parts<'s> {
     pub lm_head: MatrixView<'s>,
     pub rope: Rope,
     pub mtp: Option<mtp::MtpLayer<'s>>,
+    pub mtp_chain: Vec<mtp::MtpLayer<'s>>,
 }
 
 /// The store's expert layers must be the spec's MoE layers (the MTP layer is optional), with
@@ -374,5 +379,6 @@ pub(crate) fn assemble_gqa<'s>(
             Some(y) => Rope::yarn_scaled(spec.rotary_dim, spec.rope_theta, y),
         },
         mtp: None,
+        mtp_chain: Vec::new(),
     })
 }

@@ -20,6 +20,7 @@
 
 use crate::error::Result;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
+use crate::models::OutputScaling;
 use crate::weights::Weights;
 use coli_format::spec::{layer_of, LayerSpec, TensorSpec};
 use coli_format::MatrixView;
@@ -40,11 +41,20 @@ pub struct MtpLayer<'s> {
     pub eh_proj: Linear<'s>,
     /// The decoder layer (MLA (+ DSA indexer) and the grouped sigmoid MoE).
     pub decoder: DecoderLayer<'s>,
-    /// `shared_head.norm.weight` `[H]`.
-    pub norm: RmsNorm,
+    /// `shared_head.norm.weight` `[H]` (Inkling: the shared `chain_norm`, or none).
+    pub norm: Option<RmsNorm>,
     /// `shared_head.head.weight` `[vocab, H]` (or the main lm_head where the layer has none
     /// and the spec allows it).
     pub head: MatrixView<'s>,
+    /// How the head's input and rows become logits (Inkling: the main model's muP divisor and
+    /// unpadded vocabulary; the identity elsewhere).
+    pub output: OutputScaling,
+    /// `eh_proj`'s input is `cat(hnorm(h), enorm(e))` (Inkling) rather than
+    /// `cat(enorm(e), hnorm(h))`.
+    pub hidden_first: bool,
+    /// A chained step takes the output after `norm` (Inkling, transformers' `MtpModel`), not
+    /// before it (vLLM's EAGLE chaining of `deepseek_mtp`).
+    pub chain_normed: bool,
 }
 
 /// Loads the MTP layer the spec declares (`num_nextn_predict_layers` 1) when the store holds
@@ -98,24 +108,57 @@ pub(crate) fn load<'s>(
         ));
         return Ok(None);
     }
+    Ok(Some(load_one(
+        w,
+        spec,
+        m,
+        main,
+        OutputScaling::identity(spec.vocab_size),
+        load_layer,
+    )?))
+}
+
+/// Loads MTP layer `m` (its tensors known to be in the store), with the main model's
+/// `(embedding, lm_head)` standing in where `m` has none or its optional ones are absent, and
+/// `output` the scaling of a head shared with the main model.
+///
+/// # Errors
+/// Missing or misshapen tensors, named.
+pub(crate) fn load_one<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    m: &coli_format::spec::MtpSpec,
+    main: (MatrixView<'s>, MatrixView<'s>),
+    output: OutputScaling,
+    load_layer: impl FnOnce(&mut Weights<'s>, &LayerSpec) -> Result<DecoderLayer<'s>>,
+) -> Result<MtpLayer<'s>> {
     let eps = spec.rms_norm_eps;
-    let own_or = |w: &mut Weights<'s>, t: &TensorSpec, stand_in: MatrixView<'s>| {
-        if t.optional && !w.has(t) {
-            Ok(stand_in)
-        } else {
-            w.matrix(t)
-        }
+    let own_or = |w: &mut Weights<'s>, t: Option<&TensorSpec>, stand_in: MatrixView<'s>| match t {
+        Some(t) if !t.optional || w.has(t) => w.matrix(t),
+        _ => Ok(stand_in),
     };
-    Ok(Some(MtpLayer {
-        layer: n,
-        embed: own_or(w, &m.embed, main.0)?,
+    let head = own_or(w, m.head.as_ref(), main.1)?;
+    Ok(MtpLayer {
+        layer: m.layer.index,
+        embed: own_or(w, m.embed.as_ref(), main.0)?,
         enorm: w.rms_norm(&m.enorm, eps)?,
         hnorm: w.rms_norm(&m.hnorm, eps)?,
         eh_proj: w.linear(&m.eh_proj)?,
         decoder: load_layer(w, &m.layer)?,
-        norm: w.rms_norm(&m.head_norm, eps)?,
-        head: own_or(w, &m.head, main.1)?,
-    }))
+        norm: match &m.head_norm {
+            Some(t) => Some(w.rms_norm(t, eps)?),
+            None => None,
+        },
+        // A head of its own has its own rows; the main lm_head is scaled as the main model's.
+        output: if m.head.is_some() {
+            OutputScaling::identity(spec.vocab_size)
+        } else {
+            output
+        },
+        head,
+        hidden_first: m.hidden_first,
+        chain_normed: m.chain_normed,
+    })
 }
 
 impl MtpLayer<'_> {
@@ -169,7 +212,40 @@ impl MtpLayer<'_> {
         let u = self.layer_output(hidden, next_ids, pos0, kv, ctx)?;
         let last = u[(n - 1) * h..n * h].to_vec();
         let logits = self.logits(&last, 1).pop().expect("one row");
-        Ok((logits, last))
+        Ok((logits, self.chained(last)))
+    }
+
+    /// What the next step of a chain takes from this layer's output rows `u`: `u` itself, or
+    /// `norm(u)` when [`MtpLayer::chain_normed`].
+    pub fn chained(&self, u: Vec<f32>) -> Vec<f32> {
+        match (&self.norm, self.chain_normed) {
+            (Some(norm), true) => {
+                let mut out = vec![0f32; u.len()];
+                norm.forward(&u, &mut out);
+                out
+            }
+            _ => u,
+        }
+    }
+
+    /// Runs the layer on `n = next_ids.len()` positions `pos0..pos0+n` as
+    /// [`MtpLayer::forward`] does, returning the logits rows and the rows the next layer of a
+    /// chain takes ([`MtpLayer::chained`], `[n, H]`).
+    ///
+    /// # Errors
+    /// Expert fetch failures.
+    pub fn forward_chained(
+        &self,
+        hidden: &[f32],
+        next_ids: &[u32],
+        pos0: usize,
+        kv: &mut LayerKv,
+        ctx: &mut LayerCtx<'_, '_>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<f32>)> {
+        let n = next_ids.len();
+        let u = self.layer_output(hidden, next_ids, pos0, kv, ctx)?;
+        let logits = self.logits(&u, n);
+        Ok((logits, self.chained(u)))
     }
 
     /// `u` = the decoder layer's output (`[n, H]`) for `eh_proj(cat(enorm(e), hnorm(h)))`.
@@ -189,9 +265,14 @@ impl MtpLayer<'_> {
         for (t, &id) in next_ids.iter().enumerate() {
             self.embed.dequantize_row(id as usize, &mut e);
             let row = &mut cat[t * 2 * h..(t + 1) * 2 * h];
-            self.enorm.forward(&e, &mut row[..h]);
-            self.hnorm
-                .forward(&hidden[t * h..(t + 1) * h], &mut row[h..]);
+            let (first, second) = row.split_at_mut(h);
+            let (e_part, h_part) = if self.hidden_first {
+                (second, first)
+            } else {
+                (first, second)
+            };
+            self.enorm.forward(&e, e_part);
+            self.hnorm.forward(&hidden[t * h..(t + 1) * h], h_part);
         }
         let mut u = vec![0f32; n * h];
         self.eh_proj.forward(&cat, n, &mut u);
@@ -199,10 +280,22 @@ impl MtpLayer<'_> {
         Ok(u)
     }
 
-    /// `shared_head.head(shared_head.norm(u))` for `n` rows of `u`: n `[vocab]` rows.
+    /// `shared_head.head(shared_head.norm(u))` for `n` rows of `u`: n `[vocab]` rows (Inkling:
+    /// `unembed(u / divisor)`, rows past the unpadded vocabulary -inf).
     fn logits(&self, u: &[f32], n: usize) -> Vec<Vec<f32>> {
-        let mut normed = vec![0f32; u.len()];
-        self.norm.forward(u, &mut normed);
+        let mut normed = match &self.norm {
+            Some(norm) => {
+                let mut x = vec![0f32; u.len()];
+                norm.forward(u, &mut x);
+                x
+            }
+            None => u.to_vec(),
+        };
+        if self.output.divisor != 1.0 {
+            for v in &mut normed {
+                *v /= self.output.divisor;
+            }
+        }
         let vocab = self.head.rows();
         let mut l = vec![0f32; n * vocab];
         if n == 1 {
@@ -210,6 +303,12 @@ impl MtpLayer<'_> {
         } else {
             coli_kernels::matmul(&self.head, &normed, n, &mut l);
         }
-        l.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
+        l.chunks_exact(vocab)
+            .map(|r| {
+                let mut r = r.to_vec();
+                r[self.output.vocab.min(vocab)..].fill(f32::NEG_INFINITY);
+                r
+            })
+            .collect()
     }
 }

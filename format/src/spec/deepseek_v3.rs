@@ -204,22 +204,24 @@ pub(crate) fn mtp_spec(s: &ModelSpec, layer: LayerSpec, shared_embed_and_head: b
         }
     };
     MtpSpec {
-        embed: maybe(TensorSpec::new(
+        embed: Some(maybe(TensorSpec::new(
             format!("{p}.embed_tokens.weight"),
             &[v, h],
             c,
             TensorKind::Embedding,
-        )),
+        ))),
         enorm: build::norm(format!("{p}.enorm.weight"), h, c),
         hnorm: build::norm(format!("{p}.hnorm.weight"), h, c),
         eh_proj: build::linear(&format!("{p}.eh_proj"), h, 2 * h, false, c),
-        head_norm: build::norm(format!("{p}.shared_head.norm.weight"), h, c),
-        head: maybe(TensorSpec::new(
+        head_norm: Some(build::norm(format!("{p}.shared_head.norm.weight"), h, c)),
+        head: Some(maybe(TensorSpec::new(
             format!("{p}.shared_head.head.weight"),
             &[v, h],
             c,
             TensorKind::OutputHead,
-        )),
+        ))),
+        hidden_first: false,
+        chain_normed: false,
         layer,
     }
 }

@@ -29,15 +29,24 @@
 //!   their down projection; routed experts fused ([`ExpertStorage::FusedW13`]).
 //! - Embedding rows RMS-normalized (`embed_norm`); the final hidden state divided by
 //!   `logits_mup_width_multiplier` before `unembed`; logits cut to `unpadded_vocab_size`.
+//! - MTP (`mtp_config.num_nextn_predict_layers` chained layers `model.mtp.layers.{k}`, as
+//!   transformers' `MtpModel` runs them): depth k takes the previous depth's output (the main
+//!   model's final hidden state after `norm` for depth 0) and the embedding of the token k + 1
+//!   ahead (the main embedding's raw row, without `embed_norm`):
+//!   `u = input_proj(cat(hidden_norm(h), embed_norm(e)))` (hidden first unless
+//!   `mtp_hidden_states_first` is false), then an Inkling decoder layer
+//!   (`transformer_block.*`, dense MLP, sliding where `mtp_config.local_layer_ids` says) with its
+//!   own cache; the output, after the shared `model.mtp.chain_norm` when
+//!   `chain_hidden_post_norm`, feeds the next depth and the main `unembed` (with the main
+//!   model's muP divisor and unpadded vocabulary).
 //! - `rms_norm_eps_moe_gate` is read by the config class but used by no module of transformers
-//!   5.23 (its router has no norm); coli reads it and does the same. The MTP layers
-//!   (`model.mtp.*`, `mtp_config`) are not run yet: the converter reports them unused.
+//!   5.23 (its router has no norm); coli reads it and does the same.
 
 use super::json::Fields;
 use super::{
     AttentionSpec, ExpertStorage, ExpertsSpec, FfnSpec, FusedMlpSpec, InklingAttentionSpec,
-    LayerSpec, LinearSpec, ModelSpec, ModelTensors, Routing, SinkMoeSpec, TensorClass, TensorKind,
-    TensorSpec,
+    LayerSpec, LinearSpec, ModelSpec, ModelTensors, MtpSpec, Routing, SinkMoeSpec, TensorClass,
+    TensorKind, TensorSpec,
 };
 use crate::FormatError;
 use serde_json::Value;
@@ -90,6 +99,13 @@ pub struct InklingSpec {
     pub unpadded_vocab_size: usize,
     /// `route_scale`.
     pub route_scale: f32,
+    /// Per MTP layer: whether it slides (`mtp_config.local_layer_ids`; empty without MTP).
+    pub mtp_sliding: Vec<bool>,
+    /// `chain_hidden_post_norm`: the shared `model.mtp.chain_norm` normalizes each MTP layer's
+    /// output.
+    pub chain_hidden_post_norm: bool,
+    /// `mtp_hidden_states_first`.
+    pub mtp_hidden_first: bool,
 }
 
 /// The attention shape of one Inkling layer.
@@ -108,9 +124,16 @@ pub struct InklingLayerDims {
 }
 
 impl InklingSpec {
-    /// The attention shape of main layer `layer` of `spec`.
+    /// The attention shape of main layer `layer` of `spec`, or of MTP layer
+    /// `layer - num_hidden_layers` for a layer past the main ones.
     pub fn layer_dims(&self, spec: &ModelSpec, layer: usize) -> InklingLayerDims {
-        match spec.window_of(layer) {
+        let window = match layer.checked_sub(spec.num_layers) {
+            Some(k) => spec
+                .sliding_window
+                .filter(|_| self.mtp_sliding.get(k).copied().unwrap_or(false)),
+            None => spec.window_of(layer),
+        };
+        match window {
             Some(w) => InklingLayerDims {
                 heads: self.swa_num_heads,
                 kv_heads: self.swa_num_kv_heads,
@@ -175,7 +198,7 @@ fn per_layer(
 }
 
 pub(crate) fn configure(
-    _config: &Value,
+    config: &Value,
     f: &Fields<'_>,
     s: &mut ModelSpec,
 ) -> Result<(), FormatError> {
@@ -311,6 +334,54 @@ pub(crate) fn configure(
     }
     // Read (and checked) as transformers reads it; no module of 5.23 uses it.
     f.f64("rms_norm_eps_moe_gate")?;
+    // MTP: the text config's fields, else the checkpoint's top-level `mtp_config`
+    // (`InklingConfig.__post_init__` sets the former from the latter when absent).
+    let top = Fields {
+        v: config,
+        file: f.file,
+        prefix: "",
+    };
+    let mtp = top.object("mtp_config", "mtp_config.");
+    let depth = match f.usize("num_mtp_layers")? {
+        Some(n) => n,
+        None => match &mtp {
+            Some(m) => m.usize("num_nextn_predict_layers")?.unwrap_or(0),
+            None => 0,
+        },
+    };
+    let chain_hidden_post_norm = match f.bool("chain_hidden_post_norm")? {
+        Some(b) => b,
+        None => match &mtp {
+            Some(m) => m.bool("chain_hidden_post_norm")?.unwrap_or(false),
+            None => false,
+        },
+    };
+    let local = match f.get("mtp_local_layer_ids") {
+        Some(v) => Some((v, format!("{}mtp_local_layer_ids", f.prefix))),
+        None => mtp
+            .as_ref()
+            .and_then(|m| m.get("local_layer_ids"))
+            .map(|v| (v, "mtp_config.local_layer_ids".to_string())),
+    };
+    let mut mtp_sliding = vec![false; depth];
+    if let Some((v, key)) = local {
+        let ids = v.as_array().ok_or_else(|| {
+            f.err(format!(
+                "{key} must be a list of MTP layer indices, found {v}"
+            ))
+        })?;
+        for id in ids {
+            match id.as_u64().map(|i| i as usize).filter(|&i| i < depth) {
+                Some(i) => mtp_sliding[i] = true,
+                None => {
+                    return Err(f.err(format!(
+                        "{key} entries must be MTP layer indices below {depth}, found {id}"
+                    )))
+                }
+            }
+        }
+    }
+    s.num_mtp_layers = depth;
     s.inkling = Some(InklingSpec {
         swa_num_heads,
         swa_num_kv_heads,
@@ -322,6 +393,9 @@ pub(crate) fn configure(
         logits_divisor,
         unpadded_vocab_size,
         route_scale,
+        mtp_sliding,
+        chain_hidden_post_norm,
+        mtp_hidden_first: f.bool("mtp_hidden_states_first")?.unwrap_or(true),
     });
     Ok(())
 }
@@ -337,105 +411,88 @@ fn linear(name: String, rows: usize, cols: usize) -> LinearSpec {
     }
 }
 
+/// Every tensor of `l` (and of its experts) moved to class `class`.
+fn with_class(mut l: LayerSpec, class: TensorClass) -> LayerSpec {
+    fn set(t: &mut TensorSpec, c: TensorClass) {
+        t.class = c;
+    }
+    set(&mut l.input_norm, class);
+    set(&mut l.post_norm, class);
+    if let AttentionSpec::Inkling(a) = &mut l.attention {
+        for x in [&mut a.q, &mut a.k, &mut a.v, &mut a.r, &mut a.o] {
+            set(&mut x.weight, class);
+        }
+        for x in [
+            &mut a.q_norm,
+            &mut a.k_norm,
+            &mut a.k_conv,
+            &mut a.v_conv,
+            &mut a.rel_proj,
+            &mut a.out_conv,
+        ] {
+            set(x, class);
+        }
+    }
+    if let FfnSpec::FusedDense(m) = &mut l.ffn {
+        set(&mut m.gate_up.weight, class);
+        set(&mut m.down.weight, class);
+        set(&mut m.scale, class);
+        set(&mut m.out_conv, class);
+    }
+    l
+}
+
+/// Inkling's MTP layers `model.mtp.layers.{k}` (decoder layer index `num_hidden_layers + k`).
+fn mtp_tensors(s: &ModelSpec, ink: &InklingSpec) -> Vec<MtpSpec> {
+    let (h, c) = (s.hidden_size, TensorClass::Mtp);
+    let chain_norm = ink
+        .chain_hidden_post_norm
+        .then(|| TensorSpec::new("model.mtp.chain_norm.weight", &[h], c, TensorKind::Norm));
+    (0..s.num_mtp_layers)
+        .map(|k| {
+            let p = format!("model.mtp.layers.{k}");
+            let block = format!("{p}.transformer_block");
+            let layer = with_class(layer_spec(s, ink, s.num_layers + k, &block, false), c);
+            MtpSpec {
+                layer,
+                embed: None,
+                enorm: TensorSpec::new(format!("{p}.embed_norm.weight"), &[h], c, TensorKind::Norm),
+                hnorm: TensorSpec::new(
+                    format!("{p}.hidden_norm.weight"),
+                    &[h],
+                    c,
+                    TensorKind::Norm,
+                ),
+                eh_proj: LinearSpec {
+                    weight: TensorSpec::new(
+                        format!("{p}.input_proj.weight"),
+                        &[h, 2 * h],
+                        c,
+                        TensorKind::Linear,
+                    ),
+                    bias: None,
+                },
+                head_norm: chain_norm.clone(),
+                head: None,
+                hidden_first: ink.mtp_hidden_first,
+                chain_normed: true,
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let ink = s.inkling.as_ref().expect("configured as Inkling");
-    let (h, v, k) = (s.hidden_size, s.vocab_size, ink.conv_kernel);
+    let (h, v) = (s.hidden_size, s.vocab_size);
     let layers = (0..s.num_layers)
         .map(|i| {
-            let p = format!("model.llm.layers.{i}");
-            let d = ink.layer_dims(s, i);
-            let (qd, kvd) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-            let attention = AttentionSpec::Inkling(Box::new(InklingAttentionSpec {
-                q: linear(format!("{p}.attn.wq_du.weight"), qd, h),
-                k: linear(format!("{p}.attn.wk_dv.weight"), kvd, h),
-                v: linear(format!("{p}.attn.wv_dv.weight"), kvd, h),
-                r: linear(format!("{p}.attn.wr_du.weight"), d.heads * ink.d_rel, h),
-                o: linear(format!("{p}.attn.wo_ud.weight"), h, qd),
-                q_norm: t(
-                    format!("{p}.attn.q_norm.weight"),
-                    &[d.head_dim],
-                    TensorKind::Norm,
-                ),
-                k_norm: t(
-                    format!("{p}.attn.k_norm.weight"),
-                    &[d.head_dim],
-                    TensorKind::Norm,
-                ),
-                k_conv: t(
-                    format!("{p}.attn.k_sconv.weight"),
-                    &[kvd, 1, k],
-                    TensorKind::Conv,
-                ),
-                v_conv: t(
-                    format!("{p}.attn.v_sconv.weight"),
-                    &[kvd, 1, k],
-                    TensorKind::Conv,
-                ),
-                rel_proj: t(
-                    format!("{p}.attn.rel_logits_proj.proj"),
-                    &[ink.d_rel, d.extent],
-                    TensorKind::Norm,
-                ),
-                out_conv: t(
-                    format!("{p}.attn_sconv.weight"),
-                    &[h, 1, k],
-                    TensorKind::Conv,
-                ),
-            }));
-            let out_conv = t(
-                format!("{p}.mlp_sconv.weight"),
-                &[h, 1, k],
-                TensorKind::Conv,
-            );
-            let ffn = if s.is_moe_layer(i) {
-                let (e, sh, im) = (s.num_experts, s.n_shared_experts, s.moe_intermediate_size);
-                FfnSpec::SinkMoe(Box::new(SinkMoeSpec {
-                    router: t(
-                        format!("{p}.mlp.gate.weight"),
-                        &[e + sh, h],
-                        TensorKind::Router,
-                    ),
-                    router_bias: t(format!("{p}.mlp.gate.bias"), &[e], TensorKind::Bias),
-                    router_scale: t(format!("{p}.mlp.gate.global_scale"), &[1], TensorKind::Norm),
-                    shared_gate_up: t(
-                        format!("{p}.mlp.shared_experts.shared_w13_weight"),
-                        &[sh, 2 * im, h],
-                        TensorKind::Linear,
-                    ),
-                    shared_down: t(
-                        format!("{p}.mlp.shared_experts.shared_w2_weight"),
-                        &[sh, h, im],
-                        TensorKind::Linear,
-                    ),
-                    num_shared: sh,
-                    experts: ExpertsSpec {
-                        layer: i as u32,
-                        count: e as u32,
-                        hidden: h,
-                        intermediate: im,
-                        class: TensorClass::RoutedExpert,
-                        prefix: format!("{p}.mlp.experts"),
-                        storage: ExpertStorage::FusedW13,
-                        biases: false,
-                    },
-                    out_conv,
-                }))
-            } else {
-                let im = s.intermediate_size;
-                FfnSpec::FusedDense(FusedMlpSpec {
-                    gate_up: linear(format!("{p}.mlp.w13_dn.weight"), 2 * im, h),
-                    down: linear(format!("{p}.mlp.w2_md.weight"), h, im),
-                    scale: t(format!("{p}.mlp.global_scale"), &[1], TensorKind::Norm),
-                    out_conv,
-                })
-            };
-            LayerSpec {
-                index: i,
-                input_norm: t(format!("{p}.attn_norm.weight"), &[h], TensorKind::Norm),
-                attention,
-                post_norm: t(format!("{p}.mlp_norm.weight"), &[h], TensorKind::Norm),
-                ffn,
-            }
+            layer_spec(
+                s,
+                ink,
+                i,
+                &format!("model.llm.layers.{i}"),
+                s.is_moe_layer(i),
+            )
         })
         .collect();
     ModelTensors {
@@ -456,6 +513,105 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
             &[v, h],
             TensorKind::OutputHead,
         ),
-        mtp: vec![],
+        mtp: mtp_tensors(s, ink),
+    }
+}
+
+/// The decoder layer `i` (an MTP layer past `num_hidden_layers`) named under `p`, MoE when
+/// `moe`.
+fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize, p: &str, moe: bool) -> LayerSpec {
+    let (h, k) = (s.hidden_size, ink.conv_kernel);
+    let d = ink.layer_dims(s, i);
+    let (qd, kvd) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+    let attention = AttentionSpec::Inkling(Box::new(InklingAttentionSpec {
+        q: linear(format!("{p}.attn.wq_du.weight"), qd, h),
+        k: linear(format!("{p}.attn.wk_dv.weight"), kvd, h),
+        v: linear(format!("{p}.attn.wv_dv.weight"), kvd, h),
+        r: linear(format!("{p}.attn.wr_du.weight"), d.heads * ink.d_rel, h),
+        o: linear(format!("{p}.attn.wo_ud.weight"), h, qd),
+        q_norm: t(
+            format!("{p}.attn.q_norm.weight"),
+            &[d.head_dim],
+            TensorKind::Norm,
+        ),
+        k_norm: t(
+            format!("{p}.attn.k_norm.weight"),
+            &[d.head_dim],
+            TensorKind::Norm,
+        ),
+        k_conv: t(
+            format!("{p}.attn.k_sconv.weight"),
+            &[kvd, 1, k],
+            TensorKind::Conv,
+        ),
+        v_conv: t(
+            format!("{p}.attn.v_sconv.weight"),
+            &[kvd, 1, k],
+            TensorKind::Conv,
+        ),
+        rel_proj: t(
+            format!("{p}.attn.rel_logits_proj.proj"),
+            &[ink.d_rel, d.extent],
+            TensorKind::Norm,
+        ),
+        out_conv: t(
+            format!("{p}.attn_sconv.weight"),
+            &[h, 1, k],
+            TensorKind::Conv,
+        ),
+    }));
+    let out_conv = t(
+        format!("{p}.mlp_sconv.weight"),
+        &[h, 1, k],
+        TensorKind::Conv,
+    );
+    let ffn = if moe {
+        let (e, sh, im) = (s.num_experts, s.n_shared_experts, s.moe_intermediate_size);
+        FfnSpec::SinkMoe(Box::new(SinkMoeSpec {
+            router: t(
+                format!("{p}.mlp.gate.weight"),
+                &[e + sh, h],
+                TensorKind::Router,
+            ),
+            router_bias: t(format!("{p}.mlp.gate.bias"), &[e], TensorKind::Bias),
+            router_scale: t(format!("{p}.mlp.gate.global_scale"), &[1], TensorKind::Norm),
+            shared_gate_up: t(
+                format!("{p}.mlp.shared_experts.shared_w13_weight"),
+                &[sh, 2 * im, h],
+                TensorKind::Linear,
+            ),
+            shared_down: t(
+                format!("{p}.mlp.shared_experts.shared_w2_weight"),
+                &[sh, h, im],
+                TensorKind::Linear,
+            ),
+            num_shared: sh,
+            experts: ExpertsSpec {
+                layer: i as u32,
+                count: e as u32,
+                hidden: h,
+                intermediate: im,
+                class: TensorClass::RoutedExpert,
+                prefix: format!("{p}.mlp.experts"),
+                storage: ExpertStorage::FusedW13,
+                biases: false,
+            },
+            out_conv,
+        }))
+    } else {
+        let im = s.intermediate_size;
+        FfnSpec::FusedDense(FusedMlpSpec {
+            gate_up: linear(format!("{p}.mlp.w13_dn.weight"), 2 * im, h),
+            down: linear(format!("{p}.mlp.w2_md.weight"), h, im),
+            scale: t(format!("{p}.mlp.global_scale"), &[1], TensorKind::Norm),
+            out_conv,
+        })
+    };
+    LayerSpec {
+        index: i,
+        input_norm: t(format!("{p}.attn_norm.weight"), &[h], TensorKind::Norm),
+        attention,
+        post_norm: t(format!("{p}.mlp_norm.weight"), &[h], TensorKind::Norm),
+        ffn,
     }
 }

@@ -488,28 +488,37 @@ pub struct LayerSpec {
     pub ffn: FfnSpec,
 }
 
-/// A multi-token-prediction layer (DeepSeek-V3, GLM-5, GLM-4.5): decoder layer
-/// `num_hidden_layers` of the checkpoint. Present or absent as a whole, except `embed` and
-/// `head` where they are optional (GLM-4.6/4.7: the main model's embedding and lm_head stand
-/// in).
+/// A multi-token-prediction layer: DeepSeek-V3, GLM-5, GLM-4.5 decoder layer
+/// `num_hidden_layers` of the checkpoint; Inkling's `model.mtp.layers.{k}` (several, chained).
+/// Present or absent as a whole, except `embed` and `head` where they are optional
+/// (GLM-4.6/4.7: the main model's embedding and lm_head stand in).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MtpSpec {
-    /// Its decoder layer (the family's attention, always MoE).
+    /// Its decoder layer (the family's attention; MoE, or Inkling's dense MLP).
     pub layer: LayerSpec,
     /// `embed_tokens.weight` `[vocab, H]` (a copy of the main embedding in the published
-    /// checkpoints: DeepSeek-V3 shares it, paper section 2.2).
-    pub embed: TensorSpec,
-    /// `enorm.weight` `[H]`.
+    /// checkpoints: DeepSeek-V3 shares it, paper section 2.2); None: the main embedding's rows
+    /// as stored, without the main model's `embed_norm` (Inkling, transformers' `MtpModel`).
+    pub embed: Option<TensorSpec>,
+    /// `enorm.weight` `[H]` (Inkling: `embed_norm.weight`).
     pub enorm: TensorSpec,
-    /// `hnorm.weight` `[H]`.
+    /// `hnorm.weight` `[H]` (Inkling: `hidden_norm.weight`).
     pub hnorm: TensorSpec,
-    /// `eh_proj` `[H, 2H]`.
+    /// `eh_proj` `[H, 2H]` (Inkling: `input_proj`).
     pub eh_proj: LinearSpec,
-    /// `shared_head.norm.weight` `[H]`.
-    pub head_norm: TensorSpec,
+    /// The RMSNorm of the layer's output before the head: `shared_head.norm.weight` `[H]`;
+    /// Inkling's shared `model.mtp.chain_norm.weight` when `chain_hidden_post_norm`, else None.
+    pub head_norm: Option<TensorSpec>,
     /// `shared_head.head.weight` `[vocab, H]` (the shared output head, paper section 2.2,
-    /// stored in the layer).
-    pub head: TensorSpec,
+    /// stored in the layer); None: the main lm_head, with the main model's output scaling.
+    pub head: Option<TensorSpec>,
+    /// The hidden state comes before the embedding in `eh_proj`'s input (Inkling's
+    /// `mtp_hidden_states_first`); DeepSeek-V3 puts the embedding first.
+    pub hidden_first: bool,
+    /// The next layer of the chain takes this layer's output after `head_norm` (transformers'
+    /// `MtpModel` with `shared_post_norm`: Inkling); else before it (vLLM's EAGLE chaining of
+    /// `deepseek_mtp`).
+    pub chain_normed: bool,
 }
 
 /// Every tensor of a model.
@@ -705,10 +714,11 @@ impl LayerSpec {
 impl MtpSpec {
     /// The MTP layer's tensors other than its routed experts, in a fixed order.
     pub fn dense(&self) -> Vec<&TensorSpec> {
-        let mut out = vec![&self.embed, &self.enorm, &self.hnorm];
+        let mut out: Vec<&TensorSpec> = self.embed.iter().collect();
+        out.extend([&self.enorm, &self.hnorm]);
         push_linear(&mut out, &self.eh_proj);
         out.extend(self.layer.dense());
-        out.extend([&self.head_norm, &self.head]);
+        out.extend(self.head_norm.iter().chain(&self.head));
         out
     }
 }

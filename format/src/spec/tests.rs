@@ -153,7 +153,8 @@ fn deepseek_layers_routing_and_mtp() {
         assert!(n.contains(&want.to_string()), "{want}");
     }
     let mtp = &c.tensors.mtp[0];
-    assert!(!mtp.embed.optional && !mtp.head.optional && !mtp.eh_proj.weight.optional);
+    let (embed, head) = (mtp.embed.as_ref().unwrap(), mtp.head.as_ref().unwrap());
+    assert!(!embed.optional && !head.optional && !mtp.eh_proj.weight.optional);
     assert!(mtp.dense().iter().all(|t| t.class == TensorClass::Mtp));
     let sets = c.tensors.expert_sets();
     assert_eq!(sets.last().unwrap().layer, 4);
@@ -276,14 +277,15 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
             &std::fs::read(dir.join("model.safetensors.index.json")).unwrap(),
         )
         .unwrap();
+        let s = spec(config).unwrap();
+        // Tensors outside the language model (Inkling's audio tower) are not the spec's.
         let mut in_checkpoint: std::collections::BTreeSet<String> = index["weight_map"]
             .as_object()
             .unwrap()
             .keys()
-            .filter(|k| !k.ends_with("_scale_inv"))
+            .filter(|k| !k.ends_with("_scale_inv") && s.canonical_tensor_name(k).is_some())
             .cloned()
             .collect();
-        let s = spec(config).unwrap();
         for t in s.tensors.dense() {
             let present = in_checkpoint.remove(&t.name);
             assert!(
@@ -461,7 +463,8 @@ fn glm4_moe_defaults_as_glm4_moe_config() {
     assert!(n.contains(&"model.layers.2.mlp.gate.e_score_correction_bias".to_string()));
     // The MTP layer: its embedding and head optional (GLM-4.6/4.7 publish none).
     let m = &c.tensors.mtp[0];
-    assert!(m.embed.optional && m.head.optional && !m.eh_proj.weight.optional);
+    let (embed, head) = (m.embed.as_ref().unwrap(), m.head.as_ref().unwrap());
+    assert!(embed.optional && head.optional && !m.eh_proj.weight.optional);
     assert_eq!(m.layer.experts().unwrap().class, TensorClass::Mtp);
 }
 
@@ -629,4 +632,80 @@ fn deepseek_v32_is_deepseek_v3_with_an_indexer_on_every_layer() {
     v["attention_bias"] = json!(false);
     v["q_lora_rank"] = Value::Null;
     assert!(spec(v).unwrap_err().to_string().contains("q_lora_rank"));
+}
+
+/// A published-style Inkling config: the language model under `text_config` (no model_type
+/// there), MTP fields in the top-level `mtp_config`.
+fn inkling() -> Value {
+    json!({"model_type": "inkling_mm_model", "eos_token_id": 2,
+        "mtp_config": {"num_nextn_predict_layers": 2, "local_layer_ids": [1],
+                       "chain_hidden_post_norm": true},
+        "text_config": {"vocab_size": 64, "unpadded_vocab_size": 60, "hidden_size": 32,
+            "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "swa_head_dim": 4, "swa_num_attention_heads": 2,
+            "swa_num_key_value_heads": 1, "intermediate_size": 16,
+            "dense_intermediate_size": 48, "dense_mlp_idx": 2, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "sconv_kernel_size": 3}})
+}
+
+#[test]
+fn inkling_layers_heads_and_mtp() {
+    let s = spec(inkling()).unwrap();
+    assert_eq!(s.family, Family::Inkling);
+    assert_eq!(s.wrapper.as_deref(), Some("inkling_mm_model"));
+    // dense_intermediate_size: intermediate_size is the experts' width.
+    assert_eq!((s.moe_intermediate_size, s.intermediate_size), (16, 48));
+    // Default pattern: every layer slides but those with (i + 1) % 6 == 0.
+    let sliding: Vec<bool> = (0..7).map(|i| s.window_of(i).is_some()).collect();
+    assert_eq!(sliding, [true, true, true, true, true, false, true]);
+    assert_eq!(s.moe_layers, [false, false, true, true, true, true, true]);
+    let ink = s.inkling.as_ref().unwrap();
+    assert_eq!((ink.conv_kernel, ink.unpadded_vocab_size), (3, 60));
+    let d = ink.layer_dims(&s, 0);
+    assert_eq!((d.heads, d.kv_heads, d.head_dim, d.extent), (2, 1, 4, 512));
+    let d = ink.layer_dims(&s, 5);
+    assert_eq!((d.heads, d.kv_heads, d.head_dim, d.extent), (4, 2, 8, 1024));
+    // MTP from mtp_config: two chained layers, the second sliding, the shared chain norm.
+    assert_eq!(s.num_mtp_layers, 2);
+    assert_eq!(ink.mtp_sliding, [false, true]);
+    assert_eq!(s.tensors.mtp.len(), 2);
+    let m = &s.tensors.mtp[1];
+    assert_eq!(
+        m.eh_proj.weight.name,
+        "model.mtp.layers.1.input_proj.weight"
+    );
+    assert_eq!(
+        m.head_norm.as_ref().map(|t| t.name.as_str()),
+        Some("model.mtp.chain_norm.weight")
+    );
+    assert!(m.embed.is_none() && m.head.is_none() && m.hidden_first && m.chain_normed);
+    assert_eq!(ink.layer_dims(&s, 7 + 1).extent, 512, "MTP layer 1 slides");
+    // Conv weights keep their 3-D shape; the routed experts are fused.
+    let l = &s.tensors.layers[2];
+    let AttentionSpec::Inkling(a) = &l.attention else {
+        panic!("Inkling attention")
+    };
+    assert_eq!(a.k_conv.shape, [4, 1, 3]);
+    assert_eq!(a.k_conv.rows_cols(), (4, 3));
+    let e = l.experts().unwrap();
+    assert_eq!(e.storage, ExpertStorage::FusedW13);
+    assert_eq!(
+        e.fused_tensors()[0].0,
+        "model.llm.layers.2.mlp.experts.w13_weight"
+    );
+    // Only the language model's tensors are read.
+    assert!(s
+        .canonical_tensor_name("model.visual.layers.linear_0.weight")
+        .is_none());
+    assert!(s.canonical_tensor_name("model.llm.norm.weight").is_some());
+    // What transformers does not compute is refused, naming the field.
+    let mut c = inkling();
+    c["text_config"]["shared_expert_sink"] = json!(false);
+    assert!(spec(c)
+        .unwrap_err()
+        .to_string()
+        .contains("shared_expert_sink"));
+    let mut c = inkling();
+    c["text_config"]["layer_types"] = json!(vec!["full_attention"; 7]);
+    assert!(spec(c).unwrap_err().to_string().contains("layer_types"));
 }
