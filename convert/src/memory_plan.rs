@@ -105,24 +105,35 @@ pub struct ConfigPlan {
     pub expert_bytes_per_token_no_hits: u64,
     /// KV cache per token of context (f32, as the engine caches it), bytes.
     pub kv_bytes_per_token: u64,
+    /// KV cache of one sequence at the plan's context, bytes ([`kv_bytes_per_sequence`]).
+    pub kv_bytes_per_sequence: u64,
     /// One row per dense encoding.
     pub rows: Vec<ConfigRow>,
+}
+
+/// KV bytes of one sequence of `context` positions as the engine caches them:
+/// [`kv_bytes_per_token`] x `context`, or Inkling's bounded windows and convolution state
+/// (`InklingSpec::kv_values`). Checked against `Engine::kv_bytes_per_sequence`.
+pub fn kv_bytes_per_sequence(spec: &ModelSpec, context: usize) -> u64 {
+    match &spec.inkling {
+        Some(ink) => (ink.kv_values(spec, context) * 4) as u64,
+        None => kv_bytes_per_token(spec).saturating_mul(context as u64),
+    }
 }
 
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
 /// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
 /// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
-/// its full layers; per Inkling layer its two state rows, keys and values with their
-/// short convolutions' inputs (`2 * (2 * kv_heads * head_dim + H)`, the layer's own heads: the
-/// sliding layers have theirs). Checked against `Engine::kv_bytes_per_token` by
-/// `tests/tests/plan.rs`.
+/// its full layers; Inkling: the keys and values of its full layers (what grows with the
+/// context; [`kv_bytes_per_sequence`] adds the bounded rest). Checked against
+/// `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
 pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
     if let Some(ink) = &spec.inkling {
+        // What grows with the context: the full layers' keys and values.
         let values: usize = (0..spec.num_layers)
-            .map(|l| {
-                let d = ink.layer_dims(spec, l);
-                2 * (2 * d.kv_heads * d.head_dim + spec.hidden_size)
-            })
+            .map(|l| ink.layer_dims(spec, l))
+            .filter(|d| d.window.is_none())
+            .map(|d| 2 * d.kv_heads * d.head_dim)
             .sum();
         return (values * 4) as u64;
     }
@@ -372,7 +383,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         // RAM before any expert cache: the dense set, the KV cache at `ctx` tokens, the reserve.
         let need = |ctx: usize| {
             dense
-                .saturating_add(kv_tok.saturating_mul(ctx as u64))
+                .saturating_add(kv_bytes_per_sequence(&spec, ctx))
                 .saturating_add(RUNTIME_RESERVE_BYTES)
         };
         let cache = |ctx: usize| a.total_ram.saturating_sub(need(ctx));
@@ -395,7 +406,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             dense_bytes: dense,
             embedding_bytes: embed,
             mtp_dense_bytes: mtp_dense,
-            kv_bytes: kv_tok.saturating_mul(a.context as u64),
+            kv_bytes: kv_bytes_per_sequence(&spec, a.context),
             expert_cache_bytes: cache_bytes,
             expert_cache_bytes_at_8k: cache(USABLE_CONTEXT),
             cached_experts: cached,
@@ -425,6 +436,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         mtp_expert_bytes_total: mtp_bytes,
         expert_bytes_per_token_no_hits: no_hits,
         kv_bytes_per_token: kv_tok,
+        kv_bytes_per_sequence: kv_bytes_per_sequence(&spec, a.context),
         rows,
     })
 }
@@ -480,7 +492,7 @@ pub fn render(p: &ConfigPlan) -> String {
          conversations' KV states in RAM, --kv-cache-budget, by default as much again: `coli plan \
          --store` counts it)",
         p.kv_bytes_per_token,
-        size(p.kv_bytes_per_token.saturating_mul(p.context as u64) as f64),
+        size(p.kv_bytes_per_sequence as f64),
         p.context
     ));
     out.push('\n');

@@ -255,7 +255,7 @@ impl<'s> Engine<'s> {
         })?;
         let seq = Sequence::new(layer_kv_dims(&model.layers), None);
         let v_dims = layer_v_dims(&model.layers);
-        let kv_per_sequence = kv_bytes_per_token(&model.layers).saturating_mul(context as u64);
+        let kv_per_sequence = kv_bytes_per_sequence(&model, context);
         let kv_cache_budget = opts.kv_cache_budget.unwrap_or(kv_per_sequence);
         let kv_bytes = kv_per_sequence
             .saturating_mul(opts.max_sequences as u64)
@@ -409,10 +409,11 @@ impl<'s> Engine<'s> {
     }
 
     /// Bytes of KV cache one sequence takes at the context limit
-    /// ([`Engine::kv_bytes_per_token`] x [`Engine::context`]).
+    /// ([`Engine::kv_bytes_per_token`] x [`Engine::context`]; Inkling: its full layers' keys
+    /// and values of every position plus the bounded state of its sliding windows and short
+    /// convolutions, `coli_format::spec::InklingSpec::kv_values`).
     pub fn kv_bytes_per_sequence(&self) -> u64 {
-        self.kv_bytes_per_token()
-            .saturating_mul(self.context as u64)
+        kv_bytes_per_sequence(&self.model, self.context)
     }
 
     fn too_many(&self) -> EngineError {
@@ -480,7 +481,12 @@ impl<'s> Engine<'s> {
             && s.kv
                 .iter()
                 .zip(dims.iter().zip(&self.v_dims))
-                .all(|(l, (&kd, &vd))| l.k.len() == s.len() * kd && l.v.len() == s.len() * vd)
+                .all(|(l, (&kd, &vd))| {
+                    let rows = s.len().saturating_sub(l.first);
+                    l.k.len() == rows * kd
+                        && l.v.len() == rows * vd
+                        && l.conv.len() == s.len().saturating_sub(l.conv_first) * l.conv_dim
+                })
             && (s.mtp.is_none() || self.model.mtp.is_some());
         if !fits {
             return Err(EngineError::Invalid(
@@ -516,6 +522,7 @@ impl<'s> Engine<'s> {
         let mtp = self.model.mtp.as_ref().map(|m| MtpLayout {
             kv_dim: m.kv_dim(),
             v_dim: m.decoder.attn.v_dim(),
+            conv_dim: m.decoder.attn.conv_dim(),
             hidden_size: self.model.spec.hidden_size,
         });
         // The store id names the conversion; the checksums in MANIFEST and INDEX name the bytes.
@@ -533,6 +540,11 @@ impl<'s> Engine<'s> {
             mla,
             layer_kv_dims(&self.model.layers),
             self.v_dims.clone(),
+            self.model
+                .layers
+                .iter()
+                .map(|l| l.attn.conv_dim())
+                .collect(),
             mtp,
         )
     }
@@ -550,8 +562,10 @@ impl<'s> Engine<'s> {
     /// Bytes of KV cache per token over all decoder layers (f32 values, 4 bytes each): keys
     /// and values (`2 * num_kv_heads * head_dim`) for grouped-query attention; for MLA the
     /// latent `kv_lora_rank + qk_rope_head_dim` (nothing expanded), plus `index_head_dim`
-    /// indexer-key values on GLM-5 layers that run a DSA indexer. The MTP layer's own cache
-    /// (used only by [`Engine::mtp_logits`]) is not counted.
+    /// indexer-key values on GLM-5 layers that run a DSA indexer; Inkling: the keys and values
+    /// of its full layers only (its sliding windows and convolution inputs are bounded:
+    /// [`Engine::kv_bytes_per_sequence`]). The MTP layer's own cache (used only by
+    /// [`Engine::mtp_logits`]) is not counted.
     pub fn kv_bytes_per_token(&self) -> u64 {
         kv_bytes_per_token(&self.model.layers)
     }
@@ -862,6 +876,15 @@ impl<'s> Engine<'s> {
             return Err(self.too_many());
         }
         let start = self.seq.len();
+        // A failure rolls back to `start`: no layer drops a row from there on meanwhile.
+        self.seq.pin(start);
+        let r = self.forward_from(ids, which, start);
+        self.seq.unpin();
+        r
+    }
+
+    /// [`Engine::forward`] after its checks, with the sequence pinned at `start`.
+    fn forward_from(&mut self, ids: &[u32], which: Logits, start: usize) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::new();
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
         if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
@@ -913,6 +936,7 @@ impl<'s> Engine<'s> {
         }
         self.check_ids_after(seq.len(), ids)?;
         let start = seq.len();
+        seq.pin(start);
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
         let r = if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
             self.commit_usage(seq);
@@ -944,6 +968,7 @@ impl<'s> Engine<'s> {
         if r.is_err() {
             seq.truncate(start);
         }
+        seq.unpin();
         r
     }
 
@@ -1416,6 +1441,8 @@ impl<'s> Engine<'s> {
             .take_while(|(a, b)| a == b)
             .count();
         let keep = common.min(prompt.len() - 1);
+        // A state whose layers dropped their older rows goes back only so far.
+        let keep = if self.seq.can_truncate(keep) { keep } else { 0 };
         self.truncate(keep);
         let new = &prompt[keep..];
         let needed = keep + new.len() + params.max_tokens.saturating_sub(1);
@@ -1567,13 +1594,28 @@ fn layer_kv_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
     layers.iter().map(|l| l.attn.kv_dim()).collect()
 }
 
-/// Bytes of KV cache per token of `layers` (see [`Engine::kv_bytes_per_token`]).
+/// Bytes of KV cache per token of `layers` (see [`Engine::kv_bytes_per_token`]): what grows
+/// with the context (an Inkling sliding layer's keys and values and every Inkling layer's
+/// convolution inputs are bounded: [`kv_bytes_per_sequence`]).
 fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
+    use crate::layers::SelfAttn;
     let values: usize = layers
         .iter()
-        .map(|l| l.attn.kv_dim() + l.attn.v_dim())
+        .map(|l| match &l.attn {
+            SelfAttn::Inkling(a) if a.window.is_some() => 0,
+            a => a.kv_dim() + a.v_dim(),
+        })
         .sum();
     (values * std::mem::size_of::<f32>()) as u64
+}
+
+/// Bytes of KV cache of one sequence of `context` positions of `model` (see
+/// [`Engine::kv_bytes_per_sequence`]).
+fn kv_bytes_per_sequence(model: &Model<'_>, context: usize) -> u64 {
+    match &model.spec.inkling {
+        Some(ink) => (ink.kv_values(&model.spec, context) * std::mem::size_of::<f32>()) as u64,
+        None => kv_bytes_per_token(&model.layers).saturating_mul(context as u64),
+    }
 }
 
 /// The embeddings of `ids`, `[n, H]` f32 (one row per id, in order).

@@ -42,7 +42,7 @@ pub(crate) struct MtpState {
 impl MtpState {
     /// Positions in the MTP layer's KV cache.
     pub(crate) fn fed(&self) -> usize {
-        self.kv.k.len() / self.kv_dim.max(1)
+        self.kv.positions(self.kv_dim)
     }
 
     /// Keeps positions `0..len` of a sequence now `seq_len` long.
@@ -96,16 +96,22 @@ impl KvState {
         self.seq.mtp.is_some()
     }
 
-    /// A copy of the first `len` positions (all when `len` is larger).
+    /// A copy of the first `len` positions (all when `len` is larger; none when they cannot
+    /// be kept exactly, [`KvState::can_truncate`]).
     pub fn copy_prefix(&self, len: usize) -> KvState {
         KvState {
             seq: self.seq.fork(len, None),
         }
     }
 
-    /// Keeps only the first `len` positions.
+    /// Keeps only the first `len` positions (none when they cannot be kept exactly).
     pub fn truncate(&mut self, len: usize) {
         self.seq.truncate(len);
+    }
+
+    /// Whether the first `len` positions can be kept exactly ([`Sequence::can_truncate`]).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.seq.can_truncate(len)
     }
 }
 
@@ -135,15 +141,26 @@ impl Sequence {
     /// larger) holding `slot`.
     pub(crate) fn fork(&self, len: usize, slot: Option<SlotGuard>) -> Sequence {
         let len = len.min(self.tokens.len());
+        let len = if self.can_truncate(len) { len } else { 0 };
         Sequence {
             kv: self
                 .kv
                 .iter()
                 .zip(&self.kv_dims)
-                .map(|(l, &dim)| LayerKv {
-                    k: l.k[..len * dim].to_vec(),
-                    v: l.v[..(len * dim).min(l.v.len())].to_vec(),
-                    expanded: None,
+                .map(|(l, &dim)| {
+                    let rows = len.saturating_sub(l.first);
+                    let conv_rows = len.saturating_sub(l.conv_first);
+                    LayerKv {
+                        k: l.k[..rows * dim].to_vec(),
+                        v: l.v[..(rows * dim).min(l.v.len())].to_vec(),
+                        conv: l.conv[..conv_rows * l.conv_dim].to_vec(),
+                        first: l.first,
+                        conv_first: l.conv_first,
+                        conv_dim: l.conv_dim,
+                        min_len: l.min_len,
+                        expanded: None,
+                        pin: None,
+                    }
                 })
                 .collect(),
             tokens: self.tokens[..len].to_vec(),
@@ -206,9 +223,47 @@ impl Sequence {
         self.tokens.is_empty()
     }
 
-    /// Keeps only the first `len` positions (no effect when `len >= self.len()`).
+    /// Whether [`Sequence::truncate`] to `len` keeps the state exact: always for 0 and for
+    /// `len >= self.len()`; a layer that dropped its older rows (Inkling's sliding windows and
+    /// convolution inputs, [`crate::layers::inkling::trim`]) can go back only so far.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len >= self.tokens.len()
+            || (self.kv.iter().all(|l| l.can_truncate(len))
+                && self
+                    .mtp
+                    .as_ref()
+                    .is_none_or(|m| m.kv.can_truncate(len.min(m.fed()))))
+    }
+
+    /// Keeps no row from before `start` from being dropped until [`Sequence::unpin`]: the
+    /// start of an operation that may roll back to it.
+    pub(crate) fn pin(&mut self, start: usize) {
+        for l in self
+            .kv
+            .iter_mut()
+            .chain(self.mtp.as_mut().map(|m| &mut m.kv))
+        {
+            l.pin = Some(start);
+        }
+    }
+
+    /// Ends [`Sequence::pin`].
+    pub(crate) fn unpin(&mut self) {
+        for l in self
+            .kv
+            .iter_mut()
+            .chain(self.mtp.as_mut().map(|m| &mut m.kv))
+        {
+            l.pin = None;
+        }
+    }
+
+    /// Keeps only the first `len` positions (no effect when `len >= self.len()`). When that
+    /// cannot be kept exactly ([`Sequence::can_truncate`]), the sequence is emptied instead:
+    /// callers that continue from `len` check first.
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.tokens.len());
+        let len = if self.can_truncate(len) { len } else { 0 };
         if let Some(m) = self.mtp.as_mut() {
             m.truncate(len, self.tokens.len());
         }
@@ -233,11 +288,15 @@ impl Sequence {
     /// Bytes of KV cache the sequence holds now (f32 keys and values of every layer, the MTP
     /// layer's and the pending MTP hidden states included).
     pub fn kv_bytes(&self) -> u64 {
-        let mtp = self
-            .mtp
-            .as_ref()
-            .map_or(0, |m| m.kv.k.len() + m.kv.v.len() + m.hidden.len());
-        let values: usize = mtp + self.kv.iter().map(|l| l.k.len() + l.v.len()).sum::<usize>();
+        let mtp = self.mtp.as_ref().map_or(0, |m| {
+            m.kv.k.len() + m.kv.v.len() + m.kv.conv.len() + m.hidden.len()
+        });
+        let values: usize = mtp
+            + self
+                .kv
+                .iter()
+                .map(|l| l.k.len() + l.v.len() + l.conv.len())
+                .sum::<usize>();
         (values * std::mem::size_of::<f32>()) as u64
     }
 }

@@ -129,6 +129,104 @@ fn inkling_mtp_chain_matches_transformers() {
     assert!(err.contains("need"), "{err}");
 }
 
+/// Inkling on a prompt far longer than its window: the sliding layers drop the keys and every
+/// layer the convolution inputs no later position reads, and the tokens are still
+/// transformers' whatever the prefill chunking, thread count, expert budget or speculation;
+/// the state holds far less than every row; a rollback into what was dropped starts over.
+#[test]
+fn inkling_long_sequences_drop_old_rows_and_match_transformers() {
+    let name = "inkling_bf16";
+    let exp = expected(name);
+    let dir = store_dir(name, "lossless_store");
+    let prompt = ids(&exp["long_prompt_ids"]);
+    let want = ids(&exp["greedy_long_lossless"]);
+    let one = {
+        let s = open(&dir, true, IoPreference::Auto);
+        let l = s.manifest().expert_layers[0].layer;
+        s.fetch_one(ExpertKey::new(l, 0)).unwrap().len_bytes() as u64
+    };
+    for (batch, token_major, threads, budget, mode) in [
+        (0, false, 2, None, coli_engine::Speculate::Off),
+        (16, false, 1, Some(one), coli_engine::Speculate::Off),
+        (16, true, 2, None, coli_engine::Speculate::Ngram),
+        (64, false, 2, Some(one), coli_engine::Speculate::Mtp),
+    ] {
+        let what = format!("prefill batch {batch} token-major {token_major} threads {threads} budget {budget:?} {mode:?}");
+        let store = open(&dir, false, IoPreference::Auto);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                prefill_batch: batch,
+                token_major_prefill: token_major,
+                threads: Some(threads),
+                ram_budget: budget,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let params = GenerateParams {
+            max_tokens: want.len(),
+            sampling: SamplingParams::default(),
+            stop_on_eos: false,
+            speculation: coli_engine::SpeculationParams {
+                mode,
+                draft_tokens: 4,
+                gate: false,
+                ..Default::default()
+            },
+        };
+        let got = e.generate(&prompt, &params, |_| Ok(true)).unwrap().tokens;
+        assert_eq!(got, want, "{what}");
+        // No more than the memory plan counts for this many positions, which is far less than
+        // every row of every layer (keys, values, convolution inputs).
+        let state = e.own_state();
+        let n = state.len();
+        let spec = e.spec();
+        let ink = spec.inkling.as_ref().unwrap();
+        let every_row: usize = (0..spec.num_layers)
+            .map(|l| {
+                let d = ink.layer_dims(spec, l);
+                n * (4 * d.kv_heads * d.head_dim + 2 * spec.hidden_size)
+            })
+            .sum();
+        let planned = 4 * ink.kv_values(spec, n) as u64;
+        if mode != coli_engine::Speculate::Mtp {
+            // (The MTP layer's own state is not part of the plan.)
+            assert!(
+                state.bytes() <= planned,
+                "{what}: {} bytes held for {n} positions, {planned} planned",
+                state.bytes()
+            );
+        }
+        let every_row_bytes = 4 * every_row as u64;
+        assert!(
+            planned * 3 < 2 * every_row_bytes,
+            "{what}: {planned} planned, {every_row_bytes} for every row"
+        );
+        // What was dropped cannot be given back: a shorter prefix is not offered, and the
+        // engine starts over from an edited early token instead of reusing a wrong state.
+        assert!(!state.can_truncate(20) && state.can_truncate(0), "{what}");
+        assert!(
+            state.can_truncate(n as usize - 8),
+            "{what}: a short rollback stays exact"
+        );
+        let mut edited = prompt.clone();
+        edited[20] = (edited[20] + 1) % 500;
+        let _ = e.generate(&edited, &params, |_| Ok(true)).unwrap();
+        let again = e.generate(&prompt, &params, |_| Ok(true)).unwrap().tokens;
+        assert_eq!(again, want, "{what}: after an edit in the dropped part");
+    }
+    // The last logits of the long prompt.
+    let store = open(&dir, true, IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+    let d = coli_tests::max_abs_diff(
+        &last,
+        &coli_tests::floats(&exp["last_logits_long_lossless"]),
+    );
+    assert!(d < 1e-3, "long prompt: last logits differ by {d}");
+}
+
 #[test]
 fn int4_stores_match_transformers() {
     for name in FAMILIES {

@@ -256,8 +256,13 @@ fn plan_from_a_checkpoint_predicts_the_store() {
             eng.kv_bytes_per_token(),
             "{name}: KV bytes per token"
         );
+        assert_eq!(
+            coli_convert::memory_plan::kv_bytes_per_sequence(eng.spec(), 8),
+            eng.kv_bytes_per_sequence(),
+            "{name}: KV bytes per sequence"
+        );
         // The figures follow from each other.
-        assert_eq!(row.kv_bytes, p.kv_bytes_per_token * 1024);
+        assert_eq!(row.kv_bytes, p.kv_bytes_per_sequence);
         assert_eq!(
             row.expert_cache_bytes,
             (16u64 << 30) - row.dense_bytes - row.kv_bytes - (512 << 20)

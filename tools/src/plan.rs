@@ -99,7 +99,8 @@ pub struct Plan {
     pub dense_bytes: u64,
     /// KV cache per token of context (`Engine::kv_bytes_per_token`: f32), bytes.
     pub kv_bytes_per_token: u64,
-    /// KV cache of one sequence at full context (`kv_bytes_per_token * context`), bytes.
+    /// KV cache of one sequence at full context (`Engine::kv_bytes_per_sequence`:
+    /// `kv_bytes_per_token * context`, plus Inkling's bounded windows), bytes.
     pub kv_bytes: u64,
     /// RAM the prefix cache of chat and serve may keep finished conversations' KV states in
     /// (`--kv-cache-budget`; default one sequence's KV cache), bytes.
@@ -255,7 +256,7 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
     let budget = eng.placement().budget;
     let context = eng.context();
     let kv_bytes_per_token = eng.kv_bytes_per_token();
-    let kv_bytes = kv_bytes_per_token * context as u64;
+    let kv_bytes = eng.kv_bytes_per_sequence();
     let kv_cache_budget = eng.kv_cache_budget();
     // Measured when the engine started, before the model loaded.
     let memory_limit = eng.placement().memory_limit;

@@ -26,25 +26,73 @@ pub enum QkNorm {
 }
 
 /// The KV cache of one layer: f32 keys and values after RoPE, `[positions, kv_heads * head_dim]`.
+///
+/// A layer that needs only its last positions (Inkling: a sliding-window layer's keys and
+/// values, every layer's short-convolution inputs) drops older rows as it goes
+/// ([`crate::layers::inkling`]): `k`/`v` then hold positions `first..` and `conv` positions
+/// `conv_first..`, and the state can be truncated exactly to any length from
+/// [`LayerKv::min_len`] on (or to 0). Every other layer keeps every position (`first` 0, `conv`
+/// empty).
 #[derive(Clone, Default)]
 pub struct LayerKv {
-    /// Keys, row-major by position.
+    /// Keys, row-major by position, from position `first`.
     pub k: Vec<f32>,
-    /// Values, row-major by position.
+    /// Values, row-major by position, from position `first`.
     pub v: Vec<f32>,
     /// MLA only, during a layer-major prefill ([`crate::Engine::forward`]): the `kv_b`
     /// expansion of the positions cached so far (`[positions, heads, nope + v]` f32), so that
     /// each chunk of the prompt expands only its own rows instead of the whole cache. None
     /// otherwise; never part of the sequence's state (dropped when the layer's chunks end).
     pub expanded: Option<Vec<f32>>,
+    /// Position of the first row of `k` and `v` (0 unless older rows were dropped).
+    pub first: usize,
+    /// Inkling: the inputs of the layer's short convolutions, `conv_dim` f32 per position from
+    /// position `conv_first` ([`crate::layers::inkling`]); empty for other layers.
+    pub conv: Vec<f32>,
+    /// Position of the first row of `conv`.
+    pub conv_first: usize,
+    /// f32 values per position of `conv` (0: no convolution state).
+    pub conv_dim: usize,
+    /// The shortest length (other than 0) the state can be truncated to exactly: the rows a
+    /// later position reads must still be held (0 while nothing was dropped).
+    pub min_len: usize,
+    /// Rows from this position on are never dropped, whatever the window: the start of the
+    /// operation in progress, which a failure or a stop rolls back to (None between
+    /// operations).
+    pub pin: Option<usize>,
 }
 
 impl LayerKv {
-    /// Drops every position from `len` on (row width `kv_dim`).
+    /// Drops every position from `len` on (row width `kv_dim` for `k` and `v`). A `len` below
+    /// [`LayerKv::min_len`] (other than 0) cannot be kept exactly: the caller checks
+    /// [`LayerKv::can_truncate`] first ([`crate::Sequence::truncate`] empties the sequence
+    /// instead).
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
-        self.k.truncate(len * kv_dim);
-        self.v.truncate(len * kv_dim);
+        if len == 0 {
+            let (conv_dim, pin) = (self.conv_dim, self.pin);
+            *self = LayerKv {
+                conv_dim,
+                pin,
+                ..LayerKv::default()
+            };
+            return;
+        }
+        debug_assert!(self.can_truncate(len), "truncate below min_len");
+        self.k.truncate(len.saturating_sub(self.first) * kv_dim);
+        self.v.truncate(len.saturating_sub(self.first) * kv_dim);
+        self.conv
+            .truncate(len.saturating_sub(self.conv_first) * self.conv_dim);
         self.expanded = None;
+    }
+
+    /// Whether [`LayerKv::truncate`] to `len` keeps the state exact.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len == 0 || len >= self.min_len
+    }
+
+    /// Positions held: `first` plus the rows of `k` (row width `kv_dim`).
+    pub fn positions(&self, kv_dim: usize) -> usize {
+        self.first + self.k.len() / kv_dim.max(1)
     }
 }
 

@@ -44,17 +44,26 @@ impl SelfAttn<'_> {
         match self {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(a) => a.kv_dim(),
-            SelfAttn::Inkling(a) => a.row_width(),
+            SelfAttn::Inkling(a) => a.kv_dim(),
         }
     }
 
-    /// f32 values per token in this layer's `LayerKv::v` rows: GQA's `kv_dim`, none for MLA,
-    /// Inkling's full state row.
+    /// f32 values per token in this layer's `LayerKv::conv` rows (Inkling's short-convolution
+    /// inputs; 0 elsewhere).
+    pub fn conv_dim(&self) -> usize {
+        match self {
+            SelfAttn::Inkling(a) => a.conv_dim(),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) => 0,
+        }
+    }
+
+    /// f32 values per token in this layer's `LayerKv::v` rows: GQA's and Inkling's `kv_dim`,
+    /// none for MLA.
     pub fn v_dim(&self) -> usize {
         match self {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(_) => 0,
-            SelfAttn::Inkling(a) => a.row_width(),
+            SelfAttn::Inkling(a) => a.kv_dim(),
         }
     }
 }
@@ -292,8 +301,8 @@ impl DecoderLayer<'_> {
     }
 
     /// Inkling: replaces a sublayer's output `delta` (`[N, H]`) by its short convolution
-    /// (`attn_sconv` when `attention`, else `mlp_sconv`), keeping the inputs in the state rows
-    /// (`k` rows for the attention output, `v` rows for the MLP's). Nothing for other layers.
+    /// (`attn_sconv` when `attention`, else `mlp_sconv`), keeping the inputs in the layer's
+    /// convolution rows (`LayerKv::conv`). Nothing for other layers.
     fn output_conv(
         &self,
         spans: &[Span],
@@ -305,18 +314,11 @@ impl DecoderLayer<'_> {
             return;
         };
         let input = delta.to_vec();
-        let mut states: Vec<&mut Vec<f32>> = kvs
-            .iter_mut()
-            .map(|kv| if attention { &mut kv.k } else { &mut kv.v })
-            .collect();
-        let conv = if attention { &c.attn } else { &c.mlp };
-        conv.forward_spans(
-            &input,
-            spans,
-            &mut states,
-            a.row_width(),
-            a.output_slot(),
-            delta,
-        );
+        let (conv, off) = if attention {
+            (&c.attn, a.output_slot())
+        } else {
+            (&c.mlp, a.output_slot() + a.hidden)
+        };
+        conv.forward_spans(&input, spans, kvs, off, delta);
     }
 }

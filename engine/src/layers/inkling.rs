@@ -12,12 +12,16 @@
 //! - [`SinkMoe`] (`InklingMoE`): the sigmoid-chosen routed experts and the shared experts,
 //!   weighted by one softmax over their `logsigmoid` logits; [`FusedMlp`] (`InklingMLP`).
 //!
-//! **Per-position state.** A layer's cache row holds more than its keys and values: the short
-//! convolutions need the last `kernel - 1` inputs of each of the layer's four convolutions. Each
-//! row of `LayerKv::k` is `[k (kv_dim) | k before its convolution (kv_dim) | attention output
-//! (H)]` and each row of `LayerKv::v` is `[v | v before its convolution | MLP output]`
-//! ([`InklingAttention::row_width`]), so truncating, saving and restoring a sequence keep the
-//! convolutions' state exact with the keys'.
+//! **Per-position state.** Besides its keys and values (`LayerKv::k`, `v`: `kv_dim` f32 per
+//! position), a layer keeps the inputs of its four short convolutions (`LayerKv::conv`, one row
+//! per position: `[k before its convolution (kv_dim) | v before its convolution (kv_dim) |
+//! attention output (H) | MLP output (H)]`, [`InklingAttention::conv_dim`]). Only the last
+//! positions are ever read again: a sliding layer's keys and values within its window, every
+//! layer's convolution inputs within `kernel - 1`. After appending a pass's rows the layer drops
+//! what no later position can read ([`trim`]), keeping [`SLACK`] more positions so that a
+//! rollback of up to that many (rejected speculative drafts) stays exact, and never dropping a
+//! row at or after `LayerKv::pin` (the start of the operation in progress, which a failure
+//! rolls back to). Full layers keep every key and value.
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
@@ -27,6 +31,39 @@ use coli_format::spec::LogScaling;
 use coli_format::MatrixView;
 use coli_store::Store;
 use rayon::prelude::*;
+
+pub use coli_format::spec::inkling::{KV_SLACK as SLACK, KV_TRIM_CHUNK as TRIM_CHUNK};
+
+/// Drops from `kv` what no position after `pos0 - SLACK` reads (nothing at or after
+/// `kv.pin`): keys and values before the last `window - 1` positions (sliding layers), the
+/// convolution inputs before the last `kernel - 1`; updates `kv.min_len`.
+pub fn trim(kv: &mut LayerKv, pos0: usize, kv_dim: usize, window: Option<usize>, kernel: usize) {
+    let base = pos0.min(kv.pin.unwrap_or(pos0)).saturating_sub(SLACK);
+    if let Some(w) = window {
+        let bound = base.saturating_sub(w - 1);
+        if bound >= kv.first + TRIM_CHUNK {
+            let n = bound - kv.first;
+            kv.k.drain(..n * kv_dim);
+            kv.v.drain(..n * kv_dim);
+            kv.first = bound;
+        }
+    }
+    let bound = base.saturating_sub(kernel - 1);
+    if bound >= kv.conv_first + TRIM_CHUNK {
+        kv.conv.drain(..(bound - kv.conv_first) * kv.conv_dim);
+        kv.conv_first = bound;
+    }
+    let keys = match window {
+        Some(w) if kv.first > 0 => kv.first + w - 1,
+        _ => 0,
+    };
+    let conv = if kv.conv_first > 0 {
+        kv.conv_first + kernel - 1
+    } else {
+        0
+    };
+    kv.min_len = keys.max(conv);
+}
 
 /// A causal depthwise short convolution with a residual: `channels` channels, `kernel` taps.
 pub struct ShortConv {
@@ -39,24 +76,26 @@ pub struct ShortConv {
 }
 
 impl ShortConv {
-    /// Writes `x` (`[N, C]`, the rows of `spans`) into column `off..off + C` of its sequence's
-    /// state rows (`states[i]`, rows of width `width`, which already hold a row for every
-    /// position of span `i`), then sets `out` (`[N, C]`) to `x + conv(x)` over each position's
-    /// last `kernel` inputs (earlier positions of the sequence read from the state).
+    /// Writes `x` (`[N, C]`, the rows of `spans`) into columns `off..off + C` of its sequence's
+    /// convolution rows (`kvs[i].conv`, which already hold a row for every position of span
+    /// `i`), then sets `out` (`[N, C]`) to `x + conv(x)` over each position's last `kernel`
+    /// inputs (earlier positions of the sequence read from the state).
     pub fn forward_spans(
         &self,
         x: &[f32],
         spans: &[Span],
-        states: &mut [&mut Vec<f32>],
-        width: usize,
+        kvs: &mut [&mut LayerKv],
         off: usize,
         out: &mut [f32],
     ) {
         let (c, k) = (self.channels, self.kernel);
         let mut r0 = 0;
-        for (s, st) in spans.iter().zip(states.iter_mut()) {
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            let (width, first) = (kv.conv_dim, kv.conv_first);
+            debug_assert!(s.pos0 + 1 >= first + k || first == 0);
+            let st = &mut kv.conv;
             for t in 0..s.n {
-                let at = (s.pos0 + t) * width + off;
+                let at = (s.pos0 + t - first) * width + off;
                 st[at..at + c].copy_from_slice(&x[(r0 + t) * c..(r0 + t + 1) * c]);
             }
             for t in 0..s.n {
@@ -69,7 +108,7 @@ impl ShortConv {
                     for (j, wj) in w.iter().enumerate() {
                         // Input position p - (K - 1) + j.
                         if let Some(q) = (p + j + 1).checked_sub(k) {
-                            acc += wj * st[q * width + off + ch];
+                            acc += wj * st[(q - first) * width + off + ch];
                         }
                     }
                     *o = acc + x[row * c + ch];
@@ -126,24 +165,34 @@ impl InklingAttention<'_> {
         self.num_kv_heads * self.head_dim
     }
 
-    /// f32 values per position of each of the layer's two state rows (`LayerKv::k` and `v`):
-    /// `2 * kv_heads * head_dim + H` (see the module doc).
-    pub fn row_width(&self) -> usize {
-        2 * self.kvd() + self.hidden
+    /// f32 values per position of `LayerKv::k` and of `LayerKv::v`: `kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.kvd()
     }
 
-    /// Offset in a state row of the sublayer output slot (attention output in `k` rows, MLP
-    /// output in `v` rows) the layer's output convolutions read.
+    /// f32 values per position of `LayerKv::conv`: `2 * kv_heads * head_dim + 2 * H` (see the
+    /// module doc).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.kvd() + 2 * self.hidden
+    }
+
+    /// Offset in a convolution row of the attention output (`+ H`: the MLP output) the
+    /// layer's output convolutions read.
     pub fn output_slot(&self) -> usize {
         2 * self.kvd()
     }
 
+    /// Taps of the layer's short convolutions.
+    pub fn kernel(&self) -> usize {
+        self.k_conv.kernel
+    }
+
     /// Attention for the rows of `spans` (`x` `[N, H]` normalized hidden states; span `i` at
     /// positions `pos0..pos0+n` of the sequence whose state is `kvs[i]`, holding `pos0`
-    /// positions). Appends a state row per position to each `kvs[i]` (output slots zero until
-    /// the layer fills them) and writes the o_proj output to `out` (`[N, H]`). Each (row, head)
-    /// is one task in a fixed order: results do not depend on the thread count or on the other
-    /// spans.
+    /// positions). Appends each position's keys, values and convolution row to `kvs[i]`
+    /// (output slots zero until the layer fills them), drops what no later position reads
+    /// ([`trim`]) and writes the o_proj output to `out` (`[N, H]`). Each (row, head) is one task
+    /// in a fixed order: results do not depend on the thread count or on the other spans.
     pub fn forward_spans(
         &self,
         x: &[f32],
@@ -153,7 +202,7 @@ impl InklingAttention<'_> {
     ) {
         let n = Span::rows(spans);
         let (hd, nh, nkv) = (self.head_dim, self.num_heads, self.num_kv_heads);
-        let (qd, kvd, w) = (nh * hd, self.kvd(), self.row_width());
+        let (qd, kvd, cd) = (nh * hd, self.kvd(), self.conv_dim());
         let dr = self.d_rel;
         let mut q = vec![0f32; n * qd];
         let mut kraw = vec![0f32; n * kvd];
@@ -164,32 +213,21 @@ impl InklingAttention<'_> {
         self.v.forward(x, n, &mut vraw);
         self.r.forward(x, n, &mut rel);
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
-            debug_assert_eq!(kv.k.len(), s.pos0 * w);
-            kv.k.resize((s.pos0 + s.n) * w, 0.0);
-            kv.v.resize((s.pos0 + s.n) * w, 0.0);
+            kv.conv_dim = cd;
+            debug_assert_eq!(kv.positions(kvd), s.pos0);
+            kv.conv.resize((s.pos0 + s.n - kv.conv_first) * cd, 0.0);
         }
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
-        {
-            let mut ks: Vec<&mut Vec<f32>> = kvs.iter_mut().map(|kv| &mut kv.k).collect();
-            self.k_conv
-                .forward_spans(&kraw, spans, &mut ks, w, kvd, &mut k);
-        }
-        {
-            let mut vs: Vec<&mut Vec<f32>> = kvs.iter_mut().map(|kv| &mut kv.v).collect();
-            self.v_conv
-                .forward_spans(&vraw, spans, &mut vs, w, kvd, &mut v);
-        }
+        self.k_conv.forward_spans(&kraw, spans, kvs, 0, &mut k);
+        self.v_conv.forward_spans(&vraw, spans, kvs, kvd, &mut v);
         self.q_norm.forward_inplace(&mut q);
         self.k_norm.forward_inplace(&mut k);
         let rows = Span::row_positions(spans);
         let mut r0 = 0;
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
-            for t in 0..s.n {
-                let at = (s.pos0 + t) * w;
-                kv.k[at..at + kvd].copy_from_slice(&k[(r0 + t) * kvd..(r0 + t + 1) * kvd]);
-                kv.v[at..at + kvd].copy_from_slice(&v[(r0 + t) * kvd..(r0 + t + 1) * kvd]);
-            }
+            kv.k.extend_from_slice(&k[r0 * kvd..(r0 + s.n) * kvd]);
+            kv.v.extend_from_slice(&v[r0 * kvd..(r0 + s.n) * kvd]);
             r0 += s.n;
         }
         // Per query position: tau (1 when not log-scaled).
@@ -211,7 +249,7 @@ impl InklingAttention<'_> {
         ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (r, h) = (i / nh, i % nh);
             let (seq, pos) = rows[r];
-            let (keys, values) = (&caches[seq].k, &caches[seq].v);
+            let (keys, values, first) = (&caches[seq].k, &caches[seq].v, caches[seq].first);
             let lo = match self.window {
                 Some(win) if pos + 1 > win => pos + 1 - win,
                 _ => 0,
@@ -221,8 +259,8 @@ impl InklingAttention<'_> {
             let kvh = h / group;
             let mut scores: Vec<f32> = (lo..=pos)
                 .map(|j| {
-                    let s = coli_kernels::dot(qh, &keys[j * w + kvh * hd..j * w + (kvh + 1) * hd])
-                        * scale;
+                    let at = (j - first) * kvd + kvh * hd;
+                    let s = coli_kernels::dot(qh, &keys[at..at + hd]) * scale;
                     let d = pos - j;
                     if d < self.extent {
                         let b: f32 = rh
@@ -239,10 +277,14 @@ impl InklingAttention<'_> {
             coli_kernels::softmax_inplace(&mut scores);
             o.fill(0.0);
             for (j, p) in (lo..=pos).zip(&scores) {
-                coli_kernels::axpy(*p, &values[j * w + kvh * hd..j * w + (kvh + 1) * hd], o);
+                let at = (j - first) * kvd + kvh * hd;
+                coli_kernels::axpy(*p, &values[at..at + hd], o);
             }
         });
         self.o.forward(&ctx, n, out);
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            trim(kv, s.pos0, kvd, self.window, self.kernel());
+        }
     }
 }
 
@@ -405,27 +447,74 @@ mod tests {
             kernel: 3,
         };
         let x = [1.0f32, 10.0, 100.0];
-        let mut state = vec![0f32; 3 * 2];
+        let mut kv = LayerKv {
+            conv: vec![0f32; 3 * 2],
+            conv_dim: 2,
+            ..LayerKv::default()
+        };
         let mut out = vec![0f32; 3];
-        conv.forward_spans(&x, &[Span::new(0, 3)], &mut [&mut state], 2, 1, &mut out);
+        conv.forward_spans(&x, &[Span::new(0, 3)], &mut [&mut kv], 1, &mut out);
         assert_eq!(
             out,
             vec![1.0 + 4.0, 10.0 + 2.0 + 40.0, 100.0 + 1.0 + 20.0 + 400.0]
         );
-        // Decoding position 3 alone reads positions 1 and 2 from the state.
-        state.resize(4 * 2, 0.0);
+        // Decoding position 3 alone reads positions 1 and 2 from the state, also when the rows
+        // before them were dropped.
+        kv.conv.resize(4 * 2, 0.0);
+        kv.conv.drain(..2);
+        kv.conv_first = 1;
         let mut one = [0f32];
-        conv.forward_spans(
-            &[7.0],
-            &[Span::new(3, 1)],
-            &mut [&mut state],
-            2,
-            1,
-            &mut one,
-        );
+        conv.forward_spans(&[7.0], &[Span::new(3, 1)], &mut [&mut kv], 1, &mut one);
         assert_eq!(one[0], 7.0 + 10.0 + 200.0 + 28.0);
-        assert_eq!(state[3 * 2 + 1], 7.0);
-        assert_eq!(state[3 * 2], 0.0, "other slots untouched");
+        assert_eq!(kv.conv[2 * 2 + 1], 7.0);
+        assert_eq!(kv.conv[2 * 2], 0.0, "other slots untouched");
+    }
+
+    #[test]
+    fn trim_keeps_what_later_positions_and_rollbacks_read() {
+        let (kvd, window, kernel) = (2, 5, 4);
+        let n = 400;
+        let mut kv = LayerKv {
+            k: (0..n * kvd).map(|x| x as f32).collect(),
+            v: vec![0f32; n * kvd],
+            conv: (0..n).map(|x| x as f32).collect(),
+            conv_dim: 1,
+            ..LayerKv::default()
+        };
+        trim(&mut kv, n, kvd, Some(window), kernel);
+        // Keys from n - SLACK - (window - 1) on, convolution inputs from n - SLACK - 3.
+        assert_eq!(kv.first, n - SLACK - (window - 1));
+        assert_eq!(
+            kv.k[0],
+            (kv.first * kvd) as f32,
+            "row j holds position j's values"
+        );
+        assert_eq!(kv.conv_first, n - SLACK - (kernel - 1));
+        assert_eq!(kv.conv[0], kv.conv_first as f32);
+        assert_eq!(kv.min_len, n - SLACK);
+        assert!(kv.can_truncate(n - SLACK) && !kv.can_truncate(n - SLACK - 1));
+        assert!(kv.can_truncate(0));
+        // Fewer than TRIM_CHUNK droppable rows: nothing moves.
+        let before = (kv.first, kv.k.len());
+        trim(&mut kv, n + 1, kvd, Some(window), kernel);
+        assert_eq!((kv.first, kv.k.len()), before);
+        // A pinned operation start keeps its rows.
+        let mut pinned = LayerKv {
+            k: vec![0f32; n * kvd],
+            v: vec![0f32; n * kvd],
+            pin: Some(10),
+            ..LayerKv::default()
+        };
+        trim(&mut pinned, n, kvd, Some(window), kernel);
+        assert_eq!(pinned.first, 0);
+        // Full layers keep every key.
+        let mut full = LayerKv {
+            k: vec![0f32; n * kvd],
+            v: vec![0f32; n * kvd],
+            ..LayerKv::default()
+        };
+        trim(&mut full, n, kvd, None, kernel);
+        assert_eq!((full.first, full.k.len()), (0, n * kvd));
     }
 
     #[test]

@@ -410,8 +410,14 @@ pub const MAX_AUTO_PREFILL_CHUNK: usize = 2048;
 /// residual stream, norm output and layer delta (3 H); the attention projections and context
 /// (GQA: q, k, v, context; MLA: q, the q/kv latents, context); the routed experts' inputs,
 /// gate/up products and outputs for its top-k experts plus the shared experts' or dense MLP's
-/// (2 H + 2 I each); and a row of logits (`[vocab]`, for passes that return every row's).
+/// (2 H + 2 I each); a row of logits (`[vocab]`, for passes that return every row's); and,
+/// for Inkling, the state rows a chunk appends before its layers drop what they no longer read
+/// (`InklingSpec::kv_values_per_chunk_row`).
 pub fn prefill_row_bytes(spec: &coli_format::ModelSpec) -> u64 {
+    let state = spec
+        .inkling
+        .as_ref()
+        .map_or(0, |ink| ink.kv_values_per_chunk_row(spec));
     let h = spec.hidden_size;
     let attn = match &spec.mla {
         Some(m) => {
@@ -429,7 +435,7 @@ pub fn prefill_row_bytes(spec: &coli_format::ModelSpec) -> u64 {
             + 2 * spec
                 .intermediate_size
                 .max(shared * spec.moe_intermediate_size));
-    ((3 * h + attn + experts + spec.vocab_size) * std::mem::size_of::<f32>()) as u64
+    ((3 * h + attn + experts + spec.vocab_size + state) * std::mem::size_of::<f32>()) as u64
 }
 
 /// Activation bytes of a prefill that do not grow with its chunk: the layer-major prefill keeps

@@ -242,6 +242,8 @@ impl DiskTier {
                 }
                 None
             }
+            // Usable for its whole length or a longer match, not for this one.
+            Err(KvFileError::Unshortenable { .. }) => None,
             Err(e) => {
                 self.entries.remove(i);
                 if !matches!(&e, KvFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)

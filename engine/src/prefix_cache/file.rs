@@ -25,7 +25,9 @@ pub const KV_FILE_MAGIC: [u8; 8] = *b"COLIKV\0\0";
 /// The cache-layout version this build writes and reads. A file of a newer version is left
 /// alone (a newer coli owns it); any change to what the cached numbers mean or to the bytes
 /// below bumps it.
-pub const KV_LAYOUT_VERSION: u32 = 1;
+/// Version 2: each layer's arrays start with the positions its rows begin at (a layer that
+/// dropped older rows, Inkling) and end with its short-convolution inputs.
+pub const KV_LAYOUT_VERSION: u32 = 2;
 
 /// Bytes of the header before the token ids.
 const FIXED_HEADER_BYTES: usize = 88;
@@ -110,6 +112,15 @@ pub enum KvFileError {
         /// The file.
         path: PathBuf,
     },
+    /// A shorter prefix of the state was asked for than its layers can give back exactly
+    /// (they dropped older rows: Inkling's sliding windows): not damage, left in place.
+    #[error("{path}: its state cannot be cut back to {keep} positions exactly")]
+    Unshortenable {
+        /// The file.
+        path: PathBuf,
+        /// The positions asked for.
+        keep: usize,
+    },
     /// Written by a newer coli: left in place.
     #[error("{path}: written by a newer coli (cache layout version {found}; this build reads version {KV_LAYOUT_VERSION}); left in place")]
     Newer {
@@ -162,7 +173,10 @@ impl KvFileError {
     /// Whether the file should be moved out of the way (damaged, foreign or not ours): every
     /// error but I/O failures (possibly transient) and newer versions (left in place).
     pub fn quarantine(&self) -> bool {
-        !matches!(self, KvFileError::Io { .. } | KvFileError::Newer { .. })
+        !matches!(
+            self,
+            KvFileError::Io { .. } | KvFileError::Newer { .. } | KvFileError::Unshortenable { .. }
+        )
     }
 }
 
@@ -376,13 +390,8 @@ pub fn read_state_prefix(
     let keep = keep.min(n);
     let mut kv = Vec::with_capacity(layout.kv_dims.len());
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
-        let k = body.f32s_prefix(n, keep, kd, &format!("layer {l} keys"))?;
-        let v = body.f32s_prefix(n, keep, vd, &format!("layer {l} values"))?;
-        kv.push(LayerKv {
-            k,
-            v,
-            expanded: None,
-        });
+        let cd = layout.conv_dims.get(l).copied().unwrap_or(0);
+        kv.push(body.layer(n, keep, (kd, vd, cd), &format!("layer {l}"))?);
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -398,15 +407,10 @@ pub fn read_state_prefix(
                 what: format!("MTP state of {fed} positions in a sequence of {n}"),
             });
         }
-        let k = body.f32s(fed.saturating_mul(m.kv_dim), "MTP keys")?;
-        let v = body.f32s(fed.saturating_mul(m.v_dim), "MTP values")?;
+        let kv = body.layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), "MTP layer")?;
         let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
-            kv: LayerKv {
-                k,
-                v,
-                expanded: None,
-            },
+            kv,
             kv_dim: m.kv_dim,
             hidden,
             hidden_size: m.hidden_size,
@@ -429,14 +433,23 @@ pub fn read_state_prefix(
             computed,
         });
     }
-    let mut mtp = mtp;
-    if let Some(m) = mtp.as_mut() {
-        m.truncate(keep, n);
-    }
     let mut seq = Sequence::new(layout.kv_dims.clone(), None);
     seq.kv = kv;
-    seq.tokens = h.tokens[..keep].to_vec();
+    seq.tokens = h.tokens.clone();
     seq.mtp = mtp;
+    if !seq.can_truncate(keep) {
+        return Err(KvFileError::Unshortenable {
+            path: path.to_path_buf(),
+            keep,
+        });
+    }
+    if keep < n {
+        // The layers were read to `keep` rows already; this cuts the MTP state and tokens.
+        if let Some(m) = seq.mtp.as_mut() {
+            m.truncate(keep, n);
+        }
+        seq.tokens.truncate(keep);
+    }
     Ok((h, KvState::new(seq)))
 }
 
@@ -512,6 +525,42 @@ impl<R: Read> BodyReader<'_, R> {
         Ok(v)
     }
 
+    /// One layer's state of a sequence of `n` positions, keeping positions `..keep`: its
+    /// row starts and `min_len` (three u64), then keys and values from `first` (`dims.0`,
+    /// `dims.1` f32 per position) and convolution inputs from `conv_first` (`dims.2`).
+    fn layer(
+        &mut self,
+        n: usize,
+        keep: usize,
+        dims: (usize, usize, usize),
+        what: &str,
+    ) -> Result<LayerKv, KvFileError> {
+        let first = self.u64(what)? as usize;
+        let conv_first = self.u64(what)? as usize;
+        let min_len = self.u64(what)? as usize;
+        if first > n || conv_first > n || min_len > n || (dims.2 == 0 && conv_first != 0) {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: rows from {first} / {conv_first}, exact from {min_len}, in a sequence of {n}"
+                ),
+            });
+        }
+        let (rows, kept) = (n - first, keep.saturating_sub(first));
+        let (conv_rows, conv_kept) = (n - conv_first, keep.saturating_sub(conv_first));
+        Ok(LayerKv {
+            k: self.f32s_prefix(rows, kept, dims.0, &format!("{what} keys"))?,
+            v: self.f32s_prefix(rows, kept, dims.1, &format!("{what} values"))?,
+            conv: self.f32s_prefix(conv_rows, conv_kept, dims.2, &format!("{what} conv"))?,
+            first: if keep == 0 { 0 } else { first },
+            conv_first: if keep == 0 { 0 } else { conv_first },
+            conv_dim: dims.2,
+            min_len: if keep == 0 { 0 } else { min_len },
+            expanded: None,
+            pin: None,
+        })
+    }
+
     fn u64(&mut self, what: &str) -> Result<u64, KvFileError> {
         let mut b = [0u8; 8];
         self.take(&mut b, what)?;
@@ -522,11 +571,13 @@ impl<R: Read> BodyReader<'_, R> {
 /// Body bytes of `state` ([`write_atomic`] writes exactly this many).
 pub fn body_len(state: &KvState) -> u64 {
     let s = &state.seq;
-    let kv: usize = s.kv.iter().map(|l| l.k.len() + l.v.len()).sum();
+    // Each layer's three u64 (row starts, min_len) take six f32-sized slots.
+    let layer = |l: &LayerKv| 6 + l.k.len() + l.v.len() + l.conv.len();
+    let kv: usize = s.kv.iter().map(layer).sum();
     let mtp = s
         .mtp
         .as_ref()
-        .map_or(0, |m| 2 + m.kv.k.len() + m.kv.v.len() + m.hidden.len());
+        .map_or(0, |m| 2 + layer(&m.kv) + m.hidden.len());
     // The MTP position count is one u64 (two f32-sized slots above).
     4 * (kv + mtp) as u64
 }
@@ -599,19 +650,25 @@ fn write_file(
     // The header's checksums need the body: a placeholder first, the header last.
     w.write_all(&vec![0u8; header_len]).map_err(io(tmp))?;
     let mut hasher = Xxh3::new();
-    let mut put = |w: &mut BufWriter<File>, b: &[u8]| -> Result<(), KvFileError> {
-        hasher.update(b);
+    let put = |w: &mut BufWriter<File>, h: &mut Xxh3, b: &[u8]| -> Result<(), KvFileError> {
+        h.update(b);
         w.write_all(b).map_err(io(tmp))
     };
+    let layer = |w: &mut BufWriter<File>, h: &mut Xxh3, l: &LayerKv| -> Result<(), KvFileError> {
+        for x in [l.first, l.conv_first, l.min_len] {
+            put(w, h, &(x as u64).to_le_bytes())?;
+        }
+        put(w, h, l.k.as_bytes())?;
+        put(w, h, l.v.as_bytes())?;
+        put(w, h, l.conv.as_bytes())
+    };
     for l in &s.kv {
-        put(&mut w, l.k.as_bytes())?;
-        put(&mut w, l.v.as_bytes())?;
+        layer(&mut w, &mut hasher, l)?;
     }
     if let Some(m) = &s.mtp {
-        put(&mut w, &(m.fed() as u64).to_le_bytes())?;
-        put(&mut w, m.kv.k.as_bytes())?;
-        put(&mut w, m.kv.v.as_bytes())?;
-        put(&mut w, m.hidden.as_bytes())?;
+        put(&mut w, &mut hasher, &(m.fed() as u64).to_le_bytes())?;
+        layer(&mut w, &mut hasher, &m.kv)?;
+        put(&mut w, &mut hasher, m.hidden.as_bytes())?;
     }
     header.body_xxh3 = hasher.digest();
     w.seek(SeekFrom::Start(0)).map_err(io(tmp))?;

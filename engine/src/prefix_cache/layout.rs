@@ -12,6 +12,8 @@ pub struct MtpLayout {
     pub v_dim: usize,
     /// Hidden size: f32 values per pending hidden-state row.
     pub hidden_size: usize,
+    /// f32 values per position of its convolution inputs (Inkling; 0 elsewhere).
+    pub conv_dim: usize,
 }
 
 /// One engine's KV cache identity and shapes: a saved state is reused only by an engine whose
@@ -32,6 +34,9 @@ pub struct KvLayout {
     pub kv_dims: Vec<usize>,
     /// f32 values per position of each layer's values (0 for MLA).
     pub v_dims: Vec<usize>,
+    /// f32 values per position of each layer's short-convolution inputs (Inkling's
+    /// `LayerKv::conv`; 0 elsewhere).
+    pub conv_dims: Vec<usize>,
     /// The MTP layer's shapes, when the model has one.
     pub mtp: Option<MtpLayout>,
 }
@@ -42,6 +47,7 @@ impl KvLayout {
     /// checksum: the store id names the conversion, not the bytes) running kernels `isa`
     /// (`coli_kernels::Isa::name`); `mla_decode` is `absorbed`, `expanded`, or `none` for
     /// families without MLA.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store_id: [u8; 16],
         weights: u64,
@@ -49,6 +55,7 @@ impl KvLayout {
         mla_decode: &str,
         kv_dims: Vec<usize>,
         v_dims: Vec<usize>,
+        conv_dims: Vec<usize>,
         mtp: Option<MtpLayout>,
     ) -> KvLayout {
         let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
@@ -61,6 +68,7 @@ impl KvLayout {
             params,
             kv_dims,
             v_dims,
+            conv_dims,
             mtp,
         }
     }

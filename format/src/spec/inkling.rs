@@ -54,6 +54,56 @@ use serde_json::Value;
 /// The multimodal wrapper's `model_type`.
 pub const WRAPPER_MODEL_TYPE: &str = "inkling_mm_model";
 
+/// Positions an Inkling layer keeps beyond what the next position reads (the engine's
+/// sliding-window and convolution state), so that truncating by up to this many (speculative
+/// drafts rejected, a pass rolled back) stays exact.
+pub const KV_SLACK: usize = 64;
+
+/// The engine drops an Inkling layer's older rows only once at least this many can go.
+pub const KV_TRIM_CHUNK: usize = 64;
+
+/// Positions of a trimmed state (a sliding layer's keys and values when `read_back` is
+/// `window - 1`, convolution inputs when it is `kernel - 1`) held at most between passes, of a
+/// sequence `context` positions long: what the next position reads, [`KV_SLACK`] and one
+/// [`KV_TRIM_CHUNK`] not yet dropped.
+pub fn held_rows(read_back: usize, context: usize) -> usize {
+    (read_back + KV_SLACK + KV_TRIM_CHUNK).min(context)
+}
+
+impl InklingSpec {
+    /// f32 values a sequence of `context` positions holds in its Inkling layers' state
+    /// (engine: `LayerKv` of `engine/src/layers/inkling.rs`): per full layer keys and values
+    /// of every position; per sliding layer those of [`held_rows`]`(window - 1)` positions;
+    /// per layer the four convolutions' inputs (`2 * kv_dim + 2 * H`) of
+    /// [`held_rows`]`(kernel - 1)` positions. A pass appends its rows before dropping: a
+    /// prefill chunk's are counted with the prefill.
+    pub fn kv_values(&self, spec: &ModelSpec, context: usize) -> usize {
+        (0..spec.num_layers)
+            .map(|l| {
+                let d = self.layer_dims(spec, l);
+                let kvd = d.kv_heads * d.head_dim;
+                let kv_rows = match d.window {
+                    Some(w) => held_rows(w - 1, context),
+                    None => context,
+                };
+                2 * kvd * kv_rows
+                    + (2 * kvd + 2 * spec.hidden_size) * held_rows(self.conv_kernel - 1, context)
+            })
+            .sum()
+    }
+
+    /// f32 values per position a prefill chunk appends to the Inkling layers' state before
+    /// they drop what they no longer read: every layer's keys, values and convolution inputs.
+    pub fn kv_values_per_chunk_row(&self, spec: &ModelSpec) -> usize {
+        (0..spec.num_layers)
+            .map(|l| {
+                let d = self.layer_dims(spec, l);
+                4 * d.kv_heads * d.head_dim + 2 * spec.hidden_size
+            })
+            .sum()
+    }
+}
+
 /// The logarithmic logit scaling of the full-attention layers (`log_scaling_n_floor`,
 /// `log_scaling_alpha`): queries and the position bias of the token at position `i` are
 /// multiplied by `1 + alpha * ln(max(1, (i + 1) / n_floor))`.
