@@ -454,8 +454,20 @@ impl<'s> Engine<'s> {
     pub fn resume_sequence(&self, state: KvState) -> Result<Sequence> {
         self.check_state(&state)?;
         let mut seq = state.seq;
+        seq.set_windowed(&self.windowed_layers());
         seq.set_slot(self.take_slot()?);
         Ok(seq)
+    }
+
+    /// Per decoder layer: whether its keys and values drop their older rows (Inkling's
+    /// sliding-window layers).
+    fn windowed_layers(&self) -> Vec<bool> {
+        use crate::layers::SelfAttn;
+        self.model
+            .layers
+            .iter()
+            .map(|l| matches!(&l.attn, SelfAttn::Inkling(a) if a.window.is_some()))
+            .collect()
     }
 
     /// A copy of the engine's own sequence's KV state (what [`Engine::restore_own`] takes).
@@ -471,6 +483,7 @@ impl<'s> Engine<'s> {
     pub fn restore_own(&mut self, state: KvState) -> Result<()> {
         self.check_state(&state)?;
         self.seq = state.seq;
+        self.seq.set_windowed(&self.windowed_layers());
         Ok(())
     }
 
@@ -481,13 +494,18 @@ impl<'s> Engine<'s> {
             && s.kv
                 .iter()
                 .zip(dims.iter().zip(&self.v_dims))
-                .all(|(l, (&kd, &vd))| {
-                    let rows = s.len().saturating_sub(l.first);
-                    l.k.len() == rows * kd
-                        && l.v.len() == rows * vd
-                        && l.conv.len() == s.len().saturating_sub(l.conv_first) * l.conv_dim
-                })
-            && (s.mtp.is_none() || self.model.mtp.is_some());
+                .zip(&self.model.layers)
+                .all(|((l, (&kd, &vd)), layer)| state_fits(l, s.len(), (kd, vd), &layer.attn))
+            && match (&s.mtp, &self.model.mtp) {
+                (None, _) => true,
+                (Some(m), Some(layer)) => state_fits(
+                    &m.kv,
+                    m.fed(),
+                    (layer.kv_dim(), layer.decoder.attn.v_dim()),
+                    &layer.decoder.attn,
+                ),
+                (Some(_), None) => false,
+            };
         if !fits {
             return Err(EngineError::Invalid(
                 "a saved KV state does not fit this model's layer shapes".into(),
@@ -649,6 +667,13 @@ impl<'s> Engine<'s> {
         if len == 0 || k == 0 || len <= fed {
             return Ok(Vec::new());
         }
+        // Chained drafts roll back exactly only within the rows an Inkling layer keeps.
+        let k = k.min(crate::layers::inkling::SLACK);
+        // A failure rolls back to `fed`: when the rows run now are more than that keeps exact,
+        // a copy of the (bounded) state is kept for it.
+        let bounded = state.kv.conv_dim > 0 || state.kv.windowed;
+        let saved =
+            (bounded && len - fed + k > crate::layers::inkling::SLACK).then(|| state.kv.clone());
         let Engine {
             store,
             model,
@@ -698,7 +723,10 @@ impl<'s> Engine<'s> {
                 state.kv.truncate(len, state.kv_dim);
                 state.hidden.clear();
             }
-            Err(_) => state.kv.truncate(fed, state.kv_dim),
+            Err(_) => match saved {
+                Some(s) => state.kv = s,
+                None => state.kv.truncate(fed, state.kv_dim),
+            },
         }
         r
     }
@@ -830,12 +858,20 @@ impl<'s> Engine<'s> {
         })
     }
 
+    /// Whether [`Engine::truncate`] to `len` keeps the own KV cache exact
+    /// ([`Sequence::can_truncate`]).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.seq.can_truncate(len)
+    }
+
     /// Empties the KV cache (the expert cache is kept).
     pub fn reset(&mut self) {
         self.truncate(0);
     }
 
-    /// Keeps only the first `len` positions of the engine's own KV cache.
+    /// Keeps only the first `len` positions of the engine's own KV cache. A model whose layers
+    /// drop their older rows (Inkling) goes back only as far as [`Engine::can_truncate`] says;
+    /// further back the cache is emptied.
     pub fn truncate(&mut self, len: usize) {
         self.seq.truncate(len);
     }
@@ -876,8 +912,10 @@ impl<'s> Engine<'s> {
             return Err(self.too_many());
         }
         let start = self.seq.len();
-        // A failure rolls back to `start`: no layer drops a row from there on meanwhile.
-        self.seq.pin(start);
+        // A failure rolls back to `start`: a long call keeps the state layers drop.
+        if ids.len() > crate::layers::inkling::SLACK {
+            self.seq.pin();
+        }
         let r = self.forward_from(ids, which, start);
         self.seq.unpin();
         r
@@ -936,7 +974,9 @@ impl<'s> Engine<'s> {
         }
         self.check_ids_after(seq.len(), ids)?;
         let start = seq.len();
-        seq.pin(start);
+        if ids.len() > crate::layers::inkling::SLACK {
+            seq.pin();
+        }
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
         let r = if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
             self.commit_usage(seq);
@@ -1203,6 +1243,19 @@ impl<'s> Engine<'s> {
             self.commit_usage(s);
         }
         let starts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        // A failure rolls back to `starts`: a sequence given more rows than a rollback keeps
+        // exact keeps a copy of the state its layers drop (the call's own pin comes first).
+        let pinned: Vec<bool> = seqs
+            .iter_mut()
+            .zip(ids)
+            .map(|(s, i)| {
+                let pin = i.len() > crate::layers::inkling::SLACK && !s.is_pinned();
+                if pin {
+                    s.pin();
+                }
+                pin
+            })
+            .collect();
         let t0 = Instant::now();
         let r = self.pass_inner(seqs, ids, want, verify);
         let rows: usize = ids.iter().map(|i| i.len()).sum();
@@ -1210,6 +1263,11 @@ impl<'s> Engine<'s> {
         if r.is_err() {
             for (s, &len) in seqs.iter_mut().zip(&starts) {
                 s.truncate(len);
+            }
+        }
+        for (s, pin) in seqs.iter_mut().zip(pinned) {
+            if pin {
+                s.unpin();
             }
         }
         r
@@ -1581,6 +1639,40 @@ impl<'s> Engine<'s> {
             stats,
         })
     }
+}
+
+/// Whether `l` is a consistent state of `len` positions for a layer with attention `attn` and
+/// row widths `(kv_dim, v_dim)`: rows from where it says, dropped rows only where the layer
+/// drops them, and a `min_len` that covers what its window and convolutions read (a state read
+/// from a file is checked before it runs: a bad one must not index a dropped row).
+fn state_fits(
+    l: &LayerKv,
+    len: usize,
+    (kd, vd): (usize, usize),
+    attn: &crate::layers::SelfAttn<'_>,
+) -> bool {
+    use crate::layers::SelfAttn;
+    if len == 0 {
+        return l.k.is_empty() && l.v.is_empty() && l.conv.is_empty() && l.first == 0;
+    }
+    let (window, kernel, conv_dim) = match attn {
+        SelfAttn::Inkling(a) => (a.window, a.kernel(), a.conv_dim()),
+        _ => (None, 1, 0),
+    };
+    let shapes = l.first <= len
+        && l.conv_first <= len
+        && l.min_len <= len
+        && l.conv_dim == conv_dim
+        && l.k.len() == (len - l.first) * kd
+        && l.v.len() == (len - l.first) * vd
+        && l.conv.len() == (len - l.conv_first) * conv_dim;
+    let keys = match window {
+        _ if l.first == 0 => true,
+        Some(w) => l.min_len >= l.first + w - 1,
+        None => false,
+    };
+    let conv = l.conv_first == 0 || (conv_dim > 0 && l.min_len >= l.conv_first + kernel - 1);
+    shapes && keys && conv
 }
 
 /// f32 values per position of each layer's `v` cache rows (GQA: `kv_dim`; MLA: 0; Inkling:

@@ -21,6 +21,9 @@ pub struct Sequence {
     pub(crate) held_usage: Vec<(usize, Vec<ExpertKey>)>,
     /// What MTP drafting needs, when it is on for this sequence.
     pub(crate) mtp: Option<MtpState>,
+    /// [`Sequence::pin`]: the length it was pinned at and a copy of the layers' bounded state
+    /// then.
+    pinned: Option<(usize, Vec<LayerKv>)>,
     /// Returns the sequence's place to the engine's count when dropped.
     _slot: Option<SlotGuard>,
 }
@@ -132,6 +135,7 @@ impl Sequence {
             tokens: Vec::new(),
             kv_dims,
             held_usage: Vec::new(),
+            pinned: None,
             mtp: None,
             _slot: slot,
         }
@@ -148,6 +152,9 @@ impl Sequence {
                 .iter()
                 .zip(&self.kv_dims)
                 .map(|(l, &dim)| {
+                    if len == 0 {
+                        return l.emptied();
+                    }
                     let rows = len.saturating_sub(l.first);
                     let conv_rows = len.saturating_sub(l.conv_first);
                     LayerKv {
@@ -159,13 +166,14 @@ impl Sequence {
                         conv_dim: l.conv_dim,
                         min_len: l.min_len,
                         expanded: None,
-                        pin: None,
+                        windowed: l.windowed,
                     }
                 })
                 .collect(),
             tokens: self.tokens[..len].to_vec(),
             kv_dims: self.kv_dims.clone(),
             held_usage: Vec::new(),
+            pinned: None,
             mtp: self.mtp.clone().map(|mut m| {
                 m.truncate(len, self.tokens.len());
                 m
@@ -223,46 +231,97 @@ impl Sequence {
         self.tokens.is_empty()
     }
 
-    /// Whether [`Sequence::truncate`] to `len` keeps the state exact: always for 0 and for
-    /// `len >= self.len()`; a layer that dropped its older rows (Inkling's sliding windows and
-    /// convolution inputs, [`crate::layers::inkling::trim`]) can go back only so far.
+    /// Whether [`Sequence::truncate`] to `len` keeps the state exact: always for 0, and for
+    /// every length when no layer dropped rows; a layer that dropped its older rows (Inkling's
+    /// sliding windows and convolution inputs, [`crate::layers::inkling::trim`]) can go back
+    /// only so far.
     pub fn can_truncate(&self, len: usize) -> bool {
-        len >= self.tokens.len()
-            || (self.kv.iter().all(|l| l.can_truncate(len))
-                && self
-                    .mtp
-                    .as_ref()
-                    .is_none_or(|m| m.kv.can_truncate(len.min(m.fed()))))
+        // Layers are asked even for `len >= self.len()`: a layer-major prefill that failed
+        // midway has layers ahead of the tokens.
+        self.kv.iter().all(|l| l.can_truncate(len))
+            && self
+                .mtp
+                .as_ref()
+                .is_none_or(|m| m.kv.can_truncate(len.min(m.fed())))
     }
 
-    /// Keeps no row from before `start` from being dropped until [`Sequence::unpin`]: the
-    /// start of an operation that may roll back to it.
-    pub(crate) fn pin(&mut self, start: usize) {
-        for l in self
-            .kv
-            .iter_mut()
-            .chain(self.mtp.as_mut().map(|m| &mut m.kv))
-        {
-            l.pin = Some(start);
+    /// Keeps a copy of what the layers that drop their older rows hold now (Inkling: the
+    /// sliding layers' keys and values, every layer's convolution inputs; bounded by their
+    /// windows), so that [`Sequence::truncate`] back to the current length stays exact
+    /// whatever an operation of many positions drops meanwhile, until [`Sequence::unpin`].
+    /// Nothing is copied for an empty sequence (going back to 0 is always exact) or a model
+    /// whose layers keep every row.
+    pub(crate) fn pin(&mut self) {
+        let start = self.tokens.len();
+        if start == 0 || self.kv.iter().all(|l| l.conv_dim == 0 && !l.windowed) {
+            return;
         }
+        let layers = self
+            .kv
+            .iter()
+            .map(|l| LayerKv {
+                k: if l.windowed { l.k.clone() } else { Vec::new() },
+                v: if l.windowed { l.v.clone() } else { Vec::new() },
+                conv: l.conv.clone(),
+                first: l.first,
+                conv_first: l.conv_first,
+                conv_dim: l.conv_dim,
+                min_len: l.min_len,
+                expanded: None,
+                windowed: l.windowed,
+            })
+            .collect();
+        self.pinned = Some((start, layers));
+    }
+
+    /// Whether [`Sequence::pin`] holds a copy.
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
     }
 
     /// Ends [`Sequence::pin`].
     pub(crate) fn unpin(&mut self) {
-        for l in self
-            .kv
-            .iter_mut()
-            .chain(self.mtp.as_mut().map(|m| &mut m.kv))
-        {
-            l.pin = None;
+        self.pinned = None;
+    }
+
+    /// Marks which layers' keys and values drop their older rows (`windowed[l]`), as a state
+    /// read back from a file does not say.
+    pub(crate) fn set_windowed(&mut self, windowed: &[bool]) {
+        for (l, &w) in self.kv.iter_mut().zip(windowed) {
+            l.windowed = w;
         }
     }
 
     /// Keeps only the first `len` positions (no effect when `len >= self.len()`). When that
-    /// cannot be kept exactly ([`Sequence::can_truncate`]), the sequence is emptied instead:
-    /// callers that continue from `len` check first.
+    /// cannot be kept exactly ([`Sequence::can_truncate`]), the sequence goes back to where it
+    /// was pinned ([`Sequence::pin`], at most `len`), else it is emptied: callers that continue
+    /// from `len` check first.
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.tokens.len());
+        if !self.can_truncate(len) && self.pinned.as_ref().is_some_and(|p| p.0 <= len) {
+            // Back to the pinned start, the nearest exact state (a failed pass inside a pinned
+            // operation, which then rolls back there itself): the bounded state comes from the
+            // copy, the rest (full layers' keys and values) is cut.
+            let (len, layers) = self.pinned.take().expect("checked");
+            if let Some(m) = self.mtp.as_mut() {
+                m.truncate(len, self.tokens.len());
+            }
+            for ((kv, &dim), snap) in self.kv.iter_mut().zip(&self.kv_dims).zip(layers) {
+                let (k, v) = if snap.windowed {
+                    (snap.k, snap.v)
+                } else {
+                    let mut k = std::mem::take(&mut kv.k);
+                    let mut v = std::mem::take(&mut kv.v);
+                    k.truncate(len.saturating_sub(snap.first) * dim);
+                    v.truncate(len.saturating_sub(snap.first) * dim);
+                    (k, v)
+                };
+                *kv = LayerKv { k, v, ..snap };
+            }
+            self.tokens.truncate(len);
+            self.held_usage.retain(|(pos, _)| *pos < len);
+            return;
+        }
         let len = if self.can_truncate(len) { len } else { 0 };
         if let Some(m) = self.mtp.as_mut() {
             m.truncate(len, self.tokens.len());

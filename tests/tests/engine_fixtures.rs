@@ -216,6 +216,57 @@ fn inkling_long_sequences_drop_old_rows_and_match_transformers() {
         let again = e.generate(&prompt, &params, |_| Ok(true)).unwrap().tokens;
         assert_eq!(again, want, "{what}: after an edit in the dropped part");
     }
+    // A prefill drops rows chunk by chunk: right after it (no decode yet) the state is within
+    // the plan, whatever the chunking.
+    for batch in [16, 256] {
+        let store = open(&dir, false, IoPreference::Auto);
+        let opts = EngineOptions {
+            prefill_batch: batch,
+            ..EngineOptions::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        e.forward(&prompt, Logits::Last).unwrap();
+        let n = prompt.len();
+        let planned = 4 * e.spec().inkling.as_ref().unwrap().kv_values(e.spec(), n) as u64;
+        let held = e.own_state().bytes();
+        assert!(
+            held <= planned,
+            "prefill batch {batch}: {held} bytes, {planned} planned"
+        );
+    }
+    // A long prefill after cached tokens that is stopped rolls back exactly to them (its start
+    // is pinned), and the conversation then continues as if never stopped.
+    {
+        let store = open(&dir, false, IoPreference::Auto);
+        let opts = EngineOptions {
+            prefill_batch: 16,
+            max_sequences: 2,
+            ..EngineOptions::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let (head, tail) = prompt.split_at(120);
+        let mut seq = e.new_sequence().unwrap();
+        e.prefill_sequence(&mut seq, head, Logits::Last, &|| false)
+            .unwrap();
+        let stopped = e.prefill_sequence(&mut seq, tail, Logits::Last, &|| true);
+        assert!(
+            matches!(stopped, Err(coli_engine::EngineError::Stopped)),
+            "{stopped:?}"
+        );
+        assert_eq!(seq.tokens(), head, "rolled back to the cached tokens");
+        let a = e
+            .prefill_sequence(&mut seq, tail, Logits::Last, &|| false)
+            .unwrap();
+        let mut fresh = e.new_sequence().unwrap();
+        let b = e
+            .prefill_sequence(&mut fresh, &prompt, Logits::Last, &|| false)
+            .unwrap();
+        assert_eq!(
+            a.last().unwrap(),
+            b.last().unwrap(),
+            "the same bits after a stopped prefill"
+        );
+    }
     // The last logits of the long prompt.
     let store = open(&dir, true, IoPreference::Auto);
     let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();

@@ -56,10 +56,9 @@ pub struct LayerKv {
     /// The shortest length (other than 0) the state can be truncated to exactly: the rows a
     /// later position reads must still be held (0 while nothing was dropped).
     pub min_len: usize,
-    /// Rows from this position on are never dropped, whatever the window: the start of the
-    /// operation in progress, which a failure or a stop rolls back to (None between
-    /// operations).
-    pub pin: Option<usize>,
+    /// Whether `k`/`v` drop their older rows (an Inkling sliding-window layer); full layers
+    /// keep every key and value.
+    pub windowed: bool,
 }
 
 impl LayerKv {
@@ -69,12 +68,7 @@ impl LayerKv {
     /// instead).
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         if len == 0 {
-            let (conv_dim, pin) = (self.conv_dim, self.pin);
-            *self = LayerKv {
-                conv_dim,
-                pin,
-                ..LayerKv::default()
-            };
+            *self = self.emptied();
             return;
         }
         debug_assert!(self.can_truncate(len), "truncate below min_len");
@@ -83,6 +77,15 @@ impl LayerKv {
         self.conv
             .truncate(len.saturating_sub(self.conv_first) * self.conv_dim);
         self.expanded = None;
+    }
+
+    /// An empty state of the same shape (no rows, nothing dropped).
+    pub fn emptied(&self) -> LayerKv {
+        LayerKv {
+            conv_dim: self.conv_dim,
+            windowed: self.windowed,
+            ..LayerKv::default()
+        }
     }
 
     /// Whether [`LayerKv::truncate`] to `len` keeps the state exact.

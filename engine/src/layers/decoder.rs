@@ -294,6 +294,9 @@ impl DecoderLayer<'_> {
             Ffn::FusedDense(m) => m.forward(&normed, n, &mut delta),
         }
         self.output_conv(spans, kvs, false, &mut delta);
+        if let SelfAttn::Inkling(a) = &self.attn {
+            a.trim_spans(spans, kvs);
+        }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;
         }

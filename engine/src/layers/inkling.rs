@@ -18,10 +18,11 @@
 //! attention output (H) | MLP output (H)]`, [`InklingAttention::conv_dim`]). Only the last
 //! positions are ever read again: a sliding layer's keys and values within its window, every
 //! layer's convolution inputs within `kernel - 1`. After appending a pass's rows the layer drops
-//! what no later position can read ([`trim`]), keeping [`SLACK`] more positions so that a
-//! rollback of up to that many (rejected speculative drafts) stays exact, and never dropping a
-//! row at or after `LayerKv::pin` (the start of the operation in progress, which a failure
-//! rolls back to). Full layers keep every key and value.
+//! what no later position can read ([`trim`]), keeping [`SLACK`] more positions than the pass's
+//! end so that a rollback of up to that many (rejected speculative drafts) stays exact. A
+//! longer operation that may roll back to its start (a prefill after cached tokens) keeps a
+//! copy of the layers' bounded state at that start ([`crate::Sequence`]'s pin). Full layers
+//! keep every key and value.
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
@@ -34,11 +35,12 @@ use rayon::prelude::*;
 
 pub use coli_format::spec::inkling::{KV_SLACK as SLACK, KV_TRIM_CHUNK as TRIM_CHUNK};
 
-/// Drops from `kv` what no position after `pos0 - SLACK` reads (nothing at or after
-/// `kv.pin`): keys and values before the last `window - 1` positions (sliding layers), the
-/// convolution inputs before the last `kernel - 1`; updates `kv.min_len`.
-pub fn trim(kv: &mut LayerKv, pos0: usize, kv_dim: usize, window: Option<usize>, kernel: usize) {
-    let base = pos0.min(kv.pin.unwrap_or(pos0)).saturating_sub(SLACK);
+/// Drops from `kv`, which holds `end` positions, what no position after `end - SLACK` reads:
+/// keys and values before the last `window - 1` positions (sliding layers), the convolution
+/// inputs before the last `kernel - 1`; updates `kv.min_len`.
+pub fn trim(kv: &mut LayerKv, end: usize, kv_dim: usize, window: Option<usize>, kernel: usize) {
+    kv.windowed = window.is_some();
+    let base = end.saturating_sub(SLACK);
     if let Some(w) = window {
         let bound = base.saturating_sub(w - 1);
         if bound >= kv.first + TRIM_CHUNK {
@@ -190,8 +192,8 @@ impl InklingAttention<'_> {
     /// Attention for the rows of `spans` (`x` `[N, H]` normalized hidden states; span `i` at
     /// positions `pos0..pos0+n` of the sequence whose state is `kvs[i]`, holding `pos0`
     /// positions). Appends each position's keys, values and convolution row to `kvs[i]`
-    /// (output slots zero until the layer fills them), drops what no later position reads
-    /// ([`trim`]) and writes the o_proj output to `out` (`[N, H]`). Each (row, head) is one task
+    /// (output slots zero until the layer fills them) and writes the o_proj output to `out`
+    /// (`[N, H]`); the layer drops old rows afterwards ([`InklingAttention::trim_spans`]). Each (row, head) is one task
     /// in a fixed order: results do not depend on the thread count or on the other spans.
     pub fn forward_spans(
         &self,
@@ -282,8 +284,13 @@ impl InklingAttention<'_> {
             }
         });
         self.o.forward(&ctx, n, out);
+    }
+
+    /// Drops from each span's state what no position after the pass reads ([`trim`]); run
+    /// once the whole layer (both output convolutions too) is done with the pass's rows.
+    pub fn trim_spans(&self, spans: &[Span], kvs: &mut [&mut LayerKv]) {
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
-            trim(kv, s.pos0, kvd, self.window, self.kernel());
+            trim(kv, s.pos0 + s.n, self.kvd(), self.window, self.kernel());
         }
     }
 }
@@ -498,15 +505,6 @@ mod tests {
         let before = (kv.first, kv.k.len());
         trim(&mut kv, n + 1, kvd, Some(window), kernel);
         assert_eq!((kv.first, kv.k.len()), before);
-        // A pinned operation start keeps its rows.
-        let mut pinned = LayerKv {
-            k: vec![0f32; n * kvd],
-            v: vec![0f32; n * kvd],
-            pin: Some(10),
-            ..LayerKv::default()
-        };
-        trim(&mut pinned, n, kvd, Some(window), kernel);
-        assert_eq!(pinned.first, 0);
         // Full layers keep every key.
         let mut full = LayerKv {
             k: vec![0f32; n * kvd],

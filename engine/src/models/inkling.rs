@@ -151,6 +151,15 @@ fn load_layer<'s>(
             &m.out_conv,
         ),
         FfnSpec::SinkMoe(m) => {
+            let shared_down = w.matrix(&m.shared_down)?;
+            let h = spec.hidden_size;
+            if !(0..m.num_shared).all(|e| shared_down.row_range(e * h, (e + 1) * h).is_some()) {
+                return Err(config_err(format!(
+                    "{}: its {} encoding cannot be cut into the shared experts' [H, I] matrices (FP8 needs H a multiple of 128): convert it with --shared-experts bf16, int8 or int4-g64",
+                    m.shared_down.name,
+                    shared_down.encoding().name()
+                )));
+            }
             let moe = coli_format::spec::MoeSpec {
                 router: m.router.clone(),
                 router_bias: None,
@@ -165,7 +174,7 @@ fn load_layer<'s>(
                     scale: ink.route_scale * scalar(w, &m.router_scale)?,
                     num_shared: m.num_shared,
                     shared_gate_up: w.matrix(&m.shared_gate_up)?,
-                    shared_down: w.matrix(&m.shared_down)?,
+                    shared_down,
                 }),
                 &m.out_conv,
             )

@@ -538,6 +538,13 @@ impl<R: Read> BodyReader<'_, R> {
         let first = self.u64(what)? as usize;
         let conv_first = self.u64(what)? as usize;
         let min_len = self.u64(what)? as usize;
+        if keep > 0 && keep < n && keep < min_len {
+            // Stop here: the rest of the file need not be read for a prefix it cannot give.
+            return Err(KvFileError::Unshortenable {
+                path: self.path.to_path_buf(),
+                keep,
+            });
+        }
         if first > n || conv_first > n || min_len > n || (dims.2 == 0 && conv_first != 0) {
             return Err(KvFileError::Malformed {
                 path: self.path.to_path_buf(),
@@ -557,7 +564,7 @@ impl<R: Read> BodyReader<'_, R> {
             conv_dim: dims.2,
             min_len: if keep == 0 { 0 } else { min_len },
             expanded: None,
-            pin: None,
+            windowed: false,
         })
     }
 

@@ -253,6 +253,21 @@ pub(crate) fn configure(
     s: &mut ModelSpec,
 ) -> Result<(), FormatError> {
     let n = s.num_layers;
+    // InklingTextConfig's defaults where the generic reader assumes others.
+    if f.get("head_dim").is_none() {
+        s.head_dim = 128;
+        s.rotary_dim = 128;
+    }
+    if f.get("num_key_value_heads").is_none() {
+        s.num_kv_heads = 8;
+        if !s.num_heads.is_multiple_of(8) {
+            return Err(f.err(format!(
+                "{p}num_attention_heads {} must be a multiple of {p}num_key_value_heads (default 8)",
+                s.num_heads,
+                p = f.prefix
+            )));
+        }
+    }
     s.num_experts = super::num_experts(f, "n_routed_experts", "num_local_experts")?;
     s.n_shared_experts = f.usize("n_shared_experts")?.unwrap_or(2);
     if s.n_shared_experts == 0 {
@@ -394,6 +409,8 @@ pub(crate) fn configure(
     let mtp = top.object("mtp_config", "mtp_config.");
     let depth = match f.usize("num_mtp_layers")? {
         Some(n) => n,
+        // An explicit null in the text config stays (transformers' `setdefault` keeps it).
+        None if f.v.get("num_mtp_layers").is_some() => 0,
         None => match &mtp {
             Some(m) => m.usize("num_nextn_predict_layers")?.unwrap_or(0),
             None => 0,
