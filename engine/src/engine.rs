@@ -742,29 +742,7 @@ impl<'s> Engine<'s> {
     /// length; [`EngineError::TokenOutOfRange`]; [`EngineError::ContextOverflow`] when n
     /// exceeds the context; expert fetch failures.
     pub fn mtp_logits(&mut self, hidden: &[f32], next_ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
-        if self.model.mtp.is_none() {
-            return Err(EngineError::Invalid(
-                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
-                    .into(),
-            ));
-        }
-        let n = next_ids.len();
-        if n == 0 || hidden.len() != n * h {
-            return Err(EngineError::Invalid(format!(
-                "MTP input: {n} ids need {n} x {h} hidden values, got {}",
-                hidden.len()
-            )));
-        }
-        if let Some(&id) = next_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { id, vocab });
-        }
-        if n > self.context {
-            return Err(EngineError::ContextOverflow {
-                needed: n,
-                context: self.context,
-            });
-        }
+        self.check_mtp_input(hidden, next_ids, 1)?;
         let Engine {
             store,
             model,
@@ -803,32 +781,8 @@ impl<'s> Engine<'s> {
         hidden: &[f32],
         next_ids: &[u32],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
-        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
-        if self.model.mtp.is_none() {
-            return Err(EngineError::Invalid(
-                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
-                    .into(),
-            ));
-        }
         let depths = 1 + self.model.mtp_chain.len();
-        let n = hidden.len() / h.max(1);
-        if n == 0 || hidden.len() != n * h || next_ids.len() != n + depths - 1 {
-            return Err(EngineError::Invalid(format!(
-                "MTP chain input: {} hidden values ({n} positions of {h}) need {} ids for {depths} layers, got {}",
-                hidden.len(),
-                n + depths - 1,
-                next_ids.len()
-            )));
-        }
-        if let Some(&id) = next_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { id, vocab });
-        }
-        if n > self.context {
-            return Err(EngineError::ContextOverflow {
-                needed: n,
-                context: self.context,
-            });
-        }
+        let n = self.check_mtp_input(hidden, next_ids, depths)?;
         let Engine {
             store,
             model,
@@ -862,6 +816,38 @@ impl<'s> Engine<'s> {
     /// ([`Sequence::can_truncate`]).
     pub fn can_truncate(&self, len: usize) -> bool {
         self.seq.can_truncate(len)
+    }
+
+    /// Checks the input of [`Engine::mtp_logits`] / [`Engine::mtp_chain_logits`] for a chain of
+    /// `depths` MTP layers: an MTP layer, `hidden` a whole number n > 0 of `[H]` rows, n +
+    /// depths - 1 ids in the vocabulary, n within the context. Returns n.
+    fn check_mtp_input(&self, hidden: &[f32], next_ids: &[u32], depths: usize) -> Result<usize> {
+        let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
+        if self.model.mtp.is_none() {
+            return Err(EngineError::Invalid(
+                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
+                    .into(),
+            ));
+        }
+        let n = hidden.len() / h.max(1);
+        if n == 0 || hidden.len() != n * h || next_ids.len() != n + depths - 1 {
+            return Err(EngineError::Invalid(format!(
+                "MTP input: {} hidden values ({n} positions of {h}) need {} ids for {depths} MTP layer(s), got {}",
+                hidden.len(),
+                n + depths - 1,
+                next_ids.len()
+            )));
+        }
+        if let Some(&id) = next_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        if n > self.context {
+            return Err(EngineError::ContextOverflow {
+                needed: n,
+                context: self.context,
+            });
+        }
+        Ok(n)
     }
 
     /// Empties the KV cache (the expert cache is kept).

@@ -157,17 +157,11 @@ impl Sequence {
                     }
                     let rows = len.saturating_sub(l.first);
                     let conv_rows = len.saturating_sub(l.conv_first);
-                    LayerKv {
-                        k: l.k[..rows * dim].to_vec(),
-                        v: l.v[..(rows * dim).min(l.v.len())].to_vec(),
-                        conv: l.conv[..conv_rows * l.conv_dim].to_vec(),
-                        first: l.first,
-                        conv_first: l.conv_first,
-                        conv_dim: l.conv_dim,
-                        min_len: l.min_len,
-                        expanded: None,
-                        windowed: l.windowed,
-                    }
+                    l.with_rows(
+                        l.k[..rows * dim].to_vec(),
+                        l.v[..(rows * dim).min(l.v.len())].to_vec(),
+                        l.conv[..conv_rows * l.conv_dim].to_vec(),
+                    )
                 })
                 .collect(),
             tokens: self.tokens[..len].to_vec(),
@@ -259,16 +253,9 @@ impl Sequence {
         let layers = self
             .kv
             .iter()
-            .map(|l| LayerKv {
-                k: if l.windowed { l.k.clone() } else { Vec::new() },
-                v: if l.windowed { l.v.clone() } else { Vec::new() },
-                conv: l.conv.clone(),
-                first: l.first,
-                conv_first: l.conv_first,
-                conv_dim: l.conv_dim,
-                min_len: l.min_len,
-                expanded: None,
-                windowed: l.windowed,
+            .map(|l| {
+                let keys = |x: &Vec<f32>| if l.windowed { x.clone() } else { Vec::new() };
+                l.with_rows(keys(&l.k), keys(&l.v), l.conv.clone())
             })
             .collect();
         self.pinned = Some((start, layers));
@@ -294,8 +281,8 @@ impl Sequence {
 
     /// Keeps only the first `len` positions (no effect when `len >= self.len()`). When that
     /// cannot be kept exactly ([`Sequence::can_truncate`]), the sequence goes back to where it
-    /// was pinned ([`Sequence::pin`], at most `len`), else it is emptied: callers that continue
-    /// from `len` check first.
+    /// was pinned (a long operation's start, at most `len`), else it is emptied: callers that
+    /// continue from `len` check first.
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.tokens.len());
         if !self.can_truncate(len) && self.pinned.as_ref().is_some_and(|p| p.0 <= len) {

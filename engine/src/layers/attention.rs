@@ -88,6 +88,18 @@ impl LayerKv {
         }
     }
 
+    /// The same layer's state with rows `k`, `v`, `conv` (its row starts, `min_len` and
+    /// shape kept; no MLA expansion).
+    pub fn with_rows(&self, k: Vec<f32>, v: Vec<f32>, conv: Vec<f32>) -> LayerKv {
+        LayerKv {
+            k,
+            v,
+            conv,
+            expanded: None,
+            ..*self
+        }
+    }
+
     /// Whether [`LayerKv::truncate`] to `len` keeps the state exact.
     pub fn can_truncate(&self, len: usize) -> bool {
         len == 0 || len >= self.min_len
