@@ -554,7 +554,7 @@ impl<'s> Engine<'s> {
         KvLayout::new(
             self.store.manifest().store_id.0,
             h.digest(),
-            coli_kernels::detected_isa().name(),
+            coli_kernels::numerics_id(coli_kernels::detected_isa()),
             mla,
             layer_kv_dims(&self.model.layers),
             self.v_dims.clone(),
@@ -1550,7 +1550,7 @@ impl<'s> Engine<'s> {
                     ctx.push(id);
                     drafts = ngram::propose(&ctx, spec.max_ngram, k);
                     if !drafts.is_empty() && spec.gate {
-                        let k = gate.choose(&self.pass_costs, 1, drafts.len());
+                        let k = gate.choose(&self.pass_costs, 1, 1.0, drafts.len());
                         if k == 0 {
                             stats.speculation.gate_paused_passes += 1;
                         }
@@ -1559,7 +1559,7 @@ impl<'s> Engine<'s> {
                 }
                 Speculate::Mtp if k > 0 => {
                     let k = match spec.gate {
-                        true => gate.choose(&self.pass_costs, 1, k),
+                        true => gate.choose(&self.pass_costs, 1, 1.0, k),
                         false => k,
                     };
                     if k > 0 {

@@ -5,7 +5,9 @@
 //! (weight + scale bytes / time) and GFLOP/s (2 * rows * cols * tokens / time), single-threaded
 //! and on all threads, and the AVX2 / scalar speed ratio.
 
-use std::time::{Duration, Instant};
+mod timing;
+
+use std::time::Duration;
 
 use coli_format::{Encoding, MatrixView};
 use coli_kernels::{matmul_with, matvec_with, Isa};
@@ -15,22 +17,9 @@ use rand::{Rng, SeedableRng};
 /// Seconds spent timing one configuration.
 const BUDGET: Duration = Duration::from_millis(250);
 
-/// Times `f`, returning the best-of-batches seconds per call (batches of >= 2 ms: the best
-/// batch is the least disturbed by other processes on a shared machine).
-fn time(mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut best = f64::INFINITY;
-    while start.elapsed() < BUDGET {
-        let t = Instant::now();
-        let mut k = 0;
-        while t.elapsed() < Duration::from_millis(2) {
-            f();
-            k += 1;
-        }
-        best = best.min(t.elapsed().as_secs_f64() / k as f64);
-    }
-    best
+/// Best-of-batches seconds per call of `f` (`timing::best_seconds` over [`BUDGET`]).
+fn time(f: impl FnMut()) -> f64 {
+    timing::best_seconds(BUDGET, f)
 }
 
 /// Weight bytes and the scale section's bytes (f32 scales as little-endian bytes; mxfp4's
@@ -85,9 +74,13 @@ fn main() {
         (576, 1536, 1, "down 576x1536"),
         (6144, 2048, 1, "6144x2048"),
         (576, 1536, 2, "matmul n=2 576x1536"),
+        (576, 1536, 3, "matmul n=3 576x1536"),
         (576, 1536, 4, "matmul n=4 576x1536"),
+        (576, 1536, 8, "matmul n=8 576x1536"),
+        (1536, 576, 8, "matmul n=8 1536x576"),
         (576, 1536, 16, "matmul n=16 576x1536"),
         (49152, 576, 1, "lm_head 49152x576"),
+        (49152, 576, 8, "lm_head n=8 49152x576"),
     ];
     println!("threads available: {threads}");
     println!(

@@ -26,7 +26,7 @@ use crate::scalar::decode_cols;
 const TILE: usize = 3;
 
 /// A sequential source of decoded weight chunks (8 f32 each) of one row.
-trait Chunks {
+pub(crate) trait Chunks {
     /// The next full chunk of 8 decoded weights.
     ///
     /// # Safety
@@ -92,11 +92,35 @@ unsafe fn dot_tokens<const T: usize, S: Chunks>(
             }
         }
     }
+    // SAFETY: as above; `4 * groups` chunks taken so far.
+    unsafe { dot_tokens_finish(acc, src, nfull, wtail, xs) }
+}
+
+/// The end of [`dot_tokens`] after its `nfull / 4` groups of 4 chunks (also the end of the
+/// AVX-512 kernel that runs those groups on paired accumulators): the `nfull % 4` remaining
+/// chunks into accumulators `0..`, the zero-padded tail chunk into the next, then
+/// `hsum((a0 + a1) + (a2 + a3))` per token.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `src` yields the `nfull % 4` chunks after the first
+/// `nfull / 4 * 4`; `nfull == cols / 8`; `xs[t]` is `cols` long.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_tokens_finish<const T: usize, S: Chunks>(
+    mut acc: [[__m256; 4]; T],
+    src: &mut S,
+    nfull: usize,
+    wtail: Option<&[f32; 8]>,
+    xs: [&[f32]; T],
+) -> [f32; T] {
+    let xc: [&[[f32; 8]]; T] = std::array::from_fn(|t| &xs[t].as_chunks::<8>().0[..nfull]);
+    let groups = nfull / 4;
     let rem = nfull % 4;
     for k in 0..4 {
         if k < rem {
             let c = groups * 4 + k;
-            // SAFETY: as above; c < nfull.
+            // SAFETY: AVX2+FMA+F16C available (caller); c < nfull.
             let w = unsafe { src.next() };
             for t in 0..T {
                 acc[t][k] = _mm256_fmadd_ps(w, load8(&xc[t][c]), acc[t][k]);
@@ -184,7 +208,7 @@ impl Chunks for F32Src<'_> {
 /// 8 bf16 (16 bytes starting at `k * 16`) to f32: zero-extend to 32 bits, shift left by 16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bf16x8(b: &[u8], k: usize) -> __m256 {
+pub(crate) fn bf16x8(b: &[u8], k: usize) -> __m256 {
     let b = &b[k * 16..k * 16 + 16];
     // SAFETY: `b` is 16 readable bytes (unaligned 128-bit load).
     let v = unsafe { _mm_loadu_si128(b.as_ptr().cast::<__m128i>()) };
@@ -484,9 +508,11 @@ impl Chunks for Int4AnySrc<'_> {
 }
 
 /// Decoded weights in a buffer (one row, chunk-padded).
-struct BufSrc<'a> {
-    chunks: &'a [[f32; 8]],
-    pos: usize,
+pub(crate) struct BufSrc<'a> {
+    /// The row's decoded full chunks.
+    pub(crate) chunks: &'a [[f32; 8]],
+    /// Index of the next chunk.
+    pub(crate) pos: usize,
 }
 
 impl Chunks for BufSrc<'_> {
@@ -509,7 +535,7 @@ impl Chunks for BufSrc<'_> {
 
 /// The last `cols % 8` weights of row `r`, zero padded, or `None` when `cols % 8 == 0`; as
 /// the chunk sources decode them (int8: the bare codes, see [`row_post_scale`]).
-fn tail_weights(w: &MatrixView<'_>, r: usize) -> Option<[f32; 8]> {
+pub(crate) fn tail_weights(w: &MatrixView<'_>, r: usize) -> Option<[f32; 8]> {
     let c0 = w.cols() / 8 * 8;
     (c0 < w.cols()).then(|| {
         let mut t = [0f32; 8];
@@ -632,6 +658,33 @@ pub(crate) unsafe fn matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &m
     }
 }
 
+/// Decodes the `cols / 8` full chunks of row `r` of `w` into `buf` with the chunk sources of
+/// [`matvec_rows`] (the same calls, `next4` per 4 chunks then `next`, hence the same values).
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `w`'s sections are checked (`MatrixView::new`);
+/// `buf.len() == cols / 8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_row(w: &MatrixView<'_>, r: usize, buf: &mut [[f32; 8]]) {
+    with_src!(w, r, |src| {
+        let (quads, rest) = buf.as_chunks_mut::<4>();
+        for q in quads {
+            // SAFETY: AVX2+FMA+F16C available (caller); `nfull` chunks requested in all.
+            let v = unsafe { src.next4() };
+            for (b, v) in q.iter_mut().zip(v) {
+                // SAFETY: `b` is a valid, writable [f32; 8] (unaligned store).
+                unsafe { _mm256_storeu_ps(b.as_mut_ptr(), v) };
+            }
+        }
+        for b in rest {
+            // SAFETY: as above.
+            let v = unsafe { src.next() };
+            // SAFETY: `b` is a valid, writable [f32; 8] (unaligned store).
+            unsafe { _mm256_storeu_ps(b.as_mut_ptr(), v) };
+        }
+    });
+}
+
 /// `yt[i * n + t] = row (r0 + i) of w . X[t]` for this chunk's rows (`yt.len() / n` of them).
 /// Each row is decoded once into a buffer, then dotted with up to [`TILE`] tokens per pass.
 ///
@@ -650,24 +703,8 @@ pub(crate) unsafe fn matmul_rows(
     let mut buf = vec![[0f32; 8]; nfull];
     for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
         let r = r0 + i;
-        with_src!(w, r, |src| {
-            // Same call pattern as `dot_tokens` (next4 per 4 chunks, then next).
-            let (quads, rest) = buf.as_chunks_mut::<4>();
-            for q in quads {
-                // SAFETY: AVX2+FMA+F16C available (caller); `nfull` chunks requested in all.
-                let v = unsafe { src.next4() };
-                for (b, v) in q.iter_mut().zip(v) {
-                    // SAFETY: `b` is a valid, writable [f32; 8] (unaligned store).
-                    unsafe { _mm256_storeu_ps(b.as_mut_ptr(), v) };
-                }
-            }
-            for b in rest {
-                // SAFETY: as above.
-                let v = unsafe { src.next() };
-                // SAFETY: `b` is a valid, writable [f32; 8] (unaligned store).
-                unsafe { _mm256_storeu_ps(b.as_mut_ptr(), v) };
-            }
-        });
+        // SAFETY: AVX2+FMA+F16C available (caller); `buf` holds `nfull` chunks.
+        unsafe { decode_row(w, r, &mut buf) };
         let tail = tail_weights(w, r);
         let post = row_post_scale(w, r);
         let xt = |t: usize| &x[t * cols..(t + 1) * cols];

@@ -1,23 +1,34 @@
-//! AVX-512 kernels for int4, int8 and mxfp4 (x86-64 with AVX-512F; selected at run time by
-//! `lib.rs` as [`crate::Isa::Avx512`], which runs the AVX2 kernels for every other product).
+//! AVX-512 kernels for int4, int8, mxfp4 and bf16 (x86-64 with AVX-512F; selected at run time
+//! by `lib.rs` as [`crate::Isa::Avx512`], which runs the AVX2 kernels for every other product).
 //!
-//! The AVX2 int4 fast path (see `avx2.rs`) with 16-lane vectors and 64-column blocks: a block is
-//! 32 bytes; its 32 low nibbles (the even columns) and 32 high nibbles (the odd columns) are
-//! split with two byte-wide ops, `- 8` is applied on the bytes, and the four runs of 16 codes
-//! are widened to f32. The activations are permuted once per product into the same order
-//! (`avx2::int4_permute` with a block of 64). Per token, within a group, run `k` of each block
-//! goes into accumulator `k`; at the group's end `total = fma((a0 + a1) + (a2 + a3), scale,
-//! total)`; the 16 lanes of the total are summed as `hsum1(low 8 + high 8)`. Used for group
-//! sizes that are multiples of 64 dividing `cols` (the default int4-g64, and g128).
+//! int4 (group sizes that are multiples of 64 dividing `cols`: the default int4-g64, and g128):
+//! per group, a 16-entry table holds `(q - 8) * scale` for the codes `q` = 0..=15 (the reference
+//! weights, one f32 rounding each, as `MatrixView::dequantize_row`); a 64-column block is 32
+//! bytes, widened to 32-bit lanes 16 bytes at a time, and its four runs of 16 codes (the low
+//! nibbles as they are, the high nibbles shifted down by 4) index the table with one `vpermps`
+//! each, which reads only an index's low 4 bits. The activations
+//! are permuted once per product into the same order (`avx2::int4_permute` with a block of
+//! 64). Per token, run `k` of every block goes into accumulator `k` with one FMA; at the end
+//! `hsum16((a0 + a1) + (a2 + a3))`. A run is decoded once for all the tokens of a tile.
+//!
+//! int8 and mxfp4 run as their AVX2 twins with 16-lane vectors (see their kernels); bf16 holds
+//! the AVX2 kernel's accumulators in pairs and is bit-identical to it.
+//!
+//! The matmul kernels sweep a chunk of rows once per tile of tokens ([`tile_for`]), tiles
+//! outermost, so a tile's activations stay in L1 while the rows stream past.
 
 use std::arch::x86_64::*;
 
 use coli_format::{Encoding, MatrixView};
 
-use crate::avx2::{e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, E2M1_TWICE};
+use crate::avx2::{
+    bf16x8, dot_tokens_finish, e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, tail_weights,
+    BufSrc, E2M1_TWICE,
+};
 
-/// Tokens per pass of `int4_matmul_rows`.
-const TILE: usize = 3;
+/// Tokens per pass over a weight row in the matmul kernels (int4, int8, mxfp4): 6 tokens x 4
+/// accumulators (int4, int8) or 2 (mxfp4) fit the 32 zmm registers beside the weights.
+const TILE: usize = 6;
 
 /// Whether `w` takes the AVX-512 int4 path: int4 with a group size that is a multiple of 64 and
 /// divides `cols`.
@@ -43,6 +54,12 @@ fn hsum16(a: __m512) -> f32 {
 /// Dot products of one int4 row (`row`: `cols / 2` bytes; `srow`: `cols / g` scales) with `T`
 /// tokens' permuted activations (`cols` each, blocks of 64).
 ///
+/// Each 16-code run `k` of a block is decoded once for all `T` tokens to the reference weights
+/// `(q - 8) * scale` (one f32 rounding, as `MatrixView::dequantize_row`: a lookup in the group's
+/// table of the 16 products, built with one multiply per group), then multiplied into
+/// the token's accumulator `k` with one FMA: the per-token work is four FMAs per 64 columns,
+/// which is what lets a pass over several tokens cost little more than one.
+///
 /// # Safety
 /// AVX-512F, AVX2, FMA and F16C are available; `g % 64 == 0`; `row.len() * 2 == xps[t].len()
 /// == srow.len() * g`.
@@ -56,45 +73,114 @@ unsafe fn int4_dot_tokens<const T: usize>(
     xps: [&[f32]; T],
 ) -> [f32; T] {
     let per_group = g / 64;
-    let blocks = row.as_chunks::<32>().0;
-    let xb: [&[[f32; 64]]; T] = std::array::from_fn(|t| xps[t].as_chunks::<64>().0);
-    let mask = _mm256_set1_epi8(0x0F);
-    let eight = _mm256_set1_epi8(8);
-    let mut tot = [_mm512_setzero_ps(); T];
+    let nblocks = row.len() / 32;
+    // One length check per call keeps the loads below free of per-load bounds checks.
+    assert!(
+        srow.len() * per_group == nblocks && xps.iter().all(|x| x.len() >= nblocks * 64),
+        "int4_dot_tokens: row, scales and activations disagree"
+    );
+    let wp = row.as_ptr();
+    let xp: [*const f32; T] = std::array::from_fn(|t| xps[t].as_ptr());
+    // `q - 8` for the codes 0..=15: times the group scale, the 16 reference weights of a group.
+    let base = _mm512_setr_ps(
+        -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+    );
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
     for (gi, &scale) in srow.iter().enumerate() {
-        let mut acc = [[_mm512_setzero_ps(); 4]; T];
+        let lut = _mm512_mul_ps(base, _mm512_set1_ps(scale));
         for b in gi * per_group..(gi + 1) * per_group {
-            // SAFETY: `blocks[b]` is 32 readable bytes (unaligned 256-bit load).
-            let v = unsafe { _mm256_loadu_si256(blocks[b].as_ptr().cast::<__m256i>()) };
-            let lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
-            let hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v), mask), eight);
-            let w = [
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(lo))),
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(lo))),
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(hi))),
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(hi))),
+            // SAFETY: block `b < nblocks` is the 32 bytes at `32 * b` of `row` (checked
+            // above): two unaligned 128-bit loads.
+            let (d0, d1) = unsafe {
+                let p = wp.add(32 * b);
+                (
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast::<__m128i>())),
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16).cast::<__m128i>())),
+                )
+            };
+            // `vpermps` reads the low 4 bits of each index: the low nibbles as they are, the
+            // high nibbles shifted down.
+            let runs = [
+                d0,
+                d1,
+                _mm512_srli_epi32::<4>(d0),
+                _mm512_srli_epi32::<4>(d1),
             ];
-            for t in 0..T {
-                let xs = xb[t][b].as_chunks::<16>().0;
-                for k in 0..4 {
-                    // SAFETY: `xs[k]` is 16 readable f32 (unaligned 512-bit load).
-                    let xv = unsafe { _mm512_loadu_ps(xs[k].as_ptr()) };
-                    acc[t][k] = _mm512_fmadd_ps(w[k], xv, acc[t][k]);
+            for k in 0..4 {
+                let wk = _mm512_permutexvar_ps(runs[k], lut);
+                for t in 0..T {
+                    // SAFETY: token `t`'s block `b` is the 64 f32 at `64 * b` (checked
+                    // above); run `k` is its 16 f32 at `16 * k` (unaligned 512-bit load).
+                    let xv = unsafe { _mm512_loadu_ps(xp[t].add(64 * b + 16 * k)) };
+                    acc[t][k] = _mm512_fmadd_ps(wk, xv, acc[t][k]);
                 }
             }
-        }
-        let s = _mm512_set1_ps(scale);
-        for t in 0..T {
-            let a = &acc[t];
-            let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-            tot[t] = _mm512_fmadd_ps(sum, s, tot[t]);
         }
     }
     let mut out = [0f32; T];
     for t in 0..T {
-        out[t] = hsum16(tot[t]);
+        let a = &acc[t];
+        out[t] = hsum16(_mm512_add_ps(
+            _mm512_add_ps(a[0], a[1]),
+            _mm512_add_ps(a[2], a[3]),
+        ));
     }
     out
+}
+
+/// Fills `$yt` (`[rows, n]`, row-major: `yt[i * n + t]`) with `$dot::<T>($($arg,)* [xt(t),
+/// ..])` for every row `$i` (whose arguments `let $pat = $init;` binds) and token, in tiles
+/// of up to `$tile` tokens (at most 8). Token tiles are the outer loop, so one tile's
+/// activations stay in L1 while the chunk's rows stream past them (a row's weights are small;
+/// eight tokens' activations of a 1536-column matrix are not). Every tile size computes a
+/// token's result with the same operations in the same order, so the tiling never changes a
+/// bit.
+macro_rules! tiled_matmul {
+    ($tile:expr, $n:expr, $xt:expr, $yt:expr,
+     |$i:ident| let $pat:pat = $init:expr; $dot:ident($($arg:expr),*)) => {{
+        let (n, xt, yt): (usize, _, &mut [f32]) = ($n, $xt, $yt);
+        let nrows = yt.len() / n;
+        let mut t = 0;
+        while t < n {
+            let m = (n - t).min($tile);
+            for $i in 0..nrows {
+                let $pat = $init;
+                let out = &mut yt[$i * n + t..$i * n + t + m];
+                // SAFETY: forwarded from the caller of the enclosing function (features and
+                // lengths); every `xt(t + j)` is one token's activations.
+                unsafe {
+                    match m {
+                        1 => out.copy_from_slice(&$dot::<1>($($arg,)* [xt(t)])),
+                        2 => out.copy_from_slice(&$dot::<2>($($arg,)* [xt(t), xt(t + 1)])),
+                        3 => out.copy_from_slice(&$dot::<3>(
+                            $($arg,)* [xt(t), xt(t + 1), xt(t + 2)]
+                        )),
+                        4 => out.copy_from_slice(&$dot::<4>(
+                            $($arg,)* [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]
+                        )),
+                        5 => out.copy_from_slice(&$dot::<5>(
+                            $($arg,)* [xt(t), xt(t + 1), xt(t + 2), xt(t + 3), xt(t + 4)]
+                        )),
+                        6 => out.copy_from_slice(&$dot::<6>(
+                            $($arg,)*
+                            [xt(t), xt(t + 1), xt(t + 2), xt(t + 3), xt(t + 4), xt(t + 5)]
+                        )),
+                        7 => out.copy_from_slice(&$dot::<7>(
+                            $($arg,)*
+                            [xt(t), xt(t + 1), xt(t + 2), xt(t + 3), xt(t + 4), xt(t + 5),
+                             xt(t + 6)]
+                        )),
+                        _ => out.copy_from_slice(&$dot::<8>(
+                            $($arg,)*
+                            [xt(t), xt(t + 1), xt(t + 2), xt(t + 3), xt(t + 4), xt(t + 5),
+                             xt(t + 6), xt(t + 7)]
+                        )),
+                    }
+                }
+            }
+            t += m;
+        }
+    }};
 }
 
 /// `y[i] = row (r0 + i) of w . x`; `xp` is `x` permuted in blocks of 64.
@@ -128,21 +214,8 @@ pub(crate) unsafe fn int4_matmul_rows(
     let g = int4_group(w);
     let cols = w.cols();
     let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
-    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
-        let (row, srow) = int4_row(w, r0 + i, g);
-        let mut t = 0;
-        while t + TILE <= n {
-            // SAFETY: as in `int4_matvec_rows`.
-            let v = unsafe { int4_dot_tokens::<TILE>(row, srow, g, [xt(t), xt(t + 1), xt(t + 2)]) };
-            yrow[t..t + TILE].copy_from_slice(&v);
-            t += TILE;
-        }
-        while t < n {
-            // SAFETY: as above.
-            yrow[t] = unsafe { int4_dot_tokens::<1>(row, srow, g, [xt(t)]) }[0];
-            t += 1;
-        }
-    }
+    tiled_matmul!(tile_for(cols, TILE), n, xt, yt, |i| let (row, srow) = int4_row(w, r0 + i, g);
+        int4_dot_tokens(row, srow, g));
 }
 
 /// Whether `w` takes the AVX-512 int8 path: int8 with `cols` a multiple of 64.
@@ -221,23 +294,11 @@ pub(crate) unsafe fn int8_matmul_rows(
 ) {
     let cols = w.cols();
     let xt = |t: usize| &x[t * cols..(t + 1) * cols];
-    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
-        let r = r0 + i;
-        let row = &w.data()[r * cols..(r + 1) * cols];
-        let s = w.scales()[r];
-        let mut t = 0;
-        while t + TILE <= n {
-            // SAFETY: as in `int8_matvec_rows`.
-            let v = unsafe { int8_dot_tokens::<TILE>(row, s, [xt(t), xt(t + 1), xt(t + 2)]) };
-            yrow[t..t + TILE].copy_from_slice(&v);
-            t += TILE;
-        }
-        while t < n {
-            // SAFETY: as above.
-            yrow[t] = unsafe { int8_dot_tokens::<1>(row, s, [xt(t)]) }[0];
-            t += 1;
-        }
-    }
+    tiled_matmul!(TILE, n, xt, yt, |i| let (row, s) = (
+            &w.data()[(r0 + i) * cols..(r0 + i + 1) * cols],
+            w.scales()[r0 + i],
+        );
+        int8_dot_tokens(row, s));
 }
 
 /// The 32 codes of one mxfp4 block (16 bytes) as `2 v` in f32: the even columns (low nibbles)
@@ -327,19 +388,132 @@ pub(crate) unsafe fn mxfp4_matmul_rows(
 ) {
     let cols = w.cols();
     let xt = |t: usize| &xp[t * cols..(t + 1) * cols];
-    for (i, yrow) in yt.chunks_exact_mut(n).enumerate() {
-        let (row, srow) = mxfp4_row(w, r0 + i);
-        let mut t = 0;
-        while t + TILE <= n {
-            // SAFETY: as in `mxfp4_matvec_rows`.
-            let v = unsafe { mxfp4_dot_tokens::<TILE>(row, srow, [xt(t), xt(t + 1), xt(t + 2)]) };
-            yrow[t..t + TILE].copy_from_slice(&v);
-            t += TILE;
-        }
-        while t < n {
-            // SAFETY: as above.
-            yrow[t] = unsafe { mxfp4_dot_tokens::<1>(row, srow, [xt(t)]) }[0];
-            t += 1;
+    tiled_matmul!(TILE, n, xt, yt, |i| let (row, srow) = mxfp4_row(w, r0 + i);
+        mxfp4_dot_tokens(row, srow));
+}
+
+/// Activation bytes one tile of tokens may span so that it stays in L1 while a chunk's rows
+/// stream past it (48 KiB L1d on recent x86 cores; half of it for the activations).
+const TILE_ACT_BYTES: usize = 24 << 10;
+
+/// Tokens per tile for a matrix of `cols` columns: as many as [`TILE_ACT_BYTES`] holds, between
+/// 1 and `max`. Speed only: every tile size gives the same bits.
+fn tile_for(cols: usize, max: usize) -> usize {
+    (TILE_ACT_BYTES / (cols.max(1) * 4)).clamp(1, max)
+}
+
+/// Dot products of one bf16 row (`row`: `cols * 2` bytes) with `T` tokens, bit-identical to
+/// the AVX2 kernels (`avx2::dot_tokens` over `Bf16Src`): AVX2's four 8-lane accumulators are
+/// held as two 16-lane ones, `[a0 | a1]` and `[a2 | a3]`, so each 512-bit FMA does the work
+/// of two 256-bit FMAs lane for lane (columns `32 i .. 32 i + 16` into the first, the next 16
+/// into the second, each weight widened from bf16 by a 16-bit shift); the `nfull % 4`
+/// remaining chunks, the zero-padded tail and the sums then run as `avx2::dot_tokens_finish`.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C are available; `row.len() == 2 * cols` and every `xs[t]` is
+/// `cols` long.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn bf16_dot_tokens<const T: usize>(
+    row: &[u8],
+    wtail: Option<&[f32; 8]>,
+    xs: [&[f32]; T],
+) -> [f32; T] {
+    let cols = row.len() / 2;
+    let nfull = cols / 8;
+    let groups = nfull / 4;
+    // One length check per call keeps the loads below free of per-load bounds checks.
+    assert!(
+        xs.iter().all(|x| x.len() >= cols),
+        "bf16_dot_tokens: row and activations disagree"
+    );
+    let xq: [*const f32; T] = std::array::from_fn(|t| xs[t].as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    for gi in 0..groups {
+        // SAFETY: group `gi < cols / 32` is the 64 bytes (32 bf16) at `64 * gi` of `row`
+        // (`2 * cols` bytes): two unaligned 256-bit loads.
+        let (b0, b1) = unsafe {
+            let wp = row.as_ptr().add(64 * gi).cast::<__m256i>();
+            (_mm256_loadu_si256(wp), _mm256_loadu_si256(wp.add(1)))
+        };
+        let w = [
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b0))),
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b1))),
+        ];
+        for h in 0..2 {
+            for t in 0..T {
+                // SAFETY: token `t`'s group `gi` is the 32 f32 at `32 * gi` (checked above);
+                // half `h` is 16 of them (unaligned 512-bit load).
+                let xv = unsafe { _mm512_loadu_ps(xq[t].add(32 * gi + 16 * h)) };
+                acc[t][h] = _mm512_fmadd_ps(w[h], xv, acc[t][h]);
+            }
         }
     }
+    let split = |a: __m512| {
+        (
+            _mm512_castps512_ps256(a),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
+        )
+    };
+    let acc8: [[__m256; 4]; T] = std::array::from_fn(|t| {
+        let (a0, a1) = split(acc[t][0]);
+        let (a2, a3) = split(acc[t][1]);
+        [a0, a1, a2, a3]
+    });
+    let mut rest = [[0f32; 8]; 3];
+    let rem = nfull % 4;
+    for (k, chunk) in rest[..rem].iter_mut().enumerate() {
+        let v = bf16x8(&row[(groups * 4 + k) * 16..], 0);
+        // SAFETY: `chunk` is a valid, writable [f32; 8] (unaligned store).
+        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), v) };
+    }
+    let src = &mut BufSrc {
+        chunks: &rest[..rem],
+        pos: 0,
+    };
+    // SAFETY: features available (caller); `src` holds the `nfull % 4` chunks after the groups.
+    unsafe { dot_tokens_finish(acc8, src, nfull, wtail, xs) }
+}
+
+/// `y[i] = row (r0 + i) of w . x` for a bf16 matrix ([`bf16_dot_tokens`], one token).
+///
+/// # Safety
+/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w` is bf16 with checked sections
+/// (`MatrixView::new`); `x.len() == cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn bf16_matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
+    let cols = w.cols();
+    for (i, yo) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        let tail = tail_weights(w, r);
+        let row = &w.data()[r * cols * 2..(r + 1) * cols * 2];
+        // SAFETY: features available (caller); `row` is the row's `2 * cols` bytes.
+        *yo = unsafe { bf16_dot_tokens::<1>(row, tail.as_ref(), [x]) }[0];
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . X[t]` for a bf16 matrix, in tiles of up to 8 tokens
+/// (two accumulators each) bounded by [`tile_for`]; bit-identical to [`bf16_matvec_rows`] and
+/// to the AVX2 kernels.
+///
+/// # Safety
+/// As [`bf16_matvec_rows`]; `x.len() == n * cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn bf16_matmul_rows(
+    w: &MatrixView<'_>,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    let nrows = yt.len() / n;
+    let tails: Vec<Option<[f32; 8]>> = (0..nrows).map(|i| tail_weights(w, r0 + i)).collect();
+    let xt = |t: usize| &x[t * cols..(t + 1) * cols];
+    tiled_matmul!(tile_for(cols, 8), n, xt, yt, |i| let (row, tail) = (
+            &w.data()[(r0 + i) * cols * 2..(r0 + i + 1) * cols * 2],
+            tails[i].as_ref(),
+        );
+        bf16_dot_tokens(row, tail));
 }

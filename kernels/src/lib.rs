@@ -9,7 +9,7 @@
 //! ## Instruction sets
 //! Each product has an AVX2+FMA kernel (x86-64 with AVX2, FMA and F16C, chosen at run time by
 //! [`detected_isa`], coli's one CPU detection in `coli_format::cpu`, honouring `COLI_ISA`), AVX-512F kernels for the encodings that dominate decode (int4 with
-//! a group size that is a multiple of 64, int8 and mxfp4; [`Isa::Avx512`]) and a portable scalar
+//! a group size that is a multiple of 64, int8, mxfp4 and bf16; [`Isa::Avx512`]) and a portable scalar
 //! twin ([`Isa::Scalar`]). All accumulate in f32 and agree within f32 rounding (about
 //! `cols * 2^-24 * sum |w x|`), not bit for bit:
 //!
@@ -21,10 +21,16 @@
 //!   accumulators (8-column chunk `k` into accumulator `k % 4`), combined pairwise.
 //! - AVX2/AVX-512 int8: the same over the bare codes, the row scale applied once to the sum
 //!   (`s * sum q x` instead of `sum (q s) x`).
-//! - AVX2/AVX-512 int4 with a group size that is a multiple of 32 (AVX2) or 64 (AVX-512)
-//!   dividing `cols`: per group `sum (q - 8) x` over codes widened straight from the nibbles
-//!   (activations permuted once per product to match), times the group scale with one FMA into
-//!   the row total (`avx2.rs`, `avx512.rs`).
+//! - AVX-512 bf16: the AVX2 kernel's four 8-lane accumulators held as two 16-lane ones, so its
+//!   results are the AVX2 kernel's bit for bit (`avx512.rs`).
+//! - AVX2 int4 with a group size that is a multiple of 32 dividing `cols`: per group
+//!   `sum (q - 8) x` over codes widened straight from the nibbles (activations permuted once
+//!   per product to match), times the group scale with one FMA into the row total (`avx2.rs`).
+//! - AVX-512 int4 with a group size that is a multiple of 64 dividing `cols`: the codes widened
+//!   straight from the nibbles (activations permuted to match), each run of 16 decoded once to
+//!   the reference weights `(q - 8) * scale` and multiplied into one of four 16-lane
+//!   accumulators per token (`avx512.rs`): four FMAs per token and 64 columns, so a pass over
+//!   several tokens costs little more than one.
 //! - AVX2/AVX-512 mxfp4 with `cols` a multiple of 32: the same per 32-column block, the e2m1
 //!   codes mapped to `2 v` (small integers) by one byte shuffle, times `2^(e - 128)` (half the
 //!   e8m0 block scale, a power of two: exact). Other mxfp4 shapes decode each weight exactly
@@ -51,10 +57,24 @@ mod ops;
 pub mod quantize;
 mod scalar;
 
-pub use ops::{axpy, dot, rms_norm, silu, softmax_inplace};
+pub use ops::{axpy, axpy_strided, dot, dot_strided, rms_norm, silu, softmax_inplace};
 pub use quantize::{quantize_int4_row, quantize_int4_row_with};
 
 pub use coli_format::cpu::{detected_isa, Isa};
+
+/// Names the numbers the kernels of `isa` produce: the instruction set's name
+/// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
+/// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
+/// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
+/// group). Two engines whose kernels have the same numerics id give the same bits; anything
+/// that persists computed numbers (the KV cache's file identity, docs/KV_CACHE.md) keys on it.
+pub fn numerics_id(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Scalar => "scalar",
+        Isa::Avx2Fma => "avx2-fma",
+        Isa::Avx512 => "avx512-r2",
+    }
+}
 
 /// The kernels' code path for products of `isa`: AVX-512 runs the AVX2 kernels except its own.
 fn base(isa: Isa) -> Isa {
@@ -69,10 +89,18 @@ const CHUNK_WORK: usize = 1 << 15;
 /// Below this much work (weight elements x tokens) a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
-/// Output rows per parallel task for a `[rows, cols]` matrix and `n` tokens: depends on the
+/// Output rows per parallel task of a matrix-vector product with `cols` columns: depends on the
 /// shape only (never on the thread count).
-fn chunk_rows(cols: usize, n: usize) -> usize {
-    (CHUNK_WORK / (cols.max(1) * n.max(1))).max(1)
+fn chunk_rows(cols: usize) -> usize {
+    (CHUNK_WORK / cols.max(1)).max(1)
+}
+
+/// Output rows per parallel task of a `[rows, cols]` matrix-matrix product: about
+/// [`CHUNK_WORK`] weights (a chunk the matmul kernels sweep once per tile of tokens, so it
+/// should stay in L1/L2), but at least 8 tasks where the matrix has the rows. Depends on the
+/// shape only; a row's result never depends on its chunk.
+fn matmul_chunk_rows(rows: usize, cols: usize) -> usize {
+    chunk_rows(cols).min(rows.div_ceil(8)).max(1)
 }
 
 /// Panics unless `isa` runs on this CPU.
@@ -127,6 +155,11 @@ fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f
             unsafe { avx512::int8_matvec_rows(w, x, r0, y) };
             return;
         }
+        if w.encoding() == coli_format::Encoding::Bf16 {
+            // SAFETY: as above; the view is bf16.
+            unsafe { avx512::bf16_matvec_rows(w, x, r0, y) };
+            return;
+        }
     }
     match (base(isa), x) {
         (Isa::Scalar, Act::Plain(x)) => scalar::matvec_rows(w, x, r0, y),
@@ -170,6 +203,11 @@ fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, 
         if avx512::int8_fast(w) {
             // SAFETY: as in `matvec_chunk`; `x.len() == n * cols` (checked by the caller).
             unsafe { avx512::int8_matmul_rows(w, x, n, r0, yt) };
+            return;
+        }
+        if w.encoding() == coli_format::Encoding::Bf16 {
+            // SAFETY: as in `matvec_chunk`; the view is bf16; `x.len() == n * cols`.
+            unsafe { avx512::bf16_matmul_rows(w, x, n, r0, yt) };
             return;
         }
     }
@@ -242,7 +280,7 @@ pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
         matvec_chunk(isa, w, x, 0, y);
         return;
     }
-    let cr = chunk_rows(w.cols(), 1);
+    let cr = chunk_rows(w.cols());
     y.par_chunks_mut(cr)
         .enumerate()
         .for_each(|(i, yc)| matvec_chunk(isa, w, x, i * cr, yc));
@@ -261,8 +299,22 @@ pub fn matmul(w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_with(detected_isa(), w, x, n, y)
 }
 
-/// Below this many rows [`matmul`] runs the matvec once per row (the same bits, faster there).
+/// Below this many rows [`matmul`] runs the matvec once per row (the same bits, faster there)
+/// on the AVX2 and scalar kernels; the AVX-512 matmul kernels are faster from 2 rows
+/// ([`matmul_min_rows`]).
 pub const MATMUL_MIN_ROWS: usize = 4;
+
+/// The fewest rows for which [`matmul_with`] runs its matmul kernels rather than the matvec per
+/// row (the same bits either way; kernels/benches/matvec.rs): 2 on AVX-512, whose matmul
+/// kernels decode a weight once for up to 6 (int4, int8, mxfp4) or 8 (the others) tokens,
+/// [`MATMUL_MIN_ROWS`] elsewhere (int4-g64 576x1536 at n = 2 ran at ~0.6x the matvec's
+/// per-row rate on the AVX2 kernels).
+pub fn matmul_min_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 2,
+        _ => MATMUL_MIN_ROWS,
+    }
+}
 
 /// [`matmul`] with an explicit instruction set (tests and benches).
 ///
@@ -286,10 +338,9 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
     if n == 0 || rows == 0 {
         return;
     }
-    if n < MATMUL_MIN_ROWS {
+    if n < matmul_min_rows(isa) {
         // A matmul row equals the matvec of that row bit for bit, and below this many rows the
-        // matvec is faster per row (kernels/benches/matvec.rs: int4-g64 576x1536, n = 2 ran at
-        // ~0.6x the matvec's per-row rate on AVX-512).
+        // matvec is faster per row.
         for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
             matvec_with(isa, w, xt, yt);
         }
@@ -301,7 +352,7 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
     if rows * cols * n < PARALLEL_MIN_WORK {
         matmul_chunk(isa, w, x, n, 0, &mut yt);
     } else {
-        let cr = chunk_rows(cols, n);
+        let cr = matmul_chunk_rows(rows, cols);
         yt.par_chunks_mut(cr * n)
             .enumerate()
             .for_each(|(i, yc)| matmul_chunk(isa, w, x, n, i * cr, yc));

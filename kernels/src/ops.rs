@@ -58,6 +58,116 @@ pub fn softmax_inplace(x: &mut [f32]) {
     }
 }
 
+/// Dot products of `q` with `out.len()` vectors spaced `stride` apart: `out[j] = dot(q,
+/// &m[j * stride + offset..][..q.len()])`, each bit-identical to [`dot`] (the same eight lanes,
+/// the same pairwise combination). Attention scores of one query against a head's keys in a
+/// KV cache (`stride` = f32 per position, `offset` = the head's first column).
+///
+/// Four vectors go through the loop together: one dot's lanes wait on a chain of additions
+/// (four cycles each), four chains overlap. Speed only; the order of every sum is [`dot`]'s.
+///
+/// # Panics
+/// If `m` is shorter than `(out.len() - 1) * stride + offset + q.len()` (for a non-empty `out`).
+pub fn dot_strided(q: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+    let d = q.len();
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        m.len() >= (n - 1) * stride + offset + d,
+        "dot_strided: {} f32 hold fewer than {n} vectors of {d} at stride {stride} + {offset}",
+        m.len()
+    );
+    let row = |j: usize| &m[j * stride + offset..j * stride + offset + d];
+    let (qc, qt) = q.as_chunks::<8>();
+    let mut j = 0;
+    while j + 4 <= n {
+        let (a, b, c, e) = (row(j), row(j + 1), row(j + 2), row(j + 3));
+        let (ac, at) = a.as_chunks::<8>();
+        let (bc, bt) = b.as_chunks::<8>();
+        let (cc, ct) = c.as_chunks::<8>();
+        let (ec, et) = e.as_chunks::<8>();
+        let mut s = [[0f32; 8]; 4];
+        for ((((x, ya), yb), yc), ye) in qc.iter().zip(ac).zip(bc).zip(cc).zip(ec) {
+            for l in 0..8 {
+                s[0][l] += x[l] * ya[l];
+                s[1][l] += x[l] * yb[l];
+                s[2][l] += x[l] * yc[l];
+                s[3][l] += x[l] * ye[l];
+            }
+        }
+        for (k, tail) in [at, bt, ct, et].into_iter().enumerate() {
+            for (l, (x, y)) in qt.iter().zip(tail).enumerate() {
+                s[k][l] += x * y;
+            }
+            out[j + k] = combine_lanes(&s[k]);
+        }
+        j += 4;
+    }
+    for (k, o) in out.iter_mut().enumerate().skip(j) {
+        *o = dot_lanes(q, row(k));
+    }
+}
+
+/// `dot_lanes`'s final combination of its eight running sums.
+fn combine_lanes(s: &[f32; 8]) -> f32 {
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+}
+
+/// `y += sum_j p[j] * m[j * stride + offset..][..y.len()]`, the terms added in the order of `j`:
+/// bit-identical to calling [`axpy`]`(p[j], row j, y)` for `j = 0, 1, ...` (each product
+/// rounded, then added; no fused multiply-add). The attention output of one query and head from
+/// its probabilities `p` and the head's values in a KV cache.
+///
+/// Each block of 32 outputs stays in registers while a tile of 64 rows adds its terms to it,
+/// instead of being loaded and stored once per row.
+///
+/// # Panics
+/// If `m` is shorter than `(p.len() - 1) * stride + offset + y.len()` (for a non-empty `p`).
+pub fn axpy_strided(p: &[f32], m: &[f32], stride: usize, offset: usize, y: &mut [f32]) {
+    let d = y.len();
+    let n = p.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        m.len() >= (n - 1) * stride + offset + d,
+        "axpy_strided: {} f32 hold fewer than {n} vectors of {d} at stride {stride} + {offset}",
+        m.len()
+    );
+    const BLOCK: usize = 32;
+    // Rows in tiles of KEY_TILE (their bytes stay in cache while each block of outputs takes
+    // their terms); within and across tiles every output takes the rows in the order of `j`.
+    const KEY_TILE: usize = 64;
+    let mut j0 = 0;
+    while j0 < n {
+        let rows = &p[j0..(j0 + KEY_TILE).min(n)];
+        let mut c0 = 0;
+        while c0 < d {
+            let w = BLOCK.min(d - c0);
+            if w == BLOCK {
+                let mut acc: [f32; BLOCK] = y[c0..c0 + BLOCK].try_into().expect("block");
+                for (j, &pj) in (j0..).zip(rows) {
+                    let at = j * stride + offset + c0;
+                    let v: &[f32; BLOCK] = m[at..at + BLOCK].try_into().expect("block");
+                    for l in 0..BLOCK {
+                        acc[l] += pj * v[l];
+                    }
+                }
+                y[c0..c0 + BLOCK].copy_from_slice(&acc);
+            } else {
+                for (j, &pj) in (j0..).zip(rows) {
+                    let at = j * stride + offset + c0;
+                    axpy(pj, &m[at..at + w], &mut y[c0..c0 + w]);
+                }
+            }
+            c0 += w;
+        }
+        j0 += rows.len();
+    }
+}
+
 /// SiLU (swish) activation: `x * sigmoid(x) = x / (1 + exp(-x))`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

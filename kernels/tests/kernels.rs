@@ -303,11 +303,20 @@ fn mxfp4_every_exponent_and_code() {
 #[test]
 fn matmul_rows_are_bit_identical_to_matvec() {
     for (ei, &enc) in encodings().iter().enumerate() {
-        for &(rows, cols) in &[(5usize, 37usize), (19, 128), (130, 257), (7, 384)] {
+        // Wide matrices make the AVX-512 kernels take smaller token tiles (an L1 budget for
+        // the activations): 2048 columns give int4 tiles of 3, 6400 tiles of 1.
+        for &(rows, cols) in &[
+            (5usize, 37usize),
+            (19, 128),
+            (130, 257),
+            (7, 384),
+            (3, 2048),
+            (2, 6400),
+        ] {
             let m = Mat::random(enc, rows, cols, 2000 + ei as u64);
             let w = m.view();
             for isa in isas() {
-                for n in [1usize, 2, 3, 4, 5, 7, 11] {
+                for n in [1usize, 2, 3, 4, 5, 7, 8, 9, 11, 16] {
                     let x = random_vec(n * cols, 50 + n as u64);
                     let mut y = vec![f32::NAN; n * rows];
                     matmul_with(isa, &w, &x, n, &mut y);
@@ -325,6 +334,29 @@ fn matmul_rows_are_bit_identical_to_matvec() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The AVX-512 bf16 kernels hold AVX2's four 8-lane accumulators as two 16-lane ones: their
+/// results are the AVX2 kernels' bit for bit, matvec and matmul alike.
+#[test]
+fn avx512_bf16_equals_avx2_bit_for_bit() {
+    if !Isa::Avx512.supported() {
+        eprintln!("AVX-512F not available: the AVX-512 bf16 kernels are not tested here");
+        return;
+    }
+    for &(rows, cols) in &[(5usize, 37usize), (9, 100), (130, 257), (7, 576), (3, 2056)] {
+        let m = Mat::random(Encoding::Bf16, rows, cols, 4000 + cols as u64);
+        let w = m.view();
+        for n in [1usize, 2, 5, 8, 13] {
+            let x = random_vec(n * cols, 70 + n as u64);
+            let mut a = vec![f32::NAN; n * rows];
+            let mut b = vec![f32::NAN; n * rows];
+            matmul_with(Isa::Avx2Fma, &w, &x, n, &mut a);
+            matmul_with(Isa::Avx512, &w, &x, n, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "bf16 [{rows}, {cols}] n={n}");
         }
     }
 }

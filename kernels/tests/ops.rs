@@ -100,3 +100,46 @@ fn axpy_adds_scaled_vector() {
         assert_eq!(y[i], y0[i] + 0.5 * x[i]);
     }
 }
+
+#[test]
+fn strided_dots_and_axpys_equal_one_call_per_row_bit_for_bit() {
+    use coli_kernels::{axpy_strided, dot_strided};
+    let mut seed = 100;
+    for d in [1usize, 7, 8, 13, 32, 64, 100, 128, 200] {
+        for n in [0usize, 1, 3, 4, 5, 8, 11] {
+            for (extra, offset) in [(0usize, 0usize), (5, 3), (d + 9, d + 1)] {
+                let stride = d + extra;
+                seed += 1;
+                let m = random_vec(n.max(1) * stride + offset + d, seed);
+                let q = random_vec(d, seed + 1000);
+                let row = |j: usize| &m[j * stride + offset..j * stride + offset + d];
+                let mut got = vec![f32::NAN; n];
+                dot_strided(&q, &m, stride, offset, &mut got);
+                for (j, g) in got.iter().enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        dot(&q, row(j)).to_bits(),
+                        "dot d={d} n={n} j={j}"
+                    );
+                }
+                let p = random_vec(n, seed + 2000);
+                let y0 = random_vec(d, seed + 3000);
+                let mut want = y0.clone();
+                for (j, &pj) in p.iter().enumerate() {
+                    axpy(pj, row(j), &mut want);
+                }
+                let mut y = y0.clone();
+                axpy_strided(&p, &m, stride, offset, &mut y);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&want), "axpy d={d} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "dot_strided")]
+fn strided_dot_rejects_a_short_matrix() {
+    let mut out = [0f32; 3];
+    coli_kernels::dot_strided(&[1.0; 8], &[0.0; 23], 8, 0, &mut out);
+}

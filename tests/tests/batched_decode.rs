@@ -350,3 +350,188 @@ fn batched_logits_equal_solo_logits_on_the_demo_store() {
     drop(store);
     check_store(Path::new(&dir), "demo", &base, &CONFIGS[..2]);
 }
+
+/// A pass whose expert read fails rolls every sequence of it back, and the same pass run again
+/// once the store is whole gives the bits of an uninterrupted run.
+///
+/// The fault is real bytes on disk: one byte of every expert record of the second MoE layer is
+/// flipped in a private copy of the store (opened with checksums verified), so the pass fails
+/// after its first layer has already appended keys and values (latents and indexer keys on the
+/// MLA families) for every sequence. The failing pass holds three decoding sequences and a
+/// fourth one's first prompt chunk; the budget of one expert keeps the layer's experts out of
+/// RAM. Then the bytes are restored and the schedule finishes: every logits row equals the
+/// sequence's solo run.
+#[test]
+fn a_failed_expert_read_rolls_back_every_sequence_of_the_pass() {
+    for name in ["olmoe_fp8", "deepseek_v3_fp8", "glm5_fp8"] {
+        let exp = expected(name);
+        let (_tmp, dir) = convert_fixture(name, "int4_store");
+        let base = ids(&exp["prompt_ids"]);
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                threads: Some(2),
+                prefill_batch: PREFILL_BATCH,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let vocab = e.spec().vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(&base, i + 2, vocab)).collect();
+        const GEN: usize = 4;
+        let want: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| solo(&mut e, p, GEN)).collect();
+        drop(e);
+
+        let one = one_expert(&store);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                ram_budget: Some(one),
+                prefetch: false,
+                pin: false,
+                threads: Some(2),
+                prefill_batch: PREFILL_BATCH,
+                max_sequences: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let mut seqs: Vec<Sequence> = (0..4).map(|_| e.new_sequence().unwrap()).collect();
+        let mut rows: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 4];
+        // The first three prefill chunk by chunk side by side, then decode one token.
+        let mut fed = [0usize; 4];
+        while (0..3).any(|i| fed[i] < prompts[i].len()) {
+            let feeds: Vec<(usize, Vec<u32>)> = (0..3)
+                .filter(|&i| fed[i] < prompts[i].len())
+                .map(|i| {
+                    let end = (fed[i] + PREFILL_BATCH).min(prompts[i].len());
+                    (i, prompts[i][fed[i]..end].to_vec())
+                })
+                .collect();
+            let mut order: Vec<usize> = feeds.iter().map(|f| f.0).collect();
+            let out = forward_some(&mut e, &mut seqs, &mut order, |i| {
+                let (_, ids) = feeds.iter().find(|f| f.0 == i).unwrap();
+                let last = fed[i] + ids.len() == prompts[i].len();
+                (ids.clone(), last)
+            })
+            .unwrap();
+            for (i, r) in out {
+                fed[i] += feeds.iter().find(|f| f.0 == i).unwrap().1.len();
+                rows[i].extend(r);
+            }
+        }
+        let decode_ids = |rows: &[Vec<Vec<f32>>], i: usize| vec![argmax(rows[i].last().unwrap())];
+
+        // Corrupt the second MoE layer's records.
+        let layers = &store.manifest().expert_layers;
+        let layer = layers[1.min(layers.len() - 1)].layer;
+        let mut saved = Vec::new();
+        for rec in store.index().iter().filter(|r| r.layer.get() == layer) {
+            let path = dir.join(coli_format::disk::names::segment_rel(rec.segment.get()));
+            let at = rec.offset.get() + rec.payload_len.get() / 2;
+            let mut bytes = std::fs::read(&path).unwrap();
+            saved.push((path.clone(), at, bytes[at as usize]));
+            bytes[at as usize] ^= 0x5A;
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        assert!(!saved.is_empty(), "{name}: layer {layer} has records");
+        let before: Vec<Vec<u32>> = seqs.iter().map(|s| s.tokens().to_vec()).collect();
+        let first_chunk = prompts[3][..PREFILL_BATCH.min(prompts[3].len())].to_vec();
+        let mut order = vec![0, 1, 2, 3];
+        let err = forward_some(&mut e, &mut seqs, &mut order, |i| {
+            if i == 3 {
+                (first_chunk.clone(), first_chunk.len() == prompts[3].len())
+            } else {
+                (decode_ids(&rows, i), true)
+            }
+        })
+        .err()
+        .unwrap_or_else(|| panic!("{name}: the pass over corrupted records must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains("checksum"), "{name}: {msg}");
+        for (i, s) in seqs.iter().enumerate() {
+            assert_eq!(
+                s.tokens(),
+                &before[i][..],
+                "{name}: sequence {i} was not rolled back"
+            );
+        }
+
+        // Whole again: the same pass, then the rest of the schedule.
+        for (path, at, byte) in &saved {
+            let mut bytes = std::fs::read(path).unwrap();
+            bytes[*at as usize] = *byte;
+            std::fs::write(path, &bytes).unwrap();
+        }
+        fed[3] = 0;
+        loop {
+            let mut order: Vec<usize> = (0..4).filter(|&i| rows[i].len() < GEN).collect();
+            if order.is_empty() {
+                break;
+            }
+            let chunks: Vec<(usize, Vec<u32>, bool)> = order
+                .iter()
+                .map(|&i| {
+                    if fed[i] < prompts[i].len() {
+                        let end = (fed[i] + PREFILL_BATCH).min(prompts[i].len());
+                        (i, prompts[i][fed[i]..end].to_vec(), end == prompts[i].len())
+                    } else {
+                        (i, decode_ids(&rows, i), true)
+                    }
+                })
+                .collect();
+            let out = forward_some(&mut e, &mut seqs, &mut order, |i| {
+                let c = chunks.iter().find(|c| c.0 == i).unwrap();
+                (c.1.clone(), c.2)
+            })
+            .unwrap_or_else(|err| panic!("{name}: after the repair: {err}"));
+            for (i, r) in out {
+                if fed[i] < prompts[i].len() {
+                    fed[i] += chunks.iter().find(|c| c.0 == i).unwrap().1.len();
+                }
+                rows[i].extend(r);
+            }
+        }
+        for i in 0..4 {
+            assert_eq!(rows[i].len(), GEN, "{name}: sequence {i}");
+            for (t, (a, b)) in rows[i].iter().zip(&want[i]).enumerate() {
+                assert!(
+                    same(a, b),
+                    "{name}: sequence {i} row {t} differs from its solo run after the rollback"
+                );
+            }
+        }
+    }
+}
+
+/// One [`Engine::forward_many`] over the sequences `order` names; `feed(i)` gives sequence
+/// `i`'s ids and whether it wants its last row's logits. Returns `(i, logits rows)` per item.
+fn forward_some(
+    e: &mut Engine<'_>,
+    seqs: &mut [Sequence],
+    order: &mut [usize],
+    feed: impl Fn(usize) -> (Vec<u32>, bool),
+) -> coli_engine::Result<Vec<(usize, Vec<Vec<f32>>)>> {
+    order.sort_unstable();
+    let feeds: Vec<(Vec<u32>, bool)> = order.iter().map(|&i| feed(i)).collect();
+    let mut chosen: Vec<&mut Sequence> = seqs
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| order.contains(i))
+        .map(|(_, s)| s)
+        .collect();
+    let mut items: Vec<BatchItem<'_>> = chosen
+        .iter_mut()
+        .zip(&feeds)
+        .map(|(seq, (ids, last))| BatchItem {
+            seq,
+            ids,
+            logits: last.then_some(Logits::Last),
+            verify: false,
+        })
+        .collect();
+    let out = e.forward_many(&mut items)?;
+    Ok(order.iter().copied().zip(out).collect())
+}

@@ -238,12 +238,12 @@ impl Attention<'_> {
             };
             let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
             let kvh = h / group;
-            let mut scores: Vec<f32> = (lo..=pos)
-                .map(|j| {
-                    coli_kernels::dot(qh, &keys[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd])
-                        * scale
-                })
-                .collect();
+            // Keys (and values) of positions lo..=pos, head kvh: rows of `kvd` f32.
+            let mut scores = vec![0f32; pos + 1 - lo];
+            coli_kernels::dot_strided(qh, &keys[lo * kvd..], kvd, kvh * hd, &mut scores);
+            for s in &mut scores {
+                *s *= scale;
+            }
             if let Some(sinks) = &self.sinks {
                 // The sink joins the softmax as one more logit; its probability is dropped.
                 scores.push(sinks[h]);
@@ -253,9 +253,7 @@ impl Attention<'_> {
                 coli_kernels::softmax_inplace(&mut scores);
             }
             o.fill(0.0);
-            for (j, p) in (lo..=pos).zip(&scores) {
-                coli_kernels::axpy(*p, &values[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd], o);
-            }
+            coli_kernels::axpy_strided(&scores, &values[lo * kvd..], kvd, kvh * hd, o);
         });
         self.o.forward(&ctx, n, out);
     }

@@ -44,8 +44,8 @@ pub struct KvLayout {
 impl KvLayout {
     /// The layout of an engine over store `store_id` whose weights have fingerprint `weights`
     /// (XXH3-64 of the store's MANIFEST and INDEX, which hold every tensor's and record's
-    /// checksum: the store id names the conversion, not the bytes) running kernels `isa`
-    /// (`coli_kernels::Isa::name`); `mla_decode` is `absorbed`, `expanded`, or `none` for
+    /// checksum: the store id names the conversion, not the bytes) running kernels whose
+    /// numbers `isa` names (`coli_kernels::numerics_id`); `mla_decode` is `absorbed`, `expanded`, or `none` for
     /// families without MLA.
     #[allow(clippy::too_many_arguments)]
     pub fn new(

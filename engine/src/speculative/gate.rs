@@ -140,10 +140,24 @@ impl DraftGate {
     }
 
     /// How many drafts (0..=`k_max`) the sequence's next pass should carry, given the pass's
-    /// other rows `base_rows` (1 when the sequence decodes alone) and the engine's measured pass
-    /// costs: the k with the most expected tokens per unit of cost, 0 while no k beats a plain
-    /// pass (1 on every [`DRAFT_PROBE_EVERY`]-th such pass).
-    pub fn choose(&mut self, costs: &PassCosts, base_rows: usize, k_max: usize) -> usize {
+    /// rows without them `base_rows` (1 when the sequence decodes alone), the tokens that pass
+    /// is expected to emit `base_tokens` (this sequence's plain token included: 1 alone, about
+    /// the number of decoding sequences in a batch) and the engine's measured pass costs: the k
+    /// with the most expected tokens per second for the whole pass,
+    /// `(base_tokens - 1 + expected_tokens(a, k)) / (base_tokens * cost_ratio)`, 0 while no k
+    /// beats the plain pass (1 on every [`DRAFT_PROBE_EVERY`]-th such pass).
+    ///
+    /// The drafts' extra rows slow every sequence of the pass, not only this one: beside seven
+    /// other decoding sequences on a compute-bound machine (each row costs about as much as the
+    /// next) one more token for this sequence does not pay for an eighth more pass time, though
+    /// alone it would. `base_tokens` below 1 counts as 1.
+    pub fn choose(
+        &mut self,
+        costs: &PassCosts,
+        base_rows: usize,
+        base_tokens: f64,
+        k_max: usize,
+    ) -> usize {
         if k_max == 0 {
             return 0;
         }
@@ -153,9 +167,11 @@ impl DraftGate {
             return 0;
         }
         let a = self.acceptance();
+        let base = base_tokens.max(1.0);
         let (mut best_k, mut best) = (0, 1.0);
         for k in 1..=k_max {
-            let value = expected_tokens(a, k) / self.cost_ratio(costs, base_rows, k);
+            let value = (base - 1.0 + expected_tokens(a, k))
+                / (base * self.cost_ratio(costs, base_rows, k));
             if value > best {
                 (best_k, best) = (k, value);
             }
@@ -224,11 +240,14 @@ mod tests {
         c.record(3, 1.8);
         c.record(5, 2.6);
         let mut g = DraftGate::new();
-        assert!(g.choose(&c, 1, 4) > 0, "optimistic before any verify pass");
+        assert!(
+            g.choose(&c, 1, 1.0, 4) > 0,
+            "optimistic before any verify pass"
+        );
         // Nothing is ever accepted: drafting stops, probing one draft now and then.
         let mut ks = Vec::new();
         for _ in 0..64 {
-            let k = g.choose(&c, 1, 4);
+            let k = g.choose(&c, 1, 1.0, 4);
             if k > 0 {
                 g.record(0, k);
             }
@@ -243,7 +262,7 @@ mod tests {
             g.record(4, 4);
         }
         assert!(g.acceptance() > 0.95);
-        assert_eq!(g.choose(&c, 1, 4), 4);
+        assert_eq!(g.choose(&c, 1, 1.0, 4), 4);
     }
 
     #[test]
@@ -258,16 +277,53 @@ mod tests {
             g.record(1, 2);
         }
         // Acceptance ~0.5: one more token per row never beats its cost.
-        assert_eq!(g.choose(&c, 1, 4), 0);
+        assert_eq!(g.choose(&c, 1, 1.0, 4), 0);
         // Cheap rows (a streamed model: the pass is expert reads): drafting pays.
         let mut c = PassCosts::default();
         for r in 1..=5 {
             c.record(r, 1.0 + 0.05 * r as f64);
         }
-        assert!(g.choose(&c, 1, 4) >= 2);
+        assert!(g.choose(&c, 1, 1.0, 4) >= 2);
         // The drafter's own time counts.
         g.record_draft_time(10.0);
-        assert_eq!(g.choose(&c, 1, 4), 0);
+        assert_eq!(g.choose(&c, 1, 1.0, 4), 0);
+    }
+
+    #[test]
+    fn drafts_beside_other_sequences_pay_for_the_whole_pass() {
+        // A compute-bound resident model: each row costs 10% of a one-row pass on top of a
+        // fixed 90% (weights read once per pass).
+        let mut c = PassCosts::default();
+        for r in 1..=16 {
+            c.record(r, 0.9 + 0.1 * r as f64);
+        }
+        let mut g = DraftGate::new();
+        for _ in 0..20 {
+            g.record(1, 2);
+        }
+        // Acceptance ~0.5: alone, a draft row (+10%) buys half a token (+50%).
+        assert!(g.choose(&c, 1, 1.0, 4) >= 1);
+        // Beside seven decoding sequences the pass emits 8 tokens in 1.7 s; one draft row
+        // adds 0.1 s (+5.9%) and about 0.57 tokens (+7%): still (barely) pays.
+        assert!(g.choose(&c, 8, 8.0, 4) >= 1);
+        // Rows at full cost (every row as dear as a one-row pass, nearly so on 2 cores at batch
+        // 8): a draft adds 1/8 of the pass time and about 0.76 tokens to its 8 (+9.5%).
+        let mut c = PassCosts::default();
+        for r in 1..=16 {
+            c.record(r, r as f64);
+        }
+        let mut g = DraftGate::new();
+        for _ in 0..20 {
+            g.record(3, 4);
+        }
+        assert_eq!(
+            g.choose(&c, 8, 8.0, 4),
+            0,
+            "batch: drafts slow the other seven"
+        );
+        // What the gate did before it counted the other sequences' tokens: 1.75 tokens for
+        // 1.125x the time looked like a gain.
+        assert!(expected_tokens(g.acceptance(), 1) / g.cost_ratio(&c, 8, 1) > 1.0);
     }
 
     #[test]

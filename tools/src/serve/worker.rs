@@ -932,9 +932,14 @@ impl Scheduler<'_, '_> {
 
     /// Chooses the drafts of every decoding choice of the coming pass (prompt lookup on the
     /// choice's own tokens; each choice's gate weighs the pass's `rows` with and without its
-    /// drafts, counting the drafts already chosen), never past `max_tokens` or the context.
+    /// drafts against the tokens the whole pass emits: one per decoding choice plus the
+    /// expected gain of the drafts already chosen), never past `max_tokens` or the context.
     fn draft(&mut self, feeds: &[Feed], mut rows: usize) {
         let context = self.eng.context();
+        let mut pass_tokens = feeds
+            .iter()
+            .filter(|f| matches!(f, Feed::Decode { .. }))
+            .count() as f64;
         for f in feeds {
             let Feed::Decode { req, choice } = *f else {
                 continue;
@@ -962,7 +967,12 @@ impl Scheduler<'_, '_> {
                     tokens.push(next);
                     let mut d = ngram::propose(&tokens, spec.max_ngram, k);
                     if spec.gate && !d.is_empty() {
-                        d.truncate(c.gate.choose(self.eng.pass_costs(), rows, d.len()));
+                        d.truncate(c.gate.choose(
+                            self.eng.pass_costs(),
+                            rows,
+                            pass_tokens,
+                            d.len(),
+                        ));
                     }
                     if d.is_empty() {
                         continue;
@@ -971,7 +981,7 @@ impl Scheduler<'_, '_> {
                 }
                 Speculate::Mtp => {
                     let k = match spec.gate {
-                        true => c.gate.choose(self.eng.pass_costs(), rows, k),
+                        true => c.gate.choose(self.eng.pass_costs(), rows, pass_tokens, k),
                         false => k,
                     };
                     if k == 0 {
@@ -992,6 +1002,9 @@ impl Scheduler<'_, '_> {
                 Speculate::Off | Speculate::Auto => continue,
             };
             rows += drafts.len();
+            pass_tokens +=
+                coli_engine::speculative::gate::expected_tokens(c.gate.acceptance(), drafts.len())
+                    - 1.0;
             c.drafts = drafts;
         }
     }
