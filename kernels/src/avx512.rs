@@ -143,6 +143,7 @@ macro_rules! tiled_matmul {
         let mut t = 0;
         while t < n {
             let m = (n - t).min($tile);
+            debug_assert!(m <= 8, "tiled_matmul: tiles of at most 8 tokens");
             for $i in 0..nrows {
                 let $pat = $init;
                 let out = &mut yt[$i * n + t..$i * n + t + m];

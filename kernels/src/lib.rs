@@ -304,16 +304,24 @@ pub fn matmul(w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
 /// ([`matmul_min_rows`]).
 pub const MATMUL_MIN_ROWS: usize = 4;
 
-/// The fewest rows for which [`matmul_with`] runs its matmul kernels rather than the matvec per
-/// row (the same bits either way; kernels/benches/matvec.rs): 2 on AVX-512, whose matmul
-/// kernels decode a weight once for up to 6 (int4, int8, mxfp4) or 8 (the others) tokens,
-/// [`MATMUL_MIN_ROWS`] elsewhere (int4-g64 576x1536 at n = 2 ran at ~0.6x the matvec's
-/// per-row rate on the AVX2 kernels).
-pub fn matmul_min_rows(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 2,
-        _ => MATMUL_MIN_ROWS,
+/// The fewest rows for which [`matmul_with`] runs its matmul kernels on `w` rather than the
+/// matvec per row (the same bits either way; kernels/benches/matvec.rs): 2 where `isa` is
+/// AVX-512 and `w` has an AVX-512 matmul kernel (int4 with a group size that is a multiple of
+/// 64, int8, bf16, mxfp4 with `cols` a multiple of 32), which decodes a weight once for up to 6
+/// (int4, int8, mxfp4) or 8 (bf16) tokens; [`MATMUL_MIN_ROWS`] elsewhere (the AVX2 kernels:
+/// int4-g64 576x1536 at n = 2 ran at ~0.6x the matvec's per-row rate).
+pub fn matmul_min_rows(isa: Isa, w: &MatrixView<'_>) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512
+        && (avx512::int4_fast(w)
+            || avx512::int8_fast(w)
+            || w.encoding() == coli_format::Encoding::Bf16
+            || avx2::mxfp4_fast(w))
+    {
+        return 2;
     }
+    let _ = (isa, w);
+    MATMUL_MIN_ROWS
 }
 
 /// [`matmul`] with an explicit instruction set (tests and benches).
@@ -338,7 +346,7 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
     if n == 0 || rows == 0 {
         return;
     }
-    if n < matmul_min_rows(isa) {
+    if n < matmul_min_rows(isa, w) {
         // A matmul row equals the matvec of that row bit for bit, and below this many rows the
         // matvec is faster per row.
         for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {

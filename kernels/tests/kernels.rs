@@ -346,7 +346,17 @@ fn avx512_bf16_equals_avx2_bit_for_bit() {
         eprintln!("AVX-512F not available: the AVX-512 bf16 kernels are not tested here");
         return;
     }
-    for &(rows, cols) in &[(5usize, 37usize), (9, 100), (130, 257), (7, 576), (3, 2056)] {
+    // cols / 8 % 4 (the 8-column chunks after the last group of four) is 0..=3 across these.
+    for &(rows, cols) in &[
+        (5usize, 37usize),
+        (6, 48),
+        (4, 56),
+        (3, 90),
+        (9, 100),
+        (130, 257),
+        (7, 576),
+        (3, 2056),
+    ] {
         let m = Mat::random(Encoding::Bf16, rows, cols, 4000 + cols as u64);
         let w = m.view();
         for n in [1usize, 2, 5, 8, 13] {
@@ -357,6 +367,10 @@ fn avx512_bf16_equals_avx2_bit_for_bit() {
             matmul_with(Isa::Avx512, &w, &x, n, &mut b);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "bf16 [{rows}, {cols}] n={n}");
+            let (mut va, mut vb) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+            matvec_with(Isa::Avx2Fma, &w, &x[..cols], &mut va);
+            matvec_with(Isa::Avx512, &w, &x[..cols], &mut vb);
+            assert_eq!(bits(&va), bits(&vb), "bf16 matvec [{rows}, {cols}]");
         }
     }
 }

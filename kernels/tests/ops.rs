@@ -106,11 +106,12 @@ fn strided_dots_and_axpys_equal_one_call_per_row_bit_for_bit() {
     use coli_kernels::{axpy_strided, dot_strided};
     let mut seed = 100;
     for d in [1usize, 7, 8, 13, 32, 64, 100, 128, 200] {
-        for n in [0usize, 1, 3, 4, 5, 8, 11] {
+        for n in [0usize, 1, 3, 4, 5, 8, 11, 64, 65, 130] {
             for (extra, offset) in [(0usize, 0usize), (5, 3), (d + 9, d + 1)] {
                 let stride = d + extra;
                 seed += 1;
-                let m = random_vec(n.max(1) * stride + offset + d, seed);
+                // Exactly long enough: the last row ends at the end of `m`.
+                let m = random_vec(n.saturating_sub(1) * stride + offset + d, seed);
                 let q = random_vec(d, seed + 1000);
                 let row = |j: usize| &m[j * stride + offset..j * stride + offset + d];
                 let mut got = vec![f32::NAN; n];
@@ -142,4 +143,11 @@ fn strided_dots_and_axpys_equal_one_call_per_row_bit_for_bit() {
 fn strided_dot_rejects_a_short_matrix() {
     let mut out = [0f32; 3];
     coli_kernels::dot_strided(&[1.0; 8], &[0.0; 23], 8, 0, &mut out);
+}
+
+#[test]
+#[should_panic(expected = "axpy_strided")]
+fn strided_axpy_rejects_a_short_matrix() {
+    let mut y = [0f32; 8];
+    coli_kernels::axpy_strided(&[1.0; 3], &[0.0; 23], 8, 0, &mut y);
 }

@@ -23,7 +23,7 @@ pub struct KvLayout {
     /// Id of the store the weights come from.
     pub store_id: [u8; 16],
     /// The canonical parameter string: every parameter that changes the cached numbers (cache
-    /// layout version, store id, weights fingerprint, kernel instruction set, MLA decode form,
+    /// layout version, store id, weights fingerprint, kernel numerics (`coli_kernels::numerics_id`), MLA decode form,
     /// KV dtype), and none
     /// that does not (budget, I/O engine, prefetch, threads, prefill chunk).
     pub params: String,

@@ -9,7 +9,7 @@
 //!   directory is indexed (headers only) when the cache opens and a file is read back when a
 //!   prompt extends it. The file format ([`mod@file`]) is specified in docs/KV_CACHE.md.
 //! - **Identity** ([`KvLayout`]): a state is reused only by an engine over the same store with
-//!   the same parameters that change the numbers (kernel instruction set, MLA decode form, KV
+//!   the same parameters that change the numbers (kernel numerics, MLA decode form, KV
 //!   dtype, cache-layout version); placement options do not split the cache.
 //! - **Scope**: a state put for one scope (an API key, [`scope_of`]) is found only for it.
 //!
