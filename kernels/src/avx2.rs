@@ -208,7 +208,7 @@ impl Chunks for F32Src<'_> {
 /// 8 bf16 (16 bytes starting at `k * 16`) to f32: zero-extend to 32 bits, shift left by 16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn bf16x8(b: &[u8], k: usize) -> __m256 {
+fn bf16x8(b: &[u8], k: usize) -> __m256 {
     let b = &b[k * 16..k * 16 + 16];
     // SAFETY: `b` is 16 readable bytes (unaligned 128-bit load).
     let v = unsafe { _mm_loadu_si128(b.as_ptr().cast::<__m128i>()) };
@@ -216,8 +216,17 @@ pub(crate) fn bf16x8(b: &[u8], k: usize) -> __m256 {
 }
 
 /// bf16 weights.
-struct Bf16Src<'a> {
+pub(crate) struct Bf16Src<'a> {
     cur: Cursor<'a>,
+}
+
+impl<'a> Bf16Src<'a> {
+    /// The chunks of the bf16 weights `bytes` (16 bytes per chunk of 8), from the first.
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Bf16Src {
+            cur: Cursor::new(bytes),
+        }
+    }
 }
 
 impl Chunks for Bf16Src<'_> {
@@ -508,11 +517,9 @@ impl Chunks for Int4AnySrc<'_> {
 }
 
 /// Decoded weights in a buffer (one row, chunk-padded).
-pub(crate) struct BufSrc<'a> {
-    /// The row's decoded full chunks.
-    pub(crate) chunks: &'a [[f32; 8]],
-    /// Index of the next chunk.
-    pub(crate) pos: usize,
+struct BufSrc<'a> {
+    chunks: &'a [[f32; 8]],
+    pos: usize,
 }
 
 impl Chunks for BufSrc<'_> {

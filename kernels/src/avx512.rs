@@ -22,8 +22,8 @@ use std::arch::x86_64::*;
 use coli_format::{Encoding, MatrixView};
 
 use crate::avx2::{
-    bf16x8, dot_tokens_finish, e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, tail_weights,
-    BufSrc, E2M1_TWICE,
+    dot_tokens_finish, e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, tail_weights, Bf16Src,
+    E2M1_TWICE,
 };
 
 /// Tokens per pass over a weight row in the matmul kernels (int4, int8, mxfp4): 6 tokens x 4
@@ -462,17 +462,8 @@ unsafe fn bf16_dot_tokens<const T: usize>(
         let (a2, a3) = split(acc[t][1]);
         [a0, a1, a2, a3]
     });
-    let mut rest = [[0f32; 8]; 3];
-    let rem = nfull % 4;
-    for (k, chunk) in rest[..rem].iter_mut().enumerate() {
-        let v = bf16x8(&row[(groups * 4 + k) * 16..], 0);
-        // SAFETY: `chunk` is a valid, writable [f32; 8] (unaligned store).
-        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), v) };
-    }
-    let src = &mut BufSrc {
-        chunks: &rest[..rem],
-        pos: 0,
-    };
+    // The `nfull % 4` chunks after the groups, decoded as the AVX2 kernel decodes them.
+    let src = &mut Bf16Src::new(&row[groups * 64..]);
     // SAFETY: features available (caller); `src` holds the `nfull % 4` chunks after the groups.
     unsafe { dot_tokens_finish(acc8, src, nfull, wtail, xs) }
 }
