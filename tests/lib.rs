@@ -101,7 +101,10 @@ pub fn convert_fixture_with(
             shared_experts: params["shared_experts"].as_str().map(encoding),
             dense_mlp: params["dense_mlp"].as_str().map(encoding),
         },
-        mtp: params["mtp"].as_str().map_or(Encoding::Int8, encoding),
+        mtp: match params["mtp"].as_str() {
+            Some("none") => None,
+            m => Some(m.map_or(Encoding::Int8, encoding)),
+        },
         embeddings: params["embeddings"].as_str().map(encoding),
     };
     coli_convert::run(&Options {

@@ -34,7 +34,8 @@ pub struct Checkpoint {
     pub shards: Vec<Shard>,
     /// Every tensor: name -> index into `shards`. Names are the spec's
     /// ([`ModelSpec::canonical_tensor_name`]): a multimodal wrapper's language-model prefix is
-    /// removed, its other tensors are in `outside_model` instead.
+    /// removed, its other tensors are in `outside_model` instead; transformers 5's renaming of
+    /// the family is undone (Mixtral's `mlp` is `block_sparse_moe` again).
     pub tensors: BTreeMap<String, usize>,
     /// Tensors of a multimodal wrapper outside its language model (vision tower, projector),
     /// as named in the checkpoint: not converted.
@@ -174,7 +175,7 @@ impl Checkpoint {
             }
         }
         let mut outside_model = Vec::new();
-        if spec.wrapper.is_some() {
+        if spec.wrapper.is_some() || !spec.transformers5_renames().is_empty() {
             tensors.clear();
             for (i, shard) in shards.iter_mut().enumerate() {
                 let own = std::mem::take(&mut shard.tensors);

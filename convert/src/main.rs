@@ -49,8 +49,9 @@ struct Cli {
     /// Encoding of the MLP of the dense (non-MoE) layers, instead of --dense.
     #[arg(long, value_name = "ENCODING")]
     dense_mlp: Option<String>,
-    /// Encoding of the MTP layer's linear weights and experts: int8 (the default), bf16, fp8.
-    /// A model without an MTP layer has nothing it applies to (a warning says so).
+    /// Encoding of the MTP layer's linear weights and experts: int8 (the default), bf16, fp8;
+    /// `none` leaves the MTP layer out (a smaller store; `coli run --speculate mtp` then
+    /// refuses). On a model without an MTP layer only `none` is accepted (it changes nothing).
     #[arg(long, value_name = "ENCODING")]
     mtp: Option<String>,
     /// Encoding of the token embedding and lm_head: source (as in the checkpoint), int8
@@ -108,11 +109,14 @@ fn real_main() -> anyhow::Result<()> {
             shared_experts: role(&cli.shared_experts, "shared-experts")?,
             dense_mlp: role(&cli.dense_mlp, "dense-mlp")?,
         },
-        mtp: parse_encoding(
-            cli.mtp.as_deref().unwrap_or("int8"),
-            &["int8", "bf16", "fp8"],
-            "mtp",
-        )?,
+        mtp: match cli.mtp.as_deref().unwrap_or("int8") {
+            "none" => None,
+            m => Some(
+                parse_encoding(m, &["int8", "bf16", "fp8"], "mtp").map_err(|_| {
+                    anyhow::anyhow!("--mtp {m}: expected one of int8, bf16, fp8, none")
+                })?,
+            ),
+        },
         embeddings: match cli.embeddings.as_str() {
             "source" => None,
             e => Some(
@@ -126,8 +130,8 @@ fn real_main() -> anyhow::Result<()> {
             ),
         },
     };
-    if let Some(mtp) = &cli.mtp {
-        warn_mtp_without_layer(&cli.input, mtp);
+    if let Some(mtp) = cli.mtp.as_deref().filter(|m| *m != "none") {
+        refuse_mtp_without_layer(&cli.input, mtp)?;
     }
     if let Some(total_ram) = cli.total_ram {
         preflight_plan(&cli, encodings, total_ram)?;
@@ -165,28 +169,28 @@ fn real_main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--mtp` given for a model whose config.json declares no MTP layer
-/// (`num_nextn_predict_layers` 0 or absent): a warning that it applies to nothing. (It is
-/// still recorded in the store's conversion parameters, as it always was, so that a store's
-/// bytes and id do not change with this warning.) An unreadable config is left to the
+/// `--mtp ENCODING` for a model whose config.json declares no MTP layer
+/// (`num_nextn_predict_layers` 0 or absent): an error naming the option, since it would apply
+/// to nothing (`--mtp none` is always accepted). An unreadable config is left to the
 /// conversion, which reports it.
-fn warn_mtp_without_layer(input: &std::path::Path, mtp: &str) {
+fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Result<()> {
     let Some(cfg) = std::fs::read(input.join("config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
     else {
-        return;
+        return Ok(());
     };
     let Ok(spec) = coli_format::spec::ModelSpec::from_config(&cfg, None) else {
-        return;
+        return Ok(());
     };
     if spec.mtp_layer().is_none() {
-        eprintln!(
-            "coli-convert: warning: --mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); the option has no effect",
+        anyhow::bail!(
+            "--mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); drop the option",
             spec.model_type,
             input.join("config.json").display()
         );
     }
+    Ok(())
 }
 
 /// `--experts auto`: `mxfp4` when the checkpoint's config.json declares MXFP4 experts

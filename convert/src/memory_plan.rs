@@ -166,10 +166,13 @@ enum Dtypes<'a> {
 }
 
 impl Dtypes<'_> {
-    /// `None`: the checkpoint lacks this (optional) tensor.
+    /// `None`: the checkpoint lacks this (optional) tensor. Without a checkpoint, an MTP
+    /// layer's optional embedding and head are assumed absent, as the releases that make them
+    /// optional publish them (GLM-4.6/4.7, GLM-5/5.1/5.2: the main model's stand in).
     fn of(&self, t: &TensorSpec) -> Option<Dtype> {
         match self {
             Dtypes::Headers(ck) => ck.get(&t.name).map(|(_, i)| i.dtype),
+            Dtypes::Assumed { .. } if t.optional && t.class == TensorClass::Mtp => None,
             Dtypes::Assumed { fp8 } => Some(if *fp8 && t.kind == TensorKind::Linear {
                 Dtype::F8E4M3
             } else {
@@ -204,8 +207,9 @@ pub struct ConfigPlanArgs<'a> {
     /// Main-layer expert encoding (`None`: the converter's default, mxfp4 for a config that
     /// declares MXFP4 experts, else int4-g64).
     pub experts: Option<Encoding>,
-    /// MTP layer encoding (`--mtp`, default int8).
-    pub mtp: Encoding,
+    /// MTP layer encoding (`--mtp`, default int8); `None` (`--mtp none`): the MTP layer is
+    /// not counted.
+    pub mtp: Option<Encoding>,
     /// A configuration to plan first, marked as chosen (the converter's own options; its
     /// `experts` and `mtp` are replaced by the two fields above).
     pub chosen: Option<Encodings>,
@@ -311,6 +315,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         .expert_sets()
         .into_iter()
         .filter(|s| match &dtypes {
+            _ if s.class == TensorClass::Mtp && a.mtp.is_none() => false,
             Dtypes::Headers(ck) => s.class != TensorClass::Mtp || ck.has(&s.tensor_names(0)[0]),
             Dtypes::Assumed { .. } => true,
         })
@@ -321,7 +326,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     for s in &sets {
         if s.class == TensorClass::Mtp {
             mtp_n += s.count as u64;
-            mtp_bytes += s.count as u64 * record(a.mtp, s.biases);
+            let mtp = a.mtp.expect("MTP sets are kept only with an MTP encoding");
+            mtp_bytes += s.count as u64 * record(mtp, s.biases);
         } else {
             main_record = record(experts, s.biases);
             experts_n += s.count as u64;
@@ -352,7 +358,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     for (dense_enc, embeddings) in dense_choices {
         let e = Encodings {
             embeddings,
-            ..Encodings::new(experts, dense_enc, a.mtp)
+            mtp: a.mtp,
+            ..Encodings::new(experts, dense_enc, Encoding::Int8)
         };
         if !configs.iter().any(|(c, _)| *c == e) {
             configs.push((e, false));
@@ -363,6 +370,9 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     for (enc, chosen) in configs {
         let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
         for t in spec.tensors.dense() {
+            if t.class == TensorClass::Mtp && a.mtp.is_none() {
+                continue;
+            }
             let Some(src) = dtypes.of(t) else {
                 continue;
             };
@@ -581,7 +591,7 @@ mod tests {
             context: 8192,
             disk_gib_s: Some(3.0),
             experts: None,
-            mtp: Encoding::Int8,
+            mtp: Some(Encoding::Int8),
             chosen: None,
         }
     }

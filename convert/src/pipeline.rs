@@ -47,8 +47,12 @@ pub struct Report {
     /// given), as recorded in the store (`mtp` is recorded even for a model without an MTP
     /// layer: see `mtp_layer`).
     pub parameters: BTreeMap<String, String>,
-    /// Whether the store holds an MTP layer (the text report names `mtp=` only then).
+    /// Whether the store holds an MTP layer (the text report names `mtp=` only then, or when
+    /// it is `none`).
     pub mtp_layer: bool,
+    /// The MTP layer's tensors the checkpoint does not hold, with the main model's tensor
+    /// standing in (the MANIFEST's `mtp_shared`).
+    pub mtp_shared: BTreeMap<String, String>,
     /// Dense tensors in the store.
     pub tensors: u64,
     /// Expert records in the store.
@@ -252,7 +256,12 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     let mut parameters = BTreeMap::new();
     parameters.insert("experts".to_string(), opts.encodings.experts.name());
     parameters.insert("dense".to_string(), opts.encodings.dense.name());
-    parameters.insert("mtp".to_string(), opts.encodings.mtp.name());
+    parameters.insert(
+        "mtp".to_string(),
+        opts.encodings
+            .mtp
+            .map_or_else(|| "none".into(), Encoding::name),
+    );
     for (k, e) in opts.encodings.roles.chosen() {
         parameters.insert(k.to_string(), e.name());
     }
@@ -313,6 +322,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         family: ck.spec.model_type.clone(),
         parameters,
         mtp_layer: !plan.mtp_layers.is_empty(),
+        mtp_shared: plan.mtp_shared.clone(),
         tensors: plan.dense.len() as u64,
         experts: plan.experts.len() as u64,
         experts_skipped: 0,
@@ -343,6 +353,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     if let Some(info) = &resumed {
         report.bytes_skipped = info.bytes_kept;
     }
+    writer.set_mtp_shared(plan.mtp_shared.clone());
     for s in &ck.shards {
         s.read_sequentially();
     }
@@ -594,7 +605,7 @@ impl Report {
             self.family,
             self.parameters
                 .iter()
-                .filter(|(k, _)| self.mtp_layer || k.as_str() != "mtp")
+                .filter(|(k, v)| self.mtp_layer || k.as_str() != "mtp" || v.as_str() == "none")
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" "),
@@ -617,16 +628,28 @@ impl Report {
                 .take(8)
                 .map(String::as_str)
                 .collect();
+            let mtp_none = self.parameters.get("mtp").is_some_and(|m| m == "none");
             let _ = writeln!(
                 s,
-                "not converted ({} tensors the model does not read): {}{}",
+                "not converted ({} tensors the model does not read{}): {}{}",
                 self.not_converted.len(),
+                if mtp_none {
+                    ", or of its MTP layer: --mtp none"
+                } else {
+                    ""
+                },
                 shown.join(", "),
                 if self.not_converted.len() > shown.len() {
                     ", ..."
                 } else {
                     ""
                 }
+            );
+        }
+        for (shared, stand_in) in &self.mtp_shared {
+            let _ = writeln!(
+                s,
+                "MTP layer: {shared} is not in the checkpoint; the main model's {stand_in} stands in"
             );
         }
         // Classes with no tensor converted by this run (null in the JSON report) are left out.

@@ -24,8 +24,10 @@ pub struct Encodings {
     /// Per-role choices that override `dense` (`--attention`, `--indexer`, `--shared-experts`,
     /// `--dense-mlp`); empty by default.
     pub roles: RoleEncodings,
-    /// Every linear weight of the MTP layer(s), their routed experts included.
-    pub mtp: Encoding,
+    /// Every linear weight of the MTP layer(s), their routed experts included; `None`
+    /// (`--mtp none`): the MTP layer is not converted (listed as not converted, like tensors the
+    /// model does not read).
+    pub mtp: Option<Encoding>,
     /// The token embedding `model.embed_tokens.weight` and `lm_head.weight`: `None` keeps
     /// them as in the source (the default), `Some(Encoding::Int8)` stores them with per-row
     /// int8 scales (halves the bytes the output projection reads per decoded token; one row
@@ -82,7 +84,7 @@ impl Encodings {
             experts,
             dense,
             roles: RoleEncodings::default(),
-            mtp,
+            mtp: Some(mtp),
             embeddings: None,
         }
     }
@@ -186,6 +188,10 @@ pub struct Plan {
     pub num_layers: u32,
     /// MTP layer indices (>= num_hidden_layers).
     pub mtp_layers: Vec<u32>,
+    /// The MTP layer's optional tensors the checkpoint does not hold, each with the main
+    /// model's tensor that stands in (`model.layers.78.shared_head.head.weight` ->
+    /// `lm_head.weight`), as the store's MANIFEST records them (`mtp_shared`).
+    pub mtp_shared: BTreeMap<String, String>,
     /// Source bytes to read (weights and scales), for progress.
     pub bytes_in: u64,
     /// Estimated store size, bytes.
@@ -353,7 +359,7 @@ fn dense_target(
         },
         TensorKind::Linear => {
             let e = match (mtp, role) {
-                (true, _) => enc.mtp,
+                (true, _) => enc.mtp.unwrap_or(enc.dense),
                 (false, Some(r)) => enc.for_role(r),
                 (false, None) => enc.dense,
             };
@@ -458,13 +464,15 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
         }
     }
-    // The MTP layers are converted when the checkpoint holds any of them, and then whole.
-    let mtp_present = mtp_index.is_some_and(|n| ck.tensors.keys().any(|t| layer_of(t) == Some(n)))
-        || spec
-            .tensors
-            .mtp
-            .iter()
-            .any(|m| m.dense().iter().any(|t| ck.has(&t.name)));
+    // The MTP layers are converted when the checkpoint holds any of them, and then whole
+    // (never with `--mtp none`).
+    let mtp_present = enc.mtp.is_some()
+        && (mtp_index.is_some_and(|n| ck.tensors.keys().any(|t| layer_of(t) == Some(n)))
+            || spec
+                .tensors
+                .mtp
+                .iter()
+                .any(|m| m.dense().iter().any(|t| ck.has(&t.name))));
     let mtp_layers: Vec<u32> = mtp_index.filter(|_| mtp_present).into_iter().collect();
 
     // Dense tensors the model reads.
@@ -510,6 +518,23 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         return Err(terr(&t.name, hint));
     }
 
+    // The main model's embedding and lm_head stand in for an MTP layer's absent optional ones.
+    let mut mtp_shared = BTreeMap::new();
+    if mtp_present {
+        let head = if ck.has(&spec.tensors.lm_head.name) {
+            &spec.tensors.lm_head
+        } else {
+            &spec.tensors.embed
+        };
+        for m in &spec.tensors.mtp {
+            for (t, main) in [(&m.embed, &spec.tensors.embed), (&m.head, head)] {
+                if let Some(t) = t.as_ref().filter(|t| t.optional && !ck.has(&t.name)) {
+                    mtp_shared.insert(t.name.clone(), main.name.clone());
+                }
+            }
+        }
+    }
+
     // Experts.
     let mut expert_sets: Vec<&ExpertsSpec> = spec
         .tensors
@@ -529,7 +554,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             layer: l,
             num_experts: set.count,
         });
-        let encoding = if mtp { enc.mtp } else { enc.experts };
+        let encoding = match enc.mtp {
+            Some(e) if mtp => e,
+            _ => enc.experts,
+        };
         let storage = crate::fused::resolve_storage(ck, set);
         if !matches!(storage, ExpertStorage::PerExpert(_)) {
             let tensors = crate::fused::check(ck, set, storage)?;
@@ -719,6 +747,7 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         expert_layers,
         num_layers: nl + mtp_layers.len() as u32,
         mtp_layers,
+        mtp_shared,
         bytes_in,
         estimated_out,
         unused,

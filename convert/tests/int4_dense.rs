@@ -148,15 +148,27 @@ fn bad_role_choices_are_refused_and_name_the_option() {
         assert!(e.contains(want), "{args:?}: {e}");
         assert!(!out.exists());
     }
-    // --mtp on a model without an MTP layer converts, with a warning that it has no effect.
+    // --mtp ENCODING on a model without an MTP layer is refused, naming the option; --mtp none
+    // is accepted (it changes nothing) and recorded; an unknown value lists the choices.
     let o = convert(&input_q, &out, &["--mtp", "bf16"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!o.status.success());
+    let e = stderr(&o);
     assert!(
-        stderr(&o).contains("--mtp bf16: this qwen3_moe model has no MTP layer")
-            && stderr(&o).contains("no effect"),
+        e.contains("--mtp bf16: this qwen3_moe model has no MTP layer")
+            && e.contains("drop the option"),
+        "{e}"
+    );
+    assert!(!out.exists() && !tmp.path().join("store.partial").exists());
+    let o = convert(&input_q, &out, &["--mtp", "int2"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("int8, bf16, fp8, none"),
         "{}",
         stderr(&o)
     );
+    let o = convert(&input_q, &out, &["--mtp", "none"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("mtp=none"));
     std::fs::remove_dir_all(&out).unwrap();
     // fp8 for a role asked of a BF16 checkpoint names that role's option.
     let input = tmp.path().join("bf16");
@@ -227,7 +239,7 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
         context: USABLE_CONTEXT,
         disk_gib_s: None,
         experts: None,
-        mtp: Encoding::Int8,
+        mtp: Some(Encoding::Int8),
         chosen: None,
     })
     .unwrap();

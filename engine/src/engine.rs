@@ -607,6 +607,31 @@ impl<'s> Engine<'s> {
         self.model.mtp.is_some()
     }
 
+    /// Why the model has no MTP layer loaded, for errors that ask for one; `None` when it has
+    /// one. Names `coli-convert --mtp none` when the store was converted with it.
+    pub fn mtp_absence(&self) -> Option<String> {
+        if self.has_mtp() {
+            return None;
+        }
+        let store = self.store();
+        Some(
+            if store.manifest().parameters.get("mtp").map(String::as_str) == Some("none") {
+                format!(
+                    "the store {} was converted with --mtp none (without its MTP layer): convert it again without that option to draft with the MTP layer",
+                    store.dir().display()
+                )
+            } else if self.model.spec.mtp_layer().is_none() {
+                format!(
+                    "this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent)",
+                    self.model.spec.model_type
+                )
+            } else {
+                "the store holds no MTP layer (the checkpoint it was converted from had none)"
+                    .into()
+            },
+        )
+    }
+
     /// Turns MTP drafting on for `seq` ([`Engine::mtp_draft`]): from now on every pass over it
     /// keeps its rows' final hidden states for the MTP layer. No effect when it is on already.
     ///
@@ -615,10 +640,7 @@ impl<'s> Engine<'s> {
     /// tokens without MTP state (their hidden states are gone: start from an empty sequence).
     pub fn enable_mtp(&self, seq: &mut Sequence) -> Result<()> {
         let Some(mtp) = self.model.mtp.as_ref() else {
-            return Err(EngineError::Invalid(
-                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
-                    .into(),
-            ));
+            return Err(EngineError::Invalid(self.mtp_absence().unwrap_or_default()));
         };
         if seq.mtp.is_some() {
             return Ok(());
@@ -823,11 +845,8 @@ impl<'s> Engine<'s> {
     /// depths - 1 ids in the vocabulary, n within the context. Returns n.
     fn check_mtp_input(&self, hidden: &[f32], next_ids: &[u32], depths: usize) -> Result<usize> {
         let (h, vocab) = (self.model.spec.hidden_size, self.model.spec.vocab_size);
-        if self.model.mtp.is_none() {
-            return Err(EngineError::Invalid(
-                "this store has no MTP layer (num_nextn_predict_layers 0, or converted without it)"
-                    .into(),
-            ));
+        if let Some(why) = self.mtp_absence() {
+            return Err(EngineError::Invalid(why));
         }
         let n = hidden.len() / h.max(1);
         if n == 0 || hidden.len() != n * h || next_ids.len() != n + depths - 1 {
@@ -1458,7 +1477,7 @@ impl<'s> Engine<'s> {
         params.sampling.validate()?;
         params.speculation.validate()?;
         let mut spec = params.speculation;
-        spec.mode = spec.mode.resolve(self.has_mtp())?;
+        spec.mode = spec.mode.resolve(self.mtp_absence().as_deref())?;
         if self.trace.is_some() {
             spec.mode = Speculate::Off;
         }

@@ -181,7 +181,7 @@ fn glm5_shared_indexer_layers_decode_like_prefill() {
             experts: coli_tests::encoding("int4-g64"),
             dense: coli_tests::encoding("bf16"),
             roles: Default::default(),
-            mtp: coli_tests::encoding("int8"),
+            mtp: Some(coli_tests::encoding("int8")),
             embeddings: None,
         },
         threads: Some(1),

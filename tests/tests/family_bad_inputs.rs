@@ -19,7 +19,7 @@ fn refused(ck: &Path, tmp: &Path, names: &[&str]) {
             experts: coli_tests::encoding("int4-g64"),
             dense: coli_tests::encoding("bf16"),
             roles: Default::default(),
-            mtp: coli_tests::encoding("int8"),
+            mtp: Some(coli_tests::encoding("int8")),
             embeddings: None,
         },
         threads: Some(1),

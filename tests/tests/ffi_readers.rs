@@ -71,7 +71,7 @@ fn convert(input: &Path, out: &Path, experts: Encoding, dense: Encoding) {
         experts,
         dense,
         roles: Default::default(),
-        mtp: Encoding::Int8,
+        mtp: Some(Encoding::Int8),
         embeddings: None,
     };
     coli_convert::run(&Options {

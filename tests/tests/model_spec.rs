@@ -34,7 +34,7 @@ fn default_encodings() -> Encodings {
         experts: Encoding::Int4 { group_size: 64 },
         dense: Encoding::Bf16,
         roles: Default::default(),
-        mtp: Encoding::Int8,
+        mtp: Some(Encoding::Int8),
         embeddings: None,
     }
 }

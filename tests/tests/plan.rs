@@ -208,7 +208,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
             context: 1024,
             disk_gib_s: Some(2.0),
             experts: Some(enc("experts", "")),
-            mtp: enc("mtp", "int8"),
+            mtp: Some(enc("mtp", "int8")),
             chosen: None,
         })
         .unwrap_or_else(|e| panic!("{name}: {e:#}"));

@@ -92,7 +92,8 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// absent), `encodings` {experts, records, dense}, `classes` {CLASS: {count, bytes, encodings}}
 /// for routed_experts / attention / indexer / shared_experts / dense_mlp / mtp / norms /
 /// embeddings / other_dense ([`classify`]; bytes on disk, padding of expert records included), `provenance` {converter, parameters, sources}, `format_version`,
-/// `store_id`, `mtp_layer` (the store holds an MTP layer), `alignment`, `segments`.
+/// `store_id`, `mtp_layer` (the store holds an MTP layer), `mtp_shared` (the MTP layer's
+/// tensors the main model's stand in for: MANIFEST `mtp_shared`), `alignment`, `segments`.
 ///
 /// # Errors
 /// When the store cannot be opened (the error says why and suggests `coli-fsck`).
@@ -173,6 +174,7 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
         },
         "classes": classes_json,
         "mtp_layer": has_mtp_layer(m),
+        "mtp_shared": m.mtp_shared,
         "alignment": m.alignment,
         "segments": m.segment_count,
         "provenance": {
@@ -259,6 +261,19 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
             fmt_counts(&x["encodings"])
         );
     }
+    if let Some(shared) = r["mtp_shared"].as_object() {
+        for (mtp, main) in shared {
+            let what = if mtp.contains("embed") {
+                "MTP embedding:"
+            } else {
+                "MTP head:     "
+            };
+            println!(
+                "{what}  the main {} ({mtp} is not in the release)",
+                main.as_str().unwrap_or("")
+            );
+        }
+    }
     println!(
         "layout:         alignment {} bytes, {} segment file(s)",
         r["alignment"], r["segments"]
@@ -275,7 +290,7 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
         let has_mtp = r["mtp_layer"].as_bool().unwrap_or(true);
         let s: Vec<String> = o
             .iter()
-            .filter(|(k, _)| has_mtp || k.as_str() != "mtp")
+            .filter(|(k, v)| has_mtp || k.as_str() != "mtp" || v.as_str() == Some("none"))
             .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
             .collect();
         println!("parameters:     {}", s.join(" "));

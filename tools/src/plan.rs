@@ -77,7 +77,8 @@ pub struct PlanArgs {
     /// mxfp4 when config.json declares MXFP4 experts, else int4-g64).
     #[arg(long, value_name = "ENC")]
     pub experts: Option<String>,
-    /// With --checkpoint/--config: the MTP layer's encoding (default int8, as coli-convert's).
+    /// With --checkpoint/--config: the MTP layer's encoding (default int8, as coli-convert's);
+    /// `none`: without the MTP layer (coli-convert --mtp none).
     #[arg(long, value_name = "ENC", default_value = "int8")]
     pub mtp: String,
 }
@@ -188,7 +189,10 @@ pub fn run(a: &PlanArgs) -> Result<()> {
                     .as_deref()
                     .map(|e| enc(e, "experts"))
                     .transpose()?,
-                mtp: enc(&a.mtp, "mtp")?,
+                mtp: match a.mtp.as_str() {
+                    "none" => None,
+                    m => Some(enc(m, "mtp")?),
+                },
                 chosen: None,
             },
         )?;

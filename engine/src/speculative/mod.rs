@@ -52,21 +52,21 @@ pub enum Speculate {
 }
 
 impl Speculate {
-    /// The mode that runs on a model with (`has_mtp`) or without an MTP layer: `Auto` resolves
-    /// to `Mtp` or `Ngram`.
+    /// The mode that runs on a model with an MTP layer (`mtp_absence` None) or without one
+    /// (`Some(why)`, [`crate::Engine::mtp_absence`]): `Auto` resolves to `Mtp` or `Ngram`.
     ///
     /// # Errors
-    /// [`EngineError::Invalid`] for `Mtp` without an MTP layer.
-    pub fn resolve(self, has_mtp: bool) -> Result<Speculate> {
-        Ok(match self {
-            Speculate::Auto if has_mtp => Speculate::Mtp,
-            Speculate::Auto => Speculate::Ngram,
-            Speculate::Mtp if !has_mtp => {
-                return Err(EngineError::Invalid(
-                    "--speculate mtp: this store has no MTP layer (num_nextn_predict_layers 0, or converted without it); use ngram or auto".into(),
-                ))
+    /// [`EngineError::Invalid`] for `Mtp` without an MTP layer, saying why.
+    pub fn resolve(self, mtp_absence: Option<&str>) -> Result<Speculate> {
+        Ok(match (self, mtp_absence) {
+            (Speculate::Auto, None) => Speculate::Mtp,
+            (Speculate::Auto, Some(_)) => Speculate::Ngram,
+            (Speculate::Mtp, Some(why)) => {
+                return Err(EngineError::Invalid(format!(
+                    "--speculate mtp: {why}; use --speculate ngram or auto"
+                )))
             }
-            m => m,
+            (m, _) => m,
         })
     }
 

@@ -157,6 +157,13 @@ pub struct Manifest {
     pub index_file: WholeFile,
     /// Copied files.
     pub files: Vec<FileEntry>,
+    /// The MTP layer's tensors the store does not hold because the model shares the main
+    /// model's, each with the tensor that stands in (GLM-5's published
+    /// `model.layers.78.shared_head.head.weight` -> `lm_head.weight`, `embed_tokens` ->
+    /// `model.embed_tokens.weight`; FORMAT.md section 2). Absent from the JSON when empty: the
+    /// MTP layer holds its own copies, or the store has no MTP layer.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mtp_shared: BTreeMap<String, String>,
 }
 
 fn fmt_err(what: impl Into<String>) -> FormatError {
@@ -257,6 +264,7 @@ impl Manifest {
                 return Err(fmt_err(format!("bad file name {:?}", f.name)));
             }
         }
+        m.check_mtp_shared()?;
         Ok(m)
     }
 
@@ -271,6 +279,28 @@ impl Manifest {
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
         out
+    }
+
+    /// Checks `mtp_shared` against the dense tensors: each shared tensor is absent from
+    /// `dense`, and the tensor standing in for it is present.
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] naming MANIFEST, `mtp_shared` and the tensor.
+    fn check_mtp_shared(&self) -> Result<(), FormatError> {
+        let has = |n: &str| self.dense.iter().any(|d| d.name == n);
+        for (shared, stand_in) in &self.mtp_shared {
+            if has(shared) {
+                return Err(fmt_err(format!(
+                    "mtp_shared names {shared}, which the store holds as a dense tensor"
+                )));
+            }
+            if !has(stand_in) {
+                return Err(fmt_err(format!(
+                    "mtp_shared: {stand_in}, standing in for {shared}, is not a dense tensor of the store"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The routed experts' encoding.
@@ -458,7 +488,46 @@ mod tests {
                 xxh3: Xxh3Sum(2),
             },
             files: vec![],
+            mtp_shared: BTreeMap::new(),
         }
+    }
+
+    fn dense_entry(name: &str) -> DenseEntry {
+        DenseEntry {
+            name: name.into(),
+            encoding: Encoding::Bf16.id(),
+            group_size: Encoding::Bf16.group_size(),
+            shape: vec![4, 4],
+            offset: 0,
+            length: 32,
+            scales_offset: 0,
+            scales_length: 0,
+            xxh3: Xxh3Sum(3),
+        }
+    }
+
+    #[test]
+    fn mtp_shared_round_trips_and_must_agree_with_the_dense_tensors() {
+        let mut m = sample();
+        // Absent when empty: stores without a shared MTP head keep their bytes.
+        assert!(!String::from_utf8_lossy(&m.to_bytes()).contains("mtp_shared"));
+        m.dense = vec![dense_entry("lm_head.weight")];
+        let shared = "model.layers.1.shared_head.head.weight";
+        m.mtp_shared.insert(shared.into(), "lm_head.weight".into());
+        assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+        // The shared tensor present as well: refused, named.
+        let mut both = m.clone();
+        both.dense.push(dense_entry(shared));
+        let e = Manifest::parse(&both.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("mtp_shared") && e.contains(shared), "{e}");
+        // The stand-in absent: refused, named.
+        let mut gone = m.clone();
+        gone.dense.clear();
+        let e = Manifest::parse(&gone.to_bytes()).unwrap_err().to_string();
+        assert!(
+            e.contains("mtp_shared") && e.contains("lm_head.weight"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -163,9 +163,12 @@ pub(crate) fn sigmoid_moe_or_dense(s: &ModelSpec, i: usize, class: TensorClass) 
 }
 
 /// Every tensor of an MLA family; `indexer(i, class)` gives layer i's DSA indexer (GLM-5).
+/// `mtp_shared_embed_and_head`: the MTP layer's `embed_tokens` and `shared_head.head` are
+/// optional ([`mtp_spec`]; GLM-5's releases share the main model's).
 pub(crate) fn mla_tensors(
     s: &ModelSpec,
     indexer: impl Fn(usize, TensorClass) -> Option<IndexerSpec>,
+    mtp_shared_embed_and_head: bool,
 ) -> ModelTensors {
     let m = s.mla.as_ref().expect("MLA families have an MLA spec");
     let layer = |i: usize, class: TensorClass| -> LayerSpec {
@@ -182,7 +185,7 @@ pub(crate) fn mla_tensors(
         .collect();
     let mtp = s
         .mtp_layer()
-        .map(|n| mtp_spec(s, layer(n, TensorClass::Mtp), false))
+        .map(|n| mtp_spec(s, layer(n, TensorClass::Mtp), mtp_shared_embed_and_head))
         .into_iter()
         .collect();
     build::model(s, layers, mtp)
@@ -191,7 +194,8 @@ pub(crate) fn mla_tensors(
 /// The MTP layer `model.layers.{N}` around its decoder layer `layer`: `embed_tokens`,
 /// `enorm`, `hnorm`, `eh_proj`, `shared_head.{norm, head}`. `shared_embed_and_head`: the
 /// layer's own `embed_tokens` and `shared_head.head` are optional, the main model's embedding
-/// and lm_head standing in (GLM-4.6/4.7 publish their MTP layer without them).
+/// and lm_head standing in (GLM-4.6/4.7 and GLM-5/5.1/5.2 publish their MTP layer without
+/// them).
 pub(crate) fn mtp_spec(s: &ModelSpec, layer: LayerSpec, shared_embed_and_head: bool) -> MtpSpec {
     let c = TensorClass::Mtp;
     let (v, h) = (s.vocab_size, s.hidden_size);
@@ -226,6 +230,8 @@ pub(crate) fn mtp_spec(s: &ModelSpec, layer: LayerSpec, shared_embed_and_head: b
     }
 }
 
+/// DeepSeek-V3's and Kimi-K2's releases hold real copies of the embedding and head in their
+/// MTP layer: both are required.
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
-    mla_tensors(s, |_, _| None)
+    mla_tensors(s, |_, _| None, false)
 }

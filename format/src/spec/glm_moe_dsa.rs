@@ -34,7 +34,11 @@ pub(crate) fn configure_dsa(
     Ok(())
 }
 
-/// Every tensor of GLM-5 or DeepSeek-V3.2: DeepSeek-V3's with the DSA indexer of each full layer.
+/// Every tensor of GLM-5 or DeepSeek-V3.2: DeepSeek-V3's with the DSA indexer of each full
+/// layer. GLM-5's MTP layer may come without `embed_tokens` and `shared_head.head` (the
+/// published GLM-5, 5.1 and 5.2 checkpoints share the main model's embedding and lm_head:
+/// vLLM PR #34385, vllm-ascend's GLM-5 `adjust_weight.py`); DeepSeek-V3.2's releases hold
+/// real copies (its MTP head differs from lm_head), so they stay required there.
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let m = s.mla.as_ref().expect("MLA families have an MLA spec");
     let d = m
@@ -43,16 +47,27 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
         .expect("glm_moe_dsa and deepseek_v32 have a DSA spec");
     let rq = m.q_lora_rank.expect("checked in configure");
     let h = s.hidden_size;
-    mla_tensors(s, |i, c| {
-        d.is_full(i).then(|| {
-            let p = format!("model.layers.{i}.self_attn.indexer");
-            IndexerSpec {
-                wq_b: build::linear(&format!("{p}.wq_b"), d.n_heads * d.head_dim, rq, false, c),
-                wk: build::linear(&format!("{p}.wk"), d.head_dim, h, false, c),
-                k_norm_weight: build::norm(format!("{p}.k_norm.weight"), d.head_dim, c),
-                k_norm_bias: build::norm(format!("{p}.k_norm.bias"), d.head_dim, c),
-                weights_proj: build::linear(&format!("{p}.weights_proj"), d.n_heads, h, false, c),
-            }
-        })
-    })
+    let shared_mtp_embed_and_head = s.family == Family::GlmMoeDsa;
+    mla_tensors(
+        s,
+        |i, c| {
+            d.is_full(i).then(|| {
+                let p = format!("model.layers.{i}.self_attn.indexer");
+                IndexerSpec {
+                    wq_b: build::linear(&format!("{p}.wq_b"), d.n_heads * d.head_dim, rq, false, c),
+                    wk: build::linear(&format!("{p}.wk"), d.head_dim, h, false, c),
+                    k_norm_weight: build::norm(format!("{p}.k_norm.weight"), d.head_dim, c),
+                    k_norm_bias: build::norm(format!("{p}.k_norm.bias"), d.head_dim, c),
+                    weights_proj: build::linear(
+                        &format!("{p}.weights_proj"),
+                        d.n_heads,
+                        h,
+                        false,
+                        c,
+                    ),
+                }
+            })
+        },
+        shared_mtp_embed_and_head,
+    )
 }

@@ -623,9 +623,36 @@ impl ModelSpec {
     /// model read through a multimodal wrapper's `text_config`, the language model's tensors
     /// are `language_model.model.X` / `language_model.lm_head.weight` or
     /// `model.language_model.X` (transformers 5): they become `model.X` / `lm_head.weight`,
-    /// and tensors outside the language model (vision tower, projector) give `None`. Without
-    /// a wrapper every name is its own.
+    /// and tensors outside the language model (vision tower, projector) give `None`. Then the
+    /// family's transformers-5 renaming is undone ([`ModelSpec::transformers5_renames`]: a
+    /// Mixtral saved by transformers 5 with `save_original_format=False` names its MoE block
+    /// `model.layers.N.mlp.*`, the published layout `block_sparse_moe`).
     pub fn canonical_tensor_name<'n>(&self, name: &'n str) -> Option<std::borrow::Cow<'n, str>> {
+        use std::borrow::Cow;
+        let name = self.language_model_tensor_name(name)?;
+        for (saved, published) in self.transformers5_renames() {
+            if layer_of(&name).is_some() && name.contains(saved) {
+                return Some(Cow::Owned(name.replacen(saved, published, 1)));
+            }
+        }
+        Some(name)
+    }
+
+    /// The renamings transformers 5 applies when it loads this family's published checkpoints
+    /// (its `conversion_mapping.py`, `WeightRenaming`), as `(name in memory and in a checkpoint
+    /// saved with save_original_format=False, published name)` fragments of a decoder layer's
+    /// tensor names: `.mlp.` for `.block_sparse_moe.` in Mixtral and MiniMax-M2 (whose
+    /// published layers have no `.mlp.` tensor). The fused expert tensors it saves beside them
+    /// (`experts.gate_up_proj`, `experts.down_proj`) are read as [`ExpertStorage::FusedConcat`].
+    pub fn transformers5_renames(&self) -> &'static [(&'static str, &'static str)] {
+        match self.family {
+            Family::Mixtral | Family::MinimaxM2 => &[(".mlp.", ".block_sparse_moe.")],
+            _ => &[],
+        }
+    }
+
+    /// [`ModelSpec::canonical_tensor_name`] before the family's renaming: the wrapper's prefix.
+    fn language_model_tensor_name<'n>(&self, name: &'n str) -> Option<std::borrow::Cow<'n, str>> {
         use std::borrow::Cow;
         if self.wrapper.is_none() {
             return Some(Cow::Borrowed(name));

@@ -125,8 +125,12 @@ impl StoreWriter {
                 xxh3: Xxh3Sum(xxh3_64_with_seed(&index_bytes, 0)),
             },
             files: self.files.values().cloned().collect(),
+            mtp_shared: self.mtp_shared.clone(),
         };
         let mbytes = manifest.to_bytes();
+        // What a reader will check (mtp_shared against the dense tensors, among the rest):
+        // never publish a MANIFEST that does not open.
+        Manifest::parse(&mbytes).map_err(|e| writer_err(format!("cannot finish: {e}")))?;
         let mpath = self.partial.join(names::MANIFEST);
         fs.write_file(&mpath, &mbytes, true)
             .map_err(|e| io_err(&mpath, e))?;

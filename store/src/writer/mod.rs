@@ -213,6 +213,7 @@ pub struct StoreWriter {
     dense: Vec<DenseEntry>,
     dense_done: HashMap<String, usize>,
     files: BTreeMap<String, FileEntry>,
+    mtp_shared: BTreeMap<String, String>,
     journal: File,
     poisoned: Option<String>,
     /// The file operations (the OS's, or a test's fault-injecting backend).
@@ -276,6 +277,14 @@ impl StoreWriter {
     /// The store id this writer produces.
     pub fn store_id(&self) -> StoreId {
         self.store_id
+    }
+
+    /// Records the MTP layer's tensors the store does not hold because the model shares the
+    /// main model's, each with the tensor standing in (MANIFEST `mtp_shared`, FORMAT.md
+    /// section 2). Set on every run, a resumed one included (it is derived from the
+    /// checkpoint); [`StoreWriter::finish`] checks it against the dense tensors written.
+    pub fn set_mtp_shared(&mut self, shared: BTreeMap<String, String>) {
+        self.mtp_shared = shared;
     }
 
     /// The directory being written (`TARGET.partial`).

@@ -200,6 +200,7 @@ impl StoreWriter {
             dense: Vec::new(),
             dense_done: HashMap::new(),
             files: BTreeMap::new(),
+            mtp_shared: BTreeMap::new(),
             journal,
             poisoned: None,
             fs,

@@ -245,7 +245,7 @@ pub fn run(
                 max_batch,
                 kv_bytes_per_sequence: e.kv_bytes_per_sequence(),
                 speculation: coli_engine::SpeculationParams {
-                    mode: match speculation.mode.resolve(e.has_mtp()) {
+                    mode: match speculation.mode.resolve(e.mtp_absence().as_deref()) {
                         Ok(m) => m,
                         Err(err) => {
                             let _ = ready.send(Err(anyhow::anyhow!("{err}")));
