@@ -292,3 +292,60 @@ fn transformers5_fused_experts_convert_like_per_expert_tensors() {
         }
     }
 }
+
+/// Checkpoints transformers 5 itself saved in both layouts (tests/fixtures/transformers5, made by
+/// make_transformers5_layouts.py: `save_pretrained` and `save_pretrained(...,
+/// save_original_format=False)` of one model) convert to the same store: INDEX, dense.bin,
+/// every expert record, the copied files and the MANIFEST but for its source list and store
+/// id (which name the source files) are byte-identical. Mixtral's fused save also renames
+/// `block_sparse_moe` to `mlp`: its dense tensors keep the published names in the store.
+#[test]
+fn checkpoints_saved_by_transformers5_fused_give_the_per_expert_store() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/transformers5");
+    for family in ["mixtral", "qwen3_moe", "deepseek_v3"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = |layout: &str| {
+            let out = tmp.path().join(layout);
+            coli_convert::run(&Options {
+                input: root.join(family).join(layout),
+                output: out.clone(),
+                encodings: Encodings::new(
+                    Encoding::Int4 { group_size: 64 },
+                    Encoding::Bf16,
+                    Encoding::Int8,
+                ),
+                threads: Some(1),
+                progress: false,
+            })
+            .unwrap_or_else(|e| panic!("{family} {layout}: {e}"));
+            out
+        };
+        let (a, b) = (store("per_expert"), store("fused"));
+        for f in ["INDEX", "dense.bin", "files/config.json"] {
+            let same = std::fs::read(a.join(f)).unwrap() == std::fs::read(b.join(f)).unwrap();
+            assert!(same, "{family}: {f} differs");
+        }
+        let (sa, sb) = (
+            open_store(&a, true, IoPreference::Auto),
+            open_store(&b, true, IoPreference::Auto),
+        );
+        let mut ma = sa.manifest().clone();
+        let mut mb = sb.manifest().clone();
+        assert!(ma.dense.iter().all(|d| !d.name.contains(".mlp.experts.")));
+        if family == "mixtral" {
+            assert!(ma.dense.iter().any(|d| d.name.contains("block_sparse_moe.gate")));
+        }
+        assert_ne!(ma.sources, mb.sources);
+        for m in [&mut ma, &mut mb] {
+            m.sources.clear();
+            m.store_id = coli_store::StoreId([0; 16]);
+        }
+        assert_eq!(ma, mb, "{family}: MANIFEST");
+        assert_eq!(sa.index().len(), sb.index().len());
+        for r in sa.index() {
+            let k = ExpertKey::new(r.layer.get(), r.expert.get());
+            let same = sa.fetch(&[k]).unwrap()[0].bytes() == sb.fetch(&[k]).unwrap()[0].bytes();
+            assert!(same, "{family}: expert {k} differs");
+        }
+    }
+}
