@@ -303,3 +303,4 @@ pub fn check_mtp(e: &mut coli_engine::Engine<'_>, exp: &Value, want: &Value, wha
     let d = max_abs_diff(rows.last().expect("a row"), &floats(&want["last_logits"]));
     assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
 }
+pub mod published;

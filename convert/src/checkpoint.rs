@@ -40,6 +40,9 @@ pub struct Checkpoint {
     /// Tensors of a multimodal wrapper outside its language model (vision tower, projector),
     /// as named in the checkpoint: not converted.
     pub outside_model: Vec<String>,
+    /// The checkpoint's own name of every tensor whose name in `tensors` differs (a wrapper's
+    /// prefix, transformers 5's renaming), for errors: spec name -> checkpoint name.
+    pub renamed: BTreeMap<String, String>,
     /// Optional model files present (name, bytes), in [`COPIED_FILES`] order.
     pub extra_files: Vec<(String, Vec<u8>)>,
 }
@@ -175,6 +178,7 @@ impl Checkpoint {
             }
         }
         let mut outside_model = Vec::new();
+        let mut renamed = BTreeMap::new();
         if spec.wrapper.is_some() || !spec.transformers5_renames().is_empty() {
             tensors.clear();
             for (i, shard) in shards.iter_mut().enumerate() {
@@ -183,6 +187,9 @@ impl Checkpoint {
                     match spec.canonical_tensor_name(&name) {
                         Some(c) => {
                             let c = c.into_owned();
+                            if c != name {
+                                renamed.insert(c.clone(), name.clone());
+                            }
                             if tensors.insert(c.clone(), i).is_some() {
                                 return Err(ConvertError::Safetensors {
                                     file: shard.path.clone(),
@@ -212,6 +219,7 @@ impl Checkpoint {
             shards,
             tensors,
             outside_model,
+            renamed,
             extra_files,
         })
     }
@@ -221,6 +229,21 @@ impl Checkpoint {
         let &i = self.tensors.get(name)?;
         let s = &self.shards[i];
         Some((s, &s.tensors[name]))
+    }
+
+    /// `e` with a tensor named as the checkpoint names it (where [`Checkpoint::renamed`] has
+    /// it), the spec's name added.
+    pub fn in_checkpoint_names(&self, e: ConvertError) -> ConvertError {
+        match e {
+            ConvertError::Tensor { tensor, what } => match self.renamed.get(&tensor) {
+                Some(own) => ConvertError::Tensor {
+                    tensor: own.clone(),
+                    what: format!("(read as {tensor}) {what}"),
+                },
+                None => ConvertError::Tensor { tensor, what },
+            },
+            e => e,
+        }
     }
 
     /// True if the checkpoint has this tensor.

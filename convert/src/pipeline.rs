@@ -252,7 +252,8 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     opts.output = opts.output.components().collect();
     let opts = &opts;
     let ck = Checkpoint::open(&opts.input)?;
-    let plan = plan::build(&ck, opts.encodings, ALIGNMENT)?;
+    let plan =
+        plan::build(&ck, opts.encodings, ALIGNMENT).map_err(|e| ck.in_checkpoint_names(e))?;
     let mut parameters = BTreeMap::new();
     parameters.insert("experts".to_string(), opts.encodings.experts.name());
     parameters.insert("dense".to_string(), opts.encodings.dense.name());
