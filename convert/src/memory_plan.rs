@@ -167,12 +167,18 @@ enum Dtypes<'a> {
 
 impl Dtypes<'_> {
     /// `None`: the checkpoint lacks this (optional) tensor. Without a checkpoint, an MTP
-    /// layer's optional embedding and head are assumed absent, as the releases that make them
-    /// optional publish them (GLM-4.6/4.7, GLM-5/5.1/5.2: the main model's stand in).
-    fn of(&self, t: &TensorSpec) -> Option<Dtype> {
+    /// layer's optional embedding and head are assumed absent where every release of the
+    /// family leaves them out (`ModelSpec::releases_share_mtp_embed_and_head`: GLM-5.x).
+    fn of(&self, t: &TensorSpec, spec: &ModelSpec) -> Option<Dtype> {
         match self {
             Dtypes::Headers(ck) => ck.get(&t.name).map(|(_, i)| i.dtype),
-            Dtypes::Assumed { .. } if t.optional && t.class == TensorClass::Mtp => None,
+            Dtypes::Assumed { .. }
+                if t.optional
+                    && t.class == TensorClass::Mtp
+                    && spec.releases_share_mtp_embed_and_head() =>
+            {
+                None
+            }
             Dtypes::Assumed { fp8 } => Some(if *fp8 && t.kind == TensorKind::Linear {
                 Dtype::F8E4M3
             } else {
@@ -373,7 +379,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             if t.class == TensorClass::Mtp && a.mtp.is_none() {
                 continue;
             }
-            let Some(src) = dtypes.of(t) else {
+            let Some(src) = dtypes.of(t, &spec) else {
                 continue;
             };
             let role = roles.get(t.name.as_str()).copied();

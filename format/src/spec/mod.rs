@@ -605,6 +605,15 @@ impl ModelSpec {
         self.moe_layers.get(layer).copied().unwrap_or(false)
     }
 
+    /// Whether every published checkpoint of this family leaves out the MTP layer's optional
+    /// `embed_tokens` and `shared_head.head` (the main model's stand in): GLM-5, 5.1 and 5.2
+    /// (`glm_moe_dsa`). GLM-4.5 ships them while GLM-4.6/4.7 do not, which config.json does not
+    /// tell apart, so `glm4_moe` says false; a plan from config.json alone
+    /// (`coli plan --config`) counts the copies only where this is false.
+    pub fn releases_share_mtp_embed_and_head(&self) -> bool {
+        self.family == Family::GlmMoeDsa
+    }
+
     /// The index of the MTP layer the config declares (`num_hidden_layers`), if any.
     pub fn mtp_layer(&self) -> Option<usize> {
         (self.num_mtp_layers > 0).then_some(self.num_layers)
