@@ -76,8 +76,7 @@ pub fn expand(name: &str) -> Vec<String> {
 /// On a malformed listing (the message names the line).
 pub fn read_listing(release: &str) -> Listing {
     let path = listing_path(release);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut l = Listing {
         release: String::new(),
         config: PathBuf::new(),
@@ -94,12 +93,15 @@ pub fn read_listing(release: &str) -> Listing {
             } else if let Some(v) = c.strip_prefix("config:") {
                 l.config = PathBuf::from(v.split_whitespace().next().unwrap_or_default());
             } else if let Some(v) = c.strip_prefix("tiny:") {
-                l.tiny.push(serde_json::from_str(v.trim()).unwrap_or_else(|e| {
-                    panic!("{}:{}: # tiny: is not JSON: {e}", path.display(), i + 1)
-                }));
+                l.tiny
+                    .push(serde_json::from_str(v.trim()).unwrap_or_else(|e| {
+                        panic!("{}:{}: # tiny: is not JSON: {e}", path.display(), i + 1)
+                    }));
             } else if let Some(v) = c.strip_prefix("not-read:") {
-                l.not_read
-                    .extend(v.split_whitespace().map(|p| p.trim_end_matches('*').to_string()));
+                l.not_read.extend(
+                    v.split_whitespace()
+                        .map(|p| p.trim_end_matches('*').to_string()),
+                );
             }
             continue;
         }

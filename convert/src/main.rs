@@ -81,6 +81,19 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    // A closed standard output (`coli-convert ... --json | head -1`) ends the run quietly with
+    // status 0, as coli_tools::cli::exit_quietly_on_closed_stdout does for coli and coli-fsck.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map_or("", String::as_str);
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info)
+    }));
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

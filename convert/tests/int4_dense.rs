@@ -297,3 +297,25 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
         stderr(&o)
     );
 }
+
+/// A closed standard output (`coli-convert ... --json | head -c1`): the store is written, the
+/// report's print fails with EPIPE, and the converter exits 0 with nothing on stderr.
+#[test]
+fn a_closed_stdout_ends_the_converter_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_coli-convert"))
+        .arg(glm5())
+        .arg(&out)
+        .arg("--json")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.trim().is_empty(), "{err}");
+    assert!(out.join("MANIFEST").exists());
+}

@@ -333,7 +333,10 @@ fn checkpoints_saved_by_transformers5_fused_give_the_per_expert_store() {
         let mut mb = sb.manifest().clone();
         assert!(ma.dense.iter().all(|d| !d.name.contains(".mlp.experts.")));
         if family == "mixtral" {
-            assert!(ma.dense.iter().any(|d| d.name.contains("block_sparse_moe.gate")));
+            assert!(ma
+                .dense
+                .iter()
+                .any(|d| d.name.contains("block_sparse_moe.gate")));
         }
         assert_ne!(ma.sources, mb.sources);
         for m in [&mut ma, &mut mb] {

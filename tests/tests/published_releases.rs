@@ -60,8 +60,8 @@ fn replica_runs(release: &str) -> coli_store::Manifest {
         .generate(&[1, 2, 3, 4], &params, |_| Ok(true))
         .unwrap_or_else(|e| panic!("{release}: generation failed: {e}"));
     assert_eq!(g.tokens.len(), 8, "{release}");
-    let plan = coli_convert::memory_plan::plan_from_config(
-        &coli_convert::memory_plan::ConfigPlanArgs {
+    let plan =
+        coli_convert::memory_plan::plan_from_config(&coli_convert::memory_plan::ConfigPlanArgs {
             checkpoint: Some(&r.dir),
             config: None,
             total_ram: 25 << 30,
@@ -70,9 +70,8 @@ fn replica_runs(release: &str) -> coli_store::Manifest {
             experts: None,
             mtp: Some(Encoding::Int8),
             chosen: None,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{release}: coli plan --checkpoint: {e:#}"));
+        })
+        .unwrap_or_else(|e| panic!("{release}: coli plan --checkpoint: {e:#}"));
     assert_eq!(
         plan.experts + plan.mtp_experts,
         store.index().len() as u64,

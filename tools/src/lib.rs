@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod doctor;
 pub mod info;
 pub mod kv;

@@ -149,7 +149,20 @@ fn print_human(r: &FsckReport) {
     println!("result: {verdict}");
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    coli_tools::cli::exit_quietly_on_closed_stdout();
+    match real_main() {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            // A check that could not run exits 2, as a damaged store's report does not.
+            coli_tools::cli::print_error("coli-fsck", &e);
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// Checks (and repairs) the store; the exit code of the report.
+fn real_main() -> anyhow::Result<u8> {
     let args = Args::parse();
     let store = args
         .store
@@ -190,5 +203,5 @@ fn main() -> anyhow::Result<()> {
     } else {
         print_human(&report);
     }
-    std::process::exit(report.exit_code());
+    Ok(report.exit_code() as u8)
 }

@@ -731,6 +731,7 @@ fn eval(mut a: EvalArgs) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     use clap::{CommandFactory, FromArgMatches};
+    coli_tools::cli::exit_quietly_on_closed_stdout();
     let matches = Cli::command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The settings `coli tune` saved apply to every engine option not given on the command line.
@@ -767,7 +768,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Doctor(a) => match doctor::run(&a) {
             Ok(code) => return std::process::ExitCode::from(code as u8),
             Err(e) => {
-                eprintln!("error: {}", error_chain(&e));
+                coli_tools::cli::print_error("coli", &e);
                 return std::process::ExitCode::from(2);
             }
         },
@@ -784,7 +785,7 @@ fn main() -> std::process::ExitCode {
                 Ok(code) => return std::process::ExitCode::from(code),
                 // verify's 1 means damaged: a check that could not run exits 2 (as coli-fsck).
                 Err(e) if verify => {
-                    eprintln!("error: {}", error_chain(&e));
+                    coli_tools::cli::print_error("coli", &e);
                     return std::process::ExitCode::from(2);
                 }
                 Err(e) => Err(e),
@@ -794,14 +795,8 @@ fn main() -> std::process::ExitCode {
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            coli_tools::cli::print_error("coli", &e);
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes joined by ": " (each error adds its context once: a library error
-/// shows its inner error in its message or returns it as `source()`, never both).
-fn error_chain(e: &anyhow::Error) -> String {
-    format!("{e:#}")
 }
