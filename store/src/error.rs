@@ -14,24 +14,11 @@ pub enum StoreError {
         /// The OS error.
         error: std::io::Error,
     },
-    /// A structural problem: bad magic, bad field, out-of-bounds offset, ...
-    #[error("{file}: {what}")]
-    Format {
-        /// The file (relative to the store directory when inside a store).
-        file: String,
-        /// What is wrong, with expected and found values.
-        what: String,
-    },
-    /// The store was written by a newer format version than this reader knows.
-    #[error("{file}: format version {found} is newer than the newest this reader knows ({known}); upgrade coli")]
-    NewerVersion {
-        /// The file.
-        file: String,
-        /// Version found on disk.
-        found: u32,
-        /// Newest version this code reads.
-        known: u32,
-    },
+    /// A structural problem (bad magic, bad field, out-of-bounds offset, ...:
+    /// [`coli_format::FormatError::Format`]) or a store of a newer format version
+    /// ([`coli_format::FormatError::NewerVersion`]), as the format crate's parsers report them.
+    #[error(transparent)]
+    Format(#[from] coli_format::FormatError),
     /// The store does not hold every expected expert.
     #[error("incomplete store {dir}: missing experts in layers {layers:?}")]
     Incomplete {
@@ -70,23 +57,10 @@ pub enum StoreError {
 #[allow(dead_code)]
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-impl From<coli_format::FormatError> for StoreError {
-    /// Format errors keep their file and message; a config error (which the store never
-    /// parses) becomes a format error of its file.
-    fn from(e: coli_format::FormatError) -> StoreError {
-        use coli_format::FormatError as F;
-        match e {
-            F::Format { file, what } | F::Config { file, what } => {
-                StoreError::Format { file, what }
-            }
-            F::NewerVersion { file, found, known } => {
-                StoreError::NewerVersion { file, found, known }
-            }
-            F::Unsupported(what) => StoreError::Format {
-                file: String::new(),
-                what,
-            },
-        }
+impl StoreError {
+    /// A [`coli_format::FormatError::Format`] of `file`.
+    pub fn format(file: impl Into<String>, what: impl Into<String>) -> StoreError {
+        StoreError::Format(coli_format::FormatError::format(file, what))
     }
 }
 
@@ -104,10 +78,7 @@ mod tests {
                 path: "/s/INDEX".into(),
                 error: std::io::Error::from_raw_os_error(21),
             },
-            StoreError::Format {
-                file: "MANIFEST".into(),
-                what: "bad".into(),
-            },
+            StoreError::format("MANIFEST", "bad"),
             coli_format::FormatError::format("INDEX", "short").into(),
         ];
         for e in errors {

@@ -241,7 +241,10 @@ impl FsckReport {
 
 fn problem_of(e: &StoreError) -> Problem {
     match e {
-        StoreError::Format { file, what } => Problem {
+        StoreError::Format(
+            coli_format::FormatError::Format { file, what }
+            | coli_format::FormatError::Config { file, what },
+        ) => Problem {
             file: file.clone(),
             what: what.clone(),
         },
@@ -256,7 +259,7 @@ fn problem_of(e: &StoreError) -> Problem {
             file: path.display().to_string(),
             what: source.to_string(),
         },
-        StoreError::NewerVersion { file, .. } => Problem {
+        StoreError::Format(coli_format::FormatError::NewerVersion { file, .. }) => Problem {
             file: file.clone(),
             what: e.to_string(),
         },
@@ -334,7 +337,10 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
     ) {
         Ok(s) => s,
         Err(e) => {
-            if matches!(e, StoreError::NewerVersion { .. }) {
+            if matches!(
+                e,
+                StoreError::Format(coli_format::FormatError::NewerVersion { .. })
+            ) {
                 rep.status = Status::Unusable;
             }
             rep.problems.push(problem_of(&e));

@@ -97,7 +97,7 @@ pub use coli_format::disk::manifest::{
     WholeFile,
 };
 pub use coli_format::disk::{StoreId, Xxh3Sum, FORMAT_VERSION};
-pub use coli_format::{Encoding, ExpertKey, MatrixView, RecordLayout};
+pub use coli_format::{Encoding, ExpertKey, FormatError, MatrixView, RecordLayout};
 pub use error::StoreError;
 pub use io::{
     io_engine_names, memlock_limit, probe_direct, AlignedBuf, Completion, CountingEngine,

@@ -217,7 +217,7 @@ fn newer_version() {
     let newer = FORMAT_VERSION + 1;
     rewrite_manifest(&target, newer, |v| v["format_version"] = newer.into());
     match Store::open(&target) {
-        Err(StoreError::NewerVersion { file, found, known }) => {
+        Err(StoreError::Format(coli_format::FormatError::NewerVersion { file, found, known })) => {
             assert_eq!(
                 (file.as_str(), found, known),
                 ("MANIFEST", newer, FORMAT_VERSION)
@@ -235,7 +235,7 @@ fn newer_version() {
     std::fs::write(&p, b).unwrap();
     assert!(matches!(
         Store::open(&target),
-        Err(StoreError::Format { .. })
+        Err(StoreError::Format(coli_format::FormatError::Format { .. }))
     ));
     assert_eq!(
         check(&target, &FsckOptions::default(), &NoProgress).exit_code(),

@@ -66,8 +66,10 @@ impl From<StoreError> for FfiError {
     fn from(e: StoreError) -> FfiError {
         let code = match &e {
             StoreError::Io { .. } => COLI_ERR_IO,
-            StoreError::Format { .. } => COLI_ERR_FORMAT,
-            StoreError::NewerVersion { .. } => COLI_ERR_NEWER_VERSION,
+            StoreError::Format(coli_store::FormatError::NewerVersion { .. }) => {
+                COLI_ERR_NEWER_VERSION
+            }
+            StoreError::Format(_) => COLI_ERR_FORMAT,
             StoreError::Incomplete { .. } => COLI_ERR_INCOMPLETE,
             StoreError::Checksum { .. } => COLI_ERR_CHECKSUM,
             StoreError::NotFound(_) => COLI_ERR_NOT_FOUND,

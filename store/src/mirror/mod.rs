@@ -44,10 +44,7 @@ pub(crate) fn io_err(path: &Path, source: std::io::Error) -> StoreError {
 }
 
 pub(crate) fn fmt_err(file: impl Into<String>, what: impl Into<String>) -> StoreError {
-    StoreError::Format {
-        file: file.into(),
-        what: what.into(),
-    }
+    StoreError::format(file, what)
 }
 
 /// fsyncs a directory (so that a rename or a new entry in it is durable).

@@ -93,10 +93,7 @@ pub struct Store {
 }
 
 fn fmt_err(file: impl Into<String>, what: impl Into<String>) -> StoreError {
-    StoreError::Format {
-        file: file.into(),
-        what: what.into(),
-    }
+    StoreError::format(file, what)
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {
