@@ -208,6 +208,12 @@ impl FsckReport {
     }
 
     fn finish(mut self) -> FsckReport {
+        self.settle();
+        self
+    }
+
+    /// The verdict and exit code from what was found.
+    fn settle(&mut self) {
         if self.status != Status::Unusable {
             let mirror_bad = self
                 .mirrors
@@ -230,7 +236,16 @@ impl FsckReport {
             Status::Damaged => 1,
             Status::Unusable => 2,
         };
-        self
+    }
+
+    /// Adds a problem found outside the store's own checks (`coli-fsck`'s model check of the
+    /// MANIFEST): a clean store becomes damaged.
+    pub fn add_problem(&mut self, file: impl Into<String>, what: impl Into<String>) {
+        self.problems.push(Problem {
+            file: file.into(),
+            what: what.into(),
+        });
+        self.settle();
     }
 
     /// The process exit code: 0 clean, 1 damaged or mismatched, 2 unusable input.

@@ -18,7 +18,7 @@ fn info_reports_classes_encodings_and_provenance() {
     assert_eq!(r["family"], "mixtral");
     assert_eq!(r["dims"]["hidden_size"], 16);
     assert_eq!(r["dims"]["num_layers"], 2);
-    assert!(r["dims"]["num_experts"].is_null(), "{r}");
+    assert_eq!(r["dims"]["num_experts"], 3, "{r}");
     assert_eq!(r["encodings"]["experts"], "int8");
     assert_eq!(r["encodings"]["records"]["int8"], 6);
     assert_eq!(r["encodings"]["dense"]["bf16"], 1);

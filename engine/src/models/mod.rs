@@ -58,10 +58,10 @@ impl<'s> Model<'s> {
     /// Builds the model `spec` describes from `store`.
     ///
     /// # Errors
-    /// Missing or misshapen tensors (named), or a store whose expert layers disagree with the
-    /// spec.
+    /// Missing or misshapen tensors (named), or a store whose MANIFEST disagrees with the
+    /// spec (its family, layer count or expert layers: `ModelSpec::of_store`).
     pub fn load(store: &'s Store, spec: ModelSpec) -> Result<Model<'s>> {
-        check_expert_layers(store, &spec)?;
+        ModelSpec::of_store(store.manifest())?;
         let mut w = Weights::new(store);
         let mut warnings = Vec::new();
         let parts = match spec.family {
@@ -141,49 +141,6 @@ pub(crate) struct Parts<'s> {
     pub rope: Rope,
     pub mtp: Option<mtp::MtpLayer<'s>>,
     pub mtp_chain: Vec<mtp::MtpLayer<'s>>,
-}
-
-/// The store's expert layers must be the spec's MoE layers (the MTP layer is optional), with
-/// the spec's expert counts.
-fn check_expert_layers(store: &Store, spec: &ModelSpec) -> Result<()> {
-    let wanted = spec.expert_layers();
-    let mtp = spec.mtp_layer().map(|n| n as u32);
-    let have: Vec<(u32, u32)> = store
-        .manifest()
-        .expert_layers
-        .iter()
-        .map(|l| (l.layer, l.num_experts))
-        .collect();
-    for &(l, n) in &have {
-        match wanted.iter().find(|w| w.0 == l) {
-            None => {
-                return Err(EngineError::Config {
-                    file: "config.json".into(),
-                    what: format!(
-                    "the store holds experts for layer {l} which is not a MoE layer of the config"
-                ),
-                })
-            }
-            Some(&(_, want)) if want != n => {
-                return Err(EngineError::Config {
-                    file: "config.json".into(),
-                    what: format!(
-                        "layer {l} should have {want} routed experts but the store holds {n}"
-                    ),
-                })
-            }
-            _ => {}
-        }
-    }
-    for &(l, n) in &wanted {
-        if Some(l) != mtp && !have.iter().any(|h| h.0 == l) {
-            return Err(EngineError::Config {
-                file: "config.json".into(),
-                what: format!("layer {l} should have {n} routed experts but the store holds 0"),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The GQA attention block of `layer` with the q/k normalization `qk_norm` built from the

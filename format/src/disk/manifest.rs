@@ -7,6 +7,11 @@ use crate::{Encoding, FormatError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The most decoder layers a MANIFEST may declare (`num_layers`); published models have < 200.
+pub const MAX_LAYERS: u32 = 1 << 12;
+/// The most routed experts a layer may declare; published models have <= 512.
+pub const MAX_EXPERTS: u32 = 1 << 16;
+
 /// A layer that holds routed experts, and how many.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExpertLayer {
@@ -264,6 +269,7 @@ impl Manifest {
                 return Err(fmt_err(format!("bad file name {:?}", f.name)));
             }
         }
+        m.check_layers()?;
         m.check_mtp_shared()?;
         Ok(m)
     }
@@ -279,6 +285,49 @@ impl Manifest {
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
         out
+    }
+
+    /// Checks the fields that say what the store holds, against each other: `family` is set,
+    /// `num_layers` is 1..=[`MAX_LAYERS`], `expert_layers` is strictly ascending (no layer
+    /// twice), each below `num_layers` with 1..=[`MAX_EXPERTS`] experts. (Whether they are the
+    /// model's is `coli_format::ModelSpec::of_store`.)
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] naming MANIFEST and the field.
+    fn check_layers(&self) -> Result<(), FormatError> {
+        if self.family.trim().is_empty() {
+            return Err(fmt_err("family is empty"));
+        }
+        if !(1..=MAX_LAYERS).contains(&self.num_layers) {
+            return Err(fmt_err(format!(
+                "num_layers {} is not in 1..={MAX_LAYERS}",
+                self.num_layers
+            )));
+        }
+        let mut prev: Option<u32> = None;
+        for l in &self.expert_layers {
+            if prev.is_some_and(|p| l.layer <= p) {
+                return Err(fmt_err(format!(
+                    "expert_layers: layer {} follows layer {} (the list is strictly ascending, each layer once)",
+                    l.layer,
+                    prev.unwrap_or_default()
+                )));
+            }
+            if l.layer >= self.num_layers {
+                return Err(fmt_err(format!(
+                    "expert_layers: layer {} is not below num_layers {}",
+                    l.layer, self.num_layers
+                )));
+            }
+            if !(1..=MAX_EXPERTS).contains(&l.num_experts) {
+                return Err(fmt_err(format!(
+                    "expert_layers: layer {} has num_experts {}, not in 1..={MAX_EXPERTS}",
+                    l.layer, l.num_experts
+                )));
+            }
+            prev = Some(l.layer);
+        }
+        Ok(())
     }
 
     /// Checks `mtp_shared` against the dense tensors: each shared tensor is absent from
@@ -503,6 +552,40 @@ mod tests {
             scales_offset: 0,
             scales_length: 0,
             xxh3: Xxh3Sum(3),
+        }
+    }
+
+    #[test]
+    fn layer_fields_out_of_range_are_refused_by_name() {
+        type Edit = Box<dyn Fn(&mut Manifest)>;
+        let cases: Vec<(&str, Edit)> = vec![
+            ("num_layers 0", Box::new(|m| m.num_layers = 0)),
+            (
+                "num_layers 4294967295",
+                Box::new(|m| m.num_layers = u32::MAX),
+            ),
+            (
+                "layer 0 follows layer 0",
+                Box::new(|m| m.expert_layers.push(m.expert_layers[0].clone())),
+            ),
+            (
+                "layer 1 is not below num_layers 1",
+                Box::new(|m| m.expert_layers[0].layer = 1),
+            ),
+            (
+                "num_experts 0",
+                Box::new(|m| m.expert_layers[0].num_experts = 0),
+            ),
+            ("family is empty", Box::new(|m| m.family = " ".into())),
+        ];
+        for (want, edit) in cases {
+            let mut m = sample();
+            edit(&mut m);
+            let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+            assert!(
+                e.starts_with("MANIFEST: ") && e.contains(want),
+                "{want}: {e}"
+            );
         }
     }
 

@@ -572,6 +572,44 @@ impl ModelSpec {
             )));
         }
         spec.top_k = top_k;
+        // Sizes the forward pass allocates and divides by.
+        for (key, v) in [
+            ("vocab_size", spec.vocab_size),
+            ("hidden_size", spec.hidden_size),
+            ("num_hidden_layers", spec.num_layers),
+            ("num_attention_heads", spec.num_heads),
+        ] {
+            if v == 0 {
+                return Err(f.err(format!("{prefix}{key} is 0")));
+            }
+        }
+        if spec.mla.is_none() && spec.inkling.is_none() {
+            if spec.head_dim == 0 {
+                return Err(f.err(format!("{prefix}head_dim is 0")));
+            }
+            if spec.num_kv_heads == 0 || !spec.num_heads.is_multiple_of(spec.num_kv_heads) {
+                return Err(f.err(format!(
+                    "{prefix}num_key_value_heads {} must divide num_attention_heads {}",
+                    spec.num_kv_heads, spec.num_heads
+                )));
+            }
+        }
+        // Numbers the forward pass divides by, takes powers or logarithms of: finite and
+        // positive (Inkling has no RoPE: its theta is 0).
+        if !(spec.rms_norm_eps.is_finite() && spec.rms_norm_eps > 0.0) {
+            return Err(f.err(format!(
+                "{prefix}rms_norm_eps {} must be a positive finite number",
+                spec.rms_norm_eps
+            )));
+        }
+        let no_rope = family == Family::Inkling && spec.rope_theta == 0.0;
+        let theta_ok = spec.rope_theta.is_finite() && spec.rope_theta > 0.0;
+        if !(no_rope || theta_ok) {
+            return Err(f.err(format!(
+                "{prefix}rope_theta (or rope_parameters.rope_theta) {} must be a positive finite number",
+                spec.rope_theta
+            )));
+        }
         if spec.moe_layers.iter().any(|&m| m) && spec.moe_intermediate_size == 0 {
             return Err(f.err(format!(
                 "the routed experts' intermediate size is 0 ({prefix}moe_intermediate_size / {prefix}intermediate_size)"
@@ -589,6 +627,69 @@ impl ModelSpec {
             Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
             Family::Inkling => inkling::tensors(&spec),
         };
+        Ok(spec)
+    }
+
+    /// The model a store's MANIFEST describes, checked against the MANIFEST's own fields: its
+    /// config parses into a spec (every field the family reads, in range), `family` is the
+    /// config's `model_type`, `num_layers` is `num_hidden_layers` (plus the MTP layer when the
+    /// store holds it), and `expert_layers` are the spec's MoE layers with the spec's expert
+    /// counts (the MTP layer's optional). What `coli run` and `coli-fsck` check before they
+    /// trust a store (a MANIFEST edited with its checksums recomputed passes the byte checks).
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] naming MANIFEST and the field; the config's own errors name
+    /// `MANIFEST config` and the field.
+    pub fn of_store(m: &crate::disk::manifest::Manifest) -> Result<ModelSpec, FormatError> {
+        let bad = |what: String| FormatError::format(crate::disk::names::MANIFEST, what);
+        let spec = ModelSpec::from_config(&m.config, None).map_err(|e| match e {
+            FormatError::Config { what, .. } | FormatError::Format { what, .. } => {
+                bad(format!("config: {what}"))
+            }
+            FormatError::Unsupported(what) => bad(format!("config: unsupported model: {what}")),
+            e => e,
+        })?;
+        if m.family != spec.model_type {
+            return Err(bad(format!(
+                "family {:?} is not the config's model_type {:?}",
+                m.family, spec.model_type
+            )));
+        }
+        let main = spec.num_layers as u32;
+        let with_mtp = main + u32::from(spec.mtp_layer().is_some());
+        if m.num_layers != main && m.num_layers != with_mtp {
+            return Err(bad(format!(
+                "num_layers {} is neither the config's num_hidden_layers {main} nor {with_mtp} with its MTP layer",
+                m.num_layers
+            )));
+        }
+        let wanted = spec.expert_layers();
+        for l in &m.expert_layers {
+            match wanted.iter().find(|w| w.0 == l.layer) {
+                None => {
+                    return Err(bad(format!(
+                        "expert_layers: layer {} is not a MoE layer of the config",
+                        l.layer
+                    )))
+                }
+                Some(&(_, n)) if n != l.num_experts => {
+                    return Err(bad(format!(
+                        "expert_layers: layer {} has {} experts, the config {n}",
+                        l.layer, l.num_experts
+                    )))
+                }
+                _ => {}
+            }
+        }
+        if let Some(&(l, _)) = wanted
+            .iter()
+            .filter(|w| (w.0 as usize) < spec.num_layers)
+            .find(|w| !m.expert_layers.iter().any(|x| x.layer == w.0))
+        {
+            return Err(bad(format!(
+                "expert_layers: the config's MoE layer {l} is missing"
+            )));
+        }
         Ok(spec)
     }
 

@@ -44,7 +44,11 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
             .collect::<Result<_, _>>()?,
         Some(x) => return Err(f.err(format!("mlp_only_layers must be a list, found {x}"))),
     };
-    let step = f.usize("decoder_sparse_step")?.unwrap_or(1).max(1);
+    // transformers divides by it (`(i + 1) % decoder_sparse_step`): 0 is refused, not taken as 1.
+    let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(f.err("decoder_sparse_step is 0 (every layer index is taken modulo it)"));
+    }
     s.moe_layers = (0..s.num_layers)
         .map(|l| !mlp_only.contains(&l) && s.num_experts > 0 && (l + 1).is_multiple_of(step))
         .collect();

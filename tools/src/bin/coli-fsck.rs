@@ -57,6 +57,27 @@ impl Progress for Bar {
     }
 }
 
+/// The model check beyond the store's bytes: the MANIFEST (whose `config` is the one `coli run`
+/// uses; `files/config.json` is a checked copy, FORMAT.md section 8) must describe a model coli
+/// runs, with its own fields agreeing (`ModelSpec::of_store`). Skipped when the store could not
+/// be read at all.
+fn check_model(store: &std::path::Path, report: &mut FsckReport) {
+    if report.status == fsck::Status::Unusable {
+        return;
+    }
+    let Ok(m) = std::fs::read(store.join("MANIFEST"))
+        .map_err(|e| e.to_string())
+        .and_then(|b| coli_store::Manifest::parse(&b).map_err(|e| e.to_string()))
+    else {
+        return; // the store check reported it
+    };
+    if let Err(e) = coli_format::ModelSpec::of_store(&m) {
+        let what = e.to_string();
+        let what = what.strip_prefix("MANIFEST: ").unwrap_or(&what).to_string();
+        report.add_problem("MANIFEST", what);
+    }
+}
+
 fn print_human(r: &FsckReport) {
     for a in &r.repairs {
         let what = format!(
@@ -70,6 +91,9 @@ fn print_human(r: &FsckReport) {
         }
     }
     println!("store: {}", r.store);
+    println!(
+        "model config: the MANIFEST's (what coli run uses); files/config.json checked as a copy"
+    );
     if let Some(id) = &r.store_id {
         println!(
             "store id: {id} (format version {})",
@@ -195,6 +219,7 @@ fn real_main() -> anyhow::Result<u8> {
         }
     }
     bar.finish_and_clear();
+    check_model(&store, &mut report);
     if args.json {
         println!(
             "{}",

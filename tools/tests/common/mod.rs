@@ -68,7 +68,15 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
     let enc = Encoding::Int8;
     let spec = StoreSpec {
         family: "mixtral".into(),
-        config_json: br#"{"model_type":"mixtral","hidden_size":16}"#.to_vec(),
+        // A config the MANIFEST's other fields agree with (coli-fsck checks the model it
+        // describes); the store holds only experts and a norm, so nothing can run it.
+        config_json: serde_json::to_vec(&serde_json::json!({
+            "model_type": "mixtral", "hidden_size": 16, "intermediate_size": 8,
+            "num_hidden_layers": shape.layers, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "num_local_experts": shape.experts,
+            "num_experts_per_tok": 1, "vocab_size": 32,
+        }))
+        .unwrap(),
         num_layers: shape.layers,
         expert_layers: (0..shape.layers)
             .map(|layer| ExpertLayer {
