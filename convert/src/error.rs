@@ -76,10 +76,17 @@ impl ConvertError {
         }
     }
 
-    /// True for errors that mean the input data itself is corrupt (NaN/Inf values): the
-    /// partially written store is worthless and may be removed.
+    /// True for errors in the input itself (a NaN/Inf value, a tensor, header, index or config
+    /// that is wrong), which resuming cannot fix: the partially written store is worthless and
+    /// is removed. I/O errors, a full disk and the store writer's errors keep it for a resume.
     pub fn is_bad_data(&self) -> bool {
-        matches!(self, ConvertError::NonFinite { .. })
+        matches!(
+            self,
+            ConvertError::NonFinite { .. }
+                | ConvertError::Tensor { .. }
+                | ConvertError::Safetensors { .. }
+                | ConvertError::Config { .. }
+        )
     }
 }
 

@@ -161,13 +161,15 @@ fn real_main() -> anyhow::Result<()> {
         threads: cli.threads,
         progress: !cli.json,
     };
-    let report = run(&opts).with_context(|| {
-        format!(
-            "converting {} into {}",
-            cli.input.display(),
-            cli.output.display()
-        )
-    })?;
+    let report = run(&opts)
+        .inspect_err(|e| say_what_was_kept(&cli.output, e))
+        .with_context(|| {
+            format!(
+                "converting {} into {}",
+                cli.input.display(),
+                cli.output.display()
+            )
+        })?;
     if report.experts_skipped > 0 || report.dense_skipped > 0 {
         eprintln!(
             "resumed: skipped {} experts ({} bytes)",
@@ -204,6 +206,20 @@ fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Resul
         );
     }
     Ok(())
+}
+
+/// After a failed conversion, says on stderr what became of `OUTPUT.partial`: removed when the
+/// input itself is wrong (resuming cannot help), kept for a resume after an I/O error.
+fn say_what_was_kept(output: &std::path::Path, e: &coli_convert::ConvertError) {
+    let partial = coli_convert::pipeline::partial_path(output);
+    if partial.exists() {
+        eprintln!(
+            "coli-convert: the partial store {} is kept: run the same command again to resume once the cause is fixed",
+            partial.display()
+        );
+    } else if e.is_bad_data() {
+        eprintln!("coli-convert: nothing was kept: the input is wrong, so resuming could not help");
+    }
 }
 
 /// `--experts auto`: `mxfp4` when the checkpoint's config.json declares MXFP4 experts

@@ -142,6 +142,11 @@ fn convert_err(dir: &std::path::Path, experts: Encoding) -> String {
         progress: false,
     });
     assert!(!out.exists(), "no store is published on an error");
+    // Input errors leave nothing behind (resuming could not fix them).
+    assert!(
+        !tmp.path().join("store.partial").exists(),
+        "a refused input left a partial store"
+    );
     match r {
         Ok(_) => panic!("the conversion must fail"),
         Err(e) => e.to_string(),
