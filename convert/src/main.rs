@@ -65,8 +65,8 @@ struct Cli {
     /// ones leave less than 8 GiB for the expert cache at 8192 tokens (docs/CONVERT.md).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     total_ram: Option<u64>,
-    /// Context of the memory plan, tokens (with --total-ram; default 8192): usability is judged
-    /// at this context.
+    /// Context of the memory plan, tokens (with --total-ram; default as coli run's:
+    /// min(max_position_embeddings, 4096)): usability is judged at this context.
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
     /// Disk read bandwidth of the memory plan's decode bound, GiB/s (with --total-ram).
@@ -253,13 +253,13 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 /// chosen ones are not usable, naming the configurations that are.
 fn preflight_plan(cli: &Cli, encodings: Encodings, total_ram: u64) -> anyhow::Result<()> {
     use coli_convert::memory_plan::{
-        plan_from_config, render, row_options, ConfigPlanArgs, USABLE_CACHE_BYTES, USABLE_CONTEXT,
+        plan_from_config, render, row_options, ConfigPlanArgs, USABLE_CACHE_BYTES,
     };
     let p = plan_from_config(&ConfigPlanArgs {
         checkpoint: Some(&cli.input),
         config: None,
         total_ram,
-        context: cli.context.unwrap_or(USABLE_CONTEXT),
+        context: cli.context,
         disk_gib_s: cli.disk_gib_s,
         experts: Some(encodings.experts),
         mtp: encodings.mtp,

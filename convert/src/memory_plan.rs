@@ -69,7 +69,8 @@ pub struct ConfigRow {
     /// RAM this configuration needs to be usable at `context`: dense, KV cache, reserve and
     /// the usable expert cache (8 GiB, or every main-layer expert when they take less), bytes.
     pub usable_ram_bytes: u64,
-    /// At least 8 GiB of expert cache at `context` tokens (the plan's default, 8192: the
+    /// At least 8 GiB of expert cache at `context` tokens (the run's default context unless
+    /// `--context` is given; WHAT_FITS.md uses 8192: the
     /// issue's rule), or room for every main-layer expert for a model whose experts take less.
     pub usable: bool,
 }
@@ -206,8 +207,9 @@ pub struct ConfigPlanArgs<'a> {
     pub config: Option<&'a Path>,
     /// RAM for everything, bytes.
     pub total_ram: u64,
-    /// Context, tokens.
-    pub context: usize,
+    /// Context, tokens; `None`: the run's default (`ModelSpec::default_context`,
+    /// `min(max_position_embeddings, 4096)`, as `coli run` and `coli plan --store` use).
+    pub context: Option<usize>,
     /// Disk read bandwidth, GiB/s.
     pub disk_gib_s: Option<f64>,
     /// Main-layer expert encoding (`None`: the converter's default, mxfp4 for a config that
@@ -285,7 +287,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         }
         _ => bail!("give exactly one of --checkpoint DIR and --config FILE"),
     };
-    if a.context == 0 {
+    let context = a.context.unwrap_or(spec.default_context());
+    if context == 0 {
         bail!("--context must be at least 1 token");
     }
     if a.total_ram <= RUNTIME_RESERVE_BYTES {
@@ -403,8 +406,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 .saturating_add(RUNTIME_RESERVE_BYTES)
         };
         let cache = |ctx: usize| a.total_ram.saturating_sub(need(ctx));
-        let cache_bytes = cache(a.context);
-        let fits = need(a.context) <= a.total_ram;
+        let cache_bytes = cache(context);
+        let fits = need(context) <= a.total_ram;
         let cached = cache_bytes
             .checked_div(main_record)
             .unwrap_or(0)
@@ -422,7 +425,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             dense_bytes: dense,
             embedding_bytes: embed,
             mtp_dense_bytes: mtp_dense,
-            kv_bytes: kv_bytes_per_sequence(&spec, a.context),
+            kv_bytes: kv_bytes_per_sequence(&spec, context),
             expert_cache_bytes: cache_bytes,
             expert_cache_bytes_at_8k: cache(USABLE_CONTEXT),
             cached_experts: cached,
@@ -433,7 +436,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 .filter(|_| per_token > 0.0 && fits)
                 .map(|g| g * (1u64 << 30) as f64 / per_token),
             fits,
-            usable_ram_bytes: need(a.context).saturating_add(USABLE_CACHE_BYTES.min(experts_bytes)),
+            usable_ram_bytes: need(context).saturating_add(USABLE_CACHE_BYTES.min(experts_bytes)),
             usable: cache_bytes >= USABLE_CACHE_BYTES.min(experts_bytes),
         });
     }
@@ -442,7 +445,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         model_type: spec.model_type.clone(),
         dtypes_from_headers: matches!(dtypes, Dtypes::Headers(_)),
         total_ram_bytes: a.total_ram,
-        context: a.context,
+        context,
         disk_gib_s: a.disk_gib_s,
         expert_encoding: experts.name(),
         expert_record_bytes: main_record,
@@ -452,7 +455,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         mtp_expert_bytes_total: mtp_bytes,
         expert_bytes_per_token_no_hits: no_hits,
         kv_bytes_per_token: kv_tok,
-        kv_bytes_per_sequence: kv_bytes_per_sequence(&spec, a.context),
+        kv_bytes_per_sequence: kv_bytes_per_sequence(&spec, context),
         rows,
     })
 }
@@ -594,7 +597,7 @@ mod tests {
             checkpoint: None,
             config: Some(config),
             total_ram: 25 << 30,
-            context: 8192,
+            context: Some(8192),
             disk_gib_s: Some(3.0),
             experts: None,
             mtp: Some(Encoding::Int8),
@@ -608,7 +611,7 @@ mod tests {
         let mixtral = repo("tests/fixtures/tiny/mixtral_fp8/config.json");
         let err = |a: ConfigPlanArgs<'_>| plan_from_config(&a).unwrap_err().to_string();
         assert!(err(ConfigPlanArgs {
-            context: 0,
+            context: Some(0),
             ..args(&oss)
         })
         .contains("--context"));
@@ -626,7 +629,7 @@ mod tests {
         assert!(e.contains("does not declare"), "{e}");
         // A huge context saturates instead of overflowing: no room left, not usable.
         let p = plan_from_config(&ConfigPlanArgs {
-            context: usize::MAX / 2,
+            context: Some(usize::MAX / 2),
             ..args(&oss)
         })
         .unwrap();

@@ -236,7 +236,7 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
         checkpoint: Some(&glm5()),
         config: None,
         total_ram: 1 << 30,
-        context: USABLE_CONTEXT,
+        context: Some(USABLE_CONTEXT),
         disk_gib_s: None,
         experts: None,
         mtp: Some(Encoding::Int8),
@@ -252,7 +252,12 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("store");
     let total_s = total.to_string();
-    let o = convert(&glm5(), &out, &["--total-ram", &total_s, "--json"]);
+    let ctx = USABLE_CONTEXT.to_string();
+    let o = convert(
+        &glm5(),
+        &out,
+        &["--total-ram", &total_s, "--context", &ctx, "--json"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("bf16 (chosen)"), "{e}");
@@ -275,6 +280,8 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
         &[
             "--total-ram",
             &total_s,
+            "--context",
+            &ctx,
             "--dense",
             "int4-g64",
             "--embeddings",

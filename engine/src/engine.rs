@@ -6,7 +6,7 @@ use crate::error::{store_err, EngineError, Result};
 use crate::layers::Span;
 use crate::layers::{HeldUsage, LayerCtx, LayerKv};
 use crate::models::Model;
-use crate::options::{EngineOptions, DEFAULT_CONTEXT_CAP};
+use crate::options::EngineOptions;
 use crate::placement::{Lookahead, Placement, PlacementPolicy, PrefetchGate};
 use crate::prefix_cache::{KvLayout, MtpLayout};
 use crate::sampling::{Sampler, SamplingParams};
@@ -232,9 +232,7 @@ impl<'s> Engine<'s> {
             None => None,
         };
         let config = ModelSpec::from_config(store.model_config(), gen_cfg.as_ref())?;
-        let context = opts
-            .context
-            .unwrap_or(config.max_position_embeddings.min(DEFAULT_CONTEXT_CAP));
+        let context = opts.context.unwrap_or(config.default_context());
         if context == 0 {
             return Err(EngineError::Invalid(
                 "context and prefill batch must be at least 1".into(),

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 /// ([`crate::placement::budget::prefill_chunk`]); the default.
 pub const PREFILL_BATCH_AUTO: usize = 0;
 
-/// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`.
-pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+/// Default context cap when `--context` is not given: `min(max_position_embeddings, 4096)`
+/// (`ModelSpec::default_context`, which every plan shares).
+pub use coli_format::spec::DEFAULT_CONTEXT_CAP;
 
 /// Options for [`crate::Engine::new`].
 #[derive(Clone, Debug)]

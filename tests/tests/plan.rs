@@ -205,7 +205,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
             checkpoint: Some(&coli_tests::fixture_dir(name)),
             config: None,
             total_ram: 16 << 30,
-            context: 1024,
+            context: Some(1024),
             disk_gib_s: Some(2.0),
             experts: Some(enc("experts", "")),
             mtp: Some(enc("mtp", "int8")),
@@ -300,7 +300,7 @@ fn plan_of_chosen_encodings_predicts_the_store() {
             checkpoint: Some(&coli_tests::fixture_dir(name)),
             config: None,
             total_ram: 16 << 30,
-            context: 1024,
+            context: Some(1024),
             disk_gib_s: None,
             experts: Some(chosen.experts),
             mtp: chosen.mtp,
@@ -387,4 +387,33 @@ fn info_classes_follow_the_spec_roles() {
         coli_tools::info::classify("model.embed_tokens.weight", &roles, Some(n)),
         "embeddings"
     );
+}
+
+/// `coli run`, `coli plan --checkpoint/--config` and the converter's memory plan share one
+/// default context (`ModelSpec::default_context`: min(max_position_embeddings, 4096)).
+#[test]
+fn every_plan_and_the_engine_share_the_default_context() {
+    let name = "qwen3_moe_bf16";
+    let (_tmp, dir) = coli_tests::convert_fixture(name, "int4_store");
+    let store = coli_tests::open_store(&dir, true, coli_store::IoPreference::Auto);
+    let e = coli_engine::Engine::new(&store, &coli_engine::EngineOptions::default()).unwrap();
+    let ck = coli_tests::fixture_dir(name);
+    let config = ck.join("config.json");
+    for (checkpoint, config) in [(Some(ck.as_path()), None), (None, Some(config.as_path()))] {
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint,
+                config,
+                total_ram: 8 << 30,
+                context: None,
+                disk_gib_s: None,
+                experts: None,
+                mtp: Some(coli_store::Encoding::Int8),
+                chosen: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(p.context, e.context(), "{checkpoint:?} {config:?}");
+    }
+    assert_eq!(e.context(), e.spec().default_context());
 }

@@ -65,7 +65,7 @@ fn replica_runs(release: &str) -> coli_store::Manifest {
             checkpoint: Some(&r.dir),
             config: None,
             total_ram: 25 << 30,
-            context: 4096,
+            context: Some(4096),
             disk_gib_s: Some(3.0),
             experts: None,
             mtp: Some(Encoding::Int8),

@@ -179,10 +179,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
                 checkpoint: a.checkpoint.as_deref(),
                 config: a.config.as_deref(),
                 total_ram,
-                context: a
-                    .engine
-                    .context
-                    .unwrap_or(coli_convert::memory_plan::USABLE_CONTEXT),
+                context: a.engine.context,
                 disk_gib_s: a.disk_gib_s,
                 experts: a
                     .experts

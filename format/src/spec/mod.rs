@@ -715,6 +715,13 @@ impl ModelSpec {
         self.family == Family::GlmMoeDsa
     }
 
+    /// The context a run gets when none is asked for (`coli run`, `coli serve`, every `coli plan`
+    /// mode and the converter's memory plan): `min(max_position_embeddings,`
+    /// [`DEFAULT_CONTEXT_CAP`]`)`, tokens.
+    pub fn default_context(&self) -> usize {
+        self.max_position_embeddings.min(DEFAULT_CONTEXT_CAP)
+    }
+
     /// The index of the MTP layer the config declares (`num_hidden_layers`), if any.
     pub fn mtp_layer(&self) -> Option<usize> {
         (self.num_mtp_layers > 0).then_some(self.num_layers)
@@ -785,6 +792,9 @@ impl ModelSpec {
         None
     }
 }
+
+/// The cap of [`ModelSpec::default_context`], tokens.
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
 /// The layer index in a tensor name `model.layers.L.…`, if any.
 pub fn layer_of(name: &str) -> Option<u32> {
