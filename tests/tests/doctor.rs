@@ -63,6 +63,7 @@ fn doctor_checks_the_machine_and_the_store() {
         "io_uring",
         "disk",
         "fsck",
+        "checksums",
         "state_dir",
     ] {
         assert!(
@@ -75,6 +76,7 @@ fn doctor_checks_the_machine_and_the_store() {
     assert!(r.checks.iter().all(|c| c.level != Level::Fail));
     assert_eq!(level(&r, "memory"), Level::Pass, "{:#?}", r.checks);
     assert_eq!(level(&r, "fsck"), Level::Pass);
+    assert_eq!(level(&r, "checksums"), Level::Pass, "{:#?}", r.checks);
     assert_eq!(level(&r, "state_dir"), Level::Pass);
     assert!(state.is_dir(), "the state directory was created");
     assert!(
@@ -143,6 +145,34 @@ fn doctor_checks_the_machine_and_the_store() {
     } else {
         eprintln!("no /dev/shm: the tmpfs case is not checked");
     }
+
+    // One flipped byte inside an expert record (the structure intact): the quick fsck cannot
+    // see it, the checksum check fails naming the record, and the doctor exits 1.
+    let damaged = tmp.path().join("damaged");
+    copy_dir(&dir, &damaged);
+    let rec = {
+        let st = coli_store::Store::open(&damaged).unwrap();
+        let r = st.index()[st.index().len() / 2];
+        (
+            r.segment.get(),
+            r.offset.get(),
+            r.layer.get(),
+            r.expert.get(),
+        )
+    };
+    let seg = damaged.join(format!("segments/seg-{:05}.bin", rec.0));
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[rec.1 as usize + 100] ^= 0x40;
+    std::fs::write(&seg, bytes).unwrap();
+    let r = run(&["--store", damaged.to_str().unwrap(), "--probe-mib", "0"]);
+    assert_eq!(level(&r, "fsck"), Level::Pass, "{:#?}", r.checks);
+    let c = named(&r, "checksums");
+    assert_eq!(c[0].level, Level::Fail, "{c:?}");
+    assert!(
+        c[0].detail.contains(&format!("L{}", rec.2)) || c[0].detail.contains("checksum"),
+        "{c:?}"
+    );
+    assert_eq!(r.exit_code, 1);
 
     // A truncated segment file: the quick fsck fails, and so does the doctor (exit 1).
     let seg = dir.join("segments/seg-00000.bin");
