@@ -44,9 +44,21 @@ pub struct CacheStats {
 }
 
 impl CacheStats {
-    /// hits / (hits + misses); 1.0 before any lookup.
+    /// The share of lookups served from RAM (pinned or LRU): `(hits - inflight_waits) /
+    /// (hits + misses)`; 1.0 before any lookup. A wait for a read already in flight is not a
+    /// hit here (the bytes came from the disk, only earlier): [`CacheStats::inflight_rate`].
     pub fn hit_rate(&self) -> f64 {
-        ratio(self.hits, self.hits + self.misses, 1.0)
+        ratio(
+            self.hits - self.inflight_waits,
+            self.hits + self.misses,
+            1.0,
+        )
+    }
+
+    /// The share of lookups that waited for a prefetch read already in flight:
+    /// `inflight_waits / (hits + misses)`; 0.0 before any lookup.
+    pub fn inflight_rate(&self) -> f64 {
+        ratio(self.inflight_waits, self.hits + self.misses, 0.0)
     }
 
     /// Prediction precision: `predicted_used / predicted` (0.0 before any prediction).
@@ -116,5 +128,13 @@ mod tests {
         };
         assert_eq!(s.hit_rate(), 0.75);
         assert_eq!(CacheStats::default().hit_rate(), 1.0);
+        // Waits for reads in flight are their own figure, not hits.
+        let s = CacheStats {
+            hits: 3,
+            inflight_waits: 2,
+            misses: 1,
+            ..Default::default()
+        };
+        assert_eq!((s.hit_rate(), s.inflight_rate()), (0.25, 0.5));
     }
 }

@@ -257,12 +257,14 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch
         );
     }
     eprintln!(
-        "experts: {} read from disk ({} per token run, prompt included), cache hits {} misses {} (hit rate {:.1}%), evictions {}",
+        "experts: {} read from disk ({} per token run, prompt included), cache hits {} waits for reads in flight {} misses {} (hit rate {:.1}%, in flight {:.1}%), evictions {}",
         fmt_bytes(s.expert_bytes_read as f64),
         fmt_bytes(s.expert_bytes_per_token()),
-        s.cache.hits,
+        s.cache.hits - s.cache.inflight_waits,
+        s.cache.inflight_waits,
         s.cache.misses,
         s.cache.hit_rate() * 100.0,
+        s.cache.inflight_rate() * 100.0,
         s.cache.evictions
     );
     print_placement_stats(s, prefetch);
@@ -457,6 +459,8 @@ fn run(mut a: RunArgs) -> Result<()> {
                 "misses": s.cache.misses,
                 "evictions": s.cache.evictions,
                 "hit_rate": s.cache.hit_rate(),
+                "inflight_waits": s.cache.inflight_waits,
+                "inflight_rate": s.cache.inflight_rate(),
                 "io_mode": io_name(&loaded.store),
                 "io_engine": loaded.store.io_engine(),
                 "queue_depth": loaded.store.queue_depth(),
