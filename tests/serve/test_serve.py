@@ -292,7 +292,30 @@ def run_checks(server, q, question):
     models = [m.id for m in client.models.list().data]
     check(models == [MODEL], f"/v1/models lists the served model: {models}")
     st, _, body = raw(server, "GET", "/health", key=None)
-    check(st == 200 and body.get("status") == "ok", f"/health: {st} {body}")
+    check(st == 200 and body == {"status": "ok"}, f"/health without the key: only the status: {st} {body}")
+    st, _, body = raw(server, "GET", "/health")
+    check(st == 200 and body.get("model") == MODEL, f"/health with the key: {st} {body}")
+    # One key for every route (--api-key): each route without the key, and with it.
+    for method, path, body, open_route in [
+        ("GET", "/v1/models", None, False),
+        ("GET", f"/v1/models/{MODEL}", None, False),
+        ("POST", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": question, "max_tokens": 1}), False),
+        ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}), False),
+        ("POST", "/v1/messages", json.dumps({"model": MODEL, "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": "Hi"}]}), False),
+        ("GET", "/metrics", None, False),
+        ("GET", "/health", None, True),
+    ]:
+        st, _, _ = raw(server, method, path, body=body, key=None)
+        check((st == 200) == open_route and (open_route or st == 401),
+              f"{method} {path} without the key: {st} ({'open' if open_route else '401 expected'})")
+        st, _, _ = raw(server, method, path, body=body)
+        check(st == 200, f"{method} {path} with the key: {st}")
+    # Every refused request has a line in the server log: method, path, status, reason.
+    st, _, _ = raw(server, "GET", "/no/such/route")
+    log = open(server.log_path).read()
+    check("GET /metrics -> 401:" in log and "GET /no/such/route -> 404:" in log,
+          "refused requests are logged with status and reason")
 
     # Chat, non-streaming, temperature 0: transformers' answer and token counts.
     r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0)
@@ -465,7 +488,7 @@ def run_checks(server, q, question):
           f"{prefilled} prefilled")
 
     # /metrics families.
-    _, hdrs, mtext = raw(server, "GET", "/metrics", key=None)
+    _, hdrs, mtext = raw(server, "GET", "/metrics")
     names = {f.name for f in text_string_to_metric_families(mtext)}
     want = {"coli_requests", "coli_prompt_tokens", "coli_completion_tokens", "coli_time_to_first_token_seconds",
             "coli_decode_step_seconds", "coli_expert_read_bytes", "coli_expert_cache_hit_rate", "coli_queue_depth"}
@@ -685,7 +708,7 @@ def batching_checks(server):
     check(wait_for(lambda: metrics(server)["coli_running_requests"] == 0, 10), "closed streams free every slot")
 
     # Metrics and the per-request log line.
-    _, _, mtext = raw(server, "GET", "/metrics", key=None)
+    _, _, mtext = raw(server, "GET", "/metrics")
     names = {f.name for f in text_string_to_metric_families(mtext)}
     want = {"coli_batch_size", "coli_tokens_per_forward", "coli_inter_token_latency_seconds",
             "coli_prefill_step_seconds", "coli_decode_step_seconds", "coli_expert_bytes_per_generated_token",
@@ -835,7 +858,7 @@ def load_test(server):
         print(f"load: client TTFT p50 {ttfts[len(ttfts) // 2]:.3f} s, max {ttfts[-1]:.3f} s; server TTFT mean "
               f"{ttft_sum / max(n_ttft, 1):.3f} s of which queue wait {wait_sum / max(wait_n, 1):.3f} s", flush=True)
     check(n_ttft == n_ok, f"server TTFT histogram counted the {n_ok} answered requests: {n_ttft}")
-    st, _, body = raw(server, "GET", "/health", key=None)
+    st, _, body = raw(server, "GET", "/health")
     check(st == 200 and body["queue_depth"] == 0 and body["running"] == 0, f"healthy after the load: {body}")
     time.sleep(0.5)
     rss1 = server.rss_bytes()

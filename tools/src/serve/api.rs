@@ -210,9 +210,17 @@ impl ApiError {
     }
 }
 
+/// Why a request was refused, as its [`ApiError`] said it (a response extension that the
+/// server's log line reads).
+#[derive(Clone, Debug)]
+pub struct RefusalReason(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        // The reason, for the server log's line about this refusal (`log_refusals`).
+        r.extensions_mut()
+            .insert(RefusalReason(self.message.clone()));
         if let Some(s) = self.retry_after {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));

@@ -255,6 +255,12 @@ async fn serve(
     if app.view.is_some() {
         eprintln!("coli serve: web page on http://{addr}/");
     }
+    if app.api_keys.is_empty() && !addr.ip().is_loopback() {
+        eprintln!(
+            "coli serve: warning: listening on {} without --api-key: anyone who can reach this address can use the model and read /metrics; give --api-key KEY (or bind --host 127.0.0.1)",
+            addr.ip()
+        );
+    }
     let mut router = Router::new()
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
@@ -269,6 +275,7 @@ async fn serve(
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(log_refusals))
         .with_state(app);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
@@ -357,9 +364,14 @@ async fn get_model(
     Json(model_object(&app)).into_response()
 }
 
-async fn health(State(app): State<Arc<App>>) -> Response {
+/// `GET /health`: open to every client. With `--api-key`, a request without the key learns
+/// only whether the server serves (no model id, no figures); with the key, everything.
+async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if app.jobs.is_closed() {
         return ApiError::unavailable("the engine thread has stopped").into_response();
+    }
+    if check_key(&app, &headers).is_err() {
+        return Json(json!({"status": "ok"})).into_response();
     }
     Json(json!({
         "status": "ok",
@@ -370,7 +382,12 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     .into_response()
 }
 
-async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+/// `GET /metrics`: with `--api-key` it needs the key as every API route does (Prometheus
+/// sends it as a bearer token: `authorization` in its scrape config).
+async fn metrics_text(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_key(&app, &headers) {
+        return e.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -379,6 +396,26 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
+}
+
+/// Logs every refused request (status 400 and above) to stderr with its method, path, status
+/// and reason (the [`api::RefusalReason`] its error set, else the status's own name), so that
+/// bad requests, missing keys and overload are visible in the server log.
+async fn log_refusals(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let r = next.run(req).await;
+    let status = r.status();
+    if status.is_client_error() || status.is_server_error() {
+        let reason = r.extensions().get::<api::RefusalReason>().map_or_else(
+            || status.canonical_reason().unwrap_or("").to_string(),
+            |x| x.0.clone(),
+        );
+        eprintln!(
+            "coli serve: {method} {path} -> {}: {reason}",
+            status.as_u16()
+        );
+    }
+    r
 }
 
 async fn not_found(uri: Uri) -> Response {
