@@ -136,6 +136,25 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Parses a request body as the server does for `path` (`/v1/chat/completions`,
+/// `/v1/completions` or `/v1/messages`), for the fuzz tests of request parsing
+/// (tests/tests/fuzz_parsers.rs): `Ok` when the server would accept it, else the message of the
+/// 400 it would answer. Never panics, whatever the bytes.
+///
+/// # Panics
+/// For another path.
+pub fn parse_request_body(path: &str, body: &[u8]) -> std::result::Result<(), String> {
+    let endpoint = match path {
+        "/v1/chat/completions" => api::Endpoint::Chat,
+        "/v1/completions" => api::Endpoint::Completions,
+        "/v1/messages" => api::Endpoint::Messages,
+        other => panic!("{other} takes no body"),
+    };
+    api::parse_request(body, endpoint)
+        .map(|_| ())
+        .map_err(|e| e.message)
+}
+
 /// Runs the server until Ctrl-C or SIGTERM.
 ///
 /// # Errors
