@@ -8,6 +8,7 @@
 //! docs/CONVERT.md.
 
 pub mod checkpoint;
+pub mod cli;
 pub mod error;
 pub mod fused;
 pub mod memory_plan;

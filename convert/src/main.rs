@@ -81,23 +81,11 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    // A closed standard output (`coli-convert ... --json | head -1`) ends the run quietly with
-    // status 0, as coli_tools::cli::exit_quietly_on_closed_stdout does for coli and coli-fsck.
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map_or("", String::as_str);
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(0);
-        }
-        default(info)
-    }));
+    coli_convert::cli::exit_quietly_on_closed_stdout();
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("coli-convert: error: {}", error_chain(&e));
+            coli_convert::cli::print_error("coli-convert", &e);
             std::process::ExitCode::FAILURE
         }
     }
@@ -235,12 +223,6 @@ fn auto_experts(input: &std::path::Path) -> &'static str {
     } else {
         "int4-g64"
     }
-}
-
-/// The error and its causes joined by ": " (each error adds its context once: a library error
-/// shows its inner error in its message or returns it as `source()`, never both).
-fn error_chain(e: &anyhow::Error) -> String {
-    format!("{e:#}")
 }
 
 /// A `--total-ram` size (`coli_format::parse_size`).

@@ -8,7 +8,9 @@
 
 #![forbid(unsafe_code)]
 
-pub mod cli;
+/// What every binary does alike at its edges (one error format, a quiet exit on a closed
+/// stdout): `coli_convert::cli`, shared with coli-convert.
+pub use coli_convert::cli;
 pub mod doctor;
 pub mod info;
 pub mod kv;

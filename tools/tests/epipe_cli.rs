@@ -6,7 +6,7 @@
 //! its first print fails with EPIPE whatever the output's size.
 
 mod common;
-use common::TempDir;
+use common::{convert_fixture, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -39,19 +39,7 @@ fn closed_stdout(bin: &str, args: &[&str]) -> (Option<i32>, String) {
 fn every_printing_subcommand_exits_quietly_on_a_closed_pipe() {
     let tmp = TempDir::new("epipe");
     let store = tmp.path().join("store");
-    let fixture = repo().join("tests/fixtures/tiny/qwen3_moe_bf16");
-    coli_convert::run(&coli_convert::Options {
-        input: fixture.clone(),
-        output: store.clone(),
-        encodings: coli_convert::Encodings::new(
-            coli_store::Encoding::Int4 { group_size: 64 },
-            coli_store::Encoding::Bf16,
-            coli_store::Encoding::Int8,
-        ),
-        threads: Some(1),
-        progress: false,
-    })
-    .unwrap();
+    let fixture = convert_fixture("qwen3_moe_bf16", &store);
     let (s, f) = (store.to_str().unwrap(), fixture.to_str().unwrap());
     let glm5 = repo().join("docs/configs/glm-5.config.json");
     let glm5 = glm5.to_str().unwrap();

@@ -5,7 +5,7 @@
 //! experts).
 
 mod common;
-use common::{run, TempDir};
+use common::{convert_fixture, run, TempDir};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -46,20 +46,7 @@ fn cfg(key: &'static str, value: Value) -> Edit {
 fn manifests_that_cannot_describe_the_model_are_refused_by_fsck_and_run() {
     let t = TempDir::new("manifest-semantics");
     let good = t.path().join("good");
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny/qwen3_moe_bf16");
-    coli_convert::run(&coli_convert::Options {
-        input: fixture,
-        output: good.clone(),
-        encodings: coli_convert::Encodings::new(
-            coli_store::Encoding::Int4 { group_size: 64 },
-            coli_store::Encoding::Bf16,
-            coli_store::Encoding::Int8,
-        ),
-        threads: Some(1),
-        progress: false,
-    })
-    .unwrap();
+    convert_fixture("qwen3_moe_bf16", &good);
     let (fsck, coli) = (env!("CARGO_BIN_EXE_coli-fsck"), env!("CARGO_BIN_EXE_coli"));
     let (code, out, err) = run(fsck, &[good.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");

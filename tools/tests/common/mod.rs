@@ -144,3 +144,25 @@ pub fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Converts the committed fixture `tests/fixtures/tiny/NAME` into the store `out`
+/// (`--experts int4-g64 --dense bf16`); returns the fixture's directory.
+#[allow(dead_code)] // not every test binary converts a fixture
+pub fn convert_fixture(name: &str, out: &Path) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/tiny")
+        .join(name);
+    coli_convert::run(&coli_convert::Options {
+        input: fixture.clone(),
+        output: out.to_path_buf(),
+        encodings: coli_convert::Encodings::new(
+            coli_store::Encoding::Int4 { group_size: 64 },
+            coli_store::Encoding::Bf16,
+            coli_store::Encoding::Int8,
+        ),
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap_or_else(|e| panic!("converting {name}: {e}"));
+    fixture
+}

@@ -1,6 +1,7 @@
-//! What every coli binary does the same way at its edges: one error format
-//! (`BINARY: error: the chain of causes`, as coli-convert prints it) and a quiet exit when the
-//! reader of its standard output goes away (`coli info | head -1`), as ripgrep does.
+//! What every coli binary (coli-convert here; coli and coli-fsck through `coli_tools::cli`)
+//! does the same way at its edges: one error format (`BINARY: error: the chain of causes`) and
+//! a quiet exit when the reader of its standard output goes away (`coli info | head -1`), as
+//! ripgrep does. It lives in the lowest crate that has a binary.
 
 /// Exits the process with status 0, printing nothing, when a print to standard output fails
 /// because the pipe's reader closed it (EPIPE: `println!` panics with "failed printing to
