@@ -75,8 +75,15 @@ pub fn expand(name: &str) -> Vec<String> {
 /// # Panics
 /// On a malformed listing (the message names the line).
 pub fn read_listing(release: &str) -> Listing {
-    let path = listing_path(release);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    read_listing_file(&listing_path(release))
+}
+
+/// Reads the listing in the file `path`.
+///
+/// # Panics
+/// On a malformed listing (the message names the line).
+pub fn read_listing_file(path: &Path) -> Listing {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut l = Listing {
         release: String::new(),
         config: PathBuf::new(),
@@ -335,7 +342,15 @@ pub struct Replica {
 /// # Panics
 /// On a listing or config the spec cannot read, or I/O errors.
 pub fn write_replica(release: &str, dir: &Path, shards: usize) -> Replica {
-    let listing = read_listing(release);
+    write_replica_of(read_listing(release), dir, shards)
+}
+
+/// [`write_replica`] of a listing already read.
+///
+/// # Panics
+/// As [`write_replica`].
+pub fn write_replica_of(listing: Listing, dir: &Path, shards: usize) -> Replica {
+    let release = listing.release.clone();
     let cfg = tiny_config(&listing);
     std::fs::create_dir_all(dir).expect("create replica dir");
     std::fs::write(

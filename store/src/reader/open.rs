@@ -128,7 +128,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError::Io`] for missing/unreadable files, [`StoreError::Format`] naming the file
-    /// and field for structural damage, [`StoreError::NewerVersion`], [`StoreError::Incomplete`]
+    /// and field for structural damage, [`StoreError::Format`] (`FormatError::NewerVersion`) for a newer store, [`StoreError::Incomplete`]
     /// naming the layers with missing experts, [`StoreError::Checksum`] when INDEX's whole-file
     /// xxh3 differs, and [`StoreError::Io`] when `IoPreference::Direct` cannot be honoured.
     pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
