@@ -6,9 +6,10 @@
 //! be one the listing declares as not read (`# not-read:`), so that a tensor a release ships
 //! and coli silently ignores fails here.
 //!
-//! No release listing is committed yet (issue 41 stays open for them); the generator itself is
-//! checked on a listing written from a committed fixture's own header, in the notation, with a
-//! vision-tower tensor the converter must leave out and a tensor it must not.
+//! Committed so far: gpt-oss-20b (its published index), Mixtral-8x7B and OLMoE-1B-7B (names
+//! rebuilt from public code that enumerates them; each listing's header says how). The
+//! generator itself is also checked on a listing written from a committed fixture's header,
+//! with a vision-tower tensor the converter must leave out and a tensor it must not.
 
 use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, GenerateParams};
@@ -17,7 +18,6 @@ use coli_tests::open_store;
 use coli_tests::published::write_replica_of;
 
 /// Converts, runs and plans the replica of `release`; returns the store's MANIFEST.
-#[allow(dead_code)] // its callers are the per-release tests, as their listings are committed
 fn replica_runs(release: &str) -> coli_store::Manifest {
     let tmp = tempfile::tempdir().unwrap();
     replica_runs_listing(coli_tests::published::read_listing(release), tmp.path())
@@ -166,4 +166,20 @@ fn the_replica_generator_writes_converts_and_runs_a_listing() {
         r.is_err(),
         "a tensor the spec does not know must fail the replica"
     );
+}
+
+#[test]
+fn gpt_oss_20b_as_published() {
+    let m = replica_runs("gpt-oss-20b");
+    assert_eq!(m.expert_encoding.name, "mxfp4");
+}
+
+#[test]
+fn mixtral_8x7b_as_published() {
+    replica_runs("mixtral-8x7b");
+}
+
+#[test]
+fn olmoe_1b_7b_as_published() {
+    replica_runs("olmoe-1b-7b");
 }
