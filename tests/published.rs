@@ -24,10 +24,21 @@ pub struct Listing {
     pub config: PathBuf,
     /// `# tiny:` JSON objects merged into the shrunk config (dotted keys reach into objects).
     pub tiny: Vec<Value>,
-    /// `# not-read:` name prefixes the converter may leave out (vision towers, ...).
+    /// `# not-read:` name prefixes the converter may leave out (vision towers, ...); an entry
+    /// written `*SUFFIX` is a name suffix instead (`*.rotary_emb.inv_freq`, a derived buffer).
     pub not_read: Vec<String>,
     /// Every tensor: name -> dtype, expanded.
     pub tensors: BTreeMap<String, String>,
+}
+
+impl Listing {
+    /// Whether the listing declares `name` as not read by coli (`# not-read:`).
+    pub fn is_not_read(&self, name: &str) -> bool {
+        self.not_read.iter().any(|p| match p.strip_prefix('*') {
+            Some(suffix) => name.ends_with(suffix),
+            None => name.starts_with(p.as_str()),
+        })
+    }
 }
 
 /// The repository root.
@@ -105,10 +116,13 @@ pub fn read_listing_file(path: &Path) -> Listing {
                         panic!("{}:{}: # tiny: is not JSON: {e}", path.display(), i + 1)
                     }));
             } else if let Some(v) = c.strip_prefix("not-read:") {
-                l.not_read.extend(
-                    v.split_whitespace()
-                        .map(|p| p.trim_end_matches('*').to_string()),
-                );
+                l.not_read.extend(v.split_whitespace().map(|p| {
+                    if p.starts_with('*') {
+                        p.to_string()
+                    } else {
+                        p.trim_end_matches('*').to_string()
+                    }
+                }));
             }
             continue;
         }

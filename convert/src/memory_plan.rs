@@ -605,6 +605,30 @@ mod tests {
         }
     }
 
+    /// GLM-5.2 (IndexShare) against GLM-5: the same layers, experts and widths; the indexer
+    /// on 21 of 78 main layers instead of 78, so per token 57 fewer indexer keys
+    /// (`index_head_dim` 128 f32 each) and 57 fewer indexers in the resident set.
+    #[test]
+    fn glm_5_2_plans_its_shared_indexer_layers() {
+        let glm5 = plan_from_config(&args(&repo("docs/configs/glm-5.config.json"))).unwrap();
+        let glm52 = plan_from_config(&args(&repo("docs/configs/glm-5.2.config.json"))).unwrap();
+        assert_eq!(glm52.model_type, "glm_moe_dsa");
+        assert_eq!(glm52.experts, glm5.experts);
+        assert_eq!(glm52.mtp_experts, 256, "the MTP layer counted");
+        assert_eq!(glm5.kv_bytes_per_token - glm52.kv_bytes_per_token, 57 * 128 * 4);
+        // One indexer at bf16: wq_b [4096, 2048], wk [128, 6144], k_norm weight and bias,
+        // weights_proj [32, 6144].
+        let indexer_bf16 = (4096 * 2048 + 128 * 6144 + 2 * 128 + 32 * 6144) * 2;
+        let bf16 = |p: &ConfigPlan| {
+            p.rows
+                .iter()
+                .find(|r| r.dense_encoding == "bf16")
+                .unwrap()
+                .dense_bytes
+        };
+        assert_eq!(bf16(&glm5) - bf16(&glm52), 57 * indexer_bf16);
+    }
+
     #[test]
     fn bad_arguments_are_refused() {
         let oss = repo("docs/configs/gpt-oss-20b.config.json");
