@@ -8,6 +8,7 @@
 #   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 #   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
+#      and tests/serve/test_limits.py (connection cap, header/body timeouts, body limits)
 #   6. tests/web/test_web.py     (`coli serve --web` in headless Chromium: chat, figures, heat map;
 #                                needs Debian's chromium and chromium-driver: skipped with a
 #                                message without them, unless COLI_WEB_REQUIRED=1 as in .ci/run)
@@ -36,6 +37,8 @@ cargo build -q -p coli-convert -p coli-tools
 # demo store (built once into ${CARGO_TARGET_DIR:-target}/serve-test and reused).
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/serve/requirements.txt
 .venv-demo/bin/python tests/serve/test_serve.py
+# The connection layer under abuse: slowloris, a connection flood, slow/huge/truncated bodies.
+.venv-demo/bin/python tests/serve/test_limits.py
 # --- end coli serve
 
 # --- coli web (tests/web): the page in headless Chromium against `coli serve --web`.

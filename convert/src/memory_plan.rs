@@ -615,7 +615,10 @@ mod tests {
         assert_eq!(glm52.model_type, "glm_moe_dsa");
         assert_eq!(glm52.experts, glm5.experts);
         assert_eq!(glm52.mtp_experts, 256, "the MTP layer counted");
-        assert_eq!(glm5.kv_bytes_per_token - glm52.kv_bytes_per_token, 57 * 128 * 4);
+        assert_eq!(
+            glm5.kv_bytes_per_token - glm52.kv_bytes_per_token,
+            57 * 128 * 4
+        );
         // One indexer at bf16: wq_b [4096, 2048], wk [128, 6144], k_norm weight and bias,
         // weights_proj [32, 6144].
         let indexer_bf16 = (4096 * 2048 + 128 * 6144 + 2 * 128 + 32 * 6144) * 2;

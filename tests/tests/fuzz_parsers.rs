@@ -1,8 +1,9 @@
 //! Fuzzing on stable Rust (issue 42): every parser that reads outside input gets valid inputs
 //! with random damage (bytes flipped, set, inserted, removed, the input cut short) and must
 //! answer `Ok` or an error, never panic or hang: the MANIFEST, INDEX and segment headers of a
-//! real store, config.json through the model spec, safetensors shard headers, and the request
-//! bodies of both HTTP APIs. Driven by proptest (shrinking finds the smallest failing input).
+//! real store, config.json through the model spec, safetensors shard headers, the request
+//! bodies of both HTTP APIs, chat-template inputs (messages and template sources) and
+//! prefix-cache files. Driven by proptest (shrinking finds the smallest failing input).
 //!
 //! `COLI_FUZZ_CASES` sets the cases per parser (default 200 here, in `tools/test.sh`);
 //! `engine/bench/fuzz_parsers.sh` runs the long campaign and commits its output.
@@ -181,6 +182,127 @@ fn request_bodies_never_panic() {
             let _ = coli_tools::serve::parse_request_body(path, b);
         });
     }
+}
+
+/// Chat-template inputs: the committed release templates (tests/fixtures/chat_templates) render
+/// damaged message lists (a JSON seed of every role, damaged, then parsed; inputs that are not
+/// a list of `{role, content}` strings are skipped as the server would refuse them), and
+/// damaged template sources (a store's `chat_template` can be anything) render a fixed
+/// conversation: `Ok` or an error, never a panic.
+#[test]
+fn chat_template_inputs_never_panic() {
+    use coli_engine::text::{ChatMessage, ChatTemplate};
+    let dir = coli_tests::published::repo_root().join("tests/fixtures/chat_templates");
+    let mut templates: Vec<(String, ChatTemplate)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let t = ChatTemplate {
+                source: std::fs::read_to_string(&p).unwrap(),
+                special_tokens: vec![
+                    ("bos_token".into(), "<s>".into()),
+                    ("eos_token".into(), "</s>".into()),
+                ],
+            };
+            (name, t)
+        })
+        .collect();
+    templates.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(templates.len() >= 5, "templates in {}", dir.display());
+    let conversation = vec![
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi <|im_start|> {{ x }} {% if %}"),
+        ChatMessage::new("assistant", "<think>hm</think>Hello"),
+        ChatMessage::new("user", "More\u{0}\u{202e}?"),
+    ];
+    let seed = serde_json::to_vec(
+        &conversation
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    for (name, t) in &templates {
+        t.render(&conversation, true)
+            .unwrap_or_else(|e| panic!("{name}: the seed conversation must render: {e}"));
+        fuzz(
+            &format!("chat template {name}: messages"),
+            std::slice::from_ref(&seed),
+            |b| {
+                let Ok(v) = serde_json::from_slice::<Vec<serde_json::Value>>(b) else {
+                    return;
+                };
+                let msgs: Option<Vec<ChatMessage>> = v
+                    .iter()
+                    .map(|m| {
+                        Some(ChatMessage::new(
+                            m["role"].as_str()?,
+                            m["content"].as_str()?,
+                        ))
+                    })
+                    .collect();
+                if let Some(msgs) = msgs {
+                    let _ = t.render(&msgs, true);
+                }
+            },
+        );
+        fuzz(
+            &format!("chat template {name}: source"),
+            &[t.source.clone().into_bytes()],
+            |b| {
+                let damaged = ChatTemplate {
+                    source: String::from_utf8_lossy(b).into_owned(),
+                    special_tokens: t.special_tokens.clone(),
+                };
+                let _ = damaged.render(&conversation, true);
+            },
+        );
+    }
+}
+
+/// Prefix-cache files (the KV state of a conversation on disk, docs/KV_CACHE.md): a file the
+/// engine wrote for the OLMoE fixture, damaged, read back against the model's layout: `Ok`
+/// (only if every check passes) or an error, never a panic, and never a huge allocation from a
+/// damaged length.
+#[test]
+fn prefix_cache_files_never_panic() {
+    use coli_engine::{BatchItem, Engine, EngineOptions, Logits};
+    let (_tmp, dir) = coli_tests::convert_fixture("olmoe_fp8", "int4_store");
+    let store = coli_tests::open_store(&dir, false, coli_store::IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let mut seq = e.new_sequence().unwrap();
+    let ids: Vec<u32> = (1..=9).collect();
+    for chunk in ids.chunks(4) {
+        let mut items = [BatchItem {
+            seq: &mut seq,
+            ids: chunk,
+            logits: Some(Logits::Last),
+            verify: false,
+        }];
+        e.forward_many(&mut items).unwrap();
+    }
+    let layout = e.kv_layout();
+    let work = tempfile::tempdir().unwrap();
+    let good = work.path().join("seed.kv");
+    coli_engine::prefix_cache::file::write_atomic(
+        &good,
+        &seq.into_state(),
+        layout.store_id,
+        layout.param_hash,
+        0,
+    )
+    .unwrap();
+    coli_engine::prefix_cache::file::read_state(&good, &layout).expect("the seed reads back");
+    let seed = std::fs::read(&good).unwrap();
+    let path = work.path().join("damaged.kv");
+    fuzz("prefix-cache file", &[seed], |b| {
+        std::fs::write(&path, b).unwrap();
+        let _ = coli_engine::prefix_cache::file::read_header(&path, Some(&layout));
+        let _ = coli_engine::prefix_cache::file::read_state(&path, &layout);
+    });
 }
 
 /// The seeds are real inputs the parsers accept (else damage would only test the first check).

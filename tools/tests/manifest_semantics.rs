@@ -114,6 +114,31 @@ fn manifests_that_cannot_describe_the_model_are_refused_by_fsck_and_run() {
         ),
         ("decoder_sparse_step", cfg("decoder_sparse_step", json!(0))),
         ("hidden_act", cfg("hidden_act", json!("gelu"))),
+        // Widths the stored tensors do not have (every byte check still passes).
+        (
+            "hidden_size|is stored as|does not describe the stored",
+            cfg("hidden_size", json!(128)),
+        ),
+        (
+            "moe_intermediate_size|is stored as|does not describe the stored",
+            cfg("moe_intermediate_size", json!(48)),
+        ),
+        (
+            "vocab_size|is stored as|does not describe the stored",
+            cfg("vocab_size", json!(1024)),
+        ),
+        (
+            "head_dim|is stored as|does not describe the stored",
+            cfg("head_dim", json!(32)),
+        ),
+        (
+            "num_attention_heads|is stored as|does not describe the stored",
+            cfg("num_attention_heads", json!(8)),
+        ),
+        (
+            "max_position_embeddings",
+            cfg("max_position_embeddings", json!(0)),
+        ),
     ];
     for (i, (want, edit)) in cases.iter().enumerate() {
         let store = t.path().join(format!("s{i}"));

@@ -59,9 +59,10 @@ impl<'s> Model<'s> {
     ///
     /// # Errors
     /// Missing or misshapen tensors (named), or a store whose MANIFEST disagrees with the
-    /// spec (its family, layer count or expert layers: `ModelSpec::of_store`).
+    /// spec (its family, layer count, expert layers or dense shapes: `ModelSpec::of_store`;
+    /// its expert records' widths: `ModelSpec::check_records`).
     pub fn load(store: &'s Store, spec: ModelSpec) -> Result<Model<'s>> {
-        ModelSpec::of_store(store.manifest())?;
+        ModelSpec::of_store(store.manifest())?.check_records(store.index())?;
         let mut w = Weights::new(store);
         let mut warnings = Vec::new();
         let parts = match spec.family {

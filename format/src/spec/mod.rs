@@ -33,6 +33,7 @@ pub use json::eos_ids;
 use json::Fields;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
 use serde_json::Value;
+use std::collections::HashMap;
 pub use tensors::*;
 
 /// The `model_type` values coli reads.
@@ -578,6 +579,8 @@ impl ModelSpec {
             ("hidden_size", spec.hidden_size),
             ("num_hidden_layers", spec.num_layers),
             ("num_attention_heads", spec.num_heads),
+            // The context cap: no position could be decoded.
+            ("max_position_embeddings", spec.max_position_embeddings),
         ] {
             if v == 0 {
                 return Err(f.err(format!("{prefix}{key} is 0")));
@@ -690,7 +693,117 @@ impl ModelSpec {
                 "expert_layers: the config's MoE layer {l} is missing"
             )));
         }
+        spec.check_dense_entries(m)?;
         Ok(spec)
+    }
+
+    /// Checks the MANIFEST's dense tensors against this spec (part of [`ModelSpec::of_store`]):
+    /// every stored tensor has the spec's matrix shape, `mtp_shared` stand-ins are stored
+    /// tensors of the shape of the tensor they stand in for, and no stored tensor is one the
+    /// spec does not know. A tensor the model needs but the store lacks is named by the engine
+    /// when it loads (an incomplete MTP layer only turns the MTP layer off).
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] naming MANIFEST, the tensor and both shapes (a config whose
+    /// widths are not the stored tensors', e.g. an edited `hidden_size`).
+    fn check_dense_entries(&self, m: &crate::disk::manifest::Manifest) -> Result<(), FormatError> {
+        let bad = |what: String| FormatError::format(crate::disk::names::MANIFEST, what);
+        let stored: HashMap<&str, &crate::disk::manifest::DenseEntry> =
+            m.dense.iter().map(|d| (d.name.as_str(), d)).collect();
+        let with_mtp = m.num_layers as usize > self.num_layers;
+        let wanted = if with_mtp {
+            self.tensors.dense()
+        } else {
+            self.tensors.main_dense()
+        };
+        let dims = |s: &[usize]| crate::matrix_dims(s);
+        for t in &wanted {
+            match stored.get(t.name.as_str()) {
+                Some(d) if dims(&d.shape) != Some(t.rows_cols()) => {
+                    return Err(bad(format!(
+                        "dense tensor {} is stored as {:?} but the config gives {:?}: the MANIFEST's config does not describe the stored weights",
+                        t.name, d.shape, t.shape
+                    )))
+                }
+                Some(_) => {}
+                // A missing tensor of the main model is named by the engine when it loads;
+                // a store of a few tensors (tests, tools) still passes coli-fsck.
+                None => {
+                    if let Some(by) = m.mtp_shared.get(&t.name) {
+                        match stored.get(by.as_str()) {
+                            Some(d) if dims(&d.shape) == Some(t.rows_cols()) => {}
+                            Some(d) => {
+                                return Err(bad(format!(
+                                    "mtp_shared: {} stands in for {} {:?} but is stored as {:?}",
+                                    by, t.name, t.shape, d.shape
+                                )))
+                            }
+                            None => {
+                                return Err(bad(format!(
+                                    "mtp_shared: {} stands in for {} but is not a stored tensor",
+                                    by, t.name
+                                )))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let known: std::collections::HashSet<&str> =
+            wanted.iter().map(|t| t.name.as_str()).collect();
+        if let Some(d) = m.dense.iter().find(|d| !known.contains(d.name.as_str())) {
+            return Err(bad(format!(
+                "dense tensor {} is not one of the config's model",
+                d.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the INDEX's expert records against this spec: each record's layer holds routed
+    /// experts, its expert number is below the layer's count, and its hidden size,
+    /// intermediate size and biases are the spec's for that layer.
+    ///
+    /// # Errors
+    /// [`FormatError::Format`] naming INDEX, the record and the field.
+    pub fn check_records(
+        &self,
+        records: &[crate::disk::index::IndexRecord],
+    ) -> Result<(), FormatError> {
+        let sets: HashMap<u32, &ExpertsSpec> = self
+            .tensors
+            .expert_sets()
+            .into_iter()
+            .map(|e| (e.layer, e))
+            .collect();
+        for r in records {
+            let k = r.key();
+            let bad = |what: String| {
+                FormatError::format(
+                    crate::disk::names::INDEX,
+                    format!("record layer {} expert {}: {what}", k.layer, k.expert),
+                )
+            };
+            let Some(e) = sets.get(&k.layer) else {
+                return Err(bad(
+                    "the config's model has no routed experts in this layer".into(),
+                ));
+            };
+            if k.expert >= e.count {
+                return Err(bad(format!("the layer has {} experts", e.count)));
+            }
+            let (h, i) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+            if (h, i) != (e.hidden, e.intermediate) || r.has_biases() != e.biases {
+                return Err(bad(format!(
+                    "hidden {h}, intermediate {i}{}, but the config gives hidden_size {} and an expert intermediate size of {}{} (moe_intermediate_size; intermediate_size for Mixtral and gpt-oss): the MANIFEST's config does not describe the stored experts",
+                    if r.has_biases() { " with biases" } else { "" },
+                    e.hidden,
+                    e.intermediate,
+                    if e.biases { " with biases" } else { "" }
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The attention window of main layer `layer`: `sliding_window` on a sliding layer, None

@@ -71,10 +71,29 @@ fn check_model(store: &std::path::Path, report: &mut FsckReport) {
     else {
         return; // the store check reported it
     };
-    if let Err(e) = coli_format::ModelSpec::of_store(&m) {
+    let spec = match coli_format::ModelSpec::of_store(&m) {
+        Ok(s) => s,
+        Err(e) => {
+            let what = e.to_string();
+            let what = what.strip_prefix("MANIFEST: ").unwrap_or(&what).to_string();
+            report.add_problem("MANIFEST", what);
+            return;
+        }
+    };
+    // The records' widths against the config (the store check read the INDEX's bytes).
+    let Ok(records) = std::fs::read(store.join("INDEX"))
+        .map_err(|e| e.to_string())
+        .and_then(|b| coli_format::disk::index::parse_index(&b, &m).map_err(|e| e.to_string()))
+    else {
+        return;
+    };
+    if let Err(e) = spec.check_records(&records) {
         let what = e.to_string();
-        let what = what.strip_prefix("MANIFEST: ").unwrap_or(&what).to_string();
-        report.add_problem("MANIFEST", what);
+        let what = what.strip_prefix("INDEX: ").unwrap_or(&what).to_string();
+        report.add_problem(
+            "MANIFEST",
+            format!("config disagrees with the INDEX: {what}"),
+        );
     }
 }
 

@@ -28,6 +28,7 @@ fn error_type(status: StatusCode) -> &'static str {
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",
+        408 => "timeout_error",
         413 => "request_too_large",
         429 => "rate_limit_error",
         503 | 529 => "overloaded_error",

@@ -189,6 +189,32 @@ impl ApiError {
         }
     }
 
+    /// 408 when a request body arrives too slowly (`--body-timeout`, `--body-min-rate`).
+    pub fn request_timeout(detail: &str) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!("The request body could not be read: {detail}"),
+            )
+        }
+    }
+
+    /// 503 with `Retry-After: 1` for a connection beyond `--max-connections` when no open
+    /// connection can make room.
+    pub fn too_many_connections(max: usize) -> ApiError {
+        ApiError {
+            code: Some("too_many_connections"),
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                format!("The server has {max} connections open, each handling a request (--max-connections); retry after 1 s."),
+            )
+        }
+    }
+
     /// 503 when the engine thread is gone.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

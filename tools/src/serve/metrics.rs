@@ -115,6 +115,14 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Generations running (0 or 1).
     pub running: Gauge,
+    /// HTTP connections open (at most `--max-connections`).
+    pub connections_open: Gauge,
+    /// Connections beyond `--max-connections` answered 503.
+    pub connections_refused: Counter,
+    /// Connections that waited for a request head, closed to make room for a new one.
+    pub connections_evicted: Counter,
+    /// Connections closed by `--header-timeout` (a slow head, or idle keep-alive).
+    pub header_timeouts: Counter,
 }
 
 impl Metrics {
@@ -252,6 +260,27 @@ impl Metrics {
         );
         let running = Gauge::default();
         registry.register("running_requests", "Generations running", running.clone());
+        let connections_open = Gauge::default();
+        registry.register(
+            "http_connections_open",
+            "HTTP connections open (at most --max-connections)",
+            connections_open.clone(),
+        );
+        let connections_refused = counter(
+            &mut registry,
+            "http_connections_refused",
+            "Connections beyond --max-connections answered 503",
+        );
+        let connections_evicted = counter(
+            &mut registry,
+            "http_connections_evicted",
+            "Connections waiting for a request head closed to make room for a new one",
+        );
+        let header_timeouts = counter(
+            &mut registry,
+            "http_header_timeouts",
+            "Connections closed by --header-timeout (slow request head or idle keep-alive)",
+        );
         let prefix_lookups = Family::<RequestLabels, Counter>::default();
         registry.register(
             "prefix_cache_lookups",
@@ -354,6 +383,10 @@ impl Metrics {
             drive_read_bytes,
             queue_depth,
             running,
+            connections_open,
+            connections_refused,
+            connections_evicted,
+            header_timeouts,
         }
     }
 

@@ -16,6 +16,7 @@
 
 mod anthropic;
 mod api;
+pub mod limits;
 mod metrics;
 pub mod text;
 mod web;
@@ -92,6 +93,8 @@ pub struct ServeArgs {
     speculation: crate::options::SpeculationArgs,
     #[command(flatten)]
     kv_disk: crate::options::KvDiskArgs,
+    #[command(flatten)]
+    limits: limits::LimitArgs,
     /// Also serve the web page at `/`: chat, live figures (tok/s, TTFT, hit rate by tier,
     /// bytes per token, I/O wait, disk GiB/s per drive), the heat map of expert routing and
     /// residency, and the memory plan (docs/WEB.md). `coli web` is this option's shorthand.
@@ -184,6 +187,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             a.shutdown_grace
         );
     }
+    let limits = a.limits.limits()?;
+    limits::raise_open_file_limit(limits.max_connections)?;
     let shutdown = Arc::new(Shutdown::default());
     let view = a.web.then(|| Arc::new(web::ViewCell::default()));
     let worker = {
@@ -239,7 +244,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let served = rt.block_on(serve(app, &a.host, a.port, shutdown, grace));
+    let served = rt.block_on(serve(app, &a.host, a.port, limits, shutdown, grace));
     drop(rt);
     // Every job sender is gone with the app: the engine thread finishes its job and returns.
     let _ = worker.join();
@@ -250,6 +255,7 @@ async fn serve(
     app: Arc<App>,
     host: &str,
     port: u16,
+    limits: limits::Limits,
     shutdown: Arc<Shutdown>,
     grace: Duration,
 ) -> Result<()> {
@@ -291,22 +297,31 @@ async fn serve(
     if app.view.is_some() {
         router = router.merge(web::routes());
     }
+    let metrics = app.metrics.clone();
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // The body limits are limits::limit_body's (--max-body-bytes and the rates).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(limits.clone()),
+            limits::limit_body,
+        ))
         .layer(axum::middleware::from_fn(log_refusals))
         .with_state(app);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            // No request is admitted from now on; running generations end within the grace
-            // period (then with finish reason `abort`), and their responses with them.
-            shutdown.begin(grace);
-            eprintln!(
-                "coli serve: shutting down (running requests may finish for {:.1} s)",
-                grace.as_secs_f64()
-            );
-        })
+    let signal = async move {
+        shutdown_signal().await;
+        // No request is admitted from now on; running generations end within the grace
+        // period (then with finish reason `abort`), and their responses with them.
+        shutdown.begin(grace);
+        eprintln!(
+            "coli serve: shutting down (running requests may finish for {:.1} s)",
+            grace.as_secs_f64()
+        );
+    };
+    // Responses end within the grace period; a few seconds more for them to be written.
+    let drain = grace + Duration::from_secs(5);
+    limits::serve(listener, router, limits, metrics, signal, drain)
         .await
         .context("serving HTTP")?;
     eprintln!("coli serve: shut down");
