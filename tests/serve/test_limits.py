@@ -3,9 +3,11 @@
 against a real server on the demo store over loopback, every check bounded in time.
 
 - Slowloris: 200 connections dribbling a request head (one byte every 0.5 s) against
-  --max-connections 64 --header-timeout 3: every one is answered 503 or served a slot; a normal
-  client still gets its reply within 2 s (it takes the slot of the connection that has waited
-  longest for its head); every slow connection is closed within the header timeout (+1 s).
+  --max-connections 64 --header-timeout 3: a normal client still gets its reply within 2 s (it
+  takes the slot of the connection that has waited longest for its head); every slow connection
+  is answered 503 or closed (to make room, or by the header timeout, within it + 1 s).
+- Every slot busy with a request whose body is still coming: a new connection is answered 503
+  with Retry-After: 1 after the overflow wait; the slow bodies end 408.
 - 3,000 connection attempts, in rounds of 100 at once, each sending a whole request: each is
   answered (200) or refused (503 with Retry-After); a normal client is served after each round;
   the server's open descriptors return to their baseline.
@@ -102,7 +104,7 @@ def open_fds(pid):
 
 def slowloris(server):
     head = request_bytes("GET", "/v1/models")
-    refused0 = ts.metrics(server).get("coli_http_connections_refused_total", 0)
+    m0 = ts.metrics(server)
     socks = []
     for _ in range(200):
         s = socket.create_connection(addr(server), timeout=5)
@@ -149,14 +151,44 @@ def slowloris(server):
         k = e[3][0] if e[3] else "open"
         outcomes[k] = outcomes.get(k, 0) + 1
     late = [e[3][1] for e in socks if e[3] and e[3][0] in ("eof", "reset") and e[3][1] > HEADER_TIMEOUT + 1.0]
-    refused = ts.metrics(server).get("coli_http_connections_refused_total", 0) - refused0
+    m1 = ts.metrics(server)
+    refused, evicted = (m1.get(k, 0) - m0.get(k, 0) for k in ("coli_http_connections_refused_total",
+                                                                "coli_http_connections_evicted_total"))
     check(set(outcomes) <= {"503", "eof", "reset"} and outcomes.get("503", 0) == refused
-          and refused >= 200 - 2 * CAP and not late,
-          f"slowloris: every slow connection answered 503 ({refused} refused by the server) or closed (to make room, "
-          f"or by --header-timeout {HEADER_TIMEOUT} s, + 1 s): {outcomes}"
+          and refused + evicted >= 200 - CAP and not late,
+          f"slowloris: every slow connection answered 503 ({refused} refused by the server) or closed (to make room: "
+          f"{evicted}, or by --header-timeout {HEADER_TIMEOUT} s, + 1 s): {outcomes}"
           + (f", {len(late)} closed late (max {max(late):.1f} s)" if late else ""))
     for e in socks:
         e[0].close()
+
+
+def busy_cap(server):
+    """Every slot busy with a request (its head read, its body still coming): a new connection
+    gets 503 with Retry-After: 1 after the overflow wait (0.5 s); those requests end 408."""
+    slow = []
+    for _ in range(CAP):
+        s = socket.create_connection(addr(server), timeout=5)
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ts.KEY}\r\n"
+                  "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())
+        slow.append(s)
+    time.sleep(0.3)
+    t = time.time()
+    with socket.create_connection(addr(server), timeout=5) as s:
+        s.sendall(request_bytes("GET", "/v1/models"))
+        r = read_response(s, 5)
+    dt = time.time() - t
+    body = json.loads(r[2]) if r else {}
+    check(r is not None and r[0] == 503 and r[1].get("retry-after") == "1" and 0.4 < dt < 1.5
+          and body.get("error", {}).get("code") == "too_many_connections",
+          f"all {CAP} slots busy with requests: a new connection answered {r[0] if r else None} "
+          f"(Retry-After {r[1].get('retry-after') if r else None}) after {dt:.2f} s: {body}")
+    ends = [read_response(s, BODY_TIMEOUT + 3) for s in slow]
+    check(all(e is not None and e[0] == 408 for e in ends),
+          f"the {CAP} slow bodies answered 408: {sorted(set(e[0] if e else None for e in ends), key=str)}")
+    for s in slow:
+        s.close()
+    check(ts.wait_for(lambda: normal_request(server) is not None, timeout=5), "then a normal client is served")
 
 
 def flood(server):
@@ -319,6 +351,7 @@ def main():
         bodies(server)
         long_responses(server)
         slowloris(server)
+        busy_cap(server)
         flood(server)
         log = open(server.log_path).read()
         check("-> 408:" in log and "-> 413:" in log and "--max-connections 64 reached" in log,

@@ -3,11 +3,12 @@
 //! the service; no timer of our own besides tokio's `timeout_at` on each body frame.
 //!
 //! - **Connection cap** (`--max-connections`): at most N connections are served at once. A
-//!   connection beyond the cap first evicts the open connection that has waited longest for a
-//!   request head, if one has waited at least [`EVICTABLE_AFTER`] (a slowloris dribbling its
+//!   connection beyond the cap evicts the open connection that has waited longest for a
+//!   request head, once one has waited at least [`EVICTABLE_AFTER`] (a slowloris dribbling its
 //!   headers, or an idle keep-alive connection: nginx also closes idle keep-alive connections
-//!   first when it runs out), so that slow clients cannot starve new ones; when every slot is
-//!   busy with a request, the connection gets `503` with `Retry-After: 1` and is closed. At most
+//!   first when it runs out), and takes its slot, so that slow clients cannot starve new ones;
+//!   when no slot frees within [`OVERFLOW_WAIT`] (every connection is busy with a request),
+//!   it gets `503` with `Retry-After: 1` and is closed. At most
 //!   [`REFUSING`] refusals are written at once; beyond that the server stops accepting until
 //!   one ends (new connections wait in the kernel's listen backlog, using no descriptor).
 //!   So descriptors stay bounded (cap + [`REFUSING`] + the listener), and the soft
@@ -45,9 +46,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 
 /// A connection beyond the cap may evict one that has waited this long for a request head.
-pub const EVICTABLE_AFTER: Duration = Duration::from_millis(500);
-/// Refusals (503 answers to connections beyond the cap) written at once.
-pub const REFUSING: usize = 64;
+pub const EVICTABLE_AFTER: Duration = Duration::from_millis(100);
+/// How long a connection beyond the cap waits for a slot (freed by an eviction or a closing
+/// connection) before it is answered 503.
+pub const OVERFLOW_WAIT: Duration = Duration::from_millis(500);
+/// Connections beyond the cap handled at once (waiting for a slot, or being answered 503).
+pub const REFUSING: usize = 256;
 /// Descriptors kept for everything but connections (store, mirrors, KV files, the listener):
 /// `--max-connections` must leave this many below the open-file limit.
 pub const OTHER_FILES: u64 = 256;
@@ -56,7 +60,8 @@ pub const OTHER_FILES: u64 = 256;
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
     /// Connections served at once. Beyond it, a new connection evicts the one that has waited
-    /// longest (at least 0.5 s) for a request head, else it is answered 503 with Retry-After.
+    /// longest (at least 0.1 s) for a request head and takes its slot; when none frees within
+    /// 0.5 s it is answered 503 with Retry-After.
     #[arg(long, value_name = "N", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
@@ -137,6 +142,41 @@ pub fn raise_open_file_limit(max_connections: usize) -> Result<u64> {
         );
     }
     Ok(soft)
+}
+
+/// Pending connections the kernel may queue while the server is not accepting (a burst beyond
+/// the cap, see [`REFUSING`]); the kernel caps it at `net.core.somaxconn`. A full queue drops
+/// SYNs, and a dropped SYN costs its client a 1 s retransmission.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `host:port` (the first address it resolves to) with a listen backlog of
+/// [`LISTEN_BACKLOG`] and `SO_REUSEADDR` (a restarted server rebinds at once).
+///
+/// # Errors
+/// The name does not resolve, or binding or listening fails.
+pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket
+            .bind(addr)
+            .and_then(|()| socket.listen(LISTEN_BACKLOG))
+        {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the host name resolves to no address",
+        )
+    }))
 }
 
 /// One open connection, as the cap sees it.
@@ -309,22 +349,29 @@ pub async fn serve(
                 Err(_) => break,
             },
         };
-        let evicted = conns.evict_oldest_waiting();
         let (conns2, http2, router2, stop2) =
             (conns.clone(), http.clone(), router.clone(), stop_rx.clone());
         tokio::spawn(async move {
-            if evicted {
-                conns2.metrics.connections_evicted.inc();
-                conns2.log_overflow(false);
-                let slot = tokio::time::timeout(
-                    Duration::from_millis(250),
+            // For up to OVERFLOW_WAIT: close the longest-waiting request head (when one has
+            // waited EVICTABLE_AFTER) and take the slot it frees, or a slot freed otherwise.
+            let deadline = tokio::time::Instant::now() + OVERFLOW_WAIT;
+            loop {
+                if conns2.evict_oldest_waiting() {
+                    conns2.metrics.connections_evicted.inc();
+                    conns2.log_overflow(false);
+                }
+                let step = tokio::time::timeout(
+                    Duration::from_millis(25),
                     conns2.slots.clone().acquire_owned(),
                 )
                 .await;
-                if let Ok(Ok(permit)) = slot {
+                if let Ok(Ok(permit)) = step {
                     drop(refusal);
                     spawn_connection(&conns2, &http2, &router2, stream, permit, stop2);
                     return;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    break;
                 }
             }
             conns2.metrics.connections_refused.inc();
@@ -490,7 +537,7 @@ async fn refuse(mut stream: TcpStream, max: usize) {
                 }
             }
         };
-        let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
+        let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
     }
 }
 

@@ -259,7 +259,7 @@ async fn serve(
     shutdown: Arc<Shutdown>,
     grace: Duration,
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind((host, port))
+    let listener = limits::bind(host, port)
         .await
         .with_context(|| format!("binding {host}:{port}; pick another --port or --host"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
