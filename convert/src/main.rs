@@ -173,9 +173,10 @@ fn real_main() -> anyhow::Result<()> {
 }
 
 /// `--mtp ENCODING` for a model whose config.json declares no MTP layer
-/// (`num_nextn_predict_layers` 0 or absent): an error naming the option, since it would apply
-/// to nothing (`--mtp none` is always accepted). An unreadable config is left to the
-/// conversion, which reports it.
+/// (`num_nextn_predict_layers` 0 or absent), or whose checkpoint holds none of the MTP
+/// layer's tensors: an error naming the option, since it would apply to nothing (`--mtp none`
+/// is always accepted). An unreadable config or checkpoint is left to the conversion, which
+/// reports it.
 fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Result<()> {
     let Some(cfg) = std::fs::read(input.join("config.json"))
         .ok()
@@ -192,6 +193,24 @@ fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Resul
             spec.model_type,
             input.join("config.json").display()
         );
+    }
+    // The config declares the layer but the checkpoint may not hold it (a release or a copy
+    // stripped of it): converting would silently drop what the option asked for.
+    if let Ok(ck) = coli_convert::checkpoint::Checkpoint::open(input) {
+        let names: Vec<&str> = spec
+            .tensors
+            .mtp
+            .iter()
+            .flat_map(|m| m.dense())
+            .map(|t| t.name.as_str())
+            .collect();
+        if !names.is_empty() && !names.iter().any(|n| ck.get(n).is_some()) {
+            anyhow::bail!(
+                "--mtp {mtp}: {} declares an MTP layer but the checkpoint holds none of its tensors (e.g. {}); give --mtp none to convert without it",
+                input.join("config.json").display(),
+                names[0]
+            );
+        }
     }
     Ok(())
 }

@@ -159,6 +159,24 @@ fn bad_role_choices_are_refused_and_name_the_option() {
         "{e}"
     );
     assert!(!out.exists() && !tmp.path().join("store.partial").exists());
+    // A config that declares an MTP layer the checkpoint does not hold (a copy stripped of
+    // model.layers.3.*): an explicit --mtp is refused, naming the option and --mtp none; the
+    // default converts the main model.
+    let stripped = tmp.path().join("glm5-no-mtp");
+    copy_without_prefix(&glm5(), &stripped, "model.layers.3.");
+    let o = convert(&stripped, &out, &["--mtp", "int8"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("--mtp int8")
+            && e.contains("holds none of its tensors")
+            && e.contains("--mtp none"),
+        "{e}"
+    );
+    assert!(!out.exists() && !tmp.path().join("store.partial").exists());
+    let o = convert(&stripped, &out, &["--mtp", "none"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&out).unwrap();
     let o = convert(&input_q, &out, &["--mtp", "int2"]);
     assert!(!o.status.success());
     assert!(
@@ -325,4 +343,57 @@ fn a_closed_stdout_ends_the_converter_quietly() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.trim().is_empty(), "{err}");
     assert!(out.join("MANIFEST").exists());
+}
+
+/// Copies the checkpoint `src` to `dst` without the tensors whose names start with `prefix`
+/// (safetensors headers rewritten, data repacked, the index's weight_map filtered).
+fn copy_without_prefix(src: &std::path::Path, dst: &std::path::Path, prefix: &str) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&p).unwrap();
+        let out = if name.ends_with(".safetensors") {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            let data = &bytes[8 + n..];
+            let mut new_header = serde_json::Map::new();
+            let mut new_data = Vec::new();
+            for (k, v) in header {
+                if k == "__metadata__" {
+                    new_header.insert(k, v);
+                    continue;
+                }
+                if k.starts_with(prefix) {
+                    continue;
+                }
+                let o = v["data_offsets"].as_array().unwrap();
+                let (a, b) = (
+                    o[0].as_u64().unwrap() as usize,
+                    o[1].as_u64().unwrap() as usize,
+                );
+                let start = new_data.len();
+                new_data.extend_from_slice(&data[a..b]);
+                let mut v = v.clone();
+                v["data_offsets"] = serde_json::json!([start, new_data.len()]);
+                new_header.insert(k, v);
+            }
+            let h = serde_json::to_vec(&new_header).unwrap();
+            let mut out = (h.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(&h);
+            out.extend_from_slice(&new_data);
+            out
+        } else if name == "model.safetensors.index.json" {
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v["weight_map"]
+                .as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with(prefix));
+            serde_json::to_vec(&v).unwrap()
+        } else {
+            bytes
+        };
+        std::fs::write(dst.join(name), out).unwrap();
+    }
 }

@@ -14,6 +14,8 @@ against a real server on the demo store over loopback, every check bounded in ti
 - Bodies: a huge Content-Length is answered 413 at once (nothing sent), a truncated chunked
   body 400, a body sent at 1 byte/s 408 within --body-timeout (+1 s), a body over
   --max-body-bytes 413; on /v1/messages in Anthropic's error shape.
+- A request head hyper cannot parse is answered 400 and logged; a 5,000-byte unknown path is
+  clipped in the log line.
 - Timeouts never cut a response: a streamed generation and a whole one longer than the header
   timeout finish (finish reason "length"); an idle keep-alive connection is closed after the
   header timeout.
@@ -294,6 +296,23 @@ def bodies(server):
           f"body at 1 byte/s: {r[0] if r else None} after {dt:.1f} s (--body-timeout {BODY_TIMEOUT})")
 
 
+def malformed(server):
+    """A request head hyper cannot parse is answered 400 and logged; a long unknown path is
+    clipped in the log line."""
+    with socket.create_connection(addr(server), timeout=5) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost x\r\nBad Header Line\r\n\r\n")
+        r = read_response(s, 5)
+    check(r is not None and r[0] == 400, f"a malformed request head: {r[0] if r else None}")
+    long_path = "/v1/" + "x" * 5000
+    st, _, _ = ts.raw(server, "GET", long_path)
+    check(st == 404, f"an unknown path of 5004 bytes: {st}")
+    time.sleep(0.2)
+    log = open(server.log_path).read()
+    line = [ln for ln in log.splitlines() if "-> 404" in ln and "/v1/xxx" in ln]
+    check("malformed request(s) refused by the HTTP layer -> 400" in log and line and len(line[-1]) < 1000,
+          f"the log names the malformed head and clips the long path: {len(line[-1]) if line else None} characters")
+
+
 def long_responses(server):
     """A generation longer than the header timeout is not cut, streamed or whole."""
     t = time.time()
@@ -349,6 +368,7 @@ def main():
                        "--max-body-bytes", str(MAX_BODY), "--speculate", "off", log_name="serve-limits.log")
     try:
         bodies(server)
+        malformed(server)
         long_responses(server)
         slowloris(server)
         busy_cap(server)

@@ -200,6 +200,8 @@ struct Connections {
     last_log: AtomicU64,
     refused_since_log: AtomicU64,
     evicted_since_log: AtomicU64,
+    last_malformed_log: AtomicU64,
+    malformed_since_log: AtomicU64,
     start: Instant,
     max: usize,
 }
@@ -245,6 +247,26 @@ impl Connections {
                     s.waiting_since = Some(Instant::now());
                 }
             }
+        }
+    }
+
+    /// Logs a request head hyper refused (400 or 431), at most one line a second with the
+    /// count since the last.
+    fn log_malformed(&self, e: &hyper::Error) {
+        self.malformed_since_log.fetch_add(1, Ordering::Relaxed);
+        let sec = self.start.elapsed().as_secs() + 1;
+        let last = self.last_malformed_log.load(Ordering::Relaxed);
+        if sec > last
+            && self
+                .last_malformed_log
+                .compare_exchange(last, sec, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let n = self.malformed_since_log.swap(0, Ordering::Relaxed);
+            let status = if e.is_parse_too_large() { 431 } else { 400 };
+            eprintln!(
+                "coli serve: {n} malformed request(s) refused by the HTTP layer -> {status}: {e}"
+            );
         }
     }
 
@@ -308,6 +330,8 @@ pub async fn serve(
         last_log: AtomicU64::new(0),
         refused_since_log: AtomicU64::new(0),
         evicted_since_log: AtomicU64::new(0),
+        last_malformed_log: AtomicU64::new(0),
+        malformed_since_log: AtomicU64::new(0),
         start: Instant::now(),
         max: limits.max_connections,
     });
@@ -459,6 +483,11 @@ fn spawn_connection(
                         Ok(()) => done = true,
                         Err(e) if e.is_timeout() => {
                             conns.metrics.header_timeouts.inc();
+                        }
+                        // hyper answered a request head it could not parse (400, or 431 for
+                        // headers over its limit) before any route saw it: log it here.
+                        Err(e) if e.is_parse() || e.is_parse_too_large() => {
+                            conns.log_malformed(&e);
                         }
                         Err(_) => {}
                     }

@@ -445,11 +445,26 @@ async fn log_refusals(req: axum::extract::Request, next: axum::middleware::Next)
             |x| x.0.clone(),
         );
         eprintln!(
-            "coli serve: {method} {path} -> {}: {reason}",
-            status.as_u16()
+            "coli serve: {method} {} -> {}: {}",
+            clip(&path, 200),
+            status.as_u16(),
+            clip(&reason, 400)
         );
     }
     r
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary) with `...` when cut: a log line
+/// about a request must not be as long as the request.
+fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len()).into()
 }
 
 async fn not_found(uri: Uri) -> Response {
