@@ -517,6 +517,32 @@ pub(crate) mod tests {
         TextTokenizer::from_parts(json.to_string().as_bytes(), None, None).unwrap()
     }
 
+    /// A template that recurses without end (a damaged base case), or nests deeply, is an
+    /// error, never a stack overflow, even on a thread with a small stack (minijinja's
+    /// recursion limit, with its `stacker` feature growing the stack where the limit's depth
+    /// needs more). Found by tests/tests/fuzz_parsers.rs on damaged release templates.
+    #[test]
+    fn runaway_recursion_is_an_error_not_a_crash() {
+        let h = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(|| {
+                let t = |source: &str| ChatTemplate {
+                    source: source.into(),
+                    special_tokens: vec![],
+                };
+                let msgs = [ChatMessage::new("user", "hi")];
+                let r = t("{% macro m(x) %}{{ m(x) }}{% endmacro %}{{ m(1) }}").render(&msgs, true);
+                assert!(r.is_err(), "{r:?}");
+                let deep = format!("{{{{ {}1{} }}}}", "(".repeat(140), ")".repeat(140));
+                let _ = t(&deep).render(&msgs, true);
+                let r = t("{% for m in messages %}{% include 'self' %}{% endfor %}")
+                    .render(&msgs, true);
+                assert!(r.is_err());
+            })
+            .unwrap();
+        h.join().expect("no stack overflow");
+    }
+
     #[test]
     fn strftime_now_formats_the_current_date() {
         let t = ChatTemplate {
