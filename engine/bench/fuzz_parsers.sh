@@ -5,15 +5,21 @@
 # bodies of /v1/chat/completions, /v1/completions and /v1/messages, chat-template messages and
 # sources on the committed release templates, prefix-cache files). Target: 0 panics, 0 hangs,
 # 0 out-of-memory. Prints the cases, the wall and CPU seconds per test, and the verdict.
-# Usage: bash engine/bench/fuzz_parsers.sh [CASES] > engine/bench/results/DATE-fuzz-parsers.txt
+# Usage: bash engine/bench/fuzz_parsers.sh [CASES [TEST...]] > engine/bench/results/DATE-fuzz-parsers.txt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cases="${1:-1000000}"
+shift || true
+# Optional test names after CASES: only those (default: every parser).
 cargo build -q --tests -p coli-tests
 echo "# fuzz_parsers: $cases cases per parser, $(date -u +%FT%TZ), $(git rev-parse --short HEAD), $(nproc) cores"
-for t in store_headers_never_panic configs_through_the_model_spec_never_panic \
-         safetensors_headers_never_panic request_bodies_never_panic \
-         chat_template_inputs_never_panic prefix_cache_files_never_panic; do
+tests=("$@")
+if [ ${#tests[@]} -eq 0 ]; then
+  tests=(store_headers_never_panic configs_through_the_model_spec_never_panic
+         safetensors_headers_never_panic request_bodies_never_panic
+         chat_template_inputs_never_panic prefix_cache_files_never_panic)
+fi
+for t in "${tests[@]}"; do
   start=$(date +%s.%N)
   status=0
   out=$( { /usr/bin/time -f "cpu_s %U+%S max_rss_kb %M" env COLI_FUZZ_CASES="$cases" \

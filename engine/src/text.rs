@@ -205,6 +205,27 @@ fn strftime_now(format: String) -> std::result::Result<Value, JinjaError> {
     ))
 }
 
+/// A template error with the template line it points at. Not minijinja's alternate (`{:#}`)
+/// form: its source excerpt underflows on some spans of damaged templates (minijinja 2.24
+/// `debug.rs`, `end_col - start_col`), a panic in a checked build and a huge allocation in a
+/// release one (found by tests/tests/fuzz_parsers.rs).
+fn template_error(e: &minijinja::Error, source: &str) -> EngineError {
+    let mut msg = e.to_string();
+    if let Some(text) = e.line().and_then(|l| source.lines().nth(l.checked_sub(1)?)) {
+        let text = text.trim();
+        let cut = (0..=text.len().min(160))
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        msg.push_str(&format!(
+            ": `{}`{}",
+            &text[..cut],
+            if cut < text.len() { "..." } else { "" }
+        ));
+    }
+    EngineError::Template(msg)
+}
+
 impl ChatTemplate {
     /// Renders `messages` as transformers' `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=...)`: Jinja with `trim_blocks` and `lstrip_blocks`, the
@@ -224,7 +245,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson_filter);
         let tmpl = env
             .template_from_str(&self.source)
-            .map_err(|e| EngineError::Template(format!("{e:#}")))?;
+            .map_err(|e| template_error(&e, &self.source))?;
         let mut ctx: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), Value::from(v.clone()));
@@ -237,7 +258,7 @@ impl ChatTemplate {
         ctx.insert("tools".into(), Value::from(()));
         ctx.insert("documents".into(), Value::from(()));
         tmpl.render(Value::from(ctx))
-            .map_err(|e| EngineError::Template(format!("{e:#}")))
+            .map_err(|e| template_error(&e, &self.source))
     }
 }
 
@@ -515,6 +536,31 @@ pub(crate) mod tests {
                       "vocab": vocab, "merges": []}
         });
         TextTokenizer::from_parts(json.to_string().as_bytes(), None, None).unwrap()
+    }
+
+    /// A damaged template whose error span ends before it starts (8 bytes cut from
+    /// DeepSeek-V3.1's template at byte 424, found by the fuzzing in
+    /// tests/tests/fuzz_parsers.rs) is an error naming the line, not a panic in the error's
+    /// formatting.
+    #[test]
+    fn a_damaged_template_is_an_error_naming_its_line() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/chat_templates/deepseek-v3.1.jinja");
+        let b = std::fs::read(path).unwrap();
+        let mut d = b[..424].to_vec();
+        d.extend_from_slice(&b[432..]);
+        let t = ChatTemplate {
+            source: String::from_utf8(d).unwrap(),
+            special_tokens: vec![],
+        };
+        let e = t
+            .render(&[ChatMessage::new("user", "hi")], true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":12)") && e.contains("`{%- for in messages -%}`"),
+            "{e}"
+        );
     }
 
     /// A template that recurses without end (a damaged base case), or nests deeply, is an

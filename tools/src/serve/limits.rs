@@ -196,11 +196,12 @@ struct Connections {
     table: Mutex<HashMap<u64, Slot>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
-    /// Last second (since start) a refusal or eviction was logged, to log at most once a second.
-    last_log: AtomicU64,
+    /// The refusal and eviction log line, and the counts since it was last written.
+    overflow_log: OncePerSecond,
     refused_since_log: AtomicU64,
     evicted_since_log: AtomicU64,
-    last_malformed_log: AtomicU64,
+    /// The malformed-request log line, and the count since it was last written.
+    malformed_log: OncePerSecond,
     malformed_since_log: AtomicU64,
     start: Instant,
     max: usize,
@@ -254,14 +255,7 @@ impl Connections {
     /// count since the last.
     fn log_malformed(&self, e: &hyper::Error) {
         self.malformed_since_log.fetch_add(1, Ordering::Relaxed);
-        let sec = self.start.elapsed().as_secs() + 1;
-        let last = self.last_malformed_log.load(Ordering::Relaxed);
-        if sec > last
-            && self
-                .last_malformed_log
-                .compare_exchange(last, sec, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.malformed_log.due(self.start) {
             let n = self.malformed_since_log.swap(0, Ordering::Relaxed);
             let status = if e.is_parse_too_large() { 431 } else { 400 };
             eprintln!(
@@ -277,14 +271,7 @@ impl Connections {
         } else {
             self.evicted_since_log.fetch_add(1, Ordering::Relaxed);
         }
-        let sec = self.start.elapsed().as_secs() + 1;
-        let last = self.last_log.load(Ordering::Relaxed);
-        if sec > last
-            && self
-                .last_log
-                .compare_exchange(last, sec, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.overflow_log.due(self.start) {
             let r = self.refused_since_log.swap(0, Ordering::Relaxed);
             let e = self.evicted_since_log.swap(0, Ordering::Relaxed);
             eprintln!(
@@ -292,6 +279,27 @@ impl Connections {
                 self.max
             );
         }
+    }
+}
+
+/// A log line that is written at most once a second (what happens more often is counted and
+/// summed into the next line).
+#[derive(Default)]
+struct OncePerSecond {
+    /// The second (since the server started, plus one) of the last line.
+    last: AtomicU64,
+}
+
+impl OncePerSecond {
+    /// Whether a line may be written now; at most one caller a second gets `true`.
+    fn due(&self, start: Instant) -> bool {
+        let sec = start.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        sec > last
+            && self
+                .last
+                .compare_exchange(last, sec, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 
@@ -327,10 +335,10 @@ pub async fn serve(
         table: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(0),
         metrics,
-        last_log: AtomicU64::new(0),
+        overflow_log: OncePerSecond::default(),
         refused_since_log: AtomicU64::new(0),
         evicted_since_log: AtomicU64::new(0),
-        last_malformed_log: AtomicU64::new(0),
+        malformed_log: OncePerSecond::default(),
         malformed_since_log: AtomicU64::new(0),
         start: Instant::now(),
         max: limits.max_connections,
