@@ -120,6 +120,10 @@ impl PyJson {
         out: &mut String,
     ) -> std::result::Result<(), JinjaError> {
         use minijinja::value::ValueKind;
+        if depth > MAX_VALUE_DEPTH {
+            // Python's json raises "Circular reference detected" for a cycle.
+            return Err(too_deep());
+        }
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -205,6 +209,50 @@ fn strftime_now(format: String) -> std::result::Result<Value, JinjaError> {
     ))
 }
 
+/// Deepest nesting of maps and lists a template may print or serialize. A template can make
+/// a value that contains itself (`{% set ns.x = ns %}`); minijinja 2.24 prints such a value by
+/// recursing without end, a stack overflow that aborts the process (found by
+/// tests/tests/fuzz_parsers.rs), so coli checks the depth first.
+const MAX_VALUE_DEPTH: usize = 64;
+
+fn too_deep() -> JinjaError {
+    JinjaError::new(
+        minijinja::ErrorKind::InvalidOperation,
+        format!("a value nested more than {MAX_VALUE_DEPTH} levels deep (does it contain itself?)"),
+    )
+}
+
+/// Whether `v` nests maps or lists more than `MAX_VALUE_DEPTH - depth` levels below it.
+fn nested_too_deep(v: &Value, depth: usize) -> bool {
+    use minijinja::value::ValueKind;
+    if depth > MAX_VALUE_DEPTH {
+        return true;
+    }
+    match v.kind() {
+        ValueKind::Map => v.try_iter().is_ok_and(|keys| {
+            keys.into_iter()
+                .any(|k| v.get_item(&k).is_ok_and(|x| nested_too_deep(&x, depth + 1)))
+        }),
+        ValueKind::Seq => v
+            .try_iter()
+            .is_ok_and(|mut items| items.any(|x| nested_too_deep(&x, depth + 1))),
+        _ => false,
+    }
+}
+
+/// minijinja's default output formatter, after [`nested_too_deep`] for maps and lists.
+fn bounded_formatter(
+    out: &mut minijinja::Output,
+    state: &minijinja::State,
+    v: &Value,
+) -> std::result::Result<(), JinjaError> {
+    use minijinja::value::ValueKind;
+    if matches!(v.kind(), ValueKind::Map | ValueKind::Seq) && nested_too_deep(v, 0) {
+        return Err(too_deep());
+    }
+    minijinja::escape_formatter(out, state, v)
+}
+
 /// A template error with the template line it points at. Not minijinja's alternate (`{:#}`)
 /// form: its source excerpt underflows on some spans of damaged templates (minijinja 2.24
 /// `debug.rs`, `end_col - start_col`), a panic in a checked build and a huge allocation in a
@@ -243,6 +291,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson_filter);
+        env.set_formatter(bounded_formatter);
         let tmpl = env
             .template_from_str(&self.source)
             .map_err(|e| template_error(&e, &self.source))?;
@@ -536,6 +585,31 @@ pub(crate) mod tests {
                       "vocab": vocab, "merges": []}
         });
         TextTokenizer::from_parts(json.to_string().as_bytes(), None, None).unwrap()
+    }
+
+    /// A value that contains itself (a damaged template's `{% set ns.x = ns %}`) printed or
+    /// serialized is an error, not an endless recursion (found by the fuzzing in
+    /// tests/tests/fuzz_parsers.rs); deep but finite values still print.
+    #[test]
+    fn a_value_that_contains_itself_is_an_error() {
+        let t = |source: &str| ChatTemplate {
+            source: source.into(),
+            special_tokens: vec![],
+        };
+        let msgs = [ChatMessage::new("user", "hi")];
+        for s in [
+            "{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns.x }}",
+            "{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns | tojson }}",
+            "{% set ns = namespace(x=[]) %}{% set ns.x = [ns] %}{{ ns.x }}",
+        ] {
+            let e = t(s).render(&msgs, true).unwrap_err().to_string();
+            assert!(e.contains("contain itself"), "{s}: {e}");
+        }
+        let ok =
+            t("{% set ns = namespace(x={'a': [1, {'b': 2}]}) %}{{ ns.x }} {{ ns.x | tojson }}")
+                .render(&msgs, true)
+                .unwrap();
+        assert_eq!(ok, r#"{"a": [1, {"b": 2}]} {"a": [1, {"b": 2}]}"#);
     }
 
     /// A damaged template whose error span ends before it starts (8 bytes cut from
