@@ -8,6 +8,8 @@ against a real server on the demo store over loopback, every check bounded in ti
   is answered 503 or closed (to make room, or by the header timeout, within it + 1 s).
 - Every slot busy with a request whose body is still coming: a new connection is answered 503
   with Retry-After: 1 after the overflow wait; the slow bodies end 408.
+- Connections answered and closed by the server whose clients neither read nor close hold no
+  slot (the server's lingering close is outside the cap): a new client is served at once.
 - 3,000 connection attempts, in rounds of 100 at once, each sending a whole request: each is
   answered (200) or refused (503 with Retry-After); a normal client is served after each round;
   the server's open descriptors return to their baseline.
@@ -193,6 +195,23 @@ def busy_cap(server):
     check(ts.wait_for(lambda: normal_request(server) is not None, timeout=5), "then a normal client is served")
 
 
+def closed_but_unread(server):
+    """Connections answered with `Connection: close` whose clients neither read nor close
+    (the server lingers on them) hold no slot: a new client is served at once."""
+    held = []
+    for _ in range(CAP):
+        s = socket.create_connection(addr(server), timeout=5)
+        s.sendall(request_bytes("GET", "/v1/models", extra="Connection: close\r\n"))
+        held.append(s)
+    time.sleep(0.5)
+    lat = [normal_request(server) for _ in range(3)]
+    check(all(x is not None and x < 0.5 for x in lat),
+          f"{CAP} answered connections left unread and open: a new client served in "
+          + ", ".join("none" if x is None else f"{x:.3f} s" for x in lat))
+    for s in held:
+        s.close()
+
+
 def flood(server):
     pid = server.pid
     time.sleep(0.5)
@@ -372,6 +391,7 @@ def main():
         long_responses(server)
         slowloris(server)
         busy_cap(server)
+        closed_but_unread(server)
         flood(server)
         log = open(server.log_path).read()
         check("-> 408:" in log and "-> 413:" in log and "--max-connections 64 reached" in log,

@@ -11,7 +11,7 @@
 //!   it gets `503` with `Retry-After: 1` and is closed. At most
 //!   [`REFUSING`] refusals are written at once; beyond that the server stops accepting until
 //!   one ends (new connections wait in the kernel's listen backlog, using no descriptor).
-//!   So descriptors stay bounded (cap + [`REFUSING`] + the listener), and the soft
+//!   So descriptors stay bounded (cap + [`REFUSING`] + [`LINGERING`] + the listener), and the soft
 //!   `RLIMIT_NOFILE` is raised to the hard limit at start ([`raise_open_file_limit`]).
 //! - **Header timeout** (`--header-timeout`): hyper's `header_read_timeout`. Its timer starts
 //!   whenever hyper waits for a request head: on a new connection and after each response on a
@@ -50,6 +50,8 @@ pub const EVICTABLE_AFTER: Duration = Duration::from_millis(100);
 /// How long a connection beyond the cap waits for a slot (freed by an eviction or a closing
 /// connection) before it is answered 503.
 pub const OVERFLOW_WAIT: Duration = Duration::from_millis(500);
+/// Closed connections whose input is drained at once before they close ([`linger`]).
+pub const LINGERING: usize = 256;
 /// Connections beyond the cap handled at once (waiting for a slot, or being answered 503).
 pub const REFUSING: usize = 256;
 /// Descriptors kept for everything but connections (store, mirrors, KV files, the listener):
@@ -134,11 +136,12 @@ pub fn raise_open_file_limit(max_connections: usize) -> Result<u64> {
     let soft = rlimit::increase_nofile_limit(u64::MAX)
         .or_else(|_| rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(s, _)| s))
         .context("reading the open-file limit (RLIMIT_NOFILE)")?;
-    let need = max_connections as u64 + REFUSING as u64 + OTHER_FILES;
+    let need = max_connections as u64 + (REFUSING + LINGERING) as u64 + OTHER_FILES;
     if need > soft {
         bail!(
-            "--max-connections {max_connections} needs {need} file descriptors ({REFUSING} more for refusals, {OTHER_FILES} for the store and KV files) but the open-file limit is {soft}: lower --max-connections to at most {} or raise the hard limit (ulimit -Hn)",
-            soft.saturating_sub(REFUSING as u64 + OTHER_FILES)
+            "--max-connections {max_connections} needs {need} file descriptors ({} more for refusals and closing connections, {OTHER_FILES} for the store and KV files) but the open-file limit is {soft}: lower --max-connections to at most {} or raise the hard limit (ulimit -Hn)",
+            REFUSING + LINGERING,
+            soft.saturating_sub((REFUSING + LINGERING) as u64 + OTHER_FILES)
         );
     }
     Ok(soft)
@@ -193,6 +196,7 @@ struct Slot {
 struct Connections {
     slots: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
+    lingering: Arc<Semaphore>,
     table: Mutex<HashMap<u64, Slot>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
@@ -332,6 +336,7 @@ pub async fn serve(
     let conns = Arc::new(Connections {
         slots: Arc::new(Semaphore::new(limits.max_connections)),
         refusing: Arc::new(Semaphore::new(REFUSING)),
+        lingering: Arc::new(Semaphore::new(LINGERING)),
         table: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(0),
         metrics,
@@ -510,17 +515,22 @@ fn spawn_connection(
                 }
             }
         }
-        if done {
-            // The last response is written; the client may still be sending a body the
-            // server refused (413 before reading): read and drop it for a while before
-            // closing, so that closing does not reset the connection before the client has
-            // read the answer (nginx's lingering close).
-            let io = conn.into_parts().io.into_inner();
-            linger(io).await;
-        }
+        // The connection is done being served: its slot is free (and it cannot be evicted)
+        // before any lingering.
         conns.table().remove(&id);
         conns.metrics.connections_open.dec();
         drop(permit);
+        if done && !*stop.borrow() {
+            // The last response is written; the client may still be sending a body the
+            // server refused (413 before reading): read and drop it for a while before
+            // closing, so that closing does not reset the connection before the client has
+            // read the answer (nginx's lingering close). At most LINGERING at once (each
+            // holds a descriptor outside the cap); beyond that, close at once.
+            if let Ok(_lingering) = conns.lingering.clone().try_acquire_owned() {
+                let io = conn.into_parts().io.into_inner();
+                linger(io).await;
+            }
+        }
     });
 }
 
