@@ -21,6 +21,9 @@ against a real server on the demo store over loopback, every check bounded in ti
 - Timeouts never cut a response: a streamed generation and a whole one longer than the header
   timeout finish (finish reason "length"); an idle keep-alive connection is closed after the
   header timeout.
+- --send-timeout: a client that stops reading its stream is closed after it (the server's
+  socket buffer made small with --send-buffer-bytes so that it fills quickly); a stream that
+  waits on the model for longer, read normally, finishes.
 - --max-connections beyond the open-file limit is refused at start, naming the flag.
 
 Run from the repository root after `cargo build -p coli-tools` and tests/serve/test_serve.py
@@ -369,6 +372,44 @@ def long_responses(server):
               f"an idle keep-alive connection closed after {dt:.1f} s (--header-timeout {HEADER_TIMEOUT})")
 
 
+def send_timeout(store):
+    """--send-timeout: a client that stops reading its stream is closed after the timeout
+    (its socket's buffers full: the server's set small with --send-buffer-bytes so that it
+    fills within a short generation), while a stream that waits on the model longer than the
+    timeout, read normally, finishes."""
+    server = ts.Server(store, "--max-batch", "2", "--speculate", "off", "--send-timeout", "2",
+                       "--send-buffer-bytes", "4096", log_name="serve-send-timeout.log")
+    try:
+        body = json.dumps({"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 300,
+                           "temperature": 0, "stream": True})
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        stalled.connect(addr(server))
+        t = time.time()
+        stalled.sendall(request_bytes("POST", "/v1/completions", body))
+        # Meanwhile a reading client's stream, which waits on the model for longer than the
+        # timeout, finishes.
+        with socket.create_connection(addr(server), timeout=60) as s:
+            s.sendall(request_bytes("POST", "/v1/completions", body))
+            data = b""
+            while b"data: [DONE]" not in data:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+        check(b"data: [DONE]" in data and time.time() - t > 2,
+              f"a stream read normally for {time.time() - t:.1f} s (> --send-timeout 2) finished")
+        ok = ts.wait_for(lambda: ts.metrics(server).get("coli_http_send_timeouts_total", 0) >= 1, timeout=30)
+        dt = time.time() - t
+        stalled.close()
+        log = open(server.log_path).read()
+        check(ok and "(--send-timeout)" in log,
+              f"a client that stopped reading its stream was closed by --send-timeout 2 ({dt:.1f} s after its request)")
+        check(normal_request(server) is not None, "the server keeps serving")
+    finally:
+        server.stop()
+
+
 def too_many_for_the_fd_limit(store):
     hard = subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
     # The hard limit itself leaves no room for the other descriptors; "unlimited" is capped by
@@ -404,6 +445,7 @@ def main():
               + ", ".join(f"{k}={v}" for k, v in m.items() if k.startswith("coli_http_")))
     finally:
         server.stop()
+    send_timeout(store)
     too_many_for_the_fd_limit(store)
     print(f"serve limits: {len(passed)} passed, {len(failures)} failed")
     if failures:

@@ -22,6 +22,9 @@
 //!   average after `--body-timeout` seconds of slack (each frame is awaited until
 //!   `start + body_timeout + received / min_rate`), else 408; a body that ends early (a
 //!   truncated chunked body, a dropped connection) is 400. These answers close the connection.
+//! - **Send timeout** (`--send-timeout`): a response whose client has taken no bytes for that
+//!   long (hyper holds a frame it cannot write: the socket's send buffer is full) is closed;
+//!   time the response waits for the model does not count ([`Watched`] records which).
 
 use super::anthropic;
 use super::api::{ApiError, RefusalReason};
@@ -81,6 +84,15 @@ pub struct LimitArgs {
     /// Largest request body in bytes; a larger Content-Length is answered 413 before reading.
     #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
     pub max_body_bytes: u64,
+    /// Seconds a response may wait for its client to accept more bytes (the socket's send
+    /// buffer full, the client not reading) before the connection is closed. A stream that
+    /// waits for the model is not waiting for its client.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub send_timeout: f64,
+    /// Send buffer of each connection's socket (SO_SNDBUF), bytes; 0 keeps the kernel's
+    /// (auto-tuned) size.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub send_buffer_bytes: u32,
 }
 
 /// The validated limits.
@@ -96,6 +108,10 @@ pub struct Limits {
     pub body_min_rate: u64,
     /// `--max-body-bytes`.
     pub max_body_bytes: u64,
+    /// `--send-timeout`.
+    pub send_timeout: Duration,
+    /// `--send-buffer-bytes` (0: the kernel's).
+    pub send_buffer_bytes: u32,
 }
 
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
@@ -123,6 +139,8 @@ impl LimitArgs {
             body_timeout: seconds("--body-timeout", self.body_timeout)?,
             body_min_rate: self.body_min_rate,
             max_body_bytes: self.max_body_bytes,
+            send_timeout: seconds("--send-timeout", self.send_timeout)?,
+            send_buffer_bytes: self.send_buffer_bytes,
         })
     }
 }
@@ -209,6 +227,13 @@ struct Connections {
     malformed_since_log: AtomicU64,
     start: Instant,
     max: usize,
+    /// `--send-timeout`.
+    send_timeout: Duration,
+    /// `--send-buffer-bytes` (0: the kernel's).
+    send_buffer_bytes: u32,
+    /// The send-timeout log line, and the count since it was last written.
+    stalled_log: OncePerSecond,
+    stalled_since_log: AtomicU64,
 }
 
 impl Connections {
@@ -268,6 +293,18 @@ impl Connections {
         }
     }
 
+    /// Logs connections closed by the send timeout, at most one line a second.
+    fn log_stalled(&self) {
+        self.stalled_since_log.fetch_add(1, Ordering::Relaxed);
+        if self.stalled_log.due(self.start) {
+            let n = self.stalled_since_log.swap(0, Ordering::Relaxed);
+            eprintln!(
+                "coli serve: {n} connection(s) closed: the client took no bytes of its response for {:.0} s (--send-timeout)",
+                self.send_timeout.as_secs_f64()
+            );
+        }
+    }
+
     /// Logs refusals and evictions, at most once a second.
     fn log_overflow(&self, refused: bool) {
         if refused {
@@ -304,6 +341,63 @@ impl OncePerSecond {
                 .last
                 .compare_exchange(last, sec, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+    }
+}
+
+/// Whether a connection's response is waiting for its client: the time (ms since the server
+/// started) at which the body last handed hyper a frame that hyper has not yet asked to follow,
+/// or [`Progress::IDLE`] while hyper waits on the body (the model) or no response is written.
+struct Progress(AtomicU64);
+
+impl Progress {
+    const IDLE: u64 = u64::MAX;
+
+    /// Since when the client has not taken the response's next bytes, if it has not.
+    fn stalled_since(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&t| t != Progress::IDLE)
+    }
+}
+
+/// A response body that records in [`Progress`] whether hyper is waiting on it.
+struct Watched {
+    inner: Body,
+    progress: Arc<Progress>,
+    start: Instant,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        let now = self.start.elapsed().as_millis() as u64;
+        let state = match &r {
+            // hyper waits for the model, or the response is complete.
+            std::task::Poll::Pending | std::task::Poll::Ready(None) => Progress::IDLE,
+            // A frame for hyper to write: until hyper asks again, the socket is the limit.
+            std::task::Poll::Ready(Some(_)) => now,
+        };
+        self.progress.0.store(state, Ordering::Relaxed);
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.progress.0.store(Progress::IDLE, Ordering::Relaxed);
     }
 }
 
@@ -347,6 +441,10 @@ pub async fn serve(
         malformed_since_log: AtomicU64::new(0),
         start: Instant::now(),
         max: limits.max_connections,
+        send_timeout: limits.send_timeout,
+        send_buffer_bytes: limits.send_buffer_bytes,
+        stalled_log: OncePerSecond::default(),
+        stalled_since_log: AtomicU64::new(0),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -455,11 +553,18 @@ fn spawn_connection(
     );
     conns.metrics.connections_open.inc();
     let _ = stream.set_nodelay(true);
+    if conns.send_buffer_bytes > 0 {
+        let _ =
+            socket2::SockRef::from(&stream).set_send_buffer_size(conns.send_buffer_bytes as usize);
+    }
+    let send_timeout = conns.send_timeout;
     let conns = conns.clone();
     let router = router.clone();
     let http = http.clone();
     tokio::spawn(async move {
         let svc_conns = conns.clone();
+        let progress = Arc::new(Progress(AtomicU64::new(Progress::IDLE)));
+        let svc_progress = progress.clone();
         let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             svc_conns.mark(id, true);
             let busy = Busy {
@@ -467,17 +572,19 @@ fn spawn_connection(
                 id,
             };
             let router = router.clone();
+            let progress = svc_progress.clone();
+            let start = svc_conns.start;
             // Boxed: the connection is polled without being pinned (poll_without_shutdown).
             Box::pin(async move {
                 let resp = tower::ServiceExt::oneshot(router, req).await;
                 // The busy mark ends when the response body is dropped: fully streamed, or
                 // the connection gone.
                 Ok::<_, std::convert::Infallible>(match resp {
-                    Ok(r) => r.map(|b| {
-                        Body::new(b.map_frame(move |f| {
-                            let _ = &busy;
-                            f
-                        }))
+                    Ok(r) => r.map(|inner| Watched {
+                        inner,
+                        progress,
+                        start,
+                        _busy: busy,
                     }),
                     Err(never) => match never {},
                 })
@@ -507,6 +614,18 @@ fn spawn_connection(
                     break;
                 }
                 () = evict.notified() => break,
+                // The send timeout: checked when it would expire, at the latest every
+                // send_timeout while nothing is pending.
+                () = tokio::time::sleep_until(send_deadline(&progress, conns.start, send_timeout)) => {
+                    if let Some(since) = progress.stalled_since() {
+                        let now = conns.start.elapsed().as_millis() as u64;
+                        if now.saturating_sub(since) >= send_timeout.as_millis() as u64 {
+                            conns.metrics.send_timeouts.inc();
+                            conns.log_stalled();
+                            break;
+                        }
+                    }
+                }
                 changed = stop.changed(), if !stopping => {
                     if changed.is_err() || *stop.borrow() {
                         stopping = true;
@@ -555,6 +674,16 @@ async fn linger(mut stream: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// When the send timeout of a connection expires: `timeout` after its response stalled on the
+/// client, or `timeout` from now when it has not (then it is checked again).
+fn send_deadline(progress: &Progress, start: Instant, timeout: Duration) -> tokio::time::Instant {
+    let at = match progress.stalled_since() {
+        Some(ms) => start + Duration::from_millis(ms) + timeout,
+        None => Instant::now() + timeout,
+    };
+    tokio::time::Instant::from_std(at)
 }
 
 /// Answers a connection beyond the cap with 503 and closes it: the response is written without

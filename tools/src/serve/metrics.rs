@@ -123,6 +123,8 @@ pub struct Metrics {
     pub connections_evicted: Counter,
     /// Connections closed by `--header-timeout` (a slow head, or idle keep-alive).
     pub header_timeouts: Counter,
+    /// Connections closed by `--send-timeout` (the client stopped taking its response).
+    pub send_timeouts: Counter,
 }
 
 impl Metrics {
@@ -281,6 +283,11 @@ impl Metrics {
             "http_header_timeouts",
             "Connections closed by --header-timeout (slow request head or idle keep-alive)",
         );
+        let send_timeouts = counter(
+            &mut registry,
+            "http_send_timeouts",
+            "Connections closed by --send-timeout (the client stopped taking its response)",
+        );
         let prefix_lookups = Family::<RequestLabels, Counter>::default();
         registry.register(
             "prefix_cache_lookups",
@@ -387,6 +394,7 @@ impl Metrics {
             connections_refused,
             connections_evicted,
             header_timeouts,
+            send_timeouts,
         }
     }
 
