@@ -24,7 +24,7 @@
 //!   truncated chunked body, a dropped connection) is 400. These answers close the connection.
 //! - **Send timeout** (`--send-timeout`): a response whose client has taken no bytes for that
 //!   long (hyper holds a frame it cannot write: the socket's send buffer is full) is closed;
-//!   time the response waits for the model does not count ([`Watched`] records which).
+//!   time the response waits for the model does not count (`Watched` records which).
 
 use super::anthropic;
 use super::api::{ApiError, RefusalReason};
@@ -53,7 +53,7 @@ pub const EVICTABLE_AFTER: Duration = Duration::from_millis(100);
 /// How long a connection beyond the cap waits for a slot (freed by an eviction or a closing
 /// connection) before it is answered 503.
 pub const OVERFLOW_WAIT: Duration = Duration::from_millis(500);
-/// Closed connections whose input is drained at once before they close ([`linger`]).
+/// Closed connections whose input is drained at once before they close (`linger`).
 pub const LINGERING: usize = 256;
 /// Connections beyond the cap handled at once (waiting for a slot, or being answered 503).
 pub const REFUSING: usize = 256;
