@@ -7,6 +7,8 @@
 #                                the seed, routing gate accepts them and refuses a degenerate one)
 #   4. tests/demo_e2e.py        (README command 1's path on the real SmolLM2 demo model:
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
+#      tests/memory/test_budget_rss.py (a run in a memory cgroup of budget + dense + KV +
+#                                reserve never reaches it; the cache charges what it holds)
 #   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
 #      and tests/serve/test_limits.py (connection cap, header/body timeouts, body limits)
 #   6. tests/web/test_web.py     (`coli serve --web` in headless Chromium: chat, figures, heat map;
@@ -32,6 +34,9 @@ cargo build -q -p coli-convert -p coli-tools
 # Benchmark-model generators: same seed, same bytes; realistic routing accepted, degenerate refused.
 .venv-demo/bin/python tests/bench_models.py --bin "${CARGO_TARGET_DIR:-target}/debug"
 .venv-demo/bin/python tests/demo_e2e.py
+# --ram-budget + dense + KV + the 512 MiB reserve is what a run holds, in a memory cgroup
+# (skipped with a message where no memory cgroup can be made).
+"$python" tests/memory/test_budget_rss.py --bin "${CARGO_TARGET_DIR:-target}/debug"
 
 # --- coli serve (tests/serve): the official openai client against a real `coli serve` on the
 # demo store (built once into ${CARGO_TARGET_DIR:-target}/serve-test and reused).

@@ -24,6 +24,10 @@ pub struct EngineOptions {
     pub pin: bool,
     /// Share of the budget the pinned set may take, 0..=1 (`--pin-share`).
     pub pin_share: f64,
+    /// When the budget holds every expert record of the store, read them all at start and pin
+    /// them, so that decode never reads (`--no-preload` turns it off;
+    /// [`crate::placement::Placement::preloaded`] tells whether it happened).
+    pub preload: bool,
     /// Router lookahead prefetch (`--no-prefetch` turns it off).
     pub prefetch: bool,
     /// The usage-history file read at start (for pinning) and merged into as the engine runs
@@ -62,6 +66,7 @@ impl Default for EngineOptions {
             ram_budget: None,
             pin: true,
             pin_share: DEFAULT_PIN_SHARE,
+            preload: true,
             prefetch: true,
             usage: None,
             context: None,

@@ -100,9 +100,10 @@ pub use coli_format::disk::{StoreId, Xxh3Sum, FORMAT_VERSION};
 pub use coli_format::{Encoding, ExpertKey, FormatError, MatrixView, RecordLayout};
 pub use error::StoreError;
 pub use io::{
-    io_engine_names, memlock_limit, probe_direct, AlignedBuf, Completion, CountingEngine,
-    EngineLayer, EngineStats, FileId, IoEngine, IoEngineChoice, IoMode, IoPreference, IoQueue,
-    ReadError, ReadPiece, ReadProgress, ReadRequest, DEFAULT_VERIFY_PIECE_BYTES,
+    held_bytes_for, io_engine_names, memlock_limit, probe_direct, AlignedBuf, Completion,
+    CountingEngine, EngineLayer, EngineStats, FileId, IoEngine, IoEngineChoice, IoMode,
+    IoPreference, IoQueue, ReadError, ReadPiece, ReadProgress, ReadRequest,
+    DEFAULT_VERIFY_PIECE_BYTES,
 };
 pub use reader::{
     DenseTensor, EngineWrapper, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH,

@@ -324,6 +324,7 @@ fn placement_never_changes_tokens() {
             threads: Some(threads),
             context: None,
             prefill_batch: batch,
+            preload: false,
             ..Default::default()
         };
         let mut e = Engine::new(&store, &opts).unwrap();

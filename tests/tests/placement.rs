@@ -94,6 +94,7 @@ fn placement_never_changes_tokens_on_any_family() {
                         prefetch,
                         usage: pin.then(|| usage.clone()),
                         prefill_batch: batch,
+                        preload: false,
                         ..Default::default()
                     };
                     let what = format!(
@@ -146,6 +147,41 @@ fn placement_never_changes_tokens_on_any_family() {
                         assert!(reads <= n_experts, "{what}: {reads} reads of {n_experts}");
                     }
                 }
+            }
+        }
+
+        // Preload (the default): a budget that holds every record reads them all at start,
+        // once each, and the run reads nothing more; one expert short of it streams instead.
+        let held: u64 = {
+            let probe = open_store(&dir, true, IoPreference::Auto);
+            probe
+                .index()
+                .iter()
+                .map(|r| coli_store::held_bytes_for(r.length.get()))
+                .sum()
+        };
+        for (budget, preloaded) in [(held, true), (u64::MAX, true), (held - 1, false)] {
+            let opts = EngineOptions {
+                ram_budget: Some(budget),
+                ..Default::default()
+            };
+            let store = open_store(&dir, true, IoPreference::Auto);
+            let mut e = Engine::new(&store, &opts).unwrap();
+            let what = format!("{name}: preload with budget {budget} (all records hold {held})");
+            assert_eq!(e.placement().preloaded, preloaded, "{what}");
+            let reads_at_start = store.stats().reads;
+            let g = e.generate(&prompt, &params(32), |_| Ok(true)).unwrap();
+            assert_eq!(g.tokens, want, "{what}");
+            if preloaded {
+                assert_eq!(reads_at_start, n_experts, "{what}: each record read once");
+                assert_eq!(e.placement().pinned_experts as u64, n_experts, "{what}");
+                assert_eq!(e.placement().pinned_bytes, held, "{what}");
+                assert_eq!(store.stats().reads, reads_at_start, "{what}: decode read");
+                let s = g.stats.cache;
+                assert_eq!((s.misses, s.prefetch_reads), (0, 0), "{what}: {s:?}");
+            } else {
+                assert_eq!(reads_at_start, 0, "{what}");
+                assert!(store.stats().reads > 0, "{what}");
             }
         }
     }
@@ -219,6 +255,7 @@ fn corrupt_or_foreign_usage_file_is_a_warning() {
         std::fs::write(&usage, bad).unwrap();
         let opts = EngineOptions {
             usage: Some(usage.clone()),
+            preload: false,
             ..Default::default()
         };
         let mut e = Engine::new(&store, &opts).unwrap();

@@ -40,6 +40,10 @@ pub struct EngineOptions {
     /// Do not pin the hottest experts of the usage history at start.
     #[arg(long)]
     pub no_pin: bool,
+    /// Do not read every expert at start when the budget holds them all (by default such a
+    /// model is read whole at load, as llama.cpp does, and decode never reads).
+    #[arg(long)]
+    pub no_preload: bool,
     /// Share of the budget the pinned hot set may take (0..1).
     #[arg(long, value_name = "F", default_value_t = coli_engine::placement::DEFAULT_PIN_SHARE,
           value_parser = parse_share, allow_negative_numbers = true)]
@@ -197,6 +201,7 @@ impl EngineOptions {
                 .unwrap_or(coli_engine::options::PREFILL_BATCH_AUTO),
             pin: !self.no_pin,
             pin_share: self.pin_share,
+            preload: !self.no_preload,
             prefetch: !self.no_prefetch,
             prefetch_min_use: self.prefetch_min_use,
             usage: self.usage_path(store),
@@ -299,6 +304,16 @@ pub fn engine_with_sequences<'s>(
         .with_context(|| format!("loading the model of {}", opts.store.display()))?;
     for w in e.take_warnings() {
         eprintln!("warning: {w}");
+    }
+    const GIB: f64 = (1u64 << 30) as f64;
+    let p = e.placement();
+    if p.preloaded {
+        eprintln!(
+            "coli: the expert budget ({:.2} GiB) holds all {} expert records ({:.2} GiB): read them all at start; decode reads nothing from disk (--no-preload to stream instead)",
+            p.budget as f64 / GIB,
+            p.pinned_experts,
+            p.pinned_bytes as f64 / GIB
+        );
     }
     Ok((e, loaded.open_s + t0.elapsed().as_secs_f64()))
 }

@@ -99,13 +99,13 @@ impl State {
             buf: Arc::clone(buf),
             prefetched,
         };
-        self.lru.insert(buf.key, entry, buf.len_bytes() as u64);
+        self.lru.insert(buf.key, entry, buf.held_bytes() as u64);
     }
 
     /// Keeps a prefetched expert: in the LRU tier when it fits without evicting anything,
     /// else in `ready` (a prefetch never evicts).
     fn stash(&mut self, buf: Arc<ExpertBuf>) {
-        let len = buf.len_bytes() as u64;
+        let len = buf.held_bytes() as u64;
         if self.lru.used() + len <= self.lru.capacity() {
             self.insert(&buf, true);
         } else {
@@ -119,7 +119,7 @@ impl State {
         let stale: Vec<ExpertKey> = self.ready.keys().filter(|k| !keep(k)).copied().collect();
         for k in stale {
             if let Some(b) = self.ready.remove(&k) {
-                if self.lru.used() + b.len_bytes() as u64 <= self.lru.capacity() {
+                if self.lru.used() + b.held_bytes() as u64 <= self.lru.capacity() {
                     self.insert(&b, true);
                 }
             }
@@ -203,19 +203,21 @@ impl ExpertCache {
     /// pinned by this call.
     ///
     /// # Errors
-    /// [`crate::EngineError::Invalid`] when the keys' bytes (INDEX record lengths) do not fit
+    /// [`crate::EngineError::Invalid`] when the keys' bytes (INDEX record lengths rounded up to
+    /// the page size, [`coli_store::held_bytes_for`]: what their buffers hold) do not fit
     /// in the budget left, before anything is read; [`crate::EngineError::Store`] for a key not
     /// in the store or a failed read (nothing of the failed chunk of 64 is pinned).
     pub fn pin(&self, store: &Store, keys: &[ExpertKey]) -> Result<usize> {
         let mut chosen: Vec<ExpertKey> = Vec::with_capacity(keys.len());
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
         let mut total = 0u64;
         {
             let s = self.state();
             for &k in keys {
-                if s.pinned.contains_key(&k) || chosen.contains(&k) {
+                if s.pinned.contains_key(&k) || !seen.insert(k) {
                     continue;
                 }
-                total += store
+                let len = store
                     .record(k)
                     .ok_or_else(|| crate::EngineError::Store {
                         what: format!("pinning {k}"),
@@ -223,6 +225,7 @@ impl ExpertCache {
                     })?
                     .length
                     .get();
+                total += coli_store::held_bytes_for(len);
                 chosen.push(k);
             }
             let room = s.budget.saturating_sub(s.pinned_bytes);
@@ -241,11 +244,12 @@ impl ExpertCache {
             s.stats.fetch_calls += 1;
             for b in bufs {
                 let len = b.len_bytes() as u64;
+                let held = b.held_bytes() as u64;
                 s.stats.pinned_reads += 1;
                 s.stats.bytes_fetched += len;
                 s.stats.demand_bytes += len;
                 if s.pinned.insert(b.key, Arc::new(b)).is_none() {
-                    s.pinned_bytes += len;
+                    s.pinned_bytes += held;
                 }
             }
             let cap = s.budget.saturating_sub(s.pinned_bytes);
@@ -265,7 +269,7 @@ impl ExpertCache {
         self.state()
             .ready
             .values()
-            .map(|b| b.len_bytes() as u64)
+            .map(|b| b.held_bytes() as u64)
             .sum()
     }
 

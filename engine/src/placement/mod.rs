@@ -49,6 +49,9 @@ pub struct Placement {
     pub pinned_bytes: u64,
     /// Capacity of the LRU tier, bytes.
     pub lru_capacity: u64,
+    /// Whether every expert of the store was read and pinned at start because the budget
+    /// holds them all (`EngineOptions::preload`): decode then reads nothing.
+    pub preloaded: bool,
     /// Router lookahead prefetch on.
     pub prefetch: bool,
     /// The usage-history file, if any.
@@ -113,6 +116,7 @@ impl PlacementPolicy {
                 pinned_experts: 0,
                 pinned_bytes: 0,
                 lru_capacity: budget,
+                preloaded: false,
                 prefetch: opts.prefetch,
                 usage: opts.usage.clone(),
                 usage_tokens: 0.0,
@@ -129,6 +133,9 @@ impl PlacementPolicy {
                 let (set, _) = pinned_set(store, hottest, pin_bytes(budget, opts.pin_share, step));
                 cache.pin(store, &set)?;
             }
+        }
+        if opts.preload {
+            policy.placement.preloaded = preload_all(store, &cache, budget)?;
         }
         let smallest = store.index().iter().map(|r| r.length.get()).min();
         if let Some(rec) = smallest.filter(|&rec| budget < rec) {
@@ -226,4 +233,26 @@ impl PlacementPolicy {
     pub fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
     }
+}
+
+/// Reads and pins every expert record of `store` when their buffers
+/// ([`coli_store::held_bytes_for`] of each INDEX length) fit in `budget` together (the pinned
+/// ones included), so that a model the budget holds never reads during decode (llama.cpp reads
+/// its whole file at load for the same reason). Returns whether it did; an empty store or one
+/// the budget cannot hold is left alone.
+///
+/// # Errors
+/// [`crate::EngineError::Store`] when a read fails.
+fn preload_all(store: &Store, cache: &ExpertCache, budget: u64) -> Result<bool> {
+    let index = store.index();
+    let total: u64 = index
+        .iter()
+        .map(|r| coli_store::held_bytes_for(r.length.get()))
+        .sum();
+    if index.is_empty() || total > budget {
+        return Ok(false);
+    }
+    let keys: Vec<ExpertKey> = index.iter().map(|r| r.key()).collect();
+    cache.pin(store, &keys)?;
+    Ok(true)
 }

@@ -56,61 +56,125 @@ pub enum IoMode {
     Buffered,
 }
 
-/// One heap allocation of a fetch buffer; frees itself on drop.
+/// One anonymous memory mapping holding a fetch buffer; unmaps itself on drop.
+///
+/// The mapping is exactly `layout.size()` bytes (the buffer's length rounded up to the page
+/// size) starting at a multiple of `layout.align()`: the process holds no more than the
+/// record it reads (`held`), and the expert cache charges exactly that
+/// ([`AlignedBuf::held_bytes`]). Fresh mappings are never written before a read fills them:
+/// the kernel hands out anonymous pages zeroed, so the bytes are initialised without the
+/// memset an allocator's `alloc_zeroed` would run over every fresh buffer (IO.md section
+/// "Buffers").
 struct Alloc {
     ptr: std::ptr::NonNull<u8>,
     layout: Layout,
 }
 
-// SAFETY: Alloc uniquely owns its allocation (like Box<[u8]>).
+// SAFETY: Alloc uniquely owns its mapping (like Box<[u8]>).
 unsafe impl Send for Alloc {}
 
 impl Drop for Alloc {
     fn drop(&mut self) {
-        // SAFETY: allocated in `Alloc::zeroed` with exactly this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: [ptr, ptr + size) is exactly the mapping made in `Alloc::map` (its head and
+        // tail slack were unmapped there), owned by this Alloc alone.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.layout.size());
+        }
     }
 }
 
-/// Buffers at least this large are 2 MiB-aligned and advised to use transparent huge pages, so
-/// that filling a fresh ~16 MiB record buffer costs a few page faults instead of thousands.
+/// Buffers at least this large start at a 2 MiB boundary and are advised to use transparent
+/// huge pages, so that filling a fresh ~16 MiB record buffer costs a few page faults instead of
+/// thousands. Their length is still rounded only to the page size: the tail past the last whole
+/// 2 MiB stays in small pages (nothing else is mapped beside it, so no huge page can cover it).
 const HUGE: usize = 2 << 20;
 
+/// The page size, bytes.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
+/// Bytes of memory a fetch buffer of `len` bytes holds ([`AlignedBuf::held_bytes`]): `len`
+/// rounded up to the page size. What the engine's expert cache charges for a record of `len`
+/// bytes (an INDEX record length), before reading it.
+pub fn held_bytes_for(len: u64) -> u64 {
+    let page = page_size() as u64;
+    len.max(1).div_ceil(page) * page
+}
+
 impl Alloc {
-    /// The layout used for a buffer of `len` bytes aligned to `align`.
+    /// The layout used for a buffer of `len` bytes aligned to `align`: `len` rounded up to the
+    /// page size (at least one page), aligned to `align` and the page size, and to 2 MiB from
+    /// [`HUGE`] bytes on.
     fn layout_for(len: usize, align: usize) -> Layout {
-        let (size, lay_align) = if len >= HUGE {
-            (len.div_ceil(HUGE) * HUGE, align.max(HUGE))
+        let page = page_size();
+        let size = len.max(1).div_ceil(page) * page;
+        let lay_align = if len >= HUGE {
+            align.max(HUGE)
         } else {
-            (len.max(1), align)
+            align.max(page)
         };
         Layout::from_size_align(size, lay_align).expect("AlignedBuf: bad layout")
     }
 
-    /// Allocates and zeroes `layout` (huge-page advice for large layouts).
-    fn zeroed(layout: Layout) -> Alloc {
-        // SAFETY: the layout has non-zero size.
-        let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = match std::ptr::NonNull::new(raw) {
-            Some(p) => p,
-            None => std::alloc::handle_alloc_error(layout),
+    /// Maps `layout` (anonymous, private, zero-filled by the kernel on first touch; huge-page
+    /// advice for large layouts). Aborts like `handle_alloc_error` when the kernel refuses.
+    fn map(layout: Layout) -> Alloc {
+        let page = page_size();
+        let size = layout.size();
+        // Over-map by the alignment beyond a page, then unmap the slack before and after the
+        // aligned range so that the mapping is exactly `size` bytes.
+        let slack = layout.align().saturating_sub(page);
+        let total = size + slack;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
-        if layout.size() >= HUGE {
-            // SAFETY: [raw, raw + size) is our allocation, 2 MiB-aligned; madvise only sets a
-            // hint and its failure is harmless.
-            unsafe {
-                libc::madvise(raw.cast(), layout.size(), libc::MADV_HUGEPAGE);
+        if raw == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let base = raw as usize;
+        let start = base.next_multiple_of(layout.align());
+        let head = start - base;
+        let tail = total - head - size;
+        // SAFETY: [base, start) and [start + size, base + total) lie inside the mapping just
+        // made and nothing refers to them; both lengths are multiples of the page size (base,
+        // start, size and total all are).
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + size) as *mut libc::c_void, tail);
             }
         }
-        // SAFETY: the allocation is `layout.size()` bytes; zeroing initialises it.
-        unsafe { std::ptr::write_bytes(raw, 0, layout.size()) };
+        if size >= HUGE {
+            // SAFETY: [start, start + size) is our mapping, 2 MiB-aligned; madvise only sets
+            // a hint and its failure is harmless.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+            }
+        }
+        let ptr = std::ptr::NonNull::new(start as *mut u8).expect("mmap returned null");
         Alloc { ptr, layout }
     }
 }
 
 /// A free list of fetch buffers, so that a steady stream of fetches reuses memory instead of
-/// allocating, zeroing and page-faulting ~16 MiB per record (that costs as much memory traffic
-/// as the checksum). A buffer taken from the pool returns to it when its [`AlignedBuf`] is
+/// mapping and page-faulting ~16 MiB per record (the kernel zeroes every fresh page: that costs
+/// as much memory traffic as the checksum). A buffer taken from the pool returns to it when its [`AlignedBuf`] is
 /// dropped; at most `max_buffers` idle buffers are kept, the rest are freed.
 pub(crate) struct BufPool {
     free: std::sync::Mutex<Vec<Alloc>>,
@@ -168,7 +232,7 @@ impl BufPool {
                         return None;
                     }
                 }
-                Alloc::zeroed(layout)
+                Alloc::map(layout)
             }
         };
         Some(AlignedBuf {
@@ -181,7 +245,8 @@ impl BufPool {
     }
 
     /// A buffer of `len` bytes aligned to `align`: a recycled one of the same layout when one is
-    /// idle (its bytes are those of an earlier record, all initialised), else a new zeroed one.
+    /// idle (its bytes are those of an earlier record, all initialised), else a fresh mapping
+    /// (zero bytes, never written by the process before the read that fills it).
     pub(crate) fn get(self: &std::sync::Arc<Self>, len: usize, align: usize) -> AlignedBuf {
         debug_assert!(self.limit.is_none(), "get on a fixed pool");
         self.try_get(len, align)
@@ -196,8 +261,8 @@ impl BufPool {
     }
 }
 
-/// A zero-initialised heap buffer whose start address is aligned (to 4096 bytes by default), as
-/// O_DIRECT needs.
+/// A zero-initialised buffer of its own memory mapping whose start address is aligned (to the
+/// page size, 4096 bytes, at least), as O_DIRECT needs.
 ///
 /// The length is fixed at creation. The buffer is `Send + Sync` (it owns its memory and only
 /// hands out borrows through `&self`/`&mut self`). Buffers handed out by a store's fetch come
@@ -222,14 +287,16 @@ impl AlignedBuf {
     /// Default alignment of buffers, bytes.
     pub const DEFAULT_ALIGN: usize = 4096;
 
-    /// Allocates `len` zero bytes aligned to `align` bytes (a power of two). Buffers of 2 MiB
-    /// or more are aligned to 2 MiB and use transparent huge pages where the kernel allows.
+    /// Maps `len` zero bytes aligned to `align` bytes (a power of two; at least the page size
+    /// is used). Buffers of 2 MiB or more start at a 2 MiB boundary and use transparent huge
+    /// pages where the kernel allows; the mapping is `len` rounded up to the page size
+    /// ([`AlignedBuf::held_bytes`]).
     ///
     /// # Panics
     /// If `align` is not a power of two or `len` rounded up to `align` overflows `isize`; aborts
-    /// on allocation failure (like `Vec`).
+    /// when the kernel refuses the mapping (like `Vec` on allocation failure).
     pub fn new(len: usize, align: usize) -> AlignedBuf {
-        let alloc = Alloc::zeroed(Alloc::layout_for(len, align));
+        let alloc = Alloc::map(Alloc::layout_for(len, align));
         AlignedBuf {
             ptr: alloc.ptr,
             alloc: Some(alloc),
@@ -274,9 +341,16 @@ impl AlignedBuf {
         self.align
     }
 
+    /// Bytes of memory the buffer holds: its length rounded up to the page size (the size of
+    /// its mapping), or its length for a buffer over the caller's memory. What the expert
+    /// cache charges a record.
+    pub fn held_bytes(&self) -> usize {
+        self.alloc.as_ref().map_or(self.len, |a| a.layout.size())
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised bytes (zeroed at allocation, since then only
+        // SAFETY: ptr is valid for len initialised bytes (zero-filled by the kernel, since then only
         // written with bytes) for the lifetime of self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
@@ -436,16 +510,19 @@ mod tests {
         assert_eq!(a.as_ptr() as usize % (2 << 20), 0);
         a.as_mut_slice()[5] = 9;
         let pa = a.as_ptr();
+        let a_held = a.held_bytes();
         let b = pool.get(3 << 20, 4096);
         assert_ne!(b.as_ptr(), pa, "a is still live");
         drop(a);
         drop(b); // over the cap of 1: freed
         assert_eq!(pool.free.lock().unwrap().len(), 1);
-        // Same layout (3 MiB rounds to 4 MiB, 2 MiB-aligned): recycled with its old bytes.
-        let c = pool.get((3 << 20) + 4096, 4096);
+        // Same layout (3 MiB, 2 MiB-aligned, not rounded further): recycled with its old bytes.
+        assert_eq!(a_held, 3 << 20);
+        let c = pool.get((3 << 20) - 100, 4096);
         assert_eq!(c.as_ptr(), pa);
         assert_eq!(c[5], 9);
-        assert_eq!(c.len(), (3 << 20) + 4096);
+        assert_eq!(c.len(), (3 << 20) - 100);
+        assert_eq!(c.held_bytes(), 3 << 20);
         // A different layout is a fresh, zeroed buffer.
         let d = pool.get(8192, 4096);
         assert!(d.iter().all(|&x| x == 0));

@@ -162,6 +162,13 @@ impl ExpertBuf {
         self.buf.len()
     }
 
+    /// Bytes of memory the record's buffer holds ([`crate::AlignedBuf::held_bytes`]: its length
+    /// rounded up to the page size; equal to [`ExpertBuf::len_bytes`] when the store's alignment
+    /// is a multiple of the page size). What the engine's expert cache charges against its budget.
+    pub fn held_bytes(&self) -> usize {
+        self.buf.held_bytes()
+    }
+
     /// The raw record bytes (FORMAT.md section 5), padding included.
     pub fn bytes(&self) -> &[u8] {
         &self.buf
