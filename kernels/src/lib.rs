@@ -54,6 +54,9 @@ mod avx2_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod ops;
+mod q8a;
+#[cfg(target_arch = "x86_64")]
+mod q8a_x86;
 pub mod quantize;
 mod scalar;
 
@@ -62,17 +65,194 @@ pub use quantize::{quantize_int4_row, quantize_int4_row_with};
 
 pub use coli_format::cpu::{detected_isa, Isa};
 
-/// Names the numbers the kernels of `isa` produce: the instruction set's name
+/// How the products treat their activations (`--numerics`, `COLI_NUMERICS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// f32 activations times each encoding's decoded weights (`exact`; the default).
+    Exact,
+    /// Integer activations (`q8a`): for int8 and int4 (group 32 or a multiple of 64) matrices
+    /// with `cols` a multiple of 64, the activations are quantized to int8 per block of 32 and
+    /// multiplied by the integer codes, with the f32 steps in a fixed order, so every
+    /// instruction set gives the same bits (the rule: docs/ENGINE.md "Precision", `q8a.rs`).
+    /// Every other matrix keeps its f32 kernel.
+    Q8a,
+}
+
+impl Numerics {
+    /// `exact` or `q8a`: the values `--numerics` and `COLI_NUMERICS` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Q8a => "q8a",
+        }
+    }
+
+    /// The numerics called `s` ([`Numerics::name`]).
+    ///
+    /// # Errors
+    /// A sentence naming the accepted values.
+    pub fn parse(s: &str) -> Result<Numerics, String> {
+        match s.trim() {
+            "exact" => Ok(Numerics::Exact),
+            "q8a" => Ok(Numerics::Q8a),
+            other => Err(format!(
+                "unknown numerics {other:?}: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
+            )),
+        }
+    }
+}
+
+/// The process's numerics: 0 unset, 1 exact, 2 q8a.
+static NUMERICS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The numerics [`matvec`] and [`matmul`] use: the last [`set_numerics`], else
+/// `COLI_NUMERICS` (`exact` or `q8a`; anything else is [`Numerics::Exact`] with one warning on
+/// stderr), else [`Numerics::Exact`].
+pub fn numerics() -> Numerics {
+    use std::sync::atomic::Ordering;
+    match NUMERICS.load(Ordering::Relaxed) {
+        1 => Numerics::Exact,
+        2 => Numerics::Q8a,
+        _ => {
+            let n = match std::env::var("COLI_NUMERICS") {
+                Ok(v) => Numerics::parse(&v).unwrap_or_else(|e| {
+                    eprintln!("warning: COLI_NUMERICS: {e}; using exact");
+                    Numerics::Exact
+                }),
+                Err(_) => Numerics::Exact,
+            };
+            set_numerics(n);
+            n
+        }
+    }
+}
+
+/// Sets the numerics of every later [`matvec`] and [`matmul`] in this process (the CLI's
+/// `--numerics`; set it before an engine is built: the engine's KV identity keys on it).
+pub fn set_numerics(n: Numerics) {
+    let v = match n {
+        Numerics::Exact => 1,
+        Numerics::Q8a => 2,
+    };
+    NUMERICS.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Names the numbers the kernels of `isa` produce under [`numerics`]
+/// ([`numerics_id_with`]).
+pub fn numerics_id(isa: Isa) -> &'static str {
+    numerics_id_with(isa, numerics())
+}
+
+/// Names the numbers the kernels of `isa` produce under `numerics`: the instruction set's name
 /// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
 /// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
 /// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
-/// group). Two engines whose kernels have the same numerics id give the same bits; anything
-/// that persists computed numbers (the KV cache's file identity, docs/KV_CACHE.md) keys on it.
-pub fn numerics_id(isa: Isa) -> &'static str {
-    match isa {
-        Isa::Scalar => "scalar",
-        Isa::Avx2Fma => "avx2-fma",
-        Isa::Avx512 => "avx512-r2",
+/// group), and `+q8a-r1` under [`Numerics::Q8a`] (the integer products are the same on every
+/// instruction set; the f32 products of the other matrices are not). Two engines whose kernels
+/// have the same numerics id give the same bits; anything that persists computed numbers (the
+/// KV cache's file identity, docs/KV_CACHE.md) keys on it.
+pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
+    match (isa, numerics) {
+        (Isa::Scalar, Numerics::Exact) => "scalar",
+        (Isa::Avx2Fma, Numerics::Exact) => "avx2-fma",
+        (Isa::Avx512, Numerics::Exact) => "avx512-r2",
+        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r1",
+        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r1",
+        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r1",
+    }
+}
+
+/// The integer kernel that runs under [`Numerics::Q8a`] with `isa`: `avx512-vnni` where the
+/// CPU has AVX-512 VNNI and `isa` is AVX-512, `avx2` for AVX2 and AVX-512 without VNNI,
+/// `scalar` otherwise. All give the same bits; `coli doctor` and `--json` stats name it.
+pub fn integer_kernel(isa: Isa) -> &'static str {
+    match q8a_path(isa) {
+        Q8aPath::Vnni => "avx512-vnni",
+        Q8aPath::Avx2 => "avx2",
+        Q8aPath::Scalar => "scalar",
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Q8aPath {
+    Scalar,
+    Avx2,
+    Vnni,
+}
+
+fn q8a_path(isa: Isa) -> Q8aPath {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let vnni = *VNNI.get_or_init(|| {
+            std::is_x86_feature_detected!("avx512vnni") && std::env::var("COLI_NO_VNNI").is_err()
+        });
+        match isa {
+            Isa::Avx512 if vnni => return Q8aPath::Vnni,
+            Isa::Avx512 | Isa::Avx2Fma => return Q8aPath::Avx2,
+            Isa::Scalar => {}
+        }
+    }
+    let _ = isa;
+    Q8aPath::Scalar
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . token t` under the integer rule.
+fn q8a_chunk(
+    isa: Isa,
+    kind: q8a::Kind,
+    w: &MatrixView<'_>,
+    qa: &q8a::QAct,
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    match q8a_path(isa) {
+        #[cfg(target_arch = "x86_64")]
+        p @ (Q8aPath::Vnni | Q8aPath::Avx2) => {
+            // SAFETY: `require(isa)` checked AVX2+FMA (and AVX-512F for `Isa::Avx512`); the
+            // VNNI path is chosen only where the CPU reports AVX-512 VNNI; `kind` is `w`'s and
+            // `qa` was quantized for it with `n` tokens.
+            unsafe { q8a_x86::rows(p == Q8aPath::Vnni, kind, w, qa, n, r0, yt) }
+        }
+        _ => {
+            for (i, yr) in yt.chunks_exact_mut(n).enumerate() {
+                for (t, y) in yr.iter_mut().enumerate() {
+                    *y = q8a::dot_scalar(kind, w, r0 + i, qa, t);
+                }
+            }
+        }
+    }
+}
+
+/// [`matmul_with`] under the integer rule for a matrix of `kind`: `y` is `[n, rows]`.
+fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let qa = q8a::quantize(kind, x, n, cols);
+    if n == 1 {
+        if rows * cols < PARALLEL_MIN_WORK {
+            q8a_chunk(isa, kind, w, &qa, 1, 0, y);
+        } else {
+            let cr = chunk_rows(cols);
+            y.par_chunks_mut(cr)
+                .enumerate()
+                .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, 1, i * cr, yc));
+        }
+        return;
+    }
+    let mut yt = vec![0f32; rows * n];
+    if rows * cols * n < PARALLEL_MIN_WORK {
+        q8a_chunk(isa, kind, w, &qa, n, 0, &mut yt);
+    } else {
+        let cr = matmul_chunk_rows(rows, cols);
+        yt.par_chunks_mut(cr * n)
+            .enumerate()
+            .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, n, i * cr, yc));
+    }
+    for (r, yrow) in yt.chunks_exact(n).enumerate() {
+        for (t, &v) in yrow.iter().enumerate() {
+            y[t * rows + r] = v;
+        }
     }
 }
 
@@ -260,6 +440,14 @@ pub fn matvec(w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
 /// # Panics
 /// As [`matvec`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
 pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
+    matvec_num(isa, numerics(), w, x, y)
+}
+
+/// [`matvec`] with an explicit instruction set and numerics (tests and benches).
+///
+/// # Panics
+/// As [`matvec_with`].
+pub fn matvec_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
     require(isa);
     assert_eq!(
         x.len(),
@@ -275,6 +463,12 @@ pub fn matvec_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], y: &mut [f32]) {
         y.len(),
         w.rows()
     );
+    if num == Numerics::Q8a {
+        if let Some(kind) = q8a::kind(w) {
+            q8a_product(isa, kind, w, x, 1, y);
+            return;
+        }
+    }
     let x = &Act::new(isa, w, x);
     if w.rows() * w.cols() < PARALLEL_MIN_WORK {
         matvec_chunk(isa, w, x, 0, y);
@@ -329,6 +523,14 @@ pub fn matmul_min_rows(isa: Isa, w: &MatrixView<'_>) -> usize {
 /// # Panics
 /// As [`matmul`]; also if `isa` is not supported by this CPU ([`Isa::supported`]).
 pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_num(isa, numerics(), w, x, n, y)
+}
+
+/// [`matmul`] with an explicit instruction set and numerics (tests and benches).
+///
+/// # Panics
+/// As [`matmul_with`].
+pub fn matmul_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
     require(isa);
     let (rows, cols) = (w.rows(), w.cols());
     assert_eq!(
@@ -346,11 +548,18 @@ pub fn matmul_with(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f
     if n == 0 || rows == 0 {
         return;
     }
+    if num == Numerics::Q8a {
+        if let Some(kind) = q8a::kind(w) {
+            // Each token's result is its matvec's bit for bit (the same per-token steps).
+            q8a_product(isa, kind, w, x, n, y);
+            return;
+        }
+    }
     if n < matmul_min_rows(isa, w) {
         // A matmul row equals the matvec of that row bit for bit, and below this many rows the
         // matvec is faster per row.
         for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
-            matvec_with(isa, w, xt, yt);
+            matvec_num(isa, num, w, xt, yt);
         }
         return;
     }

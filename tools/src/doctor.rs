@@ -105,7 +105,11 @@ fn cpu_check() -> Check {
     let forced = std::env::var("COLI_ISA").ok();
     let note = forced
         .map(|v| format!(" (COLI_ISA={v})"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + &format!(
+            "; integer-activation kernel (--numerics q8a): {}",
+            coli_kernels::integer_kernel(isa)
+        );
     match isa {
         Isa::Avx512 => check(
             "cpu",

@@ -109,6 +109,12 @@ pub struct EngineOptions {
     /// to every option not given here).
     #[arg(long)]
     pub no_tune: bool,
+    /// How products treat activations (docs/ENGINE.md, "Precision"): exact (f32 activations
+    /// times the decoded weights) or q8a (int8 activations per block of 32 with integer dot
+    /// products for int8 and int4 matrices: the same bits on every instruction set, faster).
+    /// Default: COLI_NUMERICS, else exact.
+    #[arg(long, value_name = "exact|q8a", value_parser = coli_kernels::Numerics::parse)]
+    pub numerics: Option<coli_kernels::Numerics>,
 }
 
 /// The mirror directories: `--mirror` when given, else the non-empty entries of
@@ -286,6 +292,9 @@ pub fn engine_with_sequences<'s>(
     max_sequences: usize,
 ) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
+    if let Some(n) = opts.numerics {
+        coli_kernels::set_numerics(n);
+    }
     // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
     let isa = coli_kernels::detected_isa().name();
     if let Ok(want) = std::env::var("COLI_ISA") {

@@ -466,6 +466,11 @@ fn run(mut a: RunArgs) -> Result<()> {
                 "queue_depth": loaded.store.queue_depth(),
                 "threads": eng.threads(),
                 "kernels": coli_kernels::detected_isa().name(),
+                "numerics": {
+                    "mode": coli_kernels::numerics().name(),
+                    "id": coli_kernels::numerics_id(coli_kernels::detected_isa()),
+                    "integer_kernel": coli_kernels::integer_kernel(coli_kernels::detected_isa()),
+                },
                 "kv_bytes_per_token": eng.kv_bytes_per_token(),
                 "decode_passes": s.decode_steps,
                 "expert_bytes_per_generated_token": s.expert_bytes_per_generated_token(),

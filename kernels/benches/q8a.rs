@@ -1,0 +1,101 @@
+//! Integer activations (`Numerics::Q8a`) against the exact f32-activation kernels, same run,
+//! interleaved: per encoding, OLMoE-1B-7B's expert shapes (gate/up `[1024, 2048]`, down
+//! `[2048, 1024]`) and a dense `[2048, 2048]`, tokens per product 1 (decode), 4, 16, 64
+//! (prefill chunks), one thread and all threads. Prints microseconds per product, weight GB/s
+//! and the exact / q8a time ratio (> 1: q8a faster).
+//!
+//! Run: `cargo bench -p coli-kernels --bench q8a` (optional argument: a filter on the
+//! encoding name, e.g. `int8`). Results: kernels/benches/results/q8a_*.txt.
+
+mod timing;
+
+use std::time::Duration;
+
+use coli_format::{Encoding, MatrixView};
+use coli_kernels::{detected_isa, integer_kernel, matmul_num, Numerics};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const BUDGET: Duration = Duration::from_millis(300);
+
+fn main() {
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let isa = detected_isa();
+    let all = rayon::current_num_threads();
+    println!(
+        "isa {} (integer kernel {}), {} threads available",
+        isa.name(),
+        integer_kernel(isa),
+        all
+    );
+    // The activation quantization alone: a product with 4 rows.
+    {
+        let enc = Encoding::Int4 { group_size: 64 };
+        let data = vec![0x88u8; enc.weight_bytes(4, 2048)];
+        let scales = vec![0.01f32; enc.scale_count(4, 2048)];
+        let w = MatrixView::new(enc, 4, 2048, &data, &scales).unwrap();
+        let x: Vec<f32> = (0..2048).map(|i| (i as f32).sin()).collect();
+        let mut y = vec![0f32; 4];
+        let t = timing::best_seconds(BUDGET, || matmul_num(isa, Numerics::Q8a, &w, &x, 1, &mut y));
+        println!(
+            "q8a product of 4 x 2048 (mostly the activation quantization): {:.2} us",
+            t * 1e6
+        );
+    }
+    println!("encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a");
+    let mut rng = StdRng::seed_from_u64(7);
+    for enc in [
+        Encoding::Int4 { group_size: 64 },
+        Encoding::Int4 { group_size: 32 },
+        Encoding::Int8,
+    ] {
+        let name = match enc {
+            Encoding::Int4 { group_size } => format!("int4-g{group_size}"),
+            _ => "int8".to_string(),
+        };
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        for (rows, cols) in [(1024, 2048), (2048, 1024), (2048, 2048)] {
+            let data: Vec<u8> = (0..enc.weight_bytes(rows, cols))
+                .map(|_| rng.gen())
+                .collect();
+            let scales: Vec<f32> = (0..enc.scale_count(rows, cols))
+                .map(|_| rng.gen_range(0.01f32..0.1))
+                .collect();
+            let w = MatrixView::new(enc, rows, cols, &data, &scales).unwrap();
+            let bytes = (data.len() + 4 * scales.len()) as f64;
+            for n in [1usize, 4, 16, 64] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                let mut y = vec![0f32; n * rows];
+                for threads in [1, all] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let (mut te, mut tq) = (f64::INFINITY, f64::INFINITY);
+                    // Interleaved: exact, q8a, exact, q8a; best of each.
+                    for _ in 0..2 {
+                        te = te.min(pool.install(|| {
+                            timing::best_seconds(BUDGET, || {
+                                matmul_num(isa, Numerics::Exact, &w, &x, n, &mut y)
+                            })
+                        }));
+                        tq = tq.min(pool.install(|| {
+                            timing::best_seconds(BUDGET, || {
+                                matmul_num(isa, Numerics::Q8a, &w, &x, n, &mut y)
+                            })
+                        }));
+                    }
+                    println!(
+                        "{name:<12} {rows:>5}x{cols:<5} {n:>6} {threads:>7} {:>9.1} {:>8.1} {:>9.2} {:>10.2}",
+                        te * 1e6,
+                        tq * 1e6,
+                        bytes / tq / 1e9,
+                        te / tq
+                    );
+                }
+            }
+        }
+    }
+}

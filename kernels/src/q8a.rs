@@ -1,0 +1,226 @@
+//! Integer-activation products (numerics `q8a`, revision 1): the activations quantized to int8
+//! per block of 32, integer dot products with the weights' integer codes, f32 scales applied
+//! per run of 4 columns in a fixed order. Every instruction set gives the scalar twin's bits.
+//!
+//! ## The rule (docs/ENGINE.md, "Precision")
+//! Applies to int8 matrices and int4 matrices with group size 32 or a multiple of 64 dividing
+//! `cols`, with `cols` a multiple of 64 (every other matrix keeps its f32 kernel).
+//!
+//! 1. **Activations**, per token, per block of 32 consecutive columns `B`:
+//!    `amax = max |x_c|` (f32); if `amax == 0` then `d = 0` and every `q_c = 0`; else
+//!    `inv = 127 / amax` and `d = amax / 127` (f32 divisions, rounded to nearest) and
+//!    `q_c = clamp(round_half_even(x_c * inv), -127, 127)` (the product rounded to f32 first).
+//! 2. **Lanes.** Each chunk of 64 columns `k` splits into 16 lanes of 4 columns. int8: lane
+//!    `j` holds columns `4j .. 4j + 3` of the chunk. int4 (FORMAT.md: byte `b` holds column
+//!    `2b` low, `2b + 1` high): lane `j < 8` holds columns `8j + {0, 2, 4, 6}` (low nibbles of
+//!    bytes `4j .. 4j + 3`), lane `j >= 8` columns `8(j - 8) + {1, 3, 5, 7}`. All 4 columns of
+//!    a lane lie in one activation block and one weight group.
+//! 3. **Per lane**: `p = sum (w_c q_c)` over its 4 columns, exact in i32, with `w_c` the int8
+//!    code or the int4 code minus 8. The lane's multiplier is `m = d_B` (int8) or
+//!    `m = d_B * s_g` (int4: the group scale, one f32 rounding). Accumulator `j` (of 16, from
+//!    0.0) becomes `fma(m, p, acc_j)` (one rounding), chunks in column order.
+//! 4. **Sum**: `v8_i = a_i + a_{i+8}`, `v4_i = v8_i + v8_{i+4}`, `v2_i = v4_i + v4_{i+2}`,
+//!    `r = v2_0 + v2_1`; int8 then `y = r * s_row` (the row scale).
+//!
+//! The oracle (tests/fixtures) emulates step 1 exactly in torch float32 and takes the rest as
+//! an f64 product of the dequantized weights with `d * q`: steps 2-4 only round in f32.
+
+use coli_format::{Encoding, MatrixView};
+
+/// Columns per activation block (one f32 scale each).
+pub const BLOCK: usize = 32;
+/// Columns per chunk (16 lanes of 4).
+const CHUNK: usize = 64;
+/// Lanes per chunk.
+pub(crate) const LANES: usize = 16;
+
+/// What the rule needs to know of a matrix's encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// int8 codes, one f32 scale per row.
+    Int8,
+    /// int4 codes (offset 8), one f32 scale per group of `group` columns.
+    Int4 { group: usize },
+}
+
+/// The rule's kind for `w`, None when `w` keeps its f32 kernel (see the module doc).
+pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
+    let cols = w.cols();
+    if cols == 0 || !cols.is_multiple_of(CHUNK) {
+        return None;
+    }
+    match w.encoding() {
+        Encoding::Int8 => Some(Kind::Int8),
+        Encoding::Int4 { group_size } => {
+            let g = group_size as usize;
+            (g == 32 || (g > 0 && g.is_multiple_of(CHUNK) && cols.is_multiple_of(g)))
+                .then_some(Kind::Int4 { group: g })
+        }
+        _ => None,
+    }
+}
+
+/// Column (within its chunk) of element `i` (0..4) of lane `j` (0..16).
+fn lane_col(kind: Kind, j: usize, i: usize) -> usize {
+    match kind {
+        Kind::Int8 => 4 * j + i,
+        Kind::Int4 { .. } if j < 8 => 8 * j + 2 * i,
+        Kind::Int4 { .. } => 8 * (j - 8) + 2 * i + 1,
+    }
+}
+
+/// Index into a row's int4 scales of lane `j` of chunk `k` (group size `g`).
+#[inline]
+pub(crate) fn group_of(g: usize, k: usize, j: usize) -> usize {
+    if g == 32 {
+        2 * k + (j % 8) / 4
+    } else {
+        k * CHUNK / g
+    }
+}
+
+/// Quantized activations of `n` tokens for one matrix kind, in lane order.
+pub(crate) struct QAct {
+    /// `[n, cols]`: `q` of column `lane_col(j, i)` of chunk `k` at `k * 64 + 4 j + i`.
+    pub q: Vec<i8>,
+    /// `[n, cols / 4]`: per lane, its block's scale `d`.
+    pub d: Vec<f32>,
+    /// `[n, cols / 4]`: per lane, the sum of its 4 `q` times the codes' offset (int4: -8;
+    /// int8: -128, for the unsigned-code form `code + 128` of the VNNI kernel).
+    pub corr: Vec<i32>,
+    pub cols: usize,
+}
+
+impl QAct {
+    /// Token `t`'s `(q, d, corr)`.
+    #[inline]
+    pub fn token(&self, t: usize) -> (&[i8], &[f32], &[i32]) {
+        let (c, l) = (self.cols, self.cols / 4);
+        (
+            &self.q[t * c..(t + 1) * c],
+            &self.d[t * l..(t + 1) * l],
+            &self.corr[t * l..(t + 1) * l],
+        )
+    }
+}
+
+/// `1.5 * 2^23`: adding and subtracting it rounds an f32 of magnitude below `2^22` to an
+/// integer, half to even (the default rounding of the addition), with plain arithmetic that
+/// vectorizes (`f32::round_ties_even` is a library call on baseline x86-64).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// Step 1 of the rule for one block of 32: fills `q`, returns `d`. A block holding a
+/// non-finite value gets `d = NaN` and zero codes (the product is then NaN, as the exact
+/// kernels' would be).
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() {
+        q.fill(0);
+        return if amax == 0.0 { 0.0 } else { f32::NAN };
+    }
+    let inv = 127.0 / amax;
+    for (o, v) in q.iter_mut().zip(x) {
+        // |v * inv| <= 127 (+ rounding), so the magic-number rounding applies.
+        let r = (v * inv + ROUND_MAGIC) - ROUND_MAGIC;
+        *o = r.clamp(-127.0, 127.0) as i8;
+    }
+    amax / 127.0
+}
+
+/// Quantizes `x` (`[n, cols]`) by step 1 and lays it out in lane order for `kind` (int8: the
+/// column order; int4: per chunk the even columns, then the odd ones).
+pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
+    let lanes = cols / 4;
+    let mut out = QAct {
+        q: vec![0; n * cols],
+        d: vec![0.0; n * lanes],
+        corr: vec![0; n * lanes],
+        cols,
+    };
+    let offset = match kind {
+        Kind::Int8 => -128,
+        Kind::Int4 { .. } => -8,
+    };
+    let mut qn = [0i8; CHUNK];
+    for t in 0..n {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let qt = &mut out.q[t * cols..(t + 1) * cols];
+        let dt = &mut out.d[t * lanes..(t + 1) * lanes];
+        let ct = &mut out.corr[t * lanes..(t + 1) * lanes];
+        for k in 0..cols / CHUNK {
+            let xk = &xt[k * CHUNK..(k + 1) * CHUNK];
+            let d0 = quantize_block(&xk[..BLOCK], &mut qn[..BLOCK]);
+            let d1 = quantize_block(&xk[BLOCK..], &mut qn[BLOCK..]);
+            let qk = &mut qt[k * CHUNK..(k + 1) * CHUNK];
+            match kind {
+                Kind::Int8 => qk.copy_from_slice(&qn),
+                Kind::Int4 { .. } => {
+                    for c in 0..CHUNK / 2 {
+                        qk[c] = qn[2 * c];
+                        qk[CHUNK / 2 + c] = qn[2 * c + 1];
+                    }
+                }
+            }
+            for j in 0..LANES {
+                let s: i32 = qk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum();
+                ct[k * LANES + j] = offset * s;
+                let block = match kind {
+                    Kind::Int8 => j / 8,
+                    Kind::Int4 { .. } => (j % 8) / 4,
+                };
+                dt[k * LANES + j] = if block == 0 { d0 } else { d1 };
+            }
+        }
+    }
+    out
+}
+
+/// Step 4: the 16 accumulators summed in the rule's order.
+#[inline]
+pub(crate) fn sum16(a: &[f32; LANES]) -> f32 {
+    let v8: [f32; 8] = std::array::from_fn(|i| a[i] + a[i + 8]);
+    let v4: [f32; 4] = std::array::from_fn(|i| v8[i] + v8[i + 4]);
+    let v2: [f32; 2] = std::array::from_fn(|i| v4[i] + v4[i + 2]);
+    v2[0] + v2[1]
+}
+
+/// The scalar twin: row `r` of `w` (of `kind`) dotted with token `t` of `qa`.
+pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t: usize) -> f32 {
+    let cols = w.cols();
+    let (q, d, _) = qa.token(t);
+    let mut acc = [0f32; LANES];
+    match kind {
+        Kind::Int8 => {
+            let row = &w.data()[r * cols..(r + 1) * cols];
+            for k in 0..cols / CHUNK {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let mut p = 0i32;
+                    for i in 0..4 {
+                        let code = row[k * CHUNK + lane_col(kind, j, i)] as i8 as i32;
+                        p += code * q[k * CHUNK + 4 * j + i] as i32;
+                    }
+                    *a = d[k * LANES + j].mul_add(p as f32, *a);
+                }
+            }
+            sum16(&acc) * w.scales()[r]
+        }
+        Kind::Int4 { group } => {
+            let row = &w.data()[r * cols / 2..(r + 1) * cols / 2];
+            let srow = &w.scales()[r * (cols / group)..(r + 1) * (cols / group)];
+            for k in 0..cols / CHUNK {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let mut p = 0i32;
+                    for i in 0..4 {
+                        let c = k * CHUNK + lane_col(kind, j, i);
+                        let byte = row[c / 2];
+                        let code = if c.is_multiple_of(2) { byte & 15 } else { byte >> 4 };
+                        p += (code as i32 - 8) * q[k * CHUNK + 4 * j + i] as i32;
+                    }
+                    let m = d[k * LANES + j] * srow[group_of(group, k, j)];
+                    *a = m.mul_add(p as f32, *a);
+                }
+            }
+            sum16(&acc)
+        }
+    }
+}

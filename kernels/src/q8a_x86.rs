@@ -1,0 +1,349 @@
+//! The integer-activation rule (`q8a.rs`) on x86-64: AVX-512 VNNI (`vpdpbusd`, 16 lanes in one
+//! register) and AVX2 (`vpmaddubsw` + `vpmaddwd`, the 16 lanes as two registers of 8). Both
+//! compute every lane's integer sum exactly and then the rule's f32 steps in its order, so
+//! their results are the scalar twin's bit for bit.
+//!
+//! - VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
+//!   applied as `-8 * sum q` per lane (the lane's `qsum`) added to the integer sum; int8 codes
+//!   as `code + 128` (`xor 0x80`) and `-128 * sum q`.
+//! - AVX2: int4 codes as they are and `-8 * sum q`; int8 as `|code|` times `q` with the code's
+//!   sign (`vpsignb`), so a pair of products stays within i16 (128 * 127 * 2 < 2^15).
+
+use crate::q8a::{group_of, Kind, QAct, LANES};
+use coli_format::MatrixView;
+use std::arch::x86_64::*;
+
+/// Tokens per pass over a weight row in the matmul kernels.
+const TILE: usize = 4;
+/// Rows per pass in the matmul kernels.
+const TILE_ROWS: usize = 2;
+/// Rows per pass of a one-token product.
+const ROWS: usize = 4;
+
+/// Step 4 of the rule over two 8-lane halves (`lo` = lanes 0..8).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn sum16_halves(lo: __m256, hi: __m256) -> f32 {
+    let v8 = _mm256_add_ps(lo, hi);
+    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)))
+}
+
+/// The 16 lanes' multipliers' group scales for chunk `k` of an int4 row: 8-lane vectors
+/// (lanes 0..8 and 8..16 have the same pattern).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn int4_scales8(srow: &[f32], g: usize, k: usize) -> __m256 {
+    if g == 32 {
+        _mm256_blend_ps(
+            _mm256_set1_ps(srow[group_of(g, k, 0)]),
+            _mm256_set1_ps(srow[group_of(g, k, 4)]),
+            0xF0,
+        )
+    } else {
+        _mm256_set1_ps(srow[group_of(g, k, 0)])
+    }
+}
+
+/// A token's quantized activations in lane order: `(q, d, corr)` ([`QAct::token`]).
+type Tok<'a> = (&'a [i8], &'a [f32], &'a [i32]);
+/// A row's codes (int8: `cols` bytes; int4: `cols / 2`) and its scales.
+type Row<'a> = (&'a [u8], &'a [f32]);
+
+/// AVX2: `R` rows against `T` tokens (`R * T` independent accumulator chains, each in the
+/// rule's order).
+///
+/// # Safety
+/// AVX2 and FMA are available; the rows and tokens have the lengths of rows of a `kind` matrix
+/// with `toks[_].0.len()` columns (checked by assertions).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2<const R: usize, const T: usize>(
+    kind: Kind,
+    rows: [Row<'_>; R],
+    toks: [Tok<'_>; T],
+) -> [[f32; T]; R] {
+    let cols = toks[0].0.len();
+    let chunks = cols / 64;
+    for (q, d, c) in toks {
+        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    }
+    for (codes, _) in rows {
+        let need = match kind {
+            Kind::Int4 { .. } => 32 * chunks,
+            Kind::Int8 => 64 * chunks,
+        };
+        assert!(codes.len() == need);
+    }
+    let ones = _mm256_set1_epi16(1);
+    let m0f = _mm256_set1_epi8(0x0F);
+    let mut lo = [[_mm256_setzero_ps(); T]; R];
+    let mut hi = [[_mm256_setzero_ps(); T]; R];
+    for k in 0..chunks {
+        let q0 = 64 * k;
+        let l0 = LANES * k;
+        for r in 0..R {
+            let (codes, scales) = rows[r];
+            match kind {
+                Kind::Int4 { group } => {
+                    // SAFETY: 32 readable bytes at `32 k` (asserted above).
+                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
+                    let wl = _mm256_and_si256(packed, m0f);
+                    let wh = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m0f);
+                    let s = int4_scales8(scales, group, k);
+                    for t in 0..T {
+                        let (q, d, c) = toks[t];
+                        // SAFETY: the loads read within `q`, `d` and `c` (asserted above).
+                        unsafe {
+                            let ql = _mm256_loadu_si256(q.as_ptr().add(q0).cast());
+                            let qh = _mm256_loadu_si256(q.as_ptr().add(q0 + 32).cast());
+                            let cl = _mm256_loadu_si256(c.as_ptr().add(l0).cast());
+                            let ch = _mm256_loadu_si256(c.as_ptr().add(l0 + 8).cast());
+                            let pl = _mm256_add_epi32(
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(wl, ql), ones),
+                                cl,
+                            );
+                            let ph = _mm256_add_epi32(
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(wh, qh), ones),
+                                ch,
+                            );
+                            let ml = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(l0)), s);
+                            let mh = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(l0 + 8)), s);
+                            lo[r][t] = _mm256_fmadd_ps(ml, _mm256_cvtepi32_ps(pl), lo[r][t]);
+                            hi[r][t] = _mm256_fmadd_ps(mh, _mm256_cvtepi32_ps(ph), hi[r][t]);
+                        }
+                    }
+                }
+                Kind::Int8 => {
+                    // SAFETY: 64 readable bytes at `64 k` (asserted above).
+                    let (wl, wh) = unsafe {
+                        (
+                            _mm256_loadu_si256(codes.as_ptr().add(q0).cast()),
+                            _mm256_loadu_si256(codes.as_ptr().add(q0 + 32).cast()),
+                        )
+                    };
+                    let (al, ah) = (_mm256_abs_epi8(wl), _mm256_abs_epi8(wh));
+                    for t in 0..T {
+                        let (q, d, _) = toks[t];
+                        // SAFETY: the loads read within `q` and `d` (asserted above).
+                        unsafe {
+                            let ql =
+                                _mm256_sign_epi8(_mm256_loadu_si256(q.as_ptr().add(q0).cast()), wl);
+                            let qh = _mm256_sign_epi8(
+                                _mm256_loadu_si256(q.as_ptr().add(q0 + 32).cast()),
+                                wh,
+                            );
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(al, ql), ones);
+                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(ah, qh), ones);
+                            let dl = _mm256_loadu_ps(d.as_ptr().add(l0));
+                            let dh = _mm256_loadu_ps(d.as_ptr().add(l0 + 8));
+                            lo[r][t] = _mm256_fmadd_ps(dl, _mm256_cvtepi32_ps(pl), lo[r][t]);
+                            hi[r][t] = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(ph), hi[r][t]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            let v = sum16_halves(lo[r][t], hi[r][t]);
+            out[r][t] = match kind {
+                Kind::Int8 => v * rows[r].1[0],
+                Kind::Int4 { .. } => v,
+            };
+        }
+    }
+    out
+}
+
+/// AVX-512 VNNI: as [`dot_avx2`], 16 lanes per register.
+///
+/// # Safety
+/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; lengths as [`dot_avx2`].
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+unsafe fn dot_vnni<const R: usize, const T: usize>(
+    kind: Kind,
+    rows: [Row<'_>; R],
+    toks: [Tok<'_>; T],
+) -> [[f32; T]; R] {
+    let cols = toks[0].0.len();
+    let chunks = cols / 64;
+    for (q, d, c) in toks {
+        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    }
+    for (codes, _) in rows {
+        let need = match kind {
+            Kind::Int4 { .. } => 32 * chunks,
+            Kind::Int8 => 64 * chunks,
+        };
+        assert!(codes.len() == need);
+    }
+    let m0f = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for k in 0..chunks {
+        let q0 = 64 * k;
+        let l0 = LANES * k;
+        // The tokens' vectors of this chunk, shared by the R rows.
+        let mut qv = [_mm512_setzero_si512(); T];
+        let mut cv = [_mm512_setzero_si512(); T];
+        let mut dv = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            let (q, d, c) = toks[t];
+            // SAFETY: the loads read within `q`, `d` and `c` (asserted above).
+            unsafe {
+                qv[t] = _mm512_loadu_si512(q.as_ptr().add(q0).cast());
+                cv[t] = _mm512_loadu_si512(c.as_ptr().add(l0).cast());
+                dv[t] = _mm512_loadu_ps(d.as_ptr().add(l0));
+            }
+        }
+        for r in 0..R {
+            let (codes, scales) = rows[r];
+            // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128: `corr` holds
+            // the matching `-8` or `-128` times each lane's sum of q) and the group scales.
+            let (w, s) = match kind {
+                Kind::Int4 { group } => {
+                    // SAFETY: 32 readable bytes at `32 k` (asserted above).
+                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
+                    let both = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(packed),
+                        _mm256_srli_epi16(packed, 4),
+                        1,
+                    );
+                    let s = if group == 32 {
+                        dup256(int4_scales8(scales, group, k))
+                    } else {
+                        _mm512_set1_ps(scales[group_of(group, k, 0)])
+                    };
+                    (_mm512_and_si512(both, m0f), Some(s))
+                }
+                Kind::Int8 => {
+                    // SAFETY: 64 readable bytes at `64 k` (asserted above).
+                    let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(q0).cast()) };
+                    (_mm512_xor_si512(w, flip), None)
+                }
+            };
+            for t in 0..T {
+                let p = _mm512_dpbusd_epi32(cv[t], w, qv[t]);
+                let m = match s {
+                    Some(s) => _mm512_mul_ps(dv[t], s),
+                    None => dv[t],
+                };
+                acc[r][t] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(p), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            let a = acc[r][t];
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            let v = sum16_halves(lo, hi);
+            out[r][t] = match kind {
+                Kind::Int8 => v * rows[r].1[0],
+                Kind::Int4 { .. } => v,
+            };
+        }
+    }
+    out
+}
+
+/// An 8-lane vector repeated in both halves of a 16-lane one.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn dup256(v: __m256) -> __m512 {
+    let d = _mm256_castps_pd(v);
+    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(d), d, 1))
+}
+
+/// A row's codes and scales.
+fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
+    let cols = w.cols();
+    match kind {
+        Kind::Int8 => (&w.data()[r * cols..(r + 1) * cols], &w.scales()[r..r + 1]),
+        Kind::Int4 { group } => {
+            let ng = cols / group;
+            (
+                &w.data()[r * cols / 2..(r + 1) * cols / 2],
+                &w.scales()[r * ng..(r + 1) * ng],
+            )
+        }
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa`: [`ROWS`] rows at a time
+/// for one token (decode: independent accumulator chains), [`TILE_ROWS`] rows x [`TILE`]
+/// tokens for several; `vnni` picks the AVX-512 VNNI kernel, else AVX2. Every output is the
+/// rule's value for its row and token whatever the tile it ran in.
+///
+/// # Safety
+/// AVX2 and FMA are available, and with `vnni` AVX-512F and AVX-512 VNNI; `w` is of `kind`
+/// with checked sections; `qa` was quantized for `kind` with `w.cols()` columns and `n` tokens.
+pub(crate) unsafe fn rows(
+    vnni: bool,
+    kind: Kind,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    macro_rules! tile {
+        ($r:literal, $t:literal, $i:expr, $tok0:expr) => {{
+            let rows: [Row<'_>; $r] = std::array::from_fn(|u| row_of(kind, w, r0 + $i + u));
+            let toks: [Tok<'_>; $t] = std::array::from_fn(|u| qa.token($tok0 + u));
+            // SAFETY: the caller's guarantees; the rows and tokens have matching lengths.
+            let out = unsafe {
+                if vnni {
+                    dot_vnni::<$r, $t>(kind, rows, toks)
+                } else {
+                    dot_avx2::<$r, $t>(kind, rows, toks)
+                }
+            };
+            for (u, o) in out.iter().enumerate() {
+                let at = ($i + u) * n + $tok0;
+                yt[at..at + $t].copy_from_slice(o);
+            }
+        }};
+    }
+    let nrows = yt.len() / n;
+    let mut i = 0;
+    if n == 1 {
+        while i + ROWS <= nrows {
+            tile!(4, 1, i, 0);
+            i += ROWS;
+        }
+    } else {
+        while i + TILE_ROWS <= nrows {
+            let mut t = 0;
+            while t + TILE <= n {
+                tile!(2, 4, i, t);
+                t += TILE;
+            }
+            while t < n {
+                tile!(2, 1, i, t);
+                t += 1;
+            }
+            i += TILE_ROWS;
+        }
+    }
+    while i < nrows {
+        let mut t = 0;
+        while t + TILE <= n {
+            tile!(1, 4, i, t);
+            t += TILE;
+        }
+        while t < n {
+            tile!(1, 1, i, t);
+            t += 1;
+        }
+        i += 1;
+    }
+}

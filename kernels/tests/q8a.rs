@@ -1,0 +1,281 @@
+//! The integer-activation numerics (`Numerics::Q8a`, kernels/src/q8a.rs): every instruction
+//! set gives the scalar twin's bits (matvec and matmul, any thread count); the results equal an
+//! independent f64 evaluation of the rule (activations quantized here by the rule as written in
+//! docs/ENGINE.md, weights decoded by `MatrixView::dequantize_row`) within f32 rounding; other
+//! encodings and shapes keep their f32 kernels.
+
+use coli_format::{Encoding, MatrixView};
+use coli_kernels::{matmul_num, matvec_num, Isa, Numerics};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+struct Mat {
+    encoding: Encoding,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl Mat {
+    fn random(encoding: Encoding, rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data = (0..encoding.weight_bytes(rows, cols))
+            .map(|_| rng.gen())
+            .collect();
+        let scales = (0..encoding.scale_count(rows, cols))
+            .map(|_| rng.gen_range(0.001f32..0.1) * if rng.gen() { 1.0 } else { -1.0 })
+            .collect();
+        Mat {
+            encoding,
+            rows,
+            cols,
+            data,
+            scales,
+        }
+    }
+
+    fn view(&self) -> MatrixView<'_> {
+        MatrixView::new(
+            self.encoding,
+            self.rows,
+            self.cols,
+            &self.data,
+            &self.scales,
+        )
+        .unwrap()
+    }
+}
+
+/// Activations with the cases the rule names: an all-zero block, a block whose largest value
+/// is far above the rest, exact halves after scaling, negative zeros.
+fn activations(n: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+    for t in 0..n {
+        let row = &mut x[t * cols..(t + 1) * cols];
+        row[..32].fill(0.0);
+        row[5] = -0.0;
+        if cols >= 64 {
+            row[40] = 1000.0;
+        }
+        if cols >= 128 {
+            // amax 127: inv = 1, so 0.5 and 2.5 are exact ties (round to even: 0 and 2).
+            let b = &mut row[64..96];
+            b.fill(0.25);
+            b[0] = 127.0;
+            b[1] = 0.5;
+            b[2] = 2.5;
+            b[3] = -1.5;
+        }
+    }
+    x
+}
+
+fn isas() -> Vec<Isa> {
+    let v: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.supported())
+        .collect();
+    eprintln!(
+        "integer kernels tested: {:?}",
+        v.iter()
+            .map(|&i| coli_kernels::integer_kernel(i))
+            .collect::<Vec<_>>()
+    );
+    v
+}
+
+fn kinds() -> Vec<Encoding> {
+    vec![
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 32 },
+        Encoding::Int4 { group_size: 64 },
+        Encoding::Int4 { group_size: 128 },
+    ]
+}
+
+/// Step 1 of the rule, written out again from docs/ENGINE.md: `(d, q)` per block of 32.
+fn quantize_rule(x: &[f32]) -> Vec<(f32, [i8; 32])> {
+    x.chunks_exact(32)
+        .map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut q = [0i8; 32];
+            if amax == 0.0 {
+                return (0.0, q);
+            }
+            let inv = 127.0f32 / amax;
+            for (o, &v) in q.iter_mut().zip(b) {
+                let s = v * inv;
+                let r = s.round();
+                // round half to even
+                let r = if (s - s.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+                    r - s.signum()
+                } else {
+                    r
+                };
+                *o = r.clamp(-127.0, 127.0) as i8;
+            }
+            (amax / 127.0f32, q)
+        })
+        .collect()
+}
+
+/// The rule evaluated in f64: `sum_c w_c * d_B(c) * q_c`, and `sum |w_c d q_c|`.
+fn reference(w: &MatrixView<'_>, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let qd: Vec<f64> = quantize_rule(x)
+        .iter()
+        .flat_map(|(d, q)| q.map(|v| *d as f64 * v as f64))
+        .collect();
+    let mut row = vec![0f32; w.cols()];
+    let mut y = Vec::new();
+    let mut a = Vec::new();
+    for r in 0..w.rows() {
+        w.dequantize_row(r, &mut row);
+        y.push(row.iter().zip(&qd).map(|(&w, &v)| w as f64 * v).sum());
+        a.push(
+            row.iter()
+                .zip(&qd)
+                .map(|(&w, &v)| (w as f64 * v).abs())
+                .sum(),
+        );
+    }
+    (y, a)
+}
+
+#[test]
+fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
+    let isas = isas();
+    let mut seed = 1;
+    for enc in kinds() {
+        for (rows, cols) in [
+            (1, 64),
+            (32, 64),
+            (7, 128),
+            (33, 576),
+            (200, 1536),
+            (3, 2048),
+        ] {
+            if let Encoding::Int4 { group_size } = enc {
+                if cols % group_size as usize != 0 {
+                    continue;
+                }
+            }
+            seed += 1;
+            let m = Mat::random(enc, rows, cols, seed);
+            let w = m.view();
+            let n = if rows == 32 { 16 } else { 7 };
+            let x = activations(n, cols, seed + 100);
+            let mut want: Option<Vec<f32>> = None;
+            for &isa in &isas {
+                let what = format!("{enc:?} {rows}x{cols} {isa:?}");
+                let mut mm = vec![0f32; n * rows];
+                matmul_num(isa, Numerics::Q8a, &w, &x, n, &mut mm);
+                for t in 0..n {
+                    let mut y = vec![0f32; rows];
+                    matvec_num(isa, Numerics::Q8a, &w, &x[t * cols..(t + 1) * cols], &mut y);
+                    assert_eq!(
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        mm[t * rows..(t + 1) * rows]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>(),
+                        "{what}: matmul row {t} differs from its matvec"
+                    );
+                    let (r, a) = reference(&w, &x[t * cols..(t + 1) * cols]);
+                    for i in 0..rows {
+                        let tol = a[i] * cols as f64 * 2f64.powi(-23) + 1e-30;
+                        assert!(
+                            (y[i] as f64 - r[i]).abs() <= tol,
+                            "{what}: row {i} token {t}: {} vs rule {} (tol {tol})",
+                            y[i],
+                            r[i]
+                        );
+                    }
+                }
+                match &want {
+                    None => want = Some(mm),
+                    Some(s) => assert_eq!(
+                        s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        mm.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{what}: differs from the scalar twin"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    let m = Mat::random(Encoding::Int4 { group_size: 64 }, 700, 1024, 9);
+    let w = m.view();
+    let x = activations(5, 1024, 10);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let isa = coli_kernels::detected_isa();
+            let mut y = vec![0f32; 5 * 700];
+            matmul_num(isa, Numerics::Q8a, &w, &x, 5, &mut y);
+            let mut v = vec![0f32; 700];
+            matvec_num(isa, Numerics::Q8a, &w, &x[..1024], &mut v);
+            (y, v)
+        })
+    };
+    assert_eq!(run(1), run(2));
+}
+
+#[test]
+fn close_to_the_exact_product_and_other_matrices_unchanged() {
+    let isa = coli_kernels::detected_isa();
+    // The integer rule changes results by the activation rounding only (~0.4% of |w||x|).
+    let m = Mat::random(Encoding::Int4 { group_size: 64 }, 64, 2048, 3);
+    let w = m.view();
+    let mut rng = StdRng::seed_from_u64(4);
+    let x: Vec<f32> = (0..2048).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
+    matvec_num(isa, Numerics::Exact, &w, &x, &mut a);
+    matvec_num(isa, Numerics::Q8a, &w, &x, &mut b);
+    let norm = a.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(p, q)| (p - q).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    assert!(
+        diff > 0.0 && diff / norm < 0.02,
+        "relative change {}",
+        diff / norm
+    );
+    // bf16, int4 with group 16, and cols not a multiple of 64 keep their f32 kernels.
+    for (enc, cols) in [
+        (Encoding::Bf16, 128),
+        (Encoding::Int4 { group_size: 16 }, 128),
+        (Encoding::Int8, 96),
+    ] {
+        let m = Mat::random(enc, 9, cols, 5);
+        let w = m.view();
+        let x = activations(1, cols, 6);
+        let (mut a, mut b) = (vec![0f32; 9], vec![0f32; 9]);
+        matvec_num(isa, Numerics::Exact, &w, &x, &mut a);
+        matvec_num(isa, Numerics::Q8a, &w, &x, &mut b);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "{enc:?} cols {cols}");
+    }
+}
+
+#[test]
+fn numerics_ids_and_names() {
+    for isa in [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512] {
+        let e = coli_kernels::numerics_id_with(isa, Numerics::Exact);
+        let q = coli_kernels::numerics_id_with(isa, Numerics::Q8a);
+        assert_eq!(q, format!("{e}+q8a-r1"));
+    }
+    assert_eq!(Numerics::parse("q8a"), Ok(Numerics::Q8a));
+    assert_eq!(Numerics::parse(" exact "), Ok(Numerics::Exact));
+    assert!(Numerics::parse("int8").unwrap_err().contains("exact"));
+}
