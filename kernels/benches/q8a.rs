@@ -28,6 +28,7 @@ fn main() {
         integer_kernel(isa),
         all
     );
+    let mut rng = StdRng::seed_from_u64(7);
     // The activation quantization alone: a product with 4 rows.
     {
         let enc = Encoding::Int4 { group_size: 64 };
@@ -42,8 +43,55 @@ fn main() {
             t * 1e6
         );
     }
+    // Weights streamed from RAM (as a decode over experts does): 128 matrices of 1024 x 2048
+    // int4-g64 (128 MiB), each product on the next one.
+    {
+        let enc = Encoding::Int4 { group_size: 64 };
+        let (rows, cols, count) = (1024, 2048, 128);
+        let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..count)
+            .map(|_| {
+                (
+                    (0..enc.weight_bytes(rows, cols))
+                        .map(|_| rng.gen())
+                        .collect(),
+                    (0..enc.scale_count(rows, cols))
+                        .map(|_| rng.gen_range(0.01f32..0.1))
+                        .collect(),
+                )
+            })
+            .collect();
+        let views: Vec<MatrixView<'_>> = mats
+            .iter()
+            .map(|(d, s)| MatrixView::new(enc, rows, cols, d, s).unwrap())
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut y = vec![0f32; rows];
+        for threads in [1, all] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut i = 0;
+            let mut t = [f64::INFINITY; 2];
+            for _ in 0..2 {
+                for (k, num) in [Numerics::Exact, Numerics::Q8a].into_iter().enumerate() {
+                    t[k] = t[k].min(pool.install(|| {
+                        timing::best_seconds(BUDGET, || {
+                            i = (i + 1) % count;
+                            matmul_num(isa, num, &views[i], &x, 1, &mut y)
+                        })
+                    }));
+                }
+            }
+            println!(
+                "from RAM: int4-g64 1024x2048, {threads} threads: exact {:.1} us, q8a {:.1} us, exact/q8a {:.2}",
+                t[0] * 1e6,
+                t[1] * 1e6,
+                t[0] / t[1]
+            );
+        }
+    }
     println!("encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a");
-    let mut rng = StdRng::seed_from_u64(7);
     for enc in [
         Encoding::Int4 { group_size: 64 },
         Encoding::Int4 { group_size: 32 },

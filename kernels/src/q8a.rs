@@ -213,7 +213,11 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
                     for i in 0..4 {
                         let c = k * CHUNK + lane_col(kind, j, i);
                         let byte = row[c / 2];
-                        let code = if c.is_multiple_of(2) { byte & 15 } else { byte >> 4 };
+                        let code = if c.is_multiple_of(2) {
+                            byte & 15
+                        } else {
+                            byte >> 4
+                        };
                         p += (code as i32 - 8) * q[k * CHUNK + 4 * j + i] as i32;
                     }
                     let m = d[k * LANES + j] * srow[group_of(group, k, j)];

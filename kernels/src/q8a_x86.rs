@@ -13,12 +13,12 @@ use crate::q8a::{group_of, Kind, QAct, LANES};
 use coli_format::MatrixView;
 use std::arch::x86_64::*;
 
+/// Bytes ahead of the chunk being read that the VNNI kernel prefetches.
+const PREFETCH: usize = 1024;
 /// Tokens per pass over a weight row in the matmul kernels.
 const TILE: usize = 4;
 /// Rows per pass in the matmul kernels.
 const TILE_ROWS: usize = 2;
-/// Rows per pass of a one-token product.
-const ROWS: usize = 4;
 
 /// Step 4 of the rule over two 8-lane halves (`lo` = lanes 0..8).
 #[inline]
@@ -28,6 +28,17 @@ fn sum16_halves(lo: __m256, hi: __m256) -> f32 {
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
     let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
     _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)))
+}
+
+/// `group_of(g, k, _)` for a group size `g` that is a multiple of 64, without a division for
+/// the common `g == 64` (a division per chunk costs as much as reading the chunk from RAM).
+#[inline]
+fn wide_group(g: usize, k: usize) -> usize {
+    if g == 64 {
+        k
+    } else {
+        group_of(g, k, 0)
+    }
 }
 
 /// The 16 lanes' multipliers' group scales for chunk `k` of an int4 row: 8-lane vectors
@@ -42,7 +53,7 @@ fn int4_scales8(srow: &[f32], g: usize, k: usize) -> __m256 {
             0xF0,
         )
     } else {
-        _mm256_set1_ps(srow[group_of(g, k, 0)])
+        _mm256_set1_ps(srow[wide_group(g, k)])
     }
 }
 
@@ -209,8 +220,14 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
             // the matching `-8` or `-128` times each lane's sum of q) and the group scales.
             let (w, s) = match kind {
                 Kind::Int4 { group } => {
-                    // SAFETY: 32 readable bytes at `32 k` (asserted above).
-                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
+                    // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch of any
+                    // address is allowed (it never faults).
+                    let packed = unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
+                        );
+                        _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
+                    };
                     let both = _mm512_inserti64x4(
                         _mm512_castsi256_si512(packed),
                         _mm256_srli_epi16(packed, 4),
@@ -219,13 +236,19 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
                     let s = if group == 32 {
                         dup256(int4_scales8(scales, group, k))
                     } else {
-                        _mm512_set1_ps(scales[group_of(group, k, 0)])
+                        _mm512_set1_ps(scales[wide_group(group, k)])
                     };
                     (_mm512_and_si512(both, m0f), Some(s))
                 }
                 Kind::Int8 => {
-                    // SAFETY: 64 readable bytes at `64 k` (asserted above).
-                    let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(q0).cast()) };
+                    // SAFETY: 64 readable bytes at `64 k` (asserted above); a prefetch never
+                    // faults.
+                    let w = unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            codes.as_ptr().wrapping_add(q0 + PREFETCH).cast(),
+                        );
+                        _mm512_loadu_si512(codes.as_ptr().add(q0).cast())
+                    };
                     (_mm512_xor_si512(w, flip), None)
                 }
             };
@@ -263,6 +286,34 @@ fn dup256(v: __m256) -> __m512 {
     _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(d), d, 1))
 }
 
+/// One token, row by row, in one target-feature function (so that the dot product inlines).
+///
+/// # Safety
+/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; as [`rows`] with `n == 1`.
+#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+unsafe fn matvec_vnni(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &mut [f32]) {
+    let tok = qa.token(0);
+    for (i, yo) in y.iter_mut().enumerate() {
+        let row = row_of(kind, w, r0 + i);
+        // SAFETY: features available (caller); the row and token have matching lengths.
+        *yo = unsafe { dot_vnni::<1, 1>(kind, [row], [tok]) }[0][0];
+    }
+}
+
+/// [`matvec_vnni`] with the AVX2 kernel.
+///
+/// # Safety
+/// AVX2 and FMA are available; as [`rows`] with `n == 1`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn matvec_avx2(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &mut [f32]) {
+    let tok = qa.token(0);
+    for (i, yo) in y.iter_mut().enumerate() {
+        let row = row_of(kind, w, r0 + i);
+        // SAFETY: features available (caller); the row and token have matching lengths.
+        *yo = unsafe { dot_avx2::<1, 1>(kind, [row], [tok]) }[0][0];
+    }
+}
+
 /// A row's codes and scales.
 fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     let cols = w.cols();
@@ -278,9 +329,8 @@ fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     }
 }
 
-/// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa`: [`ROWS`] rows at a time
-/// for one token (decode: independent accumulator chains), [`TILE_ROWS`] rows x [`TILE`]
-/// tokens for several; `vnni` picks the AVX-512 VNNI kernel, else AVX2. Every output is the
+/// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa`: one row at a time for one
+/// token (decode), [`TILE_ROWS`] rows x [`TILE`] tokens for several; `vnni` picks the AVX-512 VNNI kernel, else AVX2. Every output is the
 /// rule's value for its row and token whatever the tile it ran in.
 ///
 /// # Safety
@@ -315,12 +365,22 @@ pub(crate) unsafe fn rows(
     }
     let nrows = yt.len() / n;
     let mut i = 0;
+    // One token (decode): row by row, so the weights stream from RAM in one sequential run
+    // (2 or 4 rows interleaved per chunk cut the rate from RAM by a third: 1024 x 2048 int4-g64,
+    // 106 us one row at a time, 164-180 us interleaved, exact 126 us; kernels/benches/q8a.rs).
+    // Several tokens: 2 rows x 4 tokens, whose 8 accumulator chains the weights are reused by.
     if n == 1 {
-        while i + ROWS <= nrows {
-            tile!(4, 1, i, 0);
-            i += ROWS;
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            if vnni {
+                matvec_vnni(kind, w, qa, r0, yt);
+            } else {
+                matvec_avx2(kind, w, qa, r0, yt);
+            }
         }
-    } else {
+        return;
+    }
+    {
         while i + TILE_ROWS <= nrows {
             let mut t = 0;
             while t + TILE <= n {
