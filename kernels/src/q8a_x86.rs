@@ -62,6 +62,23 @@ type Tok<'a> = (&'a [i8], &'a [f32], &'a [i32]);
 /// A row's codes (int8: `cols` bytes; int4: `cols / 2`) and its scales.
 type Row<'a> = (&'a [u8], &'a [f32]);
 
+/// The number of 64-column chunks of the rows and tokens, after asserting that every row and
+/// token has the lengths of one (the kernels' loads rely on it).
+fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
+    let chunks = toks[0].0.len() / 64;
+    for (q, d, c) in toks {
+        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    }
+    let need = match kind {
+        Kind::Int4 { .. } => 32 * chunks,
+        Kind::Int8 => 64 * chunks,
+    };
+    for (codes, _) in rows {
+        assert!(codes.len() == need);
+    }
+    chunks
+}
+
 /// AVX2: `R` rows against `T` tokens (`R * T` independent accumulator chains, each in the
 /// rule's order).
 ///
@@ -76,18 +93,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize>(
     rows: [Row<'_>; R],
     toks: [Tok<'_>; T],
 ) -> [[f32; T]; R] {
-    let cols = toks[0].0.len();
-    let chunks = cols / 64;
-    for (q, d, c) in toks {
-        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
-    }
-    for (codes, _) in rows {
-        let need = match kind {
-            Kind::Int4 { .. } => 32 * chunks,
-            Kind::Int8 => 64 * chunks,
-        };
-        assert!(codes.len() == need);
-    }
+    let chunks = checked_chunks(kind, &rows, &toks);
     let ones = _mm256_set1_epi16(1);
     let m0f = _mm256_set1_epi8(0x0F);
     let mut lo = [[_mm256_setzero_ps(); T]; R];
@@ -183,18 +189,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
     rows: [Row<'_>; R],
     toks: [Tok<'_>; T],
 ) -> [[f32; T]; R] {
-    let cols = toks[0].0.len();
-    let chunks = cols / 64;
-    for (q, d, c) in toks {
-        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
-    }
-    for (codes, _) in rows {
-        let need = match kind {
-            Kind::Int4 { .. } => 32 * chunks,
-            Kind::Int8 => 64 * chunks,
-        };
-        assert!(codes.len() == need);
-    }
+    let chunks = checked_chunks(kind, &rows, &toks);
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
