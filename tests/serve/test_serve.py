@@ -480,6 +480,10 @@ def run_checks(server, q, question):
                        {"role": "user", "content": "And what is the capital of Germany?"}]
     before = metrics(server)
     t2 = client.chat.completions.create(model=MODEL, messages=conv, max_tokens=24, temperature=0)
+    # The worker counts a request's tokens when it retires it, which may be just after the
+    # client has the whole response: wait until the second turn is counted.
+    wait_for(lambda: metrics(server)["coli_prompt_tokens_total"] - before["coli_prompt_tokens_total"]
+             >= t2.usage.prompt_tokens, 10)
     after = metrics(server)
     cached = t2.usage.prompt_tokens_details.cached_tokens
     prefilled = after["coli_prefill_tokens_total"] - before["coli_prefill_tokens_total"]
