@@ -47,6 +47,7 @@
 use coli_format::MatrixView;
 use rayon::prelude::*;
 
+pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -59,8 +60,13 @@ mod q8a;
 mod q8a_x86;
 pub mod quantize;
 mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod strided_x86;
 
-pub use ops::{axpy, axpy_strided, dot, dot_strided, rms_norm, silu, softmax_inplace};
+pub use ops::{
+    axpy, axpy_strided, axpy_strided_with, dot, dot_strided, dot_strided_with, rms_norm, silu,
+    softmax_inplace,
+};
 pub use quantize::{quantize_int4_row, quantize_int4_row_with};
 
 pub use coli_format::cpu::{detected_isa, Isa};

@@ -69,6 +69,45 @@ pub fn softmax_inplace(x: &mut [f32]) {
 /// # Panics
 /// If `m` is shorter than `(out.len() - 1) * stride + offset + q.len()` (for a non-empty `out`).
 pub fn dot_strided(q: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+    dot_strided_with(crate::detected_isa(), q, m, stride, offset, out)
+}
+
+/// [`dot_strided`] compiled for `isa` (tests and benches): the same bits on every instruction
+/// set (each lane's products and sums are the portable code's; AVX2 holds the eight lanes in
+/// one register, with a multiply and an add, never a fused multiply-add).
+///
+/// # Panics
+/// As [`dot_strided`]; also if `isa` is not supported by this CPU.
+pub fn dot_strided_with(
+    isa: crate::Isa,
+    q: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        isa.supported(),
+        "dot_strided: {} is not supported here",
+        isa.name()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa != crate::Isa::Scalar {
+        crate::strided_x86::dot_strided(isa, q, m, stride, offset, out);
+        return;
+    }
+    dot_strided_portable(q, m, stride, offset, out)
+}
+
+/// The body of [`dot_strided`], inlined into each instruction set's copy.
+#[inline(always)]
+pub(crate) fn dot_strided_portable(
+    q: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
     let d = q.len();
     let n = out.len();
     if n == 0 {
@@ -126,6 +165,45 @@ fn combine_lanes(s: &[f32; 8]) -> f32 {
 /// # Panics
 /// If `m` is shorter than `(p.len() - 1) * stride + offset + y.len()` (for a non-empty `p`).
 pub fn axpy_strided(p: &[f32], m: &[f32], stride: usize, offset: usize, y: &mut [f32]) {
+    axpy_strided_with(crate::detected_isa(), p, m, stride, offset, y)
+}
+
+/// [`axpy_strided`] compiled for `isa` (tests and benches): the same bits on every instruction
+/// set (each output's products and sums are the portable code's, in the same order; AVX2 and
+/// AVX-512 hold a block of 32 outputs in four or two registers, multiply then add).
+///
+/// # Panics
+/// As [`axpy_strided`]; also if `isa` is not supported by this CPU.
+pub fn axpy_strided_with(
+    isa: crate::Isa,
+    p: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    y: &mut [f32],
+) {
+    assert!(
+        isa.supported(),
+        "axpy_strided: {} is not supported here",
+        isa.name()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa != crate::Isa::Scalar {
+        crate::strided_x86::axpy_strided(isa, p, m, stride, offset, y);
+        return;
+    }
+    axpy_strided_portable(p, m, stride, offset, y)
+}
+
+/// The body of [`axpy_strided`], inlined into each instruction set's copy.
+#[inline(always)]
+pub(crate) fn axpy_strided_portable(
+    p: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    y: &mut [f32],
+) {
     let d = y.len();
     let n = p.len();
     if n == 0 {

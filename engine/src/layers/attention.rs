@@ -2,6 +2,7 @@
 //! `eager_attention_forward`: `softmax(q k^T * head_dim^-0.5 + mask) v`, softmax in f32.
 
 use crate::layers::{Linear, RmsNorm, Rope, Span};
+use coli_kernels::attend;
 use rayon::prelude::*;
 
 /// Optional RMSNorm of the projected queries and keys (before RoPE).
@@ -139,6 +140,45 @@ pub struct Attention<'s> {
     pub sinks: Option<Vec<f32>>,
 }
 
+/// Query rows per attention block: a block's tokens times the query heads of one KV head
+/// (about this many rows share each tile of keys and values it reads).
+pub const BLOCK_ROWS: usize = 32;
+
+/// One block of [`Attention::forward_spans`]: rows `tokens` of the pass (all of span `span`)
+/// with the query heads of KV head `kv_head`.
+pub struct HeadBlock {
+    /// The span (sequence) the tokens belong to.
+    pub span: usize,
+    /// The KV head.
+    pub kv_head: usize,
+    /// Rows of the pass (consecutive tokens of the span).
+    pub tokens: std::ops::Range<usize>,
+}
+
+/// The blocks of a pass over `spans` with `kv_heads` KV heads of `group` query heads each:
+/// per span and KV head, its tokens in tiles of `max(1, BLOCK_ROWS / group)`.
+pub fn head_blocks(spans: &[Span], kv_heads: usize, group: usize) -> Vec<HeadBlock> {
+    let tile = (BLOCK_ROWS / group.max(1)).max(1);
+    let mut blocks = Vec::new();
+    let mut r0 = 0;
+    for (span, s) in spans.iter().enumerate() {
+        for kv_head in 0..kv_heads {
+            let mut t = 0;
+            while t < s.n {
+                let m = tile.min(s.n - t);
+                blocks.push(HeadBlock {
+                    span,
+                    kv_head,
+                    tokens: r0 + t..r0 + t + m,
+                });
+                t += m;
+            }
+        }
+        r0 += s.n;
+    }
+    blocks
+}
+
 impl Attention<'_> {
     /// Width of one KV cache row, `num_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
@@ -169,8 +209,9 @@ impl Attention<'_> {
     /// the softmax over keys run per row against its own sequence's cache, so each row's output
     /// (`out`, `[N, hidden]`) is bit-identical to running its sequence alone.
     ///
-    /// Each (row, head) output is computed by one task in a fixed order, so results do not
-    /// depend on the number of threads.
+    /// Attention runs in blocks ([`head_blocks`], [`coli_kernels::attend::attend_block`]): each
+    /// (row, head) output has the bits of the per-row form in a fixed order, so results depend
+    /// neither on the number of threads nor on the blocks.
     pub fn forward_spans(
         &self,
         x: &[f32],
@@ -227,34 +268,56 @@ impl Attention<'_> {
         let group = nh / nkv;
         let window = self.window;
         let caches: Vec<&LayerKv> = kvs.iter().map(|kv| &**kv).collect();
+        // Blocked attention (coli_kernels::attend): one block per (span, KV head, tile of
+        // tokens), its rows the tile's tokens times the query heads sharing that KV head, so
+        // a tile of keys and values is read once per block. Each row's bits are the per-row
+        // form's, whatever the blocks.
+        let blocks = head_blocks(spans, nkv, group);
+        let outs: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|b| {
+                let cache = caches[b.span];
+                let mut queries = Vec::with_capacity(b.tokens.len() * group);
+                let mut spec = Vec::with_capacity(b.tokens.len() * group);
+                for r in b.tokens.clone() {
+                    let pos = rows[r].1;
+                    let lo = match window {
+                        Some(w) if pos + 1 > w => pos + 1 - w,
+                        _ => 0,
+                    };
+                    for h in b.kv_head * group..(b.kv_head + 1) * group {
+                        queries.push(&q[r * qd + h * hd..r * qd + (h + 1) * hd]);
+                        spec.push(attend::Row {
+                            keys: attend::Keys::Range { lo, hi: pos + 1 },
+                            sink: self.sinks.as_ref().map(|s| s[h]),
+                        });
+                    }
+                }
+                let off = b.kv_head * hd;
+                let mut head = attend::StridedHead::new(
+                    queries,
+                    &cache.k,
+                    &cache.v,
+                    kvd,
+                    off,
+                    off,
+                    hd,
+                    cache.first,
+                    scale,
+                );
+                let mut o = vec![0f32; spec.len() * hd];
+                attend::attend_block(&mut head, &spec, hd, &mut o);
+                o
+            })
+            .collect();
         let mut ctx = vec![0f32; n * qd];
-        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-            let (r, h) = (i / nh, i % nh);
-            let (seq, pos) = rows[r];
-            let (keys, values) = (&caches[seq].k, &caches[seq].v);
-            let lo = match window {
-                Some(w) if pos + 1 > w => pos + 1 - w,
-                _ => 0,
-            };
-            let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
-            let kvh = h / group;
-            // Keys (and values) of positions lo..=pos, head kvh: rows of `kvd` f32.
-            let mut scores = vec![0f32; pos + 1 - lo];
-            coli_kernels::dot_strided(qh, &keys[lo * kvd..], kvd, kvh * hd, &mut scores);
-            for s in &mut scores {
-                *s *= scale;
+        for (b, o) in blocks.iter().zip(&outs) {
+            let mut rows_out = o.chunks_exact(hd * group);
+            for r in b.tokens.clone() {
+                let at = r * qd + b.kv_head * group * hd;
+                ctx[at..at + group * hd].copy_from_slice(rows_out.next().expect("block row"));
             }
-            if let Some(sinks) = &self.sinks {
-                // The sink joins the softmax as one more logit; its probability is dropped.
-                scores.push(sinks[h]);
-                coli_kernels::softmax_inplace(&mut scores);
-                scores.pop();
-            } else {
-                coli_kernels::softmax_inplace(&mut scores);
-            }
-            o.fill(0.0);
-            coli_kernels::axpy_strided(&scores, &values[lo * kvd..], kvd, kvh * hd, o);
-        });
+        }
         self.o.forward(&ctx, n, out);
     }
 }

@@ -26,10 +26,12 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
+use crate::layers::attention::head_blocks;
 use crate::layers::moe::{top_k, Routing};
 use crate::layers::{LayerKv, Linear, MoeBlock, RmsNorm, Span};
 use coli_format::spec::LogScaling;
 use coli_format::MatrixView;
+use coli_kernels::attend::{self, KeyValues, Run};
 use coli_store::Store;
 use rayon::prelude::*;
 
@@ -247,42 +249,63 @@ impl InklingAttention<'_> {
         let scale = 1.0 / hd as f32;
         let group = nh / nkv;
         let caches: Vec<&LayerKv> = kvs.iter().map(|kv| &**kv).collect();
-        let mut ctx = vec![0f32; n * qd];
-        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-            let (r, h) = (i / nh, i % nh);
-            let (seq, pos) = rows[r];
-            let (keys, values, first) = (&caches[seq].k, &caches[seq].v, caches[seq].first);
-            let lo = match self.window {
-                Some(win) if pos + 1 > win => pos + 1 - win,
-                _ => 0,
-            };
-            let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
-            let rh = &rel[(r * nh + h) * dr..(r * nh + h + 1) * dr];
-            let kvh = h / group;
-            let mut scores: Vec<f32> = (lo..=pos)
-                .map(|j| {
-                    let at = (j - first) * kvd + kvh * hd;
-                    let s = coli_kernels::dot(qh, &keys[at..at + hd]) * scale;
-                    let d = pos - j;
-                    if d < self.extent {
-                        let b: f32 = rh
-                            .iter()
-                            .enumerate()
-                            .map(|(m, x)| x * self.rel_proj[m * self.extent + d])
-                            .sum();
-                        s + b * tau[r]
-                    } else {
-                        s
+        // Blocked as GQA's (`attention::head_blocks`), the relative bias added per key.
+        let blocks = head_blocks(spans, nkv, group);
+        let outs: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|b| {
+                let cache = caches[b.span];
+                let rows_of = b.tokens.len() * group;
+                let (mut queries, mut spec) =
+                    (Vec::with_capacity(rows_of), Vec::with_capacity(rows_of));
+                let (mut rels, mut at) = (Vec::with_capacity(rows_of), Vec::with_capacity(rows_of));
+                for r in b.tokens.clone() {
+                    let pos = rows[r].1;
+                    let lo = match self.window {
+                        Some(win) if pos + 1 > win => pos + 1 - win,
+                        _ => 0,
+                    };
+                    for h in b.kv_head * group..(b.kv_head + 1) * group {
+                        queries.push(&q[r * qd + h * hd..r * qd + (h + 1) * hd]);
+                        rels.push(&rel[(r * nh + h) * dr..(r * nh + h + 1) * dr]);
+                        at.push((pos, tau[r]));
+                        spec.push(attend::Row {
+                            keys: attend::Keys::Range { lo, hi: pos + 1 },
+                            sink: None,
+                        });
                     }
-                })
-                .collect();
-            coli_kernels::softmax_inplace(&mut scores);
-            o.fill(0.0);
-            for (j, p) in (lo..=pos).zip(&scores) {
-                let at = (j - first) * kvd + kvh * hd;
-                coli_kernels::axpy(*p, &values[at..at + hd], o);
+                }
+                let off = b.kv_head * hd;
+                let mut head = BiasedHead {
+                    inner: attend::StridedHead::new(
+                        queries,
+                        &cache.k,
+                        &cache.v,
+                        kvd,
+                        off,
+                        off,
+                        hd,
+                        cache.first,
+                        scale,
+                    ),
+                    rels,
+                    at,
+                    rel_proj: &self.rel_proj,
+                    extent: self.extent,
+                };
+                let mut o = vec![0f32; spec.len() * hd];
+                attend::attend_block(&mut head, &spec, hd, &mut o);
+                o
+            })
+            .collect();
+        let mut ctx = vec![0f32; n * qd];
+        for (b, o) in blocks.iter().zip(&outs) {
+            let mut rows_out = o.chunks_exact(hd * group);
+            for r in b.tokens.clone() {
+                let at = r * qd + b.kv_head * group * hd;
+                ctx[at..at + group * hd].copy_from_slice(rows_out.next().expect("block row"));
             }
-        });
+        }
         self.o.forward(&ctx, n, out);
     }
 
@@ -292,6 +315,51 @@ impl InklingAttention<'_> {
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
             trim(kv, s.pos0 + s.n, self.kvd(), self.window, self.kernel());
         }
+    }
+}
+
+/// Inkling's keys and values of one head for a block of rows: the GQA score `q.k / head_dim`
+/// plus, for a key `d < extent` positions back, the relative bias
+/// `tau * sum_m rel[m] * rel_proj[m, d]` (the sum in the order of `m`).
+struct BiasedHead<'a> {
+    inner: attend::StridedHead<'a>,
+    /// Each row's relative-position features `[d_rel]`.
+    rels: Vec<&'a [f32]>,
+    /// Each row's position and tau.
+    at: Vec<(usize, f32)>,
+    /// `rel_proj` `[d_rel, extent]`.
+    rel_proj: &'a [f32],
+    extent: usize,
+}
+
+impl KeyValues for BiasedHead<'_> {
+    fn load_keys(&mut self, lo: usize, hi: usize) {
+        self.inner.load_keys(lo, hi);
+    }
+
+    fn load_values(&mut self, lo: usize, hi: usize) {
+        self.inner.load_values(lo, hi);
+    }
+
+    fn scores(&self, row: usize, run: Run<'_>, out: &mut [f32]) {
+        self.inner.scores(row, run, out);
+        let (pos, tau) = self.at[row];
+        let rh = self.rels[row];
+        for (s, j) in out.iter_mut().zip(run.positions()) {
+            let d = pos - j;
+            if d < self.extent {
+                let b: f32 = rh
+                    .iter()
+                    .enumerate()
+                    .map(|(m, x)| x * self.rel_proj[m * self.extent + d])
+                    .sum();
+                *s += b * tau;
+            }
+        }
+    }
+
+    fn accumulate(&self, row: usize, run: Run<'_>, p: &[f32], out: &mut [f32]) {
+        self.inner.accumulate(row, run, p, out);
     }
 }
 

@@ -19,9 +19,11 @@
 //! `attn_impl="absorb"`). GLM-5 (`glm_moe_dsa`) restricts each query to the keys its indexer
 //! selects.
 
+use crate::layers::attention::BLOCK_ROWS;
 use crate::layers::dsa_indexer::{DsaIndexer, Selection};
 use crate::layers::{LayerKv, Linear, RmsNorm, Rope, Span};
 use coli_format::spec::MlaSpec;
+use coli_kernels::attend::{self, KeyValues, Run};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -346,34 +348,62 @@ impl Mla<'_> {
         };
         let qd = nh * (dn + dr);
         let scale = self.softmax_scale;
-        let mut ctx = vec![0f32; n * nh * dv];
-        ctx.par_chunks_mut(dv).enumerate().for_each(|(i, o)| {
-            let (t, h) = (i / nh, i % nh);
-            let pos = pos0 + t;
-            let all: Vec<usize>;
-            let keys: &[usize] = match sel {
-                Some(s) => &s[t],
-                None => {
-                    all = (0..=pos).collect();
-                    &all
+        // Blocked (coli_kernels::attend): one block per (head, tile of BLOCK_ROWS tokens); each
+        // row's bits are the per-row form's.
+        let blocks: Vec<(usize, std::ops::Range<usize>)> = (0..nh)
+            .flat_map(|h| {
+                (0..n)
+                    .step_by(BLOCK_ROWS)
+                    .map(move |t| (h, t..(t + BLOCK_ROWS).min(n)))
+            })
+            .collect();
+        let outs: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|(h, tokens)| {
+                let h = *h;
+                let mut spec = Vec::with_capacity(tokens.len());
+                let (mut q_nope, mut q_pe) = (Vec::new(), Vec::new());
+                for t in tokens.clone() {
+                    let qh = &q[t * qd + h * (dn + dr)..t * qd + (h + 1) * (dn + dr)];
+                    q_nope.push(&qh[..dn]);
+                    q_pe.push(&qh[dn..]);
+                    spec.push(attend::Row {
+                        keys: match sel {
+                            Some(s) => attend::Keys::List(&s[t]),
+                            None => attend::Keys::Range {
+                                lo: 0,
+                                hi: pos0 + t + 1,
+                            },
+                        },
+                        sink: None,
+                    });
                 }
-            };
-            let qh = &q[t * qd + h * (dn + dr)..t * qd + (h + 1) * (dn + dr)];
-            let mut scores: Vec<f32> = keys
-                .iter()
-                .map(|&j| {
-                    let kn = &kvx[(j * nh + h) * w..(j * nh + h) * w + dn];
-                    let kp = &cache[j * stride + rkv..j * stride + rkv + dr];
-                    (coli_kernels::dot(&qh[..dn], kn) + coli_kernels::dot(&qh[dn..], kp)) * scale
-                })
-                .collect();
-            coli_kernels::softmax_inplace(&mut scores);
-            o.fill(0.0);
-            for (&j, p) in keys.iter().zip(&scores) {
-                let vj = &kvx[(j * nh + h) * w + dn..(j * nh + h + 1) * w];
-                coli_kernels::axpy(*p, vj, o);
+                let mut head = ExpandedHead {
+                    nope: attend::StridedHead::new(
+                        q_nope,
+                        kvx,
+                        kvx,
+                        nh * w,
+                        h * w,
+                        h * w + dn,
+                        dv,
+                        0,
+                        1.0,
+                    ),
+                    pe: attend::StridedHead::new(q_pe, cache, cache, stride, rkv, 0, 0, 0, 1.0),
+                    scale,
+                };
+                let mut o = vec![0f32; tokens.len() * dv];
+                attend::attend_block(&mut head, &spec, dv, &mut o);
+                o
+            })
+            .collect();
+        let mut ctx = vec![0f32; n * nh * dv];
+        for ((h, tokens), o) in blocks.iter().zip(&outs) {
+            for (t, ot) in tokens.clone().zip(o.chunks_exact(dv)) {
+                ctx[(t * nh + h) * dv..(t * nh + h + 1) * dv].copy_from_slice(ot);
             }
-        });
+        }
         ctx
     }
 
@@ -436,6 +466,48 @@ impl Mla<'_> {
             }
         });
         ctx
+    }
+}
+
+/// One head of MLA's expanded form for a block of rows: score `(q_nope . k_nope_j + q_pe .
+/// k_pe_j) * scale` (the two dot products as [`coli_kernels::dot`]), value `v_j`, both `k_nope`
+/// and `v` from the `kv_b` expansion and `k_pe` from the cache.
+struct ExpandedHead<'a> {
+    /// `q_nope` against the expansion's `k_nope`, its values `v` (scale 1: the bare dot).
+    nope: attend::StridedHead<'a>,
+    /// `q_pe` against the cache's `k_pe` (scale 1; no values).
+    pe: attend::StridedHead<'a>,
+    scale: f32,
+}
+
+impl KeyValues for ExpandedHead<'_> {
+    fn load_keys(&mut self, lo: usize, hi: usize) {
+        self.nope.load_keys(lo, hi);
+        self.pe.load_keys(lo, hi);
+    }
+
+    fn load_values(&mut self, lo: usize, hi: usize) {
+        self.nope.load_values(lo, hi);
+    }
+
+    fn scores(&self, row: usize, run: Run<'_>, out: &mut [f32]) {
+        self.nope.scores(row, run, out);
+        let mut pe = [0f32; attend::KEY_TILE];
+        let mut long = Vec::new();
+        let pe = if out.len() <= pe.len() {
+            &mut pe[..out.len()]
+        } else {
+            long.resize(out.len(), 0.0);
+            &mut long[..]
+        };
+        self.pe.scores(row, run, pe);
+        for (s, p) in out.iter_mut().zip(pe.iter()) {
+            *s = (*s + p) * self.scale;
+        }
+    }
+
+    fn accumulate(&self, row: usize, run: Run<'_>, p: &[f32], out: &mut [f32]) {
+        self.nope.accumulate(row, run, p, out);
     }
 }
 
