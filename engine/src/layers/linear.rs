@@ -34,6 +34,27 @@ impl Linear<'_> {
         } else {
             coli_kernels::matmul(&self.w, x, n, y);
         }
+        self.add_bias(y);
+    }
+
+    /// [`Linear::forward`] with f32 activations whatever the process's numerics
+    /// (`coli_kernels::Numerics::Exact`): for a product whose input another form of the same
+    /// layer multiplies exactly (MLA's `kv_b`, which the absorbed decode never applies to a
+    /// quantized latent).
+    pub fn forward_exact(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        debug_assert_eq!(x.len(), n * self.cols());
+        debug_assert_eq!(y.len(), n * self.rows());
+        let (isa, exact) = (coli_kernels::detected_isa(), coli_kernels::Numerics::Exact);
+        if n == 1 {
+            coli_kernels::matvec_num(isa, exact, &self.w, x, y);
+        } else {
+            coli_kernels::matmul_num(isa, exact, &self.w, x, n, y);
+        }
+        self.add_bias(y);
+    }
+
+    /// Adds the bias (if any) to every row of `y`.
+    fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.rows()) {
                 for (v, bb) in row.iter_mut().zip(b) {

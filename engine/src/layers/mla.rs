@@ -328,7 +328,9 @@ impl Mla<'_> {
             }
             let start = to.len();
             to.resize(start + rows * nh * w, 0.0);
-            self.kv_b.forward(&lat, rows, &mut to[start..]);
+            // f32 activations under any numerics: the absorbed decode never multiplies a
+            // quantized latent by kv_b, and the two forms must agree.
+            self.kv_b.forward_exact(&lat, rows, &mut to[start..]);
         };
         let mut own = Vec::new();
         let kvx: &Vec<f32> = match expanded {
