@@ -3,7 +3,8 @@
 # build before blocking against the blocked build, with prefill_bench.py's method (cgroup of
 # dense + 25% of the experts + KV, page cache dropped, usage history learned per invocation).
 # Runs, in this order: OLD at 2048 tokens; NEW at 2048 then 8192; NEW under --numerics q8a at
-# 2048 then 8192. Results: $OUT/{old,new,new-q8a}.{txt,json}.
+# 2048 then 8192; OLD at 8192 (last: about 15 minutes). Results:
+# $OUT-{old,new,new-q8a,old-8192}.{txt,json}.
 #
 #   OLD=/tmp/coli-old NEW=/tmp/coli-new STORE=/work/bench-olmoe/store-int4 \
 #       OUT=engine/bench/results/2026-12-04-blocked-attention bash engine/bench/blocked_attention_bench.sh
@@ -21,3 +22,5 @@ python3 "$here/prefill_bench.py" "${common[@]}" --coli "$NEW" --lengths 2048 --l
     --out "$OUT-new.json" | tee "$OUT-new.txt"
 python3 "$here/prefill_bench.py" "${common[@]}" --coli "$NEW" --lengths 2048 --long 8192 \
     --out "$OUT-new-q8a.json" -- --numerics q8a | tee "$OUT-new-q8a.txt"
+python3 "$here/prefill_bench.py" "${common[@]}" --coli "$OLD" --lengths '' --long 8192 \
+    --out "$OUT-old-8192.json" | tee "$OUT-old-8192.txt"
