@@ -20,12 +20,12 @@ fn dot_avx512(q: &[f32], m: &[f32], stride: usize, offset: usize, out: &mut [f32
 
 #[target_feature(enable = "avx2")]
 fn axpy_avx2(p: &[f32], m: &[f32], stride: usize, offset: usize, y: &mut [f32]) {
-    axpy_strided_portable(p, m, stride, offset, y)
+    axpy_strided_portable::<64>(p, m, stride, offset, y)
 }
 
 #[target_feature(enable = "avx512f,avx2")]
 fn axpy_avx512(p: &[f32], m: &[f32], stride: usize, offset: usize, y: &mut [f32]) {
-    axpy_strided_portable(p, m, stride, offset, y)
+    axpy_strided_portable::<128>(p, m, stride, offset, y)
 }
 
 /// `dot_strided` for `isa` (AVX2 or AVX-512; the caller checked [`Isa::supported`]).
@@ -61,6 +61,6 @@ pub(crate) fn axpy_strided(
         Isa::Avx512 => unsafe { axpy_avx512(p, m, stride, offset, y) },
         // SAFETY: as in `dot_strided`.
         Isa::Avx2Fma => unsafe { axpy_avx2(p, m, stride, offset, y) },
-        Isa::Scalar => axpy_strided_portable(p, m, stride, offset, y),
+        Isa::Scalar => axpy_strided_portable::<32>(p, m, stride, offset, y),
     }
 }
