@@ -25,6 +25,10 @@ use crate::weights::Weights;
 use coli_format::spec::{DsaSpec, IndexerSpec};
 use rayon::prelude::*;
 
+/// Keys per tile of the indexer's scores (their dot products with every head's query are held
+/// at once: `n_heads * TILE` f32).
+const TILE: usize = 64;
+
 /// Eps of `indexer.k_norm` (`nn.LayerNorm(head_dim, eps=1e-6)` in transformers).
 pub const K_NORM_EPS: f32 = 1e-6;
 
@@ -153,17 +157,31 @@ impl<'s> DsaIndexer<'s> {
                 }
                 let qt = &q[t * ih * id..(t + 1) * ih * id];
                 let wt = &w[t * ih..(t + 1) * ih];
-                let scores: Vec<f32> = (0..keys)
-                    .map(|j| {
-                        let k = &cache[j * stride + offset..j * stride + offset + id];
-                        qt.chunks_exact(id)
-                            .zip(wt)
-                            .map(|(qh, &wh)| {
-                                wh * wscale * (coli_kernels::dot(qh, k) * sscale).max(0.0)
-                            })
-                            .sum()
-                    })
-                    .collect();
+                // score_j = sum over heads h, in order, of w_h * ih^-0.5 * relu(q_h . k_j *
+                // id^-0.5). The dot products of a tile of keys come head by head from
+                // `dot_strided` (four keys per pass; each the bits of `dot`), then each key's
+                // sum is folded over the heads as the per-key form did.
+                let mut scores = vec![0f32; keys];
+                let mut dots = vec![0f32; ih * TILE];
+                for j0 in (0..keys).step_by(TILE) {
+                    let m = TILE.min(keys - j0);
+                    for (h, qh) in qt.chunks_exact(id).enumerate() {
+                        coli_kernels::dot_strided(
+                            qh,
+                            &cache[j0 * stride..],
+                            stride,
+                            offset,
+                            &mut dots[h * TILE..h * TILE + m],
+                        );
+                    }
+                    for (i, s) in scores[j0..j0 + m].iter_mut().enumerate() {
+                        *s = wt
+                            .iter()
+                            .enumerate()
+                            .map(|(h, &wh)| wh * wscale * (dots[h * TILE + i] * sscale).max(0.0))
+                            .sum();
+                    }
+                }
                 top_k_lowest_first(&scores, self.topk)
             })
             .collect()
