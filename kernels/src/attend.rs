@@ -217,24 +217,10 @@ pub fn attend_block<K: KeyValues + ?Sized>(
     let end = rows.iter().map(|r| r.keys.end()).max().unwrap_or(0);
     let tiles = first.map_or(0..0, |f| f / KEY_TILE..end.div_ceil(KEY_TILE));
 
-    let load = rows.len() > 1;
-    let mut taken = vec![0usize; rows.len()];
-    for t in tiles.clone() {
-        let tile_end = (t + 1) * KEY_TILE;
-        if load {
-            if let Some((lo, hi)) = tile_span(rows, &taken, tile_end) {
-                kv.load_keys(lo, hi);
-            }
-        }
-        for (i, r) in rows.iter().enumerate() {
-            let (run, n) = r.keys.run_below(taken[i], tile_end);
-            if n > 0 {
-                let at = offsets[i] + taken[i];
-                kv.scores(i, run, &mut scores[at..at + n]);
-                taken[i] += n;
-            }
-        }
-    }
+    walk_tiles(kv, rows, tiles.clone(), K::load_keys, |kv, i, run, k| {
+        let at = offsets[i] + k;
+        kv.scores(i, run, &mut scores[at..at + run.len()]);
+    });
     for (i, r) in rows.iter().enumerate() {
         let s = &mut scores[offsets[i]..offsets[i + 1]];
         if let Some(sink) = r.sink {
@@ -243,24 +229,40 @@ pub fn attend_block<K: KeyValues + ?Sized>(
         softmax_inplace(s);
     }
     out.fill(0.0);
-    taken.fill(0);
+    walk_tiles(kv, rows, tiles, K::load_values, |kv, i, run, k| {
+        let at = offsets[i] + k;
+        kv.accumulate(
+            i,
+            run,
+            &scores[at..at + run.len()],
+            &mut out[i * width..(i + 1) * width],
+        );
+    });
+}
+
+/// Visits `tiles` in order; in each, first `load(kv, lo, hi)` (only for blocks of more than
+/// one row; `lo..hi` = the positions the rows' runs in it cover, skipped when none has one),
+/// then, for each row `i` with keys in the tile, `visit(kv, i, run, k)`: its run there and how
+/// many of its keys earlier tiles took.
+fn walk_tiles<K: KeyValues + ?Sized>(
+    kv: &mut K,
+    rows: &[Row<'_>],
+    tiles: std::ops::Range<usize>,
+    load: fn(&mut K, usize, usize),
+    mut visit: impl FnMut(&K, usize, Run<'_>, usize),
+) {
+    let mut taken = vec![0usize; rows.len()];
     for t in tiles {
         let tile_end = (t + 1) * KEY_TILE;
-        if load {
+        if rows.len() > 1 {
             if let Some((lo, hi)) = tile_span(rows, &taken, tile_end) {
-                kv.load_values(lo, hi);
+                load(kv, lo, hi);
             }
         }
         for (i, r) in rows.iter().enumerate() {
             let (run, n) = r.keys.run_below(taken[i], tile_end);
             if n > 0 {
-                let at = offsets[i] + taken[i];
-                kv.accumulate(
-                    i,
-                    run,
-                    &scores[at..at + n],
-                    &mut out[i * width..(i + 1) * width],
-                );
+                visit(kv, i, run, taken[i]);
                 taken[i] += n;
             }
         }

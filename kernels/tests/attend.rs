@@ -65,6 +65,11 @@ impl Cache {
         let at = (j - self.first) * self.stride + off;
         &self.k[at..at + d]
     }
+    /// The head at column `off` (keys and values alike) for `queries`.
+    fn head<'a>(&'a self, queries: Vec<&'a [f32]>, off: usize, scale: f32) -> StridedHead<'a> {
+        let (s, w, f) = (self.stride, self.value_width, self.first);
+        StridedHead::new(queries, &self.k, &self.v, s, off, off, w, f, scale)
+    }
     fn value(&self, j: usize, off: usize) -> &[f32] {
         let at = (j - self.first) * self.stride + off;
         &self.v[at..at + self.value_width]
@@ -131,17 +136,7 @@ fn a_block_gives_every_row_the_per_row_bits() {
                 }
             })
             .collect();
-        let mut head = StridedHead::new(
-            queries.iter().map(|q| q.as_slice()).collect(),
-            &kv.k,
-            &kv.v,
-            stride,
-            off,
-            off,
-            vw,
-            first,
-            scale,
-        );
+        let mut head = kv.head(queries.iter().map(|q| q.as_slice()).collect(), off, scale);
         let mut block = vec![f32::NAN; nrows * vw];
         attend_block(&mut head, &rows, vw, &mut block);
         // The same source object again, now as single rows (its tile holds the last values).
@@ -154,17 +149,7 @@ fn a_block_gives_every_row_the_per_row_bits() {
                 "case {case} row {i} ({r:?}): the block's bits differ from the row's"
             );
             // Alone in a block of its own (row index 0 of a source holding only its query).
-            let mut own = StridedHead::new(
-                vec![&queries[i]],
-                &kv.k,
-                &kv.v,
-                stride,
-                off,
-                off,
-                vw,
-                first,
-                scale,
-            );
+            let mut own = kv.head(vec![&queries[i]], off, scale);
             let mut alone = vec![f32::NAN; vw];
             attend_block(&mut own, std::slice::from_ref(r), vw, &mut alone);
             assert_eq!(bits(&alone), bits(&want), "case {case} row {i} alone");

@@ -151,6 +151,8 @@ pub struct HeadBlock {
     pub span: usize,
     /// The KV head.
     pub kv_head: usize,
+    /// The query heads that read it.
+    pub heads: std::ops::Range<usize>,
     /// Rows of the pass (consecutive tokens of the span).
     pub tokens: std::ops::Range<usize>,
 }
@@ -169,6 +171,7 @@ pub fn head_blocks(spans: &[Span], kv_heads: usize, group: usize) -> Vec<HeadBlo
                 blocks.push(HeadBlock {
                     span,
                     kv_head,
+                    heads: kv_head * group..(kv_head + 1) * group,
                     tokens: r0 + t..r0 + t + m,
                 });
                 t += m;
@@ -177,6 +180,79 @@ pub fn head_blocks(spans: &[Span], kv_heads: usize, group: usize) -> Vec<HeadBlo
         r0 += s.n;
     }
     blocks
+}
+
+impl HeadBlock {
+    /// Its KV head of `cache` (rows of `kv_dim` f32, heads of `head_dim`) for `queries`, scores
+    /// `q.k * scale`.
+    pub fn strided<'a>(
+        &self,
+        queries: Vec<&'a [f32]>,
+        cache: &'a LayerKv,
+        kv_dim: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> attend::StridedHead<'a> {
+        let off = self.kv_head * head_dim;
+        attend::StridedHead::new(
+            queries,
+            &cache.k,
+            &cache.v,
+            kv_dim,
+            off,
+            off,
+            head_dim,
+            cache.first,
+            scale,
+        )
+    }
+}
+
+/// The attention output `[n, heads * head_dim]` of a pass's `blocks` ([`head_blocks`]), run in
+/// parallel: block `b`'s rows are its tokens times the query heads of its KV head (query `h`
+/// of token `r` is `q[r, h]`, `head_dim` f32), row `(r, h)` attends as `row(r, h)` says, and
+/// `source(b, queries, rows)` gives the block's keys and values (`rows`: each row's `(r, h)`).
+pub fn attend_head_blocks<'a, K: attend::KeyValues>(
+    blocks: &[HeadBlock],
+    q: &'a [f32],
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    row: impl Fn(usize, usize) -> attend::Row<'static> + Sync,
+    source: impl Fn(&HeadBlock, Vec<&'a [f32]>, &[(usize, usize)]) -> K + Sync,
+) -> Vec<f32> {
+    let (hd, qd) = (head_dim, heads * head_dim);
+    let outs: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|b| {
+            let rows_of = b.tokens.len() * b.heads.len();
+            let (mut queries, mut spec, mut rh) = (
+                Vec::with_capacity(rows_of),
+                Vec::with_capacity(rows_of),
+                Vec::with_capacity(rows_of),
+            );
+            for r in b.tokens.clone() {
+                for h in b.heads.clone() {
+                    queries.push(&q[r * qd + h * hd..r * qd + (h + 1) * hd]);
+                    spec.push(row(r, h));
+                    rh.push((r, h));
+                }
+            }
+            let mut kv = source(b, queries, &rh);
+            let mut o = vec![0f32; spec.len() * hd];
+            attend::attend_block(&mut kv, &spec, hd, &mut o);
+            o
+        })
+        .collect();
+    let mut ctx = vec![0f32; n * qd];
+    for (b, o) in blocks.iter().zip(&outs) {
+        let width = b.heads.len() * hd;
+        for (r, o) in b.tokens.clone().zip(o.chunks_exact(width)) {
+            let at = r * qd + b.heads.start * hd;
+            ctx[at..at + width].copy_from_slice(o);
+        }
+    }
+    ctx
 }
 
 impl Attention<'_> {
@@ -273,51 +349,20 @@ impl Attention<'_> {
         // a tile of keys and values is read once per block. Each row's bits are the per-row
         // form's, whatever the blocks.
         let blocks = head_blocks(spans, nkv, group);
-        let outs: Vec<Vec<f32>> = blocks
-            .par_iter()
-            .map(|b| {
-                let cache = caches[b.span];
-                let mut queries = Vec::with_capacity(b.tokens.len() * group);
-                let mut spec = Vec::with_capacity(b.tokens.len() * group);
-                for r in b.tokens.clone() {
-                    let pos = rows[r].1;
-                    let lo = match window {
-                        Some(w) if pos + 1 > w => pos + 1 - w,
-                        _ => 0,
-                    };
-                    for h in b.kv_head * group..(b.kv_head + 1) * group {
-                        queries.push(&q[r * qd + h * hd..r * qd + (h + 1) * hd]);
-                        spec.push(attend::Row {
-                            keys: attend::Keys::Range { lo, hi: pos + 1 },
-                            sink: self.sinks.as_ref().map(|s| s[h]),
-                        });
-                    }
-                }
-                let off = b.kv_head * hd;
-                let mut head = attend::StridedHead::new(
-                    queries,
-                    &cache.k,
-                    &cache.v,
-                    kvd,
-                    off,
-                    off,
-                    hd,
-                    cache.first,
-                    scale,
-                );
-                let mut o = vec![0f32; spec.len() * hd];
-                attend::attend_block(&mut head, &spec, hd, &mut o);
-                o
-            })
-            .collect();
-        let mut ctx = vec![0f32; n * qd];
-        for (b, o) in blocks.iter().zip(&outs) {
-            let mut rows_out = o.chunks_exact(hd * group);
-            for r in b.tokens.clone() {
-                let at = r * qd + b.kv_head * group * hd;
-                ctx[at..at + group * hd].copy_from_slice(rows_out.next().expect("block row"));
+        let keys = |r: usize, h: usize| {
+            let pos = rows[r].1;
+            let lo = match window {
+                Some(w) if pos + 1 > w => pos + 1 - w,
+                _ => 0,
+            };
+            attend::Row {
+                keys: attend::Keys::Range { lo, hi: pos + 1 },
+                sink: self.sinks.as_ref().map(|s| s[h]),
             }
-        }
+        };
+        let ctx = attend_head_blocks(&blocks, &q, n, nh, hd, keys, |b, queries, _| {
+            b.strided(queries, caches[b.span], kvd, hd, scale)
+        });
         self.o.forward(&ctx, n, out);
     }
 }

@@ -26,14 +26,13 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
-use crate::layers::attention::head_blocks;
+use crate::layers::attention::{attend_head_blocks, head_blocks};
 use crate::layers::moe::{top_k, Routing};
 use crate::layers::{LayerKv, Linear, MoeBlock, RmsNorm, Span};
 use coli_format::spec::LogScaling;
 use coli_format::MatrixView;
 use coli_kernels::attend::{self, KeyValues, Run};
 use coli_store::Store;
-use rayon::prelude::*;
 
 pub use coli_format::spec::inkling::{KV_SLACK as SLACK, KV_TRIM_CHUNK as TRIM_CHUNK};
 
@@ -251,61 +250,27 @@ impl InklingAttention<'_> {
         let caches: Vec<&LayerKv> = kvs.iter().map(|kv| &**kv).collect();
         // Blocked as GQA's (`attention::head_blocks`), the relative bias added per key.
         let blocks = head_blocks(spans, nkv, group);
-        let outs: Vec<Vec<f32>> = blocks
-            .par_iter()
-            .map(|b| {
-                let cache = caches[b.span];
-                let rows_of = b.tokens.len() * group;
-                let (mut queries, mut spec) =
-                    (Vec::with_capacity(rows_of), Vec::with_capacity(rows_of));
-                let (mut rels, mut at) = (Vec::with_capacity(rows_of), Vec::with_capacity(rows_of));
-                for r in b.tokens.clone() {
-                    let pos = rows[r].1;
-                    let lo = match self.window {
-                        Some(win) if pos + 1 > win => pos + 1 - win,
-                        _ => 0,
-                    };
-                    for h in b.kv_head * group..(b.kv_head + 1) * group {
-                        queries.push(&q[r * qd + h * hd..r * qd + (h + 1) * hd]);
-                        rels.push(&rel[(r * nh + h) * dr..(r * nh + h + 1) * dr]);
-                        at.push((pos, tau[r]));
-                        spec.push(attend::Row {
-                            keys: attend::Keys::Range { lo, hi: pos + 1 },
-                            sink: None,
-                        });
-                    }
-                }
-                let off = b.kv_head * hd;
-                let mut head = BiasedHead {
-                    inner: attend::StridedHead::new(
-                        queries,
-                        &cache.k,
-                        &cache.v,
-                        kvd,
-                        off,
-                        off,
-                        hd,
-                        cache.first,
-                        scale,
-                    ),
-                    rels,
-                    at,
-                    rel_proj: &self.rel_proj,
-                    extent: self.extent,
-                };
-                let mut o = vec![0f32; spec.len() * hd];
-                attend::attend_block(&mut head, &spec, hd, &mut o);
-                o
-            })
-            .collect();
-        let mut ctx = vec![0f32; n * qd];
-        for (b, o) in blocks.iter().zip(&outs) {
-            let mut rows_out = o.chunks_exact(hd * group);
-            for r in b.tokens.clone() {
-                let at = r * qd + b.kv_head * group * hd;
-                ctx[at..at + group * hd].copy_from_slice(rows_out.next().expect("block row"));
+        let keys = |r: usize, _h: usize| {
+            let pos = rows[r].1;
+            let lo = match self.window {
+                Some(win) if pos + 1 > win => pos + 1 - win,
+                _ => 0,
+            };
+            attend::Row {
+                keys: attend::Keys::Range { lo, hi: pos + 1 },
+                sink: None,
             }
-        }
+        };
+        let ctx = attend_head_blocks(&blocks, &q, n, nh, hd, keys, |b, queries, rh| BiasedHead {
+            inner: b.strided(queries, caches[b.span], kvd, hd, scale),
+            rels: rh
+                .iter()
+                .map(|&(r, h)| &rel[(r * nh + h) * dr..(r * nh + h + 1) * dr])
+                .collect(),
+            at: rh.iter().map(|&(r, _)| (rows[r].1, tau[r])).collect(),
+            rel_proj: &self.rel_proj,
+            extent: self.extent,
+        });
         self.o.forward(&ctx, n, out);
     }
 
