@@ -54,6 +54,7 @@ mod avx2;
 mod avx2_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod gated_delta;
 mod ops;
 mod q8a;
 #[cfg(target_arch = "x86_64")]
