@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 11] = [
+pub const FIXTURE_FAMILIES: [&str; 12] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -20,6 +20,7 @@ pub const FIXTURE_FAMILIES: [&str; 11] = [
     "minimax_m2_fp8",
     "deepseek_v32_fp8",
     "inkling_bf16",
+    "qwen3_next_bf16",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).

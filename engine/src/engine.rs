@@ -434,8 +434,10 @@ impl<'s> Engine<'s> {
     }
 
     /// A new sequence holding a copy of the first `len` positions of `src`'s KV cache and
-    /// tokens (all of them when `len >= src.len()`): n completions of one prompt share its
-    /// prefill this way, and a new conversation can start from another's common prefix.
+    /// tokens (all of them when `len >= src.len()`; fewer when those cannot be kept exactly:
+    /// the longest exact prefix, [`Sequence::exact_at_most`], e.g. a recurrent layer's
+    /// nearest checkpoint): n completions of one prompt share its prefill this way, and a new
+    /// conversation can start from another's common prefix.
     ///
     /// # Errors
     /// As [`Engine::new_sequence`].
@@ -532,7 +534,7 @@ impl<'s> Engine<'s> {
                 } else {
                     "expanded"
                 }),
-                SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => None,
+                SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => None,
             })
             .unwrap_or("none");
         let mtp = self.model.mtp.as_ref().map(|m| MtpLayout {
@@ -560,6 +562,11 @@ impl<'s> Engine<'s> {
                 .layers
                 .iter()
                 .map(|l| l.attn.conv_dim())
+                .collect(),
+            self.model
+                .layers
+                .iter()
+                .map(|l| l.attn.recurrent_len())
                 .collect(),
             mtp,
         )
@@ -916,7 +923,7 @@ impl<'s> Engine<'s> {
         }
         let start = self.seq.len();
         // A failure rolls back to `start`: a long call keeps the state layers drop.
-        if ids.len() > crate::layers::inkling::SLACK {
+        if self.seq.needs_pin(ids.len()) {
             self.seq.pin();
         }
         let r = self.forward_from(ids, which, start);
@@ -977,7 +984,7 @@ impl<'s> Engine<'s> {
         }
         self.check_ids_after(seq.len(), ids)?;
         let start = seq.len();
-        if ids.len() > crate::layers::inkling::SLACK {
+        if seq.needs_pin(ids.len()) {
             seq.pin();
         }
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
@@ -1252,7 +1259,7 @@ impl<'s> Engine<'s> {
             .iter_mut()
             .zip(ids)
             .map(|(s, i)| {
-                let pin = i.len() > crate::layers::inkling::SLACK && !s.is_pinned();
+                let pin = s.needs_pin(i.len()) && !s.is_pinned();
                 if pin {
                     s.pin();
                 }
@@ -1502,8 +1509,9 @@ impl<'s> Engine<'s> {
             .take_while(|(a, b)| a == b)
             .count();
         let keep = common.min(prompt.len() - 1);
-        // A state whose layers dropped their older rows goes back only so far.
-        let keep = if self.seq.can_truncate(keep) { keep } else { 0 };
+        // A state whose layers dropped their older rows goes back only so far; a recurrent
+        // state to its nearest checkpoint.
+        let keep = self.seq.exact_at_most(keep);
         self.truncate(keep);
         let new = &prompt[keep..];
         let needed = keep + new.len() + params.max_tokens.saturating_sub(1);
@@ -1656,12 +1664,20 @@ fn state_fits(
 ) -> bool {
     use crate::layers::SelfAttn;
     if len == 0 {
-        return l.k.is_empty() && l.v.is_empty() && l.conv.is_empty() && l.first == 0;
+        return l.k.is_empty()
+            && l.v.is_empty()
+            && l.conv.is_empty()
+            && l.recurrent.is_empty()
+            && l.first == 0;
     }
     let (window, kernel, conv_dim) = match attn {
         SelfAttn::Inkling(a) => (a.window, a.kernel(), a.conv_dim()),
+        SelfAttn::GatedDelta(a) => (None, a.kernel, a.conv_dim()),
         _ => (None, 1, 0),
     };
+    // A recurrent state is whole and exact only at its length.
+    let recurrent =
+        l.recurrent.len() == attn.recurrent_len() && (l.recurrent.is_empty() || l.min_len == len);
     let shapes = l.first <= len
         && l.conv_first <= len
         && l.min_len <= len
@@ -1675,7 +1691,7 @@ fn state_fits(
         None => false,
     };
     let conv = l.conv_first == 0 || (conv_dim > 0 && l.min_len >= l.conv_first + kernel - 1);
-    shapes && keys && conv
+    shapes && keys && conv && recurrent
 }
 
 /// f32 values per position of each layer's `v` cache rows (GQA: `kv_dim`; MLA: 0; Inkling:
@@ -1707,10 +1723,30 @@ fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
 /// Bytes of KV cache of one sequence of `context` positions of `model` (see
 /// [`Engine::kv_bytes_per_sequence`]).
 fn kv_bytes_per_sequence(model: &Model<'_>, context: usize) -> u64 {
-    match &model.spec.inkling {
+    let per_token = match &model.spec.inkling {
         Some(ink) => (ink.kv_values(&model.spec, context) * std::mem::size_of::<f32>()) as u64,
         None => kv_bytes_per_token(&model.layers).saturating_mul(context as u64),
-    }
+    };
+    per_token + bounded_state_bytes(&model.layers)
+}
+
+/// Bytes of the state of one sequence that does not grow with the context, besides Inkling's
+/// (counted by `InklingSpec::kv_values`): each recurrent layer's state and the convolution
+/// inputs it keeps (what the next position reads, [`crate::layers::inkling::SLACK`] and one
+/// trim chunk not yet dropped).
+fn bounded_state_bytes(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
+    use crate::layers::inkling::{SLACK, TRIM_CHUNK};
+    use crate::layers::SelfAttn;
+    let values: usize = layers
+        .iter()
+        .map(|l| match &l.attn {
+            SelfAttn::GatedDelta(a) => {
+                a.recurrent_len() + (a.kernel - 1 + SLACK + TRIM_CHUNK) * a.conv_dim()
+            }
+            _ => 0,
+        })
+        .sum();
+    (values * std::mem::size_of::<f32>()) as u64
 }
 
 /// The embeddings of `ids`, `[n, H]` f32 (one row per id, in order).

@@ -116,6 +116,11 @@ impl KvState {
     pub fn can_truncate(&self, len: usize) -> bool {
         self.seq.can_truncate(len)
     }
+
+    /// The longest exact prefix of at most `len` positions ([`Sequence::exact_at_most`]).
+    pub fn exact_at_most(&self, len: usize) -> usize {
+        self.seq.exact_at_most(len)
+    }
 }
 
 /// One place of the engine's live-sequence count, given back on drop.
@@ -144,8 +149,7 @@ impl Sequence {
     /// A copy of the first `len` positions of `self`'s cache and tokens (all when `len` is
     /// larger) holding `slot`.
     pub(crate) fn fork(&self, len: usize, slot: Option<SlotGuard>) -> Sequence {
-        let len = len.min(self.tokens.len());
-        let len = if self.can_truncate(len) { len } else { 0 };
+        let len = self.exact_at_most(len);
         Sequence {
             kv: self
                 .kv
@@ -154,6 +158,14 @@ impl Sequence {
                 .map(|(l, &dim)| {
                     if len == 0 {
                         return l.emptied();
+                    }
+                    if !l.recurrent.is_empty() {
+                        // A recurrent layer (no keys or values): its state, history and
+                        // checkpoints are bounded; the copy goes back as truncate does.
+                        let mut kv = l.clone();
+                        kv.expanded = None;
+                        kv.truncate(len, dim);
+                        return kv;
                     }
                     let rows = len.saturating_sub(l.first);
                     let conv_rows = len.saturating_sub(l.conv_first);
@@ -239,6 +251,29 @@ impl Sequence {
                 .is_none_or(|m| m.kv.can_truncate(len.min(m.fed())))
     }
 
+    /// The longest prefix of at most `len` positions the state can be cut back to exactly
+    /// ([`Sequence::can_truncate`]): `len` itself, else the longest recurrent checkpoint
+    /// below it that every layer can restore, else 0. A fork, an edited prompt or a reused
+    /// prefix resumes there and recomputes the rest.
+    pub fn exact_at_most(&self, len: usize) -> usize {
+        let len = len.min(self.tokens.len());
+        if self.can_truncate(len) {
+            return len;
+        }
+        let mut cands: Vec<usize> = self
+            .kv
+            .iter()
+            .flat_map(|l| l.checkpoints.iter().map(|c| c.len))
+            .filter(|&c| c < len)
+            .collect();
+        cands.sort_unstable_by(|a, b| b.cmp(a));
+        cands.dedup();
+        cands
+            .into_iter()
+            .find(|&c| self.can_truncate(c))
+            .unwrap_or(0)
+    }
+
     /// Keeps a copy of what the layers that drop their older rows hold now (Inkling: the
     /// sliding layers' keys and values, every layer's convolution inputs; bounded by their
     /// windows), so that [`Sequence::truncate`] back to the current length stays exact
@@ -247,7 +282,12 @@ impl Sequence {
     /// whose layers keep every row.
     pub(crate) fn pin(&mut self) {
         let start = self.tokens.len();
-        if start == 0 || self.kv.iter().all(|l| l.conv_dim == 0 && !l.windowed) {
+        if start == 0
+            || self
+                .kv
+                .iter()
+                .all(|l| l.conv_dim == 0 && !l.windowed && l.recurrent.is_empty())
+        {
             return;
         }
         let layers = self
@@ -259,6 +299,14 @@ impl Sequence {
             })
             .collect();
         self.pinned = Some((start, layers));
+    }
+
+    /// Whether an operation feeding `n` positions must [`Sequence::pin`] first to roll back
+    /// exactly: when `n` exceeds the rows bounded layers keep beyond what they read
+    /// ([`crate::layers::inkling::SLACK`]), and always when a layer holds a recurrent state
+    /// (exact only at its length).
+    pub(crate) fn needs_pin(&self, n: usize) -> bool {
+        n > crate::layers::inkling::SLACK || self.kv.iter().any(|l| !l.recurrent.is_empty())
     }
 
     /// Whether [`Sequence::pin`] holds a copy.
@@ -341,7 +389,7 @@ impl Sequence {
             + self
                 .kv
                 .iter()
-                .map(|l| l.k.len() + l.v.len() + l.conv.len())
+                .map(|l| l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len())
                 .sum::<usize>();
         (values * std::mem::size_of::<f32>()) as u64
     }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 8] = [
+const FAMILIES: [&str; 9] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -20,6 +20,7 @@ const FAMILIES: [&str; 8] = [
     "gpt_oss_bf16",
     "minimax_m2_fp8",
     "inkling_bf16",
+    "qwen3_next_bf16",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
@@ -276,6 +277,125 @@ fn inkling_long_sequences_drop_old_rows_and_match_transformers() {
         &coli_tests::floats(&exp["last_logits_long_lossless"]),
     );
     assert!(d < 1e-3, "long prompt: last logits differ by {d}");
+}
+
+/// Qwen3-Next's Gated DeltaNet layers over a prompt of 150 tokens (two whole aligned chunks of
+/// 64 and a tail): the chunkwise form in a whole-prompt prefill, the recurrent form token by
+/// token and in chunks of 16; greedy tokens and last logits as transformers computes them,
+/// whatever the prefill chunking, threads, expert budget or speculation; a state of fixed size
+/// besides the full layers' keys and values; rollbacks exact where the state allows them.
+#[test]
+fn qwen3_next_long_prompt_runs_both_forms_and_matches_transformers() {
+    let name = "qwen3_next_bf16";
+    let exp = expected(name);
+    let dir = store_dir(name, "lossless_store");
+    let prompt = ids(&exp["long_prompt_ids"]);
+    let want = ids(&exp["greedy_long_lossless"]);
+    let one = {
+        let s = open(&dir, true, IoPreference::Auto);
+        let l = s.manifest().expert_layers[0].layer;
+        s.fetch_one(ExpertKey::new(l, 0)).unwrap().len_bytes() as u64
+    };
+    let mut lasts = Vec::new();
+    for (batch, token_major, threads, budget, mode) in [
+        (256, false, 2, None, coli_engine::Speculate::Off),
+        (16, false, 1, Some(one), coli_engine::Speculate::Off),
+        (1, true, 2, None, coli_engine::Speculate::Ngram),
+        (64, false, 2, Some(one), coli_engine::Speculate::Ngram),
+    ] {
+        let what = format!(
+            "prefill batch {batch} token-major {token_major} threads {threads} budget {budget:?} {mode:?}"
+        );
+        let store = open(&dir, false, IoPreference::Auto);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                prefill_batch: batch,
+                token_major_prefill: token_major,
+                threads: Some(threads),
+                ram_budget: budget,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = coli_tests::max_abs_diff(
+            &last,
+            &coli_tests::floats(&exp["last_logits_long_lossless"]),
+        );
+        assert!(d < 1e-3, "{what}: last logits differ by {d}");
+        lasts.push(last);
+        e.reset();
+        let params = GenerateParams {
+            max_tokens: want.len(),
+            sampling: SamplingParams::default(),
+            stop_on_eos: false,
+            speculation: coli_engine::SpeculationParams {
+                mode,
+                draft_tokens: 4,
+                gate: false,
+                ..Default::default()
+            },
+        };
+        let got = e.generate(&prompt, &params, |_| Ok(true)).unwrap().tokens;
+        assert_eq!(got, want, "{what}");
+        // The full layers' keys and values grow with the sequence; the recurrent layers hold
+        // one state each and a bounded tail of convolution inputs.
+        let state = e.own_state();
+        let n = state.len() as u64;
+        let bounded = e.kv_bytes_per_sequence() - e.kv_bytes_per_token() * e.context() as u64;
+        assert!(
+            state.bytes() <= e.kv_bytes_per_token() * n + bounded,
+            "{what}: {} bytes held for {n} positions",
+            state.bytes()
+        );
+        // A recurrent state is exact at its length only: a shorter prefix is not offered.
+        assert!(
+            !state.can_truncate(n as usize - 8) && state.can_truncate(0),
+            "{what}"
+        );
+    }
+    // The chunkwise and recurrent forms round differently (1e-6 relative), never by more
+    // than the oracle's tolerance; the same chunking gives the same bits.
+    // (A whole-prompt prefill runs positions 0..128 in the chunkwise form: its bits differ.)
+    let spread = coli_tests::max_abs_diff(&lasts[0], &lasts[2]);
+    assert!(spread < 1e-4, "forms differ by {spread}");
+    assert_ne!(lasts[0], lasts[2], "the chunkwise form ran");
+    assert_eq!(
+        lasts[1], lasts[2],
+        "16-row spans and single rows: both recurrent"
+    );
+    // A long prefill after cached tokens that is stopped rolls back exactly to them (its start
+    // is pinned), and then gives the bits of an uninterrupted prefill.
+    let store = open(&dir, false, IoPreference::Auto);
+    let opts = EngineOptions {
+        prefill_batch: 16,
+        max_sequences: 2,
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    let (head, tail) = prompt.split_at(120);
+    let mut seq = e.new_sequence().unwrap();
+    e.prefill_sequence(&mut seq, head, Logits::Last, &|| false)
+        .unwrap();
+    let stopped = e.prefill_sequence(&mut seq, tail, Logits::Last, &|| true);
+    assert!(
+        matches!(stopped, Err(coli_engine::EngineError::Stopped)),
+        "{stopped:?}"
+    );
+    assert_eq!(seq.tokens(), head, "rolled back to the cached tokens");
+    let a = e
+        .prefill_sequence(&mut seq, tail, Logits::Last, &|| false)
+        .unwrap();
+    let mut fresh = e.new_sequence().unwrap();
+    let b = e
+        .prefill_sequence(&mut fresh, &prompt, Logits::Last, &|| false)
+        .unwrap();
+    assert_eq!(
+        a.last().unwrap(),
+        b.last().unwrap(),
+        "the same bits after a stopped prefill"
+    );
 }
 
 #[test]

@@ -25,7 +25,7 @@ use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 11] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 12] = coli_tests::FIXTURE_FAMILIES;
 
 fn argmax(row: &[f32]) -> u32 {
     coli_engine::sampling::argmax(row)
@@ -398,6 +398,7 @@ fn damaged_foreign_and_newer_files_are_never_used() {
         layout.kv_dims.clone(),
         layout.v_dims.clone(),
         layout.conv_dims.clone(),
+        layout.recurrent_dims.clone(),
         None,
     );
     assert_ne!(other.param_hash, layout.param_hash);

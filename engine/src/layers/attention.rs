@@ -60,6 +60,33 @@ pub struct LayerKv {
     /// Whether `k`/`v` drop their older rows (an Inkling sliding-window layer); full layers
     /// keep every key and value.
     pub windowed: bool,
+    /// A recurrent layer's fixed-size state after its last position (a Gated DeltaNet's
+    /// `[Hv, dk, dv]`, [`crate::layers::gated_delta`]); empty for other layers and before the
+    /// first position. Exact only at the state's length (`min_len` says so), or at the
+    /// lengths `recurrent_history` holds.
+    pub recurrent: Vec<f32>,
+    /// A recurrent layer after a verification pass (`Span::as_decode` rows): its state at
+    /// each length from the pass's start to its last row but one, `(length, state)`, so that
+    /// rolling back rejected drafts is exact ([`LayerKv::truncate`]). Dropped by the next
+    /// pass or truncation.
+    pub recurrent_history: Vec<(usize, Vec<f32>)>,
+    /// A recurrent layer's checkpoints: its exact state at earlier lengths (pass ends,
+    /// [`crate::layers::gated_delta`] says which), oldest first, so that a fork, an edited
+    /// prompt or a rollback resumes there instead of from the start.
+    pub checkpoints: Vec<RecurrentCheckpoint>,
+}
+
+/// A recurrent layer's exact state at one length ([`LayerKv::checkpoints`]).
+#[derive(Clone, Debug, Default)]
+pub struct RecurrentCheckpoint {
+    /// Positions the state covers.
+    pub len: usize,
+    /// `LayerKv::recurrent` at that length.
+    pub recurrent: Vec<f32>,
+    /// The convolution inputs the next position reads: rows from `conv_from` to `len`.
+    pub conv: Vec<f32>,
+    /// Position of the first row of `conv`.
+    pub conv_from: usize,
 }
 
 impl LayerKv {
@@ -73,11 +100,43 @@ impl LayerKv {
             return;
         }
         debug_assert!(self.can_truncate(len), "truncate below min_len");
+        if !self.recurrent.is_empty() {
+            let held = self.conv_first + self.conv.len() / self.conv_dim.max(1);
+            if len < self.min_len {
+                // Back to a checkpoint: its state and the convolution inputs it reads.
+                if let Some(c) = self.checkpoints.iter().find(|c| c.len == len) {
+                    self.recurrent = c.recurrent.clone();
+                    // Rows the layer dropped since come from the checkpoint's copy.
+                    if self.conv_first > c.conv_from {
+                        self.conv = c.conv.clone();
+                        self.conv_first = c.conv_from;
+                    }
+                }
+            } else if len < held {
+                self.recurrent = self.recurrent_at(len);
+            }
+            // The states of shorter lengths stay valid: the positions before `len` are kept.
+            self.checkpoints.retain(|c| c.len <= len);
+            self.recurrent_history.retain(|(l, _)| *l < len);
+            self.min_len = self
+                .recurrent_history
+                .first()
+                .map_or(len.min(held), |(l, _)| *l);
+        }
         self.k.truncate(len.saturating_sub(self.first) * kv_dim);
         self.v.truncate(len.saturating_sub(self.first) * kv_dim);
         self.conv
             .truncate(len.saturating_sub(self.conv_first) * self.conv_dim);
         self.expanded = None;
+    }
+
+    /// The recurrent state at length `len` (one of `recurrent_history`'s, else the current
+    /// one: callers ask only for lengths [`LayerKv::can_truncate`] allows).
+    pub fn recurrent_at(&self, len: usize) -> Vec<f32> {
+        self.recurrent_history
+            .iter()
+            .find(|(l, _)| *l == len)
+            .map_or_else(|| self.recurrent.clone(), |(_, s)| s.clone())
     }
 
     /// An empty state of the same shape (no rows, nothing dropped).
@@ -89,21 +148,28 @@ impl LayerKv {
         }
     }
 
-    /// The same layer's state with rows `k`, `v`, `conv` (its row starts, `min_len` and
-    /// shape kept; no MLA expansion).
+    /// The same layer's state with rows `k`, `v`, `conv` (its row starts, `min_len`, shape
+    /// and recurrent state kept; no MLA expansion).
     pub fn with_rows(&self, k: Vec<f32>, v: Vec<f32>, conv: Vec<f32>) -> LayerKv {
         LayerKv {
             k,
             v,
             conv,
             expanded: None,
-            ..*self
+            first: self.first,
+            conv_first: self.conv_first,
+            conv_dim: self.conv_dim,
+            min_len: self.min_len,
+            windowed: self.windowed,
+            recurrent: self.recurrent.clone(),
+            recurrent_history: Vec::new(),
+            checkpoints: self.checkpoints.clone(),
         }
     }
 
     /// Whether [`LayerKv::truncate`] to `len` keeps the state exact.
     pub fn can_truncate(&self, len: usize) -> bool {
-        len == 0 || len >= self.min_len
+        len == 0 || len >= self.min_len || self.checkpoints.iter().any(|c| c.len == len)
     }
 
     /// Positions held: `first` plus the rows of `k` (row width `kv_dim`).
@@ -138,6 +204,10 @@ pub struct Attention<'s> {
     /// `[num_heads]`): each head's softmax runs over its key scores plus this logit, whose
     /// probability is dropped (`eager_attention_forward` of `modeling_gpt_oss.py`).
     pub sinks: Option<Vec<f32>>,
+    /// Qwen3-Next's output gate: `q` projects to `[2 * num_heads * head_dim]`, each head's
+    /// query followed by its gate, and the attention output is multiplied by `sigmoid(gate)`
+    /// before `o` (`Qwen3NextAttention`).
+    pub output_gate: bool,
 }
 
 /// Query rows per attention block: a block's tokens times the query heads of one KV head
@@ -303,7 +373,18 @@ impl Attention<'_> {
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
-        self.q.forward(x, n, &mut q);
+        let mut gate = Vec::new();
+        if self.output_gate {
+            let mut qg = vec![0f32; n * 2 * qd];
+            self.q.forward(x, n, &mut qg);
+            gate = vec![0f32; n * qd];
+            for (r, row) in qg.chunks_exact(2 * hd).enumerate() {
+                q[r * hd..(r + 1) * hd].copy_from_slice(&row[..hd]);
+                gate[r * hd..(r + 1) * hd].copy_from_slice(&row[hd..]);
+            }
+        } else {
+            self.q.forward(x, n, &mut q);
+        }
         self.k.forward(x, n, &mut k);
         self.v.forward(x, n, &mut v);
         match &self.qk_norm {
@@ -360,9 +441,12 @@ impl Attention<'_> {
                 sink: self.sinks.as_ref().map(|s| s[h]),
             }
         };
-        let ctx = attend_head_blocks(&blocks, &q, n, nh, hd, keys, |b, queries, _| {
+        let mut ctx = attend_head_blocks(&blocks, &q, n, nh, hd, keys, |b, queries, _| {
             b.strided(queries, caches[b.span], kvd, hd, scale)
         });
+        for (c, &g) in ctx.iter_mut().zip(&gate) {
+            *c *= 1.0 / (1.0 + (-g).exp());
+        }
         self.o.forward(&ctx, n, out);
     }
 }
@@ -406,6 +490,7 @@ mod tests {
             head_dim: 2,
             window,
             sinks,
+            output_gate: false,
         };
         let rope = Rope::new(2, 10_000.0);
         let n = x.len() / 4;

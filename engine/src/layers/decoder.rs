@@ -5,7 +5,9 @@ use crate::cache::ExpertCache;
 use crate::error::Result;
 use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
 use crate::layers::moe::Routing;
-use crate::layers::{Attention, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe};
+use crate::layers::{
+    Attention, GatedDeltaNet, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe,
+};
 use crate::trace::RoutingTrace;
 use coli_format::ExpertKey;
 use coli_store::Store;
@@ -35,6 +37,9 @@ pub enum SelfAttn<'s> {
     Mla(Mla<'s>),
     /// Inkling's attention (short convolutions, relative position bias).
     Inkling(InklingAttention<'s>),
+    /// A Gated DeltaNet linear-attention layer (Qwen3-Next): a recurrent state, no keys or
+    /// values per position.
+    GatedDelta(GatedDeltaNet<'s>),
 }
 
 impl SelfAttn<'_> {
@@ -45,6 +50,7 @@ impl SelfAttn<'_> {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(a) => a.kv_dim(),
             SelfAttn::Inkling(a) => a.kv_dim(),
+            SelfAttn::GatedDelta(_) => 0,
         }
     }
 
@@ -53,7 +59,17 @@ impl SelfAttn<'_> {
     pub fn conv_dim(&self) -> usize {
         match self {
             SelfAttn::Inkling(a) => a.conv_dim(),
+            SelfAttn::GatedDelta(a) => a.conv_dim(),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => 0,
+        }
+    }
+
+    /// f32 values of this layer's fixed-size recurrent state (`LayerKv::recurrent`: a Gated
+    /// DeltaNet's `Hv dk dv`; 0 elsewhere).
+    pub fn recurrent_len(&self) -> usize {
+        match self {
+            SelfAttn::GatedDelta(a) => a.recurrent_len(),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) => 0,
         }
     }
 
@@ -62,7 +78,7 @@ impl SelfAttn<'_> {
     pub fn v_dim(&self) -> usize {
         match self {
             SelfAttn::Gqa(a) => a.kv_dim(),
-            SelfAttn::Mla(_) => 0,
+            SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) => 0,
             SelfAttn::Inkling(a) => a.kv_dim(),
         }
     }
@@ -191,7 +207,7 @@ impl DecoderLayer<'_> {
     pub fn mla_expansion_width(&self) -> Option<usize> {
         match &self.attn {
             SelfAttn::Mla(m) => Some(m.num_heads * (m.nope + m.v_dim)),
-            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => None,
+            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => None,
         }
     }
 
@@ -201,7 +217,7 @@ impl DecoderLayer<'_> {
     pub fn reads_previous_layer(&self) -> bool {
         match &self.attn {
             SelfAttn::Mla(m) => matches!(m.dsa, Some(crate::layers::mla::Dsa::Shared { .. })),
-            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) => false,
+            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => false,
         }
     }
 
@@ -252,6 +268,7 @@ impl DecoderLayer<'_> {
             SelfAttn::Gqa(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Mla(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Inkling(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
+            SelfAttn::GatedDelta(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
         }
         self.output_conv(spans, kvs, true, &mut delta);
         for (a, d) in h.iter_mut().zip(&delta) {
@@ -294,8 +311,10 @@ impl DecoderLayer<'_> {
             Ffn::FusedDense(m) => m.forward(&normed, n, &mut delta),
         }
         self.output_conv(spans, kvs, false, &mut delta);
-        if let SelfAttn::Inkling(a) = &self.attn {
-            a.trim_spans(spans, kvs);
+        match &self.attn {
+            SelfAttn::Inkling(a) => a.trim_spans(spans, kvs),
+            SelfAttn::GatedDelta(a) => a.trim_spans(spans, kvs),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) => {}
         }
         for (a, d) in h.iter_mut().zip(&delta) {
             *a += d;

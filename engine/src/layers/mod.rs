@@ -9,6 +9,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod dsa_indexer;
+pub mod gated_delta;
 pub mod inkling;
 pub mod linear;
 pub mod mla;
@@ -18,8 +19,9 @@ pub mod norm;
 pub mod rope;
 pub mod sigmoid_router;
 
-pub use attention::{Attention, LayerKv, QkNorm};
+pub use attention::{Attention, LayerKv, QkNorm, RecurrentCheckpoint};
 pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, OutputConvs, SelfAttn, Span};
+pub use gated_delta::GatedDeltaNet;
 pub use linear::Linear;
 pub use mla::Mla;
 pub use mlp::Mlp;

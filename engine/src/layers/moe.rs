@@ -42,6 +42,17 @@ pub struct MoeBlock<'s> {
     pub hidden: usize,
     /// Expert intermediate size I.
     pub inter: usize,
+    /// Qwen3-Next's shared expert, added to the routed experts' sum (None elsewhere).
+    pub shared: Option<GatedShared<'s>>,
+}
+
+/// A shared expert scaled by a learned sigmoid gate: `sigmoid(gate . x) * mlp(x)`
+/// (`Qwen3NextSparseMoeBlock`: `shared_expert`, `shared_expert_gate`).
+pub struct GatedShared<'s> {
+    /// `mlp.shared_expert.{gate,up,down}_proj`.
+    pub mlp: crate::layers::Mlp<'s>,
+    /// `mlp.shared_expert_gate.weight` as f32 `[H]`.
+    pub gate: Vec<f32>,
 }
 
 /// Selects the top-k of `probs`: highest first, ties broken by lower index (torch.topk does not
@@ -266,6 +277,21 @@ impl MoeBlock<'_> {
                     .zip(&ys[i * h..(i + 1) * h])
                 {
                     *o += y * w;
+                }
+            }
+        }
+        if let Some(sh) = &self.shared {
+            // expert_output + sigmoid(shared_expert_gate(x)) * shared_expert(x).
+            let mut ys = vec![0f32; n * h];
+            sh.mlp.forward(x, n, &mut ys);
+            for t in 0..n {
+                let gl = coli_kernels::dot(&sh.gate, &x[t * h..(t + 1) * h]);
+                let g = 1.0 / (1.0 + (-gl).exp());
+                for (o, y) in out[t * h..(t + 1) * h]
+                    .iter_mut()
+                    .zip(&ys[t * h..(t + 1) * h])
+                {
+                    *o += g * y;
                 }
             }
         }

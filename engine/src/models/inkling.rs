@@ -165,6 +165,7 @@ fn load_layer<'s>(
                 router_bias: None,
                 router_logit_bias: None,
                 shared: None,
+                shared_gate: None,
                 experts: m.experts.clone(),
             };
             (

@@ -12,6 +12,7 @@ pub mod mixtral;
 pub mod mtp;
 pub mod olmoe;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 
 use crate::error::{EngineError, Result};
 use crate::layers::{Attention, DecoderLayer, Ffn, Mlp, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn};
@@ -76,6 +77,7 @@ impl<'s> Model<'s> {
             Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
             Family::MinimaxM2 => minimax_m2::load(&mut w, &spec)?,
             Family::Inkling => inkling::load(&mut w, &spec)?,
+            Family::Qwen3Next => qwen3_next::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,
@@ -153,7 +155,13 @@ pub(crate) fn load_attention<'s>(
     qk_norm: impl FnOnce(&mut Weights<'s>) -> Result<QkNorm>,
 ) -> Result<Attention<'s>> {
     let AttentionSpec::Gqa {
-        q, k, v, o, sinks, ..
+        q,
+        k,
+        v,
+        o,
+        sinks,
+        gated,
+        ..
     } = &layer.attention
     else {
         return Err(EngineError::Config {
@@ -176,6 +184,7 @@ pub(crate) fn load_attention<'s>(
             Some(t) => Some(w.vector(t)?),
             None => None,
         },
+        output_gate: *gated,
     })
 }
 
@@ -245,6 +254,13 @@ pub(crate) fn load_moe<'s>(
         activation: spec.expert_activation,
         hidden: m.experts.hidden,
         inter: m.experts.intermediate,
+        shared: match (&m.shared, &m.shared_gate) {
+            (Some(sh), Some(gate)) => Some(crate::layers::moe::GatedShared {
+                mlp: load_mlp(w, sh)?,
+                gate: w.vector(gate)?,
+            }),
+            _ => None,
+        },
     })
 }
 

@@ -27,7 +27,9 @@ pub const KV_FILE_MAGIC: [u8; 8] = *b"COLIKV\0\0";
 /// below bumps it.
 /// Version 2: each layer's arrays start with the positions its rows begin at (a layer that
 /// dropped older rows, Inkling) and end with its short-convolution inputs.
-pub const KV_LAYOUT_VERSION: u32 = 2;
+/// Version 3: each layer's u64s add the f32 count of its recurrent state (0 or the layer's
+/// state size) and its arrays end with that state (a Gated DeltaNet's `[Hv, dk, dv]`).
+pub const KV_LAYOUT_VERSION: u32 = 3;
 
 /// Bytes of the header before the token ids.
 const FIXED_HEADER_BYTES: usize = 88;
@@ -391,7 +393,8 @@ pub fn read_state_prefix(
     let mut kv = Vec::with_capacity(layout.kv_dims.len());
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
         let cd = layout.conv_dims.get(l).copied().unwrap_or(0);
-        kv.push(body.layer(n, keep, (kd, vd, cd), &format!("layer {l}"))?);
+        let rd = layout.recurrent_dims.get(l).copied().unwrap_or(0);
+        kv.push(body.layer(n, keep, (kd, vd, cd), rd, &format!("layer {l}"))?);
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -407,7 +410,7 @@ pub fn read_state_prefix(
                 what: format!("MTP state of {fed} positions in a sequence of {n}"),
             });
         }
-        let kv = body.layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), "MTP layer")?;
+        let kv = body.layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), 0, "MTP layer")?;
         let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
             kv,
@@ -526,18 +529,22 @@ impl<R: Read> BodyReader<'_, R> {
     }
 
     /// One layer's state of a sequence of `n` positions, keeping positions `..keep`: its
-    /// row starts and `min_len` (three u64), then keys and values from `first` (`dims.0`,
-    /// `dims.1` f32 per position) and convolution inputs from `conv_first` (`dims.2`).
+    /// row starts, `min_len` and the f32 count of its recurrent state (0 or `recurrent`) (four
+    /// u64), then keys and values from `first` (`dims.0`, `dims.1` f32 per position),
+    /// convolution inputs from `conv_first` (`dims.2`), and the recurrent state (dropped when
+    /// `keep` is 0).
     fn layer(
         &mut self,
         n: usize,
         keep: usize,
         dims: (usize, usize, usize),
+        recurrent: usize,
         what: &str,
     ) -> Result<LayerKv, KvFileError> {
         let first = self.u64(what)? as usize;
         let conv_first = self.u64(what)? as usize;
         let min_len = self.u64(what)? as usize;
+        let count = self.u64(what)? as usize;
         if keep > 0 && keep < n && keep < min_len {
             // Stop here: the rest of the file need not be read for a prefix it cannot give.
             return Err(KvFileError::Unshortenable {
@@ -555,16 +562,38 @@ impl<R: Read> BodyReader<'_, R> {
         }
         let (rows, kept) = (n - first, keep.saturating_sub(first));
         let (conv_rows, conv_kept) = (n - conv_first, keep.saturating_sub(conv_first));
+        let k = self.f32s_prefix(rows, kept, dims.0, &format!("{what} keys"))?;
+        let v = self.f32s_prefix(rows, kept, dims.1, &format!("{what} values"))?;
+        let conv = self.f32s_prefix(conv_rows, conv_kept, dims.2, &format!("{what} conv"))?;
+        // A recurrent state is whole (the layer's size, exact at the sequence's length) or
+        // absent (an empty sequence).
+        if count != 0 && (count != recurrent || min_len != n) {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: a recurrent state of {count} values exact from {min_len} in a sequence of {n} (the layer's state has {recurrent})"
+                ),
+            });
+        }
+        let state = self.f32s_prefix(
+            1,
+            usize::from(keep > 0),
+            count,
+            &format!("{what} recurrent state"),
+        )?;
         Ok(LayerKv {
-            k: self.f32s_prefix(rows, kept, dims.0, &format!("{what} keys"))?,
-            v: self.f32s_prefix(rows, kept, dims.1, &format!("{what} values"))?,
-            conv: self.f32s_prefix(conv_rows, conv_kept, dims.2, &format!("{what} conv"))?,
+            k,
+            v,
+            conv,
             first: if keep == 0 { 0 } else { first },
             conv_first: if keep == 0 { 0 } else { conv_first },
             conv_dim: dims.2,
             min_len: if keep == 0 { 0 } else { min_len },
             expanded: None,
             windowed: false,
+            recurrent: state,
+            recurrent_history: Vec::new(),
+            checkpoints: Vec::new(),
         })
     }
 
@@ -578,8 +607,8 @@ impl<R: Read> BodyReader<'_, R> {
 /// Body bytes of `state` ([`write_atomic`] writes exactly this many).
 pub fn body_len(state: &KvState) -> u64 {
     let s = &state.seq;
-    // Each layer's three u64 (row starts, min_len) take six f32-sized slots.
-    let layer = |l: &LayerKv| 6 + l.k.len() + l.v.len() + l.conv.len();
+    // Each layer's four u64 (row starts, min_len, recurrent count) take eight f32-sized slots.
+    let layer = |l: &LayerKv| 8 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len();
     let kv: usize = s.kv.iter().map(layer).sum();
     let mtp = s
         .mtp
@@ -661,13 +690,17 @@ fn write_file(
         h.update(b);
         w.write_all(b).map_err(io(tmp))
     };
+    let n = s.tokens.len();
     let layer = |w: &mut BufWriter<File>, h: &mut Xxh3, l: &LayerKv| -> Result<(), KvFileError> {
-        for x in [l.first, l.conv_first, l.min_len] {
+        // A recurrent state is written as the state at the sequence's length: exact there only.
+        let min_len = if l.recurrent.is_empty() { l.min_len } else { n };
+        for x in [l.first, l.conv_first, min_len, l.recurrent.len()] {
             put(w, h, &(x as u64).to_le_bytes())?;
         }
         put(w, h, l.k.as_bytes())?;
         put(w, h, l.v.as_bytes())?;
-        put(w, h, l.conv.as_bytes())
+        put(w, h, l.conv.as_bytes())?;
+        put(w, h, l.recurrent.as_bytes())
     };
     for l in &s.kv {
         layer(&mut w, &mut hasher, l)?;

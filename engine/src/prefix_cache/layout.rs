@@ -34,9 +34,12 @@ pub struct KvLayout {
     pub kv_dims: Vec<usize>,
     /// f32 values per position of each layer's values (0 for MLA).
     pub v_dims: Vec<usize>,
-    /// f32 values per position of each layer's short-convolution inputs (Inkling's
-    /// `LayerKv::conv`; 0 elsewhere).
+    /// f32 values per position of each layer's short-convolution inputs (Inkling's and the
+    /// Gated DeltaNet layers' `LayerKv::conv`; 0 elsewhere).
     pub conv_dims: Vec<usize>,
+    /// f32 values of each layer's recurrent state (`LayerKv::recurrent`; 0 for layers without
+    /// one).
+    pub recurrent_dims: Vec<usize>,
     /// The MTP layer's shapes, when the model has one.
     pub mtp: Option<MtpLayout>,
 }
@@ -56,6 +59,7 @@ impl KvLayout {
         kv_dims: Vec<usize>,
         v_dims: Vec<usize>,
         conv_dims: Vec<usize>,
+        recurrent_dims: Vec<usize>,
         mtp: Option<MtpLayout>,
     ) -> KvLayout {
         let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
@@ -69,6 +73,7 @@ impl KvLayout {
             kv_dims,
             v_dims,
             conv_dims,
+            recurrent_dims,
             mtp,
         }
     }

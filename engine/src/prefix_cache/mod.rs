@@ -196,8 +196,12 @@ impl PrefixCache {
         }
         cands.retain(|c| c.0 > 0);
         // A RAM state whose layers dropped their older rows gives back only so short a
-        // prefix (a disk file says so when read: `KvFileError::Unshortenable`).
-        cands.retain(|c| c.1 != Tier::Ram || self.ram[c.2].state.can_truncate(c.0));
+        // prefix, a recurrent one its nearest checkpoint (a disk file says so when read:
+        // `KvFileError::Unshortenable`).
+        for c in cands.iter_mut().filter(|c| c.1 == Tier::Ram) {
+            c.0 = self.ram[c.2].state.exact_at_most(c.0);
+        }
+        cands.retain(|c| c.0 > 0);
         cands.sort_by(|a, b| {
             b.0.cmp(&a.0)
                 .then((a.1 == Tier::Disk).cmp(&(b.1 == Tier::Disk)))

@@ -130,6 +130,7 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpe
                 class,
             ))
         }),
+        shared_gate: None,
         experts: super::ExpertsSpec {
             layer: i as u32,
             count: e as u32,

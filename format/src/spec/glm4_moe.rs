@@ -107,6 +107,7 @@ fn attention(s: &ModelSpec, i: usize, class: TensorClass) -> AttentionSpec {
             QkNormSpec::None
         },
         sinks: None,
+        gated: false,
     }
 }
 

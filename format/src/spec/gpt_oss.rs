@@ -146,6 +146,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
                         c,
                         TensorKind::Bias,
                     )),
+                    gated: false,
                 },
                 mla => mla,
             };
@@ -165,6 +166,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
                     TensorKind::Bias,
                 )),
                 shared: None,
+                shared_gate: None,
                 experts: ExpertsSpec {
                     layer: i as u32,
                     count: e as u32,

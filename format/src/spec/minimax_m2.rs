@@ -71,6 +71,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
                 )),
                 router_logit_bias: None,
                 shared: None,
+                shared_gate: None,
                 experts: ExpertsSpec {
                     layer: i as u32,
                     count: e as u32,

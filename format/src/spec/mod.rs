@@ -25,6 +25,7 @@ pub mod mixtral;
 pub mod mla;
 pub mod olmoe;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod tensors;
 
 use crate::FormatError;
@@ -32,6 +33,7 @@ pub use inkling::{InklingSpec, LogScaling};
 pub use json::eos_ids;
 use json::Fields;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
+pub use qwen3_next::GatedDeltaSpec;
 use serde_json::Value;
 use std::collections::HashMap;
 pub use tensors::*;
@@ -49,6 +51,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "minimax_m2",
     "deepseek_v32",
     "inkling_text",
+    "qwen3_next",
 ];
 
 /// A supported model family.
@@ -74,6 +77,8 @@ pub enum Family {
     DeepseekV32,
     /// `inkling_text`, the language model of Inkling (`inkling_mm_model`) ([`inkling`]).
     Inkling,
+    /// `qwen3_next`, Qwen3-Next-80B-A3B ([`qwen3_next`]).
+    Qwen3Next,
 }
 
 impl Family {
@@ -93,6 +98,7 @@ impl Family {
             "minimax_m2" => Ok(Family::MinimaxM2),
             "deepseek_v32" => Ok(Family::DeepseekV32),
             "inkling_text" => Ok(Family::Inkling),
+            "qwen3_next" => Ok(Family::Qwen3Next),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -113,6 +119,7 @@ impl Family {
             Family::MinimaxM2 => "minimax_m2",
             Family::DeepseekV32 => "deepseek_v32",
             Family::Inkling => "inkling_text",
+            Family::Qwen3Next => "qwen3_next",
         }
     }
 
@@ -134,7 +141,8 @@ impl Family {
             | Family::DeepseekV3
             | Family::DeepseekV32
             | Family::GlmMoeDsa
-            | Family::Glm4Moe => 10_000.0,
+            | Family::Glm4Moe
+            | Family::Qwen3Next => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
@@ -149,7 +157,8 @@ impl Family {
             | Family::DeepseekV3
             | Family::DeepseekV32
             | Family::MinimaxM2
-            | Family::Inkling => 1e-6,
+            | Family::Inkling
+            | Family::Qwen3Next => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -274,6 +283,9 @@ pub struct ModelSpec {
     pub moe_intermediate_size: usize,
     /// Intermediate size of the dense MLP of non-MoE layers.
     pub intermediate_size: usize,
+    /// Qwen3-Next: the shared expert's intermediate size (`shared_expert_intermediate_size`);
+    /// 0 for families whose shared experts are `n_shared_experts * moe_intermediate_size`.
+    pub shared_expert_intermediate_size: usize,
     /// q/k/v/o projections have biases (GLM-4.5: q/k/v only).
     pub attention_bias: bool,
     /// GLM-4.5 `use_qk_norm`: RMSNorm of each q and k head before RoPE (Qwen3-MoE always
@@ -292,6 +304,12 @@ pub struct ModelSpec {
     /// Inkling: its sliding layers' heads, relative position bias, short convolutions, routing
     /// and output scaling.
     pub inkling: Option<InklingSpec>,
+    /// Hybrid linear-attention families (Qwen3-Next): the Gated DeltaNet layers' heads and
+    /// which layers they are.
+    pub gated_delta: Option<GatedDeltaSpec>,
+    /// RMSNorm weights are stored zero-centred: the model multiplies by `1 + w` (Qwen3-Next's
+    /// `Qwen3NextRMSNorm`; not its gated norm, which uses `w`).
+    pub zero_centered_norms: bool,
     /// Every tensor the model reads.
     pub tensors: ModelTensors,
 }
@@ -327,10 +345,13 @@ fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
         if let Some(t) = p.f64("rope_theta")? {
             theta = Some(t);
         }
-        if !matches!(family, Family::Glm4Moe | Family::MinimaxM2)
-            && p.get("partial_rotary_factor")
-                .and_then(Value::as_f64)
-                .is_some_and(|x| x != 1.0)
+        if !matches!(
+            family,
+            Family::Glm4Moe | Family::MinimaxM2 | Family::Qwen3Next
+        ) && p
+            .get("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .is_some_and(|x| x != 1.0)
         {
             return Err(FormatError::Unsupported(
                 "unsupported rope scaling: partial_rotary_factor != 1".into(),
@@ -533,6 +554,7 @@ impl ModelSpec {
             num_mtp_layers: 0,
             moe_intermediate_size: 0,
             intermediate_size: f.usize("intermediate_size")?.unwrap_or(0),
+            shared_expert_intermediate_size: 0,
             attention_bias: false,
             qk_norm: false,
             clip_qkv: None,
@@ -541,6 +563,8 @@ impl ModelSpec {
             eos_token_ids,
             mla: None,
             inkling: None,
+            gated_delta: None,
+            zero_centered_norms: false,
             tensors: ModelTensors {
                 embed: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Embedding),
                 embed_norm: None,
@@ -561,6 +585,7 @@ impl ModelSpec {
             Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
             Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
             Family::Inkling => inkling::configure(config, &f, &mut spec)?,
+            Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -629,6 +654,7 @@ impl ModelSpec {
             Family::MinimaxM2 => minimax_m2::tensors(&spec),
             Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
             Family::Inkling => inkling::tensors(&spec),
+            Family::Qwen3Next => qwen3_next::tensors(&spec),
         };
         Ok(spec)
     }
@@ -1026,6 +1052,7 @@ pub(crate) mod build {
             o: linear(&format!("{p}.o_proj"), h, qd, b, c),
             qk_norm,
             sinks: None,
+            gated: false,
         }
     }
 
@@ -1048,6 +1075,7 @@ pub(crate) mod build {
             router_bias: None,
             router_logit_bias: None,
             shared: None,
+            shared_gate: None,
             experts: ExpertsSpec {
                 layer: i as u32,
                 count: spec.num_experts as u32,

@@ -225,7 +225,14 @@ pub enum AttentionSpec {
         /// gpt-oss: `self_attn.sinks` `[heads]`, one learned logit per head that joins the
         /// softmax over the keys and carries no value.
         sinks: Option<TensorSpec>,
+        /// Qwen3-Next / Qwen3.5: an output gate. `q_proj` is `[2 * heads * head_dim, H]`, each
+        /// head's `head_dim` query rows followed by its `head_dim` gate rows; the attention
+        /// output is multiplied by `sigmoid(gate)` before `o_proj`.
+        gated: bool,
     },
+    /// A Gated DeltaNet linear-attention layer (Qwen3-Next, Qwen3.5): a recurrent state per
+    /// value head instead of keys and values per position.
+    GatedDeltaNet(Box<GatedDeltaNetSpec>),
     /// Inkling's attention: per-head RMS-normalized q/k, short convolutions over the projected
     /// keys and values, a learned relative position bias instead of RoPE.
     Inkling(Box<InklingAttentionSpec>),
@@ -469,8 +476,47 @@ pub struct MoeSpec {
     pub router_logit_bias: Option<TensorSpec>,
     /// Shared experts (always-on SwiGLU of `moe_intermediate_size * n_shared_experts`).
     pub shared: Option<Box<MlpSpec>>,
+    /// Qwen3-Next / Qwen3.5: `mlp.shared_expert_gate.weight` `[1, H]`; the shared expert's
+    /// output is multiplied by `sigmoid(gate . x)`.
+    pub shared_gate: Option<TensorSpec>,
     /// The routed experts.
     pub experts: ExpertsSpec,
+}
+
+/// A Gated DeltaNet layer's tensors (`model.layers.{i}.linear_attn`, transformers 5.25
+/// `Qwen3NextGatedDeltaNet`), with `Hk` key heads of `dk`, `Hv` value heads of `dv`
+/// ([`crate::spec::GatedDeltaSpec`]) and the short convolution over the `C = 2 Hk dk + Hv dv`
+/// channels of `[q | k | v]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatedDeltaNetSpec {
+    /// The input projections.
+    pub input: GatedDeltaInput,
+    /// `conv1d.weight` `[C, 1, K]` (depthwise, no bias; SiLU after it).
+    pub conv: TensorSpec,
+    /// `dt_bias` `[Hv]`.
+    pub dt_bias: TensorSpec,
+    /// `A_log` `[Hv]`: the decay rate `exp(A_log)` (`g = -exp(A_log) softplus(a + dt_bias)`).
+    pub a_log: TensorSpec,
+    /// `norm.weight` `[dv]`: the gated RMSNorm of each value head's output (weight used as is,
+    /// then times `silu(z)`).
+    pub norm: TensorSpec,
+    /// `out_proj` `[H, Hv dv]`.
+    pub out: LinearSpec,
+}
+
+/// How a Gated DeltaNet layer projects its input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatedDeltaInput {
+    /// Qwen3-Next: `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]`, rows grouped per key head (each
+    /// group `[q (dk) | k (dk) | v (Hv/Hk dv) | z (Hv/Hk dv)]`), and `in_proj_ba` `[2 Hv, H]`,
+    /// grouped per key head (`[b (Hv/Hk) | a (Hv/Hk)]`), as `fix_query_key_value_ordering`
+    /// reads them.
+    Fused {
+        /// `in_proj_qkvz`.
+        qkvz: LinearSpec,
+        /// `in_proj_ba`.
+        ba: LinearSpec,
+    },
 }
 
 /// One decoder layer.
@@ -563,6 +609,7 @@ impl LayerSpec {
                 o,
                 qk_norm,
                 sinks,
+                ..
             } => {
                 for l in [q, k, v, o] {
                     push_linear(&mut out, l);
@@ -578,6 +625,16 @@ impl LayerSpec {
                 }
                 out.extend([&a.q_norm, &a.k_norm, &a.k_conv, &a.v_conv, &a.rel_proj]);
                 out.push(&a.out_conv);
+            }
+            AttentionSpec::GatedDeltaNet(a) => {
+                match &a.input {
+                    GatedDeltaInput::Fused { qkvz, ba } => {
+                        push_linear(&mut out, qkvz);
+                        push_linear(&mut out, ba);
+                    }
+                }
+                out.extend([&a.conv, &a.dt_bias, &a.a_log, &a.norm]);
+                push_linear(&mut out, &a.out);
             }
             AttentionSpec::Mla {
                 q,
@@ -617,6 +674,7 @@ impl LayerSpec {
                 if let Some(s) = &m.shared {
                     push_mlp(&mut out, s);
                 }
+                out.extend(m.shared_gate.as_ref());
             }
             FfnSpec::FusedDense(m) => {
                 push_linear(&mut out, &m.gate_up);
@@ -650,6 +708,15 @@ impl LayerSpec {
                 for l in [&a.q, &a.k, &a.v, &a.r, &a.o] {
                     add(l, LinearRole::Attention);
                 }
+            }
+            AttentionSpec::GatedDeltaNet(a) => {
+                match &a.input {
+                    GatedDeltaInput::Fused { qkvz, ba } => {
+                        add(qkvz, LinearRole::Attention);
+                        add(ba, LinearRole::Attention);
+                    }
+                }
+                add(&a.out, LinearRole::Attention);
             }
             AttentionSpec::Mla {
                 q,

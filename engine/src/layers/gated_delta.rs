@@ -1,0 +1,375 @@
+//! A Gated DeltaNet linear-attention layer (Qwen3-Next; transformers 5.25
+//! `Qwen3NextGatedDeltaNet`, `models/qwen3_next/modeling_qwen3_next.py`):
+//!
+//! 1. `in_proj_qkvz` and `in_proj_ba` project the normalized input; their rows are grouped per
+//!    key head (`fix_query_key_value_ordering`): group g holds `q_g (dk) | k_g (dk) | v (r dv)
+//!    | z (r dv)` and `b (r) | a (r)` of value heads `g r .. (g + 1) r` (`r = Hv / Hk`).
+//! 2. A causal depthwise convolution of `K` taps over the channels `[q | k | v]`
+//!    (`C = 2 Hk dk + Hv dv`), then SiLU (`causal_conv1d_forward` / `causal_conv1d_update`:
+//!    positions before 0 read zeros).
+//! 3. q and k L2-normalized per head, q scaled by `dk^-0.5`; `beta = sigmoid(b)`, the log decay
+//!    `g = -exp(A_log) softplus(a + dt_bias)` (softplus as torch's: `x` above 20).
+//! 4. The gated delta rule per value head ([`coli_kernels::gated_delta`]) from the layer's
+//!    recurrent state.
+//! 5. The gated RMSNorm of each value head's output: `rms_norm(o) * w * silu(z)`; `out_proj`.
+//!
+//! **State** (in the layer's [`LayerKv`]): the convolution's inputs per position (`conv`,
+//! `C` f32 per row, trimmed like Inkling's to what later positions read) and the recurrent
+//! state `[Hv, dk, dv]` after the last position (`recurrent`). The recurrent state is exact
+//! only at that length (`min_len`), so going back needs a state kept for the length it goes
+//! back to: a verification pass keeps its rows' states (`recurrent_history`: rejected drafts
+//! roll back exactly), a prefill chunk's start and every [`CHECKPOINT_EVERY`]-th decode
+//! position keep a checkpoint (`checkpoints`, at most [`MAX_CHECKPOINTS`]: forks, edited
+//! prompts and reused prefixes resume at the nearest, [`crate::Sequence::exact_at_most`]), and
+//! a long operation pins its start (the sequence's pin: a failed or stopped pass rolls back).
+//!
+//! **Which form runs.** A position runs in the chunkwise form when the whole aligned chunk of
+//! [`CHUNK`] positions it belongs to (positions `64 c .. 64 (c + 1)`) lies inside one span of a
+//! prefill pass; every other position (decode, verification rows (`Span::as_decode`), a
+//! prompt's head or tail outside whole aligned chunks) runs the recurrent form. A position's
+//! bits therefore depend on its position and on how passes split the prompt, never on the
+//! batch, the threads, the cache or the other sequences in the pass.
+
+use crate::layers::inkling::trim;
+use crate::layers::{LayerKv, Linear, RecurrentCheckpoint, RmsNorm, Span};
+use coli_kernels::gated_delta::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
+use rayon::prelude::*;
+
+/// A decode pass whose start is a multiple of this many positions keeps a checkpoint of the
+/// state ([`GatedDeltaNet::forward_spans`]); prefill chunks keep one at every chunk start.
+pub const CHECKPOINT_EVERY: usize = 256;
+
+/// Checkpoints a layer keeps per sequence at most (each the size of its recurrent state plus
+/// `K - 1` convolution rows).
+pub const MAX_CHECKPOINTS: usize = 8;
+
+/// One Gated DeltaNet layer (see the module doc).
+pub struct GatedDeltaNet<'s> {
+    /// `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]`.
+    pub qkvz: Linear<'s>,
+    /// `in_proj_ba` `[2 Hv, H]`.
+    pub ba: Linear<'s>,
+    /// `conv1d.weight` as f32 `[C, K]`.
+    pub conv: Vec<f32>,
+    /// `dt_bias` `[Hv]`.
+    pub dt_bias: Vec<f32>,
+    /// `-exp(A_log)` `[Hv]` (f32, as transformers computes it from the f32 `A_log`).
+    pub neg_a: Vec<f32>,
+    /// The gated RMSNorm (`norm.weight` `[dv]`, used as is).
+    pub norm: RmsNorm,
+    /// `out_proj` `[H, Hv dv]`.
+    pub out: Linear<'s>,
+    /// Key heads Hk.
+    pub key_heads: usize,
+    /// Value heads Hv.
+    pub value_heads: usize,
+    /// Key head dimension dk.
+    pub key_dim: usize,
+    /// Value head dimension dv.
+    pub value_dim: usize,
+    /// Convolution taps K.
+    pub kernel: usize,
+}
+
+/// `log(1 + exp(x))` as `torch.nn.functional.softplus` (beta 1, threshold 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl GatedDeltaNet<'_> {
+    /// Convolution channels C (`[q | k | v]`).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// f32 values of the recurrent state (`Hv dk dv`).
+    pub fn recurrent_len(&self) -> usize {
+        self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// The layer for the rows of several sequences (`x`: `[N, H]`, the normalized rows of
+    /// `spans[0]`, then `spans[1]`, ...; `kvs[i]`: span i's state, holding `pos0`
+    /// positions). Appends each position's convolution inputs, advances the recurrent state,
+    /// writes the layer's output to `out` (`[N, H]`).
+    pub fn forward_spans(
+        &self,
+        x: &[f32],
+        spans: &[Span],
+        kvs: &mut [&mut LayerKv],
+        out: &mut [f32],
+    ) {
+        let n = Span::rows(spans);
+        let (hk, hv, dk, dv, kn) = (
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+            self.kernel,
+        );
+        let r = hv / hk;
+        let (kd, vd, c) = (hk * dk, hv * dv, self.conv_dim());
+        let mut qkvz = vec![0f32; n * (2 * kd + 2 * vd)];
+        let mut ba = vec![0f32; n * 2 * hv];
+        self.qkvz.forward(x, n, &mut qkvz);
+        self.ba.forward(x, n, &mut ba);
+        // Un-group the projections: mixed [N, C] = [q | k | v], z [N, Hv dv], b and a [N, Hv].
+        let mut mixed = vec![0f32; n * c];
+        let mut z = vec![0f32; n * vd];
+        let (mut b, mut a) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+        let gw = 2 * dk + 2 * r * dv;
+        for t in 0..n {
+            let row = &qkvz[t * (2 * kd + 2 * vd)..(t + 1) * (2 * kd + 2 * vd)];
+            let m = &mut mixed[t * c..(t + 1) * c];
+            for g in 0..hk {
+                let grp = &row[g * gw..(g + 1) * gw];
+                m[g * dk..(g + 1) * dk].copy_from_slice(&grp[..dk]);
+                m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&grp[dk..2 * dk]);
+                m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv]
+                    .copy_from_slice(&grp[2 * dk..2 * dk + r * dv]);
+                z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv]
+                    .copy_from_slice(&grp[2 * dk + r * dv..]);
+                let bag = &ba[t * 2 * hv + g * 2 * r..t * 2 * hv + (g + 1) * 2 * r];
+                b[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[..r]);
+                a[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[r..]);
+            }
+        }
+        // The causal convolution over each sequence's inputs, then SiLU.
+        let mut conv = vec![0f32; n * c];
+        let mut r0 = 0;
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            kv.conv_dim = c;
+            let first = kv.conv_first;
+            debug_assert_eq!(kv.conv.len(), (s.pos0 - first) * c);
+            kv.conv.extend_from_slice(&mixed[r0 * c..(r0 + s.n) * c]);
+            for t in 0..s.n {
+                let p = s.pos0 + t;
+                let o = &mut conv[(r0 + t) * c..(r0 + t + 1) * c];
+                for (ch, o) in o.iter_mut().enumerate() {
+                    let w = &self.conv[ch * kn..(ch + 1) * kn];
+                    let mut acc = 0f32;
+                    for (j, wj) in w.iter().enumerate() {
+                        // Input position p - (K - 1) + j.
+                        if let Some(q) = (p + j + 1).checked_sub(kn) {
+                            acc += wj * kv.conv[(q - first) * c + ch];
+                        }
+                    }
+                    *o = acc * sigmoid(acc);
+                }
+            }
+            r0 += s.n;
+        }
+        // Per value head: q, k normalized (q scaled), g and beta.
+        let mut g = vec![0f32; n * hv];
+        let mut beta = vec![0f32; n * hv];
+        for t in 0..n {
+            for h in 0..hv {
+                beta[t * hv + h] = sigmoid(b[t * hv + h]);
+                g[t * hv + h] = self.neg_a[h] * softplus(a[t * hv + h] + self.dt_bias[h]);
+            }
+        }
+        let mut qn = vec![0f32; n * kd];
+        let mut knorm = vec![0f32; n * kd];
+        for t in 0..n {
+            for kh in 0..hk {
+                let mut qh = conv[t * c + kh * dk..t * c + (kh + 1) * dk].to_vec();
+                let mut khv = conv[t * c + kd + kh * dk..t * c + kd + (kh + 1) * dk].to_vec();
+                normalize_qk(&mut qh, &mut khv);
+                qn[t * kd + kh * dk..t * kd + (kh + 1) * dk].copy_from_slice(&qh);
+                knorm[t * kd + kh * dk..t * kd + (kh + 1) * dk].copy_from_slice(&khv);
+            }
+        }
+        // The recurrence, one task per (span, value head).
+        let rl = self.recurrent_len();
+        let mut starts = Vec::with_capacity(spans.len());
+        let mut r0 = 0;
+        for s in spans {
+            starts.push(r0);
+            r0 += s.n;
+        }
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            self.checkpoint(s, kv);
+        }
+        let mut states: Vec<Vec<f32>> = kvs
+            .iter_mut()
+            .map(|kv| {
+                kv.recurrent_history.clear();
+                if kv.recurrent.is_empty() {
+                    vec![0f32; rl]
+                } else {
+                    std::mem::take(&mut kv.recurrent)
+                }
+            })
+            .collect();
+        let mut core = vec![0f32; n * vd];
+        {
+            let tasks: Vec<(usize, usize, &mut [f32])> = states
+                .iter_mut()
+                .enumerate()
+                .flat_map(|(si, st)| {
+                    st.chunks_exact_mut(dk * dv)
+                        .enumerate()
+                        .map(move |(h, s)| (si, h, s))
+                })
+                .collect();
+            #[allow(clippy::type_complexity)]
+            let outs: Vec<(usize, usize, Vec<f32>, Vec<Vec<f32>>)> = tasks
+                .into_par_iter()
+                .map(|(si, h, state)| {
+                    let s = spans[si];
+                    let kh = h / r;
+                    let r0 = starts[si];
+                    let gather_k = |src: &[f32], t0: usize, t1: usize| -> Vec<f32> {
+                        (t0..t1)
+                            .flat_map(|t| {
+                                src[(r0 + t) * kd + kh * dk..(r0 + t) * kd + (kh + 1) * dk]
+                                    .iter()
+                                    .copied()
+                            })
+                            .collect()
+                    };
+                    let mut o = vec![0f32; s.n * dv];
+                    let mut sc = ChunkScratch::default();
+                    // Verification rows keep the head's state before each row (rollback).
+                    let keep_history = s.as_decode && s.n > 1;
+                    let mut history = Vec::new();
+                    let mut t = 0;
+                    while t < s.n {
+                        if keep_history {
+                            history.push(state.to_vec());
+                        }
+                        let p = s.pos0 + t;
+                        let whole = !s.as_decode && p.is_multiple_of(CHUNK) && t + CHUNK <= s.n;
+                        if whole {
+                            let (t0, t1) = (t, t + CHUNK);
+                            let qs = gather_k(&qn, t0, t1);
+                            let ks = gather_k(&knorm, t0, t1);
+                            let vs: Vec<f32> = (t0..t1)
+                                .flat_map(|u| {
+                                    let at = (r0 + u) * c + 2 * kd + h * dv;
+                                    conv[at..at + dv].iter().copied()
+                                })
+                                .collect();
+                            let gs: Vec<f32> = (t0..t1).map(|u| g[(r0 + u) * hv + h]).collect();
+                            let bs: Vec<f32> = (t0..t1).map(|u| beta[(r0 + u) * hv + h]).collect();
+                            chunk(
+                                state,
+                                &qs,
+                                &ks,
+                                &vs,
+                                &gs,
+                                &bs,
+                                &mut o[t0 * dv..t1 * dv],
+                                &mut sc,
+                            );
+                            t = t1;
+                        } else {
+                            let row = r0 + t;
+                            let at = row * c + 2 * kd + h * dv;
+                            step(
+                                state,
+                                &qn[row * kd + kh * dk..row * kd + (kh + 1) * dk],
+                                &knorm[row * kd + kh * dk..row * kd + (kh + 1) * dk],
+                                &conv[at..at + dv],
+                                g[row * hv + h],
+                                beta[row * hv + h],
+                                &mut o[t * dv..(t + 1) * dv],
+                            );
+                            t += 1;
+                        }
+                    }
+                    (si, h, o, history)
+                })
+                .collect();
+            for (si, h, o, history) in outs {
+                let r0 = starts[si];
+                for (t, ot) in o.chunks_exact(dv).enumerate() {
+                    core[(r0 + t) * vd + h * dv..(r0 + t) * vd + (h + 1) * dv].copy_from_slice(ot);
+                }
+                let kv = &mut kvs[si];
+                for (t, st) in history.into_iter().enumerate() {
+                    if h == 0 {
+                        kv.recurrent_history
+                            .push((spans[si].pos0 + t, vec![0f32; rl]));
+                    }
+                    kv.recurrent_history[t].1[h * dk * dv..(h + 1) * dk * dv].copy_from_slice(&st);
+                }
+            }
+        }
+        for (kv, st) in kvs.iter_mut().zip(states) {
+            kv.recurrent = st;
+        }
+        // The gated RMSNorm per value head, then out_proj.
+        let mut normed = vec![0f32; dv];
+        for (orow, zrow) in core.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+            coli_kernels::rms_norm(orow, &self.norm.weight, self.norm.eps, &mut normed);
+            for ((o, &y), &zz) in orow.iter_mut().zip(&normed).zip(zrow) {
+                *o = y * (zz * sigmoid(zz));
+            }
+        }
+        self.out.forward(&core, n, out);
+    }
+
+    /// Before span `s` runs: keeps the state at its start as a checkpoint when the start ends
+    /// a prefill chunk or a pass of several rows (`s` is a prefill span), or is a multiple of
+    /// [`CHECKPOINT_EVERY`]; at most [`MAX_CHECKPOINTS`] are kept (the oldest dropped). Not
+    /// after a verification pass (its rows' states are `recurrent_history`).
+    fn checkpoint(&self, s: &Span, kv: &mut LayerKv) {
+        let p = s.pos0;
+        if p == 0 || kv.recurrent.is_empty() || !kv.recurrent_history.is_empty() {
+            return;
+        }
+        if !((s.n > 1 && !s.as_decode) || p.is_multiple_of(CHECKPOINT_EVERY)) {
+            return;
+        }
+        if kv.checkpoints.last().is_some_and(|c| c.len >= p) {
+            return;
+        }
+        let c = self.conv_dim();
+        let from = p.saturating_sub(self.kernel - 1).max(kv.conv_first);
+        kv.checkpoints.push(RecurrentCheckpoint {
+            len: p,
+            recurrent: kv.recurrent.clone(),
+            conv: kv.conv[(from - kv.conv_first) * c..(p - kv.conv_first) * c].to_vec(),
+            conv_from: from,
+        });
+        if kv.checkpoints.len() > MAX_CHECKPOINTS {
+            kv.checkpoints.remove(0);
+        }
+    }
+
+    /// After a pass: drops the convolution inputs no later position reads (keeping Inkling's
+    /// slack) and marks each state exact at its new length only, or, after verification
+    /// rows, from the pass's start on (the states `recurrent_history` keeps).
+    pub fn trim_spans(&self, spans: &[Span], kvs: &mut [&mut LayerKv]) {
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            let end = s.pos0 + s.n;
+            trim(kv, end, 0, None, self.kernel);
+            let from = if kv.recurrent_history.is_empty() {
+                end
+            } else {
+                s.pos0
+            };
+            kv.min_len = kv.min_len.max(from);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::softplus;
+
+    #[test]
+    fn softplus_follows_torch_threshold() {
+        assert_eq!(softplus(25.0), 25.0);
+        assert!((softplus(0.0) - std::f32::consts::LN_2).abs() < 1e-7);
+        assert!((softplus(-30.0) - (-30f32).exp()).abs() < 1e-20);
+    }
+}

@@ -1,0 +1,289 @@
+//! Qwen3-Next (`model_type: qwen3_next`; Qwen3-Next-80B-A3B), as transformers 5.25
+//! `Qwen3NextConfig` / `modeling_qwen3_next.py`.
+//!
+//! - Layers: `layer_types` (or, in the published configs, `full_attention_interval`, default
+//!   4: layer i is full attention when `(i + 1) % interval == 0`) marks each layer
+//!   `linear_attention` (a Gated DeltaNet, [`GatedDeltaSpec`]) or `full_attention`. A layer is
+//!   MoE when not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0`, else a dense
+//!   SwiGLU of `intermediate_size`.
+//! - Gated DeltaNet (`Qwen3NextGatedDeltaNet`): `in_proj_qkvz` / `in_proj_ba` (rows grouped per
+//!   key head), a causal depthwise convolution of `linear_conv_kernel_dim` taps over `[q|k|v]`
+//!   then SiLU, L2-normalized q and k (q scaled by `dk^-0.5`), `beta = sigmoid(b)`,
+//!   `g = -exp(A_log) softplus(a + dt_bias)`, the gated delta rule per value head
+//!   (`coli_kernels::gated_delta`), a gated RMSNorm (`norm(o) * w * silu(z)`), `out_proj`.
+//! - Full attention (`Qwen3NextAttention`): GQA with an output gate (`q_proj` holds each
+//!   head's query then its gate; `o_proj(attn * sigmoid(gate))`), per-head q/k RMSNorm,
+//!   partial RoPE (`partial_rotary_factor`, default 0.25), default theta 1e4.
+//! - MoE (`Qwen3NextSparseMoeBlock`): softmax over all experts, top-k, renormalized when
+//!   `norm_topk_prob` (default true); plus one shared expert of
+//!   `shared_expert_intermediate_size` scaled by `sigmoid(shared_expert_gate . x)`.
+//! - Every RMSNorm but the gated one multiplies by `1 + w` (`Qwen3NextRMSNorm`,
+//!   [`ModelSpec::zero_centered_norms`]).
+//! - The release's MTP layer (`mtp.*`, `num_nextn_predict_layers` in its config) is not read:
+//!   the converter reports its tensors as left out.
+
+use super::build;
+use super::json::Fields;
+use super::{
+    gqa_rope_theta, partial_rotary_dim, AttentionSpec, ExpertStorage, ExpertsSpec, Family, FfnSpec,
+    GatedDeltaInput, GatedDeltaNetSpec, ModelSpec, ModelTensors, MoeSpec, QkNormSpec, Routing,
+    TensorClass, TensorKind, TensorSpec,
+};
+use crate::FormatError;
+use serde_json::Value;
+
+/// The Gated DeltaNet layers of a hybrid model: their heads and which layers they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatedDeltaSpec {
+    /// Per main layer: whether it is a Gated DeltaNet (`linear_attention`) layer.
+    pub linear_layers: Vec<bool>,
+    /// Key (and query) heads `Hk` (`linear_num_key_heads`).
+    pub key_heads: usize,
+    /// Value heads `Hv` (`linear_num_value_heads`), a multiple of `Hk`: value head h reads key
+    /// head `h / (Hv / Hk)`.
+    pub value_heads: usize,
+    /// Key head dimension `dk` (`linear_key_head_dim`).
+    pub key_head_dim: usize,
+    /// Value head dimension `dv` (`linear_value_head_dim`).
+    pub value_head_dim: usize,
+    /// Taps of the short convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+}
+
+impl GatedDeltaSpec {
+    /// Channels of the short convolution: `[q | k | v]`, `2 Hk dk + Hv dv`.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+
+    /// f32 values of one sequence's state in one layer: the recurrent state
+    /// (`Hv x dk x dv`) and the convolution's last `K - 1` inputs (`(K - 1) x C`). Constant in
+    /// the context length.
+    pub fn state_values(&self) -> usize {
+        self.value_heads * self.key_head_dim * self.value_head_dim
+            + (self.conv_kernel - 1) * self.conv_channels()
+    }
+}
+
+pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+    s.num_experts = f.usize("num_experts")?.unwrap_or(512);
+    s.moe_intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(512);
+    s.norm_topk_prob = f.bool("norm_topk_prob")?.unwrap_or(true);
+    s.routing = Routing::SoftmaxTopK {
+        renormalize: s.norm_topk_prob,
+    };
+    s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
+    if s.attention_bias {
+        return Err(FormatError::Unsupported(
+            "qwen3_next with attention_bias true (the released models have none)".into(),
+        ));
+    }
+    s.rope_theta = gqa_rope_theta(f, Family::Qwen3Next)?;
+    s.rotary_dim = partial_rotary_dim(f, s.head_dim, 0.25)?;
+    s.zero_centered_norms = true;
+    s.n_shared_experts = 1;
+    let n = s.num_layers;
+    let linear_layers: Vec<bool> = match f.strings("layer_types")? {
+        Some(types) => {
+            if types.len() != n {
+                return Err(f.err(format!(
+                    "layer_types lists {} layers, num_hidden_layers is {n}",
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| match *t {
+                    "linear_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(f.err(format!(
+                        "layer_types: {other:?} (qwen3_next has linear_attention and full_attention layers)"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => {
+            let interval = f.usize("full_attention_interval")?.unwrap_or(4);
+            if interval == 0 {
+                return Err(f.err("full_attention_interval is 0"));
+            }
+            (0..n).map(|i| !(i + 1).is_multiple_of(interval)).collect()
+        }
+    };
+    let g = GatedDeltaSpec {
+        linear_layers,
+        key_heads: f.usize("linear_num_key_heads")?.unwrap_or(16),
+        value_heads: f.usize("linear_num_value_heads")?.unwrap_or(32),
+        key_head_dim: f.usize("linear_key_head_dim")?.unwrap_or(128),
+        value_head_dim: f.usize("linear_value_head_dim")?.unwrap_or(128),
+        conv_kernel: f.usize("linear_conv_kernel_dim")?.unwrap_or(4),
+    };
+    for (key, v) in [
+        ("linear_num_key_heads", g.key_heads),
+        ("linear_num_value_heads", g.value_heads),
+        ("linear_key_head_dim", g.key_head_dim),
+        ("linear_value_head_dim", g.value_head_dim),
+        ("linear_conv_kernel_dim", g.conv_kernel),
+    ] {
+        if v == 0 {
+            return Err(f.err(format!("{key} is 0")));
+        }
+    }
+    if !g.value_heads.is_multiple_of(g.key_heads) {
+        return Err(f.err(format!(
+            "linear_num_value_heads {} must be a multiple of linear_num_key_heads {}",
+            g.value_heads, g.key_heads
+        )));
+    }
+    s.gated_delta = Some(g);
+    let mlp_only: Vec<usize> = match f.get("mlp_only_layers") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| f.err("mlp_only_layers must list integers"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(x) => return Err(f.err(format!("mlp_only_layers must be a list, found {x}"))),
+    };
+    let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(f.err("decoder_sparse_step is 0 (every layer index is taken modulo it)"));
+    }
+    s.moe_layers = (0..n)
+        .map(|l| !mlp_only.contains(&l) && s.num_experts > 0 && (l + 1).is_multiple_of(step))
+        .collect();
+    let shared = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
+    if s.moe_layers.iter().any(|&m| m) && shared == 0 {
+        return Err(f.err("shared_expert_intermediate_size is 0"));
+    }
+    s.shared_expert_intermediate_size = shared;
+    Ok(())
+}
+
+pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
+    let c = TensorClass::Dense;
+    let g = s.gated_delta.as_ref().expect("configured");
+    let h = s.hidden_size;
+    let layers = (0..s.num_layers)
+        .map(|i| {
+            let attention = if g.linear_layers[i] {
+                let p = format!("model.layers.{i}.linear_attn");
+                let (kd, vd) = (
+                    g.key_heads * g.key_head_dim,
+                    g.value_heads * g.value_head_dim,
+                );
+                AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
+                    input: GatedDeltaInput::Fused {
+                        qkvz: build::linear(
+                            &format!("{p}.in_proj_qkvz"),
+                            2 * kd + 2 * vd,
+                            h,
+                            false,
+                            c,
+                        ),
+                        ba: build::linear(
+                            &format!("{p}.in_proj_ba"),
+                            2 * g.value_heads,
+                            h,
+                            false,
+                            c,
+                        ),
+                    },
+                    conv: TensorSpec::new(
+                        format!("{p}.conv1d.weight"),
+                        &[g.conv_channels(), 1, g.conv_kernel],
+                        c,
+                        TensorKind::Conv,
+                    ),
+                    dt_bias: TensorSpec::new(
+                        format!("{p}.dt_bias"),
+                        &[g.value_heads],
+                        c,
+                        TensorKind::Bias,
+                    ),
+                    a_log: TensorSpec::new(
+                        format!("{p}.A_log"),
+                        &[g.value_heads],
+                        c,
+                        TensorKind::Bias,
+                    ),
+                    norm: build::norm(format!("{p}.norm.weight"), g.value_head_dim, c),
+                    out: build::linear(&format!("{p}.out_proj"), h, vd, false, c),
+                }))
+            } else {
+                let p = format!("model.layers.{i}.self_attn");
+                let qk = QkNormSpec::PerHead {
+                    q: build::norm(format!("{p}.q_norm.weight"), s.head_dim, c),
+                    k: build::norm(format!("{p}.k_norm.weight"), s.head_dim, c),
+                };
+                match build::gqa(s, i, qk) {
+                    AttentionSpec::Gqa {
+                        k, v, o, qk_norm, ..
+                    } => AttentionSpec::Gqa {
+                        q: build::linear(
+                            &format!("{p}.q_proj"),
+                            2 * s.num_heads * s.head_dim,
+                            h,
+                            false,
+                            c,
+                        ),
+                        k,
+                        v,
+                        o,
+                        qk_norm,
+                        sinks: None,
+                        gated: true,
+                    },
+                    other => other,
+                }
+            };
+            let ffn = if s.is_moe_layer(i) {
+                let p = format!("model.layers.{i}.mlp");
+                FfnSpec::Moe(MoeSpec {
+                    router: TensorSpec::new(
+                        format!("{p}.gate.weight"),
+                        &[s.num_experts, h],
+                        c,
+                        TensorKind::Router,
+                    ),
+                    router_bias: None,
+                    router_logit_bias: None,
+                    shared: Some(Box::new(build::mlp(
+                        &format!("{p}.shared_expert"),
+                        h,
+                        s.shared_expert_intermediate_size,
+                        c,
+                    ))),
+                    shared_gate: Some(TensorSpec::new(
+                        format!("{p}.shared_expert_gate.weight"),
+                        &[1, h],
+                        c,
+                        TensorKind::Router,
+                    )),
+                    experts: ExpertsSpec {
+                        layer: i as u32,
+                        count: s.num_experts as u32,
+                        hidden: h,
+                        intermediate: s.moe_intermediate_size,
+                        class: TensorClass::RoutedExpert,
+                        prefix: format!("{p}.experts"),
+                        storage: ExpertStorage::PerExpert(["gate_proj", "up_proj", "down_proj"]),
+                        biases: false,
+                    },
+                })
+            } else {
+                FfnSpec::Dense(build::mlp(
+                    &format!("model.layers.{i}.mlp"),
+                    h,
+                    s.intermediate_size,
+                    c,
+                ))
+            };
+            build::layer(s, i, attention, ffn, c)
+        })
+        .collect();
+    build::model(s, layers, vec![])
+}
