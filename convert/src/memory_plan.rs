@@ -114,12 +114,20 @@ pub struct ConfigPlan {
 
 /// KV bytes of one sequence of `context` positions as the engine caches them:
 /// [`kv_bytes_per_token`] x `context`, or Inkling's bounded windows and convolution state
-/// (`InklingSpec::kv_values`). Checked against `Engine::kv_bytes_per_sequence`.
+/// (`InklingSpec::kv_values`), plus a hybrid model's recurrent states
+/// (`GatedDeltaSpec::held_values` per Gated DeltaNet layer). Checked against
+/// `Engine::kv_bytes_per_sequence`.
 pub fn kv_bytes_per_sequence(spec: &ModelSpec, context: usize) -> u64 {
-    match &spec.inkling {
+    let grows = match &spec.inkling {
         Some(ink) => (ink.kv_values(spec, context) * 4) as u64,
         None => kv_bytes_per_token(spec).saturating_mul(context as u64),
-    }
+    };
+    // Hybrid models: each Gated DeltaNet layer's state, constant in the context.
+    let recurrent = spec
+        .gated_delta
+        .as_ref()
+        .map_or(0, |g| g.linear_layer_count() * g.held_values());
+    grows + (recurrent * 4) as u64
 }
 
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
@@ -149,7 +157,13 @@ pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
                 m.kv_lora_rank + m.qk_rope_head_dim + dsa
             })
             .sum(),
-        None => spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim,
+        // Hybrid models: only the full-attention layers keep keys and values per position.
+        None => {
+            let full = spec.gated_delta.as_ref().map_or(spec.num_layers, |g| {
+                spec.num_layers - g.linear_layer_count()
+            });
+            full * 2 * spec.num_kv_heads * spec.head_dim
+        }
     };
     (values * 4) as u64
 }

@@ -1731,21 +1731,11 @@ fn kv_bytes_per_sequence(model: &Model<'_>, context: usize) -> u64 {
 }
 
 /// Bytes of the state of one sequence that does not grow with the context, besides Inkling's
-/// (counted by `InklingSpec::kv_values`): each recurrent layer's state and the convolution
-/// inputs it keeps (what the next position reads, [`crate::layers::inkling::SLACK`] and one
-/// trim chunk not yet dropped).
+/// (counted by `InklingSpec::kv_values`): each recurrent layer's state, the convolution
+/// inputs it keeps and its checkpoints (`GatedDeltaSpec::held_values`, the memory plan's
+/// count too).
 fn bounded_state_bytes(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
-    use crate::layers::inkling::{SLACK, TRIM_CHUNK};
-    use crate::layers::SelfAttn;
-    let values: usize = layers
-        .iter()
-        .map(|l| match &l.attn {
-            SelfAttn::GatedDelta(a) => {
-                a.recurrent_len() + (a.kernel - 1 + SLACK + TRIM_CHUNK) * a.conv_dim()
-            }
-            _ => 0,
-        })
-        .sum();
+    let values: usize = layers.iter().map(|l| l.attn.held_state_values()).sum();
     (values * std::mem::size_of::<f32>()) as u64
 }
 

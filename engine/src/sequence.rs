@@ -389,7 +389,17 @@ impl Sequence {
             + self
                 .kv
                 .iter()
-                .map(|l| l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len())
+                .map(|l| {
+                    l.k.len()
+                        + l.v.len()
+                        + l.conv.len()
+                        + l.recurrent.len()
+                        + l.recurrent_history.iter().map(|h| h.1.len()).sum::<usize>()
+                        + l.checkpoints
+                            .iter()
+                            .map(|c| c.recurrent.len() + c.conv.len())
+                            .sum::<usize>()
+                })
                 .sum::<usize>();
         (values * std::mem::size_of::<f32>()) as u64
     }

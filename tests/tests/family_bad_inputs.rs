@@ -1,6 +1,6 @@
-//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2 and Inkling fixtures (copies of
-//! tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8, inkling_bf16} with one
-//! thing broken):
+//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling and Qwen3-Next fixtures
+//! (copies of tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8,
+//! inkling_bf16, qwen3_next_bf16} with one thing broken):
 //! a missing shard, config fields the family needs, shapes that disagree with config.json and
 //! config values the family cannot run are refused by `coli-convert`'s preflight with an error
 //! naming the file, field or tensor, and nothing is written (no store, no partial directory).
@@ -231,4 +231,63 @@ fn inkling_bad_inputs_are_refused_before_anything_is_written() {
         });
         refused(&ck, tmp.path(), &[drop]);
     }
+}
+
+#[test]
+fn qwen3_next_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "qwen3_next_bf16";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    // Linear-attention shapes that disagree with config.json name the tensor.
+    config_refused(
+        n,
+        "linear_value_head_dim",
+        json!(16),
+        &["model.layers.0.linear_attn.", "expected"],
+    );
+    config_refused(
+        n,
+        "linear_conv_kernel_dim",
+        json!(3),
+        &["model.layers.0.linear_attn.conv1d.weight", "expected"],
+    );
+    // A layer_types that does not match the tensors: layer 0 declared full attention, whose
+    // projections the checkpoint does not hold.
+    let types = json!([
+        "full_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention"
+    ]);
+    config_refused(
+        n,
+        "layer_types",
+        types,
+        &["model.layers.0.self_attn.q_proj.weight"],
+    );
+    // Values the family cannot run.
+    config_refused(
+        n,
+        "layer_types",
+        json!(["linear_attention", "linear_attention", "full_attention"]),
+        &["config.json", "layer_types"],
+    );
+    config_refused(
+        n,
+        "linear_num_value_heads",
+        json!(3),
+        &["config.json", "linear_num_value_heads"],
+    );
+    config_refused(
+        n,
+        "full_attention_interval",
+        json!(0),
+        &["config.json", "full_attention_interval"],
+    );
+    // A missing Gated DeltaNet tensor.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| {
+        name == "model.layers.1.linear_attn.A_log"
+    });
+    refused(&ck, tmp.path(), &["model.layers.1.linear_attn.A_log"]);
 }

@@ -185,7 +185,8 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
 /// then writes from the same checkpoint with the same encodings: the same expert record size and
 /// count (main layers and MTP), the same dense bytes (the manifest's sections, padding aside),
 /// and the KV bytes per token the engine allocates. Families: GQA (OLMoE), MLA with an MTP layer
-/// and FP8 (DeepSeek-V3, lossless and int4), fused MXFP4 experts with biases (gpt-oss).
+/// and FP8 (DeepSeek-V3, lossless and int4), fused MXFP4 experts with biases (gpt-oss), Inkling,
+/// hybrid linear attention (Qwen3-Next: recurrent states counted per sequence).
 #[test]
 fn plan_from_a_checkpoint_predicts_the_store() {
     use coli_convert::memory_plan::{plan_from_config, ConfigPlanArgs};
@@ -196,6 +197,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         ("gpt_oss_mxfp4", "lossless_store"),
         ("glm4_moe_fp8", "int4_store"),
         ("inkling_bf16", "lossless_store"),
+        ("qwen3_next_bf16", "int4_store"),
     ] {
         let exp = expected(name);
         let params = &exp[variant];

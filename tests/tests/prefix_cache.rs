@@ -643,3 +643,59 @@ fn same_store_id_other_weights_never_share_states() {
         "other weights, same parameter hash"
     );
 }
+
+/// Qwen3-Next's KV cache files hold each Gated DeltaNet layer's recurrent state: a file serves
+/// its whole token list only (a shorter prefix is recomputed and the file kept), and a file
+/// whose recurrent state is damaged is reported, quarantined and never served.
+#[test]
+fn recurrent_states_are_served_whole_and_never_when_damaged() {
+    let (_tmp, dir) = convert_fixture("qwen3_next_bf16", "lossless_store");
+    let store = open_store(&dir, false, IoPreference::Auto);
+    let mut e = engine(&store);
+    let layout = e.kv_layout();
+    let conv = layout.conv_dims[0];
+    assert!(
+        layout.recurrent_dims[0] > 0 && conv > 0,
+        "layer 0 is recurrent"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let kv = tmp.path().join("kv");
+    let toks: Vec<u32> = (1..=12).collect();
+    let mut prompt = toks.clone();
+    prompt.push(40);
+    {
+        let mut c = cache(layout.clone(), Some(&kv), 0);
+        c.put(0, state_of(&mut e, &toks));
+    }
+    let path = kv_files(&kv).pop().unwrap();
+    let good = std::fs::read(&path).unwrap();
+    {
+        let mut c = cache(layout.clone(), Some(&kv), 0);
+        // A shorter prefix: not served (the state is exact at 12 positions only), file kept.
+        assert!(c.take(0, &prompt[..6], 5).is_none());
+        assert!(c.take_warnings().is_empty());
+        let hit = c
+            .take(0, &prompt, prompt.len() - 1)
+            .expect("the whole state");
+        assert_eq!(hit.state.tokens(), toks.as_slice());
+        // It continues as a fresh prefill of the same tokens does.
+        let mut resumed = e.resume_sequence(hit.state).unwrap();
+        let mut fresh = e.new_sequence().unwrap();
+        feed(&mut e, &mut fresh, &toks);
+        let a = feed(&mut e, &mut resumed, &[40]);
+        let b = feed(&mut e, &mut fresh, &[40]);
+        assert!(same_bits(&a, &b), "a recurrent state read back from disk");
+    }
+    // One bit of layer 0's recurrent state (after its four u64s and its convolution rows).
+    let header_len = 88 + 4 * toks.len() + 8;
+    let mut b = good.clone();
+    b[header_len + 32 + toks.len() * conv * 4 + 100] ^= 0x10;
+    std::fs::write(&path, &b).unwrap();
+    let mut c = cache(layout.clone(), Some(&kv), 0);
+    assert!(c.take(0, &prompt, prompt.len() - 1).is_none());
+    let w = c.take_warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("body checksum"), "{}", w[0]);
+    assert!(!path.exists(), "quarantined");
+    assert_eq!(quarantined(&kv), 1);
+}

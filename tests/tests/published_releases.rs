@@ -239,3 +239,10 @@ fn minimax_m2_as_published() {
 fn inkling_as_published() {
     replica_runs("inkling");
 }
+
+#[test]
+fn qwen3_next_80b_a3b_as_published() {
+    // 48 layers of 512 experts at tiny widths; the MTP layer is listed and declared not read.
+    let m = replica_runs("qwen3-next-80b-a3b");
+    assert_eq!(m.expert_layers.len(), 48);
+}

@@ -73,6 +73,17 @@ impl SelfAttn<'_> {
         }
     }
 
+    /// f32 values of one sequence's state in this layer that do not grow with its length
+    /// (a Gated DeltaNet's state, convolution rows and checkpoints at most,
+    /// `coli_format::spec::GatedDeltaSpec::held_values`; 0 for layers whose state is rows per
+    /// position: Inkling's bounded rows are counted by its spec).
+    pub fn held_state_values(&self) -> usize {
+        match self {
+            SelfAttn::GatedDelta(a) => a.spec().held_values(),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) => 0,
+        }
+    }
+
     /// f32 values per token in this layer's `LayerKv::v` rows: GQA's and Inkling's `kv_dim`,
     /// none for MLA.
     pub fn v_dim(&self) -> usize {

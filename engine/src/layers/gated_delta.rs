@@ -35,13 +35,7 @@ use crate::layers::{LayerKv, Linear, RecurrentCheckpoint, RmsNorm, Span};
 use coli_kernels::gated_delta::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
 use rayon::prelude::*;
 
-/// A decode pass whose start is a multiple of this many positions keeps a checkpoint of the
-/// state ([`GatedDeltaNet::forward_spans`]); prefill chunks keep one at every chunk start.
-pub const CHECKPOINT_EVERY: usize = 256;
-
-/// Checkpoints a layer keeps per sequence at most (each the size of its recurrent state plus
-/// `K - 1` convolution rows).
-pub const MAX_CHECKPOINTS: usize = 8;
+pub use coli_format::spec::qwen3_next::{CHECKPOINT_EVERY, MAX_CHECKPOINTS};
 
 /// One Gated DeltaNet layer (see the module doc).
 pub struct GatedDeltaNet<'s> {
@@ -88,6 +82,18 @@ impl GatedDeltaNet<'_> {
     /// Convolution channels C (`[q | k | v]`).
     pub fn conv_dim(&self) -> usize {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// The layer's dimensions as the model spec states them.
+    pub fn spec(&self) -> coli_format::spec::GatedDeltaSpec {
+        coli_format::spec::GatedDeltaSpec {
+            linear_layers: Vec::new(),
+            key_heads: self.key_heads,
+            value_heads: self.value_heads,
+            key_head_dim: self.key_dim,
+            value_head_dim: self.value_dim,
+            conv_kernel: self.kernel,
+        }
     }
 
     /// f32 values of the recurrent state (`Hv dk dv`).

@@ -50,7 +50,33 @@ pub struct GatedDeltaSpec {
     pub conv_kernel: usize,
 }
 
+/// A decode pass whose start is a multiple of this many positions keeps a checkpoint of each
+/// Gated DeltaNet layer's state; prefill chunks keep one at every chunk start (the engine's
+/// `layers::gated_delta`).
+pub const CHECKPOINT_EVERY: usize = 256;
+
+/// Checkpoints a Gated DeltaNet layer keeps per sequence at most (the oldest dropped).
+pub const MAX_CHECKPOINTS: usize = 4;
+
 impl GatedDeltaSpec {
+    /// f32 values one sequence holds at most in one Gated DeltaNet layer, whatever its length:
+    /// the recurrent state, the convolution inputs kept (the last `K - 1`, plus the slack and
+    /// trim chunk every layer that drops rows keeps: [`super::inkling::KV_SLACK`],
+    /// [`super::inkling::KV_TRIM_CHUNK`]) and [`MAX_CHECKPOINTS`] checkpoints (a state and
+    /// `K - 1` convolution rows each). A verification pass holds one more state per row
+    /// until the next pass (not counted).
+    pub fn held_values(&self) -> usize {
+        let state = self.value_heads * self.key_head_dim * self.value_head_dim;
+        let c = self.conv_channels();
+        let rows = self.conv_kernel - 1 + super::inkling::KV_SLACK + super::inkling::KV_TRIM_CHUNK;
+        state + rows * c + MAX_CHECKPOINTS * (state + (self.conv_kernel - 1) * c)
+    }
+
+    /// Gated DeltaNet layers.
+    pub fn linear_layer_count(&self) -> usize {
+        self.linear_layers.iter().filter(|&&l| l).count()
+    }
+
     /// Channels of the short convolution: `[q | k | v]`, `2 Hk dk + Hv dv`.
     pub fn conv_channels(&self) -> usize {
         2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
