@@ -30,6 +30,10 @@
 
 use crate::{axpy, dot};
 
+/// The id of this rounding rule (module doc, "Numerics"): part of the KV cache identity, so a
+/// saved recurrent state is reused only by kernels that compute it the same way.
+pub const RULE_ID: &str = "gdr-r1";
+
 /// Tokens per call of [`chunk`] (transformers' and fla's default `chunk_size`).
 pub const CHUNK: usize = 64;
 

@@ -24,7 +24,7 @@ pub struct KvLayout {
     pub store_id: [u8; 16],
     /// The canonical parameter string: every parameter that changes the cached numbers (cache
     /// layout version, store id, weights fingerprint, kernel numerics (`coli_kernels::numerics_id`), MLA decode form,
-    /// KV dtype), and none
+    /// the recurrent layers' rule (`coli_kernels::gated_delta::RULE_ID`), KV dtype), and none
     /// that does not (budget, I/O engine, prefetch, threads, prefill chunk).
     pub params: String,
     /// XXH3-64 of [`KvLayout::params`].
@@ -63,8 +63,9 @@ impl KvLayout {
         mtp: Option<MtpLayout>,
     ) -> KvLayout {
         let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
+        let recurrent = coli_kernels::gated_delta::RULE_ID;
         let params = format!(
-            "kv-layout={KV_LAYOUT_VERSION};store={id};weights={weights:016x};isa={isa};mla-decode={mla_decode};kv-dtype=f32"
+            "kv-layout={KV_LAYOUT_VERSION};store={id};weights={weights:016x};isa={isa};mla-decode={mla_decode};recurrent={recurrent};kv-dtype=f32"
         );
         KvLayout {
             store_id,
