@@ -460,13 +460,12 @@ impl<'s> Engine<'s> {
     }
 
     /// Per decoder layer: whether its keys and values drop their older rows (Inkling's
-    /// sliding-window layers).
+    /// sliding-window layers: `SelfAttn::row_bounds`).
     fn windowed_layers(&self) -> Vec<bool> {
-        use crate::layers::SelfAttn;
         self.model
             .layers
             .iter()
-            .map(|l| matches!(&l.attn, SelfAttn::Inkling(a) if a.window.is_some()))
+            .map(|l| l.attn.row_bounds().0.is_some())
             .collect()
     }
 
@@ -1662,7 +1661,6 @@ fn state_fits(
     (kd, vd): (usize, usize),
     attn: &crate::layers::SelfAttn<'_>,
 ) -> bool {
-    use crate::layers::SelfAttn;
     if len == 0 {
         return l.k.is_empty()
             && l.v.is_empty()
@@ -1670,11 +1668,8 @@ fn state_fits(
             && l.recurrent.is_empty()
             && l.first == 0;
     }
-    let (window, kernel, conv_dim) = match attn {
-        SelfAttn::Inkling(a) => (a.window, a.kernel(), a.conv_dim()),
-        SelfAttn::GatedDelta(a) => (None, a.kernel, a.conv_dim()),
-        _ => (None, 1, 0),
-    };
+    let (window, kernel) = attn.row_bounds();
+    let conv_dim = attn.conv_dim();
     // A recurrent state is whole and exact only at its length.
     let recurrent =
         l.recurrent.len() == attn.recurrent_len() && (l.recurrent.is_empty() || l.min_len == len);
@@ -1709,12 +1704,11 @@ fn layer_kv_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
 /// with the context (an Inkling sliding layer's keys and values and every Inkling layer's
 /// convolution inputs are bounded: [`kv_bytes_per_sequence`]).
 fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
-    use crate::layers::SelfAttn;
     let values: usize = layers
         .iter()
-        .map(|l| match &l.attn {
-            SelfAttn::Inkling(a) if a.window.is_some() => 0,
-            a => a.kv_dim() + a.v_dim(),
+        .map(|l| match l.attn.row_bounds() {
+            (Some(_), _) => 0,
+            (None, _) => l.attn.kv_dim() + l.attn.v_dim(),
         })
         .sum();
     (values * std::mem::size_of::<f32>()) as u64

@@ -64,6 +64,17 @@ impl SelfAttn<'_> {
         }
     }
 
+    /// How far back the layer's rows reach: `(window, kernel)`, its keys and values kept for
+    /// the last `window` positions (None: every position) and its convolution inputs for the
+    /// last `kernel - 1` (1: none); what a state's `min_len` must cover after rows were dropped.
+    pub fn row_bounds(&self) -> (Option<usize>, usize) {
+        match self {
+            SelfAttn::Inkling(a) => (a.window, a.kernel()),
+            SelfAttn::GatedDelta(a) => (None, a.kernel),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) => (None, 1),
+        }
+    }
+
     /// f32 values of this layer's fixed-size recurrent state (`LayerKv::recurrent`: a Gated
     /// DeltaNet's `Hv dk dv`; 0 elsewhere).
     pub fn recurrent_len(&self) -> usize {

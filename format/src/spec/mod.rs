@@ -7,7 +7,7 @@
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
-//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`].
+//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
