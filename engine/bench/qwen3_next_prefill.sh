@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 44's prefill target on a Qwen3-Next-shaped random model (engine/bench/qwen3_next_shape.py:
+# the release's linear-attention and attention heads at hidden 1024, 8 layers, 32 experts):
+# TTFT of a 2048-token prompt prefilled in chunks of 256 (projections as matmuls, the Gated
+# DeltaNet layers' chunkwise form over whole aligned chunks of 64) against token by token
+# (--prefill-batch 1: matvecs, the recurrent form), interleaved, REPS times, same binary.
+# Usage: bash engine/bench/qwen3_next_prefill.sh [DIR] (default /tmp/coli-q3n-bench; needs the
+# fixture venv of tests/fixtures/requirements.txt as $PY, default python3).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dir="${1:-/tmp/coli-q3n-bench}"
+py="${PY:-python3}"
+reps="${REPS:-2}"
+n="${TOKENS:-2048}"
+[ -d "$dir/hf" ] || "$py" engine/bench/qwen3_next_shape.py "$dir/hf"
+cargo build -q --release -p coli-convert -p coli-tools
+[ -d "$dir/store" ] || target/release/coli-convert "$dir/hf" "$dir/store" --experts int4-g64 --dense bf16
+ids=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 8000)) for _ in range($n)))")
+for rep in $(seq 1 "$reps"); do
+  for batch in 256 1; do
+    target/release/coli run --store "$dir/store" --prompt-ids "$ids" --max-tokens 1 \
+      --prefill-batch "$batch" --json 2>/dev/null |
+      python3 -c "import json, sys; s = json.load(sys.stdin)['stats']; print(json.dumps({'rep': $rep, 'prefill_batch': $batch, 'tokens': $n, 'ttft_s': round(s['ttft_s'], 3), 'prefill_tok_s': round(s['prefill_tok_s'], 1)}))"
+  done
+done
