@@ -20,7 +20,11 @@ const BUDGET: Duration = Duration::from_millis(1500);
 fn main() {
     let mut rng = StdRng::seed_from_u64(11);
     println!("head dk dv  tokens  step us/token  chunk us/token  step/chunk");
-    for (dk, dv, n) in [(128usize, 128usize, 2048usize), (128, 128, 512), (64, 64, 2048)] {
+    for (dk, dv, n) in [
+        (128usize, 128usize, 2048usize),
+        (128, 128, 512),
+        (64, 64, 2048),
+    ] {
         let mut q: Vec<f32> = (0..n * dk).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let mut k: Vec<f32> = (0..n * dk).map(|_| rng.gen_range(-1.0..1.0)).collect();
         for t in 0..n {

@@ -237,37 +237,7 @@ fn inkling_long_sequences_drop_old_rows_and_match_transformers() {
     }
     // A long prefill after cached tokens that is stopped rolls back exactly to them (its start
     // is pinned), and the conversation then continues as if never stopped.
-    {
-        let store = open(&dir, false, IoPreference::Auto);
-        let opts = EngineOptions {
-            prefill_batch: 16,
-            max_sequences: 2,
-            ..EngineOptions::default()
-        };
-        let mut e = Engine::new(&store, &opts).unwrap();
-        let (head, tail) = prompt.split_at(120);
-        let mut seq = e.new_sequence().unwrap();
-        e.prefill_sequence(&mut seq, head, Logits::Last, &|| false)
-            .unwrap();
-        let stopped = e.prefill_sequence(&mut seq, tail, Logits::Last, &|| true);
-        assert!(
-            matches!(stopped, Err(coli_engine::EngineError::Stopped)),
-            "{stopped:?}"
-        );
-        assert_eq!(seq.tokens(), head, "rolled back to the cached tokens");
-        let a = e
-            .prefill_sequence(&mut seq, tail, Logits::Last, &|| false)
-            .unwrap();
-        let mut fresh = e.new_sequence().unwrap();
-        let b = e
-            .prefill_sequence(&mut fresh, &prompt, Logits::Last, &|| false)
-            .unwrap();
-        assert_eq!(
-            a.last().unwrap(),
-            b.last().unwrap(),
-            "the same bits after a stopped prefill"
-        );
-    }
+    stopped_prefill_rolls_back(&dir, &prompt);
     // The last logits of the long prompt.
     let store = open(&dir, true, IoPreference::Auto);
     let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
@@ -367,7 +337,14 @@ fn qwen3_next_long_prompt_runs_both_forms_and_matches_transformers() {
     );
     // A long prefill after cached tokens that is stopped rolls back exactly to them (its start
     // is pinned), and then gives the bits of an uninterrupted prefill.
-    let store = open(&dir, false, IoPreference::Auto);
+    stopped_prefill_rolls_back(&dir, &prompt);
+}
+
+/// Prefills `prompt[..120]` in chunks of 16, stops a prefill of the rest at its first check:
+/// the sequence must be back at the 120 cached tokens, and prefilling the rest then must give
+/// the bits of an uninterrupted prefill of the whole prompt.
+fn stopped_prefill_rolls_back(dir: &std::path::Path, prompt: &[u32]) {
+    let store = open(dir, false, IoPreference::Auto);
     let opts = EngineOptions {
         prefill_batch: 16,
         max_sequences: 2,
@@ -389,7 +366,7 @@ fn qwen3_next_long_prompt_runs_both_forms_and_matches_transformers() {
         .unwrap();
     let mut fresh = e.new_sequence().unwrap();
     let b = e
-        .prefill_sequence(&mut fresh, &prompt, Logits::Last, &|| false)
+        .prefill_sequence(&mut fresh, prompt, Logits::Last, &|| false)
         .unwrap();
     assert_eq!(
         a.last().unwrap(),

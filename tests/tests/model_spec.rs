@@ -16,7 +16,7 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 10] = [
+const FIXTURES: [&str; 11] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
@@ -27,6 +27,7 @@ const FIXTURES: [&str; 10] = [
     "minimax_m2_fp8",
     "deepseek_v32_fp8",
     "inkling_bf16",
+    "qwen3_next_bf16",
 ];
 
 fn default_encodings() -> Encodings {

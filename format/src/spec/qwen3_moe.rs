@@ -32,8 +32,20 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         s.sliding_window = Some(f.usize("sliding_window")?.unwrap_or(4096));
     }
     s.rope_theta = gqa_rope_theta(f, Family::Qwen3Moe)?;
+    s.moe_layers = moe_layers(f, s.num_layers, s.num_experts)?;
+    Ok(())
+}
+
+/// Which of `num_layers` layers are MoE layers, as Qwen3-MoE and Qwen3-Next decide it: layer
+/// i when it is not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0` (and the
+/// model has experts).
+pub(crate) fn moe_layers(
+    f: &Fields<'_>,
+    num_layers: usize,
+    num_experts: usize,
+) -> Result<Vec<bool>, FormatError> {
     let mlp_only: Vec<usize> = match f.get("mlp_only_layers") {
-        None => vec![],
+        None | Some(serde_json::Value::Null) => vec![],
         Some(serde_json::Value::Array(a)) => a
             .iter()
             .map(|x| {
@@ -49,10 +61,9 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     if step == 0 {
         return Err(f.err("decoder_sparse_step is 0 (every layer index is taken modulo it)"));
     }
-    s.moe_layers = (0..s.num_layers)
-        .map(|l| !mlp_only.contains(&l) && s.num_experts > 0 && (l + 1).is_multiple_of(step))
-        .collect();
-    Ok(())
+    Ok((0..num_layers)
+        .map(|l| !mlp_only.contains(&l) && num_experts > 0 && (l + 1).is_multiple_of(step))
+        .collect())
 }
 
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {

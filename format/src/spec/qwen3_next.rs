@@ -30,7 +30,6 @@ use super::{
     TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
-use serde_json::Value;
 
 /// The Gated DeltaNet layers of a hybrid model: their heads and which layers they are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,25 +161,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         )));
     }
     s.gated_delta = Some(g);
-    let mlp_only: Vec<usize> = match f.get("mlp_only_layers") {
-        None | Some(Value::Null) => vec![],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .map(|n| n as usize)
-                    .ok_or_else(|| f.err("mlp_only_layers must list integers"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(x) => return Err(f.err(format!("mlp_only_layers must be a list, found {x}"))),
-    };
-    let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
-    if step == 0 {
-        return Err(f.err("decoder_sparse_step is 0 (every layer index is taken modulo it)"));
-    }
-    s.moe_layers = (0..n)
-        .map(|l| !mlp_only.contains(&l) && s.num_experts > 0 && (l + 1).is_multiple_of(step))
-        .collect();
+    s.moe_layers = super::qwen3_moe::moe_layers(f, n, s.num_experts)?;
     let shared = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
     if s.moe_layers.iter().any(|&m| m) && shared == 0 {
         return Err(f.err("shared_expert_intermediate_size is 0"));
