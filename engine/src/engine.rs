@@ -1670,9 +1670,11 @@ fn state_fits(
     }
     let (window, kernel) = attn.row_bounds();
     let conv_dim = attn.conv_dim();
-    // A recurrent state is whole and exact only at its length.
-    let recurrent =
-        l.recurrent.len() == attn.recurrent_len() && (l.recurrent.is_empty() || l.min_len == len);
+    // A recurrent state is whole (as are the verification rows' states it keeps).
+    let recurrent = l.recurrent.len() == attn.recurrent_len()
+        && l.recurrent_history
+            .iter()
+            .all(|(at, st)| *at < len && st.len() == l.recurrent.len());
     let shapes = l.first <= len
         && l.conv_first <= len
         && l.min_len <= len

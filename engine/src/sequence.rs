@@ -294,6 +294,17 @@ impl Sequence {
             .kv
             .iter()
             .map(|l| {
+                if !l.recurrent.is_empty() {
+                    // A recurrent layer: its state and the convolution rows the next position
+                    // reads (its checkpoints survive a rollback as they are).
+                    let from = l.conv_first.max(start.saturating_sub(l.conv_tail));
+                    let conv = l.conv[(from - l.conv_first) * l.conv_dim..].to_vec();
+                    let mut snap = l.with_rows(Vec::new(), Vec::new(), conv);
+                    snap.conv_first = from;
+                    snap.min_len = start;
+                    snap.checkpoints.clear();
+                    return snap;
+                }
                 let keys = |x: &Vec<f32>| if l.windowed { x.clone() } else { Vec::new() };
                 l.with_rows(keys(&l.k), keys(&l.v), l.conv.clone())
             })
@@ -351,7 +362,12 @@ impl Sequence {
                     v.truncate(len.saturating_sub(snap.first) * dim);
                     (k, v)
                 };
+                let checkpoints = std::mem::take(&mut kv.checkpoints);
+                let recurrent = !snap.recurrent.is_empty();
                 *kv = LayerKv { k, v, ..snap };
+                if recurrent {
+                    kv.checkpoints = checkpoints.into_iter().filter(|c| c.len <= len).collect();
+                }
             }
             self.tokens.truncate(len);
             self.held_usage.retain(|(pos, _)| *pos < len);

@@ -363,7 +363,12 @@ fn batched_logits_equal_solo_logits_on_the_demo_store() {
 /// sequence's solo run.
 #[test]
 fn a_failed_expert_read_rolls_back_every_sequence_of_the_pass() {
-    for name in ["olmoe_fp8", "deepseek_v3_fp8", "glm5_fp8"] {
+    for name in [
+        "olmoe_fp8",
+        "deepseek_v3_fp8",
+        "glm5_fp8",
+        "qwen3_next_bf16",
+    ] {
         let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "int4_store");
         let base = ids(&exp["prompt_ids"]);

@@ -699,3 +699,62 @@ fn recurrent_states_are_served_whole_and_never_when_damaged() {
     assert!(!path.exists(), "quarantined");
     assert_eq!(quarantined(&kv), 1);
 }
+
+/// A Qwen3-Next conversation that ended on a verification pass (speculative decoding: its
+/// recurrent layers still hold the states of the pass's rows) goes into the prefix cache and
+/// resumes from RAM and from disk, continuing as the live sequence does; a RAM copy also
+/// gives back a prefix ending at a verification row exactly.
+#[test]
+fn a_state_after_verification_rows_resumes() {
+    let (_tmp, dir) = convert_fixture("qwen3_next_bf16", "lossless_store");
+    let store = open_store(&dir, false, IoPreference::Auto);
+    let mut e = engine(&store);
+    let layout = e.kv_layout();
+    let tmp = tempfile::tempdir().unwrap();
+    let kv = tmp.path().join("kv");
+    let mut live = e.new_sequence().unwrap();
+    feed(&mut e, &mut live, &[5, 6, 7, 8, 9]);
+    // A verification pass of 4 rows, 2 kept (the fed token and one accepted draft).
+    let mut items = [BatchItem {
+        seq: &mut live,
+        ids: &[10, 11, 12, 13],
+        logits: Some(Logits::All),
+        verify: true,
+    }];
+    e.forward_many(&mut items).unwrap();
+    live.truncate(7);
+    assert!(live.can_truncate(6), "the first row's state is kept");
+    // From a RAM copy, a prefix ending at a verification row comes back exactly.
+    {
+        let mut c = cache(layout.clone(), None, 1 << 30);
+        c.put(0, e.fork_sequence(&live, usize::MAX).unwrap().into_state());
+        let hit = c
+            .take(0, &[5, 6, 7, 8, 9, 10, 30], 6)
+            .expect("a prefix of 6");
+        assert_eq!(hit.state.len(), 6);
+        let mut part = e.resume_sequence(hit.state).unwrap();
+        let mut cut = e.fork_sequence(&live, 6).unwrap();
+        assert_eq!(cut.len(), 6);
+        let a = feed(&mut e, &mut part, &[30]);
+        let b = feed(&mut e, &mut cut, &[30]);
+        assert!(same_bits(&a, &b), "a verification row's state");
+    }
+    let mut c = cache(layout.clone(), Some(&kv), 1 << 30);
+    c.put(0, e.fork_sequence(&live, usize::MAX).unwrap().into_state());
+    assert!(c.take_warnings().is_empty());
+    let prompt = [5, 6, 7, 8, 9, 10, 11, 20];
+    let hit = c.take(0, &prompt, 7).expect("a RAM hit");
+    let mut ram = e
+        .resume_sequence(hit.state)
+        .expect("a state after verification resumes");
+    let want = feed(&mut e, &mut live, &[20]);
+    assert!(same_bits(&feed(&mut e, &mut ram, &[20]), &want), "from RAM");
+    drop(ram);
+    let mut c = cache(layout, Some(&kv), 0);
+    let hit = c.take(0, &prompt, 7).expect("a disk hit");
+    let mut disk = e.resume_sequence(hit.state).unwrap();
+    assert!(
+        same_bits(&feed(&mut e, &mut disk, &[20]), &want),
+        "from disk"
+    );
+}

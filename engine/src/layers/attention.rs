@@ -74,6 +74,8 @@ pub struct LayerKv {
     /// [`crate::layers::gated_delta`] says which), oldest first, so that a fork, an edited
     /// prompt or a rollback resumes there instead of from the start.
     pub checkpoints: Vec<RecurrentCheckpoint>,
+    /// A recurrent layer's convolution rows the next position reads (`K - 1`; 0 elsewhere).
+    pub conv_tail: usize,
 }
 
 /// A recurrent layer's exact state at one length ([`LayerKv::checkpoints`]).
@@ -101,19 +103,20 @@ impl LayerKv {
         }
         debug_assert!(self.can_truncate(len), "truncate below min_len");
         if !self.recurrent.is_empty() {
-            let held = self.conv_first + self.conv.len() / self.conv_dim.max(1);
-            if len < self.min_len {
-                // Back to a checkpoint: its state and the convolution inputs it reads.
-                if let Some(c) = self.checkpoints.iter().find(|c| c.len == len) {
+            let held = self.recurrent_held();
+            if len < held {
+                if let Some((_, st)) = self.recurrent_history.iter().find(|(l, _)| *l == len) {
+                    // A verification row's state (its convolution rows are still held).
+                    self.recurrent = st.clone();
+                } else if let Some(c) = self.checkpoints.iter().find(|c| c.len == len) {
+                    // Back to a checkpoint: its state and the convolution inputs it reads;
+                    // rows the layer dropped since come from the checkpoint's copy.
                     self.recurrent = c.recurrent.clone();
-                    // Rows the layer dropped since come from the checkpoint's copy.
                     if self.conv_first > c.conv_from {
                         self.conv = c.conv.clone();
                         self.conv_first = c.conv_from;
                     }
                 }
-            } else if len < held {
-                self.recurrent = self.recurrent_at(len);
             }
             // The states of shorter lengths stay valid: the positions before `len` are kept.
             self.checkpoints.retain(|c| c.len <= len);
@@ -130,13 +133,10 @@ impl LayerKv {
         self.expanded = None;
     }
 
-    /// The recurrent state at length `len` (one of `recurrent_history`'s, else the current
-    /// one: callers ask only for lengths [`LayerKv::can_truncate`] allows).
-    pub fn recurrent_at(&self, len: usize) -> Vec<f32> {
-        self.recurrent_history
-            .iter()
-            .find(|(l, _)| *l == len)
-            .map_or_else(|| self.recurrent.clone(), |(_, s)| s.clone())
+    /// Positions a recurrent layer's state covers (its convolution rows end there; the
+    /// recurrent state is the state after the last of them).
+    pub fn recurrent_held(&self) -> usize {
+        self.conv_first + self.conv.len() / self.conv_dim.max(1)
     }
 
     /// An empty state of the same shape (no rows, nothing dropped).
@@ -149,7 +149,7 @@ impl LayerKv {
     }
 
     /// The same layer's state with rows `k`, `v`, `conv` (its row starts, `min_len`, shape
-    /// and recurrent state kept; no MLA expansion).
+    /// and recurrent state kept; no MLA expansion, no verification history, no checkpoints).
     pub fn with_rows(&self, k: Vec<f32>, v: Vec<f32>, conv: Vec<f32>) -> LayerKv {
         LayerKv {
             k,
@@ -163,13 +163,24 @@ impl LayerKv {
             windowed: self.windowed,
             recurrent: self.recurrent.clone(),
             recurrent_history: Vec::new(),
-            checkpoints: self.checkpoints.clone(),
+            checkpoints: Vec::new(),
+            conv_tail: self.conv_tail,
         }
     }
 
-    /// Whether [`LayerKv::truncate`] to `len` keeps the state exact.
+    /// Whether [`LayerKv::truncate`] to `len` keeps the state exact. A recurrent state is
+    /// exact at the lengths it holds a state for: its own length (and beyond: nothing to cut),
+    /// a verification row's, a checkpoint's; whatever `min_len` says (it may lag behind a
+    /// pass that failed midway).
     pub fn can_truncate(&self, len: usize) -> bool {
-        len == 0 || len >= self.min_len || self.checkpoints.iter().any(|c| c.len == len)
+        if len == 0 || self.checkpoints.iter().any(|c| c.len == len) {
+            return true;
+        }
+        if !self.recurrent.is_empty() {
+            return len >= self.recurrent_held()
+                || self.recurrent_history.iter().any(|(l, _)| *l == len);
+        }
+        len >= self.min_len
     }
 
     /// Positions held: `first` plus the rows of `k` (row width `kv_dim`).

@@ -152,6 +152,7 @@ impl GatedDeltaNet<'_> {
         let mut r0 = 0;
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
             kv.conv_dim = c;
+            kv.conv_tail = kn - 1;
             let first = kv.conv_first;
             debug_assert_eq!(kv.conv.len(), (s.pos0 - first) * c);
             kv.conv.extend_from_slice(&mixed[r0 * c..(r0 + s.n) * c]);
@@ -309,8 +310,15 @@ impl GatedDeltaNet<'_> {
                 }
             }
         }
-        for (kv, st) in kvs.iter_mut().zip(states) {
+        for ((kv, st), s) in kvs.iter_mut().zip(states).zip(spans) {
             kv.recurrent = st;
+            // Exact from here only (or from the pass's start, verification rows): said at
+            // once, so a pass that fails in a later layer rolls this one back too.
+            kv.min_len = if kv.recurrent_history.is_empty() {
+                s.pos0 + s.n
+            } else {
+                s.pos0
+            };
         }
         // The gated RMSNorm per value head, then out_proj.
         let mut normed = vec![0f32; dv];
@@ -325,13 +333,17 @@ impl GatedDeltaNet<'_> {
 
     /// Before span `s` runs: keeps the state at its start as a checkpoint when the start ends
     /// a prefill chunk or a pass of several rows (`s` is a prefill span), or is a multiple of
-    /// [`CHECKPOINT_EVERY`]; at most [`MAX_CHECKPOINTS`] are kept (the oldest dropped). Not
-    /// after a verification pass (its rows' states are `recurrent_history`).
+    /// [`CHECKPOINT_EVERY`]; at most [`MAX_CHECKPOINTS`] are kept (the oldest dropped).
     fn checkpoint(&self, s: &Span, kv: &mut LayerKv) {
         let p = s.pos0;
-        if p == 0 || kv.recurrent.is_empty() || !kv.recurrent_history.is_empty() {
+        if p == 0 || kv.recurrent.is_empty() {
             return;
         }
+        debug_assert_eq!(
+            kv.recurrent_held(),
+            p,
+            "the state is the one at the span's start"
+        );
         if !((s.n > 1 && !s.as_decode) || p.is_multiple_of(CHECKPOINT_EVERY)) {
             return;
         }

@@ -594,6 +594,7 @@ impl<R: Read> BodyReader<'_, R> {
             recurrent: state,
             recurrent_history: Vec::new(),
             checkpoints: Vec::new(),
+            conv_tail: 0,
         })
     }
 

@@ -272,10 +272,14 @@ impl PrefixCache {
             return;
         }
         let on_disk = self.save(scope, &state);
-        // An older state of the same scope whose tokens this one extends is redundant.
+        // An older state of the same scope whose tokens this one extends is redundant, when
+        // this one gives that prefix back exactly (a recurrent state may not).
         let tokens = state.tokens();
-        self.ram
-            .retain(|e| !(e.scope == scope && tokens.starts_with(e.state.tokens())));
+        self.ram.retain(|e| {
+            !(e.scope == scope
+                && tokens.starts_with(e.state.tokens())
+                && state.exact_at_most(e.state.len()) == e.state.len())
+        });
         if state.bytes() > self.ram_budget {
             // Larger than the whole RAM tier: it would only push the others out.
             return;

@@ -61,14 +61,14 @@ impl GatedDeltaSpec {
     /// f32 values one sequence holds at most in one Gated DeltaNet layer, whatever its length:
     /// the recurrent state, the convolution inputs kept (the last `K - 1`, plus the slack and
     /// trim chunk every layer that drops rows keeps: [`super::inkling::KV_SLACK`],
-    /// [`super::inkling::KV_TRIM_CHUNK`]) and [`MAX_CHECKPOINTS`] checkpoints (a state and
-    /// `K - 1` convolution rows each). A verification pass holds one more state per row
-    /// until the next pass (not counted).
+    /// [`super::inkling::KV_TRIM_CHUNK`]), [`MAX_CHECKPOINTS`] checkpoints and the copy a
+    /// pass pins at its start (a state and `K - 1` convolution rows each). A verification
+    /// pass holds one more state per row until the next pass (transient, not counted).
     pub fn held_values(&self) -> usize {
         let state = self.value_heads * self.key_head_dim * self.value_head_dim;
         let c = self.conv_channels();
         let rows = self.conv_kernel - 1 + super::inkling::KV_SLACK + super::inkling::KV_TRIM_CHUNK;
-        state + rows * c + MAX_CHECKPOINTS * (state + (self.conv_kernel - 1) * c)
+        state + rows * c + (MAX_CHECKPOINTS + 1) * (state + (self.conv_kernel - 1) * c)
     }
 
     /// Gated DeltaNet layers.
