@@ -122,6 +122,10 @@ impl GatedDeltaNet<'_> {
         );
         let r = hv / hk;
         let (kd, vd, c) = (hk * dk, hv * dv, self.conv_dim());
+        // Checkpoints first: the state and convolution rows at each span's start.
+        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
+            self.checkpoint(s, kv);
+        }
         let mut qkvz = vec![0f32; n * (2 * kd + 2 * vd)];
         let mut ba = vec![0f32; n * 2 * hv];
         self.qkvz.forward(x, n, &mut qkvz);
@@ -200,9 +204,6 @@ impl GatedDeltaNet<'_> {
         for s in spans {
             starts.push(r0);
             r0 += s.n;
-        }
-        for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
-            self.checkpoint(s, kv);
         }
         let mut states: Vec<Vec<f32>> = kvs
             .iter_mut()
