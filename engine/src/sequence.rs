@@ -24,6 +24,9 @@ pub struct Sequence {
     /// [`Sequence::pin`]: the length it was pinned at and a copy of the layers' bounded state
     /// then.
     pinned: Option<(usize, Vec<LayerKv>)>,
+    /// The last pin's copies, kept after [`Sequence::unpin`] so the next pin of a recurrent
+    /// layer fills the same buffers (a fresh allocation per pass costs page faults).
+    spare_pin: Vec<LayerKv>,
     /// Returns the sequence's place to the engine's count when dropped.
     _slot: Option<SlotGuard>,
 }
@@ -141,6 +144,7 @@ impl Sequence {
             kv_dims,
             held_usage: Vec::new(),
             pinned: None,
+            spare_pin: Vec::new(),
             mtp: None,
             _slot: slot,
         }
@@ -180,6 +184,7 @@ impl Sequence {
             kv_dims: self.kv_dims.clone(),
             held_usage: Vec::new(),
             pinned: None,
+            spare_pin: Vec::new(),
             mtp: self.mtp.clone().map(|mut m| {
                 m.truncate(len, self.tokens.len());
                 m
@@ -290,19 +295,34 @@ impl Sequence {
         {
             return;
         }
+        let mut spare = std::mem::take(&mut self.spare_pin);
         let layers = self
             .kv
             .iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(i, l)| {
                 if !l.recurrent.is_empty() {
                     // A recurrent layer: its state and the convolution rows the next position
-                    // reads (its checkpoints survive a rollback as they are).
+                    // reads (its checkpoints survive a rollback as they are), copied into the
+                    // last pin's buffers.
                     let from = l.conv_first.max(start.saturating_sub(l.conv_tail));
-                    let conv = l.conv[(from - l.conv_first) * l.conv_dim..].to_vec();
-                    let mut snap = l.with_rows(Vec::new(), Vec::new(), conv);
-                    snap.conv_first = from;
-                    snap.min_len = start;
+                    let mut snap = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+                    snap.recurrent.clear();
+                    snap.recurrent.extend_from_slice(&l.recurrent);
+                    snap.conv.clear();
+                    snap.conv
+                        .extend_from_slice(&l.conv[(from - l.conv_first) * l.conv_dim..]);
+                    snap.k.clear();
+                    snap.v.clear();
+                    snap.recurrent_history.clear();
                     snap.checkpoints.clear();
+                    snap.expanded = None;
+                    snap.first = l.first;
+                    snap.conv_first = from;
+                    snap.conv_dim = l.conv_dim;
+                    snap.conv_tail = l.conv_tail;
+                    snap.windowed = l.windowed;
+                    snap.min_len = start;
                     return snap;
                 }
                 let keys = |x: &Vec<f32>| if l.windowed { x.clone() } else { Vec::new() };
@@ -327,7 +347,9 @@ impl Sequence {
 
     /// Ends [`Sequence::pin`].
     pub(crate) fn unpin(&mut self) {
-        self.pinned = None;
+        if let Some((_, layers)) = self.pinned.take() {
+            self.spare_pin = layers;
+        }
     }
 
     /// Marks which layers' keys and values drop their older rows (`windowed[l]`), as a state
