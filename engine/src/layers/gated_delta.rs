@@ -189,13 +189,11 @@ impl GatedDeltaNet<'_> {
         let mut qn = vec![0f32; n * kd];
         let mut knorm = vec![0f32; n * kd];
         for t in 0..n {
-            for kh in 0..hk {
-                let mut qh = conv[t * c + kh * dk..t * c + (kh + 1) * dk].to_vec();
-                let mut khv = conv[t * c + kd + kh * dk..t * c + kd + (kh + 1) * dk].to_vec();
-                normalize_qk(&mut qh, &mut khv);
-                qn[t * kd + kh * dk..t * kd + (kh + 1) * dk].copy_from_slice(&qh);
-                knorm[t * kd + kh * dk..t * kd + (kh + 1) * dk].copy_from_slice(&khv);
-            }
+            qn[t * kd..(t + 1) * kd].copy_from_slice(&conv[t * c..t * c + kd]);
+            knorm[t * kd..(t + 1) * kd].copy_from_slice(&conv[t * c + kd..t * c + 2 * kd]);
+        }
+        for (qh, kh) in qn.chunks_exact_mut(dk).zip(knorm.chunks_exact_mut(dk)) {
+            normalize_qk(qh, kh);
         }
         // The recurrence, one task per (span, value head).
         let rl = self.recurrent_len();

@@ -17,7 +17,9 @@ pub mod qwen3_next;
 use crate::error::{EngineError, Result};
 use crate::layers::{Attention, DecoderLayer, Ffn, Mlp, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, Family, LayerSpec, MlpSpec, ModelSpec, MoeSpec, Routing};
+use coli_format::spec::{
+    AttentionSpec, Family, LayerSpec, MlpSpec, ModelSpec, MoeSpec, Routing, TensorSpec,
+};
 use coli_format::MatrixView;
 use coli_store::Store;
 use std::collections::BTreeSet;
@@ -215,6 +217,19 @@ pub(crate) fn full_qk_norm(
     }
 }
 
+/// The model's RMSNorm with weight `t` (epsilon `rms_norm_eps`): a family whose norms store
+/// zero-centred weights (`spec.zero_centered_norms`, Qwen3-Next) multiplies by `1 + w`, formed
+/// here in f32 as transformers forms it, so the shared norm computes the same product.
+pub(crate) fn rms_norm(w: &mut Weights<'_>, spec: &ModelSpec, t: &TensorSpec) -> Result<RmsNorm> {
+    let mut n = w.rms_norm(t, spec.rms_norm_eps)?;
+    if spec.zero_centered_norms {
+        for x in &mut n.weight {
+            *x += 1.0;
+        }
+    }
+    Ok(n)
+}
+
 /// A dense SwiGLU MLP.
 pub(crate) fn load_mlp<'s>(w: &mut Weights<'s>, m: &MlpSpec) -> Result<Mlp<'s>> {
     Ok(Mlp {
@@ -333,13 +348,25 @@ pub(crate) fn assemble_gqa<'s>(
     spec: &ModelSpec,
     mut qk_norm: impl FnMut(&mut Weights<'s>, &LayerSpec) -> Result<QkNorm>,
 ) -> Result<Parts<'s>> {
+    assemble_layers(w, spec, |w, l| {
+        load_gqa_layer(w, spec, l, |w| qk_norm(w, l))
+    })
+}
+
+/// Builds a model whose decoder layers `layer` loads: embedding, layers, final norm
+/// ([`rms_norm`]), output head; RoPE over `spec.rotary_dim` dimensions of each head.
+pub(crate) fn assemble_layers<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    mut layer: impl FnMut(&mut Weights<'s>, &LayerSpec) -> Result<DecoderLayer<'s>>,
+) -> Result<Parts<'s>> {
     let t = &spec.tensors;
     let embed = w.matrix(&t.embed)?;
     let mut layers = Vec::with_capacity(t.layers.len());
     for l in &t.layers {
-        layers.push(load_gqa_layer(w, spec, l, |w| qk_norm(w, l))?);
+        layers.push(layer(w, l)?);
     }
-    let final_norm = w.rms_norm(&t.final_norm, spec.rms_norm_eps)?;
+    let final_norm = rms_norm(w, spec, &t.final_norm)?;
     let lm_head = load_lm_head(w, spec, embed)?;
     Ok(Parts {
         embed,

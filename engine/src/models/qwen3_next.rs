@@ -7,25 +7,15 @@
 //!   attention output before `o_proj`), per-head q/k RMSNorm and partial RoPE;
 //! - every MoE layer routes with a softmax top-k (renormalized when `norm_topk_prob`) and adds
 //!   a shared expert scaled by `sigmoid(shared_expert_gate . x)`;
-//! - every RMSNorm but the gated one stores `w` and multiplies by `1 + w`: the loader folds the
-//!   one in (`(1 + w)` in f32, as `Qwen3NextRMSNorm` forms it), so the shared norm computes
-//!   the same product.
+//! - every RMSNorm but the gated one stores `w` and multiplies by `1 + w`
+//!   (`spec.zero_centered_norms`: [`crate::models::rms_norm`] folds the one in).
 
 use crate::error::{EngineError, Result};
-use crate::layers::{DecoderLayer, GatedDeltaNet, QkNorm, RmsNorm, Rope, SelfAttn};
-use crate::models::{load_attention, load_ffn, load_lm_head, OutputScaling, Parts};
+use crate::layers::{DecoderLayer, GatedDeltaNet, QkNorm, SelfAttn};
+use crate::models::{assemble_layers, load_attention, load_ffn, rms_norm, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, GatedDeltaInput, QkNormSpec, TensorSpec};
+use coli_format::spec::{AttentionSpec, GatedDeltaInput, QkNormSpec};
 use coli_format::ModelSpec;
-
-/// A zero-centred RMSNorm (`1 + w`).
-fn offset_norm(w: &mut Weights<'_>, t: &TensorSpec, eps: f32) -> Result<RmsNorm> {
-    let mut n = w.rms_norm(t, eps)?;
-    for x in &mut n.weight {
-        *x += 1.0;
-    }
-    Ok(n)
-}
 
 /// Loads a Qwen3-Next model's weights.
 ///
@@ -39,11 +29,7 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
             file: "config.json".into(),
             what: "a qwen3_next model without its linear-attention dimensions".into(),
         })?;
-    let eps = spec.rms_norm_eps;
-    let t = &spec.tensors;
-    let embed = w.matrix(&t.embed)?;
-    let mut layers = Vec::with_capacity(t.layers.len());
-    for l in &t.layers {
+    assemble_layers(w, spec, |w, l| {
         let attn = match &l.attention {
             AttentionSpec::GatedDeltaNet(a) => {
                 let GatedDeltaInput::Fused { qkvz, ba } = &a.input;
@@ -54,7 +40,8 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
                     conv: w.vector(&a.conv)?,
                     dt_bias: w.vector(&a.dt_bias)?,
                     neg_a: a_log.iter().map(|x| -x.exp()).collect(),
-                    norm: w.rms_norm(&a.norm, eps)?,
+                    // The gated norm uses its weight as is.
+                    norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
                     out: w.linear(&a.out)?,
                     key_heads: g.key_heads,
                     value_heads: g.value_heads,
@@ -66,15 +53,12 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
             AttentionSpec::Gqa {
                 qk_norm: QkNormSpec::PerHead { q, k },
                 ..
-            } => {
-                let (q, k) = (q.clone(), k.clone());
-                SelfAttn::Gqa(load_attention(w, spec, l, |w| {
-                    Ok(QkNorm::PerHead {
-                        q: offset_norm(w, &q, eps)?,
-                        k: offset_norm(w, &k, eps)?,
-                    })
-                })?)
-            }
+            } => SelfAttn::Gqa(load_attention(w, spec, l, |w| {
+                Ok(QkNorm::PerHead {
+                    q: rms_norm(w, spec, q)?,
+                    k: rms_norm(w, spec, k)?,
+                })
+            })?),
             _ => {
                 return Err(EngineError::Config {
                     file: "config.json".into(),
@@ -85,25 +69,12 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
                 })
             }
         };
-        layers.push(DecoderLayer {
-            input_norm: offset_norm(w, &l.input_norm, eps)?,
+        Ok(DecoderLayer {
+            input_norm: rms_norm(w, spec, &l.input_norm)?,
             attn,
-            post_norm: offset_norm(w, &l.post_norm, eps)?,
+            post_norm: rms_norm(w, spec, &l.post_norm)?,
             ffn: load_ffn(w, spec, &l.ffn)?,
             output_convs: None,
-        });
-    }
-    let final_norm = offset_norm(w, &t.final_norm, eps)?;
-    let lm_head = load_lm_head(w, spec, embed)?;
-    Ok(Parts {
-        embed,
-        embed_norm: None,
-        output: OutputScaling::identity(spec.vocab_size),
-        layers,
-        final_norm,
-        lm_head,
-        rope: Rope::new(spec.rotary_dim, spec.rope_theta),
-        mtp: None,
-        mtp_chain: Vec::new(),
+        })
     })
 }
