@@ -8,7 +8,7 @@
 //! - every MoE layer routes with a softmax top-k (renormalized when `norm_topk_prob`) and adds
 //!   a shared expert scaled by `sigmoid(shared_expert_gate . x)`;
 //! - every RMSNorm but the gated one stores `w` and multiplies by `1 + w`
-//!   (`spec.zero_centered_norms`: [`crate::models::rms_norm`] folds the one in).
+//!   (`spec.zero_centered_norms`: `models::rms_norm` folds the one in).
 
 use crate::error::{EngineError, Result};
 use crate::layers::{DecoderLayer, GatedDeltaNet, QkNorm, SelfAttn};
