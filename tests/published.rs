@@ -245,6 +245,11 @@ fn spec_shapes(spec: &ModelSpec) -> HashMap<String, Vec<usize>> {
                         m.insert(t.name.clone(), t.shape.clone());
                     }
                 }
+                // A release may store them fused instead (Qwen3.5: the converter reads that
+                // layout as `FusedConcat`).
+                let (e, h, i, p) = (set.count as usize, set.hidden, set.intermediate, &set.prefix);
+                m.insert(format!("{p}.gate_up_proj"), vec![e, 2 * i, h]);
+                m.insert(format!("{p}.down_proj"), vec![e, h, i]);
             }
             _ => {
                 for (n, s, _) in set.fused_tensors() {

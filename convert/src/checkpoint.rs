@@ -232,18 +232,33 @@ impl Checkpoint {
     }
 
     /// `e` with a tensor named as the checkpoint names it (where [`Checkpoint::renamed`] has
-    /// it), the spec's name added.
+    /// it, or, for a tensor the checkpoint lacks, as its other renamed tensors would: a
+    /// wrapper's `model.language_model.` prefix), the spec's name added.
     pub fn in_checkpoint_names(&self, e: ConvertError) -> ConvertError {
         match e {
-            ConvertError::Tensor { tensor, what } => match self.renamed.get(&tensor) {
-                Some(own) => ConvertError::Tensor {
-                    tensor: own.clone(),
-                    what: format!("(read as {tensor}) {what}"),
-                },
-                None => ConvertError::Tensor { tensor, what },
-            },
+            ConvertError::Tensor { tensor, what } => {
+                match self.renamed.get(&tensor).cloned().or_else(|| self.own_name(&tensor)) {
+                    Some(own) => ConvertError::Tensor {
+                        tensor: own,
+                        what: format!("(read as {tensor}) {what}"),
+                    },
+                    None => ConvertError::Tensor { tensor, what },
+                }
+            }
             e => e,
         }
+    }
+
+    /// The name a `model.`-prefixed tensor would have in this checkpoint, by the prefix its
+    /// renamed `model.` tensors carry (`model.language_model.` for `model.`); None when none is
+    /// renamed so.
+    fn own_name(&self, canonical: &str) -> Option<String> {
+        let rest = canonical.strip_prefix("model.")?;
+        self.renamed.iter().find_map(|(c, own)| {
+            let tail = c.strip_prefix("model.")?;
+            let prefix = own.strip_suffix(tail)?;
+            (prefix != "model.").then(|| format!("{prefix}{rest}"))
+        })
     }
 
     /// True if the checkpoint has this tensor.

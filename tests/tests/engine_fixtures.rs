@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 9] = [
+const FAMILIES: [&str; 10] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -21,6 +21,7 @@ const FAMILIES: [&str; 9] = [
     "minimax_m2_fp8",
     "inkling_bf16",
     "qwen3_next_bf16",
+    "qwen3_5_moe_bf16",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
@@ -256,7 +257,17 @@ fn inkling_long_sequences_drop_old_rows_and_match_transformers() {
 /// besides the full layers' keys and values; rollbacks exact where the state allows them.
 #[test]
 fn qwen3_next_long_prompt_runs_both_forms_and_matches_transformers() {
-    let name = "qwen3_next_bf16";
+    hybrid_long_prompt("qwen3_next_bf16");
+}
+
+/// The same for Qwen3.5-MoE (split Gated DeltaNet projections, nested published layout; the
+/// oracle's multimodal RoPE on text positions).
+#[test]
+fn qwen3_5_moe_long_prompt_runs_both_forms_and_matches_transformers() {
+    hybrid_long_prompt("qwen3_5_moe_bf16");
+}
+
+fn hybrid_long_prompt(name: &str) {
     let exp = expected(name);
     let dir = store_dir(name, "lossless_store");
     let prompt = ids(&exp["long_prompt_ids"]);

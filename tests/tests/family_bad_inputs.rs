@@ -291,3 +291,64 @@ fn qwen3_next_bad_inputs_are_refused_before_anything_is_written() {
     });
     refused(&ck, tmp.path(), &["model.layers.1.linear_attn.A_log"]);
 }
+
+/// Qwen3.5-MoE as published: the language model's config nested under `text_config`, its
+/// tensors under `model.language_model.`, the experts fused.
+#[test]
+fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "qwen3_5_moe_bf16";
+    missing_shard_refused(n, "model-00003-of-00003.safetensors");
+    let text_refused = |key: &str, value: Value, names: &[&str]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = with_config(n, tmp.path(), |c| c["text_config"][key] = value.clone());
+        refused(&ck, tmp.path(), names);
+    };
+    // Split projections whose shapes disagree with config.json name the tensor.
+    text_refused(
+        "linear_key_head_dim",
+        json!(8),
+        &["model.language_model.layers.0.linear_attn.", "expected", "config.json"],
+    );
+    text_refused(
+        "linear_value_head_dim",
+        json!(16),
+        &["model.language_model.layers.0.linear_attn.", "expected"],
+    );
+    // Fused experts of another width.
+    text_refused(
+        "moe_intermediate_size",
+        json!(16),
+        &["model.language_model.layers.0.mlp.experts.", "expected"],
+    );
+    // A layer_types that does not match the tensors.
+    text_refused(
+        "layer_types",
+        json!([
+            "full_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention"
+        ]),
+        &["model.language_model.layers.0.self_attn.q_proj.weight"],
+    );
+    text_refused(
+        "layer_types",
+        json!(["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+        &["config.json", "text_config.layer_types", "sliding_attention"],
+    );
+    text_refused(
+        "linear_num_key_heads",
+        json!(3),
+        &["config.json", "text_config.linear_num_value_heads"],
+    );
+    // A missing split projection.
+    for drop in [
+        "model.language_model.layers.1.linear_attn.in_proj_z.weight",
+        "model.language_model.layers.2.linear_attn.in_proj_a.weight",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("ckpt");
+        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| name == drop);
+        refused(&ck, tmp.path(), &[drop]);
+    }
+}

@@ -246,3 +246,11 @@ fn qwen3_next_80b_a3b_as_published() {
     let m = replica_runs("qwen3-next-80b-a3b");
     assert_eq!(m.expert_layers.len(), 48);
 }
+
+#[test]
+fn qwen3_6_35b_a3b_as_published() {
+    // The language model nested under `model.language_model.` with its experts fused, a vision
+    // tower and an MTP layer (experts per expert), both listed and declared not read.
+    let m = replica_runs("qwen3.6-35b-a3b");
+    assert_eq!(m.expert_layers.len(), 40);
+}

@@ -1,9 +1,13 @@
-//! A Gated DeltaNet linear-attention layer (Qwen3-Next; transformers 5.25
-//! `Qwen3NextGatedDeltaNet`, `models/qwen3_next/modeling_qwen3_next.py`):
+//! A Gated DeltaNet linear-attention layer (Qwen3-Next, Qwen3.5/3.6-MoE; transformers 5.25
+//! `Qwen3NextGatedDeltaNet`, `models/qwen3_next/modeling_qwen3_next.py`, and
+//! `Qwen3_5MoeGatedDeltaNet`, `models/qwen3_5_moe/modeling_qwen3_5_moe.py`):
 //!
-//! 1. `in_proj_qkvz` and `in_proj_ba` project the normalized input; their rows are grouped per
-//!    key head (`fix_query_key_value_ordering`): group g holds `q_g (dk) | k_g (dk) | v (r dv)
-//!    | z (r dv)` and `b (r) | a (r)` of value heads `g r .. (g + 1) r` (`r = Hv / Hk`).
+//! 1. The input projections ([`GatedDeltaProjections`]) give, per position, the convolution's
+//!    inputs `[q | k | v]`, the gate `z` (`Hv dv`), `b` and `a` (`Hv`). Qwen3-Next's
+//!    `in_proj_qkvz` and `in_proj_ba` group their rows per key head
+//!    (`fix_query_key_value_ordering`): group g holds `q_g (dk) | k_g (dk) | v (r dv) | z (r dv)`
+//!    and `b (r) | a (r)` of value heads `g r .. (g + 1) r` (`r = Hv / Hk`); Qwen3.5's
+//!    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` give them in that order already.
 //! 2. A causal depthwise convolution of `K` taps over the channels `[q | k | v]`
 //!    (`C = 2 Hk dk + Hv dv`), then SiLU (`causal_conv1d_forward` / `causal_conv1d_update`:
 //!    positions before 0 read zeros).
@@ -37,12 +41,34 @@ use rayon::prelude::*;
 
 pub use coli_format::spec::qwen3_next::{CHECKPOINT_EVERY, MAX_CHECKPOINTS};
 
+/// A Gated DeltaNet layer's input projections.
+pub enum GatedDeltaProjections<'s> {
+    /// Qwen3-Next: `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]` and `in_proj_ba` `[2 Hv, H]`, rows
+    /// grouped per key head (see the module doc).
+    Fused {
+        /// `in_proj_qkvz`.
+        qkvz: Linear<'s>,
+        /// `in_proj_ba`.
+        ba: Linear<'s>,
+    },
+    /// Qwen3.5 / Qwen3.6: `in_proj_qkv` `[2 Hk dk + Hv dv, H]`, `in_proj_z` `[Hv dv, H]`,
+    /// `in_proj_b` and `in_proj_a` `[Hv, H]`.
+    Split {
+        /// `in_proj_qkv`.
+        qkv: Linear<'s>,
+        /// `in_proj_z`.
+        z: Linear<'s>,
+        /// `in_proj_b`.
+        b: Linear<'s>,
+        /// `in_proj_a`.
+        a: Linear<'s>,
+    },
+}
+
 /// One Gated DeltaNet layer (see the module doc).
 pub struct GatedDeltaNet<'s> {
-    /// `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]`.
-    pub qkvz: Linear<'s>,
-    /// `in_proj_ba` `[2 Hv, H]`.
-    pub ba: Linear<'s>,
+    /// The input projections.
+    pub input: GatedDeltaProjections<'s>,
     /// `conv1d.weight` as f32 `[C, K]`.
     pub conv: Vec<f32>,
     /// `dt_bias` `[Hv]`.
@@ -101,6 +127,55 @@ impl GatedDeltaNet<'_> {
         self.value_heads * self.key_dim * self.value_dim
     }
 
+    /// The input projections of `n` rows `x` (`[n, H]`): the convolution's inputs `[n, C]`
+    /// (`[q | k | v]`), `z` `[n, Hv dv]`, `b` and `a` `[n, Hv]`.
+    fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (hk, hv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        let (kd, vd, c) = (hk * dk, hv * dv, self.conv_dim());
+        let mut mixed = vec![0f32; n * c];
+        let mut z = vec![0f32; n * vd];
+        let (mut b, mut a) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+        match &self.input {
+            GatedDeltaProjections::Split {
+                qkv,
+                z: zp,
+                b: bp,
+                a: ap,
+            } => {
+                qkv.forward(x, n, &mut mixed);
+                zp.forward(x, n, &mut z);
+                bp.forward(x, n, &mut b);
+                ap.forward(x, n, &mut a);
+            }
+            GatedDeltaProjections::Fused { qkvz: qp, ba: bap } => {
+                let r = hv / hk;
+                let mut qkvz = vec![0f32; n * (2 * kd + 2 * vd)];
+                let mut ba = vec![0f32; n * 2 * hv];
+                qp.forward(x, n, &mut qkvz);
+                bap.forward(x, n, &mut ba);
+                // Un-group the projections.
+                let gw = 2 * dk + 2 * r * dv;
+                for t in 0..n {
+                    let row = &qkvz[t * (2 * kd + 2 * vd)..(t + 1) * (2 * kd + 2 * vd)];
+                    let m = &mut mixed[t * c..(t + 1) * c];
+                    for g in 0..hk {
+                        let grp = &row[g * gw..(g + 1) * gw];
+                        m[g * dk..(g + 1) * dk].copy_from_slice(&grp[..dk]);
+                        m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&grp[dk..2 * dk]);
+                        m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv]
+                            .copy_from_slice(&grp[2 * dk..2 * dk + r * dv]);
+                        z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv]
+                            .copy_from_slice(&grp[2 * dk + r * dv..]);
+                        let bag = &ba[t * 2 * hv + g * 2 * r..t * 2 * hv + (g + 1) * 2 * r];
+                        b[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[..r]);
+                        a[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[r..]);
+                    }
+                }
+            }
+        }
+        (mixed, z, b, a)
+    }
+
     /// The layer for the rows of several sequences (`x`: `[N, H]`, the normalized rows of
     /// `spans[0]`, then `spans[1]`, ...; `kvs[i]`: span i's state, holding `pos0`
     /// positions). Appends each position's convolution inputs, advances the recurrent state,
@@ -126,31 +201,7 @@ impl GatedDeltaNet<'_> {
         for (s, kv) in spans.iter().zip(kvs.iter_mut()) {
             self.checkpoint(s, kv);
         }
-        let mut qkvz = vec![0f32; n * (2 * kd + 2 * vd)];
-        let mut ba = vec![0f32; n * 2 * hv];
-        self.qkvz.forward(x, n, &mut qkvz);
-        self.ba.forward(x, n, &mut ba);
-        // Un-group the projections: mixed [N, C] = [q | k | v], z [N, Hv dv], b and a [N, Hv].
-        let mut mixed = vec![0f32; n * c];
-        let mut z = vec![0f32; n * vd];
-        let (mut b, mut a) = (vec![0f32; n * hv], vec![0f32; n * hv]);
-        let gw = 2 * dk + 2 * r * dv;
-        for t in 0..n {
-            let row = &qkvz[t * (2 * kd + 2 * vd)..(t + 1) * (2 * kd + 2 * vd)];
-            let m = &mut mixed[t * c..(t + 1) * c];
-            for g in 0..hk {
-                let grp = &row[g * gw..(g + 1) * gw];
-                m[g * dk..(g + 1) * dk].copy_from_slice(&grp[..dk]);
-                m[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&grp[dk..2 * dk]);
-                m[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv]
-                    .copy_from_slice(&grp[2 * dk..2 * dk + r * dv]);
-                z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv]
-                    .copy_from_slice(&grp[2 * dk + r * dv..]);
-                let bag = &ba[t * 2 * hv + g * 2 * r..t * 2 * hv + (g + 1) * 2 * r];
-                b[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[..r]);
-                a[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[r..]);
-            }
-        }
+        let (mixed, z, b, a) = self.project(x, n);
         // The causal convolution over each sequence's inputs, then SiLU.
         let mut conv = vec![0f32; n * c];
         let mut r0 = 0;

@@ -21,7 +21,7 @@ pub mod sigmoid_router;
 
 pub use attention::{Attention, LayerKv, QkNorm, RecurrentCheckpoint};
 pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, OutputConvs, SelfAttn, Span};
-pub use gated_delta::GatedDeltaNet;
+pub use gated_delta::{GatedDeltaNet, GatedDeltaProjections};
 pub use linear::Linear;
 pub use mla::Mla;
 pub use mlp::Mlp;

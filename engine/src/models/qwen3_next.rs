@@ -1,5 +1,8 @@
-//! Qwen3-Next (`model_type: qwen3_next`), as transformers 5.25 `modeling_qwen3_next.py`
-//! (tensors and config in `coli_format::spec::qwen3_next`):
+//! Qwen3-Next (`model_type: qwen3_next`) and Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`), as
+//! transformers 5.25 `modeling_qwen3_next.py` and `modeling_qwen3_5_moe.py` (tensors and config
+//! in `coli_format::spec::qwen3_next` and `coli_format::spec::qwen3_5_moe`): one graph, the
+//! families differing only in how a Gated DeltaNet layer's input projections are stored
+//! (`GatedDeltaProjections`) and in which layers are MoE (the spec says):
 //!
 //! - three of every four layers are Gated DeltaNet linear attention
 //!   ([`crate::layers::gated_delta`]): a recurrent state per sequence, no keys or values;
@@ -11,13 +14,13 @@
 //!   (`spec.zero_centered_norms`: `models::rms_norm` folds the one in).
 
 use crate::error::{EngineError, Result};
-use crate::layers::{DecoderLayer, GatedDeltaNet, QkNorm, SelfAttn};
+use crate::layers::{DecoderLayer, GatedDeltaNet, GatedDeltaProjections, QkNorm, SelfAttn};
 use crate::models::{assemble_layers, load_attention, load_ffn, rms_norm, Parts};
 use crate::weights::Weights;
 use coli_format::spec::{AttentionSpec, GatedDeltaInput, QkNormSpec};
 use coli_format::ModelSpec;
 
-/// Loads a Qwen3-Next model's weights.
+/// Loads a Qwen3-Next or Qwen3.5-MoE model's weights.
 ///
 /// # Errors
 /// Missing or misshapen tensors (named).
@@ -27,16 +30,29 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
         .as_ref()
         .ok_or_else(|| EngineError::Config {
             file: "config.json".into(),
-            what: "a qwen3_next model without its linear-attention dimensions".into(),
+            what: format!(
+                "a {} model without its linear-attention dimensions",
+                spec.model_type
+            ),
         })?;
     assemble_layers(w, spec, |w, l| {
         let attn = match &l.attention {
             AttentionSpec::GatedDeltaNet(a) => {
-                let GatedDeltaInput::Fused { qkvz, ba } = &a.input;
+                let input = match &a.input {
+                    GatedDeltaInput::Fused { qkvz, ba } => GatedDeltaProjections::Fused {
+                        qkvz: w.linear(qkvz)?,
+                        ba: w.linear(ba)?,
+                    },
+                    GatedDeltaInput::Split { qkv, z, b, a } => GatedDeltaProjections::Split {
+                        qkv: w.linear(qkv)?,
+                        z: w.linear(z)?,
+                        b: w.linear(b)?,
+                        a: w.linear(a)?,
+                    },
+                };
                 let a_log = w.vector(&a.a_log)?;
                 SelfAttn::GatedDelta(GatedDeltaNet {
-                    qkvz: w.linear(qkvz)?,
-                    ba: w.linear(ba)?,
+                    input,
                     conv: w.vector(&a.conv)?,
                     dt_bias: w.vector(&a.dt_bias)?,
                     neg_a: a_log.iter().map(|x| -x.exp()).collect(),
@@ -63,8 +79,8 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
                 return Err(EngineError::Config {
                     file: "config.json".into(),
                     what: format!(
-                        "qwen3_next layer {} is neither a Gated DeltaNet nor gated attention with per-head q/k norms",
-                        l.index
+                        "{} layer {} is neither a Gated DeltaNet nor gated attention with per-head q/k norms",
+                        spec.model_type, l.index
                     ),
                 })
             }

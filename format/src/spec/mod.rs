@@ -7,7 +7,7 @@
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
-//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`].
+//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`], [`qwen3_5_moe`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
@@ -25,6 +25,7 @@ pub mod mixtral;
 pub mod mla;
 pub mod olmoe;
 pub mod qwen3_moe;
+pub mod qwen3_5_moe;
 pub mod qwen3_next;
 pub mod tensors;
 
@@ -52,6 +53,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v32",
     "inkling_text",
     "qwen3_next",
+    "qwen3_5_moe_text",
 ];
 
 /// A supported model family.
@@ -79,6 +81,9 @@ pub enum Family {
     Inkling,
     /// `qwen3_next`, Qwen3-Next-80B-A3B ([`qwen3_next`]).
     Qwen3Next,
+    /// `qwen3_5_moe_text`, the language model of Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`)
+    /// ([`qwen3_5_moe`]).
+    Qwen35Moe,
 }
 
 impl Family {
@@ -99,6 +104,7 @@ impl Family {
             "deepseek_v32" => Ok(Family::DeepseekV32),
             "inkling_text" => Ok(Family::Inkling),
             "qwen3_next" => Ok(Family::Qwen3Next),
+            "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -120,6 +126,7 @@ impl Family {
             Family::DeepseekV32 => "deepseek_v32",
             Family::Inkling => "inkling_text",
             Family::Qwen3Next => "qwen3_next",
+            Family::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 
@@ -142,7 +149,8 @@ impl Family {
             | Family::DeepseekV32
             | Family::GlmMoeDsa
             | Family::Glm4Moe
-            | Family::Qwen3Next => 10_000.0,
+            | Family::Qwen3Next
+            | Family::Qwen35Moe => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
@@ -158,7 +166,8 @@ impl Family {
             | Family::DeepseekV32
             | Family::MinimaxM2
             | Family::Inkling
-            | Family::Qwen3Next => 1e-6,
+            | Family::Qwen3Next
+            | Family::Qwen35Moe => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -347,7 +356,7 @@ fn gqa_rope_theta(f: &Fields<'_>, family: Family) -> Result<f64, FormatError> {
         }
         if !matches!(
             family,
-            Family::Glm4Moe | Family::MinimaxM2 | Family::Qwen3Next
+            Family::Glm4Moe | Family::MinimaxM2 | Family::Qwen3Next | Family::Qwen35Moe
         ) && p
             .get("partial_rotary_factor")
             .and_then(Value::as_f64)
@@ -586,6 +595,7 @@ impl ModelSpec {
             Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
             Family::Inkling => inkling::configure(config, &f, &mut spec)?,
             Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
+            Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -655,6 +665,7 @@ impl ModelSpec {
             Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
             Family::Inkling => inkling::tensors(&spec),
             Family::Qwen3Next => qwen3_next::tensors(&spec),
+            Family::Qwen35Moe => qwen3_5_moe::tensors(&spec),
         };
         Ok(spec)
     }

@@ -97,22 +97,39 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     s.routing = Routing::SoftmaxTopK {
         renormalize: s.norm_topk_prob,
     };
+    configure_hybrid(f, s, Family::Qwen3Next)?;
+    s.moe_layers = super::qwen3_moe::moe_layers(f, s.num_layers, s.num_experts)?;
+    check_shared(f, s)
+}
+
+/// What Qwen3-Next and Qwen3.5-MoE read alike: no attention bias, RoPE theta and the partial
+/// rotary factor (default 0.25), zero-centred norms, one shared expert of
+/// `shared_expert_intermediate_size` (default 512), the layer kinds (`layer_types`, else
+/// `full_attention_interval`) and the Gated DeltaNet dimensions ([`GatedDeltaSpec`]).
+pub(crate) fn configure_hybrid(
+    f: &Fields<'_>,
+    s: &mut ModelSpec,
+    family: Family,
+) -> Result<(), FormatError> {
+    let name = family.name();
+    let pre = f.prefix;
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     if s.attention_bias {
-        return Err(FormatError::Unsupported(
-            "qwen3_next with attention_bias true (the released models have none)".into(),
-        ));
+        return Err(FormatError::Unsupported(format!(
+            "{name} with attention_bias true (the released models have none)"
+        )));
     }
-    s.rope_theta = gqa_rope_theta(f, Family::Qwen3Next)?;
+    s.rope_theta = gqa_rope_theta(f, family)?;
     s.rotary_dim = partial_rotary_dim(f, s.head_dim, 0.25)?;
     s.zero_centered_norms = true;
     s.n_shared_experts = 1;
+    s.shared_expert_intermediate_size = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
     let n = s.num_layers;
     let linear_layers: Vec<bool> = match f.strings("layer_types")? {
         Some(types) => {
             if types.len() != n {
                 return Err(f.err(format!(
-                    "layer_types lists {} layers, num_hidden_layers is {n}",
+                    "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
                     types.len()
                 )));
             }
@@ -122,7 +139,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
                     "linear_attention" => Ok(true),
                     "full_attention" => Ok(false),
                     other => Err(f.err(format!(
-                        "layer_types: {other:?} (qwen3_next has linear_attention and full_attention layers)"
+                        "{pre}layer_types: {other:?} ({name} has linear_attention and full_attention layers)"
                     ))),
                 })
                 .collect::<Result<_, _>>()?
@@ -130,7 +147,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         None => {
             let interval = f.usize("full_attention_interval")?.unwrap_or(4);
             if interval == 0 {
-                return Err(f.err("full_attention_interval is 0"));
+                return Err(f.err(format!("{pre}full_attention_interval is 0")));
             }
             (0..n).map(|i| !(i + 1).is_multiple_of(interval)).collect()
         }
@@ -151,26 +168,51 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         ("linear_conv_kernel_dim", g.conv_kernel),
     ] {
         if v == 0 {
-            return Err(f.err(format!("{key} is 0")));
+            return Err(f.err(format!("{pre}{key} is 0")));
         }
     }
     if !g.value_heads.is_multiple_of(g.key_heads) {
         return Err(f.err(format!(
-            "linear_num_value_heads {} must be a multiple of linear_num_key_heads {}",
+            "{pre}linear_num_value_heads {} must be a multiple of {pre}linear_num_key_heads {}",
             g.value_heads, g.key_heads
         )));
     }
     s.gated_delta = Some(g);
-    s.moe_layers = super::qwen3_moe::moe_layers(f, n, s.num_experts)?;
-    let shared = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
-    if s.moe_layers.iter().any(|&m| m) && shared == 0 {
-        return Err(f.err("shared_expert_intermediate_size is 0"));
+    Ok(())
+}
+
+/// A model with MoE layers needs its shared expert's width.
+pub(crate) fn check_shared(f: &Fields<'_>, s: &ModelSpec) -> Result<(), FormatError> {
+    if s.moe_layers.iter().any(|&m| m) && s.shared_expert_intermediate_size == 0 {
+        return Err(f.err(format!(
+            "{}shared_expert_intermediate_size is 0",
+            f.prefix
+        )));
     }
-    s.shared_expert_intermediate_size = shared;
     Ok(())
 }
 
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
+    hybrid_tensors(s, fused_input)
+}
+
+/// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`).
+fn fused_input(p: &str, g: &GatedDeltaSpec, h: usize) -> GatedDeltaInput {
+    let (kd, vd) = (g.key_heads * g.key_head_dim, g.value_heads * g.value_head_dim);
+    let c = TensorClass::Dense;
+    GatedDeltaInput::Fused {
+        qkvz: build::linear(&format!("{p}.in_proj_qkvz"), 2 * kd + 2 * vd, h, false, c),
+        ba: build::linear(&format!("{p}.in_proj_ba"), 2 * g.value_heads, h, false, c),
+    }
+}
+
+/// The tensors of a hybrid model (Qwen3-Next, Qwen3.5-MoE): Gated DeltaNet layers whose input
+/// projections `input(prefix, dims, H)` gives, gated GQA layers, MoE layers with a gated
+/// shared expert (dense SwiGLU layers where [`ModelSpec::is_moe_layer`] is false).
+pub(crate) fn hybrid_tensors(
+    s: &ModelSpec,
+    input: fn(&str, &GatedDeltaSpec, usize) -> GatedDeltaInput,
+) -> ModelTensors {
     let c = TensorClass::Dense;
     let g = s.gated_delta.as_ref().expect("configured");
     let h = s.hidden_size;
@@ -178,27 +220,9 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
         .map(|i| {
             let attention = if g.linear_layers[i] {
                 let p = format!("model.layers.{i}.linear_attn");
-                let (kd, vd) = (
-                    g.key_heads * g.key_head_dim,
-                    g.value_heads * g.value_head_dim,
-                );
+                let vd = g.value_heads * g.value_head_dim;
                 AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
-                    input: GatedDeltaInput::Fused {
-                        qkvz: build::linear(
-                            &format!("{p}.in_proj_qkvz"),
-                            2 * kd + 2 * vd,
-                            h,
-                            false,
-                            c,
-                        ),
-                        ba: build::linear(
-                            &format!("{p}.in_proj_ba"),
-                            2 * g.value_heads,
-                            h,
-                            false,
-                            c,
-                        ),
-                    },
+                    input: input(&p, g, h),
                     conv: TensorSpec::new(
                         format!("{p}.conv1d.weight"),
                         &[g.conv_channels(), 1, g.conv_kernel],

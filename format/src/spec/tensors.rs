@@ -517,6 +517,29 @@ pub enum GatedDeltaInput {
         /// `in_proj_ba`.
         ba: LinearSpec,
     },
+    /// Qwen3.5 / Qwen3.6 (`Qwen3_5MoeGatedDeltaNet`): `in_proj_qkv` `[2 Hk dk + Hv dv, H]`
+    /// (rows already the convolution's channels `[q | k | v]`), `in_proj_z` `[Hv dv, H]`,
+    /// `in_proj_b` `[Hv, H]`, `in_proj_a` `[Hv, H]`.
+    Split {
+        /// `in_proj_qkv`.
+        qkv: LinearSpec,
+        /// `in_proj_z`.
+        z: LinearSpec,
+        /// `in_proj_b`.
+        b: LinearSpec,
+        /// `in_proj_a`.
+        a: LinearSpec,
+    },
+}
+
+impl GatedDeltaInput {
+    /// The projections, in checkpoint order.
+    pub fn linears(&self) -> Vec<&LinearSpec> {
+        match self {
+            GatedDeltaInput::Fused { qkvz, ba } => vec![qkvz, ba],
+            GatedDeltaInput::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+        }
+    }
 }
 
 /// One decoder layer.
@@ -627,11 +650,8 @@ impl LayerSpec {
                 out.push(&a.out_conv);
             }
             AttentionSpec::GatedDeltaNet(a) => {
-                match &a.input {
-                    GatedDeltaInput::Fused { qkvz, ba } => {
-                        push_linear(&mut out, qkvz);
-                        push_linear(&mut out, ba);
-                    }
+                for l in a.input.linears() {
+                    push_linear(&mut out, l);
                 }
                 out.extend([&a.conv, &a.dt_bias, &a.a_log, &a.norm]);
                 push_linear(&mut out, &a.out);
@@ -710,11 +730,8 @@ impl LayerSpec {
                 }
             }
             AttentionSpec::GatedDeltaNet(a) => {
-                match &a.input {
-                    GatedDeltaInput::Fused { qkvz, ba } => {
-                        add(qkvz, LinearRole::Attention);
-                        add(ba, LinearRole::Attention);
-                    }
+                for l in a.input.linears() {
+                    add(l, LinearRole::Attention);
                 }
                 add(&a.out, LinearRole::Attention);
             }
