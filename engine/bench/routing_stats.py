@@ -2,7 +2,7 @@
 """Routing statistics of a benchmark store, and the gate that refuses a degenerate one (issue 17).
 
     routing_stats.py STORE --coli PATH [--tokens 1024] [--seed 17] [--check-tokens 6]
-        [--check-layers 3] [--out FILE.json] [--no-gate]
+        [--check-layers 3] [--out FILE.json] [--no-gate] [--no-numpy-check]
 
 A random-weight MoE can route nothing like a trained one (a few experts take every token), and
 then every hit-rate, pinning and prefetch figure measured on it is optimistic. This script
@@ -28,7 +28,9 @@ numpy forward pass from the store's weights as the spec-written Python reader
 (tests/python_reader/coli_reader.py) decodes them: OLMoE with the forward below, glm_moe_dsa /
 deepseek_v3 with tests/fixtures/mla_reference.py's layers. Every comparison whose k-th and
 (k+1)-th router scores are closer than 1e-4 (a near tie, where f32 vs f64 rounding may pick
-either) is skipped and counted; any other difference fails the run.
+either) is skipped and counted; any other difference fails the run. For a family that forward
+does not cover (qwen3_5_moe_text), `--no-numpy-check` reports the statistics checked against
+coli's two other records only, and says so.
 
 Gate (issue 17), in every MoE layer: entropy >= 0.95, every expert selected, lookahead recall
 in [0.50, 0.85]. Exit status: 0 in range, 1 out of range (each failing layer named) or a
@@ -338,12 +340,15 @@ def main() -> int:
     ap.add_argument("--check-layers", type=int, default=3, help="MoE layers of the numpy cross-check")
     ap.add_argument("--out", help="write the statistics as JSON here")
     ap.add_argument("--no-gate", action="store_true", help="report without refusing")
+    ap.add_argument("--no-numpy-check", action="store_true",
+                    help="families the numpy forward does not cover (qwen3_5_moe_text): report the statistics "
+                         "checked against coli's other records only, and say so")
     a = ap.parse_args()
     if a.tokens < 1024 and not a.no_gate:
         print("the gate needs --tokens >= 1024", file=sys.stderr)
         return 2
     cfg = load_config(a.store)
-    if cfg["model_type"] not in ("olmoe", "glm_moe_dsa", "deepseek_v3"):
+    if cfg["model_type"] not in ("olmoe", "glm_moe_dsa", "deepseek_v3") and not a.no_numpy_check:
         print(f"{a.store}: model_type {cfg['model_type']}: the numpy cross-check covers olmoe, glm_moe_dsa "
               "and deepseek_v3 only", file=sys.stderr)
         return 2
@@ -366,8 +371,11 @@ def main() -> int:
     for layer, st in stats.items():
         if st["tokens"] != a.tokens:
             record_errors.append(f"layer {layer}: {st['tokens']} tokens traced, {a.tokens} fed")
-    xc = cross_check(a, cfg, rows)
-    if xc["compared"] == 0 or xc["skipped_near_ties"] > xc["compared"]:
+    if a.no_numpy_check:
+        xc = {"compared": 0, "skipped_near_ties": 0, "errors": [], "skipped": "--no-numpy-check"}
+    else:
+        xc = cross_check(a, cfg, rows)
+    if not a.no_numpy_check and xc["compared"] == 0 or xc["skipped_near_ties"] > xc["compared"]:
         xc["errors"].append(f"numpy cross-check compared {xc['compared']} routings "
                             f"({xc['skipped_near_ties']} near ties skipped): too few to check anything")
 

@@ -8,7 +8,8 @@
 DIR holds what `streaming_bench.sh` made from the OLMoE-shaped benchmark model
 (`make_olmoe_shape.py`, routing checked by `routing_stats.py`): coli stores `store-int4`
 (`--experts int4-g64 --dense bf16`), `store-int4-d8` (`--experts int4-g64 --dense int8
---embeddings int8`), `store-int8` (`--experts int8 --dense bf16`), and llama.cpp GGUFs of the same
+--embeddings int8`), `store-int4-d4` (`--experts int4-g64 --dense int4-g64 --embeddings int4-g64`,
+the bits of llama.cpp's Q4_0 everywhere), `store-int8` (`--experts int8 --dense bf16`), and llama.cpp GGUFs of the same
 weights `olmoe-q4_0.gguf`, `olmoe-q8_0.gguf` (`olmoe_gguf.py`: llama.cpp's own quantizer; the
 type of every tensor is listed in `olmoe-<type>.tensors.txt`). Engines missing from DIR are
 skipped (and said so).
@@ -75,6 +76,7 @@ CONTEXT = 512
 ENGINES = {
     "coli-int4": ("coli", "store-int4", "int4", []),
     "coli-int4-d8": ("coli", "store-int4-d8", "int4", []),
+    "coli-int4-d4": ("coli", "store-int4-d4", "int4", []),
     "coli-int8": ("coli", "store-int8", "int8", []),
     "llama-q4_0": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "off"]),
     "llama-q8_0": ("llama", "olmoe-q8_0.gguf", "int8", ["--repack", "off"]),
@@ -227,6 +229,8 @@ def main() -> int:
     ap.add_argument("--coli", default=os.path.join(ROOT, "target", "release", "coli"))
     ap.add_argument("--llama-python", default="/work/venv-llama/bin/python")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--gguf-prefix", default="olmoe",
+                    help="the GGUFs are PREFIX-q4_0.gguf / PREFIX-q8_0.gguf in the bench dir (qwen35: qwen35_gguf.py)")
     ap.add_argument("--bounds-from", help="reuse the bounds lines of an earlier results file of this script")
     a = ap.parse_args()
     if not os.path.isdir(CG):
@@ -247,6 +251,8 @@ def main() -> int:
     engines = []
     for name in a.engines.split(","):
         kind, f, group, extra = ENGINES[name]
+        if kind == "llama":
+            f = f.replace("olmoe-", a.gguf_prefix + "-", 1)
         path = os.path.join(a.bench_dir, f)
         if not os.path.exists(path):
             emit(f"# skipped {name}: {path} missing")
@@ -254,7 +260,8 @@ def main() -> int:
         engines.append((name, kind, path, group, extra))
     rng = random.Random(a.seed)
     with open(os.path.join(a.bench_dir, "store-int4", "files", "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
+        cfg = json.load(f)
+        vocab = cfg["vocab_size"] if "vocab_size" in cfg else cfg["text_config"]["vocab_size"]
     prompt = [rng.randrange(vocab) for _ in range(8)]
     stream_ids = [rng.randrange(vocab) for _ in range(a.stream_tokens)]
     learn_ids = [rng.randrange(vocab) for _ in range(256)]
