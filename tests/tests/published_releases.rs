@@ -254,3 +254,11 @@ fn qwen3_6_35b_a3b_as_published() {
     let m = replica_runs("qwen3.6-35b-a3b");
     assert_eq!(m.expert_layers.len(), 40);
 }
+
+#[test]
+fn qwen3_6_35b_a3b_fp8_as_published() {
+    // The block-FP8 release: per-expert FP8 experts with BF16 128x128 inverse scales, FP8 Gated
+    // DeltaNet and attention projections, BF16 in_proj_a/b and convolution.
+    let m = replica_runs("qwen3.6-35b-a3b-fp8");
+    assert_eq!(m.expert_layers.len(), 40);
+}
