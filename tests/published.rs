@@ -247,7 +247,12 @@ fn spec_shapes(spec: &ModelSpec) -> HashMap<String, Vec<usize>> {
                 }
                 // A release may store them fused instead (Qwen3.5: the converter reads that
                 // layout as `FusedConcat`).
-                let (e, h, i, p) = (set.count as usize, set.hidden, set.intermediate, &set.prefix);
+                let (e, h, i, p) = (
+                    set.count as usize,
+                    set.hidden,
+                    set.intermediate,
+                    &set.prefix,
+                );
                 m.insert(format!("{p}.gate_up_proj"), vec![e, 2 * i, h]);
                 m.insert(format!("{p}.down_proj"), vec![e, h, i]);
             }

@@ -237,7 +237,12 @@ impl Checkpoint {
     pub fn in_checkpoint_names(&self, e: ConvertError) -> ConvertError {
         match e {
             ConvertError::Tensor { tensor, what } => {
-                match self.renamed.get(&tensor).cloned().or_else(|| self.own_name(&tensor)) {
+                match self
+                    .renamed
+                    .get(&tensor)
+                    .cloned()
+                    .or_else(|| self.own_name(&tensor))
+                {
                     Some(own) => ConvertError::Tensor {
                         tensor: own,
                         what: format!("(read as {tensor}) {what}"),

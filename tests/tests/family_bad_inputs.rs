@@ -307,7 +307,11 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
     text_refused(
         "linear_key_head_dim",
         json!(8),
-        &["model.language_model.layers.0.linear_attn.", "expected", "config.json"],
+        &[
+            "model.language_model.layers.0.linear_attn.",
+            "expected",
+            "config.json",
+        ],
     );
     text_refused(
         "linear_value_head_dim",
@@ -333,8 +337,17 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
     );
     text_refused(
         "layer_types",
-        json!(["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
-        &["config.json", "text_config.layer_types", "sliding_attention"],
+        json!([
+            "linear_attention",
+            "sliding_attention",
+            "linear_attention",
+            "full_attention"
+        ]),
+        &[
+            "config.json",
+            "text_config.layer_types",
+            "sliding_attention",
+        ],
     );
     text_refused(
         "linear_num_key_heads",

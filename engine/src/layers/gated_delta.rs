@@ -42,6 +42,8 @@ use rayon::prelude::*;
 pub use coli_format::spec::qwen3_next::{CHECKPOINT_EVERY, MAX_CHECKPOINTS};
 
 /// A Gated DeltaNet layer's input projections.
+// One per layer, loaded once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum GatedDeltaProjections<'s> {
     /// Qwen3-Next: `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]` and `in_proj_ba` `[2 Hv, H]`, rows
     /// grouped per key head (see the module doc).
@@ -130,7 +132,12 @@ impl GatedDeltaNet<'_> {
     /// The input projections of `n` rows `x` (`[n, H]`): the convolution's inputs `[n, C]`
     /// (`[q | k | v]`), `z` `[n, Hv dv]`, `b` and `a` `[n, Hv]`.
     fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (hk, hv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        let (hk, hv, dk, dv) = (
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+        );
         let (kd, vd, c) = (hk * dk, hv * dv, self.conv_dim());
         let mut mixed = vec![0f32; n * c];
         let mut z = vec![0f32; n * vd];

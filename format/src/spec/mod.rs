@@ -24,8 +24,8 @@ pub mod minimax_m2;
 pub mod mixtral;
 pub mod mla;
 pub mod olmoe;
-pub mod qwen3_moe;
 pub mod qwen3_5_moe;
+pub mod qwen3_moe;
 pub mod qwen3_next;
 pub mod tensors;
 

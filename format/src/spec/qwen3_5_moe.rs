@@ -23,7 +23,9 @@
 use super::build;
 use super::json::Fields;
 use super::qwen3_next::{check_shared, configure_hybrid, hybrid_tensors};
-use super::{Family, GatedDeltaInput, GatedDeltaSpec, ModelSpec, ModelTensors, Routing, TensorClass};
+use super::{
+    Family, GatedDeltaInput, GatedDeltaSpec, ModelSpec, ModelTensors, Routing, TensorClass,
+};
 use crate::FormatError;
 
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {

@@ -184,10 +184,7 @@ pub(crate) fn configure_hybrid(
 /// A model with MoE layers needs its shared expert's width.
 pub(crate) fn check_shared(f: &Fields<'_>, s: &ModelSpec) -> Result<(), FormatError> {
     if s.moe_layers.iter().any(|&m| m) && s.shared_expert_intermediate_size == 0 {
-        return Err(f.err(format!(
-            "{}shared_expert_intermediate_size is 0",
-            f.prefix
-        )));
+        return Err(f.err(format!("{}shared_expert_intermediate_size is 0", f.prefix)));
     }
     Ok(())
 }
@@ -198,7 +195,10 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
 
 /// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`).
 fn fused_input(p: &str, g: &GatedDeltaSpec, h: usize) -> GatedDeltaInput {
-    let (kd, vd) = (g.key_heads * g.key_head_dim, g.value_heads * g.value_head_dim);
+    let (kd, vd) = (
+        g.key_heads * g.key_head_dim,
+        g.value_heads * g.value_head_dim,
+    );
     let c = TensorClass::Dense;
     GatedDeltaInput::Fused {
         qkvz: build::linear(&format!("{p}.in_proj_qkvz"), 2 * kd + 2 * vd, h, false, c),

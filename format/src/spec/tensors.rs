@@ -506,6 +506,8 @@ pub struct GatedDeltaNetSpec {
 
 /// How a Gated DeltaNet layer projects its input.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// One per layer, inside the boxed `GatedDeltaNetSpec`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum GatedDeltaInput {
     /// Qwen3-Next: `in_proj_qkvz` `[2 Hk dk + 2 Hv dv, H]`, rows grouped per key head (each
     /// group `[q (dk) | k (dk) | v (Hv/Hk dv) | z (Hv/Hk dv)]`), and `in_proj_ba` `[2 Hv, H]`,
