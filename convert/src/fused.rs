@@ -40,13 +40,14 @@ fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
 /// The layout of `set`'s experts as the checkpoint has them: `storage` as the spec declares it,
 /// or the other fused layout when the checkpoint holds that one instead (a dequantized BF16
 /// gpt-oss whose config.json still declares MXFP4, or the reverse), or transformers 5's fused
-/// [`ExpertStorage::FusedConcat`] when a per-expert family's checkpoint has `gate_up_proj`
-/// instead of expert 0's tensors.
+/// [`ExpertStorage::FusedConcat`] when a per-expert family's checkpoint has `gate_up_proj` or
+/// `down_proj` instead of expert 0's tensors (one of the two alone is then named as missing).
 pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
     let p = &set.prefix;
     match set.storage {
         ExpertStorage::PerExpert(_)
-            if !ck.has(&set.tensor_names(0)[0]) && ck.has(&format!("{p}.gate_up_proj")) =>
+            if !ck.has(&set.tensor_names(0)[0])
+                && (ck.has(&format!("{p}.gate_up_proj")) || ck.has(&format!("{p}.down_proj"))) =>
         {
             ExpertStorage::FusedConcat
         }

@@ -358,6 +358,9 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
     for drop in [
         "model.language_model.layers.1.linear_attn.in_proj_z.weight",
         "model.language_model.layers.2.linear_attn.in_proj_a.weight",
+        // One of a layer's two fused expert tensors.
+        "model.language_model.layers.1.mlp.experts.gate_up_proj",
+        "model.language_model.layers.3.mlp.experts.down_proj",
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let ck = tmp.path().join("ckpt");

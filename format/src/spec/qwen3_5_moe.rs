@@ -9,7 +9,8 @@
 //! - every layer MoE (`Qwen3_5MoeDecoderLayer` has no dense layers: `mlp_only_layers` and
 //!   `decoder_sparse_step` are not read), the top-k always renormalized
 //!   (`Qwen3_5MoeTopKRouter`; `norm_topk_prob` is not read);
-//! - defaults of `Qwen3_5MoeTextConfig` (256 experts, 2 KV heads, head_dim 256);
+//! - defaults of `Qwen3_5MoeTextConfig` (256 experts, 2 KV heads, head_dim 256, 32768
+//!   positions: [`configure_hybrid`]);
 //! - interleaved multimodal RoPE (`mrope_section`, `mrope_interleaved`): for text every
 //!   position id of the three sections is the token's position, so each rotary frequency `i`
 //!   turns by `position * theta^(-2i/d)` whichever section supplies it: 1-D partial RoPE;

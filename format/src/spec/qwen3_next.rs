@@ -105,7 +105,10 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
 /// What Qwen3-Next and Qwen3.5-MoE read alike: no attention bias, RoPE theta and the partial
 /// rotary factor (default 0.25), zero-centred norms, one shared expert of
 /// `shared_expert_intermediate_size` (default 512), the layer kinds (`layer_types`, else
-/// `full_attention_interval`) and the Gated DeltaNet dimensions ([`GatedDeltaSpec`]).
+/// `full_attention_interval`) and the Gated DeltaNet dimensions ([`GatedDeltaSpec`]). Where
+/// the config leaves them out, the attention shape takes both configs' defaults
+/// (`Qwen3NextConfig`, `Qwen3_5MoeTextConfig`): `num_key_value_heads` 2, `head_dim` 256,
+/// `max_position_embeddings` 32768, not the generic `num_attention_heads` / `hidden / heads`.
 pub(crate) fn configure_hybrid(
     f: &Fields<'_>,
     s: &mut ModelSpec,
@@ -113,6 +116,21 @@ pub(crate) fn configure_hybrid(
 ) -> Result<(), FormatError> {
     let name = family.name();
     let pre = f.prefix;
+    if f.get("num_key_value_heads").is_none() {
+        s.num_kv_heads = 2;
+        if s.num_heads % 2 != 0 {
+            return Err(f.err(format!(
+                "{pre}num_attention_heads {} must be a multiple of num_key_value_heads 2 (the {name} default; the config gives none)",
+                s.num_heads
+            )));
+        }
+    }
+    if f.get("head_dim").is_none() {
+        s.head_dim = 256;
+    }
+    if f.get("max_position_embeddings").is_none() {
+        s.max_position_embeddings = 32768;
+    }
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     if s.attention_bias {
         return Err(FormatError::Unsupported(format!(

@@ -721,3 +721,40 @@ fn inkling_layers_heads_and_mtp() {
     c["text_config"]["layer_types"] = json!(vec!["full_attention"; 7]);
     assert!(spec(c).unwrap_err().to_string().contains("layer_types"));
 }
+
+/// A Qwen3-Next or Qwen3.5 config that leaves the attention shape out takes transformers'
+/// defaults (`Qwen3NextConfig`, `Qwen3_5MoeTextConfig`: 2 KV heads, head_dim 256, 32768
+/// positions), not the generic `num_attention_heads` / `hidden / heads`.
+#[test]
+fn hybrid_families_default_attention_shape_as_transformers() {
+    let text = |model_type: &str| {
+        json!({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 4, "vocab_size": 100, "num_experts": 8,
+            "num_experts_per_tok": 2})
+    };
+    for c in [
+        text("qwen3_next"),
+        json!({"model_type": "qwen3_5_moe", "text_config": text("qwen3_5_moe_text")}),
+    ] {
+        let s = spec(c).unwrap();
+        assert_eq!(
+            (s.num_kv_heads, s.head_dim, s.max_position_embeddings),
+            (2, 256, 32768),
+            "{:?}",
+            s.family
+        );
+        assert_eq!(s.rotary_dim, 64, "partial rotary 0.25 of head_dim 256");
+    }
+    // Given fields win.
+    let mut c = text("qwen3_next");
+    c["num_key_value_heads"] = json!(4);
+    c["head_dim"] = json!(16);
+    let s = spec(c).unwrap();
+    assert_eq!((s.num_kv_heads, s.head_dim), (4, 16));
+    // An odd head count cannot take the default of 2 KV heads: named.
+    let mut c = text("qwen3_next");
+    c["num_attention_heads"] = json!(3);
+    c["head_dim"] = json!(16);
+    let e = spec(c).unwrap_err().to_string();
+    assert!(e.contains("num_key_value_heads 2"), "{e}");
+}
