@@ -504,6 +504,8 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         let hint = if t.class == TensorClass::Mtp {
             let which = if t.name.starts_with("model.mtp.") {
                 "model.mtp.*".to_string()
+            } else if t.name.starts_with("mtp.") {
+                "mtp.*".to_string()
             } else {
                 format!("model.layers.{}", mtp_index.unwrap_or(nl))
             };

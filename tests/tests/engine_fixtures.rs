@@ -131,6 +131,24 @@ fn inkling_mtp_chain_matches_transformers() {
     assert!(err.contains("need"), "{err}");
 }
 
+/// The Qwen3-Next and Qwen3.5 MTP layers (`mtp.*`, vLLM's `qwen3_next_mtp.py` /
+/// `qwen3_5_mtp.py`) against transformers' `MtpModel` around the family's decoder layer (the
+/// fixture scripts check it against the vLLM composition): top-1 at every position and the last
+/// row's logits from the main hidden states transformers computed, as stored (`--mtp bf16`) and
+/// with the default `--mtp int8` (the oracle quantizes the same tensors).
+#[test]
+fn hybrid_mtp_layers_match_transformers() {
+    for name in ["qwen3_next_bf16", "qwen3_5_moe_bf16"] {
+        let exp = expected(name);
+        let store = open(&store_dir(name, "lossless_store"), true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        coli_tests::check_mtp(&mut e, &exp, &exp["mtp"], &format!("{name} lossless"));
+        let store = open(&store_dir(name, "int4_store"), true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        coli_tests::check_mtp(&mut e, &exp, &exp["mtp_int8"], &format!("{name} int8 MTP"));
+    }
+}
+
 /// Inkling on a prompt far longer than its window: the sliding layers drop the keys and every
 /// layer the convolution inputs no later position reads, and the tokens are still
 /// transformers' whatever the prefill chunking, thread count, expert budget or speculation;

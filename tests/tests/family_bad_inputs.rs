@@ -290,6 +290,34 @@ fn qwen3_next_bad_inputs_are_refused_before_anything_is_written() {
         name == "model.layers.1.linear_attn.A_log"
     });
     refused(&ck, tmp.path(), &["model.layers.1.linear_attn.A_log"]);
+    config_refused(
+        n,
+        "num_nextn_predict_layers",
+        json!(2),
+        &["config.json", "num_nextn_predict_layers", "at most one"],
+    );
+    partial_mtp_refused(n);
+}
+
+/// A checkpoint holding part of its `mtp.*` layer: refused naming the missing tensor (and, for
+/// a dense one, the layer to complete or drop).
+fn partial_mtp_refused(n: &str) {
+    for (drop, names) in [
+        ("mtp.fc.weight", &["mtp.fc.weight", "mtp.*"][..]),
+        (
+            "mtp.layers.0.self_attn.k_norm.weight",
+            &["mtp.layers.0.self_attn.k_norm.weight"][..],
+        ),
+        (
+            "mtp.layers.0.mlp.experts.5.down_proj.weight",
+            &["mtp.layers.0.mlp.experts.5.down_proj.weight"][..],
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("ckpt");
+        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| name == drop);
+        refused(&ck, tmp.path(), names);
+    }
 }
 
 /// Qwen3.5-MoE as published: the language model's config nested under `text_config`, its
@@ -367,4 +395,14 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
         coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| name == drop);
         refused(&ck, tmp.path(), &[drop]);
     }
+    text_refused(
+        "mtp_num_hidden_layers",
+        json!(2),
+        &[
+            "config.json",
+            "text_config.mtp_num_hidden_layers",
+            "at most one",
+        ],
+    );
+    partial_mtp_refused(n);
 }

@@ -75,6 +75,23 @@ fn replica_runs_listing(
         .generate(&[1, 2, 3, 4], &params, |_| Ok(true))
         .unwrap_or_else(|e| panic!("{release}: generation failed: {e}"));
     assert_eq!(g.tokens.len(), 8, "{release}");
+    if e.has_mtp() {
+        // The release's MTP layer drafts; speculation never changes the tokens.
+        let spec = GenerateParams {
+            speculation: coli_engine::SpeculationParams {
+                mode: coli_engine::Speculate::Mtp,
+                ..Default::default()
+            },
+            ..params
+        };
+        let s = e
+            .generate(&[1, 2, 3, 4], &spec, |_| Ok(true))
+            .unwrap_or_else(|e| panic!("{release}: MTP speculation failed: {e}"));
+        assert_eq!(
+            s.tokens, g.tokens,
+            "{release}: MTP speculation changed the tokens"
+        );
+    }
     let plan =
         coli_convert::memory_plan::plan_from_config(&coli_convert::memory_plan::ConfigPlanArgs {
             checkpoint: Some(&r.dir),
@@ -242,17 +259,28 @@ fn inkling_as_published() {
 
 #[test]
 fn qwen3_next_80b_a3b_as_published() {
-    // 48 layers of 512 experts at tiny widths; the MTP layer is listed and declared not read.
+    // 48 layers of 512 experts at tiny widths, and the MTP layer (`mtp.*`, layer 48).
     let m = replica_runs("qwen3-next-80b-a3b");
-    assert_eq!(m.expert_layers.len(), 48);
+    assert_eq!(m.expert_layers.len(), 49);
+    assert_eq!(
+        m.expert_layers.last().map(|l| l.layer),
+        Some(48),
+        "the MTP layer's experts"
+    );
 }
 
 #[test]
 fn qwen3_6_35b_a3b_as_published() {
     // The language model nested under `model.language_model.` with its experts fused, a vision
-    // tower and an MTP layer (experts per expert), both listed and declared not read.
+    // tower (listed and declared not read) and an MTP layer (`mtp.*` at the top level, experts
+    // per expert: layer 40).
     let m = replica_runs("qwen3.6-35b-a3b");
-    assert_eq!(m.expert_layers.len(), 40);
+    assert_eq!(m.expert_layers.len(), 41);
+    assert_eq!(
+        m.expert_layers.last().map(|l| l.layer),
+        Some(40),
+        "the MTP layer's experts"
+    );
 }
 
 #[test]
@@ -260,5 +288,10 @@ fn qwen3_6_35b_a3b_fp8_as_published() {
     // The block-FP8 release: per-expert FP8 experts with BF16 128x128 inverse scales, FP8 Gated
     // DeltaNet and attention projections, BF16 in_proj_a/b and convolution.
     let m = replica_runs("qwen3.6-35b-a3b-fp8");
-    assert_eq!(m.expert_layers.len(), 40);
+    assert_eq!(m.expert_layers.len(), 41);
+    assert_eq!(
+        m.expert_layers.last().map(|l| l.layer),
+        Some(40),
+        "the MTP layer's experts"
+    );
 }

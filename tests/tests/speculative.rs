@@ -555,7 +555,7 @@ fn verify_rows_equal_decode_rows_and_rollback_continues_exactly() {
 }
 
 /// The MTP drafter's first draft is the MTP layer's top-1 as transformers computes it: on the
-/// lossless DeepSeek-V3 and GLM-5 fixtures, prefilled chunk by chunk, the draft after each chunk
+/// lossless DeepSeek-V3, GLM-5, GLM-4.5, DeepSeek-V3.2, Qwen3-Next and Qwen3.5 fixtures, prefilled chunk by chunk, the draft after each chunk
 /// (the MTP layer catching up over the chunk's positions) equals `expected.json["mtp"]["top1"]`
 /// at the chunk's last position. Chained drafts are checked by the greedy tests above (any
 /// draft gives plain decode's tokens); their quality needs a trained model.
@@ -567,6 +567,8 @@ fn first_mtp_draft_is_the_mtp_layers_top1() {
         "glm5_fp8",
         "glm4_moe_fp8",
         "deepseek_v32_fp8",
+        "qwen3_next_bf16",
+        "qwen3_5_moe_bf16",
     ] {
         let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "lossless_store");

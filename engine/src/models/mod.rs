@@ -79,7 +79,9 @@ impl<'s> Model<'s> {
             Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
             Family::MinimaxM2 => minimax_m2::load(&mut w, &spec)?,
             Family::Inkling => inkling::load(&mut w, &spec)?,
-            Family::Qwen3Next | Family::Qwen35Moe => qwen3_next::load(&mut w, &spec)?,
+            Family::Qwen3Next | Family::Qwen35Moe => {
+                qwen3_next::load(&mut w, &spec, &mut warnings)?
+            }
         };
         Ok(Model {
             embed: parts.embed,

@@ -16,11 +16,14 @@
 //! default) and go through the same expert cache. The decoder layer is the family's (MLA for
 //! DeepSeek-V3 / GLM-5, GQA for GLM-4.5, whose MTP vLLM's `glm4_moe_mtp.py` runs the same way);
 //! GLM-4.6/4.7 publish the layer without `embed_tokens` and `shared_head.head`, and the main
-//! model's embedding and lm_head stand in.
+//! model's embedding and lm_head stand in. Qwen3-Next and Qwen3.5 (vLLM's `qwen3_next_mtp.py`)
+//! name the pieces `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `fc` and `norm`, share the
+//! main embedding and lm_head, and zero-centre the norms as their main model does
+//! (`models::rms_norm`).
 
 use crate::error::Result;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
-use crate::models::OutputScaling;
+use crate::models::{rms_norm, OutputScaling};
 use crate::weights::Weights;
 use coli_format::spec::{layer_of, LayerSpec, TensorSpec};
 use coli_format::MatrixView;
@@ -83,7 +86,8 @@ pub(crate) fn load<'s>(
         .manifest()
         .dense
         .iter()
-        .any(|d| layer_of(&d.name) == Some(n as u32));
+        .any(|d| layer_of(&d.name) == Some(n as u32))
+        || m.dense().iter().any(|t| w.has(t));
     let experts = store
         .manifest()
         .expert_layers
@@ -132,7 +136,6 @@ pub(crate) fn load_one<'s>(
     output: OutputScaling,
     load_layer: impl FnOnce(&mut Weights<'s>, &LayerSpec) -> Result<DecoderLayer<'s>>,
 ) -> Result<MtpLayer<'s>> {
-    let eps = spec.rms_norm_eps;
     let own_or = |w: &mut Weights<'s>, t: Option<&TensorSpec>, stand_in: MatrixView<'s>| match t {
         Some(t) if !t.optional || w.has(t) => w.matrix(t),
         _ => Ok(stand_in),
@@ -141,12 +144,12 @@ pub(crate) fn load_one<'s>(
     Ok(MtpLayer {
         layer: m.layer.index,
         embed: own_or(w, m.embed.as_ref(), main.0)?,
-        enorm: w.rms_norm(&m.enorm, eps)?,
-        hnorm: w.rms_norm(&m.hnorm, eps)?,
+        enorm: rms_norm(w, spec, &m.enorm)?,
+        hnorm: rms_norm(w, spec, &m.hnorm)?,
         eh_proj: w.linear(&m.eh_proj)?,
         decoder: load_layer(w, &m.layer)?,
         norm: match &m.head_norm {
-            Some(t) => Some(w.rms_norm(t, eps)?),
+            Some(t) => Some(rms_norm(w, spec, t)?),
             None => None,
         },
         // A head of its own has its own rows; the main lm_head is scaled as the main model's.

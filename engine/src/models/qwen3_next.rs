@@ -11,20 +11,28 @@
 //! - every MoE layer routes with a softmax top-k (renormalized when `norm_topk_prob`) and adds
 //!   a shared expert scaled by `sigmoid(shared_expert_gate . x)`;
 //! - every RMSNorm but the gated one stores `w` and multiplies by `1 + w`
-//!   (`spec.zero_centered_norms`: `models::rms_norm` folds the one in).
+//!   (`spec.zero_centered_norms`: `models::rms_norm` folds the one in);
+//! - the MTP layer (`mtp.*`) is the [`crate::models::mtp`] layer around a gated full-attention
+//!   MoE layer, its norms zero-centred too, the main embedding and lm_head shared.
 
 use crate::error::{EngineError, Result};
 use crate::layers::{DecoderLayer, GatedDeltaNet, GatedDeltaProjections, QkNorm, SelfAttn};
 use crate::models::{assemble_layers, load_attention, load_ffn, rms_norm, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, GatedDeltaInput, QkNormSpec};
+use coli_format::spec::{AttentionSpec, GatedDeltaInput, GatedDeltaSpec, LayerSpec, QkNormSpec};
 use coli_format::ModelSpec;
 
-/// Loads a Qwen3-Next or Qwen3.5-MoE model's weights.
+/// Loads a Qwen3-Next or Qwen3.5-MoE model's weights, and its MTP layer
+/// ([`crate::models::mtp`] around a gated full-attention MoE layer, as vLLM's
+/// `qwen3_next_mtp.py` / `qwen3_5_mtp.py` run it) when the store holds it.
 ///
 /// # Errors
 /// Missing or misshapen tensors (named).
-pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s>> {
+pub(crate) fn load<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    warnings: &mut Vec<String>,
+) -> Result<Parts<'s>> {
     let g = spec
         .gated_delta
         .as_ref()
@@ -35,62 +43,75 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
                 spec.model_type
             ),
         })?;
-    assemble_layers(w, spec, |w, l| {
-        let attn = match &l.attention {
-            AttentionSpec::GatedDeltaNet(a) => {
-                let input = match &a.input {
-                    GatedDeltaInput::Fused { qkvz, ba } => GatedDeltaProjections::Fused {
-                        qkvz: w.linear(qkvz)?,
-                        ba: w.linear(ba)?,
-                    },
-                    GatedDeltaInput::Split { qkv, z, b, a } => GatedDeltaProjections::Split {
-                        qkv: w.linear(qkv)?,
-                        z: w.linear(z)?,
-                        b: w.linear(b)?,
-                        a: w.linear(a)?,
-                    },
-                };
-                let a_log = w.vector(&a.a_log)?;
-                SelfAttn::GatedDelta(GatedDeltaNet {
-                    input,
-                    conv: w.vector(&a.conv)?,
-                    dt_bias: w.vector(&a.dt_bias)?,
-                    neg_a: a_log.iter().map(|x| -x.exp()).collect(),
-                    // The gated norm uses its weight as is.
-                    norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
-                    out: w.linear(&a.out)?,
-                    key_heads: g.key_heads,
-                    value_heads: g.value_heads,
-                    key_dim: g.key_head_dim,
-                    value_dim: g.value_head_dim,
-                    kernel: g.conv_kernel,
-                })
-            }
-            AttentionSpec::Gqa {
-                qk_norm: QkNormSpec::PerHead { q, k },
-                ..
-            } => SelfAttn::Gqa(load_attention(w, spec, l, |w| {
-                Ok(QkNorm::PerHead {
-                    q: rms_norm(w, spec, q)?,
-                    k: rms_norm(w, spec, k)?,
-                })
-            })?),
-            _ => {
-                return Err(EngineError::Config {
-                    file: "config.json".into(),
-                    what: format!(
-                        "{} layer {} is neither a Gated DeltaNet nor gated attention with per-head q/k norms",
-                        spec.model_type, l.index
-                    ),
-                })
-            }
-        };
-        Ok(DecoderLayer {
-            input_norm: rms_norm(w, spec, &l.input_norm)?,
-            attn,
-            post_norm: rms_norm(w, spec, &l.post_norm)?,
-            ffn: load_ffn(w, spec, &l.ffn)?,
-            output_convs: None,
-        })
+    let mut parts = assemble_layers(w, spec, |w, l| load_layer(w, spec, g, l))?;
+    parts.mtp =
+        crate::models::mtp::load(w, spec, (parts.embed, parts.lm_head), warnings, |w, l| {
+            load_layer(w, spec, g, l)
+        })?;
+    Ok(parts)
+}
+
+/// One decoder layer (main or MTP): a Gated DeltaNet or gated attention, then its MLP.
+fn load_layer<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    g: &GatedDeltaSpec,
+    l: &LayerSpec,
+) -> Result<DecoderLayer<'s>> {
+    let attn = match &l.attention {
+        AttentionSpec::GatedDeltaNet(a) => {
+            let input = match &a.input {
+                GatedDeltaInput::Fused { qkvz, ba } => GatedDeltaProjections::Fused {
+                    qkvz: w.linear(qkvz)?,
+                    ba: w.linear(ba)?,
+                },
+                GatedDeltaInput::Split { qkv, z, b, a } => GatedDeltaProjections::Split {
+                    qkv: w.linear(qkv)?,
+                    z: w.linear(z)?,
+                    b: w.linear(b)?,
+                    a: w.linear(a)?,
+                },
+            };
+            let a_log = w.vector(&a.a_log)?;
+            SelfAttn::GatedDelta(GatedDeltaNet {
+                input,
+                conv: w.vector(&a.conv)?,
+                dt_bias: w.vector(&a.dt_bias)?,
+                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                // The gated norm uses its weight as is.
+                norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
+                out: w.linear(&a.out)?,
+                key_heads: g.key_heads,
+                value_heads: g.value_heads,
+                key_dim: g.key_head_dim,
+                value_dim: g.value_head_dim,
+                kernel: g.conv_kernel,
+            })
+        }
+        AttentionSpec::Gqa {
+            qk_norm: QkNormSpec::PerHead { q, k },
+            ..
+        } => SelfAttn::Gqa(load_attention(w, spec, l, |w| {
+            Ok(QkNorm::PerHead {
+                q: rms_norm(w, spec, q)?,
+                k: rms_norm(w, spec, k)?,
+            })
+        })?),
+        _ => {
+            return Err(EngineError::Config {
+                file: "config.json".into(),
+                what: format!(
+                    "{} layer {} is neither a Gated DeltaNet nor gated attention with per-head q/k norms",
+                    spec.model_type, l.index
+                ),
+            })
+        }
+    };
+    Ok(DecoderLayer {
+        input_norm: rms_norm(w, spec, &l.input_norm)?,
+        attn,
+        post_norm: rms_norm(w, spec, &l.post_norm)?,
+        ffn: load_ffn(w, spec, &l.ffn)?,
+        output_convs: None,
     })
 }

@@ -936,7 +936,8 @@ impl ModelSpec {
         if let Some(rest) = name.strip_prefix("model.language_model.") {
             return Some(Cow::Owned(format!("model.{rest}")));
         }
-        if name == "lm_head.weight" {
+        // Qwen3.5 publishes its MTP layer at the top level (`mtp.*`), beside the wrapper.
+        if name == "lm_head.weight" || (self.num_mtp_layers > 0 && name.starts_with("mtp.")) {
             return Some(Cow::Borrowed(name));
         }
         None

@@ -10,16 +10,17 @@
 //!   `decoder_sparse_step` are not read), the top-k always renormalized
 //!   (`Qwen3_5MoeTopKRouter`; `norm_topk_prob` is not read);
 //! - defaults of `Qwen3_5MoeTextConfig` (256 experts, 2 KV heads, head_dim 256, 32768
-//!   positions: [`configure_hybrid`]);
+//!   positions: `qwen3_next::configure_hybrid`);
 //! - interleaved multimodal RoPE (`mrope_section`, `mrope_interleaved`): for text every
 //!   position id of the three sections is the token's position, so each rotary frequency `i`
 //!   turns by `position * theta^(-2i/d)` whichever section supplies it: 1-D partial RoPE;
 //! - the published checkpoints nest the language model (`model.language_model.*`, read through
 //!   [`ModelSpec::canonical_tensor_name`]) beside a vision tower (`model.visual.*`, not
 //!   converted) and store each layer's experts fused (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
-//!   `mlp.experts.down_proj` `[E, H, I]`, read as [`super::ExpertStorage::FusedConcat`]); the
-//!   MTP layer (`mtp.*`, `mtp_num_hidden_layers`) is not read: the converter reports its
-//!   tensors as left out.
+//!   `mlp.experts.down_proj` `[E, H, I]`, read as [`super::ExpertStorage::FusedConcat`]);
+//! - the MTP layer (`mtp_num_hidden_layers`, default 1) at the top level beside them
+//!   (`mtp.*`, per-expert experts as published), as vLLM's `qwen3_5_mtp.py` runs it: the MTP
+//!   of [`super::qwen3_next`].
 
 use super::build;
 use super::json::Fields;

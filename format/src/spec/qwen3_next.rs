@@ -19,15 +19,15 @@
 //!   `shared_expert_intermediate_size` scaled by `sigmoid(shared_expert_gate . x)`.
 //! - Every RMSNorm but the gated one multiplies by `1 + w` (`Qwen3NextRMSNorm`,
 //!   [`ModelSpec::zero_centered_norms`]).
-//! - The release's MTP layer (`mtp.*`, `num_nextn_predict_layers` in its config) is not read:
-//!   the converter reports its tensors as left out.
+//! - MTP: `num_nextn_predict_layers` (default 1, as vLLM reads it; the published config has
+//!   none) layers `mtp.*` (`mtp_spec`: vLLM's `qwen3_next_mtp.py`); at most one.
 
 use super::build;
 use super::json::Fields;
 use super::{
     gqa_rope_theta, partial_rotary_dim, AttentionSpec, ExpertStorage, ExpertsSpec, Family, FfnSpec,
-    GatedDeltaInput, GatedDeltaNetSpec, ModelSpec, ModelTensors, MoeSpec, QkNormSpec, Routing,
-    TensorClass, TensorKind, TensorSpec,
+    GatedDeltaInput, GatedDeltaNetSpec, LayerSpec, ModelSpec, ModelTensors, MoeSpec, MtpSpec,
+    QkNormSpec, Routing, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
@@ -104,7 +104,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
 
 /// What Qwen3-Next and Qwen3.5-MoE read alike: no attention bias, RoPE theta and the partial
 /// rotary factor (default 0.25), zero-centred norms, one shared expert of
-/// `shared_expert_intermediate_size` (default 512), the layer kinds (`layer_types`, else
+/// `shared_expert_intermediate_size` (default 512), the MTP depth (Qwen3-Next
+/// `num_nextn_predict_layers`, Qwen3.5 `mtp_num_hidden_layers`, default 1), the layer kinds (`layer_types`, else
 /// `full_attention_interval`) and the Gated DeltaNet dimensions ([`GatedDeltaSpec`]). Where
 /// the config leaves them out, the attention shape takes both configs' defaults
 /// (`Qwen3NextConfig`, `Qwen3_5MoeTextConfig`): `num_key_value_heads` 2, `head_dim` 256,
@@ -118,7 +119,7 @@ pub(crate) fn configure_hybrid(
     let pre = f.prefix;
     if f.get("num_key_value_heads").is_none() {
         s.num_kv_heads = 2;
-        if s.num_heads % 2 != 0 {
+        if !s.num_heads.is_multiple_of(2) {
             return Err(f.err(format!(
                 "{pre}num_attention_heads {} must be a multiple of num_key_value_heads 2 (the {name} default; the config gives none)",
                 s.num_heads
@@ -130,6 +131,17 @@ pub(crate) fn configure_hybrid(
     }
     if f.get("max_position_embeddings").is_none() {
         s.max_position_embeddings = 32768;
+    }
+    let mtp_key = match family {
+        Family::Qwen35Moe => "mtp_num_hidden_layers",
+        _ => "num_nextn_predict_layers",
+    };
+    s.num_mtp_layers = f.usize(mtp_key)?.unwrap_or(1);
+    if s.num_mtp_layers > 1 {
+        return Err(f.err(format!(
+            "{pre}{mtp_key} {}: coli runs at most one MTP layer",
+            s.num_mtp_layers
+        )));
     }
     s.attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     if s.attention_bias {
@@ -226,113 +238,178 @@ fn fused_input(p: &str, g: &GatedDeltaSpec, h: usize) -> GatedDeltaInput {
 
 /// The tensors of a hybrid model (Qwen3-Next, Qwen3.5-MoE): Gated DeltaNet layers whose input
 /// projections `input(prefix, dims, H)` gives, gated GQA layers, MoE layers with a gated
-/// shared expert (dense SwiGLU layers where [`ModelSpec::is_moe_layer`] is false).
+/// shared expert (dense SwiGLU layers where [`ModelSpec::is_moe_layer`] is false), and the MTP
+/// layer ([`mtp_spec`]).
 pub(crate) fn hybrid_tensors(
     s: &ModelSpec,
     input: fn(&str, &GatedDeltaSpec, usize) -> GatedDeltaInput,
 ) -> ModelTensors {
-    let c = TensorClass::Dense;
     let g = s.gated_delta.as_ref().expect("configured");
-    let h = s.hidden_size;
     let layers = (0..s.num_layers)
         .map(|i| {
-            let attention = if g.linear_layers[i] {
-                let p = format!("model.layers.{i}.linear_attn");
-                let vd = g.value_heads * g.value_head_dim;
-                AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
-                    input: input(&p, g, h),
-                    conv: TensorSpec::new(
-                        format!("{p}.conv1d.weight"),
-                        &[g.conv_channels(), 1, g.conv_kernel],
-                        c,
-                        TensorKind::Conv,
-                    ),
-                    dt_bias: TensorSpec::new(
-                        format!("{p}.dt_bias"),
-                        &[g.value_heads],
-                        c,
-                        TensorKind::Bias,
-                    ),
-                    a_log: TensorSpec::new(
-                        format!("{p}.A_log"),
-                        &[g.value_heads],
-                        c,
-                        TensorKind::Bias,
-                    ),
-                    norm: build::norm(format!("{p}.norm.weight"), g.value_head_dim, c),
-                    out: build::linear(&format!("{p}.out_proj"), h, vd, false, c),
-                }))
-            } else {
-                let p = format!("model.layers.{i}.self_attn");
-                let qk = QkNormSpec::PerHead {
-                    q: build::norm(format!("{p}.q_norm.weight"), s.head_dim, c),
-                    k: build::norm(format!("{p}.k_norm.weight"), s.head_dim, c),
-                };
-                match build::gqa(s, i, qk) {
-                    AttentionSpec::Gqa {
-                        k, v, o, qk_norm, ..
-                    } => AttentionSpec::Gqa {
-                        q: build::linear(
-                            &format!("{p}.q_proj"),
-                            2 * s.num_heads * s.head_dim,
-                            h,
-                            false,
-                            c,
-                        ),
-                        k,
-                        v,
-                        o,
-                        qk_norm,
-                        sinks: None,
-                        gated: true,
-                    },
-                    other => other,
-                }
+            let kind = LayerKind {
+                linear: g.linear_layers[i],
+                moe: s.is_moe_layer(i),
             };
-            let ffn = if s.is_moe_layer(i) {
-                let p = format!("model.layers.{i}.mlp");
-                FfnSpec::Moe(MoeSpec {
-                    router: TensorSpec::new(
-                        format!("{p}.gate.weight"),
-                        &[s.num_experts, h],
-                        c,
-                        TensorKind::Router,
-                    ),
-                    router_bias: None,
-                    router_logit_bias: None,
-                    shared: Some(Box::new(build::mlp(
-                        &format!("{p}.shared_expert"),
-                        h,
-                        s.shared_expert_intermediate_size,
-                        c,
-                    ))),
-                    shared_gate: Some(TensorSpec::new(
-                        format!("{p}.shared_expert_gate.weight"),
-                        &[1, h],
-                        c,
-                        TensorKind::Router,
-                    )),
-                    experts: ExpertsSpec {
-                        layer: i as u32,
-                        count: s.num_experts as u32,
-                        hidden: h,
-                        intermediate: s.moe_intermediate_size,
-                        class: TensorClass::RoutedExpert,
-                        prefix: format!("{p}.experts"),
-                        storage: ExpertStorage::PerExpert(["gate_proj", "up_proj", "down_proj"]),
-                        biases: false,
-                    },
-                })
-            } else {
-                FfnSpec::Dense(build::mlp(
-                    &format!("model.layers.{i}.mlp"),
-                    h,
-                    s.intermediate_size,
-                    c,
-                ))
-            };
-            build::layer(s, i, attention, ffn, c)
+            hybrid_layer(
+                s,
+                input,
+                i,
+                &format!("model.layers.{i}"),
+                kind,
+                TensorClass::Dense,
+            )
         })
         .collect();
-    build::model(s, layers, vec![])
+    let mtp = (0..s.num_mtp_layers)
+        .map(|k| mtp_spec(s, input, k))
+        .collect();
+    build::model(s, layers, mtp)
+}
+
+/// Which attention and feed-forward block a hybrid layer has.
+#[derive(Clone, Copy)]
+struct LayerKind {
+    /// A Gated DeltaNet, else gated full attention.
+    linear: bool,
+    /// MoE with a gated shared expert, else a dense SwiGLU.
+    moe: bool,
+}
+
+/// Decoder layer `index` with tensors named `{p}.*` of `class` (Dense, or Mtp for the MTP layer,
+/// whose routed experts are then of class Mtp too).
+fn hybrid_layer(
+    s: &ModelSpec,
+    input: fn(&str, &GatedDeltaSpec, usize) -> GatedDeltaInput,
+    index: usize,
+    p: &str,
+    kind: LayerKind,
+    c: TensorClass,
+) -> LayerSpec {
+    let g = s.gated_delta.as_ref().expect("configured");
+    let h = s.hidden_size;
+    let attention = if kind.linear {
+        let p = format!("{p}.linear_attn");
+        let vd = g.value_heads * g.value_head_dim;
+        AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
+            input: input(&p, g, h),
+            conv: TensorSpec::new(
+                format!("{p}.conv1d.weight"),
+                &[g.conv_channels(), 1, g.conv_kernel],
+                c,
+                TensorKind::Conv,
+            ),
+            dt_bias: TensorSpec::new(
+                format!("{p}.dt_bias"),
+                &[g.value_heads],
+                c,
+                TensorKind::Bias,
+            ),
+            a_log: TensorSpec::new(format!("{p}.A_log"), &[g.value_heads], c, TensorKind::Bias),
+            norm: build::norm(format!("{p}.norm.weight"), g.value_head_dim, c),
+            out: build::linear(&format!("{p}.out_proj"), h, vd, false, c),
+        }))
+    } else {
+        let p = format!("{p}.self_attn");
+        let (qd, kvd) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        AttentionSpec::Gqa {
+            // Each head's query, then its output gate.
+            q: build::linear(&format!("{p}.q_proj"), 2 * qd, h, false, c),
+            k: build::linear(&format!("{p}.k_proj"), kvd, h, false, c),
+            v: build::linear(&format!("{p}.v_proj"), kvd, h, false, c),
+            o: build::linear(&format!("{p}.o_proj"), h, qd, false, c),
+            qk_norm: QkNormSpec::PerHead {
+                q: build::norm(format!("{p}.q_norm.weight"), s.head_dim, c),
+                k: build::norm(format!("{p}.k_norm.weight"), s.head_dim, c),
+            },
+            sinks: None,
+            gated: true,
+        }
+    };
+    let m = format!("{p}.mlp");
+    let ffn = if kind.moe {
+        FfnSpec::Moe(MoeSpec {
+            router: TensorSpec::new(
+                format!("{m}.gate.weight"),
+                &[s.num_experts, h],
+                c,
+                TensorKind::Router,
+            ),
+            router_bias: None,
+            router_logit_bias: None,
+            shared: Some(Box::new(build::mlp(
+                &format!("{m}.shared_expert"),
+                h,
+                s.shared_expert_intermediate_size,
+                c,
+            ))),
+            shared_gate: Some(TensorSpec::new(
+                format!("{m}.shared_expert_gate.weight"),
+                &[1, h],
+                c,
+                TensorKind::Router,
+            )),
+            experts: ExpertsSpec {
+                layer: index as u32,
+                count: s.num_experts as u32,
+                hidden: h,
+                intermediate: s.moe_intermediate_size,
+                class: if c == TensorClass::Mtp {
+                    TensorClass::Mtp
+                } else {
+                    TensorClass::RoutedExpert
+                },
+                prefix: format!("{m}.experts"),
+                storage: ExpertStorage::PerExpert(["gate_proj", "up_proj", "down_proj"]),
+                biases: false,
+            },
+        })
+    } else {
+        FfnSpec::Dense(build::mlp(&m, h, s.intermediate_size, c))
+    };
+    LayerSpec {
+        index,
+        input_norm: build::norm(format!("{p}.input_layernorm.weight"), h, c),
+        attention,
+        post_norm: build::norm(format!("{p}.post_attention_layernorm.weight"), h, c),
+        ffn,
+    }
+}
+
+/// MTP layer `k` as vLLM's `qwen3_next_mtp.py` / `qwen3_5_mtp.py` run it (transformers 5.25
+/// has no MTP module for these families): `mtp.pre_fc_norm_embedding` (the `enorm`) of the
+/// next token's main embedding and `mtp.pre_fc_norm_hidden` (the `hnorm`) of the main model's
+/// hidden state after `model.norm`, concatenated embedding first, `mtp.fc` `[H, 2H]`, a
+/// full-attention MoE decoder layer `mtp.layers.{k}` (decoder layer index
+/// `num_hidden_layers + k`, its own KV cache), `mtp.norm`, the main `lm_head`. A chained draft
+/// step feeds back the output after `mtp.norm` (vLLM's forward returns it normed). Every norm
+/// is zero-centred like the main model's.
+fn mtp_spec(
+    s: &ModelSpec,
+    input: fn(&str, &GatedDeltaSpec, usize) -> GatedDeltaInput,
+    k: usize,
+) -> MtpSpec {
+    let (h, c) = (s.hidden_size, TensorClass::Mtp);
+    let kind = LayerKind {
+        linear: false,
+        moe: true,
+    };
+    MtpSpec {
+        layer: hybrid_layer(
+            s,
+            input,
+            s.num_layers + k,
+            &format!("mtp.layers.{k}"),
+            kind,
+            c,
+        ),
+        embed: None,
+        enorm: build::norm("mtp.pre_fc_norm_embedding.weight".into(), h, c),
+        hnorm: build::norm("mtp.pre_fc_norm_hidden.weight".into(), h, c),
+        eh_proj: build::linear("mtp.fc", h, 2 * h, false, c),
+        head_norm: Some(build::norm("mtp.norm.weight".into(), h, c)),
+        head: None,
+        hidden_first: false,
+        chain_normed: true,
+    }
 }

@@ -758,3 +758,60 @@ fn hybrid_families_default_attention_shape_as_transformers() {
     let e = spec(c).unwrap_err().to_string();
     assert!(e.contains("num_key_value_heads 2"), "{e}");
 }
+
+/// Qwen3-Next's and Qwen3.5's MTP layer: `mtp.*` as vLLM's `qwen3_next_mtp.py` reads it, a
+/// gated full-attention MoE layer at index `num_hidden_layers` whose experts are of class Mtp;
+/// at most one (`num_nextn_predict_layers` / `mtp_num_hidden_layers`), none when 0.
+#[test]
+fn hybrid_families_mtp_layer() {
+    let text = |model_type: &str| {
+        json!({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 100,
+            "num_experts": 8, "num_experts_per_tok": 2})
+    };
+    let wrapped = |t: Value| json!({"model_type": "qwen3_5_moe", "text_config": t});
+    for (c, key) in [
+        (text("qwen3_next"), "num_nextn_predict_layers"),
+        (wrapped(text("qwen3_5_moe_text")), "mtp_num_hidden_layers"),
+    ] {
+        let s = spec(c.clone()).unwrap();
+        assert_eq!(s.num_mtp_layers, 1, "default 1");
+        let m = &s.tensors.mtp[0];
+        assert_eq!(m.layer.index, 4);
+        assert_eq!(m.enorm.name, "mtp.pre_fc_norm_embedding.weight");
+        assert_eq!(m.hnorm.name, "mtp.pre_fc_norm_hidden.weight");
+        assert_eq!(m.eh_proj.weight.name, "mtp.fc.weight");
+        assert_eq!(m.eh_proj.weight.shape, [64, 128]);
+        assert_eq!(m.head_norm.as_ref().unwrap().name, "mtp.norm.weight");
+        assert!(m.embed.is_none() && m.head.is_none() && !m.hidden_first && m.chain_normed);
+        let AttentionSpec::Gqa { q, gated, .. } = &m.layer.attention else {
+            panic!("gated full attention")
+        };
+        assert!(*gated);
+        assert_eq!(q.weight.name, "mtp.layers.0.self_attn.q_proj.weight");
+        let e = m.layer.experts().expect("MoE");
+        assert_eq!((e.layer, e.class), (4, TensorClass::Mtp));
+        assert_eq!(
+            e.tensor_names(3)[0],
+            "mtp.layers.0.mlp.experts.3.gate_proj.weight"
+        );
+        assert!(m.dense().iter().all(|t| t.class == TensorClass::Mtp));
+        // The published names are read as they are, beside a wrapper's prefix.
+        assert_eq!(
+            s.canonical_tensor_name("mtp.fc.weight").as_deref(),
+            Some("mtp.fc.weight")
+        );
+        // None, and more than one, as the config says.
+        let set = |v: Value| {
+            let mut c = c.clone();
+            match c.get_mut("text_config") {
+                Some(t) => t[key] = v,
+                None => c[key] = v,
+            }
+            spec(c)
+        };
+        assert!(set(json!(0)).unwrap().tensors.mtp.is_empty());
+        let e = set(json!(2)).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains("at most one"), "{e}");
+    }
+}
