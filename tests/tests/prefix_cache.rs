@@ -318,7 +318,8 @@ fn damaged_foreign_and_newer_files_are_never_used() {
         (
             "flipped body bit",
             Box::new(|b: &mut Vec<u8>| {
-                let n = b.len() - 7;
+                // In the last layer's values (its checkpoint count, 0, is the last 8 bytes).
+                let n = b.len() - 15;
                 b[n] ^= 0x10
             }),
             "body checksum",
@@ -433,6 +434,37 @@ fn damaged_foreign_and_newer_files_are_never_used() {
     assert_eq!(
         std::fs::read(&path).unwrap(),
         newer,
+        "left in place, untouched"
+    );
+    // A file of the previous cache layout (3: recurrent states without their checkpoints)
+    // carries `kv-layout=3` in its parameter hash and so in its name: never indexed, read,
+    // reported or moved.
+    std::fs::remove_file(&path).unwrap();
+    let mut v3 = layout.clone();
+    assert!(v3
+        .params
+        .contains(&format!("kv-layout={KV_LAYOUT_VERSION};")));
+    v3.params = v3
+        .params
+        .replace(&format!("kv-layout={KV_LAYOUT_VERSION};"), "kv-layout=3;");
+    v3.param_hash = xxhash_rust::xxh3::xxh3_64(v3.params.as_bytes());
+    {
+        let mut c = cache(v3, Some(&kv), 0);
+        c.put(0, state_of(&mut e, &toks));
+    }
+    let old = kv_files(&kv).pop().expect("the layout-3 file");
+    let mut bytes = std::fs::read(&old).unwrap();
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    std::fs::write(&old, &bytes).unwrap();
+    let q0 = quarantined(&kv);
+    let mut c = cache(layout.clone(), Some(&kv), 0);
+    assert_eq!(c.disk_files(), 0, "an older layout's file is not indexed");
+    assert!(c.take(0, &prompt, prompt.len() - 1).is_none());
+    assert!(c.take_warnings().is_empty());
+    assert_eq!(quarantined(&kv), q0);
+    assert_eq!(
+        std::fs::read(&old).unwrap(),
+        bytes,
         "left in place, untouched"
     );
 }
@@ -644,60 +676,87 @@ fn same_store_id_other_weights_never_share_states() {
     );
 }
 
-/// Qwen3-Next's KV cache files hold each Gated DeltaNet layer's recurrent state: a file serves
-/// its whole token list only (a shorter prefix is recomputed and the file kept), and a file
-/// whose recurrent state is damaged is reported, quarantined and never served.
+/// Qwen3-Next's KV cache files hold each Gated DeltaNet layer's recurrent state and its
+/// checkpoints (cache layout 4): a file serves its whole token list, and a shorter prefix from
+/// the longest checkpoint at or before it, continuing bit for bit as a fresh prefill of those
+/// tokens does; a prefix before every checkpoint is recomputed and the file kept; a file whose
+/// recurrent state or one of its checkpoints is damaged is reported, quarantined and never
+/// served.
 #[test]
-fn recurrent_states_are_served_whole_and_never_when_damaged() {
+fn recurrent_states_are_served_at_their_length_or_a_checkpoint_and_never_when_damaged() {
     let (_tmp, dir) = convert_fixture("qwen3_next_bf16", "lossless_store");
     let store = open_store(&dir, false, IoPreference::Auto);
     let mut e = engine(&store);
     let layout = e.kv_layout();
-    let conv = layout.conv_dims[0];
-    assert!(
-        layout.recurrent_dims[0] > 0 && conv > 0,
-        "layer 0 is recurrent"
-    );
+    let (conv, rd) = (layout.conv_dims[0], layout.recurrent_dims[0]);
+    assert!(rd > 0 && conv > 0, "layer 0 is recurrent");
     let tmp = tempfile::tempdir().unwrap();
     let kv = tmp.path().join("kv");
+    // Fed in passes of 4: every recurrent layer checkpoints at 4 and 8.
     let toks: Vec<u32> = (1..=12).collect();
     let mut prompt = toks.clone();
-    prompt.push(40);
+    prompt.extend([40, 41]);
     {
         let mut c = cache(layout.clone(), Some(&kv), 0);
         c.put(0, state_of(&mut e, &toks));
+        assert!(c.take_warnings().is_empty());
     }
     let path = kv_files(&kv).pop().unwrap();
     let good = std::fs::read(&path).unwrap();
-    {
+    // (prompt length, positions it may reuse, positions served)
+    for (p, reuse, served) in [(6, 5, 4), (11, 10, 8), (8, 8, 8), (14, 13, 12)] {
         let mut c = cache(layout.clone(), Some(&kv), 0);
-        // A shorter prefix: not served (the state is exact at 12 positions only), file kept.
-        assert!(c.take(0, &prompt[..6], 5).is_none());
-        assert!(c.take_warnings().is_empty());
         let hit = c
-            .take(0, &prompt, prompt.len() - 1)
-            .expect("the whole state");
-        assert_eq!(hit.state.tokens(), toks.as_slice());
-        // It continues as a fresh prefill of the same tokens does.
+            .take(0, &prompt[..p], reuse)
+            .unwrap_or_else(|| panic!("a prefix of at most {reuse} from disk"));
+        assert!(c.take_warnings().is_empty());
+        assert_eq!(hit.state.tokens(), &toks[..served], "reuse {reuse}");
         let mut resumed = e.resume_sequence(hit.state).unwrap();
         let mut fresh = e.new_sequence().unwrap();
-        feed(&mut e, &mut fresh, &toks);
-        let a = feed(&mut e, &mut resumed, &[40]);
-        let b = feed(&mut e, &mut fresh, &[40]);
-        assert!(same_bits(&a, &b), "a recurrent state read back from disk");
+        feed(&mut e, &mut fresh, &toks[..served]);
+        let rest = &prompt[served..p];
+        let a = feed(&mut e, &mut resumed, rest);
+        let b = feed(&mut e, &mut fresh, rest);
+        assert!(
+            same_bits(&a, &b),
+            "reuse {reuse}: a recurrent state read back from disk at {served}"
+        );
     }
-    // One bit of layer 0's recurrent state (after its four u64s and its convolution rows).
+    {
+        // Before the first checkpoint: not served, nothing reported, the file kept.
+        let mut c = cache(layout.clone(), Some(&kv), 0);
+        assert!(c.take(0, &prompt[..4], 3).is_none());
+        assert!(c.take_warnings().is_empty());
+        assert!(path.exists());
+    }
+    // One bit of layer 0's recurrent state (after its four u64s and its convolution rows), and
+    // one of its first checkpoint's state (after the state, the checkpoint count and the
+    // checkpoint's two u64s): each found by the body checksum, whichever prefix is asked for.
     let header_len = 88 + 4 * toks.len() + 8;
-    let mut b = good.clone();
-    b[header_len + 32 + toks.len() * conv * 4 + 100] ^= 0x10;
-    std::fs::write(&path, &b).unwrap();
-    let mut c = cache(layout.clone(), Some(&kv), 0);
-    assert!(c.take(0, &prompt, prompt.len() - 1).is_none());
-    let w = c.take_warnings();
-    assert_eq!(w.len(), 1, "{w:?}");
-    assert!(w[0].contains("body checksum"), "{}", w[0]);
-    assert!(!path.exists(), "quarantined");
-    assert_eq!(quarantined(&kv), 1);
+    let state_at = header_len + 32 + toks.len() * conv * 4;
+    let u64_at = |at: usize| u64::from_le_bytes(good[at..at + 8].try_into().unwrap());
+    let ck = state_at + rd * 4;
+    assert_eq!(
+        (u64_at(ck), u64_at(ck + 8), u64_at(ck + 16)),
+        (2, 4, 1),
+        "layer 0: two checkpoints, the first of 4 positions with convolution rows from 1"
+    );
+    for (what, at, p, reuse) in [
+        ("recurrent state", state_at + 100, prompt.len(), 13),
+        ("checkpoint", state_at + rd * 4 + 8 + 16 + 100, 6, 5),
+    ] {
+        let mut b = good.clone();
+        b[at] ^= 0x10;
+        std::fs::write(&path, &b).unwrap();
+        let q0 = quarantined(&kv);
+        let mut c = cache(layout.clone(), Some(&kv), 0);
+        assert!(c.take(0, &prompt[..p], reuse).is_none(), "{what}");
+        let w = c.take_warnings();
+        assert_eq!(w.len(), 1, "{what}: {w:?}");
+        assert!(w[0].contains("body checksum"), "{what}: {}", w[0]);
+        assert!(!path.exists(), "{what}: quarantined");
+        assert_eq!(quarantined(&kv), q0 + 1);
+    }
 }
 
 /// A Qwen3-Next conversation that ended on a verification pass (speculative decoding: its

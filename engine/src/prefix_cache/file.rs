@@ -8,7 +8,7 @@
 //! whole one; [`read_header`] and [`read_state`] check everything before a byte is used.
 
 use super::layout::KvLayout;
-use crate::layers::LayerKv;
+use crate::layers::{LayerKv, RecurrentCheckpoint};
 use crate::sequence::{KvState, MtpState, Sequence};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -29,7 +29,10 @@ pub const KV_FILE_MAGIC: [u8; 8] = *b"COLIKV\0\0";
 /// dropped older rows, Inkling) and end with its short-convolution inputs.
 /// Version 3: each layer's u64s add the f32 count of its recurrent state (0 or the layer's
 /// state size) and its arrays end with that state (a Gated DeltaNet's `[Hv, dk, dv]`).
-pub const KV_LAYOUT_VERSION: u32 = 3;
+/// Version 4: each layer ends with its recurrent checkpoints (a count, then per checkpoint its
+/// length, the position its convolution rows start at, its state and those rows), so that a
+/// file serves every prefix one of them makes exact.
+pub const KV_LAYOUT_VERSION: u32 = 4;
 
 /// Bytes of the header before the token ids.
 const FIXED_HEADER_BYTES: usize = 88;
@@ -390,11 +393,11 @@ pub fn read_state_prefix(
     };
     let n = h.tokens.len();
     let keep = keep.min(n);
-    let mut kv = Vec::with_capacity(layout.kv_dims.len());
+    let mut read = Vec::with_capacity(layout.kv_dims.len());
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
         let cd = layout.conv_dims.get(l).copied().unwrap_or(0);
         let rd = layout.recurrent_dims.get(l).copied().unwrap_or(0);
-        kv.push(body.layer(n, keep, (kd, vd, cd), rd, &format!("layer {l}"))?);
+        read.push(body.layer(n, keep, (kd, vd, cd), rd, &format!("layer {l}"))?);
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -410,7 +413,9 @@ pub fn read_state_prefix(
                 what: format!("MTP state of {fed} positions in a sequence of {n}"),
             });
         }
-        let kv = body.layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), 0, "MTP layer")?;
+        let kv = body
+            .layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), 0, "MTP layer")?
+            .finish(fed, fed, m.kv_dim);
         let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
             kv,
@@ -436,24 +441,104 @@ pub fn read_state_prefix(
             computed,
         });
     }
-    let mut seq = Sequence::new(layout.kv_dims.clone(), None);
-    seq.kv = kv;
-    seq.tokens = h.tokens.clone();
-    seq.mtp = mtp;
-    if !seq.can_truncate(keep) {
+    // The longest prefix of at most `keep` positions every layer holds exactly: `keep` itself
+    // where no layer is recurrent (or the whole file is asked for), else the longest
+    // checkpoint every recurrent layer has that the other layers can be cut back to.
+    let exact = |len: usize| read.iter().all(|r| r.exact_at(len, n));
+    let len = if exact(keep) {
+        keep
+    } else {
+        let mut lens: Vec<usize> = read
+            .iter()
+            .flat_map(|r| r.checkpoints.iter().map(|c| c.len))
+            .filter(|&c| c < keep)
+            .collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        lens.into_iter().find(|&c| exact(c)).unwrap_or(0)
+    };
+    if len == 0 && keep > 0 {
         return Err(KvFileError::Unshortenable {
             path: path.to_path_buf(),
             keep,
         });
     }
-    if keep < n {
-        // The layers were read to `keep` rows already; this cuts the MTP state and tokens.
+    let mut seq = Sequence::new(layout.kv_dims.clone(), None);
+    seq.kv = read
+        .into_iter()
+        .zip(&layout.kv_dims)
+        .map(|(r, &kd)| r.finish(len, n, kd))
+        .collect();
+    seq.tokens = h.tokens.clone();
+    seq.tokens.truncate(len);
+    seq.mtp = mtp;
+    if len < n {
+        // The layers were read to at most `keep` rows and cut to `len`; this cuts the MTP
+        // state.
         if let Some(m) = seq.mtp.as_mut() {
-            m.truncate(keep, n);
+            m.truncate(len, n);
         }
-        seq.tokens.truncate(keep);
     }
     Ok((h, KvState::new(seq)))
+}
+
+/// One layer as read ([`BodyReader::layer`]): its rows up to the kept length, its state at the
+/// file's length when that was kept, and the checkpoints it can be cut back to.
+struct ReadLayer {
+    kv: LayerKv,
+    /// Whether the layer holds a recurrent state (exact at the file's length and at its
+    /// checkpoints only).
+    recurrent: bool,
+    /// Its recurrent checkpoints of at most the kept length, oldest first.
+    checkpoints: Vec<RecurrentCheckpoint>,
+}
+
+impl ReadLayer {
+    /// Whether this layer of a file of `n` positions gives back its first `len` exactly.
+    fn exact_at(&self, len: usize, n: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        if self.recurrent {
+            len == n || self.checkpoints.iter().any(|c| c.len == len)
+        } else {
+            len >= self.kv.min_len
+        }
+    }
+
+    /// The layer's state at `len` positions (exact there: [`ReadLayer::exact_at`]) of a file
+    /// of `n`, its rows `kv_dim` f32 wide. A recurrent layer cut back takes its checkpoint's
+    /// state and convolution rows; its older checkpoints stay.
+    fn finish(self, len: usize, n: usize, kv_dim: usize) -> LayerKv {
+        let mut kv = self.kv;
+        if len == 0 {
+            return kv.emptied();
+        }
+        if self.recurrent && len < n {
+            let c = self
+                .checkpoints
+                .iter()
+                .find(|c| c.len == len)
+                .expect("exact_at chose a checkpoint length")
+                .clone();
+            kv.k.truncate(len.saturating_sub(kv.first) * kv_dim);
+            kv.v.truncate(len.saturating_sub(kv.first) * kv_dim);
+            kv.recurrent = c.recurrent;
+            kv.conv = c.conv;
+            kv.conv_first = c.conv_from;
+            kv.min_len = len;
+        } else if len < n {
+            // Rows were read up to the length asked for; exact_at checked `len` against
+            // `min_len`.
+            kv.truncate(len, kv_dim);
+        }
+        if self.recurrent {
+            // The rows the next position reads: all the layer holds (the writer trimmed them).
+            kv.conv_tail = len - kv.conv_first;
+            kv.checkpoints = self.checkpoints;
+            kv.checkpoints.retain(|c| c.len <= len);
+        }
+        kv
+    }
 }
 
 struct BodyReader<'a, R: Read> {
@@ -531,8 +616,8 @@ impl<R: Read> BodyReader<'_, R> {
     /// One layer's state of a sequence of `n` positions, keeping positions `..keep`: its
     /// row starts, `min_len` and the f32 count of its recurrent state (0 or `recurrent`) (four
     /// u64), then keys and values from `first` (`dims.0`, `dims.1` f32 per position),
-    /// convolution inputs from `conv_first` (`dims.2`), and the recurrent state (dropped when
-    /// `keep` is 0).
+    /// convolution inputs from `conv_first` (`dims.2`), the recurrent state (kept only when
+    /// `keep` is `n`), and the recurrent checkpoints (those of at most `keep` positions kept).
     fn layer(
         &mut self,
         n: usize,
@@ -540,12 +625,12 @@ impl<R: Read> BodyReader<'_, R> {
         dims: (usize, usize, usize),
         recurrent: usize,
         what: &str,
-    ) -> Result<LayerKv, KvFileError> {
+    ) -> Result<ReadLayer, KvFileError> {
         let first = self.u64(what)? as usize;
         let conv_first = self.u64(what)? as usize;
         let min_len = self.u64(what)? as usize;
         let count = self.u64(what)? as usize;
-        if keep > 0 && keep < n && keep < min_len {
+        if keep > 0 && keep < n && keep < min_len && count == 0 {
             // Stop here: the rest of the file need not be read for a prefix it cannot give.
             return Err(KvFileError::Unshortenable {
                 path: self.path.to_path_buf(),
@@ -575,26 +660,81 @@ impl<R: Read> BodyReader<'_, R> {
                 ),
             });
         }
+        let whole = keep > 0 && keep == n;
         let state = self.f32s_prefix(
             1,
-            usize::from(keep > 0),
+            usize::from(whole),
             count,
             &format!("{what} recurrent state"),
         )?;
-        Ok(LayerKv {
-            k,
-            v,
-            conv,
-            first: if keep == 0 { 0 } else { first },
-            conv_first: if keep == 0 { 0 } else { conv_first },
-            conv_dim: dims.2,
-            min_len: if keep == 0 { 0 } else { min_len },
-            expanded: None,
-            windowed: false,
-            recurrent: state,
-            recurrent_history: Vec::new(),
-            checkpoints: Vec::new(),
-            conv_tail: 0,
+        // The checkpoints: each at most 16 + 4 * count bytes of the body, so a damaged count
+        // is refused before anything is allocated.
+        let ckpts = self.u64(what)?;
+        if ckpts != 0 && count == 0 {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!("{what}: {ckpts} recurrent checkpoints without a recurrent state"),
+            });
+        }
+        if ckpts.saturating_mul(16 + 4 * count as u64) > self.left {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: {ckpts} recurrent checkpoints, {} bytes left in the body",
+                    self.left
+                ),
+            });
+        }
+        let mut checkpoints = Vec::new();
+        let mut last = 0;
+        for i in 0..ckpts {
+            let len = self.u64(what)? as usize;
+            let conv_from = self.u64(what)? as usize;
+            if len <= last || len > n || conv_from > len {
+                return Err(KvFileError::Malformed {
+                    path: self.path.to_path_buf(),
+                    what: format!(
+                        "{what}: recurrent checkpoint {i} of {len} positions with convolution rows from {conv_from} (after one of {last}, in a sequence of {n})"
+                    ),
+                });
+            }
+            last = len;
+            let held = len <= keep;
+            let what = format!("{what} checkpoint {i}");
+            let state = self.f32s_prefix(1, usize::from(held), count, &what)?;
+            let conv = self.f32s_prefix(
+                len - conv_from,
+                if held { len - conv_from } else { 0 },
+                dims.2,
+                &what,
+            )?;
+            if held {
+                checkpoints.push(RecurrentCheckpoint {
+                    len,
+                    recurrent: state,
+                    conv,
+                    conv_from,
+                });
+            }
+        }
+        Ok(ReadLayer {
+            kv: LayerKv {
+                k,
+                v,
+                conv,
+                first: if keep == 0 { 0 } else { first },
+                conv_first: if keep == 0 { 0 } else { conv_first },
+                conv_dim: dims.2,
+                min_len: if keep == 0 { 0 } else { min_len },
+                expanded: None,
+                windowed: false,
+                recurrent: state,
+                recurrent_history: Vec::new(),
+                checkpoints: Vec::new(),
+                conv_tail: 0,
+            },
+            recurrent: count != 0,
+            checkpoints,
         })
     }
 
@@ -608,8 +748,14 @@ impl<R: Read> BodyReader<'_, R> {
 /// Body bytes of `state` ([`write_atomic`] writes exactly this many).
 pub fn body_len(state: &KvState) -> u64 {
     let s = &state.seq;
-    // Each layer's four u64 (row starts, min_len, recurrent count) take eight f32-sized slots.
-    let layer = |l: &LayerKv| 8 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len();
+    // Each layer's four u64 (row starts, min_len, recurrent count) take eight f32-sized slots,
+    // its checkpoint count two, each checkpoint's two u64 four.
+    let layer = |l: &LayerKv| {
+        let ckpts: usize = written_checkpoints(l)
+            .map(|c| 4 + c.recurrent.len() + c.conv.len())
+            .sum();
+        10 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len() + ckpts
+    };
     let kv: usize = s.kv.iter().map(layer).sum();
     let mtp = s
         .mtp
@@ -617,6 +763,14 @@ pub fn body_len(state: &KvState) -> u64 {
         .map_or(0, |m| 2 + layer(&m.kv) + m.hidden.len());
     // The MTP position count is one u64 (two f32-sized slots above).
     4 * (kv + mtp) as u64
+}
+
+/// The recurrent checkpoints a file holds for layer `l`: every one it keeps (none without a
+/// recurrent state).
+fn written_checkpoints(l: &LayerKv) -> impl Iterator<Item = &RecurrentCheckpoint> {
+    l.checkpoints
+        .iter()
+        .filter(move |c| !l.recurrent.is_empty() && c.len > 0)
 }
 
 /// Writes `state` to `path` atomically: a temporary file in the same directory (mode 0600),
@@ -701,7 +855,15 @@ fn write_file(
         put(w, h, l.k.as_bytes())?;
         put(w, h, l.v.as_bytes())?;
         put(w, h, l.conv.as_bytes())?;
-        put(w, h, l.recurrent.as_bytes())
+        put(w, h, l.recurrent.as_bytes())?;
+        put(w, h, &(written_checkpoints(l).count() as u64).to_le_bytes())?;
+        for c in written_checkpoints(l) {
+            put(w, h, &(c.len as u64).to_le_bytes())?;
+            put(w, h, &(c.conv_from as u64).to_le_bytes())?;
+            put(w, h, c.recurrent.as_bytes())?;
+            put(w, h, c.conv.as_bytes())?;
+        }
+        Ok(())
     };
     for l in &s.kv {
         layer(&mut w, &mut hasher, l)?;

@@ -196,8 +196,8 @@ impl PrefixCache {
         }
         cands.retain(|c| c.0 > 0);
         // A RAM state whose layers dropped their older rows gives back only so short a
-        // prefix, a recurrent one its nearest checkpoint (a disk file says so when read:
-        // `KvFileError::Unshortenable`).
+        // prefix, a recurrent one its nearest checkpoint (a disk file says so when read: its
+        // nearest checkpoint, or `KvFileError::Unshortenable`).
         for c in cands.iter_mut().filter(|c| c.1 == Tier::Ram) {
             c.0 = self.ram[c.2].state.exact_at_most(c.0);
         }
@@ -239,10 +239,11 @@ impl PrefixCache {
                     let read = d.read(j, n, &self.layout, &mut self.warnings);
                     self.stats.read_ns += t0.elapsed().as_nanos() as u64;
                     match read {
-                        Some((h, mut s)) => {
+                        // At most `n` positions: fewer where the file's recurrent layers are
+                        // exact only at a checkpoint before `n`.
+                        Some((h, s)) => {
                             self.stats.bytes_read +=
                                 KvFileHeader::encoded_len(h.tokens.len()) as u64 + h.body_len;
-                            s.truncate(n);
                             s
                         }
                         None => {
@@ -256,7 +257,7 @@ impl PrefixCache {
                 Tier::Ram => self.stats.ram_hits += 1,
                 Tier::Disk => self.stats.disk_hits += 1,
             }
-            self.stats.tokens_reused += n as u64;
+            self.stats.tokens_reused += state.len() as u64;
             return Some(PrefixHit { state, tier });
         }
         self.stats.misses += 1;
