@@ -79,6 +79,10 @@ fn main() {
         (576, 1536, 8, "matmul n=8 576x1536"),
         (1536, 576, 8, "matmul n=8 1536x576"),
         (576, 1536, 16, "matmul n=16 576x1536"),
+        // Qwen3.6-35B-A3B's Gated DeltaNet projections in a prefill chunk of 64 tokens
+        // (in_proj_qkv 8192x2048, out_proj 2048x4096).
+        (8192, 2048, 64, "matmul n=64 8192x2048"),
+        (2048, 4096, 64, "matmul n=64 2048x4096"),
         (49152, 576, 1, "lm_head 49152x576"),
         (49152, 576, 8, "lm_head n=8 49152x576"),
     ];
