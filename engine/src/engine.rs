@@ -550,7 +550,7 @@ impl<'s> Engine<'s> {
         ] {
             h.update(&std::fs::read(self.store.dir().join(f)).unwrap_or_default());
         }
-        KvLayout::new(
+        let mut layout = KvLayout::new(
             self.store.manifest().store_id.0,
             h.digest(),
             coli_kernels::numerics_id(coli_kernels::detected_isa()),
@@ -568,7 +568,20 @@ impl<'s> Engine<'s> {
                 .map(|l| l.attn.recurrent_len())
                 .collect(),
             mtp,
-        )
+        );
+        layout.conv_tails = self
+            .model
+            .layers
+            .iter()
+            .map(|l| {
+                if l.attn.recurrent_len() > 0 {
+                    l.attn.row_bounds().1 - 1
+                } else {
+                    0
+                }
+            })
+            .collect();
+        layout
     }
 
     fn take_slot(&self) -> Result<SlotGuard> {

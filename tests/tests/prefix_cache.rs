@@ -704,7 +704,7 @@ fn recurrent_states_are_served_at_their_length_or_a_checkpoint_and_never_when_da
     let path = kv_files(&kv).pop().unwrap();
     let good = std::fs::read(&path).unwrap();
     // (prompt length, positions it may reuse, positions served)
-    for (p, reuse, served) in [(6, 5, 4), (11, 10, 8), (8, 8, 8), (14, 13, 12)] {
+    for (p, reuse, served) in [(6, 5, 4), (11, 10, 8), (9, 8, 8), (14, 13, 12)] {
         let mut c = cache(layout.clone(), Some(&kv), 0);
         let hit = c
             .take(0, &prompt[..p], reuse)
@@ -721,6 +721,17 @@ fn recurrent_states_are_served_at_their_length_or_a_checkpoint_and_never_when_da
             same_bits(&a, &b),
             "reuse {reuse}: a recurrent state read back from disk at {served}"
         );
+        if served == 12 {
+            // The checkpoints came back with the state: rolling the resumed sequence back to
+            // the one at 4 continues as a fresh prefill of 4 does.
+            assert!(resumed.can_truncate(4), "the checkpoint at 4 came back");
+            resumed.truncate(4);
+            let mut fresh4 = e.new_sequence().unwrap();
+            feed(&mut e, &mut fresh4, &toks[..4]);
+            let a = feed(&mut e, &mut resumed, &[50, 51]);
+            let b = feed(&mut e, &mut fresh4, &[50, 51]);
+            assert!(same_bits(&a, &b), "back to a checkpoint read from disk");
+        }
     }
     {
         // Before the first checkpoint: not served, nothing reported, the file kept.
@@ -741,6 +752,32 @@ fn recurrent_states_are_served_at_their_length_or_a_checkpoint_and_never_when_da
         (2, 4, 1),
         "layer 0: two checkpoints, the first of 4 positions with convolution rows from 1"
     );
+    // A checkpoint without the convolution rows its next position reads, in a file whose
+    // checksums were recomputed to match (XXH3 is no signature): refused as malformed, never
+    // restored (a rollback there would read rows the state does not hold).
+    {
+        let mut b = good.clone();
+        let rows_at = ck + 24 + rd * 4;
+        let removed = 3 * conv * 4;
+        b.drain(rows_at..rows_at + removed);
+        b[ck + 16..ck + 24].copy_from_slice(&4u64.to_le_bytes());
+        let body_len = (b.len() - header_len) as u64;
+        b[64..72].copy_from_slice(&body_len.to_le_bytes());
+        let body_sum = xxhash_rust::xxh3::xxh3_64(&b[header_len..]);
+        b[72..80].copy_from_slice(&body_sum.to_le_bytes());
+        let head_sum = xxhash_rust::xxh3::xxh3_64(&b[..header_len - 8]);
+        b[header_len - 8..header_len].copy_from_slice(&head_sum.to_le_bytes());
+        std::fs::write(&path, &b).unwrap();
+        let q0 = quarantined(&kv);
+        let mut c = cache(layout.clone(), Some(&kv), 0);
+        assert!(c.take(0, &prompt[..6], 5).is_none());
+        let w = c.take_warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("malformed") && w[0].contains("checkpoint 0"),
+            "{w:?}"
+        );
+        assert_eq!(quarantined(&kv), q0 + 1);
+    }
     for (what, at, p, reuse) in [
         ("recurrent state", state_at + 100, prompt.len(), 13),
         ("checkpoint", state_at + rd * 4 + 8 + 16 + 100, 6, 5),

@@ -75,6 +75,17 @@ fn replica_runs_listing(
         .generate(&[1, 2, 3, 4], &params, |_| Ok(true))
         .unwrap_or_else(|e| panic!("{release}: generation failed: {e}"));
     assert_eq!(g.tokens.len(), 8, "{release}");
+    // A store holding the MTP layer's experts (index num_hidden_layers) loads it.
+    let mtp_stored = store
+        .manifest()
+        .expert_layers
+        .iter()
+        .any(|l| l.layer as usize == e.spec().num_layers);
+    assert!(
+        !mtp_stored || e.has_mtp(),
+        "{release}: the store holds the MTP layer but the engine did not load it: {:?}",
+        e.take_warnings()
+    );
     if e.has_mtp() {
         // The release's MTP layer drafts; speculation never changes the tokens.
         let spec = GenerateParams {

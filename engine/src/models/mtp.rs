@@ -107,7 +107,7 @@ pub(crate) fn load<'s>(
     }
     if !missing.is_empty() {
         warnings.push(format!(
-            "the store's MTP layer model.layers.{n} is incomplete (missing {}): running without multi-token prediction; convert the checkpoint again to include it whole",
+            "the store's MTP layer (decoder layer {n}) is incomplete (missing {}): running without multi-token prediction; convert the checkpoint again to include it whole",
             missing.join(", ")
         ));
         return Ok(None);

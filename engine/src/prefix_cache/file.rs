@@ -397,7 +397,8 @@ pub fn read_state_prefix(
     for (l, (&kd, &vd)) in layout.kv_dims.iter().zip(&layout.v_dims).enumerate() {
         let cd = layout.conv_dims.get(l).copied().unwrap_or(0);
         let rd = layout.recurrent_dims.get(l).copied().unwrap_or(0);
-        read.push(body.layer(n, keep, (kd, vd, cd), rd, &format!("layer {l}"))?);
+        let tail = layout.conv_tails.get(l).copied().unwrap_or(0);
+        read.push(body.layer(n, keep, (kd, vd, cd), (rd, tail), &format!("layer {l}"))?);
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -414,7 +415,13 @@ pub fn read_state_prefix(
             });
         }
         let kv = body
-            .layer(fed, fed, (m.kv_dim, m.v_dim, m.conv_dim), 0, "MTP layer")?
+            .layer(
+                fed,
+                fed,
+                (m.kv_dim, m.v_dim, m.conv_dim),
+                (0, 0),
+                "MTP layer",
+            )?
             .finish(fed, fed, m.kv_dim);
         let hidden = body.f32s((n - fed).saturating_mul(m.hidden_size), "MTP hidden states")?;
         Some(MtpState {
@@ -444,7 +451,12 @@ pub fn read_state_prefix(
     // The longest prefix of at most `keep` positions every layer holds exactly: `keep` itself
     // where no layer is recurrent (or the whole file is asked for), else the longest
     // checkpoint every recurrent layer has that the other layers can be cut back to.
-    let exact = |len: usize| read.iter().all(|r| r.exact_at(len, n));
+    let exact = |len: usize| {
+        read.iter().all(|r| r.exact_at(len, n))
+            && mtp
+                .as_ref()
+                .is_none_or(|m: &MtpState| m.kv.can_truncate(len.min(m.fed())))
+    };
     let len = if exact(keep) {
         keep
     } else {
@@ -618,12 +630,14 @@ impl<R: Read> BodyReader<'_, R> {
     /// u64), then keys and values from `first` (`dims.0`, `dims.1` f32 per position),
     /// convolution inputs from `conv_first` (`dims.2`), the recurrent state (kept only when
     /// `keep` is `n`), and the recurrent checkpoints (those of at most `keep` positions kept).
+    /// `recurrent` is `(state size, convolution rows the next position reads)`: the state and
+    /// every checkpoint must hold that many rows (fewer only at the sequence's start).
     fn layer(
         &mut self,
         n: usize,
         keep: usize,
         dims: (usize, usize, usize),
-        recurrent: usize,
+        (recurrent, tail): (usize, usize),
         what: &str,
     ) -> Result<ReadLayer, KvFileError> {
         let first = self.u64(what)? as usize;
@@ -652,11 +666,11 @@ impl<R: Read> BodyReader<'_, R> {
         let conv = self.f32s_prefix(conv_rows, conv_kept, dims.2, &format!("{what} conv"))?;
         // A recurrent state is whole (the layer's size, exact at the sequence's length) or
         // absent (an empty sequence).
-        if count != 0 && (count != recurrent || min_len != n) {
+        if count != 0 && (count != recurrent || min_len != n || n - conv_first < tail.min(n)) {
             return Err(KvFileError::Malformed {
                 path: self.path.to_path_buf(),
                 what: format!(
-                    "{what}: a recurrent state of {count} values exact from {min_len} in a sequence of {n} (the layer's state has {recurrent})"
+                    "{what}: a recurrent state of {count} values exact from {min_len}, convolution rows from {conv_first}, in a sequence of {n} (the layer's state has {recurrent} values and reads {tail} rows)"
                 ),
             });
         }
@@ -690,11 +704,11 @@ impl<R: Read> BodyReader<'_, R> {
         for i in 0..ckpts {
             let len = self.u64(what)? as usize;
             let conv_from = self.u64(what)? as usize;
-            if len <= last || len > n || conv_from > len {
+            if len <= last || len > n || conv_from > len || len - conv_from < tail.min(len) {
                 return Err(KvFileError::Malformed {
                     path: self.path.to_path_buf(),
                     what: format!(
-                        "{what}: recurrent checkpoint {i} of {len} positions with convolution rows from {conv_from} (after one of {last}, in a sequence of {n})"
+                        "{what}: recurrent checkpoint {i} of {len} positions with convolution rows from {conv_from} (after one of {last}, in a sequence of {n}; the layer reads {tail} rows)"
                     ),
                 });
             }
@@ -750,27 +764,39 @@ pub fn body_len(state: &KvState) -> u64 {
     let s = &state.seq;
     // Each layer's four u64 (row starts, min_len, recurrent count) take eight f32-sized slots,
     // its checkpoint count two, each checkpoint's two u64 four.
-    let layer = |l: &LayerKv| {
-        let ckpts: usize = written_checkpoints(l)
+    let n = s.tokens.len();
+    let layer = |l: &LayerKv, n: usize| {
+        let ckpts: usize = written_checkpoints(l, n)
             .map(|c| 4 + c.recurrent.len() + c.conv.len())
             .sum();
         10 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len() + ckpts
     };
-    let kv: usize = s.kv.iter().map(layer).sum();
+    let kv: usize = s.kv.iter().map(|l| layer(l, n)).sum();
     let mtp = s
         .mtp
         .as_ref()
-        .map_or(0, |m| 2 + layer(&m.kv) + m.hidden.len());
+        .map_or(0, |m| 2 + layer(&m.kv, m.fed()) + m.hidden.len());
     // The MTP position count is one u64 (two f32-sized slots above).
     4 * (kv + mtp) as u64
 }
 
-/// The recurrent checkpoints a file holds for layer `l`: every one it keeps (none without a
-/// recurrent state).
-fn written_checkpoints(l: &LayerKv) -> impl Iterator<Item = &RecurrentCheckpoint> {
-    l.checkpoints
-        .iter()
-        .filter(move |c| !l.recurrent.is_empty() && c.len > 0)
+/// The recurrent checkpoints a file holds for layer `l` of a sequence of `n` positions: the
+/// ones a reader accepts (none without a recurrent state; each of a state's size, covering
+/// 1..=n positions, each longer than the one before, convolution rows from at most its length).
+fn written_checkpoints(l: &LayerKv, n: usize) -> impl Iterator<Item = &RecurrentCheckpoint> {
+    let mut last = 0;
+    l.checkpoints.iter().filter(move |c| {
+        let ok = !l.recurrent.is_empty()
+            && c.len > last
+            && c.len <= n
+            && c.conv_from <= c.len
+            && c.recurrent.len() == l.recurrent.len()
+            && c.conv.len() == (c.len - c.conv_from) * l.conv_dim;
+        if ok {
+            last = c.len;
+        }
+        ok
+    })
 }
 
 /// Writes `state` to `path` atomically: a temporary file in the same directory (mode 0600),
@@ -856,8 +882,12 @@ fn write_file(
         put(w, h, l.v.as_bytes())?;
         put(w, h, l.conv.as_bytes())?;
         put(w, h, l.recurrent.as_bytes())?;
-        put(w, h, &(written_checkpoints(l).count() as u64).to_le_bytes())?;
-        for c in written_checkpoints(l) {
+        put(
+            w,
+            h,
+            &(written_checkpoints(l, n).count() as u64).to_le_bytes(),
+        )?;
+        for c in written_checkpoints(l, n) {
             put(w, h, &(c.len as u64).to_le_bytes())?;
             put(w, h, &(c.conv_from as u64).to_le_bytes())?;
             put(w, h, c.recurrent.as_bytes())?;

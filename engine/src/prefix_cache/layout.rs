@@ -40,6 +40,10 @@ pub struct KvLayout {
     /// f32 values of each layer's recurrent state (`LayerKv::recurrent`; 0 for layers without
     /// one).
     pub recurrent_dims: Vec<usize>,
+    /// Per layer, the convolution rows a recurrent layer's next position reads (`kernel - 1`),
+    /// which its state and every checkpoint must hold; 0: not checked (set by the engine after
+    /// [`KvLayout::new`]; not part of the parameter hash: it follows from the weights' shapes).
+    pub conv_tails: Vec<usize>,
     /// The MTP layer's shapes, when the model has one.
     pub mtp: Option<MtpLayout>,
 }
@@ -73,6 +77,7 @@ impl KvLayout {
             params,
             kv_dims,
             v_dims,
+            conv_tails: vec![0; recurrent_dims.len()],
             conv_dims,
             recurrent_dims,
             mtp,

@@ -207,7 +207,14 @@ impl PrefixCache {
                 .then((a.1 == Tier::Disk).cmp(&(b.1 == Tier::Disk)))
                 .then(b.2.cmp(&a.2))
         });
+        // A disk file's length is known only once read (a recurrent file gives back its
+        // nearest checkpoint): a shorter result is kept while a later candidate may still
+        // give more, and the best is served.
+        let mut best: Option<(KvState, Tier)> = None;
         for (n, tier, i, path) in cands {
+            if best.as_ref().is_some_and(|(b, _)| b.len() >= n) {
+                break;
+            }
             let state = match (tier, path) {
                 (Tier::Ram, _) => {
                     let e = &self.ram[i];
@@ -253,15 +260,24 @@ impl PrefixCache {
                     }
                 }
             };
-            match tier {
-                Tier::Ram => self.stats.ram_hits += 1,
-                Tier::Disk => self.stats.disk_hits += 1,
+            let done = state.len() == n;
+            if best.as_ref().is_none_or(|(b, _)| state.len() > b.len()) {
+                best = Some((state, tier));
             }
-            self.stats.tokens_reused += state.len() as u64;
-            return Some(PrefixHit { state, tier });
+            if done {
+                break;
+            }
         }
-        self.stats.misses += 1;
-        None
+        let Some((state, tier)) = best else {
+            self.stats.misses += 1;
+            return None;
+        };
+        match tier {
+            Tier::Ram => self.stats.ram_hits += 1,
+            Tier::Disk => self.stats.disk_hits += 1,
+        }
+        self.stats.tokens_reused += state.len() as u64;
+        Some(PrefixHit { state, tier })
     }
 
     /// Puts `state` (a finished or evicted sequence) in the cache for `scope`: written to the

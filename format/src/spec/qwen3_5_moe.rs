@@ -35,6 +35,12 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     s.moe_intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(512);
     s.norm_topk_prob = true;
     s.routing = Routing::SoftmaxTopK { renormalize: true };
+    if f.bool("mtp_use_dedicated_embeddings")? == Some(true) {
+        return Err(FormatError::Unsupported(format!(
+            "{}mtp_use_dedicated_embeddings true (an MTP layer with its own embedding; the releases share the main one)",
+            f.prefix
+        )));
+    }
     configure_hybrid(f, s, Family::Qwen35Moe)?;
     s.moe_layers = vec![true; s.num_layers];
     check_shared(f, s)

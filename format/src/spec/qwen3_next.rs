@@ -390,9 +390,11 @@ fn mtp_spec(
     k: usize,
 ) -> MtpSpec {
     let (h, c) = (s.hidden_size, TensorClass::Mtp);
+    // vLLM builds the layer as decoder layer 0 (its prefix `mtp.layers.0`): MoE where layer 0
+    // is (every released config: all layers MoE).
     let kind = LayerKind {
         linear: false,
-        moe: true,
+        moe: s.is_moe_layer(0),
     };
     MtpSpec {
         layer: hybrid_layer(
