@@ -55,6 +55,7 @@ mod avx2_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod gated_delta;
+pub mod kda;
 mod ops;
 mod q8a;
 #[cfg(target_arch = "x86_64")]
