@@ -78,6 +78,21 @@ pub fn step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f3
     for s in state.iter_mut() {
         *s *= decay;
     }
+    write_and_read(state, q, k, v, beta, o);
+}
+
+/// The delta rule's write and read after the decay, shared by both rules' recurrent steps
+/// (this one and [`crate::kda::step`]): `S += k ⊗ beta (v - Sᵀk); o = Sᵀq`, every product
+/// sum an [`crate::axpy`] sequence in key-index order. `state` is `[dk, dv]`, `o` `[dv]`.
+pub(crate) fn write_and_read(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    let dv = v.len();
     // kv_mem = Sᵀk, in key-index order.
     o.fill(0.0);
     for (i, row) in state.chunks_exact(dv).enumerate() {
@@ -96,17 +111,17 @@ pub fn step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f3
     }
 }
 
-/// Work space of [`chunk`], reused between calls (allocated on first use, for the largest head
-/// shape seen).
+/// Work space of [`chunk`] (and of [`crate::kda::chunk`]), reused between calls (allocated on
+/// first use, for the largest head shape seen).
 #[derive(Default)]
 pub struct ChunkScratch {
-    a: Vec<f32>,
-    u: Vec<f32>,
-    w: Vec<f32>,
-    vnew: Vec<f32>,
-    c: Vec<f32>,
-    t: Vec<f32>,
-    row: Vec<f32>,
+    pub(crate) a: Vec<f32>,
+    pub(crate) u: Vec<f32>,
+    pub(crate) w: Vec<f32>,
+    pub(crate) vnew: Vec<f32>,
+    pub(crate) c: Vec<f32>,
+    pub(crate) t: Vec<f32>,
+    pub(crate) row: Vec<f32>,
 }
 
 /// The chunkwise form over `n = g.len() <= CHUNK` tokens (see the module doc): `q`, `k`

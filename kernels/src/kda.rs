@@ -86,35 +86,11 @@ pub fn step(
             *s *= decay;
         }
     }
-    // kv_mem = Sᵀk, in key-index order.
-    o.fill(0.0);
-    for (i, row) in state.chunks_exact(dv).enumerate() {
-        axpy(k[i], row, o);
-    }
-    // delta = (v - kv_mem) beta, kept in `o` until the state is written.
-    for (d, &x) in o.iter_mut().zip(v) {
-        *d = (x - *d) * beta;
-    }
-    for (i, row) in state.chunks_exact_mut(dv).enumerate() {
-        axpy(k[i], o, row);
-    }
-    o.fill(0.0);
-    for (i, row) in state.chunks_exact(dv).enumerate() {
-        axpy(q[i], row, o);
-    }
+    crate::gated_delta::write_and_read(state, q, k, v, beta, o);
 }
 
-/// Work space of [`chunk`], reused between calls.
-#[derive(Default)]
-pub struct ChunkScratch {
-    a: Vec<f32>,
-    u: Vec<f32>,
-    w: Vec<f32>,
-    vnew: Vec<f32>,
-    c: Vec<f32>,
-    t: Vec<f32>,
-    row: Vec<f32>,
-}
+/// Work space of [`chunk`]: the gated delta rule's.
+pub use crate::gated_delta::ChunkScratch;
 
 /// `dot(x ⊙ exp(cr - cs), y)` into `tmp` (`[dk]`), the channel-decayed product of the module
 /// doc.

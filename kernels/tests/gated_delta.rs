@@ -4,9 +4,10 @@
 //! prefill split into aligned chunks and a tail run token by token, grouped-value heads, a
 //! random initial state, strong decays, the key dimension of the released models.
 
+mod common;
+
 use coli_kernels::gated_delta::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
-use serde_json::Value;
-use std::path::PathBuf;
+use common::{max_diff, oracles, Oracle};
 
 struct Case {
     name: String,
@@ -15,21 +16,12 @@ struct Case {
     hv: usize,
     dk: usize,
     dv: usize,
-    meta: Value,
-    data: Vec<f32>,
+    oracle: Oracle,
 }
 
 impl Case {
     fn array(&self, key: &str) -> &[f32] {
-        let a = &self.meta["arrays"][key];
-        let off = a["offset"].as_u64().unwrap() as usize;
-        let len: usize = a["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as usize)
-            .product();
-        &self.data[off..off + len]
+        self.oracle.array(key)
     }
 
     /// Head `h`'s inputs, its query and key normalized: `(q, k, v, g, beta, state)`.
@@ -99,40 +91,18 @@ impl Case {
 }
 
 fn cases() -> Vec<Case> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gated_delta");
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("cases.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join("cases.bin")).unwrap();
-    let data: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    doc["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let u = |k: &str| c[k].as_u64().unwrap() as usize;
-            Case {
-                name: c["name"].as_str().unwrap().to_string(),
-                n: u("n"),
-                hk: u("hk"),
-                hv: u("hv"),
-                dk: u("dk"),
-                dv: u("dv"),
-                meta: c.clone(),
-                data: data.clone(),
-            }
+    oracles("gated_delta")
+        .into_iter()
+        .map(|o| Case {
+            name: o.name().to_string(),
+            n: o.dim("n"),
+            hk: o.dim("hk"),
+            hv: o.dim("hv"),
+            dk: o.dim("dk"),
+            dv: o.dim("dv"),
+            oracle: o,
         })
         .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Largest difference allowed from the float64 oracle: f32 rounding of sums of at most a few

@@ -5,9 +5,10 @@
 //! Kimi-Linear's head dimension (128). The reference is the recurrent form's float64 run (the
 //! chunk form's casts its decay mask to float32).
 
+mod common;
+
 use coli_kernels::kda::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
-use serde_json::Value;
-use std::path::PathBuf;
+use common::{max_diff, oracles, Oracle};
 
 struct Case {
     name: String,
@@ -15,21 +16,12 @@ struct Case {
     h: usize,
     dk: usize,
     dv: usize,
-    meta: Value,
-    data: std::sync::Arc<Vec<f32>>,
+    oracle: Oracle,
 }
 
 impl Case {
     fn array(&self, key: &str) -> &[f32] {
-        let a = &self.meta["arrays"][key];
-        let off = a["offset"].as_u64().unwrap() as usize;
-        let len: usize = a["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as usize)
-            .product();
-        &self.data[off..off + len]
+        self.oracle.array(key)
     }
 
     /// Head `h`'s inputs, its query and key normalized: `(q, k, v, g, beta, state)`.
@@ -103,41 +95,17 @@ impl Case {
 }
 
 fn cases() -> Vec<Case> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kda");
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("cases.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join("cases.bin")).unwrap();
-    let data: std::sync::Arc<Vec<f32>> = std::sync::Arc::new(
-        bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-    );
-    doc["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let u = |k: &str| c[k].as_u64().unwrap() as usize;
-            Case {
-                name: c["name"].as_str().unwrap().to_string(),
-                n: u("n"),
-                h: u("h"),
-                dk: u("dk"),
-                dv: u("dv"),
-                meta: c.clone(),
-                data: data.clone(),
-            }
+    oracles("kda")
+        .into_iter()
+        .map(|o| Case {
+            name: o.name().to_string(),
+            n: o.dim("n"),
+            h: o.dim("h"),
+            dk: o.dim("dk"),
+            dv: o.dim("dv"),
+            oracle: o,
         })
         .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Largest difference allowed from the float64 oracle: f32 rounding of sums of at most a few
