@@ -122,6 +122,10 @@ pub struct ChunkScratch {
     pub(crate) c: Vec<f32>,
     pub(crate) t: Vec<f32>,
     pub(crate) row: Vec<f32>,
+    /// [`crate::kda::chunk`] only: scaled keys, factored decays, the intra-chunk products.
+    pub(crate) x: Vec<f32>,
+    pub(crate) scaled: Vec<f32>,
+    pub(crate) p: Vec<f32>,
 }
 
 /// The chunkwise form over `n = g.len() <= CHUNK` tokens (see the module doc): `q`, `k`

@@ -24,8 +24,11 @@
 //! As the gated delta rule's `gdr-r1` ([`crate::gated_delta`]): every sum of products is
 //! [`crate::dot`] or a sequence of [`crate::axpy`] updates in increasing index order, `exp` is
 //! Rust's `f32::exp`, the running sum adds the chunk's `g` in order. The channel-decayed
-//! products are formed as `(x[i] * D[i])` rounded, then dotted with the other vector
-//! (`dot(x ⊙ D, y)`); queries and keys are normalized by division, `x / sqrt(Σx² + 1e-6)`, as
+//! products of two tokens in one sub-block of [`SUB`] tokens are formed as `(x[i] * D[i])`
+//! rounded, then dotted with the other vector (`dot(x ⊙ D, y)`); for tokens `s < r` in
+//! different sub-blocks the decay is factored at the start `b` of `r`'s sub-block,
+//! `dot(x_r ⊙ exp(c_r - c_b), y_s ⊙ exp(c_b - c_s))` (each factor at most 1, so nothing
+//! overflows; one exponential per token and sub-block instead of one per pair); queries and keys are normalized by division, `x / sqrt(Σx² + 1e-6)`, as
 //! transformers' KDA `l2norm` does (not the reciprocal square root of the Qwen3-Next rule).
 
 use crate::{axpy, dot};
@@ -101,6 +104,55 @@ fn decayed_dot(x: &[f32], y: &[f32], cr: &[f32], cs: &[f32], tmp: &mut [f32]) ->
     dot(tmp, y)
 }
 
+/// Tokens per sub-block of a chunk: a pair of tokens in different sub-blocks factors its decay
+/// at the later one's sub-block start (module doc, "Numerics").
+pub const SUB: usize = 16;
+
+/// `m[r * n + s] = Σ_i x_r[i] y_s[i] exp(c_r[i] - c_s[i])` for `s < r` (`strict`) or
+/// `s <= r`, over `n` tokens of `dk` channels (`x`, `y`, `c`: `[n, dk]`; other entries of `m`
+/// untouched). Inside a sub-block of [`SUB`] tokens the decay is formed per pair
+/// (`dot(x_r ⊙ exp(c_r - c_s), y_s)`); across sub-blocks it is factored at the start `b` of
+/// `r`'s sub-block, `dot(x_r ⊙ exp(c_r - c_b), y_s ⊙ exp(c_b - c_s))`, both factors at most 1
+/// (`c` falls with the position), so `n dk` exponentials per sub-block replace one per pair.
+#[allow(clippy::too_many_arguments)]
+fn decayed_products(
+    x: &[f32],
+    y: &[f32],
+    c: &[f32],
+    n: usize,
+    dk: usize,
+    strict: bool,
+    m: &mut [f32],
+    scaled: &mut Vec<f32>,
+    tmp: &mut [f32],
+) {
+    for b in (0..n).step_by(SUB) {
+        let cb = &c[b * dk..(b + 1) * dk];
+        // y_s ⊙ exp(c_b - c_s) for every s before the sub-block.
+        scaled.clear();
+        for t in 0..b {
+            let (yt, ct) = (&y[t * dk..(t + 1) * dk], &c[t * dk..(t + 1) * dk]);
+            for ((&yv, &cv), &cbv) in yt.iter().zip(ct).zip(cb) {
+                scaled.push(yv * (cbv - cv).exp());
+            }
+        }
+        for r in b..(b + SUB).min(n) {
+            let (xr, cr) = (&x[r * dk..(r + 1) * dk], &c[r * dk..(r + 1) * dk]);
+            for ((t, &xv), (&cv, &cbv)) in tmp.iter_mut().zip(xr).zip(cr.iter().zip(cb)) {
+                *t = xv * (cv - cbv).exp();
+            }
+            for t in 0..b {
+                m[r * n + t] = dot(tmp, &scaled[t * dk..(t + 1) * dk]);
+            }
+            let end = if strict { r } else { r + 1 };
+            for t in b..end {
+                let (yt, ct) = (&y[t * dk..(t + 1) * dk], &c[t * dk..(t + 1) * dk]);
+                m[r * n + t] = decayed_dot(xr, yt, cr, ct, tmp);
+            }
+        }
+    }
+}
+
 /// The chunkwise form over `n = beta.len() <= CHUNK` tokens (see the module doc): `q`, `k`
 /// (`[n, dk]`, normalized as for [`step`]), `v` (`[n, dv]`), `g` (`[n, dk]`) and `beta`
 /// (`[n]`); updates `state` (`[dk, dv]`) to the state after the last token and writes `o`
@@ -148,18 +200,23 @@ pub fn chunk(
     sc.row.resize(dk.max(dv), 0.0);
     sc.t.resize(dk.max(dv), 0.0);
     // A[r][s] = Σ_i (beta_r k_r[i]) k_s[i] exp(c_r[i] - c_s[i]), s < r.
+    sc.x.clear();
+    for r in 0..n {
+        sc.x.extend(k[r * dk..(r + 1) * dk].iter().map(|&y| y * beta[r]));
+    }
     sc.a.clear();
     sc.a.resize(n * n, 0.0);
-    for r in 1..n {
-        let kb = &mut sc.row[..dk];
-        for (x, &y) in kb.iter_mut().zip(&k[r * dk..(r + 1) * dk]) {
-            *x = y * beta[r];
-        }
-        for s in 0..r {
-            sc.a[r * n + s] =
-                decayed_dot(kb, &k[s * dk..(s + 1) * dk], cr(r), cr(s), &mut sc.t[..dk]);
-        }
-    }
+    decayed_products(
+        &sc.x,
+        k,
+        c,
+        n,
+        dk,
+        true,
+        &mut sc.a,
+        &mut sc.scaled,
+        &mut sc.t[..dk],
+    );
     // Forward substitution: U_r = beta_r v_r - Σ_{s<r} A[r][s] U_s,
     // W_r = (beta_r k_r) ⊙ exp(c_r) - Σ_{s<r} A[r][s] W_s.
     sc.u.clear();
@@ -200,6 +257,20 @@ pub fn chunk(
             *x = u - y;
         }
     }
+    // P[r][s] = Σ_i q_r[i] k_s[i] exp(c_r[i] - c_s[i]), s <= r.
+    sc.p.clear();
+    sc.p.resize(n * n, 0.0);
+    decayed_products(
+        q,
+        k,
+        c,
+        n,
+        dk,
+        false,
+        &mut sc.p,
+        &mut sc.scaled,
+        &mut sc.t[..dk],
+    );
     let mut intra = vec![0f32; dv];
     for r in 0..n {
         // inter = (q_r ⊙ exp(c_r)) S
@@ -212,8 +283,7 @@ pub fn chunk(
         // intra = Σ_{s<=r} (Σ_i q_r[i] k_s[i] exp(c_r[i] - c_s[i])) v'_s
         intra.fill(0.0);
         for s in 0..=r {
-            let p = decayed_dot(qr, &k[s * dk..(s + 1) * dk], cr(r), cr(s), &mut sc.t[..dk]);
-            axpy(p, &sc.vnew[s * dv..(s + 1) * dv], &mut intra);
+            axpy(sc.p[r * n + s], &sc.vnew[s * dv..(s + 1) * dv], &mut intra);
         }
         for (x, &y) in out.iter_mut().zip(&intra) {
             *x += y;
