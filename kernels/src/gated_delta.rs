@@ -84,6 +84,7 @@ pub fn step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f3
 /// The delta rule's write and read after the decay, shared by both rules' recurrent steps
 /// (this one and [`crate::kda::step`]): `S += k ⊗ beta (v - Sᵀk); o = Sᵀq`, every product
 /// sum an [`crate::axpy`] sequence in key-index order. `state` is `[dk, dv]`, `o` `[dv]`.
+#[inline]
 pub(crate) fn write_and_read(
     state: &mut [f32],
     q: &[f32],
@@ -128,6 +129,58 @@ pub struct ChunkScratch {
     pub(crate) p: Vec<f32>,
 }
 
+/// What both chunk forms (this rule's [`chunk`] and [`crate::kda::chunk`]) do after forming
+/// `A` (`sc.a`, `[n, n]`, entries `s < r`): the forward substitution of the unit
+/// lower-triangular system, `U_r = beta_r v_r - Σ_{s<r} A[r][s] U_s` (into `sc.u`) and
+/// `W_r = w0_r - Σ_{s<r} A[r][s] W_s` (into `sc.w`, `init_w(r, W_r)` writing `w0_r`, `[dk]`),
+/// row by row, each sum an [`crate::axpy`] sequence in increasing `s`; then
+/// `v'_r = U_r - W_r S` (into `sc.vnew`). `dims` is `(n, dk, dv)`.
+pub(crate) fn substitute(
+    sc: &mut ChunkScratch,
+    state: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    (n, dk, dv): (usize, usize, usize),
+    init_w: impl Fn(usize, &mut [f32]),
+) {
+    sc.u.clear();
+    sc.u.resize(n * dv, 0.0);
+    sc.w.clear();
+    sc.w.resize(n * dk, 0.0);
+    for r in 0..n {
+        let (done, rest) = sc.u.split_at_mut(r * dv);
+        let ur = &mut rest[..dv];
+        for (x, &y) in ur.iter_mut().zip(&v[r * dv..(r + 1) * dv]) {
+            *x = y * beta[r];
+        }
+        let (wdone, wrest) = sc.w.split_at_mut(r * dk);
+        let wr = &mut wrest[..dk];
+        init_w(r, wr);
+        for s in 0..r {
+            let a = -sc.a[r * n + s];
+            axpy(a, &done[s * dv..(s + 1) * dv], ur);
+            axpy(a, &wdone[s * dk..(s + 1) * dk], wr);
+        }
+    }
+    sc.vnew.clear();
+    sc.vnew.resize(n * dv, 0.0);
+    sc.row.resize(dk.max(dv), 0.0);
+    for r in 0..n {
+        let ws = &mut sc.row[..dv];
+        ws.fill(0.0);
+        for (i, srow) in state.chunks_exact(dv).enumerate() {
+            axpy(sc.w[r * dk + i], srow, ws);
+        }
+        for ((x, &u), &y) in sc.vnew[r * dv..(r + 1) * dv]
+            .iter_mut()
+            .zip(&sc.u[r * dv..(r + 1) * dv])
+            .zip(ws.iter())
+        {
+            *x = u - y;
+        }
+    }
+}
+
 /// The chunkwise form over `n = g.len() <= CHUNK` tokens (see the module doc): `q`, `k`
 /// (`[n, dk]`, normalized as for [`step`]), `v` (`[n, dv]`), `g` and `beta` (`[n]`); updates
 /// `state` (`[dk, dv]`) to the state after the last token and writes `o` (`[n, dv]`).
@@ -165,7 +218,9 @@ pub fn chunk(
         acc += x;
         sc.c.push(acc);
     }
-    let c = &sc.c;
+    // The running sums leave the scratch for the call (the helpers below borrow it).
+    let cbuf = std::mem::take(&mut sc.c);
+    let c = &cbuf;
     let last = c[n - 1];
     // A[r][s] = beta_r (k_r·k_s) exp(c_r - c_s), s < r (transformers: (k_beta @ kᵀ) * decay;
     // k_beta = k * beta rounds before the dot product).
@@ -182,46 +237,13 @@ pub fn chunk(
         }
     }
     // Forward substitution of the unit lower-triangular system: U_r = beta_r v_r - Σ_{s<r}
-    // A[r][s] U_s, W_r = beta_r exp(c_r) k_r - Σ_{s<r} A[r][s] W_s.
-    sc.u.clear();
-    sc.u.resize(n * dv, 0.0);
-    sc.w.clear();
-    sc.w.resize(n * dk, 0.0);
-    for r in 0..n {
-        let (done, rest) = sc.u.split_at_mut(r * dv);
-        let ur = &mut rest[..dv];
-        for (x, &y) in ur.iter_mut().zip(&v[r * dv..(r + 1) * dv]) {
-            *x = y * beta[r];
-        }
-        let (wdone, wrest) = sc.w.split_at_mut(r * dk);
-        let wr = &mut wrest[..dk];
+    // A[r][s] U_s, W_r = beta_r exp(c_r) k_r - Σ_{s<r} A[r][s] W_s; then v'_r = U_r - W_r S.
+    substitute(sc, state, v, beta, (n, dk, dv), |r, wr| {
         let e = c[r].exp();
         for (x, &y) in wr.iter_mut().zip(&k[r * dk..(r + 1) * dk]) {
             *x = (y * beta[r]) * e;
         }
-        for s in 0..r {
-            let a = -sc.a[r * n + s];
-            axpy(a, &done[s * dv..(s + 1) * dv], ur);
-            axpy(a, &wdone[s * dk..(s + 1) * dk], wr);
-        }
-    }
-    // v'_r = U_r - W_r S (into vnew), then the outputs.
-    sc.vnew.clear();
-    sc.vnew.resize(n * dv, 0.0);
-    for r in 0..n {
-        let ws = &mut sc.row[..dv];
-        ws.fill(0.0);
-        for (i, srow) in state.chunks_exact(dv).enumerate() {
-            axpy(sc.w[r * dk + i], srow, ws);
-        }
-        for ((x, &u), &y) in sc.vnew[r * dv..(r + 1) * dv]
-            .iter_mut()
-            .zip(&sc.u[r * dv..(r + 1) * dv])
-            .zip(ws.iter())
-        {
-            *x = u - y;
-        }
-    }
+    });
     sc.t.clear();
     sc.t.resize(dv, 0.0);
     for r in 0..n {
@@ -262,4 +284,5 @@ pub fn chunk(
     for (s, &t) in state.iter_mut().zip(&sc.a) {
         *s = *s * decay + t;
     }
+    sc.c = cbuf;
 }

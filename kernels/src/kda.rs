@@ -31,6 +31,7 @@
 //! overflows; one exponential per token and sub-block instead of one per pair); queries and keys are normalized by division, `x / sqrt(Σx² + 1e-6)`, as
 //! transformers' KDA `l2norm` does (not the reciprocal square root of the Qwen3-Next rule).
 
+use crate::gated_delta::substitute;
 use crate::{axpy, dot};
 
 /// The id of this rounding rule (module doc, "Numerics"): part of the KV cache identity.
@@ -194,7 +195,9 @@ pub fn chunk(
             sc.c.push(x);
         }
     }
-    let c = &sc.c;
+    // The running sums leave the scratch for the call (the helpers below borrow it).
+    let cbuf = std::mem::take(&mut sc.c);
+    let c = &cbuf;
     let cr = |r: usize| &c[r * dk..(r + 1) * dk];
     let last = cr(n - 1);
     sc.row.resize(dk.max(dv), 0.0);
@@ -218,45 +221,12 @@ pub fn chunk(
         &mut sc.t[..dk],
     );
     // Forward substitution: U_r = beta_r v_r - Σ_{s<r} A[r][s] U_s,
-    // W_r = (beta_r k_r) ⊙ exp(c_r) - Σ_{s<r} A[r][s] W_s.
-    sc.u.clear();
-    sc.u.resize(n * dv, 0.0);
-    sc.w.clear();
-    sc.w.resize(n * dk, 0.0);
-    for r in 0..n {
-        let (done, rest) = sc.u.split_at_mut(r * dv);
-        let ur = &mut rest[..dv];
-        for (x, &y) in ur.iter_mut().zip(&v[r * dv..(r + 1) * dv]) {
-            *x = y * beta[r];
-        }
-        let (wdone, wrest) = sc.w.split_at_mut(r * dk);
-        let wr = &mut wrest[..dk];
+    // W_r = (beta_r k_r) ⊙ exp(c_r) - Σ_{s<r} A[r][s] W_s; then v'_r = U_r - W_r S.
+    substitute(sc, state, v, beta, (n, dk, dv), |r, wr| {
         for ((x, &y), &ci) in wr.iter_mut().zip(&k[r * dk..(r + 1) * dk]).zip(cr(r)) {
             *x = (y * beta[r]) * ci.exp();
         }
-        for s in 0..r {
-            let a = -sc.a[r * n + s];
-            axpy(a, &done[s * dv..(s + 1) * dv], ur);
-            axpy(a, &wdone[s * dk..(s + 1) * dk], wr);
-        }
-    }
-    // v'_r = U_r - W_r S.
-    sc.vnew.clear();
-    sc.vnew.resize(n * dv, 0.0);
-    for r in 0..n {
-        let ws = &mut sc.row[..dv];
-        ws.fill(0.0);
-        for (i, srow) in state.chunks_exact(dv).enumerate() {
-            axpy(sc.w[r * dk + i], srow, ws);
-        }
-        for ((x, &u), &y) in sc.vnew[r * dv..(r + 1) * dv]
-            .iter_mut()
-            .zip(&sc.u[r * dv..(r + 1) * dv])
-            .zip(ws.iter())
-        {
-            *x = u - y;
-        }
-    }
+    });
     // P[r][s] = Σ_i q_r[i] k_s[i] exp(c_r[i] - c_s[i]), s <= r.
     sc.p.clear();
     sc.p.resize(n * n, 0.0);
@@ -317,4 +287,5 @@ pub fn chunk(
             *s = *s * decay + t;
         }
     }
+    sc.c = cbuf;
 }

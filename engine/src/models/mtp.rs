@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::layers::{DecoderLayer, LayerCtx, LayerKv, Linear, RmsNorm};
 use crate::models::{rms_norm, OutputScaling};
 use crate::weights::Weights;
-use coli_format::spec::{layer_of, LayerSpec, TensorSpec};
+use coli_format::spec::{LayerSpec, TensorSpec};
 use coli_format::MatrixView;
 use coli_format::ModelSpec;
 
@@ -82,12 +82,7 @@ pub(crate) fn load<'s>(
     };
     let n = m.layer.index;
     let store = w.store();
-    let any_dense = store
-        .manifest()
-        .dense
-        .iter()
-        .any(|d| layer_of(&d.name) == Some(n as u32))
-        || m.dense().iter().any(|t| w.has(t));
+    let any_dense = m.dense().iter().any(|t| w.has(t));
     let experts = store
         .manifest()
         .expert_layers
