@@ -133,7 +133,7 @@ pub fn kv_bytes_per_sequence(spec: &ModelSpec, context: usize) -> u64 {
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
 /// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
 /// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
-/// its full layers; Inkling: the keys and values of its full layers (what grows with the
+/// its full layers; none per linear-attention layer of a hybrid model; Inkling: the keys and values of its full layers (what grows with the
 /// context; [`kv_bytes_per_sequence`] adds the bounded rest). Checked against
 /// `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
 pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
@@ -146,8 +146,15 @@ pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
             .sum();
         return (values * 4) as u64;
     }
+    // Hybrid models: only the full-attention layers keep keys and values per position.
+    let linear = |l: usize| {
+        spec.gated_delta
+            .as_ref()
+            .is_some_and(|g| g.linear_layers.get(l).copied().unwrap_or(false))
+    };
     let values: usize = match &spec.mla {
         Some(m) => (0..spec.num_layers)
+            .filter(|&l| !linear(l))
             .map(|l| {
                 let dsa = m
                     .dsa
@@ -157,11 +164,8 @@ pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
                 m.kv_lora_rank + m.qk_rope_head_dim + dsa
             })
             .sum(),
-        // Hybrid models: only the full-attention layers keep keys and values per position.
         None => {
-            let full = spec.gated_delta.as_ref().map_or(spec.num_layers, |g| {
-                spec.num_layers - g.linear_layer_count()
-            });
+            let full = (0..spec.num_layers).filter(|&l| !linear(l)).count();
             full * 2 * spec.num_kv_heads * spec.head_dim
         }
     };

@@ -536,6 +536,15 @@ impl<'s> Engine<'s> {
                 SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => None,
             })
             .unwrap_or("none");
+        let recurrent = self
+            .model
+            .layers
+            .iter()
+            .find_map(|l| match &l.attn {
+                SelfAttn::GatedDelta(a) => Some(a.rule_id()),
+                _ => None,
+            })
+            .unwrap_or(coli_kernels::gated_delta::RULE_ID);
         let mtp = self.model.mtp.as_ref().map(|m| MtpLayout {
             kv_dim: m.kv_dim(),
             v_dim: m.decoder.attn.v_dim(),
@@ -555,6 +564,7 @@ impl<'s> Engine<'s> {
             h.digest(),
             coli_kernels::numerics_id(coli_kernels::detected_isa()),
             mla,
+            recurrent,
             layer_kv_dims(&self.model.layers),
             self.v_dims.clone(),
             self.model

@@ -17,7 +17,7 @@ use coli_store::{ExpertKey, IoPreference, Store};
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::Path;
 
-const FAMILIES: [&str; 13] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 14] = coli_tests::FIXTURE_FAMILIES;
 
 /// Sequences of the schedule.
 const SEQS: usize = 8;
@@ -369,6 +369,7 @@ fn a_failed_expert_read_rolls_back_every_sequence_of_the_pass() {
         "glm5_fp8",
         "qwen3_next_bf16",
         "qwen3_5_moe_bf16",
+        "kimi_linear_bf16",
     ] {
         let exp = expected(name);
         let (_tmp, dir) = convert_fixture(name, "int4_store");

@@ -1,6 +1,7 @@
-//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling and Qwen3-Next fixtures
-//! (copies of tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8, deepseek_v32_fp8,
-//! inkling_bf16, qwen3_next_bf16} with one thing broken):
+//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling, Qwen3-Next, Qwen3.5 and
+//! Kimi-Linear fixtures (copies of tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8,
+//! deepseek_v32_fp8, inkling_bf16, qwen3_next_bf16, qwen3_5_moe_bf16, kimi_linear_bf16} with one
+//! thing broken):
 //! a missing shard, config fields the family needs, shapes that disagree with config.json and
 //! config values the family cannot run are refused by `coli-convert`'s preflight with an error
 //! naming the file, field or tensor, and nothing is written (no store, no partial directory).
@@ -405,4 +406,106 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
         ],
     );
     partial_mtp_refused(n);
+}
+
+/// Kimi-Linear as published: KDA and NoPE-MLA layers listed 1-based in `linear_attn_config`,
+/// the per-channel decay tensors, DeepSeek-style MoE under `block_sparse_moe`.
+#[test]
+fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "kimi_linear_bf16";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    let lin_refused = |edit: &dyn Fn(&mut Value), names: &[&str]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = with_config(n, tmp.path(), |c| edit(&mut c["linear_attn_config"]));
+        refused(&ck, tmp.path(), names);
+    };
+    // KDA shapes that disagree with config.json name the tensor and the expected shape.
+    lin_refused(
+        &|l| l["head_dim"] = json!(8),
+        &["model.layers.0.self_attn.", "expected"],
+    );
+    lin_refused(
+        &|l| l["short_conv_kernel_size"] = json!(3),
+        &[
+            "model.layers.0.self_attn.",
+            "_conv1d.weight",
+            "expected [64, 1, 3]",
+        ],
+    );
+    // Fewer heads of twice the width: the projections keep their shapes, the per-head decay
+    // tensors do not.
+    lin_refused(
+        &|l| {
+            l["num_heads"] = json!(2);
+            l["head_dim"] = json!(32);
+        },
+        &["model.layers.0.self_attn.", "expected"],
+    );
+    // Layer lists the tensors contradict: layer 3 (1-based) declared KDA, which holds MLA.
+    lin_refused(
+        &|l| {
+            l["kda_layers"] = json!([1, 2, 3, 4]);
+            l["full_attn_layers"] = json!([]);
+        },
+        &["model.layers.2.self_attn.", "missing"],
+    );
+    // Lists that are not a partition of the layers.
+    lin_refused(
+        &|l| l["kda_layers"] = json!([1, 2]),
+        &["config.json", "linear_attn_config.", "layer 4"],
+    );
+    lin_refused(
+        &|l| l["full_attn_layers"] = json!([3, 4]),
+        &["config.json", "layer 4", "twice"],
+    );
+    lin_refused(
+        &|l| l["kda_layers"] = json!([0, 1, 2]),
+        &["config.json", "linear_attn_config.kda_layers", "1-based"],
+    );
+    // KDA variants of later families.
+    lin_refused(
+        &|l| l["gate_lower_bound"] = json!(-5.0),
+        &["gate_lower_bound"],
+    );
+    // Values the family cannot run.
+    config_refused(n, "mla_use_nope", json!(false), &["mla_use_nope"]);
+    config_refused(
+        n,
+        "moe_router_activation_func",
+        json!("softmax"),
+        &["moe_router_activation_func"],
+    );
+    config_refused(
+        n,
+        "num_nextn_predict_layers",
+        json!(1),
+        &["num_nextn_predict_layers"],
+    );
+    config_refused(
+        n,
+        "num_experts_per_token",
+        Value::Null,
+        &["config.json", "num_experts_per_token"],
+    );
+    config_refused(
+        n,
+        "num_expert_group",
+        json!(3),
+        &["config.json", "num_expert_group"],
+    );
+    // A missing decay tensor.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| {
+        name == "model.layers.1.self_attn.dt_bias"
+    });
+    refused(&ck, tmp.path(), &["model.layers.1.self_attn.dt_bias"]);
+    // The language model nested under a wrapper's prefix that its plain config does not
+    // declare: nothing matches the spec's names.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::rewrite_checkpoint(&coli_tests::fixture_dir(n), &ck, |name| {
+        Some(name.replacen("model.", "model.language_model.", 1))
+    });
+    refused(&ck, tmp.path(), &["model.embed_tokens.weight"]);
 }

@@ -16,7 +16,7 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 12] = [
+const FIXTURES: [&str; 13] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
@@ -29,6 +29,7 @@ const FIXTURES: [&str; 12] = [
     "inkling_bf16",
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
+    "kimi_linear_bf16",
 ];
 
 fn default_encodings() -> Encodings {

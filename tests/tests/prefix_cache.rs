@@ -25,7 +25,7 @@ use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 13] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 14] = coli_tests::FIXTURE_FAMILIES;
 
 fn argmax(row: &[f32]) -> u32 {
     coli_engine::sampling::argmax(row)
@@ -396,6 +396,7 @@ fn damaged_foreign_and_newer_files_are_never_used() {
         0,
         "other-isa",
         "none",
+        "gdr-r1",
         layout.kv_dims.clone(),
         layout.v_dims.clone(),
         layout.conv_dims.clone(),

@@ -306,3 +306,13 @@ fn qwen3_6_35b_a3b_fp8_as_published() {
         "the MTP layer's experts"
     );
 }
+
+#[test]
+fn kimi_linear_48b_a3b_as_published() {
+    // 20 KDA layers (q/k/v convolutions, F32 decay tensors, A_log as (1, 1, H, 1)) and 7 NoPE
+    // MLA layers, listed 1-based in `linear_attn_config`; a dense first layer, then 26 layers
+    // of 256 experts under `block_sparse_moe` (w1/w3/w2); no MTP layer.
+    let m = replica_runs("kimi-linear-48b-a3b");
+    assert_eq!(m.expert_layers.len(), 26);
+    assert_eq!(m.expert_layers[0].layer, 1);
+}

@@ -39,7 +39,7 @@ pub enum SelfAttn<'s> {
     Inkling(InklingAttention<'s>),
     /// A Gated DeltaNet linear-attention layer (Qwen3-Next): a recurrent state, no keys or
     /// values per position.
-    GatedDelta(GatedDeltaNet<'s>),
+    GatedDelta(Box<GatedDeltaNet<'s>>),
 }
 
 impl SelfAttn<'_> {

@@ -1,21 +1,28 @@
-//! A Gated DeltaNet linear-attention layer (Qwen3-Next, Qwen3.5/3.6-MoE; transformers 5.25
-//! `Qwen3NextGatedDeltaNet`, `models/qwen3_next/modeling_qwen3_next.py`, and
-//! `Qwen3_5MoeGatedDeltaNet`, `models/qwen3_5_moe/modeling_qwen3_5_moe.py`):
+//! A gated delta rule linear-attention layer: the Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6-MoE;
+//! transformers 5.25 `Qwen3NextGatedDeltaNet`, `models/qwen3_next/modeling_qwen3_next.py`, and
+//! `Qwen3_5MoeGatedDeltaNet`, `models/qwen3_5_moe/modeling_qwen3_5_moe.py`) and Kimi Delta
+//! Attention (Kimi-Linear; `KimiLinearDeltaAttention`, `models/kimi_linear/modeling_kimi_linear.py`).
+//! One layer, two rules ([`DeltaRule`]), the same state:
 //!
 //! 1. The input projections ([`GatedDeltaProjections`]) give, per position, the convolution's
-//!    inputs `[q | k | v]`, the gate `z` (`Hv dv`), `b` and `a` (`Hv`). Qwen3-Next's
-//!    `in_proj_qkvz` and `in_proj_ba` group their rows per key head
-//!    (`fix_query_key_value_ordering`): group g holds `q_g (dk) | k_g (dk) | v (r dv) | z (r dv)`
-//!    and `b (r) | a (r)` of value heads `g r .. (g + 1) r` (`r = Hv / Hk`); Qwen3.5's
-//!    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` give them in that order already.
+//!    inputs `[q | k | v]`, the output gate `z` (`Hv dv`), `b` (`Hv`) and the decay input `a`
+//!    (`Hv` for the Gated DeltaNet, `Hv dk` for KDA). Qwen3-Next's `in_proj_qkvz` and
+//!    `in_proj_ba` group their rows per key head (`fix_query_key_value_ordering`): group g holds
+//!    `q_g (dk) | k_g (dk) | v (r dv) | z (r dv)` and `b (r) | a (r)` of value heads
+//!    `g r .. (g + 1) r` (`r = Hv / Hk`); Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+//!    `in_proj_a` give them in that order already; KDA's `q_proj`, `k_proj`, `v_proj`, `b_proj`
+//!    and its low-rank `f_b(f_a(x))` (decay) and `g_b(g_a(x))` (gate).
 //! 2. A causal depthwise convolution of `K` taps over the channels `[q | k | v]`
 //!    (`C = 2 Hk dk + Hv dv`), then SiLU (`causal_conv1d_forward` / `causal_conv1d_update`:
 //!    positions before 0 read zeros).
-//! 3. q and k L2-normalized per head, q scaled by `dk^-0.5`; `beta = sigmoid(b)`, the log decay
-//!    `g = -exp(A_log) softplus(a + dt_bias)` (softplus as torch's: `x` above 20).
-//! 4. The gated delta rule per value head ([`coli_kernels::gated_delta`]) from the layer's
-//!    recurrent state.
-//! 5. The gated RMSNorm of each value head's output: `rms_norm(o) * w * silu(z)`; `out_proj`.
+//! 3. q and k L2-normalized per head, q scaled by `dk^-0.5` (each rule's `normalize_qk`);
+//!    `beta = sigmoid(b)`, the log decay `g = -exp(A_log) softplus(a + dt_bias)` (softplus as
+//!    torch's: `x` above 20), one per head and token (Gated DeltaNet) or per key channel (KDA:
+//!    `dt_bias` has `Hv dk` values, `A_log` one per head).
+//! 4. The rule per value head ([`coli_kernels::gated_delta`], [`coli_kernels::kda`]) from the
+//!    layer's recurrent state.
+//! 5. The gated RMSNorm of each value head's output: `rms_norm(o) * w * act(z)` with
+//!    `act = silu` (Gated DeltaNet) or `sigmoid` (KDA's `o_norm`); `out_proj` / `o_proj`.
 //!
 //! **State** (in the layer's [`LayerKv`]): the convolution's inputs per position (`conv`,
 //! `C` f32 per row, trimmed like Inkling's to what later positions read) and the recurrent
@@ -36,10 +43,15 @@
 
 use crate::layers::inkling::trim;
 use crate::layers::{LayerKv, Linear, RecurrentCheckpoint, RmsNorm, Span};
-use coli_kernels::gated_delta::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
+use coli_kernels::gated_delta::{ChunkScratch, CHUNK};
+use coli_kernels::{gated_delta, kda};
 use rayon::prelude::*;
 
 pub use coli_format::spec::qwen3_next::{CHECKPOINT_EVERY, MAX_CHECKPOINTS};
+pub use coli_format::spec::DeltaRule;
+
+// Both rules' chunkwise forms take the same chunk of positions.
+const _: () = assert!(kda::CHUNK == CHUNK);
 
 /// A Gated DeltaNet layer's input projections.
 // One per layer, loaded once: the variants' sizes do not matter.
@@ -65,21 +77,44 @@ pub enum GatedDeltaProjections<'s> {
         /// `in_proj_a`.
         a: Linear<'s>,
     },
+    /// Kimi Delta Attention: `q_proj`, `k_proj`, `v_proj` `[Hv d, H]`; the low-rank forget
+    /// gate `f_a_proj` `[d, H]`, `f_b_proj` `[Hv d, d]`; `b_proj` `[Hv, H]`; the low-rank
+    /// output gate `g_a_proj` `[d, H]`, `g_b_proj` `[Hv d, d]`.
+    Kda {
+        /// `q_proj`.
+        q: Linear<'s>,
+        /// `k_proj`.
+        k: Linear<'s>,
+        /// `v_proj`.
+        v: Linear<'s>,
+        /// `f_a_proj`.
+        f_a: Linear<'s>,
+        /// `f_b_proj`.
+        f_b: Linear<'s>,
+        /// `b_proj`.
+        b: Linear<'s>,
+        /// `g_a_proj`.
+        g_a: Linear<'s>,
+        /// `g_b_proj`.
+        g_b: Linear<'s>,
+    },
 }
 
-/// One Gated DeltaNet layer (see the module doc).
+/// One gated delta rule layer (see the module doc).
 pub struct GatedDeltaNet<'s> {
+    /// The rule (Gated DeltaNet or KDA).
+    pub rule: DeltaRule,
     /// The input projections.
     pub input: GatedDeltaProjections<'s>,
-    /// `conv1d.weight` as f32 `[C, K]`.
+    /// The convolution weights as f32 `[C, K]` (KDA's three concatenated).
     pub conv: Vec<f32>,
-    /// `dt_bias` `[Hv]`.
+    /// `dt_bias`: `[Hv]` (Gated DeltaNet) or `[Hv dk]` (KDA).
     pub dt_bias: Vec<f32>,
     /// `-exp(A_log)` `[Hv]` (f32, as transformers computes it from the f32 `A_log`).
     pub neg_a: Vec<f32>,
-    /// The gated RMSNorm (`norm.weight` `[dv]`, used as is).
+    /// The gated RMSNorm (`norm.weight` / `o_norm.weight` `[dv]`, used as is).
     pub norm: RmsNorm,
-    /// `out_proj` `[H, Hv dv]`.
+    /// `out_proj` / `o_proj` `[H, Hv dv]`.
     pub out: Linear<'s>,
     /// Key heads Hk.
     pub key_heads: usize,
@@ -112,9 +147,27 @@ impl GatedDeltaNet<'_> {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
     }
 
+    /// The id of the rule's rounding (`gdr-r1`, `kda-r1`): part of the KV cache identity.
+    pub fn rule_id(&self) -> &'static str {
+        match self.rule {
+            DeltaRule::GatedDeltaNet => gated_delta::RULE_ID,
+            DeltaRule::Kda => kda::RULE_ID,
+        }
+    }
+
+    /// Log decays per value head and token: 1 (Gated DeltaNet) or `dk` (KDA, one per key
+    /// channel).
+    fn decay_width(&self) -> usize {
+        match self.rule {
+            DeltaRule::GatedDeltaNet => 1,
+            DeltaRule::Kda => self.key_dim,
+        }
+    }
+
     /// The layer's dimensions as the model spec states them.
     pub fn spec(&self) -> coli_format::spec::GatedDeltaSpec {
         coli_format::spec::GatedDeltaSpec {
+            rule: self.rule,
             linear_layers: Vec::new(),
             key_heads: self.key_heads,
             value_heads: self.value_heads,
@@ -130,7 +183,7 @@ impl GatedDeltaNet<'_> {
     }
 
     /// The input projections of `n` rows `x` (`[n, H]`): the convolution's inputs `[n, C]`
-    /// (`[q | k | v]`), `z` `[n, Hv dv]`, `b` and `a` `[n, Hv]`.
+    /// (`[q | k | v]`), `z` `[n, Hv dv]`, `b` `[n, Hv]` and `a` `[n, Hv decay_width]`.
     fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         let (hk, hv, dk, dv) = (
             self.key_heads,
@@ -141,8 +194,34 @@ impl GatedDeltaNet<'_> {
         let (kd, vd, c) = (hk * dk, hv * dv, self.conv_dim());
         let mut mixed = vec![0f32; n * c];
         let mut z = vec![0f32; n * vd];
-        let (mut b, mut a) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+        let mut b = vec![0f32; n * hv];
+        let mut a = vec![0f32; n * hv * self.decay_width()];
         match &self.input {
+            GatedDeltaProjections::Kda {
+                q,
+                k,
+                v,
+                f_a,
+                f_b,
+                b: bp,
+                g_a,
+                g_b,
+            } => {
+                // [q | k | v] per row: each projection into its own buffer, then interleaved.
+                let mut part = vec![0f32; n * kd];
+                for (i, l) in [q, k, v].into_iter().enumerate() {
+                    l.forward(x, n, &mut part);
+                    for (t, row) in part.chunks_exact(kd).enumerate() {
+                        mixed[t * c + i * kd..t * c + (i + 1) * kd].copy_from_slice(row);
+                    }
+                }
+                let mut low = vec![0f32; n * dk];
+                f_a.forward(x, n, &mut low);
+                f_b.forward(&low, n, &mut a);
+                g_a.forward(x, n, &mut low);
+                g_b.forward(&low, n, &mut z);
+                bp.forward(x, n, &mut b);
+            }
             GatedDeltaProjections::Split {
                 qkv,
                 z: zp,
@@ -235,25 +314,33 @@ impl GatedDeltaNet<'_> {
             }
             r0 += s.n;
         }
-        // Per value head: q, k normalized (q scaled), g and beta.
-        let mut g = vec![0f32; n * hv];
-        let mut beta = vec![0f32; n * hv];
-        for t in 0..n {
-            for h in 0..hv {
-                beta[t * hv + h] = sigmoid(b[t * hv + h]);
-                g[t * hv + h] = self.neg_a[h] * softplus(a[t * hv + h] + self.dt_bias[h]);
-            }
-        }
+        // Per value head: q, k normalized (q scaled), g (per head or per key channel) and beta.
+        let gw = self.decay_width();
+        let beta: Vec<f32> = b.iter().map(|&x| sigmoid(x)).collect();
+        let g: Vec<f32> = a
+            .chunks_exact(hv * gw)
+            .flat_map(|row| {
+                row.iter()
+                    .zip(&self.dt_bias)
+                    .enumerate()
+                    .map(|(col, (&x, &bias))| self.neg_a[col / gw] * softplus(x + bias))
+            })
+            .collect();
         let mut qn = vec![0f32; n * kd];
         let mut knorm = vec![0f32; n * kd];
         for t in 0..n {
             qn[t * kd..(t + 1) * kd].copy_from_slice(&conv[t * c..t * c + kd]);
             knorm[t * kd..(t + 1) * kd].copy_from_slice(&conv[t * c + kd..t * c + 2 * kd]);
         }
+        let normalize_qk = match self.rule {
+            DeltaRule::GatedDeltaNet => gated_delta::normalize_qk,
+            DeltaRule::Kda => kda::normalize_qk,
+        };
         for (qh, kh) in qn.chunks_exact_mut(dk).zip(knorm.chunks_exact_mut(dk)) {
             normalize_qk(qh, kh);
         }
         // The recurrence, one task per (span, value head).
+        let rule = self.rule;
         let rl = self.recurrent_len();
         let mut starts = Vec::with_capacity(spans.len());
         let mut r0 = 0;
@@ -321,8 +408,17 @@ impl GatedDeltaNet<'_> {
                                     conv[at..at + dv].iter().copied()
                                 })
                                 .collect();
-                            let gs: Vec<f32> = (t0..t1).map(|u| g[(r0 + u) * hv + h]).collect();
+                            let gs: Vec<f32> = (t0..t1)
+                                .flat_map(|u| {
+                                    let at = ((r0 + u) * hv + h) * gw;
+                                    g[at..at + gw].iter().copied()
+                                })
+                                .collect();
                             let bs: Vec<f32> = (t0..t1).map(|u| beta[(r0 + u) * hv + h]).collect();
+                            let chunk = match rule {
+                                DeltaRule::GatedDeltaNet => gated_delta::chunk,
+                                DeltaRule::Kda => kda::chunk,
+                            };
                             chunk(
                                 state,
                                 &qs,
@@ -337,15 +433,19 @@ impl GatedDeltaNet<'_> {
                         } else {
                             let row = r0 + t;
                             let at = row * c + 2 * kd + h * dv;
-                            step(
-                                state,
+                            let (q, k, v, o) = (
                                 &qn[row * kd + kh * dk..row * kd + (kh + 1) * dk],
                                 &knorm[row * kd + kh * dk..row * kd + (kh + 1) * dk],
                                 &conv[at..at + dv],
-                                g[row * hv + h],
-                                beta[row * hv + h],
                                 &mut o[t * dv..(t + 1) * dv],
                             );
+                            let (gi, bi) = ((row * hv + h) * gw, beta[row * hv + h]);
+                            match rule {
+                                DeltaRule::GatedDeltaNet => {
+                                    gated_delta::step(state, q, k, v, g[gi], bi, o)
+                                }
+                                DeltaRule::Kda => kda::step(state, q, k, v, &g[gi..gi + gw], bi, o),
+                            }
                             t += 1;
                         }
                     }
@@ -378,11 +478,15 @@ impl GatedDeltaNet<'_> {
             };
         }
         // The gated RMSNorm per value head, then out_proj.
+        let act = match self.rule {
+            DeltaRule::GatedDeltaNet => |z: f32| z * sigmoid(z),
+            DeltaRule::Kda => sigmoid,
+        };
         let mut normed = vec![0f32; dv];
         for (orow, zrow) in core.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
             coli_kernels::rms_norm(orow, &self.norm.weight, self.norm.eps, &mut normed);
             for ((o, &y), &zz) in orow.iter_mut().zip(&normed).zip(zrow) {
-                *o = y * (zz * sigmoid(zz));
+                *o = y * act(zz);
             }
         }
         self.out.forward(&core, n, out);

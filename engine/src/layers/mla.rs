@@ -29,7 +29,11 @@ use std::sync::{Arc, Mutex};
 
 /// The rotary frequencies (`qk_rope_head_dim / 2` values, f32) and the cos/sin multiplier
 /// (`attention_factor`), as `_compute_yarn_parameters` (YaRN) or the default RoPE.
+/// A NoPE model (`m.nope`, Kimi-Linear) gets [`Rope::none`].
 pub fn mla_rope(m: &MlaSpec) -> (Rope, f32) {
+    if m.nope {
+        return (Rope::none(m.qk_rope_head_dim), 1.0);
+    }
     match &m.yarn {
         None => (Rope::new(m.qk_rope_head_dim, m.rope_theta), 1.0),
         Some(y) => Rope::yarn(m.qk_rope_head_dim, m.rope_theta, y),

@@ -28,6 +28,16 @@ impl Rope {
         }
     }
 
+    /// No rotation (NoPE: Kimi-Linear's MLA): every frequency 0, so the tables are cos 1 and
+    /// sin 0 at every position and [`Rope::apply`] (or MLA's interleaved form) returns each
+    /// value as it was (`x * 1 + y * 0`: exact for finite values).
+    pub fn none(head_dim: usize) -> Rope {
+        Rope {
+            inv_freq: vec![0.0; head_dim / 2],
+            attention_scaling: 1.0,
+        }
+    }
+
     /// YaRN frequencies and attention factor (`modeling_rope_utils._compute_yarn_parameters`,
     /// transformers 5.23; YaRN paper, Peng et al. 2023, section 3): the default frequencies
     /// blended with `freq / factor` by a linear ramp over the correction range

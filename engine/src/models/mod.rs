@@ -7,6 +7,7 @@ pub mod deepseek_v3;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod inkling;
+pub mod kimi_linear;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod mtp;
@@ -15,10 +16,14 @@ pub mod qwen3_moe;
 pub mod qwen3_next;
 
 use crate::error::{EngineError, Result};
-use crate::layers::{Attention, DecoderLayer, Ffn, Mlp, MoeBlock, QkNorm, RmsNorm, Rope, SelfAttn};
+use crate::layers::{
+    Attention, DecoderLayer, Ffn, GatedDeltaNet, GatedDeltaProjections, Mlp, MoeBlock, QkNorm,
+    RmsNorm, Rope, SelfAttn,
+};
 use crate::weights::Weights;
 use coli_format::spec::{
-    AttentionSpec, Family, LayerSpec, MlpSpec, ModelSpec, MoeSpec, Routing, TensorSpec,
+    AttentionSpec, Family, GatedDeltaInput, GatedDeltaNetSpec, GatedDeltaSpec, LayerSpec, MlpSpec,
+    ModelSpec, MoeSpec, Routing, TensorSpec,
 };
 use coli_format::MatrixView;
 use coli_store::Store;
@@ -82,6 +87,7 @@ impl<'s> Model<'s> {
             Family::Qwen3Next | Family::Qwen35Moe => {
                 qwen3_next::load(&mut w, &spec, &mut warnings)?
             }
+            Family::KimiLinear => kimi_linear::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,
@@ -230,6 +236,69 @@ pub(crate) fn rms_norm(w: &mut Weights<'_>, spec: &ModelSpec, t: &TensorSpec) ->
         }
     }
     Ok(n)
+}
+
+/// A gated delta rule layer (Gated DeltaNet or KDA, as `g.rule` says) from its tensors `a`;
+/// its dimensions from `g`. The convolution weights are read as f32 and concatenated in order
+/// (KDA's `q_conv1d`, `k_conv1d`, `v_conv1d`: transformers' `Concatenate(dim=0)`), the decay
+/// rate formed as `-exp(A_log)` in f32 as transformers forms it.
+pub(crate) fn load_gated_delta<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    g: &GatedDeltaSpec,
+    a: &GatedDeltaNetSpec,
+) -> Result<GatedDeltaNet<'s>> {
+    let input = match &a.input {
+        GatedDeltaInput::Fused { qkvz, ba } => GatedDeltaProjections::Fused {
+            qkvz: w.linear(qkvz)?,
+            ba: w.linear(ba)?,
+        },
+        GatedDeltaInput::Split { qkv, z, b, a } => GatedDeltaProjections::Split {
+            qkv: w.linear(qkv)?,
+            z: w.linear(z)?,
+            b: w.linear(b)?,
+            a: w.linear(a)?,
+        },
+        GatedDeltaInput::Kda {
+            q,
+            k,
+            v,
+            f_a,
+            f_b,
+            b,
+            g_a,
+            g_b,
+        } => GatedDeltaProjections::Kda {
+            q: w.linear(q)?,
+            k: w.linear(k)?,
+            v: w.linear(v)?,
+            f_a: w.linear(f_a)?,
+            f_b: w.linear(f_b)?,
+            b: w.linear(b)?,
+            g_a: w.linear(g_a)?,
+            g_b: w.linear(g_b)?,
+        },
+    };
+    let mut conv = Vec::new();
+    for t in &a.convs {
+        conv.extend(w.vector(t)?);
+    }
+    let a_log = w.vector(&a.a_log)?;
+    Ok(GatedDeltaNet {
+        rule: g.rule,
+        input,
+        conv,
+        dt_bias: w.vector(&a.dt_bias)?,
+        neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+        // The gated norm uses its weight as is.
+        norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
+        out: w.linear(&a.out)?,
+        key_heads: g.key_heads,
+        value_heads: g.value_heads,
+        key_dim: g.key_head_dim,
+        value_dim: g.value_head_dim,
+        kernel: g.conv_kernel,
+    })
 }
 
 /// A dense SwiGLU MLP.

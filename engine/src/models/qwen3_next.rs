@@ -16,10 +16,10 @@
 //!   MoE layer, its norms zero-centred too, the main embedding and lm_head shared.
 
 use crate::error::{EngineError, Result};
-use crate::layers::{DecoderLayer, GatedDeltaNet, GatedDeltaProjections, QkNorm, SelfAttn};
-use crate::models::{assemble_layers, load_attention, load_ffn, rms_norm, Parts};
+use crate::layers::{DecoderLayer, QkNorm, SelfAttn};
+use crate::models::{assemble_layers, load_attention, load_ffn, load_gated_delta, rms_norm, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, GatedDeltaInput, GatedDeltaSpec, LayerSpec, QkNormSpec};
+use coli_format::spec::{AttentionSpec, GatedDeltaSpec, LayerSpec, QkNormSpec};
 use coli_format::ModelSpec;
 
 /// Loads a Qwen3-Next or Qwen3.5-MoE model's weights, and its MTP layer
@@ -59,35 +59,7 @@ fn load_layer<'s>(
     l: &LayerSpec,
 ) -> Result<DecoderLayer<'s>> {
     let attn = match &l.attention {
-        AttentionSpec::GatedDeltaNet(a) => {
-            let input = match &a.input {
-                GatedDeltaInput::Fused { qkvz, ba } => GatedDeltaProjections::Fused {
-                    qkvz: w.linear(qkvz)?,
-                    ba: w.linear(ba)?,
-                },
-                GatedDeltaInput::Split { qkv, z, b, a } => GatedDeltaProjections::Split {
-                    qkv: w.linear(qkv)?,
-                    z: w.linear(z)?,
-                    b: w.linear(b)?,
-                    a: w.linear(a)?,
-                },
-            };
-            let a_log = w.vector(&a.a_log)?;
-            SelfAttn::GatedDelta(GatedDeltaNet {
-                input,
-                conv: w.vector(&a.conv)?,
-                dt_bias: w.vector(&a.dt_bias)?,
-                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
-                // The gated norm uses its weight as is.
-                norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
-                out: w.linear(&a.out)?,
-                key_heads: g.key_heads,
-                value_heads: g.value_heads,
-                key_dim: g.key_head_dim,
-                value_dim: g.value_head_dim,
-                kernel: g.conv_kernel,
-            })
-        }
+        AttentionSpec::GatedDeltaNet(a) => SelfAttn::GatedDelta(Box::new(load_gated_delta(w, spec, g, a)?)),
         AttentionSpec::Gqa {
             qk_norm: QkNormSpec::PerHead { q, k },
             ..

@@ -24,7 +24,7 @@ pub struct KvLayout {
     pub store_id: [u8; 16],
     /// The canonical parameter string: every parameter that changes the cached numbers (cache
     /// layout version, store id, weights fingerprint, kernel numerics (`coli_kernels::numerics_id`), MLA decode form,
-    /// the recurrent layers' rule (`coli_kernels::gated_delta::RULE_ID`), KV dtype), and none
+    /// the recurrent layers' rule (`coli_kernels::gated_delta::RULE_ID`, `coli_kernels::kda::RULE_ID`), KV dtype), and none
     /// that does not (budget, I/O engine, prefetch, threads, prefill chunk).
     pub params: String,
     /// XXH3-64 of [`KvLayout::params`].
@@ -53,13 +53,16 @@ impl KvLayout {
     /// (XXH3-64 of the store's MANIFEST and INDEX, which hold every tensor's and record's
     /// checksum: the store id names the conversion, not the bytes) running kernels whose
     /// numbers `isa` names (`coli_kernels::numerics_id`); `mla_decode` is `absorbed`, `expanded`, or `none` for
-    /// families without MLA.
+    /// families without MLA; `recurrent` is the rounding rule id of the model's recurrent layers
+    /// (`gdr-r1`, `kda-r1`; models without such layers pass `gdr-r1`, the id every layout held
+    /// before KDA, so their saved files keep their names).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         store_id: [u8; 16],
         weights: u64,
         isa: &str,
         mla_decode: &str,
+        recurrent: &str,
         kv_dims: Vec<usize>,
         v_dims: Vec<usize>,
         conv_dims: Vec<usize>,
@@ -67,7 +70,6 @@ impl KvLayout {
         mtp: Option<MtpLayout>,
     ) -> KvLayout {
         let id: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
-        let recurrent = coli_kernels::gated_delta::RULE_ID;
         let params = format!(
             "kv-layout={KV_LAYOUT_VERSION};store={id};weights={weights:016x};isa={isa};mla-decode={mla_decode};recurrent={recurrent};kv-dtype=f32"
         );

@@ -106,7 +106,19 @@ pub(crate) fn mla_attention(
 
 /// The grouped-sigmoid MoE block of layer `i` (with `s.n_shared_experts` shared experts).
 pub(crate) fn sigmoid_moe(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpec {
-    let p = format!("model.layers.{i}.mlp");
+    sigmoid_moe_named(s, i, class, "mlp", ["gate_proj", "up_proj", "down_proj"])
+}
+
+/// [`sigmoid_moe`] under `model.layers.{i}.{block}` with the experts' matrices named
+/// `matrices` (gate, up, down): Kimi-Linear's `block_sparse_moe` with `w1`, `w3`, `w2`.
+pub(crate) fn sigmoid_moe_named(
+    s: &ModelSpec,
+    i: usize,
+    class: TensorClass,
+    block: &str,
+    matrices: [&'static str; 3],
+) -> FfnSpec {
+    let p = format!("model.layers.{i}.{block}");
     let (h, e) = (s.hidden_size, s.num_experts);
     FfnSpec::Moe(MoeSpec {
         router: TensorSpec::new(
@@ -142,7 +154,7 @@ pub(crate) fn sigmoid_moe(s: &ModelSpec, i: usize, class: TensorClass) -> FfnSpe
                 TensorClass::RoutedExpert
             },
             prefix: format!("{p}.experts"),
-            storage: super::ExpertStorage::PerExpert(["gate_proj", "up_proj", "down_proj"]),
+            storage: super::ExpertStorage::PerExpert(matrices),
             biases: false,
         },
     })

@@ -43,6 +43,9 @@ pub struct MlaSpec {
     pub rope_theta: f64,
     /// `rope_interleave` (default true): rotate pairs `(x[2i], x[2i+1])`.
     pub rope_interleave: bool,
+    /// No RoPE at all (Kimi-Linear's `mla_use_nope`): the `qk_rope_head_dim` part of the
+    /// queries and of the shared key is used as projected, unrotated.
+    pub nope: bool,
     /// YaRN scaling, when configured.
     pub yarn: Option<Yarn>,
     /// `(dn + dr)^-0.5`, times `mscale(factor, mscale_all_dim)^2` under YaRN.
@@ -424,6 +427,7 @@ impl MlaSpec {
             v_head_dim: f.req_usize("v_head_dim")?,
             rope_theta: rope_theta.unwrap_or(default_theta),
             rope_interleave: dsa_family || f.bool("rope_interleave")?.unwrap_or(true),
+            nope: false,
             yarn,
             softmax_scale: softmax_scale as f32,
             n_group,

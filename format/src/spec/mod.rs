@@ -7,7 +7,8 @@
 //! converter's preflight checks a checkpoint against it; the engine's model files load exactly
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
-//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`], [`qwen3_5_moe`].
+//! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`], [`qwen3_5_moe`],
+//! [`kimi_linear`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
@@ -20,6 +21,7 @@ pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod inkling;
 mod json;
+pub mod kimi_linear;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod mla;
@@ -34,7 +36,7 @@ pub use inkling::{InklingSpec, LogScaling};
 pub use json::eos_ids;
 use json::Fields;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
-pub use qwen3_next::GatedDeltaSpec;
+pub use qwen3_next::{DeltaRule, GatedDeltaSpec};
 use serde_json::Value;
 use std::collections::HashMap;
 pub use tensors::*;
@@ -54,6 +56,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "inkling_text",
     "qwen3_next",
     "qwen3_5_moe_text",
+    "kimi_linear",
 ];
 
 /// A supported model family.
@@ -84,6 +87,8 @@ pub enum Family {
     /// `qwen3_5_moe_text`, the language model of Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`)
     /// ([`qwen3_5_moe`]).
     Qwen35Moe,
+    /// `kimi_linear`, Kimi-Linear-48B-A3B ([`kimi_linear`]).
+    KimiLinear,
 }
 
 impl Family {
@@ -105,6 +110,7 @@ impl Family {
             "inkling_text" => Ok(Family::Inkling),
             "qwen3_next" => Ok(Family::Qwen3Next),
             "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
+            "kimi_linear" => Ok(Family::KimiLinear),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -127,6 +133,7 @@ impl Family {
             Family::Inkling => "inkling_text",
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen35Moe => "qwen3_5_moe_text",
+            Family::KimiLinear => "kimi_linear",
         }
     }
 
@@ -150,7 +157,8 @@ impl Family {
             | Family::GlmMoeDsa
             | Family::Glm4Moe
             | Family::Qwen3Next
-            | Family::Qwen35Moe => 10_000.0,
+            | Family::Qwen35Moe
+            | Family::KimiLinear => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
@@ -172,7 +180,8 @@ impl Family {
             | Family::Olmoe
             | Family::GlmMoeDsa
             | Family::GptOss
-            | Family::Glm4Moe => 1e-5,
+            | Family::Glm4Moe
+            | Family::KimiLinear => 1e-5,
         }
     }
 }
@@ -313,8 +322,8 @@ pub struct ModelSpec {
     /// Inkling: its sliding layers' heads, relative position bias, short convolutions, routing
     /// and output scaling.
     pub inkling: Option<InklingSpec>,
-    /// Hybrid linear-attention families (Qwen3-Next): the Gated DeltaNet layers' heads and
-    /// which layers they are.
+    /// Hybrid linear-attention families (Qwen3-Next, Qwen3.5, Kimi-Linear): the gated delta
+    /// rule layers' rule, heads and which layers they are.
     pub gated_delta: Option<GatedDeltaSpec>,
     /// RMSNorm weights are stored zero-centred: the model multiplies by `1 + w` (Qwen3-Next's
     /// `Qwen3NextRMSNorm`; not its gated norm, which uses `w`).
@@ -596,11 +605,15 @@ impl ModelSpec {
             Family::Inkling => inkling::configure(config, &f, &mut spec)?,
             Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
             Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
+            Family::KimiLinear => kimi_linear::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
         }
-        let top_k = f.req_usize("num_experts_per_tok")?;
+        let top_k = match family {
+            Family::KimiLinear => kimi_linear::top_k(&f)?,
+            _ => f.req_usize("num_experts_per_tok")?,
+        };
         if top_k == 0 || top_k > spec.num_experts {
             return Err(f.err(format!(
                 "num_experts_per_tok {top_k} must be in 1..={}",
@@ -666,6 +679,7 @@ impl ModelSpec {
             Family::Inkling => inkling::tensors(&spec),
             Family::Qwen3Next => qwen3_next::tensors(&spec),
             Family::Qwen35Moe => qwen3_5_moe::tensors(&spec),
+            Family::KimiLinear => kimi_linear::tensors(&spec),
         };
         Ok(spec)
     }

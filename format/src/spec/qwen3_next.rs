@@ -31,10 +31,23 @@ use super::{
 };
 use crate::FormatError;
 
-/// The Gated DeltaNet layers of a hybrid model: their heads and which layers they are.
+/// Which gated delta rule a hybrid model's linear-attention layers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeltaRule {
+    /// The Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6): one log decay per value head and token,
+    /// output gate `silu(z)` (`coli_kernels::gated_delta`).
+    GatedDeltaNet,
+    /// Kimi Delta Attention (Kimi-Linear; GLM-5.3-Flash and Kimi K3 build on it): one log
+    /// decay per key channel and token, output gate `sigmoid(g)` (`coli_kernels::kda`).
+    Kda,
+}
+
+/// The gated delta rule layers of a hybrid model: their rule, heads and which layers they are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatedDeltaSpec {
-    /// Per main layer: whether it is a Gated DeltaNet (`linear_attention`) layer.
+    /// The rule (and so the layer's tensors: [`super::GatedDeltaInput`]).
+    pub rule: DeltaRule,
+    /// Per main layer: whether it is a linear-attention (`linear_attention`) layer.
     pub linear_layers: Vec<bool>,
     /// Key (and query) heads `Hk` (`linear_num_key_heads`).
     pub key_heads: usize,
@@ -183,6 +196,7 @@ pub(crate) fn configure_hybrid(
         }
     };
     let g = GatedDeltaSpec {
+        rule: DeltaRule::GatedDeltaNet,
         linear_layers,
         key_heads: f.usize("linear_num_key_heads")?.unwrap_or(16),
         value_heads: f.usize("linear_num_value_heads")?.unwrap_or(32),
@@ -293,12 +307,12 @@ fn hybrid_layer(
         let vd = g.value_heads * g.value_head_dim;
         AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
             input: input(&p, g, h),
-            conv: TensorSpec::new(
+            convs: vec![TensorSpec::new(
                 format!("{p}.conv1d.weight"),
                 &[g.conv_channels(), 1, g.conv_kernel],
                 c,
                 TensorKind::Conv,
-            ),
+            )],
             dt_bias: TensorSpec::new(
                 format!("{p}.dt_bias"),
                 &[g.value_heads],

@@ -483,24 +483,29 @@ pub struct MoeSpec {
     pub experts: ExpertsSpec,
 }
 
-/// A Gated DeltaNet layer's tensors (`model.layers.{i}.linear_attn`, transformers 5.25
-/// `Qwen3NextGatedDeltaNet`), with `Hk` key heads of `dk`, `Hv` value heads of `dv`
+/// A gated delta rule layer's tensors, with `Hk` key heads of `dk`, `Hv` value heads of `dv`
 /// ([`crate::spec::GatedDeltaSpec`]) and the short convolution over the `C = 2 Hk dk + Hv dv`
-/// channels of `[q | k | v]`.
+/// channels of `[q | k | v]`: a Gated DeltaNet (`model.layers.{i}.linear_attn`, transformers
+/// 5.25 `Qwen3NextGatedDeltaNet`) or a Kimi Delta Attention layer
+/// (`model.layers.{i}.self_attn`, `KimiLinearDeltaAttention`; `Hk = Hv`, `dk = dv`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatedDeltaNetSpec {
     /// The input projections.
     pub input: GatedDeltaInput,
-    /// `conv1d.weight` `[C, 1, K]` (depthwise, no bias; SiLU after it).
-    pub conv: TensorSpec,
-    /// `dt_bias` `[Hv]`.
+    /// The depthwise convolution's weights `[c, 1, K]` (no bias; SiLU after it), whose channels
+    /// concatenated in order are the `C` channels `[q | k | v]`: Qwen3-Next's one
+    /// `conv1d.weight` `[C, 1, K]`; KDA's `q_conv1d`, `k_conv1d`, `v_conv1d` (transformers
+    /// concatenates them into its `conv1d` at load).
+    pub convs: Vec<TensorSpec>,
+    /// `dt_bias`: `[Hv]` (one per head) or, for KDA, `[Hv dk]` (one per key channel).
     pub dt_bias: TensorSpec,
-    /// `A_log` `[Hv]`: the decay rate `exp(A_log)` (`g = -exp(A_log) softplus(a + dt_bias)`).
+    /// `A_log` `[Hv]` (KDA: `[1, 1, Hv, 1]`): the decay rate `exp(A_log)` per head
+    /// (`g = -exp(A_log) softplus(a + dt_bias)`).
     pub a_log: TensorSpec,
-    /// `norm.weight` `[dv]`: the gated RMSNorm of each value head's output (weight used as is,
-    /// then times `silu(z)`).
+    /// The gated RMSNorm of each value head's output, `[dv]` (weight used as is, then times
+    /// the gate's activation): `norm.weight` (silu), KDA's `o_norm.weight` (sigmoid).
     pub norm: TensorSpec,
-    /// `out_proj` `[H, Hv dv]`.
+    /// `out_proj` / KDA's `o_proj` `[H, Hv dv]`.
     pub out: LinearSpec,
 }
 
@@ -532,6 +537,29 @@ pub enum GatedDeltaInput {
         /// `in_proj_a`.
         a: LinearSpec,
     },
+    /// Kimi Delta Attention (`KimiLinearDeltaAttention`, `Hk = Hv` heads of `d = dk = dv`):
+    /// `q_proj`, `k_proj`, `v_proj` `[Hv d, H]` (the convolution's channels in that order),
+    /// the low-rank forget gate `f_a_proj` `[d, H]` then `f_b_proj` `[Hv d, d]` (one log decay
+    /// per key channel), `b_proj` `[Hv, H]` (beta), the low-rank output gate `g_a_proj`
+    /// `[d, H]` then `g_b_proj` `[Hv d, d]`.
+    Kda {
+        /// `q_proj`.
+        q: LinearSpec,
+        /// `k_proj`.
+        k: LinearSpec,
+        /// `v_proj`.
+        v: LinearSpec,
+        /// `f_a_proj`.
+        f_a: LinearSpec,
+        /// `f_b_proj`.
+        f_b: LinearSpec,
+        /// `b_proj`.
+        b: LinearSpec,
+        /// `g_a_proj`.
+        g_a: LinearSpec,
+        /// `g_b_proj`.
+        g_b: LinearSpec,
+    },
 }
 
 impl GatedDeltaInput {
@@ -540,6 +568,16 @@ impl GatedDeltaInput {
         match self {
             GatedDeltaInput::Fused { qkvz, ba } => vec![qkvz, ba],
             GatedDeltaInput::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+            GatedDeltaInput::Kda {
+                q,
+                k,
+                v,
+                f_a,
+                f_b,
+                b,
+                g_a,
+                g_b,
+            } => vec![q, k, v, f_a, f_b, b, g_a, g_b],
         }
     }
 }
@@ -655,7 +693,8 @@ impl LayerSpec {
                 for l in a.input.linears() {
                     push_linear(&mut out, l);
                 }
-                out.extend([&a.conv, &a.dt_bias, &a.a_log, &a.norm]);
+                out.extend(&a.convs);
+                out.extend([&a.dt_bias, &a.a_log, &a.norm]);
                 push_linear(&mut out, &a.out);
             }
             AttentionSpec::Mla {

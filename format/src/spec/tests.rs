@@ -815,3 +815,160 @@ fn hybrid_families_mtp_layer() {
         assert!(e.contains(key) && e.contains("at most one"), "{e}");
     }
 }
+
+/// Kimi-Linear's published config (docs/configs): 1-based layer lists in
+/// `linear_attn_config`, the published key names (`num_experts_per_token`, `moe_renormalize`,
+/// `model_max_length`, ...), NoPE MLA, grouped sigmoid routing; and the same model as
+/// transformers 5.25 saves its config (`layer_types`, `mlp_layer_types`, the aliases).
+#[test]
+fn kimi_linear_reads_published_and_transformers_configs() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/configs/kimi-linear-48b-a3b.config.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let s = spec(v.clone()).unwrap();
+    assert_eq!(s.family, Family::KimiLinear);
+    assert_eq!((s.num_experts, s.top_k, s.n_shared_experts), (256, 8, 1));
+    assert_eq!(s.max_position_embeddings, 1 << 20);
+    assert_eq!(s.rms_norm_eps, 1e-5);
+    let g = s.gated_delta.as_ref().unwrap();
+    assert_eq!(g.rule, DeltaRule::Kda);
+    let full: Vec<usize> = (0..27).filter(|&i| !g.linear_layers[i]).collect();
+    assert_eq!(full, [3, 7, 11, 15, 19, 23, 26]);
+    assert_eq!(
+        (g.key_heads, g.value_heads, g.key_head_dim, g.conv_kernel),
+        (32, 32, 128, 4)
+    );
+    assert_eq!(g.conv_channels(), 3 * 32 * 128);
+    let m = s.mla.as_ref().unwrap();
+    assert!(m.nope && m.q_lora_rank.is_none() && m.dsa.is_none());
+    assert_eq!(m.softmax_scale, (192f64).powf(-0.5) as f32);
+    assert_eq!(
+        s.routing,
+        Routing::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            renormalize: true,
+            scaling: 2.446
+        }
+    );
+    assert_eq!(s.moe_layers, [vec![false], vec![true; 26]].concat());
+    assert_eq!(s.num_mtp_layers, 0);
+    let n = names(&s);
+    for t in [
+        "model.layers.0.self_attn.q_conv1d.weight",
+        "model.layers.0.self_attn.A_log",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.3.self_attn.kv_b_proj.weight",
+        "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+        "model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
+    ] {
+        assert!(n.iter().any(|x| x == t), "{t}");
+    }
+    let a_log = s
+        .tensors
+        .dense()
+        .into_iter()
+        .find(|t| t.name == "model.layers.0.self_attn.A_log")
+        .unwrap();
+    assert_eq!(a_log.shape, [1, 1, 32, 1]);
+    let e = s.tensors.expert_sets()[0];
+    assert_eq!(
+        e.tensor_names(5)[1],
+        "model.layers.1.block_sparse_moe.experts.5.w3.weight"
+    );
+    // Dense tensors plus 26 x 256 x 3 experts: the release's 20,493 names.
+    let experts: usize = s
+        .tensors
+        .expert_sets()
+        .iter()
+        .map(|e| 3 * e.count as usize)
+        .sum();
+    assert_eq!(s.tensors.dense().len() + experts, 20_493);
+
+    // As transformers saves it: per-layer lists and the attribute_map aliases.
+    let mut t = v.clone();
+    let o = t.as_object_mut().unwrap();
+    o.remove("linear_attn_config");
+    o.insert(
+        "layer_types".into(),
+        json!((0..27)
+            .map(|i| if full.contains(&i) {
+                "full_attention"
+            } else {
+                "linear_attention"
+            })
+            .collect::<Vec<_>>()),
+    );
+    o.insert(
+        "mlp_layer_types".into(),
+        json!((0..27)
+            .map(|i| if i < 2 { "dense" } else { "sparse" })
+            .collect::<Vec<_>>()),
+    );
+    o.insert("linear_num_heads".into(), json!(32));
+    o.insert("linear_head_dim".into(), json!(128));
+    let per_tok = o.remove("num_experts_per_token").unwrap();
+    o.insert("num_experts_per_tok".into(), per_tok);
+    let t = spec(t).unwrap();
+    assert_eq!(
+        t.gated_delta.as_ref().unwrap().linear_layers,
+        g.linear_layers
+    );
+    assert_eq!(t.moe_layers, [vec![false; 2], vec![true; 25]].concat());
+    assert_eq!(t.top_k, 8);
+
+    // Without any layer list: full attention at 0-based multiples of 4 from 4 on.
+    let mut d = v.clone();
+    d["linear_attn_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kda_layers");
+    let d = spec(d).unwrap();
+    let lin = &d.gated_delta.as_ref().unwrap().linear_layers;
+    assert!(lin[0] && !lin[4] && lin[5] && !lin[8]);
+
+    // Refused, naming the field.
+    for (key, val, what) in [
+        ("mla_use_nope", json!(false), "mla_use_nope"),
+        (
+            "moe_router_activation_func",
+            json!("softmax"),
+            "moe_router_activation_func",
+        ),
+        ("moe_layer_freq", json!(2), "moe_layer_freq"),
+        (
+            "num_nextn_predict_layers",
+            json!(1),
+            "num_nextn_predict_layers",
+        ),
+        ("mlp_layer_types", json!(["dense"]), "mlp_layer_types"),
+    ] {
+        let mut b = v.clone();
+        b[key] = val;
+        let e = spec(b).unwrap_err().to_string();
+        assert!(e.contains(what), "{key}: {e}");
+    }
+    for (edit, what) in [
+        (
+            json!({"full_attn_layers": [4, 8, 12, 16, 20, 24, 28]}),
+            "1..=27",
+        ),
+        (
+            json!({"full_attn_layers": [4, 8, 12, 16, 20, 24, 26]}),
+            "twice",
+        ),
+        (
+            json!({"full_attn_layers": [4, 8, 12, 16, 20, 24]}),
+            "layer 27",
+        ),
+        (json!({"num_heads": 0}), "num_heads is 0"),
+        (json!({"use_full_rank_gate": true}), "use_full_rank_gate"),
+    ] {
+        let mut b = v.clone();
+        for (k, x) in edit.as_object().unwrap() {
+            b["linear_attn_config"][k] = x.clone();
+        }
+        let e = spec(b).unwrap_err().to_string();
+        assert!(e.contains(what), "{edit}: {e}");
+    }
+}

@@ -1,0 +1,354 @@
+//! Kimi-Linear (`model_type: kimi_linear`; Kimi-Linear-48B-A3B), as transformers 5.25
+//! `KimiLinearConfig` / `modeling_kimi_linear.py` reads the published config and checkpoint.
+//!
+//! - Layers: `layer_types` (transformers 5), else `linear_attn_config.kda_layers` and
+//!   `.full_attn_layers` (1-based layer numbers, as published), else layer i is full attention
+//!   when `i > 0 && i % 4 == 0`. A layer is MoE per `mlp_layer_types`, else from
+//!   `first_k_dense_replace` (default 1) on; the others a dense SwiGLU `mlp.*` of
+//!   `intermediate_size`.
+//! - Kimi Delta Attention (`KimiLinearDeltaAttention`, [`DeltaRule::Kda`]), `self_attn.*`:
+//!   `q_proj`, `k_proj`, `v_proj` then a causal depthwise convolution each (`q_conv1d`,
+//!   `k_conv1d`, `v_conv1d`, `short_conv_kernel_size` taps) and SiLU, q/k L2-normalized (q
+//!   scaled by `d^-0.5`), one log decay per key channel
+//!   `g = -exp(A_log[h]) softplus(f_b(f_a(x)) + dt_bias)`, `beta = sigmoid(b_proj(x))`, the
+//!   rule per head (`coli_kernels::kda`), the gated RMSNorm `o_norm(o) * sigmoid(g_b(g_a(x)))`,
+//!   `o_proj`. `linear_attn_config.num_heads` heads of `.head_dim`.
+//! - Full attention (`KimiLinearAttention`): DeepSeek-V3's MLA without RoPE (`mla_use_nope`:
+//!   the `qk_rope_head_dim` part of the queries and of the shared key enters unrotated), softmax
+//!   scale `(qk_nope_head_dim + qk_rope_head_dim)^-0.5`, `q_proj` (or the q LoRA when
+//!   `q_lora_rank` is set).
+//! - MoE (`KimiLinearMoE`, DeepSeek-V3's): grouped sigmoid routing with
+//!   `block_sparse_moe.gate.e_score_correction_bias`, `routed_scaling_factor`, renormalized
+//!   when `moe_renormalize`; `num_shared_experts` shared experts
+//!   `block_sparse_moe.shared_experts.*`; routed experts `block_sparse_moe.experts.E.w1/w3/w2`.
+//! - Config keys as published, or their transformers aliases (`attribute_map`): `num_experts`
+//!   (`num_local_experts`), `num_experts_per_token` (`num_experts_per_tok`),
+//!   `num_shared_experts` (`n_shared_experts`), `moe_renormalize` (`norm_topk_prob`),
+//!   `num_expert_group` (`n_group`), `model_max_length` (`max_position_embeddings`).
+//! - No MTP layer (the class has none; `num_nextn_predict_layers` above 0 is refused).
+
+use super::build;
+use super::deepseek_v3::{mla_attention, sigmoid_moe_named};
+use super::json::Fields;
+use super::mla::MlaSpec;
+use super::qwen3_next::DeltaRule;
+use super::{
+    AttentionSpec, FfnSpec, GatedDeltaInput, GatedDeltaNetSpec, GatedDeltaSpec, ModelSpec,
+    ModelTensors, Routing, TensorClass, TensorKind, TensorSpec,
+};
+use crate::FormatError;
+
+/// The first of `keys` that the config sets (published name first, then its alias).
+fn first_usize(f: &Fields<'_>, keys: &[&str]) -> Result<Option<usize>, FormatError> {
+    for k in keys {
+        if let Some(v) = f.usize(k)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+/// Experts per token: `num_experts_per_token` as published, else `num_experts_per_tok`.
+pub(crate) fn top_k(f: &Fields<'_>) -> Result<usize, FormatError> {
+    first_usize(f, &["num_experts_per_token", "num_experts_per_tok"])?.ok_or_else(|| {
+        f.err(format!(
+            "missing field {}num_experts_per_token (or num_experts_per_tok)",
+            f.prefix
+        ))
+    })
+}
+
+/// Per layer, whether it is a KDA layer (see the module doc for the precedence).
+fn linear_layers(
+    f: &Fields<'_>,
+    lin: Option<&Fields<'_>>,
+    n: usize,
+) -> Result<Vec<bool>, FormatError> {
+    let pre = f.prefix;
+    if let Some(types) = f.strings("layer_types")? {
+        if types.len() != n {
+            return Err(f.err(format!(
+                "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
+                types.len()
+            )));
+        }
+        return types
+            .iter()
+            .map(|t| match *t {
+                "linear_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(f.err(format!(
+                    "{pre}layer_types: {other:?} (kimi_linear has linear_attention and full_attention layers)"
+                ))),
+            })
+            .collect();
+    }
+    let lists = lin.and_then(|l| {
+        l.get("kda_layers")
+            .zip(l.get("full_attn_layers"))
+            .map(|_| l)
+    });
+    let Some(l) = lists else {
+        return Ok((0..n).map(|i| !(i > 0 && i % 4 == 0)).collect());
+    };
+    let mut kinds: Vec<Option<bool>> = vec![None; n];
+    for (key, linear) in [("kda_layers", true), ("full_attn_layers", false)] {
+        let Some(serde_json::Value::Array(a)) = l.get(key) else {
+            return Err(l.err(format!("{}{key} must be a list of layer numbers", l.prefix)));
+        };
+        for v in a {
+            let k = v
+                .as_u64()
+                .map(|k| k as usize)
+                .filter(|&k| (1..=n).contains(&k));
+            let Some(k) = k else {
+                return Err(l.err(format!(
+                    "{}{key} lists {v}: layer numbers are 1..={n} (1-based, {pre}num_hidden_layers {n})",
+                    l.prefix
+                )));
+            };
+            if kinds[k - 1].replace(linear).is_some() {
+                return Err(l.err(format!(
+                    "{}{key}: layer {k} is listed twice (kda_layers and full_attn_layers must not overlap)",
+                    l.prefix
+                )));
+            }
+        }
+    }
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            k.ok_or_else(|| {
+                l.err(format!(
+                    "{}kda_layers and full_attn_layers leave layer {} (1-based) out",
+                    l.prefix,
+                    i + 1
+                ))
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+    let pre = f.prefix;
+    let unsupported = |what: String| Err(FormatError::Unsupported(format!("kimi_linear {what}")));
+    if f.bool("mla_use_nope")? == Some(false) {
+        return unsupported(format!(
+            "with {pre}mla_use_nope false (RoPE in the MLA layers; the released model and transformers' class have none)"
+        ));
+    }
+    if let Some(a) = f.str("moe_router_activation_func")? {
+        if a != "sigmoid" {
+            return unsupported(format!(
+                "with {pre}moe_router_activation_func {a:?} (only sigmoid)"
+            ));
+        }
+    }
+    if f.usize("moe_layer_freq")?.is_some_and(|v| v != 1) {
+        return unsupported(format!(
+            "with {pre}moe_layer_freq other than 1 (transformers' class does not read it)"
+        ));
+    }
+    if f.bool("attention_bias")? == Some(true) {
+        return unsupported(format!("with {pre}attention_bias true"));
+    }
+    let mtp = f.usize("num_nextn_predict_layers")?.unwrap_or(0);
+    if mtp > 0 {
+        return unsupported(format!(
+            "with {pre}num_nextn_predict_layers {mtp} (the released model and transformers' class have no MTP layer)"
+        ));
+    }
+    let lin = f.object("linear_attn_config", "linear_attn_config.");
+    if let Some(l) = &lin {
+        if l.f64("gate_lower_bound")?.is_some() || l.bool("use_full_rank_gate")? == Some(true) {
+            return unsupported(
+                "with linear_attn_config.gate_lower_bound or use_full_rank_gate (GLM-5.3-Flash / Kimi K3 KDA variants)"
+                    .into(),
+            );
+        }
+    }
+    let n = s.num_layers;
+    s.num_experts = first_usize(f, &["num_experts", "num_local_experts"])?.unwrap_or(256);
+    s.moe_intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(1024);
+    if f.get("intermediate_size").is_none() {
+        s.intermediate_size = 9216;
+    }
+    s.max_position_embeddings =
+        first_usize(f, &["model_max_length", "max_position_embeddings"])?.unwrap_or(1_048_576);
+    s.norm_topk_prob = match f.bool("moe_renormalize")? {
+        Some(b) => b,
+        None => f.bool("norm_topk_prob")?.unwrap_or(true),
+    };
+    s.n_shared_experts = first_usize(f, &["num_shared_experts", "n_shared_experts"])?.unwrap_or(1);
+    let n_group = first_usize(f, &["num_expert_group", "n_group"])?
+        .unwrap_or(1)
+        .max(1);
+    let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
+    if !s.num_experts.is_multiple_of(n_group) || topk_group > n_group {
+        return Err(f.err(format!(
+            "{pre}num_expert_group {n_group} must divide {pre}num_experts {} and be >= {pre}topk_group {topk_group}",
+            s.num_experts
+        )));
+    }
+    let scaling = f.f64("routed_scaling_factor")?.unwrap_or(2.446) as f32;
+    s.routing = Routing::GroupedSigmoid {
+        n_group,
+        topk_group,
+        renormalize: s.norm_topk_prob,
+        scaling,
+    };
+    let first_dense = f.usize("first_k_dense_replace")?.unwrap_or(1);
+    let mlp_sparse: Vec<bool> = match f.strings("mlp_layer_types")? {
+        Some(t) if t.len() == n => t
+            .iter()
+            .map(|t| match *t {
+                "sparse" => Ok(true),
+                "dense" => Ok(false),
+                o => Err(f.err(format!(
+                    "{pre}mlp_layer_types entry {o:?} (\"dense\" or \"sparse\")"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(t) => {
+            return Err(f.err(format!(
+                "{pre}mlp_layer_types lists {} layers, {pre}num_hidden_layers is {n}",
+                t.len()
+            )))
+        }
+        None => (0..n).map(|i| i >= first_dense).collect(),
+    };
+    s.moe_layers = mlp_sparse.iter().map(|&m| m && s.num_experts > 0).collect();
+    let qk_nope_head_dim = f.usize("qk_nope_head_dim")?.unwrap_or(128);
+    let qk_rope_head_dim = f.usize("qk_rope_head_dim")?.unwrap_or(64);
+    let m = MlaSpec {
+        q_lora_rank: f.usize("q_lora_rank")?,
+        kv_lora_rank: f.usize("kv_lora_rank")?.unwrap_or(512),
+        qk_nope_head_dim,
+        qk_rope_head_dim,
+        v_head_dim: f.usize("v_head_dim")?.unwrap_or(128),
+        // No RoPE: the theta is never used.
+        rope_theta: 10_000.0,
+        rope_interleave: false,
+        nope: true,
+        yarn: None,
+        softmax_scale: ((qk_nope_head_dim + qk_rope_head_dim) as f64).powf(-0.5) as f32,
+        n_group,
+        topk_group,
+        routed_scaling_factor: scaling,
+        n_shared_experts: s.n_shared_experts,
+        first_k_dense_replace: first_dense,
+        moe_layer_freq: 1,
+        num_nextn_predict_layers: 0,
+        mlp_sparse: Some(mlp_sparse),
+        dsa: None,
+    };
+    for (key, v) in [
+        ("kv_lora_rank", m.kv_lora_rank),
+        ("qk_nope_head_dim", m.qk_nope_head_dim),
+        ("v_head_dim", m.v_head_dim),
+    ] {
+        if v == 0 {
+            return Err(f.err(format!("{pre}{key} is 0")));
+        }
+    }
+    s.rope_theta = m.rope_theta;
+    s.mla = Some(m);
+    // `linear_attn_config` wins over the top-level `linear_*` keys (`KimiLinearConfig`).
+    let lin_usize = |key: &str, top: &str, default: usize| -> Result<usize, FormatError> {
+        Ok(
+            match lin.as_ref().map(|l| l.usize(key)).transpose()?.flatten() {
+                Some(v) => v,
+                None => f.usize(top)?.unwrap_or(default),
+            },
+        )
+    };
+    let heads = lin_usize("num_heads", "linear_num_heads", 32)?;
+    let head_dim = lin_usize("head_dim", "linear_head_dim", 128)?;
+    let kernel = lin_usize("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
+    for (key, v) in [
+        ("linear_attn_config.num_heads", heads),
+        ("linear_attn_config.head_dim", head_dim),
+        ("linear_attn_config.short_conv_kernel_size", kernel),
+    ] {
+        if v == 0 {
+            return Err(f.err(format!("{pre}{key} is 0")));
+        }
+    }
+    s.gated_delta = Some(GatedDeltaSpec {
+        rule: DeltaRule::Kda,
+        linear_layers: linear_layers(f, lin.as_ref(), n)?,
+        key_heads: heads,
+        value_heads: heads,
+        key_head_dim: head_dim,
+        value_head_dim: head_dim,
+        conv_kernel: kernel,
+    });
+    Ok(())
+}
+
+/// The KDA block of layer `i`: `model.layers.{i}.self_attn.*` (module doc).
+fn kda_attention(s: &ModelSpec, g: &GatedDeltaSpec, i: usize) -> AttentionSpec {
+    let p = format!("model.layers.{i}.self_attn");
+    let (h, hv, d, c) = (
+        s.hidden_size,
+        g.value_heads,
+        g.key_head_dim,
+        TensorClass::Dense,
+    );
+    let lin = |name: &str, rows: usize, cols: usize| {
+        build::linear(&format!("{p}.{name}"), rows, cols, false, c)
+    };
+    let conv = |name: &str| {
+        TensorSpec::new(
+            format!("{p}.{name}.weight"),
+            &[hv * d, 1, g.conv_kernel],
+            c,
+            TensorKind::Conv,
+        )
+    };
+    AttentionSpec::GatedDeltaNet(Box::new(GatedDeltaNetSpec {
+        input: GatedDeltaInput::Kda {
+            q: lin("q_proj", hv * d, h),
+            k: lin("k_proj", hv * d, h),
+            v: lin("v_proj", hv * d, h),
+            f_a: lin("f_a_proj", d, h),
+            f_b: lin("f_b_proj", hv * d, d),
+            b: lin("b_proj", hv, h),
+            g_a: lin("g_a_proj", d, h),
+            g_b: lin("g_b_proj", hv * d, d),
+        },
+        convs: vec![conv("q_conv1d"), conv("k_conv1d"), conv("v_conv1d")],
+        dt_bias: TensorSpec::new(format!("{p}.dt_bias"), &[hv * d], c, TensorKind::Bias),
+        a_log: TensorSpec::new(format!("{p}.A_log"), &[1, 1, hv, 1], c, TensorKind::Bias),
+        norm: build::norm(format!("{p}.o_norm.weight"), d, c),
+        out: lin("o_proj", h, hv * d),
+    }))
+}
+
+pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
+    let g = s.gated_delta.as_ref().expect("configured");
+    let m = s.mla.as_ref().expect("configured");
+    let c = TensorClass::Dense;
+    let layers = (0..s.num_layers)
+        .map(|i| {
+            let attention = if g.linear_layers[i] {
+                kda_attention(s, g, i)
+            } else {
+                mla_attention(s, m, i, c, None)
+            };
+            let ffn = if s.is_moe_layer(i) {
+                sigmoid_moe_named(s, i, c, "block_sparse_moe", ["w1", "w3", "w2"])
+            } else {
+                FfnSpec::Dense(build::mlp(
+                    &format!("model.layers.{i}.mlp"),
+                    s.hidden_size,
+                    s.intermediate_size,
+                    c,
+                ))
+            };
+            build::layer(s, i, attention, ffn, c)
+        })
+        .collect();
+    build::model(s, layers, vec![])
+}
