@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Issue 44's prefill target on a Qwen3-Next-shaped random model (engine/bench/qwen3_next_shape.py:
-# the release's linear-attention and attention heads at hidden 1024, 8 layers, 32 experts):
+# the release's linear-attention and attention heads at hidden 1024, 8 layers, 32 experts), and
+# issue 45's on a Kimi-Linear-shaped one with SHAPE=kimi_linear (engine/bench/kimi_linear_shape.py:
+# KDA heads 32 x 128 and the release's MLA at the same width, depth and experts):
 # TTFT of a 2048-token prompt prefilled in chunks of 256 (projections as matmuls, the Gated
 # DeltaNet layers' chunkwise form over whole aligned chunks of 64) against token by token
 # (--prefill-batch 1: matvecs, the recurrent form), interleaved, REPS times, same binary.
-# Usage: bash engine/bench/qwen3_next_prefill.sh [DIR] (default /tmp/coli-q3n-bench; needs the
-# fixture venv of tests/fixtures/requirements.txt as $PY, default python3).
+# Usage: [SHAPE=kimi_linear] bash engine/bench/qwen3_next_prefill.sh [DIR] (default
+# /tmp/coli-<SHAPE>-bench; needs the fixture venv of tests/fixtures/requirements.txt as $PY,
+# default python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dir="${1:-/tmp/coli-q3n-bench}"
+shape="${SHAPE:-qwen3_next}"
+dir="${1:-/tmp/coli-$shape-bench}"
 py="${PY:-python3}"
 reps="${REPS:-2}"
 n="${TOKENS:-2048}"
-[ -d "$dir/hf" ] || "$py" engine/bench/qwen3_next_shape.py "$dir/hf"
+[ -d "$dir/hf" ] || "$py" "engine/bench/${shape}_shape.py" "$dir/hf"
 cargo build -q --release -p coli-convert -p coli-tools
 [ -d "$dir/store" ] || target/release/coli-convert "$dir/hf" "$dir/store" --experts int4-g64 --dense bf16
 ids=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 8000)) for _ in range($n)))")

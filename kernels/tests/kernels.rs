@@ -498,3 +498,40 @@ fn default_entry_points_use_the_detected_isa() {
     matmul_with(isa, &w, &x, n, &mut d);
     assert_eq!(c, d);
 }
+
+/// Every token of a matmul of many tokens (several blocks of the result's untransposition, the
+/// last partial, large enough to run it on the pool) is its own matvec bit for bit, under both
+/// numerics.
+#[test]
+fn matmul_of_many_tokens_is_each_tokens_matvec() {
+    use coli_kernels::{matmul_num, matvec_num, Numerics};
+    let (rows, cols, n) = (2048usize, 64usize, 37usize);
+    for (ei, enc) in [
+        Encoding::Bf16,
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 64 },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = Mat::random(enc, rows, cols, 7000 + ei as u64);
+        let w = m.view();
+        let x = random_vec(n * cols, 17);
+        for isa in isas() {
+            for num in [Numerics::Exact, Numerics::Q8a] {
+                let mut ym = vec![0f32; n * rows];
+                matmul_num(isa, num, &w, &x, n, &mut ym);
+                let mut yv = vec![0f32; rows];
+                for t in 0..n {
+                    matvec_num(isa, num, &w, &x[t * cols..(t + 1) * cols], &mut yv);
+                    let row = &ym[t * rows..(t + 1) * rows];
+                    assert!(
+                        row.iter().zip(&yv).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {isa:?} {num:?} token {t}",
+                        enc.name()
+                    );
+                }
+            }
+        }
+    }
+}

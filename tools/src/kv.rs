@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use coli_engine::prefix_cache::disk::{is_kv_file_name, KV_FILE_SUFFIX, QUARANTINE_DIR};
-use coli_engine::prefix_cache::file::{read_header, KvFileError};
+use coli_engine::prefix_cache::file::{read_header, KvFileError, KvFileHeader};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -99,20 +99,44 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        rows.push(match read_header(&path, None) {
+        // The header holds the body's length: a file of another length lost its tail (or has
+        // bytes after it) and is not served.
+        let header = match read_header(&path, None) {
+            Ok(h) => {
+                let want = KvFileHeader::encoded_len(h.tokens.len()) as u64 + h.body_len;
+                match bytes.cmp(&want) {
+                    std::cmp::Ordering::Equal => Ok(h),
+                    std::cmp::Ordering::Less => Err((
+                        "truncated",
+                        format!("{}: {bytes} bytes, its header says {want}", path.display()),
+                    )),
+                    std::cmp::Ordering::Greater => Err((
+                        "damaged",
+                        format!(
+                            "{}: {bytes} bytes, its header says {want} (bytes after the body)",
+                            path.display()
+                        ),
+                    )),
+                }
+            }
+            Err(e) => Err((
+                match e {
+                    KvFileError::Newer { .. } => "newer version",
+                    KvFileError::Io { .. } => "unreadable",
+                    _ => "damaged",
+                },
+                e.to_string(),
+            )),
+        };
+        rows.push(match header {
             Ok(h) => json!({
                 "file": name, "bytes": bytes, "status": "ok",
                 "store_id": hex(&h.store_id), "parameter_hash": format!("{:016x}", h.param_hash),
                 "tokens": h.tokens.len(), "scope": if h.scope == 0 { "shared".to_string() } else { format!("private {:016x}", h.scope) },
                 "mtp_state": h.has_mtp, "age_s": now.saturating_sub(h.created_unix_s),
             }),
-            Err(e) => {
-                let status = match e {
-                    KvFileError::Newer { .. } => "newer version",
-                    KvFileError::Io { .. } => "unreadable",
-                    _ => "damaged",
-                };
-                json!({"file": name, "bytes": bytes, "status": status, "error": e.to_string()})
+            Err((status, error)) => {
+                json!({"file": name, "bytes": bytes, "status": status, "error": error})
             }
         });
     }
@@ -144,9 +168,12 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
                 format_age(age)
             );
         } else {
+            // The store column holds the file name's first 32 characters (the store id, for a
+            // file coli named), so the columns stay aligned; the error names the whole path.
+            let file = r["file"].as_str().unwrap_or("");
             println!(
                 "{:<32}  {:>8}  {:>10.2}  {:<22}  {:>8}  {}: {}",
-                r["file"].as_str().unwrap_or(""),
+                file.get(..32).unwrap_or(file),
                 "-",
                 mib,
                 "-",

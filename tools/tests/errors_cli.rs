@@ -40,3 +40,24 @@ fn an_os_error_is_printed_once_with_its_file() {
     assert_eq!(err.matches("os error 2").count(), 1, "{err}");
     assert!(err.contains("no-such-store/MANIFEST"), "{err}");
 }
+
+/// `coli chat --kv-dir DIR` without `--session`: refused, saying what it needs (a chat without
+/// a session keeps nothing on disk, so the directory would be silently ignored).
+#[test]
+fn chat_kv_dir_without_a_session_is_refused() {
+    let t = TempDir::new("errors-cli-chat");
+    let kv = t.path().join("kv");
+    let (code, _, err) = run(
+        env!("CARGO_BIN_EXE_coli"),
+        &[
+            "chat",
+            "--store",
+            t.path().join("no-store").to_str().unwrap(),
+            "--kv-dir",
+            kv.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("--kv-dir needs --session NAME"), "{err}");
+    assert!(!kv.exists(), "nothing created");
+}

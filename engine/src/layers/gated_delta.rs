@@ -415,20 +415,15 @@ impl GatedDeltaNet<'_> {
                                 })
                                 .collect();
                             let bs: Vec<f32> = (t0..t1).map(|u| beta[(r0 + u) * hv + h]).collect();
-                            let chunk = match rule {
-                                DeltaRule::GatedDeltaNet => gated_delta::chunk,
-                                DeltaRule::Kda => kda::chunk,
-                            };
-                            chunk(
-                                state,
-                                &qs,
-                                &ks,
-                                &vs,
-                                &gs,
-                                &bs,
-                                &mut o[t0 * dv..t1 * dv],
-                                &mut sc,
-                            );
+                            let o = &mut o[t0 * dv..t1 * dv];
+                            match rule {
+                                DeltaRule::GatedDeltaNet => {
+                                    gated_delta::chunk(state, &qs, &ks, &vs, &gs, &bs, o, &mut sc)
+                                }
+                                DeltaRule::Kda => {
+                                    kda::chunk(state, &qs, &ks, &vs, &gs, &bs, o, &mut sc)
+                                }
+                            }
                             t = t1;
                         } else {
                             let row = r0 + t;
@@ -478,10 +473,17 @@ impl GatedDeltaNet<'_> {
             };
         }
         // The gated RMSNorm per value head, then out_proj.
-        let act = match self.rule {
-            DeltaRule::GatedDeltaNet => |z: f32| z * sigmoid(z),
-            DeltaRule::Kda => sigmoid,
-        };
+        match self.rule {
+            DeltaRule::GatedDeltaNet => self.gated_norm(&mut core, &z, |z| z * sigmoid(z)),
+            DeltaRule::Kda => self.gated_norm(&mut core, &z, sigmoid),
+        }
+        self.out.forward(&core, n, out);
+    }
+
+    /// `o = rms_norm(o) * w * act(z)` per value head (`o`, `z`: `[N, Hv dv]`); generic over
+    /// the activation so that each rule's loop has it inlined.
+    fn gated_norm(&self, core: &mut [f32], z: &[f32], act: impl Fn(f32) -> f32) {
+        let dv = self.value_dim;
         let mut normed = vec![0f32; dv];
         for (orow, zrow) in core.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
             coli_kernels::rms_norm(orow, &self.norm.weight, self.norm.eps, &mut normed);
@@ -489,7 +491,6 @@ impl GatedDeltaNet<'_> {
                 *o = y * act(zz);
             }
         }
-        self.out.forward(&core, n, out);
     }
 
     /// Before span `s` runs: keeps the state at its start as a checkpoint when the start ends

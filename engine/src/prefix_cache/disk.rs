@@ -337,9 +337,7 @@ impl DiskTier {
 fn report(dir: &Path, path: &Path, e: &KvFileError, warnings: &mut Vec<String>) {
     if e.quarantine() {
         let went = quarantine(dir, path);
-        warnings.push(format!(
-            "KV cache file not used: {e}; {went}; the prefix is recomputed"
-        ));
+        warnings.push(format!("KV cache file not used: {e}; {went}"));
     } else {
         warnings.push(format!("KV cache file not used: {e}"));
     }

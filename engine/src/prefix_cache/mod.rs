@@ -14,7 +14,8 @@
 //! - **Scope**: a state put for one scope (an API key, [`scope_of`]) is found only for it.
 //!
 //! A file that is truncated, damaged or foreign is reported once (see
-//! [`PrefixCache::take_warnings`]), moved to `quarantine/`, and the prefix recomputed.
+//! [`PrefixCache::take_warnings`]), moved to `quarantine/` and not used (the prefix then comes
+//! from another file or RAM, or is recomputed).
 
 pub mod disk;
 pub mod file;

@@ -505,6 +505,9 @@ fn run(mut a: RunArgs) -> Result<()> {
 }
 
 fn chat(mut a: ChatArgs) -> Result<()> {
+    if a.session.is_none() && a.kv_disk.kv_dir.is_some() {
+        bail!("--kv-dir needs --session NAME: a chat without a session keeps no KV cache on disk (coli chat --session NAME --kv-dir DIR resumes NAME from DIR next time)");
+    }
     // The conversation lives in the engine's own sequence (and, with --session, on disk):
     // nothing is kept in a RAM prefix cache, whose room goes to the expert budget.
     a.engine.kv_cache_budget.get_or_insert(0);
