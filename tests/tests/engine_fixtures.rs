@@ -641,3 +641,39 @@ fn generation_stops_on_every_eos_id() {
     assert_eq!(g.tokens, want);
     assert_eq!(g.stop, coli_engine::StopReason::MaxTokens);
 }
+
+/// A Kimi-Linear checkpoint saved by transformers 5.25's `save_pretrained` names the dense
+/// layer's MLP `block_sparse_moe.{gate,up,down}_proj` (the reverse of its `.block_sparse_moe.`
+/// -> `.mlp.` renaming; every other name as published): it converts to the published names and
+/// gives transformers' tokens.
+#[test]
+fn kimi_linear_as_transformers_saves_it_converts_and_matches() {
+    let name = "kimi_linear_bf16";
+    let exp = expected(name);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::rewrite_checkpoint(&coli_tests::fixture_dir(name), &ck, |n| {
+        Some(n.replacen("model.layers.0.mlp.", "model.layers.0.block_sparse_moe.", 1))
+    });
+    let out = tmp.path().join("store");
+    let enc = |s: &str| coli_tests::encoding(s);
+    coli_convert::run(&coli_convert::Options {
+        input: ck,
+        output: out.clone(),
+        encodings: coli_convert::Encodings::new(enc("bf16"), enc("bf16"), enc("int8")),
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap();
+    let store = open(&out, true, IoPreference::Auto);
+    assert!(store
+        .manifest()
+        .dense
+        .iter()
+        .any(|d| d.name == "model.layers.0.mlp.down_proj.weight"));
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert_eq!(
+        greedy(&mut e, &ids(&exp["prompt_ids"]), 32),
+        ids(&exp["greedy_lossless"])
+    );
+}

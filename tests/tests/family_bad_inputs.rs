@@ -67,6 +67,15 @@ fn config_refused(name: &str, key: &str, value: Value, names: &[&str]) {
     refused(&ck, tmp.path(), names);
 }
 
+/// Fixture `name` without tensor `drop` must be refused with an error naming every string of
+/// `names`.
+fn tensor_missing_refused(name: &str, drop: &str, names: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(name), &ck, |n| n == drop);
+    refused(&ck, tmp.path(), names);
+}
+
 fn missing_shard_refused(name: &str, shard: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let ck = with_config(name, tmp.path(), |_| {});
@@ -225,12 +234,7 @@ fn inkling_bad_inputs_are_refused_before_anything_is_written() {
         "model.llm.layers.2.attn.k_sconv.weight",
         "model.mtp.layers.1.input_proj.weight",
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("ckpt");
-        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir("inkling_bf16"), &ck, |n| {
-            n == drop
-        });
-        refused(&ck, tmp.path(), &[drop]);
+        tensor_missing_refused("inkling_bf16", drop, &[drop]);
     }
 }
 
@@ -285,12 +289,8 @@ fn qwen3_next_bad_inputs_are_refused_before_anything_is_written() {
         &["config.json", "full_attention_interval"],
     );
     // A missing Gated DeltaNet tensor.
-    let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("ckpt");
-    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| {
-        name == "model.layers.1.linear_attn.A_log"
-    });
-    refused(&ck, tmp.path(), &["model.layers.1.linear_attn.A_log"]);
+    let a_log = "model.layers.1.linear_attn.A_log";
+    tensor_missing_refused(n, a_log, &[a_log]);
     config_refused(
         n,
         "num_nextn_predict_layers",
@@ -314,10 +314,7 @@ fn partial_mtp_refused(n: &str) {
             &["mtp.layers.0.mlp.experts.5.down_proj.weight"][..],
         ),
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("ckpt");
-        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| name == drop);
-        refused(&ck, tmp.path(), names);
+        tensor_missing_refused(n, drop, names);
     }
 }
 
@@ -391,10 +388,7 @@ fn qwen3_5_moe_bad_inputs_are_refused_before_anything_is_written() {
         "model.language_model.layers.1.mlp.experts.gate_up_proj",
         "model.language_model.layers.3.mlp.experts.down_proj",
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("ckpt");
-        coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| name == drop);
-        refused(&ck, tmp.path(), &[drop]);
+        tensor_missing_refused(n, drop, &[drop]);
     }
     text_refused(
         "mtp_num_hidden_layers",
@@ -456,7 +450,7 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
     );
     lin_refused(
         &|l| l["full_attn_layers"] = json!([3, 4]),
-        &["config.json", "layer 4", "twice"],
+        &["config.json", "both list layer 4"],
     );
     lin_refused(
         &|l| l["kda_layers"] = json!([0, 1, 2]),
@@ -494,12 +488,8 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
         &["config.json", "num_expert_group"],
     );
     // A missing decay tensor.
-    let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("ckpt");
-    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir(n), &ck, |name| {
-        name == "model.layers.1.self_attn.dt_bias"
-    });
-    refused(&ck, tmp.path(), &["model.layers.1.self_attn.dt_bias"]);
+    let dt_bias = "model.layers.1.self_attn.dt_bias";
+    tensor_missing_refused(n, dt_bias, &[dt_bias]);
     // The language model nested under a wrapper's prefix that its plain config does not
     // declare: nothing matches the spec's names.
     let tmp = tempfile::tempdir().unwrap();

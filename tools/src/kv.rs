@@ -103,7 +103,8 @@ fn ls(dir: &Path, as_json: bool) -> Result<()> {
         // bytes after it) and is not served.
         let header = match read_header(&path, None) {
             Ok(h) => {
-                let want = KvFileHeader::encoded_len(h.tokens.len()) as u64 + h.body_len;
+                let want =
+                    (KvFileHeader::encoded_len(h.tokens.len()) as u64).saturating_add(h.body_len);
                 match bytes.cmp(&want) {
                     std::cmp::Ordering::Equal => Ok(h),
                     std::cmp::Ordering::Less => Err((

@@ -37,8 +37,8 @@ pub enum SelfAttn<'s> {
     Mla(Mla<'s>),
     /// Inkling's attention (short convolutions, relative position bias).
     Inkling(InklingAttention<'s>),
-    /// A Gated DeltaNet linear-attention layer (Qwen3-Next): a recurrent state, no keys or
-    /// values per position.
+    /// A gated delta rule linear-attention layer (Qwen3-Next's Gated DeltaNet, Kimi-Linear's
+    /// KDA): a recurrent state, no keys or values per position.
     GatedDelta(Box<GatedDeltaNet<'s>>),
 }
 

@@ -17,8 +17,10 @@
 //!    positions before 0 read zeros).
 //! 3. q and k L2-normalized per head, q scaled by `dk^-0.5` (each rule's `normalize_qk`);
 //!    `beta = sigmoid(b)`, the log decay `g = -exp(A_log) softplus(a + dt_bias)` (softplus as
-//!    torch's: `x` above 20), one per head and token (Gated DeltaNet) or per key channel (KDA:
-//!    `dt_bias` has `Hv dk` values, `A_log` one per head).
+//!    torch's: `x` above 20, else `ln_1p(exp(x))`; transformers' KDA forget gate writes
+//!    `log(1 + exp(x))`, which rounds to 0 below about -17 where this gives about 1e-8: rounding
+//!    only), one per head and token (Gated DeltaNet) or per key channel (KDA: `dt_bias` has
+//!    `Hv dk` values, `A_log` one per head).
 //! 4. The rule per value head ([`coli_kernels::gated_delta`], [`coli_kernels::kda`]) from the
 //!    layer's recurrent state.
 //! 5. The gated RMSNorm of each value head's output: `rms_norm(o) * w * act(z)` with

@@ -29,8 +29,9 @@ impl Rope {
     }
 
     /// No rotation (NoPE: Kimi-Linear's MLA): every frequency 0, so the tables are cos 1 and
-    /// sin 0 at every position and [`Rope::apply`] (or MLA's interleaved form) returns each
-    /// value as it was (`x * 1 + y * 0`: exact for finite values).
+    /// sin 0 at every position and [`Rope::apply`] returns each value as it was
+    /// (`x * 1 + y * 0`: exact for finite values). MLA's interleaved form would also permute
+    /// the pairs (the same way in queries and keys); Kimi-Linear's MLA is not interleaved.
     pub fn none(head_dim: usize) -> Rope {
         Rope {
             inv_freq: vec![0.0; head_dim / 2],

@@ -31,25 +31,30 @@ use super::build;
 use super::deepseek_v3::{mla_attention, sigmoid_moe_named};
 use super::json::Fields;
 use super::mla::MlaSpec;
-use super::qwen3_next::DeltaRule;
+use super::qwen3_next::{linear_layer_types, DeltaRule};
 use super::{
     AttentionSpec, FfnSpec, GatedDeltaInput, GatedDeltaNetSpec, GatedDeltaSpec, ModelSpec,
     ModelTensors, Routing, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
-/// The first of `keys` that the config sets (published name first, then its alias).
-fn first_usize(f: &Fields<'_>, keys: &[&str]) -> Result<Option<usize>, FormatError> {
-    for k in keys {
+/// The first of `keys` that the config sets (published name first, then its alias), with the
+/// key it was read from (for messages).
+fn first_usize<'k>(
+    f: &Fields<'_>,
+    keys: &[&'k str],
+) -> Result<Option<(usize, &'k str)>, FormatError> {
+    for &k in keys {
         if let Some(v) = f.usize(k)? {
-            return Ok(Some(v));
+            return Ok(Some((v, k)));
         }
     }
     Ok(None)
 }
 
-/// Experts per token: `num_experts_per_token` as published, else `num_experts_per_tok`.
-pub(crate) fn top_k(f: &Fields<'_>) -> Result<usize, FormatError> {
+/// Experts per token and the key that gave it: `num_experts_per_token` as published, else
+/// `num_experts_per_tok`.
+pub(crate) fn top_k(f: &Fields<'_>) -> Result<(usize, &'static str), FormatError> {
     first_usize(f, &["num_experts_per_token", "num_experts_per_tok"])?.ok_or_else(|| {
         f.err(format!(
             "missing field {}num_experts_per_token (or num_experts_per_tok)",
@@ -65,23 +70,8 @@ fn linear_layers(
     n: usize,
 ) -> Result<Vec<bool>, FormatError> {
     let pre = f.prefix;
-    if let Some(types) = f.strings("layer_types")? {
-        if types.len() != n {
-            return Err(f.err(format!(
-                "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
-                types.len()
-            )));
-        }
-        return types
-            .iter()
-            .map(|t| match *t {
-                "linear_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(f.err(format!(
-                    "{pre}layer_types: {other:?} (kimi_linear has linear_attention and full_attention layers)"
-                ))),
-            })
-            .collect();
+    if let Some(l) = linear_layer_types(f, n, "kimi_linear")? {
+        return Ok(l);
     }
     let lists = lin.and_then(|l| {
         l.get("kda_layers")
@@ -107,11 +97,17 @@ fn linear_layers(
                     l.prefix
                 )));
             };
-            if kinds[k - 1].replace(linear).is_some() {
-                return Err(l.err(format!(
-                    "{}{key}: layer {k} is listed twice (kda_layers and full_attn_layers must not overlap)",
-                    l.prefix
-                )));
+            match kinds[k - 1].replace(linear) {
+                Some(was) if was == linear => {
+                    return Err(l.err(format!("{}{key} lists layer {k} twice", l.prefix)))
+                }
+                Some(_) => {
+                    return Err(l.err(format!(
+                        "{}kda_layers and full_attn_layers both list layer {k} (each layer is one kind)",
+                        l.prefix
+                    )))
+                }
+                None => {}
             }
         }
     }
@@ -169,25 +165,28 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         }
     }
     let n = s.num_layers;
-    s.num_experts = first_usize(f, &["num_experts", "num_local_experts"])?.unwrap_or(256);
+    let (num_experts, experts_key) =
+        first_usize(f, &["num_experts", "num_local_experts"])?.unwrap_or((256, "num_experts"));
+    s.num_experts = num_experts;
     s.moe_intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(1024);
     if f.get("intermediate_size").is_none() {
         s.intermediate_size = 9216;
     }
-    s.max_position_embeddings =
-        first_usize(f, &["model_max_length", "max_position_embeddings"])?.unwrap_or(1_048_576);
+    s.max_position_embeddings = first_usize(f, &["model_max_length", "max_position_embeddings"])?
+        .map_or(1_048_576, |v| v.0);
     s.norm_topk_prob = match f.bool("moe_renormalize")? {
         Some(b) => b,
         None => f.bool("norm_topk_prob")?.unwrap_or(true),
     };
-    s.n_shared_experts = first_usize(f, &["num_shared_experts", "n_shared_experts"])?.unwrap_or(1);
-    let n_group = first_usize(f, &["num_expert_group", "n_group"])?
-        .unwrap_or(1)
-        .max(1);
+    s.n_shared_experts =
+        first_usize(f, &["num_shared_experts", "n_shared_experts"])?.map_or(1, |v| v.0);
+    let (n_group, group_key) =
+        first_usize(f, &["num_expert_group", "n_group"])?.unwrap_or((1, "num_expert_group"));
+    let n_group = n_group.max(1);
     let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
     if !s.num_experts.is_multiple_of(n_group) || topk_group > n_group {
         return Err(f.err(format!(
-            "{pre}num_expert_group {n_group} must divide {pre}num_experts {} and be >= {pre}topk_group {topk_group}",
+            "{pre}{group_key} {n_group} must divide {pre}{experts_key} {} and be >= {pre}topk_group {topk_group}",
             s.num_experts
         )));
     }
@@ -254,22 +253,22 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     }
     s.rope_theta = m.rope_theta;
     s.mla = Some(m);
-    // `linear_attn_config` wins over the top-level `linear_*` keys (`KimiLinearConfig`).
-    let lin_usize = |key: &str, top: &str, default: usize| -> Result<usize, FormatError> {
-        Ok(
-            match lin.as_ref().map(|l| l.usize(key)).transpose()?.flatten() {
-                Some(v) => v,
-                None => f.usize(top)?.unwrap_or(default),
-            },
-        )
+    // `linear_attn_config` wins over the top-level `linear_*` keys (`KimiLinearConfig`); the
+    // key a value came from names it in messages.
+    let lin_usize = |key: &'static str, top: &'static str, default: usize| {
+        let nested = lin.as_ref().map(|l| l.usize(key)).transpose()?.flatten();
+        Ok::<_, FormatError>(match nested {
+            Some(v) => (v, format!("linear_attn_config.{key}")),
+            None => (f.usize(top)?.unwrap_or(default), top.to_string()),
+        })
     };
-    let heads = lin_usize("num_heads", "linear_num_heads", 32)?;
-    let head_dim = lin_usize("head_dim", "linear_head_dim", 128)?;
-    let kernel = lin_usize("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
+    let (heads, heads_key) = lin_usize("num_heads", "linear_num_heads", 32)?;
+    let (head_dim, dim_key) = lin_usize("head_dim", "linear_head_dim", 128)?;
+    let (kernel, kernel_key) = lin_usize("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
     for (key, v) in [
-        ("linear_attn_config.num_heads", heads),
-        ("linear_attn_config.head_dim", head_dim),
-        ("linear_attn_config.short_conv_kernel_size", kernel),
+        (heads_key, heads),
+        (dim_key, head_dim),
+        (kernel_key, kernel),
     ] {
         if v == 0 {
             return Err(f.err(format!("{pre}{key} is 0")));

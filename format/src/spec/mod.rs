@@ -610,13 +610,13 @@ impl ModelSpec {
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
         }
-        let top_k = match family {
+        let (top_k, top_k_key) = match family {
             Family::KimiLinear => kimi_linear::top_k(&f)?,
-            _ => f.req_usize("num_experts_per_tok")?,
+            _ => (f.req_usize("num_experts_per_tok")?, "num_experts_per_tok"),
         };
         if top_k == 0 || top_k > spec.num_experts {
             return Err(f.err(format!(
-                "num_experts_per_tok {top_k} must be in 1..={}",
+                "{top_k_key} {top_k} must be in 1..={}",
                 spec.num_experts
             )));
         }
@@ -923,11 +923,20 @@ impl ModelSpec {
     /// (its `conversion_mapping.py`, `WeightRenaming`), as `(name in memory and in a checkpoint
     /// saved with save_original_format=False, published name)` fragments of a decoder layer's
     /// tensor names: `.mlp.` for `.block_sparse_moe.` in Mixtral and MiniMax-M2 (whose
-    /// published layers have no `.mlp.` tensor). The fused expert tensors it saves beside them
+    /// published layers have no `.mlp.` tensor); Kimi-Linear's dense layer, which
+    /// transformers' `save_pretrained` writes as `block_sparse_moe.{gate,up,down}_proj` (the
+    /// reverse of its renaming) where the release has `mlp.*`. The fused expert tensors it saves beside them
     /// (`experts.gate_up_proj`, `experts.down_proj`) are read as [`ExpertStorage::FusedConcat`].
     pub fn transformers5_renames(&self) -> &'static [(&'static str, &'static str)] {
         match self.family {
             Family::Mixtral | Family::MinimaxM2 => &[(".mlp.", ".block_sparse_moe.")],
+            // transformers saves Kimi-Linear's dense MLP by reversing its `.block_sparse_moe.`
+            // -> `.mlp.` renaming, which the release does not (its MoE layers keep it).
+            Family::KimiLinear => &[
+                (".block_sparse_moe.gate_proj.", ".mlp.gate_proj."),
+                (".block_sparse_moe.up_proj.", ".mlp.up_proj."),
+                (".block_sparse_moe.down_proj.", ".mlp.down_proj."),
+            ],
             _ => &[],
         }
     }

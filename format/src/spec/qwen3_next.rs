@@ -168,25 +168,8 @@ pub(crate) fn configure_hybrid(
     s.n_shared_experts = 1;
     s.shared_expert_intermediate_size = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
     let n = s.num_layers;
-    let linear_layers: Vec<bool> = match f.strings("layer_types")? {
-        Some(types) => {
-            if types.len() != n {
-                return Err(f.err(format!(
-                    "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
-                    types.len()
-                )));
-            }
-            types
-                .iter()
-                .map(|t| match *t {
-                    "linear_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(f.err(format!(
-                        "{pre}layer_types: {other:?} ({name} has linear_attention and full_attention layers)"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?
-        }
+    let linear_layers: Vec<bool> = match linear_layer_types(f, n, name)? {
+        Some(l) => l,
         None => {
             let interval = f.usize("full_attention_interval")?.unwrap_or(4);
             if interval == 0 {
@@ -223,6 +206,39 @@ pub(crate) fn configure_hybrid(
     }
     s.gated_delta = Some(g);
     Ok(())
+}
+
+/// `layer_types` of a hybrid model, when the config has it: per layer, whether it is
+/// `linear_attention` (else `full_attention`); `name` names the family in the errors.
+///
+/// # Errors
+/// [`FormatError::Config`] for a list of another length than `n` or another layer type.
+pub(crate) fn linear_layer_types(
+    f: &Fields<'_>,
+    n: usize,
+    name: &str,
+) -> Result<Option<Vec<bool>>, FormatError> {
+    let pre = f.prefix;
+    let Some(types) = f.strings("layer_types")? else {
+        return Ok(None);
+    };
+    if types.len() != n {
+        return Err(f.err(format!(
+            "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
+            types.len()
+        )));
+    }
+    types
+        .iter()
+        .map(|t| match *t {
+            "linear_attention" => Ok(true),
+            "full_attention" => Ok(false),
+            other => Err(f.err(format!(
+                "{pre}layer_types: {other:?} ({name} has linear_attention and full_attention layers)"
+            ))),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 /// A model with MoE layers needs its shared expert's width.

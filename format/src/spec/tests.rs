@@ -818,8 +818,10 @@ fn hybrid_families_mtp_layer() {
 
 /// Kimi-Linear's published config (docs/configs): 1-based layer lists in
 /// `linear_attn_config`, the published key names (`num_experts_per_token`, `moe_renormalize`,
-/// `model_max_length`, ...), NoPE MLA, grouped sigmoid routing; and the same model as
-/// transformers 5.25 saves its config (`layer_types`, `mlp_layer_types`, the aliases).
+/// `model_max_length`, ...), NoPE MLA, grouped sigmoid routing; and the same model described
+/// by per-layer lists (`layer_types`, `mlp_layer_types`, which transformers 5.25 saves beside
+/// `linear_attn_config` and reads first) with transformers' `attribute_map` aliases
+/// (`num_experts_per_tok`) and top-level `linear_*` keys.
 #[test]
 fn kimi_linear_reads_published_and_transformers_configs() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -885,7 +887,7 @@ fn kimi_linear_reads_published_and_transformers_configs() {
         .sum();
     assert_eq!(s.tensors.dense().len() + experts, 20_493);
 
-    // As transformers saves it: per-layer lists and the attribute_map aliases.
+    // Per-layer lists, the attribute_map aliases and the top-level linear keys.
     let mut t = v.clone();
     let o = t.as_object_mut().unwrap();
     o.remove("linear_attn_config");
@@ -955,7 +957,11 @@ fn kimi_linear_reads_published_and_transformers_configs() {
         ),
         (
             json!({"full_attn_layers": [4, 8, 12, 16, 20, 24, 26]}),
-            "twice",
+            "both list layer 26",
+        ),
+        (
+            json!({"full_attn_layers": [4, 8, 12, 16, 20, 24, 27, 27]}),
+            "lists layer 27 twice",
         ),
         (
             json!({"full_attn_layers": [4, 8, 12, 16, 20, 24]}),
