@@ -108,6 +108,10 @@ pub struct ConfigPlan {
     pub kv_bytes_per_token: u64,
     /// KV cache of one sequence at the plan's context, bytes ([`kv_bytes_per_sequence`]).
     pub kv_bytes_per_sequence: u64,
+    /// The part of `kv_bytes_per_sequence` that is the same at any context, bytes: a hybrid
+    /// model's recurrent states with their convolution rows, checkpoints and pin
+    /// ([`recurrent_state_bytes`]); 0 for the other families.
+    pub kv_state_bytes_per_sequence: u64,
     /// One row per dense encoding.
     pub rows: Vec<ConfigRow>,
 }
@@ -122,12 +126,18 @@ pub fn kv_bytes_per_sequence(spec: &ModelSpec, context: usize) -> u64 {
         Some(ink) => (ink.kv_values(spec, context) * 4) as u64,
         None => kv_bytes_per_token(spec).saturating_mul(context as u64),
     };
-    // Hybrid models: each Gated DeltaNet layer's state, constant in the context.
-    let recurrent = spec
+    grows + recurrent_state_bytes(spec)
+}
+
+/// Bytes a hybrid model holds per sequence whatever its length: each linear-attention layer's
+/// state, convolution rows, checkpoints and pinned copy (`GatedDeltaSpec::held_values`, f32);
+/// 0 for models without such layers.
+pub fn recurrent_state_bytes(spec: &ModelSpec) -> u64 {
+    let values = spec
         .gated_delta
         .as_ref()
         .map_or(0, |g| g.linear_layer_count() * g.held_values());
-    grows + (recurrent * 4) as u64
+    (values * 4) as u64
 }
 
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
@@ -474,6 +484,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         expert_bytes_per_token_no_hits: no_hits,
         kv_bytes_per_token: kv_tok,
         kv_bytes_per_sequence: kv_bytes_per_sequence(&spec, context),
+        kv_state_bytes_per_sequence: recurrent_state_bytes(&spec),
         rows,
     })
 }
@@ -524,8 +535,16 @@ pub fn render(p: &ConfigPlan) -> String {
         size(p.expert_bytes_per_token_no_hits as f64),
     ));
     out.push('\n');
+    let state = if p.kv_state_bytes_per_sequence > 0 {
+        format!(
+            " + {} of recurrent state per sequence whatever its length",
+            size(p.kv_state_bytes_per_sequence as f64)
+        )
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "KV cache: {} bytes per token, {} at {} tokens (one sequence; coli serve also keeps finished \
+        "KV cache: {} bytes per token{state}, {} at {} tokens (one sequence; coli serve also keeps finished \
          conversations' KV states in RAM, --kv-cache-budget, by default as much again: `coli plan \
          --store` counts it)",
         p.kv_bytes_per_token,

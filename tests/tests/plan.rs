@@ -265,6 +265,17 @@ fn plan_from_a_checkpoint_predicts_the_store() {
             eng.kv_bytes_per_sequence(),
             "{name}: KV bytes per sequence"
         );
+        // A recurrent model's fixed state: the engine's bytes per sequence less its bytes per
+        // token times the context.
+        if eng.spec().gated_delta.is_some() {
+            assert_eq!(
+                p.kv_state_bytes_per_sequence,
+                eng.kv_bytes_per_sequence() - 8 * eng.kv_bytes_per_token(),
+                "{name}: recurrent state per sequence"
+            );
+        } else {
+            assert_eq!(p.kv_state_bytes_per_sequence, 0, "{name}");
+        }
         // The figures follow from each other.
         assert_eq!(row.kv_bytes, p.kv_bytes_per_sequence);
         assert_eq!(
