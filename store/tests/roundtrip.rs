@@ -143,6 +143,18 @@ fn deterministic_and_multi_segment() {
         StoreWriter::create_or_resume(&target_in(&a), spec),
         Ok(WriterStart::AlreadyComplete)
     ));
+    // The same shards and parameters with an edited config.json (not part of the store id)
+    // are not that store: refused, naming the config, the store untouched.
+    let mut spec = m.spec.clone();
+    let mut cfg: serde_json::Value = serde_json::from_slice(&spec.config_json).unwrap();
+    cfg["edited"] = serde_json::json!(true);
+    spec.config_json = serde_json::to_vec(&cfg).unwrap();
+    let e = match StoreWriter::create_or_resume(&target_in(&a), spec) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a store of another config.json was taken as complete"),
+    };
+    assert!(e.contains("config.json"), "{e}");
+    assert_eq!(snapshot(&target_in(&a)), sa);
 }
 
 /// Buffered and Auto I/O read the same bytes; Auto reports the mode it chose, and Direct either

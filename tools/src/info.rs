@@ -161,11 +161,21 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
         "store_id": m.store_id,
         "format_version": m.format_version,
         "family": m.family,
-        "dims": {
-            "hidden_size": config_u64(cfg, &["hidden_size", "d_model"]),
-            "num_layers": config_u64(cfg, &["num_hidden_layers", "n_layers"]).or(Some(m.num_layers as u64)),
-            "num_experts": config_u64(cfg, &["n_routed_experts", "num_local_experts", "num_experts"]),
-            "top_k": config_u64(cfg, &["num_experts_per_tok", "moe_topk", "top_k"]),
+        // The model spec (the one reader of config.json, each family's keys and aliases) when
+        // the config parses; the common keys otherwise (a store of a model this build refuses).
+        "dims": match coli_format::spec::ModelSpec::from_config(cfg, None) {
+            Ok(s) => json!({
+                "hidden_size": s.hidden_size,
+                "num_layers": s.num_layers,
+                "num_experts": s.num_experts,
+                "top_k": s.top_k,
+            }),
+            Err(_) => json!({
+                "hidden_size": config_u64(cfg, &["hidden_size", "d_model"]),
+                "num_layers": config_u64(cfg, &["num_hidden_layers", "n_layers"]).or(Some(m.num_layers as u64)),
+                "num_experts": config_u64(cfg, &["n_routed_experts", "num_local_experts", "num_experts"]),
+                "top_k": config_u64(cfg, &["num_experts_per_tok", "moe_topk", "top_k"]),
+            }),
         },
         "encodings": {
             "experts": m.expert_encoding.name,

@@ -439,12 +439,26 @@ fn print_table(p: &Plan) {
         ("dense bytes resident", mib(p.dense_bytes as f64)),
         (
             "KV cache",
-            format!(
-                "{} bytes per token, {} per sequence of {} tokens",
-                p.kv_bytes_per_token,
-                mib(p.kv_bytes as f64),
-                p.context
-            ),
+            {
+                // A recurrent model's states and Inkling's windows do not grow with the context.
+                let fixed = p
+                    .kv_bytes
+                    .saturating_sub(p.kv_bytes_per_token * p.context as u64);
+                let fixed = if fixed > 0 {
+                    format!(
+                        " ({} of it state that does not grow with the context)",
+                        mib(fixed as f64)
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{} bytes per token, {} per sequence of {} tokens{fixed}",
+                    p.kv_bytes_per_token,
+                    mib(p.kv_bytes as f64),
+                    p.context
+                )
+            },
         ),
         (
             "prefix cache (RAM)",

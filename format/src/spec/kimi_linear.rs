@@ -73,6 +73,22 @@ fn linear_layers(
     if let Some(l) = linear_layer_types(f, n, "kimi_linear")? {
         return Ok(l);
     }
+    // transformers falls back to its default pattern unless both lists are given; one list
+    // without the other is a config mistake, not a request for the default.
+    if let Some(l) = lin {
+        let (kda, full) = (l.get("kda_layers"), l.get("full_attn_layers"));
+        if kda.is_some() != full.is_some() {
+            let (has, lacks) = if kda.is_some() {
+                ("kda_layers", "full_attn_layers")
+            } else {
+                ("full_attn_layers", "kda_layers")
+            };
+            return Err(l.err(format!(
+                "{p}{has} is given without {p}{lacks}: give both (1-based layer numbers) or neither (the default pattern: full attention on every 4th layer from layer 5)",
+                p = l.prefix
+            )));
+        }
+    }
     let lists = lin.and_then(|l| {
         l.get("kda_layers")
             .zip(l.get("full_attn_layers"))
@@ -93,7 +109,7 @@ fn linear_layers(
                 .filter(|&k| (1..=n).contains(&k));
             let Some(k) = k else {
                 return Err(l.err(format!(
-                    "{}{key} lists {v}: layer numbers are 1..={n} (1-based, {pre}num_hidden_layers {n})",
+                    "{}{key} lists {v}: layer numbers are whole numbers 1..={n} (1-based, {pre}num_hidden_layers {n})",
                     l.prefix
                 )));
             };

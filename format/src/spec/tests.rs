@@ -921,10 +921,9 @@ fn kimi_linear_reads_published_and_transformers_configs() {
 
     // Without any layer list: full attention at 0-based multiples of 4 from 4 on.
     let mut d = v.clone();
-    d["linear_attn_config"]
-        .as_object_mut()
-        .unwrap()
-        .remove("kda_layers");
+    let lin = d["linear_attn_config"].as_object_mut().unwrap();
+    lin.remove("kda_layers");
+    lin.remove("full_attn_layers");
     let d = spec(d).unwrap();
     let lin = &d.gated_delta.as_ref().unwrap().linear_layers;
     assert!(lin[0] && !lin[4] && lin[5] && !lin[8]);
@@ -968,6 +967,11 @@ fn kimi_linear_reads_published_and_transformers_configs() {
             "layer 27",
         ),
         (json!({"num_heads": 0}), "num_heads is 0"),
+        (
+            json!({"kda_layers": null}),
+            "full_attn_layers is given without",
+        ),
+        (json!({"full_attn_layers": ["4"]}), "whole numbers"),
         (json!({"use_full_rank_gate": true}), "use_full_rank_gate"),
     ] {
         let mut b = v.clone();

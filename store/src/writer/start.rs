@@ -20,7 +20,8 @@ use xxhash_rust::xxh3::Xxh3;
 impl StoreWriter {
     /// Starts building the store at `target`, or resumes an interrupted build.
     ///
-    /// - `target` is a complete store with the same store id: [`WriterStart::AlreadyComplete`].
+    /// - `target` is a complete store with the same store id and config.json:
+    ///   [`WriterStart::AlreadyComplete`] (the same id with another config.json is refused).
     /// - `TARGET.partial/` exists with the same spec: every journaled entry is re-read and its
     ///   checksum checked; the verified prefix is kept, the rest truncated:
     ///   [`WriterStart::Resumed`]. The caller skips entries for which
@@ -143,7 +144,16 @@ impl StoreWriter {
         })?;
         let m = st.manifest();
         if m.store_id == spec_file.store_id {
-            return Ok(WriterStart::AlreadyComplete);
+            // The id names the converter, the parameters and the shards; config.json is not
+            // part of it (FORMAT.md section 2), so an edited config over the same shards is
+            // not this store.
+            return match serde_json::from_slice::<serde_json::Value>(&spec.config_json) {
+                Ok(c) if c == m.config => Ok(WriterStart::AlreadyComplete),
+                _ => Err(writer_err(format!(
+                    "{} is a complete store of the same shards and parameters but another config.json (its MANIFEST's config differs from the input's); choose another output path or remove it",
+                    target.display()
+                ))),
+            };
         }
         let diffs = describe_differences(
             &spec.parameter_defaults,
