@@ -514,6 +514,11 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             )
         } else if t.name == "model.norm.weight" || t.name == "lm_head.weight" {
             "missing from the checkpoint: is the last shard absent?".into()
+        } else if let Some(other) = other_block_tensor(ck, &t.name, &all_spec_names(spec)) {
+            // The block is there with other tensors: config.json describes another layer.
+            format!(
+                "missing from the checkpoint, whose block holds {other} instead, which config.json does not describe: do config.json's layer kinds (layer_types and the family's layer lists) match the checkpoint?"
+            )
         } else {
             "missing from the checkpoint: is a shard absent or the index incomplete?".into()
         };
@@ -754,4 +759,44 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         estimated_out,
         unused,
     })
+}
+
+/// Every tensor name the spec knows (dense tensors of the main and MTP layers, every expert's).
+fn all_spec_names(spec: &coli_format::ModelSpec) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = spec
+        .tensors
+        .dense()
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    for e in spec.tensors.expert_sets() {
+        match e.storage {
+            ExpertStorage::PerExpert(_) => {
+                for x in 0..e.count {
+                    names.extend(e.tensor_names(x));
+                }
+            }
+            _ => names.extend(e.fused_tensors().into_iter().map(|(n, _, _)| n)),
+        }
+        // A per-expert family may be stored fused (transformers 5, Qwen3.5 as published).
+        names.extend(["gate_up_proj", "down_proj"].map(|m| format!("{}.{m}", e.prefix)));
+    }
+    names
+}
+
+/// A tensor of the checkpoint in the block of `missing` (its name up to the last two
+/// components, e.g. `model.layers.2.self_attn.`) that the spec does not know: a sign that
+/// config.json gives the layer another kind than the checkpoint's (a KDA layer where the
+/// weights are MLA's). None when the block holds only spec tensors or nothing.
+fn other_block_tensor(ck: &Checkpoint, missing: &str, known: &BTreeSet<String>) -> Option<String> {
+    let parts: Vec<&str> = missing.split('.').collect();
+    if parts.len() < 4 {
+        return None;
+    }
+    let block = format!("{}.", parts[..parts.len() - 2].join("."));
+    ck.tensors
+        .keys()
+        // Weights only: buffers some releases ship (`rotary_emb.inv_freq`) are no sign.
+        .find(|n| n.starts_with(&block) && n.ends_with(".weight") && !known.contains(n.as_str()))
+        .cloned()
 }

@@ -441,7 +441,7 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
             l["kda_layers"] = json!([1, 2, 3, 4]);
             l["full_attn_layers"] = json!([]);
         },
-        &["model.layers.2.self_attn.", "missing"],
+        &["model.layers.2.self_attn.", "missing", "layer kinds"],
     );
     // Lists that are not a partition of the layers.
     lin_refused(
