@@ -7,7 +7,7 @@
 mod common;
 
 use coli_kernels::gated_delta::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
-use common::{max_diff, oracles, Oracle};
+use common::{check_split_rounding, check_splits, max_diff, oracles, Oracle};
 
 struct Case {
     name: String,
@@ -113,49 +113,22 @@ const TOL: f32 = 2e-6;
 #[test]
 fn both_forms_and_mixed_splits_match_transformers_float64() {
     for c in cases() {
-        let n = c.n;
-        let aligned = n / CHUNK * CHUNK;
-        for (what, split, oracle) in [
-            ("chunked", n, "chunk"),
-            ("recurrent", 0, "recurrent"),
-            ("aligned chunks + recurrent tail", aligned, "chunk"),
-        ] {
-            let (out, state) = c.run(split);
-            let (eo, es) = (
-                c.array(&format!("{oracle}_out_f64")),
-                c.array(&format!("{oracle}_state_f64")),
-            );
-            let (d_out, d_state) = (max_diff(&out, eo), max_diff(&state, es));
-            // transformers' float32 run of the same form, for scale.
-            let t_out = max_diff(c.array(&format!("{oracle}_out_f32")), eo);
-            println!(
-                "{} {what}: out {d_out:.2e} state {d_state:.2e} (transformers f32 {t_out:.2e})",
-                c.name
-            );
-            assert!(
-                d_out <= TOL && d_state <= TOL,
-                "{} {what}: outputs differ by {d_out}, state by {d_state} from the float64 oracle",
-                c.name
-            );
-        }
+        let oracle = |form: &str| {
+            (
+                c.array(&format!("{form}_out_f64")),
+                c.array(&format!("{form}_state_f64")),
+                c.array(&format!("{form}_out_f32")),
+            )
+        };
+        check_splits(&c.name, c.n, CHUNK, TOL, &|s| c.run(s), &oracle);
     }
 }
 
 #[test]
 fn a_chunk_split_changes_rounding_only() {
-    // The same tokens grouped differently give the same function: the chunked and the
-    // token-by-token runs agree to f32 rounding, and each grouping is reproducible bit for bit.
+    // The same tokens grouped differently give the same function (`check_split_rounding`).
     for c in cases() {
-        let (a, sa) = c.run(c.n);
-        let (b, sb) = c.run(0);
-        assert!(
-            max_diff(&a, &b) <= TOL && max_diff(&sa, &sb) <= TOL,
-            "{}",
-            c.name
-        );
-        let (a2, sa2) = c.run(c.n);
-        assert_eq!(a, a2, "{}: chunked run not reproducible", c.name);
-        assert_eq!(sa, sa2);
+        check_split_rounding(&c.name, c.n, TOL, &|s| c.run(s));
     }
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use coli_kernels::kda::{chunk, normalize_qk, step, ChunkScratch, CHUNK};
-use common::{max_diff, oracles, Oracle};
+use common::{check_split_rounding, check_splits, max_diff, oracles, Oracle};
 
 struct Case {
     name: String,
@@ -115,44 +115,23 @@ const TOL: f32 = 2e-6;
 
 #[test]
 fn both_forms_and_mixed_splits_match_transformers_float64() {
+    // transformers' KDA oracle is its recurrent form in float64 for every split.
     for c in cases() {
-        let n = c.n;
-        let aligned = n / CHUNK * CHUNK;
-        let (eo, es) = (c.array("recurrent_out_f64"), c.array("recurrent_state_f64"));
-        for (what, split) in [
-            ("chunked", n),
-            ("recurrent", 0),
-            ("aligned chunks + recurrent tail", aligned),
-        ] {
-            let (out, state) = c.run(split);
-            let (d_out, d_state) = (max_diff(&out, eo), max_diff(&state, es));
-            let t_out = max_diff(c.array("chunk_out_f32"), eo);
-            println!(
-                "{} {what}: out {d_out:.2e} state {d_state:.2e} (transformers f32 chunk {t_out:.2e})",
-                c.name
-            );
-            assert!(
-                d_out <= TOL && d_state <= TOL,
-                "{} {what}: outputs differ by {d_out}, state by {d_state} from the float64 oracle",
-                c.name
-            );
-        }
+        let oracle = |_: &str| {
+            (
+                c.array("recurrent_out_f64"),
+                c.array("recurrent_state_f64"),
+                c.array("chunk_out_f32"),
+            )
+        };
+        check_splits(&c.name, c.n, CHUNK, TOL, &|s| c.run(s), &oracle);
     }
 }
 
 #[test]
 fn a_chunk_split_changes_rounding_only() {
     for c in cases() {
-        let (a, sa) = c.run(c.n);
-        let (b, sb) = c.run(0);
-        assert!(
-            max_diff(&a, &b) <= TOL && max_diff(&sa, &sb) <= TOL,
-            "{}",
-            c.name
-        );
-        let (a2, sa2) = c.run(c.n);
-        assert_eq!(a, a2, "{}: chunked run not reproducible", c.name);
-        assert_eq!(sa, sa2);
+        check_split_rounding(&c.name, c.n, TOL, &|s| c.run(s));
     }
 }
 
