@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 14] = [
+pub const FIXTURE_FAMILIES: [&str; 15] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -23,6 +23,7 @@ pub const FIXTURE_FAMILIES: [&str; 14] = [
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
+    "glm5_next_bf16",
 ];
 
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).

@@ -143,7 +143,7 @@ pub fn recurrent_state_bytes(spec: &ModelSpec) -> u64 {
 /// KV bytes per token of context as the engine caches them (f32): per GQA layer keys and
 /// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
 /// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
-/// its full layers; none per linear-attention layer of a hybrid model; Inkling: the keys and values of its full layers (what grows with the
+/// its full layers (and GLM-5.3-Flash's pooling logits, `DsaSpec::cached_dim`); none per linear-attention layer of a hybrid model; Inkling: the keys and values of its full layers (what grows with the
 /// context; [`kv_bytes_per_sequence`] adds the bounded rest). Checked against
 /// `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
 pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
@@ -170,7 +170,7 @@ pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
                     .dsa
                     .as_ref()
                     .filter(|d| d.full.get(l).copied().unwrap_or(false))
-                    .map_or(0, |d| d.head_dim);
+                    .map_or(0, |d| d.cached_dim());
                 m.kv_lora_rank + m.qk_rope_head_dim + dsa
             })
             .sum(),

@@ -449,7 +449,8 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             ));
         }
         if let Some(l) = layer_of(name) {
-            if l >= nl && Some(l) != mtp_index {
+            let unconverted_mtp = (l as usize) < nl as usize + spec.unconverted_mtp_layers;
+            if l >= nl && Some(l) != mtp_index && !unconverted_mtp {
                 let nextn = if spec.family.is_mla() || spec.family == Family::Glm4Moe {
                     format!(" and num_nextn_predict_layers is {}", spec.num_mtp_layers)
                 } else {

@@ -1092,7 +1092,7 @@ impl<'s> Engine<'s> {
     ) -> Result<Vec<Vec<f32>>> {
         let pos_start = seq.len();
         let n: usize = chunks.iter().map(|c| c.len()).sum();
-        let h = self.model.spec.hidden_size;
+        let h = self.model.residual_width();
         seq.reserve(self.context, &self.v_dims);
         let lookahead = self.policy.next_pass(&self.cache.stats());
         let groups = self.layer_groups();
@@ -1167,9 +1167,10 @@ impl<'s> Engine<'s> {
             };
             with_lookahead(lookahead, store, &handle, &mut run)?;
             if let Some(m) = seq.mtp.as_mut() {
+                let hidden = model.hidden_of_residual(&x, n);
                 let start = m.hidden.len();
-                m.hidden.resize(start + x.len(), 0.0);
-                model.final_norm.forward(&x, &mut m.hidden[start..]);
+                m.hidden.resize(start + hidden.len(), 0.0);
+                model.final_norm.forward(&hidden, &mut m.hidden[start..]);
             }
             let rows: Vec<usize> = match which {
                 Logits::Last => vec![n - 1],
@@ -1330,7 +1331,7 @@ impl<'s> Engine<'s> {
                 .collect(),
             experts: vec![Vec::new(); n],
         });
-        let h = self.model.spec.hidden_size;
+        let h = self.model.residual_width();
         for s in seqs.iter_mut() {
             s.reserve(self.context, &self.v_dims);
         }
@@ -1390,10 +1391,10 @@ impl<'s> Engine<'s> {
             let mut r0 = 0;
             for (s, span) in seqs.iter_mut().zip(&spans) {
                 if let Some(m) = s.mtp.as_mut() {
-                    let rows = &x[r0 * h..(r0 + span.n) * h];
+                    let rows = model.hidden_of_residual(&x[r0 * h..(r0 + span.n) * h], span.n);
                     let start = m.hidden.len();
                     m.hidden.resize(start + rows.len(), 0.0);
-                    model.final_norm.forward(rows, &mut m.hidden[start..]);
+                    model.final_norm.forward(&rows, &mut m.hidden[start..]);
                 }
                 r0 += span.n;
             }
@@ -1758,7 +1759,8 @@ fn bounded_state_bytes(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
     (values * std::mem::size_of::<f32>()) as u64
 }
 
-/// The embeddings of `ids`, `[n, H]` f32 (one row per id, in order).
+/// The residual stream of `ids`, `[n, streams H]` f32 (one row per id, in order): the
+/// embeddings, copied to every stream of a model with hyper-connections.
 fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usize) -> Vec<f32> {
     let h = model.spec.hidden_size;
     let mut x = vec![0f32; n * h];
@@ -1770,13 +1772,17 @@ fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usiz
     if let Some(norm) = &model.embed_norm {
         norm.forward_inplace(&mut x);
     }
-    x
+    match model.streams() {
+        1 => x,
+        s => crate::layers::hyper::expand_embeddings(&x, h, s),
+    }
 }
 
-/// Logits of rows `rows` of the residual stream `x` (`[N, H]`): final norm, then `lm_head`
-/// (matvec for one row, matmul for more: the same bits per row). `[rows.len() * vocab]` f32.
+/// Logits of rows `rows` of the residual stream `x` (`[N, streams H]`): the hidden state
+/// ([`Model::hidden_of_residual`]), final norm, then `lm_head` (matvec for one row, matmul for
+/// more: the same bits per row). `[rows.len() * vocab]` f32.
 fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
-    let h = model.spec.hidden_size;
+    let h = model.residual_width();
     let mut l = vec![0f32; rows.len() * model.spec.vocab_size];
     if rows.is_empty() {
         return l;
@@ -1785,6 +1791,7 @@ fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
     for &t in rows {
         xs.extend_from_slice(&x[t * h..(t + 1) * h]);
     }
+    let xs = model.hidden_of_residual(&xs, rows.len());
     let mut normed = vec![0f32; xs.len()];
     model.final_norm.forward(&xs, &mut normed);
     let out = model.output;

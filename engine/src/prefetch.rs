@@ -127,11 +127,7 @@ pub fn predict_routes(
     x: &[f32],
     n: usize,
 ) -> Option<(u32, Vec<Routing>)> {
-    let normed = || {
-        let mut v = vec![0f32; x.len()];
-        layer.post_norm.forward(x, &mut v);
-        v
-    };
+    let normed = || layer.ffn_input(x, n);
     match &layer.ffn {
         Ffn::Moe(m) => Some((m.layer, m.route(&normed(), n))),
         Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.route(&normed(), n))),

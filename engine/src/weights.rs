@@ -25,6 +25,7 @@ fn purpose(t: &TensorSpec) -> String {
         TensorKind::Norm => "normalization weight",
         TensorKind::Bias => "bias",
         TensorKind::Conv => "short-convolution weight",
+        TensorKind::Mixing => "hyper-connection or k-pool mixing parameter",
     };
     match t.class {
         TensorClass::Mtp => format!("{what} of the MTP layer"),

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 11] = [
+const FAMILIES: [&str; 12] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -23,6 +23,7 @@ const FAMILIES: [&str; 11] = [
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
+    "glm5_next_bf16",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
@@ -291,6 +292,13 @@ fn qwen3_5_moe_long_prompt_runs_both_forms_and_matches_transformers() {
 #[test]
 fn kimi_linear_long_prompt_runs_both_forms_and_matches_transformers() {
     hybrid_long_prompt("kimi_linear_bf16");
+}
+
+/// The same for GLM-5.3-Flash: four residual streams mixed by hyper-connections, KDA with the
+/// safe forget gate, DSA layers whose k-pool indexer selects 4 of 37 pools (and a shared layer).
+#[test]
+fn glm5_next_long_prompt_runs_both_forms_and_matches_transformers() {
+    hybrid_long_prompt("glm5_next_bf16");
 }
 
 fn hybrid_long_prompt(name: &str) {

@@ -499,3 +499,63 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
     });
     refused(&ck, tmp.path(), &["model.embed_tokens.weight"]);
 }
+
+/// GLM-5.3-Flash as published: nested under `text_config` / `model.language_model.`, four
+/// residual streams with two hyper-connections per layer, KDA with the safe forget gate, DSA
+/// layers with the k-pool indexer, a vision tower and an MTP layer left unconverted.
+#[test]
+fn glm5_next_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "glm5_next_bf16";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    let text_refused = |edit: &dyn Fn(&mut Value), names: &[&str]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = with_config(n, tmp.path(), |c| edit(&mut c["text_config"]));
+        refused(&ck, tmp.path(), names);
+    };
+    // A `hc_mult` the tensors contradict names the hyper-connection and its shape.
+    text_refused(
+        &|t| t["hc_mult"] = json!(2),
+        &["model.language_model.layers.0.hc_attn_", "expected"],
+    );
+    // A KDA head width the decay tensors contradict.
+    text_refused(
+        &|t| t["linear_attn_config"]["head_dim"] = json!(8),
+        &["model.language_model.layers.0.self_attn.", "expected"],
+    );
+    // A k-pool size the indexer's position offsets contradict.
+    text_refused(
+        &|t| t["index_kpool"] = json!(8),
+        &["index_kpool_compress_ape", "expected"],
+    );
+    // Layer kinds the tensors contradict: layer 4 declared DSA holds a KDA layer.
+    text_refused(
+        &|t| t["layer_types"][4] = json!("full_attention"),
+        &["model.language_model.layers.4.self_attn.", "missing"],
+    );
+    // Layer 2 declared KDA: the shared DSA layer 3 then follows no full DSA layer.
+    text_refused(
+        &|t| t["layer_types"][2] = json!("linear_attention"),
+        &["config.json", "indexer_types", "layer 3"],
+    );
+    // A shared DSA layer after a KDA layer (transformers raises), an unknown layer kind, RoPE.
+    text_refused(
+        &|t| t["indexer_types"][2] = json!("shared"),
+        &["config.json", "indexer_types", "layer 2"],
+    );
+    text_refused(
+        &|t| t["layer_types"][0] = json!("sliding_attention"),
+        &["config.json", "text_config.layer_types"],
+    );
+    text_refused(&|t| t["qk_rope_head_dim"] = json!(8), &["qk_rope_head_dim"]);
+    // Missing hyper-connection and k-pool tensors, named as published.
+    tensor_missing_refused(
+        n,
+        "model.language_model.layers.1.hc_ffn_fn",
+        &["model.language_model.layers.1.hc_ffn_fn"],
+    );
+    tensor_missing_refused(
+        n,
+        "model.language_model.layers.2.self_attn.indexer.index_kpool_compress_gate",
+        &["model.language_model.layers.2.self_attn.indexer.index_kpool_compress_gate"],
+    );
+}

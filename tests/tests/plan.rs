@@ -200,6 +200,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         ("qwen3_next_bf16", "int4_store"),
         ("qwen3_5_moe_bf16", "int4_store"),
         ("kimi_linear_bf16", "int4_store"),
+        ("glm5_next_bf16", "int4_store"),
     ] {
         let exp = expected(name);
         let params = &exp[variant];

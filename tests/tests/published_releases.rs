@@ -316,3 +316,14 @@ fn kimi_linear_48b_a3b_as_published() {
     assert_eq!(m.expert_layers.len(), 26);
     assert_eq!(m.expert_layers[0].layer, 1);
 }
+
+#[test]
+fn glm_5_3_flash_as_published() {
+    // 34 KDA layers (the safe forget gate, A_log as (H,)) and 11 DSA layers (NoPE MLA with the
+    // k-pool indexer), every layer with its two hyper-connections (hc_attn_*, hc_ffn_*), nested
+    // under model.language_model beside a vision tower; dense layers 0-2, then 42 layers of 288
+    // experts; the MTP layer 45 is listed as not converted.
+    let m = replica_runs("glm-5.3-flash");
+    assert_eq!(m.expert_layers.len(), 42);
+    assert_eq!(m.expert_layers[0].layer, 3);
+}

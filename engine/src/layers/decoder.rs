@@ -3,6 +3,7 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
+use crate::layers::hyper::{HyperConn, Mix};
 use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
 use crate::layers::moe::Routing;
 use crate::layers::{
@@ -180,6 +181,18 @@ pub struct DecoderLayer<'s> {
     pub ffn: Ffn<'s>,
     /// Inkling's output convolutions (None for every other family).
     pub output_convs: Option<OutputConvs>,
+    /// The hyper-connections around the attention and the feed-forward block when the residual
+    /// stream is several streams (GLM-5.3-Flash; [`crate::layers::hyper`]); None: `h` is one
+    /// stream and the sublayers' outputs are added to it.
+    pub hyper: Option<Box<LayerHyper<'s>>>,
+}
+
+/// A layer's two hyper-connections.
+pub struct LayerHyper<'s> {
+    /// `hc_attn_*`.
+    pub attn: HyperConn<'s>,
+    /// `hc_ffn_*`.
+    pub ffn: HyperConn<'s>,
 }
 
 /// The rows of one sequence in a forward pass over several sequences: `n` consecutive rows of
@@ -283,9 +296,9 @@ impl DecoderLayer<'_> {
         after_attention: impl FnOnce(&[f32]),
     ) -> Result<()> {
         let n = Span::rows(spans);
-        let mut normed = vec![0f32; h.len()];
-        let mut delta = vec![0f32; h.len()];
-        self.input_norm.forward(h, &mut normed);
+        let mut normed = vec![0f32; n * self.post_norm.weight.len()];
+        let mut delta = vec![0f32; normed.len()];
+        let mix = self.sublayer_input(h, n, true, &mut normed);
         match &self.attn {
             SelfAttn::Gqa(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Mla(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
@@ -293,11 +306,9 @@ impl DecoderLayer<'_> {
             SelfAttn::GatedDelta(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
         }
         self.output_conv(spans, kvs, true, &mut delta);
-        for (a, d) in h.iter_mut().zip(&delta) {
-            *a += d;
-        }
+        self.residual_add(h, mix, true, &delta);
         after_attention(h);
-        self.post_norm.forward(h, &mut normed);
+        let mix = self.sublayer_input(h, n, false, &mut normed);
         let trace = match spans {
             [one] => ctx.trace.map(|t| (t, one.pos0)),
             _ => None,
@@ -338,10 +349,63 @@ impl DecoderLayer<'_> {
             SelfAttn::GatedDelta(a) => a.trim_spans(spans, kvs),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => {}
         }
-        for (a, d) in h.iter_mut().zip(&delta) {
-            *a += d;
-        }
+        self.residual_add(h, mix, false, &delta);
         Ok(())
+    }
+
+    /// The normalized input of the attention (`attention`) or the feed-forward block of `n`
+    /// rows of the residual stream `h` into `normed` (`[n, H]`): `input_layernorm` /
+    /// `post_attention_layernorm` of `h`, or of the streams mixed by the layer's
+    /// hyper-connection (whose weights are returned for [`DecoderLayer::residual_add`]).
+    fn sublayer_input(
+        &self,
+        h: &[f32],
+        n: usize,
+        attention: bool,
+        normed: &mut [f32],
+    ) -> Option<Mix> {
+        let norm = if attention {
+            &self.input_norm
+        } else {
+            &self.post_norm
+        };
+        match &self.hyper {
+            Some(hc) => {
+                let c = if attention { &hc.attn } else { &hc.ffn };
+                let (mix, input) = c.collapse(h, n);
+                norm.forward(&input, normed);
+                Some(mix)
+            }
+            None => {
+                norm.forward(h, normed);
+                None
+            }
+        }
+    }
+
+    /// Adds a sublayer's output `delta` (`[n, H]`) to the residual stream `h`: a plain add, or
+    /// the hyper-connection's expansion with the weights `mix` of [`DecoderLayer::sublayer_input`].
+    fn residual_add(&self, h: &mut [f32], mix: Option<Mix>, attention: bool, delta: &[f32]) {
+        match (&self.hyper, mix) {
+            (Some(hc), Some(mix)) => {
+                let c = if attention { &hc.attn } else { &hc.ffn };
+                c.expand(h, &mix, delta);
+            }
+            _ => {
+                for (a, d) in h.iter_mut().zip(delta) {
+                    *a += d;
+                }
+            }
+        }
+    }
+
+    /// The feed-forward block's normalized input for `n` rows of the residual stream `x`
+    /// taken after the attention's residual add (what the router sees; the prefetcher's
+    /// prediction of the next layer's experts).
+    pub fn ffn_input(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut normed = vec![0f32; n * self.post_norm.weight.len()];
+        self.sublayer_input(x, n, false, &mut normed);
+        normed
     }
 
     /// Inkling: replaces a sublayer's output `delta` (`[N, H]`) by its short convolution

@@ -57,6 +57,24 @@ pub struct DsaIndexer<'s> {
     pub topk: usize,
     /// RoPE on interleaved pairs (GLM-5) or on halves (DeepSeek-V3.2).
     pub rope_interleave: bool,
+    /// GLM-5.3-Flash's k-pool scoring (None: every key is scored).
+    pub kpool: Option<KPoolIndexer<'s>>,
+}
+
+/// GLM-5.3-Flash's k-pool compression (`Glm5NextTextIndexer.get_pooled_states`): the keys of
+/// positions `p K .. p K + K - 1` form pool p once all K are there; its key is, per channel
+/// c, `sum_j softmax_j(gate[pK+j][c] + ape[j][c]) k[pK+j][c]`. A query at position i scores
+/// its complete pools (those ending at or before i) like keys, keeps the
+/// `index_topk / K` best (all when there are no more), and attends to their positions plus the
+/// positions of its own incomplete pool (`index_kpool_always_select_tail`): every position
+/// `<= i` while `(i + 1) / K <= index_topk / K`.
+pub struct KPoolIndexer<'s> {
+    /// Positions per pool K.
+    pub size: usize,
+    /// `index_kpool_compress_gate` `[id, H]`: per-token pooling logits `gate = x W^T`.
+    pub gate: Linear<'s>,
+    /// `index_kpool_compress_ape` f32 `[K, id]`.
+    pub ape: Vec<f32>,
 }
 
 /// `(x - mean) / sqrt(var + eps) * w + b` over one row, f32 (torch's `nn.LayerNorm`, biased
@@ -95,7 +113,19 @@ impl<'s> DsaIndexer<'s> {
         c: &DsaSpec,
         rope_dim: usize,
     ) -> Result<DsaIndexer<'s>> {
+        let kpool = match (&c.kpool, &ix.kpool) {
+            (Some(k), Some(t)) => Some(KPoolIndexer {
+                size: k.size,
+                gate: w.linear(&coli_format::spec::LinearSpec {
+                    weight: t.gate.clone(),
+                    bias: None,
+                })?,
+                ape: w.vector(&t.ape)?,
+            }),
+            _ => None,
+        };
         Ok(DsaIndexer {
+            kpool,
             wq_b: w.linear(&ix.wq_b)?,
             wk: w.linear(&ix.wk)?,
             k_norm_weight: w.vector(&ix.k_norm_weight)?,
@@ -109,8 +139,18 @@ impl<'s> DsaIndexer<'s> {
         })
     }
 
+    /// f32 values the indexer keeps per position: its key (`id`), and with k-pools the
+    /// position's pooling logits (another `id`).
+    pub fn cached_dim(&self) -> usize {
+        match self.kpool {
+            Some(_) => 2 * self.head_dim,
+            None => self.head_dim,
+        }
+    }
+
     /// Indexer keys of `n` tokens: `wk(x)` (`x` `[n, H]`), LayerNorm, RoPE on the first dr
-    /// values with `tables[t]` = (cos, sin) of token t. Returns `[n, id]` f32.
+    /// values with `tables[t]` = (cos, sin) of token t; with k-pools each followed by the
+    /// token's pooling logits `gate(x)`. Returns `[n, cached_dim()]` f32.
     pub fn keys(&self, x: &[f32], n: usize, tables: &[(Vec<f32>, Vec<f32>)]) -> Vec<f32> {
         let id = self.head_dim;
         let mut k = vec![0f32; n * id];
@@ -119,7 +159,48 @@ impl<'s> DsaIndexer<'s> {
             layer_norm(row, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
             rope_apply(&mut row[..self.rope_dim], cos, sin, self.rope_interleave);
         }
-        k
+        let Some(kp) = &self.kpool else {
+            return k;
+        };
+        let mut g = vec![0f32; n * id];
+        kp.gate.forward(x, n, &mut g);
+        let mut out = Vec::with_capacity(2 * n * id);
+        for (kr, gr) in k.chunks_exact(id).zip(g.chunks_exact(id)) {
+            out.extend_from_slice(kr);
+            out.extend_from_slice(gr);
+        }
+        out
+    }
+
+    /// The keys of the complete pools among positions `0..len` (`[len / K, id]`), from the
+    /// cached rows `keys = (cache, stride, offset)` (key then pooling logits at `offset`).
+    fn pool_keys(
+        &self,
+        kp: &KPoolIndexer<'_>,
+        len: usize,
+        keys: (&[f32], usize, usize),
+    ) -> Vec<f32> {
+        let (cache, stride, offset) = keys;
+        let (id, k) = (self.head_dim, kp.size);
+        let pools = len / k;
+        let mut out = vec![0f32; pools * id];
+        let mut logits = vec![0f32; k];
+        for (p, pk) in out.chunks_exact_mut(id).enumerate() {
+            for (c, o) in pk.iter_mut().enumerate() {
+                for (j, l) in logits.iter_mut().enumerate() {
+                    let row = (p * k + j) * stride + offset;
+                    *l = cache[row + id + c] + kp.ape[j * id + c];
+                }
+                let mx = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = logits.iter().map(|l| (l - mx).exp()).sum();
+                *o = (0..k)
+                    .map(|j| {
+                        (logits[j] - mx).exp() / sum * cache[(p * k + j) * stride + offset + c]
+                    })
+                    .sum();
+            }
+        }
+        out
     }
 
     /// Top-k selection for `n` queries at positions `pos0..pos0+n` from the normalized q latent
@@ -148,6 +229,9 @@ impl<'s> DsaIndexer<'s> {
         let mut w = vec![0f32; n * ih];
         self.weights_proj.forward(x, n, &mut w);
         let (wscale, sscale) = ((ih as f32).powf(-0.5), (id as f32).powf(-0.5));
+        if let Some(kp) = &self.kpool {
+            return self.select_pools(kp, &q, &w, n, pos0, keys);
+        }
         (0..n)
             .into_par_iter()
             .map(|t| {
@@ -183,6 +267,63 @@ impl<'s> DsaIndexer<'s> {
                     }
                 }
                 top_k_lowest_first(&scores, self.topk)
+            })
+            .collect()
+    }
+}
+
+impl DsaIndexer<'_> {
+    /// The k-pool selection of `n` queries at positions `pos0..pos0+n` (their indexer queries
+    /// `q` `[n, ih id]` and head weights `w` `[n, ih]`), see [`KPoolIndexer`].
+    fn select_pools(
+        &self,
+        kp: &KPoolIndexer<'_>,
+        q: &[f32],
+        w: &[f32],
+        n: usize,
+        pos0: usize,
+        keys: (&[f32], usize, usize),
+    ) -> Selection {
+        let (ih, id, k) = (self.n_heads, self.head_dim, kp.size);
+        let budget = self.topk / k;
+        let pools = self.pool_keys(kp, pos0 + n, keys);
+        let (wscale, sscale) = ((ih as f32).powf(-0.5), (id as f32).powf(-0.5));
+        (0..n)
+            .into_par_iter()
+            .map(|t| {
+                let i = pos0 + t;
+                let visible = (i + 1) / k;
+                if visible <= budget {
+                    return (0..=i).collect();
+                }
+                let qt = &q[t * ih * id..(t + 1) * ih * id];
+                let wt = &w[t * ih..(t + 1) * ih];
+                // The pools' scores as the keys' (the same sum over heads in order).
+                let mut dots = vec![0f32; ih * visible];
+                for (h, qh) in qt.chunks_exact(id).enumerate() {
+                    coli_kernels::dot_strided(
+                        qh,
+                        &pools,
+                        id,
+                        0,
+                        &mut dots[h * visible..(h + 1) * visible],
+                    );
+                }
+                let scores: Vec<f32> = (0..visible)
+                    .map(|p| {
+                        wt.iter()
+                            .enumerate()
+                            .map(|(h, &wh)| wh * wscale * (dots[h * visible + p] * sscale).max(0.0))
+                            .sum()
+                    })
+                    .collect();
+                let mut sel: Vec<usize> = top_k_lowest_first(&scores, budget)
+                    .into_iter()
+                    .flat_map(|p| p * k..(p + 1) * k)
+                    .collect();
+                // The query's own incomplete pool.
+                sel.extend(visible * k..=i);
+                sel
             })
             .collect()
     }

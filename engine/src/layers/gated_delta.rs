@@ -20,7 +20,8 @@
 //!    torch's: `x` above 20, else `ln_1p(exp(x))`; transformers' KDA forget gate writes
 //!    `log(1 + exp(x))`, which rounds to 0 below about -17 where this gives about 1e-8: rounding
 //!    only), one per head and token (Gated DeltaNet) or per key channel (KDA: `dt_bias` has
-//!    `Hv dk` values, `A_log` one per head).
+//!    `Hv dk` values, `A_log` one per head); GLM-5.3-Flash's safe KDA gate instead
+//!    `g = lower_bound * sigmoid(exp(A_log) (f + dt_bias))` (`Glm5NextTextForgetGate`).
 //! 4. The rule per value head ([`coli_kernels::gated_delta`], [`coli_kernels::kda`]) from the
 //!    layer's recurrent state.
 //! 5. The gated RMSNorm of each value head's output: `rms_norm(o) * w * act(z)` with
@@ -114,6 +115,9 @@ pub struct GatedDeltaNet<'s> {
     pub dt_bias: Vec<f32>,
     /// `-exp(A_log)` `[Hv]` (f32, as transformers computes it from the f32 `A_log`).
     pub neg_a: Vec<f32>,
+    /// KDA's safe forget gate (GLM-5.3-Flash): `g = lower_bound * sigmoid(exp(A_log) (f +
+    /// dt_bias))` instead of `-exp(A_log) softplus(f + dt_bias)`.
+    pub gate_lower_bound: Option<f32>,
     /// The gated RMSNorm (`norm.weight` / `o_norm.weight` `[dv]`, used as is).
     pub norm: RmsNorm,
     /// `out_proj` / `o_proj` `[H, Hv dv]`.
@@ -176,6 +180,7 @@ impl GatedDeltaNet<'_> {
             key_head_dim: self.key_dim,
             value_head_dim: self.value_dim,
             conv_kernel: self.kernel,
+            gate_lower_bound: self.gate_lower_bound,
         }
     }
 
@@ -325,7 +330,11 @@ impl GatedDeltaNet<'_> {
                 row.iter()
                     .zip(&self.dt_bias)
                     .enumerate()
-                    .map(|(col, (&x, &bias))| self.neg_a[col / gw] * softplus(x + bias))
+                    .map(|(col, (&x, &bias))| match self.gate_lower_bound {
+                        // `exp(A_log)` is `-neg_a` exactly.
+                        Some(lb) => lb * sigmoid(-self.neg_a[col / gw] * (x + bias)),
+                        None => self.neg_a[col / gw] * softplus(x + bias),
+                    })
             })
             .collect();
         let mut qn = vec![0f32; n * kd];

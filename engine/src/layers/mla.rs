@@ -124,7 +124,7 @@ impl Mla<'_> {
     /// Indexer key values per token (0 without an own indexer).
     fn index_dim(&self) -> usize {
         match &self.dsa {
-            Some(Dsa::Full { indexer, .. }) => indexer.head_dim,
+            Some(Dsa::Full { indexer, .. }) => indexer.cached_dim(),
             _ => 0,
         }
     }
@@ -248,7 +248,7 @@ impl Mla<'_> {
                 }
                 Some(Dsa::Full { indexer, .. }) => {
                     let ik = indexer.keys(xs, s.n, span_tables);
-                    let id = indexer.head_dim;
+                    let id = indexer.cached_dim();
                     for t in 0..s.n {
                         kv.k.extend_from_slice(&new_rows[t * kvd..(t + 1) * kvd]);
                         kv.k.extend_from_slice(&ik[t * id..(t + 1) * id]);

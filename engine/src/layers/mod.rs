@@ -10,6 +10,7 @@ pub mod attention;
 pub mod decoder;
 pub mod dsa_indexer;
 pub mod gated_delta;
+pub mod hyper;
 pub mod inkling;
 pub mod linear;
 pub mod mla;
@@ -20,7 +21,9 @@ pub mod rope;
 pub mod sigmoid_router;
 
 pub use attention::{Attention, LayerKv, QkNorm, RecurrentCheckpoint};
-pub use decoder::{DecoderLayer, Ffn, HeldUsage, LayerCtx, OutputConvs, SelfAttn, Span};
+pub use decoder::{
+    DecoderLayer, Ffn, HeldUsage, LayerCtx, LayerHyper, OutputConvs, SelfAttn, Span,
+};
 pub use gated_delta::{GatedDeltaNet, GatedDeltaProjections};
 pub use linear::Linear;
 pub use mla::Mla;

@@ -223,9 +223,18 @@ impl MoeBlock<'_> {
             let mut ys = vec![0f32; m * h];
             match self.activation {
                 ExpertActivation::Silu if !buf.has_biases() => {
-                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, &mut ys)
+                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, None, &mut ys)
                 }
-                ExpertActivation::Silu => {
+                ExpertActivation::SiluClamped { limit } if !buf.has_biases() => swiglu(
+                    &buf.gate(),
+                    &buf.up(),
+                    &buf.down(),
+                    &xs,
+                    m,
+                    Some(limit),
+                    &mut ys,
+                ),
+                ExpertActivation::Silu | ExpertActivation::SiluClamped { .. } => {
                     return Err(EngineError::Config {
                         file: "config.json".into(),
                         what: format!(

@@ -29,9 +29,6 @@ use coli_format::spec::{
 use coli_format::ModelSpec;
 use std::sync::{Arc, Mutex};
 
-/// Eps of `q_a_layernorm` / `kv_a_layernorm` (constructed without eps in transformers).
-const LATENT_NORM_EPS: f32 = 1e-6;
-
 /// The MLA parameters of `spec` (an error for a spec of another family).
 pub(crate) fn mla_of(spec: &ModelSpec) -> Result<&MlaSpec> {
     spec.mla.as_ref().ok_or_else(|| EngineError::Config {
@@ -107,7 +104,7 @@ pub fn load_mla<'s>(
     };
     let (q_a, q_b) = match q {
         MlaQuerySpec::Lora { a, norm, b } => (
-            Some((w.linear(a)?, w.rms_norm(norm, LATENT_NORM_EPS)?)),
+            Some((w.linear(a)?, w.rms_norm(norm, m.latent_norm_eps)?)),
             w.linear(b)?,
         ),
         MlaQuerySpec::Direct(l) => (None, w.linear(l)?),
@@ -136,7 +133,7 @@ pub fn load_mla<'s>(
         q_a,
         q_b,
         kv_a: w.linear(kv_a)?,
-        kv_norm: w.rms_norm(kv_norm, LATENT_NORM_EPS)?,
+        kv_norm: w.rms_norm(kv_norm, m.latent_norm_eps)?,
         kv_b: w.linear(kv_b)?,
         o: w.linear(o)?,
         num_heads: spec.num_heads,
@@ -191,7 +188,7 @@ pub fn load_sigmoid_moe<'s>(
             scaling,
         },
         shared: match &moe.shared {
-            Some(s) => Some(load_mlp(w, s)?),
+            Some(s) => Some(load_mlp(w, spec, s)?),
             None => None,
         },
     })
@@ -211,7 +208,7 @@ pub fn load_layer<'s>(
 ) -> Result<DecoderLayer<'s>> {
     let ffn = match &layer.ffn {
         FfnSpec::Moe(m) => Ffn::SigmoidMoe(load_sigmoid_moe(w, spec, m)?),
-        FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
+        FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, spec, m)?),
         FfnSpec::FusedDense(_) | FfnSpec::SinkMoe(_) => {
             return Err(EngineError::Config {
                 file: "config.json".into(),
@@ -225,5 +222,6 @@ pub fn load_layer<'s>(
         post_norm: w.rms_norm(&layer.post_norm, spec.rms_norm_eps)?,
         ffn,
         output_convs: None,
+        hyper: None,
     })
 }

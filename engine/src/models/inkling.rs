@@ -184,6 +184,7 @@ fn load_layer<'s>(
     };
     Ok(DecoderLayer {
         input_norm: w.rms_norm(&l.input_norm, eps)?,
+        hyper: None,
         output_convs: Some(OutputConvs {
             attn: conv(w, &a.out_conv)?,
             mlp: conv(w, mlp_conv)?,

@@ -56,6 +56,7 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
             post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
             ffn: load_ffn(w, spec, &l.ffn)?,
             output_convs: None,
+            hyper: None,
         })
     })?;
     parts.rope = rope;

@@ -5,6 +5,7 @@
 
 pub mod deepseek_v3;
 pub mod glm4_moe;
+pub mod glm5_next;
 pub mod gpt_oss;
 pub mod inkling;
 pub mod kimi_linear;
@@ -88,6 +89,7 @@ impl<'s> Model<'s> {
                 qwen3_next::load(&mut w, &spec, &mut warnings)?
             }
             Family::KimiLinear => kimi_linear::load(&mut w, &spec)?,
+            Family::Glm5Next => glm5_next::load(&mut w, &spec)?,
         };
         Ok(Model {
             embed: parts.embed,
@@ -103,6 +105,30 @@ impl<'s> Model<'s> {
             warnings,
             spec,
         })
+    }
+
+    /// Residual streams per token: `hc_mult` with hyper-connections (GLM-5.3-Flash), else 1.
+    pub fn streams(&self) -> usize {
+        self.spec.hyper.map_or(1, |h| h.mult)
+    }
+
+    /// f32 values per token of the residual stream the decoder layers update: `streams() * H`.
+    pub fn residual_width(&self) -> usize {
+        self.streams() * self.spec.hidden_size
+    }
+
+    /// The hidden states (`[n, H]`) of `n` rows of the residual stream `x` (`[n, streams() H]`):
+    /// the rows themselves, or their streams' mean (GLM-5.3-Flash's `Glm5NextTextHyperHead`).
+    pub fn hidden_of_residual<'x>(&self, x: &'x [f32], n: usize) -> std::borrow::Cow<'x, [f32]> {
+        match self.streams() {
+            1 => std::borrow::Cow::Borrowed(x),
+            s => std::borrow::Cow::Owned(crate::layers::hyper::mean_streams(
+                x,
+                n,
+                s,
+                self.spec.hidden_size,
+            )),
+        }
     }
 
     /// Every `(layer, experts)` whose routed experts the model reads (main layers, then the
@@ -290,6 +316,7 @@ pub(crate) fn load_gated_delta<'s>(
         conv,
         dt_bias: w.vector(&a.dt_bias)?,
         neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+        gate_lower_bound: g.gate_lower_bound,
         // The gated norm uses its weight as is.
         norm: w.rms_norm(&a.norm, spec.rms_norm_eps)?,
         out: w.linear(&a.out)?,
@@ -301,12 +328,13 @@ pub(crate) fn load_gated_delta<'s>(
     })
 }
 
-/// A dense SwiGLU MLP.
-pub(crate) fn load_mlp<'s>(w: &mut Weights<'s>, m: &MlpSpec) -> Result<Mlp<'s>> {
+/// A dense SwiGLU MLP, clamped when the model says so (`spec.swiglu_limit`).
+pub(crate) fn load_mlp<'s>(w: &mut Weights<'s>, spec: &ModelSpec, m: &MlpSpec) -> Result<Mlp<'s>> {
     Ok(Mlp {
         gate: w.linear(&m.gate)?,
         up: w.linear(&m.up)?,
         down: w.linear(&m.down)?,
+        limit: spec.swiglu_limit,
     })
 }
 
@@ -342,7 +370,7 @@ pub(crate) fn load_moe<'s>(
         inter: m.experts.intermediate,
         shared: match (&m.shared, &m.shared_gate) {
             (Some(sh), Some(gate)) => Some(crate::layers::moe::GatedShared {
-                mlp: load_mlp(w, sh)?,
+                mlp: load_mlp(w, spec, sh)?,
                 gate: w.vector(gate)?,
             }),
             _ => None,
@@ -376,7 +404,7 @@ pub(crate) fn load_ffn<'s>(
     ffn: &coli_format::spec::FfnSpec,
 ) -> Result<Ffn<'s>> {
     Ok(match ffn {
-        coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, m)?),
+        coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, spec, m)?),
         coli_format::spec::FfnSpec::Moe(m) => match spec.routing {
             Routing::GroupedSigmoid { .. } => {
                 Ffn::SigmoidMoe(deepseek_v3::load_sigmoid_moe(w, spec, m)?)
@@ -408,6 +436,7 @@ pub(crate) fn load_gqa_layer<'s>(
         post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
         ffn,
         output_convs: None,
+        hyper: None,
     })
 }
 

@@ -85,5 +85,6 @@ fn load_layer<'s>(
         post_norm: rms_norm(w, spec, &l.post_norm)?,
         ffn: load_ffn(w, spec, &l.ffn)?,
         output_convs: None,
+        hyper: None,
     })
 }

@@ -65,6 +65,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
                         false,
                         c,
                     ),
+                    kpool: None,
                 }
             })
         },

@@ -680,5 +680,6 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize, p: &str, moe: bool) ->
         attention,
         post_norm: t(format!("{p}.mlp_norm.weight"), &[h], TensorKind::Norm),
         ffn,
+        hyper: None,
     }
 }

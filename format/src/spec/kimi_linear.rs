@@ -248,6 +248,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         nope: true,
         yarn: None,
         softmax_scale: ((qk_nope_head_dim + qk_rope_head_dim) as f64).powf(-0.5) as f32,
+        latent_norm_eps: 1e-6,
         n_group,
         topk_group,
         routed_scaling_factor: scaling,
@@ -298,12 +299,19 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         key_head_dim: head_dim,
         value_head_dim: head_dim,
         conv_kernel: kernel,
+        gate_lower_bound: None,
     });
     Ok(())
 }
 
-/// The KDA block of layer `i`: `model.layers.{i}.self_attn.*` (module doc).
-fn kda_attention(s: &ModelSpec, g: &GatedDeltaSpec, i: usize) -> AttentionSpec {
+/// The KDA block of layer `i`: `model.layers.{i}.self_attn.*` (module doc), its `A_log` of
+/// shape `a_log` (Kimi-Linear `[1, 1, Hv, 1]`, GLM-5.3-Flash `[Hv]`).
+pub(crate) fn kda_attention(
+    s: &ModelSpec,
+    g: &GatedDeltaSpec,
+    i: usize,
+    a_log: &[usize],
+) -> AttentionSpec {
     let p = format!("model.layers.{i}.self_attn");
     let (h, hv, d, c) = (
         s.hidden_size,
@@ -335,7 +343,7 @@ fn kda_attention(s: &ModelSpec, g: &GatedDeltaSpec, i: usize) -> AttentionSpec {
         },
         convs: vec![conv("q_conv1d"), conv("k_conv1d"), conv("v_conv1d")],
         dt_bias: TensorSpec::new(format!("{p}.dt_bias"), &[hv * d], c, TensorKind::Bias),
-        a_log: TensorSpec::new(format!("{p}.A_log"), &[1, 1, hv, 1], c, TensorKind::Bias),
+        a_log: TensorSpec::new(format!("{p}.A_log"), a_log, c, TensorKind::Bias),
         norm: build::norm(format!("{p}.o_norm.weight"), d, c),
         out: lin("o_proj", h, hv * d),
     }))
@@ -348,7 +356,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let layers = (0..s.num_layers)
         .map(|i| {
             let attention = if g.linear_layers[i] {
-                kda_attention(s, g, i)
+                kda_attention(s, g, i, &[1, 1, g.value_heads, 1])
             } else {
                 mla_attention(s, m, i, c, None)
             };

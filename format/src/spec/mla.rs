@@ -50,6 +50,9 @@ pub struct MlaSpec {
     pub yarn: Option<Yarn>,
     /// `(dn + dr)^-0.5`, times `mscale(factor, mscale_all_dim)^2` under YaRN.
     pub softmax_scale: f32,
+    /// Epsilon of `q_a_layernorm` / `kv_a_layernorm`: 1e-6 where transformers builds them
+    /// without one (DeepSeek-V3, GLM-5, Kimi-Linear), `rms_norm_eps` in GLM-5.3-Flash.
+    pub latent_norm_eps: f32,
     /// Routing groups `n_group` (1: no group step).
     pub n_group: usize,
     /// Groups kept per token, `topk_group`.
@@ -87,9 +90,32 @@ pub struct DsaSpec {
     /// (GLM-5, `apply_rotary_pos_emb_interleave` in `GlmMoeDsaIndexer`) or `rotate_half` halves
     /// (DeepSeek-V3.2, `apply_rotary_pos_emb` in `DeepseekV32Indexer`).
     pub rope_interleave: bool,
+    /// GLM-5.3-Flash: the indexer scores pools of keys, not keys (None: every key).
+    pub kpool: Option<KPool>,
+}
+
+/// GLM-5.3-Flash's k-pool indexer (`Glm5NextTextIndexer`): keys are grouped into pools of
+/// `size` consecutive positions, each complete pool scored through one key (a per-channel
+/// softmax-weighted mean of its keys), `index_topk / size` pools selected and expanded back to
+/// their positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KPool {
+    /// Positions per pool (`index_kpool`).
+    pub size: usize,
+    /// The query's own incomplete pool is always attended (`index_kpool_always_select_tail`).
+    pub select_tail: bool,
 }
 
 impl DsaSpec {
+    /// f32 values a full layer's indexer keeps per position: its key, and with k-pools the
+    /// position's pooling logits too (`2 index_head_dim`).
+    pub fn cached_dim(&self) -> usize {
+        match self.kpool {
+            Some(_) => 2 * self.head_dim,
+            None => self.head_dim,
+        }
+    }
+
     /// Whether `layer` runs its own indexer (layers past the list, such as the MTP layer, do).
     pub fn is_full(&self, layer: usize) -> bool {
         self.full.get(layer).copied().unwrap_or(true)
@@ -123,6 +149,7 @@ impl DsaSpec {
                 topk,
                 full: vec![true; num_layers],
                 rope_interleave: false,
+                kpool: None,
             });
         }
         if let Some(lt) = f.strings("layer_types")? {
@@ -138,6 +165,30 @@ impl DsaSpec {
                 )));
             }
         }
+        let full = Self::indexer_types(f, num_layers)?;
+        if full.first() == Some(&false) {
+            return Err(f.err(
+                "indexer_types[0] is \"shared\" but no earlier full layer has a selection to share",
+            ));
+        }
+        Ok(DsaSpec {
+            n_heads,
+            head_dim,
+            topk,
+            full,
+            rope_interleave: true,
+            kpool: None,
+        })
+    }
+
+    /// Per layer, whether it runs its own indexer: `indexer_types` (`"full"` / `"shared"`),
+    /// else `index_topk_pattern` (a string of F/S or a list), else `index_topk_freq` /
+    /// `index_skip_topk_offset` (`"full"` when `max(i - offset + 1, 0) % freq == 0`), as
+    /// transformers' `GlmMoeDsaConfig` and `Glm5NextTextConfig` resolve them.
+    pub(crate) fn indexer_types(
+        f: &Fields<'_>,
+        num_layers: usize,
+    ) -> Result<Vec<bool>, FormatError> {
         let types: Vec<String> = match f.strings("indexer_types")? {
             Some(t) => t.into_iter().map(str::to_string).collect(),
             None => match f.get("index_topk_pattern") {
@@ -176,7 +227,7 @@ impl DsaSpec {
                 types.len()
             )));
         }
-        let full = types
+        types
             .iter()
             .map(|t| match t.as_str() {
                 "full" => Ok(true),
@@ -185,19 +236,7 @@ impl DsaSpec {
                     "indexer_types entry {o:?} (\"full\" or \"shared\")"
                 ))),
             })
-            .collect::<Result<Vec<bool>, _>>()?;
-        if full.first() == Some(&false) {
-            return Err(f.err(
-                "indexer_types[0] is \"shared\" but no earlier full layer has a selection to share",
-            ));
-        }
-        Ok(DsaSpec {
-            n_heads,
-            head_dim,
-            topk,
-            full,
-            rope_interleave: true,
-        })
+            .collect::<Result<Vec<bool>, _>>()
     }
 }
 
@@ -430,6 +469,7 @@ impl MlaSpec {
             nope: false,
             yarn,
             softmax_scale: softmax_scale as f32,
+            latent_norm_eps: 1e-6,
             n_group,
             topk_group,
             routed_scaling_factor: f

@@ -8,7 +8,7 @@
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
 //! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`], [`qwen3_5_moe`],
-//! [`kimi_linear`].
+//! [`kimi_linear`], [`glm5_next`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
@@ -17,6 +17,7 @@
 pub mod deepseek_v3;
 pub mod deepseek_v32;
 pub mod glm4_moe;
+pub mod glm5_next;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod inkling;
@@ -57,6 +58,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_next",
     "qwen3_5_moe_text",
     "kimi_linear",
+    "glm5_next_text",
 ];
 
 /// A supported model family.
@@ -89,6 +91,8 @@ pub enum Family {
     Qwen35Moe,
     /// `kimi_linear`, Kimi-Linear-48B-A3B ([`kimi_linear`]).
     KimiLinear,
+    /// `glm5_next_text`, the language model of GLM-5.3-Flash (`glm5_next`) ([`glm5_next`]).
+    Glm5Next,
 }
 
 impl Family {
@@ -111,6 +115,7 @@ impl Family {
             "qwen3_next" => Ok(Family::Qwen3Next),
             "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
             "kimi_linear" => Ok(Family::KimiLinear),
+            "glm5_next_text" => Ok(Family::Glm5Next),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -134,6 +139,7 @@ impl Family {
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen35Moe => "qwen3_5_moe_text",
             Family::KimiLinear => "kimi_linear",
+            Family::Glm5Next => "glm5_next_text",
         }
     }
 
@@ -158,7 +164,8 @@ impl Family {
             | Family::Glm4Moe
             | Family::Qwen3Next
             | Family::Qwen35Moe
-            | Family::KimiLinear => 10_000.0,
+            | Family::KimiLinear
+            | Family::Glm5Next => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
@@ -181,7 +188,8 @@ impl Family {
             | Family::GlmMoeDsa
             | Family::GptOss
             | Family::Glm4Moe
-            | Family::KimiLinear => 1e-5,
+            | Family::KimiLinear
+            | Family::Glm5Next => 1e-5,
         }
     }
 }
@@ -232,6 +240,27 @@ pub enum ExpertActivation {
         /// `swiglu_limit` (7.0).
         limit: f32,
     },
+    /// GLM-5.3-Flash's clamped SwiGLU (`Glm5NextTextExperts._apply_gate`):
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
+    SiluClamped {
+        /// `swiglu_limit` (10.0).
+        limit: f32,
+    },
+}
+
+/// Manifold-constrained hyper-connections (mHC; Xie et al. 2026; transformers 5.25
+/// `Glm5NextTextHyperConnection`): the residual stream is `mult` streams of H values; before
+/// each sublayer they are mixed into its input, after it its output is spread back over them
+/// (see `coli_engine::layers::hyper`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HyperSpec {
+    /// Residual streams N (`hc_mult`).
+    pub mult: usize,
+    /// Sinkhorn-Knopp iterations that make the comb matrix doubly stochastic
+    /// (`hc_sinkhorn_iters`).
+    pub sinkhorn_iters: usize,
+    /// The floor added to pre and comb and to every Sinkhorn denominator (`hc_eps`).
+    pub eps: f32,
 }
 
 /// Everything coli needs from a checkpoint's config: the dimensions and options of the forward
@@ -297,6 +326,10 @@ pub struct ModelSpec {
     /// Multi-token-prediction layers the config declares (`num_nextn_predict_layers`, 0 or 1),
     /// stored after the decoder layers.
     pub num_mtp_layers: usize,
+    /// MTP layers the checkpoint holds after the decoder layers that coli does not convert or
+    /// run (GLM-5.3-Flash's layer 45: transformers does not load it, so nothing checks it);
+    /// their tensors are listed as not converted instead of refused.
+    pub unconverted_mtp_layers: usize,
     /// Intermediate size I of one routed expert.
     pub moe_intermediate_size: usize,
     /// Intermediate size of the dense MLP of non-MoE layers.
@@ -325,6 +358,13 @@ pub struct ModelSpec {
     /// Hybrid linear-attention families (Qwen3-Next, Qwen3.5, Kimi-Linear): the gated delta
     /// rule layers' rule, heads and which layers they are.
     pub gated_delta: Option<GatedDeltaSpec>,
+    /// The residual streams of a model with hyper-connections (GLM-5.3-Flash's mHC:
+    /// `hc_mult` streams, Sinkhorn-normalized mixing), None: one residual stream.
+    pub hyper: Option<HyperSpec>,
+    /// The clamp of every dense SwiGLU (dense MLPs, shared experts):
+    /// `silu(min(gate, l)) * clamp(up, -l, l)` (GLM-5.3-Flash's `swiglu_limit`); None: no clamp.
+    /// The routed experts' is in [`ModelSpec::expert_activation`].
+    pub swiglu_limit: Option<f32>,
     /// RMSNorm weights are stored zero-centred: the model multiplies by `1 + w` (Qwen3-Next's
     /// `Qwen3NextRMSNorm`; not its gated norm, which uses `w`).
     pub zero_centered_norms: bool,
@@ -570,6 +610,7 @@ impl ModelSpec {
             routing: Routing::SoftmaxTopK { renormalize: false },
             n_shared_experts: 0,
             num_mtp_layers: 0,
+            unconverted_mtp_layers: 0,
             moe_intermediate_size: 0,
             intermediate_size: f.usize("intermediate_size")?.unwrap_or(0),
             shared_expert_intermediate_size: 0,
@@ -582,6 +623,8 @@ impl ModelSpec {
             mla: None,
             inkling: None,
             gated_delta: None,
+            hyper: None,
+            swiglu_limit: None,
             zero_centered_norms: false,
             tensors: ModelTensors {
                 embed: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Embedding),
@@ -606,6 +649,7 @@ impl ModelSpec {
             Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
             Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
             Family::KimiLinear => kimi_linear::configure(&f, &mut spec)?,
+            Family::Glm5Next => glm5_next::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -680,6 +724,7 @@ impl ModelSpec {
             Family::Qwen3Next => qwen3_next::tensors(&spec),
             Family::Qwen35Moe => qwen3_5_moe::tensors(&spec),
             Family::KimiLinear => kimi_linear::tensors(&spec),
+            Family::Glm5Next => glm5_next::tensors(&spec),
         };
         Ok(spec)
     }
@@ -1069,6 +1114,7 @@ pub(crate) mod build {
                 class,
             ),
             ffn,
+            hyper: None,
         }
     }
 

@@ -43,7 +43,7 @@ pub enum DeltaRule {
 }
 
 /// The gated delta rule layers of a hybrid model: their rule, heads and which layers they are.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GatedDeltaSpec {
     /// The rule (and so the layer's tensors: [`super::GatedDeltaInput`]).
     pub rule: DeltaRule,
@@ -60,6 +60,10 @@ pub struct GatedDeltaSpec {
     pub value_head_dim: usize,
     /// Taps of the short convolution (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
+    /// KDA's safe forget gate (GLM-5.3-Flash's `linear_lower_bound` / `gate_lower_bound`):
+    /// `g = lower_bound * sigmoid(exp(A_log) (f + dt_bias))` instead of
+    /// `-exp(A_log) softplus(f + dt_bias)`; None for Gated DeltaNet and Kimi-Linear.
+    pub gate_lower_bound: Option<f32>,
 }
 
 /// A decode pass whose start is a multiple of this many positions keeps a checkpoint of each
@@ -186,6 +190,7 @@ pub(crate) fn configure_hybrid(
         key_head_dim: f.usize("linear_key_head_dim")?.unwrap_or(128),
         value_head_dim: f.usize("linear_value_head_dim")?.unwrap_or(128),
         conv_kernel: f.usize("linear_conv_kernel_dim")?.unwrap_or(4),
+        gate_lower_bound: None,
     };
     for (key, v) in [
         ("linear_num_key_heads", g.key_heads),
@@ -403,6 +408,7 @@ fn hybrid_layer(
         attention,
         post_norm: build::norm(format!("{p}.post_attention_layernorm.weight"), h, c),
         ffn,
+        hyper: None,
     }
 }
 

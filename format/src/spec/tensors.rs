@@ -36,6 +36,10 @@ pub enum TensorKind {
     /// A depthwise short-convolution weight `[channels, 1, kernel]` (Inkling's `*_sconv`):
     /// kept in the source precision (transformers keeps them in f32).
     Conv,
+    /// A hyper-connection's mixing parameters (`hc_attn_fn` `[(2+N)N, N H]`, `hc_*_base`,
+    /// `hc_*_scale`; GLM-5.3-Flash's k-pool indexer `index_kpool_compress_{gate,ape}`): small
+    /// tensors read in f32 and kept in the source precision (transformers keeps most in f32).
+    Mixing,
 }
 
 /// Which block of a main layer a dense linear weight belongs to: the converter chooses an
@@ -205,6 +209,43 @@ pub struct IndexerSpec {
     pub k_norm_bias: TensorSpec,
     /// `weights_proj` `[index_heads, H]`.
     pub weights_proj: LinearSpec,
+    /// GLM-5.3-Flash's k-pool compression (`index_kpool_compress_gate` `[index_head_dim, H]`,
+    /// `index_kpool_compress_ape` `[index_kpool, index_head_dim]`); None for GLM-5 and
+    /// DeepSeek-V3.2, whose indexers score every key.
+    pub kpool: Option<KPoolTensors>,
+}
+
+/// The k-pool compression tensors of a GLM-5.3-Flash indexer (see [`IndexerSpec::kpool`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KPoolTensors {
+    /// `index_kpool_compress_gate` `[index_head_dim, H]`: per-token, per-channel pooling logits.
+    pub gate: TensorSpec,
+    /// `index_kpool_compress_ape` `[index_kpool, index_head_dim]`: a learned logit offset per
+    /// position inside a pool.
+    pub ape: TensorSpec,
+}
+
+/// One manifold-constrained hyper-connection (mHC; GLM-5.3-Flash's `hc_attn_*` / `hc_ffn_*`,
+/// transformers' `Glm5NextTextHyperConnection`): what mixes a layer's N residual streams into
+/// its sublayer's input and its output back into the streams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HyperConnSpec {
+    /// `hc_{attn,ffn}_fn` `[(2+N) N, N H]`: the projection of the normalized streams to the
+    /// pre, post and comb logits.
+    pub proj: TensorSpec,
+    /// `hc_{attn,ffn}_base` `[(2+N) N]`: their offsets.
+    pub base: TensorSpec,
+    /// `hc_{attn,ffn}_scale` `[3]`: the pre, post and comb logit scales.
+    pub scale: TensorSpec,
+}
+
+/// The two hyper-connections of a decoder layer (around its attention and its feed-forward).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerHyperSpec {
+    /// Around the attention (`hc_attn_*`).
+    pub attn: HyperConnSpec,
+    /// Around the feed-forward block (`hc_ffn_*`).
+    pub ffn: HyperConnSpec,
 }
 
 /// An attention block.
@@ -595,6 +636,9 @@ pub struct LayerSpec {
     pub post_norm: TensorSpec,
     /// The feed-forward block.
     pub ffn: FfnSpec,
+    /// The layer's hyper-connections when the model keeps several residual streams
+    /// (GLM-5.3-Flash); None: one residual stream, plain residual adds.
+    pub hyper: Option<Box<LayerHyperSpec>>,
 }
 
 /// A multi-token-prediction layer: DeepSeek-V3, GLM-5, GLM-4.5 decoder layer
@@ -664,6 +708,11 @@ impl LayerSpec {
     /// The layer's tensors other than its routed experts, in a fixed order.
     pub fn dense(&self) -> Vec<&TensorSpec> {
         let mut out = vec![&self.input_norm];
+        if let Some(hc) = &self.hyper {
+            for c in [&hc.attn, &hc.ffn] {
+                out.extend([&c.proj, &c.base, &c.scale]);
+            }
+        }
         match &self.attention {
             AttentionSpec::Gqa {
                 q,
@@ -722,6 +771,9 @@ impl LayerSpec {
                     push_linear(&mut out, &ix.wk);
                     out.extend([&ix.k_norm_weight, &ix.k_norm_bias]);
                     push_linear(&mut out, &ix.weights_proj);
+                    if let Some(kp) = &ix.kpool {
+                        out.extend([&kp.gate, &kp.ape]);
+                    }
                 }
             }
         }

@@ -286,6 +286,14 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
             .keys()
             .filter(|k| !k.ends_with("_scale_inv"))
             .filter_map(|k| s.canonical_tensor_name(k).map(|c| c.into_owned()))
+            // An MTP layer coli does not convert (GLM-5.3-Flash's) is not the spec's either.
+            .filter(|k| {
+                crate::spec::layer_of(k).is_none_or(|l| {
+                    (l as usize) < s.num_layers
+                        || (l as usize) >= s.num_layers + s.unconverted_mtp_layers
+                        || s.num_mtp_layers > 0
+                })
+            })
             .collect();
         for t in s.tensors.dense() {
             let present = in_checkpoint.remove(&t.name);
@@ -981,4 +989,66 @@ fn kimi_linear_reads_published_and_transformers_configs() {
         let e = spec(b).unwrap_err().to_string();
         assert!(e.contains(what), "{edit}: {e}");
     }
+}
+
+#[test]
+fn glm5_next_reads_the_published_config_and_refuses_what_transformers_would() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/configs/glm-5.3-flash.config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let s = spec(cfg.clone()).unwrap();
+    assert_eq!(s.family, Family::Glm5Next);
+    assert_eq!(s.wrapper.as_deref(), Some("glm5_next"));
+    assert_eq!(
+        (s.num_layers, s.hidden_size, s.num_experts, s.top_k),
+        (45, 4096, 288, 8)
+    );
+    let g = s.gated_delta.as_ref().unwrap();
+    assert_eq!(g.linear_layer_count(), 34);
+    assert_eq!(g.gate_lower_bound, Some(-5.0));
+    assert_eq!((g.value_heads, g.key_head_dim), (64, 128));
+    let h = s.hyper.unwrap();
+    assert_eq!((h.mult, h.sinkhorn_iters), (4, 20));
+    let m = s.mla.as_ref().unwrap();
+    assert_eq!(
+        (m.qk_rope_head_dim, m.kv_lora_rank, m.q_lora_rank),
+        (0, 512, Some(1536))
+    );
+    assert_eq!(m.latent_norm_eps, 1e-5);
+    assert_eq!(m.dsa.as_ref().unwrap().kpool.unwrap().size, 16);
+    assert_eq!(s.moe_layers.iter().filter(|&&m| m).count(), 42);
+    assert_eq!(s.unconverted_mtp_layers, 1);
+    assert_eq!(s.swiglu_limit, Some(10.0));
+    // Every layer has its two hyper-connections; the DSA layers their k-pool indexer.
+    let l3 = &s.tensors.layers[3];
+    let names: Vec<&str> = l3.dense().iter().map(|t| t.name.as_str()).collect();
+    for n in [
+        "model.layers.3.hc_attn_fn",
+        "model.layers.3.hc_ffn_scale",
+        "model.layers.3.self_attn.indexer.index_kpool_compress_ape",
+    ] {
+        assert!(names.contains(&n), "{n} not in {names:?}");
+    }
+    // Refusals, each naming the key.
+    let with = |k: &str, v: Value| {
+        let mut c = cfg.clone();
+        c["text_config"][k] = v;
+        spec(c).unwrap_err().to_string()
+    };
+    assert!(with("qk_rope_head_dim", json!(64)).contains("qk_rope_head_dim"));
+    assert!(with("index_kpool", json!(3)).contains("index_kpool"));
+    assert!(with("num_key_value_heads", json!(8)).contains("num_key_value_heads"));
+    assert!(with("index_kpool_always_select_tail", json!(false)).contains("select_tail"));
+    assert!(with("hc_mult", json!(0)).contains("hc_mult"));
+    assert!(with("layer_types", json!(vec!["sliding_attention"; 45])).contains("layer_types"));
+    // A shared DSA layer must follow a full one (transformers hands the selection on only to
+    // the next layer); layer 3 follows KDA layer 2.
+    let mut types = vec![json!("full"); 45];
+    types[3] = json!("shared");
+    assert!(with("indexer_types", json!(types)).contains("layer 3"));
+    // linear_lower_bound null with safe_gate false: Kimi-Linear's softplus gate.
+    let mut c = cfg.clone();
+    c["text_config"]["linear_attn_config"]["gate_lower_bound"] = Value::Null;
+    c["text_config"]["linear_attn_config"]["safe_gate"] = json!(false);
+    assert_eq!(spec(c).unwrap().gated_delta.unwrap().gate_lower_bound, None);
 }
