@@ -187,6 +187,14 @@ fn refuse_mtp_without_layer(input: &std::path::Path, mtp: &str) -> anyhow::Resul
     let Ok(spec) = coli_format::spec::ModelSpec::from_config(&cfg, None) else {
         return Ok(());
     };
+    if spec.mtp_layer().is_none() && spec.unconverted_mtp_layers > 0 {
+        anyhow::bail!(
+            "--mtp {mtp}: this {} model's MTP layer ({} in {}) is not converted (transformers does not run it, so coli has no oracle for it); drop the option",
+            spec.model_type,
+            "num_nextn_predict_layers",
+            input.join("config.json").display()
+        );
+    }
     if spec.mtp_layer().is_none() {
         anyhow::bail!(
             "--mtp {mtp}: this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent in {}); drop the option",

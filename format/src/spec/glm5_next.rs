@@ -33,12 +33,12 @@
 use super::build;
 use super::deepseek_v3::mla_attention;
 use super::json::Fields;
-use super::kimi_linear::kda_attention;
+use super::kimi_linear::{grouped_sigmoid, kda_attention, mlp_layer_types};
 use super::mla::{DsaSpec, KPool, MlaSpec};
 use super::qwen3_next::DeltaRule;
 use super::{
     ExpertActivation, FfnSpec, GatedDeltaSpec, HyperConnSpec, HyperSpec, IndexerSpec, KPoolTensors,
-    LayerHyperSpec, ModelSpec, ModelTensors, Routing, TensorClass, TensorKind, TensorSpec,
+    LayerHyperSpec, ModelSpec, ModelTensors, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
@@ -118,19 +118,15 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     s.n_shared_experts = f.usize("n_shared_experts")?.unwrap_or(1);
     let n_group = f.usize("n_group")?.unwrap_or(1).max(1);
     let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
-    if !s.num_experts.is_multiple_of(n_group) || topk_group > n_group {
-        return Err(f.err(format!(
-            "{pre}n_group {n_group} must divide {pre}n_routed_experts {} and be >= {pre}topk_group {topk_group}",
-            s.num_experts
-        )));
-    }
     let scaling = f.f64("routed_scaling_factor")?.unwrap_or(2.5) as f32;
-    s.routing = Routing::GroupedSigmoid {
-        n_group,
+    grouped_sigmoid(
+        f,
+        s,
+        (n_group, "n_group"),
         topk_group,
-        renormalize: s.norm_topk_prob,
+        "n_routed_experts",
         scaling,
-    };
+    )?;
     let limit = f.f64("swiglu_limit")?.unwrap_or(10.0);
     if !(limit.is_finite() && limit > 0.0) {
         return Err(f.err(format!(
@@ -141,25 +137,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     s.expert_activation = ExpertActivation::SiluClamped {
         limit: limit as f32,
     };
-    let mlp_sparse: Vec<bool> = match f.strings("mlp_layer_types")? {
-        Some(t) if t.len() == n => t
-            .iter()
-            .map(|t| match *t {
-                "sparse" => Ok(true),
-                "dense" => Ok(false),
-                o => Err(f.err(format!(
-                    "{pre}mlp_layer_types entry {o:?} (\"dense\" or \"sparse\")"
-                ))),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(t) => {
-            return Err(f.err(format!(
-                "{pre}mlp_layer_types lists {} layers, {pre}num_hidden_layers is {n}",
-                t.len()
-            )))
-        }
-        None => (0..n).map(|i| i >= 3).collect(),
-    };
+    // transformers ignores `first_k_dense_replace`: three dense layers by default.
+    let mlp_sparse = mlp_layer_types(f, n, |i| i >= 3)?;
     s.moe_layers = mlp_sparse.iter().map(|&m| m && s.num_experts > 0).collect();
 
     // Hyper-connections.

@@ -142,6 +142,61 @@ fn linear_layers(
         .collect()
 }
 
+/// DeepSeek-V3's grouped sigmoid routing (`n_group` groups, `topk_group` kept, renormalized as
+/// `s.norm_topk_prob`, times `scaling`), the group count checked against the expert count;
+/// `group` and `experts_key` are the keys the counts came from (for the message).
+pub(crate) fn grouped_sigmoid(
+    f: &Fields<'_>,
+    s: &mut ModelSpec,
+    group: (usize, &str),
+    topk_group: usize,
+    experts_key: &str,
+    scaling: f32,
+) -> Result<(), FormatError> {
+    let (n_group, group_key) = group;
+    let pre = f.prefix;
+    if !s.num_experts.is_multiple_of(n_group) || topk_group > n_group {
+        return Err(f.err(format!(
+            "{pre}{group_key} {n_group} must divide {pre}{experts_key} {} and be >= {pre}topk_group {topk_group}",
+            s.num_experts
+        )));
+    }
+    s.routing = Routing::GroupedSigmoid {
+        n_group,
+        topk_group,
+        renormalize: s.norm_topk_prob,
+        scaling,
+    };
+    Ok(())
+}
+
+/// Per layer, whether its feed-forward block is MoE: `mlp_layer_types` (`"dense"` /
+/// `"sparse"`, one per layer) when given, else `default(i)`.
+pub(crate) fn mlp_layer_types(
+    f: &Fields<'_>,
+    n: usize,
+    default: impl Fn(usize) -> bool,
+) -> Result<Vec<bool>, FormatError> {
+    let pre = f.prefix;
+    match f.strings("mlp_layer_types")? {
+        Some(t) if t.len() == n => t
+            .iter()
+            .map(|t| match *t {
+                "sparse" => Ok(true),
+                "dense" => Ok(false),
+                o => Err(f.err(format!(
+                    "{pre}mlp_layer_types entry {o:?} (\"dense\" or \"sparse\")"
+                ))),
+            })
+            .collect(),
+        Some(t) => Err(f.err(format!(
+            "{pre}mlp_layer_types lists {} layers, {pre}num_hidden_layers is {n}",
+            t.len()
+        ))),
+        None => Ok((0..n).map(default).collect()),
+    }
+}
+
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
     let pre = f.prefix;
     let unsupported = |what: String| Err(FormatError::Unsupported(format!("kimi_linear {what}")));
@@ -200,39 +255,10 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         first_usize(f, &["num_expert_group", "n_group"])?.unwrap_or((1, "num_expert_group"));
     let n_group = n_group.max(1);
     let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
-    if !s.num_experts.is_multiple_of(n_group) || topk_group > n_group {
-        return Err(f.err(format!(
-            "{pre}{group_key} {n_group} must divide {pre}{experts_key} {} and be >= {pre}topk_group {topk_group}",
-            s.num_experts
-        )));
-    }
     let scaling = f.f64("routed_scaling_factor")?.unwrap_or(2.446) as f32;
-    s.routing = Routing::GroupedSigmoid {
-        n_group,
-        topk_group,
-        renormalize: s.norm_topk_prob,
-        scaling,
-    };
+    grouped_sigmoid(f, s, (n_group, group_key), topk_group, experts_key, scaling)?;
     let first_dense = f.usize("first_k_dense_replace")?.unwrap_or(1);
-    let mlp_sparse: Vec<bool> = match f.strings("mlp_layer_types")? {
-        Some(t) if t.len() == n => t
-            .iter()
-            .map(|t| match *t {
-                "sparse" => Ok(true),
-                "dense" => Ok(false),
-                o => Err(f.err(format!(
-                    "{pre}mlp_layer_types entry {o:?} (\"dense\" or \"sparse\")"
-                ))),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(t) => {
-            return Err(f.err(format!(
-                "{pre}mlp_layer_types lists {} layers, {pre}num_hidden_layers is {n}",
-                t.len()
-            )))
-        }
-        None => (0..n).map(|i| i >= first_dense).collect(),
-    };
+    let mlp_sparse = mlp_layer_types(f, n, |i| i >= first_dense)?;
     s.moe_layers = mlp_sparse.iter().map(|&m| m && s.num_experts > 0).collect();
     let qk_nope_head_dim = f.usize("qk_nope_head_dim")?.unwrap_or(128);
     let qk_rope_head_dim = f.usize("qk_rope_head_dim")?.unwrap_or(64);
