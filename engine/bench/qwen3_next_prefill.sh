@@ -2,7 +2,9 @@
 # Issue 44's prefill target on a Qwen3-Next-shaped random model (engine/bench/qwen3_next_shape.py:
 # the release's linear-attention and attention heads at hidden 1024, 8 layers, 32 experts), and
 # issue 45's on a Kimi-Linear-shaped one with SHAPE=kimi_linear (engine/bench/kimi_linear_shape.py:
-# KDA heads 32 x 128 and the release's MLA at the same width, depth and experts):
+# KDA heads 32 x 128 and the release's MLA at the same width, depth and experts), and on a
+# GLM-5.3-Flash-shaped one with SHAPE=glm5_next (engine/bench/glm5_next_shape.py: KDA heads
+# 64 x 128 with the safe gate, the release's DSA layers and k-pool indexer, 4 residual streams):
 # TTFT of a 2048-token prompt prefilled in chunks of 256 (projections as matmuls, the Gated
 # DeltaNet layers' chunkwise form over whole aligned chunks of 64) against token by token
 # (--prefill-batch 1: matvecs, the recurrent form), interleaved, REPS times, same binary.
