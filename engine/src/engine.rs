@@ -1046,6 +1046,13 @@ impl<'s> Engine<'s> {
 
     /// Layer groups of a layer-major prefill, in order: a group starts at every layer that does
     /// not read what the layer before it published ([`crate::layers::DecoderLayer::reads_previous_layer`]).
+    /// The groups of layers a layer-major prefill ([`Engine::prefill_sequence`]) runs one after
+    /// the other: its `stop` is asked before each group after the first, so a caller can count
+    /// those calls for the prefill's progress (`groups done / this`).
+    pub fn prefill_layer_groups(&self) -> usize {
+        self.layer_groups().len()
+    }
+
     fn layer_groups(&self) -> Vec<std::ops::Range<usize>> {
         let layers = &self.model.layers;
         let mut groups: Vec<std::ops::Range<usize>> = Vec::new();

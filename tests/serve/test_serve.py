@@ -20,6 +20,9 @@ share forward passes; a seeded request samples the same text alone and in a batc
 (choice i equals a request seeded seed + i); a closed stream frees its slot for a waiting request;
 the batching metrics and one log line per request; SIGTERM with a full batch (the short stream
 finishes, the long ones end with finish reason "abort", no new request is admitted, exit code 0).
+Last, long prefills on a server with an 8192-token context: a prompt that prefills for more than
+30 s through the Anthropic stream gets `ping` events at most 5 s apart, one of more than 10 s
+through the OpenAI stream gets keep-alive comments, and /metrics shows the prefill's progress move.
 
 Run from the repository root after `cargo build -p coli-convert -p coli-tools`, with the
 packages of tools/demo/requirements.txt (--no-deps) and tests/serve/requirements.txt installed.
@@ -93,10 +96,10 @@ def demo_store():
 class Server:
     """A `coli serve` child on a free port (--port 0; the address is read from its log)."""
 
-    def __init__(self, store, *args, max_queue=MAX_QUEUE, log_name="serve.log"):
+    def __init__(self, store, *args, max_queue=MAX_QUEUE, log_name="serve.log", context=CONTEXT):
         self.log_path = os.path.join(os.path.dirname(store), log_name)
         self.log = open(self.log_path, "w")
-        cmd = [COLI, "serve", "--store", store, "--port", "0", "--context", str(CONTEXT),
+        cmd = [COLI, "serve", "--store", store, "--port", "0", "--context", str(context),
                "--model-id", MODEL, "--api-key", KEY, "--max-queue", str(max_queue), *args]
         print("$ " + " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -278,11 +281,86 @@ def main():
         plain.stop()
         drafting.stop()
     kv_restart_checks(store)
+    long_prefill_checks(store)
     print(f"serve: {len(passed)} passed, {len(failures)} failed")
     if failures:
         print("server log:\n" + open(server.log_path).read()[-4000:])
         sys.exit(1)
 
+
+
+# Prompts the demo model prefills for more than 30 s (Anthropic) and more than 10 s (OpenAI) on
+# the CI machine (2 cores, the test profile; about 70 tokens/s at these lengths): repeated
+# sentences, different ones so that the second request reuses nothing of the first.
+LONG_PREFILL_CONTEXT = 8192
+LONG_PREFILLS = [
+    ("/v1/messages", "The quick brown fox jumps over the lazy dog. ", 520, 30, "ping"),
+    ("/v1/chat/completions", "A journey of a thousand miles begins with a single step. ", 160, 10, ":"),
+]
+
+
+def sse_lines(server, path, body, out):
+    """Streams `body` to `path`, appending (seconds since the request, line) for every SSE line."""
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
+                                          "x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    t0 = time.time()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        while True:
+            line = r.readline()
+            if not line:
+                return
+            out.append((time.time() - t0, line.decode().rstrip("\n")))
+
+
+def first_token(line):
+    """Whether an SSE line carries generated text or the end (Anthropic `content_block_delta`,
+    OpenAI a chunk with content or a finish reason; not the role chunk sent before the prefill)."""
+    if line.startswith("event: content_block_delta"):
+        return True
+    if not line.startswith("data: {"):
+        return False
+    v = json.loads(line[len("data: "):])
+    c = (v.get("choices") or [{}])[0]
+    return bool((c.get("delta") or {}).get("content")) or c.get("finish_reason") is not None
+
+
+def long_prefill_checks(store):
+    """A prompt that prefills for more than 30 s (issue 48, colibri #573: agents time out on
+    long prefills with nothing on the wire): the Anthropic stream sends `ping` events while it
+    prefills, the OpenAI stream its keep-alive comments, and /metrics shows the prefill's progress
+    (tokens done / to prefill) moving before the first token."""
+    server = Server(store, "--max-batch", "1", log_name="serve-long.log", context=LONG_PREFILL_CONTEXT)
+    try:
+        for path, sentence, repeats, min_s, silent in LONG_PREFILLS:
+            body = {"model": MODEL, "max_tokens": 2, "stream": True,
+                    "messages": [{"role": "user", "content": sentence * repeats}]}
+            lines, seen = [], []
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                fut = ex.submit(sse_lines, server, path, body, lines)
+                while not fut.done():
+                    m = metrics(server)
+                    seen.append((m.get("coli_prefill_done_tokens", 0), m.get("coli_prefill_total_tokens", 0)))
+                    time.sleep(1.0)
+                fut.result()
+            first = next((t for t, l in lines if first_token(l)), None)
+            check(first is not None and first > min_s,
+                  f"{path}: the prompt prefilled for {first} s (more than {min_s} s)")
+            # While it prefilled: a keep-alive at least every ~5 s (Anthropic: `event: ping`;
+            # OpenAI: an SSE comment line), so no gap in the stream exceeds 10 s.
+            times = [t for t, l in lines if (l.startswith("event: ping") if silent == "ping" else l.startswith(":"))]
+            marks = [0.0] + [t for t in times if first and t < first] + [first or 0.0]
+            gap = max(b - a for a, b in zip(marks, marks[1:]))
+            check(len(times) >= min_s // 5 - 1 and gap < 10,
+                  f"{path}: {len(times)} keep-alives during the prefill, longest silence {gap:.1f} s")
+            # /metrics: the prefill's progress moved (done < total, then more done) before the reply.
+            moving = [(d, t) for d, t in seen if t > 0]
+            check(len(moving) >= 3 and moving[0][0] < moving[-1][0] <= moving[-1][1],
+                  f"{path}: /metrics prefill progress {moving[:2]} ... {moving[-2:]}")
+            after = metrics(server).get("coli_prefill_total_tokens", -1)
+            check(after == 0, f"{path}: no prefill pending after the reply ({after})")
+    finally:
+        server.stop()
 
 def run_checks(server, q, question):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)

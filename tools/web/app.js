@@ -210,6 +210,9 @@ function drawFigures() {
   $("fig-batch").textContent = fmtNum(figure("batch",
     d((s) => h(s).batch_size.sum), d((s) => h(s).batch_size.count)), 2);
   $("fig-queue").textContent = `${b.gauges.queue_depth} · ${b.gauges.running}`;
+  // A prompt prefilling: tokens done / to do, so a long prefill shows it is moving.
+  $("fig-prefill").textContent = b.gauges.prefill_total > 0
+    ? `${b.gauges.prefill_done} / ${b.gauges.prefill_total}` : "–";
   $("fig-tokens").textContent =
     `${b.counters.completion_tokens} · ${b.counters.prompt_tokens} (${b.counters.cached_tokens})`;
   $("fig-drafts").textContent = b.counters.drafts_proposed > 0

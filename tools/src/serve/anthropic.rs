@@ -402,6 +402,9 @@ pub async fn whole(
     ))
 }
 
+/// How long a stream may go without an event before it sends a `ping` event.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One SSE event with its name (Anthropic's streams name every event).
 fn sse(name: &'static str, data: &Value) -> Result<SseEvent, Infallible> {
     Ok(SseEvent::default().event(name).data(data.to_string()))
@@ -409,7 +412,8 @@ fn sse(name: &'static str, data: &Value) -> Result<SseEvent, Infallible> {
 
 /// The streamed reply: `message_start`, `content_block_start`, `ping`, `content_block_delta`
 /// (`text_delta`) per piece, `content_block_stop`, `message_delta` (stop reason, usage),
-/// `message_stop`; an `error` event if generation fails. `guard` (the job's cancel guard) lives
+/// `message_stop`; an `error` event if generation fails; a `ping` whenever nothing was sent for
+/// 5 s (a long prefill). `guard` (the job's cancel guard) lives
 /// as long as the stream, so a client that leaves cancels its job.
 pub fn stream<G: Send + 'static>(
     meta: MessageMeta,
@@ -436,11 +440,24 @@ pub fn stream<G: Send + 'static>(
                 return;
             }
         }
+        // While nothing else is sent (a queued request, a long prefill, a slow token), a `ping`
+        // event every PING_EVERY keeps clients that wait for events, not comments, from timing
+        // out (Anthropic's clients and agents; the SSE keep-alive comment runs as well).
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let ev = tokio::select! {
                 ev = events.recv() => ev,
+                _ = ping.tick() => {
+                    if out.send(sse("ping", &json!({"type": "ping"}))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 () = out.closed() => return,
             };
+            ping.reset();
             let msgs: Vec<(&'static str, Value)> = match ev {
                 Some(Event::Text(_, t)) => vec![(
                     "content_block_delta",

@@ -113,6 +113,12 @@ pub struct Metrics {
     pub drive_read_bytes: Family<RequestLabels, Counter>,
     /// Requests waiting for the engine.
     pub queue_depth: Gauge,
+    /// Prompt tokens to prefill of the requests now prefilling (those reused from the KV cache
+    /// not counted); 0 when none is.
+    pub prefill_total: Gauge,
+    /// Of those, tokens already prefilled (during a layer-major prefill of a whole prompt, its
+    /// tokens times the share of layer groups done).
+    pub prefill_done: Gauge,
     /// Generations running (0 or 1).
     pub running: Gauge,
     /// HTTP connections open (at most `--max-connections`).
@@ -260,6 +266,18 @@ impl Metrics {
             "Requests waiting for the engine",
             queue_depth.clone(),
         );
+        let prefill_total = Gauge::default();
+        registry.register(
+            "prefill_total_tokens",
+            "Prompt tokens to prefill of the requests now prefilling",
+            prefill_total.clone(),
+        );
+        let prefill_done = Gauge::default();
+        registry.register(
+            "prefill_done_tokens",
+            "Of the prompt tokens to prefill of the requests now prefilling, those done",
+            prefill_done.clone(),
+        );
         let running = Gauge::default();
         registry.register("running_requests", "Generations running", running.clone());
         let connections_open = Gauge::default();
@@ -389,6 +407,8 @@ impl Metrics {
             forward_seconds,
             drive_read_bytes,
             queue_depth,
+            prefill_total,
+            prefill_done,
             running,
             connections_open,
             connections_refused,

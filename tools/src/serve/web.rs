@@ -307,6 +307,8 @@ async fn state(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         "gauges": {
             "queue_depth": m.queue_depth.get(),
             "running": m.running.get(),
+            "prefill_done": m.prefill_done.get(),
+            "prefill_total": m.prefill_total.get(),
         },
         "drives": drives,
         "plan": view.as_ref().map(|v| &v.plan),

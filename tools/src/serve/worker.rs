@@ -428,6 +428,21 @@ impl Scheduler<'_, '_> {
         &self.shared.metrics
     }
 
+    /// Publishes the prefill progress of the requests now prefilling (`/metrics`, the web
+    /// page): their prompt tokens to prefill and, of those, the ones done. Returns
+    /// `(done, total)`.
+    fn publish_prefill(&self) -> (usize, usize) {
+        let (mut done, mut total) = (0, 0);
+        for r in self.active.iter().filter(|r| r.prefilling()) {
+            total += r.job.prompt.len() - r.cached;
+            done += r.prefill_from - r.cached;
+        }
+        let m = self.metrics();
+        m.prefill_total.set(total as i64);
+        m.prefill_done.set(done as i64);
+        (done, total)
+    }
+
     /// Adds the store's expert bytes read since the last call to the counter (model loading,
     /// e.g. pinned experts, included).
     fn count_bytes(&mut self) {
@@ -687,6 +702,7 @@ impl Scheduler<'_, '_> {
         r.choices[0].seq = Some(seq);
         self.metrics().running.inc();
         self.active.push(r);
+        self.publish_prefill();
     }
 
     /// A sequence for `prompt`: the prefix cache's state that shares the longest prefix with
@@ -833,7 +849,17 @@ impl Scheduler<'_, '_> {
                 ([Feed::Prefill { req, .. }], [item]) if whole => {
                     let job = &self.active[*req].job;
                     let shutdown = &self.shared.shutdown;
-                    let stop = || job.cancelled() || shutdown.started();
+                    // Progress: `stop` is asked before each layer group after the first.
+                    let (done0, _) = self.publish_prefill();
+                    let (rows, groups) = (item.ids.len(), self.eng.prefill_layer_groups().max(1));
+                    let asked = std::sync::atomic::AtomicUsize::new(0);
+                    let m = &self.shared.metrics;
+                    let stop = || {
+                        let g = asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        m.prefill_done
+                            .set((done0 + rows * g.min(groups) / groups) as i64);
+                        job.cancelled() || shutdown.started()
+                    };
                     self.eng
                         .prefill_sequence(&mut *item.seq, item.ids, Logits::Last, &stop)
                         .map(|l| vec![l])
@@ -910,6 +936,7 @@ impl Scheduler<'_, '_> {
                 Feed::Prefill { req, end } => {
                     let prompt_len = self.active[req].job.prompt.len();
                     self.active[req].prefill_from = end;
+                    self.publish_prefill();
                     if end == prompt_len {
                         let row = rows.into_iter().next().expect("last-token logits");
                         self.prefill_done(req, &row, now);
@@ -1204,6 +1231,7 @@ impl Scheduler<'_, '_> {
             let r = self.active.remove(i);
             self.finish_request(r);
         }
+        self.publish_prefill();
         self.count_bytes();
     }
 
