@@ -333,11 +333,16 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         bytes_out: 0,
         store_bytes: 0,
         rel_rms_error: BTreeMap::new(),
+        // As the checkpoint names them (a wrapper's prefix kept).
         not_converted: ck
             .outside_model
             .iter()
-            .chain(&plan.unused)
             .cloned()
+            .chain(
+                plan.unused
+                    .iter()
+                    .map(|n| ck.renamed.get(n).cloned().unwrap_or_else(|| n.clone())),
+            )
             .collect(),
         elapsed_s: 0.0,
     };

@@ -451,15 +451,21 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         if let Some(l) = layer_of(name) {
             let unconverted_mtp = (l as usize) < nl as usize + spec.unconverted_mtp_layers;
             if l >= nl && Some(l) != mtp_index && !unconverted_mtp {
-                let nextn = if spec.family.is_mla() || spec.family == Family::Glm4Moe {
-                    format!(" and num_nextn_predict_layers is {}", spec.num_mtp_layers)
+                let nextn = if spec.family.is_mla()
+                    || matches!(spec.family, Family::Glm4Moe | Family::Glm5Next)
+                {
+                    format!(
+                        " and num_nextn_predict_layers is {}",
+                        spec.num_mtp_layers + spec.unconverted_mtp_layers
+                    )
                 } else {
                     String::new()
                 };
+                let shown = ck.renamed.get(name).unwrap_or(name);
                 return Err(ConvertError::Config {
                     file: ck.dir.join("config.json"),
                     what: format!(
-                        "tensor {name} is in layer {l} but num_hidden_layers is {nl}{nextn}"
+                        "tensor {shown} is in layer {l} but num_hidden_layers is {nl}{nextn}"
                     ),
                 });
             }
@@ -795,6 +801,9 @@ fn other_block_tensor(ck: &Checkpoint, missing: &str, known: &BTreeSet<String>) 
         return None;
     }
     let block = format!("{}.", parts[..parts.len() - 2].join("."));
+    // The block is inside a layer (`model.layers.L.self_attn.`), never a whole layer list: a
+    // layer's own tensor (`model.layers.L.hc_attn_fn`) has no block to compare with.
+    layer_of(&block)?;
     ck.tensors
         .keys()
         // Weights only: buffers some releases ship (`rotary_emb.inv_freq`) are no sign.

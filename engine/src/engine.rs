@@ -647,6 +647,13 @@ impl<'s> Engine<'s> {
                     "the store {} was converted with --mtp none (without its MTP layer): convert it again without that option to draft with the MTP layer",
                     store.dir().display()
                 )
+            } else if self.model.spec.mtp_layer().is_none()
+                && self.model.spec.unconverted_mtp_layers > 0
+            {
+                format!(
+                    "this {} model's MTP layer is not converted (transformers does not run it, so coli has no oracle for it): draft with --speculate ngram",
+                    self.model.spec.model_type
+                )
             } else if self.model.spec.mtp_layer().is_none() {
                 format!(
                     "this {} model has no MTP layer (num_nextn_predict_layers is 0 or absent)",

@@ -548,10 +548,16 @@ fn glm5_next_bad_inputs_are_refused_before_anything_is_written() {
     );
     text_refused(&|t| t["qk_rope_head_dim"] = json!(8), &["qk_rope_head_dim"]);
     // Missing hyper-connection and k-pool tensors, named as published.
+    // A layer's own tensor has no block to blame: the message asks for the shard (the MTP
+    // layer's tensors, which the release ships and coli leaves out, are no sign of a wrong
+    // config).
     tensor_missing_refused(
         n,
         "model.language_model.layers.1.hc_ffn_fn",
-        &["model.language_model.layers.1.hc_ffn_fn"],
+        &[
+            "model.language_model.layers.1.hc_ffn_fn",
+            "is a shard absent",
+        ],
     );
     tensor_missing_refused(
         n,

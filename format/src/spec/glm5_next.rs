@@ -127,6 +127,15 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         "n_routed_experts",
         scaling,
     )?;
+    // `swiglu_limit: float = 10.0` in the strict config class: null is not a value.
+    if f.v
+        .get("swiglu_limit")
+        .is_some_and(serde_json::Value::is_null)
+    {
+        return Err(f.err(format!(
+            "{pre}swiglu_limit is null: give a number (10.0 as published)"
+        )));
+    }
     let limit = f.f64("swiglu_limit")?.unwrap_or(10.0);
     if !(limit.is_finite() && limit > 0.0) {
         return Err(f.err(format!(

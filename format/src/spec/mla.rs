@@ -197,7 +197,9 @@ impl DsaSpec {
                     .map(|c| match c {
                         'F' => Ok("full".to_string()),
                         'S' => Ok("shared".to_string()),
-                        o => Err(f.err(format!("index_topk_pattern has {o:?} (F or S)"))),
+                        o => {
+                            Err(f.err(format!("{}index_topk_pattern has {o:?} (F or S)", f.prefix)))
+                        }
                     })
                     .collect::<Result<Vec<_>, _>>()?,
                 Some(serde_json::Value::Array(_)) => f
@@ -223,7 +225,8 @@ impl DsaSpec {
         };
         if types.len() != num_layers {
             return Err(f.err(format!(
-                "indexer_types has {} entries for {num_layers} layers",
+                "{}indexer_types has {} entries for {num_layers} layers",
+                f.prefix,
                 types.len()
             )));
         }
@@ -233,7 +236,8 @@ impl DsaSpec {
                 "full" => Ok(true),
                 "shared" => Ok(false),
                 o => Err(f.err(format!(
-                    "indexer_types entry {o:?} (\"full\" or \"shared\")"
+                    "{}indexer_types entry {o:?} (\"full\" or \"shared\")",
+                    f.prefix
                 ))),
             })
             .collect::<Result<Vec<bool>, _>>()

@@ -476,6 +476,17 @@ fn num_experts(f: &Fields<'_>, key: &str, alias: &str) -> Result<usize, FormatEr
     }
 }
 
+/// The text model type a multimodal wrapper builds its `text_config` as when that names no
+/// `model_type` (transformers' `sub_configs_defaults`).
+fn wrapper_text_type(wrapper: &str) -> Option<&'static str> {
+    match wrapper {
+        w if w == inkling::WRAPPER_MODEL_TYPE => Some("inkling_text"),
+        "glm5_next" => Some("glm5_next_text"),
+        "qwen3_5_moe" => Some("qwen3_5_moe_text"),
+        _ => None,
+    }
+}
+
 /// The language model's config object: `config` itself, or its `text_config` when `config`
 /// is a wrapper whose own `model_type` coli does not run but whose `text_config` names one it
 /// does. Returns the object, its message prefix and the wrapper's model_type.
@@ -488,8 +499,9 @@ fn language_model_config(config: &Value) -> (&Value, &'static str, Option<String
             match t.get("model_type").and_then(Value::as_str) {
                 Some(m) => SUPPORTED_MODEL_TYPES.contains(&m),
                 // `InklingConfig` builds its text config as `inkling_text` whatever the
-                // checkpoint's `text_config` says of its type.
-                None => top == Some(inkling::WRAPPER_MODEL_TYPE),
+                // checkpoint's `text_config` says of its type; the other wrappers build theirs
+                // as their own text type when it says none.
+                None => top.is_some_and(|t| wrapper_text_type(t).is_some()),
             }
         });
     match (top, nested) {
@@ -525,7 +537,10 @@ impl ModelSpec {
         };
         let model_type = match f.str("model_type")? {
             Some(m) => m,
-            None if wrapper.as_deref() == Some(inkling::WRAPPER_MODEL_TYPE) => "inkling_text",
+            None if wrapper.as_deref().and_then(wrapper_text_type).is_some() => wrapper
+                .as_deref()
+                .and_then(wrapper_text_type)
+                .unwrap_or_default(),
             None => return Err(f.err(format!("missing field {prefix}model_type"))),
         };
         let family = Family::from_model_type(model_type)?;

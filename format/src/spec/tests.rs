@@ -1046,6 +1046,15 @@ fn glm5_next_reads_the_published_config_and_refuses_what_transformers_would() {
     let mut types = vec![json!("full"); 45];
     types[3] = json!("shared");
     assert!(with("indexer_types", json!(types)).contains("layer 3"));
+    assert!(with("swiglu_limit", Value::Null).contains("swiglu_limit is null"));
+    // A text_config without its model_type is read as glm5_next_text (transformers'
+    // sub-config default), not refused as the wrapper's type.
+    let mut c = cfg.clone();
+    c["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("model_type");
+    assert_eq!(spec(c).unwrap().family, Family::Glm5Next);
     // linear_lower_bound null with safe_gate false: Kimi-Linear's softplus gate.
     let mut c = cfg.clone();
     c["text_config"]["linear_attn_config"]["gate_lower_bound"] = Value::Null;
