@@ -33,7 +33,7 @@
 use super::build;
 use super::deepseek_v3::mla_attention;
 use super::json::Fields;
-use super::kimi_linear::{grouped_sigmoid, kda_attention, mlp_layer_types};
+use super::kimi_linear::{grouped_sigmoid, kda_attention, kda_dims, mlp_layer_types};
 use super::mla::{DsaSpec, KPool, MlaSpec};
 use super::qwen3_next::DeltaRule;
 use super::{
@@ -261,25 +261,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         "text_config.linear_attn_config."
     };
     let lin = f.object("linear_attn_config", lin_prefix);
-    let lin_usize = |key: &'static str, top: &'static str, default: usize| {
-        let nested = lin.as_ref().map(|l| l.usize(key)).transpose()?.flatten();
-        Ok::<_, FormatError>(match nested {
-            Some(v) => (v, format!("{lin_prefix}{key}")),
-            None => (f.usize(top)?.unwrap_or(default), format!("{pre}{top}")),
-        })
-    };
-    let (heads, heads_key) = lin_usize("num_heads", "linear_num_heads", 64)?;
-    let (head_dim, dim_key) = lin_usize("head_dim", "linear_head_dim", 128)?;
-    let (kernel, kernel_key) = lin_usize("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
-    for (key, v) in [
-        (heads_key, heads),
-        (dim_key, head_dim),
-        (kernel_key, kernel),
-    ] {
-        if v == 0 {
-            return Err(f.err(format!("{key} is 0")));
-        }
-    }
+    let (heads, head_dim, kernel) = kda_dims(f, lin.as_ref(), 64)?;
     s.gated_delta = Some(GatedDeltaSpec {
         rule: DeltaRule::Kda,
         linear_layers: linear,

@@ -197,6 +197,36 @@ pub(crate) fn mlp_layer_types(
     }
 }
 
+/// KDA's heads, head dimension and convolution taps: `linear_attn_config.{num_heads, head_dim,
+/// short_conv_kernel_size}`, which win over the top-level `linear_num_heads`, `linear_head_dim`,
+/// `linear_conv_kernel_dim` (`KimiLinearConfig`, `Glm5NextTextConfig`); defaults
+/// `default_heads`, 128, 4. A zero is refused naming the key it came from.
+pub(crate) fn kda_dims(
+    f: &Fields<'_>,
+    lin: Option<&Fields<'_>>,
+    default_heads: usize,
+) -> Result<(usize, usize, usize), FormatError> {
+    let read = |key: &'static str, top: &'static str, default: usize| {
+        let nested = lin.map(|l| l.usize(key)).transpose()?.flatten();
+        let (v, from) = match nested {
+            Some(v) => (v, format!("{}{key}", lin.map_or("", |l| l.prefix))),
+            None => (
+                f.usize(top)?.unwrap_or(default),
+                format!("{}{top}", f.prefix),
+            ),
+        };
+        if v == 0 {
+            return Err(f.err(format!("{from} is 0")));
+        }
+        Ok::<_, FormatError>(v)
+    };
+    Ok((
+        read("num_heads", "linear_num_heads", default_heads)?,
+        read("head_dim", "linear_head_dim", 128)?,
+        read("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?,
+    ))
+}
+
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
     let pre = f.prefix;
     let unsupported = |what: String| Err(FormatError::Unsupported(format!("kimi_linear {what}")));
@@ -296,27 +326,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     }
     s.rope_theta = m.rope_theta;
     s.mla = Some(m);
-    // `linear_attn_config` wins over the top-level `linear_*` keys (`KimiLinearConfig`); the
-    // key a value came from names it in messages.
-    let lin_usize = |key: &'static str, top: &'static str, default: usize| {
-        let nested = lin.as_ref().map(|l| l.usize(key)).transpose()?.flatten();
-        Ok::<_, FormatError>(match nested {
-            Some(v) => (v, format!("linear_attn_config.{key}")),
-            None => (f.usize(top)?.unwrap_or(default), top.to_string()),
-        })
-    };
-    let (heads, heads_key) = lin_usize("num_heads", "linear_num_heads", 32)?;
-    let (head_dim, dim_key) = lin_usize("head_dim", "linear_head_dim", 128)?;
-    let (kernel, kernel_key) = lin_usize("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
-    for (key, v) in [
-        (heads_key, heads),
-        (dim_key, head_dim),
-        (kernel_key, kernel),
-    ] {
-        if v == 0 {
-            return Err(f.err(format!("{pre}{key} is 0")));
-        }
-    }
+    let (heads, head_dim, kernel) = kda_dims(f, lin.as_ref(), 32)?;
     s.gated_delta = Some(GatedDeltaSpec {
         rule: DeltaRule::Kda,
         linear_layers: linear_layers(f, lin.as_ref(), n)?,
