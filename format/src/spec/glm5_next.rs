@@ -35,35 +35,19 @@ use super::deepseek_v3::mla_attention;
 use super::json::Fields;
 use super::kimi_linear::{grouped_sigmoid, kda_attention, kda_dims, mlp_layer_types};
 use super::mla::{DsaSpec, KPool, MlaSpec};
-use super::qwen3_next::DeltaRule;
+use super::qwen3_next::{linear_layer_types, DeltaRule};
 use super::{
     ExpertActivation, FfnSpec, GatedDeltaSpec, HyperConnSpec, HyperSpec, IndexerSpec, KPoolTensors,
     LayerHyperSpec, ModelSpec, ModelTensors, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
-/// Per layer, whether it is a KDA layer (`layer_types`, else every layer but each 4th).
+/// Per layer, whether it is a KDA layer (`layer_types`, DSA layers named `full_attention` or
+/// `indexed_attention`; else every layer but each 4th).
 fn linear_layers(f: &Fields<'_>, n: usize) -> Result<Vec<bool>, FormatError> {
-    let pre = f.prefix;
-    let Some(types) = f.strings("layer_types")? else {
-        return Ok((0..n).map(|i| i % 4 != 3).collect());
-    };
-    if types.len() != n {
-        return Err(f.err(format!(
-            "{pre}layer_types lists {} layers, {pre}num_hidden_layers is {n}",
-            types.len()
-        )));
-    }
-    types
-        .iter()
-        .map(|t| match *t {
-            "linear_attention" => Ok(true),
-            "full_attention" | "indexed_attention" => Ok(false),
-            o => Err(f.err(format!(
-                "{pre}layer_types entry {o:?} (\"linear_attention\", or \"full_attention\" / \"indexed_attention\" for a DSA layer)"
-            ))),
-        })
-        .collect()
+    let full = ["full_attention", "indexed_attention"];
+    Ok(linear_layer_types(f, n, "glm5_next", &full)?
+        .unwrap_or_else(|| (0..n).map(|i| i % 4 != 3).collect()))
 }
 
 /// The KDA forget gate's lower bound as `Glm5NextTextConfig.__post_init__` resolves it.

@@ -70,7 +70,7 @@ fn linear_layers(
     n: usize,
 ) -> Result<Vec<bool>, FormatError> {
     let pre = f.prefix;
-    if let Some(l) = linear_layer_types(f, n, "kimi_linear")? {
+    if let Some(l) = linear_layer_types(f, n, "kimi_linear", &["full_attention"])? {
         return Ok(l);
     }
     // transformers falls back to its default pattern unless both lists are given; one list

@@ -172,7 +172,7 @@ pub(crate) fn configure_hybrid(
     s.n_shared_experts = 1;
     s.shared_expert_intermediate_size = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
     let n = s.num_layers;
-    let linear_layers: Vec<bool> = match linear_layer_types(f, n, name)? {
+    let linear_layers: Vec<bool> = match linear_layer_types(f, n, name, &["full_attention"])? {
         Some(l) => l,
         None => {
             let interval = f.usize("full_attention_interval")?.unwrap_or(4);
@@ -214,7 +214,8 @@ pub(crate) fn configure_hybrid(
 }
 
 /// `layer_types` of a hybrid model, when the config has it: per layer, whether it is
-/// `linear_attention` (else `full_attention`); `name` names the family in the errors.
+/// `linear_attention` (else one of `full`: `full_attention`, and GLM-5.3-Flash's
+/// `indexed_attention`); `name` names the family in the errors.
 ///
 /// # Errors
 /// [`FormatError::Config`] for a list of another length than `n` or another layer type.
@@ -222,6 +223,7 @@ pub(crate) fn linear_layer_types(
     f: &Fields<'_>,
     n: usize,
     name: &str,
+    full: &[&str],
 ) -> Result<Option<Vec<bool>>, FormatError> {
     let pre = f.prefix;
     let Some(types) = f.strings("layer_types")? else {
@@ -237,9 +239,10 @@ pub(crate) fn linear_layer_types(
         .iter()
         .map(|t| match *t {
             "linear_attention" => Ok(true),
-            "full_attention" => Ok(false),
+            t if full.contains(&t) => Ok(false),
             other => Err(f.err(format!(
-                "{pre}layer_types: {other:?} ({name} has linear_attention and full_attention layers)"
+                "{pre}layer_types: {other:?} ({name} has linear_attention and {} layers)",
+                full.join(" / ")
             ))),
         })
         .collect::<Result<_, _>>()
