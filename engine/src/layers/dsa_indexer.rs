@@ -140,10 +140,11 @@ impl<'s> DsaIndexer<'s> {
     }
 
     /// f32 values the indexer keeps per position: its key (`id`), and with k-pools the
-    /// position's pooling logits (another `id`).
+    /// position's pooling logits and a slot for the key of the pool it closes (two more `id`;
+    /// [`DsaIndexer::close_pools`]).
     pub fn cached_dim(&self) -> usize {
         match self.kpool {
-            Some(_) => 2 * self.head_dim,
+            Some(_) => 3 * self.head_dim,
             None => self.head_dim,
         }
     }
@@ -164,43 +165,53 @@ impl<'s> DsaIndexer<'s> {
         };
         let mut g = vec![0f32; n * id];
         kp.gate.forward(x, n, &mut g);
-        let mut out = Vec::with_capacity(2 * n * id);
+        let mut out = Vec::with_capacity(3 * n * id);
         for (kr, gr) in k.chunks_exact(id).zip(g.chunks_exact(id)) {
             out.extend_from_slice(kr);
             out.extend_from_slice(gr);
+            // The pool key slot, filled by `close_pools` when this position closes a pool.
+            out.resize(out.len() + id, 0.0);
         }
         out
     }
 
-    /// The keys of the complete pools among positions `0..len` (`[len / K, id]`), from the
-    /// cached rows `keys = (cache, stride, offset)` (key then pooling logits at `offset`).
-    fn pool_keys(
+    /// Writes the key of every pool that positions `pos0..pos0+n` close (position `p` closes
+    /// pool `p / K` when `(p + 1) % K == 0`) into that position's pool-key slot, from the rows
+    /// `keys = (cache, stride, offset)` (key, pooling logits, slot at `offset`) of the pool's K
+    /// positions, all present. A pool's key is computed once, when its last position is
+    /// appended; truncating that position drops it with the row.
+    pub fn close_pools(
         &self,
-        kp: &KPoolIndexer<'_>,
-        len: usize,
-        keys: (&[f32], usize, usize),
-    ) -> Vec<f32> {
-        let (cache, stride, offset) = keys;
+        cache: &mut [f32],
+        stride: usize,
+        offset: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        let Some(kp) = &self.kpool else {
+            return;
+        };
         let (id, k) = (self.head_dim, kp.size);
-        let pools = len / k;
-        let mut out = vec![0f32; pools * id];
         let mut logits = vec![0f32; k];
-        for (p, pk) in out.chunks_exact_mut(id).enumerate() {
-            for (c, o) in pk.iter_mut().enumerate() {
+        let mut key = vec![0f32; id];
+        for p in (pos0..pos0 + n).filter(|p| (p + 1) % k == 0) {
+            let first = p + 1 - k;
+            for (c, o) in key.iter_mut().enumerate() {
                 for (j, l) in logits.iter_mut().enumerate() {
-                    let row = (p * k + j) * stride + offset;
+                    let row = (first + j) * stride + offset;
                     *l = cache[row + id + c] + kp.ape[j * id + c];
                 }
                 let mx = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = logits.iter().map(|l| (l - mx).exp()).sum();
                 *o = (0..k)
                     .map(|j| {
-                        (logits[j] - mx).exp() / sum * cache[(p * k + j) * stride + offset + c]
+                        (logits[j] - mx).exp() / sum * cache[(first + j) * stride + offset + c]
                     })
                     .sum();
             }
+            let slot = p * stride + offset + 2 * id;
+            cache[slot..slot + id].copy_from_slice(&key);
         }
-        out
     }
 
     /// Top-k selection for `n` queries at positions `pos0..pos0+n` from the normalized q latent
@@ -286,7 +297,9 @@ impl DsaIndexer<'_> {
     ) -> Selection {
         let (ih, id, k) = (self.n_heads, self.head_dim, kp.size);
         let budget = self.topk / k;
-        let pools = self.pool_keys(kp, pos0 + n, keys);
+        // Pool p's key sits in the slot of its last position, `(p K + K - 1)`.
+        let (cache, stride, offset) = keys;
+        let (pool_stride, pool_offset) = (k * stride, (k - 1) * stride + offset + 2 * id);
         let (wscale, sscale) = ((ih as f32).powf(-0.5), (id as f32).powf(-0.5));
         (0..n)
             .into_par_iter()
@@ -303,9 +316,9 @@ impl DsaIndexer<'_> {
                 for (h, qh) in qt.chunks_exact(id).enumerate() {
                     coli_kernels::dot_strided(
                         qh,
-                        &pools,
-                        id,
-                        0,
+                        cache,
+                        pool_stride,
+                        pool_offset,
                         &mut dots[h * visible..(h + 1) * visible],
                     );
                 }

@@ -253,6 +253,7 @@ impl Mla<'_> {
                         kv.k.extend_from_slice(&new_rows[t * kvd..(t + 1) * kvd]);
                         kv.k.extend_from_slice(&ik[t * id..(t + 1) * id]);
                     }
+                    indexer.close_pools(&mut kv.k, stride, kvd, s.pos0, s.n);
                     // load_mla refuses an indexer without q_lora_rank, so q_lat is present.
                     let lat = q_lat.as_deref().unwrap_or(&[]);
                     let rq = lat.len() / n.max(1);

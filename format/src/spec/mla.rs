@@ -108,10 +108,10 @@ pub struct KPool {
 
 impl DsaSpec {
     /// f32 values a full layer's indexer keeps per position: its key, and with k-pools the
-    /// position's pooling logits too (`2 index_head_dim`).
+    /// position's pooling logits and the key of the pool it closes (`3 index_head_dim`).
     pub fn cached_dim(&self) -> usize {
         match self.kpool {
-            Some(_) => 2 * self.head_dim,
+            Some(_) => 3 * self.head_dim,
             None => self.head_dim,
         }
     }
