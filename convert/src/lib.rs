@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod error;
 pub mod fused;
+pub mod gguf;
 pub mod memory_plan;
 pub mod pipeline;
 pub mod plan;

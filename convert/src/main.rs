@@ -21,7 +21,8 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(name = "coli-convert", version, about)]
 struct Cli {
-    /// Local Hugging Face checkpoint directory (config.json, *.safetensors, index).
+    /// Local Hugging Face checkpoint directory (config.json, *.safetensors, index), or a GGUF
+    /// file (the first of a split GGUF's files): its tensors are kept in their types.
     #[arg(value_name = "INPUT_DIR")]
     input: PathBuf,
     /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
@@ -93,6 +94,9 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if coli_convert::gguf::is_gguf(&cli.input) {
+        return convert_gguf(&cli);
+    }
     let experts = match cli.experts.as_str() {
         "auto" => auto_experts(&cli.input),
         other => other,
@@ -162,6 +166,70 @@ fn real_main() -> anyhow::Result<()> {
         eprintln!(
             "resumed: skipped {} experts ({} bytes)",
             report.experts_skipped, report.bytes_skipped
+        );
+    }
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+/// `coli-convert FILE.gguf STORE`: the GGUF's tensors in their own types; the encoding and
+/// memory-plan options do not apply and are refused by name.
+fn convert_gguf(cli: &Cli) -> anyhow::Result<()> {
+    let given: Vec<&str> = [
+        (cli.experts != "auto", "--experts"),
+        (cli.dense != "bf16", "--dense"),
+        (cli.attention.is_some(), "--attention"),
+        (cli.indexer.is_some(), "--indexer"),
+        (cli.shared_experts.is_some(), "--shared-experts"),
+        (cli.dense_mlp.is_some(), "--dense-mlp"),
+        (cli.mtp.is_some(), "--mtp"),
+        (cli.embeddings != "source", "--embeddings"),
+        (cli.total_ram.is_some(), "--total-ram"),
+        (cli.context.is_some(), "--context"),
+        (cli.disk_gib_s.is_some(), "--disk-gib-s"),
+    ]
+    .into_iter()
+    .filter_map(|(g, n)| g.then_some(n))
+    .collect();
+    if !given.is_empty() {
+        anyhow::bail!(
+            "{}: {} is a GGUF, whose tensors are kept in their own types (bit for bit); drop {}",
+            given.join(", "),
+            cli.input.display(),
+            if given.len() == 1 { "it" } else { "them" }
+        );
+    }
+    if cli.threads == Some(0) {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    let opts = Options {
+        input: cli.input.clone(),
+        output: cli.output.clone(),
+        encodings: Encodings::new(
+            coli_format::Encoding::Bf16,
+            coli_format::Encoding::Bf16,
+            coli_format::Encoding::Bf16,
+        ),
+        threads: cli.threads,
+        progress: !cli.json,
+    };
+    let report = coli_convert::gguf::run(&opts)
+        .inspect_err(|e| say_what_was_kept(&cli.output, e))
+        .with_context(|| {
+            format!(
+                "converting {} into {}",
+                cli.input.display(),
+                cli.output.display()
+            )
+        })?;
+    if report.experts_skipped > 0 || report.dense_skipped > 0 {
+        eprintln!(
+            "resumed: skipped {} experts and {} dense tensors",
+            report.experts_skipped, report.dense_skipped
         );
     }
     if cli.json {

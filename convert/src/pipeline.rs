@@ -83,7 +83,7 @@ pub struct Report {
 /// What an absent conversion parameter means, for the message that compares a resumed or
 /// finished store's parameters with the requested ones: `embeddings` = `source`, each per-role
 /// choice = the `--dense` encoding.
-fn parameter_defaults() -> BTreeMap<String, String> {
+pub(crate) fn parameter_defaults() -> BTreeMap<String, String> {
     let mut d = BTreeMap::from([("embeddings".to_string(), "source (the default)".to_string())]);
     for k in ["attention", "indexer", "shared_experts", "dense_mlp"] {
         d.insert(
@@ -127,7 +127,7 @@ pub fn lock_path(target: &Path) -> PathBuf {
 }
 
 /// The build lock of one target (see [`lock_path`]); the file is removed on drop.
-struct BuildLock {
+pub(crate) struct BuildLock {
     path: PathBuf,
     _file: std::fs::File,
 }
@@ -138,7 +138,7 @@ impl BuildLock {
     /// # Errors
     /// [`ConvertError::Usage`] when another process holds it; [`ConvertError::Io`] when the
     /// lock file cannot be created or locked.
-    fn take(target: &Path) -> Result<BuildLock> {
+    pub(crate) fn take(target: &Path) -> Result<BuildLock> {
         use std::os::unix::fs::MetadataExt;
         let path = lock_path(target);
         loop {
@@ -189,7 +189,7 @@ pub fn partial_path(target: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn dir_size(p: &Path) -> u64 {
+pub(crate) fn dir_size(p: &Path) -> u64 {
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
     };
@@ -203,7 +203,7 @@ fn dir_size(p: &Path) -> u64 {
 }
 
 /// Free bytes for unprivileged users on the file system holding `dir` (statvfs).
-fn free_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| ConvertError::Usage(format!("{}: path contains a NUL byte", dir.display())))?;

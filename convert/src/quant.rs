@@ -239,6 +239,18 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
             ),
         });
     }
+    if let Encoding::Ggml(t) = enc {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!(
+                "is {} in {}; the {} encoding keeps a GGUF's blocks only (copied as \
+                 published): choose int4-g64, int8 or bf16",
+                src.dtype.name(),
+                src.file.display(),
+                t.name()
+            ),
+        });
+    }
     if enc == Encoding::Mxfp4 {
         return Err(ConvertError::Tensor {
             tensor: src.name.to_string(),
@@ -263,7 +275,7 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
     }
     let mut per_row = vec![RowOut::default(); rows];
     match enc {
-        Encoding::Mxfp4 => unreachable!("refused above"),
+        Encoding::Mxfp4 | Encoding::Ggml(_) => unreachable!("refused above"),
         Encoding::Fp8 => {
             if src.dtype != Dtype::F8E4M3 {
                 return Err(ConvertError::Tensor {

@@ -138,6 +138,16 @@ impl<'a> MatrixView<'a> {
                 ));
             }
         }
+        let cm = encoding.col_multiple();
+        if !cols.is_multiple_of(cm) {
+            return Err(FormatError::format(
+                "",
+                format!(
+                    "{} [{rows}, {cols}] matrix: cols must be a multiple of the block size {cm}",
+                    encoding.name()
+                ),
+            ));
+        }
         // At most 4 bytes per weight: a shape whose f32 size overflows is refused unchecked.
         let fits = (rows as u128) * (cols as u128) * 4 <= usize::MAX as u128;
         let wb = fits.then(|| encoding.weight_bytes(rows, cols));

@@ -24,12 +24,25 @@ impl RecordLayout {
     /// with a bias section after each matrix's scale section when `biases` (FORMAT.md
     /// section 5).
     pub fn new(encoding: Encoding, hidden: usize, inter: usize, biases: bool) -> RecordLayout {
+        RecordLayout::mixed([encoding; 3], hidden, inter, biases)
+    }
+
+    /// [`RecordLayout::new`] with one encoding per matrix (gate, up, down): a record of ggml
+    /// block types copied from a GGUF whose tensors differ in type (format version 4, e.g.
+    /// llama.cpp's Q4_K_M keeps some layers' `ffn_down_exps` in Q6_K).
+    pub fn mixed(
+        encodings: [Encoding; 3],
+        hidden: usize,
+        inter: usize,
+        biases: bool,
+    ) -> RecordLayout {
         let shapes = [(inter, hidden), (inter, hidden), (hidden, inter)];
         let mut off = 0usize;
         let mut end = 0usize;
         let mut sections = [(0, 0, 0, 0); 3];
         let mut bias = [(0, 0); 3];
         for (i, &(rows, cols)) in shapes.iter().enumerate() {
+            let encoding = encodings[i];
             let wb = encoding.weight_bytes(rows, cols);
             let w_off = off;
             end = off + wb;

@@ -643,6 +643,17 @@ macro_rules! with_src {
                 };
                 $body
             }
+            Encoding::Ggml(_) => {
+                // The ggml block types: the row decoded by the reference decoder (the values
+                // gguf-py's dequantization gives), then summed as f32 weights.
+                let mut dec = vec![0f32; nfull * 8];
+                w.decode_cols(r, 0, nfull * 8, &mut dec);
+                let bytes: &[u8] = zerocopy::IntoBytes::as_bytes(&dec[..]);
+                let $src = &mut F32Src {
+                    cur: Cursor::new(bytes),
+                };
+                $body
+            }
         }
     }};
 }

@@ -145,3 +145,52 @@ fn golden_v3_opens_verifies_and_decodes() {
     let r = check(&dir, &FsckOptions::default(), &NoProgress);
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
+
+/// `v4-qwen3-moe-gguf-q2_k` was written by `coli-convert` 0.1.0 (format version 4) from the GGUF
+/// fixture `tests/fixtures/gguf/qwen3_moe-q2_k.gguf` (llama.cpp's Q2_K mix): ggml records whose
+/// gate and up are Q2_K and down Q3_K, ggml dense tensors. Expected values: the fixture script's
+/// sha256 of the blocks as gguf-py reads them (`probe`), and gguf-py's decode vectors.
+#[test]
+fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
+    use coli_format::encoding::GgmlType;
+    let dir = golden("v4-qwen3-moe-gguf-q2_k");
+    let store = Store::open(&dir).expect("golden v4 store opens");
+    let m = store.manifest();
+    assert_eq!(m.format_version, 4);
+    assert_eq!(m.family, "qwen3_moe");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gguf/qwen3_moe-q2_k.json");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("parse");
+    let p = &exp["probe"];
+    let key = ExpertKey::new(1, 2);
+    let buf = store.fetch(&[key]).expect("fetch").pop().unwrap();
+    let want = [
+        Encoding::Ggml(GgmlType::Q2_K),
+        Encoding::Ggml(GgmlType::Q2_K),
+        Encoding::Ggml(GgmlType::Q3_K),
+    ];
+    assert_eq!(buf.encodings, want);
+    for (i, v) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
+        assert_eq!(v.encoding(), want[i]);
+        assert_eq!(
+            sha256(v.data()),
+            p["expert_sha256"][i].as_str().unwrap(),
+            "matrix {i}"
+        );
+    }
+    let t = store
+        .dense(p["dense_tensor"].as_str().unwrap())
+        .expect("dense");
+    assert_eq!(sha256(t.data), p["dense_sha256"].as_str().unwrap());
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
+fn sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}

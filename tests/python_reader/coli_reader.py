@@ -25,14 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 3  # newest version read (section 12); versions 1 and 2 too
+FORMAT_VERSION = 4  # newest version read (section 12); versions 1 to 3 too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
 
 # Encoding ids (FORMAT.md section 6).
-F32, BF16, FP8, INT8, INT4, MXFP4 = 1, 2, 3, 4, 5, 6
-ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4"}
+F32, BF16, FP8, INT8, INT4, MXFP4, GGML = 1, 2, 3, 4, 5, 6, 7
+ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4", GGML: "ggml"}
+# Encoding 7 (version 4): ggml type id -> (weights per block, bytes per block), section 6's table.
+GGML_TYPES = {1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84),
+              11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136)}
+# INDEX flags bits 8..24 (version 4, encoding 7): the up and down matrices' ggml type ids.
+RECORD_FLAG_GGML_TYPES = 0x00FFFF00
 MXFP4_BLOCK = 32
 # e2m1 magnitudes by code & 7; bit 3 is the sign (section 6, OCP MX v1.0 5.3.3).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
@@ -108,8 +113,16 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def weight_bytes(enc: int, rows: int, cols: int) -> int:
-    """Bytes of the weight section of a [rows, cols] matrix (section 6)."""
+def weight_bytes(enc: int, rows: int, cols: int, group: int = 0) -> int:
+    """Bytes of the weight section of a [rows, cols] matrix (section 6); `group` is the group
+    size field (a ggml matrix's type id)."""
+    if enc == GGML:
+        if group not in GGML_TYPES:
+            raise FormatError(f"unknown ggml type {group}")
+        b, t = GGML_TYPES[group]
+        if cols % b:
+            raise FormatError(f"ggml type {group}: {cols} columns are not whole blocks of {b}")
+        return rows * cols // b * t
     if enc == F32:
         return rows * cols * 4
     if enc == BF16:
@@ -128,7 +141,7 @@ def scale_bytes_per(enc: int) -> int:
 
 def scale_count(enc: int, group: int, rows: int, cols: int) -> int:
     """Number of scales of a [rows, cols] matrix (section 6): f32 values, e8m0 bytes for mxfp4."""
-    if enc in (F32, BF16):
+    if enc in (F32, BF16, GGML):
         return 0
     if enc == FP8:
         return -(-rows // FP8_BLOCK) * -(-cols // FP8_BLOCK)
@@ -193,6 +206,13 @@ class Matrix:
             return E4M3[self.raw()] * s_full
         if self.encoding == INT8:
             return self.raw().astype(np.float32) * self.scales[:, None]
+        if self.encoding == GGML:
+            # gguf-py's numpy dequantization (gguf 0.19, tests/python_reader/requirements.txt).
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            rows = np.frombuffer(self.data, dtype=np.uint8).reshape(r, -1)
+            return dequantize(rows, GGMLQuantizationType(self.group_size)).astype(np.float32).reshape(r, c)
         if self.encoding == MXFP4:
             b = self.raw()
             codes = np.empty((r, b.shape[1] * 2), dtype=np.uint8)
@@ -276,8 +296,12 @@ def parse_index(b: bytes, manifest: dict) -> np.ndarray:
     keys = recs["layer"].astype(np.uint64) << np.uint64(32) | recs["expert"].astype(np.uint64)
     if count > 1 and not np.all(keys[1:] > keys[:-1]):
         raise FormatError("INDEX: records not sorted by (layer, expert) or duplicated")
-    if np.any(recs["flags"] & ~np.uint32(RECORD_FLAG_BIASES)):
+    if np.any(recs["flags"] & ~np.uint32(RECORD_FLAG_BIASES | RECORD_FLAG_GGML_TYPES)):
         raise FormatError("INDEX: unknown record flags")
+    if np.any((recs["flags"] & np.uint32(RECORD_FLAG_GGML_TYPES)) & (recs["encoding"] != GGML)):
+        raise FormatError("INDEX: ggml type bits on a record of another encoding")
+    if version < 4 and np.any(recs["encoding"] == GGML):
+        raise FormatError("INDEX: ggml records in a store older than version 4")
     if version < 2 and (np.any(recs["flags"]) or np.any(recs["encoding"] == MXFP4)):
         raise FormatError("INDEX: a version 1 store with record flags or mxfp4 records")
     align = manifest["alignment"]
@@ -294,14 +318,16 @@ def compute_store_id(manifest: dict) -> str:
     return f"{xxhash.xxh3_128_intdigest(canon):032x}"
 
 
-def record_layout(enc: int, group: int, hidden: int, inter: int, biases: bool = False) -> tuple[list, int]:
+def record_layout(enc: int, group, hidden: int, inter: int, biases: bool = False) -> tuple[list, int]:
     """Sections of an expert record (section 5): for gate [I, H], up [I, H], down [H, I]:
     (rows, cols, weight offset, weight bytes, scale offset, scale count, bias offset); and the
     payload length. Each section starts at a multiple of 64 bytes; scale sections are absent for
-    f32/bf16; a bias section (f32 [rows]) follows each matrix when `biases` (version 2)."""
+    f32/bf16/ggml; a bias section (f32 [rows]) follows each matrix when `biases` (version 2).
+    `group` is the group size field, or a list of three (a ggml record's per-matrix types)."""
+    groups = list(group) if isinstance(group, (list, tuple)) else [group] * 3
     off, out, end = 0, [], 0
-    for rows, cols in ((inter, hidden), (inter, hidden), (hidden, inter)):
-        wb = weight_bytes(enc, rows, cols)
+    for (rows, cols), group in zip(((inter, hidden), (inter, hidden), (hidden, inter)), groups):
+        wb = weight_bytes(enc, rows, cols, group)
         w_off = off
         end = w_off + wb
         off = _align_up(end, SECTION_ALIGN)
@@ -413,15 +439,19 @@ class Store:
         enc, group = int(r["encoding"]), int(r["group_size"])
         hidden, inter = int(r["hidden"]), int(r["intermediate"])
         biases = bool(int(r["flags"]) & RECORD_FLAG_BIASES)
-        sections, payload = record_layout(enc, group, hidden, inter, biases)
+        groups = [group] * 3
+        if enc == GGML:
+            flags = int(r["flags"])
+            groups = [group, (flags >> 8) & 0xFF, (flags >> 16) & 0xFF]
+        sections, payload = record_layout(enc, groups, hidden, inter, biases)
         if payload != int(r["payload_len"]) or _align_up(payload, self.manifest["alignment"]) != length:
             raise FormatError(f"layer {layer} expert {expert}: payload/length disagree with the layout")
         mats = []
-        for rows, cols, w_off, wb, s_off, sc, b_off in sections:
+        for (rows, cols, w_off, wb, s_off, sc, b_off), g in zip(sections, groups):
             sdt = np.uint8 if enc == MXFP4 else "<f4"
             scales = np.frombuffer(rec, dtype=sdt, count=sc, offset=s_off) if sc else np.zeros(0, np.float32)
             bias = None if b_off is None else np.frombuffer(rec, dtype="<f4", count=rows, offset=b_off)
-            mats.append(Matrix(enc, group, rows, cols, rec[w_off : w_off + wb], scales, bias))
+            mats.append(Matrix(enc, g, rows, cols, rec[w_off : w_off + wb], scales, bias))
         return Expert(layer, expert, hidden, inter, rec, *mats)
 
     def dense_names(self) -> list[str]:
@@ -436,7 +466,7 @@ class Store:
         shape = e["shape"]
         rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
         enc, group = e["encoding"], e["group_size"]
-        if e["length"] != weight_bytes(enc, rows, cols):
+        if e["length"] != weight_bytes(enc, rows, cols, group):
             raise FormatError(f"dense tensor {name}: length {e['length']} does not match its shape")
         if e["scales_length"] != 4 * scale_count(enc, group, rows, cols):
             raise FormatError(f"dense tensor {name}: scales_length does not match its shape")

@@ -291,6 +291,44 @@ def test_mxfp4_store_version_2():
     print(f"  {fx} --experts mxfp4: version 2, blocks/scales/biases as published, probe decoded exactly")
 
 
+def test_gguf_store_version_4():
+    """A GGUF converted by coli-convert (format version 4, encoding 7): every expert's three
+    matrices and every dense tensor hold the GGUF's blocks byte for byte, in the tensor's type
+    (an expert's down matrix in another type than its gate and up), and decode as gguf-py
+    decodes the GGUF tensor (read here with gguf-py's own GGUFReader)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    src = os.path.join(ROOT, "tests", "fixtures", "gguf", "qwen3_moe-q2_k.gguf")
+    out = os.path.join(_TMP, "gguf-q2_k")
+    subprocess.run([coli_convert(), src, out], check=True, capture_output=True)
+    st = cr.Store(out)
+    st.verify_segment_bodies()
+    st.verify_files()
+    assert st.manifest["format_version"] == 4
+    g = {t.name: t for t in GGUFReader(src).tensors}
+    n = 0
+    for layer, expert in st.experts():
+        e = st.read_expert(layer, expert)
+        for m, which in ((e.gate, "gate"), (e.up, "up"), (e.down, "down")):
+            t = g[f"blk.{layer}.ffn_{which}_exps.weight"]
+            assert m.encoding == cr.GGML and m.group_size == int(t.tensor_type), (layer, expert, which)
+            blocks = np.asarray(t.data[expert])
+            assert m.data == blocks.tobytes(), (layer, expert, which)
+            want = dequantize(blocks, t.tensor_type).reshape(m.rows, m.cols)
+            assert np.array_equal(m.dequantize(), want)
+            n += 1
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight", "model.layers.1.self_attn.o_proj.weight": "blk.1.attn_output.weight",
+             "model.layers.0.mlp.gate.weight": "blk.0.ffn_gate_inp.weight"}
+    for name, gname in names.items():
+        m = st.dense(name)
+        t = g[gname]
+        assert m.data == np.asarray(t.data).tobytes(), name
+        assert np.array_equal(m.dequantize().reshape(-1), dequantize(np.asarray(t.data), t.tensor_type).reshape(-1)), name
+    print(f"  qwen3_moe-q2_k.gguf: version 4, {n} expert matrices and {len(names)} dense tensors as gguf-py reads them")
+
+
 def _damaged_copy(src: str, name: str) -> str:
     dst = os.path.join(_TMP, name)
     shutil.rmtree(dst, ignore_errors=True)

@@ -46,6 +46,11 @@ const _: () = assert!(std::mem::size_of::<IndexRecord>() == INDEX_RECORD_SIZE);
 /// each matrix (FORMAT.md section 5).
 pub const RECORD_FLAG_BIASES: u32 = 1;
 
+/// INDEX record flag bits 8..24 (format version 4), for encoding id 7 (ggml block types) only:
+/// bits 8..16 hold the ggml type id of the up matrix, bits 16..24 that of the down matrix (the
+/// gate's is the group size field). Zero for every other encoding.
+pub const RECORD_FLAG_GGML_TYPES: u32 = 0x00FF_FF00;
+
 /// Where a record is and what it holds: the fields of an [`IndexRecord`] a writer chooses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordPlace {
@@ -53,8 +58,9 @@ pub struct RecordPlace {
     pub key: ExpertKey,
     /// Segment file id.
     pub segment: u32,
-    /// Encoding of the three matrices.
-    pub encoding: Encoding,
+    /// Encodings of the three matrices (gate, up, down): one encoding, or ggml block types
+    /// that may differ per matrix.
+    pub encodings: [Encoding; 3],
     /// Offset in the segment file, bytes.
     pub offset: u64,
     /// Record length on disk, bytes.
@@ -78,15 +84,17 @@ impl IndexRecord {
             layer: U32::new(p.key.layer),
             expert: U32::new(p.key.expert),
             segment: U32::new(p.segment),
-            encoding: U16::new(p.encoding.id()),
-            group_size: U16::new(p.encoding.group_size()),
+            encoding: U16::new(p.encodings[0].id()),
+            group_size: U16::new(p.encodings[0].group_size()),
             offset: U64::new(p.offset),
             length: U64::new(p.length),
             payload_len: U64::new(p.payload_len),
             hidden: U32::new(p.hidden),
             intermediate: U32::new(p.intermediate),
             checksum: U64::new(p.checksum),
-            flags: U32::new(if p.biases { RECORD_FLAG_BIASES } else { 0 }),
+            flags: U32::new(
+                if p.biases { RECORD_FLAG_BIASES } else { 0 } | ggml_type_flags(p.encodings),
+            ),
             crc: U32::new(0),
         };
         r.crc = U32::new(r.compute_crc());
@@ -103,15 +111,51 @@ impl IndexRecord {
         self.flags.get() & RECORD_FLAG_BIASES != 0
     }
 
+    /// The encodings of the record's gate, up and down matrices: the encoding fields' for all
+    /// three, except that a ggml record (id 7) takes up's and down's types from the flags
+    /// ([`RECORD_FLAG_GGML_TYPES`]).
+    ///
+    /// # Errors
+    /// A message for an unknown encoding id or group size, a ggml type in the flags coli does
+    /// not decode, or type bits on a record of another encoding.
+    pub fn encodings(&self) -> Result<[Encoding; 3], String> {
+        let enc = Encoding::from_id(self.encoding.get(), self.group_size.get()).map_err(|_| {
+            format!(
+                "unknown encoding id {} group size {}",
+                self.encoding.get(),
+                self.group_size.get()
+            )
+        })?;
+        let bits = self.flags.get() & RECORD_FLAG_GGML_TYPES;
+        if !matches!(enc, Encoding::Ggml(_)) {
+            if bits != 0 {
+                return Err(format!(
+                    "flags {:#x} carry ggml types on a {} record",
+                    self.flags.get(),
+                    enc.name()
+                ));
+            }
+            return Ok([enc; 3]);
+        }
+        let ty = |shift: u32, which: &str| {
+            let id = (bits >> shift) & 0xFF;
+            crate::encoding::GgmlType::from_id(id)
+                .map(Encoding::Ggml)
+                .ok_or_else(|| format!("{which} matrix: unknown ggml type {id} in the flags"))
+        };
+        Ok([enc, ty(8, "up")?, ty(16, "down")?])
+    }
+
     /// The byte layout of the record this entry describes.
     ///
     /// # Panics
     /// If the encoding fields are invalid (callers use entries [`parse_index`] accepted).
     pub fn layout(&self) -> RecordLayout {
-        let enc = Encoding::from_id(self.encoding.get(), self.group_size.get())
+        let encs = self
+            .encodings()
             .expect("INDEX records are checked at parse");
-        RecordLayout::new(
-            enc,
+        RecordLayout::mixed(
+            encs,
             self.hidden.get() as usize,
             self.intermediate.get() as usize,
             self.has_biases(),
@@ -143,6 +187,17 @@ pub struct IndexHeader {
 }
 
 const _: () = assert!(std::mem::size_of::<IndexHeader>() == 64);
+
+/// The flag bits of a record's up and down ggml types ([`RECORD_FLAG_GGML_TYPES`]); 0 unless
+/// the gate is a ggml type.
+fn ggml_type_flags(e: [Encoding; 3]) -> u32 {
+    match e {
+        [Encoding::Ggml(_), Encoding::Ggml(up), Encoding::Ggml(down)] => {
+            (up.id() & 0xFF) << 8 | (down.id() & 0xFF) << 16
+        }
+        _ => 0,
+    }
+}
 
 /// The oldest format version that can hold `records`: 2 when one has biases or an encoding of
 /// version 2 (mxfp4), else 1. A writer stamps this version on every file of the store, so a
@@ -257,7 +312,7 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 "flags field is not zero (a version 1 record has no flags)".into(),
             ));
         }
-        if r.flags.get() & !RECORD_FLAG_BIASES != 0 {
+        if r.flags.get() & !(RECORD_FLAG_BIASES | RECORD_FLAG_GGML_TYPES) != 0 {
             return Err(what(format!("unknown flags {:#x}", r.flags.get())));
         }
         if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
@@ -275,13 +330,8 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 "not an expert listed in MANIFEST expert_layers".into(),
             ));
         }
-        let enc = Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(|_| {
-            what(format!(
-                "unknown encoding id {} group size {}",
-                r.encoding.get(),
-                r.group_size.get()
-            ))
-        })?;
+        let encs = r.encodings().map_err(&what)?;
+        let enc = encs[0];
         if enc.min_format_version() > m.format_version {
             return Err(what(format!(
                 "encoding {} needs format version {}, the store is version {}",
@@ -310,7 +360,17 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 "hidden {h_} / intermediate {i_} out of range"
             )));
         }
-        let layout = RecordLayout::new(enc, h_, i_, r.has_biases());
+        // gate and up have H columns, down has I.
+        for (e, cols) in encs.iter().zip([h_, h_, i_]) {
+            if !cols.is_multiple_of(e.col_multiple()) {
+                return Err(what(format!(
+                    "{cols} columns are not a multiple of {}'s block size {}",
+                    e.name(),
+                    e.col_multiple()
+                )));
+            }
+        }
+        let layout = RecordLayout::mixed(encs, h_, i_, r.has_biases());
         if layout.payload_len as u64 != r.payload_len.get() {
             return Err(what(format!(
                 "payload length {} differs from the {} layout's {}",

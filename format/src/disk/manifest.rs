@@ -55,15 +55,15 @@ pub struct DenseEntry {
     pub xxh3: Xxh3Sum,
 }
 
-/// The oldest format version that can hold the dense tensors `dense`: 3 when one is int4
-/// (FORMAT.md section 12), else 1. A writer stamps the larger of this and
-/// [`crate::disk::index::min_format_version`] on every file of the store.
+/// The oldest format version that can hold the dense tensors `dense`: 4 when one is a ggml
+/// block type, 3 when one is int4 (FORMAT.md section 12), else 1. A writer stamps the larger
+/// of this and [`crate::disk::index::min_format_version`] on every file of the store.
 pub fn dense_min_format_version(dense: &[DenseEntry]) -> u32 {
-    if dense.iter().any(DenseEntry::is_int4) {
-        3
-    } else {
-        1
-    }
+    dense
+        .iter()
+        .map(DenseEntry::min_format_version)
+        .max()
+        .unwrap_or(1)
 }
 
 impl DenseEntry {
@@ -71,6 +71,20 @@ impl DenseEntry {
     /// version 3 on.
     pub fn is_int4(&self) -> bool {
         self.encoding == crate::Encoding::Int4 { group_size: 2 }.id()
+    }
+
+    /// The oldest format version that allows this dense tensor's encoding: 3 for int4, 4 for a
+    /// ggml block type, 1 for the others (an unknown id: the current version, refused
+    /// elsewhere).
+    pub fn min_format_version(&self) -> u32 {
+        if self.is_int4() {
+            return 3;
+        }
+        crate::Encoding::from_id(self.encoding, self.group_size).map_or(FORMAT_VERSION, |e| match e
+        {
+            crate::Encoding::Ggml(_) => 4,
+            _ => 1,
+        })
     }
 }
 
@@ -256,13 +270,20 @@ impl Manifest {
             )));
         }
         m.expert_encoding()?;
-        if let Some(e) = m.dense.iter().find(|e| e.is_int4()) {
-            if m.format_version < 3 {
-                return Err(fmt_err(format!(
-                    "dense tensor {} is int4, which format version {} does not allow (int4 dense tensors are version 3, FORMAT.md section 12)",
-                    e.name, m.format_version
-                )));
-            }
+        if let Some(e) = m
+            .dense
+            .iter()
+            .find(|e| e.min_format_version() > m.format_version)
+        {
+            let enc = crate::Encoding::from_id(e.encoding, e.group_size)
+                .map_or_else(|_| format!("encoding {}", e.encoding), |x| x.name());
+            let enc = if e.is_int4() { "int4".to_string() } else { enc };
+            return Err(fmt_err(format!(
+                "dense tensor {} is {enc}, which format version {} does not allow ({enc} dense tensors are version {}, FORMAT.md section 12)",
+                e.name,
+                m.format_version,
+                e.min_format_version()
+            )));
         }
         for f in &m.files {
             if f.name.is_empty() || f.name.contains('/') || f.name == ".." || f.name == "." {

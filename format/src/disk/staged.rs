@@ -262,7 +262,7 @@ mod tests {
             IndexRecord::new(RecordPlace {
                 key: ExpertKey::new(1, e),
                 segment: 0,
-                encoding: Encoding::Int8,
+                encodings: [Encoding::Int8; 3],
                 offset: 4096 * (e as u64 + 1),
                 length: 8192,
                 payload_len: 8000,

@@ -10,6 +10,7 @@
 pub mod bf16;
 pub mod f32;
 pub mod fp8;
+pub mod ggml;
 pub mod int4;
 pub mod int8;
 pub mod mxfp4;
@@ -18,6 +19,7 @@ use crate::{FormatError, MatrixView};
 
 pub use bf16::bf16_to_f32;
 pub use fp8::{fp8_e4m3_to_f32, FP8_BLOCK};
+pub use ggml::GgmlType;
 
 /// Alignment of every weight and scale section inside a record or `dense.bin`, in bytes.
 pub const SECTION_ALIGN: usize = 64;
@@ -86,6 +88,9 @@ pub enum Encoding {
     /// id 6 (format version 2): OCP MXFP4, e2m1 codes two per byte with one e8m0 scale byte per
     /// block of 32 columns of a row ([`mxfp4`]).
     Mxfp4,
+    /// id 7 (format version 4): a llama.cpp block type kept bit for bit from a GGUF, the group
+    /// size field holding its ggml type id ([`ggml`]).
+    Ggml(GgmlType),
 }
 
 impl Encoding {
@@ -98,6 +103,7 @@ impl Encoding {
             Encoding::Int8 => f(&int8::Int8),
             Encoding::Int4 { group_size } => f(&int4::Int4 { group_size }),
             Encoding::Mxfp4 => f(&mxfp4::Mxfp4),
+            Encoding::Ggml(t) => f(&ggml::Ggml(t)),
         }
     }
 
@@ -125,6 +131,9 @@ impl Encoding {
             4 => Encoding::Int8,
             5 if group_size >= 2 && group_size.is_multiple_of(2) => Encoding::Int4 { group_size },
             6 if group_size as usize == mxfp4::MXFP4_BLOCK => Encoding::Mxfp4,
+            7 if GgmlType::from_id(group_size as u32).is_some() => {
+                Encoding::Ggml(GgmlType::from_id(group_size as u32).expect("checked"))
+            }
             _ => {
                 return Err(FormatError::format(
                     "",
@@ -134,7 +143,8 @@ impl Encoding {
         })
     }
 
-    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`, `mxfp4`.
+    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`, `mxfp4`, or a ggml type's
+    /// (`q4_k`, `iq4_xs`, `f16`).
     pub fn name(self) -> String {
         self.with_codec(|c| c.name())
     }
@@ -160,13 +170,22 @@ impl Encoding {
         self.scale_width() == 4
     }
 
-    /// The oldest store format version that can hold this encoding: 2 for mxfp4, else 1
-    /// (docs/FORMAT.md section 12).
+    /// The oldest store format version that can hold this encoding: 2 for mxfp4, 4 for the
+    /// ggml block types, else 1 (docs/FORMAT.md section 12).
     pub fn min_format_version(self) -> u32 {
-        if self == Encoding::Mxfp4 {
-            2
-        } else {
-            1
+        match self {
+            Encoding::Mxfp4 => 2,
+            Encoding::Ggml(_) => 4,
+            _ => 1,
+        }
+    }
+
+    /// Columns a matrix of this encoding must be a multiple of: a ggml type's block size
+    /// (32 or 256), else 1.
+    pub fn col_multiple(self) -> usize {
+        match self {
+            Encoding::Ggml(t) => t.block_size(),
+            _ => 1,
         }
     }
 
@@ -221,9 +240,17 @@ mod tests {
             Encoding::Int4 { group_size: 64 },
             Encoding::Int4 { group_size: 32 },
             Encoding::Mxfp4,
+            Encoding::Ggml(GgmlType::Q4_K),
+            Encoding::Ggml(GgmlType::F16),
         ] {
             assert_eq!(Encoding::from_id(e.id(), e.group_size()).unwrap(), e);
         }
+        assert!(Encoding::from_id(7, 16).is_err()); // IQ2_XXS: not decoded
+        assert_eq!(Encoding::Ggml(GgmlType::Q6_K).name(), "q6_k");
+        assert_eq!(
+            Encoding::Ggml(GgmlType::Q4_K).weight_bytes(3, 512),
+            3 * 2 * 144
+        );
         assert!(Encoding::from_id(5, 0).is_err());
         assert!(Encoding::from_id(5, 3).is_err());
         assert!(Encoding::from_id(9, 0).is_err());

@@ -69,6 +69,8 @@ enum Mem {
 pub struct ColiExpert {
     key: ExpertKey,
     encoding: Encoding,
+    /// Gate, up, down (a ggml record's may differ: format version 4).
+    encodings: [Encoding; 3],
     hidden: usize,
     intermediate: usize,
     layout: RecordLayout,
@@ -80,6 +82,7 @@ impl ColiExpert {
         ColiExpert {
             key: b.key,
             encoding: b.encoding,
+            encodings: b.encodings,
             hidden: b.hidden,
             intermediate: b.intermediate,
             layout: *b.layout(),
@@ -243,10 +246,14 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
         s.store.fetch_into(key, dst)?;
         let encoding =
             Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(StoreError::from)?;
+        let encodings = r
+            .encodings()
+            .map_err(|e| StoreError::from(coli_store::FormatError::format("INDEX", e)))?;
         let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
         let h = ColiExpert {
             key,
             encoding,
+            encodings,
             hidden,
             intermediate,
             layout: r.layout(),
@@ -354,7 +361,7 @@ pub unsafe extern "C" fn coli_expert_matrix(
         };
         let bytes = e.bytes();
         let v = matrix_view(
-            e.encoding,
+            e.encodings[i],
             rows,
             cols,
             &bytes[w_off..w_off + wb],

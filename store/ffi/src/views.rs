@@ -21,6 +21,10 @@ pub const COLI_ENC_INT4: u32 = 5;
 /// Microscaling Formats v1.0); group size field 32. Its scales are in
 /// [`coli_matrix_view::e8m0_scales`].
 pub const COLI_ENC_MXFP4: u32 = 6;
+/// Encoding id 7 (format version 4): a llama.cpp block type kept from a GGUF, the group size
+/// field holding its ggml type id (docs/FORMAT.md section 6); no scale section. The matrices of
+/// one expert may differ in type: read each view's `group_size`.
+pub const COLI_ENC_GGML: u32 = 7;
 
 /// A view of one encoded matrix (C `coli_matrix_view`): weights and scales in the store's byte
 /// layout (docs/FORMAT.md section 6), borrowed from an expert handle or the store.

@@ -279,6 +279,7 @@ impl Store {
             encoding,
             hidden,
             intermediate,
+            encodings: r.encodings().expect("checked at open"),
             layout: r.layout(),
             buf,
         })

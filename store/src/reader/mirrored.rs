@@ -138,6 +138,7 @@ impl Store {
                 encoding,
                 hidden,
                 intermediate,
+                encodings: r.encodings().expect("checked at open"),
                 layout: r.layout(),
                 buf,
             });

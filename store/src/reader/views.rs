@@ -13,8 +13,11 @@ use zerocopy::FromBytes;
 pub struct ExpertBuf {
     /// Which expert.
     pub key: ExpertKey,
-    /// Its encoding.
+    /// Its encoding (the gate's, when a ggml record's matrices differ: [`ExpertBuf::encodings`]).
     pub encoding: Encoding,
+    /// The encodings of gate, up and down: all [`ExpertBuf::encoding`], except in a record of
+    /// ggml block types copied from a GGUF, whose matrices may differ (format version 4).
+    pub encodings: [Encoding; 3],
     /// Hidden size H.
     pub hidden: usize,
     /// Intermediate size I.
@@ -103,7 +106,7 @@ impl ExpertBuf {
             (self.intermediate, self.hidden)
         };
         MatrixView::from_sections(
-            self.encoding,
+            self.encodings[i],
             rows,
             cols,
             &self.buf[w_off..w_off + wb],

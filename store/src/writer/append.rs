@@ -147,16 +147,34 @@ impl StoreWriter {
             )));
         }
         let enc = mats[0].encoding;
-        check_matrix(&format!("{key} gate"), mats[0], inter, hidden, Some(enc))?;
-        check_matrix(&format!("{key} up"), mats[1], inter, hidden, Some(enc))?;
-        check_matrix(&format!("{key} down"), mats[2], hidden, inter, Some(enc))?;
+        // One encoding for the three, or ggml block types that may differ per matrix
+        // (format version 4: a GGUF's tensors as published).
+        let encs = mats.map(|m| m.encoding);
+        let per_matrix = encs.iter().all(|e| matches!(e, Encoding::Ggml(_)));
+        let want = |e: Encoding| if per_matrix { Some(e) } else { Some(enc) };
+        check_matrix(
+            &format!("{key} gate"),
+            mats[0],
+            inter,
+            hidden,
+            want(encs[0]),
+        )?;
+        check_matrix(&format!("{key} up"), mats[1], inter, hidden, want(encs[1]))?;
+        check_matrix(
+            &format!("{key} down"),
+            mats[2],
+            hidden,
+            inter,
+            want(encs[2]),
+        )?;
+        let encs = if per_matrix { encs } else { [enc; 3] };
         let biases = mats[0].bias.is_some();
         if mats.iter().any(|m| m.bias.is_some() != biases) {
             return Err(writer_err(format!(
                 "{key}: either all three matrices have a bias or none has"
             )));
         }
-        let layout = RecordLayout::new(enc, hidden, inter, biases);
+        let layout = RecordLayout::mixed(encs, hidden, inter, biases);
         let alignment = self.spec.alignment;
         let rec_len = layout.record_len(alignment);
         let mut rec = vec![0u8; rec_len];
@@ -241,13 +259,14 @@ impl StoreWriter {
             encoding: enc_id,
             group_size: gs,
             biases,
+            ggml_up_down: per_matrix.then(|| [encs[1].group_size(), encs[2].group_size()]),
             checksum: Xxh3Sum(sum),
         })?;
         failpoint::hit_nth("writer.after_journal", self.records_this_run);
         self.index.push(IndexRecord::new(RecordPlace {
             key,
             segment: seg_id,
-            encoding: enc,
+            encodings: encs,
             offset,
             length: rec_len as u64,
             payload_len: layout.payload_len as u64,

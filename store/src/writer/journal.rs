@@ -32,6 +32,9 @@ pub(super) enum JournalEntry {
         /// Whether the record carries bias sections (absent in journals of older writers).
         #[serde(default)]
         biases: bool,
+        /// The up and down matrices' ggml type ids of a ggml record (absent otherwise).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ggml_up_down: Option<[u16; 2]>,
         checksum: Xxh3Sum,
     },
     Dense {
@@ -83,6 +86,7 @@ impl StoreWriter {
                 encoding,
                 group_size,
                 biases,
+                ggml_up_down,
                 checksum,
             } => {
                 let key = ExpertKey::new(*layer, *expert);
@@ -90,8 +94,20 @@ impl StoreWriter {
                 let Ok(enc) = Encoding::from_id(*encoding, *group_size) else {
                     return Ok(false);
                 };
+                let encs = match (enc, ggml_up_down) {
+                    (Encoding::Ggml(_), Some([up, down])) => {
+                        let (Ok(up), Ok(down)) =
+                            (Encoding::from_id(7, *up), Encoding::from_id(7, *down))
+                        else {
+                            return Ok(false);
+                        };
+                        [enc, up, down]
+                    }
+                    (Encoding::Ggml(_), None) | (_, Some(_)) => return Ok(false),
+                    _ => [enc; 3],
+                };
                 let layout =
-                    RecordLayout::new(enc, *hidden as usize, *intermediate as usize, *biases);
+                    RecordLayout::mixed(encs, *hidden as usize, *intermediate as usize, *biases);
                 if self.experts_done.contains_key(&key)
                     || self.expected.get(layer).is_none_or(|&n| *expert >= n)
                     || layout.payload_len as u64 != *payload_len
@@ -154,7 +170,7 @@ impl StoreWriter {
                 self.index.push(IndexRecord::new(RecordPlace {
                     key,
                     segment: *segment,
-                    encoding: enc,
+                    encodings: encs,
                     offset: *offset,
                     length: *length,
                     payload_len: *payload_len,

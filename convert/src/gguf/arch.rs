@@ -1,0 +1,207 @@
+//! llama.cpp architectures coli converts from GGUF: each one's metadata keys turned into the
+//! Hugging Face config.json its family reads (so the model spec stays the one reader of a
+//! model's configuration), and its tensor names mapped to the checkpoint names the spec uses.
+//!
+//! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
+//! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
+//! `Qwen2MoeModel`) and `src/llama-model.cpp` reads (`LLM_KV_*`); the tensor names are gguf-py's
+//! `TensorNameMap` (`tensor_mapping.py`) for `MODEL_ARCH.OLMOE` and `MODEL_ARCH.QWEN3MOE`
+//! (`constants.py` `MODEL_TENSORS`). Neither architecture's converter permutes q/k rows (only
+//! `LlamaModel` does), so every tensor is the checkpoint's, bit for bit up to its type.
+
+use super::file::{Gguf, Value};
+use crate::error::{ConvertError, Result};
+use serde_json::{json, Value as Json};
+
+/// The architectures coli converts: (`general.architecture`, Hugging Face `model_type`).
+pub const ARCHITECTURES: &[(&str, &str)] = &[("olmoe", "olmoe"), ("qwen3moe", "qwen3_moe")];
+
+fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
+    ConvertError::Gguf {
+        file: g.path().to_path_buf(),
+        what: what.into(),
+    }
+}
+
+/// The GGUF's `general.architecture`, checked against [`ARCHITECTURES`].
+///
+/// # Errors
+/// [`ConvertError::Gguf`] naming the architecture and the ones coli converts.
+pub fn architecture(g: &Gguf) -> Result<&'static str> {
+    let a = g.str("general.architecture")?;
+    ARCHITECTURES
+        .iter()
+        .find(|(x, _)| *x == a)
+        .map(|(x, _)| *x)
+        .ok_or_else(|| {
+            cerr(
+                g,
+                format!(
+                    "general.architecture {a:?}: coli converts GGUFs of {} (convert this model from its Hugging Face safetensors release instead)",
+                    ARCHITECTURES.iter().map(|(x, _)| *x).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })
+}
+
+/// The config.json of the GGUF's model, from its metadata and tensor shapes.
+///
+/// # Errors
+/// [`ConvertError::Gguf`] naming a missing or contradictory key.
+pub fn config_json(g: &Gguf) -> Result<Json> {
+    let arch = architecture(g)?;
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    let hidden = u("embedding_length")?;
+    let layers = u("block_count")?;
+    let heads = u("attention.head_count")?;
+    let kv_heads = match g.get(&k("attention.head_count_kv")) {
+        Some(_) => u("attention.head_count_kv")?,
+        None => heads,
+    };
+    let experts = u("expert_count")?;
+    let topk = u("expert_used_count")?;
+    let emb = g.tensor("token_embd.weight")?;
+    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
+    if emb.dims[0] as usize != hidden {
+        return Err(cerr(
+            g,
+            format!(
+                "token_embd.weight has rows of {} but {} is {hidden}",
+                emb.dims[0],
+                k("embedding_length")
+            ),
+        ));
+    }
+    if heads == 0 || kv_heads == 0 || experts == 0 || topk == 0 || topk > experts {
+        return Err(cerr(
+            g,
+            format!(
+                "{}={heads}, {}={kv_heads}, {}={experts}, {}={topk}: not a MoE model coli can run",
+                k("attention.head_count"),
+                k("attention.head_count_kv"),
+                k("expert_count"),
+                k("expert_used_count")
+            ),
+        ));
+    }
+    let tied = !g.tensors.contains_key("output.weight");
+    let tok = |key: &str| {
+        g.get(key)
+            .and_then(Value::as_u64)
+            .map(Json::from)
+            .unwrap_or(Json::Null)
+    };
+    let mut c = json!({
+        "model_type": ARCHITECTURES.iter().find(|(x, _)| *x == arch).expect("checked").1,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "num_experts": experts,
+        "num_experts_per_tok": topk,
+        "max_position_embeddings": u("context_length")?,
+        "rms_norm_eps": g.f64(&k("attention.layer_norm_rms_epsilon"))?,
+        "rope_theta": g.get(&k("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0),
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "attention_bias": g.tensors.contains_key("blk.0.attn_q.bias"),
+        "bos_token_id": tok("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
+        "hidden_act": "silu",
+    });
+    let o = c.as_object_mut().expect("object");
+    match arch {
+        "olmoe" => {
+            // llama.cpp's OLMoE graph (src/models/olmoe.cpp) never renormalizes the top-k.
+            o.insert("intermediate_size".into(), u("feed_forward_length")?.into());
+            o.insert("norm_topk_prob".into(), false.into());
+        }
+        "qwen3moe" => {
+            let head_dim = match g.get(&k("attention.key_length")) {
+                Some(_) => u("attention.key_length")?,
+                None => hidden / heads,
+            };
+            o.insert("head_dim".into(), head_dim.into());
+            o.insert(
+                "moe_intermediate_size".into(),
+                u("expert_feed_forward_length")?.into(),
+            );
+            o.insert(
+                "intermediate_size".into(),
+                g.get(&k("feed_forward_length"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    .into(),
+            );
+            // llama.cpp's Qwen3-MoE graph (src/models/qwen3moe.cpp) renormalizes the top-k
+            // weights, as Qwen3-MoE releases' norm_topk_prob: true.
+            o.insert("norm_topk_prob".into(), true.into());
+            o.insert("decoder_sparse_step".into(), 1.into());
+            o.insert("mlp_only_layers".into(), json!([]));
+        }
+        _ => unreachable!("architecture() checked"),
+    }
+    Ok(c)
+}
+
+/// The GGUF name of the checkpoint tensor `hf` (the spec's name), or None for a name this map
+/// does not know. Routed experts are not here: they are slices of `blk.N.ffn_*_exps.weight`
+/// ([`expert_tensors`]).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    match hf {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (n, rest) = rest.split_once('.')?;
+    n.parse::<u32>().ok()?;
+    let (stem, suffix) = rest.rsplit_once('.')?;
+    let g = match stem {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate" => "ffn_gate_inp",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// The stacked expert tensors of layer `layer`: gate, up, down (`[E, I, H]`, `[E, I, H]`,
+/// `[E, H, I]` outermost first).
+pub fn expert_tensors(layer: u32) -> [String; 3] {
+    ["gate", "up", "down"].map(|m| format!("blk.{layer}.ffn_{m}_exps.weight"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.o_proj.weight").unwrap(),
+            "blk.3.attn_output.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.gate.weight").unwrap(),
+            "blk.0.ffn_gate_inp.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.q_proj.bias").unwrap(),
+            "blk.0.attn_q.bias"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.experts.1.up_proj.weight"),
+            None
+        );
+        assert_eq!(expert_tensors(2)[2], "blk.2.ffn_down_exps.weight");
+    }
+}

@@ -1,0 +1,357 @@
+//! `coli-convert FILE.gguf STORE`: a GGUF's tensors into a block store, blocks kept bit for bit.
+//!
+//! Every dense tensor keeps its GGUF type (F32 and BF16 as coli's f32 and bf16, every other
+//! type as the ggml encoding of that type); each layer's stacked expert tensors
+//! (`blk.N.ffn_{gate,up,down}_exps.weight`, `[E, rows, cols]`) are cut into one record per
+//! expert, the three matrices in the types the GGUF gives them (format version 4). Nothing is
+//! requantized, so the store holds exactly the GGUF's bits. The model spec comes from the
+//! config.json [`super::arch::config_json`] builds from the metadata; the tokenizer from
+//! [`super::tokenizer::files`]. Resumable and atomic as every conversion
+//! ([`coli_store::StoreWriter`]).
+
+use super::arch;
+use super::file::{Gguf, TensorInfo};
+use crate::error::{ConvertError, Result};
+use crate::pipeline::{self, BuildLock, Options, Report, ALIGNMENT, SEGMENT_MAX_BYTES};
+use coli_format::encoding::GgmlType;
+use coli_format::spec::ModelSpec;
+use coli_format::{matrix_dims, Encoding, ExpertKey};
+use coli_store::{EncodedMatrix, ExpertLayer, SourceFile, StoreSpec, StoreWriter, WriterStart};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
+    ConvertError::Tensor {
+        tensor: tensor.to_string(),
+        what: what.into(),
+    }
+}
+
+/// The store encoding of a GGUF tensor's type.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] for a type coli does not decode, naming the types it does.
+pub fn encoding_of(t: &TensorInfo) -> Result<Encoding> {
+    match t.ggml_type {
+        0 => Ok(Encoding::F32),
+        30 => Ok(Encoding::Bf16),
+        id => GgmlType::from_id(id).map(Encoding::Ggml).ok_or_else(|| {
+            terr(
+                &t.name,
+                format!(
+                    "is {}, a type coli does not decode yet (it decodes F32, BF16, {}): requantize the GGUF with llama-quantize to one of these",
+                    t.type_name(),
+                    coli_format::encoding::ggml::ALL
+                        .iter()
+                        .map(|t| t.name().to_uppercase())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        }),
+    }
+}
+
+/// True when `path` names a GGUF file (by its magic).
+pub fn is_gguf(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == super::file::MAGIC
+}
+
+/// One dense tensor to copy: spec name, GGUF tensor, shape.
+struct DenseCopy<'a> {
+    name: String,
+    t: &'a TensorInfo,
+    shape: Vec<usize>,
+    encoding: Encoding,
+}
+
+/// The GGUF tensor the spec's dense tensor `name` of `shape` comes from, checked.
+fn dense_source<'a>(g: &'a Gguf, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
+    let gname = arch::gguf_name(name).ok_or_else(|| {
+        terr(
+            name,
+            "has no GGUF name in coli's map for this architecture (a bug: please report it)",
+        )
+    })?;
+    let t = g.tensor(&gname)?;
+    let (rows, cols) = matrix_dims(shape).unwrap_or((0, 0));
+    let (trows, tcols) = matrix_dims(&t.shape()).unwrap_or((0, 0));
+    if (rows, cols) != (trows, tcols) {
+        return Err(terr(
+            &gname,
+            format!(
+                "has shape {:?} in {}, but the metadata makes {name} {shape:?}",
+                t.shape(),
+                g.files[t.file].path.display()
+            ),
+        ));
+    }
+    Ok(t)
+}
+
+/// Converts the GGUF `opts.input` into the store `opts.output` (see the module docs).
+///
+/// # Errors
+/// As [`crate::run`]; a GGUF refused by [`Gguf::open`], [`arch::config_json`] or
+/// [`super::tokenizer::files`], a tensor missing, misshapen or of a type coli does not decode;
+/// encoding options other than the defaults ([`ConvertError::Usage`]: a GGUF's types are kept).
+pub fn run(opts: &Options) -> Result<Report> {
+    let t0 = Instant::now();
+    let g = Gguf::open(&opts.input)?;
+    let config = arch::config_json(&g)?;
+    let spec = ModelSpec::from_config(&config, None).map_err(|e| ConvertError::Gguf {
+        file: g.path().to_path_buf(),
+        what: format!("the model its metadata describes is refused: {e}"),
+    })?;
+    let files = super::tokenizer::files(&g, spec.max_position_embeddings.max(1))?;
+
+    // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
+    let mut dense = Vec::new();
+    for ts in spec.tensors.main_dense() {
+        if ts.optional && arch::gguf_name(&ts.name).is_none_or(|n| !g.tensors.contains_key(&n)) {
+            continue;
+        }
+        let t = dense_source(&g, &ts.name, &ts.shape)?;
+        dense.push(DenseCopy {
+            name: ts.name.clone(),
+            t,
+            shape: ts.shape.clone(),
+            encoding: encoding_of(t)?,
+        });
+    }
+    // Experts: every layer's stacked tensors, checked before anything is written.
+    let sets = spec.tensors.expert_sets();
+    let mut layers = Vec::new();
+    let mut type_names = std::collections::BTreeSet::new();
+    for s in &sets {
+        let names = arch::expert_tensors(s.layer);
+        let want = [
+            [s.count as usize, s.intermediate, s.hidden],
+            [s.count as usize, s.intermediate, s.hidden],
+            [s.count as usize, s.hidden, s.intermediate],
+        ];
+        let mut ts = Vec::with_capacity(3);
+        for (n, w) in names.iter().zip(want) {
+            let t = g.tensor(n)?;
+            if t.shape() != w {
+                return Err(terr(
+                    n,
+                    format!("has shape {:?}, the metadata makes it {w:?}", t.shape()),
+                ));
+            }
+            let e = encoding_of(t)?;
+            if !matches!(e, Encoding::Ggml(_)) {
+                return Err(terr(
+                    n,
+                    format!("is {}: coli stores a GGUF's experts in their ggml block types; F32/BF16 experts: convert the Hugging Face release instead", t.type_name()),
+                ));
+            }
+            type_names.insert(e.name());
+            ts.push((t, e));
+        }
+        layers.push((*s, ts));
+    }
+    let experts_param = type_names.into_iter().collect::<Vec<_>>().join("+");
+    let mut parameters = BTreeMap::new();
+    parameters.insert("source".to_string(), "gguf".to_string());
+    parameters.insert("experts".to_string(), experts_param);
+    parameters.insert("dense".to_string(), "gguf".to_string());
+    parameters.insert("mtp".to_string(), "none".to_string());
+
+    let parent = match opts.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(ConvertError::Usage(format!(
+            "{}: the parent directory of OUTPUT_STORE does not exist; create it first",
+            parent.display()
+        )));
+    }
+    let _lock = BuildLock::take(&opts.output)?;
+    let estimated: u64 = dense.iter().map(|d| d.t.nbytes as u64).sum::<u64>()
+        + layers
+            .iter()
+            .flat_map(|(_, ts)| ts.iter().map(|(t, _)| t.nbytes as u64))
+            .sum::<u64>();
+    if !opts.output.join("MANIFEST").exists() {
+        let have = pipeline::dir_size(&pipeline::partial_path(&opts.output));
+        let needed = estimated.saturating_sub(have);
+        let available = pipeline::free_bytes(&parent)?;
+        if needed > available {
+            return Err(ConvertError::DiskSpace {
+                dir: parent,
+                needed,
+                available,
+            });
+        }
+    }
+    let first_expert = layers.first().map_or(Encoding::F32, |(_, ts)| ts[0].1);
+    let store_spec = StoreSpec {
+        family: spec.model_type.clone(),
+        config_json: serde_json::to_vec_pretty(&config).expect("serializes"),
+        num_layers: spec.num_layers as u32,
+        expert_layers: sets
+            .iter()
+            .map(|s| ExpertLayer {
+                layer: s.layer,
+                num_experts: s.count,
+            })
+            .collect(),
+        expert_encoding: first_expert,
+        alignment: ALIGNMENT,
+        segment_max_bytes: SEGMENT_MAX_BYTES,
+        converter_version: env!("CARGO_PKG_VERSION").to_string(),
+        parameter_defaults: pipeline::parameter_defaults(),
+        parameters: parameters.clone(),
+        sources: g
+            .files
+            .iter()
+            .map(|f| SourceFile {
+                name: f.name.clone(),
+                size: f.size,
+                header_xxh3: coli_store::Xxh3Sum(f.header_xxh3),
+            })
+            .collect(),
+    };
+    let mut report = Report {
+        status: "converted".into(),
+        store: opts.output.clone(),
+        family: spec.model_type.clone(),
+        parameters,
+        mtp_layer: false,
+        mtp_shared: BTreeMap::new(),
+        tensors: dense.len() as u64,
+        experts: sets.iter().map(|s| s.count as u64).sum(),
+        experts_skipped: 0,
+        bytes_skipped: 0,
+        dense_skipped: 0,
+        bytes_in: 0,
+        bytes_out: 0,
+        store_bytes: 0,
+        rel_rms_error: BTreeMap::new(),
+        not_converted: {
+            let used: std::collections::BTreeSet<&str> = dense
+                .iter()
+                .map(|d| d.t.name.as_str())
+                .chain(
+                    layers
+                        .iter()
+                        .flat_map(|(_, ts)| ts.iter().map(|(t, _)| t.name.as_str())),
+                )
+                .collect();
+            g.tensors
+                .keys()
+                .filter(|n| !used.contains(n.as_str()))
+                .cloned()
+                .collect()
+        },
+        elapsed_s: 0.0,
+    };
+    let (mut writer, resumed) = match StoreWriter::create_or_resume(&opts.output, store_spec)? {
+        WriterStart::AlreadyComplete => {
+            report.status = "already_complete".into();
+            report.store_bytes = pipeline::dir_size(&opts.output);
+            report.elapsed_s = t0.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        WriterStart::Fresh(w) => (w, None),
+        WriterStart::Resumed(w, info) => (w, Some(info)),
+    };
+    if let Some(info) = &resumed {
+        report.bytes_skipped = info.bytes_kept;
+    }
+    let r = write_all(&g, &dense, &layers, &files, &mut writer, &mut report);
+    if let Err(e) = r {
+        drop(writer);
+        if e.is_bad_data() {
+            let _ = std::fs::remove_dir_all(pipeline::partial_path(&opts.output));
+        }
+        return Err(e);
+    }
+    let path = writer.finish()?;
+    report.store_bytes = pipeline::dir_size(&path);
+    report.elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+type Layer<'a> = (
+    &'a coli_format::spec::ExpertsSpec,
+    Vec<(&'a TensorInfo, Encoding)>,
+);
+
+fn write_all(
+    g: &Gguf,
+    dense: &[DenseCopy<'_>],
+    layers: &[Layer<'_>],
+    files: &[(String, Vec<u8>)],
+    writer: &mut StoreWriter,
+    report: &mut Report,
+) -> Result<()> {
+    for d in dense {
+        if writer.is_dense_done(&d.name) {
+            report.dense_skipped += 1;
+            continue;
+        }
+        let (rows, cols) = matrix_dims(&d.shape).expect("checked");
+        let data = g.data(d.t).to_vec();
+        let m = EncodedMatrix::new(d.encoding, rows, cols, data, Vec::new());
+        writer.add_dense(&d.name, &d.shape, &m)?;
+        g.release(d.t, 0, d.t.nbytes);
+        report.bytes_in += d.t.nbytes as u64;
+        report.bytes_out += d.t.nbytes as u64;
+    }
+    for (s, ts) in layers {
+        let n = s.count as usize;
+        for e in 0..s.count {
+            let key = ExpertKey::new(s.layer, e);
+            let per: Vec<usize> = ts.iter().map(|(t, _)| t.nbytes / n).collect();
+            if writer.is_expert_done(key) {
+                report.experts_skipped += 1;
+                continue;
+            }
+            let e = e as usize;
+            if e + 1 < n {
+                for ((t, _), &p) in ts.iter().zip(&per) {
+                    g.prefetch(t, (e + 1) * p, p);
+                }
+            }
+            let mats: Vec<EncodedMatrix> = ts
+                .iter()
+                .zip(&per)
+                .enumerate()
+                .map(|(i, ((t, enc), &p))| {
+                    let (rows, cols) = if i == 2 {
+                        (s.hidden, s.intermediate)
+                    } else {
+                        (s.intermediate, s.hidden)
+                    };
+                    let bytes = g.data(t)[e * p..(e + 1) * p].to_vec();
+                    EncodedMatrix::new(*enc, rows, cols, bytes, Vec::new())
+                })
+                .collect();
+            writer.add_expert(
+                key,
+                s.hidden,
+                s.intermediate,
+                [&mats[0], &mats[1], &mats[2]],
+            )?;
+            for ((t, _), &p) in ts.iter().zip(&per) {
+                g.release(t, e * p, p);
+                report.bytes_in += p as u64;
+                report.bytes_out += p as u64;
+            }
+        }
+    }
+    for (name, bytes) in files {
+        writer.add_file(name, bytes)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! GGUF input: `coli-convert FILE.gguf STORE` (docs/CONVERT.md, "From a GGUF"). [`mod@file`]
+//! reads the format, [`arch`] maps llama.cpp's architectures to coli's model spec,
+//! [`tokenizer`] writes the tokenizer files, [`convert`] streams the tensors into the store.
+
+pub mod arch;
+pub mod convert;
+pub mod file;
+pub mod tokenizer;
+
+pub use convert::{is_gguf, run};

@@ -1,0 +1,16 @@
+//! ggml type 20, `iq4_nl`: blocks of 32 weights in 18 bytes: f16 `d`, 16 bytes of 4-bit
+//! indices (nibble order as in `q4_0`) into the non-linear table [`KVALUES`]; `w = d * k[q]`.
+
+/// The 16 signed levels of IQ4_NL and IQ4_XS (`kvalues_iq4nl` in ggml-common.h).
+pub(crate) const KVALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+pub(super) fn decode(b: &[u8], out: &mut [f32]) {
+    let d = super::f16(b, 0);
+    let qs = &b[2..18];
+    for j in 0..16 {
+        out[j] = d * KVALUES[(qs[j] & 0x0F) as usize] as f32;
+        out[j + 16] = d * KVALUES[(qs[j] >> 4) as usize] as f32;
+    }
+}

@@ -1,0 +1,264 @@
+//! Encoding id 7, `ggml`: llama.cpp's block types, kept bit for bit as a GGUF file stores them
+//! (format version 4; docs/FORMAT.md section 6). The group size field holds the ggml type id
+//! (`GGMLQuantizationType` in gguf-py's `constants.py`, `enum ggml_type` in ggml.h), so
+//! `(7, 12)` is `q4_k`. A row of `cols` weights is `cols / block_size` blocks of `type_size`
+//! bytes (the row-major layout of a GGUF tensor whose `ne[0]` is `cols`); `cols` must be a
+//! multiple of the type's block size. There is no scale section: each block carries its own
+//! scales.
+//!
+//! One module per type defines its block layout and its reference decode. The decode is
+//! gguf-py's numpy dequantization (`gguf.quants.<TYPE>.dequantize_blocks`, gguf 0.19) operation
+//! by operation in f32 (the same products and differences, each rounded once, never fused), so
+//! a decoded row equals gguf-py's bit for bit; `format/tests/ggml_gguf_py.rs` checks it against
+//! vectors gguf-py wrote (`tests/fixtures/gguf/make_ggml_vectors.py`).
+//!
+//! Stores copy these blocks from a GGUF; no f32 value is ever encoded into them here, so
+//! [`Codec::encode_row`] returns `None`.
+
+mod f16;
+mod iq4_nl;
+mod iq4_xs;
+mod q2_k;
+mod q3_k;
+mod q4_0;
+mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
+mod q8_0;
+
+use super::{Codec, ErrSums};
+use crate::MatrixView;
+
+/// Weights per block of the k-quants and IQ4_XS (`QK_K` in ggml).
+pub const QK_K: usize = 256;
+
+/// A ggml block type coli stores and decodes. The discriminant is the ggml type id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[repr(u16)]
+#[allow(non_camel_case_types)]
+pub enum GgmlType {
+    /// IEEE half precision, one weight per 2 bytes.
+    F16 = 1,
+    /// 32 weights: f16 `d`, 16 bytes of 4-bit codes; `w = d * (q - 8)`.
+    Q4_0 = 2,
+    /// 32 weights: f16 `d`, f16 `m`, 16 bytes of 4-bit codes; `w = d * q + m`.
+    Q4_1 = 3,
+    /// 32 weights: f16 `d`, u32 of high bits, 16 bytes of low nibbles; `w = d * (q - 16)`.
+    Q5_0 = 6,
+    /// 32 weights: f16 `d`, f16 `m`, u32 of high bits, 16 bytes of low nibbles; `w = d * q + m`.
+    Q5_1 = 7,
+    /// 32 weights: f16 `d`, 32 signed bytes; `w = q * d`.
+    Q8_0 = 8,
+    /// 256 weights in 16 groups of 16 with 4-bit scales and mins, 2-bit codes.
+    Q2_K = 10,
+    /// 256 weights in 16 groups of 16 with 6-bit signed scales, 3-bit codes.
+    Q3_K = 11,
+    /// 256 weights in 8 groups of 32 with 6-bit scales and mins, 4-bit codes.
+    Q4_K = 12,
+    /// 256 weights in 8 groups of 32 with 6-bit scales and mins, 5-bit codes.
+    Q5_K = 13,
+    /// 256 weights in 16 groups of 16 with 8-bit signed scales, 6-bit codes.
+    Q6_K = 14,
+    /// 32 weights: f16 `d`, 16 bytes of 4-bit indices into a non-linear table.
+    IQ4_NL = 20,
+    /// 256 weights in 8 groups of 32 with 6-bit signed scales, IQ4_NL's table.
+    IQ4_XS = 23,
+}
+
+/// Every type, in id order.
+pub const ALL: [GgmlType; 13] = [
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+impl GgmlType {
+    /// The type with ggml id `id`, if coli decodes it.
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        ALL.into_iter().find(|t| *t as u32 == id)
+    }
+
+    /// The ggml type id.
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// Weights per block.
+    pub fn block_size(self) -> usize {
+        match self {
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => 32,
+            _ => QK_K,
+        }
+    }
+
+    /// Bytes per block (gguf-py's `GGML_QUANT_SIZES`).
+    pub fn type_size(self) -> usize {
+        match self {
+            GgmlType::F16 => 2,
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => 2 + 16,
+            GgmlType::Q4_1 => 2 + 2 + 16,
+            GgmlType::Q5_0 => 2 + 4 + 16,
+            GgmlType::Q5_1 => 2 + 2 + 4 + 16,
+            GgmlType::Q8_0 => 2 + 32,
+            GgmlType::Q2_K => 2 + 2 + QK_K / 16 + QK_K / 4,
+            GgmlType::Q3_K => 2 + QK_K / 4 + QK_K / 8 + 12,
+            GgmlType::Q4_K => 2 + 2 + QK_K / 2 + 12,
+            GgmlType::Q5_K => 2 + 2 + QK_K / 2 + QK_K / 8 + 12,
+            GgmlType::Q6_K => 2 + QK_K / 2 + QK_K / 4 + QK_K / 16,
+            GgmlType::IQ4_XS => 2 + 2 + QK_K / 2 + QK_K / 64,
+        }
+    }
+
+    /// llama.cpp's name of the type, lower case (`q4_k`, `iq4_xs`, `f16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F16 => "f16",
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q5_0 => "q5_0",
+            GgmlType::Q5_1 => "q5_1",
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q2_K => "q2_k",
+            GgmlType::Q3_K => "q3_k",
+            GgmlType::Q4_K => "q4_k",
+            GgmlType::Q5_K => "q5_k",
+            GgmlType::Q6_K => "q6_k",
+            GgmlType::IQ4_NL => "iq4_nl",
+            GgmlType::IQ4_XS => "iq4_xs",
+        }
+    }
+
+    /// Bytes of `n` weights (`n` a multiple of the block size).
+    pub fn bytes_of(self, n: usize) -> usize {
+        n.div_ceil(self.block_size()) * self.type_size()
+    }
+
+    /// Decodes one block (`type_size()` bytes) into `out` (`block_size()` values): the type's
+    /// reference decode (module docs).
+    pub fn decode_block(self, b: &[u8], out: &mut [f32]) {
+        debug_assert_eq!(b.len(), self.type_size());
+        debug_assert_eq!(out.len(), self.block_size());
+        match self {
+            GgmlType::F16 => f16::decode(b, out),
+            GgmlType::Q4_0 => q4_0::decode(b, out),
+            GgmlType::Q4_1 => q4_1::decode(b, out),
+            GgmlType::Q5_0 => q5_0::decode(b, out),
+            GgmlType::Q5_1 => q5_1::decode(b, out),
+            GgmlType::Q8_0 => q8_0::decode(b, out),
+            GgmlType::Q2_K => q2_k::decode(b, out),
+            GgmlType::Q3_K => q3_k::decode(b, out),
+            GgmlType::Q4_K => q4_k::decode(b, out),
+            GgmlType::Q5_K => q5_k::decode(b, out),
+            GgmlType::Q6_K => q6_k::decode(b, out),
+            GgmlType::IQ4_NL => iq4_nl::decode(b, out),
+            GgmlType::IQ4_XS => iq4_xs::decode(b, out),
+        }
+    }
+
+    /// Decodes a run of whole blocks (`bytes_of(out.len())` bytes) into `out`.
+    pub fn decode_blocks(self, b: &[u8], out: &mut [f32]) {
+        let (bs, ts) = (self.block_size(), self.type_size());
+        for (blk, o) in b.chunks_exact(ts).zip(out.chunks_exact_mut(bs)) {
+            self.decode_block(blk, o);
+        }
+    }
+}
+
+/// IEEE half-precision bits to f32 (exact).
+#[inline]
+pub(crate) fn f16(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// The `ggml` codec of one type.
+#[derive(Clone, Copy, Debug)]
+pub struct Ggml(pub GgmlType);
+
+impl Codec for Ggml {
+    fn id(&self) -> u16 {
+        7
+    }
+    fn group_size_field(&self) -> u16 {
+        self.0 as u16
+    }
+    fn name(&self) -> String {
+        self.0.name().into()
+    }
+    fn weight_bytes(&self, rows: usize, cols: usize) -> usize {
+        rows * self.0.bytes_of(cols)
+    }
+    fn scale_count(&self, _rows: usize, _cols: usize) -> usize {
+        0
+    }
+    fn decode_cols(&self, m: &MatrixView<'_>, r: usize, c0: usize, c1: usize, out: &mut [f32]) {
+        let t = self.0;
+        let (bs, ts) = (t.block_size(), t.type_size());
+        let stride = t.bytes_of(m.cols());
+        let row = &m.data()[r * stride..(r + 1) * stride];
+        if c0.is_multiple_of(bs) && c1.is_multiple_of(bs) {
+            t.decode_blocks(&row[c0 / bs * ts..c1 / bs * ts], &mut out[..c1 - c0]);
+            return;
+        }
+        let mut tmp = [0f32; QK_K];
+        let mut c = c0;
+        while c < c1 {
+            let b = c / bs;
+            t.decode_block(&row[b * ts..(b + 1) * ts], &mut tmp[..bs]);
+            let end = ((b + 1) * bs).min(c1);
+            out[c - c0..end - c0].copy_from_slice(&tmp[c - b * bs..end - b * bs]);
+            c = end;
+        }
+    }
+    fn encode_row(&self, _w: &[f32], _dst: &mut [u8], _scales: &mut [f32]) -> Option<ErrSums> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_gguf_py() {
+        // gguf-py constants.py GGML_QUANT_SIZES (block size, type size).
+        let want = [
+            (1, 2),
+            (32, 18),
+            (32, 20),
+            (32, 22),
+            (32, 24),
+            (32, 34),
+            (256, 84),
+            (256, 110),
+            (256, 144),
+            (256, 176),
+            (256, 210),
+            (32, 18),
+            (256, 136),
+        ];
+        for (t, w) in ALL.into_iter().zip(want) {
+            assert_eq!((t.block_size(), t.type_size()), w, "{}", t.name());
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+        }
+        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS: not decoded
+    }
+}

@@ -1,0 +1,283 @@
+//! GGUF input (issue 46): GGUF files written by llama.cpp's own converter and quantizer
+//! (`tests/fixtures/gguf/make_gguf_fixtures.py`) converted by `coli-convert FILE.gguf`, run by
+//! the engine and compared with transformers on gguf-py's dequantization of the same file
+//! (greedy 32, teacher-forced top-1, last logits within 1e-3). The store keeps every block bit
+//! for bit (sha256 of an expert's three slices and of a dense tensor, as gguf-py reads them),
+//! each tensor in its GGUF type, a mixed Q4_K/Q6_K expert record included (format version 4).
+//! Placement (budget of one record, threads, prefetch, I/O mode) never changes the tokens.
+
+use coli_convert::{Encodings, Options};
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_format::Encoding;
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{floats, greedy, ids, max_abs_diff, open_store, top1};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+const FIXTURES: [&str; 4] = [
+    "olmoe-q4_k_m",
+    "olmoe-q8_0",
+    "qwen3_moe-q2_k",
+    "qwen3_moe-iq4_xs",
+];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf")
+}
+
+fn expected(name: &str) -> Value {
+    let p = dir().join(format!("{name}.json"));
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    coli_convert::gguf::run(&Options {
+        input: dir().join(format!("{name}.gguf")),
+        output: out.clone(),
+        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap_or_else(|e| panic!("converting {name}: {e}"));
+    (tmp, out)
+}
+
+fn sha(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn enc_name(e: Encoding) -> String {
+    e.name().to_uppercase()
+}
+
+#[test]
+fn gguf_stores_match_transformers_and_keep_the_blocks() {
+    for name in FIXTURES {
+        let exp = expected(name);
+        let (_tmp, store_dir) = convert(name);
+        let store = open_store(&store_dir, true, IoPreference::Auto);
+        assert_eq!(
+            store.manifest().format_version,
+            4,
+            "{name}: ggml encodings are version 4"
+        );
+
+        // Blocks bit for bit, in their GGUF types.
+        let p = &exp["probe"];
+        let key = ExpertKey::new(
+            p["layer"].as_u64().unwrap() as u32,
+            p["expert"].as_u64().unwrap() as u32,
+        );
+        let buf = store.fetch_one(key).unwrap();
+        for (i, m) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
+            assert_eq!(
+                sha(m.data()),
+                p["expert_sha256"][i].as_str().unwrap(),
+                "{name}: {key} matrix {i}"
+            );
+            assert_eq!(
+                enc_name(m.encoding()),
+                p["expert_types"][i].as_str().unwrap(),
+                "{name}: {key} matrix {i}"
+            );
+        }
+        let t = store.dense(p["dense_tensor"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            sha(t.data),
+            p["dense_sha256"].as_str().unwrap(),
+            "{name}: dense probe"
+        );
+        assert_eq!(enc_name(t.encoding), p["dense_type"].as_str().unwrap());
+        // Every dense tensor in the type the GGUF gives it.
+        let types = exp["tensor_types"].as_object().unwrap();
+        for e in &store.manifest().dense {
+            let g = coli_convert::gguf::arch::gguf_name(&e.name).unwrap();
+            let enc = Encoding::from_id(e.encoding, e.group_size).unwrap();
+            assert_eq!(
+                enc_name(enc),
+                types[&g].as_str().unwrap(),
+                "{name}: {}",
+                e.name
+            );
+        }
+
+        // transformers on gguf-py's dequantization of the same file.
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&exp["greedy"]),
+            "{name}: greedy 32 tokens"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&exp["last_logits"]));
+        assert!(d < 1e-3, "{name}: last logits differ by {d}");
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&exp["teacher_top1"]),
+            "{name}: teacher-forced top-1"
+        );
+    }
+}
+
+#[test]
+fn gguf_placement_never_changes_tokens() {
+    let name = "olmoe-q4_k_m";
+    let exp = expected(name);
+    let (_tmp, store_dir) = convert(name);
+    let prompt = ids(&exp["prompt_ids"]);
+    let want = ids(&exp["greedy"]);
+    let one = {
+        let s = open_store(&store_dir, true, IoPreference::Auto);
+        s.fetch_one(ExpertKey::new(1, 2)).unwrap().len_bytes() as u64
+    };
+    for (budget, threads, prefetch, io) in [
+        (Some(one), 1, false, IoPreference::Buffered),
+        (Some(one), 2, true, IoPreference::Auto),
+        (None, 2, true, IoPreference::Buffered),
+    ] {
+        let store = open_store(&store_dir, false, io);
+        let opts = EngineOptions {
+            ram_budget: budget,
+            threads: Some(threads),
+            prefetch,
+            ..Default::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            want,
+            "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
+        );
+    }
+}
+
+#[test]
+fn converting_again_resumes_to_the_same_store() {
+    let name = "qwen3_moe-q2_k";
+    let (tmp, store_dir) = convert(name);
+    let opts = Options {
+        input: dir().join(format!("{name}.gguf")),
+        output: store_dir.clone(),
+        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    };
+    let r = coli_convert::gguf::run(&opts).unwrap();
+    assert_eq!(r.status, "already_complete");
+    drop(tmp);
+}
+
+/// Byte offset just after the first occurrence of `needle` in `b`.
+fn after(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
+        + needle.len()
+}
+
+/// Converts a damaged copy of `olmoe-q8_0.gguf` (made by `damage`, written as `file_name`) and
+/// returns the error text; nothing may be published or left half-written.
+fn refused(file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(dir().join("olmoe-q8_0.gguf")).unwrap();
+    damage(&mut b);
+    let src = tmp.path().join(file_name);
+    std::fs::write(&src, &b).unwrap();
+    let out = tmp.path().join("store");
+    let e = coli_convert::gguf::run(&Options {
+        input: src.clone(),
+        output: out.clone(),
+        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    })
+    .err()
+    .unwrap_or_else(|| panic!("{file_name}: the damaged GGUF was converted"));
+    assert!(!out.exists(), "{file_name}: a store was published");
+    assert!(
+        !coli_convert::pipeline::partial_path(&out).exists(),
+        "{file_name}: partial store left"
+    );
+    assert_eq!(
+        std::fs::read(&src).unwrap(),
+        b,
+        "{file_name}: the source was modified"
+    );
+    e.to_string()
+}
+
+#[test]
+fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
+    // Truncated: the last tensors' data runs past the end of the file.
+    let e = refused("cut.gguf", |b| b.truncate(b.len() / 2));
+    assert!(
+        e.contains("cut.gguf")
+            && e.contains("runs past the end of the file")
+            && e.contains("truncated"),
+        "{e}"
+    );
+    // Truncated inside the header.
+    let e = refused("head.gguf", |b| b.truncate(100));
+    assert!(e.contains("truncated") && e.contains("head.gguf"), "{e}");
+    // Not a GGUF.
+    let e = refused("magic.gguf", |b| b[0] = b'X');
+    assert!(e.contains("not a GGUF file"), "{e}");
+    // An unknown ggml type id in a tensor info (the type u32 follows name, n_dims, dims).
+    let e = refused("type.gguf", |b| {
+        let at = after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
+        b[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("blk.0.attn_q.weight") && e.contains("unknown ggml type id 99"),
+        "{e}"
+    );
+    // A type coli does not decode (IQ2_XXS is smaller than Q8_0: the extents stay valid).
+    let e = refused("iq2.gguf", |b| {
+        let at = after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
+        b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("blk.0.attn_q.weight") && e.contains("IQ2_XXS") && e.contains("does not decode"),
+        "{e}"
+    );
+    // An architecture coli does not convert from GGUF.
+    let e = refused("arch.gguf", |b| {
+        let at = after(b, b"general.architecture") + 4 + 8;
+        b[at..at + 5].copy_from_slice(b"llama");
+    });
+    assert!(
+        e.contains("general.architecture") && e.contains("llama"),
+        "{e}"
+    );
+    // Metadata contradicting the tensors' shapes.
+    let e = refused("shape.gguf", |b| {
+        let at = after(b, b"olmoe.embedding_length") + 4;
+        b[at..at + 4].copy_from_slice(&128u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("token_embd.weight") && e.contains("olmoe.embedding_length"),
+        "{e}"
+    );
+    // A key the model needs, missing (renamed).
+    let e = refused("key.gguf", |b| {
+        let at = after(b, b"olmoe.expert_count") - 1;
+        b[at] = b'X';
+    });
+    assert!(e.contains("olmoe.expert_count"), "{e}");
+    // One file of a split GGUF without the others.
+    let e = refused("m-00001-of-00002.gguf", |_| {});
+    assert!(
+        e.contains("m-00002-of-00002.gguf") && e.contains("missing"),
+        "{e}"
+    );
+}
