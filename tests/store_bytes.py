@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Byte-identity guard for the store format: converts every committed tiny fixture
-(tests/fixtures/tiny/*) with a fixed set of coli-convert parameters and lists the sha256 of
+(tests/fixtures/tiny/*, and the GGUF files of tests/fixtures/gguf/) with a fixed set of
+coli-convert parameters and lists the sha256 of
 every file of every store written.
 
 A change that must not alter stores (a refactor, a faster kernel, a new crate layout) leaves
@@ -28,6 +29,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tiny")
+# GGUF fixtures (format version 4): converted with no options (their blocks are kept).
+GGUF_FIXTURES = os.path.join(ROOT, "tests", "fixtures", "gguf")
 
 # Parameter sets: every encoding of the format (f32/bf16 kept tensors, fp8, int8, int4 with
 # both group sizes) on every family.
@@ -77,9 +80,8 @@ def without_mtp(params):
     return out
 
 
-def store_hashes(convert, out_root):
-    """{"fixture/params/relpath": sha256} for every store file."""
-    result = {}
+def jobs():
+    """(fixture, label, source, params) of every conversion."""
     for fixture in sorted(os.listdir(FIXTURES)):
         src = os.path.join(FIXTURES, fixture)
         if not os.path.isdir(src):
@@ -89,25 +91,35 @@ def store_hashes(convert, out_root):
                 continue
             if not has_mtp_layer(src):
                 params = without_mtp(params)
-            out = os.path.join(out_root, fixture, label)
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            p = subprocess.run(
-                [convert, src, out, "--threads", "2", "--json", *params],
-                capture_output=True,
-                text=True,
+            yield fixture, label, src, params
+    for f in sorted(os.listdir(GGUF_FIXTURES)):
+        if f.endswith(".gguf"):
+            yield f[: -len(".gguf")], "gguf", os.path.join(GGUF_FIXTURES, f), []
+
+
+def store_hashes(convert, out_root):
+    """{"fixture/params/relpath": sha256} for every store file."""
+    result = {}
+    for fixture, label, src, params in jobs():
+        out = os.path.join(out_root, fixture, label)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        p = subprocess.run(
+            [convert, src, out, "--threads", "2", "--json", *params],
+            capture_output=True,
+            text=True,
+        )
+        if p.returncode != 0:
+            sys.stderr.write(
+                f"store_bytes: {convert} {fixture} {' '.join(params)} failed:\n{p.stderr}"
             )
-            if p.returncode != 0:
-                sys.stderr.write(
-                    f"store_bytes: {convert} {fixture} {' '.join(params)} failed:\n{p.stderr}"
-                )
-                sys.exit(2)
-            for dirpath, _, files in os.walk(out):
-                for f in files:
-                    path = os.path.join(dirpath, f)
-                    rel = os.path.relpath(path, out)
-                    with open(path, "rb") as fh:
-                        digest = hashlib.sha256(fh.read()).hexdigest()
-                    result[f"{fixture}/{label}/{rel}"] = digest
+            sys.exit(2)
+        for dirpath, _, files in os.walk(out):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, out)
+                with open(path, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                result[f"{fixture}/{label}/{rel}"] = digest
     return result
 
 

@@ -281,3 +281,29 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
         "{e}"
     );
 }
+
+#[test]
+fn export_writes_back_the_same_gguf() {
+    for name in FIXTURES {
+        let (tmp, store_dir) = convert(name);
+        let out = tmp.path().join("back.gguf");
+        coli_tools::export::run(&store_dir, &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let src = std::fs::read(dir().join(format!("{name}.gguf"))).unwrap();
+        let back = std::fs::read(&out).unwrap();
+        // llama.cpp's writer packs the tensors in order at 32-byte alignment, as coli's does:
+        // the whole file comes back, metadata and tensor data byte for byte.
+        assert_eq!(back.len(), src.len(), "{name}: size");
+        assert!(
+            back == src,
+            "{name}: the exported GGUF differs from the source"
+        );
+    }
+    // A store converted from a Hugging Face checkpoint has nothing to write back.
+    let (_t, hf_store) = coli_tests::convert_fixture("qwen3_moe_bf16", "lossless_store");
+    let e = coli_tools::export::run(&hf_store, &hf_store.with_extension("gguf")).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("not converted from a GGUF"),
+        "{e:#}"
+    );
+    assert!(!hf_store.with_extension("gguf").exists());
+}

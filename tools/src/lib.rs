@@ -12,6 +12,7 @@
 /// stdout): `coli_convert::cli`, shared with coli-convert.
 pub use coli_convert::cli;
 pub mod doctor;
+pub mod export;
 pub mod info;
 pub mod kv;
 pub mod mirror;

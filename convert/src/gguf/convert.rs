@@ -110,7 +110,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         file: g.path().to_path_buf(),
         what: format!("the model its metadata describes is refused: {e}"),
     })?;
-    let files = super::tokenizer::files(&g, spec.max_position_embeddings.max(1))?;
+    let mut files = super::tokenizer::files(&g, spec.max_position_embeddings.max(1))?;
+    files.extend(super::write::export_files(&g));
 
     // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
     let mut dense = Vec::new();

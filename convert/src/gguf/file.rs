@@ -172,6 +172,11 @@ pub struct Gguf {
     pub kv: BTreeMap<String, Value>,
     /// Tensors by name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// Tensor names in file order (the first file's, then each split's).
+    pub order: Vec<String>,
+    /// The first file's key-value pairs as stored, `split.*` left out: what a GGUF written back
+    /// from the store repeats byte for byte (`write::export_files`).
+    pub kv_raw: Vec<(String, Vec<u8>)>,
 }
 
 fn gerr(path: &Path, what: impl Into<String>) -> ConvertError {
@@ -284,6 +289,8 @@ impl<'a> Cur<'a> {
 struct Header {
     version: u32,
     kv: BTreeMap<String, Value>,
+    /// Each key-value pair's bytes as stored (key string, type, value), in file order.
+    kv_raw: Vec<(String, std::ops::Range<usize>)>,
     tensors: Vec<TensorInfo>,
     header_len: usize,
 }
@@ -314,7 +321,9 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
         ));
     }
     let mut kv = BTreeMap::new();
+    let mut kv_raw = Vec::with_capacity(n_kv as usize);
     for i in 0..n_kv {
+        let start = c.pos;
         let key = c.string(&|| format!("key {i}"))?;
         let w = || format!("the value of {key}");
         let ty = c.u32(&w)?;
@@ -322,6 +331,7 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
         if kv.insert(key.clone(), v).is_some() {
             return Err(gerr(path, format!("key {key} appears twice")));
         }
+        kv_raw.push((key, start..c.pos));
     }
     let mut infos = Vec::with_capacity(n_tensors as usize);
     for i in 0..n_tensors {
@@ -365,18 +375,19 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
             ));
         };
         let n = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let nbytes =
-            match n {
-                Some(n) if dims[0] % bs == 0 => (n / bs).checked_mul(ts),
-                Some(_) => return Err(gerr(
+        let nbytes = match n {
+            Some(n) if dims[0] % bs == 0 => (n / bs).checked_mul(ts),
+            Some(_) => {
+                return Err(gerr(
                     path,
                     format!(
                         "tensor {name}: row length {} is not a multiple of {tname}'s block of {bs}",
                         dims[0]
                     ),
-                )),
-                None => None,
-            };
+                ))
+            }
+            None => None,
+        };
         if offset % align != 0 {
             return Err(gerr(
                 path,
@@ -424,9 +435,18 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
     Ok(Header {
         version,
         kv,
+        kv_raw,
         tensors,
         header_len,
     })
+}
+
+/// The key-value pairs of GGUF bytes `b` (a header without tensors will do).
+///
+/// # Errors
+/// As [`Gguf::open`] for a malformed header.
+pub(crate) fn parse_kv(path: &Path, b: &[u8]) -> Result<BTreeMap<String, Value>> {
+    Ok(parse(path, b, 0)?.kv)
 }
 
 fn open_part(path: &Path) -> Result<(GgufPart, Header)> {
@@ -504,6 +524,8 @@ impl Gguf {
         }
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
+        let mut order = Vec::new();
+        let mut kv_raw = Vec::new();
         let mut first: Option<(u32, BTreeMap<String, Value>)> = None;
         for (i, p) in paths.iter().enumerate() {
             let (part, mut h) = open_part(p)?;
@@ -521,8 +543,17 @@ impl Gguf {
                     ));
                 }
             }
+            if first.is_none() {
+                kv_raw = h
+                    .kv_raw
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with("split."))
+                    .map(|(k, r)| (k.clone(), part.map[r.clone()].to_vec()))
+                    .collect();
+            }
             for mut t in h.tensors.drain(..) {
                 t.file = i;
+                order.push(t.name.clone());
                 if let Some(old) = tensors.insert(t.name.clone(), t) {
                     return Err(gerr(
                         p,
@@ -545,6 +576,8 @@ impl Gguf {
             version,
             kv,
             tensors,
+            order,
+            kv_raw,
         })
     }
 

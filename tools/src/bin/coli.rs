@@ -60,6 +60,20 @@ enum Cmd {
     Mirror(mirror::MirrorArgs),
     /// The prefix cache's KV cache files on disk: list them (ls) or remove them (clear).
     Kv(kv::KvArgs),
+    /// Write a store back in another format: `--gguf STORE OUT.gguf` (a store converted from a
+    /// GGUF: its blocks and metadata, loadable by llama.cpp).
+    Export(ExportArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExportArgs {
+    /// Write a GGUF (the only format so far).
+    #[arg(long, required = true)]
+    gguf: bool,
+    /// The store directory.
+    store: PathBuf,
+    /// The GGUF file to write (written as OUT.partial, then renamed).
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -790,6 +804,7 @@ fn main() -> std::process::ExitCode {
             serve::run(a)
         }
         Cmd::Kv(a) => kv::kv(a),
+        Cmd::Export(a) => coli_tools::export::run(&a.store, &a.out),
         Cmd::Mirror(a) => {
             let verify = a.is_verify();
             match mirror::run(a) {
