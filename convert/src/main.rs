@@ -333,6 +333,7 @@ fn preflight_plan(cli: &Cli, encodings: Encodings, total_ram: u64) -> anyhow::Re
         plan_from_config, render, row_options, ConfigPlanArgs, USABLE_CACHE_BYTES,
     };
     let p = plan_from_config(&ConfigPlanArgs {
+        gguf: None,
         checkpoint: Some(&cli.input),
         config: None,
         total_ram,

@@ -84,6 +84,8 @@ pub struct ConfigPlan {
     pub model_type: String,
     /// Whether dtypes came from the safetensors headers (`--checkpoint`) or were assumed.
     pub dtypes_from_headers: bool,
+    /// Whether the plan is of a GGUF (`--gguf`): its types, from its header.
+    pub from_gguf: bool,
     /// `--total-ram`, bytes.
     pub total_ram_bytes: u64,
     /// Context, tokens.
@@ -233,6 +235,9 @@ pub struct ConfigPlanArgs<'a> {
     pub checkpoint: Option<&'a Path>,
     /// A config.json (no checkpoint).
     pub config: Option<&'a Path>,
+    /// A GGUF file (its header only: metadata and tensor types; `coli plan --gguf`): one row,
+    /// the GGUF's own types, as `coli-convert FILE.gguf` keeps them.
+    pub gguf: Option<&'a Path>,
     /// RAM for everything, bytes.
     pub total_ram: u64,
     /// Context, tokens; `None`: the run's default (`ModelSpec::default_context`,
@@ -282,7 +287,22 @@ pub fn row_options(r: &ConfigRow) -> String {
 /// A config.json that does not parse or that the spec refuses; an unreadable checkpoint.
 pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let ck;
+    let mut gguf = None;
     let (spec, dtypes, source, config) = match (a.checkpoint, a.config) {
+        (None, None) if a.gguf.is_some() => {
+            let path = a.gguf.expect("checked");
+            let g = crate::gguf::file::Gguf::open(path)?;
+            let config = crate::gguf::arch::config_json(&g)?;
+            let spec = ModelSpec::from_config(&config, None)
+                .with_context(|| format!("the model {} describes", path.display()))?;
+            gguf = Some(g);
+            (
+                spec,
+                Dtypes::Assumed { fp8: false },
+                path.display().to_string(),
+                config,
+            )
+        }
         (Some(dir), None) => {
             ck = crate::checkpoint::Checkpoint::open(dir)
                 .with_context(|| format!("reading checkpoint {}", dir.display()))?;
@@ -313,7 +333,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 config,
             )
         }
-        _ => bail!("give exactly one of --checkpoint DIR and --config FILE"),
+        _ => bail!("give exactly one of --checkpoint DIR, --config FILE and --gguf FILE"),
     };
     let context = a.context.unwrap_or(spec.default_context());
     if context == 0 {
@@ -372,7 +392,42 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             moe_layers += 1;
         }
     }
-    let no_hits = moe_layers * spec.top_k as u64 * main_record;
+    let mut no_hits = moe_layers * spec.top_k as u64 * main_record;
+    // A GGUF's records: each layer's three types as the file has them (they may differ by layer).
+    let mut gguf_dense = None;
+    if let Some(g) = &gguf {
+        let (mut n, mut bytes, mut per_token) = (0u64, 0u64, 0u64);
+        for s in &sets {
+            let ts = crate::gguf::arch::expert_tensors(s.layer)
+                .map(|name| g.tensor(&name).and_then(crate::gguf::convert::encoding_of));
+            let [g0, u0, d0] = ts;
+            let encs = [g0?, u0?, d0?];
+            let rec = RecordLayout::mixed(encs, spec.hidden_size, spec.moe_intermediate_size, false)
+                .record_len(ALIGNMENT) as u64;
+            n += s.count as u64;
+            bytes += s.count as u64 * rec;
+            per_token += spec.top_k as u64 * rec;
+        }
+        experts_n = n;
+        experts_bytes = bytes;
+        no_hits = per_token;
+        main_record = bytes.checked_div(n).unwrap_or(0);
+        let (mut dense, mut embed) = (0u64, 0u64);
+        for t in spec.tensors.main_dense() {
+            let Some(name) = crate::gguf::arch::gguf_name(&t.name) else {
+                continue;
+            };
+            let Some(info) = g.tensors.get(&name) else {
+                continue;
+            };
+            let b = coli_format::encoding::align_up(info.nbytes, 64) as u64;
+            dense += b;
+            if matches!(t.kind, TensorKind::Embedding | TensorKind::OutputHead) {
+                embed += b;
+            }
+        }
+        gguf_dense = Some((dense, embed));
+    }
     let kv_tok = kv_bytes_per_token(&spec);
     let fp8 = dtypes.fp8_checkpoint();
     let int4 = Encoding::Int4 { group_size: 64 };
@@ -402,11 +457,26 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             configs.push((e, false));
         }
     }
+    if gguf_dense.is_some() {
+        configs.clear();
+        configs.push((
+            Encodings::new(experts, Encoding::Bf16, Encoding::Int8),
+            true,
+        ));
+    }
     let roles = spec.tensors.linear_roles();
     let mut rows = Vec::new();
     for (enc, chosen) in configs {
         let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
-        for t in spec.tensors.dense() {
+        if let Some((d, e)) = gguf_dense {
+            (dense, embed) = (d, e);
+        }
+        for t in spec
+            .tensors
+            .dense()
+            .into_iter()
+            .filter(|_| gguf_dense.is_none())
+        {
             if t.class == TensorClass::Mtp && a.mtp.is_none() {
                 continue;
             }
@@ -446,9 +516,16 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             cached as f64 / experts_n as f64
         };
         let per_token = no_hits as f64 * (1.0 - hit);
+        let gguf_label = |l: String| {
+            if gguf_dense.is_some() {
+                "gguf".to_string()
+            } else {
+                l
+            }
+        };
         rows.push(ConfigRow {
-            dense_encoding: dense_label(&enc),
-            embeddings_encoding: enc.embeddings.map_or("source".into(), Encoding::name),
+            dense_encoding: gguf_label(dense_label(&enc)),
+            embeddings_encoding: gguf_label(enc.embeddings.map_or("source".into(), Encoding::name)),
             chosen,
             dense_bytes: dense,
             embedding_bytes: embed,
@@ -472,10 +549,23 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         source,
         model_type: spec.model_type.clone(),
         dtypes_from_headers: matches!(dtypes, Dtypes::Headers(_)),
+        from_gguf: gguf.is_some(),
         total_ram_bytes: a.total_ram,
         context,
         disk_gib_s: a.disk_gib_s,
-        expert_encoding: experts.name(),
+        expert_encoding: match &gguf {
+            Some(g) => {
+                let mut t: Vec<String> = sets
+                    .iter()
+                    .flat_map(|s| crate::gguf::arch::expert_tensors(s.layer))
+                    .filter_map(|n| g.tensors.get(&n).map(|t| t.type_name()))
+                    .collect();
+                t.sort();
+                t.dedup();
+                t.join("+")
+            }
+            None => experts.name(),
+        },
         expert_record_bytes: main_record,
         experts: experts_n,
         expert_bytes_total: experts_bytes,
@@ -505,7 +595,9 @@ pub fn render(p: &ConfigPlan) -> String {
         "{} ({}; dtypes {}): {} RAM, context {} tokens{}",
         p.source,
         p.model_type,
-        if p.dtypes_from_headers {
+        if p.from_gguf {
+            "from the GGUF header"
+        } else if p.dtypes_from_headers {
             "from the safetensors headers"
         } else {
             "assumed as published"
@@ -631,6 +723,7 @@ mod tests {
 
     fn args(config: &Path) -> ConfigPlanArgs<'_> {
         ConfigPlanArgs {
+            gguf: None,
             checkpoint: None,
             config: Some(config),
             total_ram: 25 << 30,
@@ -675,24 +768,28 @@ mod tests {
         let mixtral = repo("tests/fixtures/tiny/mixtral_fp8/config.json");
         let err = |a: ConfigPlanArgs<'_>| plan_from_config(&a).unwrap_err().to_string();
         assert!(err(ConfigPlanArgs {
+            gguf: None,
             context: Some(0),
             ..args(&oss)
         })
         .contains("--context"));
         for g in [0.0, -3.0, f64::NAN, f64::INFINITY] {
             let e = err(ConfigPlanArgs {
+                gguf: None,
                 disk_gib_s: Some(g),
                 ..args(&oss)
             });
             assert!(e.contains("--disk-gib-s"), "{g}: {e}");
         }
         let e = err(ConfigPlanArgs {
+            gguf: None,
             experts: Some(Encoding::Mxfp4),
             ..args(&mixtral)
         });
         assert!(e.contains("does not declare"), "{e}");
         // A huge context saturates instead of overflowing: no room left, not usable.
         let p = plan_from_config(&ConfigPlanArgs {
+            gguf: None,
             context: Some(usize::MAX / 2),
             ..args(&oss)
         })

@@ -252,6 +252,7 @@ fn total_ram_preflight_prints_the_plan_and_names_the_options_that_fit() {
     // A RAM size where the int4 dense + int4 embeddings configuration just keeps every expert
     // cached at 8k tokens and the bf16 default does not.
     let p = plan_from_config(&ConfigPlanArgs {
+        gguf: None,
         checkpoint: Some(&glm5()),
         config: None,
         total_ram: 1 << 30,

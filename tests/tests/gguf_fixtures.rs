@@ -307,3 +307,35 @@ fn export_writes_back_the_same_gguf() {
     );
     assert!(!hf_store.with_extension("gguf").exists());
 }
+
+#[test]
+fn plan_from_the_gguf_header_matches_the_store() {
+    for name in ["olmoe-q4_k_m", "qwen3_moe-q2_k"] {
+        let (_tmp, store_dir) = convert(name);
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint: None,
+                config: None,
+                gguf: Some(&dir().join(format!("{name}.gguf"))),
+                total_ram: 25 << 30,
+                context: Some(256),
+                disk_gib_s: Some(2.0),
+                experts: None,
+                mtp: None,
+                chosen: None,
+            },
+        )
+        .unwrap();
+        let store = open_store(&store_dir, false, IoPreference::Auto);
+        let m = store.manifest();
+        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
+        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
+        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
+        assert_eq!(p.rows.len(), 1);
+        assert_eq!(
+            p.rows[0].dense_bytes, m.dense_file.length,
+            "{name}: dense bytes"
+        );
+        assert!(p.from_gguf && p.rows[0].fits);
+    }
+}

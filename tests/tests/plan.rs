@@ -207,6 +207,7 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         let enc =
             |k: &str, default: &str| coli_tests::encoding(params[k].as_str().unwrap_or(default));
         let p = plan_from_config(&ConfigPlanArgs {
+            gguf: None,
             checkpoint: Some(&coli_tests::fixture_dir(name)),
             config: None,
             total_ram: 16 << 30,
@@ -313,6 +314,7 @@ fn plan_of_chosen_encodings_predicts_the_store() {
             ..coli_convert::Encodings::new(e("experts"), e("dense"), e("mtp"))
         };
         let plan = plan_from_config(&ConfigPlanArgs {
+            gguf: None,
             checkpoint: Some(&coli_tests::fixture_dir(name)),
             config: None,
             total_ram: 16 << 30,
@@ -418,6 +420,7 @@ fn every_plan_and_the_engine_share_the_default_context() {
     for (checkpoint, config) in [(Some(ck.as_path()), None), (None, Some(config.as_path()))] {
         let p = coli_convert::memory_plan::plan_from_config(
             &coli_convert::memory_plan::ConfigPlanArgs {
+                gguf: None,
                 checkpoint,
                 config,
                 total_ram: 8 << 30,

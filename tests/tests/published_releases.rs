@@ -105,6 +105,7 @@ fn replica_runs_listing(
     }
     let plan =
         coli_convert::memory_plan::plan_from_config(&coli_convert::memory_plan::ConfigPlanArgs {
+            gguf: None,
             checkpoint: Some(&r.dir),
             config: None,
             total_ram: 25 << 30,

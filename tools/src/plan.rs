@@ -46,7 +46,7 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 #[command(mut_arg("store", |a| a
     .required(false)
-    .required_unless_present_any(["checkpoint", "config"])
+    .required_unless_present_any(["checkpoint", "config", "gguf"])
     .default_value(".")
     .hide_default_value(true)))]
 pub struct PlanArgs {
@@ -66,6 +66,11 @@ pub struct PlanArgs {
     /// Plan from a config.json alone (dtypes assumed as published).
     #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub config: Option<PathBuf>,
+    /// Plan from a GGUF file (the first of a split GGUF's): its header only, the tensors in
+    /// their own types as `coli-convert FILE.gguf` keeps them. Takes --total-ram, --disk-gib-s
+    /// and --context as --checkpoint does.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["store", "config", "checkpoint", "experts"])]
+    pub gguf: Option<PathBuf>,
     /// With --checkpoint/--config: all the RAM the run may use (dense, KV, expert cache,
     /// runtime), e.g. 25G. Default: this machine's memory limit.
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_budget)]
@@ -159,7 +164,7 @@ pub struct Plan {
 /// # Errors
 /// As [`plan`].
 pub fn run(a: &PlanArgs) -> Result<()> {
-    if a.checkpoint.is_some() || a.config.is_some() {
+    if a.checkpoint.is_some() || a.config.is_some() || a.gguf.is_some() {
         let enc = |s: &str, flag: &str| {
             coli_convert::parse_encoding(
                 s,
@@ -178,6 +183,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             &coli_convert::memory_plan::ConfigPlanArgs {
                 checkpoint: a.checkpoint.as_deref(),
                 config: a.config.as_deref(),
+                gguf: a.gguf.as_deref(),
                 total_ram,
                 context: a.engine.context,
                 disk_gib_s: a.disk_gib_s,
