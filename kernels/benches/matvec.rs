@@ -9,6 +9,7 @@ mod timing;
 
 use std::time::Duration;
 
+use coli_format::encoding::GgmlType;
 use coli_format::{Encoding, MatrixView};
 use coli_kernels::{matmul_with, matvec_with, Isa};
 use rand::rngs::StdRng;
@@ -34,6 +35,15 @@ fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u
             .flat_map(|_| ((rng.gen_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes())
             .collect(),
         Encoding::Fp8 => (0..nb).map(|_| rng.gen::<u8>() & 0x77).collect(),
+        // ggml blocks: gguf-py's test vectors (finite f16 scales of realistic size), tiled.
+        Encoding::Ggml(t) => {
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/fixtures/gguf/vectors/"
+            );
+            let blocks = std::fs::read(format!("{path}{}.blocks", t.name())).expect("vectors");
+            blocks.iter().copied().cycle().take(nb).collect()
+        }
         _ => (0..nb).map(|_| rng.gen()).collect(),
     };
     let scales = if enc == Encoding::Mxfp4 {
@@ -67,12 +77,17 @@ fn main() {
         Encoding::Int4 { group_size: 32 },
         Encoding::Int4 { group_size: 64 },
         Encoding::Mxfp4,
+        Encoding::Ggml(GgmlType::Q8_0),
+        Encoding::Ggml(GgmlType::Q4_K),
+        Encoding::Ggml(GgmlType::Q6_K),
     ];
     // (rows, cols, tokens, label)
     let cases: &[(usize, usize, usize, &str)] = &[
         (1536, 576, 1, "expert gate/up 1536x576"),
         (576, 1536, 1, "down 576x1536"),
         (6144, 2048, 1, "6144x2048"),
+        (2048, 1024, 1, "expert down 2048x1024"),
+        (1024, 2048, 1, "expert gate/up 1024x2048"),
         (576, 1536, 2, "matmul n=2 576x1536"),
         (576, 1536, 3, "matmul n=3 576x1536"),
         (576, 1536, 4, "matmul n=4 576x1536"),
@@ -100,6 +115,9 @@ fn main() {
                 }
             }
             if rows == 49152 && !matches!(enc, Encoding::Bf16 | Encoding::Int8) {
+                continue;
+            }
+            if !cols.is_multiple_of(enc.col_multiple()) {
                 continue;
             }
             let (data, scale_bytes) = data_for(enc, rows, cols, &mut rng);

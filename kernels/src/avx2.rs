@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use coli_format::encoding::mxfp4::{e8m0_to_f32, MXFP4_BLOCK};
-use coli_format::encoding::FP8_BLOCK;
+use coli_format::encoding::{GgmlType, FP8_BLOCK};
 use coli_format::{Encoding, MatrixView};
 
 use crate::scalar::decode_cols;
@@ -643,9 +643,27 @@ macro_rules! with_src {
                 };
                 $body
             }
+            Encoding::Ggml(t @ (GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)) => {
+                let stride = t.bytes_of(cols);
+                let row = &w.data()[r * stride..(r + 1) * stride];
+                match t {
+                    GgmlType::Q8_0 => {
+                        let $src = &mut crate::avx2_ggml::Q80Src { row, b: 0, c: 0 };
+                        $body
+                    }
+                    GgmlType::Q4_K => {
+                        let $src = &mut crate::avx2_ggml::Q4KSrc::new(row);
+                        $body
+                    }
+                    _ => {
+                        let $src = &mut crate::avx2_ggml::Q6KSrc::new(row);
+                        $body
+                    }
+                }
+            }
             Encoding::Ggml(_) => {
-                // The ggml block types: the row decoded by the reference decoder (the values
-                // gguf-py's dequantization gives), then summed as f32 weights.
+                // The other ggml block types: the row decoded by the reference decoder (the
+                // values gguf-py's dequantization gives), then summed as f32 weights.
                 let mut dec = vec![0f32; nfull * 8];
                 w.decode_cols(r, 0, nfull * 8, &mut dec);
                 let bytes: &[u8] = zerocopy::IntoBytes::as_bytes(&dec[..]);

@@ -51,6 +51,8 @@ pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_ggml;
+#[cfg(target_arch = "x86_64")]
 mod avx2_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

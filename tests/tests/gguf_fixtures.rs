@@ -15,11 +15,12 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 5] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
     "qwen3_moe-iq4_xs",
+    "mixtral-q4_k_m",
 ];
 
 fn dir() -> PathBuf {
@@ -253,10 +254,19 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     // An architecture coli does not convert from GGUF.
     let e = refused("arch.gguf", |b| {
         let at = after(b, b"general.architecture") + 4 + 8;
+        b[at..at + 5].copy_from_slice(b"bloom");
+    });
+    assert!(
+        e.contains("general.architecture") && e.contains("bloom"),
+        "{e}"
+    );
+    // A llama GGUF without experts (a dense model).
+    let e = refused("dense.gguf", |b| {
+        let at = after(b, b"general.architecture") + 4 + 8;
         b[at..at + 5].copy_from_slice(b"llama");
     });
     assert!(
-        e.contains("general.architecture") && e.contains("llama"),
+        e.contains("llama.expert_count") && e.contains("Mixture-of-Experts"),
         "{e}"
     );
     // Metadata contradicting the tensors' shapes.

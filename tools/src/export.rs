@@ -54,6 +54,7 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
     };
     let tensors: Vec<TensorEntry> = serde_json::from_slice(&list)
         .with_context(|| format!("{}: files/{TENSORS_FILE}", store_dir.display()))?;
+    let config = store.manifest().config.clone();
     let alignment = blob_alignment(&kv, &store_dir.join("files").join(METADATA_FILE))?;
     // GGUF name -> store dense name.
     let dense: HashMap<String, String> = store
@@ -107,9 +108,17 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
                 }
             }
             None => {
-                let d = store.dense(&dense[&t.name]).map_err(store_err)?;
+                let name = &dense[&t.name];
+                let d = store.dense(name).map_err(store_err)?;
                 check(d.encoding)?;
-                buf.extend_from_slice(d.data);
+                // Rows the GGUF's converter reordered (llama's q/k) go back to its order.
+                match coli_convert::gguf::arch::row_permutation(&config, name, d.shape[0]) {
+                    Some(perm) => buf.extend_from_slice(&coli_convert::gguf::arch::permute_rows(
+                        d.data,
+                        &coli_convert::gguf::arch::inverse(&perm),
+                    )),
+                    None => buf.extend_from_slice(d.data),
+                }
             }
         }
         Ok(())

@@ -4,17 +4,23 @@
 //!
 //! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
-//! `Qwen2MoeModel`) and `src/llama-model.cpp` reads (`LLM_KV_*`); the tensor names are gguf-py's
-//! `TensorNameMap` (`tensor_mapping.py`) for `MODEL_ARCH.OLMOE` and `MODEL_ARCH.QWEN3MOE`
-//! (`constants.py` `MODEL_TENSORS`). Neither architecture's converter permutes q/k rows (only
-//! `LlamaModel` does), so every tensor is the checkpoint's, bit for bit up to its type.
+//! `Qwen2MoeModel`, `LlamaModel` for Mixtral) and `src/llama-model.cpp` reads (`LLM_KV_*`); the
+//! tensor names are gguf-py's `TensorNameMap` (`tensor_mapping.py`) for `MODEL_ARCH.OLMOE`,
+//! `QWEN3MOE` and `LLAMA` (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
+//! `q_proj` and `k_proj` (`LlamaModel.permute`: each head's two halves interleaved, for
+//! llama.cpp's RoPE); [`row_permutation`] undoes it, moving whole rows of blocks, so every
+//! tensor is still the checkpoint's bit for bit up to its type.
 
 use super::file::{Gguf, Value};
 use crate::error::{ConvertError, Result};
 use serde_json::{json, Value as Json};
 
 /// The architectures coli converts: (`general.architecture`, Hugging Face `model_type`).
-pub const ARCHITECTURES: &[(&str, &str)] = &[("olmoe", "olmoe"), ("qwen3moe", "qwen3_moe")];
+pub const ARCHITECTURES: &[(&str, &str)] = &[
+    ("olmoe", "olmoe"),
+    ("qwen3moe", "qwen3_moe"),
+    ("llama", "mixtral"),
+];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
     ConvertError::Gguf {
@@ -52,6 +58,12 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     let arch = architecture(g)?;
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    if arch == "llama" && g.get("llama.expert_count").is_none() {
+        return Err(cerr(
+            g,
+            "a llama GGUF without experts (no llama.expert_count): coli runs Mixture-of-Experts models (Mixtral-style llama GGUFs have experts)",
+        ));
+    }
     let hidden = u("embedding_length")?;
     let layers = u("block_count")?;
     let heads = u("attention.head_count")?;
@@ -140,6 +152,17 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             o.insert("decoder_sparse_step".into(), 1.into());
             o.insert("mlp_only_layers".into(), json!([]));
         }
+        "llama" => {
+            // A llama GGUF with experts is Mixtral (convert_hf_to_gguf.py's LlamaModel for
+            // MixtralForCausalLM): softmax routing renormalized over the top-k, as transformers'.
+            o.insert("num_local_experts".into(), experts.into());
+            o.remove("num_experts");
+            o.insert("intermediate_size".into(), u("feed_forward_length")?.into());
+            o.insert("sliding_window".into(), Json::Null);
+            if g.get(&k("attention.key_length")).is_some() {
+                o.insert("head_dim".into(), u("attention.key_length")?.into());
+            }
+        }
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
@@ -168,10 +191,58 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.o_proj" => "attn_output",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
-        "mlp.gate" => "ffn_gate_inp",
+        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// For a tensor whose rows the architecture's converter reordered, the reordering to undo:
+/// row `q` of the checkpoint tensor (the spec's name `hf`, `rows` rows) is row `perm[q]` of the
+/// GGUF tensor. llama's `q_proj` (heads = `num_attention_heads`) and `k_proj` (heads =
+/// `num_key_value_heads`): GGUF row `h hd + 2j + s` holds checkpoint row `h hd + s hd/2 + j`.
+/// None for every other tensor.
+pub fn row_permutation(config: &Json, hf: &str, rows: usize) -> Option<Vec<usize>> {
+    if config["model_type"] != "mixtral" {
+        return None;
+    }
+    let heads = if hf.ends_with("self_attn.q_proj.weight") {
+        config["num_attention_heads"].as_u64()?
+    } else if hf.ends_with("self_attn.k_proj.weight") {
+        config["num_key_value_heads"].as_u64()?
+    } else {
+        return None;
+    } as usize;
+    let hd = rows / heads;
+    let mut perm = vec![0; rows];
+    for h in 0..heads {
+        for s in 0..2 {
+            for j in 0..hd / 2 {
+                perm[h * hd + s * hd / 2 + j] = h * hd + 2 * j + s;
+            }
+        }
+    }
+    Some(perm)
+}
+
+/// Rows of `data` (`perm.len()` rows of equal length) in the order `perm` gives: output row `q`
+/// is input row `perm[q]`.
+pub fn permute_rows(data: &[u8], perm: &[usize]) -> Vec<u8> {
+    let rb = data.len() / perm.len().max(1);
+    let mut out = Vec::with_capacity(data.len());
+    for &p in perm {
+        out.extend_from_slice(&data[p * rb..(p + 1) * rb]);
+    }
+    out
+}
+
+/// The inverse of a permutation.
+pub fn inverse(perm: &[usize]) -> Vec<usize> {
+    let mut inv = vec![0; perm.len()];
+    for (q, &p) in perm.iter().enumerate() {
+        inv[p] = q;
+    }
+    inv
 }
 
 /// The stacked expert tensors of layer `layer`: gate, up, down (`[E, I, H]`, `[E, I, H]`,

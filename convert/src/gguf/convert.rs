@@ -269,7 +269,15 @@ pub fn run(opts: &Options) -> Result<Report> {
     if let Some(info) = &resumed {
         report.bytes_skipped = info.bytes_kept;
     }
-    let r = write_all(&g, &dense, &layers, &files, &mut writer, &mut report);
+    let r = write_all(
+        &g,
+        &config,
+        &dense,
+        &layers,
+        &files,
+        &mut writer,
+        &mut report,
+    );
     if let Err(e) = r {
         drop(writer);
         if e.is_bad_data() {
@@ -290,6 +298,7 @@ type Layer<'a> = (
 
 fn write_all(
     g: &Gguf,
+    config: &serde_json::Value,
     dense: &[DenseCopy<'_>],
     layers: &[Layer<'_>],
     files: &[(String, Vec<u8>)],
@@ -302,7 +311,10 @@ fn write_all(
             continue;
         }
         let (rows, cols) = matrix_dims(&d.shape).expect("checked");
-        let data = g.data(d.t).to_vec();
+        let data = match arch::row_permutation(config, &d.name, rows) {
+            Some(perm) => arch::permute_rows(g.data(d.t), &perm),
+            None => g.data(d.t).to_vec(),
+        };
         let m = EncodedMatrix::new(d.encoding, rows, cols, data, Vec::new());
         writer.add_dense(&d.name, &d.shape, &m)?;
         g.release(d.t, 0, d.t.nbytes);

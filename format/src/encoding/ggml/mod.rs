@@ -183,6 +183,19 @@ impl GgmlType {
     }
 }
 
+/// The 8 six-bit scales and 8 six-bit mins of a q4_k or q5_k block, from its 12 packed bytes
+/// (bytes 4..16 of the block): the unpacking the reference decode uses, for kernels.
+pub fn q4_k_scale_min(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    q4_k::scale_min(packed)
+}
+
+/// The f16 at byte `at` of `b` (little-endian) widened to f32, exactly: a block's `d`, `dmin`
+/// or `m`, as the reference decode reads it.
+#[inline]
+pub fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16(b, at)
+}
+
 /// IEEE half-precision bits to f32 (exact).
 #[inline]
 pub(crate) fn f16(b: &[u8], at: usize) -> f32 {
