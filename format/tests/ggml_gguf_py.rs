@@ -58,3 +58,23 @@ fn every_type_decodes_as_gguf_py() {
         }
     }
 }
+
+#[test]
+fn integer_forms_give_the_reference_values() {
+    for t in ALL.into_iter().filter(|t| t.code_group().is_some()) {
+        let name = t.name();
+        let blocks = std::fs::read(vectors().join(format!("{name}.blocks"))).expect(name);
+        let g = t.code_group().unwrap();
+        for blk in blocks.chunks_exact(t.type_size()) {
+            let mut want = vec![0f32; t.block_size()];
+            t.decode_block(blk, &mut want);
+            let (mut q, mut a, mut m) = (vec![0i8; t.block_size()], [0f32; 16], [0f32; 16]);
+            t.codes(blk, &mut q, &mut a, &mut m);
+            for c in 0..t.block_size() {
+                let v = a[c / g] * q[c] as f32;
+                let v = if t.has_offset() { v + m[c / g] } else { v };
+                assert_eq!(v.to_bits(), want[c].to_bits(), "{name} column {c}");
+            }
+        }
+    }
+}

@@ -157,8 +157,9 @@ pub fn numerics_id(isa: Isa) -> &'static str {
 /// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
 /// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
 /// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
-/// group), and `+q8a-r1` under [`Numerics::Q8a`] (the integer products are the same on every
-/// instruction set; the f32 products of the other matrices are not). Two engines whose kernels
+/// group), and `+q8a-r2` under [`Numerics::Q8a`] (the integer products are the same on every
+/// instruction set; the f32 products of the other matrices are not; r2: the ggml block types
+/// follow the rule too, where r1 ran them on f32 activations). Two engines whose kernels
 /// have the same numerics id give the same bits; anything that persists computed numbers (the
 /// KV cache's file identity, docs/KV_CACHE.md) keys on it.
 pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
@@ -166,9 +167,9 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
         (Isa::Scalar, Numerics::Exact) => "scalar",
         (Isa::Avx2Fma, Numerics::Exact) => "avx2-fma",
         (Isa::Avx512, Numerics::Exact) => "avx512-r2",
-        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r1",
-        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r1",
-        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r1",
+        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r2",
+        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r2",
+        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r2",
     }
 }
 
@@ -217,7 +218,12 @@ fn q8a_chunk(
     r0: usize,
     yt: &mut [f32],
 ) {
-    match q8a_path(isa) {
+    // The ggml types run the scalar twin on every instruction set (the same bits).
+    let path = match kind {
+        q8a::Kind::Ggml(_) => Q8aPath::Scalar,
+        _ => q8a_path(isa),
+    };
+    match path {
         #[cfg(target_arch = "x86_64")]
         p @ (Q8aPath::Vnni | Q8aPath::Avx2) => {
             // SAFETY: `require(isa)` checked AVX2+FMA (and AVX-512F for `Isa::Avx512`); the

@@ -1,10 +1,11 @@
-//! Integer-activation products (numerics `q8a`, revision 1): the activations quantized to int8
+//! Integer-activation products (numerics `q8a`, revision 2): the activations quantized to int8
 //! per block of 32, integer dot products with the weights' integer codes, f32 scales applied
 //! per run of 4 columns in a fixed order. Every instruction set gives the scalar twin's bits.
 //!
 //! ## The rule (docs/ENGINE.md, "Precision")
-//! Applies to int8 matrices and int4 matrices with group size 32 or a multiple of 64 dividing
-//! `cols`, with `cols` a multiple of 64 (every other matrix keeps its f32 kernel).
+//! Applies to int8 matrices, int4 matrices with group size 32 or a multiple of 64 dividing
+//! `cols`, and (revision 2) the ggml block types with integer codes (every type but f16), with
+//! `cols` a multiple of 64 (every other matrix keeps its f32 kernel).
 //!
 //! 1. **Activations**, per token, per block of 32 consecutive columns `B`:
 //!    `amax = max |x_c|` (f32); if `amax == 0` then `d = 0` and every `q_c = 0`; else
@@ -19,12 +20,20 @@
 //!    code or the int4 code minus 8. The lane's multiplier is `m = d_B` (int8) or
 //!    `m = d_B * s_g` (int4: the group scale, one f32 rounding). Accumulator `j` (of 16, from
 //!    0.0) becomes `fma(m, p, acc_j)` (one rounding), chunks in column order.
+//!    ggml types (columns in order, lane `j` = columns `4j .. 4j + 3` of the chunk, as int8):
+//!    each block's integer form (`GgmlType::codes`: codes `q_c`, a scale `a_g` and for q4_1,
+//!    q5_1, q2_k, q4_k, q5_k an offset `m_g` per group of 16 or 32 columns, so that the weight
+//!    is `a_g q_c (+ m_g)`); per lane `p = sum (q_c x_c)` and `s = sum x_c` (the activation
+//!    codes), exact in i32; `acc_j = fma(d_B * a_g, p, acc_j)`, then for a type with offsets
+//!    `acc_j = fma(d_B * m_g, s, acc_j)`. This is llama.cpp's pairing of its block types with
+//!    q8 activations, in coli's fixed order; it runs the scalar twin on every instruction set.
 //! 4. **Sum**: `v8_i = a_i + a_{i+8}`, `v4_i = v8_i + v8_{i+4}`, `v2_i = v4_i + v4_{i+2}`,
 //!    `r = v2_0 + v2_1`; int8 then `y = r * s_row` (the row scale).
 //!
 //! The oracle (tests/fixtures) emulates step 1 exactly in torch float32 and takes the rest as
 //! an f64 product of the dequantized weights with `d * q`: steps 2-4 only round in f32.
 
+use coli_format::encoding::GgmlType;
 use coli_format::{Encoding, MatrixView};
 
 /// Columns per activation block (one f32 scale each).
@@ -41,6 +50,8 @@ pub(crate) enum Kind {
     Int8,
     /// int4 codes (offset 8), one f32 scale per group of `group` columns.
     Int4 { group: usize },
+    /// A ggml block type's integer form (rule step 3).
+    Ggml(GgmlType),
 }
 
 /// The rule's kind for `w`, None when `w` keeps its f32 kernel (see the module doc).
@@ -56,6 +67,7 @@ pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
             (g == 32 || (g > 0 && g.is_multiple_of(CHUNK) && cols.is_multiple_of(g)))
                 .then_some(Kind::Int4 { group: g })
         }
+        Encoding::Ggml(t) => t.code_group().map(|_| Kind::Ggml(t)),
         _ => None,
     }
 }
@@ -63,7 +75,7 @@ pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
 /// Column (within its chunk) of element `i` (0..4) of lane `j` (0..16).
 fn lane_col(kind: Kind, j: usize, i: usize) -> usize {
     match kind {
-        Kind::Int8 => 4 * j + i,
+        Kind::Int8 | Kind::Ggml(_) => 4 * j + i,
         Kind::Int4 { .. } if j < 8 => 8 * j + 2 * i,
         Kind::Int4 { .. } => 8 * (j - 8) + 2 * i + 1,
     }
@@ -140,6 +152,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
     let offset = match kind {
         Kind::Int8 => -128,
         Kind::Int4 { .. } => -8,
+        Kind::Ggml(_) => 0,
     };
     let mut qn = [0i8; CHUNK];
     for t in 0..n {
@@ -153,7 +166,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
             let d1 = quantize_block(&xk[BLOCK..], &mut qn[BLOCK..]);
             let qk = &mut qt[k * CHUNK..(k + 1) * CHUNK];
             match kind {
-                Kind::Int8 => qk.copy_from_slice(&qn),
+                Kind::Int8 | Kind::Ggml(_) => qk.copy_from_slice(&qn),
                 Kind::Int4 { .. } => {
                     for c in 0..CHUNK / 2 {
                         qk[c] = qn[2 * c];
@@ -165,7 +178,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
                 let s: i32 = qk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum();
                 ct[k * LANES + j] = offset * s;
                 let block = match kind {
-                    Kind::Int8 => j / 8,
+                    Kind::Int8 | Kind::Ggml(_) => j / 8,
                     Kind::Int4 { .. } => (j % 8) / 4,
                 };
                 dt[k * LANES + j] = if block == 0 { d0 } else { d1 };
@@ -222,6 +235,38 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
                     }
                     let m = d[k * LANES + j] * srow[group_of(group, k, j)];
                     *a = m.mul_add(p as f32, *a);
+                }
+            }
+            sum16(&acc)
+        }
+        Kind::Ggml(t) => {
+            let (bs, ts) = (t.block_size(), t.type_size());
+            let stride = t.bytes_of(cols);
+            let row = &w.data()[r * stride..(r + 1) * stride];
+            let g = t.code_group().expect("kind() admits integer types only");
+            let offset = t.has_offset();
+            let (mut codes, mut a, mut m) = ([0i8; 256], [0f32; 16], [0f32; 16]);
+            for blk in 0..cols / bs {
+                t.codes(
+                    &row[blk * ts..(blk + 1) * ts],
+                    &mut codes[..bs],
+                    &mut a,
+                    &mut m,
+                );
+                for c0 in (0..bs).step_by(4) {
+                    let col = blk * bs + c0;
+                    let (k, j) = (col / CHUNK, (col % CHUNK) / 4);
+                    let (mut p, mut sx) = (0i32, 0i32);
+                    for i in 0..4 {
+                        let qx = q[col + i] as i32;
+                        p += codes[c0 + i] as i32 * qx;
+                        sx += qx;
+                    }
+                    let dl = d[k * LANES + j];
+                    acc[j] = (dl * a[c0 / g]).mul_add(p as f32, acc[j]);
+                    if offset {
+                        acc[j] = (dl * m[c0 / g]).mul_add(sx as f32, acc[j]);
+                    }
                 }
             }
             sum16(&acc)

@@ -70,6 +70,7 @@ fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
         assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
     }
     let need = match kind {
+        Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
         Kind::Int4 { .. } => 32 * chunks,
         Kind::Int8 => 64 * chunks,
     };
@@ -104,6 +105,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize>(
         for r in 0..R {
             let (codes, scales) = rows[r];
             match kind {
+                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int4 { group } => {
                     // SAFETY: 32 readable bytes at `32 k` (asserted above).
                     let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
@@ -169,6 +171,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize>(
         for t in 0..T {
             let v = sum16_halves(lo[r][t], hi[r][t]);
             out[r][t] = match kind {
+                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].1[0],
                 Kind::Int4 { .. } => v,
             };
@@ -214,6 +217,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
             // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128: `corr` holds
             // the matching `-8` or `-128` times each lane's sum of q) and the group scales.
             let (w, s) = match kind {
+                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int4 { group } => {
                     // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch of any
                     // address is allowed (it never faults).
@@ -265,6 +269,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
             let v = sum16_halves(lo, hi);
             out[r][t] = match kind {
+                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].1[0],
                 Kind::Int4 { .. } => v,
             };
@@ -313,6 +318,7 @@ unsafe fn matvec_avx2(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &
 fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     let cols = w.cols();
     match kind {
+        Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
         Kind::Int8 => (&w.data()[r * cols..(r + 1) * cols], &w.scales()[r..r + 1]),
         Kind::Int4 { group } => {
             let ng = cols / group;

@@ -23,3 +23,19 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+/// The integer form of a block: group `g` of 32 has `w = a[g] * q`, `a[g] = dl`.
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+    let d = super::f16(b, 0);
+    let sh = u16::from_le_bytes([b[2], b[3]]);
+    for g in 0..8 {
+        let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0x0F;
+        let hi = ((sh >> (2 * g)) & 3) as u8;
+        a[g] = d * ((lo | hi << 4) as i32 - 32) as f32;
+        for j in 0..16 {
+            let v = b[8 + 16 * g + j];
+            q[32 * g + j] = KVALUES[(v & 0x0F) as usize];
+            q[32 * g + j + 16] = KVALUES[(v >> 4) as usize];
+        }
+    }
+}

@@ -174,6 +174,51 @@ impl GgmlType {
         }
     }
 
+    /// Columns per scale of the type's integer form ([`GgmlType::codes`]): 16 (q2_k, q3_k,
+    /// q6_k), 32 (the others), None for f16 (no integer codes).
+    pub fn code_group(self) -> Option<usize> {
+        match self {
+            GgmlType::F16 => None,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => Some(16),
+            _ => Some(32),
+        }
+    }
+
+    /// Whether the integer form has an offset per group (`w = a q + m`): q4_1, q5_1, q2_k,
+    /// q4_k, q5_k.
+    pub fn has_offset(self) -> bool {
+        matches!(
+            self,
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2_K | GgmlType::Q4_K | GgmlType::Q5_K
+        )
+    }
+
+    /// The integer form of one block (the integer-activation kernels' input): `q` (block_size
+    /// codes), and per group of [`GgmlType::code_group`] columns the f32 scale `a` and, when
+    /// [`GgmlType::has_offset`], the offset `m`, such that the reference decode of column `c` is
+    /// `a[g] * q[c]` (`+ m[g]`) with `g = c / code_group`, the same f32 operations (checked for
+    /// every type against gguf-py's vectors). `a` and `m` hold at least 16 values.
+    ///
+    /// # Panics
+    /// For f16, which has no integer form.
+    pub fn codes(self, b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        match self {
+            GgmlType::F16 => panic!("f16 has no integer codes"),
+            GgmlType::Q4_0 => q4_0::codes(b, q, a, m),
+            GgmlType::Q4_1 => q4_1::codes(b, q, a, m),
+            GgmlType::Q5_0 => q5_0::codes(b, q, a, m),
+            GgmlType::Q5_1 => q5_1::codes(b, q, a, m),
+            GgmlType::Q8_0 => q8_0::codes(b, q, a, m),
+            GgmlType::Q2_K => q2_k::codes(b, q, a, m),
+            GgmlType::Q3_K => q3_k::codes(b, q, a, m),
+            GgmlType::Q4_K => q4_k::codes(b, q, a, m),
+            GgmlType::Q5_K => q5_k::codes(b, q, a, m),
+            GgmlType::Q6_K => q6_k::codes(b, q, a, m),
+            GgmlType::IQ4_NL => iq4_nl::codes(b, q, a, m),
+            GgmlType::IQ4_XS => iq4_xs::codes(b, q, a, m),
+        }
+    }
+
     /// Decodes a run of whole blocks (`bytes_of(out.len())` bytes) into `out`.
     pub fn decode_blocks(self, b: &[u8], out: &mut [f32]) {
         let (bs, ts) = (self.block_size(), self.type_size());

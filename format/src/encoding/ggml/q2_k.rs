@@ -17,3 +17,17 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         *o = dl * q as f32 - ml;
     }
 }
+
+/// The integer form of a block: group `g` of 16 has `w = a[g] * q + m[g]`, `a[g] = dl`,
+/// `m[g] = -ml` (`dl * q - ml` is `dl * q + (-ml)` in IEEE arithmetic).
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+    let (d, dmin) = (super::f16(b, 80), super::f16(b, 82));
+    for g in 0..16 {
+        a[g] = d * (b[g] & 0x0F) as f32;
+        m[g] = -(dmin * (b[g] >> 4) as f32);
+    }
+    for (e, o) in q.iter_mut().enumerate() {
+        let (h, s, j) = (e / 128, (e / 32) % 4, e % 32);
+        *o = ((b[16 + 32 * h + j] >> (2 * s)) & 3) as i8;
+    }
+}

@@ -24,3 +24,19 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         *o = dl[e / 16] * (low - ((high ^ 1) << 2)) as f32;
     }
 }
+
+/// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = dl`, `q` in -4..3.
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+    let d = super::f16(b, 108);
+    for (g, v) in a.iter_mut().enumerate().take(16) {
+        let lo = (b[96 + g % 8] >> (4 * (g / 8))) & 0x0F;
+        let hi = (b[104 + g % 4] >> (2 * (g / 4))) & 3;
+        *v = d * ((lo | hi << 4) as i32 - 32) as f32;
+    }
+    for (e, o) in q.iter_mut().enumerate() {
+        let (h, s, j) = (e / 128, (e / 32) % 4, e % 32);
+        let low = ((b[32 + 32 * h + j] >> (2 * s)) & 3) as i8;
+        let high = ((b[e % 32] >> (e / 32)) & 1) as i8;
+        *o = low - ((high ^ 1) << 2);
+    }
+}

@@ -12,3 +12,13 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         out[j + 16] = d * hi as f32 + m;
     }
 }
+
+/// The integer form of a block: `w = a[0] * q + m[0]`.
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+    (a[0], m[0]) = (super::f16(b, 0), super::f16(b, 2));
+    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    for j in 0..16 {
+        q[j] = ((b[8 + j] & 0x0F) as u32 | ((qh >> j) & 1) << 4) as i8;
+        q[j + 16] = ((b[8 + j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i8;
+    }
+}

@@ -19,3 +19,19 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+/// The integer form of a block: as q4_k with 5-bit codes.
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+    let (d, dmin) = (super::f16(b, 0), super::f16(b, 2));
+    let (sc, mn) = super::q4_k::scale_min(&b[4..16]);
+    for g in 0..8 {
+        a[g] = d * sc[g] as f32;
+        m[g] = -(dmin * mn[g] as f32);
+        let (i, s) = (g / 2, g % 2);
+        for j in 0..32 {
+            let lo = (b[48 + 32 * i + j] >> (4 * s)) & 0x0F;
+            let hi = (b[16 + j] >> g) & 1;
+            q[32 * g + j] = (lo | hi << 4) as i8;
+        }
+    }
+}

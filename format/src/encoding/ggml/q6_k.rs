@@ -17,3 +17,18 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         *o = (d * (sc[e / 16] as i8) as f32) * q as f32;
     }
 }
+
+/// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = d * scales[g]`,
+/// `q` in -32..31.
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+    let d = super::f16(b, 208);
+    for (g, v) in a.iter_mut().enumerate().take(16) {
+        *v = d * (b[192 + g] as i8) as f32;
+    }
+    for (e, o) in q.iter_mut().enumerate() {
+        let (h, k) = (e / 128, e % 128);
+        let lo = (b[64 * h + k % 64] >> (4 * (k / 64))) & 0x0F;
+        let hi = (b[128 + 32 * h + k % 32] >> (2 * (k / 32))) & 3;
+        *o = (lo | hi << 4) as i8 - 32;
+    }
+}

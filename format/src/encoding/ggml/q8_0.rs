@@ -7,3 +7,11 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
         *o = (q as i8) as f32 * d;
     }
 }
+
+/// The integer form of a block: `w = a[0] * q` (the reference's `q * d`, the same product).
+pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+    a[0] = super::f16(b, 0);
+    for (o, &v) in q.iter_mut().zip(&b[2..34]) {
+        *o = v as i8;
+    }
+}

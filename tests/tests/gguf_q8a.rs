@@ -1,0 +1,67 @@
+//! GGUF stores under the integer-activation numerics (`--numerics q8a`, rule revision 2: the
+//! ggml block types with integer codes take int8 activations per block of 32, as llama.cpp
+//! pairs them with q8 activations) against transformers with the rule's activation step
+//! emulated on the input of every quantized product (`tests/fixtures/gguf/make_gguf_fixtures.py`
+//! `install_q8a`): greedy 32, teacher-forced top-1, last logits within 1e-3; the expected
+//! logits moved from the exact numerics' by more than the tolerance, and the engine's are nearer
+//! the q8a expectation than the exact one. (Its own binary: the numerics are process-wide.)
+
+use coli_convert::{Encodings, Options};
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_format::Encoding;
+use coli_kernels::Numerics;
+use coli_store::IoPreference;
+use coli_tests::{floats, greedy, ids, max_abs_diff, open_store, top1};
+use serde_json::Value;
+use std::path::Path;
+
+#[test]
+fn gguf_stores_match_transformers_under_q8a() {
+    coli_kernels::set_numerics(Numerics::Q8a);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf");
+    for name in [
+        "olmoe-q4_k_m",
+        "olmoe-q8_0",
+        "qwen3_moe-q2_k",
+        "qwen3_moe-iq4_xs",
+        "mixtral-q4_k_m",
+    ] {
+        let exp: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap())
+                .unwrap();
+        let q = &exp["q8a"];
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("store");
+        coli_convert::gguf::run(&Options {
+            input: dir.join(format!("{name}.gguf")),
+            output: out.clone(),
+            encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+            threads: Some(1),
+            progress: false,
+        })
+        .unwrap();
+        let store = open_store(&out, true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&q["greedy"]),
+            "{name}: q8a greedy 32 tokens"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&q["last_logits"]));
+        assert!(d < 1e-3, "{name}: q8a last logits differ by {d}");
+        let to_exact = max_abs_diff(&last, &floats(&exp["last_logits"]));
+        assert!(
+            q["moved_from_exact"].as_f64().unwrap() > 1e-2 && to_exact > 10.0 * d,
+            "{name}: the engine ({d} from q8a, {to_exact} from exact) does not tell the numerics apart"
+        );
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&q["teacher_top1"]),
+            "{name}: q8a teacher-forced top-1"
+        );
+    }
+}
