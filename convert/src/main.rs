@@ -153,7 +153,16 @@ fn real_main() -> anyhow::Result<()> {
         threads: cli.threads,
         progress: !cli.json,
     };
-    let report = run(&opts)
+    finish(&cli, run(&opts))
+}
+
+/// Reports a conversion's outcome: on error what became of the partial store (and the error,
+/// in context); else the resume counts on stderr and the report on stdout (text or `--json`).
+fn finish(
+    cli: &Cli,
+    result: Result<coli_convert::Report, coli_convert::ConvertError>,
+) -> anyhow::Result<()> {
+    let report = result
         .inspect_err(|e| say_what_was_kept(&cli.output, e))
         .with_context(|| {
             format!(
@@ -164,8 +173,8 @@ fn real_main() -> anyhow::Result<()> {
         })?;
     if report.experts_skipped > 0 || report.dense_skipped > 0 {
         eprintln!(
-            "resumed: skipped {} experts ({} bytes)",
-            report.experts_skipped, report.bytes_skipped
+            "resumed: skipped {} experts ({} bytes) and {} dense tensors",
+            report.experts_skipped, report.bytes_skipped, report.dense_skipped
         );
     }
     if cli.json {
@@ -217,27 +226,7 @@ fn convert_gguf(cli: &Cli) -> anyhow::Result<()> {
         threads: cli.threads,
         progress: !cli.json,
     };
-    let report = coli_convert::gguf::run(&opts)
-        .inspect_err(|e| say_what_was_kept(&cli.output, e))
-        .with_context(|| {
-            format!(
-                "converting {} into {}",
-                cli.input.display(),
-                cli.output.display()
-            )
-        })?;
-    if report.experts_skipped > 0 || report.dense_skipped > 0 {
-        eprintln!(
-            "resumed: skipped {} experts and {} dense tensors",
-            report.experts_skipped, report.dense_skipped
-        );
-    }
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.to_text());
-    }
-    Ok(())
+    finish(cli, coli_convert::gguf::run(&opts))
 }
 
 /// `--mtp ENCODING` for a model whose config.json declares no MTP layer

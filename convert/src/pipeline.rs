@@ -182,6 +182,40 @@ impl Drop for BuildLock {
     }
 }
 
+/// Takes the build lock of `output` after checking that its parent directory exists and, unless
+/// the store is already complete, that the file system has room for `estimated` bytes more than
+/// a partial store already holds.
+///
+/// # Errors
+/// [`ConvertError::Usage`] for a missing parent directory; [`ConvertError::DiskSpace`]; the
+/// lock's errors ([`BuildLock::take`]).
+pub(crate) fn take_output(output: &Path, estimated: u64) -> Result<BuildLock> {
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(ConvertError::Usage(format!(
+            "{}: the parent directory of OUTPUT_STORE does not exist; create it first",
+            parent.display()
+        )));
+    }
+    let lock = BuildLock::take(output)?;
+    if !output.join("MANIFEST").exists() {
+        let have = dir_size(&partial_path(output));
+        let needed = estimated.saturating_sub(have);
+        let available = free_bytes(&parent)?;
+        if needed > available {
+            return Err(ConvertError::DiskSpace {
+                dir: parent,
+                needed,
+                available,
+            });
+        }
+    }
+    Ok(lock)
+}
+
 /// `TARGET.partial`, where the writer builds the store (docs/FORMAT.md section 1).
 pub fn partial_path(target: &Path) -> PathBuf {
     let mut s = target.as_os_str().to_os_string();
@@ -271,29 +305,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     }
 
     // Disk space (the target's parent must exist).
-    let parent = match opts.output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !parent.is_dir() {
-        return Err(ConvertError::Usage(format!(
-            "{}: the parent directory of OUTPUT_STORE does not exist; create it first",
-            parent.display()
-        )));
-    }
-    let _lock = BuildLock::take(&opts.output)?;
-    if !opts.output.join("MANIFEST").exists() {
-        let have = dir_size(&partial_path(&opts.output));
-        let needed = plan.estimated_out.saturating_sub(have);
-        let available = free_bytes(&parent)?;
-        if needed > available {
-            return Err(ConvertError::DiskSpace {
-                dir: parent,
-                needed,
-                available,
-            });
-        }
-    }
+    let _lock = take_output(&opts.output, plan.estimated_out)?;
     failpoint::hit("convert.after_preflight");
 
     let spec = StoreSpec {

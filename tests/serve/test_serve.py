@@ -159,6 +159,19 @@ def metrics(server):
     return out
 
 
+def settle(server, timeout=10.0):
+    """Waits until nothing runs or waits and the counters stop moving (a request's tokens are
+    counted when the worker retires it, which may be just after its client has the response,
+    or, for a cancelled one, after the cancellation is seen): deltas taken after this count
+    only what comes next."""
+    def still():
+        a = metrics(server)
+        time.sleep(0.2)
+        b = metrics(server)
+        return a == b and b["coli_running_requests"] == 0 and b["coli_queue_depth"] == 0
+    return wait_for(still, timeout)
+
+
 def wait_for(cond, timeout=10.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -213,6 +226,9 @@ def kv_restart_checks(store):
     try:
         before = metrics(second)
         got = client(second).chat.completions.create(model=MODEL, messages=conv2, max_tokens=16, temperature=0)
+        wait_for(lambda: metrics(second)["coli_prompt_tokens_total"] - before["coli_prompt_tokens_total"]
+                 >= got.usage.prompt_tokens, 10)
+        settle(second)
         after = metrics(second)
         cached = got.usage.prompt_tokens_details.cached_tokens
         prefilled = after["coli_prefill_tokens_total"] - before["coli_prefill_tokens_total"]
@@ -556,6 +572,7 @@ def run_checks(server, q, question):
     t1 = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0)
     conv = question + [{"role": "assistant", "content": t1.choices[0].message.content},
                        {"role": "user", "content": "And what is the capital of Germany?"}]
+    settle(server)
     before = metrics(server)
     t2 = client.chat.completions.create(model=MODEL, messages=conv, max_tokens=24, temperature=0)
     # The worker counts a request's tokens when it retires it, which may be just after the
@@ -784,8 +801,11 @@ def batching_checks(server):
     running.pop().close()
     t0 = time.time()
     text, fin = stream_text(waiting)
-    check(fin == ["length"] and time.time() - t0 < 20 and metrics(server)["coli_running_requests"] == BATCH - 1,
-          f"closing a stream frees its slot: the waiting request ran ({time.time() - t0:.2f} s) beside "
+    elapsed = time.time() - t0
+    # The worker retires the waiting request just after its last chunk: wait for that.
+    check(fin == ["length"] and elapsed < 20
+          and wait_for(lambda: metrics(server)["coli_running_requests"] == BATCH - 1, 10),
+          f"closing a stream frees its slot: the waiting request ran ({elapsed:.2f} s, finish {fin}) beside "
           f"{BATCH - 1} still running")
     for s in running:
         s.close()

@@ -12,13 +12,12 @@
 use super::arch;
 use super::file::{Gguf, TensorInfo};
 use crate::error::{ConvertError, Result};
-use crate::pipeline::{self, BuildLock, Options, Report, ALIGNMENT, SEGMENT_MAX_BYTES};
+use crate::pipeline::{self, Options, Report, ALIGNMENT, SEGMENT_MAX_BYTES};
 use coli_format::encoding::GgmlType;
 use coli_format::spec::ModelSpec;
 use coli_format::{matrix_dims, Encoding, ExpertKey};
 use coli_store::{EncodedMatrix, ExpertLayer, SourceFile, StoreSpec, StoreWriter, WriterStart};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
 fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
@@ -166,34 +165,12 @@ pub fn run(opts: &Options) -> Result<Report> {
     parameters.insert("dense".to_string(), "gguf".to_string());
     parameters.insert("mtp".to_string(), "none".to_string());
 
-    let parent = match opts.output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !parent.is_dir() {
-        return Err(ConvertError::Usage(format!(
-            "{}: the parent directory of OUTPUT_STORE does not exist; create it first",
-            parent.display()
-        )));
-    }
-    let _lock = BuildLock::take(&opts.output)?;
     let estimated: u64 = dense.iter().map(|d| d.t.nbytes as u64).sum::<u64>()
         + layers
             .iter()
             .flat_map(|(_, ts)| ts.iter().map(|(t, _)| t.nbytes as u64))
             .sum::<u64>();
-    if !opts.output.join("MANIFEST").exists() {
-        let have = pipeline::dir_size(&pipeline::partial_path(&opts.output));
-        let needed = estimated.saturating_sub(have);
-        let available = pipeline::free_bytes(&parent)?;
-        if needed > available {
-            return Err(ConvertError::DiskSpace {
-                dir: parent,
-                needed,
-                available,
-            });
-        }
-    }
+    let _lock = pipeline::take_output(&opts.output, estimated)?;
     let first_expert = layers.first().map_or(Encoding::F32, |(_, ts)| ts[0].1);
     let store_spec = StoreSpec {
         family: spec.model_type.clone(),

@@ -230,6 +230,7 @@ impl GgmlType {
 
 /// The 8 six-bit scales and 8 six-bit mins of a q4_k or q5_k block, from its 12 packed bytes
 /// (bytes 4..16 of the block): the unpacking the reference decode uses, for kernels.
+#[inline]
 pub fn q4_k_scale_min(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     q4_k::scale_min(packed)
 }

@@ -6,6 +6,7 @@
 /// The 8 six-bit scales and 8 six-bit mins packed in 12 bytes `k` (`get_scale_min_k4`):
 /// for `g < 4`, `sc = k[g] & 63`, `m = k[g + 4] & 63`; for `g >= 4`,
 /// `sc = k[g + 4] & 15 | (k[g - 4] >> 6) << 4`, `m = k[g + 4] >> 4 | (k[g] >> 6) << 4`.
+#[inline]
 pub(super) fn scale_min(k: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
     for g in 0..8 {
