@@ -398,10 +398,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     if let Some(g) = &gguf {
         let (mut n, mut bytes, mut per_token) = (0u64, 0u64, 0u64);
         for s in &sets {
-            let ts = crate::gguf::arch::expert_tensors(s.layer)
-                .map(|name| g.tensor(&name).and_then(crate::gguf::convert::encoding_of));
-            let [g0, u0, d0] = ts;
-            let encs = [g0?, u0?, d0?];
+            let encs = crate::gguf::convert::expert_encodings(g, s)?;
             let rec = RecordLayout::mixed(encs, spec.hidden_size, spec.moe_intermediate_size, false)
                 .record_len(ALIGNMENT) as u64;
             n += s.count as u64;

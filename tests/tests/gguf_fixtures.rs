@@ -349,3 +349,23 @@ fn plan_from_the_gguf_header_matches_the_store() {
         assert!(p.from_gguf && p.rows[0].fits);
     }
 }
+
+#[test]
+fn bad_gguf_metadata_values_are_refused() {
+    // A NaN rms eps (f32 value patched) is refused, not replaced by a default.
+    let e = refused("nan.gguf", |b| {
+        let at = after(b, b"olmoe.attention.layer_norm_rms_epsilon") + 4;
+        b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    assert!(
+        e.contains("layer_norm_rms_epsilon") && e.contains("finite"),
+        "{e}"
+    );
+    // An array count far beyond the file is refused before anything is allocated for it.
+    let e = refused("count.gguf", |b| {
+        // general.architecture's string length: u64 after the key and its type.
+        let at = after(b, b"general.architecture") + 4;
+        b[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    });
+    assert!(e.contains("general.architecture"), "{e}");
+}

@@ -55,6 +55,15 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
     let tensors: Vec<TensorEntry> = serde_json::from_slice(&list)
         .with_context(|| format!("{}: files/{TENSORS_FILE}", store_dir.display()))?;
     let config = store.manifest().config.clone();
+    if let Some(t) = tensors.iter().find(|t| t.checked_nbytes().is_none()) {
+        bail!(
+            "{}: files/{TENSORS_FILE} lists tensor {} of type {} with dimensions {:?}, which no GGUF holds: the store's files are damaged (coli-fsck)",
+            store_dir.display(),
+            t.name,
+            t.ggml_type,
+            t.dims
+        );
+    }
     let alignment = blob_alignment(&kv, &store_dir.join("files").join(METADATA_FILE))?;
     // GGUF name -> store dense name.
     let dense: HashMap<String, String> = store

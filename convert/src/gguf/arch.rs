@@ -97,6 +97,30 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             ),
         ));
     }
+    // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused until the
+    // config carries it.
+    if let Some(v) = g.get(&k("rope.scaling.type")) {
+        if v.as_str() != Some("none") {
+            return Err(cerr(
+                g,
+                format!("{} is {v:?}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
+            ));
+        }
+    }
+    if let Some(n) = g
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .map(<[Value]>::len)
+    {
+        if n > vocab {
+            return Err(cerr(
+                g,
+                format!(
+                    "tokenizer.ggml.tokens has {n} tokens but token_embd.weight only {vocab} rows"
+                ),
+            ));
+        }
+    }
     let tied = !g.tensors.contains_key("output.weight");
     let tok = |key: &str| {
         g.get(key)
@@ -114,7 +138,10 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         "num_experts_per_tok": topk,
         "max_position_embeddings": u("context_length")?,
         "rms_norm_eps": g.f64(&k("attention.layer_norm_rms_epsilon"))?,
-        "rope_theta": g.get(&k("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0),
+        "rope_theta": match g.get(&k("rope.freq_base")) {
+            Some(_) => g.f64(&k("rope.freq_base"))?,
+            None => 10000.0,
+        },
         "vocab_size": vocab,
         "tie_word_embeddings": tied,
         "attention_bias": g.tensors.contains_key("blk.0.attn_q.bias"),

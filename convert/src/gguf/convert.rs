@@ -52,6 +52,40 @@ pub fn encoding_of(t: &TensorInfo) -> Result<Encoding> {
     }
 }
 
+/// The encodings of layer `s`'s stacked expert tensors (gate, up, down), their shapes checked
+/// against the spec (`[E, I, H]`, `[E, I, H]`, `[E, H, I]`).
+///
+/// # Errors
+/// [`ConvertError::Tensor`] naming a tensor that is missing, misshapen, of a type coli does
+/// not decode, or F32/BF16 (experts are kept in ggml block types).
+pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<[Encoding; 3]> {
+    let names = arch::expert_tensors(s.layer);
+    let want = [
+        [s.count as usize, s.intermediate, s.hidden],
+        [s.count as usize, s.intermediate, s.hidden],
+        [s.count as usize, s.hidden, s.intermediate],
+    ];
+    let mut out = [Encoding::F32; 3];
+    for ((n, w), o) in names.iter().zip(want).zip(&mut out) {
+        let t = g.tensor(n)?;
+        if t.shape() != w {
+            return Err(terr(
+                n,
+                format!("has shape {:?}, the metadata makes it {w:?}", t.shape()),
+            ));
+        }
+        let e = encoding_of(t)?;
+        if !matches!(e, Encoding::Ggml(_)) {
+            return Err(terr(
+                n,
+                format!("is {}: coli stores a GGUF's experts in their ggml block types; F32/BF16 experts: convert the Hugging Face release instead", t.type_name()),
+            ));
+        }
+        *o = e;
+    }
+    Ok(out)
+}
+
 /// True when `path` names a GGUF file (by its magic).
 pub fn is_gguf(path: &std::path::Path) -> bool {
     use std::io::Read;
@@ -131,30 +165,14 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut layers = Vec::new();
     let mut type_names = std::collections::BTreeSet::new();
     for s in &sets {
-        let names = arch::expert_tensors(s.layer);
-        let want = [
-            [s.count as usize, s.intermediate, s.hidden],
-            [s.count as usize, s.intermediate, s.hidden],
-            [s.count as usize, s.hidden, s.intermediate],
-        ];
-        let mut ts = Vec::with_capacity(3);
-        for (n, w) in names.iter().zip(want) {
-            let t = g.tensor(n)?;
-            if t.shape() != w {
-                return Err(terr(
-                    n,
-                    format!("has shape {:?}, the metadata makes it {w:?}", t.shape()),
-                ));
-            }
-            let e = encoding_of(t)?;
-            if !matches!(e, Encoding::Ggml(_)) {
-                return Err(terr(
-                    n,
-                    format!("is {}: coli stores a GGUF's experts in their ggml block types; F32/BF16 experts: convert the Hugging Face release instead", t.type_name()),
-                ));
-            }
+        let encs = expert_encodings(&g, s)?;
+        let ts: Vec<(&TensorInfo, Encoding)> = arch::expert_tensors(s.layer)
+            .iter()
+            .zip(encs)
+            .map(|(n, e)| (&g.tensors[n], e))
+            .collect();
+        for (_, e) in &ts {
             type_names.insert(e.name());
-            ts.push((t, e));
         }
         layers.push((*s, ts));
     }

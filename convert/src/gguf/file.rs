@@ -266,7 +266,9 @@ impl<'a> Cur<'a> {
                         ),
                     ));
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                // Grown as read: a count is checked against the bytes left, not trusted for an
+                // allocation.
+                let mut v = Vec::with_capacity((n as usize).min(1 << 16));
                 for _ in 0..n {
                     v.push(self.value(ety, what, depth + 1)?);
                 }
@@ -321,7 +323,7 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
         ));
     }
     let mut kv = BTreeMap::new();
-    let mut kv_raw = Vec::with_capacity(n_kv as usize);
+    let mut kv_raw = Vec::with_capacity((n_kv as usize).min(1 << 12));
     for i in 0..n_kv {
         let start = c.pos;
         let key = c.string(&|| format!("key {i}"))?;
@@ -333,7 +335,7 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
         }
         kv_raw.push((key, start..c.pos));
     }
-    let mut infos = Vec::with_capacity(n_tensors as usize);
+    let mut infos = Vec::with_capacity((n_tensors as usize).min(1 << 16));
     for i in 0..n_tensors {
         let name = c.string(&|| format!("the name of tensor {i}"))?;
         let w = || format!("the info of tensor {name}");
@@ -441,12 +443,14 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
     })
 }
 
-/// The key-value pairs of GGUF bytes `b` (a header without tensors will do).
+/// The key-value pairs of GGUF bytes `b` (a header without tensors will do) and the bytes
+/// they and the header took.
 ///
 /// # Errors
 /// As [`Gguf::open`] for a malformed header.
-pub(crate) fn parse_kv(path: &Path, b: &[u8]) -> Result<BTreeMap<String, Value>> {
-    Ok(parse(path, b, 0)?.kv)
+pub(crate) fn parse_kv(path: &Path, b: &[u8]) -> Result<(BTreeMap<String, Value>, usize)> {
+    let h = parse(path, b, 0)?;
+    Ok((h.kv, h.header_len))
 }
 
 fn open_part(path: &Path) -> Result<(GgufPart, Header)> {
@@ -609,12 +613,15 @@ impl Gguf {
     /// # Errors
     /// [`ConvertError::Gguf`] naming the key when it is absent or not a number.
     pub fn f64(&self, key: &str) -> Result<f64> {
-        self.get(key).and_then(Value::as_f64).ok_or_else(|| {
-            gerr(
-                self.path(),
-                format!("metadata key {key} is missing or not a number"),
-            )
-        })
+        self.get(key)
+            .and_then(Value::as_f64)
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| {
+                gerr(
+                    self.path(),
+                    format!("metadata key {key} is missing or not a finite number"),
+                )
+            })
     }
 
     /// A required string key.

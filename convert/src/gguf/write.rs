@@ -29,10 +29,16 @@ pub struct TensorEntry {
 }
 
 impl TensorEntry {
-    /// Bytes of its data.
+    /// Bytes of its data; None for an unknown type or an overflowing size (a damaged listing).
+    pub fn checked_nbytes(&self) -> Option<u64> {
+        let (bs, ts, _) = type_sizes(self.ggml_type)?;
+        let n = self.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+        (n / bs).checked_mul(ts)
+    }
+
+    /// Bytes of its data (a listing checked by [`TensorEntry::checked_nbytes`]).
     pub fn nbytes(&self) -> u64 {
-        let (bs, ts, _) = type_sizes(self.ggml_type).expect("a known type");
-        self.dims.iter().product::<u64>() / bs * ts
+        self.checked_nbytes().unwrap_or(0)
     }
 }
 
@@ -122,11 +128,10 @@ pub fn write_gguf(
                 });
             }
             w.write_all(&buf).map_err(|e| werr(&partial, e))?;
+            // Padding after every tensor, the last one too, as ggml's and gguf-py's writers do.
             let pad = t.nbytes().div_ceil(alignment) * alignment - t.nbytes();
-            if i + 1 < tensors.len() {
-                w.write_all(&vec![0u8; pad as usize])
-                    .map_err(|e| werr(&partial, e))?;
-            }
+            w.write_all(&vec![0u8; pad as usize])
+                .map_err(|e| werr(&partial, e))?;
         }
         let f = w.into_inner().map_err(|e| werr(&partial, e.into_error()))?;
         f.sync_all().map_err(|e| werr(&partial, e))?;
@@ -150,7 +155,13 @@ pub fn blob_alignment(kv: &[u8], what: &Path) -> Result<u64> {
     b.extend_from_slice(&3u32.to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
     b.extend_from_slice(kv);
-    let kvs = super::file::parse_kv(what, &b)?;
+    let (kvs, used) = super::file::parse_kv(what, &b)?;
+    if used != b.len() {
+        return Err(ConvertError::Gguf {
+            file: what.to_path_buf(),
+            what: format!("{} bytes after the last key-value pair", b.len() - used),
+        });
+    }
     Ok(kvs
         .get("general.alignment")
         .and_then(super::file::Value::as_u64)
