@@ -329,7 +329,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
             })
             .collect(),
     };
-    let mut report = Report {
+    let report = Report {
         status: "converted".into(),
         store: opts.output.clone(),
         family: ck.spec.model_type.clone(),
@@ -358,34 +358,50 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
             .collect(),
         elapsed_s: 0.0,
     };
-    let (mut writer, resumed) = match StoreWriter::create_or_resume(&opts.output, spec)? {
+    write_store(&opts.output, spec, report, t0, |writer, report| {
+        writer.set_mtp_shared(plan.mtp_shared.clone());
+        for s in &ck.shards {
+            s.read_sequentially();
+        }
+        write_all(&ck, &plan, writer, report, opts.progress)
+    })
+}
+
+/// Starts (or resumes) the store at `output` with `spec`, runs `write` on its writer and
+/// finishes it, filling `report`'s status, skipped bytes, store size and time. A store already
+/// complete is reported as such without running `write`. When `write` fails on bad input data
+/// ([`ConvertError::is_bad_data`]) the partial store is removed (resuming could not help); any
+/// other error keeps it for a resume.
+///
+/// # Errors
+/// The writer's errors and `write`'s.
+pub(crate) fn write_store(
+    output: &Path,
+    spec: StoreSpec,
+    mut report: Report,
+    t0: Instant,
+    write: impl FnOnce(&mut StoreWriter, &mut Report) -> Result<()>,
+) -> Result<Report> {
+    let mut writer = match StoreWriter::create_or_resume(output, spec)? {
         WriterStart::AlreadyComplete => {
             report.status = "already_complete".into();
-            report.store_bytes = dir_size(&opts.output);
+            report.store_bytes = dir_size(output);
             report.elapsed_s = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        WriterStart::Fresh(w) => (w, None),
-        WriterStart::Resumed(w, info) => (w, Some(info)),
-    };
-    if let Some(info) = &resumed {
-        report.bytes_skipped = info.bytes_kept;
-    }
-    writer.set_mtp_shared(plan.mtp_shared.clone());
-    for s in &ck.shards {
-        s.read_sequentially();
-    }
-    let result = write_all(&ck, &plan, &mut writer, &mut report, opts.progress);
-    match result {
-        Ok(()) => {}
-        Err(e) => {
-            drop(writer);
-            if e.is_bad_data() {
-                // The input is corrupt: what was written from it is worthless.
-                let _ = std::fs::remove_dir_all(partial_path(&opts.output));
-            }
-            return Err(e);
+        WriterStart::Fresh(w) => w,
+        WriterStart::Resumed(w, info) => {
+            report.bytes_skipped = info.bytes_kept;
+            w
         }
+    };
+    if let Err(e) = write(&mut writer, &mut report) {
+        drop(writer);
+        if e.is_bad_data() {
+            // The input is corrupt: what was written from it is worthless.
+            let _ = std::fs::remove_dir_all(partial_path(output));
+        }
+        return Err(e);
     }
     let path = writer.finish()?;
     report.store_bytes = dir_size(&path);

@@ -16,7 +16,7 @@ use crate::pipeline::{self, Options, Report, ALIGNMENT, SEGMENT_MAX_BYTES};
 use coli_format::encoding::GgmlType;
 use coli_format::spec::ModelSpec;
 use coli_format::{matrix_dims, Encoding, ExpertKey};
-use coli_store::{EncodedMatrix, ExpertLayer, SourceFile, StoreSpec, StoreWriter, WriterStart};
+use coli_store::{EncodedMatrix, ExpertLayer, SourceFile, StoreSpec, StoreWriter};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -217,7 +217,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             })
             .collect(),
     };
-    let mut report = Report {
+    let report = Report {
         status: "converted".into(),
         store: opts.output.clone(),
         family: spec.model_type.clone(),
@@ -251,39 +251,9 @@ pub fn run(opts: &Options) -> Result<Report> {
         },
         elapsed_s: 0.0,
     };
-    let (mut writer, resumed) = match StoreWriter::create_or_resume(&opts.output, store_spec)? {
-        WriterStart::AlreadyComplete => {
-            report.status = "already_complete".into();
-            report.store_bytes = pipeline::dir_size(&opts.output);
-            report.elapsed_s = t0.elapsed().as_secs_f64();
-            return Ok(report);
-        }
-        WriterStart::Fresh(w) => (w, None),
-        WriterStart::Resumed(w, info) => (w, Some(info)),
-    };
-    if let Some(info) = &resumed {
-        report.bytes_skipped = info.bytes_kept;
-    }
-    let r = write_all(
-        &g,
-        &config,
-        &dense,
-        &layers,
-        &files,
-        &mut writer,
-        &mut report,
-    );
-    if let Err(e) = r {
-        drop(writer);
-        if e.is_bad_data() {
-            let _ = std::fs::remove_dir_all(pipeline::partial_path(&opts.output));
-        }
-        return Err(e);
-    }
-    let path = writer.finish()?;
-    report.store_bytes = pipeline::dir_size(&path);
-    report.elapsed_s = t0.elapsed().as_secs_f64();
-    Ok(report)
+    pipeline::write_store(&opts.output, store_spec, report, t0, |writer, report| {
+        write_all(&g, &config, &dense, &layers, &files, writer, report)
+    })
 }
 
 type Layer<'a> = (

@@ -96,8 +96,7 @@ pub fn write_gguf(
         head.extend_from_slice(MAGIC);
         head.extend_from_slice(&3u32.to_le_bytes());
         head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-        head.extend_from_slice(&kv[..8]);
-        head.extend_from_slice(&kv[8..]);
+        head.extend_from_slice(kv); // key-value count, then the pairs
         let mut off = 0u64;
         for t in tensors {
             head.extend_from_slice(&(t.name.len() as u64).to_le_bytes());
