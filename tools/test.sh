@@ -9,8 +9,9 @@
 #                                checkpoint -> coli-convert -> coli run; asserts the answers)
 #      tests/memory/test_budget_rss.py (a run in a memory cgroup of budget + dense + KV +
 #                                reserve never reaches it; the cache charges what it holds)
-#   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included)
-#      and tests/serve/test_limits.py (connection cap, header/body timeouts, body limits)
+#   5. tests/serve/test_serve.py (coli serve with the official openai client, batching included),
+#      tests/serve/test_limits.py (connection cap, header/body timeouts, body limits) and
+#      tests/serve/test_tools.py (tool calls and structured output: openai, anthropic, Agents SDK)
 #   6. tests/web/test_web.py     (`coli serve --web` in headless Chromium: chat, figures, heat map;
 #                                needs Debian's chromium and chromium-driver: skipped with a
 #                                message without them, unless COLI_WEB_REQUIRED=1 as in .ci/run)
@@ -44,6 +45,10 @@ cargo build -q -p coli-convert -p coli-tools
 .venv-demo/bin/python tests/serve/test_serve.py
 # The connection layer under abuse: slowloris, a connection flood, slow/huge/truncated bodies.
 .venv-demo/bin/python tests/serve/test_limits.py
+# Agents: tool calls and structured output through the openai and anthropic clients and the
+# OpenAI Agents SDK; forced calls in batches and with drafts; the grammar's cost.
+.venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tests/serve/requirements-tools.txt
+.venv-demo/bin/python tests/serve/test_tools.py
 # --- end coli serve
 
 # --- coli web (tests/web): the page in headless Chromium against `coli serve --web`.

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod constrain;
 pub mod engine;
 mod error;
 pub mod expert_map;
@@ -32,6 +33,7 @@ pub mod sampling;
 pub mod sequence;
 pub mod speculative;
 pub mod text;
+pub mod tool_calls;
 pub mod trace;
 pub mod usage;
 pub mod weights;

@@ -8,13 +8,24 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde_json::Value as Json;
 
-/// One chat message.
+/// One chat message, as transformers' chat templates read it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant's tool calls, each `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}` with the arguments a JSON object (as transformers documents them for
+    /// templates; absent from the rendered message when empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Json>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the name of the function that produced it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -23,6 +34,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -72,6 +86,21 @@ fn tojson_filter(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Jin
     let mut out = String::new();
     opts.write(&value, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
+}
+
+/// Jinja2's `iterable` test (`iter(value)` succeeds): strings, lists, mappings and iterators, but
+/// not none or undefined (minijinja's own test says yes to none, which breaks templates such as
+/// Qwen3-Coder's `tools is iterable and tools | length > 0` when no tools are given).
+fn iterable_test(value: Value) -> bool {
+    use minijinja::value::ValueKind;
+    matches!(
+        value.kind(),
+        ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::Iterable
+    )
 }
 
 struct PyJson {
@@ -283,6 +312,26 @@ impl ChatTemplate {
     /// # Errors
     /// [`EngineError::Template`] for a syntax error or a `raise_exception` call.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// Whether the template renders tool definitions itself (its source reads `tools`).
+    pub fn has_tools_branch(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI-shaped tool objects, `{"type":
+    /// "function", "function": {"name", "description", "parameters"}}`) passed as
+    /// `apply_chat_template(..., tools=tools)` passes them; None renders them as none.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[Json]>,
+    ) -> Result<String> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -291,6 +340,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson_filter);
+        env.add_test("iterable", iterable_test);
         env.set_formatter(bounded_formatter);
         let tmpl = env
             .template_from_str(&self.source)
@@ -304,7 +354,13 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
         );
-        ctx.insert("tools".into(), Value::from(()));
+        ctx.insert(
+            "tools".into(),
+            match tools {
+                Some(t) if !t.is_empty() => Value::from_serialize(t),
+                _ => Value::from(()),
+            },
+        );
         ctx.insert("documents".into(), Value::from(()));
         tmpl.render(Value::from(ctx))
             .map_err(|e| template_error(&e, &self.source))
@@ -314,6 +370,8 @@ impl ChatTemplate {
 /// The store's tokenizer and chat template.
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// tokenizer.json as read (the token bytes for constrained decoding, [`crate::constrain`]).
+    json: Vec<u8>,
     /// The chat template, when the store has one.
     pub chat_template: Option<ChatTemplate>,
 }
@@ -395,6 +453,7 @@ impl TextTokenizer {
             .or(fallback.map(str::to_string));
         Ok(TextTokenizer {
             inner,
+            json: tokenizer_json.to_vec(),
             chat_template: source.map(|source| ChatTemplate {
                 source,
                 special_tokens,
@@ -458,6 +517,11 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// tokenizer.json's bytes.
+    pub fn json(&self) -> &[u8] {
+        &self.json
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -473,13 +537,26 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<u32>)> {
+        self.chat_ids_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`TextTokenizer::chat_ids`] with `tools` ([`ChatTemplate::render_with_tools`]).
+    ///
+    /// # Errors
+    /// As [`TextTokenizer::chat_ids`].
+    pub fn chat_ids_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[Json]>,
+    ) -> Result<(String, Vec<u32>)> {
         let t = self.chat_template.as_ref().ok_or_else(|| {
             EngineError::Template(
                 "the store has no chat template (tokenizer_config.json or chat_template.jinja)"
                     .into(),
             )
         })?;
-        let text = t.render(messages, add_generation_prompt)?;
+        let text = t.render_with_tools(messages, add_generation_prompt, tools)?;
         let ids = self.encode(&text, false)?;
         Ok((text, ids))
     }

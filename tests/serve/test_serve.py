@@ -489,10 +489,11 @@ def run_checks(server, q, question):
         ("wrong type", dict(messages=question, extra_body={"max_tokens": "five"}), "max_tokens", "invalid_type"),
         ("wrong content type", dict(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type"),
         ("temperature out of range", dict(messages=question, temperature=5), "temperature", None),
-        ("tools", dict(messages=question, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-         "tools", "unsupported_parameter"),
-        ("response_format", dict(messages=question, response_format={"type": "json_object"}), "response_format",
-         "unsupported_parameter"),
+        ("a tool_choice naming no tool", dict(messages=question, tools=[{"type": "function", "function": {
+            "name": "f", "parameters": {}}}], tool_choice={"type": "function", "function": {"name": "g"}}),
+         "tool_choice", None),
+        ("a response_format type", dict(messages=question, response_format={"type": "yaml"}), "response_format.type",
+         None),
         ("logprobs", dict(messages=question, logprobs=True), "logprobs", "unsupported_parameter"),
         ("n above --max-batch", dict(messages=question, n=2), "n", None),
         ("5 stop strings", dict(messages=question, stop=["a", "b", "c", "d", "e"]), "stop", None),
@@ -691,9 +692,9 @@ def anthropic_checks(server, q, question):
     check(isinstance(e, anthropic.AuthenticationError) and e.body.get("type") == "error"
           and e.body["error"]["type"] == "authentication_error", f"wrong key: {e and e.body}")
     e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question,
-                                           tools=[{"name": "t", "input_schema": {"type": "object"}}]))
+                                           tools=[{"name": "t"}]))
     check(isinstance(e, anthropic.BadRequestError) and e.body["error"]["type"] == "invalid_request_error"
-          and "tools" in e.body["error"]["message"], f"tools refused: {e and e.body}")
+          and "tools.0.input_schema" in e.body["error"]["message"], f"a tool without its schema: {e and e.body}")
     e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
     check(isinstance(e, anthropic.BadRequestError) and "messages[0].content[0].type" in e.body["error"]["message"],
@@ -701,11 +702,11 @@ def anthropic_checks(server, q, question):
     e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question,
                                            thinking={"type": "enabled", "budget_tokens": 1024}))
     check(isinstance(e, anthropic.BadRequestError) and "thinking" in e.body["error"]["message"],
-          f"extended thinking refused: {e and e.body}")
+          f"a thinking budget over max_tokens refused: {e and e.body}")
     e = err(lambda: client.messages.create(model=MODEL, max_tokens=2, messages=question, output_config={
-        "format": {"type": "json_schema", "schema": {"type": "object"}}}))
-    check(isinstance(e, anthropic.BadRequestError) and "output_config.format" in e.body["error"]["message"],
-          f"structured output refused: {e and e.body}")
+        "format": {"type": "xml"}}))
+    check(isinstance(e, anthropic.BadRequestError) and "output_config.format.type" in e.body["error"]["message"],
+          f"a structured output format other than json_schema: {e and e.body}")
     e = err(lambda: client.messages.create(model="other", max_tokens=2, messages=question))
     check(isinstance(e, anthropic.NotFoundError) and e.body["error"]["type"] == "not_found_error",
           f"unknown model: {e and e.body}")

@@ -647,6 +647,8 @@ fn chat(mut a: ChatArgs) -> Result<()> {
                     eprint!("{t}");
                     true
                 }
+                // `coli chat` offers no tools, so its replies are never parsed for calls.
+                Piece::ToolCall(_) => true,
             })
         };
         let g = match eng.generate(&ids, &params, |id| {

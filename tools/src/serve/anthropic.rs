@@ -9,10 +9,12 @@
 //! 400 naming the field.
 
 use super::api::{ApiError, GenRequest, Prompt};
+use super::tool_use::{self, ToolRequest};
 use super::worker::{Event, Finish};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
+use coli_engine::tool_calls::ParsedCall;
 use coli_engine::ChatMessage;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
@@ -70,33 +72,7 @@ fn content_text(v: &Value, param: &str) -> Result<String, ApiError> {
         Value::Array(blocks) => {
             let mut out = String::new();
             for (j, b) in blocks.iter().enumerate() {
-                let p = format!("{param}[{j}]");
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => match b.get("text") {
-                        Some(Value::String(s)) => out.push_str(s),
-                        Some(t) => {
-                            return Err(ApiError::wrong_type(&format!("{p}.text"), "a string", t))
-                        }
-                        None => {
-                            return Err(ApiError::invalid(
-                                &format!("{p}.text"),
-                                format!("{p}.text: Field required"),
-                            ))
-                        }
-                    },
-                    Some(other) => {
-                        return Err(unsupported(
-                            &format!("{p}.type"),
-                            &format!("a content block of type \"{other}\" (only \"text\")"),
-                        ))
-                    }
-                    None => {
-                        return Err(ApiError::invalid(
-                            &format!("{p}.type"),
-                            format!("{p}.type: Field required"),
-                        ))
-                    }
-                }
+                out.push_str(&block_text(b, &format!("{param}[{j}]"))?);
             }
             Ok(out)
         }
@@ -104,6 +80,28 @@ fn content_text(v: &Value, param: &str) -> Result<String, ApiError> {
             param,
             "a string or an array of content blocks",
             other,
+        )),
+    }
+}
+
+/// The text of one text block `p`; other block types are refused.
+fn block_text(b: &Value, p: &str) -> Result<String, ApiError> {
+    match b.get("type").and_then(Value::as_str) {
+        Some("text") => match b.get("text") {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(t) => Err(ApiError::wrong_type(&format!("{p}.text"), "a string", t)),
+            None => Err(ApiError::invalid(
+                &format!("{p}.text"),
+                format!("{p}.text: Field required"),
+            )),
+        },
+        Some(other) => Err(unsupported(
+            &format!("{p}.type"),
+            &format!("a content block of type \"{other}\" (only \"text\", \"tool_use\" and \"tool_result\")"),
+        )),
+        None => Err(ApiError::invalid(
+            &format!("{p}.type"),
+            format!("{p}.type: Field required"),
         )),
     }
 }
@@ -133,12 +131,14 @@ fn number_in(
 
 /// Parses and validates a `POST /v1/messages` body: `model`, `max_tokens` and `messages`
 /// required; `system`, `stop_sequences`, `temperature` (0..=1, default 1), `top_p`, `top_k`,
-/// `metadata`, `stream` honoured.
+/// `metadata`, `stream`, `tools`, `tool_choice` (`auto`, `any`, `tool`, `none`), `tool_use` and
+/// `tool_result` blocks and `output_config.format` (a JSON schema) honoured.
 ///
 /// # Errors
-/// 400 [`ApiError`] naming the field: missing, of the wrong type, out of range, or asking for
-/// what coli cannot do (`tools`, `tool_choice`, `thinking`, `output_config.format`, non-text
-/// content blocks, a last message from the assistant).
+/// 400 [`ApiError`] naming the field: missing, of the wrong type, out of range, a bad tool or
+/// tool choice (a name not in `tools`, a `tool_result` for an unknown id, a schema that is not
+/// an object schema), or asking for what coli cannot do (`thinking`, server tools, MCP servers,
+/// image blocks, a last message from the assistant).
 pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(ApiError::malformed)?;
     let Value::Object(obj) = v else {
@@ -167,27 +167,71 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
             ))
         }
     };
-    for name in ["tools", "mcp_servers"] {
-        if field(&obj, name).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
-            return Err(unsupported(name, "tool use"));
-        }
+    if field(&obj, "mcp_servers").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(unsupported("mcp_servers", "MCP servers"));
     }
-    if field(&obj, "tool_choice").is_some() {
-        return Err(unsupported("tool_choice", "tool use"));
-    }
-    if let Some(t) = field(&obj, "thinking") {
-        if t.get("type").and_then(Value::as_str) != Some("disabled") {
-            return Err(unsupported("thinking", "extended thinking"));
-        }
-    }
+    // Extended thinking: the model's reasoning (`<think>` blocks, harmony's analysis) comes back
+    // as `thinking` blocks. `budget_tokens` is checked as Anthropic checks it (at least 1024,
+    // below `max_tokens`) but does not cut the thoughts short: `max_tokens` bounds the reply.
+    let thinking = match field(&obj, "thinking") {
+        None => false,
+        Some(t) => match t.get("type").and_then(Value::as_str) {
+            Some("disabled") => false,
+            Some("adaptive") => true,
+            Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
+                Some(b) if b >= 1024 && (b as usize) < max_tokens => true,
+                Some(b) => {
+                    return Err(ApiError::invalid(
+                        "thinking.budget_tokens",
+                        format!("thinking.budget_tokens: {b} must be at least 1024 and below max_tokens ({max_tokens})"),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        "thinking.budget_tokens",
+                        "thinking.budget_tokens: Field required (an integer)",
+                    ))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    "thinking.type",
+                    "thinking.type: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'",
+                ))
+            }
+        },
+    };
     // `output_config.effort` has no meaning here and is ignored; a `format` (structured
-    // outputs) would constrain decoding, which coli does not do.
-    if field(&obj, "output_config")
+    // outputs: `{"type": "json_schema", "schema"}`) constrains the reply to the schema.
+    let json_schema = match field(&obj, "output_config")
         .and_then(|c| c.get("format"))
-        .is_some_and(|f| !f.is_null())
+        .filter(|f| !f.is_null())
     {
-        return Err(unsupported("output_config.format", "structured output"));
-    }
+        None => None,
+        Some(f) => match (f.get("type").and_then(Value::as_str), f.get("schema")) {
+            (Some("json_schema"), Some(Value::Object(s))) => Some(Value::Object(s.clone())),
+            (Some("json_schema"), _) => {
+                return Err(ApiError::invalid(
+                    "output_config.format.schema",
+                    "output_config.format.schema: Field required (a JSON Schema object)",
+                ))
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "output_config.format.type",
+                    "output_config.format.type: Input tag does not match the expected tag: 'json_schema'",
+                ))
+            }
+        },
+    };
+    let tool_list = tool_use::anthropic_tools(&obj)?;
+    let (choice, parallel) = tool_use::anthropic_choice(&obj, &tool_list)?;
+    let tools = ToolRequest {
+        tools: tool_list,
+        choice,
+        parallel,
+        json_schema,
+    };
     let mut messages = Vec::new();
     if let Some(s) = field(&obj, "system") {
         let text = content_text(s, "system")?;
@@ -206,6 +250,7 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
         Some(v) => return Err(ApiError::wrong_type("messages", "an array", v)),
         None => return Err(ApiError::invalid("messages", "messages: Field required")),
     };
+    let mut call_ids: Vec<String> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let p = format!("messages[{i}]");
         let role = match m.get("role") {
@@ -228,7 +273,7 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
             }
         };
         let content = match m.get("content") {
-            Some(c) => content_text(c, &format!("{p}.content"))?,
+            Some(c) => content_blocks(c, &format!("{p}.content"), role, &mut call_ids)?,
             None => {
                 return Err(ApiError::invalid(
                     &format!("{p}.content"),
@@ -236,7 +281,13 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
                 ))
             }
         };
-        messages.push(ChatMessage::new(role, &content));
+        // Tool results answer the previous turn's calls: they come first, as `tool` messages.
+        messages.extend(content.results);
+        if !content.text.is_empty() || !content.calls.is_empty() || role == "assistant" {
+            let mut msg = ChatMessage::new(role, &content.text);
+            msg.tool_calls = content.calls;
+            messages.push(msg);
+        }
     }
     if list
         .last()
@@ -317,7 +368,96 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
         include_usage: false,
         n: 1,
         ignore_eos: false,
+        tools,
+        thinking,
     })
+}
+
+/// A message's content blocks: its text, an assistant's `tool_use` blocks (as template calls)
+/// and a user's `tool_result` blocks (as `tool` messages).
+struct Blocks {
+    text: String,
+    calls: Vec<Value>,
+    results: Vec<ChatMessage>,
+}
+
+/// Reads `content` of a `role` message; `call_ids` holds the ids of the `tool_use` blocks seen
+/// so far (a `tool_result` must answer one).
+fn content_blocks(
+    v: &Value,
+    param: &str,
+    role: &str,
+    call_ids: &mut Vec<String>,
+) -> Result<Blocks, ApiError> {
+    let mut out = Blocks {
+        text: String::new(),
+        calls: Vec::new(),
+        results: Vec::new(),
+    };
+    let Value::Array(blocks) = v else {
+        out.text = content_text(v, param)?;
+        return Ok(out);
+    };
+    for (j, b) in blocks.iter().enumerate() {
+        let p = format!("{param}[{j}]");
+        let str_field = |name: &str| -> Result<String, ApiError> {
+            match b.get(name) {
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(v) => Err(ApiError::wrong_type(&format!("{p}.{name}"), "a string", v)),
+                None => Err(ApiError::invalid(
+                    &format!("{p}.{name}"),
+                    format!("{p}.{name}: Field required"),
+                )),
+            }
+        };
+        match b.get("type").and_then(Value::as_str) {
+            Some("tool_use") if role == "assistant" => {
+                let id = str_field("id")?;
+                let name = str_field("name")?;
+                let input = match b.get("input") {
+                    Some(Value::Object(o)) => Value::Object(o.clone()),
+                    Some(v) => {
+                        return Err(ApiError::wrong_type(&format!("{p}.input"), "an object", v))
+                    }
+                    None => json!({}),
+                };
+                call_ids.push(id.clone());
+                out.calls.push(tool_use::template_call(&id, &name, input));
+            }
+            Some("tool_result") if role == "user" => {
+                let id = str_field("tool_use_id")?;
+                if !call_ids.contains(&id) {
+                    return Err(ApiError::invalid(
+                        &format!("{p}.tool_use_id"),
+                        format!("{p}.tool_use_id: no earlier tool_use block has the id '{id}'"),
+                    ));
+                }
+                let text = match b.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => content_text(c, &format!("{p}.content"))?,
+                };
+                let text = if b.get("is_error") == Some(&Value::Bool(true)) {
+                    format!("Error: {text}")
+                } else {
+                    text
+                };
+                let mut m = ChatMessage::new("tool", &text);
+                m.tool_call_id = Some(id);
+                out.results.push(m);
+            }
+            // A previous turn's thoughts sent back (as clients do with extended thinking): the
+            // templates drop earlier reasoning, and so does coli.
+            Some("thinking" | "redacted_thinking") if role == "assistant" => {}
+            Some(t @ ("tool_use" | "tool_result")) => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.type"),
+                    format!("{p}.type: a {t} block cannot appear in a {role} message"),
+                ))
+            }
+            _ => out.text.push_str(&block_text(b, &p)?),
+        }
+    }
+    Ok(out)
 }
 
 /// What a response needs besides the engine's events.
@@ -330,6 +470,8 @@ pub struct MessageMeta {
     pub stop: Vec<String>,
     /// Prompt tokens (before the KV cache's reuse is known).
     pub prompt_tokens: usize,
+    /// Extended thinking was asked for: reasoning comes back as `thinking` blocks.
+    pub thinking: bool,
 }
 
 impl MessageMeta {
@@ -337,6 +479,7 @@ impl MessageMeta {
     /// (with the sequence), `max_tokens` (the limit, or a shutdown that cut the reply short).
     fn stop(&self, f: &Finish) -> (&'static str, Value) {
         match (f.reason, f.stop_index) {
+            ("tool_calls", _) => ("tool_use", Value::Null),
             ("stop", Some(i)) => ("stop_sequence", json!(self.stop.get(i))),
             ("stop", None) => ("end_turn", Value::Null),
             _ => ("max_tokens", Value::Null),
@@ -354,12 +497,16 @@ impl MessageMeta {
         })
     }
 
-    /// The `message` object; `text` None for the empty message of `message_start`.
-    fn message(&self, text: Option<&str>, fin: Option<&Finish>) -> Value {
-        let content = match text {
-            Some(t) => json!([{"type": "text", "text": t}]),
-            None => json!([]),
-        };
+    /// A `tool_use` block of call `k` of the reply.
+    fn tool_use(&self, k: usize, c: &ParsedCall) -> Value {
+        let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
+        json!({"type": "tool_use", "id": tool_use::call_id("toolu_", &self.id, 0, k),
+               "name": c.name, "input": input})
+    }
+
+    /// The `message` object; `content` None for the empty message of `message_start`.
+    fn message(&self, content: Option<Vec<Value>>, fin: Option<&Finish>) -> Value {
+        let content = Value::Array(content.unwrap_or_default());
         let (reason, seq) = match fin {
             Some(f) => {
                 let (r, s) = self.stop(f);
@@ -379,8 +526,8 @@ impl MessageMeta {
     }
 }
 
-/// Collects a whole reply (the reasoning of a harmony model is dropped: extended thinking was
-/// not asked for) into the `message` response.
+/// Collects a whole reply into the `message` response: its reasoning as a `thinking` block when
+/// extended thinking was asked for (else dropped), its text, its calls as `tool_use` blocks.
 ///
 /// # Errors
 /// The engine's error, or a 500 when the engine stops first.
@@ -388,12 +535,41 @@ pub async fn whole(
     meta: &MessageMeta,
     events: &mut mpsc::UnboundedReceiver<Event>,
 ) -> Result<Value, ApiError> {
+    let mut blocks: Vec<Value> = Vec::new();
     let mut text = String::new();
+    let mut calls = 0;
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Text(_, t) => text.push_str(&t),
+            Event::Reasoning(_, t) if meta.thinking => {
+                if !text.trim().is_empty() {
+                    blocks.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
+                }
+                text.clear();
+                match blocks.last_mut() {
+                    Some(b) if b["type"] == "thinking" => {
+                        let all = format!("{}{t}", b["thinking"].as_str().unwrap_or_default());
+                        b["thinking"] = json!(all);
+                    }
+                    _ => blocks.push(json!({"type": "thinking", "thinking": t, "signature": ""})),
+                }
+            }
             Event::Reasoning(..) => {}
-            Event::Done(_, f) => return Ok(meta.message(Some(&text), Some(&f))),
+            Event::ToolCall(_, c) => {
+                if !text.trim().is_empty() {
+                    blocks.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
+                }
+                text.clear();
+                blocks.push(meta.tool_use(calls, &c));
+                calls += 1;
+            }
+            Event::Done(_, f) => {
+                let only_thoughts = blocks.iter().all(|b| b["type"] == "thinking");
+                if !text.is_empty() && (calls == 0 || !text.trim().is_empty()) || only_thoughts {
+                    blocks.push(json!({"type": "text", "text": text}));
+                }
+                return Ok(meta.message(Some(blocks), Some(&f)));
+            }
             Event::Error(e) => return Err(e),
         }
     }
@@ -423,6 +599,12 @@ pub fn stream<G: Send + 'static>(
     let (out, body) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let _guard = guard;
+        // Block 0 opens at once: the thoughts when extended thinking was asked for, else text.
+        let first = if meta.thinking {
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        } else {
+            json!({"type": "text", "text": ""})
+        };
         let head = [
             (
                 "message_start",
@@ -430,11 +612,14 @@ pub fn stream<G: Send + 'static>(
             ),
             (
                 "content_block_start",
-                json!({"type": "content_block_start", "index": 0,
-                       "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_start", "index": 0, "content_block": first}),
             ),
             ("ping", json!({"type": "ping"})),
         ];
+        // The open block (index, a thinking block?), the next block's index, calls.
+        let mut open: Option<(usize, bool)> = Some((0, meta.thinking));
+        let mut next_block = 1;
+        let mut calls = 0;
         for (name, v) in head {
             if out.send(sse(name, &v)).await.is_err() {
                 return;
@@ -458,20 +643,86 @@ pub fn stream<G: Send + 'static>(
                 () = out.closed() => return,
             };
             ping.reset();
+            // Closes the open block unless it is of the kind wanted, then opens one of that kind
+            // if none is open: the index of the block the next delta goes to.
+            let mut switch = |v: &mut Vec<(&'static str, Value)>, want: Option<bool>| {
+                if let Some((i, kind)) = open {
+                    if Some(kind) == want {
+                        return i;
+                    }
+                    v.push((
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    ));
+                    open = None;
+                }
+                let Some(thinking) = want else {
+                    return usize::MAX;
+                };
+                let i = next_block;
+                next_block += 1;
+                open = Some((i, thinking));
+                let block = if thinking {
+                    json!({"type": "thinking", "thinking": "", "signature": ""})
+                } else {
+                    json!({"type": "text", "text": ""})
+                };
+                v.push((
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": block}),
+                ));
+                i
+            };
             let msgs: Vec<(&'static str, Value)> = match ev {
-                Some(Event::Text(_, t)) => vec![(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": t}}),
-                )],
+                Some(Event::Text(_, t)) => {
+                    let mut v = Vec::new();
+                    let index = switch(&mut v, Some(false));
+                    v.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "text_delta", "text": t}}),
+                    ));
+                    v
+                }
+                Some(Event::Reasoning(_, t)) if meta.thinking => {
+                    let mut v = Vec::new();
+                    let index = switch(&mut v, Some(true));
+                    v.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "thinking_delta", "thinking": t}}),
+                    ));
+                    v
+                }
                 Some(Event::Reasoning(..)) => continue,
+                Some(Event::ToolCall(_, c)) => {
+                    let mut v = Vec::new();
+                    switch(&mut v, None);
+                    let i = next_block;
+                    next_block += 1;
+                    let mut block = meta.tool_use(calls, &c);
+                    calls += 1;
+                    block["input"] = json!({});
+                    v.push((
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": i, "content_block": block}),
+                    ));
+                    v.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i,
+                               "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
+                    ));
+                    v.push((
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    ));
+                    v
+                }
                 Some(Event::Done(_, f)) => {
                     let (reason, seq) = meta.stop(&f);
-                    vec![
-                        (
-                            "content_block_stop",
-                            json!({"type": "content_block_stop", "index": 0}),
-                        ),
+                    let mut v = Vec::new();
+                    switch(&mut v, None);
+                    v.extend([
                         (
                             "message_delta",
                             json!({"type": "message_delta",
@@ -479,7 +730,8 @@ pub fn stream<G: Send + 'static>(
                                    "usage": meta.usage(&f)}),
                         ),
                         ("message_stop", json!({"type": "message_stop"})),
-                    ]
+                    ]);
+                    v
                 }
                 Some(Event::Error(e)) => vec![("error", error_body(&e))],
                 None => vec![(
@@ -551,6 +803,72 @@ mod tests {
     }
 
     #[test]
+    fn tools_tool_use_and_tool_result_blocks() {
+        let r = parse(json!({
+            "model": "m", "max_tokens": 16,
+            "tools": [{"name": "get_weather", "description": "d",
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true},
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "5 C"}]},
+                    {"type": "text", "text": "Thanks"}]}]
+        }))
+        .unwrap();
+        assert_eq!(
+            r.tools.choice,
+            tool_use::ToolChoice::Named("get_weather".into())
+        );
+        assert!(!r.tools.parallel && r.tools.forced());
+        assert_eq!(
+            r.tools.tools,
+            vec![
+                json!({"type": "function", "function": {"name": "get_weather", "description": "d",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+            ]
+        );
+        let Prompt::Chat(m) = r.prompt else {
+            panic!("a chat")
+        };
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "user"]);
+        assert_eq!(m[1].content, "Checking.");
+        assert_eq!(
+            m[1].tool_calls,
+            vec![json!({"id": "toolu_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}})]
+        );
+        assert_eq!(
+            (m[2].content.as_str(), m[2].tool_call_id.as_deref()),
+            ("5 C", Some("toolu_1"))
+        );
+        let r = parse(
+            json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+        )
+        .unwrap();
+        assert_eq!(r.tools.json_schema, Some(json!({"type": "object"})));
+        // Extended thinking; a previous turn's thinking block is accepted and dropped.
+        let r = parse(json!({"model": "m", "max_tokens": 2048,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                                  {"type": "text", "text": "y"}]},
+                {"role": "user", "content": "z"}]}))
+        .unwrap();
+        assert!(r.thinking);
+        let Prompt::Chat(m) = r.prompt else {
+            panic!("a chat")
+        };
+        assert_eq!(m[1].content, "y");
+        assert!(!parse(base()).unwrap().thinking);
+    }
+
+    #[test]
     fn refuses_what_coli_cannot_do_naming_the_field() {
         let with = |k: &str, v: Value| {
             let mut b = base();
@@ -558,14 +876,61 @@ mod tests {
             parse(b).unwrap_err()
         };
         let cases = [
-            (with("tools", json!([{"name": "t"}])), "tools"),
-            (with("tool_choice", json!({"type": "auto"})), "tool_choice"),
+            (
+                with("tools", json!([{"name": "t"}])),
+                "tools.0.input_schema",
+            ),
+            (
+                with("tools", json!([{"name": "a b", "input_schema": {}}])),
+                "tools.0.name",
+            ),
+            (
+                with(
+                    "tools",
+                    json!([{"name": "t", "input_schema": {"type": "string"}}]),
+                ),
+                "tools.0.input_schema",
+            ),
+            (
+                with(
+                    "tools",
+                    json!([{"type": "web_search_20250305", "name": "web_search"}]),
+                ),
+                "tools.0.type",
+            ),
+            (
+                with("tool_choice", json!({"type": "tool", "name": "absent"})),
+                "tool_choice",
+            ),
+            (with("tool_choice", json!({"type": "any"})), "tool_choice"),
+            (
+                with("thinking", json!({"type": "sometimes"})),
+                "thinking.type",
+            ),
+            (
+                with("tool_choice", json!({"type": "sometimes"})),
+                "tool_choice.type",
+            ),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]),
+                ),
+                "messages[0].content[0].tool_use_id",
+            ),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": [{"type": "tool_use", "id": "toolu_x", "name": "t", "input": {}}]}]),
+                ),
+                "messages[0].content[0].type",
+            ),
             (
                 with(
                     "thinking",
                     json!({"type": "enabled", "budget_tokens": 1024}),
                 ),
-                "thinking",
+                "thinking.budget_tokens",
             ),
             (
                 with(
@@ -594,7 +959,11 @@ mod tests {
             (with("stream", json!("yes")), "stream"),
             (
                 with("output_config", json!({"format": {"type": "json_schema"}})),
-                "output_config.format",
+                "output_config.format.schema",
+            ),
+            (
+                with("output_config", json!({"format": {"type": "xml"}})),
+                "output_config.format.type",
             ),
         ];
         for (e, param) in cases {
@@ -607,6 +976,135 @@ mod tests {
         assert_eq!(parse(b).unwrap_err().param.as_deref(), Some("max_tokens"));
         let e = parse_request(b"[1]").unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    /// The events of a streamed reply of `events` as (event name, data) pairs.
+    async fn stream_events(thinking: bool, events: Vec<Event>) -> Vec<(String, Value)> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        let meta = MessageMeta {
+            id: "msg_1".into(),
+            model: "m".into(),
+            stop: Vec::new(),
+            prompt_tokens: 3,
+            thinking,
+        };
+        let body = axum::body::to_bytes(stream(meta, rx, ()).into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        let mut out = Vec::new();
+        let mut name = String::new();
+        for l in text.lines() {
+            if let Some(n) = l.strip_prefix("event: ") {
+                name = n.to_string();
+            } else if let Some(d) = l.strip_prefix("data: ") {
+                out.push((name.clone(), serde_json::from_str(d).unwrap()));
+            }
+        }
+        out
+    }
+
+    fn fin(reason: &'static str) -> Finish {
+        Finish {
+            reason,
+            prompt_tokens: 3,
+            cached_tokens: 0,
+            completion_tokens: 5,
+            stop_index: None,
+        }
+    }
+
+    /// Extended thinking, text and a call: a thinking block, a text block, a tool_use block,
+    /// each started, filled and stopped in order, then `tool_use` as the stop reason.
+    #[tokio::test]
+    async fn thinking_text_and_tool_use_blocks_stream_in_order() {
+        let call = ParsedCall {
+            name: "f".into(),
+            arguments: "{\"a\":1}".into(),
+        };
+        let ev = stream_events(
+            true,
+            vec![
+                Event::Reasoning(0, "hm".into()),
+                Event::Text(0, "ok".into()),
+                Event::ToolCall(0, call.clone()),
+                Event::Done(0, fin("tool_calls")),
+            ],
+        )
+        .await;
+        let shape: Vec<String> = ev
+            .iter()
+            .filter(|(n, _)| n != "ping")
+            .map(|(n, d)| match n.as_str() {
+                "content_block_start" => {
+                    format!("start {} {}", d["index"], d["content_block"]["type"])
+                }
+                "content_block_delta" => format!("delta {} {}", d["index"], d["delta"]["type"]),
+                "content_block_stop" => format!("stop {}", d["index"]),
+                "message_delta" => format!("end {}", d["delta"]["stop_reason"]),
+                other => other.to_string(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "message_start",
+                "start 0 \"thinking\"",
+                "delta 0 \"thinking_delta\"",
+                "stop 0",
+                "start 1 \"text\"",
+                "delta 1 \"text_delta\"",
+                "stop 1",
+                "start 2 \"tool_use\"",
+                "delta 2 \"input_json_delta\"",
+                "stop 2",
+                "end \"tool_use\"",
+                "message_stop"
+            ]
+        );
+        // Without extended thinking, the reasoning is dropped and the text block comes first.
+        let ev = stream_events(
+            false,
+            vec![
+                Event::Reasoning(0, "hm".into()),
+                Event::Text(0, "ok".into()),
+                Event::Done(0, fin("stop")),
+            ],
+        )
+        .await;
+        assert!(ev
+            .iter()
+            .all(|(_, d)| d["delta"]["type"] != "thinking_delta"));
+        assert_eq!(ev[1].1["content_block"]["type"], "text");
+        // A whole reply: the same blocks.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for e in [
+            Event::Reasoning(0, "h".into()),
+            Event::Reasoning(0, "m".into()),
+            Event::Text(0, "ok".into()),
+            Event::ToolCall(0, call),
+            Event::Done(0, fin("tool_calls")),
+        ] {
+            tx.send(e).unwrap();
+        }
+        let meta = MessageMeta {
+            id: "msg_1".into(),
+            model: "m".into(),
+            stop: Vec::new(),
+            prompt_tokens: 3,
+            thinking: true,
+        };
+        let m = whole(&meta, &mut rx).await.unwrap();
+        assert_eq!(
+            m["content"][0],
+            json!({"type": "thinking", "thinking": "hm", "signature": ""})
+        );
+        assert_eq!(m["content"][1], json!({"type": "text", "text": "ok"}));
+        assert_eq!(m["content"][2]["input"], json!({"a": 1}));
+        assert_eq!(m["stop_reason"], "tool_use");
     }
 
     #[test]
@@ -638,6 +1136,7 @@ mod tests {
             model: "m".into(),
             stop: vec!["".into(), "END".into()],
             prompt_tokens: 10,
+            thinking: false,
         };
         let f = |reason, stop_index| Finish {
             reason,
@@ -646,7 +1145,10 @@ mod tests {
             completion_tokens: 3,
             stop_index,
         };
-        let m = meta.message(Some("hi"), Some(&f("stop", Some(1))));
+        let m = meta.message(
+            Some(vec![json!({"type": "text", "text": "hi"})]),
+            Some(&f("stop", Some(1))),
+        );
         assert_eq!(
             (m["stop_reason"].clone(), m["stop_sequence"].clone()),
             (json!("stop_sequence"), json!("END"))
@@ -658,11 +1160,17 @@ mod tests {
                    "cache_read_input_tokens": 4})
         );
         assert_eq!(
-            meta.message(Some(""), Some(&f("stop", None)))["stop_reason"],
+            meta.message(
+                Some(vec![json!({"type": "text", "text": ""})]),
+                Some(&f("stop", None))
+            )["stop_reason"],
             "end_turn"
         );
         assert_eq!(
-            meta.message(Some(""), Some(&f("length", None)))["stop_reason"],
+            meta.message(
+                Some(vec![json!({"type": "text", "text": ""})]),
+                Some(&f("length", None))
+            )["stop_reason"],
             "max_tokens"
         );
         let start = meta.message(None, None);

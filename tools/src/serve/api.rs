@@ -5,6 +5,7 @@
 //! response_format other than text, logprobs, n > 1, ...) are refused with a 400 naming the field;
 //! unknown other fields are ignored, as OpenAI does.
 
+use super::tool_use::{self, ToolRequest};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use coli_engine::ChatMessage;
@@ -329,6 +330,10 @@ pub struct GenRequest {
     /// Keep generating past an EOS token (vLLM's `ignore_eos` extension; benchmarks use it to
     /// get a fixed number of tokens).
     pub ignore_eos: bool,
+    /// Tools offered, the tool choice and `response_format`.
+    pub tools: ToolRequest,
+    /// Anthropic's extended thinking: the reasoning comes back as `thinking` blocks.
+    pub thinking: bool,
 }
 
 /// Most choices one request may ask for (`n`).
@@ -381,24 +386,20 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
         Value::String(s) => !s.is_empty(),
         _ => true,
     };
-    for name in ["tools", "functions", "logit_bias"] {
+    // The deprecated `functions` / `function_call`: `tools` / `tool_choice` replace them.
+    for name in ["functions", "logit_bias"] {
         if field(obj, name).is_some_and(non_empty) {
             return Err(ApiError::unsupported(name, "(non-empty)"));
         }
     }
-    for name in ["tool_choice", "function_call"] {
-        match field(obj, name) {
-            None => {}
-            Some(Value::String(s)) if s == "none" || s == "auto" => {}
-            Some(_) => return Err(ApiError::unsupported(name, "(other than \"none\")")),
-        }
-    }
-    if let Some(v) = field(obj, "response_format") {
-        if v.get("type").and_then(Value::as_str) != Some("text") {
+    match field(obj, "function_call") {
+        None => {}
+        Some(Value::String(s)) if s == "none" || s == "auto" => {}
+        Some(_) => {
             return Err(ApiError::unsupported(
-                "response_format",
-                "(other than {\"type\": \"text\"})",
-            ));
+                "function_call",
+                "(deprecated: use tool_choice)",
+            ))
         }
     }
     match field(obj, "logprobs") {
@@ -515,6 +516,7 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
         ));
     }
     let mut out = Vec::with_capacity(list.len());
+    let mut call_ids: Vec<String> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let p = format!("messages[{i}]");
         let Some(m) = m.as_object() else {
@@ -534,24 +536,58 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => {
+            "tool" => "tool",
+            "function" => {
                 return Err(ApiError::unsupported(
                     &format!("{p}.role"),
-                    &format!("(\"{role}\" messages)"),
+                    "(\"function\" messages are deprecated: use \"tool\")",
                 ))
             }
             other => {
                 return Err(ApiError::invalid(
                     &format!("{p}.role"),
-                    format!("Invalid value: '{other}'. Supported values are: 'system', 'developer', 'user' and 'assistant'."),
+                    format!("Invalid value: '{other}'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'."),
                 ))
             }
         };
-        if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::unsupported(
-                &format!("{p}.tool_calls"),
-                "(tool calls)",
-            ));
+        let mut tool_calls = Vec::new();
+        if let Some(v) = m.get("tool_calls").filter(|v| !v.is_null()) {
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    &format!("{p}.tool_calls"),
+                    format!("Invalid '{p}.tool_calls': only assistant messages carry tool calls."),
+                ));
+            }
+            tool_calls = tool_use::openai_tool_calls(v, &format!("{p}.tool_calls"))?;
+            for c in &tool_calls {
+                call_ids.push(c["id"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        let mut tool_call_id = None;
+        if role == "tool" {
+            let id = match m.get("tool_call_id") {
+                Some(Value::String(s)) => s.clone(),
+                Some(v) => {
+                    return Err(ApiError::wrong_type(
+                        &format!("{p}.tool_call_id"),
+                        "a string",
+                        v,
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        &format!("{p}.tool_call_id"),
+                        format!("Missing required parameter: '{p}.tool_call_id'."),
+                    ))
+                }
+            };
+            if !call_ids.contains(&id) {
+                return Err(ApiError::invalid(
+                    &format!("{p}.tool_call_id"),
+                    format!("Invalid '{p}.tool_call_id': no earlier assistant message has a tool call with id '{id}'."),
+                ));
+            }
+            tool_call_id = Some(id);
         }
         let content = match m.get("content") {
             None | Some(Value::Null) if role == "assistant" => String::new(),
@@ -563,7 +599,10 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
             }
             Some(v) => parse_content(v, &format!("{p}.content"))?,
         };
-        out.push(ChatMessage::new(role, &content));
+        let mut msg = ChatMessage::new(role, &content);
+        msg.tool_calls = tool_calls;
+        msg.tool_call_id = tool_call_id;
+        out.push(msg);
     }
     Ok(out)
 }
@@ -670,6 +709,23 @@ pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiE
         }
     };
     refuse_unsupported(&obj)?;
+    let tools = if endpoint == Endpoint::Chat {
+        let list = tool_use::openai_tools(&obj)?;
+        let (choice, parallel) = tool_use::openai_choice(&obj, &list)?;
+        ToolRequest {
+            tools: list,
+            choice,
+            parallel,
+            json_schema: tool_use::response_format(&obj)?,
+        }
+    } else {
+        for name in ["tools", "tool_choice", "response_format"] {
+            if field(&obj, name).is_some() {
+                return Err(ApiError::unsupported(name, "(chat completions only)"));
+            }
+        }
+        ToolRequest::default()
+    };
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(parse_messages(&obj)?),
         Endpoint::Completions => parse_prompt(&obj)?,
@@ -765,6 +821,8 @@ pub fn parse_request(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiE
         include_usage,
         n,
         ignore_eos,
+        tools,
+        thinking: false,
     })
 }
 
@@ -940,15 +998,107 @@ mod tests {
     }
 
     #[test]
+    fn tools_and_structured_output() {
+        let tool = json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let r = chat(json!({"model": "m", "tools": [tool], "tool_choice": "required",
+            "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "5 C"}]}))
+        .unwrap();
+        assert!(r.tools.forced() && !r.tools.parallel);
+        let Prompt::Chat(m) = &r.prompt else {
+            panic!("a chat")
+        };
+        assert_eq!(
+            m[1].tool_calls,
+            vec![json!({"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}})]
+        );
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_1"));
+        let r = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p",
+                "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.tools.json_schema,
+            Some(json!({"type": "object", "properties": {"a": {"type": "integer"}}}))
+        );
+        // Bad tools, choices and formats: a 400 naming the field.
+        let many: Vec<Value> = (0..1000)
+            .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+            .collect();
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (json!({"tools": many}), "tools"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": 3}}}]}),
+                "tools[0].function.parameters",
+            ),
+            (json!({"tools": [tool, tool]}), "tools"),
+            (
+                json!({"tools": [{"type": "code_interpreter"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "absent"}}}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tools": [tool], "tool_choice": "always"}),
+                "tool_choice",
+            ),
+            (
+                json!({"response_format": {"type": "yaml"}}),
+                "response_format.type",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "tool", "tool_call_id": "call_9", "content": "r"}]}),
+                "messages[1].tool_call_id",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "{oops"}}]}]}),
+                "messages[1].tool_calls[0].function.arguments",
+            ),
+        ];
+        for (extra, param) in cases {
+            let mut b = json!({"model": "m", "messages": msgs});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            let e = chat(b).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{param}");
+            assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+        }
+    }
+
+    #[test]
     fn unsupported_fields_are_refused_not_ignored() {
         let base = || json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
         let cases = [
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
-            ("tool_choice", json!("required")),
-            ("response_format", json!({"type": "json_object"})),
+            ("functions", json!([{"name": "f"}])),
+            ("function_call", json!({"name": "f"})),
             ("logprobs", json!(true)),
             ("top_logprobs", json!(2)),
             ("best_of", json!(2)),
@@ -967,9 +1117,11 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(name));
             assert_eq!(e.code, Some("unsupported_parameter"));
         }
-        let e = chat(json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}))
+        let e = chat(json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}))
             .unwrap_err();
         assert_eq!(e.code, Some("unsupported_parameter"));
+        let e = completion(json!({"model": "m", "prompt": "x", "tools": []})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
         let e = chat(json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
             .unwrap_err();
         assert_eq!(e.code, Some("unsupported_parameter"));

@@ -89,6 +89,9 @@ pub struct Metrics {
     pub draft_acceptance_rate: Gauge<f64, AtomicU64>,
     /// Tokens a sequence's decode pass emitted (1 without drafts; accepted drafts + 1 with).
     pub tokens_per_decode_pass: Observed,
+    /// Seconds computing one grammar mask (constrained decoding: forced tool calls,
+    /// `response_format`).
+    pub grammar_mask_seconds: Observed,
     /// Prefix-cache lookups by result: `ram`, `disk` (a prefix reused from that tier) or
     /// `miss`.
     pub prefix_lookups: Family<RequestLabels, Counter>,
@@ -224,6 +227,12 @@ impl Metrics {
             "inter_token_latency",
             "Time between two consecutive tokens of one sequence (ITL)",
             0.001,
+        );
+        let grammar_mask_seconds = histogram(
+            &mut registry,
+            "grammar_mask",
+            "Time computing one token mask of a constrained sequence (forced tool call, response_format)",
+            0.00001,
         );
         let count_histogram = |registry: &mut Registry, name: &str, help: &str| {
             let h = Histogram::new(exponential_buckets(1.0, 2.0, 10));
@@ -396,6 +405,7 @@ impl Metrics {
             drafts_accepted,
             draft_acceptance_rate,
             tokens_per_decode_pass,
+            grammar_mask_seconds,
             prefix_lookups,
             kv_file_written,
             kv_file_read,

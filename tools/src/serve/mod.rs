@@ -19,6 +19,7 @@ mod api;
 pub mod limits;
 mod metrics;
 pub mod text;
+mod tool_use;
 mod web;
 mod worker;
 
@@ -33,7 +34,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
-use coli_engine::{GenerateParams, SamplingParams, TextTokenizer};
+use coli_engine::constrain::{Constraint, Grammars};
+use coli_engine::tool_calls::grammar::{self, ToolSpec};
+use coli_engine::tool_calls::{ParamTypes, ParsedCall, ToolSyntax};
+
+use coli_engine::{ChatMessage, GenerateParams, SamplingParams, TextTokenizer};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -131,6 +136,29 @@ struct App {
     shutdown: Arc<Shutdown>,
     /// What the engine thread publishes for the web page (`--web`; None without it).
     view: Option<Arc<web::ViewCell>>,
+    /// Grammars over the model's tokens (constrained decoding), built on first use; the
+    /// error when the tokenizer's tokens cannot be read as bytes.
+    grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
+}
+
+impl App {
+    /// The grammar compiler, built on first use.
+    fn grammars(&self, param: &str) -> std::result::Result<Arc<Grammars>, ApiError> {
+        self.grammars
+            .get_or_init(|| {
+                let eos = self.info.eos.first().copied().unwrap_or(0);
+                Grammars::new(self.tok.clone(), self.info.vocab, eos)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| {
+                ApiError::unsupported(
+                    param,
+                    &format!("(constrained decoding with this tokenizer: {e})"),
+                )
+            })
+    }
 }
 
 fn unix_now() -> u64 {
@@ -237,6 +265,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         next_id: AtomicU64::new(1),
         shutdown: shutdown.clone(),
         view,
+        grammars: std::sync::OnceLock::new(),
     });
     let grace = Duration::from_secs_f64(a.shutdown_grace);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -513,6 +542,117 @@ struct Prepared {
     params: GenerateParams,
     /// How a chat reply's text splits into content and reasoning (plain for completions).
     reply_format: ReplyFormat,
+    /// The model's call syntax and the tools' parameter types, when replies are parsed for
+    /// tool calls.
+    tools: Option<ReplySyntax>,
+    /// The grammar a forced tool call or `response_format` compiled to.
+    constraint: Option<Constraint>,
+}
+
+/// Messages for a chat template that does not handle tools itself: the tools described in the
+/// system message when it never reads `tools` (in `syntax`'s own call format); the assistant's
+/// calls written out in `syntax` and tool results as user turns in `<tool_response>` tags when
+/// it never reads `tool_calls` (Qwen2.5's and Hermes' conventions).
+fn messages_for_template(
+    messages: &[ChatMessage],
+    tools: &[Value],
+    syntax: ToolSyntax,
+    reads_tools: bool,
+    reads_calls: bool,
+) -> Vec<ChatMessage> {
+    let describe = !reads_tools && !tools.is_empty();
+    let desc = || coli_engine::tool_calls::describe_tools(syntax, tools);
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    if describe && messages.first().is_none_or(|m| m.role != "system") {
+        out.push(ChatMessage::new("system", &desc()));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let mut m = m.clone();
+        if i == 0 && m.role == "system" && describe {
+            m.content = format!("{}\n\n{}", m.content, desc());
+        }
+        if !reads_calls {
+            for c in std::mem::take(&mut m.tool_calls) {
+                let args = c["function"]["arguments"].to_string();
+                let name = c["function"]["name"].as_str().unwrap_or_default();
+                if !m.content.is_empty() {
+                    m.content.push('\n');
+                }
+                m.content
+                    .push_str(&coli_engine::tool_calls::write_call(syntax, name, &args));
+            }
+            if m.role == "tool" {
+                m = ChatMessage::new(
+                    "user",
+                    &format!("<tool_response>\n{}\n</tool_response>", m.content),
+                );
+            }
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// How a reply's tool calls are written and typed.
+type ReplySyntax = (ToolSyntax, ParamTypes);
+
+/// What a chat request `req` needs for tools: the reply parser's syntax and types (when tools
+/// are offered) and the grammar of a forced call or `response_format`, checking every tool's
+/// schema compiles; `syntax` is the one the model's chat template writes.
+fn tool_setup(
+    app: &App,
+    req: &GenRequest,
+    syntax: ToolSyntax,
+) -> Result<(Option<ReplySyntax>, Option<Constraint>), ApiError> {
+    let t = &req.tools;
+    let parse = t
+        .active()
+        .then(|| (syntax, ParamTypes::from_tools(&t.tools)));
+    if t.active() {
+        // Every schema must compile (a bad one is the client's error whatever the choice).
+        if let Ok(g) = app.grammars("tools") {
+            for (i, tool) in t.tools.iter().enumerate() {
+                let schema = &tool["function"]["parameters"];
+                g.compile(&grammar::json_grammar(schema)).map_err(|e| {
+                    ApiError::invalid(
+                        &format!("tools[{i}].function.parameters"),
+                        format!("Invalid schema for 'tools[{i}].function.parameters': the grammar library cannot compile it: {e}"),
+                    )
+                })?;
+            }
+        }
+    }
+    let lark = if t.forced() {
+        let specs: Vec<ToolSpec> = t
+            .callable()
+            .into_iter()
+            .filter_map(ToolSpec::from_tool)
+            .collect();
+        let g = app.grammars("tool_choice")?;
+        let special = |m: &str| g.special_token(m);
+        Some((
+            "tool_choice",
+            grammar::tool_call_grammar(syntax, &specs, t.parallel, &special)
+                .map_err(|e| ApiError::invalid("tool_choice", e))?,
+        ))
+    } else {
+        t.json_schema
+            .as_ref()
+            .map(|schema| ("response_format", grammar::json_grammar(schema)))
+    };
+    let constraint = match lark {
+        Some((param, src)) => {
+            let g = app.grammars(param)?;
+            Some(g.compile(&src).map_err(|e| {
+                ApiError::invalid(
+                    param,
+                    format!("Invalid '{param}': the grammar library cannot compile it: {e}"),
+                )
+            })?)
+        }
+        None => None,
+    };
+    Ok((parse, constraint))
 }
 
 /// Tokenizes the prompt and checks it against the context.
@@ -522,21 +662,40 @@ fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiErro
     }
     let tok = &app.tok;
     let mut reply_format = ReplyFormat::Plain;
+    let (mut tools, mut constraint) = (None, None);
     let prompt = match &req.prompt {
         Prompt::Chat(messages) => {
-            if tok.chat_template.is_none() {
+            let Some(template) = tok.chat_template.as_ref() else {
                 return Err(ApiError::invalid(
                     "messages",
                     "The served model has no chat template; use /v1/completions.",
                 ));
-            }
-            let (text, ids) = tok.chat_ids(messages, true).map_err(|e| {
+            };
+            let offered = if req.tools.active() {
+                &req.tools.tools[..]
+            } else {
+                &[]
+            };
+            let syntax = ToolSyntax::detect(&template.source);
+            let reads_tools = template.has_tools_branch();
+            let reads_calls = template.source.contains("tool_calls");
+            let rendered = if reads_tools && reads_calls {
+                tok.chat_ids_with_tools(messages, true, Some(offered))
+            } else {
+                let m = messages_for_template(messages, offered, syntax, reads_tools, reads_calls);
+                tok.chat_ids_with_tools(&m, true, Some(offered))
+            };
+            let (text, ids) = rendered.map_err(|e| {
                 ApiError::invalid("messages", format!("Applying the chat template: {e}"))
             })?;
-            // Anthropic's endpoint returns text only: `<think>` blocks stay inline there (no
-            // extended thinking was asked for); harmony is always split (its channel names
-            // would otherwise run into the text).
-            let split_think = app.split_think && ep != Endpoint::Messages;
+            (tools, constraint) = tool_setup(app, &req, syntax)?;
+            // Anthropic's endpoint keeps `<think>` blocks inline in the text unless extended
+            // thinking is asked for; harmony is always split (its channel names would otherwise
+            // run into the text).
+            let split_think = match ep {
+                Endpoint::Messages => req.thinking,
+                _ => app.split_think,
+            };
             reply_format = text::reply_format(tok, &text, split_think);
             ids
         }
@@ -611,6 +770,8 @@ fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiErro
         prompt,
         params,
         reply_format,
+        tools,
+        constraint,
     })
 }
 
@@ -651,13 +812,31 @@ struct Meta {
 impl Meta {
     /// One choice of a whole response; `reasoning` (harmony's analysis and commentary) becomes
     /// the message's `reasoning_content` when not empty.
-    fn choice(&self, index: usize, text: &str, reasoning: &str, reason: &str) -> Value {
+    fn choice(
+        &self,
+        index: usize,
+        text: &str,
+        reasoning: &str,
+        calls: &[ParsedCall],
+        reason: &str,
+    ) -> Value {
         match self.ep {
             // Messages responses are built by anthropic.rs, never from a Meta.
             Endpoint::Chat | Endpoint::Messages => {
                 let mut message = json!({"role": "assistant", "content": text, "refusal": null});
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = json!(reasoning);
+                }
+                if !calls.is_empty() {
+                    let list: Vec<Value> = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| self.call(index, k, c))
+                        .collect();
+                    message["tool_calls"] = Value::Array(list);
+                    if text.trim().is_empty() {
+                        message["content"] = Value::Null;
+                    }
                 }
                 json!({
                     "index": index, "message": message, "logprobs": null, "finish_reason": reason,
@@ -667,6 +846,28 @@ impl Meta {
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": reason})
             }
         }
+    }
+
+    /// Call `k` of choice `index` as a message's `tool_calls` entry.
+    fn call(&self, index: usize, k: usize, c: &ParsedCall) -> Value {
+        json!({"id": tool_use::call_id("call_", &self.id, index, k), "type": "function",
+               "function": {"name": c.name, "arguments": c.arguments}})
+    }
+
+    /// The streamed deltas of call `k` of chat choice `index`: its id and name, then its
+    /// arguments.
+    fn call_deltas(&self, index: usize, k: usize, c: &ParsedCall) -> [Value; 2] {
+        let mut head = self.call(index, k, c);
+        head["index"] = json!(k);
+        head["function"]["arguments"] = json!("");
+        let delta = |d: Value| {
+            json!({"index": index, "delta": {"tool_calls": [d]}, "logprobs": null,
+                   "finish_reason": null})
+        };
+        [
+            delta(head),
+            delta(json!({"index": k, "function": {"arguments": c.arguments}})),
+        ]
     }
 
     /// One streamed piece of reasoning of chat choice `index` (`delta.reasoning_content`).
@@ -783,6 +984,8 @@ async fn generate_checked(
         cancel,
         arrived,
         scope,
+        tools: p.tools,
+        constraint: p.constraint,
     };
     app.metrics.queue_depth.inc();
     if let Err(e) = app.jobs.try_send(job) {
@@ -800,6 +1003,7 @@ async fn generate_checked(
             model: app.model_id.clone(),
             stop: p.req.stop.clone(),
             prompt_tokens,
+            thinking: p.req.thinking,
         };
         if p.req.stream {
             app.metrics.count_request(ep.label(), 200);
@@ -825,11 +1029,13 @@ async fn generate_checked(
     let _guard = guard;
     let mut texts = vec![String::new(); choices];
     let mut reasoning = vec![String::new(); choices];
+    let mut calls: Vec<Vec<ParsedCall>> = vec![Vec::new(); choices];
     let mut done: Vec<Option<Finish>> = vec![None; choices];
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Text(i, t) => texts[i].push_str(&t),
             Event::Reasoning(i, t) => reasoning[i].push_str(&t),
+            Event::ToolCall(i, c) => calls[i].push(c),
             Event::Done(i, f) => {
                 done[i] = Some(f);
                 if done.iter().all(Option::is_some) {
@@ -839,7 +1045,7 @@ async fn generate_checked(
                         .iter()
                         .zip(texts.iter().zip(&reasoning))
                         .enumerate()
-                        .map(|(i, (f, (t, r)))| meta.choice(i, t, r, f.reason))
+                        .map(|(i, (f, (t, r)))| meta.choice(i, t, r, &calls[i], f.reason))
                         .collect();
                     let v = meta.response(Value::Array(list), Some(usage(&fins)), false);
                     return Ok(Json(v).into_response());
@@ -879,19 +1085,25 @@ fn stream_response(
             }
         }
         let mut fins: Vec<Finish> = Vec::new();
+        let mut calls = vec![0usize; meta.n];
         loop {
             let ev = tokio::select! {
                 ev = events.recv() => ev,
                 () = out.closed() => return,
             };
             let last = match &ev {
-                Some(Event::Text(..) | Event::Reasoning(..)) => false,
+                Some(Event::Text(..) | Event::Reasoning(..) | Event::ToolCall(..)) => false,
                 Some(Event::Done(..)) => fins.len() + 1 == meta.n,
                 _ => true,
             };
             let msgs: Vec<Value> = match ev {
                 Some(Event::Text(i, t)) => vec![chunk(meta.delta(i, Some(&t), None))],
                 Some(Event::Reasoning(i, t)) => vec![chunk(meta.reasoning_delta(i, &t))],
+                Some(Event::ToolCall(i, c)) => {
+                    let k = calls[i];
+                    calls[i] += 1;
+                    meta.call_deltas(i, k, &c).into_iter().map(chunk).collect()
+                }
                 Some(Event::Done(i, f)) => {
                     fins.push(f);
                     let mut v = vec![chunk(meta.delta(i, None, Some(f.reason)))];
@@ -1012,6 +1224,64 @@ mod tests {
         assert!(cancel.load(Ordering::Relaxed));
     }
 
+    /// Tool calls stream as `delta.tool_calls` (id and name, then the arguments) and end the
+    /// choice with `tool_calls`; the whole response carries them with `content` null.
+    #[tokio::test]
+    async fn chat_tool_call_deltas() {
+        let call = |n: &str, a: &str| ParsedCall {
+            name: n.into(),
+            arguments: a.into(),
+        };
+        let fin = Finish {
+            reason: "tool_calls",
+            prompt_tokens: 3,
+            cached_tokens: 0,
+            completion_tokens: 9,
+            stop_index: None,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Event::ToolCall(0, call("f", "{\"a\":1}")))
+            .expect("send");
+        tx.send(Event::ToolCall(0, call("g", "{}"))).expect("send");
+        tx.send(Event::Done(0, fin)).expect("send");
+        let cancel = Arc::new(AtomicBool::new(false));
+        let data = sse_data(stream_response(
+            meta(Endpoint::Chat),
+            rx,
+            CancelOnDrop(cancel),
+            false,
+        ))
+        .await;
+        let deltas: Vec<Value> = data[1..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0].clone())
+            .collect();
+        assert_eq!(deltas.len(), 5, "{deltas:?}");
+        let tc = |i: usize| deltas[i]["delta"]["tool_calls"][0].clone();
+        assert_eq!(
+            (tc(0)["index"].clone(), tc(0)["function"]["name"].clone()),
+            (json!(0), json!("f"))
+        );
+        assert!(tc(0)["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(tc(1)["function"]["arguments"], "{\"a\":1}");
+        assert!(tc(1).get("id").is_none());
+        assert_eq!(
+            (
+                tc(2)["index"].clone(),
+                tc(3)["function"]["arguments"].clone()
+            ),
+            (json!(1), json!("{}"))
+        );
+        assert_ne!(tc(0)["id"], tc(2)["id"]);
+        assert_eq!(deltas[4]["finish_reason"], "tool_calls");
+        let m = meta(Endpoint::Chat).choice(0, " ", "", &[call("f", "{}")], "tool_calls");
+        assert!(m["message"]["content"].is_null());
+        assert_eq!(
+            m["message"]["tool_calls"][0]["function"],
+            json!({"name": "f", "arguments": "{}"})
+        );
+    }
+
     /// A harmony reply (gpt-oss): reasoning streams as `delta.reasoning_content`, the final
     /// channel as `delta.content`; a whole response carries both in the message.
     #[tokio::test]
@@ -1047,11 +1317,11 @@ mod tests {
             json!({"content": "answer"})
         );
         let m = meta(Endpoint::Chat);
-        let c = m.choice(0, "answer", "think", "stop");
+        let c = m.choice(0, "answer", "think", &[], "stop");
         assert_eq!(c["message"]["content"], "answer");
         assert_eq!(c["message"]["reasoning_content"], "think");
         // Without reasoning the message has no such field (as before).
-        let c = m.choice(0, "answer", "", "stop");
+        let c = m.choice(0, "answer", "", &[], "stop");
         assert!(c["message"].get("reasoning_content").is_none(), "{c}");
     }
 

@@ -4,6 +4,7 @@
 //! format (gpt-oss), the final channel as the content and the other channels as reasoning
 //! ([`ReplyText`]).
 
+use coli_engine::tool_calls::{ParamTypes, ParsedCall, ToolCallParser, ToolEvent, ToolSyntax};
 use coli_engine::{HarmonyParser, HarmonyTokens, Routed, StreamDecoder, TextTokenizer};
 
 /// Cuts generated text at the first stop string, releasing text only once no stop string can
@@ -112,6 +113,12 @@ impl TextStream {
         Ok(self.filter.push(&piece))
     }
 
+    /// Adds text that is not decoded from a token (a tool-call marker the decoder skips as a
+    /// special token); returns what [`TextStream::push`] returns.
+    pub fn push_text(&mut self, text: &str) -> (String, bool) {
+        self.filter.push(text)
+    }
+
     /// The index of the stop string that ended the text ([`StopFilter::matched`]).
     pub fn matched(&self) -> Option<usize> {
         self.filter.matched()
@@ -142,6 +149,65 @@ pub enum Piece {
     /// Reasoning: harmony's `analysis` and `commentary` channels (the message's
     /// `reasoning_content`, as vLLM and llama.cpp name it).
     Reasoning(String),
+    /// A tool call parsed from the content ([`ReplyText::with_tools`]).
+    ToolCall(ParsedCall),
+}
+
+/// What a reply's tool calls need: the parser of the model's syntax and the ids of its markers
+/// that the decoder skips (special tokens), with their text.
+pub struct ReplyTools {
+    /// The parser.
+    pub parser: ToolCallParser,
+    /// `(id, text)` of markers held as one special token.
+    pub markers: Vec<(u32, String)>,
+}
+
+impl ReplyTools {
+    /// For replies of `tok`'s model in `syntax`, calling tools typed by `types`.
+    pub fn new(tok: &TextTokenizer, syntax: ToolSyntax, types: ParamTypes) -> ReplyTools {
+        let markers = syntax
+            .markers()
+            .into_iter()
+            .filter_map(|m| {
+                let id = tok.token_id(&m)?;
+                // Only markers the decoder drops (special tokens) are put back by hand.
+                tok.decode(&[id], true)
+                    .ok()
+                    .filter(|t| t.is_empty())
+                    .map(|_| (id, m))
+            })
+            .collect();
+        ReplyTools {
+            parser: ToolCallParser::new(syntax, types),
+            markers,
+        }
+    }
+
+    fn marker(&self, id: u32) -> Option<&str> {
+        self.markers
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, m)| m.as_str())
+    }
+
+    /// Content pieces through the parser (calls out, text as content); others unchanged.
+    fn route(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Content(t) => out.extend(self.parser.push(&t).into_iter().map(piece)),
+                p => out.push(p),
+            }
+        }
+        out
+    }
+}
+
+fn piece(e: ToolEvent) -> Piece {
+    match e {
+        ToolEvent::Text(t) => Piece::Content(t),
+        ToolEvent::Call(c) => Piece::ToolCall(c),
+    }
 }
 
 /// The opening and closing tags of a reasoning model's thoughts (Qwen3, DeepSeek-R1, GLM-4.5,
@@ -298,6 +364,8 @@ pub struct ReplyText {
     /// The ids of `<think>` and `</think>` when each is one token: fed to the split as their
     /// text, not decoded (a tokenizer may mark them special, which decoding skips).
     think_ids: Option<(u32, u32)>,
+    /// Tool calls parsed out of the content, when the request offers tools.
+    tools: Option<ReplyTools>,
 }
 
 impl ReplyText {
@@ -332,6 +400,7 @@ impl ReplyText {
             harmony: None,
             think: None,
             think_ids: None,
+            tools: None,
         };
         match format {
             ReplyFormat::Plain => r.content = TextStream::new(stops),
@@ -382,11 +451,42 @@ impl ReplyText {
         tok: &TextTokenizer,
         id: u32,
     ) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        let (pieces, hit) = self.push_inner(tok, id)?;
+        Ok(match &mut self.tools {
+            Some(t) => (t.route(pieces), hit),
+            None => (pieces, hit),
+        })
+    }
+
+    /// Replies to tool calls: the content goes through `tools`' parser.
+    pub fn with_tools(mut self, tools: ReplyTools) -> ReplyText {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Tool calls released so far.
+    pub fn tool_calls(&self) -> usize {
+        self.tools.as_ref().map_or(0, |t| t.parser.calls())
+    }
+
+    fn push_inner(
+        &mut self,
+        tok: &TextTokenizer,
+        id: u32,
+    ) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        let marker = self
+            .tools
+            .as_ref()
+            .and_then(|t| t.marker(id))
+            .map(str::to_string);
         if let Some((dec, split, filter)) = &mut self.think {
             let text = match self.think_ids {
                 Some((open, _)) if id == open => THINK_OPEN.to_string(),
                 Some((_, close)) if id == close => THINK_CLOSE.to_string(),
-                _ => dec.push(tok, id)?,
+                _ => match &marker {
+                    Some(m) => m.clone(),
+                    None => dec.push(tok, id)?,
+                },
             };
             let (r, c) = split.push(&text);
             return Ok(Self::think_pieces(r, c, filter));
@@ -397,7 +497,10 @@ impl ReplyText {
         };
         Ok(match (routed, &mut self.harmony) {
             (Routed::Final, _) => {
-                let (t, hit) = self.content.push(tok, id)?;
+                let (t, hit) = match &marker {
+                    Some(m) => self.content.push_text(m),
+                    None => self.content.push(tok, id)?,
+                };
                 (
                     (!t.is_empty())
                         .then_some(Piece::Content(t))
@@ -435,6 +538,18 @@ impl ReplyText {
     /// # Errors
     /// As [`ReplyText::push`].
     pub fn finish(&mut self, tok: &TextTokenizer) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        let (pieces, hit) = self.finish_inner(tok)?;
+        Ok(match &mut self.tools {
+            Some(t) => {
+                let mut out = t.route(pieces);
+                out.extend(t.parser.finish().into_iter().map(piece));
+                (out, hit)
+            }
+            None => (pieces, hit),
+        })
+    }
+
+    fn finish_inner(&mut self, tok: &TextTokenizer) -> coli_engine::Result<(Vec<Piece>, bool)> {
         if let Some((dec, split, filter)) = &mut self.think {
             if filter.hit() {
                 return Ok((Vec::new(), true));

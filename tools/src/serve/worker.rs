@@ -18,10 +18,12 @@
 
 use super::api::ApiError;
 use super::metrics::Metrics;
-use super::text::{Piece, ReplyText};
+use super::text::{Piece, ReplyText, ReplyTools};
+use coli_engine::constrain::Constraint;
 use coli_engine::prefix_cache::PrefixCache;
 use coli_engine::speculative::gate::DraftGate;
 use coli_engine::speculative::{self, ngram, Speculate};
+use coli_engine::tool_calls::{ParamTypes, ParsedCall, ToolSyntax};
 use coli_engine::{
     BatchItem, Engine, EngineError, GenerateParams, Logits, Sampler, SamplingParams, Sequence,
     TextTokenizer,
@@ -38,6 +40,8 @@ pub enum Event {
     Text(usize, String),
     /// Reasoning to append to choice `index` (harmony's analysis and commentary channels).
     Reasoning(usize, String),
+    /// A tool call of choice `index` (complete: name and JSON arguments).
+    ToolCall(usize, ParsedCall),
     /// Choice `index` ended normally.
     Done(usize, Finish),
     /// The job failed (every choice ends).
@@ -49,14 +53,15 @@ fn event(index: usize, p: Piece) -> Event {
     match p {
         Piece::Content(t) => Event::Text(index, t),
         Piece::Reasoning(t) => Event::Reasoning(index, t),
+        Piece::ToolCall(c) => Event::ToolCall(index, c),
     }
 }
 
 /// The end of one choice of a generation.
 #[derive(Clone, Copy, Debug)]
 pub struct Finish {
-    /// `stop` (EOS or a stop string), `length` (max_tokens reached) or `abort` (the server
-    /// shut down before the choice finished).
+    /// `stop` (EOS or a stop string), `tool_calls` (it ended after tool calls), `length`
+    /// (max_tokens reached) or `abort` (the server shut down before the choice finished).
     pub reason: &'static str,
     /// Tokens of the whole prompt.
     pub prompt_tokens: usize,
@@ -102,6 +107,10 @@ pub struct Job {
     /// Whose cached prefixes it may reuse ([`coli_engine::prefix_cache::scope_of`] of its API
     /// key; 0 without keys).
     pub scope: u64,
+    /// The request offers tools: how the model writes calls and how their values are typed.
+    pub tools: Option<(ToolSyntax, ParamTypes)>,
+    /// The grammar every choice must follow (a forced tool call, `response_format`).
+    pub constraint: Option<Constraint>,
 }
 
 impl Job {
@@ -119,6 +128,8 @@ pub struct EngineInfo {
     pub context: usize,
     /// Vocabulary size (ids must be below it).
     pub vocab: usize,
+    /// The model's end-of-sequence token ids (the first ends a constrained reply).
+    pub eos: Vec<u32>,
     /// Seconds to open the store and load the model.
     pub load_s: f64,
     /// Engine worker threads.
@@ -240,6 +251,7 @@ pub fn run(
                 tok: tok.clone(),
                 context: e.context(),
                 vocab: e.spec().vocab_size,
+                eos: e.spec().eos_token_ids.clone(),
                 load_s,
                 threads: e.threads(),
                 max_batch,
@@ -370,6 +382,8 @@ struct Choice {
     /// Finish reason once it ended.
     finished: Option<&'static str>,
     last_token_at: Option<Instant>,
+    /// The grammar its tokens must follow ([`Job::constraint`]), advanced token by token.
+    constraint: Option<Constraint>,
 }
 
 /// A request admitted to the batch.
@@ -681,13 +695,22 @@ impl Scheduler<'_, '_> {
                     seed: job.params.sampling.seed.wrapping_add(i as u64),
                     ..job.params.sampling
                 }),
-                text: ReplyText::for_tokenizer(self.tok, job.stop.clone(), job.reply_format),
+                text: {
+                    let t = ReplyText::for_tokenizer(self.tok, job.stop.clone(), job.reply_format);
+                    match &job.tools {
+                        Some((syntax, types)) => {
+                            t.with_tools(ReplyTools::new(self.tok, *syntax, types.clone()))
+                        }
+                        None => t,
+                    }
+                },
                 generated: 0,
                 next: None,
                 drafts: Vec::new(),
                 gate: DraftGate::new(),
                 finished: None,
                 last_token_at: None,
+                constraint: job.constraint.clone(),
             })
             .collect::<Vec<_>>();
         let mut r = Request {
@@ -1028,6 +1051,14 @@ impl Scheduler<'_, '_> {
                 }
                 Speculate::Off | Speculate::Auto => continue,
             };
+            let mut drafts = drafts;
+            if let Some(k) = c.constraint.as_mut() {
+                // Only drafts the grammar allows are worth verifying.
+                drafts.truncate(k.valid_prefix(&drafts));
+                if drafts.is_empty() {
+                    continue;
+                }
+            }
             rows += drafts.len();
             pass_tokens +=
                 coli_engine::speculative::gate::expected_tokens(c.gate.acceptance(), drafts.len())
@@ -1041,6 +1072,21 @@ impl Scheduler<'_, '_> {
     /// them, and rolls the rejected positions back ([`speculative::accept`]).
     fn verify(&mut self, ri: usize, ci: usize, rows: &[Vec<f32>], drafts: &[u32], now: Instant) {
         let c = &mut self.active[ri].choices[ci];
+        let masked;
+        let rows = match c.constraint.as_mut() {
+            Some(k) => {
+                // Each row sampled as plain decode would: masked by the grammar's state after
+                // the drafts before it.
+                let mut m = rows.to_vec();
+                if let Err(e) = k.mask_rows(&mut m, drafts) {
+                    self.fail_choice(ri, ci, e);
+                    return;
+                }
+                masked = m;
+                &masked[..]
+            }
+            None => rows,
+        };
         let verdict = speculative::accept(&mut c.sampler, rows, drafts);
         let base = c.seq.as_ref().map_or(0, |s| s.len() - rows.len());
         // The fed token stays; each accepted draft emitted stays.
@@ -1104,8 +1150,33 @@ impl Scheduler<'_, '_> {
     /// Samples choice `ci`'s next token from `logits`, sends its text, and ends the choice on
     /// EOS, a stop string, max_tokens or a cancelled client.
     fn sample(&mut self, ri: usize, ci: usize, logits: &[f32], now: Instant) {
-        let id = self.active[ri].choices[ci].sampler.sample(logits);
+        let c = &mut self.active[ri].choices[ci];
+        let id = match c.constraint.as_mut() {
+            Some(k) => {
+                let mut l = logits.to_vec();
+                let t = Instant::now();
+                let r = k.mask(&mut l);
+                self.shared
+                    .metrics
+                    .grammar_mask_seconds
+                    .observe(t.elapsed().as_secs_f64());
+                if let Err(e) = r {
+                    self.fail_choice(ri, ci, e);
+                    return;
+                }
+                c.sampler.sample(&l)
+            }
+            None => c.sampler.sample(logits),
+        };
         self.emit(ri, ci, id, now);
+    }
+
+    /// Ends choice `ci` of request `ri` with an error (its grammar failed).
+    fn fail_choice(&mut self, ri: usize, ci: usize, e: EngineError) {
+        let r = &mut self.active[ri];
+        let _ = r.job.events.send(Event::Error(engine_error(e)));
+        r.status = "error";
+        r.choices[ci].finished.get_or_insert("error");
     }
 
     /// Sends token `id` of choice `ci` (sampled, or an accepted draft) and ends the choice on
@@ -1125,6 +1196,14 @@ impl Scheduler<'_, '_> {
         }
         c.last_token_at = Some(now);
         c.next = Some(id);
+        if let Some(k) = c.constraint.as_mut() {
+            if let Err(e) = k.consume(id) {
+                let _ = r.job.events.send(Event::Error(engine_error(e)));
+                r.status = "error";
+                c.finished = Some("error");
+                return;
+            }
+        }
         if r.job.cancelled() {
             c.finished = Some("cancelled");
             return;
@@ -1171,6 +1250,10 @@ impl Scheduler<'_, '_> {
                 }
                 for p in rest {
                     let _ = job.events.send(event(c.index, p));
+                }
+                if reason == "stop" && c.text.tool_calls() > 0 {
+                    reason = "tool_calls";
+                    c.finished = Some(reason);
                 }
             }
             Err(e) => {
