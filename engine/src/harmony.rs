@@ -9,7 +9,12 @@
 //! [`HarmonyParser`] follows the generated token ids and says where each belongs
 //! ([`Routed`]), so that a server returns the final channel as the message content and the
 //! others as reasoning, instead of one string with the channel names glued in (the special
-//! tokens vanish when decoded).
+//! tokens vanish when decoded). A message whose header names a function as its recipient
+//! (`to=functions.NAME`, before or after the channel: `<|channel|>commentary
+//! to=functions.get_weather <|constrain|>json<|message|>{...}<|call|>` as the model writes it,
+//! `<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>...` as the
+//! chat template renders one) is a tool call: its text is the call's arguments
+//! ([`Routed::CallArgs`], [`HarmonyParser::take_call`]).
 
 use crate::error::Result;
 use crate::text::TextTokenizer;
@@ -73,6 +78,9 @@ pub enum Routed {
     Final,
     /// Text of another channel (`analysis`, `commentary`, ...): reasoning, not the answer.
     Reasoning,
+    /// Text of a message addressed to a function (`to=functions.NAME`): the arguments of a
+    /// tool call, complete at its `<|call|>` ([`HarmonyParser::take_call`]).
+    CallArgs,
     /// A special token, a header (role, recipient, channel name) or text after the reply ended.
     Control,
 }
@@ -81,8 +89,9 @@ pub enum Routed {
 enum State {
     /// In a header; `naming` while the channel name is being read.
     Header { naming: bool },
-    /// In the text of a message; `final_channel` when its channel is `final`.
-    Message { final_channel: bool },
+    /// In the text of a message; `final_channel` when its channel is `final`, `call` when it
+    /// is addressed to a function.
+    Message { final_channel: bool, call: bool },
     /// After `<|end|>`: waiting for the next `<|start|>`.
     Between,
     /// After `<|return|>` or `<|call|>`.
@@ -100,6 +109,12 @@ pub struct HarmonyParser {
     started: bool,
     /// Ids of the channel name being read.
     name: Vec<u32>,
+    /// Ids of the header's text outside the channel name (role, recipient, content type).
+    header: Vec<u32>,
+    /// The function the open message is addressed to.
+    recipient: Option<String>,
+    /// A call that ended (`<|call|>`) and was not taken yet: the function's name.
+    ended_call: Option<String>,
     /// Channel names of the messages so far, in order.
     channels: Vec<String>,
 }
@@ -113,8 +128,34 @@ impl HarmonyParser {
             state: State::Header { naming: false },
             started: false,
             name: Vec::new(),
+            header: Vec::new(),
+            recipient: None,
+            ended_call: None,
             channels: Vec::new(),
         }
+    }
+
+    /// The name of the function whose call just ended (`<|call|>` after a message addressed
+    /// to `functions.NAME`), once.
+    pub fn take_call(&mut self) -> Option<String> {
+        self.ended_call.take()
+    }
+
+    /// Whether a reply's first text (after the prompt's `<|start|>assistant`) may begin a
+    /// recipient (` to=functions.NAME<|channel|>...`, the order the chat template writes).
+    fn opens_recipient(text: &str) -> bool {
+        let t = text.trim_start();
+        !t.is_empty() && ("to=functions.".starts_with(t) || t.starts_with("to="))
+    }
+
+    /// The function a header's text addresses (`to=functions.NAME`), if any.
+    fn recipient_of(text: &str) -> Option<String> {
+        let at = text.find("to=functions.")? + "to=functions.".len();
+        let name: String = text[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != '<')
+            .collect();
+        (!name.is_empty()).then_some(name)
     }
 
     /// The channel names of the messages opened so far (`["analysis", "final"]`).
@@ -152,37 +193,63 @@ impl HarmonyParser {
                 } else if Some(id) == t.constrain {
                     self.state = State::Header { naming: false };
                 } else if id == t.message {
-                    let name = tok.decode(&self.name, false)?;
+                    let full = tok.decode(&self.name, false)?;
+                    let header = tok.decode(&self.header, false)?;
+                    self.recipient = Self::recipient_of(&format!("{header} {full}"));
                     // `commentary to=functions.x json`: the channel is the first word.
-                    let name = name.split_whitespace().next().unwrap_or("").to_string();
+                    let name = full.split_whitespace().next().unwrap_or("").to_string();
                     let final_channel = name == "final";
                     self.channels.push(name);
                     self.name.clear();
-                    self.state = State::Message { final_channel };
+                    self.header.clear();
+                    self.state = State::Message {
+                        final_channel,
+                        call: self.recipient.is_some(),
+                    };
                 } else if id == t.ret || id == t.call {
                     self.state = State::Done;
                 } else if first && !control {
-                    // No header at all: a model that does not follow harmony here.
-                    self.state = State::Passthrough;
-                    return Ok(Routed::Final);
+                    let text = tok.decode(&[id], false)?;
+                    if text.trim().is_empty() {
+                        // Undecided yet (` to=...` may follow).
+                        self.started = false;
+                        self.header.push(id);
+                    } else if Self::opens_recipient(&text) {
+                        self.header.push(id);
+                    } else {
+                        // No header at all: a model that does not follow harmony here.
+                        self.state = State::Passthrough;
+                        return Ok(Routed::Final);
+                    }
                 } else if naming && !control {
                     self.name.push(id);
+                } else if !control {
+                    self.header.push(id);
                 }
                 Routed::Control
             }
-            State::Message { final_channel } => {
+            State::Message {
+                final_channel,
+                call,
+            } => {
                 if id == t.end {
                     self.state = State::Between;
                     Routed::Control
                 } else if id == t.ret || id == t.call {
+                    if id == t.call {
+                        self.ended_call = self.recipient.take();
+                    }
                     self.state = State::Done;
                     Routed::Control
                 } else if id == t.start {
                     // A message left unterminated: a new header starts.
+                    self.header.clear();
                     self.state = State::Header { naming: false };
                     Routed::Control
                 } else if control {
                     Routed::Control
+                } else if call {
+                    Routed::CallArgs
                 } else if final_channel {
                     Routed::Final
                 } else {
@@ -191,6 +258,7 @@ impl HarmonyParser {
             }
             State::Between => {
                 if id == t.start {
+                    self.header.clear();
                     self.state = State::Header { naming: false };
                 } else if id == t.ret || id == t.call {
                     self.state = State::Done;
@@ -231,7 +299,7 @@ mod tests {
         for id in ids {
             match p.push(&tok, id).unwrap() {
                 Routed::Final => fin.push(id),
-                Routed::Reasoning => reasoning.push(id),
+                Routed::Reasoning | Routed::CallArgs => reasoning.push(id),
                 Routed::Control => {}
             }
         }
@@ -282,6 +350,57 @@ mod tests {
         assert_eq!(reasoning, "Need weather.{\"city\":\"Oslo\"}");
         assert_eq!(p.channels(), ["analysis", "commentary"]);
         assert!(p.done());
+    }
+
+    /// The arguments of a call and its function, in both header orders; `<|end|>` (no call)
+    /// leaves nothing to take.
+    fn call_of(reply: &str) -> (String, Option<String>) {
+        let tok = byte_tokenizer_with(&SPECIAL);
+        let t = HarmonyTokens::detect(&tok).unwrap();
+        let mut p = HarmonyParser::new(t);
+        let mut args = Vec::new();
+        let mut name = None;
+        for id in tok.encode(reply, false).unwrap() {
+            if p.push(&tok, id).unwrap() == Routed::CallArgs {
+                args.push(id);
+            }
+            name = name.or(p.take_call());
+        }
+        (tok.decode(&args, true).unwrap(), name)
+    }
+
+    #[test]
+    fn tool_calls_in_both_header_orders() {
+        let model = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}<|call|>";
+        assert_eq!(
+            call_of(model),
+            ("{\"city\":\"Oslo\"}".into(), Some("get_weather".into()))
+        );
+        let template = " to=functions.search<|channel|>commentary json<|message|>{\"q\":1}<|call|>";
+        assert_eq!(
+            call_of(template),
+            ("{\"q\":1}".into(), Some("search".into()))
+        );
+        let ended = "<|channel|>commentary to=functions.f json<|message|>{}<|end|>";
+        assert_eq!(call_of(ended).1, None);
+    }
+
+    /// The call gpt-oss's published template writes (tests/fixtures/chat_templates/
+    /// tools_expected.json, rendered by transformers) routes to its function and arguments.
+    #[test]
+    fn the_published_templates_call_parses() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/chat_templates/tools_expected.json"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let text = v["templates"]["gpt-oss"]["call_text"].as_str().unwrap();
+        let (args, name) = call_of(text);
+        let want = &v["calls"][0];
+        assert_eq!(name.as_deref(), want["name"].as_str());
+        let args: serde_json::Value = serde_json::from_str(&args).unwrap();
+        assert_eq!(args, want["arguments"]);
     }
 
     #[test]

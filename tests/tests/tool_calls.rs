@@ -139,6 +139,10 @@ fn calls_as_the_templates_write_them_parse_back() {
             continue;
         };
         let syntax = ToolSyntax::detect(&template(t, &dir).source);
+        if syntax == ToolSyntax::Harmony {
+            // Token-level (coli_engine::harmony): checked there on this same text.
+            continue;
+        }
         assert_eq!(
             parse(syntax, &types, text, &[]),
             want,
@@ -176,9 +180,13 @@ fn forced_call_grammars_accept_what_the_templates_write() {
         };
         let syntax = ToolSyntax::detect(&template(t, &dir).source);
         let (open, close) = (syntax.open(), syntax.close());
-        let start = text
-            .find(&open)
-            .unwrap_or_else(|| panic!("{name}: no {open}"));
+        // A harmony call starts right after the generation prompt (` to=functions.NAME`).
+        let start = match syntax {
+            ToolSyntax::Harmony => 0,
+            _ => text
+                .find(&open)
+                .unwrap_or_else(|| panic!("{name}: no {open}")),
+        };
         let end = text.rfind(&close).unwrap() + close.len();
         let block = &text[start..end];
         let lark = tool_call_grammar(syntax, &specs, true, &none).unwrap();
@@ -192,11 +200,11 @@ fn forced_call_grammars_accept_what_the_templates_write() {
             &block[took..],
             &block[..took]
         );
-        // One call only: the template's two calls are refused.
+        // One call only: the template's two calls are refused (gpt-oss's template writes one).
         let one = tool_call_grammar(syntax, &specs, false, &none).unwrap();
         let mut c = g.compile(&one).unwrap();
         assert!(
-            !c.accepts_bytes(block.as_bytes()),
+            syntax == ToolSyntax::Harmony || !c.accepts_bytes(block.as_bytes()),
             "{name}: one call accepted two"
         );
         // A call of another tool than the one named is refused.

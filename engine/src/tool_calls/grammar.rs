@@ -246,6 +246,20 @@ pub fn tool_call_grammar(
                     mk("</tool_call>")
                 )
             }
+            // The model's order (channel, then recipient) or the template's (recipient first),
+            // after the generation prompt's `<|start|>assistant`.
+            ToolSyntax::Harmony => {
+                let json = json_rule(&t.object_schema());
+                format!(
+                    "({ch} {} \" \"? ({c})? \"json\" {m} {json} {call}) | ({} {ch} \"commentary \" ({c})? \"json\" {m} {json} {call})",
+                    lit(&format!("commentary to=functions.{}", t.name)),
+                    lit(&format!(" to=functions.{}", t.name)),
+                    ch = mk("<|channel|>"),
+                    c = mk("<|constrain|>"),
+                    m = mk("<|message|>"),
+                    call = mk("<|call|>"),
+                )
+            }
             ToolSyntax::MiniMax | ToolSyntax::Dsml | ToolSyntax::DsmlV4 => {
                 let dsml = syntax != ToolSyntax::MiniMax;
                 let p = if dsml { DSML } else { "" };
@@ -282,6 +296,8 @@ pub fn tool_call_grammar(
                 "start: call".to_string()
             }
         }
+        // One call per reply: generation ends at `<|call|>`.
+        ToolSyntax::Harmony => "start: call".to_string(),
         ToolSyntax::DeepSeek | ToolSyntax::Kimi => format!(
             "start: {} {calls} {}",
             mk(&syntax.open()),
@@ -305,7 +321,9 @@ pub fn tool_call_grammar(
         ToolSyntax::QwenXml => "\n</parameter>".to_string(),
         ToolSyntax::MiniMax => "</parameter>".to_string(),
         ToolSyntax::Dsml | ToolSyntax::DsmlV4 => format!("</{DSML}parameter>"),
-        ToolSyntax::Hermes | ToolSyntax::DeepSeek | ToolSyntax::Kimi => return Ok(g),
+        ToolSyntax::Hermes | ToolSyntax::DeepSeek | ToolSyntax::Kimi | ToolSyntax::Harmony => {
+            return Ok(g)
+        }
     };
     g.push_str(&format!("xml_text[suffix={}]: /(?s:.*)/\n", lit(&end)));
     Ok(g)

@@ -16,6 +16,7 @@
 //! | [`ToolSyntax::DsmlV4`] | DeepSeek-V4 | as DeepSeek-V3.2 in a `<｜DSML｜tool_calls>` block |
 //! | [`ToolSyntax::Kimi`] | Kimi-K2, Kimi-Linear | `<\|tool_calls_section_begin\|><\|tool_call_begin\|>functions.N:0<\|tool_call_argument_begin\|>{..}<\|tool_call_end\|><\|tool_calls_section_end\|>` |
 //! | [`ToolSyntax::MiniMax`] | MiniMax-M2 | `<minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>` |
+//! | [`ToolSyntax::Harmony`] | gpt-oss | `<\|channel\|>commentary to=functions.N <\|constrain\|>json<\|message\|>{..}<\|call\|>` (a harmony message addressed to the function: [`crate::harmony`] routes it, not [`ToolCallParser`]) |
 //!
 //! Arguments always come out as a JSON object (text). The XML syntaxes carry each value as
 //! text: a value is kept as a string when the tool's schema types the parameter `string` (or
@@ -49,6 +50,9 @@ pub enum ToolSyntax {
     Kimi,
     /// MiniMax-M2's `<minimax:tool_call>` invoke blocks.
     MiniMax,
+    /// gpt-oss's harmony messages addressed to `functions.NAME` (token-level: parsed by
+    /// [`crate::harmony::HarmonyParser`]).
+    Harmony,
 }
 
 /// DSML's marker infix (DeepSeek-V3.2).
@@ -59,7 +63,9 @@ impl ToolSyntax {
     /// [`ToolSyntax::Hermes`] for a template that has none (coli then describes the tools in
     /// a system message itself, [`describe_tools`]).
     pub fn detect(template: &str) -> ToolSyntax {
-        if template.contains("tool_calls_section_begin") {
+        if template.contains("<|channel|>") {
+            ToolSyntax::Harmony
+        } else if template.contains("tool_calls_section_begin") {
             ToolSyntax::Kimi
         } else if template.contains("tool▁calls▁begin") {
             ToolSyntax::DeepSeek
@@ -89,6 +95,7 @@ impl ToolSyntax {
             ToolSyntax::DsmlV4 => format!("<{DSML}tool_calls>"),
             ToolSyntax::Kimi => "<|tool_calls_section_begin|>".into(),
             ToolSyntax::MiniMax => "<minimax:tool_call>".into(),
+            ToolSyntax::Harmony => "<|channel|>".into(),
         }
     }
 
@@ -101,6 +108,7 @@ impl ToolSyntax {
             ToolSyntax::DsmlV4 => format!("</{DSML}tool_calls>"),
             ToolSyntax::Kimi => "<|tool_calls_section_end|>".into(),
             ToolSyntax::MiniMax => "</minimax:tool_call>".into(),
+            ToolSyntax::Harmony => "<|call|>".into(),
         }
     }
 
@@ -144,6 +152,7 @@ impl ToolSyntax {
             ToolSyntax::DsmlV4 => "dsml-v4",
             ToolSyntax::Kimi => "kimi-k2",
             ToolSyntax::MiniMax => "minimax-m2",
+            ToolSyntax::Harmony => "harmony",
         }
     }
 }
@@ -315,6 +324,9 @@ pub fn write_call(syntax: ToolSyntax, name: &str, args: &str) -> String {
         ),
         ToolSyntax::Kimi => format!(
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>"
+        ),
+        ToolSyntax::Harmony => format!(
+            "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}<|call|>"
         ),
         ToolSyntax::MiniMax | ToolSyntax::Dsml | ToolSyntax::DsmlV4 => {
             let p = if syntax == ToolSyntax::MiniMax { "" } else { DSML };

@@ -105,6 +105,8 @@ pub fn parse_section(
         ),
         ToolSyntax::MiniMax => invokes(body, "", types),
         ToolSyntax::Dsml | ToolSyntax::DsmlV4 => invokes(body, DSML, types),
+        // Harmony calls are routed by token (crate::harmony), not parsed from text.
+        ToolSyntax::Harmony => None,
     }
 }
 

@@ -154,12 +154,18 @@ pub enum Piece {
 }
 
 /// What a reply's tool calls need: the parser of the model's syntax and the ids of its markers
-/// that the decoder skips (special tokens), with their text.
+/// that the decoder skips (special tokens), with their text. A harmony model's calls are
+/// messages addressed to functions, which the harmony parser routes
+/// ([`coli_engine::Routed::CallArgs`]): no text parser then.
 pub struct ReplyTools {
-    /// The parser.
-    pub parser: ToolCallParser,
+    /// The parser (None for harmony).
+    pub parser: Option<ToolCallParser>,
     /// `(id, text)` of markers held as one special token.
     pub markers: Vec<(u32, String)>,
+    /// A harmony call's argument ids so far.
+    harmony_args: Vec<u32>,
+    /// Harmony calls released.
+    harmony_calls: usize,
 }
 
 impl ReplyTools {
@@ -178,8 +184,14 @@ impl ReplyTools {
             })
             .collect();
         ReplyTools {
-            parser: ToolCallParser::new(syntax, types),
-            markers,
+            parser: (syntax != ToolSyntax::Harmony).then(|| ToolCallParser::new(syntax, types)),
+            markers: if syntax == ToolSyntax::Harmony {
+                Vec::new()
+            } else {
+                markers
+            },
+            harmony_args: Vec::new(),
+            harmony_calls: 0,
         }
     }
 
@@ -192,14 +204,40 @@ impl ReplyTools {
 
     /// Content pieces through the parser (calls out, text as content); others unchanged.
     fn route(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let Some(parser) = self.parser.as_mut() else {
+            return pieces;
+        };
         let mut out = Vec::new();
         for p in pieces {
             match p {
-                Piece::Content(t) => out.extend(self.parser.push(&t).into_iter().map(piece)),
+                Piece::Content(t) => out.extend(parser.push(&t).into_iter().map(piece)),
                 p => out.push(p),
             }
         }
         out
+    }
+
+    /// Calls released so far.
+    fn calls(&self) -> usize {
+        self.harmony_calls + self.parser.as_ref().map_or(0, ToolCallParser::calls)
+    }
+
+    /// A harmony call to `name` ended: its arguments as a call when they are a JSON object,
+    /// else as reasoning (malformed output degrades to text).
+    fn harmony_call(&mut self, tok: &TextTokenizer, name: String) -> coli_engine::Result<Piece> {
+        let text = tok.decode(&std::mem::take(&mut self.harmony_args), true)?;
+        Ok(
+            match serde_json::from_str::<serde_json::Value>(text.trim()) {
+                Ok(v) if v.is_object() => {
+                    self.harmony_calls += 1;
+                    Piece::ToolCall(ParsedCall {
+                        name,
+                        arguments: v.to_string(),
+                    })
+                }
+                _ => Piece::Reasoning(text),
+            },
+        )
     }
 }
 
@@ -466,7 +504,7 @@ impl ReplyText {
 
     /// Tool calls released so far.
     pub fn tool_calls(&self) -> usize {
-        self.tools.as_ref().map_or(0, |t| t.parser.calls())
+        self.tools.as_ref().map_or(0, ReplyTools::calls)
     }
 
     fn push_inner(
@@ -495,6 +533,16 @@ impl ReplyText {
             Some((parser, _)) => parser.push(tok, id)?,
             None => Routed::Final,
         };
+        if let (Some((parser, _)), Some(tools)) = (&mut self.harmony, &mut self.tools) {
+            // A call's arguments are held until its `<|call|>`, then released as the call.
+            if routed == Routed::CallArgs {
+                tools.harmony_args.push(id);
+                return Ok((Vec::new(), false));
+            }
+            if let Some(name) = parser.take_call() {
+                return Ok((vec![tools.harmony_call(tok, name)?], false));
+            }
+        }
         Ok(match (routed, &mut self.harmony) {
             (Routed::Final, _) => {
                 let (t, hit) = match &marker {
@@ -509,7 +557,7 @@ impl ReplyText {
                     hit,
                 )
             }
-            (Routed::Reasoning, Some((_, reasoning))) => {
+            (Routed::Reasoning | Routed::CallArgs, Some((_, reasoning))) => {
                 let (t, _) = reasoning.push(tok, id)?;
                 (
                     (!t.is_empty())
@@ -542,7 +590,9 @@ impl ReplyText {
         Ok(match &mut self.tools {
             Some(t) => {
                 let mut out = t.route(pieces);
-                out.extend(t.parser.finish().into_iter().map(piece));
+                if let Some(p) = t.parser.as_mut() {
+                    out.extend(p.finish().into_iter().map(piece));
+                }
                 (out, hit)
             }
             None => (pieces, hit),
@@ -795,6 +845,102 @@ pub(crate) mod tests {
         let (rest, hit) = r.finish(&tok).expect("finish");
         rest.into_iter().for_each(&mut add);
         (pieces, hit)
+    }
+
+    /// Feeds `reply` with `format` and tools in `syntax` (tokenizer: bytes plus `special`);
+    /// returns the pieces (adjacent text of one kind joined).
+    fn tool_reply(
+        special: &[&str],
+        format: ReplyFormat,
+        syntax: ToolSyntax,
+        reply: &str,
+    ) -> Vec<Piece> {
+        let tok = byte_tokenizer_with(special);
+        let tools = ReplyTools::new(&tok, syntax, ParamTypes::default());
+        let mut r = ReplyText::for_tokenizer(&tok, Vec::new(), format).with_tools(tools);
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut add = |p: Piece| match (pieces.last_mut(), p) {
+            (Some(Piece::Content(a)), Piece::Content(b))
+            | (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+            (_, p) => pieces.push(p),
+        };
+        for id in tok.encode(reply, false).expect("encode") {
+            r.push(&tok, id)
+                .expect("push")
+                .0
+                .into_iter()
+                .for_each(&mut add);
+        }
+        r.finish(&tok)
+            .expect("finish")
+            .0
+            .into_iter()
+            .for_each(&mut add);
+        pieces
+    }
+
+    fn call(name: &str, args: &str) -> Piece {
+        Piece::ToolCall(ParsedCall {
+            name: name.into(),
+            arguments: args.into(),
+        })
+    }
+
+    #[test]
+    fn tool_calls_out_of_the_content() {
+        // Kimi-K2's markers as special tokens (decoding drops them: they are put back).
+        let kimi = [
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ];
+        let text = "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0\
+                    <|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>";
+        for special in [&kimi[..], &[][..]] {
+            assert_eq!(
+                tool_reply(special, ReplyFormat::Plain, ToolSyntax::Kimi, text),
+                vec![Piece::Content("Sure.".into()), call("f", "{\"a\":1}")],
+                "special {special:?}"
+            );
+        }
+        // A reasoning model: the thoughts never reach the call parser, even when they hold a
+        // call's syntax.
+        let reply = "<think>maybe <tool_call>\n{\"name\": \"x\", \"arguments\": {}}\n</tool_call></think>\n\
+                     <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(
+            tool_reply(
+                &["<think>", "</think>"],
+                ReplyFormat::Think { open: false },
+                ToolSyntax::Hermes,
+                reply
+            ),
+            vec![
+                Piece::Reasoning(
+                    "maybe <tool_call>\n{\"name\": \"x\", \"arguments\": {}}\n</tool_call>".into()
+                ),
+                call("f", "{}")
+            ]
+        );
+        // gpt-oss: a commentary message addressed to a function is the call; malformed
+        // arguments are reasoning.
+        let tok = byte_tokenizer_with(&HARMONY);
+        let harmony = ReplyFormat::Harmony(HarmonyTokens::detect(&tok).unwrap());
+        let reply = "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary \
+                     to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>";
+        assert_eq!(
+            tool_reply(&HARMONY, harmony, ToolSyntax::Harmony, reply),
+            vec![
+                Piece::Reasoning("Need it.".into()),
+                call("get_weather", "{\"city\":\"Oslo\"}")
+            ]
+        );
+        let bad = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops<|call|>";
+        assert_eq!(
+            tool_reply(&HARMONY, harmony, ToolSyntax::Harmony, bad),
+            vec![Piece::Reasoning("{oops".into())]
+        );
     }
 
     #[test]
