@@ -216,3 +216,68 @@ fn forced_call_grammars_accept_what_the_templates_write() {
         );
     }
 }
+
+/// The syntax of a case in parse_expected.json.
+fn syntax_named(name: &str) -> ToolSyntax {
+    match name {
+        "hermes" => ToolSyntax::Hermes,
+        "qwen-xml" => ToolSyntax::QwenXml,
+        "glm" | "glm-4.7" => ToolSyntax::Glm,
+        "deepseek-v3.1" => ToolSyntax::DeepSeek,
+        "dsml" => ToolSyntax::Dsml,
+        "dsml-v4" => ToolSyntax::DsmlV4,
+        "kimi-k2" => ToolSyntax::Kimi,
+        "minimax-m2" => ToolSyntax::MiniMax,
+        other => panic!("unknown syntax {other}"),
+    }
+}
+
+/// coli's parser against an independent one: SGLang 0.5.23's function-call detectors, run once
+/// on the same model outputs (tests/fixtures/make_tool_parse_expected.py): the same calls (names
+/// and arguments, values typed alike) and the same text outside them (whitespace at its ends
+/// aside), every way the text is cut into streamed pieces.
+#[test]
+fn calls_parse_as_sglang_parses_them() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/chat_templates");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("parse_expected.json")).unwrap())
+            .unwrap();
+    let types = ParamTypes::from_tools(v["tools"].as_array().unwrap());
+    let cases = v["cases"].as_array().unwrap();
+    assert!(cases.len() >= 17);
+    for c in cases {
+        let syntax = syntax_named(c["syntax"].as_str().unwrap());
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<(String, Value)> = c["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                (
+                    k["name"].as_str().unwrap().to_string(),
+                    k["arguments"].clone(),
+                )
+            })
+            .collect();
+        let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
+        for cuts in std::iter::once(&[][..]).chain(bounds.chunks(1)) {
+            assert_eq!(
+                parse(syntax, &types, text, cuts),
+                want,
+                "{syntax:?} cut {cuts:?}: {text:?}"
+            );
+        }
+        let mut p = ToolCallParser::new(syntax, types.clone());
+        let mut rest = String::new();
+        for e in p.push(text).into_iter().chain(p.finish()) {
+            if let ToolEvent::Text(t) = e {
+                rest.push_str(&t);
+            }
+        }
+        assert_eq!(
+            rest.trim(),
+            c["normal_text"].as_str().unwrap().trim(),
+            "{syntax:?}: {text:?}"
+        );
+    }
+}
