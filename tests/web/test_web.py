@@ -11,6 +11,9 @@ Checks:
 - with the key: the live figures, the memory plan and the heat map are drawn;
 - a chat message streams its reply (the text grows while the request runs) and the reply equals
   the non-streaming API's answer to the same messages at temperature 0;
+- markdown is rendered as nodes; conversations are kept in the browser, listed and reopened
+  after a reload; a system prompt is sent first; a forced tool call is shown as a call, its
+  result sent back and shown, and the reply continues; a reply's reasoning is folded;
 - after the request the figures (tokens, lookups by tier) and the heat map (tokens routed)
   change;
 - the browser console has no error of the page's own (the wrong-key phase's 401s aside), and
@@ -195,7 +198,7 @@ def main():
         def finished():
             r = driver.execute_script(
                 "const m = [...document.querySelectorAll('.msg.assistant')].pop();"
-                "return m ? [m.dataset.finish || null, m.querySelector('.content').textContent] : null")
+                "return m ? [m.dataset.finish || null, m.dataset.raw] : null")
             if r and r[0] is None and r[1]:
                 partial.add(r[1])
             return r if r and r[0] is not None else None
@@ -218,7 +221,7 @@ def main():
         wait_for("the second reply", lambda: driver.execute_script(
             "return document.querySelectorAll('.msg.assistant[data-finish]').length") == 2, 180)
         completion = driver.execute_script(
-            "return [...document.querySelectorAll('.msg.assistant')].pop().querySelector('.content').textContent")
+            "return [...document.querySelectorAll('.msg.assistant')].pop().dataset.raw")
         expected = api_answer(server, prompt=COMPLETION_PROMPT)
         check(completion == expected and completion,
               f"completion mode: the reply equals /v1/completions' text ({completion!r} vs {expected!r})")
@@ -240,6 +243,95 @@ def main():
             check(el(fig).text not in ("", "–"), f"{fig} shows a value ({el(fig).text})")
         check(len(el("drives").find_elements(By.CSS_SELECTOR, "tbody tr")) == 1,
               "one drive row (no mirrors)")
+
+        Select(el("mode")).select_by_value("chat")
+
+        # --- markdown is rendered (as DOM nodes, never as HTML)
+        md = driver.execute_script(
+            "const d = document.createElement('div');"
+            "coliRenderMarkdown(d, '# Title\\nSay **hi** and `x<b>`\\n```py\\nprint(1)\\n```\\n*end*');"
+            "return [d.querySelector('.h').textContent, d.querySelector('strong').textContent,"
+            " d.querySelector('code').textContent, d.querySelector('pre code').textContent,"
+            " d.querySelector('pre code').dataset.lang, d.querySelector('em').textContent,"
+            " d.querySelectorAll('b').length]")
+        check(md == ["Title", "hi", "x<b>", "print(1)", "py", "end", 0],
+              f"markdown: heading, bold, inline code, a fenced code block, italics; no HTML ({md})")
+
+        # --- the conversation is kept in the browser, listed, and comes back after a reload
+        check(len(el("conv-list").find_elements(By.TAG_NAME, "li")) == 1, "the chat is listed as a conversation")
+        driver.refresh()
+        wait_for("the page after a reload", lambda: el("model").text not in ("", "…"), 30)
+        items = el("conv-list").find_elements(By.CSS_SELECTOR, "li .title")
+        check(len(items) == 1 and items[0].text == PROMPT[:60], f"after a reload the conversation is listed ({[i.text for i in items]})")
+        items[0].click()
+        shown = driver.execute_script(
+            "return [...document.querySelectorAll('#messages .msg')].map(m => [m.className, m.dataset.raw])")
+        check(shown == [["msg user", PROMPT], ["msg assistant", reply]],
+              f"the conversation opens with its messages ({shown})"[:300])
+
+        def last_reply(n):
+            wait_for(f"reply {n}", lambda: driver.execute_script(
+                "return document.querySelectorAll('.msg.assistant[data-finish]').length") == n, 180)
+            return driver.execute_script("return [...document.querySelectorAll('.msg.assistant')].pop().dataset.raw")
+
+        # --- a system prompt: a new chat sends it first
+        el("new-chat").click()
+        el("settings").find_element(By.TAG_NAME, "summary").click()
+        system = "You answer in exactly one sentence."
+        el("system").send_keys(system)
+        el("prompt").send_keys(PROMPT)
+        el("send").click()
+        got = last_reply(1)
+        expected = api_answer(server, messages=[{"role": "system", "content": system},
+                                                {"role": "user", "content": PROMPT}])
+        check(got == expected, f"with a system prompt, the reply equals the API's ({got!r} vs {expected!r})")
+
+        # --- tools: a forced call is shown as a call; its result goes back; the reply continues
+        el("new-chat").click()
+        el("system").clear()
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}}]
+        el("tools").send_keys(json.dumps(tools))
+        Select(el("tool-choice")).select_by_value("required")
+        el("prompt").send_keys("What is the weather in Paris?")
+        el("send").click()
+        last_reply(1)
+        box = wait_for("the tool call box", lambda: (driver.find_elements(By.CSS_SELECTOR, ".msg.assistant .tool-call")
+                                                     or [None])[0], 30)
+        name = box.find_element(By.CSS_SELECTOR, ".name").text
+        args = json.loads(box.find_element(By.CSS_SELECTOR, ".args").text)
+        finish = driver.execute_script("return [...document.querySelectorAll('.msg.assistant')].pop().dataset.finish")
+        check(name == "get_weather" and isinstance(args.get("city"), str) and finish == "tool_calls",
+              f"a forced tool call is shown as a call: {name} {args} (finish {finish})")
+        Select(el("tool-choice")).select_by_value("none")
+        box.find_element(By.CSS_SELECTOR, "input.tool-result").send_keys("18 C and sunny")
+        box.find_element(By.CSS_SELECTOR, "button").click()
+        last_reply(2)
+        stored = driver.execute_script(
+            "const c = JSON.parse(localStorage.getItem('coli-conversations'))"
+            ".find(c => c.messages.some(m => m.tool_calls)); return c.messages.map(m => m.role)")
+        results = driver.execute_script("return [...document.querySelectorAll('.msg.tool')].map(m => m.dataset.raw)")
+        check(stored == ["user", "assistant", "tool", "assistant"] and results == ["18 C and sunny"],
+              f"the tool result is shown and the reply continued after it ({stored}, {results})")
+        Select(el("tool-choice")).select_by_value("auto")
+        el("tools").clear()
+
+        # --- reasoning is folded (a stored conversation with a reasoning reply)
+        driver.execute_script(
+            "const l = JSON.parse(localStorage.getItem('coli-conversations'));"
+            "l.push({id: 'r1', title: 'reasoning', system: '', updated: 1, messages: ["
+            " {role: 'user', content: 'q'}, {role: 'assistant', content: 'a', reasoning: 'because', finish: 'stop'}]});"
+            "localStorage.setItem('coli-conversations', JSON.stringify(l));")
+        driver.refresh()
+        wait_for("the page after a reload", lambda: el("model").text not in ("", "…"), 30)
+        titles = [t.text for t in el("conv-list").find_elements(By.CSS_SELECTOR, "li .title")]
+        check(len(titles) == 4, f"four conversations listed ({titles})")
+        driver.find_element(By.CSS_SELECTOR, "#conv-list li[data-id='r1'] .title").click()
+        folded = driver.execute_script(
+            "const d = document.querySelector('.msg.assistant details.reasoning');"
+            "return [d.open, d.classList.contains('empty'), d.querySelector('summary').textContent,"
+            " d.querySelector('.reasoning-text').textContent]")
+        check(folded == [False, False, "Reasoning", "because"], f"reasoning is shown folded ({folded})")
 
         shot = os.path.join(artifacts, "coli-web.png")
         driver.save_screenshot(shot)

@@ -20,7 +20,8 @@ const page = {
   samples: [],       // [{t, s}] state polls, oldest first
   shown: {},         // last value of each figure (kept while idle)
   map: null,         // the last expert map
-  history: [],       // messages of the conversation
+  conversations: [], // the conversations kept in this browser (see "chat" below)
+  current: null,     // the id of the one shown
   abort: null,       // AbortController of the reply streaming now
   statePolls: 0,
   expertPolls: 0,
@@ -440,21 +441,248 @@ $("heatmap").addEventListener("mousemove", (ev) => {
 $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").hidden = true; });
 
 // ---- chat ----
+// Conversations are kept in this browser (localStorage `coli-conversations`): each is
+// {id, title, system, messages (OpenAI chat messages, assistant tool_calls and tool results
+// included; an assistant's reasoning kept in `reasoning` and not sent back), updated}.
+const CONV_KEY = "coli-conversations";
+const CONV_MAX = 50;
+
+function loadConversations() {
+  try {
+    const list = JSON.parse(localStorage.getItem(CONV_KEY) || "[]");
+    return Array.isArray(list) ? list.filter((c) => c && Array.isArray(c.messages)) : [];
+  } catch (_) {
+    return [];
+  }
+}
+
+function saveConversations() {
+  page.conversations.sort((a, b) => b.updated - a.updated);
+  page.conversations.length = Math.min(page.conversations.length, CONV_MAX);
+  try {
+    localStorage.setItem(CONV_KEY, JSON.stringify(page.conversations));
+  } catch (_) { /* storage full or off: the conversation lives on in this tab */ }
+  drawConversations();
+}
+
+function current() {
+  return page.conversations.find((c) => c.id === page.current) || null;
+}
+
+/// The conversation being written: the current one, or a new one from its first message.
+function conversationFor(text) {
+  let c = current();
+  if (!c) {
+    c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 6),
+      title: (text || "conversation").slice(0, 60), system: $("system").value, messages: [],
+      updated: Date.now() };
+    page.conversations.push(c);
+    page.current = c.id;
+  }
+  return c;
+}
+
+function drawConversations() {
+  const ul = $("conv-list");
+  ul.textContent = "";
+  for (const c of page.conversations) {
+    const li = document.createElement("li");
+    li.dataset.id = c.id;
+    if (c.id === page.current) li.className = "current";
+    const t = document.createElement("span");
+    t.className = "title";
+    t.textContent = c.title;
+    t.title = c.title;
+    t.addEventListener("click", () => openConversation(c.id));
+    const del = document.createElement("button");
+    del.type = "button";
+    del.textContent = "×";
+    del.title = "delete this conversation";
+    del.addEventListener("click", () => {
+      page.conversations = page.conversations.filter((x) => x.id !== c.id);
+      if (page.current === c.id) newChat();
+      saveConversations();
+    });
+    li.append(t, del);
+    ul.appendChild(li);
+  }
+}
+
+function newChat() {
+  if (page.abort) page.abort.abort();
+  page.current = null;
+  $("messages").textContent = "";
+  drawConversations();
+}
+
+function openConversation(id) {
+  if (page.abort) page.abort.abort();
+  const c = page.conversations.find((x) => x.id === id);
+  if (!c) return;
+  page.current = id;
+  $("system").value = c.system || "";
+  $("messages").textContent = "";
+  for (const m of c.messages) {
+    if (m.role === "user") addMessage("user", m.content);
+    else if (m.role === "tool") addToolResult(m);
+    else if (m.role === "assistant") {
+      const div = addMessage("assistant", "");
+      setReply(div, m.content || "", m.reasoning || "");
+      for (const tc of m.tool_calls || []) drawToolCall(div, tc, c);
+      div.dataset.finish = m.finish || "stop";
+    }
+  }
+  drawConversations();
+}
+
+// Markdown, rendered into DOM nodes (never as HTML): fenced code blocks (an unclosed one, while
+// a reply streams, runs to the end), headings, `code`, **bold** and *italic*; the rest is text
+// (the message keeps its line breaks).
+function renderMarkdown(el, text) {
+  el.textContent = "";
+  const parts = text.split(/^```/m);
+  parts.forEach((part, i) => {
+    if (i % 2 === 1) {
+      const nl = part.indexOf("\n");
+      const lang = nl >= 0 ? part.slice(0, nl).trim() : part.trim();
+      let body = nl >= 0 ? part.slice(nl + 1) : "";
+      if (body.endsWith("\n")) body = body.slice(0, -1);
+      const pre = document.createElement("pre");
+      const code = document.createElement("code");
+      if (lang) code.dataset.lang = lang;
+      code.textContent = body;
+      pre.appendChild(code);
+      el.appendChild(pre);
+      return;
+    }
+    // Text: the newline that followed a closing fence is part of the block's frame.
+    if (i > 0 && part.startsWith("\n")) part = part.slice(1);
+    const lines = part.split("\n");
+    lines.forEach((line, j) => {
+      const h = /^(#{1,6})\s+(.*)$/.exec(line);
+      if (h) {
+        const span = document.createElement("span");
+        span.className = "h";
+        inline(span, h[2]);
+        el.appendChild(span);
+      } else {
+        inline(el, line);
+      }
+      if (j < lines.length - 1) el.appendChild(document.createTextNode("\n"));
+    });
+  });
+}
+
+function inline(el, text) {
+  const re = /(`[^`\n]+`|\*\*[^*\n]+\*\*|\*[^*\s][^*\n]*\*)/g;
+  let at = 0, m;
+  while ((m = re.exec(text)) !== null) {
+    if (m.index > at) el.appendChild(document.createTextNode(text.slice(at, m.index)));
+    const t = m[0];
+    const node = document.createElement(t.startsWith("`") ? "code" : t.startsWith("**") ? "strong" : "em");
+    node.textContent = t.startsWith("**") ? t.slice(2, -2) : t.slice(1, -1);
+    el.appendChild(node);
+    at = m.index + t.length;
+  }
+  if (at < text.length) el.appendChild(document.createTextNode(text.slice(at)));
+}
+window.coliRenderMarkdown = renderMarkdown;
+
 function addMessage(role, text) {
   const div = document.createElement("div");
   div.className = "msg " + role;
   if (role === "assistant") {
-    const r = document.createElement("div");
-    r.className = "reasoning";
+    // The reasoning, folded (click to read it).
+    const r = document.createElement("details");
+    r.className = "reasoning empty";
+    const s = document.createElement("summary");
+    s.textContent = "Reasoning";
+    const body = document.createElement("div");
+    body.className = "reasoning-text";
+    r.append(s, body);
     div.appendChild(r);
   }
   const content = document.createElement("div");
   content.className = "content";
-  content.textContent = text;
+  if (role === "assistant") renderMarkdown(content, text);
+  else content.textContent = text;
+  div.dataset.raw = text;
   div.appendChild(content);
   const meta = document.createElement("div");
   meta.className = "meta";
   div.appendChild(meta);
+  $("messages").appendChild(div);
+  $("messages").scrollTop = $("messages").scrollHeight;
+  return div;
+}
+
+/// Shows a reply's text (markdown) and reasoning in its message.
+function setReply(div, text, reasoning) {
+  div.dataset.raw = text;
+  renderMarkdown(div.querySelector(".content"), text);
+  const r = div.querySelector("details.reasoning");
+  r.querySelector(".reasoning-text").textContent = reasoning;
+  r.classList.toggle("empty", !reasoning);
+}
+
+/// A tool call of an assistant message: its name and arguments, and, until it has one, a form
+/// for its result (sent as a `tool` message; the reply continues once every call has one).
+function drawToolCall(div, tc, conv) {
+  const box = document.createElement("div");
+  box.className = "tool-call";
+  box.dataset.id = tc.id;
+  const name = document.createElement("span");
+  name.className = "name";
+  name.textContent = tc.function.name;
+  const args = document.createElement("div");
+  args.className = "args";
+  let shown = tc.function.arguments;
+  try { shown = JSON.stringify(JSON.parse(shown), null, 1); } catch (_) { /* as sent */ }
+  args.textContent = shown;
+  const label = document.createElement("span");
+  label.className = "tool-label";
+  label.textContent = "tool call ";
+  box.append(label, name, args);
+  const answered = conv && conv.messages.some((m) => m.role === "tool" && m.tool_call_id === tc.id);
+  if (conv && !answered) {
+    const f = document.createElement("form");
+    const input = document.createElement("input");
+    input.className = "tool-result";
+    input.placeholder = "the tool's result";
+    const b = document.createElement("button");
+    b.type = "submit";
+    b.textContent = "Send result";
+    f.append(input, b);
+    f.addEventListener("submit", (e) => {
+      e.preventDefault();
+      if (page.abort) return;
+      const result = { role: "tool", tool_call_id: tc.id, content: input.value };
+      conv.messages.push(result);
+      conv.updated = Date.now();
+      f.remove();
+      addToolResult(result);
+      saveConversations();
+      const pending = conv.messages.filter((m) => m.role === "assistant" && m.tool_calls)
+        .flatMap((m) => m.tool_calls)
+        .filter((c) => !conv.messages.some((m) => m.role === "tool" && m.tool_call_id === c.id));
+      if (pending.length === 0) send(null);
+    });
+    box.appendChild(f);
+  }
+  div.insertBefore(box, div.querySelector(".meta"));
+}
+
+function addToolResult(m) {
+  const div = document.createElement("div");
+  div.className = "msg tool";
+  div.dataset.raw = m.content;
+  const label = document.createElement("span");
+  label.className = "tool-label";
+  label.textContent = "tool result (" + m.tool_call_id + ")\n";
+  const content = document.createElement("div");
+  content.className = "content";
+  content.textContent = m.content;
+  div.append(label, content);
   $("messages").appendChild(div);
   $("messages").scrollTop = $("messages").scrollHeight;
   return div;
@@ -472,19 +700,47 @@ function readSse(buffer, onData) {
   return buffer;
 }
 
+/// The tools field as sent: null when empty; throws with a message when not a JSON array.
+function toolsField() {
+  const t = $("tools").value.trim();
+  if (!t) return null;
+  let v;
+  try { v = JSON.parse(t); } catch (e) { throw new Error("Tools: not JSON (" + e.message + ")"); }
+  if (!Array.isArray(v)) throw new Error("Tools: expected a JSON array of tools");
+  return v;
+}
+
+/// Sends `text` as the next user message (chat) or prompt (completion); `text` null continues a
+/// chat after tool results.
 async function send(text) {
   const temperature = Number($("temperature").value);
   // Empty: the server's default (until the reply or the context ends).
   const asked = Math.floor(Number($("max-tokens").value));
   const maxTokens = asked >= 1 ? asked : null;
-  const chat = $("mode").value === "chat";
-  if (chat) page.history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const chat = $("mode").value === "chat" || text == null;
+  let tools = null;
+  $("tools-error").textContent = "";
+  if (chat) {
+    try { tools = toolsField(); } catch (e) { $("tools-error").textContent = e.message; return; }
+  }
+  const conv = chat ? conversationFor(text) : null;
+  if (chat) {
+    conv.system = $("system").value;
+    if (text != null) conv.messages.push({ role: "user", content: text });
+    conv.updated = Date.now();
+    saveConversations();
+  }
+  if (text != null) addMessage("user", text);
   const msg = addMessage("assistant", "");
-  const content = msg.querySelector(".content"), reasoning = msg.querySelector(".reasoning");
   const meta = msg.querySelector(".meta");
   const t0 = performance.now();
-  let first = null, tokens = null, finish = null, reply = "";
+  let first = null, tokens = null, finish = null, reply = "", reasoning = "";
+  const calls = [];
+  let frame = 0;
+  const redraw = () => {
+    if (frame) return;
+    frame = requestAnimationFrame(() => { frame = 0; setReply(msg, reply, reasoning); });
+  };
   page.abort = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -492,11 +748,27 @@ async function send(text) {
     const common = { model: page.model, stream: true, temperature,
       stream_options: { include_usage: true } };
     if (maxTokens != null) common.max_tokens = maxTokens;
+    let body;
+    if (chat) {
+      const sys = conv.system.trim() ? [{ role: "system", content: conv.system }] : [];
+      const messages = sys.concat(conv.messages.map((m) => {
+        const o = { role: m.role, content: m.content };
+        if (m.tool_calls) o.tool_calls = m.tool_calls;
+        if (m.tool_call_id) o.tool_call_id = m.tool_call_id;
+        return o;
+      }));
+      body = Object.assign({ messages }, common);
+      if (tools) {
+        body.tools = tools;
+        body.tool_choice = $("tool-choice").value;
+      }
+    } else {
+      body = Object.assign({ prompt: text }, common);
+    }
     const resp = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
-      body: JSON.stringify(chat ? Object.assign({ messages: page.history }, common)
-        : Object.assign({ prompt: text }, common)),
+      body: JSON.stringify(body),
       signal: page.abort.signal,
     });
     if (!resp.ok) {
@@ -523,17 +795,38 @@ async function send(text) {
         if (piece) {
           if (first == null) first = performance.now();
           reply += piece;
-          content.textContent = reply;
+          msg.dataset.raw = reply;
+          redraw();
         }
         if (delta.reasoning_content) {
           if (first == null) first = performance.now();
-          reasoning.textContent += delta.reasoning_content;
+          reasoning += delta.reasoning_content;
+          redraw();
+        }
+        for (const tc of delta.tool_calls || []) {
+          if (first == null) first = performance.now();
+          const c = calls[tc.index] || (calls[tc.index] = { id: "", type: "function",
+            function: { name: "", arguments: "" } });
+          if (tc.id) c.id = tc.id;
+          if (tc.function && tc.function.name) c.function.name += tc.function.name;
+          if (tc.function && tc.function.arguments) c.function.arguments += tc.function.arguments;
         }
         if (ch.finish_reason) finish = ch.finish_reason;
         $("messages").scrollTop = $("messages").scrollHeight;
       });
     }
-    if (chat) page.history.push({ role: "assistant", content: reply });
+    if (frame) cancelAnimationFrame(frame);
+    frame = 0;
+    setReply(msg, reply, reasoning);
+    if (chat) {
+      const m = { role: "assistant", content: reply, finish: finish || "stop" };
+      if (reasoning) m.reasoning = reasoning;
+      if (calls.length) m.tool_calls = calls.filter(Boolean);
+      conv.messages.push(m);
+      conv.updated = Date.now();
+      saveConversations();
+      for (const tc of m.tool_calls || []) drawToolCall(msg, tc, conv);
+    }
     const secs = (performance.now() - t0) / 1000;
     const decode = first != null ? (performance.now() - first) / 1000 : 0;
     meta.textContent = [
@@ -545,6 +838,9 @@ async function send(text) {
     ].filter(Boolean).join(" · ");
     msg.dataset.finish = finish || "none";
   } catch (err) {
+    if (frame) cancelAnimationFrame(frame);
+    frame = 0;
+    setReply(msg, reply, reasoning);
     if (page.abort) page.abort.abort();
     msg.classList.add("failed");
     const stopped = err.name === "AbortError";
@@ -553,14 +849,15 @@ async function send(text) {
     else if (err instanceof TypeError) why = "the connection to the server was lost (" + why + ")";
     if (chat && stopped && reply) {
       // A stopped reply stays in the conversation as far as it went.
-      page.history.push({ role: "assistant", content: reply });
+      conv.messages.push({ role: "assistant", content: reply, finish: "stopped" });
       meta.textContent = "stopped (kept in the conversation as far as it went)";
     } else {
       // The exchange is left out of the conversation sent next.
-      if (chat) page.history.pop();
+      if (chat && text != null) conv.messages.pop();
       meta.textContent = (stopped ? "stopped" : "error: " + why) +
         (chat ? " (this exchange is left out of the conversation)" : "");
     }
+    if (chat) saveConversations();
     msg.dataset.finish = stopped ? "stopped" : "error";
     $("messages").scrollTop = $("messages").scrollHeight;
   } finally {
@@ -595,11 +892,9 @@ $("prompt").addEventListener("keydown", (e) => {
   }
 });
 $("stop").addEventListener("click", () => { if (page.abort) page.abort.abort(); });
-$("new-chat").addEventListener("click", () => {
-  if (page.abort) page.abort.abort();
-  page.history = [];
-  $("messages").textContent = "";
-});
+$("new-chat").addEventListener("click", newChat);
+page.conversations = loadConversations();
+drawConversations();
 
 async function start() {
   try {
