@@ -827,8 +827,14 @@ pub(crate) mod tests {
         reply: &str,
     ) -> (Vec<Piece>, bool) {
         let tok = byte_tokenizer_with(special);
-        let mut r =
+        let r =
             ReplyText::for_tokenizer(&tok, stops.iter().map(|s| s.to_string()).collect(), format);
+        feed(&tok, r, reply)
+    }
+
+    /// Feeds `reply` token by token into `r`: the pieces (adjacent text of one kind joined) and
+    /// whether a stop string hit.
+    fn feed(tok: &TextTokenizer, mut r: ReplyText, reply: &str) -> (Vec<Piece>, bool) {
         let mut pieces: Vec<Piece> = Vec::new();
         let mut add = |p: Piece| match (pieces.last_mut(), p) {
             (Some(Piece::Content(a)), Piece::Content(b))
@@ -836,13 +842,13 @@ pub(crate) mod tests {
             (_, p) => pieces.push(p),
         };
         for id in tok.encode(reply, false).expect("encode") {
-            let (ps, hit) = r.push(&tok, id).expect("push");
+            let (ps, hit) = r.push(tok, id).expect("push");
             ps.into_iter().for_each(&mut add);
             if hit {
                 return (pieces, true);
             }
         }
-        let (rest, hit) = r.finish(&tok).expect("finish");
+        let (rest, hit) = r.finish(tok).expect("finish");
         rest.into_iter().for_each(&mut add);
         (pieces, hit)
     }
@@ -857,26 +863,8 @@ pub(crate) mod tests {
     ) -> Vec<Piece> {
         let tok = byte_tokenizer_with(special);
         let tools = ReplyTools::new(&tok, syntax, ParamTypes::default());
-        let mut r = ReplyText::for_tokenizer(&tok, Vec::new(), format).with_tools(tools);
-        let mut pieces: Vec<Piece> = Vec::new();
-        let mut add = |p: Piece| match (pieces.last_mut(), p) {
-            (Some(Piece::Content(a)), Piece::Content(b))
-            | (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
-            (_, p) => pieces.push(p),
-        };
-        for id in tok.encode(reply, false).expect("encode") {
-            r.push(&tok, id)
-                .expect("push")
-                .0
-                .into_iter()
-                .for_each(&mut add);
-        }
-        r.finish(&tok)
-            .expect("finish")
-            .0
-            .into_iter()
-            .for_each(&mut add);
-        pieces
+        let r = ReplyText::for_tokenizer(&tok, Vec::new(), format).with_tools(tools);
+        feed(&tok, r, reply).0
     }
 
     fn call(name: &str, args: &str) -> Piece {

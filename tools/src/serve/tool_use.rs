@@ -149,16 +149,32 @@ fn unique(tools: &[Value], param: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// OpenAI `tools`.
-pub fn openai_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
+/// The request's `tools` array (empty when absent), at most [`MAX_TOOLS`] long.
+fn tool_list(obj: &Map<String, Value>) -> Result<&[Value], ApiError> {
     let list = match obj.get("tools") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
+        None | Some(Value::Null) => return Ok(&[]),
         Some(Value::Array(a)) => a,
         Some(v) => return Err(ApiError::wrong_type("tools", "an array", v)),
     };
     if list.len() > MAX_TOOLS {
         return Err(too_many("tools", list.len()));
     }
+    Ok(list)
+}
+
+/// An OpenAI-shaped function tool.
+fn function_tool(name: String, description: Option<&Value>, parameters: Value) -> Value {
+    let mut func = json!({"name": name});
+    if let Some(d) = description.and_then(Value::as_str) {
+        func["description"] = json!(d);
+    }
+    func["parameters"] = parameters;
+    json!({"type": "function", "function": func})
+}
+
+/// OpenAI `tools`.
+pub fn openai_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
+    let list = tool_list(obj)?;
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let p = format!("tools[{i}]");
@@ -204,12 +220,7 @@ pub fn openai_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
         };
         check_name(&name, &format!("{p}.function.name"))?;
         let params = check_schema(f.get("parameters"), &format!("{p}.function.parameters"))?;
-        let mut func = json!({"name": name});
-        if let Some(d) = f.get("description").and_then(Value::as_str) {
-            func["description"] = json!(d);
-        }
-        func["parameters"] = params;
-        out.push(json!({"type": "function", "function": func}));
+        out.push(function_tool(name, f.get("description"), params));
     }
     unique(&out, "tools")?;
     Ok(out)
@@ -217,14 +228,7 @@ pub fn openai_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
 
 /// Anthropic `tools` (`{"name", "description", "input_schema"}`), as OpenAI-shaped tools.
 pub fn anthropic_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
-    let list = match obj.get("tools") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(v) => return Err(ApiError::wrong_type("tools", "an array", v)),
-    };
-    if list.len() > MAX_TOOLS {
-        return Err(too_many("tools", list.len()));
-    }
+    let list = tool_list(obj)?;
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let p = format!("tools.{i}");
@@ -257,12 +261,7 @@ pub fn anthropic_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError>
             ));
         }
         let params = check_schema(t.get("input_schema"), &format!("{p}.input_schema"))?;
-        let mut func = json!({"name": name});
-        if let Some(d) = t.get("description").and_then(Value::as_str) {
-            func["description"] = json!(d);
-        }
-        func["parameters"] = params;
-        out.push(json!({"type": "function", "function": func}));
+        out.push(function_tool(name, t.get("description"), params));
     }
     unique(&out, "tools")?;
     Ok(out)
