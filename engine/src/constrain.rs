@@ -117,6 +117,7 @@ impl Grammars {
         Ok(Constraint {
             matcher: m,
             consumed: 0,
+            param: "grammar",
         })
     }
 }
@@ -125,6 +126,8 @@ impl Grammars {
 pub struct Constraint {
     matcher: Matcher,
     consumed: usize,
+    /// The request field the grammar comes from (named in errors).
+    param: &'static str,
 }
 
 impl Clone for Constraint {
@@ -132,6 +135,7 @@ impl Clone for Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
             consumed: self.consumed,
+            param: self.param,
         }
     }
 }
@@ -143,6 +147,29 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
+    /// The constraint, its errors naming request field `param` (`tool_choice`,
+    /// `response_format`).
+    pub fn with_param(mut self, param: &'static str) -> Constraint {
+        self.param = param;
+        self
+    }
+
+    /// The request field the grammar comes from.
+    pub fn param(&self) -> &'static str {
+        self.param
+    }
+
+    /// An error of the grammar library at generation time, its message's first line.
+    fn error(&self, e: impl std::fmt::Display) -> EngineError {
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or_default();
+        let first: String = first.chars().take(300).collect();
+        EngineError::Invalid(format!(
+            "constrained decoding ({}): the grammar library failed: {first}",
+            self.param
+        ))
+    }
+
     /// Sets every logit the grammar does not allow next to -inf (once the grammar is complete,
     /// only the end-of-sequence token is allowed).
     ///
@@ -152,7 +179,7 @@ impl Constraint {
         let vob = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| EngineError::Invalid(format!("constrained decoding: {e}")))?;
+            .map_err(|e| self.error(e))?;
         for (i, l) in logits.iter_mut().enumerate() {
             if !vob.is_allowed(i as u32) {
                 *l = f32::NEG_INFINITY;
@@ -169,9 +196,9 @@ impl Constraint {
         if self.matcher.is_stopped() {
             return Ok(());
         }
-        self.matcher
-            .consume_token(id)
-            .map_err(|e| EngineError::Invalid(format!("constrained decoding: token {id}: {e}")))?;
+        if let Err(e) = self.matcher.consume_token(id) {
+            return Err(self.error(e));
+        }
         self.consumed += 1;
         Ok(())
     }
@@ -200,21 +227,20 @@ impl Constraint {
                 out = Err(e);
                 break;
             }
-            if i < drafts.len() && i + 1 < n {
-                if self.matcher.is_stopped() {
-                    break;
-                }
+            // Once the grammar is complete the later rows allow only the end of sequence (what
+            // `mask` gives a stopped grammar).
+            if i < drafts.len() && i + 1 < n && !self.matcher.is_stopped() {
                 if let Err(e) = self.matcher.consume_token(drafts[i]) {
-                    out = Err(EngineError::Invalid(format!("constrained decoding: {e}")));
+                    out = Err(self.error(e));
                     break;
                 }
                 advanced += 1;
             }
         }
         if advanced > 0 {
-            self.matcher
-                .rollback(advanced)
-                .map_err(|e| EngineError::Invalid(format!("constrained decoding: {e}")))?;
+            if let Err(e) = self.matcher.rollback(advanced) {
+                return Err(self.error(e));
+            }
         }
         out
     }

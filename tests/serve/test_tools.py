@@ -17,9 +17,13 @@ Checks, against a real server over loopback:
   forced `tool_choice` against the server;
 - `response_format` `json_schema` on 20 schemas (nested objects, enums, arrays, required fields):
   every reply parses and validates (jsonschema); `json_object` gives an object;
-- bad input: 1000 tools, a schema the grammar library cannot compile, a `tool_result` for an
-  unknown id, a `tool_choice` naming an absent tool, an invalid schema: a 400 naming the field,
-  and the server answers the next request;
+- bad input: 1000 tools, a schema the grammar library cannot compile for a forced call, a
+  `tool_result` for an unknown id, a `tool_choice` naming an absent tool, an invalid schema: a 400
+  naming the field, and the server answers the next request;
+- schemas as clients write them: a forced call of a tool using `$defs` validates, `allOf` and
+  `uniqueItems` are accepted when no grammar is needed; `response_format` beside tools gives a call
+  or the JSON; a forced call cut by `max_tokens` leaves no markup in `content`; stop strings do
+  not cut a forced call; Anthropic's streamed and whole replies have the same blocks;
 - placement never changes the output: the forced calls of 4 concurrent clients equal their solo
   runs (per-sequence masks in one batch), and a server drafting with `--speculate ngram` (drafts
   checked against the grammar) gives the same calls;
@@ -196,6 +200,9 @@ def anthropic_loop(server):
     check(final.stop_reason == "tool_use" and su == nu and su and su[0][0] == "get_weather"
           and "input_json" in kinds,
           f"anthropic stream: input_json_delta events assemble to the unstreamed tool_use ({su})")
+    check([b.type for b in final.content] == [b.type for b in named.content] == ["tool_use"],
+          f"anthropic: the same blocks streamed and not, no empty text block "
+          f"({[b.type for b in final.content]} / {[b.type for b in named.content]})")
     history = ASK + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "18 C"}
                                                   for u in uses]}]
@@ -263,7 +270,8 @@ def bad_input(server):
     cases = [
         ({"tools": many}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}]}, "tools[0].function.parameters"),
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}], "tool_choice": "required"},
+         "tools[0].function.parameters"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
          "tools[0].function.parameters"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "absent"}}}, "tool_choice"),
@@ -284,6 +292,52 @@ def bad_input(server):
           f"anthropic: a tool_result for an unknown id is a 400 naming it: {st} {str(body)[:160]}")
     st, _, body = chat({})
     check(st == 200, "the server answers after the bad requests")
+
+
+def schemas_and_limits(server):
+    """Schemas as clients write them (pydantic's `$defs`, `allOf`, `uniqueItems`), JSON beside
+    tools, and forced calls cut short or meeting stop strings."""
+    c = client(server)
+    loc = {"type": "function", "function": {"name": "locate", "parameters": {
+        "type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"],
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                             "country": {"type": "string", "maxLength": 20}},
+                            "required": ["city", "country"]}}}}}
+    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=[loc], temperature=0, max_tokens=80,
+                                  tool_choice={"type": "function", "function": {"name": "locate"}})
+    calls = r.choices[0].message.tool_calls or []
+    check(r.choices[0].finish_reason == "tool_calls" and calls
+          and valid(calls[0].function.arguments, loc["function"]["parameters"]),
+          f"a forced call of a tool whose schema uses $defs validates: {[x.function.arguments for x in calls]}")
+    for name, params in [
+        ("allOf", {"type": "object", "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}),
+        ("uniqueItems", {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                                   "uniqueItems": True}}}),
+    ]:
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 4,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]}
+        st, _, b = raw(server, "POST", "/v1/chat/completions", json.dumps(body))
+        check(st == 200, f"tool_choice auto with a schema using {name}: {st} {str(b)[:160]}")
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 30}}, "required": ["answer"]}
+    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=80,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    m = r.choices[0].message
+    check((m.tool_calls and all(valid(t.function.arguments, SCHEMAS[t.function.name]) for t in m.tool_calls))
+          or valid(m.content or "", schema),
+          f"response_format beside tools: a call or the JSON ({m.tool_calls or m.content!r})"[:200])
+    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                  max_tokens=6)
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "length" and not (m.content or "").strip() and not m.tool_calls,
+          f"a forced call cut by max_tokens: finish length, no markup as content ({m.content!r})")
+    full = forced_call(c, ASK)[1]
+    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                  max_tokens=64, stop=["Paris", "\""])
+    got = [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls or []]
+    check(r.choices[0].finish_reason == "tool_calls" and got == full,
+          f"stop strings do not cut a forced call ({got})")
 
 
 def same_output(server_batch, solo_calls):
@@ -351,6 +405,7 @@ def main():
         agents_sdk(server)
         structured(server)
         bad_input(server)
+        schemas_and_limits(server)
         prompts, solo = same_output(server, None)
     finally:
         server.stop()

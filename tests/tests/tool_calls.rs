@@ -108,7 +108,7 @@ fn parse(
         events.extend(p.push(&text[at..c]));
         at = c;
     }
-    events.extend(p.finish());
+    events.extend(p.finish(false));
     events
         .into_iter()
         .filter_map(|e| match e {
@@ -189,7 +189,7 @@ fn forced_call_grammars_accept_what_the_templates_write() {
         };
         let end = text.rfind(&close).unwrap() + close.len();
         let block = &text[start..end];
-        let lark = tool_call_grammar(syntax, &specs, true, &none).unwrap();
+        let lark = tool_call_grammar(syntax, &specs, true, &none, None).unwrap();
         let mut c = g
             .compile(&lark)
             .unwrap_or_else(|e| panic!("{name}: {e}\n{lark}"));
@@ -201,14 +201,14 @@ fn forced_call_grammars_accept_what_the_templates_write() {
             &block[..took]
         );
         // One call only: the template's two calls are refused (gpt-oss's template writes one).
-        let one = tool_call_grammar(syntax, &specs, false, &none).unwrap();
+        let one = tool_call_grammar(syntax, &specs, false, &none, None).unwrap();
         let mut c = g.compile(&one).unwrap();
         assert!(
             syntax == ToolSyntax::Harmony || !c.accepts_bytes(block.as_bytes()),
             "{name}: one call accepted two"
         );
         // A call of another tool than the one named is refused.
-        let only = tool_call_grammar(syntax, &specs[1..], true, &none).unwrap();
+        let only = tool_call_grammar(syntax, &specs[1..], true, &none, None).unwrap();
         let mut c = g.compile(&only).unwrap();
         assert!(
             !c.accepts_bytes(block.as_bytes()),
@@ -269,7 +269,7 @@ fn calls_parse_as_sglang_parses_them() {
         }
         let mut p = ToolCallParser::new(syntax, types.clone());
         let mut rest = String::new();
-        for e in p.push(text).into_iter().chain(p.finish()) {
+        for e in p.push(text).into_iter().chain(p.finish(false)) {
             if let ToolEvent::Text(t) = e {
                 rest.push_str(&t);
             }

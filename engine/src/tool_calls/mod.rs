@@ -187,6 +187,12 @@ pub struct ToolCallParser {
     pending: String,
     in_block: bool,
     calls: usize,
+    /// Whitespace at the end of the text so far, held back: dropped before a call, released
+    /// before more text or at the end (unless a call came last): whitespace around calls is
+    /// not content, whatever the pieces the text streamed in.
+    ws: String,
+    /// Whether the last thing released was a call.
+    after_call: bool,
 }
 
 impl ToolCallParser {
@@ -201,6 +207,8 @@ impl ToolCallParser {
             pending: String::new(),
             in_block: false,
             calls: 0,
+            ws: String::new(),
+            after_call: false,
         }
     }
 
@@ -226,13 +234,13 @@ impl ToolCallParser {
                 match self.pending.find(&self.open) {
                     Some(at) => {
                         let text: String = self.pending.drain(..at).collect();
-                        push_text(&mut out, text);
+                        self.text(&mut out, text);
                         self.in_block = true;
                     }
                     None => {
                         let hold = hold_from(&self.pending, &self.open);
                         let text: String = self.pending.drain(..hold).collect();
-                        push_text(&mut out, text);
+                        self.text(&mut out, text);
                         return out;
                     }
                 }
@@ -241,34 +249,54 @@ impl ToolCallParser {
     }
 
     /// End of the reply: a block left open (a model that stops without the closing marker)
-    /// is parsed as if closed, else released as text.
-    pub fn finish(&mut self) -> Vec<ToolEvent> {
+    /// is parsed as if closed, else released as text, unless the reply was `truncated`
+    /// (max_tokens, a shutdown): then a block cut short is dropped rather than shown as markup.
+    pub fn finish(&mut self, truncated: bool) -> Vec<ToolEvent> {
         let rest = std::mem::take(&mut self.pending);
         let mut out = Vec::new();
         if self.in_block {
             self.in_block = false;
             let closed = format!("{rest}{}", self.close);
             match parse_section(self.syntax, &closed, &self.types) {
-                Some(calls) if !calls.is_empty() => {
-                    self.calls += calls.len();
-                    out.extend(calls.into_iter().map(ToolEvent::Call));
-                }
-                _ => push_text(&mut out, rest),
+                Some(calls) if !calls.is_empty() => self.calls_out(calls, &mut out),
+                _ if truncated => {}
+                _ => self.text(&mut out, rest),
             }
         } else {
-            push_text(&mut out, rest);
+            self.text(&mut out, rest);
+        }
+        if !self.after_call {
+            push_text(&mut out, std::mem::take(&mut self.ws));
         }
         out
     }
 
     fn release_block(&mut self, block: &str, out: &mut Vec<ToolEvent>) {
         match parse_section(self.syntax, block, &self.types) {
-            Some(calls) if !calls.is_empty() => {
-                self.calls += calls.len();
-                out.extend(calls.into_iter().map(ToolEvent::Call));
-            }
-            _ => push_text(out, block.to_string()),
+            Some(calls) if !calls.is_empty() => self.calls_out(calls, out),
+            _ => self.text(out, block.to_string()),
         }
+    }
+
+    fn calls_out(&mut self, calls: Vec<ParsedCall>, out: &mut Vec<ToolEvent>) {
+        self.ws.clear();
+        self.after_call = true;
+        self.calls += calls.len();
+        out.extend(calls.into_iter().map(ToolEvent::Call));
+    }
+
+    /// Text out, its trailing whitespace held ([`ToolCallParser::ws`]).
+    fn text(&mut self, out: &mut Vec<ToolEvent>, text: String) {
+        let body = text.trim_end();
+        if body.is_empty() {
+            self.ws.push_str(&text);
+            return;
+        }
+        let tail = text[body.len()..].to_string();
+        let text = std::mem::take(&mut self.ws) + body;
+        self.ws = tail;
+        self.after_call = false;
+        push_text(out, text);
     }
 }
 

@@ -19,7 +19,7 @@ fn events(syntax: ToolSyntax, text: &str) -> Vec<ToolEvent> {
         for piece in pieces {
             out.extend(p.push(piece));
         }
-        out.extend(p.finish());
+        out.extend(p.finish(false));
         merge(out)
     };
     let whole = run(&[text]);
@@ -60,9 +60,8 @@ fn hermes_calls_and_text() {
     assert_eq!(
         events(ToolSyntax::Hermes, t),
         vec![
-            ToolEvent::Text("Let me check.\n".into()),
+            ToolEvent::Text("Let me check.".into()),
             call("get_weather", json!({"city": "Paris", "days": 2})),
-            ToolEvent::Text("\n".into()),
             call("get_weather", json!({"city": "Rome"})),
         ]
     );
@@ -84,6 +83,16 @@ fn malformed_blocks_are_text() {
             "{t}"
         );
     }
+    // A reply cut short inside a block: the markup is dropped, not shown as text.
+    let mut p = ToolCallParser::new(ToolSyntax::Hermes, ParamTypes::default());
+    let mut ev = p.push("Hi <tool_call>\n{\"name\": \"x\", \"argu");
+    ev.extend(p.finish(true));
+    assert_eq!(merge(ev), vec![ToolEvent::Text("Hi ".into())]);
+    // Whitespace alone is text only when no call comes.
+    assert_eq!(
+        events(ToolSyntax::Hermes, " \n "),
+        vec![ToolEvent::Text(" \n ".into())]
+    );
     // A block the model did not close still counts when it parses.
     assert_eq!(
         events(
@@ -174,5 +183,189 @@ fn detection_from_the_published_templates() {
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         assert_eq!(ToolSyntax::detect(&src), syntax, "{file}");
+    }
+}
+
+mod grammars {
+    use super::super::grammar::{json_grammar, tool_call_grammar, ToolSpec};
+    use super::super::ToolSyntax;
+    use crate::constrain::Grammars;
+    use serde_json::{json, Value as Json};
+
+    fn spec(name: &str, parameters: Json) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            parameters,
+        }
+    }
+
+    /// Whether the grammar of `tools` in `syntax` (`or_json` beside) accepts `text`.
+    fn accepts(syntax: ToolSyntax, tools: &[ToolSpec], or_json: Option<&Json>, text: &str) -> bool {
+        let none = |_: &str| None;
+        let lark = tool_call_grammar(syntax, tools, true, &none, or_json).unwrap();
+        let g = Grammars::bytewise();
+        let mut c = g.compile(&lark).unwrap_or_else(|e| panic!("{e}\n{lark}"));
+        c.accepts_bytes(text.as_bytes())
+    }
+
+    fn weather() -> ToolSpec {
+        spec(
+            "w",
+            json!({"type": "object", "properties": {
+                "unit": {"type": "string", "enum": ["c", "f"]},
+                "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                "city": {"type": "string", "maxLength": 8}},
+                "required": ["unit", "code"]}),
+        )
+    }
+
+    #[test]
+    fn xml_string_values_are_raw_text_within_their_schema() {
+        let glm = |unit: &str, code: &str, city: &str| {
+            let city = if city.is_empty() {
+                String::new()
+            } else {
+                format!("<arg_key>city</arg_key><arg_value>{city}</arg_value>")
+            };
+            format!("<tool_call>w<arg_key>unit</arg_key><arg_value>{unit}</arg_value><arg_key>code</arg_key><arg_value>{code}</arg_value>{city}</tool_call>")
+        };
+        let t = [weather()];
+        assert!(accepts(ToolSyntax::Glm, &t, None, &glm("c", "ABC", "")));
+        assert!(accepts(
+            ToolSyntax::Glm,
+            &t,
+            None,
+            &glm("f", "XYZ", "a <b> c")
+        ));
+        assert!(
+            !accepts(ToolSyntax::Glm, &t, None, &glm("\"c\"", "ABC", "")),
+            "an enum value is raw, not JSON"
+        );
+        assert!(
+            !accepts(ToolSyntax::Glm, &t, None, &glm("x", "ABC", "")),
+            "outside the enum"
+        );
+        assert!(
+            !accepts(ToolSyntax::Glm, &t, None, &glm("c", "Paris", "")),
+            "against the pattern"
+        );
+        assert!(
+            !accepts(ToolSyntax::Glm, &t, None, &glm("c", "ABC", "Amsterdam")),
+            "over maxLength"
+        );
+        // A text value cannot hold the markers that close the call around it.
+        let qwen = |city: &str| {
+            format!("<tool_call>\n<function=w>\n<parameter=unit>\nc\n</parameter>\n<parameter=code>\nABC\n</parameter>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>")
+        };
+        assert!(accepts(ToolSyntax::QwenXml, &t, None, &qwen("Rome")));
+        assert!(!accepts(
+            ToolSyntax::QwenXml,
+            &t,
+            None,
+            &qwen("R</tool_call>")
+        ));
+        assert!(!accepts(
+            ToolSyntax::QwenXml,
+            &t,
+            None,
+            &qwen("Ro</function>")
+        ));
+    }
+
+    #[test]
+    fn references_survive_embedding() {
+        let loc = spec(
+            "f",
+            json!({"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"},
+                "old": {"$ref": "#/definitions/Old"}, "same": {"$ref": "#/properties/loc"}},
+                "required": ["loc"],
+                "$defs": {"Loc": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}},
+                "definitions": {"Old": {"type": "integer"}}}),
+        );
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"loc\": {\"lat\": 1.5}, \"old\": 3, \"same\": {\"lat\": 2}}}\n</tool_call>";
+        assert!(accepts(
+            ToolSyntax::Hermes,
+            std::slice::from_ref(&loc),
+            None,
+            call
+        ));
+        assert!(!accepts(
+            ToolSyntax::Hermes,
+            std::slice::from_ref(&loc),
+            None,
+            &call.replace("1.5", "\"x\"")
+        ));
+        let glm =
+            "<tool_call>f<arg_key>loc</arg_key><arg_value>{\"lat\": 1}</arg_value></tool_call>";
+        assert!(accepts(
+            ToolSyntax::Glm,
+            std::slice::from_ref(&loc),
+            None,
+            glm
+        ));
+        // `#` is the arguments' schema, not the wrapper's.
+        let rec = spec(
+            "r",
+            json!({"type": "object", "properties": {"c": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["c"]}),
+        );
+        let ok =
+            "<tool_call>\n{\"name\": \"r\", \"arguments\": {\"c\": {\"c\": null}}}\n</tool_call>";
+        assert!(accepts(
+            ToolSyntax::Hermes,
+            std::slice::from_ref(&rec),
+            None,
+            ok
+        ));
+        let wrapper = "<tool_call>\n{\"name\": \"r\", \"arguments\": {\"c\": {\"name\": \"r\", \"arguments\": {\"c\": null}}}}\n</tool_call>";
+        assert!(!accepts(ToolSyntax::Hermes, &[rec], None, wrapper));
+    }
+
+    #[test]
+    fn composed_schemas_stay_satisfiable() {
+        let g = Grammars::bytewise();
+        for schema in [
+            json!({"type": "object", "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}),
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                   "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}),
+        ] {
+            let mut c = g
+                .compile(&json_grammar(&schema))
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            assert!(c.accepts_bytes(br#"{"a": 1, "b": 2}"#), "{schema}");
+        }
+        // Required names the properties do not list: left open.
+        let schema = json!({"type": "object", "properties": {}, "required": ["zz"]});
+        let mut c = g.compile(&json_grammar(&schema)).unwrap();
+        assert!(c.accepts_bytes(br#"{"zz": 1}"#));
+        // A plain object schema is closed: no keys beyond its properties.
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let mut c = g.compile(&json_grammar(&schema)).unwrap();
+        assert!(!c.accepts_bytes(br#"{"a": 1, "b": 2}"#));
+    }
+
+    #[test]
+    fn json_or_calls() {
+        let t = [spec(
+            "f",
+            json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+        )];
+        let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]});
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+        assert!(accepts(ToolSyntax::Hermes, &t, Some(&schema), call));
+        assert!(accepts(
+            ToolSyntax::Hermes,
+            &t,
+            Some(&schema),
+            "{\"answer\": \"4\"}"
+        ));
+        assert!(!accepts(ToolSyntax::Hermes, &t, Some(&schema), "four"));
+        assert!(!accepts(
+            ToolSyntax::Hermes,
+            &t,
+            None,
+            "{\"answer\": \"4\"}"
+        ));
     }
 }

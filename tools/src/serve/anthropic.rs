@@ -178,12 +178,21 @@ pub fn parse_request(body: &[u8]) -> Result<GenRequest, ApiError> {
         Some(t) => match t.get("type").and_then(Value::as_str) {
             Some("disabled") => false,
             Some("adaptive") => true,
-            Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
-                Some(b) if b >= 1024 && (b as usize) < max_tokens => true,
-                Some(b) => {
-                    return Err(ApiError::invalid(
+            Some("enabled") => match t.get("budget_tokens") {
+                Some(Value::Number(n)) => match n.as_u64() {
+                    Some(b) if b >= 1024 && (b as usize) < max_tokens => true,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "thinking.budget_tokens",
+                            format!("thinking.budget_tokens: {n} must be an integer of at least 1024 and below max_tokens ({max_tokens})"),
+                        ))
+                    }
+                },
+                Some(v) => {
+                    return Err(ApiError::wrong_type(
                         "thinking.budget_tokens",
-                        format!("thinking.budget_tokens: {b} must be at least 1024 and below max_tokens ({max_tokens})"),
+                        "an integer",
+                        v,
                     ))
                 }
                 None => {
@@ -586,8 +595,10 @@ fn sse(name: &'static str, data: &Value) -> Result<SseEvent, Infallible> {
     Ok(SseEvent::default().event(name).data(data.to_string()))
 }
 
-/// The streamed reply: `message_start`, `content_block_start`, `ping`, `content_block_delta`
-/// (`text_delta`) per piece, `content_block_stop`, `message_delta` (stop reason, usage),
+/// The streamed reply: `message_start`, `ping`, then per block (thinking, text, tool_use, in the
+/// reply's order) `content_block_start` at its first content, `content_block_delta`
+/// (`thinking_delta`, `text_delta`, `input_json_delta`), `content_block_stop`; then
+/// `message_delta` (stop reason, usage),
 /// `message_stop`; an `error` event if generation fails; a `ping` whenever nothing was sent for
 /// 5 s (a long prefill). `guard` (the job's cancel guard) lives
 /// as long as the stream, so a client that leaves cancels its job.
@@ -599,27 +610,21 @@ pub fn stream<G: Send + 'static>(
     let (out, body) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let _guard = guard;
-        // Block 0 opens at once: the thoughts when extended thinking was asked for, else text.
-        let first = if meta.thinking {
-            json!({"type": "thinking", "thinking": "", "signature": ""})
-        } else {
-            json!({"type": "text", "text": ""})
-        };
+        // Blocks open when they get their first content (as the whole reply's blocks are made:
+        // no empty text or thinking block beside others).
         let head = [
             (
                 "message_start",
                 json!({"type": "message_start", "message": meta.message(None, None)}),
             ),
-            (
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 0, "content_block": first}),
-            ),
             ("ping", json!({"type": "ping"})),
         ];
-        // The open block (index, a thinking block?), the next block's index, calls.
-        let mut open: Option<(usize, bool)> = Some((0, meta.thinking));
-        let mut next_block = 1;
+        // The open block (index, a thinking block?), the next block's index, calls, and
+        // whether a text or tool_use block was sent.
+        let mut open: Option<(usize, bool)> = None;
+        let mut next_block = 0;
         let mut calls = 0;
+        let mut answered = false;
         for (name, v) in head {
             if out.send(sse(name, &v)).await.is_err() {
                 return;
@@ -676,6 +681,7 @@ pub fn stream<G: Send + 'static>(
             let msgs: Vec<(&'static str, Value)> = match ev {
                 Some(Event::Text(_, t)) => {
                     let mut v = Vec::new();
+                    answered = true;
                     let index = switch(&mut v, Some(false));
                     v.push((
                         "content_block_delta",
@@ -697,6 +703,7 @@ pub fn stream<G: Send + 'static>(
                 Some(Event::Reasoning(..)) => continue,
                 Some(Event::ToolCall(_, c)) => {
                     let mut v = Vec::new();
+                    answered = true;
                     switch(&mut v, None);
                     let i = next_block;
                     next_block += 1;
@@ -721,6 +728,10 @@ pub fn stream<G: Send + 'static>(
                 Some(Event::Done(_, f)) => {
                     let (reason, seq) = meta.stop(&f);
                     let mut v = Vec::new();
+                    if !answered {
+                        // No text and no call: one empty text block, as the whole reply has.
+                        switch(&mut v, Some(false));
+                    }
                     switch(&mut v, None);
                     v.extend([
                         (
@@ -1078,7 +1089,35 @@ mod tests {
         assert!(ev
             .iter()
             .all(|(_, d)| d["delta"]["type"] != "thinking_delta"));
-        assert_eq!(ev[1].1["content_block"]["type"], "text");
+        let first = ev.iter().find(|(n, _)| n == "content_block_start").unwrap();
+        assert_eq!(first.1["content_block"]["type"], "text");
+        // A reply with no text and no call: one empty text block, as the whole reply has.
+        let ev = stream_events(false, vec![Event::Done(0, fin("stop"))]).await;
+        let blocks: Vec<&Value> = ev
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, d)| &d["content_block"])
+            .collect();
+        assert_eq!(blocks, [&json!({"type": "text", "text": ""})]);
+        // A call alone: no empty text block before it.
+        let only_call = ParsedCall {
+            name: "f".into(),
+            arguments: "{}".into(),
+        };
+        let ev = stream_events(
+            false,
+            vec![
+                Event::ToolCall(0, only_call),
+                Event::Done(0, fin("tool_calls")),
+            ],
+        )
+        .await;
+        let kinds: Vec<&Value> = ev
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, d)| &d["content_block"]["type"])
+            .collect();
+        assert_eq!(kinds, [&json!("tool_use")]);
         // A whole reply: the same blocks.
         let (tx, mut rx) = mpsc::unbounded_channel();
         for e in [

@@ -597,62 +597,69 @@ fn messages_for_template(
 type ReplySyntax = (ToolSyntax, ParamTypes);
 
 /// What a chat request `req` needs for tools: the reply parser's syntax and types (when tools
-/// are offered) and the grammar of a forced call or `response_format`, checking every tool's
-/// schema compiles; `syntax` is the one the model's chat template writes.
+/// are offered) and the grammar its reply must follow: a forced call, or `response_format`
+/// (which, beside tools the model may call, lets the reply be calls instead); `syntax` is the one
+/// the model's chat template writes. A grammar that does not compile is a 400 naming the tool's
+/// schema when one tool's schema alone fails, else the field that asked for the grammar.
 fn tool_setup(
     app: &App,
     req: &GenRequest,
     syntax: ToolSyntax,
+    ep: Endpoint,
 ) -> Result<(Option<ReplySyntax>, Option<Constraint>), ApiError> {
     let t = &req.tools;
     let parse = t
         .active()
         .then(|| (syntax, ParamTypes::from_tools(&t.tools)));
-    if t.active() {
-        // Every schema must compile (a bad one is the client's error whatever the choice).
-        if let Ok(g) = app.grammars("tools") {
-            for (i, tool) in t.tools.iter().enumerate() {
-                let schema = &tool["function"]["parameters"];
-                g.compile(&grammar::json_grammar(schema)).map_err(|e| {
-                    ApiError::invalid(
-                        &format!("tools[{i}].function.parameters"),
-                        format!("Invalid schema for 'tools[{i}].function.parameters': the grammar library cannot compile it: {e}"),
-                    )
-                })?;
-            }
-        }
-    }
-    let lark = if t.forced() {
+    let (param, calls, json) = if t.forced() {
+        ("tool_choice", true, None)
+    } else if let Some(schema) = t.json_schema.as_ref() {
+        let param = match ep {
+            Endpoint::Messages => "output_config.format",
+            _ => "response_format",
+        };
+        (param, t.active(), Some(schema))
+    } else {
+        return Ok((parse, None));
+    };
+    let g = app.grammars(param)?;
+    let compile_error = |param: &str, e: String| {
+        ApiError::invalid(
+            param,
+            format!("Invalid '{param}': the grammar library cannot compile it: {e}"),
+        )
+    };
+    let lark = if calls {
         let specs: Vec<ToolSpec> = t
             .callable()
             .into_iter()
             .filter_map(ToolSpec::from_tool)
             .collect();
-        let g = app.grammars("tool_choice")?;
         let special = |m: &str| g.special_token(m);
-        Some((
-            "tool_choice",
-            grammar::tool_call_grammar(syntax, &specs, t.parallel, &special)
-                .map_err(|e| ApiError::invalid("tool_choice", e))?,
-        ))
-    } else {
-        t.json_schema
-            .as_ref()
-            .map(|schema| ("response_format", grammar::json_grammar(schema)))
-    };
-    let constraint = match lark {
-        Some((param, src)) => {
-            let g = app.grammars(param)?;
-            Some(g.compile(&src).map_err(|e| {
-                ApiError::invalid(
-                    param,
-                    format!("Invalid '{param}': the grammar library cannot compile it: {e}"),
-                )
-            })?)
+        // A tool whose schema alone does not compile is named.
+        for (i, tool) in t.tools.iter().enumerate() {
+            let Some(spec) =
+                ToolSpec::from_tool(tool).filter(|s| specs.iter().any(|c| c.name == s.name))
+            else {
+                continue;
+            };
+            let one = grammar::tool_call_grammar(syntax, &[spec], false, &special, None)
+                .map_err(|e| ApiError::invalid(param, e))?;
+            if let Err(e) = g.compile(&one) {
+                let field = match ep {
+                    Endpoint::Messages => format!("tools.{i}.input_schema"),
+                    _ => format!("tools[{i}].function.parameters"),
+                };
+                return Err(compile_error(&field, e));
+            }
         }
-        None => None,
+        grammar::tool_call_grammar(syntax, &specs, t.parallel, &special, json)
+            .map_err(|e| ApiError::invalid(param, e))?
+    } else {
+        grammar::json_grammar(json.expect("a schema when no call"))
     };
-    Ok((parse, constraint))
+    let constraint = g.compile(&lark).map_err(|e| compile_error(param, e))?;
+    Ok((parse, Some(constraint.with_param(param))))
 }
 
 /// Tokenizes the prompt and checks it against the context.
@@ -688,7 +695,7 @@ fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiErro
             let (text, ids) = rendered.map_err(|e| {
                 ApiError::invalid("messages", format!("Applying the chat template: {e}"))
             })?;
-            (tools, constraint) = tool_setup(app, &req, syntax)?;
+            (tools, constraint) = tool_setup(app, &req, syntax, ep)?;
             // Anthropic's endpoint keeps `<think>` blocks inline in the text unless extended
             // thinking is asked for; harmony is always split (its channel names would otherwise
             // run into the text).
@@ -973,12 +980,18 @@ async fn generate_checked(
     };
     let choices = p.req.n;
     let prompt_tokens = p.prompt.len();
+    // A forced call is markup throughout: stop strings are not applied to it.
+    let stop = if p.req.tools.forced() {
+        Vec::new()
+    } else {
+        p.req.stop.clone()
+    };
     let job = Job {
         id: id.clone(),
         prompt: p.prompt,
         params: p.params,
         n: choices,
-        stop: p.req.stop.clone(),
+        stop,
         reply_format: p.reply_format,
         events: events_tx,
         cancel,

@@ -586,12 +586,25 @@ impl ReplyText {
     /// # Errors
     /// As [`ReplyText::push`].
     pub fn finish(&mut self, tok: &TextTokenizer) -> coli_engine::Result<(Vec<Piece>, bool)> {
+        self.finish_reply(tok, false)
+    }
+
+    /// [`ReplyText::finish`] of a reply that was `truncated` (max_tokens, a shutdown): a tool
+    /// call cut short is dropped, not shown as markup.
+    ///
+    /// # Errors
+    /// As [`ReplyText::push`].
+    pub fn finish_reply(
+        &mut self,
+        tok: &TextTokenizer,
+        truncated: bool,
+    ) -> coli_engine::Result<(Vec<Piece>, bool)> {
         let (pieces, hit) = self.finish_inner(tok)?;
         Ok(match &mut self.tools {
             Some(t) => {
                 let mut out = t.route(pieces);
                 if let Some(p) = t.parser.as_mut() {
-                    out.extend(p.finish().into_iter().map(piece));
+                    out.extend(p.finish(truncated).into_iter().map(piece));
                 }
                 (out, hit)
             }

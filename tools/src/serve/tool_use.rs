@@ -97,7 +97,12 @@ fn check_schema(v: Option<&Value>, param: &str) -> Result<Value, ApiError> {
         None | Some(Value::Null) => Ok(json!({"type": "object", "properties": {}})),
         Some(Value::Object(o)) => {
             if let Some(t) = o.get("type") {
-                if t.as_str() != Some("object") {
+                let object = match t {
+                    Value::String(s) => s == "object",
+                    Value::Array(a) => a.iter().any(|x| x == "object"),
+                    _ => false,
+                };
+                if !object {
                     return Err(ApiError::invalid(
                         param,
                         format!("Invalid schema for '{param}': the arguments of a function must be an object schema (\"type\": \"object\"), got type {t}."),

@@ -1171,10 +1171,12 @@ impl Scheduler<'_, '_> {
         self.emit(ri, ci, id, now);
     }
 
-    /// Ends choice `ci` of request `ri` with an error (its grammar failed).
+    /// Ends choice `ci` of request `ri` with an error (its grammar failed: a 400 naming the
+    /// field the grammar comes from).
     fn fail_choice(&mut self, ri: usize, ci: usize, e: EngineError) {
         let r = &mut self.active[ri];
-        let _ = r.job.events.send(Event::Error(engine_error(e)));
+        let err = grammar_error(r.choices[ci].constraint.as_ref(), e);
+        let _ = r.job.events.send(Event::Error(err));
         r.status = "error";
         r.choices[ci].finished.get_or_insert("error");
     }
@@ -1198,7 +1200,7 @@ impl Scheduler<'_, '_> {
         c.next = Some(id);
         if let Some(k) = c.constraint.as_mut() {
             if let Err(e) = k.consume(id) {
-                let _ = r.job.events.send(Event::Error(engine_error(e)));
+                let _ = r.job.events.send(Event::Error(grammar_error(Some(k), e)));
                 r.status = "error";
                 c.finished = Some("error");
                 return;
@@ -1242,7 +1244,7 @@ impl Scheduler<'_, '_> {
         mut reason: &'static str,
     ) {
         c.finished = Some(reason);
-        match c.text.finish(tok) {
+        match c.text.finish_reply(tok, reason != "stop") {
             Ok((rest, hit)) => {
                 if hit {
                     reason = "stop";
@@ -1384,6 +1386,14 @@ impl Scheduler<'_, '_> {
 }
 
 /// Maps an engine error to the HTTP error the client gets.
+/// A grammar's failure at generation time: a 400 naming the field it comes from.
+fn grammar_error(k: Option<&Constraint>, e: EngineError) -> ApiError {
+    match k {
+        Some(k) => ApiError::invalid(k.param(), e.to_string()),
+        None => engine_error(e),
+    }
+}
+
 fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { needed, context } => ApiError {
