@@ -9,7 +9,7 @@
 //! the first marker closing the value and holds none of the markers closing the call; other
 //! values are JSON of the property's schema. Schemas embedded below their root keep their
 //! references: the root's `$defs` / `definitions` and the root itself travel with them
-//! ([`standalone`]). JSON is compact (llguidance's `whitespace_flexible: false`): a small model
+//! (`standalone`). JSON is compact (llguidance's `whitespace_flexible: false`): a small model
 //! cannot wander into whitespace.
 
 use super::{ToolSyntax, DSML};
