@@ -144,10 +144,11 @@ def forced_call(c, messages, choice="required", stream=False, max_tokens=64, ext
             continue
         d = ch.choices[0].delta
         for t in d.tool_calls or []:
-            e = calls.setdefault(t.index, {"id": None, "name": "", "args": ""})
+            e = calls.setdefault(t.index, {"id": None, "name": "", "args": "", "pieces": 0})
             e["id"] = e["id"] or t.id
             e["name"] += t.function.name or ""
             e["args"] += t.function.arguments or ""
+            e["pieces"] += bool(t.function.arguments)
         finish = ch.choices[0].finish_reason or finish
     return finish, [(e["name"], e["args"]) for _, e in sorted(calls.items())], calls
 
@@ -165,6 +166,8 @@ def openai_loop(server):
     f3, streamed, parts = forced_call(c, ASK, choice=named, stream=True)
     check(f3 == "tool_calls" and streamed == named_calls and all(p["id"] for p in parts.values()),
           f"openai stream: the tool_calls deltas assemble to the same call ({streamed})")
+    check(all(p["pieces"] > 1 for p in parts.values()),
+          f"openai stream: a forced call's arguments stream in pieces ({[p['pieces'] for p in parts.values()]})")
     # The tool result goes back; the final answer (tool_choice none: no call).
     history = ASK + [msg.model_dump(exclude_none=True)] + [
         {"role": "tool", "tool_call_id": t.id, "content": "18 C and sunny"} for t in msg.tool_calls]

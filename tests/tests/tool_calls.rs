@@ -113,7 +113,7 @@ fn parse(
         .into_iter()
         .filter_map(|e| match e {
             ToolEvent::Call(c) => Some((c.name, serde_json::from_str(&c.arguments).unwrap())),
-            ToolEvent::Text(_) => None,
+            _ => None,
         })
         .collect()
 }

@@ -26,6 +26,7 @@
 
 pub mod grammar;
 mod parse;
+mod stream;
 
 pub use parse::{parse_section, ParamTypes};
 
@@ -173,6 +174,15 @@ pub enum ToolEvent {
     Text(String),
     /// A complete call, in the order of the reply.
     Call(ParsedCall),
+    /// A call whose arguments stream ([`ToolCallParser::streaming`]): its name, read.
+    CallStart {
+        /// The function's name.
+        name: String,
+    },
+    /// The next piece of the streaming call's arguments (JSON text).
+    CallArgs(String),
+    /// The streaming call is complete: its name and whole arguments.
+    CallEnd(ParsedCall),
 }
 
 /// Splits a reply's text, as it streams, into text and tool calls: text outside call blocks is
@@ -193,6 +203,10 @@ pub struct ToolCallParser {
     ws: String,
     /// Whether the last thing released was a call.
     after_call: bool,
+    /// Stream the arguments of calls in JSON-argument syntaxes ([`ToolCallParser::streaming`]).
+    streaming: bool,
+    /// The open block's argument scanner when streaming.
+    arg_stream: Option<stream::ArgStream>,
 }
 
 impl ToolCallParser {
@@ -209,7 +223,19 @@ impl ToolCallParser {
             calls: 0,
             ws: String::new(),
             after_call: false,
+            streaming: false,
+            arg_stream: None,
         }
+    }
+
+    /// Streams calls: for the syntaxes whose arguments are JSON text (Hermes, DeepSeek-V3.1,
+    /// Kimi-K2), a call is released as [`ToolEvent::CallStart`] once its name is read, its
+    /// arguments as [`ToolEvent::CallArgs`] pieces as they come, and [`ToolEvent::CallEnd`].
+    /// For forced calls only: a grammar guarantees they are well formed (a call sent piece by
+    /// piece can no longer become text). Other syntaxes send whole calls.
+    pub fn streaming(mut self, on: bool) -> ToolCallParser {
+        self.streaming = on;
+        self
     }
 
     /// Calls released so far.
@@ -223,13 +249,34 @@ impl ToolCallParser {
         let mut out = Vec::new();
         loop {
             if self.in_block {
+                if self.streaming && self.arg_stream.is_none() {
+                    self.arg_stream = stream::ArgStream::new(self.syntax);
+                }
+                if let Some(st) = self.arg_stream.as_mut() {
+                    let limit = self.pending.find(&self.close).unwrap_or(self.pending.len());
+                    for e in st.advance(&self.pending[..limit]) {
+                        if matches!(e, ToolEvent::CallStart { .. }) {
+                            self.ws.clear();
+                            self.after_call = true;
+                            self.calls += 1;
+                        }
+                        out.push(e);
+                    }
+                }
                 let Some(at) = self.pending.find(&self.close) else {
                     return out;
                 };
                 let end = at + self.close.len();
                 let block: String = self.pending.drain(..end).collect();
                 self.in_block = false;
-                self.release_block(&block, &mut out);
+                match self.arg_stream.take() {
+                    Some(st) if st.started > 0 => {
+                        if st.in_call() {
+                            out.push(ToolEvent::CallEnd(st.partial()));
+                        }
+                    }
+                    _ => self.release_block(&block, &mut out),
+                }
             } else {
                 match self.pending.find(&self.open) {
                     Some(at) => {
@@ -254,7 +301,13 @@ impl ToolCallParser {
     pub fn finish(&mut self, truncated: bool) -> Vec<ToolEvent> {
         let rest = std::mem::take(&mut self.pending);
         let mut out = Vec::new();
-        if self.in_block {
+        if let Some(st) = self.arg_stream.take().filter(|st| st.started > 0) {
+            // A streamed call cut short ends with the arguments it has.
+            self.in_block = false;
+            if st.in_call() {
+                out.push(ToolEvent::CallEnd(st.partial()));
+            }
+        } else if self.in_block {
             self.in_block = false;
             let closed = format!("{rest}{}", self.close);
             match parse_section(self.syntax, &closed, &self.types) {

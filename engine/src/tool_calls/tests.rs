@@ -369,3 +369,105 @@ mod grammars {
         ));
     }
 }
+
+/// Streamed calls (forced ones): the name as soon as it is read, the arguments piece by piece
+/// before the block closes, the same calls whatever the pieces the text comes in.
+#[test]
+fn forced_calls_stream_their_arguments() {
+    let cases = [
+        (
+            ToolSyntax::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa}ris\\\"\", \"days\": [1, {\"a\": 2}]}}\n</tool_call>",
+            vec![("get_weather", "{\"city\": \"Pa}ris\\\"\", \"days\": [1, {\"a\": 2}]}")],
+        ),
+        (
+            ToolSyntax::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            vec![("f", "{\"a\": 1}"), ("g", "{}")],
+        ),
+        (
+            ToolSyntax::Kimi,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Lima\"}<|tool_call_end|><|tool_calls_section_end|>",
+            vec![("get_weather", "{\"city\": \"Lima\"}")],
+        ),
+    ];
+    for (syntax, text, want) in cases {
+        let run = |pieces: &[&str]| {
+            let mut p = ToolCallParser::new(syntax, ParamTypes::default()).streaming(true);
+            let mut ev = Vec::new();
+            // (events so far, bytes fed) after each piece
+            let mut fed = 0;
+            let mut first_args_at = None;
+            for piece in pieces {
+                fed += piece.len();
+                for e in p.push(piece) {
+                    if matches!(e, ToolEvent::CallArgs(_)) && first_args_at.is_none() {
+                        first_args_at = Some(fed);
+                    }
+                    ev.push(e);
+                }
+            }
+            ev.extend(p.finish(false));
+            (ev, first_args_at, p.calls())
+        };
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let (ev, first_args, calls) = run(&refs);
+        // Assembled from the stream: names from the starts, arguments from the pieces, equal to
+        // each end's whole call.
+        let mut got: Vec<(String, String)> = Vec::new();
+        for e in &ev {
+            match e {
+                ToolEvent::CallStart { name } => got.push((name.clone(), String::new())),
+                ToolEvent::CallArgs(a) => got.last_mut().unwrap().1.push_str(a),
+                ToolEvent::CallEnd(c) => {
+                    assert_eq!((&c.name, &c.arguments), {
+                        let l = got.last().unwrap();
+                        (&l.0, &l.1)
+                    })
+                }
+                other => panic!("{syntax:?}: unexpected {other:?}"),
+            }
+        }
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.to_string()))
+            .collect();
+        assert_eq!(got, want, "{syntax:?}");
+        assert_eq!(calls, want.len());
+        assert!(
+            first_args.unwrap() < text.rfind(&syntax.close()).unwrap(),
+            "{syntax:?}: arguments stream before the block closes"
+        );
+        // One push: the same calls.
+        let (ev1, _, _) = run(&[text]);
+        let ends = |ev: &[ToolEvent]| -> Vec<ParsedCall> {
+            ev.iter()
+                .filter_map(|e| match e {
+                    ToolEvent::CallEnd(c) => Some(c.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(ends(&ev1), ends(&ev));
+    }
+    // A streamed call cut short ends with what it has.
+    let mut p = ToolCallParser::new(ToolSyntax::Hermes, ParamTypes::default()).streaming(true);
+    let mut ev = p.push("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": ");
+    ev.extend(p.finish(true));
+    assert_eq!(
+        ev.last(),
+        Some(&ToolEvent::CallEnd(ParsedCall {
+            name: "f".into(),
+            arguments: "{\"a\": ".into()
+        }))
+    );
+    // Not streaming (an unforced call): whole calls only.
+    let mut p = ToolCallParser::new(ToolSyntax::Kimi, ParamTypes::default());
+    let ev = p.push(cases_kimi());
+    assert!(ev.iter().all(|e| matches!(e, ToolEvent::Call(_))) && ev.len() == 1);
+}
+
+fn cases_kimi() -> &'static str {
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
+}

@@ -648,7 +648,10 @@ fn chat(mut a: ChatArgs) -> Result<()> {
                     true
                 }
                 // `coli chat` offers no tools, so its replies are never parsed for calls.
-                Piece::ToolCall(_) => true,
+                Piece::ToolCall(_)
+                | Piece::ToolCallStart(_)
+                | Piece::ToolCallArgs(_)
+                | Piece::ToolCallEnd(_) => true,
             })
         };
         let g = match eng.generate(&ids, &params, |id| {

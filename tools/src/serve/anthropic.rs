@@ -564,7 +564,8 @@ pub async fn whole(
                 }
             }
             Event::Reasoning(..) => {}
-            Event::ToolCall(_, c) => {
+            Event::ToolCallStart(..) | Event::ToolCallArgs(..) => {}
+            Event::ToolCall(_, c) | Event::ToolCallEnd(_, c) => {
                 if !text.trim().is_empty() {
                     blocks.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
                 }
@@ -625,6 +626,8 @@ pub fn stream<G: Send + 'static>(
         let mut next_block = 0;
         let mut calls = 0;
         let mut answered = false;
+        // The block of the call whose arguments are streaming.
+        let mut streaming_call: Option<usize> = None;
         for (name, v) in head {
             if out.send(sse(name, &v)).await.is_err() {
                 return;
@@ -701,6 +704,41 @@ pub fn stream<G: Send + 'static>(
                     v
                 }
                 Some(Event::Reasoning(..)) => continue,
+                Some(Event::ToolCallStart(_, name)) => {
+                    let mut v = Vec::new();
+                    answered = true;
+                    switch(&mut v, None);
+                    let i = next_block;
+                    next_block += 1;
+                    let c = ParsedCall {
+                        name,
+                        arguments: String::new(),
+                    };
+                    let mut block = meta.tool_use(calls, &c);
+                    calls += 1;
+                    block["input"] = json!({});
+                    streaming_call = Some(i);
+                    v.push((
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": i, "content_block": block}),
+                    ));
+                    v
+                }
+                Some(Event::ToolCallArgs(_, a)) => match streaming_call {
+                    Some(i) => vec![(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i,
+                               "delta": {"type": "input_json_delta", "partial_json": a}}),
+                    )],
+                    None => continue,
+                },
+                Some(Event::ToolCallEnd(..)) => match streaming_call.take() {
+                    Some(i) => vec![(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    )],
+                    None => continue,
+                },
                 Some(Event::ToolCall(_, c)) => {
                     let mut v = Vec::new();
                     answered = true;

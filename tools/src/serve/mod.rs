@@ -593,8 +593,8 @@ fn messages_for_template(
     out
 }
 
-/// How a reply's tool calls are written and typed.
-type ReplySyntax = (ToolSyntax, ParamTypes);
+/// How a reply's tool calls are written and typed, and whether a forced call's arguments stream.
+type ReplySyntax = (ToolSyntax, ParamTypes, bool);
 
 /// What a chat request `req` needs for tools: the reply parser's syntax and types (when tools
 /// are offered) and the grammar its reply must follow: a forced call, or `response_format`
@@ -610,7 +610,7 @@ fn tool_setup(
     let t = &req.tools;
     let parse = t
         .active()
-        .then(|| (syntax, ParamTypes::from_tools(&t.tools)));
+        .then(|| (syntax, ParamTypes::from_tools(&t.tools), t.forced()));
     let (param, calls, json) = if t.forced() {
         ("tool_choice", true, None)
     } else if let Some(schema) = t.json_schema.as_ref() {
@@ -1048,7 +1048,8 @@ async fn generate_checked(
         match ev {
             Event::Text(i, t) => texts[i].push_str(&t),
             Event::Reasoning(i, t) => reasoning[i].push_str(&t),
-            Event::ToolCall(i, c) => calls[i].push(c),
+            Event::ToolCall(i, c) | Event::ToolCallEnd(i, c) => calls[i].push(c),
+            Event::ToolCallStart(..) | Event::ToolCallArgs(..) => {}
             Event::Done(i, f) => {
                 done[i] = Some(f);
                 if done.iter().all(Option::is_some) {
@@ -1105,7 +1106,14 @@ fn stream_response(
                 () = out.closed() => return,
             };
             let last = match &ev {
-                Some(Event::Text(..) | Event::Reasoning(..) | Event::ToolCall(..)) => false,
+                Some(
+                    Event::Text(..)
+                    | Event::Reasoning(..)
+                    | Event::ToolCall(..)
+                    | Event::ToolCallStart(..)
+                    | Event::ToolCallArgs(..)
+                    | Event::ToolCallEnd(..),
+                ) => false,
                 Some(Event::Done(..)) => fins.len() + 1 == meta.n,
                 _ => true,
             };
@@ -1116,6 +1124,26 @@ fn stream_response(
                     let k = calls[i];
                     calls[i] += 1;
                     meta.call_deltas(i, k, &c).into_iter().map(chunk).collect()
+                }
+                Some(Event::ToolCallStart(i, name)) => {
+                    let k = calls[i];
+                    let c = ParsedCall {
+                        name,
+                        arguments: String::new(),
+                    };
+                    vec![chunk(meta.call_deltas(i, k, &c)[0].clone())]
+                }
+                Some(Event::ToolCallArgs(i, a)) => {
+                    let k = calls[i];
+                    let c = ParsedCall {
+                        name: String::new(),
+                        arguments: a,
+                    };
+                    vec![chunk(meta.call_deltas(i, k, &c)[1].clone())]
+                }
+                Some(Event::ToolCallEnd(i, _)) => {
+                    calls[i] += 1;
+                    continue;
                 }
                 Some(Event::Done(i, f)) => {
                     fins.push(f);
@@ -1287,6 +1315,43 @@ mod tests {
         );
         assert_ne!(tc(0)["id"], tc(2)["id"]);
         assert_eq!(deltas[4]["finish_reason"], "tool_calls");
+        // A streamed call (a forced one): its name, then each argument piece as it comes.
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Event::ToolCallStart(0, "f".into())).expect("send");
+        tx.send(Event::ToolCallArgs(0, "{\"a\":".into()))
+            .expect("send");
+        tx.send(Event::ToolCallArgs(0, " 1}".into())).expect("send");
+        tx.send(Event::ToolCallEnd(0, call("f", "{\"a\": 1}")))
+            .expect("send");
+        tx.send(Event::ToolCallStart(0, "g".into())).expect("send");
+        tx.send(Event::ToolCallEnd(0, call("g", ""))).expect("send");
+        tx.send(Event::Done(0, fin)).expect("send");
+        let cancel = Arc::new(AtomicBool::new(false));
+        let data = sse_data(stream_response(
+            meta(Endpoint::Chat),
+            rx,
+            CancelOnDrop(cancel),
+            false,
+        ))
+        .await;
+        let tcs: Vec<Value> = data[1..data.len() - 2]
+            .iter()
+            .map(|d| {
+                serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["tool_calls"][0]
+                    .clone()
+            })
+            .collect();
+        assert_eq!(tcs.len(), 4, "{tcs:?}");
+        assert_eq!(
+            (tcs[0]["index"].clone(), tcs[0]["function"]["name"].clone()),
+            (json!(0), json!("f"))
+        );
+        assert_eq!(tcs[1]["function"]["arguments"], "{\"a\":");
+        assert_eq!(tcs[2]["function"]["arguments"], " 1}");
+        assert_eq!(
+            (tcs[3]["index"].clone(), tcs[3]["function"]["name"].clone()),
+            (json!(1), json!("g"))
+        );
         let m = meta(Endpoint::Chat).choice(0, " ", "", &[call("f", "{}")], "tool_calls");
         assert!(m["message"]["content"].is_null());
         assert_eq!(

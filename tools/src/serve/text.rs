@@ -151,6 +151,12 @@ pub enum Piece {
     Reasoning(String),
     /// A tool call parsed from the content ([`ReplyText::with_tools`]).
     ToolCall(ParsedCall),
+    /// A streamed tool call's name (its arguments follow as [`Piece::ToolCallArgs`]).
+    ToolCallStart(String),
+    /// A piece of a streamed tool call's arguments.
+    ToolCallArgs(String),
+    /// A streamed tool call is complete (its name and whole arguments).
+    ToolCallEnd(ParsedCall),
 }
 
 /// What a reply's tool calls need: the parser of the model's syntax and the ids of its markers
@@ -169,8 +175,14 @@ pub struct ReplyTools {
 }
 
 impl ReplyTools {
-    /// For replies of `tok`'s model in `syntax`, calling tools typed by `types`.
-    pub fn new(tok: &TextTokenizer, syntax: ToolSyntax, types: ParamTypes) -> ReplyTools {
+    /// For replies of `tok`'s model in `syntax`, calling tools typed by `types`; `stream_args`
+    /// for a forced call (its arguments stream, [`ToolCallParser::streaming`]).
+    pub fn new(
+        tok: &TextTokenizer,
+        syntax: ToolSyntax,
+        types: ParamTypes,
+        stream_args: bool,
+    ) -> ReplyTools {
         let markers = syntax
             .markers()
             .into_iter()
@@ -184,7 +196,8 @@ impl ReplyTools {
             })
             .collect();
         ReplyTools {
-            parser: (syntax != ToolSyntax::Harmony).then(|| ToolCallParser::new(syntax, types)),
+            parser: (syntax != ToolSyntax::Harmony)
+                .then(|| ToolCallParser::new(syntax, types).streaming(stream_args)),
             markers: if syntax == ToolSyntax::Harmony {
                 Vec::new()
             } else {
@@ -245,6 +258,9 @@ fn piece(e: ToolEvent) -> Piece {
     match e {
         ToolEvent::Text(t) => Piece::Content(t),
         ToolEvent::Call(c) => Piece::ToolCall(c),
+        ToolEvent::CallStart { name } => Piece::ToolCallStart(name),
+        ToolEvent::CallArgs(a) => Piece::ToolCallArgs(a),
+        ToolEvent::CallEnd(c) => Piece::ToolCallEnd(c),
     }
 }
 
@@ -875,7 +891,7 @@ pub(crate) mod tests {
         reply: &str,
     ) -> Vec<Piece> {
         let tok = byte_tokenizer_with(special);
-        let tools = ReplyTools::new(&tok, syntax, ParamTypes::default());
+        let tools = ReplyTools::new(&tok, syntax, ParamTypes::default(), false);
         let r = ReplyText::for_tokenizer(&tok, Vec::new(), format).with_tools(tools);
         feed(&tok, r, reply).0
     }

@@ -42,6 +42,12 @@ pub enum Event {
     Reasoning(usize, String),
     /// A tool call of choice `index` (complete: name and JSON arguments).
     ToolCall(usize, ParsedCall),
+    /// A streamed tool call of choice `index` starts: its name.
+    ToolCallStart(usize, String),
+    /// A piece of the streamed tool call's arguments.
+    ToolCallArgs(usize, String),
+    /// The streamed tool call is complete (the whole call, for replies that are not streamed).
+    ToolCallEnd(usize, ParsedCall),
     /// Choice `index` ended normally.
     Done(usize, Finish),
     /// The job failed (every choice ends).
@@ -54,6 +60,9 @@ fn event(index: usize, p: Piece) -> Event {
         Piece::Content(t) => Event::Text(index, t),
         Piece::Reasoning(t) => Event::Reasoning(index, t),
         Piece::ToolCall(c) => Event::ToolCall(index, c),
+        Piece::ToolCallStart(n) => Event::ToolCallStart(index, n),
+        Piece::ToolCallArgs(a) => Event::ToolCallArgs(index, a),
+        Piece::ToolCallEnd(c) => Event::ToolCallEnd(index, c),
     }
 }
 
@@ -107,8 +116,9 @@ pub struct Job {
     /// Whose cached prefixes it may reuse ([`coli_engine::prefix_cache::scope_of`] of its API
     /// key; 0 without keys).
     pub scope: u64,
-    /// The request offers tools: how the model writes calls and how their values are typed.
-    pub tools: Option<(ToolSyntax, ParamTypes)>,
+    /// The request offers tools: how the model writes calls, how their values are typed, and
+    /// whether a forced call's arguments stream.
+    pub tools: Option<(ToolSyntax, ParamTypes, bool)>,
     /// The grammar every choice must follow (a forced tool call, `response_format`).
     pub constraint: Option<Constraint>,
 }
@@ -698,8 +708,8 @@ impl Scheduler<'_, '_> {
                 text: {
                     let t = ReplyText::for_tokenizer(self.tok, job.stop.clone(), job.reply_format);
                     match &job.tools {
-                        Some((syntax, types)) => {
-                            t.with_tools(ReplyTools::new(self.tok, *syntax, types.clone()))
+                        Some((syntax, types, stream)) => {
+                            t.with_tools(ReplyTools::new(self.tok, *syntax, types.clone(), *stream))
                         }
                         None => t,
                     }
