@@ -1181,14 +1181,16 @@ impl Scheduler<'_, '_> {
         self.emit(ri, ci, id, now);
     }
 
-    /// Ends choice `ci` of request `ri` with an error (its grammar failed: a 400 naming the
-    /// field the grammar comes from).
+    /// Ends request `ri` with an error because choice `ci`'s grammar failed (a 400 naming the
+    /// field the grammar comes from); the error ends every choice of the request.
     fn fail_choice(&mut self, ri: usize, ci: usize, e: EngineError) {
         let r = &mut self.active[ri];
         let err = grammar_error(r.choices[ci].constraint.as_ref(), e);
         let _ = r.job.events.send(Event::Error(err));
         r.status = "error";
-        r.choices[ci].finished.get_or_insert("error");
+        for c in &mut r.choices {
+            c.finished.get_or_insert("error");
+        }
     }
 
     /// Sends token `id` of choice `ci` (sampled, or an accepted draft) and ends the choice on
@@ -1212,7 +1214,9 @@ impl Scheduler<'_, '_> {
             if let Err(e) = k.consume(id) {
                 let _ = r.job.events.send(Event::Error(grammar_error(Some(k), e)));
                 r.status = "error";
-                c.finished = Some("error");
+                for c in &mut r.choices {
+                    c.finished.get_or_insert("error");
+                }
                 return;
             }
         }
@@ -1395,7 +1399,6 @@ impl Scheduler<'_, '_> {
     }
 }
 
-/// Maps an engine error to the HTTP error the client gets.
 /// A grammar's failure at generation time: a 400 naming the field it comes from.
 fn grammar_error(k: Option<&Constraint>, e: EngineError) -> ApiError {
     match k {
@@ -1404,6 +1407,7 @@ fn grammar_error(k: Option<&Constraint>, e: EngineError) -> ApiError {
     }
 }
 
+/// Maps an engine error to the HTTP error the client gets.
 fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { needed, context } => ApiError {
