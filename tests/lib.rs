@@ -26,6 +26,20 @@ pub const FIXTURE_FAMILIES: [&str; 15] = [
     "glm5_next_bf16",
 ];
 
+/// A chat template of `tests/fixtures/chat_templates/`, from its entry in one of the expected
+/// files there (`file`, `special_tokens`) and that directory.
+pub fn chat_template_fixture(entry: &Value, dir: &Path) -> coli_engine::ChatTemplate {
+    coli_engine::ChatTemplate {
+        source: std::fs::read_to_string(dir.join(entry["file"].as_str().unwrap())).unwrap(),
+        special_tokens: entry["special_tokens"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .collect(),
+    }
+}
+
 /// The checkpoint directory of fixture `name` (e.g. `mixtral_fp8`).
 pub fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

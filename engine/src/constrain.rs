@@ -44,12 +44,15 @@ impl TokenizerEnv for StoreTokEnv {
 /// Compiles grammars for one tokenizer and vocabulary (shared by every request of a server).
 pub struct Grammars {
     factory: ParserFactory,
-    trie_vocab: usize,
 }
 
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Grammars({} tokens)", self.trie_vocab)
+        write!(
+            f,
+            "Grammars({} tokens)",
+            self.factory.tok_env().tok_trie().vocab_size()
+        )
     }
 }
 
@@ -76,10 +79,7 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| EngineError::Tokenizer(format!("constrained decoding: {e}")))?;
         factory.quiet();
-        Ok(Grammars {
-            factory,
-            trie_vocab: n,
-        })
+        Ok(Grammars { factory })
     }
 
     /// Grammars over a vocabulary where token `b` is byte `b` (0..=255): for checking which
@@ -89,10 +89,7 @@ impl Grammars {
         let env = llguidance::toktrie::ApproximateTokEnv::single_byte_env();
         let mut factory = ParserFactory::new_simple(&env).expect("the byte vocabulary has slices");
         factory.quiet();
-        Grammars {
-            factory,
-            trie_vocab: env.tok_trie().vocab_size(),
-        }
+        Grammars { factory }
     }
 
     /// The id of `text` when the vocabulary holds it as one special token (grammars match it
@@ -116,7 +113,6 @@ impl Grammars {
         }
         Ok(Constraint {
             matcher: m,
-            consumed: 0,
             param: "grammar",
         })
     }
@@ -125,7 +121,6 @@ impl Grammars {
 /// One sequence's grammar state ([`Grammars::compile`]).
 pub struct Constraint {
     matcher: Matcher,
-    consumed: usize,
     /// The request field the grammar comes from (named in errors).
     param: &'static str,
 }
@@ -134,7 +129,6 @@ impl Clone for Constraint {
     fn clone(&self) -> Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
-            consumed: self.consumed,
             param: self.param,
         }
     }
@@ -142,7 +136,7 @@ impl Clone for Constraint {
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Constraint({} tokens consumed)", self.consumed)
+        write!(f, "Constraint({})", self.param)
     }
 }
 
@@ -199,7 +193,6 @@ impl Constraint {
         if let Err(e) = self.matcher.consume_token(id) {
             return Err(self.error(e));
         }
-        self.consumed += 1;
         Ok(())
     }
 

@@ -88,6 +88,15 @@ fn tojson_filter(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Jin
     Ok(Value::from_safe_string(out))
 }
 
+/// The byte offset in `s` of its longest tail that is a proper prefix of `tag`: text from there
+/// on may still become `tag` as more streams in, so a streaming splitter holds it back.
+pub fn hold_from(s: &str, tag: &str) -> usize {
+    s.char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| tag.starts_with(&s[i..]) && s.len() - i < tag.len())
+        .unwrap_or(s.len())
+}
+
 /// Jinja2's `iterable` test (`iter(value)` succeeds): strings, lists, mappings and iterators, but
 /// not none or undefined (minijinja's own test says yes to none, which breaks templates such as
 /// Qwen3-Coder's `tools is iterable and tools | length > 0` when no tools are given).

@@ -118,16 +118,7 @@ fn published_family_templates_render_like_transformers() {
     }
     let mut n = 0;
     for (name, t) in templates {
-        let source = std::fs::read_to_string(dir.join(t["file"].as_str().unwrap())).unwrap();
-        let ct = ChatTemplate {
-            source,
-            special_tokens: t["special_tokens"]
-                .as_object()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-                .collect(),
-        };
+        let ct = coli_tests::chat_template_fixture(t, &dir);
         for case in t["cases"].as_array().unwrap() {
             let messages: Vec<ChatMessage> = case["messages"]
                 .as_array()

@@ -12,7 +12,7 @@
 use coli_engine::constrain::Grammars;
 use coli_engine::tool_calls::grammar::{tool_call_grammar, ToolSpec};
 use coli_engine::tool_calls::{ParamTypes, ToolCallParser, ToolEvent, ToolSyntax};
-use coli_engine::{ChatMessage, ChatTemplate};
+use coli_engine::ChatMessage;
 use serde_json::Value;
 use std::path::Path;
 
@@ -46,17 +46,7 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
         .collect()
 }
 
-fn template(t: &Value, dir: &Path) -> ChatTemplate {
-    ChatTemplate {
-        source: std::fs::read_to_string(dir.join(t["file"].as_str().unwrap())).unwrap(),
-        special_tokens: t["special_tokens"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-            .collect(),
-    }
-}
+use coli_tests::chat_template_fixture as template;
 
 #[test]
 fn prompts_with_tools_render_as_transformers_renders_them() {

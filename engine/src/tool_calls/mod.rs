@@ -30,6 +30,7 @@ mod stream;
 
 pub use parse::{parse_section, ParamTypes};
 
+use crate::text::hold_from;
 use serde_json::Value as Json;
 
 /// A family's tool-call syntax (see the module doc's table).
@@ -362,14 +363,6 @@ fn push_text(out: &mut Vec<ToolEvent>, text: String) {
     } else {
         out.push(ToolEvent::Text(text));
     }
-}
-
-/// The byte offset in `s` of its longest tail that is a proper prefix of `tag`.
-fn hold_from(s: &str, tag: &str) -> usize {
-    s.char_indices()
-        .map(|(i, _)| i)
-        .find(|&i| tag.starts_with(&s[i..]) && s.len() - i < tag.len())
-        .unwrap_or(s.len())
 }
 
 /// How a call of `name` with arguments `args` (a JSON object's text) is written in `syntax`

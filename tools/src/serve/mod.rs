@@ -636,7 +636,13 @@ fn tool_setup(
             .filter_map(ToolSpec::from_tool)
             .collect();
         let special = |m: &str| g.special_token(m);
-        // A tool whose schema alone does not compile is named.
+        let lark = grammar::tool_call_grammar(syntax, &specs, t.parallel, &special, json)
+            .map_err(|e| ApiError::invalid(param, e))?;
+        let e = match g.compile(&lark) {
+            Ok(c) => return Ok((parse, Some(c.with_param(param)))),
+            Err(e) => e,
+        };
+        // It does not compile: a tool whose schema alone does not is named.
         for (i, tool) in t.tools.iter().enumerate() {
             let Some(spec) =
                 ToolSpec::from_tool(tool).filter(|s| specs.iter().any(|c| c.name == s.name))
@@ -653,8 +659,7 @@ fn tool_setup(
                 return Err(compile_error(&field, e));
             }
         }
-        grammar::tool_call_grammar(syntax, &specs, t.parallel, &special, json)
-            .map_err(|e| ApiError::invalid(param, e))?
+        return Err(compile_error(param, e));
     } else {
         grammar::json_grammar(json.expect("a schema when no call"))
     };

@@ -4,6 +4,7 @@
 //! format (gpt-oss), the final channel as the content and the other channels as reasoning
 //! ([`ReplyText`]).
 
+use coli_engine::text::hold_from;
 use coli_engine::tool_calls::{ParamTypes, ParsedCall, ToolCallParser, ToolEvent, ToolSyntax};
 use coli_engine::{HarmonyParser, HarmonyTokens, Routed, StreamDecoder, TextTokenizer};
 
@@ -183,8 +184,13 @@ impl ReplyTools {
         types: ParamTypes,
         stream_args: bool,
     ) -> ReplyTools {
-        let markers = syntax
-            .markers()
+        // A harmony model's markers are routed by the harmony parser.
+        let text_markers = if syntax == ToolSyntax::Harmony {
+            Vec::new()
+        } else {
+            syntax.markers()
+        };
+        let markers = text_markers
             .into_iter()
             .filter_map(|m| {
                 let id = tok.token_id(&m)?;
@@ -198,11 +204,7 @@ impl ReplyTools {
         ReplyTools {
             parser: (syntax != ToolSyntax::Harmony)
                 .then(|| ToolCallParser::new(syntax, types).streaming(stream_args)),
-            markers: if syntax == ToolSyntax::Harmony {
-                Vec::new()
-            } else {
-                markers
-            },
+            markers,
             harmony_args: Vec::new(),
             harmony_calls: 0,
         }
@@ -336,15 +338,6 @@ impl ThinkSplit {
         }
     }
 
-    /// The longest tail of `s` that is a proper prefix of `tag` (held back: it may become the
-    /// tag), as a byte offset into `s`.
-    fn hold_from(s: &str, tag: &str) -> usize {
-        s.char_indices()
-            .map(|(i, _)| i)
-            .find(|&i| tag.starts_with(&s[i..]) && s.len() - i < tag.len())
-            .unwrap_or(s.len())
-    }
-
     /// Adds `text`; returns (reasoning, content) released now.
     fn push(&mut self, text: &str) -> (String, String) {
         self.pending.push_str(text);
@@ -369,7 +362,7 @@ impl ThinkSplit {
                         self.state = ThinkState::AnswerStart;
                     }
                     None => {
-                        let h = Self::hold_from(&self.pending, THINK_CLOSE);
+                        let h = hold_from(&self.pending, THINK_CLOSE);
                         reasoning.push_str(&self.pending[..h]);
                         self.pending.drain(..h);
                         return (reasoning, content);
