@@ -760,7 +760,10 @@ async function send(text) {
       body = Object.assign({ messages }, common);
       if (tools) {
         body.tools = tools;
-        body.tool_choice = $("tool-choice").value;
+        // A reply continued after tool results may answer in text: a forced choice applies
+        // to the turn the user sent only.
+        const choice = $("tool-choice").value;
+        body.tool_choice = text == null && choice === "required" ? "auto" : choice;
       }
     } else {
       body = Object.assign({ prompt: text }, common);

@@ -300,7 +300,7 @@ pub fn openai_choice(
             other => {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    format!("Invalid value: '{other}'. Supported values are: 'none', 'auto' and 'required'."),
+                    format!("Invalid value: '{other}'. Supported values are: 'none', 'auto' and 'required', or {{\"type\": \"function\", \"function\": {{\"name\": \"{other}\"}}}} to call one function."),
                 ))
             }
         },
