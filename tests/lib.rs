@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 15] = [
+pub const FIXTURE_FAMILIES: [&str; 16] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -20,6 +20,7 @@ pub const FIXTURE_FAMILIES: [&str; 15] = [
     "minimax_m2_fp8",
     "deepseek_v32_fp8",
     "inkling_bf16",
+    "inkling2_bf16",
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",

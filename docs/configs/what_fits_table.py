@@ -9,7 +9,7 @@ import sys
 
 COLI = sys.argv[1] if len(sys.argv) > 1 else "target/release/coli"
 MODELS = ["glm-5", "glm-5.1", "glm-5.2", "deepseek-v3", "deepseek-v3.2", "kimi-k2", "qwen3-235b-a22b", "glm-4.5", "glm-4.6",
-          "glm-4.5-air", "minimax-m2", "gpt-oss-120b", "inkling", "qwen3-next-80b-a3b",
+          "glm-4.5-air", "minimax-m2", "gpt-oss-120b", "inkling", "inkling-2", "qwen3-next-80b-a3b",
           "qwen3.6-35b-a3b", "qwen3.5-397b-a17b", "kimi-linear-48b-a3b", "glm-5.3-flash"]
 GIB = 1 << 30
 print("| model | experts | expert GiB / token, no hits | KV / token | RAM | --dense | --embeddings | resident | "

@@ -533,7 +533,10 @@ impl<'s> Engine<'s> {
                 } else {
                     "expanded"
                 }),
-                SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => None,
+                SelfAttn::Gqa(_)
+                | SelfAttn::Inkling(_)
+                | SelfAttn::Inkling2(_)
+                | SelfAttn::GatedDelta(_) => None,
             })
             .unwrap_or("none");
         let recurrent = self
@@ -1773,8 +1776,8 @@ fn bounded_state_bytes(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
     (values * std::mem::size_of::<f32>()) as u64
 }
 
-/// The residual stream of `ids`, `[n, streams H]` f32 (one row per id, in order): the
-/// embeddings, copied to every stream of a model with hyper-connections.
+/// The residual stream of `ids`, `[n, residual width]` f32 (one row per id, in order): the
+/// embeddings ([`Model::residual_of_embeddings`]).
 fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usize) -> Vec<f32> {
     let h = model.spec.hidden_size;
     let mut x = vec![0f32; n * h];
@@ -1786,10 +1789,7 @@ fn embed_rows<'a>(model: &Model<'_>, ids: impl Iterator<Item = &'a u32>, n: usiz
     if let Some(norm) = &model.embed_norm {
         norm.forward_inplace(&mut x);
     }
-    match model.streams() {
-        1 => x,
-        s => crate::layers::hyper::expand_embeddings(&x, h, s),
-    }
+    model.residual_of_embeddings(x, n)
 }
 
 /// Logits of rows `rows` of the residual stream `x` (`[N, streams H]`): the hidden state
@@ -1842,6 +1842,13 @@ fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
             }
             for dst in l.chunks_exact_mut(vocab) {
                 dst[out.vocab..].fill(f32::NEG_INFINITY);
+            }
+        }
+    }
+    if let Some(cap) = out.softcap {
+        for dst in l.chunks_exact_mut(vocab) {
+            for v in &mut dst[..out.vocab] {
+                *v = (*v / cap).tanh() * cap;
             }
         }
     }

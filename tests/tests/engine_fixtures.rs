@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -20,6 +20,7 @@ const FAMILIES: [&str; 12] = [
     "gpt_oss_bf16",
     "minimax_m2_fp8",
     "inkling_bf16",
+    "inkling2_bf16",
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",

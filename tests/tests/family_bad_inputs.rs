@@ -187,8 +187,14 @@ fn deepseek_v32_bad_inputs_are_refused_before_anything_is_written() {
 /// Inkling keeps its language model's config under `text_config`: fixture `inkling_bf16` with
 /// `text_config.key` set to `value` (`Value::Null` removes it) must be refused naming `names`.
 fn inkling_config_refused(key: &str, value: Value, names: &[&str]) {
+    nested_config_refused("inkling_bf16", key, value, names);
+}
+
+/// Fixture `name` with `text_config.key` set to `value` (`Value::Null` removes it) must be
+/// refused naming `names`.
+fn nested_config_refused(name: &str, key: &str, value: Value, names: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
-    let ck = with_config("inkling_bf16", tmp.path(), |c| {
+    let ck = with_config(name, tmp.path(), |c| {
         let t = c["text_config"].as_object_mut().unwrap();
         if value.is_null() {
             t.remove(key);
@@ -235,6 +241,62 @@ fn inkling_bad_inputs_are_refused_before_anything_is_written() {
         "model.mtp.layers.1.input_proj.weight",
     ] {
         tensor_missing_refused("inkling_bf16", drop, &[drop]);
+    }
+}
+
+#[test]
+fn inkling2_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "inkling2_bf16";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    // A layer the config calls full whose tensors are a sliding layer's (and the reverse) is
+    // refused naming the tensor the config expects.
+    nested_config_refused(
+        n,
+        "layer_types",
+        json!([
+            "hybrid",
+            "hybrid",
+            "hybrid_sliding",
+            "hybrid_sliding",
+            "hybrid",
+            "hybrid_sliding"
+        ]),
+        &["model.llm."],
+    );
+    nested_config_refused(
+        n,
+        "layer_types",
+        json!(vec!["hybrid_sliding"; 6]),
+        &["model.llm."],
+    );
+    // Head shapes that disagree with the tensors name the tensor and the expected shape.
+    nested_config_refused(
+        n,
+        "swa_head_dim",
+        json!(16),
+        &["model.llm.layers.0.attn.", "expected"],
+    );
+    nested_config_refused(n, "scoring_func", json!("softmax"), &["scoring_func"]);
+    nested_config_refused(
+        n,
+        "mlp_up_softcap",
+        json!(0.0),
+        &["config.json", "mlp_up_softcap"],
+    );
+    nested_config_refused(
+        n,
+        "unpadded_vocab_size",
+        json!(600),
+        &["config.json", "unpadded_vocab_size"],
+    );
+    // Missing attention-residual queries, dynamic convolution taps and the output query are
+    // named.
+    for drop in [
+        "model.llm.attn_res.attn_queries.0",
+        "model.llm.layers.4.attn.v_sconv.weight_proj",
+        "model.llm.attn_res.output_query",
+    ] {
+        tensor_missing_refused(n, drop, &[drop]);
     }
 }
 

@@ -25,7 +25,7 @@ use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 15] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 16] = coli_tests::FIXTURE_FAMILIES;
 
 fn argmax(row: &[f32]) -> u32 {
     coli_engine::sampling::argmax(row)

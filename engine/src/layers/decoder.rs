@@ -3,8 +3,10 @@
 
 use crate::cache::ExpertCache;
 use crate::error::Result;
+use crate::layers::attn_res::{BlockStream, LayerAttnRes};
 use crate::layers::hyper::{HyperConn, Mix};
 use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
+use crate::layers::inkling2::Inkling2Attention;
 use crate::layers::moe::Routing;
 use crate::layers::{
     Attention, GatedDeltaNet, LayerKv, Mla, Mlp, MoeBlock, RmsNorm, Rope, SigmoidMoe,
@@ -38,6 +40,8 @@ pub enum SelfAttn<'s> {
     Mla(Mla<'s>),
     /// Inkling's attention (short convolutions, relative position bias).
     Inkling(InklingAttention<'s>),
+    /// Inkling 2's attention (clipped queries and keys, dynamic convolutions, sinks, gate).
+    Inkling2(Box<Inkling2Attention<'s>>),
     /// A gated delta rule linear-attention layer (Qwen3-Next's Gated DeltaNet, Kimi-Linear's
     /// KDA): a recurrent state, no keys or values per position.
     GatedDelta(Box<GatedDeltaNet<'s>>),
@@ -51,6 +55,7 @@ impl SelfAttn<'_> {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(a) => a.kv_dim(),
             SelfAttn::Inkling(a) => a.kv_dim(),
+            SelfAttn::Inkling2(a) => a.kv_dim(),
             SelfAttn::GatedDelta(_) => 0,
         }
     }
@@ -60,6 +65,7 @@ impl SelfAttn<'_> {
     pub fn conv_dim(&self) -> usize {
         match self {
             SelfAttn::Inkling(a) => a.conv_dim(),
+            SelfAttn::Inkling2(a) => a.conv_dim(),
             SelfAttn::GatedDelta(a) => a.conv_dim(),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => 0,
         }
@@ -71,6 +77,7 @@ impl SelfAttn<'_> {
     pub fn row_bounds(&self) -> (Option<usize>, usize) {
         match self {
             SelfAttn::Inkling(a) => (a.window, a.kernel()),
+            SelfAttn::Inkling2(a) => (a.window, a.kernel()),
             SelfAttn::GatedDelta(a) => (None, a.kernel),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => (None, 1),
         }
@@ -81,7 +88,7 @@ impl SelfAttn<'_> {
     pub fn recurrent_len(&self) -> usize {
         match self {
             SelfAttn::GatedDelta(a) => a.recurrent_len(),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) => 0,
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) | SelfAttn::Inkling2(_) => 0,
         }
     }
 
@@ -92,7 +99,7 @@ impl SelfAttn<'_> {
     pub fn held_state_values(&self) -> usize {
         match self {
             SelfAttn::GatedDelta(a) => a.spec().held_values(),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) => 0,
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) | SelfAttn::Inkling2(_) => 0,
         }
     }
 
@@ -103,11 +110,22 @@ impl SelfAttn<'_> {
             SelfAttn::Gqa(a) => a.kv_dim(),
             SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) => 0,
             SelfAttn::Inkling(a) => a.kv_dim(),
+            SelfAttn::Inkling2(a) => a.kv_dim(),
+        }
+    }
+
+    /// Inkling's and Inkling 2's output convolutions' slots in a convolution row: the
+    /// attention output's offset (the MLP output's is `+ H`); None elsewhere.
+    fn output_slot(&self) -> Option<usize> {
+        match self {
+            SelfAttn::Inkling(a) => Some(a.output_slot()),
+            SelfAttn::Inkling2(a) => Some(a.output_slot()),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) => None,
         }
     }
 }
 
-/// Inkling's short convolutions over a layer's two sublayer outputs (`attn_sconv`,
+/// Inkling's (and Inkling 2's) short convolutions over a layer's two sublayer outputs (`attn_sconv`,
 /// `mlp_sconv`), applied before each residual add; their inputs are kept in the layer's state
 /// rows ([`crate::layers::inkling`]).
 pub struct OutputConvs {
@@ -185,6 +203,12 @@ pub struct DecoderLayer<'s> {
     /// stream is several streams (GLM-5.3-Flash; [`crate::layers::hyper`]); None: `h` is one
     /// stream and the sublayers' outputs are added to it.
     pub hyper: Option<Box<LayerHyper<'s>>>,
+    /// The attention residuals when the residual stream is blocks (Inkling 2;
+    /// [`crate::layers::attn_res`]): the stream's shape and the layer's queries.
+    pub attn_res: Option<(std::sync::Arc<BlockStream>, LayerAttnRes)>,
+    /// Inkling 2's full layers: the RMSNorms of the key and value inputs (`k_input_norm`,
+    /// `v_input_norm`; the query's is `input_norm`); None elsewhere.
+    pub kv_input_norms: Option<(RmsNorm, RmsNorm)>,
 }
 
 /// A layer's two hyper-connections.
@@ -242,7 +266,10 @@ impl DecoderLayer<'_> {
     pub fn mla_expansion_width(&self) -> Option<usize> {
         match &self.attn {
             SelfAttn::Mla(m) => Some(m.num_heads * (m.nope + m.v_dim)),
-            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => None,
+            SelfAttn::Gqa(_)
+            | SelfAttn::Inkling(_)
+            | SelfAttn::Inkling2(_)
+            | SelfAttn::GatedDelta(_) => None,
         }
     }
 
@@ -252,7 +279,10 @@ impl DecoderLayer<'_> {
     pub fn reads_previous_layer(&self) -> bool {
         match &self.attn {
             SelfAttn::Mla(m) => matches!(m.dsa, Some(crate::layers::mla::Dsa::Shared { .. })),
-            SelfAttn::Gqa(_) | SelfAttn::Inkling(_) | SelfAttn::GatedDelta(_) => false,
+            SelfAttn::Gqa(_)
+            | SelfAttn::Inkling(_)
+            | SelfAttn::Inkling2(_)
+            | SelfAttn::GatedDelta(_) => false,
         }
     }
 
@@ -295,6 +325,9 @@ impl DecoderLayer<'_> {
         ctx: &mut LayerCtx<'_, '_>,
         after_attention: impl FnOnce(&[f32]),
     ) -> Result<()> {
+        if let Some((stream, res)) = &self.attn_res {
+            return self.forward_blocks(stream, res, h, spans, kvs, ctx, after_attention);
+        }
         let n = Span::rows(spans);
         let mut normed = vec![0f32; n * self.post_norm.weight.len()];
         let mut delta = vec![0f32; normed.len()];
@@ -303,53 +336,146 @@ impl DecoderLayer<'_> {
             SelfAttn::Gqa(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Mla(a) => a.forward_spans(&normed, spans, ctx.rope, kvs, &mut delta),
             SelfAttn::Inkling(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
+            SelfAttn::Inkling2(a) => {
+                a.forward_spans([&normed, &normed, &normed], spans, kvs, &mut delta)
+            }
             SelfAttn::GatedDelta(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
         }
         self.output_conv(spans, kvs, true, &mut delta);
         self.residual_add(h, mix, true, &delta);
         after_attention(h);
         let mix = self.sublayer_input(h, n, false, &mut normed);
+        self.ffn_forward(&normed, spans, ctx, &mut delta)?;
+        self.output_conv(spans, kvs, false, &mut delta);
+        self.trim_spans(spans, kvs);
+        self.residual_add(h, mix, false, &delta);
+        Ok(())
+    }
+
+    /// [`DecoderLayer::forward_spans`] of a layer whose residual stream is blocks (`h`
+    /// `[N, stream.width()]`; the flow in [`crate::layers::attn_res`]).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_blocks(
+        &self,
+        stream: &BlockStream,
+        res: &LayerAttnRes,
+        h: &mut [f32],
+        spans: &[Span],
+        kvs: &mut [&mut LayerKv],
+        ctx: &mut LayerCtx<'_, '_>,
+        after_attention: impl FnOnce(&[f32]),
+    ) -> Result<()> {
+        let n = Span::rows(spans);
+        let hid = stream.hidden;
+        let blocks = stream.blocks_before(res.layer);
+        let inputs = match &res.attn {
+            Some(q) => stream.mix(h, n, blocks, q),
+            None => vec![(0..n).flat_map(|t| stream.partial(h, t).to_vec()).collect()],
+        };
+        let norm = |x: &[f32], norm: &RmsNorm| {
+            let mut y = vec![0f32; x.len()];
+            norm.forward(x, &mut y);
+            y
+        };
+        let mut delta = vec![0f32; n * hid];
+        let xq = norm(&inputs[0], &self.input_norm);
+        match (&self.attn, &self.kv_input_norms) {
+            (SelfAttn::Inkling2(a), Some((kn, vn))) if inputs.len() == 3 => {
+                let (xk, xv) = (norm(&inputs[1], kn), norm(&inputs[2], vn));
+                a.forward_spans([&xq, &xk, &xv], spans, kvs, &mut delta)
+            }
+            (SelfAttn::Inkling2(a), _) => a.forward_spans([&xq, &xq, &xq], spans, kvs, &mut delta),
+            (SelfAttn::Gqa(a), _) => a.forward_spans(&xq, spans, ctx.rope, kvs, &mut delta),
+            (SelfAttn::Mla(a), _) => a.forward_spans(&xq, spans, ctx.rope, kvs, &mut delta),
+            (SelfAttn::Inkling(a), _) => a.forward_spans(&xq, spans, kvs, &mut delta),
+            (SelfAttn::GatedDelta(a), _) => a.forward_spans(&xq, spans, kvs, &mut delta),
+        }
+        self.output_conv(spans, kvs, true, &mut delta);
+        let boundary = stream.is_boundary(res.layer);
+        if boundary {
+            stream.close_block(h, n, res.layer);
+        }
+        for t in 0..n {
+            let p = stream.partial_mut(h, t);
+            let d = &delta[t * hid..(t + 1) * hid];
+            if boundary {
+                p.copy_from_slice(d);
+            } else {
+                for (a, b) in p.iter_mut().zip(d) {
+                    *a += b;
+                }
+            }
+        }
+        after_attention(h);
+        let normed = self.ffn_input(h, n);
+        self.ffn_forward(&normed, spans, ctx, &mut delta)?;
+        self.output_conv(spans, kvs, false, &mut delta);
+        self.trim_spans(spans, kvs);
+        for t in 0..n {
+            for (a, b) in stream
+                .partial_mut(h, t)
+                .iter_mut()
+                .zip(&delta[t * hid..(t + 1) * hid])
+            {
+                *a += b;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the rows of Inkling's and the gated delta layers' bounded state no later
+    /// position reads (nothing for other layers).
+    fn trim_spans(&self, spans: &[Span], kvs: &mut [&mut LayerKv]) {
+        match &self.attn {
+            SelfAttn::Inkling(a) => a.trim_spans(spans, kvs),
+            SelfAttn::Inkling2(a) => a.trim_spans(spans, kvs),
+            SelfAttn::GatedDelta(a) => a.trim_spans(spans, kvs),
+            SelfAttn::Gqa(_) | SelfAttn::Mla(_) => {}
+        }
+    }
+
+    /// The feed-forward block on `normed` (`[N, H]`, the rows of `spans`) into `delta`,
+    /// recording the routing (trace, usage counts).
+    fn ffn_forward(
+        &self,
+        normed: &[f32],
+        spans: &[Span],
+        ctx: &mut LayerCtx<'_, '_>,
+        delta: &mut [f32],
+    ) -> Result<()> {
+        let n = Span::rows(spans);
         let trace = match spans {
             [one] => ctx.trace.map(|t| (t, one.pos0)),
             _ => None,
         };
         match &self.ffn {
             Ffn::Moe(m) => {
-                let routes = m.route(&normed, n);
+                let routes = m.route(normed, n);
                 if let Some((t, pos0)) = trace {
                     t.routed(m.layer, pos0, &routes);
                 }
                 ctx.record_usage(m.layer, &routes);
-                m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
+                m.forward_routes(normed, n, &routes, ctx.store, ctx.cache, delta)?
             }
-            Ffn::Dense(m) => m.forward(&normed, n, &mut delta),
+            Ffn::Dense(m) => m.forward(normed, n, delta),
             Ffn::SigmoidMoe(m) => {
-                let routes = m.route(&normed, n);
+                let routes = m.route(normed, n);
                 if let Some((t, pos0)) = trace {
                     t.routed(m.experts.layer, pos0, &routes);
                 }
                 ctx.record_usage(m.experts.layer, &routes);
-                m.forward_routes(&normed, n, &routes, ctx.store, ctx.cache, &mut delta)?
+                m.forward_routes(normed, n, &routes, ctx.store, ctx.cache, delta)?
             }
             Ffn::SinkMoe(m) => {
-                let (routes, gammas) = m.route(&normed, n);
+                let (routes, gammas) = m.route(normed, n);
                 if let Some((t, pos0)) = trace {
                     t.routed(m.experts.layer, pos0, &routes);
                 }
                 ctx.record_usage(m.experts.layer, &routes);
-                m.forward_routes(
-                    &normed, n, &routes, &gammas, ctx.store, ctx.cache, &mut delta,
-                )?
+                m.forward_routes(normed, n, &routes, &gammas, ctx.store, ctx.cache, delta)?
             }
-            Ffn::FusedDense(m) => m.forward(&normed, n, &mut delta),
+            Ffn::FusedDense(m) => m.forward(normed, n, delta),
         }
-        self.output_conv(spans, kvs, false, &mut delta);
-        match &self.attn {
-            SelfAttn::Inkling(a) => a.trim_spans(spans, kvs),
-            SelfAttn::GatedDelta(a) => a.trim_spans(spans, kvs),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) => {}
-        }
-        self.residual_add(h, mix, false, &delta);
         Ok(())
     }
 
@@ -404,7 +530,16 @@ impl DecoderLayer<'_> {
     /// prediction of the next layer's experts).
     pub fn ffn_input(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut normed = vec![0f32; n * self.post_norm.weight.len()];
-        self.sublayer_input(x, n, false, &mut normed);
+        match &self.attn_res {
+            Some((stream, res)) => {
+                let blocks = stream.blocks_after(res.layer);
+                let mixed = stream.mix(x, n, blocks, &res.mlp);
+                self.post_norm.forward(&mixed[0], &mut normed);
+            }
+            None => {
+                self.sublayer_input(x, n, false, &mut normed);
+            }
+        }
         normed
     }
 
@@ -418,14 +553,14 @@ impl DecoderLayer<'_> {
         attention: bool,
         delta: &mut [f32],
     ) {
-        let (Some(c), SelfAttn::Inkling(a)) = (&self.output_convs, &self.attn) else {
+        let (Some(c), Some(slot)) = (&self.output_convs, self.attn.output_slot()) else {
             return;
         };
         let input = delta.to_vec();
         let (conv, off) = if attention {
-            (&c.attn, a.output_slot())
+            (&c.attn, slot)
         } else {
-            (&c.mlp, a.output_slot() + a.hidden)
+            (&c.mlp, slot + c.attn.channels)
         };
         conv.forward_spans(&input, spans, kvs, off, delta);
     }

@@ -68,7 +68,8 @@ pub fn trim(kv: &mut LayerKv, end: usize, kv_dim: usize, window: Option<usize>, 
     kv.min_len = keys.max(conv);
 }
 
-/// A causal depthwise short convolution with a residual: `channels` channels, `kernel` taps.
+/// A causal depthwise short convolution with a residual: `channels` channels, `kernel` taps,
+/// the sum divided by `divisor` (1 for Inkling; `sqrt(K + 1)` for Inkling 2).
 pub struct ShortConv {
     /// f32 `[channels, kernel]` (the checkpoint's `[channels, 1, kernel]`).
     pub weight: Vec<f32>,
@@ -76,13 +77,15 @@ pub struct ShortConv {
     pub channels: usize,
     /// Taps K.
     pub kernel: usize,
+    /// What `x + conv(x)` is divided by.
+    pub divisor: f32,
 }
 
 impl ShortConv {
     /// Writes `x` (`[N, C]`, the rows of `spans`) into columns `off..off + C` of its sequence's
     /// convolution rows (`kvs[i].conv`, which already hold a row for every position of span
-    /// `i`), then sets `out` (`[N, C]`) to `x + conv(x)` over each position's last `kernel`
-    /// inputs (earlier positions of the sequence read from the state).
+    /// `i`), then sets `out` (`[N, C]`) to `(x + conv(x)) / divisor` over each position's last
+    /// `kernel` inputs (earlier positions of the sequence read from the state).
     pub fn forward_spans(
         &self,
         x: &[f32],
@@ -114,7 +117,7 @@ impl ShortConv {
                             acc += wj * st[(q - first) * width + off + ch];
                         }
                     }
-                    *o = acc + x[row * c + ch];
+                    *o = (acc + x[row * c + ch]) / self.divisor;
                 }
             }
             r0 += s.n;
@@ -286,15 +289,15 @@ impl InklingAttention<'_> {
 /// Inkling's keys and values of one head for a block of rows: the GQA score `q.k / head_dim`
 /// plus, for a key `d < extent` positions back, the relative bias
 /// `tau * sum_m rel[m] * rel_proj[m, d]` (the sum in the order of `m`).
-struct BiasedHead<'a> {
-    inner: attend::StridedHead<'a>,
+pub(crate) struct BiasedHead<'a> {
+    pub(crate) inner: attend::StridedHead<'a>,
     /// Each row's relative-position features `[d_rel]`.
-    rels: Vec<&'a [f32]>,
+    pub(crate) rels: Vec<&'a [f32]>,
     /// Each row's position and tau.
-    at: Vec<(usize, f32)>,
+    pub(crate) at: Vec<(usize, f32)>,
     /// `rel_proj` `[d_rel, extent]`.
-    rel_proj: &'a [f32],
-    extent: usize,
+    pub(crate) rel_proj: &'a [f32],
+    pub(crate) extent: usize,
 }
 
 impl KeyValues for BiasedHead<'_> {
@@ -485,6 +488,7 @@ mod tests {
             weight: vec![1.0, 2.0, 4.0],
             channels: 1,
             kernel: 3,
+            divisor: 1.0,
         };
         let x = [1.0f32, 10.0, 100.0];
         let mut kv = LayerKv {

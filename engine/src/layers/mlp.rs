@@ -4,33 +4,62 @@
 use crate::layers::Linear;
 use coli_format::MatrixView;
 
-/// `silu(g) * u` elementwise into `g` (f32, torch's `act_fn(gate) * up`), or with `limit`
-/// GLM-5.3-Flash's clamped form `silu(min(g, limit)) * clamp(u, -limit, limit)`
-/// (`Glm5NextTextMLP` / `Glm5NextTextExperts._apply_gate`).
-pub(crate) fn swiglu_inplace(g: &mut [f32], u: &[f32], limit: Option<f32>) {
-    match limit {
-        None => {
+/// The gated activation between a SwiGLU's gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Glu {
+    /// `silu(g) * u` (torch's `act_fn(gate) * up`).
+    Silu,
+    /// GLM-5.3-Flash's clamped form `silu(min(g, l)) * clamp(u, -l, l)` (`Glm5NextTextMLP` /
+    /// `Glm5NextTextExperts._apply_gate`).
+    Clamped(f32),
+    /// Inkling 2's `gate tanh(g / gate) * sigmoid(g) * up tanh(u / up)`
+    /// (`Inkling2SoftcappedSwiGLU`), in that order.
+    Softcapped {
+        /// `mlp_gate_softcap`.
+        gate: f32,
+        /// `mlp_up_softcap`.
+        up: f32,
+    },
+}
+
+impl Glu {
+    /// No clamp (`None`) or GLM-5.3-Flash's (`Some(limit)`).
+    pub(crate) fn clamped(limit: Option<f32>) -> Glu {
+        limit.map_or(Glu::Silu, Glu::Clamped)
+    }
+}
+
+/// The activation `act` of `g` and `u` elementwise into `g` (f32).
+pub(crate) fn swiglu_inplace(g: &mut [f32], u: &[f32], act: Glu) {
+    match act {
+        Glu::Silu => {
             for (a, b) in g.iter_mut().zip(u) {
                 *a = coli_kernels::silu(*a) * b;
             }
         }
-        Some(l) => {
+        Glu::Clamped(l) => {
             for (a, b) in g.iter_mut().zip(u) {
                 *a = coli_kernels::silu(a.min(l)) * b.clamp(-l, l);
+            }
+        }
+        Glu::Softcapped { gate, up } => {
+            for (a, b) in g.iter_mut().zip(u) {
+                let s = 1.0 / (1.0 + (-*a).exp());
+                *a = (*a / gate).tanh() * gate * s * ((b / up).tanh() * up);
             }
         }
     }
 }
 
 /// `y[n, H] = down(silu(gate x) * up x)` for `n` rows of `x` `[n, H]`, with gate/up `[I, H]` and
-/// down `[H, I]` in any store encoding; `limit` clamps as [`swiglu_inplace`] says.
+/// down `[H, I]` in any store encoding, the activation `act` ([`swiglu_inplace`]).
 pub(crate) fn swiglu(
     gate: &MatrixView<'_>,
     up: &MatrixView<'_>,
     down: &MatrixView<'_>,
     x: &[f32],
     n: usize,
-    limit: Option<f32>,
+    act: Glu,
     y: &mut [f32],
 ) {
     let inter = gate.rows();
@@ -39,12 +68,12 @@ pub(crate) fn swiglu(
     if n == 1 {
         coli_kernels::matvec(gate, x, &mut g);
         coli_kernels::matvec(up, x, &mut u);
-        swiglu_inplace(&mut g, &u, limit);
+        swiglu_inplace(&mut g, &u, act);
         coli_kernels::matvec(down, &g, y);
     } else {
         coli_kernels::matmul(gate, x, n, &mut g);
         coli_kernels::matmul(up, x, n, &mut u);
-        swiglu_inplace(&mut g, &u, limit);
+        swiglu_inplace(&mut g, &u, act);
         coli_kernels::matmul(down, &g, n, y);
     }
 }
@@ -64,6 +93,14 @@ pub struct Mlp<'s> {
 impl Mlp<'_> {
     /// `y[n, H] = down(silu(gate x) * up x)`.
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        swiglu(&self.gate.w, &self.up.w, &self.down.w, x, n, self.limit, y);
+        swiglu(
+            &self.gate.w,
+            &self.up.w,
+            &self.down.w,
+            x,
+            n,
+            Glu::clamped(self.limit),
+            y,
+        );
     }
 }

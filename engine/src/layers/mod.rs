@@ -7,11 +7,13 @@
 //! `t` of matmul is bit-identical to matvec, so prefill and decode agree).
 
 pub mod attention;
+pub mod attn_res;
 pub mod decoder;
 pub mod dsa_indexer;
 pub mod gated_delta;
 pub mod hyper;
 pub mod inkling;
+pub mod inkling2;
 pub mod linear;
 pub mod mla;
 pub mod mlp;

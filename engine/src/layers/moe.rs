@@ -12,7 +12,7 @@
 
 use crate::cache::ExpertCache;
 use crate::error::{EngineError, Result};
-use crate::layers::mlp::swiglu;
+use crate::layers::mlp::{swiglu, Glu};
 use crate::layers::Linear;
 use coli_format::spec::ExpertActivation;
 use coli_format::{ExpertKey, MatrixView};
@@ -222,19 +222,26 @@ impl MoeBlock<'_> {
             }
             let mut ys = vec![0f32; m * h];
             match self.activation {
-                ExpertActivation::Silu if !buf.has_biases() => {
-                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, None, &mut ys)
+                ExpertActivation::Silu
+                | ExpertActivation::SiluClamped { .. }
+                | ExpertActivation::SoftcappedSwiglu { .. }
+                    if !buf.has_biases() =>
+                {
+                    let act = match self.activation {
+                        ExpertActivation::SiluClamped { limit } => Glu::Clamped(limit),
+                        ExpertActivation::SoftcappedSwiglu { gate_cap, up_cap } => {
+                            Glu::Softcapped {
+                                gate: gate_cap,
+                                up: up_cap,
+                            }
+                        }
+                        _ => Glu::Silu,
+                    };
+                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, act, &mut ys)
                 }
-                ExpertActivation::SiluClamped { limit } if !buf.has_biases() => swiglu(
-                    &buf.gate(),
-                    &buf.up(),
-                    &buf.down(),
-                    &xs,
-                    m,
-                    Some(limit),
-                    &mut ys,
-                ),
-                ExpertActivation::Silu | ExpertActivation::SiluClamped { .. } => {
+                ExpertActivation::Silu
+                | ExpertActivation::SiluClamped { .. }
+                | ExpertActivation::SoftcappedSwiglu { .. } => {
                     return Err(EngineError::Config {
                         file: "config.json".into(),
                         what: format!(

@@ -71,6 +71,7 @@ pub(crate) fn load<'s>(
         rope,
         mtp,
         mtp_chain: Vec::new(),
+        blocks: None,
     })
 }
 
@@ -223,5 +224,7 @@ pub fn load_layer<'s>(
         ffn,
         output_convs: None,
         hyper: None,
+        attn_res: None,
+        kv_input_norms: None,
     })
 }

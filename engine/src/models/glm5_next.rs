@@ -106,6 +106,8 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
             post_norm: w.rms_norm(&l.post_norm, spec.rms_norm_eps)?,
             ffn: load_ffn(w, spec, &l.ffn)?,
             output_convs: None,
+            attn_res: None,
+            kv_input_norms: None,
         })
     })?;
     parts.rope = rope;

@@ -27,13 +27,14 @@ fn config_err(what: String) -> EngineError {
 }
 
 /// A short convolution from its `[C, 1, K]` weight.
-fn conv(w: &mut Weights<'_>, t: &TensorSpec) -> Result<ShortConv> {
+pub(crate) fn conv(w: &mut Weights<'_>, t: &TensorSpec) -> Result<ShortConv> {
     let weight = w.vector(t)?;
     let (channels, kernel) = (t.shape[0], t.shape[t.shape.len() - 1]);
     Ok(ShortConv {
         weight,
         channels,
         kernel,
+        divisor: 1.0,
     })
 }
 
@@ -67,6 +68,7 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
     let output = OutputScaling {
         divisor: ink.logits_divisor,
         vocab: ink.unpadded_vocab_size,
+        softcap: None,
     };
     // The MTP layers, when the store holds them (whole: the converter refuses part of them).
     let present = t.mtp.iter().any(|m| m.dense().iter().any(|x| w.has(x)));
@@ -96,6 +98,7 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
         rope: Rope::new(2, 10_000.0),
         mtp,
         mtp_chain,
+        blocks: None,
     })
 }
 
@@ -185,6 +188,8 @@ fn load_layer<'s>(
     Ok(DecoderLayer {
         input_norm: w.rms_norm(&l.input_norm, eps)?,
         hyper: None,
+        attn_res: None,
+        kv_input_norms: None,
         output_convs: Some(OutputConvs {
             attn: conv(w, &a.out_conv)?,
             mlp: conv(w, mlp_conv)?,

@@ -57,6 +57,8 @@ pub(crate) fn load<'s>(w: &mut Weights<'s>, spec: &ModelSpec) -> Result<Parts<'s
             ffn: load_ffn(w, spec, &l.ffn)?,
             output_convs: None,
             hyper: None,
+            attn_res: None,
+            kv_input_norms: None,
         })
     })?;
     parts.rope = rope;

@@ -8,6 +8,7 @@ pub mod glm4_moe;
 pub mod glm5_next;
 pub mod gpt_oss;
 pub mod inkling;
+pub mod inkling2;
 pub mod kimi_linear;
 pub mod minimax_m2;
 pub mod mixtral;
@@ -61,6 +62,12 @@ pub struct Model<'s> {
     /// What the load could not use and went on without (an incomplete MTP layer of a store
     /// written by an older converter), for the caller to show.
     pub warnings: Vec<String>,
+    /// A residual stream of blocks (Inkling 2's attention residuals) and the output's query
+    /// (`model.llm.attn_res.output_query`, f32 `[H]`); None elsewhere.
+    pub blocks: Option<(
+        std::sync::Arc<crate::layers::attn_res::BlockStream>,
+        Vec<f32>,
+    )>,
 }
 
 impl<'s> Model<'s> {
@@ -85,6 +92,7 @@ impl<'s> Model<'s> {
             Family::Glm4Moe => glm4_moe::load(&mut w, &spec, &mut warnings)?,
             Family::MinimaxM2 => minimax_m2::load(&mut w, &spec)?,
             Family::Inkling => inkling::load(&mut w, &spec)?,
+            Family::Inkling2 => inkling2::load(&mut w, &spec)?,
             Family::Qwen3Next | Family::Qwen35Moe => {
                 qwen3_next::load(&mut w, &spec, &mut warnings)?
             }
@@ -103,6 +111,7 @@ impl<'s> Model<'s> {
             mtp_chain: parts.mtp_chain,
             tensors_read: w.into_read(),
             warnings,
+            blocks: parts.blocks,
             spec,
         })
     }
@@ -112,14 +121,34 @@ impl<'s> Model<'s> {
         self.spec.hyper.map_or(1, |h| h.mult)
     }
 
-    /// f32 values per token of the residual stream the decoder layers update: `streams() * H`.
+    /// f32 values per token of the residual stream the decoder layers update: `streams() * H`,
+    /// or a block stream's width.
     pub fn residual_width(&self) -> usize {
-        self.streams() * self.spec.hidden_size
+        match &self.blocks {
+            Some((b, _)) => b.width(),
+            None => self.streams() * self.spec.hidden_size,
+        }
+    }
+
+    /// The residual stream (`[n, residual_width()]`) of `n` embedding rows `x` (`[n, H]`):
+    /// the rows, copied to every stream (hyper-connections), or a block stream's partial sum.
+    pub fn residual_of_embeddings(&self, x: Vec<f32>, n: usize) -> Vec<f32> {
+        let h = self.spec.hidden_size;
+        match (&self.blocks, self.streams()) {
+            (Some((b, _)), _) => b.from_embeddings(&x, n),
+            (None, 1) => x,
+            (None, s) => crate::layers::hyper::expand_embeddings(&x, h, s),
+        }
     }
 
     /// The hidden states (`[n, H]`) of `n` rows of the residual stream `x` (`[n, streams() H]`):
-    /// the rows themselves, or their streams' mean (GLM-5.3-Flash's `Glm5NextTextHyperHead`).
+    /// the rows themselves, their streams' mean (GLM-5.3-Flash's `Glm5NextTextHyperHead`), or
+    /// a block stream's mix with the output query (Inkling 2's `final_input`).
     pub fn hidden_of_residual<'x>(&self, x: &'x [f32], n: usize) -> std::borrow::Cow<'x, [f32]> {
+        if let Some((b, q)) = &self.blocks {
+            let mut mixes = b.mix(x, n, b.slots, q);
+            return std::borrow::Cow::Owned(mixes.swap_remove(0));
+        }
         match self.streams() {
             1 => std::borrow::Cow::Borrowed(x),
             s => std::borrow::Cow::Owned(crate::layers::hyper::mean_streams(
@@ -149,14 +178,17 @@ impl<'s> Model<'s> {
 }
 
 /// Inkling's output head: the final hidden state (after `model.norm`) is divided by
-/// `divisor` before `lm_head`, and only the first `vocab` rows of `lm_head` are logits (the
-/// others are set to -inf: no token there can be chosen or sampled). The identity elsewhere.
+/// `divisor` before `lm_head`, only the first `vocab` rows of `lm_head` are logits (the
+/// others are set to -inf: no token there can be chosen or sampled), and Inkling 2 softcaps
+/// them (`cap * tanh(l / cap)`). The identity elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OutputScaling {
     /// `logits_mup_width_multiplier` (1 elsewhere).
     pub divisor: f32,
     /// Rows of `lm_head` that are logits (`unpadded_vocab_size`; `vocab_size` elsewhere).
     pub vocab: usize,
+    /// `final_logit_softcapping` (Inkling 2), None elsewhere.
+    pub softcap: Option<f32>,
 }
 
 impl OutputScaling {
@@ -165,6 +197,7 @@ impl OutputScaling {
         OutputScaling {
             divisor: 1.0,
             vocab,
+            softcap: None,
         }
     }
 }
@@ -180,6 +213,10 @@ pub(crate) struct Parts<'s> {
     pub rope: Rope,
     pub mtp: Option<mtp::MtpLayer<'s>>,
     pub mtp_chain: Vec<mtp::MtpLayer<'s>>,
+    pub blocks: Option<(
+        std::sync::Arc<crate::layers::attn_res::BlockStream>,
+        Vec<f32>,
+    )>,
 }
 
 /// The GQA attention block of `layer` with the q/k normalization `qk_norm` built from the
@@ -437,6 +474,8 @@ pub(crate) fn load_gqa_layer<'s>(
         ffn,
         output_convs: None,
         hyper: None,
+        attn_res: None,
+        kv_input_norms: None,
     })
 }
 
@@ -481,5 +520,6 @@ pub(crate) fn assemble_layers<'s>(
         },
         mtp: None,
         mtp_chain: Vec::new(),
+        blocks: None,
     })
 }

@@ -86,5 +86,7 @@ fn load_layer<'s>(
         ffn: load_ffn(w, spec, &l.ffn)?,
         output_convs: None,
         hyper: None,
+        attn_res: None,
+        kv_input_norms: None,
     })
 }

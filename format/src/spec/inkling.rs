@@ -156,6 +156,8 @@ pub struct InklingSpec {
     pub chain_hidden_post_norm: bool,
     /// `mtp_hidden_states_first`.
     pub mtp_hidden_first: bool,
+    /// Inkling 2's parameters (None: Inkling).
+    pub v2: Option<super::Inkling2Params>,
 }
 
 /// The attention shape of one Inkling layer.
@@ -209,7 +211,7 @@ pub fn language_model_tensor(name: &str) -> bool {
 }
 
 /// A positive integer field with a default.
-fn positive(f: &Fields<'_>, key: &str, default: usize) -> Result<usize, FormatError> {
+pub(crate) fn positive(f: &Fields<'_>, key: &str, default: usize) -> Result<usize, FormatError> {
     let v = f.usize(key)?.unwrap_or(default);
     if v == 0 {
         return Err(f.err(format!("{}{key} must be positive", f.prefix)));
@@ -463,6 +465,7 @@ pub(crate) fn configure(
         mtp_sliding,
         chain_hidden_post_norm,
         mtp_hidden_first: f.bool("mtp_hidden_states_first")?.unwrap_or(true),
+        v2: None,
     });
     Ok(())
 }
@@ -581,6 +584,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
             TensorKind::OutputHead,
         ),
         mtp: mtp_tensors(s, ink),
+        final_query: None,
     }
 }
 

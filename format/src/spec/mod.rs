@@ -21,6 +21,7 @@ pub mod glm5_next;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod inkling;
+pub mod inkling2;
 mod json;
 pub mod kimi_linear;
 pub mod minimax_m2;
@@ -34,6 +35,7 @@ pub mod tensors;
 
 use crate::FormatError;
 pub use inkling::{InklingSpec, LogScaling};
+pub use inkling2::Inkling2Params;
 pub use json::eos_ids;
 use json::Fields;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
@@ -55,6 +57,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "minimax_m2",
     "deepseek_v32",
     "inkling_text",
+    "inkling2_text",
     "qwen3_next",
     "qwen3_5_moe_text",
     "kimi_linear",
@@ -84,6 +87,8 @@ pub enum Family {
     DeepseekV32,
     /// `inkling_text`, the language model of Inkling (`inkling_mm_model`) ([`inkling`]).
     Inkling,
+    /// `inkling2_text`, the language model of Inkling 2 (`inkling2`) ([`inkling2`]).
+    Inkling2,
     /// `qwen3_next`, Qwen3-Next-80B-A3B ([`qwen3_next`]).
     Qwen3Next,
     /// `qwen3_5_moe_text`, the language model of Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`)
@@ -112,6 +117,7 @@ impl Family {
             "minimax_m2" => Ok(Family::MinimaxM2),
             "deepseek_v32" => Ok(Family::DeepseekV32),
             "inkling_text" => Ok(Family::Inkling),
+            "inkling2_text" => Ok(Family::Inkling2),
             "qwen3_next" => Ok(Family::Qwen3Next),
             "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
             "kimi_linear" => Ok(Family::KimiLinear),
@@ -136,6 +142,7 @@ impl Family {
             Family::MinimaxM2 => "minimax_m2",
             Family::DeepseekV32 => "deepseek_v32",
             Family::Inkling => "inkling_text",
+            Family::Inkling2 => "inkling2_text",
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen35Moe => "qwen3_5_moe_text",
             Family::KimiLinear => "kimi_linear",
@@ -169,7 +176,7 @@ impl Family {
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
-            Family::Inkling => 0.0,
+            Family::Inkling | Family::Inkling2 => 0.0,
         }
     }
 
@@ -181,6 +188,7 @@ impl Family {
             | Family::DeepseekV32
             | Family::MinimaxM2
             | Family::Inkling
+            | Family::Inkling2
             | Family::Qwen3Next
             | Family::Qwen35Moe => 1e-6,
             Family::Mixtral
@@ -245,6 +253,14 @@ pub enum ExpertActivation {
     SiluClamped {
         /// `swiglu_limit` (10.0).
         limit: f32,
+    },
+    /// Inkling 2's softcapped SwiGLU (`Inkling2SoftcappedSwiGLU`):
+    /// `gate_cap tanh(g / gate_cap) * sigmoid(g) * up_cap tanh(u / up_cap)`.
+    SoftcappedSwiglu {
+        /// `mlp_gate_softcap` (4.0).
+        gate_cap: f32,
+        /// `mlp_up_softcap` (25.0).
+        up_cap: f32,
     },
 }
 
@@ -481,6 +497,7 @@ fn num_experts(f: &Fields<'_>, key: &str, alias: &str) -> Result<usize, FormatEr
 fn wrapper_text_type(wrapper: &str) -> Option<&'static str> {
     match wrapper {
         w if w == inkling::WRAPPER_MODEL_TYPE => Some("inkling_text"),
+        w if w == inkling2::WRAPPER_MODEL_TYPE => Some("inkling2_text"),
         "glm5_next" => Some("glm5_next_text"),
         "qwen3_5_moe" => Some("qwen3_5_moe_text"),
         _ => None,
@@ -648,6 +665,7 @@ impl ModelSpec {
                 final_norm: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Norm),
                 lm_head: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::OutputHead),
                 mtp: vec![],
+                final_query: None,
             },
         };
         match family {
@@ -661,6 +679,7 @@ impl ModelSpec {
             Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
             Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
             Family::Inkling => inkling::configure(config, &f, &mut spec)?,
+            Family::Inkling2 => inkling2::configure(&f, &mut spec)?,
             Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
             Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
             Family::KimiLinear => kimi_linear::configure(&f, &mut spec)?,
@@ -712,7 +731,8 @@ impl ModelSpec {
                 spec.rms_norm_eps
             )));
         }
-        let no_rope = family == Family::Inkling && spec.rope_theta == 0.0;
+        let no_rope =
+            matches!(family, Family::Inkling | Family::Inkling2) && spec.rope_theta == 0.0;
         let theta_ok = spec.rope_theta.is_finite() && spec.rope_theta > 0.0;
         if !(no_rope || theta_ok) {
             return Err(f.err(format!(
@@ -736,6 +756,7 @@ impl ModelSpec {
             Family::MinimaxM2 => minimax_m2::tensors(&spec),
             Family::DeepseekV32 => glm_moe_dsa::tensors(&spec),
             Family::Inkling => inkling::tensors(&spec),
+            Family::Inkling2 => inkling2::tensors(&spec),
             Family::Qwen3Next => qwen3_next::tensors(&spec),
             Family::Qwen35Moe => qwen3_5_moe::tensors(&spec),
             Family::KimiLinear => kimi_linear::tensors(&spec),
@@ -1007,7 +1028,7 @@ impl ModelSpec {
         if self.wrapper.is_none() {
             return Some(Cow::Borrowed(name));
         }
-        if self.family == Family::Inkling {
+        if matches!(self.family, Family::Inkling | Family::Inkling2) {
             // The published Inkling checkpoint names its language model `model.llm.*` (and its
             // MTP layers `model.mtp.*`); the vision and audio towers (`model.visual.*`,
             // `model.audio.*`) are not run.
@@ -1103,6 +1124,7 @@ pub(crate) mod build {
                 lm_head
             },
             mtp,
+            final_query: None,
         }
     }
 

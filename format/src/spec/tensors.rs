@@ -292,6 +292,69 @@ pub enum AttentionSpec {
         /// The DSA indexer of a GLM-5 `"full"` layer (`None` elsewhere).
         indexer: Option<Box<IndexerSpec>>,
     },
+    /// Inkling 2's attention block with the layer's other parts ([`Inkling2AttentionSpec`]).
+    Inkling2(Box<Inkling2AttentionSpec>),
+}
+
+/// A key or value short convolution of an Inkling 2 layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvConvSpec {
+    /// Sliding layers (`Inkling2ShortConvolution`): `attn.{k,v}_sconv.weight`
+    /// `[kv_heads * head_dim, 1, kernel]`.
+    Static(TensorSpec),
+    /// Full layers (`Inkling2DynamicShortConvolution`): taps `static_w` `[kernel, kv_dim]`
+    /// (row `lag` weights the input `lag` positions back) plus per-token, per-head taps
+    /// `weight_proj` `[kv_heads * kernel, H]` of the layer's normalized key (value) input.
+    Dynamic {
+        /// `attn.{k,v}_sconv.static_w` `[kernel, kv_heads * head_dim]`.
+        static_w: TensorSpec,
+        /// `attn.{k,v}_sconv.weight_proj` `[kv_heads * kernel, H]`.
+        proj: LinearSpec,
+    },
+}
+
+/// One Inkling 2 layer's attention (`Inkling2SlidingAttention` / `Inkling2FullAttention` of
+/// transformers 5.25 `modeling_inkling2.py`) and what else the layer holds besides its norms
+/// and MoE: the two output convolutions and the layer's attention-residual queries
+/// (`model.llm.attn_res.*`). Names as published (`model.llm.layers.{i}.*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inkling2AttentionSpec {
+    /// `attn.wq_du` `[heads * head_dim, H]`.
+    pub q: LinearSpec,
+    /// `attn.wk_dv` `[kv_heads * head_dim, H]`.
+    pub k: LinearSpec,
+    /// `attn.wv_dv` `[kv_heads * head_dim, H]`.
+    pub v: LinearSpec,
+    /// `attn.wr_du` `[heads * d_rel, H]`: the relative states.
+    pub r: LinearSpec,
+    /// `attn.wo_ud` `[H, heads * head_dim]`.
+    pub o: LinearSpec,
+    /// `attn.gate_attn` `[heads * head_dim, H]`: the sigmoid output gate.
+    pub gate: LinearSpec,
+    /// `attn.attn_sink_proj` `[heads, H]`: each token's per-head sink logit.
+    pub sink: LinearSpec,
+    /// `attn.q_l2_clip.scale` `[heads, head_dim]`.
+    pub q_scale: TensorSpec,
+    /// `attn.rel_l2_clip.scale` `[heads, d_rel]`.
+    pub rel_scale: TensorSpec,
+    /// The key convolution.
+    pub k_conv: KvConvSpec,
+    /// The value convolution.
+    pub v_conv: KvConvSpec,
+    /// `attn.rel_logits_proj.proj` `[d_rel, extent]`.
+    pub rel_proj: TensorSpec,
+    /// `attn_sconv.weight` `[H, 1, kernel]`.
+    pub out_conv: TensorSpec,
+    /// `mlp_sconv.weight` `[H, 1, kernel]`.
+    pub mlp_out_conv: TensorSpec,
+    /// Full layers: `k_input_norm.weight` and `v_input_norm.weight` `[H]` (the query's is the
+    /// layer's `input_norm`, `q_input_norm`); None on sliding layers.
+    pub kv_input_norms: Option<(TensorSpec, TensorSpec)>,
+    /// `attn_res.attn_queries.{i - 1}`: `[H]` (sliding) or `[3, H]` (full: query, key, value
+    /// inputs); None on layer 0, whose input is the embedding.
+    pub attn_query: Option<TensorSpec>,
+    /// `attn_res.mlp_queries.{i}` `[H]`.
+    pub mlp_query: TensorSpec,
 }
 
 /// Inkling's attention block `model.llm.layers.{i}.attn.*` (`InklingAttention` of transformers
@@ -691,6 +754,9 @@ pub struct ModelTensors {
     pub lm_head: TensorSpec,
     /// MTP layers (at most one).
     pub mtp: Vec<MtpSpec>,
+    /// The attention-residual query of the output (Inkling 2's `model.llm.attn_res.output_query`
+    /// `[H]`), None elsewhere.
+    pub final_query: Option<TensorSpec>,
 }
 
 fn push_linear<'a>(out: &mut Vec<&'a TensorSpec>, l: &'a LinearSpec) {
@@ -737,6 +803,26 @@ impl LayerSpec {
                 }
                 out.extend([&a.q_norm, &a.k_norm, &a.k_conv, &a.v_conv, &a.rel_proj]);
                 out.push(&a.out_conv);
+            }
+            AttentionSpec::Inkling2(a) => {
+                out.extend(a.attn_query.as_ref());
+                if let Some((k, v)) = &a.kv_input_norms {
+                    out.extend([k, v]);
+                }
+                for l in [&a.q, &a.k, &a.v, &a.r, &a.o, &a.gate, &a.sink] {
+                    push_linear(&mut out, l);
+                }
+                out.extend([&a.q_scale, &a.rel_scale]);
+                for c in [&a.k_conv, &a.v_conv] {
+                    match c {
+                        KvConvSpec::Static(t) => out.push(t),
+                        KvConvSpec::Dynamic { static_w, proj } => {
+                            out.push(static_w);
+                            push_linear(&mut out, proj);
+                        }
+                    }
+                }
+                out.extend([&a.rel_proj, &a.out_conv, &a.mlp_query, &a.mlp_out_conv]);
             }
             AttentionSpec::GatedDeltaNet(a) => {
                 for l in a.input.linears() {
@@ -820,6 +906,16 @@ impl LayerSpec {
             AttentionSpec::Inkling(a) => {
                 for l in [&a.q, &a.k, &a.v, &a.r, &a.o] {
                     add(l, LinearRole::Attention);
+                }
+            }
+            AttentionSpec::Inkling2(a) => {
+                for l in [&a.q, &a.k, &a.v, &a.r, &a.o, &a.gate, &a.sink] {
+                    add(l, LinearRole::Attention);
+                }
+                for c in [&a.k_conv, &a.v_conv] {
+                    if let KvConvSpec::Dynamic { proj, .. } = c {
+                        add(proj, LinearRole::Attention);
+                    }
                 }
             }
             AttentionSpec::GatedDeltaNet(a) => {
@@ -929,6 +1025,7 @@ impl ModelTensors {
         for l in &self.layers {
             out.extend(l.dense());
         }
+        out.extend(self.final_query.as_ref());
         out.extend([&self.final_norm, &self.lm_head]);
         out
     }
