@@ -270,6 +270,17 @@ impl Checkpoint {
     pub fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
+
+    /// Whether the checkpoint holds block-FP8 weights: an F8_E4M3 tensor with its 128x128
+    /// `_scale_inv` (the published FP8 layout `--dense fp8` keeps). MXFP8 experts (U8 `_scale`
+    /// per 32 columns) are not: their dense tensors are high precision.
+    pub fn has_block_fp8(&self) -> bool {
+        self.tensors.keys().any(|name| {
+            self.get(name)
+                .is_some_and(|(_, info)| info.dtype == crate::safetensors::Dtype::F8E4M3)
+                && self.has(&format!("{name}_scale_inv"))
+        })
+    }
 }
 
 /// A spec error as the converter reports it: naming the full path of the config file.

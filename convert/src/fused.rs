@@ -15,6 +15,10 @@
 //! - [`ExpertStorage::FusedW13`] (Inkling): `w13_weight` `[E, 2I, H]`: gate row `i` is row
 //!   `2i`, up row `i` row `2i + 1` (transformers' `Interleave(dim=1)`); `w2_weight` `[E, H, I]`
 //!   is down as it is.
+//! - [`ExpertStorage::FusedW13Mxfp8`] (Inkling 2's MXFP8 releases): as `FusedW13`, each row's
+//!   e4m3 codes times `2^(e - 127)` of its block of 32 columns (`w13_weight_scale`,
+//!   `w2_weight_scale`), decoded exactly to f32 and encoded as any source (a bf16 store holds
+//!   them exactly).
 //! - Biases `gate_up_proj_bias` `[E, 2I]` (interleaved the same way) and `down_proj_bias`
 //!   `[E, H]`, widened to f32 exactly.
 
@@ -39,7 +43,8 @@ fn terr(tensor: &str, what: impl Into<String>) -> ConvertError {
 
 /// The layout of `set`'s experts as the checkpoint has them: `storage` as the spec declares it,
 /// or the other fused layout when the checkpoint holds that one instead (a dequantized BF16
-/// gpt-oss whose config.json still declares MXFP4, or the reverse), or transformers 5's fused
+/// gpt-oss whose config.json still declares MXFP4, or the reverse; Inkling 2's experts with or
+/// without their MXFP8 scales), or transformers 5's fused
 /// [`ExpertStorage::FusedConcat`] when a per-expert family's checkpoint has `gate_up_proj` or
 /// `down_proj` instead of expert 0's tensors (one of the two alone is then named as missing).
 pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
@@ -63,6 +68,18 @@ pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
         {
             ExpertStorage::FusedMxfp4
         }
+        ExpertStorage::FusedW13
+            if ck.has(&format!("{p}.w13_weight_scale"))
+                || ck.has(&format!("{p}.w2_weight_scale")) =>
+        {
+            ExpertStorage::FusedW13Mxfp8
+        }
+        ExpertStorage::FusedW13Mxfp8
+            if !ck.has(&format!("{p}.w13_weight_scale"))
+                && !ck.has(&format!("{p}.w2_weight_scale")) =>
+        {
+            ExpertStorage::FusedW13
+        }
         s => s,
     }
 }
@@ -77,14 +94,16 @@ pub fn check(ck: &Checkpoint, set: &ExpertsSpec, storage: ExpertStorage) -> Resu
         storage,
         ..set.clone()
     };
-    if storage == ExpertStorage::FusedMxfp4
-        && (!set.hidden.is_multiple_of(MXFP4_BLOCK)
-            || !set.intermediate.is_multiple_of(MXFP4_BLOCK))
+    if matches!(
+        storage,
+        ExpertStorage::FusedMxfp4 | ExpertStorage::FusedW13Mxfp8
+    ) && (!set.hidden.is_multiple_of(MXFP4_BLOCK)
+        || !set.intermediate.is_multiple_of(MXFP4_BLOCK))
     {
         return Err(terr(
             &format!("{}.gate_up_proj_blocks", set.prefix),
             format!(
-                "MXFP4 experts need hidden_size ({}) and intermediate_size ({}) to be multiples of 32",
+                "MX experts (blocks of 32 columns) need hidden_size ({}) and intermediate_size ({}) to be multiples of 32",
                 set.hidden, set.intermediate
             ),
         ));
@@ -111,6 +130,7 @@ pub fn check(ck: &Checkpoint, set: &ExpertsSpec, storage: ExpertStorage) -> Resu
         }
         let ok = match dtype {
             Some("U8") => info.dtype == Dtype::U8,
+            Some("F8_E4M3") => info.dtype == Dtype::F8E4M3,
             _ => matches!(info.dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32),
         };
         if !ok {
@@ -190,6 +210,42 @@ fn mxfp4_rows(
         m.scales.extend_from_slice(&scales[r * rs..(r + 1) * rs]);
     }
     m
+}
+
+/// Rows `rows` (in order) of an MXFP8 expert slice (`codes` e4m3, `scales` e8m0, rows `cols`
+/// wide), decoded exactly to f32 (`e4m3(code) * 2^(scale - 127)`, one f32 product), as
+/// little-endian bytes.
+///
+/// # Errors
+/// [`ConvertError::NonFinite`] for an e4m3 NaN code or a product out of the f32 range, naming
+/// the tensor and its shard (`src`), the expert and the position.
+fn mxfp8_f32(
+    (name, shard): (&str, &Shard),
+    e: u32,
+    codes: &[u8],
+    scales: &[u8],
+    cols: usize,
+    rows: impl Iterator<Item = usize>,
+) -> Result<Vec<u8>> {
+    let nb = cols / MXFP4_BLOCK;
+    let mut out = Vec::new();
+    for r in rows {
+        for c in 0..cols {
+            let code = codes[r * cols + c];
+            let v = coli_format::encoding::fp8_e4m3_to_f32(code)
+                * coli_format::encoding::mxfp4::e8m0_to_f32(scales[r * nb + c / MXFP4_BLOCK]);
+            if !v.is_finite() {
+                return Err(ConvertError::NonFinite {
+                    tensor: name.to_string(),
+                    file: shard.path.clone(),
+                    position: format!("expert {e} [{r}, {c}] (e4m3 code 0x{code:02X})"),
+                    value: format!("{v}"),
+                });
+            }
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(out)
 }
 
 /// Widens `n` values `idx(k)` of a bias slice to f32, refusing NaN/Inf.
@@ -363,6 +419,43 @@ pub fn gather<'a>(
             ];
             for (bytes, rows, cols, name, shard, dtype) in parts {
                 let (enc, st) = encode_slice(name, shard, dtype, rows, cols, &bytes, encoding)?;
+                stats.add(st);
+                mats.push(enc);
+            }
+        }
+        ExpertStorage::FusedW13Mxfp8 => {
+            let (gun, gush, _, gu) = take(format!("{p}.w13_weight"))?;
+            let (gsn, gss, _, gs) = take(format!("{p}.w13_weight_scale"))?;
+            let (dn, dsh, _, d) = take(format!("{p}.w2_weight"))?;
+            let (dsn, dss, _, ds) = take(format!("{p}.w2_weight_scale"))?;
+            for (sn, ss, s) in [(&gsn, gss, gs), (&dsn, dss, ds)] {
+                if let Some(k) = s.iter().position(|&x| x == E8M0_NAN) {
+                    return Err(terr(
+                        sn,
+                        format!(
+                            "e8m0 scale {k} of expert {e} ({}) is the NaN code 0xFF",
+                            ss.name
+                        ),
+                    ));
+                }
+            }
+            let parts = [
+                (
+                    mxfp8_f32((&gun, gush), e, gu, gs, h, (0..i).map(|r| 2 * r))?,
+                    i,
+                    h,
+                    &gun,
+                ),
+                (
+                    mxfp8_f32((&gun, gush), e, gu, gs, h, (0..i).map(|r| 2 * r + 1))?,
+                    i,
+                    h,
+                    &gun,
+                ),
+                (mxfp8_f32((&dn, dsh), e, d, ds, i, 0..h)?, h, i, &dn),
+            ];
+            for (f, rows, cols, name) in parts {
+                let (enc, st) = encode_f32(ck, name, rows, cols, &f, encoding)?;
                 stats.add(st);
                 mats.push(enc);
             }

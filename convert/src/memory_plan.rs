@@ -220,10 +220,7 @@ impl Dtypes<'_> {
 
     fn fp8_checkpoint(&self) -> bool {
         match self {
-            Dtypes::Headers(ck) => ck
-                .shards
-                .iter()
-                .any(|s| s.tensors.values().any(|t| t.dtype == Dtype::F8E4M3)),
+            Dtypes::Headers(ck) => ck.has_block_fp8(),
             Dtypes::Assumed { fp8 } => *fp8,
         }
     }

@@ -653,10 +653,7 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
     }
 
     // Dense tensors.
-    let fp8_checkpoint = ck
-        .shards
-        .iter()
-        .any(|s| s.tensors.values().any(|t| t.dtype == Dtype::F8E4M3));
+    let fp8_checkpoint = ck.has_block_fp8();
     let mut dense = Vec::new();
     let mut unused = Vec::new();
     for (name, &si) in &ck.tensors {

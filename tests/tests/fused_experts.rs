@@ -10,6 +10,10 @@
 //!   independent numpy decode (`mxfp4_probe`);
 //! - the BF16 re-release (fused `[E, H, 2I]` tensors) converts to the same dequantized weights;
 //! - an e8m0 NaN scale and `--experts mxfp4` on BF16 experts are refused, naming the tensor;
+//! - Inkling 2's MXFP8 experts (tests/fixtures/tiny/inkling2_mxfp8) convert to BF16 records
+//!   holding `e4m3(code) * 2^(scale - 127)` exactly (checked against the codes and scales read
+//!   from the checkpoint here, decoded with the OCP definitions written out in this test); a NaN
+//!   scale, an e4m3 NaN code and a missing scale tensor are refused by name;
 //! - transformers 5's fused layout of the per-expert families (`gate_up_proj` `[E, 2I, H]`,
 //!   `down_proj` `[E, H, I]`) converts to the same expert records as per-expert tensors.
 
@@ -180,6 +184,100 @@ fn nan_scales_and_mxfp4_from_bf16_are_refused_by_name() {
     std::fs::write(&file, bytes).unwrap();
     let err = convert_err(&dst, Encoding::Mxfp4);
     assert!(err.contains(name) && err.contains("NaN"), "{err}");
+}
+
+/// e4m3 (OCP FP8 E4M3, "fn": no infinities, S.1111.111 is NaN) by its definition:
+/// `(-1)^s 2^(e - 7) (1 + m / 8)`, subnormals `(-1)^s 2^-6 (m / 8)`.
+fn e4m3(code: u8) -> f64 {
+    let (s, e, m) = (code >> 7, (code >> 3) & 15, code & 7);
+    let mag = if e == 0 {
+        2f64.powi(-6) * m as f64 / 8.0
+    } else {
+        2f64.powi(e as i32 - 7) * (1.0 + m as f64 / 8.0)
+    };
+    if s == 1 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+#[test]
+fn mxfp8_experts_convert_exactly_and_bad_ones_are_refused_by_name() {
+    let name = "inkling2_mxfp8";
+    let (_tmp, out) = convert_fixture(name, "lossless_store");
+    let store = open_store(&out, true, IoPreference::Auto);
+    let src = fixture_dir(name);
+    let ck = Checkpoint::open(&src).unwrap();
+    let (h, i, count) = (64usize, 32usize, 8usize);
+    let p = "model.llm.layers.1.mlp.experts";
+    for e in [0usize, 5] {
+        let codes = slice(&ck, &format!("{p}.w13_weight"), e, count);
+        let scales = slice(&ck, &format!("{p}.w13_weight_scale"), e, count);
+        let dcodes = slice(&ck, &format!("{p}.w2_weight"), e, count);
+        let dscales = slice(&ck, &format!("{p}.w2_weight_scale"), e, count);
+        let value = |c: &[u8], s: &[u8], cols: usize, r: usize, k: usize| {
+            e4m3(c[r * cols + k]) * 2f64.powi(s[r * cols / 32 + k / 32] as i32 - 127)
+        };
+        let buf = &store.fetch(&[ExpertKey::new(1, e as u32)]).unwrap()[0];
+        assert_eq!(buf.encoding, Encoding::Bf16);
+        let (gate, up, down) = (buf.gate(), buf.up(), buf.down());
+        let mut row = vec![0f32; h];
+        for r in 0..i {
+            gate.dequantize_row(r, &mut row);
+            for (k, &v) in row.iter().enumerate() {
+                assert_eq!(
+                    v as f64,
+                    value(codes, scales, h, 2 * r, k),
+                    "gate [{r}, {k}]"
+                );
+            }
+            up.dequantize_row(r, &mut row);
+            for (k, &v) in row.iter().enumerate() {
+                assert_eq!(
+                    v as f64,
+                    value(codes, scales, h, 2 * r + 1, k),
+                    "up [{r}, {k}]"
+                );
+            }
+        }
+        let mut row = vec![0f32; i];
+        for r in 0..h {
+            down.dequantize_row(r, &mut row);
+            for (k, &v) in row.iter().enumerate() {
+                assert_eq!(v as f64, value(dcodes, dscales, i, r, k), "down [{r}, {k}]");
+            }
+        }
+    }
+    // One byte of a copy of the checkpoint changed: a NaN scale, a NaN code.
+    for (tensor, byte, what) in [
+        (format!("{p}.w2_weight_scale"), 0xFFu8, "NaN"),
+        (format!("{p}.w13_weight"), 0x7F, "e4m3 code 0x7F"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("ck");
+        std::fs::create_dir(&dst).unwrap();
+        for f in std::fs::read_dir(&src).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+        }
+        let (file, at) = {
+            let ck = Checkpoint::open(&dst).unwrap();
+            let (shard, info) = ck.get(&tensor).unwrap();
+            (shard.path.clone(), info.start + info.nbytes() / 2)
+        };
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at] = byte;
+        std::fs::write(&file, bytes).unwrap();
+        let err = convert_err(&dst, Encoding::Bf16);
+        assert!(err.contains(&tensor) && err.contains(what), "{err}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("ck");
+    let missing = format!("{p}.w2_weight_scale");
+    coli_tests::copy_checkpoint_without(&src, &dst, |n| n == missing);
+    let err = convert_err(&dst, Encoding::Bf16);
+    assert!(err.contains(&missing) && err.contains("missing"), "{err}");
 }
 
 /// Writes a single-file safetensors checkpoint `dir/model.safetensors` holding `tensors`

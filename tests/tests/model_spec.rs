@@ -16,7 +16,7 @@ use coli_tests::{copy_checkpoint_without, expected, fixture_dir, greedy, ids, re
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 15] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "qwen3_moe_bf16",
@@ -28,6 +28,7 @@ const FIXTURES: [&str; 14] = [
     "deepseek_v32_fp8",
     "inkling_bf16",
     "inkling2_bf16",
+    "inkling2_mxfp8",
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",

@@ -30,6 +30,10 @@
 //!   (`w13_weight` gate/up rows interleaved) with the softcapped SwiGLU
 //!   `softcap(g, gate_cap) * sigmoid(g) * softcap(u, up_cap)` (`softcap(x, c) = c tanh(x / c)`).
 //! - No muP divisor; logits `final_logit_softcapping * tanh(l / final_logit_softcapping)`.
+//! - The `-MXFP8` releases hold the routed experts in MXFP8 (`quantization_config` `fp8` with
+//!   `weight_block_size` `[1, 32]`, accepted for this family only; `w13_weight_scale` /
+//!   `w2_weight_scale` U8): the converter finds the scales in the checkpoint and reads the
+//!   experts as `ExpertStorage::FusedW13Mxfp8`.
 
 use super::json::Fields;
 use super::{
@@ -57,6 +61,10 @@ pub struct Inkling2Params {
     pub up_softcap: f32,
     /// `final_logit_softcapping`.
     pub logit_softcap: f32,
+    /// config.json declares MXFP8 experts (`quantization_config.weight_block_size` `[1, 32]`,
+    /// the `-MXFP8` releases): the spec lists their scales
+    /// ([`super::ExpertStorage::FusedW13Mxfp8`]).
+    pub mxfp8_experts: bool,
 }
 
 impl Inkling2Params {
@@ -84,7 +92,11 @@ fn positive_f32(f: &Fields<'_>, key: &str, default: f64) -> Result<f32, FormatEr
     Ok(v as f32)
 }
 
-pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+pub(crate) fn configure(
+    config: &serde_json::Value,
+    f: &Fields<'_>,
+    s: &mut ModelSpec,
+) -> Result<(), FormatError> {
     let n = s.num_layers;
     // Inkling2TextConfig's defaults where the generic reader assumes others.
     if f.get("head_dim").is_none() {
@@ -210,6 +222,11 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         gate_softcap: positive_f32(f, "mlp_gate_softcap", 4.0)?,
         up_softcap: positive_f32(f, "mlp_up_softcap", 25.0)?,
         logit_softcap: positive_f32(f, "final_logit_softcapping", 30.0)?,
+        mxfp8_experts: config
+            .get("quantization_config")
+            .or_else(|| f.get("quantization_config"))
+            .and_then(|q| q.get("weight_block_size"))
+            .is_some_and(|b| b == &serde_json::json!([1, 32])),
     };
     s.expert_activation = ExpertActivation::SoftcappedSwiglu {
         gate_cap: v2.gate_softcap,
@@ -372,7 +389,11 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize) -> LayerSpec {
             intermediate: im,
             class: TensorClass::RoutedExpert,
             prefix: format!("{p}.mlp.experts"),
-            storage: ExpertStorage::FusedW13,
+            storage: if ink.v2.is_some_and(|v| v.mxfp8_experts) {
+                ExpertStorage::FusedW13Mxfp8
+            } else {
+                ExpertStorage::FusedW13
+            },
             biases: false,
         },
     });

@@ -574,9 +574,12 @@ impl ModelSpec {
             .or_else(|| f.get("quantization_config"))
             .and_then(|q| q.get("weight_block_size"))
         {
-            if bs != &serde_json::json!([128, 128]) {
+            // Inkling 2's MXFP8 releases: blocks of 32 columns of one row, e8m0 scales, on the
+            // routed experts (`ExpertStorage::FusedW13Mxfp8`).
+            let mx = family == Family::Inkling2 && bs == &serde_json::json!([1, 32]);
+            if bs != &serde_json::json!([128, 128]) && !mx {
                 return Err(f.err(format!(
-                    "quantization_config.weight_block_size is {bs}; only [128, 128] FP8 blocks are supported"
+                    "quantization_config.weight_block_size is {bs}; only [128, 128] FP8 blocks are supported (and Inkling 2's MXFP8 [1, 32] experts)"
                 )));
             }
         }
@@ -679,7 +682,7 @@ impl ModelSpec {
             Family::MinimaxM2 => minimax_m2::configure(&f, &mut spec)?,
             Family::DeepseekV32 => deepseek_v32::configure(&f, &mut spec)?,
             Family::Inkling => inkling::configure(config, &f, &mut spec)?,
-            Family::Inkling2 => inkling2::configure(&f, &mut spec)?,
+            Family::Inkling2 => inkling2::configure(config, &f, &mut spec)?,
             Family::Qwen3Next => qwen3_next::configure(&f, &mut spec)?,
             Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
             Family::KimiLinear => kimi_linear::configure(&f, &mut spec)?,

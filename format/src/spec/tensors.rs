@@ -453,6 +453,12 @@ pub enum ExpertStorage {
     /// row `2i + 1` up feature `i`: transformers' `Interleave(dim=1)`) and `{prefix}.w2_weight`
     /// `[E, H, I]`, BF16/F16/F32, no biases.
     FusedW13,
+    /// [`ExpertStorage::FusedW13`] with MXFP8 experts (Inkling 2's `-MXFP8` releases,
+    /// transformers' finegrained FP8 with `weight_block_size` `[1, 32]`, `scale_fmt` `ue8m0`):
+    /// `w13_weight` F8_E4M3 `[E, 2I, H]` with `w13_weight_scale` U8 `[E, 2I, H/32]` and
+    /// `w2_weight` F8_E4M3 `[E, H, I]` with `w2_weight_scale` U8 `[E, H, I/32]`; a weight is
+    /// `e4m3(code) * 2^(scale - 127)`, the scale of its row's block of 32 columns.
+    FusedW13Mxfp8,
 }
 
 /// The routed experts of one layer: `count` records in the store, each holding expert `e`'s
@@ -520,6 +526,24 @@ impl ExpertsSpec {
             ExpertStorage::FusedW13 => vec![
                 (format!("{p}.w13_weight"), vec![e, 2 * i, h], None),
                 (format!("{p}.w2_weight"), vec![e, h, i], None),
+            ],
+            ExpertStorage::FusedW13Mxfp8 => vec![
+                (
+                    format!("{p}.w13_weight"),
+                    vec![e, 2 * i, h],
+                    Some("F8_E4M3"),
+                ),
+                (
+                    format!("{p}.w13_weight_scale"),
+                    vec![e, 2 * i, h.div_ceil(32)],
+                    Some("U8"),
+                ),
+                (format!("{p}.w2_weight"), vec![e, h, i], Some("F8_E4M3")),
+                (
+                    format!("{p}.w2_weight_scale"),
+                    vec![e, h, i.div_ceil(32)],
+                    Some("U8"),
+                ),
             ],
             ExpertStorage::FusedInterleaved => vec![
                 (format!("{p}.gate_up_proj"), vec![e, h, 2 * i], None),
