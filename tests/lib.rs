@@ -84,6 +84,7 @@ pub fn encoding(s: &str) -> Encoding {
         "int4-g64" => Encoding::Int4 { group_size: 64 },
         "int4-g32" => Encoding::Int4 { group_size: 32 },
         "mxfp4" => Encoding::Mxfp4,
+        "mxfp8" => Encoding::Mxfp8,
         other => panic!("unknown encoding {other}"),
     }
 }

@@ -44,16 +44,20 @@ PARAMS = {
     "bf16": ["--experts", "bf16", "--dense", "bf16", "--mtp", "bf16"],
     # Format version 2: MXFP4 experts kept as published, with their biases (gpt-oss).
     "mxfp4": ["--experts", "mxfp4", "--dense", "bf16"],
+    # Format version 5: MXFP8 experts kept as published (Inkling 2's -MXFP8 releases).
+    "mxfp8": ["--experts", "mxfp8", "--dense", "bf16"],
 }
 
 
 def applicable(fixture, params):
-    """fp8 targets need FP8 sources (the bf16 and gpt-oss fixtures have none); mxfp4 targets
-    need MXFP4 sources (only gpt_oss_mxfp4)."""
+    """fp8 targets need FP8 sources (the bf16 and gpt-oss fixtures have none); mxfp4 and mxfp8
+    targets need MXFP4 / MXFP8 sources (gpt_oss_mxfp4, inkling2_mxfp8)."""
     if "fp8" in params and not fixture.endswith("_fp8"):
         return False
     if "mxfp4" in params:
         return fixture.endswith("_mxfp4")
+    if "mxfp8" in params:
+        return fixture.endswith("_mxfp8")
     return True
 
 

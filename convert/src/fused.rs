@@ -187,21 +187,24 @@ pub struct Gathered<'a> {
     pub bytes_in: u64,
 }
 
-/// An MXFP4 matrix: `rows` rows of `cols / 2` code bytes and `cols / 32` e8m0 scales.
-struct Mxfp4Rows {
+/// An MX matrix: `rows` rows of code bytes (`cols / 2` for MXFP4, `cols` for MXFP8) and
+/// `cols / 32` e8m0 scales.
+struct MxRows {
     data: Vec<u8>,
     scales: Vec<u8>,
 }
 
-/// Rows `rows` (in order) of expert slices `blocks` / `scales` whose rows are `cols` wide.
-fn mxfp4_rows(
+/// Rows `rows` (in order) of expert slices `blocks` / `scales` whose rows are `cols` wide,
+/// `per_byte` codes per byte (2 for MXFP4, 1 for MXFP8).
+fn mx_rows(
     blocks: &[u8],
     scales: &[u8],
     cols: usize,
+    per_byte: usize,
     rows: impl Iterator<Item = usize>,
-) -> Mxfp4Rows {
-    let (rb, rs) = (cols / 2, cols / MXFP4_BLOCK);
-    let mut m = Mxfp4Rows {
+) -> MxRows {
+    let (rb, rs) = (cols / per_byte, cols / MXFP4_BLOCK);
+    let mut m = MxRows {
         data: Vec::new(),
         scales: Vec::new(),
     };
@@ -312,9 +315,9 @@ pub fn gather<'a>(
                 }
             }
             let parts = [
-                (mxfp4_rows(gb, gs, h, (0..i).map(|r| 2 * r)), i, h, &gbn),
-                (mxfp4_rows(gb, gs, h, (0..i).map(|r| 2 * r + 1)), i, h, &gbn),
-                (mxfp4_rows(db, ds, i, 0..h), h, i, &dbn),
+                (mx_rows(gb, gs, h, 2, (0..i).map(|r| 2 * r)), i, h, &gbn),
+                (mx_rows(gb, gs, h, 2, (0..i).map(|r| 2 * r + 1)), i, h, &gbn),
+                (mx_rows(db, ds, i, 2, 0..h), h, i, &dbn),
             ];
             for (m, rows, cols, name) in parts {
                 if encoding == Encoding::Mxfp4 {
@@ -438,6 +441,40 @@ pub fn gather<'a>(
                         ),
                     ));
                 }
+            }
+            if encoding == Encoding::Mxfp8 {
+                // The published codes and scales, rows de-interleaved, copied as they are
+                // (e4m3 NaN codes refused by name, as when decoding).
+                for (name, shard, codes) in [(&gun, gush, gu), (&dn, dsh, d)] {
+                    if let Some(k) = codes.iter().position(|&c| c & 0x7F == 0x7F) {
+                        return Err(ConvertError::NonFinite {
+                            tensor: name.to_string(),
+                            file: shard.path.clone(),
+                            position: format!(
+                                "expert {e} element {k} (e4m3 code 0x{:02X})",
+                                codes[k]
+                            ),
+                            value: "NaN".into(),
+                        });
+                    }
+                }
+                let parts = [
+                    (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r)), i, h),
+                    (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r + 1)), i, h),
+                    (mx_rows(d, ds, i, 1, 0..h), h, i),
+                ];
+                for (m, rows, cols) in parts {
+                    let mut em = EncodedMatrix::new(Encoding::Mxfp8, rows, cols, m.data, vec![]);
+                    em.e8m0_scales = m.scales;
+                    mats.push(em);
+                }
+                let bytes_in = regions.iter().map(|(_, t)| t.nbytes() as u64).sum();
+                return Ok(Gathered {
+                    mats,
+                    stats,
+                    regions,
+                    bytes_in,
+                });
             }
             let parts = [
                 (

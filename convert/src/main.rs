@@ -28,9 +28,9 @@ struct Cli {
     /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
     #[arg(value_name = "OUTPUT_STORE")]
     output: PathBuf,
-    /// Routed expert encoding: auto (mxfp4 when config.json declares MXFP4 experts, else
-    /// int4-g64), int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only), mxfp4 (lossless,
-    /// MXFP4 sources only), bf16.
+    /// Routed expert encoding: auto (mxfp4 / mxfp8 when config.json declares MXFP4 / MXFP8
+    /// experts, else int4-g64), int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only),
+    /// mxfp4 (lossless, MXFP4 sources only), mxfp8 (lossless, MXFP8 sources only), bf16.
     #[arg(long, default_value = "auto")]
     experts: String,
     /// Encoding of the other linear weights (attention, DSA indexer, shared experts, dense MLP
@@ -104,7 +104,9 @@ fn real_main() -> anyhow::Result<()> {
     let encodings = Encodings {
         experts: parse_encoding(
             experts,
-            &["int4-g64", "int4-g32", "int8", "fp8", "mxfp4", "bf16"],
+            &[
+                "int4-g64", "int4-g32", "int8", "fp8", "mxfp4", "mxfp8", "bf16",
+            ],
             "experts",
         )?,
         dense: parse_encoding(&cli.dense, DENSE_CHOICES, "dense")?,
@@ -294,18 +296,19 @@ fn say_what_was_kept(output: &std::path::Path, e: &coli_convert::ConvertError) {
     }
 }
 
-/// `--experts auto`: `mxfp4` when the checkpoint's config.json declares MXFP4 experts
-/// (`quantization_config.quant_method`, gpt-oss as published: kept bit for bit), else
-/// `int4-g64`. An unreadable config gives `int4-g64` here; the conversion then reports it.
+/// `--experts auto`: the encoding the checkpoint's config.json declares its experts in when
+/// a store keeps it bit for bit (`mxfp4`: gpt-oss as published; `mxfp8`: Inkling 2's `-MXFP8`
+/// releases; `coli_format::spec::declared_expert_encoding`), else `int4-g64`. An unreadable
+/// config gives `int4-g64` here; the conversion then reports it.
 fn auto_experts(input: &std::path::Path) -> &'static str {
     let declared = std::fs::read(input.join("config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .is_some_and(|c| coli_format::spec::gpt_oss::declares_mxfp4(&c));
-    if declared {
-        "mxfp4"
-    } else {
-        "int4-g64"
+        .and_then(|c| coli_format::spec::declared_expert_encoding(&c));
+    match declared {
+        Some(coli_format::Encoding::Mxfp4) => "mxfp4",
+        Some(coli_format::Encoding::Mxfp8) => "mxfp8",
+        _ => "int4-g64",
     }
 }
 

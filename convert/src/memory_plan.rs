@@ -348,17 +348,24 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             bail!("--disk-gib-s must be a positive number of GiB/s, got {g}");
         }
     }
-    let declares_mxfp4 = coli_format::spec::gpt_oss::declares_mxfp4(&config);
-    if a.experts == Some(Encoding::Mxfp4) && !declares_mxfp4 {
-        bail!(
-            "--experts mxfp4 keeps published MXFP4 experts; {source} does not declare them (quantization_config.quant_method mxfp4): choose int4-g64, int4-g32, int8, fp8 or bf16"
-        );
+    let declared = coli_format::spec::declared_expert_encoding(&config);
+    if let Some(e @ (Encoding::Mxfp4 | Encoding::Mxfp8)) = a.experts {
+        if declared != Some(e) {
+            bail!(
+                "--experts {n} keeps published {N} experts; {source} does not declare them ({how}): choose int4-g64, int4-g32, int8, fp8 or bf16",
+                n = e.name(),
+                N = e.name().to_uppercase(),
+                how = if e == Encoding::Mxfp4 {
+                    "quantization_config.quant_method mxfp4"
+                } else {
+                    "quantization_config.weight_block_size [1, 32]"
+                },
+            );
+        }
     }
-    let experts = a.experts.unwrap_or(if declares_mxfp4 {
-        Encoding::Mxfp4
-    } else {
-        Encoding::Int4 { group_size: 64 }
-    });
+    let experts = a
+        .experts
+        .unwrap_or(declared.unwrap_or(Encoding::Int4 { group_size: 64 }));
     let record = |enc: Encoding, biases: bool| -> u64 {
         RecordLayout::new(enc, spec.hidden_size, spec.moe_intermediate_size, biases)
             .record_len(ALIGNMENT) as u64

@@ -112,6 +112,7 @@ pub fn parse_encoding(s: &str, allowed: &[&str], flag: &str) -> Result<Encoding>
         "fp8" => Encoding::Fp8,
         "bf16" => Encoding::Bf16,
         "mxfp4" => Encoding::Mxfp4,
+        "mxfp8" => Encoding::Mxfp8,
         _ => unreachable!("checked against allowed"),
     })
 }

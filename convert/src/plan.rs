@@ -581,6 +581,12 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                     "is not MXFP4; the mxfp4 encoding keeps MXFP4 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
                 ));
             }
+            if encoding == Encoding::Mxfp8 && storage != ExpertStorage::FusedW13Mxfp8 {
+                return Err(terr(
+                    &tensors[0],
+                    "is not MXFP8; the mxfp8 encoding keeps MXFP8 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
+                ));
+            }
             if encoding == Encoding::Fp8 {
                 return Err(terr(
                     &tensors[0],
@@ -602,11 +608,13 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
             continue;
         }
-        if encoding == Encoding::Mxfp4 {
+        if matches!(encoding, Encoding::Mxfp4 | Encoding::Mxfp8) {
             let n = set.tensor_names(0)[0].clone();
+            let name = encoding.name();
+            let upper = name.to_uppercase();
             return Err(terr(
                 &n,
-                "is not MXFP4; the mxfp4 encoding keeps MXFP4 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
+                format!("is not {upper}; the {name} encoding keeps {upper} experts only (copied as published): choose int4-g64, int8 or bf16 for experts"),
             ));
         }
         for e in 0..set.count {

@@ -251,14 +251,16 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
             ),
         });
     }
-    if enc == Encoding::Mxfp4 {
+    if matches!(enc, Encoding::Mxfp4 | Encoding::Mxfp8) {
         return Err(ConvertError::Tensor {
             tensor: src.name.to_string(),
             what: format!(
-                "is {} in {}; the mxfp4 encoding keeps MXFP4 experts only (copied as \
+                "is {} in {}; the {e} encoding keeps {E} experts only (copied as \
                  published): choose int4-g64, int8 or bf16",
                 src.dtype.name(),
-                src.file.display()
+                src.file.display(),
+                e = enc.name(),
+                E = enc.name().to_uppercase(),
             ),
         });
     }
@@ -275,7 +277,7 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
     }
     let mut per_row = vec![RowOut::default(); rows];
     match enc {
-        Encoding::Mxfp4 | Encoding::Ggml(_) => unreachable!("refused above"),
+        Encoding::Mxfp4 | Encoding::Mxfp8 | Encoding::Ggml(_) => unreachable!("refused above"),
         Encoding::Fp8 => {
             if src.dtype != Dtype::F8E4M3 {
                 return Err(ConvertError::Tensor {

@@ -17,6 +17,7 @@
 use std::arch::x86_64::*;
 
 use coli_format::encoding::mxfp4::{e8m0_to_f32, MXFP4_BLOCK};
+use coli_format::encoding::mxfp8::MXFP8_BLOCK;
 use coli_format::encoding::{GgmlType, FP8_BLOCK};
 use coli_format::{Encoding, MatrixView};
 
@@ -340,6 +341,45 @@ impl Chunks for Fp8Src<'_> {
     }
 }
 
+/// MXFP8 weights: 8 e4m3 codes per chunk through their f16 bit patterns (`value * 2^-8`, exact),
+/// times 256 (exact), times the e8m0 scale of the chunk's 32-column block: one rounding, the
+/// reference's `e4m3(code) * 2^(e - 127)` (coli_format `encoding::mxfp8`), NaN codes NaN.
+struct Mxfp8Src<'a> {
+    cur: Cursor<'a>,
+    /// The row's e8m0 scales.
+    srow: &'a [u8],
+    /// Index of the next chunk (8 columns; a block is 4 chunks).
+    c: usize,
+}
+
+impl Chunks for Mxfp8Src<'_> {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next(&mut self) -> __m256 {
+        let s = _mm256_set1_ps(e8m0_to_f32(self.srow[self.c / 4]));
+        self.c += 1;
+        _mm256_mul_ps(fp8x8(self.cur.take::<8>(), 0, _mm256_set1_ps(256.0)), s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next4(&mut self) -> [__m256; 4] {
+        let b = self.cur.take::<32>();
+        // `c` is a multiple of 4 here: the 4 chunks are one block.
+        let s = _mm256_set1_ps(e8m0_to_f32(self.srow[self.c / 4]));
+        self.c += 4;
+        let k = _mm256_set1_ps(256.0);
+        let (w0, w1) = fp8x16(b, 0, k);
+        let (w2, w3) = fp8x16(b, 1, k);
+        [
+            _mm256_mul_ps(w0, s),
+            _mm256_mul_ps(w1, s),
+            _mm256_mul_ps(w2, s),
+            _mm256_mul_ps(w3, s),
+        ]
+    }
+}
+
 /// int8 weights: the codes, sign-extended and converted (exact in f32); the row scale is
 /// applied once to the row's sum (see [`row_post_scale`]).
 struct Int8Src<'a> {
@@ -638,6 +678,16 @@ macro_rules! with_src {
                 let nb = cols.div_ceil(MXFP4_BLOCK);
                 let $src = &mut Mxfp4Src {
                     cur: Cursor::new(row),
+                    srow: &w.e8m0_scales()[r * nb..(r + 1) * nb],
+                    c: 0,
+                };
+                $body
+            }
+            Encoding::Mxfp8 => {
+                let row = &w.data()[r * cols..(r + 1) * cols];
+                let nb = cols.div_ceil(MXFP8_BLOCK);
+                let $src = &mut Mxfp8Src {
+                    cur: Cursor::new(&row[..nfull * 8]),
                     srow: &w.e8m0_scales()[r * nb..(r + 1) * nb],
                     c: 0,
                 };

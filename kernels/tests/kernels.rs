@@ -34,7 +34,7 @@ impl Mat {
                 })
                 .collect(),
             // Any byte except the two NaN codes 0x7F / 0xFF.
-            Encoding::Fp8 => (0..nbytes)
+            Encoding::Fp8 | Encoding::Mxfp8 => (0..nbytes)
                 .map(|_| loop {
                     let b: u8 = rng.gen();
                     if b & 0x7F != 0x7F {
@@ -47,7 +47,7 @@ impl Mat {
             _ => (0..nbytes).map(|_| rng.gen()).collect(),
         };
         assert_eq!(data.len(), nbytes);
-        if encoding == Encoding::Mxfp4 {
+        if matches!(encoding, Encoding::Mxfp4 | Encoding::Mxfp8) {
             // Block scales 2^-7 .. 2^2 (e8m0 120..=129); the extremes are tested in coli-format.
             let e8m0 = (0..encoding.scale_count(rows, cols))
                 .map(|_| rng.gen_range(120u8..=129))
@@ -75,7 +75,7 @@ impl Mat {
     }
 
     fn view(&self) -> MatrixView<'_> {
-        if self.encoding == Encoding::Mxfp4 {
+        if matches!(self.encoding, Encoding::Mxfp4 | Encoding::Mxfp8) {
             return MatrixView::from_sections(
                 self.encoding,
                 self.rows,
@@ -131,6 +131,7 @@ fn encodings() -> Vec<Encoding> {
         Encoding::Int4 { group_size: 6 },
         Encoding::Int4 { group_size: 24 },
         Encoding::Mxfp4,
+        Encoding::Mxfp8,
     ]
 }
 

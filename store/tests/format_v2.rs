@@ -27,6 +27,8 @@ fn mxfp4_records_with_biases_round_trip_as_version_2() {
     for (enc, biases) in [
         (Encoding::Mxfp4, true),
         (Encoding::Mxfp4, false),
+        (Encoding::Mxfp8, false),
+        (Encoding::Mxfp8, true),
         (Encoding::Int4 { group_size: 32 }, true),
         (Encoding::Bf16, true),
     ] {
@@ -46,7 +48,7 @@ fn mxfp4_records_with_biases_round_trip_as_version_2() {
         let store = open(&target);
         assert_eq!(
             store.manifest().format_version,
-            2,
+            if enc == Encoding::Mxfp8 { 5 } else { 2 },
             "{} biases {biases}",
             enc.name()
         );

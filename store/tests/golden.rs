@@ -187,6 +187,36 @@ fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
 
+/// `v5-inkling2-mxfp8` was written by `coli-convert` 0.1.0 (format version 5) from the tiny
+/// Inkling 2 fixture `tests/fixtures/tiny/inkling2_mxfp8` with default parameters (`--experts
+/// auto` = mxfp8, the published e4m3 codes and e8m0 scales kept; bf16 dense). Expected values:
+/// that fixture's `expected.json` `mxfp8_probe` (transformers' own MXFP8 dequantization of the
+/// codes, computed by the fixture script).
+#[test]
+fn golden_v5_opens_verifies_and_decodes() {
+    let dir = golden("v5-inkling2-mxfp8");
+    let store = Store::open(&dir).expect("golden v5 store opens");
+    let m = store.manifest();
+    assert_eq!(m.format_version, 5);
+    assert_eq!(m.family, "inkling2_text");
+    assert_eq!(m.expert_layers.len(), 6);
+    let probe = &fixture_expected("inkling2_mxfp8")["mxfp8_probe"];
+    assert_eq!(
+        (probe["layer"].as_u64(), probe["expert"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let buf = store
+        .fetch(&[ExpertKey::new(1, 0)])
+        .expect("fetch")
+        .pop()
+        .unwrap();
+    let gate = buf.gate();
+    assert_eq!(gate.encoding(), Encoding::Mxfp8);
+    assert_rows(&gate, &probe["values_f32"], "golden v5");
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
 fn sha256(b: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(b)

@@ -25,14 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 4  # newest version read (section 12); versions 1 to 3 too
+FORMAT_VERSION = 5  # newest version read (section 12); versions 1 to 4 too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
 
 # Encoding ids (FORMAT.md section 6).
-F32, BF16, FP8, INT8, INT4, MXFP4, GGML = 1, 2, 3, 4, 5, 6, 7
-ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4", GGML: "ggml"}
+F32, BF16, FP8, INT8, INT4, MXFP4, GGML, MXFP8 = 1, 2, 3, 4, 5, 6, 7, 8
+ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4", GGML: "ggml",
+                  MXFP8: "mxfp8"}
 # Encoding 7 (version 4): ggml type id -> (weights per block, bytes per block), section 6's table.
 GGML_TYPES = {1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84),
               11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136)}
@@ -127,7 +128,7 @@ def weight_bytes(enc: int, rows: int, cols: int, group: int = 0) -> int:
         return rows * cols * 4
     if enc == BF16:
         return rows * cols * 2
-    if enc in (FP8, INT8):
+    if enc in (FP8, INT8, MXFP8):
         return rows * cols
     if enc in (INT4, MXFP4):
         return rows * ((cols + 1) // 2)
@@ -135,8 +136,8 @@ def weight_bytes(enc: int, rows: int, cols: int, group: int = 0) -> int:
 
 
 def scale_bytes_per(enc: int) -> int:
-    """Bytes of one scale: f32, or one e8m0 byte for mxfp4 (section 6)."""
-    return 1 if enc == MXFP4 else 4
+    """Bytes of one scale: f32, or one e8m0 byte for mxfp4 and mxfp8 (section 6)."""
+    return 1 if enc in (MXFP4, MXFP8) else 4
 
 
 def scale_count(enc: int, group: int, rows: int, cols: int) -> int:
@@ -151,9 +152,9 @@ def scale_count(enc: int, group: int, rows: int, cols: int) -> int:
         if group < 2 or group % 2:
             raise FormatError(f"int4 group size {group} is invalid")
         return rows * -(-cols // group)
-    if enc == MXFP4:
+    if enc in (MXFP4, MXFP8):
         if group != MXFP4_BLOCK:
-            raise FormatError(f"mxfp4 group size {group} is not 32")
+            raise FormatError(f"{ENCODING_NAMES[enc]} group size {group} is not 32")
         return rows * -(-cols // MXFP4_BLOCK)
     raise FormatError(f"unknown encoding id {enc}")
 
@@ -178,7 +179,7 @@ class Matrix:
             return np.frombuffer(self.data, dtype="<f4").reshape(r, c)
         if self.encoding == BF16:
             return np.frombuffer(self.data, dtype="<u2").reshape(r, c)
-        if self.encoding == FP8:
+        if self.encoding in (FP8, MXFP8):
             return np.frombuffer(self.data, dtype=np.uint8).reshape(r, c)
         if self.encoding == INT8:
             return np.frombuffer(self.data, dtype=np.int8).reshape(r, c)
@@ -213,6 +214,14 @@ class Matrix:
 
             rows = np.frombuffer(self.data, dtype=np.uint8).reshape(r, -1)
             return dequantize(rows, GGMLQuantizationType(self.group_size)).astype(np.float32).reshape(r, c)
+        if self.encoding == MXFP8:
+            e = self.scales.reshape(r, -(-c // MXFP4_BLOCK)).astype(np.int32)
+            if np.any(e == 255):
+                raise FormatError("mxfp8 scale 255 (NaN) in a store")
+            s = np.ldexp(np.float32(1.0), e - 127).astype(np.float32)
+            s_full = np.repeat(s, MXFP4_BLOCK, axis=1)[:, :c]
+            with np.errstate(over="ignore"):
+                return (E4M3[self.raw()] * s_full).astype(np.float32)
         if self.encoding == MXFP4:
             b = self.raw()
             codes = np.empty((r, b.shape[1] * 2), dtype=np.uint8)
@@ -302,6 +311,8 @@ def parse_index(b: bytes, manifest: dict) -> np.ndarray:
         raise FormatError("INDEX: ggml type bits on a record of another encoding")
     if version < 4 and np.any(recs["encoding"] == GGML):
         raise FormatError("INDEX: ggml records in a store older than version 4")
+    if version < 5 and np.any(recs["encoding"] == MXFP8):
+        raise FormatError("INDEX: mxfp8 records in a store older than version 5")
     if version < 2 and (np.any(recs["flags"]) or np.any(recs["encoding"] == MXFP4)):
         raise FormatError("INDEX: a version 1 store with record flags or mxfp4 records")
     align = manifest["alignment"]
@@ -448,7 +459,7 @@ class Store:
             raise FormatError(f"layer {layer} expert {expert}: payload/length disagree with the layout")
         mats = []
         for (rows, cols, w_off, wb, s_off, sc, b_off), g in zip(sections, groups):
-            sdt = np.uint8 if enc == MXFP4 else "<f4"
+            sdt = np.uint8 if enc in (MXFP4, MXFP8) else "<f4"
             scales = np.frombuffer(rec, dtype=sdt, count=sc, offset=s_off) if sc else np.zeros(0, np.float32)
             bias = None if b_off is None else np.frombuffer(rec, dtype="<f4", count=rows, offset=b_off)
             mats.append(Matrix(enc, g, rows, cols, rec[w_off : w_off + wb], scales, bias))

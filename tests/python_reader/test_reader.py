@@ -257,7 +257,8 @@ def _file_tensor(fixture: str, name: str) -> np.ndarray:
     n = int.from_bytes(b[:8], "little")
     h = json.loads(b[8 : 8 + n])[name]
     s, e = h["data_offsets"]
-    raw = np.frombuffer(b[8 + n + s : 8 + n + e], dtype={"BF16": "<u2", "U8": np.uint8}[h["dtype"]])
+    dtypes = {"BF16": "<u2", "U8": np.uint8, "F8_E4M3": np.uint8}
+    raw = np.frombuffer(b[8 + n + s : 8 + n + e], dtype=dtypes[h["dtype"]])
     return raw.reshape(h["shape"])
 
 
@@ -289,6 +290,40 @@ def test_mxfp4_store_version_2():
     dbias = cr.bf16_to_f32(_file_tensor(fx, "model.layers.0.mlp.experts.down_proj_bias")[0])
     assert np.array_equal(e.down.bias, dbias)
     print(f"  {fx} --experts mxfp4: version 2, blocks/scales/biases as published, probe decoded exactly")
+
+
+def test_mxfp8_store_version_5():
+    """Inkling 2's MXFP8 experts (format version 5, encoding 8): the lossless store's records
+    hold the published e4m3 codes and e8m0 scales (gate = even rows of `w13_weight`, up = odd
+    rows, down = `w2_weight`), and decode as OCP MX defines them: `e4m3 * 2^(e - 127)`, the e4m3
+    value computed here from its sign, exponent and mantissa bits."""
+    fx = "inkling2_mxfp8"
+    path = convert(fx, "mxfp8", "bf16")
+    st = cr.Store(path)
+    st.verify_segment_bodies()
+    assert st.manifest["format_version"] == 5
+    codes = _file_tensor(fx, "model.llm.layers.2.mlp.experts.w13_weight")
+    scales = _file_tensor(fx, "model.llm.layers.2.mlp.experts.w13_weight_scale")
+    dcodes = _file_tensor(fx, "model.llm.layers.2.mlp.experts.w2_weight")
+    dscales = _file_tensor(fx, "model.llm.layers.2.mlp.experts.w2_weight_scale")
+
+    def mx(c, s):
+        c = c.astype(np.int64)
+        sign = np.where(c & 0x80, -1.0, 1.0)
+        ex, man = (c >> 3) & 15, c & 7
+        v = np.where(ex == 0, 2.0 ** -6 * man / 8, 2.0 ** (ex - 7) * (1 + man / 8)) * sign
+        return v * 2.0 ** (np.repeat(s.astype(np.int64), 32, axis=-1)[..., : c.shape[-1]] - 127)
+
+    for e in range(codes.shape[0]):
+        r = st.read_expert(2, e)
+        assert r.gate.encoding == cr.MXFP8 and r.gate.scales.dtype == np.uint8
+        assert r.gate.data == codes[e][0::2].tobytes() and r.up.data == codes[e][1::2].tobytes()
+        assert np.array_equal(r.gate.scales.reshape(scales[e][0::2].shape), scales[e][0::2])
+        assert r.down.data == dcodes[e].tobytes()
+        assert np.array_equal(r.gate.dequantize().astype(np.float64), mx(codes[e][0::2], scales[e][0::2]))
+        assert np.array_equal(r.up.dequantize().astype(np.float64), mx(codes[e][1::2], scales[e][1::2]))
+        assert np.array_equal(r.down.dequantize().astype(np.float64), mx(dcodes[e], dscales[e]))
+    print(f"  {fx} --experts mxfp8: version 5, codes/scales as published, decoded as OCP MX defines them")
 
 
 def test_gguf_store_version_4():

@@ -202,10 +202,70 @@ fn e4m3(code: u8) -> f64 {
     }
 }
 
+/// The lossless store of Inkling 2's MXFP8 experts (`--experts mxfp8`, format version 5) holds
+/// each expert's published codes and e8m0 scales bit for bit (gate = even rows of `w13_weight`,
+/// up = odd rows, down = `w2_weight`), and runs to the very same logits, bit for bit, as a
+/// store that decoded them to BF16 (the same values in the same kernel order).
+#[test]
+fn mxfp8_store_keeps_the_published_codes_and_equals_the_bf16_store() {
+    let name = "inkling2_mxfp8";
+    let (_tmp, out) = convert_fixture(name, "lossless_store");
+    let store = open_store(&out, true, IoPreference::Auto);
+    assert_eq!(store.manifest().format_version, 5);
+    let ck = Checkpoint::open(&fixture_dir(name)).unwrap();
+    let (h, i, count) = (64usize, 32usize, 8usize);
+    for l in 0..6u32 {
+        let p = format!("model.llm.layers.{l}.mlp.experts");
+        for e in 0..count {
+            let buf = &store.fetch(&[ExpertKey::new(l, e as u32)]).unwrap()[0];
+            assert_eq!(buf.encoding, Encoding::Mxfp8);
+            let gc = slice(&ck, &format!("{p}.w13_weight"), e, count);
+            let gs = slice(&ck, &format!("{p}.w13_weight_scale"), e, count);
+            let rows = |b: &[u8], w: usize, odd: usize| -> Vec<u8> {
+                (0..i)
+                    .flat_map(|r| b[(2 * r + odd) * w..(2 * r + odd + 1) * w].to_vec())
+                    .collect()
+            };
+            assert_eq!(buf.gate().data(), &rows(gc, h, 0)[..], "L{l} E{e} gate");
+            assert_eq!(buf.up().data(), &rows(gc, h, 1)[..], "L{l} E{e} up");
+            assert_eq!(buf.gate().e8m0_scales(), &rows(gs, h / 32, 0)[..]);
+            assert_eq!(buf.up().e8m0_scales(), &rows(gs, h / 32, 1)[..]);
+            assert_eq!(
+                buf.down().data(),
+                slice(&ck, &format!("{p}.w2_weight"), e, count)
+            );
+            assert_eq!(
+                buf.down().e8m0_scales(),
+                slice(&ck, &format!("{p}.w2_weight_scale"), e, count)
+            );
+        }
+    }
+    let (_tmp2, bf16) = coli_tests::convert_fixture_with(
+        name,
+        &serde_json::json!({"experts": "bf16", "dense": "bf16"}),
+        "bf16 experts",
+    );
+    let teacher = coli_tests::ids(&expected(name)["teacher_ids"]);
+    let logits = |dir: &std::path::Path| {
+        let s = open_store(dir, true, IoPreference::Auto);
+        let mut e = coli_engine::Engine::new(&s, &coli_engine::EngineOptions::default()).unwrap();
+        e.forward_logits(&teacher).unwrap()
+    };
+    let (a, b) = (logits(&out), logits(&bf16));
+    for (t, (x, y)) in a.iter().zip(&b).enumerate() {
+        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "position {t}: mxfp8 and bf16 stores differ");
+    }
+}
+
 #[test]
 fn mxfp8_experts_convert_exactly_and_bad_ones_are_refused_by_name() {
     let name = "inkling2_mxfp8";
-    let (_tmp, out) = convert_fixture(name, "lossless_store");
+    let (_tmp, out) = coli_tests::convert_fixture_with(
+        name,
+        &serde_json::json!({"experts": "bf16", "dense": "bf16"}),
+        "bf16 experts",
+    );
     let store = open_store(&out, true, IoPreference::Auto);
     let src = fixture_dir(name);
     let ck = Checkpoint::open(&src).unwrap();
@@ -269,9 +329,20 @@ fn mxfp8_experts_convert_exactly_and_bad_ones_are_refused_by_name() {
         let mut bytes = std::fs::read(&file).unwrap();
         bytes[at] = byte;
         std::fs::write(&file, bytes).unwrap();
-        let err = convert_err(&dst, Encoding::Bf16);
-        assert!(err.contains(&tensor) && err.contains(what), "{err}");
+        for enc in [Encoding::Bf16, Encoding::Mxfp8] {
+            let err = convert_err(&dst, enc);
+            assert!(
+                err.contains(&tensor) && err.contains(what),
+                "{enc:?}: {err}"
+            );
+        }
     }
+    // mxfp8 keeps MXFP8 experts only.
+    let err = convert_err(&fixture_dir("inkling2_bf16"), Encoding::Mxfp8);
+    assert!(
+        err.contains("model.llm.layers.0.mlp.experts.w13_weight") && err.contains("mxfp8"),
+        "{err}"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("ck");
     let missing = format!("{p}.w2_weight_scale");

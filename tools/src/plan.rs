@@ -168,7 +168,9 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         let enc = |s: &str, flag: &str| {
             coli_convert::parse_encoding(
                 s,
-                &["mxfp4", "int4-g64", "int4-g32", "int8", "fp8", "bf16"],
+                &[
+                    "mxfp4", "mxfp8", "int4-g64", "int4-g32", "int8", "fp8", "bf16",
+                ],
                 flag,
             )
             .map_err(anyhow::Error::from)

@@ -14,6 +14,7 @@ pub mod ggml;
 pub mod int4;
 pub mod int8;
 pub mod mxfp4;
+pub mod mxfp8;
 
 use crate::{FormatError, MatrixView};
 
@@ -41,7 +42,8 @@ pub struct ErrSums {
 /// What one encoding is: its id, its section sizes, and its reference decode and encode.
 ///
 /// Implemented once per encoding module ([`f32::F32`], [`bf16::Bf16`], [`fp8::Fp8`],
-/// [`int8::Int8`], [`int4::Int4`], [`mxfp4::Mxfp4`]); reached through [`Encoding`].
+/// [`int8::Int8`], [`int4::Int4`], [`mxfp4::Mxfp4`], [`mxfp8::Mxfp8`]); reached through
+/// [`Encoding`].
 pub trait Codec {
     /// The on-disk encoding id (FORMAT.md section 6).
     fn id(&self) -> u16;
@@ -91,6 +93,9 @@ pub enum Encoding {
     /// id 7 (format version 4): a llama.cpp block type kept bit for bit from a GGUF, the group
     /// size field holding its ggml type id ([`ggml`]).
     Ggml(GgmlType),
+    /// id 8 (format version 5): OCP MXFP8, e4m3 codes one per byte with one e8m0 scale byte per
+    /// block of 32 columns of a row ([`mxfp8`]).
+    Mxfp8,
 }
 
 impl Encoding {
@@ -104,6 +109,7 @@ impl Encoding {
             Encoding::Int4 { group_size } => f(&int4::Int4 { group_size }),
             Encoding::Mxfp4 => f(&mxfp4::Mxfp4),
             Encoding::Ggml(t) => f(&ggml::Ggml(t)),
+            Encoding::Mxfp8 => f(&mxfp8::Mxfp8),
         }
     }
 
@@ -134,6 +140,7 @@ impl Encoding {
             7 if GgmlType::from_id(group_size as u32).is_some() => {
                 Encoding::Ggml(GgmlType::from_id(group_size as u32).expect("checked"))
             }
+            8 if group_size as usize == mxfp8::MXFP8_BLOCK => Encoding::Mxfp8,
             _ => {
                 return Err(FormatError::format(
                     "",
@@ -143,7 +150,7 @@ impl Encoding {
         })
     }
 
-    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`, `mxfp4`, or a ggml type's
+    /// A short name: `f32`, `bf16`, `fp8`, `int8`, `int4-g64`, `mxfp4`, `mxfp8`, or a ggml type's
     /// (`q4_k`, `iq4_xs`, `f16`).
     pub fn name(self) -> String {
         self.with_codec(|c| c.name())
@@ -160,22 +167,23 @@ impl Encoding {
         self.with_codec(|c| c.scale_count(rows, cols))
     }
 
-    /// Bytes of one scale: 4 (f32), or 1 for mxfp4's e8m0 scales.
+    /// Bytes of one scale: 4 (f32), or 1 for mxfp4's and mxfp8's e8m0 scales.
     pub fn scale_width(self) -> usize {
         self.with_codec(|c| c.scale_width())
     }
 
-    /// True when the scales are f32 values (every encoding with scales but mxfp4).
+    /// True when the scales are f32 values (every encoding with scales but mxfp4 and mxfp8).
     pub fn has_f32_scales(self) -> bool {
         self.scale_width() == 4
     }
 
     /// The oldest store format version that can hold this encoding: 2 for mxfp4, 4 for the
-    /// ggml block types, else 1 (docs/FORMAT.md section 12).
+    /// ggml block types, 5 for mxfp8, else 1 (docs/FORMAT.md section 12).
     pub fn min_format_version(self) -> u32 {
         match self {
             Encoding::Mxfp4 => 2,
             Encoding::Ggml(_) => 4,
+            Encoding::Mxfp8 => 5,
             _ => 1,
         }
     }
@@ -240,6 +248,7 @@ mod tests {
             Encoding::Int4 { group_size: 64 },
             Encoding::Int4 { group_size: 32 },
             Encoding::Mxfp4,
+            Encoding::Mxfp8,
             Encoding::Ggml(GgmlType::Q4_K),
             Encoding::Ggml(GgmlType::F16),
         ] {
@@ -256,6 +265,8 @@ mod tests {
         assert!(Encoding::from_id(9, 0).is_err());
         assert!(Encoding::from_id(6, 16).is_err());
         assert_eq!(Encoding::Mxfp4.name(), "mxfp4");
+        assert_eq!(Encoding::Mxfp8.name(), "mxfp8");
+        assert!(Encoding::from_id(8, 16).is_err());
         assert_eq!(Encoding::Int4 { group_size: 64 }.name(), "int4-g64");
         assert_eq!(Encoding::Fp8.group_size(), 128);
     }

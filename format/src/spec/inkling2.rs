@@ -32,8 +32,8 @@
 //! - No muP divisor; logits `final_logit_softcapping * tanh(l / final_logit_softcapping)`.
 //! - The `-MXFP8` releases hold the routed experts in MXFP8 (`quantization_config` `fp8` with
 //!   `weight_block_size` `[1, 32]`, accepted for this family only; `w13_weight_scale` /
-//!   `w2_weight_scale` U8): the converter finds the scales in the checkpoint and reads the
-//!   experts as `ExpertStorage::FusedW13Mxfp8`.
+//!   `w2_weight_scale` U8): the spec lists them as `ExpertStorage::FusedW13Mxfp8`, and the
+//!   converter keeps them (encoding `mxfp8`) or decodes them.
 
 use super::json::Fields;
 use super::{
@@ -45,6 +45,17 @@ use crate::FormatError;
 
 /// The multimodal wrapper's `model_type`.
 pub const WRAPPER_MODEL_TYPE: &str = "inkling2";
+
+/// Whether `config` (config.json) declares MXFP8 routed experts: `quantization_config` (at the
+/// top level or in `text_config`) with `weight_block_size` `[1, 32]`, as Inkling 2's `-MXFP8`
+/// releases have it (transformers' finegrained FP8, `scale_fmt` `ue8m0`).
+pub fn declares_mxfp8(config: &serde_json::Value) -> bool {
+    config
+        .get("quantization_config")
+        .or_else(|| config.get("text_config")?.get("quantization_config"))
+        .and_then(|q| q.get("weight_block_size"))
+        .is_some_and(|b| b == &serde_json::json!([1, 32]))
+}
 
 /// What Inkling 2 adds to [`InklingSpec`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -222,11 +233,7 @@ pub(crate) fn configure(
         gate_softcap: positive_f32(f, "mlp_gate_softcap", 4.0)?,
         up_softcap: positive_f32(f, "mlp_up_softcap", 25.0)?,
         logit_softcap: positive_f32(f, "final_logit_softcapping", 30.0)?,
-        mxfp8_experts: config
-            .get("quantization_config")
-            .or_else(|| f.get("quantization_config"))
-            .and_then(|q| q.get("weight_block_size"))
-            .is_some_and(|b| b == &serde_json::json!([1, 32])),
+        mxfp8_experts: declares_mxfp8(config),
     };
     s.expert_activation = ExpertActivation::SoftcappedSwiglu {
         gate_cap: v2.gate_softcap,

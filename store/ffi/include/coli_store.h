@@ -73,9 +73,11 @@ enum {
     COLI_ENC_MXFP4 = 6, /* format version 2: e2m1 values, two per byte (low nibble = even
                            column); e8m0 byte scale 2^(e-127) per 32 columns
                            [rows, ceil(cols/32)] in coli_matrix_view.e8m0_scales */
-    COLI_ENC_GGML = 7   /* format version 4: llama.cpp block type from a GGUF, group_size =
+    COLI_ENC_GGML = 7,  /* format version 4: llama.cpp block type from a GGUF, group_size =
                            its ggml type id; scales inside the blocks (no scale section);
                            an expert's three matrices may differ in type */
+    COLI_ENC_MXFP8 = 8  /* format version 5: e4m3fn bytes; e8m0 byte scale 2^(e-127) per 32
+                           columns [rows, ceil(cols/32)] in coli_matrix_view.e8m0_scales */
 };
 
 /* ---- opening a store ------------------------------------------------------------------- */
@@ -121,7 +123,7 @@ coli_status coli_store_expert_layer(const coli_store *store, size_t index, uint3
 /* Experts of one decoder layer (COLI_ERR_NOT_FOUND when it holds none). */
 coli_status coli_store_layer_num_experts(const coli_store *store, uint32_t layer,
                                          uint32_t *num_experts);
-/* Expert encoding (COLI_ENC_*) and group size field (int4: group; fp8: 128; mxfp4: 32;
+/* Expert encoding (COLI_ENC_*) and group size field (int4: group; fp8: 128; mxfp4, mxfp8: 32;
  * else 0). */
 coli_status coli_store_expert_encoding(const coli_store *store, uint32_t *encoding,
                                        uint32_t *group_size);
@@ -198,8 +200,8 @@ typedef struct coli_matrix_view {
     size_t rows;           /* output features */
     size_t cols;           /* input features */
     uint32_t encoding;     /* COLI_ENC_* */
-    uint32_t group_size;   /* int4: columns per group; fp8: 128; mxfp4: 32; else 0 */
-    const uint8_t *e8m0_scales; /* mxfp4: e8m0_scale_count bytes [rows, ceil(cols/32)],
+    uint32_t group_size;   /* int4: columns per group; fp8: 128; mxfp4, mxfp8: 32; else 0 */
+    const uint8_t *e8m0_scales; /* mxfp4, mxfp8: e8m0_scale_count bytes [rows, ceil(cols/32)],
                                    64-byte aligned; NULL for the other encodings (ABI 2) */
     size_t e8m0_scale_count;
 } coli_matrix_view;

@@ -25,6 +25,10 @@ pub const COLI_ENC_MXFP4: u32 = 6;
 /// field holding its ggml type id (docs/FORMAT.md section 6); no scale section. The matrices of
 /// one expert may differ in type: read each view's `group_size`.
 pub const COLI_ENC_GGML: u32 = 7;
+/// Encoding id 8 (format version 5): MXFP8, one e4m3fn byte per weight with one e8m0 byte
+/// scale (`2^(e - 127)`) per block of 32 columns of a row; group size field 32. Its scales are
+/// in [`coli_matrix_view::e8m0_scales`], as MXFP4's.
+pub const COLI_ENC_MXFP8: u32 = 8;
 
 /// A view of one encoded matrix (C `coli_matrix_view`): weights and scales in the store's byte
 /// layout (docs/FORMAT.md section 6), borrowed from an expert handle or the store.

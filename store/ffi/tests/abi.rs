@@ -535,6 +535,8 @@ fn mxfp4_and_bias_records_through_the_c_abi() {
     run_encoding_with(Encoding::Mxfp4, true);
     run_encoding_with(Encoding::Int4 { group_size: 64 }, true);
     run_encoding_with(Encoding::Mxfp4, false);
+    // Format version 5: mxfp8's e8m0 scales go through `e8m0_scales` as mxfp4's do.
+    run_encoding_with(Encoding::Mxfp8, false);
 }
 
 #[test]

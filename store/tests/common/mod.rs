@@ -26,7 +26,7 @@ pub fn random_matrix(rng: &mut StdRng, enc: Encoding, rows: usize, cols: usize) 
         .map(|_| rng.gen())
         .collect();
     match enc {
-        Encoding::Fp8 => {
+        Encoding::Fp8 | Encoding::Mxfp8 => {
             for b in &mut data {
                 if *b & 0x7f == 0x7f {
                     *b &= 0xfe;
@@ -42,8 +42,9 @@ pub fn random_matrix(rng: &mut StdRng, enc: Encoding, rows: usize, cols: usize) 
         }
         _ => {}
     }
-    if enc == Encoding::Mxfp4 {
-        // Any code byte; e8m0 scales of every exponent but the NaN code 255.
+    if matches!(enc, Encoding::Mxfp4 | Encoding::Mxfp8) {
+        // Any code byte (mxfp8: but the e4m3 NaN codes); e8m0 scales of every exponent but the
+        // NaN code 255.
         let mut m = EncodedMatrix::new(enc, rows, cols, data, vec![]);
         m.e8m0_scales = (0..enc.scale_count(rows, cols))
             .map(|_| rng.gen_range(0u8..=254))
