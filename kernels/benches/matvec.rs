@@ -23,8 +23,8 @@ fn time(f: impl FnMut()) -> f64 {
     timing::best_seconds(BUDGET, f)
 }
 
-/// Weight bytes and the scale section's bytes (f32 scales as little-endian bytes; mxfp4's
-/// e8m0 bytes in 120..=129).
+/// Weight bytes and the scale section's bytes (f32 scales as little-endian bytes; mxfp4's and
+/// mxfp8's e8m0 bytes in 120..=129).
 fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<u8>) {
     let nb = enc.weight_bytes(rows, cols);
     let data: Vec<u8> = match enc {
@@ -34,7 +34,7 @@ fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u
         Encoding::Bf16 => (0..rows * cols)
             .flat_map(|_| ((rng.gen_range(-1.0f32..1.0).to_bits() >> 16) as u16).to_le_bytes())
             .collect(),
-        Encoding::Fp8 => (0..nb).map(|_| rng.gen::<u8>() & 0x77).collect(),
+        Encoding::Fp8 | Encoding::Mxfp8 => (0..nb).map(|_| rng.gen::<u8>() & 0x77).collect(),
         // ggml blocks: gguf-py's test vectors (finite f16 scales of realistic size), tiled.
         Encoding::Ggml(t) => {
             let path = concat!(
@@ -46,7 +46,7 @@ fn data_for(enc: Encoding, rows: usize, cols: usize, rng: &mut StdRng) -> (Vec<u
         }
         _ => (0..nb).map(|_| rng.gen()).collect(),
     };
-    let scales = if enc == Encoding::Mxfp4 {
+    let scales = if matches!(enc, Encoding::Mxfp4 | Encoding::Mxfp8) {
         (0..enc.scale_count(rows, cols))
             .map(|_| rng.gen_range(120u8..=129))
             .collect()
@@ -77,6 +77,7 @@ fn main() {
         Encoding::Int4 { group_size: 32 },
         Encoding::Int4 { group_size: 64 },
         Encoding::Mxfp4,
+        Encoding::Mxfp8,
         Encoding::Ggml(GgmlType::Q8_0),
         Encoding::Ggml(GgmlType::Q4_K),
         Encoding::Ggml(GgmlType::Q6_K),
@@ -126,7 +127,7 @@ fn main() {
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
                 .collect();
-            let w = if enc == Encoding::Mxfp4 {
+            let w = if matches!(enc, Encoding::Mxfp4 | Encoding::Mxfp8) {
                 MatrixView::from_sections(enc, rows, cols, &data, &scale_bytes)
             } else {
                 MatrixView::new(enc, rows, cols, &data, &f32_scales)
