@@ -251,6 +251,26 @@ fn mxfp8_f32(
     Ok(out)
 }
 
+/// Refuses an e8m0 NaN code (0xFF) among expert `e`'s scale slices (`(tensor, shard, bytes)`),
+/// naming the tensor, the position and the shard.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] for the first NaN scale.
+fn refuse_nan_scales<const N: usize>(e: u32, scales: [(&String, &Shard, &[u8]); N]) -> Result<()> {
+    for (name, shard, s) in scales {
+        if let Some(k) = s.iter().position(|&x| x == E8M0_NAN) {
+            return Err(terr(
+                name,
+                format!(
+                    "e8m0 scale {k} of expert {e} ({}) is the NaN code 0xFF",
+                    shard.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Widens `n` values `idx(k)` of a bias slice to f32, refusing NaN/Inf.
 fn bias(
     name: &str,
@@ -303,17 +323,7 @@ pub fn gather<'a>(
             let (gsn, gss, _, gs) = take(format!("{p}.gate_up_proj_scales"))?;
             let (dbn, _, _, db) = take(format!("{p}.down_proj_blocks"))?;
             let (dsn, dss, _, ds) = take(format!("{p}.down_proj_scales"))?;
-            for (sn, ss, s) in [(&gsn, gss, gs), (&dsn, dss, ds)] {
-                if let Some(k) = s.iter().position(|&x| x == E8M0_NAN) {
-                    return Err(terr(
-                        sn,
-                        format!(
-                            "e8m0 scale {k} of expert {e} ({}) is the NaN code 0xFF",
-                            ss.name
-                        ),
-                    ));
-                }
-            }
+            refuse_nan_scales(e, [(&gsn, gss, gs), (&dsn, dss, ds)])?;
             let parts = [
                 (mx_rows(gb, gs, h, 2, (0..i).map(|r| 2 * r)), i, h, &gbn),
                 (mx_rows(gb, gs, h, 2, (0..i).map(|r| 2 * r + 1)), i, h, &gbn),
@@ -431,17 +441,7 @@ pub fn gather<'a>(
             let (gsn, gss, _, gs) = take(format!("{p}.w13_weight_scale"))?;
             let (dn, dsh, _, d) = take(format!("{p}.w2_weight"))?;
             let (dsn, dss, _, ds) = take(format!("{p}.w2_weight_scale"))?;
-            for (sn, ss, s) in [(&gsn, gss, gs), (&dsn, dss, ds)] {
-                if let Some(k) = s.iter().position(|&x| x == E8M0_NAN) {
-                    return Err(terr(
-                        sn,
-                        format!(
-                            "e8m0 scale {k} of expert {e} ({}) is the NaN code 0xFF",
-                            ss.name
-                        ),
-                    ));
-                }
-            }
+            refuse_nan_scales(e, [(&gsn, gss, gs), (&dsn, dss, ds)])?;
             if encoding == Encoding::Mxfp8 {
                 // The published codes and scales, rows de-interleaved, copied as they are
                 // (e4m3 NaN codes refused by name, as when decoding).

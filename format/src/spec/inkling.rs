@@ -219,8 +219,85 @@ pub(crate) fn positive(f: &Fields<'_>, key: &str, default: usize) -> Result<usiz
     Ok(v)
 }
 
+/// The attention shape defaults of `InklingTextConfig` / `Inkling2TextConfig` where the
+/// generic reader assumes others: `head_dim` 128, `num_key_value_heads` 8.
+pub(crate) fn head_defaults(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+    if f.get("head_dim").is_none() {
+        s.head_dim = 128;
+        s.rotary_dim = 128;
+    }
+    if f.get("num_key_value_heads").is_none() {
+        s.num_kv_heads = 8;
+        if !s.num_heads.is_multiple_of(8) {
+            return Err(f.err(format!(
+                "{p}num_attention_heads {} must be a multiple of {p}num_key_value_heads (default 8)",
+                s.num_heads,
+                p = f.prefix
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `sliding_window_size` (or its alias `sliding_window`), `default` when absent; positive.
+pub(crate) fn sliding_window(f: &Fields<'_>, default: usize) -> Result<usize, FormatError> {
+    let window = match f.usize("sliding_window_size")? {
+        Some(w) => w,
+        None => f.usize("sliding_window")?.unwrap_or(default),
+    };
+    if window == 0 {
+        return Err(f.err(format!("{}sliding_window_size must be positive", f.prefix)));
+    }
+    Ok(window)
+}
+
+/// The sliding layers' query and key/value heads (`swa_num_attention_heads`,
+/// `swa_num_key_value_heads`, `defaults` when absent), the first a multiple of the second.
+pub(crate) fn swa_heads(
+    f: &Fields<'_>,
+    defaults: (usize, usize),
+) -> Result<(usize, usize), FormatError> {
+    let heads = positive(f, "swa_num_attention_heads", defaults.0)?;
+    let kv_heads = positive(f, "swa_num_key_value_heads", defaults.1)?;
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(f.err(format!(
+            "{p}swa_num_attention_heads {heads} must be a multiple of {p}swa_num_key_value_heads {kv_heads}",
+            p = f.prefix
+        )));
+    }
+    Ok((heads, kv_heads))
+}
+
+/// The short convolutions' taps (`conv_kernel_size`, published as `sconv_kernel_size`; 4).
+pub(crate) fn conv_kernel(f: &Fields<'_>) -> Result<usize, FormatError> {
+    let k = match f.usize("conv_kernel_size")? {
+        Some(k) => k,
+        None => f.usize("sconv_kernel_size")?.unwrap_or(4),
+    };
+    if k == 0 {
+        return Err(f.err(format!("{}conv_kernel_size must be positive", f.prefix)));
+    }
+    Ok(k)
+}
+
+/// `unpadded_vocab_size` (`default` when absent), in `1..=vocab_size`.
+pub(crate) fn unpadded_vocab(
+    f: &Fields<'_>,
+    s: &ModelSpec,
+    default: usize,
+) -> Result<usize, FormatError> {
+    let v = f.usize("unpadded_vocab_size")?.unwrap_or(default);
+    if v == 0 || v > s.vocab_size {
+        return Err(f.err(format!(
+            "{}unpadded_vocab_size {v} must be in 1..=vocab_size {}",
+            f.prefix, s.vocab_size
+        )));
+    }
+    Ok(v)
+}
+
 /// Per layer, from a list of type names (`key`), `Ok(None)` when absent.
-fn per_layer(
+pub(crate) fn per_layer(
     f: &Fields<'_>,
     key: &str,
     n: usize,
@@ -256,20 +333,7 @@ pub(crate) fn configure(
 ) -> Result<(), FormatError> {
     let n = s.num_layers;
     // InklingTextConfig's defaults where the generic reader assumes others.
-    if f.get("head_dim").is_none() {
-        s.head_dim = 128;
-        s.rotary_dim = 128;
-    }
-    if f.get("num_key_value_heads").is_none() {
-        s.num_kv_heads = 8;
-        if !s.num_heads.is_multiple_of(8) {
-            return Err(f.err(format!(
-                "{p}num_attention_heads {} must be a multiple of {p}num_key_value_heads (default 8)",
-                s.num_heads,
-                p = f.prefix
-            )));
-        }
-    }
+    head_defaults(f, s)?;
     s.num_experts = super::num_experts(f, "n_routed_experts", "num_local_experts")?;
     s.n_shared_experts = f.usize("n_shared_experts")?.unwrap_or(2);
     if s.n_shared_experts == 0 {
@@ -302,14 +366,7 @@ pub(crate) fn configure(
         return Err(f.err(format!("{}route_scale must be finite", f.prefix)));
     }
     s.routing = Routing::SigmoidSink;
-    let window = match f.usize("sliding_window_size")? {
-        Some(w) => w,
-        None => f.usize("sliding_window")?.unwrap_or(512),
-    };
-    if window == 0 {
-        return Err(f.err(format!("{}sliding_window_size must be positive", f.prefix)));
-    }
-    s.sliding_window = Some(window);
+    s.sliding_window = Some(sliding_window(f, 512)?);
     s.sliding_layers = match per_layer(f, "layer_types", n, ["hybrid_sliding", "hybrid"])? {
         Some(l) => l,
         None => match f.get("local_layer_ids") {
@@ -354,14 +411,7 @@ pub(crate) fn configure(
     } else if f.get("max_position_embeddings").is_none() {
         s.max_position_embeddings = 131072;
     }
-    let swa_num_heads = positive(f, "swa_num_attention_heads", 64)?;
-    let swa_num_kv_heads = positive(f, "swa_num_key_value_heads", 16)?;
-    if !swa_num_heads.is_multiple_of(swa_num_kv_heads) {
-        return Err(f.err(format!(
-            "{p}swa_num_attention_heads {swa_num_heads} must be a multiple of {p}swa_num_key_value_heads {swa_num_kv_heads}",
-            p = f.prefix
-        )));
-    }
+    let (swa_num_heads, swa_num_kv_heads) = swa_heads(f, (64, 16))?;
     let log_scaling = match f.f64("log_scaling_n_floor")? {
         None => None,
         Some(n_floor) if n_floor > 0.0 => Some(LogScaling {
@@ -375,13 +425,7 @@ pub(crate) fn configure(
             )))
         }
     };
-    let conv_kernel = match f.usize("conv_kernel_size")? {
-        Some(k) => k,
-        None => f.usize("sconv_kernel_size")?.unwrap_or(4),
-    };
-    if conv_kernel == 0 {
-        return Err(f.err(format!("{}conv_kernel_size must be positive", f.prefix)));
-    }
+    let conv_kernel = conv_kernel(f)?;
     let logits_divisor = match f.f64("logits_mup_width_multiplier")? {
         Some(m) => m,
         None => f.f64("embedding_multiplier")?.unwrap_or(24.0),
@@ -392,13 +436,7 @@ pub(crate) fn configure(
             f.prefix
         )));
     }
-    let unpadded_vocab_size = f.usize("unpadded_vocab_size")?.unwrap_or(s.vocab_size);
-    if unpadded_vocab_size == 0 || unpadded_vocab_size > s.vocab_size {
-        return Err(f.err(format!(
-            "{}unpadded_vocab_size {unpadded_vocab_size} must be in 1..=vocab_size {}",
-            f.prefix, s.vocab_size
-        )));
-    }
+    let unpadded_vocab_size = unpadded_vocab(f, s, s.vocab_size)?;
     // Read (and checked) as transformers reads it; no module of 5.23 uses it.
     f.f64("rms_norm_eps_moe_gate")?;
     // MTP: the text config's fields, else the checkpoint's top-level `mtp_config`

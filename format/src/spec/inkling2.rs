@@ -37,9 +37,9 @@
 
 use super::json::Fields;
 use super::{
-    AttentionSpec, ExpertActivation, ExpertStorage, ExpertsSpec, FfnSpec, Inkling2AttentionSpec,
-    InklingSpec, KvConvSpec, LayerSpec, LinearSpec, LogScaling, ModelSpec, ModelTensors, MoeSpec,
-    Routing, TensorClass, TensorKind, TensorSpec,
+    inkling, AttentionSpec, ExpertActivation, ExpertStorage, ExpertsSpec, FfnSpec,
+    Inkling2AttentionSpec, InklingSpec, KvConvSpec, LayerSpec, LinearSpec, LogScaling, ModelSpec,
+    ModelTensors, MoeSpec, Routing, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
@@ -110,20 +110,7 @@ pub(crate) fn configure(
 ) -> Result<(), FormatError> {
     let n = s.num_layers;
     // Inkling2TextConfig's defaults where the generic reader assumes others.
-    if f.get("head_dim").is_none() {
-        s.head_dim = 128;
-        s.rotary_dim = 128;
-    }
-    if f.get("num_key_value_heads").is_none() {
-        s.num_kv_heads = 8;
-        if !s.num_heads.is_multiple_of(8) {
-            return Err(f.err(format!(
-                "{p}num_attention_heads {} must be a multiple of {p}num_key_value_heads (default 8)",
-                s.num_heads,
-                p = f.prefix
-            )));
-        }
-    }
+    inkling::head_defaults(f, s)?;
     s.num_experts = match f.usize("n_routed_experts")? {
         Some(e) => e,
         None => f.usize("num_local_experts")?.unwrap_or(384),
@@ -156,34 +143,10 @@ pub(crate) fn configure(
         renormalize: true,
         scaling: route_scale,
     };
-    let window = match f.usize("sliding_window_size")? {
-        Some(w) => w,
-        None => f.usize("sliding_window")?.unwrap_or(1024),
-    };
-    if window == 0 {
-        return Err(f.err(format!("{}sliding_window_size must be positive", f.prefix)));
-    }
-    s.sliding_window = Some(window);
-    s.sliding_layers = match f.strings("layer_types")? {
-        Some(list) => {
-            if list.len() != n {
-                return Err(f.err(format!(
-                    "{}layer_types lists {} layers, num_hidden_layers is {n}",
-                    f.prefix,
-                    list.len()
-                )));
-            }
-            list.iter()
-                .map(|t| match *t {
-                    "hybrid_sliding" => Ok(true),
-                    "hybrid" => Ok(false),
-                    other => Err(f.err(format!(
-                        "{}layer_types entries must be \"hybrid_sliding\" or \"hybrid\", found {other:?}",
-                        f.prefix
-                    ))),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
+    s.sliding_window = Some(inkling::sliding_window(f, 1024)?);
+    s.sliding_layers = match inkling::per_layer(f, "layer_types", n, ["hybrid_sliding", "hybrid"])?
+    {
+        Some(l) => l,
         None => (0..n).map(|i| (i + 1) % 6 != 0).collect(),
     };
     s.moe_layers = vec![true; n];
@@ -192,15 +155,8 @@ pub(crate) fn configure(
     } else if f.get("max_position_embeddings").is_none() {
         s.max_position_embeddings = 1 << 20;
     }
-    let positive = |key: &str, default: usize| super::inkling::positive(f, key, default);
-    let swa_num_heads = positive("swa_num_attention_heads", 48)?;
-    let swa_num_kv_heads = positive("swa_num_key_value_heads", 8)?;
-    if !swa_num_heads.is_multiple_of(swa_num_kv_heads) {
-        return Err(f.err(format!(
-            "{p}swa_num_attention_heads {swa_num_heads} must be a multiple of {p}swa_num_key_value_heads {swa_num_kv_heads}",
-            p = f.prefix
-        )));
-    }
+    let positive = |key: &str, default: usize| inkling::positive(f, key, default);
+    let (swa_num_heads, swa_num_kv_heads) = inkling::swa_heads(f, (48, 8))?;
     let n_floor = f.f64("log_scaling_n_floor")?.unwrap_or(128000.0);
     if !(n_floor.is_finite() && n_floor > 0.0) {
         return Err(f.err(format!(
@@ -208,20 +164,8 @@ pub(crate) fn configure(
             f.prefix
         )));
     }
-    let conv_kernel = match f.usize("conv_kernel_size")? {
-        Some(k) => k,
-        None => f.usize("sconv_kernel_size")?.unwrap_or(4),
-    };
-    if conv_kernel == 0 {
-        return Err(f.err(format!("{}conv_kernel_size must be positive", f.prefix)));
-    }
-    let unpadded_vocab_size = f.usize("unpadded_vocab_size")?.unwrap_or(200058);
-    if unpadded_vocab_size == 0 || unpadded_vocab_size > s.vocab_size {
-        return Err(f.err(format!(
-            "{}unpadded_vocab_size {unpadded_vocab_size} must be in 1..=vocab_size {}",
-            f.prefix, s.vocab_size
-        )));
-    }
+    let conv_kernel = inkling::conv_kernel(f)?;
+    let unpadded_vocab_size = inkling::unpadded_vocab(f, s, 200058)?;
     if s.eos_token_ids.is_empty() && 200006 < s.vocab_size {
         // Inkling2TextConfig's default `eos_token_id`.
         s.eos_token_ids.push(200006);
