@@ -100,8 +100,12 @@ pub fn check(ck: &Checkpoint, set: &ExpertsSpec, storage: ExpertStorage) -> Resu
     ) && (!set.hidden.is_multiple_of(MXFP4_BLOCK)
         || !set.intermediate.is_multiple_of(MXFP4_BLOCK))
     {
+        let first = match storage {
+            ExpertStorage::FusedW13Mxfp8 => "w13_weight",
+            _ => "gate_up_proj_blocks",
+        };
         return Err(terr(
-            &format!("{}.gate_up_proj_blocks", set.prefix),
+            &format!("{}.{first}", set.prefix),
             format!(
                 "MX experts (blocks of 32 columns) need hidden_size ({}) and intermediate_size ({}) to be multiples of 32",
                 set.hidden, set.intermediate

@@ -199,7 +199,7 @@ fn golden_v5_opens_verifies_and_decodes() {
     let m = store.manifest();
     assert_eq!(m.format_version, 5);
     assert_eq!(m.family, "inkling2_text");
-    assert_eq!(m.expert_layers.len(), 6);
+    assert_eq!(m.expert_layers.len(), 5);
     let probe = &fixture_expected("inkling2_mxfp8")["mxfp8_probe"];
     assert_eq!(
         (probe["layer"].as_u64(), probe["expert"].as_u64()),

@@ -283,6 +283,16 @@ fn inkling2_bad_inputs_are_refused_before_anything_is_written() {
         json!(0.0),
         &["config.json", "mlp_up_softcap"],
     );
+    // A null softcap is not "no cap": transformers' modules need the number.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(n, tmp.path(), |c| {
+        c["text_config"]["final_logit_softcapping"] = Value::Null
+    });
+    refused(
+        &ck,
+        tmp.path(),
+        &["config.json", "final_logit_softcapping", "null"],
+    );
     nested_config_refused(
         n,
         "unpadded_vocab_size",

@@ -380,8 +380,13 @@ impl DecoderLayer<'_> {
         let mut delta = vec![0f32; n * hid];
         let xq = norm(&inputs[0], &self.input_norm);
         match (&self.attn, &self.kv_input_norms) {
-            (SelfAttn::Inkling2(a), Some((kn, vn))) if inputs.len() == 3 => {
-                let (xk, xv) = (norm(&inputs[1], kn), norm(&inputs[2], vn));
+            (SelfAttn::Inkling2(a), Some((kn, vn))) => {
+                // Three mixes, or (layer 0) the one input through the three norms.
+                let (ik, iv) = match &inputs[..] {
+                    [_, k, v] => (k, v),
+                    _ => (&inputs[0], &inputs[0]),
+                };
+                let (xk, xv) = (norm(ik, kn), norm(iv, vn));
                 a.forward_spans([&xq, &xk, &xv], spans, kvs, &mut delta)
             }
             (SelfAttn::Inkling2(a), _) => a.forward_spans([&xq, &xq, &xq], spans, kvs, &mut delta),

@@ -124,10 +124,9 @@ impl<'s> Model<'s> {
     /// f32 values per token of the residual stream the decoder layers update: `streams() * H`,
     /// or a block stream's width.
     pub fn residual_width(&self) -> usize {
-        match &self.blocks {
-            Some((b, _)) => b.width(),
-            None => self.streams() * self.spec.hidden_size,
-        }
+        let w = self.spec.residual_values();
+        debug_assert!(self.blocks.as_ref().is_none_or(|(b, _)| b.width() == w));
+        w
     }
 
     /// The residual stream (`[n, residual_width()]`) of `n` embedding rows `x` (`[n, H]`):

@@ -435,15 +435,19 @@ pub fn prefill_row_bytes(spec: &coli_format::ModelSpec) -> u64 {
             + 2 * spec
                 .intermediate_size
                 .max(shared * spec.moe_intermediate_size));
-    ((3 * h + attn + experts + spec.vocab_size + state) * std::mem::size_of::<f32>()) as u64
+    let residual = spec.residual_values();
+    ((2 * h + residual + attn + experts + spec.vocab_size + state) * std::mem::size_of::<f32>())
+        as u64
 }
 
 /// Activation bytes of a prefill that do not grow with its chunk: the layer-major prefill keeps
-/// the residual stream of the whole prompt (`context` x hidden f32), and MLA's expanded form
+/// the residual stream of the whole prompt (`context` x `ModelSpec::residual_values` f32: the
+/// hidden size, times the streams of hyper-connections or the blocks of attention residuals),
+/// and MLA's expanded form
 /// holds the `kv_b` expansion of every cached latent of the layer being run (`context`
 /// positions x heads x (nope + v) f32; 0 for GQA).
 pub fn prefill_fixed_bytes(spec: &coli_format::ModelSpec, context: usize) -> u64 {
-    let residual = (context * spec.hidden_size * 4) as u64;
+    let residual = (context * spec.residual_values() * 4) as u64;
     residual
         + spec.mla.as_ref().map_or(0, |m| {
             (context * spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * 4) as u64

@@ -91,8 +91,15 @@ impl Inkling2Params {
     }
 }
 
-/// A positive finite float field with a default.
+/// A positive finite float field with a default (an explicit null is refused: the modules
+/// transformers builds need the number).
 fn positive_f32(f: &Fields<'_>, key: &str, default: f64) -> Result<f32, FormatError> {
+    if f.v.get(key).is_some_and(serde_json::Value::is_null) {
+        return Err(f.err(format!(
+            "{}{key} is null; Inkling 2 needs a positive number (default {default})",
+            f.prefix
+        )));
+    }
     let v = f.f64(key)?.unwrap_or(default);
     if !(v.is_finite() && v > 0.0) {
         return Err(f.err(format!(

@@ -955,6 +955,18 @@ impl ModelSpec {
         Ok(())
     }
 
+    /// f32 values per token of the residual stream the decoder layers update: `hidden_size`,
+    /// times `hc_mult` with hyper-connections (GLM-5.3-Flash), or the closed blocks plus the
+    /// partial sum of Inkling 2's attention residuals (`ceil(layers / block) + 1` rows of
+    /// `hidden_size`; `coli_engine::layers::attn_res`).
+    pub fn residual_values(&self) -> usize {
+        let h = self.hidden_size;
+        match self.inkling.as_ref().and_then(|i| i.v2) {
+            Some(v2) => (self.num_layers.div_ceil(v2.block) + 1) * h,
+            None => self.hyper.map_or(1, |x| x.mult) * h,
+        }
+    }
+
     /// The attention window of main layer `layer`: `sliding_window` on a sliding layer, None
     /// (full causal attention) elsewhere.
     pub fn window_of(&self, layer: usize) -> Option<usize> {
