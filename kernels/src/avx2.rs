@@ -259,7 +259,7 @@ fn load_u8x8(b: &[u8], k: usize) -> __m128i {
 /// folded into the block scale: `(v * 2^-8) * (s * 2^8)` is the exact product `v * s` rounded
 /// once, i.e. the reference value (for any scale below 2^119 in magnitude; real block scales
 /// are near 1). The NaN codes (`x111 1111`) become f16 NaN.
-struct Fp8Src<'a> {
+pub(crate) struct Fp8Src<'a> {
     cur: Cursor<'a>,
     /// The scales of this row's block row (one per 128 columns).
     srow: &'a [f32],
@@ -289,7 +289,7 @@ fn fp8x8(b: &[u8], k: usize, scale256: __m256) -> __m256 {
 /// 16 e4m3 codes (as u16 lanes of `x`) to f16 bit patterns, as [`fp8_to_f16_bits`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fp8_to_f16_bits_x16(x: __m256i) -> __m256i {
+pub(crate) fn fp8_to_f16_bits_x16(x: __m256i) -> __m256i {
     let abs = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
     let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(x, _mm256_set1_epi16(0x80)));
     let bits = _mm256_or_si256(sign, _mm256_slli_epi16::<7>(abs));
@@ -308,6 +308,22 @@ fn fp8x16(b: &[u8], k: usize, scale256: __m256) -> (__m256, __m256) {
     let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
     (_mm256_mul_ps(lo, scale256), _mm256_mul_ps(hi, scale256))
+}
+
+impl<'a> Fp8Src<'a> {
+    /// The source of row `r` of fp8 matrix `w` from its full chunk `c0` on (`c0` a multiple
+    /// of 4), as `with_src!` builds it from chunk 0.
+    pub(crate) fn at(w: &MatrixView<'a>, r: usize, c0: usize) -> Self {
+        let cols = w.cols();
+        let nfull = cols / 8;
+        let bcols = cols.div_ceil(FP8_BLOCK);
+        let br = r / FP8_BLOCK;
+        Fp8Src {
+            cur: Cursor::new(&w.data()[r * cols + c0 * 8..r * cols + nfull * 8]),
+            srow: &w.scales()[br * bcols..(br + 1) * bcols],
+            c: c0,
+        }
+    }
 }
 
 impl Fp8Src<'_> {
@@ -344,12 +360,27 @@ impl Chunks for Fp8Src<'_> {
 /// MXFP8 weights: 8 e4m3 codes per chunk through their f16 bit patterns (`value * 2^-8`, exact),
 /// times 256 (exact), times the e8m0 scale of the chunk's 32-column block: one rounding, the
 /// reference's `e4m3(code) * 2^(e - 127)` (coli_format `encoding::mxfp8`), NaN codes NaN.
-struct Mxfp8Src<'a> {
+pub(crate) struct Mxfp8Src<'a> {
     cur: Cursor<'a>,
     /// The row's e8m0 scales.
     srow: &'a [u8],
     /// Index of the next chunk (8 columns; a block is 4 chunks).
     c: usize,
+}
+
+impl<'a> Mxfp8Src<'a> {
+    /// The source of row `r` of mxfp8 matrix `w` from its full chunk `c0` on (`c0` a multiple
+    /// of 4), as `with_src!` builds it from chunk 0.
+    pub(crate) fn at(w: &MatrixView<'a>, r: usize, c0: usize) -> Self {
+        let cols = w.cols();
+        let nfull = cols / 8;
+        let nb = cols.div_ceil(MXFP8_BLOCK);
+        Mxfp8Src {
+            cur: Cursor::new(&w.data()[r * cols + c0 * 8..r * cols + nfull * 8]),
+            srow: &w.e8m0_scales()[r * nb..(r + 1) * nb],
+            c: c0,
+        }
+    }
 }
 
 impl Chunks for Mxfp8Src<'_> {

@@ -1,4 +1,4 @@
-//! AVX-512 kernels for int4, int8, mxfp4 and bf16 (x86-64 with AVX-512F; selected at run time
+//! AVX-512 kernels for int4, int8, mxfp4, bf16, fp8 and mxfp8 (x86-64 with AVX-512F; selected at run time
 //! by `lib.rs` as [`crate::Isa::Avx512`], which runs the AVX2 kernels for every other product).
 //!
 //! int4 (group sizes that are multiples of 64 dividing `cols`: the default int4-g64, and g128):
@@ -11,8 +11,8 @@
 //! 64). Per token, run `k` of every block goes into accumulator `k` with one FMA; at the end
 //! `hsum16((a0 + a1) + (a2 + a3))`. A run is decoded once for all the tokens of a tile.
 //!
-//! int8 and mxfp4 run as their AVX2 twins with 16-lane vectors (see their kernels); bf16 holds
-//! the AVX2 kernel's accumulators in pairs and is bit-identical to it.
+//! int8 and mxfp4 run as their AVX2 twins with 16-lane vectors (see their kernels); bf16, fp8
+//! and mxfp8 hold the AVX2 kernel's accumulators in pairs and are bit-identical to it.
 //!
 //! The matmul kernels sweep a chunk of rows once per tile of tokens ([`tile_for`]), tiles
 //! outermost, so a tile's activations stay in L1 while the rows stream past.
@@ -22,9 +22,11 @@ use std::arch::x86_64::*;
 use coli_format::{Encoding, MatrixView};
 
 use crate::avx2::{
-    dot_tokens_finish, e8m0_half, hsum1, int4_group, int4_row, mxfp4_row, tail_weights, Bf16Src,
-    E2M1_TWICE,
+    dot_tokens_finish, e8m0_half, fp8_to_f16_bits_x16, hsum1, int4_group, int4_row, mxfp4_row,
+    tail_weights, Bf16Src, Fp8Src, Mxfp8Src, E2M1_TWICE,
 };
+use coli_format::encoding::mxfp4::e8m0_to_f32;
+use coli_format::encoding::FP8_BLOCK;
 
 /// Tokens per pass over a weight row in the matmul kernels (int4, int8, mxfp4): 6 tokens x 4
 /// accumulators (int4, int8) or 2 (mxfp4) fit the 32 zmm registers beside the weights.
@@ -466,6 +468,137 @@ unsafe fn bf16_dot_tokens<const T: usize>(
     let src = &mut Bf16Src::new(&row[groups * 64..]);
     // SAFETY: features available (caller); `src` holds the `nfull % 4` chunks after the groups.
     unsafe { dot_tokens_finish(acc8, src, nfull, wtail, xs) }
+}
+
+/// 16 e4m3 codes (`b`, 16 bytes) as f32 times 2^-8 (their f16 bit patterns widened: exact),
+/// the lanes of the AVX2 kernel's two `fp8x16` halves side by side.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn fp8x16_512(b: &[u8]) -> __m512 {
+    // SAFETY: `b` is at least 16 readable bytes (unaligned 128-bit load; callers slice it).
+    let v = unsafe { _mm_loadu_si128(b.as_ptr().cast::<__m128i>()) };
+    _mm512_cvtph_ps(fp8_to_f16_bits_x16(_mm256_cvtepu8_epi16(v)))
+}
+
+/// Dot products of row `r` of an fp8 or mxfp8 matrix with `T` tokens, bit-identical to the
+/// AVX2 kernels (`avx2::dot_tokens` over `Fp8Src` / `Mxfp8Src`): per group of 32 columns, two
+/// 16-lane weight vectors decoded with the very operations of the AVX2 sources (e4m3 through
+/// f16 times `256 * block scale` for fp8; times 256, then times the e8m0 scale, for mxfp8),
+/// accumulated as `[a0 | a1]` and `[a2 | a3]` as [`bf16_dot_tokens`] does; the `nfull % 4`
+/// remaining chunks, the tail and the sums as `avx2::dot_tokens_finish`.
+///
+/// # Safety
+/// AVX-512F, AVX2, FMA and F16C are available; `w` is fp8 or mxfp8 with checked sections; every
+/// `xs[t]` is `cols` long.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn fp8_dot_tokens<const T: usize>(
+    w: &MatrixView<'_>,
+    r: usize,
+    wtail: Option<&[f32; 8]>,
+    xs: [&[f32]; T],
+) -> [f32; T] {
+    let cols = w.cols();
+    let nfull = cols / 8;
+    let groups = nfull / 4;
+    assert!(
+        xs.iter().all(|x| x.len() >= cols),
+        "fp8_dot_tokens: row and activations disagree"
+    );
+    let mx = w.encoding() == Encoding::Mxfp8;
+    let row = &w.data()[r * cols..(r + 1) * cols];
+    // The row's scales: e8m0 bytes per 32 columns (mxfp8), or its block row's f32 scales per
+    // 128 columns (fp8).
+    let (e8m0, f32s): (&[u8], &[f32]) = if mx {
+        let nb = cols.div_ceil(32);
+        (&w.e8m0_scales()[r * nb..(r + 1) * nb], &[])
+    } else {
+        let bcols = cols.div_ceil(FP8_BLOCK);
+        let br = r / FP8_BLOCK;
+        (&[], &w.scales()[br * bcols..(br + 1) * bcols])
+    };
+    let k256 = _mm512_set1_ps(256.0);
+    let xq: [*const f32; T] = std::array::from_fn(|t| xs[t].as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    for gi in 0..groups {
+        let b = &row[32 * gi..32 * gi + 32];
+        let (w0, w1) = (fp8x16_512(b), fp8x16_512(&b[16..]));
+        let wv = if mx {
+            let s = _mm512_set1_ps(e8m0_to_f32(e8m0[gi]));
+            [
+                _mm512_mul_ps(_mm512_mul_ps(w0, k256), s),
+                _mm512_mul_ps(_mm512_mul_ps(w1, k256), s),
+            ]
+        } else {
+            let s = _mm512_set1_ps(f32s[gi / 4] * 256.0);
+            [_mm512_mul_ps(w0, s), _mm512_mul_ps(w1, s)]
+        };
+        for h in 0..2 {
+            for t in 0..T {
+                // SAFETY: token `t`'s group `gi` is the 32 f32 at `32 * gi` (checked above);
+                // half `h` is 16 of them (unaligned 512-bit load).
+                let xv = unsafe { _mm512_loadu_ps(xq[t].add(32 * gi + 16 * h)) };
+                acc[t][h] = _mm512_fmadd_ps(wv[h], xv, acc[t][h]);
+            }
+        }
+    }
+    let split = |a: __m512| {
+        (
+            _mm512_castps512_ps256(a),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
+        )
+    };
+    let acc8: [[__m256; 4]; T] = std::array::from_fn(|t| {
+        let (a0, a1) = split(acc[t][0]);
+        let (a2, a3) = split(acc[t][1]);
+        [a0, a1, a2, a3]
+    });
+    // SAFETY: features available (caller); the sources hold the `nfull % 4` chunks after the
+    // groups.
+    unsafe {
+        if mx {
+            dot_tokens_finish(acc8, &mut Mxfp8Src::at(w, r, groups * 4), nfull, wtail, xs)
+        } else {
+            dot_tokens_finish(acc8, &mut Fp8Src::at(w, r, groups * 4), nfull, wtail, xs)
+        }
+    }
+}
+
+/// `y[i] = row (r0 + i) of w . x` for an fp8 or mxfp8 matrix ([`fp8_dot_tokens`], one token).
+///
+/// # Safety
+/// The CPU supports AVX-512F, AVX2, FMA and F16C; `w` is fp8 or mxfp8 with checked sections;
+/// `x.len() == cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn fp8_matvec_rows(w: &MatrixView<'_>, x: &[f32], r0: usize, y: &mut [f32]) {
+    for (i, yo) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        let tail = tail_weights(w, r);
+        // SAFETY: features available (caller); `x` is `cols` long.
+        *yo = unsafe { fp8_dot_tokens::<1>(w, r, tail.as_ref(), [x]) }[0];
+    }
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . X[t]` for an fp8 or mxfp8 matrix, in tiles of up to 8
+/// tokens bounded by [`tile_for`]; bit-identical to [`fp8_matvec_rows`] and the AVX2 kernels.
+///
+/// # Safety
+/// As [`fp8_matvec_rows`]; `x.len() == n * cols`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn fp8_matmul_rows(
+    w: &MatrixView<'_>,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    let nrows = yt.len() / n;
+    let tails: Vec<Option<[f32; 8]>> = (0..nrows).map(|i| tail_weights(w, r0 + i)).collect();
+    let xt = |t: usize| &x[t * cols..(t + 1) * cols];
+    tiled_matmul!(tile_for(cols, 8), n, xt, yt, |i| let (r, tail) = (r0 + i, tails[i].as_ref());
+        fp8_dot_tokens(w, r, tail));
 }
 
 /// `y[i] = row (r0 + i) of w . x` for a bf16 matrix ([`bf16_dot_tokens`], one token).

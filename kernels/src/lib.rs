@@ -383,6 +383,14 @@ fn matvec_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, r0: usize, y: &mut [f
             unsafe { avx512::bf16_matvec_rows(w, x, r0, y) };
             return;
         }
+        if matches!(
+            w.encoding(),
+            coli_format::Encoding::Fp8 | coli_format::Encoding::Mxfp8
+        ) {
+            // SAFETY: as above; the view is fp8 or mxfp8.
+            unsafe { avx512::fp8_matvec_rows(w, x, r0, y) };
+            return;
+        }
     }
     match (base(isa), x) {
         (Isa::Scalar, Act::Plain(x)) => scalar::matvec_rows(w, x, r0, y),
@@ -431,6 +439,14 @@ fn matmul_chunk(isa: Isa, w: &MatrixView<'_>, x: &Act<'_>, n: usize, r0: usize, 
         if w.encoding() == coli_format::Encoding::Bf16 {
             // SAFETY: as in `matvec_chunk`; the view is bf16; `x.len() == n * cols`.
             unsafe { avx512::bf16_matmul_rows(w, x, n, r0, yt) };
+            return;
+        }
+        if matches!(
+            w.encoding(),
+            coli_format::Encoding::Fp8 | coli_format::Encoding::Mxfp8
+        ) {
+            // SAFETY: as in `matvec_chunk`; the view is fp8 or mxfp8; `x.len() == n * cols`.
+            unsafe { avx512::fp8_matmul_rows(w, x, n, r0, yt) };
             return;
         }
     }

@@ -339,12 +339,12 @@ fn matmul_rows_are_bit_identical_to_matvec() {
     }
 }
 
-/// The AVX-512 bf16 kernels hold AVX2's four 8-lane accumulators as two 16-lane ones: their
-/// results are the AVX2 kernels' bit for bit, matvec and matmul alike.
+/// The AVX-512 bf16, fp8 and mxfp8 kernels hold AVX2's four 8-lane accumulators as two
+/// 16-lane ones: their results are the AVX2 kernels' bit for bit, matvec and matmul alike.
 #[test]
-fn avx512_bf16_equals_avx2_bit_for_bit() {
+fn avx512_bf16_fp8_mxfp8_equal_avx2_bit_for_bit() {
     if !Isa::Avx512.supported() {
-        eprintln!("AVX-512F not available: the AVX-512 bf16 kernels are not tested here");
+        eprintln!("AVX-512F not available: the AVX-512 bf16/fp8/mxfp8 kernels are not tested here");
         return;
     }
     // cols / 8 % 4 (the 8-column chunks after the last group of four) is 0..=3 across these.
@@ -357,21 +357,26 @@ fn avx512_bf16_equals_avx2_bit_for_bit() {
         (130, 257),
         (7, 576),
         (3, 2056),
+        // fp8: rows past one 128-row block, columns past one 128-column block.
+        (133, 300),
     ] {
-        let m = Mat::random(Encoding::Bf16, rows, cols, 4000 + cols as u64);
-        let w = m.view();
-        for n in [1usize, 2, 5, 8, 13] {
-            let x = random_vec(n * cols, 70 + n as u64);
-            let mut a = vec![f32::NAN; n * rows];
-            let mut b = vec![f32::NAN; n * rows];
-            matmul_with(Isa::Avx2Fma, &w, &x, n, &mut a);
-            matmul_with(Isa::Avx512, &w, &x, n, &mut b);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "bf16 [{rows}, {cols}] n={n}");
-            let (mut va, mut vb) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
-            matvec_with(Isa::Avx2Fma, &w, &x[..cols], &mut va);
-            matvec_with(Isa::Avx512, &w, &x[..cols], &mut vb);
-            assert_eq!(bits(&va), bits(&vb), "bf16 matvec [{rows}, {cols}]");
+        for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Mxfp8] {
+            let m = Mat::random(enc, rows, cols, 4000 + cols as u64);
+            let w = m.view();
+            let name = enc.name();
+            for n in [1usize, 2, 5, 8, 13] {
+                let x = random_vec(n * cols, 70 + n as u64);
+                let mut a = vec![f32::NAN; n * rows];
+                let mut b = vec![f32::NAN; n * rows];
+                matmul_with(Isa::Avx2Fma, &w, &x, n, &mut a);
+                matmul_with(Isa::Avx512, &w, &x, n, &mut b);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{name} [{rows}, {cols}] n={n}");
+                let (mut va, mut vb) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+                matvec_with(Isa::Avx2Fma, &w, &x[..cols], &mut va);
+                matvec_with(Isa::Avx512, &w, &x[..cols], &mut vb);
+                assert_eq!(bits(&va), bits(&vb), "{name} matvec [{rows}, {cols}]");
+            }
         }
     }
 }

@@ -1061,3 +1061,16 @@ fn glm5_next_reads_the_published_config_and_refuses_what_transformers_would() {
     c["text_config"]["linear_attn_config"]["safe_gate"] = json!(false);
     assert_eq!(spec(c).unwrap().gated_delta.unwrap().gate_lower_bound, None);
 }
+
+#[test]
+fn kimi_k3_is_refused_by_name_not_misread_as_kimi_linear() {
+    // Kimi K3's text_config declares `kimi_linear`; the wrapper must not pass for it.
+    let c = json!({
+        "model_type": "kimi_k3",
+        "text_config": {"model_type": "kimi_linear", "hidden_size": 64, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "vocab_size": 32, "num_experts": 4,
+                        "num_experts_per_token": 2, "hidden_act": "silu"}
+    });
+    let e = ModelSpec::from_config(&c, None).unwrap_err().to_string();
+    assert!(e.contains("kimi_k3") && e.contains("not run yet"), "{e}");
+}
