@@ -405,6 +405,49 @@ fn tile_for(cols: usize, max: usize) -> usize {
     (TILE_ACT_BYTES / (cols.max(1) * 4)).clamp(1, max)
 }
 
+/// One group of 32 columns into the paired accumulators: weights `w` (columns `32 gi ..
+/// 32 gi + 16`, then the next 16) times each token's activations there, fused-added to
+/// `acc[t][0]` and `acc[t][1]` (AVX2's `[a0 | a1]` and `[a2 | a3]`).
+///
+/// # Safety
+/// AVX-512F is available; every `xq[t]` points at `32 * gi + 32` readable f32.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn fma_pair<const T: usize>(
+    acc: &mut [[__m512; 2]; T],
+    w: [__m512; 2],
+    xq: &[*const f32; T],
+    gi: usize,
+) {
+    for h in 0..2 {
+        for t in 0..T {
+            // SAFETY: token `t`'s group `gi` is the 32 f32 at `32 * gi` (caller); half `h` is
+            // 16 of them (unaligned 512-bit load).
+            let xv = unsafe { _mm512_loadu_ps(xq[t].add(32 * gi + 16 * h)) };
+            acc[t][h] = _mm512_fmadd_ps(w[h], xv, acc[t][h]);
+        }
+    }
+}
+
+/// AVX2's four 8-lane accumulators per token from the paired 16-lane ones
+/// (`[a0 | a1]`, `[a2 | a3]`), for `avx2::dot_tokens_finish`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn unpair<const T: usize>(acc: [[__m512; 2]; T]) -> [[__m256; 4]; T] {
+    let split = |a: __m512| {
+        (
+            _mm512_castps512_ps256(a),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
+        )
+    };
+    std::array::from_fn(|t| {
+        let (a0, a1) = split(acc[t][0]);
+        let (a2, a3) = split(acc[t][1]);
+        [a0, a1, a2, a3]
+    })
+}
+
 /// Dot products of one bf16 row (`row`: `cols * 2` bytes) with `T` tokens, bit-identical to
 /// the AVX2 kernels (`avx2::dot_tokens` over `Bf16Src`): AVX2's four 8-lane accumulators are
 /// held as two 16-lane ones, `[a0 | a1]` and `[a2 | a3]`, so each 512-bit FMA does the work
@@ -444,26 +487,10 @@ unsafe fn bf16_dot_tokens<const T: usize>(
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b0))),
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b1))),
         ];
-        for h in 0..2 {
-            for t in 0..T {
-                // SAFETY: token `t`'s group `gi` is the 32 f32 at `32 * gi` (checked above);
-                // half `h` is 16 of them (unaligned 512-bit load).
-                let xv = unsafe { _mm512_loadu_ps(xq[t].add(32 * gi + 16 * h)) };
-                acc[t][h] = _mm512_fmadd_ps(w[h], xv, acc[t][h]);
-            }
-        }
+        // SAFETY: every `xq[t]` points at `cols >= 32 * gi + 32` f32 (checked above).
+        unsafe { fma_pair(&mut acc, w, &xq, gi) };
     }
-    let split = |a: __m512| {
-        (
-            _mm512_castps512_ps256(a),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
-        )
-    };
-    let acc8: [[__m256; 4]; T] = std::array::from_fn(|t| {
-        let (a0, a1) = split(acc[t][0]);
-        let (a2, a3) = split(acc[t][1]);
-        [a0, a1, a2, a3]
-    });
+    let acc8 = unpair(acc);
     // The `nfull % 4` chunks after the groups, decoded as the AVX2 kernel decodes them.
     let src = &mut Bf16Src::new(&row[groups * 64..]);
     // SAFETY: features available (caller); `src` holds the `nfull % 4` chunks after the groups.
@@ -534,26 +561,10 @@ unsafe fn fp8_dot_tokens<const T: usize>(
             let s = _mm512_set1_ps(f32s[gi / 4] * 256.0);
             [_mm512_mul_ps(w0, s), _mm512_mul_ps(w1, s)]
         };
-        for h in 0..2 {
-            for t in 0..T {
-                // SAFETY: token `t`'s group `gi` is the 32 f32 at `32 * gi` (checked above);
-                // half `h` is 16 of them (unaligned 512-bit load).
-                let xv = unsafe { _mm512_loadu_ps(xq[t].add(32 * gi + 16 * h)) };
-                acc[t][h] = _mm512_fmadd_ps(wv[h], xv, acc[t][h]);
-            }
-        }
+        // SAFETY: every `xq[t]` points at `cols >= 32 * gi + 32` f32 (checked above).
+        unsafe { fma_pair(&mut acc, wv, &xq, gi) };
     }
-    let split = |a: __m512| {
-        (
-            _mm512_castps512_ps256(a),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
-        )
-    };
-    let acc8: [[__m256; 4]; T] = std::array::from_fn(|t| {
-        let (a0, a1) = split(acc[t][0]);
-        let (a2, a3) = split(acc[t][1]);
-        [a0, a1, a2, a3]
-    });
+    let acc8 = unpair(acc);
     // SAFETY: features available (caller); the sources hold the `nfull % 4` chunks after the
     // groups.
     unsafe {
