@@ -84,6 +84,22 @@ pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
     }
 }
 
+/// `--experts auto`: the encoding a store keeps `ck`'s routed experts in bit for bit when its
+/// tensors hold them in one (gpt-oss's MXFP4 blocks: mxfp4; Inkling 2's MXFP8 codes with their
+/// scales: mxfp8), else int4-g64. The tensors decide ([`resolve_storage`]), whatever
+/// config.json declares: a dequantized re-release that kept its `quantization_config` gets
+/// int4-g64, a re-upload whose config lost it still keeps its MXFP8 experts.
+pub fn auto_experts(ck: &Checkpoint) -> Encoding {
+    for set in ck.spec.tensors.expert_sets() {
+        match resolve_storage(ck, set) {
+            ExpertStorage::FusedMxfp4 => return Encoding::Mxfp4,
+            ExpertStorage::FusedW13Mxfp8 => return Encoding::Mxfp8,
+            _ => {}
+        }
+    }
+    Encoding::Int4 { group_size: 64 }
+}
+
 /// Checks the fused tensors of `set` (with `storage`) against the spec: present, shapes, dtypes
 /// (U8 for MXFP4 blocks and scales; BF16, F16 or F32 otherwise). Returns their names.
 ///

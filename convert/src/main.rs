@@ -28,8 +28,8 @@ struct Cli {
     /// Store directory to create (built in OUTPUT_STORE.partial, then renamed).
     #[arg(value_name = "OUTPUT_STORE")]
     output: PathBuf,
-    /// Routed expert encoding: auto (mxfp4 / mxfp8 when config.json declares MXFP4 / MXFP8
-    /// experts, else int4-g64), int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only),
+    /// Routed expert encoding: auto (mxfp4 / mxfp8 when the checkpoint's expert tensors are
+    /// MXFP4 / MXFP8, else int4-g64), int4-g64, int4-g32, int8, fp8 (lossless, FP8 sources only),
     /// mxfp4 (lossless, MXFP4 sources only), mxfp8 (lossless, MXFP8 sources only), bf16.
     #[arg(long, default_value = "auto")]
     experts: String,
@@ -296,18 +296,16 @@ fn say_what_was_kept(output: &std::path::Path, e: &coli_convert::ConvertError) {
     }
 }
 
-/// `--experts auto`: the encoding the checkpoint's config.json declares its experts in when
-/// a store keeps it bit for bit (`mxfp4`: gpt-oss as published; `mxfp8`: Inkling 2's `-MXFP8`
-/// releases; `coli_format::spec::declared_expert_encoding`), else `int4-g64`. An unreadable
-/// config gives `int4-g64` here; the conversion then reports it.
+/// `--experts auto`: the encoding a store keeps the checkpoint's experts in bit for bit when
+/// its tensors hold them in one (`mxfp4`: gpt-oss as published; `mxfp8`: Inkling 2's `-MXFP8`
+/// releases; `coli_convert::fused::auto_experts`), else `int4-g64`. A checkpoint that does not
+/// open gives `int4-g64` here; the conversion then reports why.
 fn auto_experts(input: &std::path::Path) -> &'static str {
-    let declared = std::fs::read(input.join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|c| coli_format::spec::declared_expert_encoding(&c));
-    match declared {
-        Some(coli_format::Encoding::Mxfp4) => "mxfp4",
-        Some(coli_format::Encoding::Mxfp8) => "mxfp8",
+    match coli_convert::checkpoint::Checkpoint::open(input)
+        .map(|ck| coli_convert::fused::auto_experts(&ck))
+    {
+        Ok(coli_format::Encoding::Mxfp4) => "mxfp4",
+        Ok(coli_format::Encoding::Mxfp8) => "mxfp8",
         _ => "int4-g64",
     }
 }

@@ -242,8 +242,8 @@ pub struct ConfigPlanArgs<'a> {
     pub context: Option<usize>,
     /// Disk read bandwidth, GiB/s.
     pub disk_gib_s: Option<f64>,
-    /// Main-layer expert encoding (`None`: the converter's default, mxfp4 for a config that
-    /// declares MXFP4 experts, else int4-g64).
+    /// Main-layer expert encoding (`None`: the converter's default: mxfp4 / mxfp8 for experts
+    /// published in them (a checkpoint's tensors, or a config's declaration), else int4-g64).
     pub experts: Option<Encoding>,
     /// MTP layer encoding (`--mtp`, default int8); `None` (`--mtp none`): the MTP layer is
     /// not counted.
@@ -319,10 +319,12 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 .with_context(|| format!("{}: not JSON", file.display()))?;
             let spec = ModelSpec::from_config(&config, None)
                 .with_context(|| format!("{}", file.display()))?;
+            // Block-FP8 weights (not Inkling 2's MXFP8 experts, whose dense tensors are BF16).
             let fp8 = config
                 .pointer("/quantization_config/quant_method")
                 .and_then(serde_json::Value::as_str)
-                == Some("fp8");
+                == Some("fp8")
+                && !coli_format::spec::inkling2::declares_mxfp8(&config);
             (
                 spec,
                 Dtypes::Assumed { fp8 },
@@ -348,17 +350,25 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             bail!("--disk-gib-s must be a positive number of GiB/s, got {g}");
         }
     }
-    let declared = coli_format::spec::declared_expert_encoding(&config);
+    // The experts' native encoding: what the tensors hold (a checkpoint, as the converter's
+    // `--experts auto` decides), else what config.json declares.
+    let declared = match &dtypes {
+        Dtypes::Headers(ck) => Some(crate::fused::auto_experts(ck))
+            .filter(|e| matches!(e, Encoding::Mxfp4 | Encoding::Mxfp8)),
+        Dtypes::Assumed { .. } => coli_format::spec::declared_expert_encoding(&config),
+    };
     if let Some(e @ (Encoding::Mxfp4 | Encoding::Mxfp8)) = a.experts {
         if declared != Some(e) {
             bail!(
-                "--experts {n} keeps published {N} experts; {source} does not declare them ({how}): choose int4-g64, int4-g32, int8, fp8 or bf16",
+                "--experts {n} keeps published {N} experts; {source} {how}: choose int4-g64, int4-g32, int8, fp8 or bf16",
                 n = e.name(),
                 N = e.name().to_uppercase(),
-                how = if e == Encoding::Mxfp4 {
-                    "quantization_config.quant_method mxfp4"
-                } else {
-                    "quantization_config.weight_block_size [1, 32]"
+                how = match (&dtypes, e) {
+                    (Dtypes::Headers(_), _) => "holds none".to_string(),
+                    (_, Encoding::Mxfp4) =>
+                        "does not declare them (quantization_config.quant_method mxfp4)".into(),
+                    _ => "does not declare them (quantization_config.weight_block_size [1, 32])"
+                        .into(),
                 },
             );
         }

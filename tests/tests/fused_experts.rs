@@ -352,6 +352,54 @@ fn mxfp8_experts_convert_exactly_and_bad_ones_are_refused_by_name() {
     assert!(err.contains(&missing) && err.contains("missing"), "{err}");
 }
 
+/// `--experts auto` follows the tensors: the published MXFP4 / MXFP8 experts are kept whatever
+/// config.json declares, and experts that are not in them get int4-g64 even when config.json
+/// still declares the quantization (a dequantized re-release).
+#[test]
+fn auto_experts_follow_the_tensors_not_the_declaration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let with_quant = |name: &str, quant: Option<serde_json::Value>| {
+        let dst = tmp.path().join(format!("{name}-{}", quant.is_some()));
+        std::fs::create_dir(&dst).unwrap();
+        for f in std::fs::read_dir(fixture_dir(name)).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+        }
+        let p = dst.join("config.json");
+        let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        match quant {
+            Some(q) => c["quantization_config"] = q,
+            None => {
+                c.as_object_mut().unwrap().remove("quantization_config");
+            }
+        }
+        std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+        Checkpoint::open(&dst).unwrap()
+    };
+    let auto = |ck: &Checkpoint| coli_convert::fused::auto_experts(ck);
+    let int4 = Encoding::Int4 { group_size: 64 };
+    for (name, want) in [
+        ("gpt_oss_mxfp4", Encoding::Mxfp4),
+        ("gpt_oss_bf16", int4),
+        ("inkling2_mxfp8", Encoding::Mxfp8),
+        ("inkling2_bf16", int4),
+        ("mixtral_fp8", int4),
+    ] {
+        assert_eq!(
+            auto(&Checkpoint::open(&fixture_dir(name)).unwrap()),
+            want,
+            "{name}"
+        );
+    }
+    // A config that lost its declaration keeps the MXFP8 experts; one that keeps a declaration
+    // its BF16 tensors no longer match gets int4-g64.
+    assert_eq!(auto(&with_quant("inkling2_mxfp8", None)), Encoding::Mxfp8);
+    let mxfp4 = serde_json::json!({"quant_method": "mxfp4"});
+    assert_eq!(auto(&with_quant("gpt_oss_bf16", Some(mxfp4))), int4);
+    let mxfp8 = serde_json::json!({"quant_method": "fp8", "weight_block_size": [1, 32]});
+    assert_eq!(auto(&with_quant("inkling2_bf16", Some(mxfp8))), int4);
+}
+
 /// Writes a single-file safetensors checkpoint `dir/model.safetensors` holding `tensors`
 /// (name, dtype, shape, bytes), in name order.
 fn write_safetensors(dir: &std::path::Path, tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) {
