@@ -235,40 +235,35 @@ fn mx_rows(
     m
 }
 
-/// Rows `rows` (in order) of an MXFP8 expert slice (`codes` e4m3, `scales` e8m0, rows `cols`
-/// wide), decoded exactly to f32 (`e4m3(code) * 2^(scale - 127)`, one f32 product), as
-/// little-endian bytes.
+/// One MX matrix of an expert (`native`: mxfp4 or mxfp8, its rows `m`) in `encoding`: the codes
+/// and e8m0 scales as published when `encoding` is `native`, else decoded exactly with the
+/// native encoding's reference decode (FORMAT.md section 6) and encoded as any f32 source.
 ///
 /// # Errors
-/// [`ConvertError::NonFinite`] for an e4m3 NaN code or a product out of the f32 range, naming
-/// the tensor and its shard (`src`), the expert and the position.
-fn mxfp8_f32(
-    (name, shard): (&str, &Shard),
-    e: u32,
-    codes: &[u8],
-    scales: &[u8],
+/// As [`encode_f32`].
+fn mx_matrix(
+    ck: &Checkpoint,
+    name: &str,
+    native: Encoding,
+    m: MxRows,
+    rows: usize,
     cols: usize,
-    rows: impl Iterator<Item = usize>,
-) -> Result<Vec<u8>> {
-    let nb = cols / MXFP4_BLOCK;
-    let mut out = Vec::new();
-    for r in rows {
-        for c in 0..cols {
-            let code = codes[r * cols + c];
-            let v = coli_format::encoding::fp8_e4m3_to_f32(code)
-                * coli_format::encoding::mxfp4::e8m0_to_f32(scales[r * nb + c / MXFP4_BLOCK]);
-            if !v.is_finite() {
-                return Err(ConvertError::NonFinite {
-                    tensor: name.to_string(),
-                    file: shard.path.clone(),
-                    position: format!("expert {e} [{r}, {c}] (e4m3 code 0x{code:02X})"),
-                    value: format!("{v}"),
-                });
-            }
-            out.extend_from_slice(&v.to_le_bytes());
-        }
+    encoding: Encoding,
+) -> Result<(EncodedMatrix, ErrStats)> {
+    if encoding == native {
+        let mut em = EncodedMatrix::new(native, rows, cols, m.data, vec![]);
+        em.e8m0_scales = m.scales;
+        return Ok((em, ErrStats::default()));
     }
-    Ok(out)
+    let view = MatrixView::from_sections(native, rows, cols, &m.data, &m.scales)
+        .expect("MX rows of the checked shapes");
+    let mut row = vec![0f32; cols];
+    let mut f = Vec::with_capacity(rows * cols * 4);
+    for r in 0..rows {
+        view.dequantize_row(r, &mut row);
+        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    encode_f32(ck, name, rows, cols, &f, encoding)
 }
 
 /// Refuses an e8m0 NaN code (0xFF) among expert `e`'s scale slices (`(tensor, shard, bytes)`),
@@ -350,26 +345,9 @@ pub fn gather<'a>(
                 (mx_rows(db, ds, i, 2, 0..h), h, i, &dbn),
             ];
             for (m, rows, cols, name) in parts {
-                if encoding == Encoding::Mxfp4 {
-                    let mut em = EncodedMatrix::new(Encoding::Mxfp4, rows, cols, m.data, vec![]);
-                    em.e8m0_scales = m.scales;
-                    mats.push(em);
-                } else {
-                    // Decode exactly to f32 with the encoding's reference decode, then quantize
-                    // as any f32 source.
-                    let view =
-                        MatrixView::from_sections(Encoding::Mxfp4, rows, cols, &m.data, &m.scales)
-                            .expect("MXFP4 rows of the checked shapes");
-                    let mut row = vec![0f32; cols];
-                    let mut f = Vec::with_capacity(rows * cols * 4);
-                    for r in 0..rows {
-                        view.dequantize_row(r, &mut row);
-                        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
-                    }
-                    let (enc, st) = encode_f32(ck, name, rows, cols, &f, encoding)?;
-                    stats.add(st);
-                    mats.push(enc);
-                }
+                let (em, st) = mx_matrix(ck, name, Encoding::Mxfp4, m, rows, cols, encoding)?;
+                stats.add(st);
+                mats.push(em);
             }
         }
         ExpertStorage::FusedConcat => {
@@ -462,59 +440,26 @@ pub fn gather<'a>(
             let (dn, dsh, _, d) = take(format!("{p}.w2_weight"))?;
             let (dsn, dss, _, ds) = take(format!("{p}.w2_weight_scale"))?;
             refuse_nan_scales(e, [(&gsn, gss, gs), (&dsn, dss, ds)])?;
-            if encoding == Encoding::Mxfp8 {
-                // The published codes and scales, rows de-interleaved, copied as they are
-                // (e4m3 NaN codes refused by name, as when decoding).
-                for (name, shard, codes) in [(&gun, gush, gu), (&dn, dsh, d)] {
-                    if let Some(k) = codes.iter().position(|&c| c & 0x7F == 0x7F) {
-                        return Err(ConvertError::NonFinite {
-                            tensor: name.to_string(),
-                            file: shard.path.clone(),
-                            position: format!(
-                                "expert {e} element {k} (e4m3 code 0x{:02X})",
-                                codes[k]
-                            ),
-                            value: "NaN".into(),
-                        });
-                    }
+            // e4m3 NaN codes are refused by name, whether the codes are copied or decoded.
+            for (name, shard, codes) in [(&gun, gush, gu), (&dn, dsh, d)] {
+                if let Some(k) = codes.iter().position(|&c| c & 0x7F == 0x7F) {
+                    return Err(ConvertError::NonFinite {
+                        tensor: name.to_string(),
+                        file: shard.path.clone(),
+                        position: format!("expert {e} element {k} (e4m3 code 0x{:02X})", codes[k]),
+                        value: "NaN".into(),
+                    });
                 }
-                let parts = [
-                    (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r)), i, h),
-                    (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r + 1)), i, h),
-                    (mx_rows(d, ds, i, 1, 0..h), h, i),
-                ];
-                for (m, rows, cols) in parts {
-                    let mut em = EncodedMatrix::new(Encoding::Mxfp8, rows, cols, m.data, vec![]);
-                    em.e8m0_scales = m.scales;
-                    mats.push(em);
-                }
-                let bytes_in = regions.iter().map(|(_, t)| t.nbytes() as u64).sum();
-                return Ok(Gathered {
-                    mats,
-                    stats,
-                    regions,
-                    bytes_in,
-                });
             }
             let parts = [
-                (
-                    mxfp8_f32((&gun, gush), e, gu, gs, h, (0..i).map(|r| 2 * r))?,
-                    i,
-                    h,
-                    &gun,
-                ),
-                (
-                    mxfp8_f32((&gun, gush), e, gu, gs, h, (0..i).map(|r| 2 * r + 1))?,
-                    i,
-                    h,
-                    &gun,
-                ),
-                (mxfp8_f32((&dn, dsh), e, d, ds, i, 0..h)?, h, i, &dn),
+                (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r)), i, h, &gun),
+                (mx_rows(gu, gs, h, 1, (0..i).map(|r| 2 * r + 1)), i, h, &gun),
+                (mx_rows(d, ds, i, 1, 0..h), h, i, &dn),
             ];
-            for (f, rows, cols, name) in parts {
-                let (enc, st) = encode_f32(ck, name, rows, cols, &f, encoding)?;
+            for (m, rows, cols, name) in parts {
+                let (em, st) = mx_matrix(ck, name, Encoding::Mxfp8, m, rows, cols, encoding)?;
                 stats.add(st);
-                mats.push(enc);
+                mats.push(em);
             }
         }
         ExpertStorage::PerExpert(_) => unreachable!("per-expert tensors are not fused"),

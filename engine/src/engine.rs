@@ -1845,13 +1845,7 @@ fn logits_of_rows(model: &Model<'_>, x: &[f32], rows: &[usize]) -> Vec<f32> {
             }
         }
     }
-    if let Some(cap) = out.softcap {
-        for dst in l.chunks_exact_mut(vocab) {
-            for v in &mut dst[..out.vocab] {
-                *v = (*v / cap).tanh() * cap;
-            }
-        }
-    }
+    out.softcap_rows(&mut l, vocab);
     l
 }
 

@@ -199,6 +199,18 @@ impl OutputScaling {
             softcap: None,
         }
     }
+
+    /// Softcaps the logits of each `vocab`-long row of `l` (its first `self.vocab` values:
+    /// `cap * tanh(l / cap)`) when the model caps them; nothing otherwise.
+    pub fn softcap_rows(&self, l: &mut [f32], vocab: usize) {
+        if let Some(cap) = self.softcap {
+            for row in l.chunks_exact_mut(vocab) {
+                for v in &mut row[..self.vocab.min(vocab)] {
+                    *v = (*v / cap).tanh() * cap;
+                }
+            }
+        }
+    }
 }
 
 /// What a family's loader builds.

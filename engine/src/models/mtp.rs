@@ -301,6 +301,7 @@ impl MtpLayer<'_> {
         } else {
             coli_kernels::matmul(&self.head, &normed, n, &mut l);
         }
+        self.output.softcap_rows(&mut l, vocab);
         l.chunks_exact(vocab)
             .map(|r| {
                 let mut r = r.to_vec();

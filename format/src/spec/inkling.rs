@@ -508,11 +508,13 @@ pub(crate) fn configure(
     Ok(())
 }
 
-fn t(name: String, shape: &[usize], kind: TensorKind) -> TensorSpec {
+/// A dense tensor `name` of `shape`.
+pub(crate) fn t(name: String, shape: &[usize], kind: TensorKind) -> TensorSpec {
     TensorSpec::new(name, shape, TensorClass::Dense, kind)
 }
 
-fn linear(name: String, rows: usize, cols: usize) -> LinearSpec {
+/// A dense linear weight `[rows, cols]` without bias.
+pub(crate) fn linear(name: String, rows: usize, cols: usize) -> LinearSpec {
     LinearSpec {
         weight: t(name, &[rows, cols], TensorKind::Linear),
         bias: None,

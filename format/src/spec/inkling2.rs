@@ -38,10 +38,11 @@
 use super::json::Fields;
 use super::{
     inkling, AttentionSpec, ExpertActivation, ExpertStorage, ExpertsSpec, FfnSpec,
-    Inkling2AttentionSpec, InklingSpec, KvConvSpec, LayerSpec, LinearSpec, LogScaling, ModelSpec,
-    ModelTensors, MoeSpec, Routing, TensorClass, TensorKind, TensorSpec,
+    Inkling2AttentionSpec, InklingSpec, KvConvSpec, LayerSpec, LogScaling, ModelSpec, ModelTensors,
+    MoeSpec, Routing, TensorClass, TensorKind,
 };
 use crate::FormatError;
+use inkling::{linear, t};
 
 /// The multimodal wrapper's `model_type`.
 pub const WRAPPER_MODEL_TYPE: &str = "inkling2";
@@ -76,19 +77,6 @@ pub struct Inkling2Params {
     /// the `-MXFP8` releases): the spec lists their scales
     /// ([`super::ExpertStorage::FusedW13Mxfp8`]).
     pub mxfp8_experts: bool,
-}
-
-impl Inkling2Params {
-    /// Closed blocks a layer's sublayers read: those of the boundary layers before `layer`
-    /// (layers `0, block, 2 block, ...`).
-    pub fn blocks_before(&self, layer: usize) -> usize {
-        layer.div_ceil(self.block)
-    }
-
-    /// Whether `layer` closes a block (its input becomes one).
-    pub fn is_boundary(&self, layer: usize) -> bool {
-        layer.is_multiple_of(self.block)
-    }
 }
 
 /// A positive finite float field with a default (an explicit null is refused: the modules
@@ -210,17 +198,6 @@ pub(crate) fn configure(
         v2: Some(v2),
     });
     Ok(())
-}
-
-fn t(name: String, shape: &[usize], kind: TensorKind) -> TensorSpec {
-    TensorSpec::new(name, shape, TensorClass::Dense, kind)
-}
-
-fn linear(name: String, rows: usize, cols: usize) -> LinearSpec {
-    LinearSpec {
-        weight: t(name, &[rows, cols], TensorKind::Linear),
-        bias: None,
-    }
 }
 
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
