@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 16] = [
+pub const FIXTURE_FAMILIES: [&str; 17] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -25,6 +25,7 @@ pub const FIXTURE_FAMILIES: [&str; 16] = [
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
     "glm5_next_bf16",
+    "deepseek_v4_bf16",
 ];
 
 /// A chat template of `tests/fixtures/chat_templates/`, from its entry in one of the expected

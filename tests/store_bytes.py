@@ -67,8 +67,8 @@ def has_mtp_layer(src):
     with open(os.path.join(src, "config.json")) as fh:
         c = json.load(fh)
     t = c.get("text_config", c)
-    if t.get("model_type") == "glm5_next_text":
-        return False  # GLM-5.3-Flash's MTP layer is listed as not converted (no oracle)
+    if t.get("model_type") in ("glm5_next_text", "deepseek_v4"):
+        return False  # GLM-5.3-Flash's and DeepSeek-V4's MTP layers are listed as not converted (no oracle)
     return any(x.get(k, 0) for x in (c, t) for k in ("num_nextn_predict_layers", "num_mtp_layers"))
 
 

@@ -124,9 +124,10 @@ pub struct ConfigPlan {
 /// (`GatedDeltaSpec::held_values` per Gated DeltaNet layer). Checked against
 /// `Engine::kv_bytes_per_sequence`.
 pub fn kv_bytes_per_sequence(spec: &ModelSpec, context: usize) -> u64 {
-    let grows = match &spec.inkling {
-        Some(ink) => (ink.kv_values(spec, context) * 4) as u64,
-        None => kv_bytes_per_token(spec).saturating_mul(context as u64),
+    let grows = match (&spec.inkling, &spec.deepseek_v4) {
+        (Some(ink), _) => (ink.kv_values(spec, context) * 4) as u64,
+        (None, Some(v)) => (v.kv_values(spec.head_dim, context) * 4) as u64,
+        (None, None) => kv_bytes_per_token(spec).saturating_mul(context as u64),
     };
     grows + recurrent_state_bytes(spec)
 }
@@ -146,9 +147,14 @@ pub fn recurrent_state_bytes(spec: &ModelSpec) -> u64 {
 /// values (`2 * kv_heads * head_dim`, every position, sliding layers too); per MLA layer the
 /// latent and the rope key (`kv_lora_rank + qk_rope_head_dim`) plus the DSA indexer's key on
 /// its full layers (and GLM-5.3-Flash's pooling logits, `DsaSpec::cached_dim`); none per linear-attention layer of a hybrid model; Inkling: the keys and values of its full layers (what grows with the
-/// context; [`kv_bytes_per_sequence`] adds the bounded rest). Checked against
+/// context; [`kv_bytes_per_sequence`] adds the bounded rest); DeepSeek-V4: a compressed
+/// layer's entry per block (`DeepseekV4Spec::values_per_token`; its window is bounded). Checked against
 /// `Engine::kv_bytes_per_token` by `tests/tests/plan.rs`.
 pub fn kv_bytes_per_token(spec: &ModelSpec) -> u64 {
+    if let Some(v) = &spec.deepseek_v4 {
+        // What grows: one pooled entry per closed block of the compressed layers.
+        return (v.values_per_token(spec.head_dim) * 4) as u64;
+    }
     if let Some(ink) = &spec.inkling {
         // What grows with the context: the full layers' keys and values.
         let values: usize = (0..spec.num_layers)

@@ -346,6 +346,15 @@ fn dense_target(
                 format!("is U8 in {shard}: only MXFP4 expert blocks and scales may be U8"),
             ))
         }
+        Dtype::I64 if t.kind == TensorKind::Lookup => Encoding::F32,
+        Dtype::I64 => {
+            return Err(terr(
+                &t.name,
+                format!(
+                    "is I64 in {shard}: only lookup tables (DeepSeek-V4's ffn.gate.tid2eid) may be integers"
+                ),
+            ))
+        }
     };
     let keep_high = match src {
         Dtype::Bf16 => Encoding::Bf16,

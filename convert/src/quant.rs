@@ -110,8 +110,15 @@ pub(crate) fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
             data[4 * i + 3],
         ]),
         Dtype::U8 => data[i] as f32,
+        Dtype::I64 => {
+            let b: [u8; 8] = data[8 * i..8 * i + 8].try_into().expect("8 bytes");
+            i64::from_le_bytes(b) as f32
+        }
     }
 }
+
+/// The largest integer a lookup table may hold: every integer up to 2^24 is an exact f32.
+pub const MAX_TABLE_VALUE: i64 = 1 << 24;
 
 fn non_finite(tensor: &str, file: &Path, position: String, v: f32) -> ConvertError {
     ConvertError::NonFinite {
@@ -238,6 +245,32 @@ pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                 src.file.display()
             ),
         });
+    }
+    if src.dtype == Dtype::I64 {
+        if enc != Encoding::F32 {
+            return Err(ConvertError::Tensor {
+                tensor: src.name.to_string(),
+                what: format!(
+                    "is I64 in {}: an integer table is stored as exact f32 values, not {}",
+                    src.file.display(),
+                    enc.name()
+                ),
+            });
+        }
+        for (i, b) in src.data.chunks_exact(8).enumerate() {
+            let v = i64::from_le_bytes(b.try_into().expect("8 bytes"));
+            if !(0..=MAX_TABLE_VALUE).contains(&v) {
+                return Err(ConvertError::Tensor {
+                    tensor: src.name.to_string(),
+                    what: format!(
+                        "holds {v} at [{}, {}] in {}: a lookup table's values must be ids in 0..=2^24",
+                        i / cols.max(1),
+                        i % cols.max(1),
+                        src.file.display()
+                    ),
+                });
+            }
+        }
     }
     if let Encoding::Ggml(t) = enc {
         return Err(ConvertError::Tensor {

@@ -39,6 +39,9 @@ pub enum Dtype {
     /// `U8`: raw bytes; only MXFP4 expert blocks (two e2m1 codes per byte) and their e8m0
     /// scales are read as U8.
     U8,
+    /// `I64`: little-endian signed 64-bit integers; only lookup tables (DeepSeek-V4's
+    /// `tid2eid`) are read as I64, stored as exact f32 values.
+    I64,
 }
 
 impl Dtype {
@@ -50,6 +53,7 @@ impl Dtype {
             "F16" => Dtype::F16,
             "F32" => Dtype::F32,
             "U8" => Dtype::U8,
+            "I64" => Dtype::I64,
             _ => return None,
         })
     }
@@ -60,6 +64,7 @@ impl Dtype {
             Dtype::F8E4M3 | Dtype::U8 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
+            Dtype::I64 => 8,
         }
     }
 
@@ -71,6 +76,7 @@ impl Dtype {
             Dtype::F16 => "F16",
             Dtype::F32 => "F32",
             Dtype::U8 => "U8",
+            Dtype::I64 => "I64",
         }
     }
 }
@@ -305,7 +311,7 @@ fn parse_header(
             .ok_or_else(|| bad("missing string field \"dtype\"".into()))?;
         let dtype = Dtype::parse(dtype_s).ok_or_else(|| {
             bad(format!(
-                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32, and U8 MXFP4 blocks)"
+                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32, U8 MXFP4 blocks and I64 lookup tables)"
             ))
         })?;
         let shape: Vec<u64> = entry

@@ -154,7 +154,7 @@ fn duplicate_keys() {
 fn unsupported_dtype() {
     let mut ck = tiny_qwen3_fp8(2, 4);
     let t = ck.tensor_mut("model.layers.1.input_layernorm.weight");
-    t.dtype = "I64".into();
+    t.dtype = "I32".into();
     t.shape = vec![20];
     expect_failure(
         &ck,
@@ -162,7 +162,28 @@ fn unsupported_dtype() {
         |_| {},
         &[
             "model.layers.1.input_layernorm.weight",
-            "unsupported dtype I64",
+            "unsupported dtype I32",
+        ],
+    );
+}
+
+/// I64 is read for lookup tables only (DeepSeek-V4's `tid2eid`): an integer weight is refused,
+/// naming it.
+#[test]
+fn integer_weights_are_refused() {
+    let mut ck = tiny_qwen3_fp8(2, 4);
+    let t = ck.tensor_mut("model.layers.1.input_layernorm.weight");
+    let n = t.shape[0];
+    t.dtype = "I64".into();
+    t.data = vec![0u8; 8 * n];
+    expect_failure(
+        &ck,
+        &[],
+        |_| {},
+        &[
+            "model.layers.1.input_layernorm.weight",
+            "is I64",
+            "only lookup tables",
         ],
     );
 }

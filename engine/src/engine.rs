@@ -536,7 +536,8 @@ impl<'s> Engine<'s> {
                 SelfAttn::Gqa(_)
                 | SelfAttn::Inkling(_)
                 | SelfAttn::Inkling2(_)
-                | SelfAttn::GatedDelta(_) => None,
+                | SelfAttn::GatedDelta(_)
+                | SelfAttn::DeepseekV4(_) => None,
             })
             .unwrap_or("none");
         let recurrent = self
@@ -592,6 +593,15 @@ impl<'s> Engine<'s> {
                 } else {
                     0
                 }
+            })
+            .collect();
+        layout.blocks = self
+            .model
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                SelfAttn::DeepseekV4(a) if a.rate > 0 => (a.block_dim(), a.rate),
+                _ => (0, 0),
             })
             .collect();
         layout
@@ -750,6 +760,7 @@ impl<'s> Engine<'s> {
                 cache,
                 trace: None,
                 held_usage: None,
+                ids: &next_ids,
             };
             let (logits, _) =
                 mtp.draft_step(&state.hidden, &next_ids, fed, &mut state.kv, &mut ctx)?;
@@ -818,6 +829,7 @@ impl<'s> Engine<'s> {
                 cache,
                 trace: None,
                 held_usage: None,
+                ids: next_ids,
             };
             mtp.forward(hidden, next_ids, 0, &mut kv, &mut ctx)
         })
@@ -856,6 +868,7 @@ impl<'s> Engine<'s> {
                 cache,
                 trace: None,
                 held_usage: None,
+                ids: &[],
             };
             let mut prev = hidden.to_vec();
             let mut out = Vec::with_capacity(depths);
@@ -1135,6 +1148,7 @@ impl<'s> Engine<'s> {
                 cache,
                 trace: None,
                 held_usage: None,
+                ids: &[],
             };
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
@@ -1160,6 +1174,7 @@ impl<'s> Engine<'s> {
                                 &layers[0], xs, cn, pos0, &handle, None, pf,
                             );
                         }
+                        ctx.ids = chunks[ci];
                         for li in g.clone() {
                             let handle = &handle;
                             let mut kvs = [&mut seq.kv[li]];
@@ -1370,6 +1385,7 @@ impl<'s> Engine<'s> {
         if let Some(t) = trace {
             t.begin_pass();
         }
+        let flat_ids: Vec<u32> = ids.iter().flat_map(|i| i.iter().copied()).collect();
         let logits = pool.install(|| -> Result<Vec<Vec<Vec<f32>>>> {
             let mut x = embed_rows(model, ids.iter().flat_map(|ids| ids.iter()), n);
             let handle = cache.clone();
@@ -1379,6 +1395,7 @@ impl<'s> Engine<'s> {
                 cache,
                 trace,
                 held_usage: held.as_mut(),
+                ids: &flat_ids,
             };
             let layers = &model.layers;
             let mut run = |pf: Option<Option<&crate::prefetch::Prefetcher<'_, '_>>>| -> Result<()> {
@@ -1749,9 +1766,13 @@ fn layer_kv_dims(layers: &[crate::layers::DecoderLayer<'_>]) -> Vec<usize> {
 fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
     let values: usize = layers
         .iter()
-        .map(|l| match l.attn.row_bounds() {
-            (Some(_), _) => 0,
-            (None, _) => l.attn.kv_dim() + l.attn.v_dim(),
+        .map(|l| match (&l.attn, l.attn.row_bounds()) {
+            // DeepSeek-V4: the window is bounded; one entry per closed block grows.
+            (crate::layers::SelfAttn::DeepseekV4(a), _) => {
+                a.block_dim().div_ceil(a.rate.max(1)) * usize::from(a.rate > 0)
+            }
+            (_, (Some(_), _)) => 0,
+            (_, (None, _)) => l.attn.kv_dim() + l.attn.v_dim(),
         })
         .sum();
     (values * std::mem::size_of::<f32>()) as u64
@@ -1760,9 +1781,13 @@ fn kv_bytes_per_token(layers: &[crate::layers::DecoderLayer<'_>]) -> u64 {
 /// Bytes of KV cache of one sequence of `context` positions of `model` (see
 /// [`Engine::kv_bytes_per_sequence`]).
 fn kv_bytes_per_sequence(model: &Model<'_>, context: usize) -> u64 {
-    let per_token = match &model.spec.inkling {
-        Some(ink) => (ink.kv_values(&model.spec, context) * std::mem::size_of::<f32>()) as u64,
-        None => kv_bytes_per_token(&model.layers).saturating_mul(context as u64),
+    let spec = &model.spec;
+    let per_token = match (&spec.inkling, &spec.deepseek_v4) {
+        (Some(ink), _) => (ink.kv_values(spec, context) * std::mem::size_of::<f32>()) as u64,
+        (None, Some(v)) => {
+            (v.kv_values(spec.head_dim, context) * std::mem::size_of::<f32>()) as u64
+        }
+        (None, None) => kv_bytes_per_token(&model.layers).saturating_mul(context as u64),
     };
     per_token + bounded_state_bytes(&model.layers)
 }

@@ -130,7 +130,9 @@ pub fn predict_routes(
     let normed = || layer.ffn_input(x, n);
     match &layer.ffn {
         Ffn::Moe(m) => Some((m.layer, m.route(&normed(), n))),
-        Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.route(&normed(), n))),
+        // A hash-routed layer's experts follow the token ids, which the lookahead does not see.
+        Ffn::SigmoidMoe(m) if m.routing.hash.is_some() => None,
+        Ffn::SigmoidMoe(m) => Some((m.experts.layer, m.route(&normed(), n, &[]).ok()?)),
         Ffn::SinkMoe(m) => Some((m.experts.layer, m.route(&normed(), n).0)),
         Ffn::Dense(_) | Ffn::FusedDense(_) => None,
     }

@@ -173,11 +173,15 @@ impl Sequence {
                     }
                     let rows = len.saturating_sub(l.first);
                     let conv_rows = len.saturating_sub(l.conv_first);
-                    l.with_rows(
+                    let mut kv = l.with_rows(
                         l.k[..rows * dim].to_vec(),
                         l.v[..(rows * dim).min(l.v.len())].to_vec(),
                         l.conv[..conv_rows * l.conv_dim].to_vec(),
-                    )
+                    );
+                    if let Some(rows) = len.checked_div(l.block_rate) {
+                        kv.blocks = l.blocks[..rows * l.block_dim].to_vec();
+                    }
+                    kv
                 })
                 .collect(),
             tokens: self.tokens[..len].to_vec(),
@@ -386,7 +390,16 @@ impl Sequence {
                 };
                 let checkpoints = std::mem::take(&mut kv.checkpoints);
                 let recurrent = !snap.recurrent.is_empty();
-                *kv = LayerKv { k, v, ..snap };
+                // Compressed entries are never dropped: the ones of the first `len` positions
+                // are still held (the pin copies none).
+                let blocks = std::mem::take(&mut kv.blocks);
+                *kv = LayerKv {
+                    k,
+                    v,
+                    blocks,
+                    ..snap
+                };
+                kv.cut_blocks(len);
                 if recurrent {
                     kv.checkpoints = checkpoints.into_iter().filter(|c| c.len <= len).collect();
                 }
@@ -431,6 +444,7 @@ impl Sequence {
                     l.k.len()
                         + l.v.len()
                         + l.conv.len()
+                        + l.blocks.len()
                         + l.recurrent.len()
                         + l.recurrent_history.iter().map(|h| h.1.len()).sum::<usize>()
                         + l.checkpoints

@@ -25,7 +25,8 @@ fn purpose(t: &TensorSpec) -> String {
         TensorKind::Norm => "normalization weight",
         TensorKind::Bias => "bias",
         TensorKind::Conv => "short-convolution weight",
-        TensorKind::Mixing => "hyper-connection or k-pool mixing parameter",
+        TensorKind::Mixing => "hyper-connection, compressor or k-pool mixing parameter",
+        TensorKind::Lookup => "lookup table",
     };
     match t.class {
         TensorClass::Mtp => format!("{what} of the MTP layer"),

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -26,6 +26,7 @@ const FAMILIES: [&str; 14] = [
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
     "glm5_next_bf16",
+    "deepseek_v4_bf16",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
@@ -317,6 +318,86 @@ fn kimi_linear_long_prompt_runs_both_forms_and_matches_transformers() {
 #[test]
 fn glm5_next_long_prompt_runs_both_forms_and_matches_transformers() {
     hybrid_long_prompt("glm5_next_bf16");
+}
+
+/// DeepSeek-V4 over a prompt of 150 tokens: a window of 8 positions, 37 CSA blocks of which the
+/// indexer picks 3 per query, 18 HCA blocks, four streams, hash-routed layers. Greedy tokens and
+/// last logits as transformers computes them, and the same bits whatever the prefill chunking
+/// (a block closing inside or across chunks), threads, expert budget or speculation; the state
+/// holds the window, the open blocks' rows and one entry per closed block; every prefix from
+/// its last 64 positions on is exact (a rollback), a stopped prefill rolls back exactly.
+#[test]
+fn deepseek_v4_long_prompt_matches_transformers_whatever_the_placement() {
+    let name = "deepseek_v4_bf16";
+    let exp = expected(name);
+    let dir = store_dir(name, "lossless_store");
+    let prompt = ids(&exp["long_prompt_ids"]);
+    let want = ids(&exp["greedy_long_lossless"]);
+    let one = {
+        let s = open(&dir, true, IoPreference::Auto);
+        let l = s.manifest().expert_layers[0].layer;
+        s.fetch_one(ExpertKey::new(l, 0)).unwrap().len_bytes() as u64
+    };
+    let mut lasts = Vec::new();
+    for (batch, token_major, threads, budget, mode) in [
+        (256, false, 2, None, coli_engine::Speculate::Off),
+        (16, false, 1, Some(one), coli_engine::Speculate::Off),
+        (1, true, 2, None, coli_engine::Speculate::Ngram),
+        (7, false, 2, Some(one), coli_engine::Speculate::Ngram),
+    ] {
+        let what = format!(
+            "prefill batch {batch} token-major {token_major} threads {threads} budget {budget:?} {mode:?}"
+        );
+        let store = open(&dir, false, IoPreference::Auto);
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                prefill_batch: batch,
+                token_major_prefill: token_major,
+                threads: Some(threads),
+                ram_budget: budget,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = coli_tests::max_abs_diff(
+            &last,
+            &coli_tests::floats(&exp["last_logits_long_lossless"]),
+        );
+        assert!(d < 1e-3, "{what}: last logits differ by {d}");
+        lasts.push(last);
+        e.reset();
+        let params = GenerateParams {
+            max_tokens: want.len(),
+            sampling: SamplingParams::default(),
+            stop_on_eos: false,
+            speculation: coli_engine::SpeculationParams {
+                mode,
+                draft_tokens: 4,
+                gate: false,
+                ..Default::default()
+            },
+        };
+        let got = e.generate(&prompt, &params, |_| Ok(true)).unwrap().tokens;
+        assert_eq!(got, want, "{what}");
+        let state = e.own_state();
+        let n = state.len() as u64;
+        let bounded = e.kv_bytes_per_sequence() - e.kv_bytes_per_token() * e.context() as u64;
+        assert!(
+            state.bytes() <= e.kv_bytes_per_token() * n + bounded,
+            "{what}: {} bytes held for {n} positions",
+            state.bytes()
+        );
+        assert!(
+            state.can_truncate(n as usize - 8) && state.can_truncate(0),
+            "{what}"
+        );
+    }
+    for l in &lasts[1..] {
+        assert_eq!(&lasts[0], l, "the chunking changed the bits");
+    }
+    stopped_prefill_rolls_back(&dir, &prompt);
 }
 
 fn hybrid_long_prompt(name: &str) {

@@ -61,6 +61,7 @@ fn int4_dense_stores_match_transformers_on_every_family() {
             let kept = e.name.ends_with(".mlp.gate.weight")
                 || e.name.ends_with(".block_sparse_moe.gate.weight")
                 || e.name.ends_with(".mlp.router.weight")
+                || e.name.ends_with(".ffn.gate.weight")
                 || e.name.ends_with(".indexer.weights_proj.weight");
             if kept {
                 assert!(

@@ -25,7 +25,7 @@ use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 16] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 17] = coli_tests::FIXTURE_FAMILIES;
 
 fn argmax(row: &[f32]) -> u32 {
     coli_engine::sampling::argmax(row)
@@ -318,8 +318,9 @@ fn damaged_foreign_and_newer_files_are_never_used() {
         (
             "flipped body bit",
             Box::new(|b: &mut Vec<u8>| {
-                // In the last layer's values (its checkpoint count, 0, is the last 8 bytes).
-                let n = b.len() - 15;
+                // In the last layer's values (its checkpoint and compressed-block counts, 0,
+                // are the last 16 bytes).
+                let n = b.len() - 23;
                 b[n] ^= 0x10
             }),
             "body checksum",
@@ -707,9 +708,12 @@ fn recurrent_states_are_served_at_their_length_or_a_checkpoint_and_never_when_da
     // (prompt length, positions it may reuse, positions served)
     for (p, reuse, served) in [(6, 5, 4), (11, 10, 8), (9, 8, 8), (14, 13, 12)] {
         let mut c = cache(layout.clone(), Some(&kv), 0);
-        let hit = c
-            .take(0, &prompt[..p], reuse)
-            .unwrap_or_else(|| panic!("a prefix of at most {reuse} from disk"));
+        let hit = c.take(0, &prompt[..p], reuse).unwrap_or_else(|| {
+            panic!(
+                "a prefix of at most {reuse} from disk: {:?}",
+                c.take_warnings()
+            )
+        });
         assert!(c.take_warnings().is_empty());
         assert_eq!(hit.state.tokens(), &toks[..served], "reuse {reuse}");
         let mut resumed = e.resume_sequence(hit.state).unwrap();

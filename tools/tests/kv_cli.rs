@@ -70,7 +70,7 @@ fn kv_file(tokens: &[u32], body: &[u8]) -> Vec<u8> {
     let n = tokens.len();
     let mut b = Vec::new();
     b.extend_from_slice(b"COLIKV\0\0");
-    b.extend_from_slice(&4u32.to_le_bytes());
+    b.extend_from_slice(&coli_engine::prefix_cache::file::KV_LAYOUT_VERSION.to_le_bytes());
     b.extend_from_slice(&((96 + 4 * n) as u32).to_le_bytes());
     b.extend_from_slice(&[0xab; 16]);
     b.extend_from_slice(&7u64.to_le_bytes()); // parameter hash

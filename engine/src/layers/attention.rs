@@ -76,6 +76,14 @@ pub struct LayerKv {
     pub checkpoints: Vec<RecurrentCheckpoint>,
     /// A recurrent layer's convolution rows the next position reads (`K - 1`; 0 elsewhere).
     pub conv_tail: usize,
+    /// DeepSeek-V4's compressed layers ([`crate::layers::deepseek_v4`]): one row of
+    /// `block_dim` f32 per closed block of `block_rate` positions, from block 0. Never
+    /// dropped; cut with the positions (a length `len` keeps `len / block_rate` rows).
+    pub blocks: Vec<f32>,
+    /// f32 values per row of `blocks` (0: none).
+    pub block_dim: usize,
+    /// Positions per row of `blocks` (0: none).
+    pub block_rate: usize,
 }
 
 /// A recurrent layer's exact state at one length ([`LayerKv::checkpoints`]).
@@ -130,7 +138,15 @@ impl LayerKv {
         self.v.truncate(len.saturating_sub(self.first) * kv_dim);
         self.conv
             .truncate(len.saturating_sub(self.conv_first) * self.conv_dim);
+        self.cut_blocks(len);
         self.expanded = None;
+    }
+
+    /// Keeps the `blocks` rows of the blocks closed within the first `len` positions.
+    pub fn cut_blocks(&mut self, len: usize) {
+        if let Some(rows) = len.checked_div(self.block_rate) {
+            self.blocks.truncate(rows * self.block_dim);
+        }
     }
 
     /// Positions a recurrent layer's state covers (its convolution rows end there; the
@@ -144,12 +160,15 @@ impl LayerKv {
         LayerKv {
             conv_dim: self.conv_dim,
             windowed: self.windowed,
+            block_dim: self.block_dim,
+            block_rate: self.block_rate,
             ..LayerKv::default()
         }
     }
 
     /// The same layer's state with rows `k`, `v`, `conv` (its row starts, `min_len`, shape
-    /// and recurrent state kept; no MLA expansion, no verification history, no checkpoints).
+    /// and recurrent state kept; no MLA expansion, no verification history, no checkpoints, no
+    /// compressed `blocks`: the caller copies the ones it keeps).
     pub fn with_rows(&self, k: Vec<f32>, v: Vec<f32>, conv: Vec<f32>) -> LayerKv {
         LayerKv {
             k,
@@ -165,6 +184,9 @@ impl LayerKv {
             recurrent_history: Vec::new(),
             checkpoints: Vec::new(),
             conv_tail: self.conv_tail,
+            blocks: Vec::new(),
+            block_dim: self.block_dim,
+            block_rate: self.block_rate,
         }
     }
 

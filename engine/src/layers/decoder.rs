@@ -4,6 +4,7 @@
 use crate::cache::ExpertCache;
 use crate::error::Result;
 use crate::layers::attn_res::{BlockStream, LayerAttnRes};
+use crate::layers::deepseek_v4::DeepseekV4Attention;
 use crate::layers::hyper::{HyperConn, Mix};
 use crate::layers::inkling::{FusedMlp, InklingAttention, ShortConv, SinkMoe};
 use crate::layers::inkling2::Inkling2Attention;
@@ -45,6 +46,8 @@ pub enum SelfAttn<'s> {
     /// A gated delta rule linear-attention layer (Qwen3-Next's Gated DeltaNet, Kimi-Linear's
     /// KDA): a recurrent state, no keys or values per position.
     GatedDelta(Box<GatedDeltaNet<'s>>),
+    /// DeepSeek-V4's attention (a sliding window plus compressed entries).
+    DeepseekV4(Box<DeepseekV4Attention<'s>>),
 }
 
 impl SelfAttn<'_> {
@@ -57,6 +60,7 @@ impl SelfAttn<'_> {
             SelfAttn::Inkling(a) => a.kv_dim(),
             SelfAttn::Inkling2(a) => a.kv_dim(),
             SelfAttn::GatedDelta(_) => 0,
+            SelfAttn::DeepseekV4(a) => a.kv_dim(),
         }
     }
 
@@ -67,6 +71,7 @@ impl SelfAttn<'_> {
             SelfAttn::Inkling(a) => a.conv_dim(),
             SelfAttn::Inkling2(a) => a.conv_dim(),
             SelfAttn::GatedDelta(a) => a.conv_dim(),
+            SelfAttn::DeepseekV4(a) => a.conv_dim(),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => 0,
         }
     }
@@ -79,6 +84,7 @@ impl SelfAttn<'_> {
             SelfAttn::Inkling(a) => (a.window, a.kernel()),
             SelfAttn::Inkling2(a) => (a.window, a.kernel()),
             SelfAttn::GatedDelta(a) => (None, a.kernel),
+            SelfAttn::DeepseekV4(a) => (Some(a.window), a.kernel()),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => (None, 1),
         }
     }
@@ -88,7 +94,11 @@ impl SelfAttn<'_> {
     pub fn recurrent_len(&self) -> usize {
         match self {
             SelfAttn::GatedDelta(a) => a.recurrent_len(),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) | SelfAttn::Inkling2(_) => 0,
+            SelfAttn::Gqa(_)
+            | SelfAttn::Mla(_)
+            | SelfAttn::Inkling(_)
+            | SelfAttn::Inkling2(_)
+            | SelfAttn::DeepseekV4(_) => 0,
         }
     }
 
@@ -99,7 +109,11 @@ impl SelfAttn<'_> {
     pub fn held_state_values(&self) -> usize {
         match self {
             SelfAttn::GatedDelta(a) => a.spec().held_values(),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::Inkling(_) | SelfAttn::Inkling2(_) => 0,
+            SelfAttn::Gqa(_)
+            | SelfAttn::Mla(_)
+            | SelfAttn::Inkling(_)
+            | SelfAttn::Inkling2(_)
+            | SelfAttn::DeepseekV4(_) => 0,
         }
     }
 
@@ -108,7 +122,7 @@ impl SelfAttn<'_> {
     pub fn v_dim(&self) -> usize {
         match self {
             SelfAttn::Gqa(a) => a.kv_dim(),
-            SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) => 0,
+            SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) | SelfAttn::DeepseekV4(_) => 0,
             SelfAttn::Inkling(a) => a.kv_dim(),
             SelfAttn::Inkling2(a) => a.kv_dim(),
         }
@@ -120,7 +134,10 @@ impl SelfAttn<'_> {
         match self {
             SelfAttn::Inkling(a) => Some(a.output_slot()),
             SelfAttn::Inkling2(a) => Some(a.output_slot()),
-            SelfAttn::Gqa(_) | SelfAttn::Mla(_) | SelfAttn::GatedDelta(_) => None,
+            SelfAttn::Gqa(_)
+            | SelfAttn::Mla(_)
+            | SelfAttn::GatedDelta(_)
+            | SelfAttn::DeepseekV4(_) => None,
         }
     }
 }
@@ -148,6 +165,9 @@ pub struct LayerCtx<'a, 's> {
     /// Rows whose expert usage counts wait for the caller (speculative verify rows, some of
     /// which are rolled back); None: every row counts at once.
     pub held_usage: Option<&'a mut HeldUsage>,
+    /// The token id of each row of the pass (`[N]`, in row order), which DeepSeek-V4's
+    /// hash-routed layers read; empty where the caller has none (a hash layer then fails).
+    pub ids: &'a [u32],
 }
 
 /// The routed experts of the rows of a forward pass whose usage counts are held back
@@ -269,7 +289,8 @@ impl DecoderLayer<'_> {
             SelfAttn::Gqa(_)
             | SelfAttn::Inkling(_)
             | SelfAttn::Inkling2(_)
-            | SelfAttn::GatedDelta(_) => None,
+            | SelfAttn::GatedDelta(_)
+            | SelfAttn::DeepseekV4(_) => None,
         }
     }
 
@@ -282,7 +303,8 @@ impl DecoderLayer<'_> {
             SelfAttn::Gqa(_)
             | SelfAttn::Inkling(_)
             | SelfAttn::Inkling2(_)
-            | SelfAttn::GatedDelta(_) => false,
+            | SelfAttn::GatedDelta(_)
+            | SelfAttn::DeepseekV4(_) => false,
         }
     }
 
@@ -340,6 +362,7 @@ impl DecoderLayer<'_> {
                 a.forward_spans([&normed, &normed, &normed], spans, kvs, &mut delta)
             }
             SelfAttn::GatedDelta(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
+            SelfAttn::DeepseekV4(a) => a.forward_spans(&normed, spans, kvs, &mut delta),
         }
         self.output_conv(spans, kvs, true, &mut delta);
         self.residual_add(h, mix, true, &delta);
@@ -394,6 +417,7 @@ impl DecoderLayer<'_> {
             (SelfAttn::Mla(a), _) => a.forward_spans(&xq, spans, ctx.rope, kvs, &mut delta),
             (SelfAttn::Inkling(a), _) => a.forward_spans(&xq, spans, kvs, &mut delta),
             (SelfAttn::GatedDelta(a), _) => a.forward_spans(&xq, spans, kvs, &mut delta),
+            (SelfAttn::DeepseekV4(a), _) => a.forward_spans(&xq, spans, kvs, &mut delta),
         }
         self.output_conv(spans, kvs, true, &mut delta);
         let boundary = stream.is_boundary(res.layer);
@@ -435,6 +459,7 @@ impl DecoderLayer<'_> {
             SelfAttn::Inkling(a) => a.trim_spans(spans, kvs),
             SelfAttn::Inkling2(a) => a.trim_spans(spans, kvs),
             SelfAttn::GatedDelta(a) => a.trim_spans(spans, kvs),
+            SelfAttn::DeepseekV4(a) => a.trim_spans(spans, kvs),
             SelfAttn::Gqa(_) | SelfAttn::Mla(_) => {}
         }
     }
@@ -464,7 +489,7 @@ impl DecoderLayer<'_> {
             }
             Ffn::Dense(m) => m.forward(normed, n, delta),
             Ffn::SigmoidMoe(m) => {
-                let routes = m.route(normed, n);
+                let routes = m.route(normed, n, ctx.ids)?;
                 if let Some((t, pos0)) = trace {
                     t.routed(m.experts.layer, pos0, &routes);
                 }

@@ -136,6 +136,55 @@ impl HyperConn<'_> {
     }
 }
 
+/// DeepSeek-V4's final collapse of the streams (`DeepseekV4HyperHead`): per token
+/// `pre = sigmoid(proj(rmsnorm(x_flat)) * scale + base) + eps` (`[N]`), hidden state
+/// `sum_i pre[i] x[i]`.
+pub struct HyperHead<'s> {
+    /// `hc_head_fn` `[N, N H]`.
+    pub proj: Linear<'s>,
+    /// `hc_head_base` `[N]`.
+    pub base: Vec<f32>,
+    /// `hc_head_scale` (one value).
+    pub scale: f32,
+    /// Streams N.
+    pub streams: usize,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// `hc_eps`.
+    pub eps: f32,
+    /// The unweighted RMSNorm's epsilon (`rms_norm_eps`).
+    pub norm_eps: f32,
+}
+
+impl HyperHead<'_> {
+    /// The hidden states (`[n, H]`) of `n` tokens' streams `x` (`[n, N H]`).
+    pub fn collapse(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let (s, h) = (self.streams, self.hidden);
+        let w = s * h;
+        let mut normed = vec![0f32; n * w];
+        for (xr, or) in x.chunks_exact(w).zip(normed.chunks_exact_mut(w)) {
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / w as f32;
+            let r = 1.0 / (ms + self.norm_eps).sqrt();
+            for (o, v) in or.iter_mut().zip(xr) {
+                *o = v * r;
+            }
+        }
+        let mut m = vec![0f32; n * s];
+        self.proj.forward_exact(&normed, n, &mut m);
+        let mut out = vec![0f32; n * h];
+        for t in 0..n {
+            let pre: Vec<f32> = (0..s)
+                .map(|i| sigmoid(m[t * s + i] * self.scale + self.base[i]) + self.eps)
+                .collect();
+            let xt = &x[t * w..(t + 1) * w];
+            for (d, o) in out[t * h..(t + 1) * h].iter_mut().enumerate() {
+                *o = (0..s).map(|i| pre[i] * xt[i * h + d]).sum();
+            }
+        }
+        out
+    }
+}
+
 /// Divides each column of the `s x s` matrix `c` by its sum plus `eps`.
 fn normalize_columns(c: &mut [f32], s: usize, eps: f32) {
     for j in 0..s {

@@ -47,7 +47,8 @@ pub fn trim(kv: &mut LayerKv, end: usize, kv_dim: usize, window: Option<usize>, 
         if bound >= kv.first + TRIM_CHUNK {
             let n = bound - kv.first;
             kv.k.drain(..n * kv_dim);
-            kv.v.drain(..n * kv_dim);
+            // Layers whose keys are their values (DeepSeek-V4) keep no value rows.
+            kv.v.drain(..(n * kv_dim).min(kv.v.len()));
             kv.first = bound;
         }
     }

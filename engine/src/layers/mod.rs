@@ -9,6 +9,7 @@
 pub mod attention;
 pub mod attn_res;
 pub mod decoder;
+pub mod deepseek_v4;
 pub mod dsa_indexer;
 pub mod gated_delta;
 pub mod hyper;

@@ -8,12 +8,47 @@
 //! w *= routed_scaling_factor ; out = sum_e w_e SwiGLU_e(x) + shared_experts(x)
 //! ```
 //! Ties (groups and experts) go to the lower index.
+//!
+//! DeepSeek-V4 (`DeepseekV4TopKRouter`, `DeepseekV4HashRouter`) runs the same block with
+//! `s = sqrt(softplus(x @ gate^T))` ([`Score::SqrtSoftplus`]), one group, the weights always
+//! renormalized, and on its hash-routed layers the experts read from `tid2eid[token id]`
+//! instead of the top-k (the weights are still the chosen experts' scores).
 
 use crate::cache::ExpertCache;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::layers::moe::{top_k, Routing};
 use crate::layers::{Mlp, MoeBlock};
 use coli_store::Store;
+
+/// The router's score function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// `sigmoid(logit)` (DeepSeek-V3).
+    Sigmoid,
+    /// `sqrt(softplus(logit))` (DeepSeek-V4's `sqrtsoftplus`; softplus as torch's, `x` itself
+    /// above 20).
+    SqrtSoftplus,
+}
+
+impl Score {
+    fn apply(self, l: f32) -> f32 {
+        match self {
+            Score::Sigmoid => 1.0 / (1.0 + (-l).exp()),
+            Score::SqrtSoftplus => {
+                let sp = if l > 20.0 { l } else { l.exp().ln_1p() };
+                sp.sqrt()
+            }
+        }
+    }
+}
+
+/// A hash-routed layer's expert table (DeepSeek-V4's `ffn.gate.tid2eid`).
+pub struct HashTable {
+    /// Row `t` (`top_k` expert ids) for token id `t`, `[vocab * top_k]`.
+    pub experts: Vec<u32>,
+    /// Ids per row (top-k).
+    pub k: usize,
+}
 
 /// Grouped sigmoid routing parameters.
 pub struct SigmoidRouting {
@@ -25,13 +60,27 @@ pub struct SigmoidRouting {
     pub topk_group: usize,
     /// `routed_scaling_factor`.
     pub scaling: f32,
+    /// The score function.
+    pub score: Score,
+    /// A hash-routed layer's table (None: the top-k chooses).
+    pub hash: Option<HashTable>,
 }
 
 impl SigmoidRouting {
-    /// Routing of one token from its router logits `[E]` (see the module doc).
-    pub fn route(&self, logits: &[f32], k: usize, norm_topk: bool) -> Routing {
+    /// Routing of one token from its router logits `[E]` (see the module doc); `id` is its
+    /// token id (read by a hash-routed layer only).
+    pub fn route(&self, logits: &[f32], k: usize, norm_topk: bool, id: u32) -> Routing {
         let e = logits.len();
-        let s: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+        let s: Vec<f32> = logits.iter().map(|&l| self.score.apply(l)).collect();
+        if let Some(h) = &self.hash {
+            let row = &h.experts[id as usize * h.k..(id as usize + 1) * h.k];
+            let mut sel: Routing = row.iter().map(|&x| (x, s[x as usize])).collect();
+            let sum: f32 = sel.iter().map(|x| x.1).sum::<f32>() + 1e-20;
+            for x in &mut sel {
+                x.1 = x.1 / sum * self.scaling;
+            }
+            return sel;
+        }
         let mut c: Vec<f32> = s.iter().zip(&self.bias).map(|(a, b)| a + b).collect();
         if self.n_group > 1 {
             let gsize = e / self.n_group;
@@ -74,18 +123,35 @@ pub struct SigmoidMoe<'s> {
 }
 
 impl SigmoidMoe<'_> {
-    /// Routes `n` tokens of `x` (`[n, H]`).
-    pub fn route(&self, x: &[f32], n: usize) -> Vec<Routing> {
+    /// Routes `n` tokens of `x` (`[n, H]`) whose token ids are `ids` (`[n]`; read by a
+    /// hash-routed layer only).
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] for a hash-routed layer given no id per row, or an id outside
+    /// its table.
+    pub fn route(&self, x: &[f32], n: usize, ids: &[u32]) -> Result<Vec<Routing>> {
+        if let Some(h) = &self.routing.hash {
+            let rows = h.experts.len() / h.k.max(1);
+            if ids.len() != n || ids.iter().any(|&t| t as usize >= rows) {
+                return Err(EngineError::Invalid(format!(
+                    "hash-routed layer {}: {} token ids for {n} rows (table of {rows})",
+                    self.experts.layer,
+                    ids.len()
+                )));
+            }
+        }
         let ne = self.experts.num_experts;
         let mut logits = vec![0f32; n * ne];
         self.experts.router.forward(x, n, &mut logits);
-        logits
+        Ok(logits
             .chunks_exact(ne)
-            .map(|l| {
+            .enumerate()
+            .map(|(t, l)| {
+                let id = ids.get(t).copied().unwrap_or(0);
                 self.routing
-                    .route(l, self.experts.top_k, self.experts.norm_topk)
+                    .route(l, self.experts.top_k, self.experts.norm_topk, id)
             })
-            .collect()
+            .collect())
     }
 
     /// `out[n, H]` = routed experts + shared experts of `x[n, H]`, with the routing
@@ -126,10 +192,12 @@ mod tests {
             n_group: 4,
             topk_group: 2,
             scaling: 2.0,
+            score: Score::Sigmoid,
+            hash: None,
         };
         // Group scores (top-2 sums): g0 low, g1 high, g2 low, g3 high via the bias of expert 6.
         let logits = [-3.0, -3.0, 2.0, 1.0, -3.0, -2.0, -5.0, -5.0];
-        let sel = r.route(&logits, 2, true);
+        let sel = r.route(&logits, 2, true, 0);
         let ids: Vec<u32> = sel.iter().map(|x| x.0).collect();
         assert_eq!(ids, vec![6, 2]);
         let s = |l: f32| 1.0 / (1.0 + (-l).exp());

@@ -19,7 +19,7 @@
 use crate::error::{EngineError, Result};
 use crate::layers::dsa_indexer::DsaIndexer;
 use crate::layers::mla::{mla_rope, Dsa, SelectionSlot};
-use crate::layers::sigmoid_router::SigmoidRouting;
+use crate::layers::sigmoid_router::{HashTable, Score, SigmoidRouting};
 use crate::layers::{DecoderLayer, Ffn, Mla, SelfAttn, SigmoidMoe};
 use crate::models::{load_lm_head, load_mlp, load_moe, Parts};
 use crate::weights::Weights;
@@ -151,34 +151,66 @@ pub fn load_mla<'s>(
 }
 
 /// Loads a grouped sigmoid MoE block (routing parameters from `spec.routing`, which must be
-/// [`Routing::GroupedSigmoid`]).
+/// [`Routing::GroupedSigmoid`], or DeepSeek-V4's [`Routing::SqrtSoftplus`] with its hash
+/// table on hash-routed layers).
 ///
 /// # Errors
-/// Missing or misshapen tensors; a spec with another routing.
+/// Missing or misshapen tensors; a spec with another routing; a hash table holding anything
+/// but expert ids.
 pub fn load_sigmoid_moe<'s>(
     w: &mut Weights<'s>,
     spec: &ModelSpec,
     moe: &MoeSpec,
 ) -> Result<SigmoidMoe<'s>> {
-    let Routing::GroupedSigmoid {
-        n_group,
-        topk_group,
-        scaling,
-        ..
-    } = spec.routing
-    else {
-        return Err(EngineError::Config {
-            file: "config.json".into(),
-            what: format!(
-                "{} has a sigmoid MoE block but routes as {:?}",
-                spec.family.name(),
-                spec.routing
-            ),
-        });
+    let (n_group, topk_group, scaling, score) = match spec.routing {
+        Routing::GroupedSigmoid {
+            n_group,
+            topk_group,
+            scaling,
+            ..
+        } => (n_group, topk_group, scaling, Score::Sigmoid),
+        Routing::SqrtSoftplus { scaling } => (1, 1, scaling, Score::SqrtSoftplus),
+        _ => {
+            return Err(EngineError::Config {
+                file: "config.json".into(),
+                what: format!(
+                    "{} has a sigmoid MoE block but routes as {:?}",
+                    spec.family.name(),
+                    spec.routing
+                ),
+            })
+        }
     };
     let bias = match &moe.router_bias {
         Some(b) => w.vector(b)?,
         None => vec![0.0; spec.num_experts],
+    };
+    let hash = match &moe.hash_table {
+        Some(t) => {
+            let values = w.vector(t)?;
+            let experts = values
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if v >= 0.0 && v.fract() == 0.0 && (v as usize) < spec.num_experts {
+                        Ok(v as u32)
+                    } else {
+                        Err(EngineError::Invalid(format!(
+                            "{}: entry {} (token {}) is {v}, not an expert id below {}",
+                            t.name,
+                            i,
+                            i / spec.top_k.max(1),
+                            spec.num_experts
+                        )))
+                    }
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            Some(HashTable {
+                experts,
+                k: spec.top_k,
+            })
+        }
+        None => None,
     };
     Ok(SigmoidMoe {
         experts: load_moe(w, spec, moe)?,
@@ -187,6 +219,8 @@ pub fn load_sigmoid_moe<'s>(
             n_group,
             topk_group,
             scaling,
+            score,
+            hash,
         },
         shared: match &moe.shared {
             Some(s) => Some(load_mlp(w, spec, s)?),

@@ -14,7 +14,7 @@
 //!   `swiglu_limit`; no MTP layer is loaded.
 
 use crate::error::{EngineError, Result};
-use crate::layers::hyper::HyperConn;
+use crate::layers::hyper::{HyperConn, HyperHead};
 use crate::layers::mla::mla_rope;
 use crate::layers::{DecoderLayer, LayerHyper, SelfAttn};
 use crate::models::deepseek_v3::{load_mla, mla_of};
@@ -31,7 +31,7 @@ fn config_error(what: String) -> EngineError {
 }
 
 /// One hyper-connection from its tensors (the scale must hold 3 values: pre, post, comb).
-fn hyper_conn<'s>(
+pub(crate) fn hyper_conn<'s>(
     w: &mut Weights<'s>,
     spec: &ModelSpec,
     hc: &HyperSpec,
@@ -56,6 +56,35 @@ fn hyper_conn<'s>(
         streams: hc.mult,
         hidden: spec.hidden_size,
         iters: hc.sinkhorn_iters,
+        eps: hc.eps,
+        norm_eps: spec.rms_norm_eps,
+    })
+}
+
+/// The final collapse of the streams (DeepSeek-V4's `hc_head_*`; the scale holds one value).
+pub(crate) fn hyper_head<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    hc: &HyperSpec,
+    t: &HyperConnSpec,
+) -> Result<HyperHead<'s>> {
+    let scale = w.vector(&t.scale)?;
+    let [scale] = scale[..] else {
+        return Err(EngineError::Shape {
+            name: t.scale.name.clone(),
+            expected: vec![1],
+            found: vec![scale.len()],
+        });
+    };
+    Ok(HyperHead {
+        proj: w.linear(&LinearSpec {
+            weight: t.proj.clone(),
+            bias: None,
+        })?,
+        base: w.vector(&t.base)?,
+        scale,
+        streams: hc.mult,
+        hidden: spec.hidden_size,
         eps: hc.eps,
         norm_eps: spec.rms_norm_eps,
     })

@@ -170,6 +170,7 @@ fn load_layer<'s>(
                 shared: None,
                 shared_gate: None,
                 experts: m.experts.clone(),
+                hash_table: None,
             };
             (
                 Ffn::SinkMoe(SinkMoe {

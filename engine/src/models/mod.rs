@@ -4,6 +4,7 @@
 //! [`Weights`], the one narrow loading API. [`Model`] is the result.
 
 pub mod deepseek_v3;
+pub mod deepseek_v4;
 pub mod glm4_moe;
 pub mod glm5_next;
 pub mod gpt_oss;
@@ -62,6 +63,9 @@ pub struct Model<'s> {
     /// What the load could not use and went on without (an incomplete MTP layer of a store
     /// written by an older converter), for the caller to show.
     pub warnings: Vec<String>,
+    /// The weighted collapse of the streams into the final hidden state (DeepSeek-V4's
+    /// `hc_head_*`); None: one stream, or their mean (GLM-5.3-Flash).
+    pub hyper_head: Option<crate::layers::hyper::HyperHead<'s>>,
     /// A residual stream of blocks (Inkling 2's attention residuals) and the output's query
     /// (`model.llm.attn_res.output_query`, f32 `[H]`); None elsewhere.
     pub blocks: Option<(
@@ -98,6 +102,11 @@ impl<'s> Model<'s> {
             }
             Family::KimiLinear => kimi_linear::load(&mut w, &spec)?,
             Family::Glm5Next => glm5_next::load(&mut w, &spec)?,
+            Family::DeepseekV4 => deepseek_v4::load(&mut w, &spec)?,
+        };
+        let hyper_head = match (&spec.tensors.hyper_head, spec.hyper) {
+            (Some(t), Some(hc)) => Some(glm5_next::hyper_head(&mut w, &spec, &hc, t)?),
+            _ => None,
         };
         Ok(Model {
             embed: parts.embed,
@@ -112,6 +121,7 @@ impl<'s> Model<'s> {
             tensors_read: w.into_read(),
             warnings,
             blocks: parts.blocks,
+            hyper_head,
             spec,
         })
     }
@@ -147,6 +157,9 @@ impl<'s> Model<'s> {
         if let Some((b, q)) = &self.blocks {
             let mut mixes = b.mix(x, n, b.slots, q);
             return std::borrow::Cow::Owned(mixes.swap_remove(0));
+        }
+        if let Some(hh) = &self.hyper_head {
+            return std::borrow::Cow::Owned(hh.collapse(x, n));
         }
         match self.streams() {
             1 => std::borrow::Cow::Borrowed(x),
@@ -396,7 +409,7 @@ pub(crate) fn load_moe<'s>(
         Routing::SoftmaxTopK { renormalize } | Routing::GroupedSigmoid { renormalize, .. } => {
             renormalize
         }
-        Routing::TopKSoftmax => true,
+        Routing::TopKSoftmax | Routing::SqrtSoftplus { .. } => true,
         Routing::SigmoidSink => false,
     };
     Ok(MoeBlock {
@@ -454,7 +467,7 @@ pub(crate) fn load_ffn<'s>(
     Ok(match ffn {
         coli_format::spec::FfnSpec::Dense(m) => Ffn::Dense(load_mlp(w, spec, m)?),
         coli_format::spec::FfnSpec::Moe(m) => match spec.routing {
-            Routing::GroupedSigmoid { .. } => {
+            Routing::GroupedSigmoid { .. } | Routing::SqrtSoftplus { .. } => {
                 Ffn::SigmoidMoe(deepseek_v3::load_sigmoid_moe(w, spec, m)?)
             }
             _ => Ffn::Moe(load_moe(w, spec, m)?),

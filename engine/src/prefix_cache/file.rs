@@ -32,7 +32,9 @@ pub const KV_FILE_MAGIC: [u8; 8] = *b"COLIKV\0\0";
 /// Version 4: each layer ends with its recurrent checkpoints (a count, then per checkpoint its
 /// length, the position its convolution rows start at, its state and those rows), so that a
 /// file serves every prefix one of them makes exact.
-pub const KV_LAYOUT_VERSION: u32 = 4;
+/// Version 5: each layer ends with its compressed blocks (a count of f32, then the rows:
+/// DeepSeek-V4's pooled entries, one per closed block of positions; 0 for other layers).
+pub const KV_LAYOUT_VERSION: u32 = 5;
 
 /// Bytes of the header before the token ids.
 const FIXED_HEADER_BYTES: usize = 88;
@@ -398,7 +400,15 @@ pub fn read_state_prefix(
         let cd = layout.conv_dims.get(l).copied().unwrap_or(0);
         let rd = layout.recurrent_dims.get(l).copied().unwrap_or(0);
         let tail = layout.conv_tails.get(l).copied().unwrap_or(0);
-        read.push(body.layer(n, keep, (kd, vd, cd), (rd, tail), &format!("layer {l}"))?);
+        let blocks = layout.blocks.get(l).copied().unwrap_or((0, 0));
+        read.push(body.layer(
+            n,
+            keep,
+            (kd, vd, cd),
+            (rd, tail),
+            blocks,
+            &format!("layer {l}"),
+        )?);
     }
     let mtp = if h.has_mtp {
         let Some(m) = &layout.mtp else {
@@ -419,6 +429,7 @@ pub fn read_state_prefix(
                 fed,
                 fed,
                 (m.kv_dim, m.v_dim, m.conv_dim),
+                (0, 0),
                 (0, 0),
                 "MTP layer",
             )?
@@ -631,13 +642,16 @@ impl<R: Read> BodyReader<'_, R> {
     /// convolution inputs from `conv_first` (`dims.2`), the recurrent state (kept only when
     /// `keep` is `n`), and the recurrent checkpoints (those of at most `keep` positions kept).
     /// `recurrent` is `(state size, convolution rows the next position reads)`: the state and
-    /// every checkpoint must hold that many rows (fewer only at the sequence's start).
+    /// every checkpoint must hold that many rows (fewer only at the sequence's start). Last the
+    /// compressed blocks, `(block_dim, block_rate)` (`(0, 0)`: none): `n / block_rate` rows,
+    /// those of the first `keep` positions kept.
     fn layer(
         &mut self,
         n: usize,
         keep: usize,
         dims: (usize, usize, usize),
         (recurrent, tail): (usize, usize),
+        (block_dim, block_rate): (usize, usize),
         what: &str,
     ) -> Result<ReadLayer, KvFileError> {
         let first = self.u64(what)? as usize;
@@ -731,11 +745,30 @@ impl<R: Read> BodyReader<'_, R> {
                 });
             }
         }
+        let block_values = self.u64(what)?;
+        let rows = n.checked_div(block_rate).unwrap_or(0);
+        if block_values != (rows * block_dim) as u64 {
+            return Err(KvFileError::Malformed {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{what}: {block_values} values of compressed blocks, the layer holds {rows} of {block_dim} for {n} positions"
+                ),
+            });
+        }
+        let blocks = self.f32s_prefix(
+            rows,
+            keep.checked_div(block_rate).unwrap_or(0),
+            block_dim,
+            &format!("{what} compressed blocks"),
+        )?;
         Ok(ReadLayer {
             kv: LayerKv {
                 k,
                 v,
                 conv,
+                blocks,
+                block_dim,
+                block_rate,
                 first: if keep == 0 { 0 } else { first },
                 conv_first: if keep == 0 { 0 } else { conv_first },
                 conv_dim: dims.2,
@@ -763,13 +796,13 @@ impl<R: Read> BodyReader<'_, R> {
 pub fn body_len(state: &KvState) -> u64 {
     let s = &state.seq;
     // Each layer's four u64 (row starts, min_len, recurrent count) take eight f32-sized slots,
-    // its checkpoint count two, each checkpoint's two u64 four.
+    // its checkpoint count two, each checkpoint's two u64 four, its block count two.
     let n = s.tokens.len();
     let layer = |l: &LayerKv, n: usize| {
         let ckpts: usize = written_checkpoints(l, n)
             .map(|c| 4 + c.recurrent.len() + c.conv.len())
             .sum();
-        10 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len() + ckpts
+        12 + l.k.len() + l.v.len() + l.conv.len() + l.recurrent.len() + ckpts + l.blocks.len()
     };
     let kv: usize = s.kv.iter().map(|l| layer(l, n)).sum();
     let mtp = s
@@ -893,6 +926,8 @@ fn write_file(
             put(w, h, c.recurrent.as_bytes())?;
             put(w, h, c.conv.as_bytes())?;
         }
+        put(w, h, &(l.blocks.len() as u64).to_le_bytes())?;
+        put(w, h, l.blocks.as_bytes())?;
         Ok(())
     };
     for l in &s.kv {

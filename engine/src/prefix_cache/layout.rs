@@ -44,6 +44,10 @@ pub struct KvLayout {
     /// which its state and every checkpoint must hold; 0: not checked (set by the engine after
     /// [`KvLayout::new`]; not part of the parameter hash: it follows from the weights' shapes).
     pub conv_tails: Vec<usize>,
+    /// Per layer, `(block_dim, block_rate)` of its compressed blocks (DeepSeek-V4's
+    /// `LayerKv::blocks`; `(0, 0)` elsewhere; set by the engine after [`KvLayout::new`], not
+    /// part of the parameter hash: it follows from the weights' shapes).
+    pub blocks: Vec<(usize, usize)>,
     /// The MTP layer's shapes, when the model has one.
     pub mtp: Option<MtpLayout>,
 }
@@ -80,6 +84,7 @@ impl KvLayout {
             kv_dims,
             v_dims,
             conv_tails: vec![0; recurrent_dims.len()],
+            blocks: vec![(0, 0); recurrent_dims.len()],
             conv_dims,
             recurrent_dims,
             mtp,

@@ -121,6 +121,7 @@ pub(crate) fn sigmoid_moe_named(
     let p = format!("model.layers.{i}.{block}");
     let (h, e) = (s.hidden_size, s.num_experts);
     FfnSpec::Moe(MoeSpec {
+        hash_table: None,
         router: TensorSpec::new(
             format!("{p}.gate.weight"),
             &[e, h],

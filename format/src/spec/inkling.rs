@@ -625,6 +625,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
         ),
         mtp: mtp_tensors(s, ink),
         final_query: None,
+        hyper_head: None,
     }
 }
 

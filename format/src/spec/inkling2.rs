@@ -227,6 +227,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
             &[h],
             TensorKind::Mixing,
         )),
+        hyper_head: None,
     }
 }
 
@@ -312,6 +313,7 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize) -> LayerSpec {
     }));
     let (e, im) = (s.num_experts, s.moe_intermediate_size);
     let ffn = FfnSpec::Moe(MoeSpec {
+        hash_table: None,
         router: t(format!("{p}.mlp.gate.weight"), &[e, h], TensorKind::Router),
         router_bias: Some(t(format!("{p}.mlp.gate.bias"), &[e], TensorKind::Bias)),
         router_logit_bias: None,

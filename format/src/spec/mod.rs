@@ -8,7 +8,7 @@
 //! its tensors. One file per family states the family's layers, attention and routing:
 //! [`mixtral`], [`qwen3_moe`], [`olmoe`], [`deepseek_v3`] (also `kimi_k2`), [`glm_moe_dsa`],
 //! [`gpt_oss`], [`glm4_moe`], [`minimax_m2`], [`deepseek_v32`], [`inkling`], [`qwen3_next`], [`qwen3_5_moe`],
-//! [`kimi_linear`], [`glm5_next`].
+//! [`kimi_linear`], [`glm5_next`], [`deepseek_v4`].
 //!
 //! Multimodal wrappers that keep the language model's config under `text_config` (and its
 //! tensors under `language_model.` or `model.language_model.`) are read through
@@ -16,6 +16,7 @@
 
 pub mod deepseek_v3;
 pub mod deepseek_v32;
+pub mod deepseek_v4;
 pub mod glm4_moe;
 pub mod glm5_next;
 pub mod glm_moe_dsa;
@@ -34,6 +35,7 @@ pub mod qwen3_next;
 pub mod tensors;
 
 use crate::FormatError;
+pub use deepseek_v4::{DeepseekV4Spec, V4Attention};
 pub use inkling::{InklingSpec, LogScaling};
 pub use inkling2::Inkling2Params;
 pub use json::eos_ids;
@@ -76,6 +78,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_5_moe_text",
     "kimi_linear",
     "glm5_next_text",
+    "deepseek_v4",
 ];
 
 /// A supported model family.
@@ -112,6 +115,8 @@ pub enum Family {
     KimiLinear,
     /// `glm5_next_text`, the language model of GLM-5.3-Flash (`glm5_next`) ([`glm5_next`]).
     Glm5Next,
+    /// `deepseek_v4`, DeepSeek-V4-Flash / -Pro ([`deepseek_v4`]).
+    DeepseekV4,
 }
 
 impl Family {
@@ -136,6 +141,7 @@ impl Family {
             "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
             "kimi_linear" => Ok(Family::KimiLinear),
             "glm5_next_text" => Ok(Family::Glm5Next),
+            "deepseek_v4" => Ok(Family::DeepseekV4),
             other => Err(FormatError::Unsupported(format!(
                 "model_type {other:?}; coli runs {}",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -161,6 +167,7 @@ impl Family {
             Family::Qwen35Moe => "qwen3_5_moe_text",
             Family::KimiLinear => "kimi_linear",
             Family::Glm5Next => "glm5_next_text",
+            Family::DeepseekV4 => "deepseek_v4",
         }
     }
 
@@ -186,7 +193,8 @@ impl Family {
             | Family::Qwen3Next
             | Family::Qwen35Moe
             | Family::KimiLinear
-            | Family::Glm5Next => 10_000.0,
+            | Family::Glm5Next
+            | Family::DeepseekV4 => 10_000.0,
             Family::GptOss => 150_000.0,
             Family::MinimaxM2 => 5_000_000.0,
             // No RoPE: a learned relative position bias.
@@ -204,7 +212,8 @@ impl Family {
             | Family::Inkling
             | Family::Inkling2
             | Family::Qwen3Next
-            | Family::Qwen35Moe => 1e-6,
+            | Family::Qwen35Moe
+            | Family::DeepseekV4 => 1e-6,
             Family::Mixtral
             | Family::Olmoe
             | Family::GlmMoeDsa
@@ -247,6 +256,13 @@ pub enum Routing {
     /// are normalized together (a softmax whose shared-expert share is a sink), times
     /// `route_scale * gate.global_scale`. The shared experts take their share.
     SigmoidSink,
+    /// DeepSeek-V4 (`DeepseekV4TopKRouter`): scores `sqrt(softplus(logits))`; the top-k of
+    /// the scores plus `ffn.gate.bias` (or a hash layer's `tid2eid` row) are the experts;
+    /// weights = their scores / (sum + 1e-20) * `scaling`; the shared expert added.
+    SqrtSoftplus {
+        /// `routed_scaling_factor`.
+        scaling: f32,
+    },
 }
 
 /// The activation between a routed expert's gate/up and down projections.
@@ -388,6 +404,8 @@ pub struct ModelSpec {
     /// Hybrid linear-attention families (Qwen3-Next, Qwen3.5, Kimi-Linear): the gated delta
     /// rule layers' rule, heads and which layers they are.
     pub gated_delta: Option<GatedDeltaSpec>,
+    /// DeepSeek-V4: its layers' attention kinds, compression, indexer, RoPE and routing.
+    pub deepseek_v4: Option<DeepseekV4Spec>,
     /// The residual streams of a model with hyper-connections (GLM-5.3-Flash's mHC:
     /// `hc_mult` streams, Sinkhorn-normalized mixing), None: one residual stream.
     pub hyper: Option<HyperSpec>,
@@ -678,6 +696,7 @@ impl ModelSpec {
             mla: None,
             inkling: None,
             gated_delta: None,
+            deepseek_v4: None,
             hyper: None,
             swiglu_limit: None,
             zero_centered_norms: false,
@@ -689,6 +708,7 @@ impl ModelSpec {
                 lm_head: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::OutputHead),
                 mtp: vec![],
                 final_query: None,
+                hyper_head: None,
             },
         };
         match family {
@@ -707,6 +727,7 @@ impl ModelSpec {
             Family::Qwen35Moe => qwen3_5_moe::configure(&f, &mut spec)?,
             Family::KimiLinear => kimi_linear::configure(&f, &mut spec)?,
             Family::Glm5Next => glm5_next::configure(&f, &mut spec)?,
+            Family::DeepseekV4 => deepseek_v4::configure(&f, &mut spec)?,
         }
         if spec.sliding_layers.is_empty() {
             spec.sliding_layers = vec![spec.sliding_window.is_some(); num_layers];
@@ -784,6 +805,7 @@ impl ModelSpec {
             Family::Qwen35Moe => qwen3_5_moe::tensors(&spec),
             Family::KimiLinear => kimi_linear::tensors(&spec),
             Family::Glm5Next => glm5_next::tensors(&spec),
+            Family::DeepseekV4 => deepseek_v4::tensors(&spec),
         };
         Ok(spec)
     }
@@ -1090,7 +1112,8 @@ pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 pub fn layer_of(name: &str) -> Option<u32> {
     let rest = name
         .strip_prefix("model.layers.")
-        .or_else(|| name.strip_prefix("model.llm.layers."))?;
+        .or_else(|| name.strip_prefix("model.llm.layers."))
+        .or_else(|| name.strip_prefix("layers."))?;
     let (num, _) = rest.split_once('.')?;
     num.parse().ok()
 }
@@ -1160,6 +1183,7 @@ pub(crate) mod build {
             },
             mtp,
             final_query: None,
+            hyper_head: None,
         }
     }
 
@@ -1219,6 +1243,7 @@ pub(crate) mod build {
     ) -> FfnSpec {
         let p = format!("model.layers.{i}.{block}");
         FfnSpec::Moe(MoeSpec {
+            hash_table: None,
             router: TensorSpec::new(
                 format!("{p}.gate.weight"),
                 &[spec.num_experts, spec.hidden_size],

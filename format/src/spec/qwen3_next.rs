@@ -367,6 +367,7 @@ fn hybrid_layer(
     let m = format!("{p}.mlp");
     let ffn = if kind.moe {
         FfnSpec::Moe(MoeSpec {
+            hash_table: None,
             router: TensorSpec::new(
                 format!("{m}.gate.weight"),
                 &[s.num_experts, h],

@@ -40,6 +40,9 @@ pub enum TensorKind {
     /// `hc_*_scale`; GLM-5.3-Flash's k-pool indexer `index_kpool_compress_{gate,ape}`): small
     /// tensors read in f32 and kept in the source precision (transformers keeps most in f32).
     Mixing,
+    /// An integer lookup table (DeepSeek-V4's hash router `ffn.gate.tid2eid` `[vocab, top_k]`,
+    /// I64 expert ids): stored as f32 values, which hold every id below 2^24 exactly.
+    Lookup,
 }
 
 /// Which block of a main layer a dense linear weight belongs to: the converter chooses an
@@ -294,6 +297,67 @@ pub enum AttentionSpec {
     },
     /// Inkling 2's attention block with the layer's other parts ([`Inkling2AttentionSpec`]).
     Inkling2(Box<Inkling2AttentionSpec>),
+    /// DeepSeek-V4's attention ([`DeepseekV4AttentionSpec`]).
+    DeepseekV4(Box<DeepseekV4AttentionSpec>),
+}
+
+/// A DeepSeek-V4 compressor (`attn.compressor` or the indexer's `attn.indexer.compressor`;
+/// transformers 5.25 `DeepseekV4HCACompressor` / `DeepseekV4CSACompressor`): each position's
+/// `wkv` and `wgate` rows, pooled per block of `rate` positions by a softmax over the block
+/// (per channel, gate plus `ape`), normalized by `norm` and rotated at the block's first
+/// position. `w` is the pooled width: the head dimension, doubled on overlapping (CSA) layers,
+/// whose entry pools the previous block's first half with its own block's second half.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompressorSpec {
+    /// `wkv.weight` `[w, H]`.
+    pub kv: LinearSpec,
+    /// `wgate.weight` `[w, H]`.
+    pub gate: LinearSpec,
+    /// `ape` `[rate, w]` (f32 as published): the gate's offset per slot of a block.
+    pub ape: TensorSpec,
+    /// `norm.weight` `[head_dim]`: the RMSNorm of a pooled entry.
+    pub norm: TensorSpec,
+}
+
+/// The lightning indexer of a DeepSeek-V4 CSA layer (`attn.indexer`, `DeepseekV4Indexer`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeepseekV4IndexerSpec {
+    /// `wq_b.weight` `[index_heads * index_head_dim, q_lora_rank]`: its queries, from the
+    /// attention's normalized q latent.
+    pub q_b: LinearSpec,
+    /// `weights_proj.weight` `[index_heads, H]`: each head's weight per token.
+    pub weights: LinearSpec,
+    /// Its compressor (`attn.indexer.compressor`, pooled width `2 * index_head_dim`).
+    pub compressor: CompressorSpec,
+}
+
+/// One DeepSeek-V4 attention block (`layers.{i}.attn`, transformers 5.25
+/// `DeepseekV4Attention`; names as released): a q LoRA, one shared key-value head, a sink per
+/// head, a grouped low-rank output, and on compressed layers the compressor (and the CSA
+/// layers' indexer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeepseekV4AttentionSpec {
+    /// `wq_a.weight` `[q_lora_rank, H]`.
+    pub q_a: LinearSpec,
+    /// `q_norm.weight` `[q_lora_rank]`.
+    pub q_norm: TensorSpec,
+    /// `wq_b.weight` `[heads * head_dim, q_lora_rank]`.
+    pub q_b: LinearSpec,
+    /// `wkv.weight` `[head_dim, H]`: the one key-value head (keys and values are the same rows).
+    pub kv: LinearSpec,
+    /// `kv_norm.weight` `[head_dim]`.
+    pub kv_norm: TensorSpec,
+    /// `wo_a.weight` `[o_groups * o_lora_rank, heads * head_dim / o_groups]`: group `g`'s rows
+    /// `g * o_lora_rank..` project its heads.
+    pub o_a: LinearSpec,
+    /// `wo_b.weight` `[H, o_groups * o_lora_rank]`.
+    pub o_b: LinearSpec,
+    /// `attn_sink` `[heads]` (f32 as published).
+    pub sinks: TensorSpec,
+    /// The compressor of a CSA or HCA layer (None on sliding layers).
+    pub compressor: Option<CompressorSpec>,
+    /// The indexer of a CSA layer.
+    pub indexer: Option<DeepseekV4IndexerSpec>,
 }
 
 /// A key or value short convolution of an Inkling 2 layer.
@@ -609,6 +673,9 @@ pub struct MoeSpec {
     pub shared_gate: Option<TensorSpec>,
     /// The routed experts.
     pub experts: ExpertsSpec,
+    /// DeepSeek-V4's hash-routed layers: `ffn.gate.tid2eid` `[vocab, top_k]`, the experts of
+    /// each token id (the router weight only weighs them).
+    pub hash_table: Option<TensorSpec>,
 }
 
 /// A gated delta rule layer's tensors, with `Hk` key heads of `dk`, `Hv` value heads of `dv`
@@ -781,6 +848,10 @@ pub struct ModelTensors {
     /// The attention-residual query of the output (Inkling 2's `model.llm.attn_res.output_query`
     /// `[H]`), None elsewhere.
     pub final_query: Option<TensorSpec>,
+    /// The weighted collapse of the residual streams before the final norm (DeepSeek-V4's
+    /// `hc_head_fn` `[N, N H]`, `hc_head_base` `[N]`, `hc_head_scale` `[1]`); None: one stream,
+    /// or the streams' mean (GLM-5.3-Flash).
+    pub hyper_head: Option<HyperConnSpec>,
 }
 
 fn push_linear<'a>(out: &mut Vec<&'a TensorSpec>, l: &'a LinearSpec) {
@@ -848,6 +919,26 @@ impl LayerSpec {
                 }
                 out.extend([&a.rel_proj, &a.out_conv, &a.mlp_query, &a.mlp_out_conv]);
             }
+            AttentionSpec::DeepseekV4(a) => {
+                push_linear(&mut out, &a.q_a);
+                out.push(&a.q_norm);
+                push_linear(&mut out, &a.q_b);
+                push_linear(&mut out, &a.kv);
+                out.push(&a.kv_norm);
+                push_linear(&mut out, &a.o_a);
+                push_linear(&mut out, &a.o_b);
+                out.push(&a.sinks);
+                let ix = a.indexer.as_ref();
+                for c in a.compressor.iter().chain(ix.map(|i| &i.compressor)) {
+                    push_linear(&mut out, &c.kv);
+                    push_linear(&mut out, &c.gate);
+                    out.extend([&c.ape, &c.norm]);
+                }
+                if let Some(i) = ix {
+                    push_linear(&mut out, &i.q_b);
+                    push_linear(&mut out, &i.weights);
+                }
+            }
             AttentionSpec::GatedDeltaNet(a) => {
                 for l in a.input.linears() {
                     push_linear(&mut out, l);
@@ -894,6 +985,7 @@ impl LayerSpec {
                 out.push(&m.router);
                 out.extend(m.router_logit_bias.as_ref());
                 out.extend(m.router_bias.as_ref());
+                out.extend(m.hash_table.as_ref());
                 if let Some(s) = &m.shared {
                     push_mlp(&mut out, s);
                 }
@@ -947,6 +1039,22 @@ impl LayerSpec {
                     add(l, LinearRole::Attention);
                 }
                 add(&a.out, LinearRole::Attention);
+            }
+            AttentionSpec::DeepseekV4(a) => {
+                for l in [&a.q_a, &a.q_b, &a.kv, &a.o_a, &a.o_b] {
+                    add(l, LinearRole::Attention);
+                }
+                // The compressors' projections ship in BF16 in the FP8 release (transformers'
+                // `_keep_in_fp32_modules`): kept as published, like the indexer's weights.
+                let ix = a.indexer.as_ref();
+                for c in a.compressor.iter().chain(ix.map(|i| &i.compressor)) {
+                    add(&c.kv, LinearRole::IndexerWeights);
+                    add(&c.gate, LinearRole::IndexerWeights);
+                }
+                if let Some(i) = ix {
+                    add(&i.q_b, LinearRole::Indexer);
+                    add(&i.weights, LinearRole::IndexerWeights);
+                }
             }
             AttentionSpec::Mla {
                 q,
@@ -1050,6 +1158,9 @@ impl ModelTensors {
             out.extend(l.dense());
         }
         out.extend(self.final_query.as_ref());
+        if let Some(hh) = &self.hyper_head {
+            out.extend([&hh.proj, &hh.base, &hh.scale]);
+        }
         out.extend([&self.final_norm, &self.lm_head]);
         out
     }
