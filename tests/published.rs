@@ -328,7 +328,9 @@ fn tensor_bytes(name: &str, dtype: &str, shape: &[usize]) -> Vec<u8> {
             })
             .collect(),
         "U8" if name.ends_with("_scales") => (0..n).map(|_| 121 + (r.next() % 4) as u8).collect(),
-        "U8" => (0..n).map(|_| r.next() as u8).collect(),
+        "U8" | "I8" => (0..n).map(|_| r.next() as u8).collect(),
+        // e8m0 block scales near 2^-4.
+        "F8_E8M0" => (0..n).map(|_| 121 + (r.next() % 4) as u8).collect(),
         other => panic!("{name}: dtype {other} is not generated"),
     }
 }
@@ -399,6 +401,18 @@ pub fn write_replica_of(listing: Listing, dir: &Path, shards: usize) -> Replica 
                 return s.iter().map(|d| d.div_ceil(128)).collect();
             }
         }
+        // DeepSeek-V4's `.scale` beside a `.weight`: 128x128 blocks of an FP8 weight, one
+        // e8m0 per 32 columns of a row of an FP4 (I8) one.
+        if let Some(stem) = canonical.strip_suffix(".scale") {
+            let w = format!("{stem}.weight");
+            if let (Some(s), Some(dt)) = (shapes.get(&w), listing.tensors.get(&w)) {
+                match (dt.as_str(), &s[..]) {
+                    ("F8_E4M3", _) => return s.iter().map(|d| d.div_ceil(128)).collect(),
+                    ("I8", [r, c]) => return vec![*r, c / 32],
+                    _ => {}
+                }
+            }
+        }
         unknown.push(name.to_string());
         vec![8]
     };
@@ -411,8 +425,23 @@ pub fn write_replica_of(listing: Listing, dir: &Path, shards: usize) -> Replica 
         let mut header = serde_json::Map::new();
         let mut data = Vec::new();
         for (name, dtype) in chunk {
-            let shape = shape_of(name, &mut unknown);
-            let bytes = tensor_bytes(name, dtype, &shape);
+            let mut shape = shape_of(name, &mut unknown);
+            let bytes = match dtype.as_str() {
+                // FP4 codes, two per byte: the spec's [rows, cols] is [rows, cols / 2] bytes.
+                "I8" if shape.len() == 2 => {
+                    shape = vec![shape[0], shape[1] / 2];
+                    tensor_bytes(name, dtype, &shape)
+                }
+                // A hash router's table: `top_k` distinct expert ids per token id.
+                "I64" => {
+                    let (rows, k) = (shape[0], shape.get(1).copied().unwrap_or(1));
+                    (0..rows * k)
+                        .map(|i| (((i / k) * k + i % k) % spec.num_experts.max(1)) as i64)
+                        .flat_map(i64::to_le_bytes)
+                        .collect()
+                }
+                _ => tensor_bytes(name, dtype, &shape),
+            };
             header.insert(
                 (*name).clone(),
                 json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}),

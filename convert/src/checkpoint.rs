@@ -272,14 +272,40 @@ impl Checkpoint {
     }
 
     /// Whether the checkpoint holds block-FP8 weights: an F8_E4M3 tensor with its 128x128
-    /// `_scale_inv` (the published FP8 layout `--dense fp8` keeps). MXFP8 experts (U8 `_scale`
-    /// per 32 columns) are not: their dense tensors are high precision.
+    /// block scale ([`Checkpoint::scale_of`]: the published FP8 layout `--dense fp8` keeps).
+    /// MXFP8 experts (U8 `_scale` per 32 columns) are not: their dense tensors are high
+    /// precision.
     pub fn has_block_fp8(&self) -> bool {
         self.tensors.keys().any(|name| {
             self.get(name)
                 .is_some_and(|(_, info)| info.dtype == crate::safetensors::Dtype::F8E4M3)
-                && self.has(&format!("{name}_scale_inv"))
+                && self.scale_of(name).is_some()
         })
+    }
+
+    /// The block-scale companion the checkpoint holds for weight `name`: `{name}_scale_inv`
+    /// (the FP8 layout of DeepSeek-V3 and most releases: inverse scales in F32/BF16), else the
+    /// `{stem}.scale` of a `{stem}.weight` (DeepSeek-V4's FP8 and FP4 weights: F8_E8M0 powers of
+    /// two).
+    pub fn scale_of(&self, name: &str) -> Option<String> {
+        let inv = format!("{name}_scale_inv");
+        if self.has(&inv) {
+            return Some(inv);
+        }
+        let scale = format!("{}.scale", name.strip_suffix(".weight")?);
+        self.has(&scale).then_some(scale)
+    }
+
+    /// The weight whose block-scale companion tensor `name` is ([`Checkpoint::scale_of`]): a
+    /// `{stem}.scale` beside an F8_E4M3 or I8 `{stem}.weight`. None for anything else (a
+    /// `_scale_inv` is checked on its own; a `.scale` of a model's own, such as Inkling 2's
+    /// `q_l2_clip.scale`, has no such weight).
+    pub fn weight_of_scale(&self, name: &str) -> Option<String> {
+        use crate::safetensors::Dtype;
+        let w = format!("{}.weight", name.strip_suffix(".scale")?);
+        self.get(&w)
+            .is_some_and(|(_, i)| matches!(i.dtype, Dtype::F8E4M3 | Dtype::I8))
+            .then_some(w)
     }
 }
 

@@ -85,8 +85,8 @@ pub fn resolve_storage(ck: &Checkpoint, set: &ExpertsSpec) -> ExpertStorage {
 }
 
 /// `--experts auto`: the encoding a store keeps `ck`'s routed experts in bit for bit when its
-/// tensors hold them in one (gpt-oss's MXFP4 blocks: mxfp4; Inkling 2's MXFP8 codes with their
-/// scales: mxfp8), else int4-g64. The tensors decide ([`resolve_storage`]), whatever
+/// tensors hold them in one (gpt-oss's MXFP4 blocks and DeepSeek-V4's FP4 experts: mxfp4;
+/// Inkling 2's MXFP8 codes with their scales: mxfp8), else int4-g64. The tensors decide ([`resolve_storage`]), whatever
 /// config.json declares: a dequantized re-release that kept its `quantization_config` gets
 /// int4-g64, a re-upload whose config lost it still keeps its MXFP8 experts.
 pub fn auto_experts(ck: &Checkpoint) -> Encoding {
@@ -94,6 +94,14 @@ pub fn auto_experts(ck: &Checkpoint) -> Encoding {
         match resolve_storage(ck, set) {
             ExpertStorage::FusedMxfp4 => return Encoding::Mxfp4,
             ExpertStorage::FusedW13Mxfp8 => return Encoding::Mxfp8,
+            // DeepSeek-V4's FP4 experts: MXFP4's bits, one tensor per matrix.
+            ExpertStorage::PerExpert(_)
+                if ck
+                    .get(&set.tensor_names(0)[0])
+                    .is_some_and(|(_, i)| i.dtype == crate::safetensors::Dtype::I8) =>
+            {
+                return Encoding::Mxfp4
+            }
             _ => {}
         }
     }

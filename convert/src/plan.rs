@@ -226,17 +226,23 @@ pub fn source_matrix<'a>(
     // product of rows of the last one, as the store keeps them (coli_format::matrix_dims).
     let (rows, cols) = coli_format::matrix_dims(&info.shape).unwrap_or((1, 1));
     let mut regions = vec![(shard, info)];
+    if info.dtype == Dtype::I8 {
+        return fp4_source(ck, name, shard, info).map(|(m, scale)| {
+            regions.push(scale);
+            (m, regions)
+        });
+    }
     let scales = if info.dtype == Dtype::F8E4M3 {
-        let sname_owned = format!("{name}_scale_inv");
-        let Some((sk, si)) = ck.get(&sname_owned) else {
+        let Some(sname_owned) = ck.scale_of(name) else {
             return Err(terr(
                 name,
                 format!(
-                    "is F8_E4M3 ({}) but its block scale {sname_owned} is missing",
+                    "is F8_E4M3 ({}) but its block scale {name}_scale_inv (or .scale) is missing",
                     shard.name
                 ),
             ));
         };
+        let (sk, si) = ck.get(&sname_owned).expect("scale_of found it");
         let sname: &'a str = ck.tensors.get_key_value(&sname_owned).expect("present").0;
         let (br, bc) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
         let ok_shape = si.shape == [br, bc] || (info.shape.len() == 1 && si.shape == [bc]);
@@ -249,11 +255,15 @@ pub fn source_matrix<'a>(
                 ),
             ));
         }
-        if si.dtype == Dtype::F8E4M3 {
+        if !matches!(
+            si.dtype,
+            Dtype::F32 | Dtype::Bf16 | Dtype::F16 | Dtype::F8E8M0
+        ) {
             return Err(terr(
                 sname,
                 format!(
-                    "scale dtype F8_E4M3 ({}); expected F32, BF16 or F16",
+                    "scale dtype {} ({}); expected F32, BF16, F16 or F8_E8M0",
+                    si.dtype.name(),
                     sk.name
                 ),
             ));
@@ -346,6 +356,15 @@ fn dense_target(
                 format!("is U8 in {shard}: only MXFP4 expert blocks and scales may be U8"),
             ))
         }
+        Dtype::I8 | Dtype::F8E8M0 => {
+            return Err(terr(
+                &t.name,
+                format!(
+                    "is {} in {shard}: only FP4 experts (I8) and block scales (F8_E8M0) have this dtype",
+                    src.name()
+                ),
+            ))
+        }
         Dtype::I64 if t.kind == TensorKind::Lookup => Encoding::F32,
         Dtype::I64 => {
             return Err(terr(
@@ -417,6 +436,96 @@ fn dense_target(
 /// Builds and checks the plan against the model spec (`coli_format::spec`): every tensor the
 /// model needs is present with the spec's shape, an MTP layer is present whole or not at all,
 /// dtypes and FP8 scales are consistent, scales are finite, fp8 targets have FP8 sources.
+/// An FP4 expert matrix as DeepSeek-V4 publishes it: `{stem}.weight` I8 `[rows, cols / 2]`
+/// (two e2m1 codes per byte, low nibble first) with `{stem}.scale` F8_E8M0 (or U8)
+/// `[rows, cols / 32]`: MXFP4's bits, row by row (FORMAT.md section 6). The source matrix is
+/// `rows x cols` (logical), dtype I8, its scale the e8m0 bytes.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] naming the weight or its scale: no scale, a shape or dtype that
+/// does not pair up, an e8m0 NaN scale (0xFF).
+#[allow(clippy::type_complexity)]
+fn fp4_source<'a>(
+    ck: &'a Checkpoint,
+    name: &'a str,
+    shard: &'a crate::safetensors::Shard,
+    info: &'a crate::safetensors::TensorInfo,
+) -> Result<(
+    SourceMatrix<'a>,
+    (
+        &'a crate::safetensors::Shard,
+        &'a crate::safetensors::TensorInfo,
+    ),
+)> {
+    let [rows, packed] = info.shape[..] else {
+        return Err(terr(
+            name,
+            format!(
+                "is I8 {:?} in {}: an FP4 matrix is [rows, cols / 2]",
+                info.shape, shard.name
+            ),
+        ));
+    };
+    let cols = 2 * packed;
+    let Some(sname_owned) = ck.scale_of(name).filter(|s| s.ends_with(".scale")) else {
+        return Err(terr(
+            name,
+            format!(
+                "is I8 (FP4 codes) in {} but its e8m0 scale {}.scale is missing",
+                shard.name,
+                name.trim_end_matches(".weight")
+            ),
+        ));
+    };
+    let (sk, si) = ck.get(&sname_owned).expect("scale_of found it");
+    let sname: &'a str = ck.tensors.get_key_value(&sname_owned).expect("present").0;
+    if !cols.is_multiple_of(32)
+        || si.shape != [rows, cols / 32]
+        || !matches!(si.dtype, Dtype::F8E8M0 | Dtype::U8)
+    {
+        return Err(terr(
+            sname,
+            format!(
+                "is {} {:?} ({}); the FP4 weight {name} {:?} needs F8_E8M0 [{rows}, {}] (one scale per 32 columns)",
+                si.dtype.name(),
+                si.shape,
+                sk.name,
+                info.shape,
+                cols / 32
+            ),
+        ));
+    }
+    let data = sk.data(si);
+    if let Some(k) = data.iter().position(|&b| b == 0xFF) {
+        return Err(terr(
+            sname,
+            format!(
+                "e8m0 scale [{}, {}] ({}) is the NaN code 0xFF",
+                k / (cols / 32),
+                k % (cols / 32),
+                sk.name
+            ),
+        ));
+    }
+    Ok((
+        SourceMatrix {
+            name,
+            file: &shard.path,
+            dtype: Dtype::I8,
+            rows,
+            cols,
+            data: shard.data(info),
+            scales: Some(ScaleSource {
+                name: sname,
+                file: &sk.path,
+                dtype: si.dtype,
+                data,
+            }),
+        },
+        (sk, si),
+    ))
+}
+
 /// Tensors the model does not read are not converted ([`Plan::unused`]), so that the store
 /// holds exactly what the engine loads.
 ///
@@ -617,7 +726,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
             continue;
         }
-        if matches!(encoding, Encoding::Mxfp4 | Encoding::Mxfp8) {
+        let fp4 = ck
+            .get(&set.tensor_names(0)[0])
+            .is_some_and(|(_, i)| i.dtype == Dtype::I8);
+        if encoding == Encoding::Mxfp8 || (encoding == Encoding::Mxfp4 && !fp4) {
             let n = set.tensor_names(0)[0].clone();
             let name = encoding.name();
             let upper = name.to_uppercase();
@@ -639,12 +751,28 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                         ),
                     ));
                 };
-                if info.shape != t.shape {
+                // FP4 experts (I8) hold two codes per byte.
+                let want = if info.dtype == Dtype::I8 {
+                    vec![t.shape[0], t.shape[1] / 2]
+                } else {
+                    t.shape.clone()
+                };
+                if info.shape != want {
                     return Err(terr(
                         n,
                         format!(
                             "shape {:?} in {}, expected {:?} (hidden_size {}, intermediate size {} from config.json)",
-                            info.shape, shard.name, t.shape, set.hidden, set.intermediate
+                            info.shape, shard.name, want, set.hidden, set.intermediate
+                        ),
+                    ));
+                }
+                if encoding == Encoding::Mxfp4 && info.dtype != Dtype::I8 {
+                    return Err(terr(
+                        n,
+                        format!(
+                            "is {} in {}, not FP4; the mxfp4 encoding keeps MXFP4 / FP4 experts only (copied as published): choose int4-g64, int8 or bf16 for experts",
+                            info.dtype.name(),
+                            shard.name
                         ),
                     ));
                 }
@@ -679,6 +807,10 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         }
         let shard = &ck.shards[si];
         let info = &shard.tensors[name];
+        if ck.weight_of_scale(name).is_some() {
+            // A `.scale` companion (DeepSeek-V4): read with its weight.
+            continue;
+        }
         if let Some(w) = name.strip_suffix("_scale_inv") {
             match ck.get(w) {
                 Some((_, wi)) if wi.dtype == Dtype::F8E4M3 => continue,

@@ -114,6 +114,17 @@ pub(crate) fn decode(dtype: Dtype, data: &[u8], i: usize) -> f32 {
             let b: [u8; 8] = data[8 * i..8 * i + 8].try_into().expect("8 bytes");
             i64::from_le_bytes(b) as f32
         }
+        Dtype::I8 => data[i] as i8 as f32,
+        Dtype::F8E8M0 => e8m0_to_f32(data[i]),
+    }
+}
+
+/// An e8m0 code as f32: `2^(code - 127)`, exact (code 0 is the subnormal 2^-127); 0xFF is NaN.
+pub fn e8m0_to_f32(code: u8) -> f32 {
+    match code {
+        0xFF => f32::NAN,
+        0 => f32::from_bits(0x0040_0000),
+        c => f32::from_bits((c as u32) << 23),
     }
 }
 
@@ -222,12 +233,71 @@ struct RowOut {
     bad: Option<usize>,
 }
 
+/// An FP4 source (DeepSeek-V4's experts: I8 codes `[rows, cols / 2]`, e8m0 scales per 32
+/// columns; `plan::source_matrix` checked the shapes and NaN scales) into `enc`: the bits as
+/// published for mxfp4, else each row decoded exactly by MXFP4's reference decode (FORMAT.md
+/// section 6) and encoded as an f32 source.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] for a missing or misshapen scale, or an encoding that keeps only
+/// its own sources (fp8, mxfp8, ggml).
+fn encode_fp4(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, ErrStats)> {
+    let (rows, cols) = (src.rows, src.cols);
+    let scales = src.scales.as_ref().map_or(&[][..], |s| s.data);
+    let Ok(view) = MatrixView::from_sections(Encoding::Mxfp4, rows, cols, src.data, scales) else {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!(
+                "FP4 codes of {} bytes with {} scale bytes do not make a [{rows}, {cols}] matrix (cols / 2 and cols / 32 per row)",
+                src.data.len(),
+                scales.len()
+            ),
+        });
+    };
+    if enc == Encoding::Mxfp4 {
+        let mut em = EncodedMatrix::new(enc, rows, cols, src.data.to_vec(), vec![]);
+        em.e8m0_scales = scales.to_vec();
+        return Ok((em, ErrStats::default()));
+    }
+    if matches!(enc, Encoding::Fp8 | Encoding::Mxfp8 | Encoding::Ggml(_)) {
+        return Err(ConvertError::Tensor {
+            tensor: src.name.to_string(),
+            what: format!(
+                "is FP4 (I8 codes) in {}; the {} encoding keeps its own sources only: choose mxfp4 (lossless), int4-g64, int8 or bf16 for experts",
+                src.file.display(),
+                enc.name()
+            ),
+        });
+    }
+    let mut row = vec![0f32; cols];
+    let mut f = Vec::with_capacity(rows * cols * 4);
+    for r in 0..rows {
+        view.dequantize_row(r, &mut row);
+        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    encode(
+        &SourceMatrix {
+            name: src.name,
+            file: src.file,
+            dtype: Dtype::F32,
+            rows,
+            cols,
+            data: &f,
+            scales: None,
+        },
+        enc,
+    )
+}
+
 /// Encodes `src` into `enc` and measures the quantization error.
 ///
 /// # Errors
 /// [`ConvertError::Tensor`] when `enc` is fp8 and the source is not F8_E4M3, or a scale is
 /// missing/misshapen; [`ConvertError::NonFinite`] for NaN/Inf values (first in row order).
 pub fn encode(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, ErrStats)> {
+    if src.dtype == Dtype::I8 {
+        return encode_fp4(src, enc);
+    }
     let (rows, cols) = (src.rows, src.cols);
     let expect = rows * cols * src.dtype.size();
     if src.data.len() != expect {

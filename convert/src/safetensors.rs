@@ -42,6 +42,12 @@ pub enum Dtype {
     /// `I64`: little-endian signed 64-bit integers; only lookup tables (DeepSeek-V4's
     /// `tid2eid`) are read as I64, stored as exact f32 values.
     I64,
+    /// `I8`: raw bytes; only DeepSeek-V4's FP4 experts (two e2m1 codes per byte, low nibble
+    /// first, `[rows, cols / 2]`) are read as I8.
+    I8,
+    /// `F8_E8M0`: a power of two `2^(code - 127)` (0xFF: NaN), 1 byte: block scales
+    /// (DeepSeek-V4's `.scale` of its FP8 and FP4 weights).
+    F8E8M0,
 }
 
 impl Dtype {
@@ -54,6 +60,8 @@ impl Dtype {
             "F32" => Dtype::F32,
             "U8" => Dtype::U8,
             "I64" => Dtype::I64,
+            "I8" => Dtype::I8,
+            "F8_E8M0" => Dtype::F8E8M0,
             _ => return None,
         })
     }
@@ -61,7 +69,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::F8E4M3 | Dtype::U8 => 1,
+            Dtype::F8E4M3 | Dtype::U8 | Dtype::I8 | Dtype::F8E8M0 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::I64 => 8,
@@ -77,6 +85,8 @@ impl Dtype {
             Dtype::F32 => "F32",
             Dtype::U8 => "U8",
             Dtype::I64 => "I64",
+            Dtype::I8 => "I8",
+            Dtype::F8E8M0 => "F8_E8M0",
         }
     }
 }
@@ -311,7 +321,7 @@ fn parse_header(
             .ok_or_else(|| bad("missing string field \"dtype\"".into()))?;
         let dtype = Dtype::parse(dtype_s).ok_or_else(|| {
             bad(format!(
-                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32, U8 MXFP4 blocks and I64 lookup tables)"
+                "unsupported dtype {dtype_s} (coli-convert reads F8_E4M3, BF16, F16, F32, U8 MXFP4 blocks, I8 FP4 experts, F8_E8M0 scales and I64 lookup tables)"
             ))
         })?;
         let shape: Vec<u64> = entry

@@ -39,10 +39,10 @@ fn replica_runs_listing(
     );
     let cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(r.dir.join("config.json")).unwrap()).unwrap();
-    let experts = if coli_format::spec::gpt_oss::declares_mxfp4(&cfg) {
-        Encoding::Mxfp4
-    } else {
-        Encoding::Int4 { group_size: 64 }
+    // Experts published as MXFP4 / FP4 are kept as published (what `--experts auto` picks).
+    let experts = match coli_format::spec::declared_expert_encoding(&cfg) {
+        Some(Encoding::Mxfp4) => Encoding::Mxfp4,
+        _ => Encoding::Int4 { group_size: 64 },
     };
     let out = tmp.join("store");
     let report = coli_convert::run(&Options {
@@ -328,3 +328,16 @@ fn glm_5_3_flash_as_published() {
     assert_eq!(m.expert_layers.len(), 42);
     assert_eq!(m.expert_layers[0].layer, 3);
 }
+
+/// DeepSeek-V4-Flash as released: FP8 attention and shared experts with F8_E8M0 `.scale`
+/// blocks of 128x128, FP4 routed experts (I8 codes with an e8m0 scale per 32 columns) kept bit
+/// for bit as mxfp4 records, I64 `tid2eid` tables on the three hash-routed layers, compressors
+/// on the CSA and HCA layers and the indexer on the CSA ones, hyper-connections everywhere; the
+/// MTP layer mtp.0 listed as not converted.
+#[test]
+fn deepseek_v4_flash_replica_runs() {
+    let m = replica_runs("deepseek-v4-flash");
+    assert_eq!(m.expert_layers.len(), 43);
+    assert_eq!(m.family, "deepseek_v4");
+}
+

@@ -174,6 +174,22 @@ impl DeepseekV4Spec {
     }
 }
 
+/// Whether a DeepSeek-V4 config.json declares FP4 routed experts (`expert_dtype` `fp4`, at the
+/// top level as released or inside `quantization_config`, where transformers moves it): e2m1
+/// codes with e8m0 scales per 32 columns, MXFP4's bits.
+pub fn declares_fp4(config: &Value) -> bool {
+    config.get("model_type").and_then(Value::as_str) == Some("deepseek_v4")
+        && [
+            config.get("expert_dtype"),
+            config
+                .get("quantization_config")
+                .and_then(|q| q.get("expert_dtype")),
+        ]
+        .into_iter()
+        .flatten()
+        .any(|v| v.as_str() == Some("fp4"))
+}
+
 fn layer_kinds(f: &Fields<'_>, n: usize) -> Result<Vec<V4Attention>, FormatError> {
     let pre = f.prefix;
     let kind = |t: &str| {

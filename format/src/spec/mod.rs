@@ -48,10 +48,11 @@ pub use tensors::*;
 
 /// The encoding config.json declares its routed experts published in, which a store keeps bit
 /// for bit (`coli-convert --experts auto` chooses it): mxfp4 for gpt-oss's MXFP4 experts
-/// (`quantization_config.quant_method` `mxfp4`), mxfp8 for Inkling 2's MXFP8 experts
+/// (`quantization_config.quant_method` `mxfp4`) and DeepSeek-V4's FP4 experts
+/// (`expert_dtype` `fp4`: MXFP4's bits), mxfp8 for Inkling 2's MXFP8 experts
 /// (`weight_block_size` `[1, 32]`); None otherwise.
 pub fn declared_expert_encoding(config: &Value) -> Option<crate::Encoding> {
-    if gpt_oss::declares_mxfp4(config) {
+    if gpt_oss::declares_mxfp4(config) || deepseek_v4::declares_fp4(config) {
         Some(crate::Encoding::Mxfp4)
     } else if inkling2::declares_mxfp8(config) {
         Some(crate::Encoding::Mxfp8)
