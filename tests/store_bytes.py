@@ -46,12 +46,22 @@ PARAMS = {
     "mxfp4": ["--experts", "mxfp4", "--dense", "bf16"],
     # Format version 5: MXFP8 experts kept as published (Inkling 2's -MXFP8 releases).
     "mxfp8": ["--experts", "mxfp8", "--dense", "bf16"],
+    # DeepSeek-V4's release: FP4 experts kept as mxfp4, FP8 dense (E8M0 block scales) as fp8.
+    "fp4-fp8": ["--experts", "mxfp4", "--dense", "fp8"],
 }
+
+# Fixtures whose experts are FP4 (I8 codes, e8m0 scales) and whose dense weights are FP8.
+FP4_EXPERTS = {"deepseek_v4_fp8"}
 
 
 def applicable(fixture, params):
     """fp8 targets need FP8 sources (the bf16 and gpt-oss fixtures have none); mxfp4 and mxfp8
-    targets need MXFP4 / MXFP8 sources (gpt_oss_mxfp4, inkling2_mxfp8)."""
+    targets need MXFP4 / MXFP8 sources (gpt_oss_mxfp4, inkling2_mxfp8; deepseek_v4_fp8's FP4
+    experts are MXFP4's bits, its dense weights FP8)."""
+    if fixture in FP4_EXPERTS:
+        return params[:2] != ["--experts", "fp8"] and "mxfp8" not in params
+    if params == PARAMS["fp4-fp8"]:
+        return False
     if "fp8" in params and not fixture.endswith("_fp8"):
         return False
     if "mxfp4" in params:

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 15] = [
+const FAMILIES: [&str; 16] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -27,6 +27,7 @@ const FAMILIES: [&str; 15] = [
     "kimi_linear_bf16",
     "glm5_next_bf16",
     "deepseek_v4_bf16",
+    "deepseek_v4_fp8",
 ];
 
 /// Converted stores by (fixture, variant): the temp dir (kept alive) and the store path.
@@ -328,7 +329,14 @@ fn glm5_next_long_prompt_runs_both_forms_and_matches_transformers() {
 /// its last 64 positions on is exact (a rollback), a stopped prefill rolls back exactly.
 #[test]
 fn deepseek_v4_long_prompt_matches_transformers_whatever_the_placement() {
-    let name = "deepseek_v4_bf16";
+    for name in ["deepseek_v4_bf16", "deepseek_v4_fp8"] {
+        deepseek_v4_long_prompt(name);
+    }
+}
+
+/// [`deepseek_v4_long_prompt_matches_transformers_whatever_the_placement`] of one fixture (the
+/// release layout's lossless store: FP4 experts as mxfp4, FP8 dense).
+fn deepseek_v4_long_prompt(name: &str) {
     let exp = expected(name);
     let dir = store_dir(name, "lossless_store");
     let prompt = ids(&exp["long_prompt_ids"]);

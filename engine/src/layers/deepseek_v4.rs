@@ -139,6 +139,54 @@ impl Compressor<'_> {
     }
 }
 
+/// The grouped output projection `wo_a` `[groups * rank, heads * head_dim / groups]`: group `g`'s
+/// rows `g * rank..(g + 1) * rank` project its heads' outputs (`DeepseekV4GroupedLinear`).
+pub enum GroupedLinear<'s> {
+    /// One view of each group's rows (every encoding but FP8 cut inside a block of 128 rows).
+    Views(Vec<Linear<'s>>),
+    /// The whole matrix, each group's input multiplied by all of it and its rows kept: FP8
+    /// whose group rows cut through its 128-row scale blocks (tiny models; the releases' rank
+    /// of 1024 cuts whole blocks). The same products, `groups` times the work.
+    Whole {
+        /// `wo_a`.
+        w: Linear<'s>,
+        /// Groups.
+        groups: usize,
+    },
+}
+
+impl GroupedLinear<'_> {
+    fn groups(&self) -> usize {
+        match self {
+            GroupedLinear::Views(v) => v.len(),
+            GroupedLinear::Whole { groups, .. } => *groups,
+        }
+    }
+
+    /// Rows per group.
+    fn rank(&self) -> usize {
+        match self {
+            GroupedLinear::Views(v) => v[0].rows(),
+            GroupedLinear::Whole { w, groups } => w.rows() / groups,
+        }
+    }
+
+    /// Group `g` of `n` rows `x` (`[n, cols]`) into `y` (`[n, rank]`).
+    fn forward(&self, g: usize, x: &[f32], n: usize, y: &mut [f32]) {
+        match self {
+            GroupedLinear::Views(v) => v[g].forward(x, n, y),
+            GroupedLinear::Whole { w, .. } => {
+                let (rows, rank) = (w.rows(), self.rank());
+                let mut full = vec![0f32; n * rows];
+                w.forward(x, n, &mut full);
+                for (o, f) in y.chunks_exact_mut(rank).zip(full.chunks_exact(rows)) {
+                    o.copy_from_slice(&f[g * rank..(g + 1) * rank]);
+                }
+            }
+        }
+    }
+}
+
 /// A CSA layer's lightning indexer.
 pub struct Indexer<'s> {
     /// `wq_b` `[heads * dim, q_lora_rank]`.
@@ -165,8 +213,8 @@ pub struct DeepseekV4Attention<'s> {
     pub kv: Linear<'s>,
     /// `kv_norm` `[head_dim]`.
     pub kv_norm: RmsNorm,
-    /// `wo_a`, one view per group of heads (`[o_lora_rank, heads * head_dim / groups]`).
-    pub o_a: Vec<Linear<'s>>,
+    /// `wo_a` by group of heads.
+    pub o_a: GroupedLinear<'s>,
     /// `wo_b` `[H, groups * o_lora_rank]`.
     pub o_b: Linear<'s>,
     /// `attn_sink`, f32 `[heads]`.
@@ -360,17 +408,17 @@ impl DeepseekV4Attention<'_> {
             rope_tail(o, cos, sin, -1.0);
         });
         // The grouped output projection.
-        let groups = self.o_a.len();
-        let (gin, gout) = (qd / groups, self.o_a[0].rows());
+        let groups = self.o_a.groups();
+        let (gin, gout) = (qd / groups, self.o_a.rank());
         let mut mid = vec![0f32; n * groups * gout];
         let mut xin = vec![0f32; n * gin];
         let mut y = vec![0f32; n * gout];
-        for (g, l) in self.o_a.iter().enumerate() {
+        for g in 0..groups {
             for r in 0..n {
                 xin[r * gin..(r + 1) * gin]
                     .copy_from_slice(&ctx[r * qd + g * gin..r * qd + (g + 1) * gin]);
             }
-            l.forward(&xin, n, &mut y);
+            self.o_a.forward(g, &xin, n, &mut y);
             for r in 0..n {
                 mid[r * groups * gout + g * gout..r * groups * gout + (g + 1) * gout]
                     .copy_from_slice(&y[r * gout..(r + 1) * gout]);

@@ -13,7 +13,7 @@
 //!   is loaded.
 
 use crate::error::{EngineError, Result};
-use crate::layers::deepseek_v4::{Compressor, DeepseekV4Attention, Indexer};
+use crate::layers::deepseek_v4::{Compressor, DeepseekV4Attention, GroupedLinear, Indexer};
 use crate::layers::{DecoderLayer, LayerHyper, Linear, Rope, SelfAttn};
 use crate::models::glm5_next::hyper_conn;
 use crate::models::{assemble_layers, load_ffn, Parts};
@@ -72,23 +72,23 @@ fn attention<'s>(
         )));
     };
     let o_a = w.linear(&a.o_a)?;
-    let o_a = (0..v.o_groups)
+    let views: Option<Vec<Linear<'s>>> = (0..v.o_groups)
         .map(|g| {
             let (r0, r1) = (g * v.o_lora_rank, (g + 1) * v.o_lora_rank);
-            let view = o_a.w.row_range(r0, r1).ok_or_else(|| {
-                EngineError::Invalid(format!(
-                    "{}: rows {r0}..{r1} (output group {g}) cannot be cut from its {:?} encoding (FP8 blocks of 128 rows)",
-                    o_a.name,
-                    o_a.w.encoding()
-                ))
-            })?;
-            Ok(Linear {
+            Some(Linear {
                 name: format!("{} (group {g})", o_a.name),
-                w: view,
+                w: o_a.w.row_range(r0, r1)?,
                 bias: None,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
+    let o_a = match views {
+        Some(v) => GroupedLinear::Views(v),
+        None => GroupedLinear::Whole {
+            w: o_a,
+            groups: v.o_groups,
+        },
+    };
     let indexer = match &a.indexer {
         Some(ix) => Some(Indexer {
             q_b: w.linear(&ix.q_b)?,
