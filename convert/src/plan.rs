@@ -848,6 +848,9 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         let role = roles.get(name.as_str()).copied();
         let (encoding, class) =
             dense_target(t, role, info.dtype, enc, fp8_checkpoint, &shard.name)?;
+        if t.kind == TensorKind::Lookup {
+            check_expert_table(name, shard, info, spec.num_experts)?;
+        }
         dense.push(DenseItem {
             name: name.clone(),
             shape: info.shape.clone(),
@@ -912,6 +915,42 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         estimated_out,
         unused,
     })
+}
+
+/// A hash router's table (DeepSeek-V4's `ffn.gate.tid2eid`, `[vocab, top_k]`): every value an
+/// expert id below `experts` (a whole number whatever the dtype).
+///
+/// # Errors
+/// [`ConvertError::Tensor`] naming the table, the position and the value.
+fn check_expert_table(
+    name: &str,
+    shard: &crate::safetensors::Shard,
+    info: &crate::safetensors::TensorInfo,
+    experts: usize,
+) -> Result<()> {
+    let data = shard.data(info);
+    let cols = info.shape.last().copied().unwrap_or(1).max(1);
+    let n = data.len() / info.dtype.size();
+    for i in 0..n {
+        let v = crate::quant::decode(info.dtype, data, i);
+        if !(v >= 0.0 && v.fract() == 0.0 && (v as usize) < experts) {
+            let shown = match info.dtype {
+                Dtype::I64 => i64::from_le_bytes(data[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+                    .to_string(),
+                _ => v.to_string(),
+            };
+            return Err(terr(
+                name,
+                format!(
+                    "holds {shown} at [{}, {}] ({}): a hash router's entries are expert ids below n_routed_experts {experts}",
+                    i / cols,
+                    i % cols,
+                    shard.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every tensor name the spec knows (dense tensors of the main and MTP layers, every expert's).

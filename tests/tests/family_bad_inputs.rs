@@ -1,7 +1,6 @@
-//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling, Qwen3-Next, Qwen3.5 and
-//! Kimi-Linear fixtures (copies of tests/fixtures/tiny/{glm4_moe_fp8, minimax_m2_fp8,
-//! deepseek_v32_fp8, inkling_bf16, qwen3_next_bf16, qwen3_5_moe_bf16, kimi_linear_bf16} with one
-//! thing broken):
+//! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling, Inkling 2, Qwen3-Next, Qwen3.5,
+//! Kimi-Linear, GLM-5.3-Flash and DeepSeek-V4 fixtures (copies of tests/fixtures/tiny/<name> with
+//! one thing broken):
 //! a missing shard, config fields the family needs, shapes that disagree with config.json and
 //! config values the family cannot run are refused by `coli-convert`'s preflight with an error
 //! naming the file, field or tensor, and nothing is written (no store, no partial directory).
@@ -636,4 +635,155 @@ fn glm5_next_bad_inputs_are_refused_before_anything_is_written() {
         "model.language_model.layers.2.self_attn.indexer.index_kpool_compress_gate",
         &["model.language_model.layers.2.self_attn.indexer.index_kpool_compress_gate"],
     );
+}
+
+/// A copy of fixture `name` in `tmp/ckpt` with tensor `tensor`'s shape and bytes `edit`ed (the
+/// shard's header rewritten to match).
+fn with_tensor_edit(
+    name: &str,
+    tmp: &Path,
+    tensor: &str,
+    edit: impl Fn(&mut Vec<u64>, &mut Vec<u8>),
+) -> PathBuf {
+    let ck = with_config(name, tmp, |_| {});
+    for entry in std::fs::read_dir(&ck).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Map<String, Value> =
+            serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        if !header.contains_key(tensor) {
+            continue;
+        }
+        let data = &bytes[8 + n..];
+        let mut entries: Vec<(String, Value, Vec<u8>)> = header
+            .into_iter()
+            .filter(|(k, _)| k != "__metadata__")
+            .map(|(k, v)| {
+                let o = v["data_offsets"].as_array().unwrap();
+                let (a, b) = (o[0].as_u64().unwrap(), o[1].as_u64().unwrap());
+                let d = data[a as usize..b as usize].to_vec();
+                (k, v, d)
+            })
+            .collect();
+        let mut new_header = serde_json::Map::new();
+        let mut new_data = Vec::new();
+        for (k, mut v, mut d) in entries.drain(..) {
+            if k == tensor {
+                let mut shape: Vec<u64> = v["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
+                edit(&mut shape, &mut d);
+                v["shape"] = json!(shape);
+            }
+            v["data_offsets"] = json!([new_data.len(), new_data.len() + d.len()]);
+            new_data.extend_from_slice(&d);
+            new_header.insert(k, v);
+        }
+        let h = serde_json::to_vec(&Value::Object(new_header)).unwrap();
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&h);
+        out.extend_from_slice(&new_data);
+        std::fs::write(&p, out).unwrap();
+        return ck;
+    }
+    panic!("{name}: no tensor {tensor}");
+}
+
+/// DeepSeek-V4 as released (`deepseek_v4_fp8`: FP8 dense with E8M0 `.scale` blocks, FP4
+/// experts) and as BF16: compress rates, layer kinds, `hc_mult` or head shapes the tensors
+/// contradict, a missing hash table, scale or compressor, an FP4 scale of the wrong shape, an
+/// expert id outside the experts, an e8m0 NaN scale and unsupported config values are refused
+/// before anything is written, naming the field or tensor.
+#[test]
+fn deepseek_v4_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "deepseek_v4_fp8";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    // A compress rate the compressor's position offsets (`ape` [rate, w]) contradict.
+    config_refused(
+        n,
+        "compress_rates",
+        json!({"compressed_sparse_attention": 8, "heavily_compressed_attention": 8}),
+        &["layers.1.attn.compressor.ape", "expected"],
+    );
+    // Layer kinds the tensors contradict: layer 0 declared CSA has no compressor.
+    config_refused(
+        n,
+        "compress_ratios",
+        json!([4, 4, 128, 4, 0, 0]),
+        &["layers.0.attn.compressor", "missing"],
+    );
+    config_refused(
+        n,
+        "compress_ratios",
+        json!([0, 3, 128, 4, 0, 0]),
+        &["config.json", "compress_ratios"],
+    );
+    // A `hc_mult` the hyper-connections contradict; a head width the projections contradict.
+    config_refused(n, "hc_mult", json!(2), &["hc_head_base", "expected [2]"]);
+    config_refused(n, "head_dim", json!(16), &["layers.0.attn.", "expected"]);
+    // Unsupported or impossible config values, named.
+    config_refused(n, "num_key_value_heads", json!(2), &["num_key_value_heads"]);
+    config_refused(n, "scoring_func", json!("softmax"), &["scoring_func"]);
+    config_refused(n, "o_groups", json!(3), &["o_groups"]);
+    config_refused(n, "qk_rope_head_dim", json!(7), &["qk_rope_head_dim"]);
+    config_refused(n, "swiglu_limit", json!(0.0), &["swiglu_limit"]);
+    config_refused(n, "n_shared_experts", json!(2), &["n_shared_experts"]);
+    // More hash-routed layers than the tables: layer 2 has a selection bias, no table.
+    config_refused(
+        n,
+        "num_hash_layers",
+        json!(3),
+        &["layers.2.ffn.gate.tid2eid", "missing"],
+    );
+    // A missing hash table, FP8 block scale, FP4 scale.
+    for t in [
+        "layers.0.ffn.gate.tid2eid",
+        "layers.1.attn.compressor.wgate.weight",
+    ] {
+        tensor_missing_refused(n, t, &[t, "missing"]);
+    }
+    tensor_missing_refused(
+        n,
+        "layers.0.attn.wq_a.scale",
+        &["layers.0.attn.wq_a.weight", "block scale"],
+    );
+    tensor_missing_refused(
+        n,
+        "layers.3.ffn.experts.5.w2.scale",
+        &["layers.3.ffn.experts.5.w2.weight", "e8m0 scale"],
+    );
+    // An FP4 scale of the wrong shape (one scale per 64 columns instead of 32).
+    let tmp = tempfile::tempdir().unwrap();
+    let s = "layers.2.ffn.experts.3.w1.scale";
+    let ck = with_tensor_edit(n, tmp.path(), s, |shape, d| {
+        shape[1] /= 2;
+        d.truncate(d.len() / 2);
+    });
+    refused(&ck, tmp.path(), &[s, "F8_E8M0"]);
+    // An e8m0 NaN scale (0xFF) in an FP4 expert.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_tensor_edit(n, tmp.path(), s, |_, d| d[3] = 0xFF);
+    refused(&ck, tmp.path(), &[s, "NaN"]);
+    // A hash table entry that is no expert (8 experts).
+    let tmp = tempfile::tempdir().unwrap();
+    let t = "layers.1.ffn.gate.tid2eid";
+    let ck = with_tensor_edit(n, tmp.path(), t, |_, d| {
+        d[16..24].copy_from_slice(&8i64.to_le_bytes());
+    });
+    refused(&ck, tmp.path(), &[t, "holds 8 at [1, 0]", "n_routed_experts"]);
+    // An FP4 weight whose packed width does not match the config.
+    let tmp = tempfile::tempdir().unwrap();
+    let w = "layers.4.ffn.experts.0.w3.weight";
+    let ck = with_tensor_edit(n, tmp.path(), w, |shape, d| {
+        shape[1] /= 2;
+        d.truncate(d.len() / 2);
+    });
+    refused(&ck, tmp.path(), &[w, "expected"]);
 }
