@@ -186,7 +186,8 @@ fn plan_reports_the_budget_and_pinned_set_the_engine_uses() {
 /// count (main layers and MTP), the same dense bytes (the manifest's sections, padding aside),
 /// and the KV bytes per token the engine allocates. Families: GQA (OLMoE), MLA with an MTP layer
 /// and FP8 (DeepSeek-V3, lossless and int4), fused MXFP4 experts with biases (gpt-oss), Inkling,
-/// hybrid linear attention (Qwen3-Next: recurrent states counted per sequence).
+/// hybrid linear attention (Qwen3-Next: recurrent states counted per sequence), DeepSeek-V4
+/// (compressed entries per block; FP4 experts kept as mxfp4 records, FP8 dense).
 #[test]
 fn plan_from_a_checkpoint_predicts_the_store() {
     use coli_convert::memory_plan::{plan_from_config, ConfigPlanArgs};
@@ -201,6 +202,8 @@ fn plan_from_a_checkpoint_predicts_the_store() {
         ("qwen3_5_moe_bf16", "int4_store"),
         ("kimi_linear_bf16", "int4_store"),
         ("glm5_next_bf16", "int4_store"),
+        ("deepseek_v4_bf16", "int4_store"),
+        ("deepseek_v4_fp8", "lossless_store"),
     ] {
         let exp = expected(name);
         let params = &exp[variant];
