@@ -935,8 +935,10 @@ fn check_expert_table(
         let v = crate::quant::decode(info.dtype, data, i);
         if !(v >= 0.0 && v.fract() == 0.0 && (v as usize) < experts) {
             let shown = match info.dtype {
-                Dtype::I64 => i64::from_le_bytes(data[8 * i..8 * i + 8].try_into().expect("8 bytes"))
-                    .to_string(),
+                Dtype::I64 => {
+                    i64::from_le_bytes(data[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+                        .to_string()
+                }
                 _ => v.to_string(),
             };
             return Err(terr(

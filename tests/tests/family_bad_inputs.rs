@@ -777,7 +777,11 @@ fn deepseek_v4_bad_inputs_are_refused_before_anything_is_written() {
     let ck = with_tensor_edit(n, tmp.path(), t, |_, d| {
         d[16..24].copy_from_slice(&8i64.to_le_bytes());
     });
-    refused(&ck, tmp.path(), &[t, "holds 8 at [1, 0]", "n_routed_experts"]);
+    refused(
+        &ck,
+        tmp.path(),
+        &[t, "holds 8 at [1, 0]", "n_routed_experts"],
+    );
     // An FP4 weight whose packed width does not match the config.
     let tmp = tempfile::tempdir().unwrap();
     let w = "layers.4.ffn.experts.0.w3.weight";

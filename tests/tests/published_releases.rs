@@ -340,4 +340,3 @@ fn deepseek_v4_flash_replica_runs() {
     assert_eq!(m.expert_layers.len(), 43);
     assert_eq!(m.family, "deepseek_v4");
 }
-

@@ -4,7 +4,7 @@
 //! - the residual stream is `hc_mult` streams per token, mixed into each sublayer's input and
 //!   back by two hyper-connections per layer ([`crate::layers::hyper`], as GLM-5.3-Flash); the
 //!   embedding starts every stream; the final hidden state is the weighted collapse
-//!   `hc_head_*` ([`crate::layers::hyper::HyperHead`], loaded by [`crate::Model::load`]);
+//!   `hc_head_*` ([`crate::layers::hyper::HyperHead`], loaded by [`crate::models::Model::load`]);
 //! - every layer attends to a sliding window with one shared key-value head, the compressed
 //!   layers also to pooled entries of earlier blocks ([`crate::layers::deepseek_v4`]);
 //! - every feed-forward block is MoE with one shared expert: `sqrtsoftplus` scores with a
