@@ -230,6 +230,13 @@ fn resumed_conversations_continue_exactly_on_every_family() {
     let (_tmp, dir) = convert_fixture(name, "lossless_store");
     let base = ids(&expected(name)["long_prompt_ids"]);
     check_resume(&dir, name, &base, 180);
+    // DeepSeek-V4 after 150 positions: windows trimmed (sliding and compressed layers), compressor
+    // rows trimmed, 37 CSA and 18 HCA entries closed; the FP4/FP8 release layout too.
+    for name in ["deepseek_v4_bf16", "deepseek_v4_fp8"] {
+        let (_tmp, dir) = convert_fixture(name, "lossless_store");
+        let base = ids(&expected(name)["long_prompt_ids"]);
+        check_resume(&dir, name, &base, 150);
+    }
 }
 
 #[test]

@@ -52,8 +52,9 @@ pub fn trim(kv: &mut LayerKv, end: usize, kv_dim: usize, window: Option<usize>, 
             kv.first = bound;
         }
     }
+    // A layer without convolution rows (DeepSeek-V4's sliding layers) keeps `conv_first` at 0.
     let bound = base.saturating_sub(kernel - 1);
-    if bound >= kv.conv_first + TRIM_CHUNK {
+    if kv.conv_dim > 0 && bound >= kv.conv_first + TRIM_CHUNK {
         kv.conv.drain(..(bound - kv.conv_first) * kv.conv_dim);
         kv.conv_first = bound;
     }

@@ -270,13 +270,23 @@ fn hash_layers(f: &Fields<'_>, n: usize) -> Result<Vec<bool>, FormatError> {
 
 /// The main (sliding) and compressed layers' RoPE: `(main theta, compress theta, YaRN,
 /// attention factor)` as `DeepseekV4Config.__post_init__` resolves them.
-fn ropes(f: &Fields<'_>) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
+///
+/// `rope_dim` is the rotated width the top-level keys give: a nested `{main, compress}` form
+/// rotates `int(head_dim * partial_rotary_factor)` of its own (1 when absent, as transformers'
+/// `compute_default_rope_parameters` reads it), which must be the same.
+fn ropes(
+    f: &Fields<'_>,
+    head_dim: usize,
+    rope_dim: usize,
+) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
     let pre = f.prefix;
     let mut main = f.f64("rope_theta")?.unwrap_or(10_000.0);
     let mut compress = f.f64("compress_rope_theta")?.unwrap_or(160_000.0);
+    // `rope_scaling or rope_parameters`: a non-empty `rope_scaling` wins.
     let params = f
-        .object("rope_parameters", "rope_parameters.")
-        .or_else(|| f.object("rope_scaling", "rope_scaling."));
+        .object("rope_scaling", "rope_scaling.")
+        .filter(|p| p.v.as_object().is_some_and(|o| !o.is_empty()))
+        .or_else(|| f.object("rope_parameters", "rope_parameters."));
     let Some(p) = params else {
         return Ok((main, compress, None, 1.0));
     };
@@ -300,6 +310,15 @@ fn ropes(f: &Fields<'_>) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
     };
     let (yarn_block, forced_one) = match (nested("main"), nested("compress")) {
         (Some(m), Some(c)) => {
+            for q in [&m, &c] {
+                let d = (head_dim as f64 * q.f64("partial_rotary_factor")?.unwrap_or(1.0)) as usize;
+                if d != rope_dim {
+                    return Err(FormatError::Unsupported(format!(
+                        "{}partial_rotary_factor rotates {d} of {head_dim} dimensions, the config's top level {rope_dim}: coli rotates one width on every layer",
+                        q.prefix
+                    )));
+                }
+            }
             if ty(&m) != "default" {
                 return Err(FormatError::Unsupported(format!(
                     "{pre}rope_parameters.main.rope_type {:?} (DeepSeek-V4's sliding layers use the default RoPE)",
@@ -309,9 +328,12 @@ fn ropes(f: &Fields<'_>) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
             if let Some(t) = m.f64("rope_theta")? {
                 main = t;
             }
-            if let Some(t) = c.f64("rope_theta")? {
-                compress = t;
-            }
+            // `convert_rope_params_to_dict` fills a nested dict's missing theta with
+            // `rope_theta`, not `compress_rope_theta`.
+            compress = match c.f64("rope_theta")? {
+                Some(t) => t,
+                None => f.f64("rope_theta")?.unwrap_or(10_000.0),
+            };
             (c, false)
         }
         _ => (p, true),
@@ -323,12 +345,11 @@ fn ropes(f: &Fields<'_>) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
             let factor = q
                 .f64("factor")?
                 .ok_or_else(|| q.err(format!("{}factor is required for yarn", q.prefix)))?;
-            let orig = q.f64("original_max_position_embeddings")?.ok_or_else(|| {
-                q.err(format!(
-                    "{}original_max_position_embeddings is required for yarn",
-                    q.prefix
-                ))
-            })?;
+            // `_compute_yarn_parameters`: `max_position_embeddings` when absent.
+            let orig = match q.f64("original_max_position_embeddings")? {
+                Some(o) => o,
+                None => f.f64("max_position_embeddings")?.unwrap_or(1_048_576.0),
+            };
             if !(factor.is_finite() && factor >= 1.0 && orig.is_finite() && orig > 0.0) {
                 return Err(q.err(format!(
                     "{}factor {factor} must be at least 1 and original_max_position_embeddings {orig} positive",
@@ -338,11 +359,13 @@ fn ropes(f: &Fields<'_>) -> Result<(f64, f64, Option<Yarn>, f32), FormatError> {
             Some(Yarn {
                 factor,
                 original_max_position_embeddings: orig,
-                beta_fast: q.f64("beta_fast")?.unwrap_or(32.0),
-                beta_slow: q.f64("beta_slow")?.unwrap_or(1.0),
+                // `beta_fast or 32`, `beta_slow or 1`: a 0 is the default too.
+                beta_fast: q.f64("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: q.f64("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
                 mscale: q.f64("mscale")?,
                 mscale_all_dim: q.f64("mscale_all_dim")?,
-                truncate: q.bool("truncate")?.unwrap_or(true),
+                // Read from the top-level `{main, compress}` dict, which never has it.
+                truncate: true,
             })
         }
         other => {
@@ -382,6 +405,9 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     let n = s.num_layers;
     if f.get("head_dim").is_none() {
         s.head_dim = 512;
+    }
+    if f.get("num_key_value_heads").is_none() {
+        s.num_kv_heads = 1;
     }
     if s.num_kv_heads != 1 {
         return Err(f.err(format!(
@@ -529,7 +555,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
             "{pre}index_head_dim {index_head_dim} must be even and hold the rotated dimensions {rope_dim}"
         )));
     }
-    let (main_theta, compress_theta, compress_yarn, factor) = ropes(f)?;
+    let (main_theta, compress_theta, compress_yarn, factor) = ropes(f, s.head_dim, rope_dim)?;
     s.rope_theta = main_theta;
     s.rotary_dim = rope_dim;
     s.sliding_window = Some(window);

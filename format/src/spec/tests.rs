@@ -1085,3 +1085,139 @@ fn kimi_k3_is_refused_by_name_not_misread_as_kimi_linear() {
     let e = ModelSpec::from_config(&c, None).unwrap_err().to_string();
     assert!(e.contains("kimi_k3") && e.contains("not run yet"), "{e}");
 }
+
+/// DeepSeek-V4-Flash's released config.json: 43 layers (sliding 0-1, then CSA and HCA
+/// alternating, layer 42 CSA; the 44th ratio is the MTP layer's), three hash layers, 64 of 512
+/// dimensions rotated, the compressed layers' YaRN with attention factor 1, FP4 experts declared.
+#[test]
+fn deepseek_v4_flash_config_reads_as_released() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/configs/deepseek-v4-flash.config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let s = spec(cfg.clone()).unwrap();
+    let v = s.deepseek_v4.as_ref().unwrap();
+    assert_eq!(v.attention.len(), 43);
+    assert_eq!(
+        &v.attention[..4],
+        &[
+            V4Attention::Sliding,
+            V4Attention::Sliding,
+            V4Attention::Csa,
+            V4Attention::Hca
+        ]
+    );
+    assert_eq!(v.attention[42], V4Attention::Csa);
+    assert_eq!(v.hash_layers.iter().filter(|&&h| h).count(), 3);
+    assert_eq!(
+        (v.rope_dim, v.csa_rate, v.hca_rate, v.window),
+        (64, 4, 128, 128)
+    );
+    assert_eq!((v.main_theta, v.compress_theta), (10_000.0, 160_000.0));
+    let y = v.compress_yarn.as_ref().unwrap();
+    assert_eq!(
+        (y.factor, y.original_max_position_embeddings),
+        (16.0, 65536.0)
+    );
+    assert_eq!(v.compress_attention_factor, 1.0);
+    assert_eq!(
+        (s.num_kv_heads, s.head_dim, s.top_k, s.num_experts),
+        (1, 512, 6, 256)
+    );
+    assert_eq!(declared_expert_encoding(&cfg), Some(crate::Encoding::Mxfp4));
+    // Per token of context: (512 + 128) / 4 f32 on each of 21 CSA layers, 512 / 128 on 20 HCA.
+    assert_eq!(v.values_per_token(s.head_dim), 21 * 160 + 20 * 4);
+}
+
+/// DeepSeek-V4's config as transformers 5.25's `DeepseekV4Config.__post_init__` resolves it
+/// (each expectation printed by that class): the default layer schedule, `rope_scaling` over
+/// `rope_parameters`, a nested compress RoPE without its theta taking `rope_theta`, one key-value
+/// head by default; lists shorter than the layers and unknown kinds refused, naming the key.
+#[test]
+fn deepseek_v4_config_resolves_as_transformers() {
+    let base = || {
+        json!({"model_type": "deepseek_v4", "hidden_size": 64, "num_attention_heads": 4,
+               "head_dim": 32, "num_hidden_layers": 4, "vocab_size": 256, "num_experts_per_tok": 2,
+               "n_routed_experts": 8, "moe_intermediate_size": 32, "q_lora_rank": 32,
+               "o_groups": 2, "o_lora_rank": 16, "index_head_dim": 16, "index_n_heads": 2,
+               "qk_rope_head_dim": 8})
+    };
+    let s = spec(base()).unwrap();
+    let v = s.deepseek_v4.as_ref().unwrap();
+    use V4Attention::{Csa, Hca};
+    assert_eq!(v.attention, vec![Hca, Hca, Hca, Csa]);
+    assert_eq!(v.hash_layers, vec![true, true, true, false]);
+    assert_eq!(s.num_kv_heads, 1);
+    assert!(v.compress_yarn.is_none());
+    let mut c = base();
+    c["rope_scaling"] =
+        json!({"type": "yarn", "factor": 4, "original_max_position_embeddings": 64});
+    c["rope_parameters"] =
+        json!({"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 64});
+    let s = spec(c).unwrap();
+    assert_eq!(
+        s.deepseek_v4
+            .as_ref()
+            .unwrap()
+            .compress_yarn
+            .as_ref()
+            .unwrap()
+            .factor,
+        4.0
+    );
+    let mut c = base();
+    c["rope_parameters"] = json!({
+        "main": {"rope_type": "default", "partial_rotary_factor": 0.25},
+        "compress": {"rope_type": "yarn", "factor": 16, "original_max_position_embeddings": 64,
+                     "partial_rotary_factor": 0.25}});
+    let s = spec(c.clone()).unwrap();
+    let v = s.deepseek_v4.as_ref().unwrap();
+    assert_eq!(
+        v.compress_theta, 10_000.0,
+        "the nested compress theta defaults to rope_theta"
+    );
+    // Without its own partial_rotary_factor a nested dict rotates whole heads: refused.
+    c["rope_parameters"]["compress"]
+        .as_object_mut()
+        .unwrap()
+        .remove("partial_rotary_factor");
+    let e = spec(c).unwrap_err().to_string();
+    assert!(
+        e.contains("rope_parameters.compress.partial_rotary_factor"),
+        "{e}"
+    );
+    for (key, value, says) in [
+        ("compress_ratios", json!([0, 4, 128]), "compress_ratios"),
+        (
+            "compress_ratios",
+            json!([0, 4, 128, 5]),
+            "compress_ratios entry 5",
+        ),
+        (
+            "layer_types",
+            json!([
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "sliding_attention"
+            ]),
+            "layer_types entry",
+        ),
+        (
+            "mlp_layer_types",
+            json!(["moe", "dense", "moe", "moe"]),
+            "mlp_layer_types entry",
+        ),
+        ("num_key_value_heads", json!(2), "num_key_value_heads"),
+        ("scoring_func", json!("softmax"), "scoring_func"),
+    ] {
+        let mut c = base();
+        c[key] = value;
+        let e = spec(c).unwrap_err().to_string();
+        assert!(e.contains(says), "{key}: {e}");
+    }
+    // A longer list (the release's, with the MTP layer's entry) is cut to the layers.
+    let mut c = base();
+    c["compress_ratios"] = json!([0, 4, 128, 4, 0]);
+    let s = spec(c).unwrap();
+    assert_eq!(s.deepseek_v4.unwrap().attention.len(), 4);
+}
