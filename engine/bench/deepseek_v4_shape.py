@@ -130,9 +130,9 @@ def layer(rng, i, kind, experts):
     # down at 2^-5 (make_olmoe_shape.py's expert down gain, ~4 / sqrt(I)).
     for e in range(experts):
         out += fp4(rng, f"{f}.experts.{e}.w1", I, H, -8) + fp4(rng, f"{f}.experts.{e}.w3", I, H, -8)
-        out += fp4(rng, f"{f}.experts.{e}.w2", H, I, -5)
+        out += fp4(rng, f"{f}.experts.{e}.w2", H, I, -7)
     out += fp8(rng, f"{f}.shared_experts.w1", I, H, -1) + fp8(rng, f"{f}.shared_experts.w3", I, H, -1)
-    out += fp8(rng, f"{f}.shared_experts.w2", H, I, 1)
+    out += fp8(rng, f"{f}.shared_experts.w2", H, I, 0)
     return out
 
 
