@@ -30,10 +30,9 @@
 use super::build;
 use super::json::Fields;
 use super::{
-    AttentionSpec, CompressorSpec, DeepseekV4AttentionSpec, DeepseekV4IndexerSpec,
-    ExpertActivation, ExpertStorage, ExpertsSpec, FfnSpec, HyperConnSpec, HyperSpec,
-    LayerHyperSpec, LayerSpec, LinearSpec, MlpSpec, ModelSpec, ModelTensors, MoeSpec, Routing,
-    TensorClass, TensorKind, TensorSpec, Yarn,
+    AttentionSpec, CompressorSpec, DeepseekV4AttentionSpec, DeepseekV4IndexerSpec, ExpertStorage,
+    ExpertsSpec, FfnSpec, HyperConnSpec, HyperSpec, LayerHyperSpec, LayerSpec, LinearSpec, MlpSpec,
+    ModelSpec, ModelTensors, MoeSpec, Routing, TensorClass, TensorKind, TensorSpec, Yarn,
 };
 use crate::FormatError;
 use serde_json::Value;
@@ -463,36 +462,10 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
             )))
         }
     };
-    if f.v.get("swiglu_limit").is_some_and(Value::is_null) {
-        return Err(f.err(format!(
-            "{pre}swiglu_limit is null: give a number (10.0 as released)"
-        )));
-    }
-    let limit = f.f64("swiglu_limit")?.unwrap_or(10.0);
-    if !(limit.is_finite() && limit > 0.0) {
-        return Err(f.err(format!(
-            "{pre}swiglu_limit {limit} must be a positive finite number"
-        )));
-    }
-    s.swiglu_limit = Some(limit as f32);
-    s.expert_activation = ExpertActivation::SiluClamped {
-        limit: limit as f32,
-    };
+    super::glm5_next::clamped_swiglu(f, s)?;
     s.moe_layers = vec![s.num_experts > 0; n];
 
-    let mult = f.usize("hc_mult")?.unwrap_or(4);
-    let iters = f.usize("hc_sinkhorn_iters")?.unwrap_or(20);
-    let eps = f.f64("hc_eps")?.unwrap_or(1e-6);
-    if mult == 0 || iters == 0 || !(eps.is_finite() && eps >= 0.0) {
-        return Err(f.err(format!(
-            "{pre}hc_mult {mult} and {pre}hc_sinkhorn_iters {iters} must be positive, {pre}hc_eps {eps} finite and >= 0"
-        )));
-    }
-    s.hyper = Some(HyperSpec {
-        mult,
-        sinkhorn_iters: iters,
-        eps: eps as f32,
-    });
+    s.hyper = Some(super::glm5_next::hyper_spec(f)?);
 
     let rates = f.object("compress_rates", "compress_rates.");
     let rate = |key: &str, legacy: &str, default: usize| -> Result<usize, FormatError> {
@@ -579,7 +552,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         compress_yarn,
         compress_attention_factor: factor,
         routed_scaling_factor: scaling as f32,
-        swiglu_limit: limit as f32,
+        swiglu_limit: s.swiglu_limit.unwrap_or(10.0),
     });
     Ok(())
 }

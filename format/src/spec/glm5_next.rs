@@ -75,6 +75,50 @@ fn lower_bound(f: &Fields<'_>, lin: Option<&Fields<'_>>) -> Result<Option<f32>, 
     }
 }
 
+/// `swiglu_limit` (10; a strict float in the config classes, so null is refused): every SwiGLU
+/// clamped, `silu(min(gate, l)) * clamp(up, -l, l)` (GLM-5.3-Flash, DeepSeek-V4).
+pub(crate) fn clamped_swiglu(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+    let pre = f.prefix;
+    if f.v
+        .get("swiglu_limit")
+        .is_some_and(serde_json::Value::is_null)
+    {
+        return Err(f.err(format!(
+            "{pre}swiglu_limit is null: give a number (10.0 as published)"
+        )));
+    }
+    let limit = f.f64("swiglu_limit")?.unwrap_or(10.0);
+    if !(limit.is_finite() && limit > 0.0) {
+        return Err(f.err(format!(
+            "{pre}swiglu_limit {limit} must be a positive finite number"
+        )));
+    }
+    s.swiglu_limit = Some(limit as f32);
+    s.expert_activation = ExpertActivation::SiluClamped {
+        limit: limit as f32,
+    };
+    Ok(())
+}
+
+/// The manifold-constrained hyper-connections' `hc_mult` (4), `hc_sinkhorn_iters` (20) and
+/// `hc_eps` (1e-6) (GLM-5.3-Flash, DeepSeek-V4).
+pub(crate) fn hyper_spec(f: &Fields<'_>) -> Result<HyperSpec, FormatError> {
+    let pre = f.prefix;
+    let mult = f.usize("hc_mult")?.unwrap_or(4);
+    let iters = f.usize("hc_sinkhorn_iters")?.unwrap_or(20);
+    let eps = f.f64("hc_eps")?.unwrap_or(1e-6);
+    if mult == 0 || iters == 0 || !(eps.is_finite() && eps >= 0.0) {
+        return Err(f.err(format!(
+            "{pre}hc_mult {mult} and {pre}hc_sinkhorn_iters {iters} must be positive, {pre}hc_eps {eps} finite and >= 0"
+        )));
+    }
+    Ok(HyperSpec {
+        mult,
+        sinkhorn_iters: iters,
+        eps: eps as f32,
+    })
+}
+
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
     let pre = f.prefix;
     let n = s.num_layers;
@@ -112,42 +156,12 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         scaling,
     )?;
     // `swiglu_limit: float = 10.0` in the strict config class: null is not a value.
-    if f.v
-        .get("swiglu_limit")
-        .is_some_and(serde_json::Value::is_null)
-    {
-        return Err(f.err(format!(
-            "{pre}swiglu_limit is null: give a number (10.0 as published)"
-        )));
-    }
-    let limit = f.f64("swiglu_limit")?.unwrap_or(10.0);
-    if !(limit.is_finite() && limit > 0.0) {
-        return Err(f.err(format!(
-            "{pre}swiglu_limit {limit} must be a positive finite number"
-        )));
-    }
-    s.swiglu_limit = Some(limit as f32);
-    s.expert_activation = ExpertActivation::SiluClamped {
-        limit: limit as f32,
-    };
+    clamped_swiglu(f, s)?;
     // transformers ignores `first_k_dense_replace`: three dense layers by default.
     let mlp_sparse = mlp_layer_types(f, n, |i| i >= 3)?;
     s.moe_layers = mlp_sparse.iter().map(|&m| m && s.num_experts > 0).collect();
 
-    // Hyper-connections.
-    let mult = f.usize("hc_mult")?.unwrap_or(4);
-    let iters = f.usize("hc_sinkhorn_iters")?.unwrap_or(20);
-    let eps = f.f64("hc_eps")?.unwrap_or(1e-6);
-    if mult == 0 || iters == 0 || !(eps.is_finite() && eps >= 0.0) {
-        return Err(f.err(format!(
-            "{pre}hc_mult {mult} and {pre}hc_sinkhorn_iters {iters} must be positive, {pre}hc_eps {eps} finite and >= 0"
-        )));
-    }
-    s.hyper = Some(HyperSpec {
-        mult,
-        sinkhorn_iters: iters,
-        eps: eps as f32,
-    });
+    s.hyper = Some(hyper_spec(f)?);
 
     // DSA layers: NoPE MLA with the k-pool indexer.
     let linear = linear_layers(f, n)?;
