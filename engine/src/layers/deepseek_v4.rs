@@ -286,7 +286,6 @@ impl DeepseekV4Attention<'_> {
         let n = Span::rows(spans);
         let (hd, nh) = (self.head_dim, self.num_heads);
         let qd = nh * hd;
-        let rd = self.rope.inv_freq.len();
         let rq = self.q_a.rows();
         let mut qr = vec![0f32; n * rq];
         self.q_a.forward(x, n, &mut qr);
@@ -306,7 +305,6 @@ impl DeepseekV4Attention<'_> {
             }
             rope_tail(&mut kv[r * hd..(r + 1) * hd], cos, sin, 1.0);
         }
-        debug_assert_eq!(rd * 2, self.rope.inv_freq.len() * 2);
         // Raw compressor rows, then the entries of the blocks the rows close.
         let cd = self.conv_dim();
         let bd = self.block_dim();
