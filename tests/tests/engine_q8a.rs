@@ -47,7 +47,7 @@ fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// minimax-m2, GLM-5 and GLM-4.5 have no product the rule applies to at their tiny widths:
 /// they check that q8a leaves those alone; DeepSeek-V3 and V3.2 check MLA, whose `kv_b` stays
 /// exact in both attention forms).
-const Q8A_FIXTURES: [&str; 13] = [
+const Q8A_FIXTURES: [&str; 14] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -61,6 +61,7 @@ const Q8A_FIXTURES: [&str; 13] = [
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
     "glm5_next_bf16",
+    "deepseek_v4_bf16",
 ];
 
 /// Fixtures where one activation rounds across a tie between transformers and coli (see the
