@@ -28,7 +28,7 @@ use crate::quant::{self, decode, ErrStats, SourceMatrix};
 use crate::safetensors::{Dtype, Shard, TensorInfo};
 use coli_format::encoding::mxfp4::{E8M0_NAN, MXFP4_BLOCK};
 use coli_format::spec::{ExpertStorage, ExpertsSpec};
-use coli_format::{Encoding, MatrixView};
+use coli_format::Encoding;
 use coli_store::EncodedMatrix;
 
 /// A byte range of a checkpoint tensor (one expert's slice), for readahead and release.
@@ -243,12 +243,11 @@ fn mx_rows(
     m
 }
 
-/// One MX matrix of an expert (`native`: mxfp4 or mxfp8, its rows `m`) in `encoding`: the codes
-/// and e8m0 scales as published when `encoding` is `native`, else decoded exactly with the
-/// native encoding's reference decode (FORMAT.md section 6) and encoded as any f32 source.
+/// One MX matrix of an expert (`native`: mxfp4 or mxfp8, its rows `m`) in `encoding`
+/// ([`quant::encode_mx`]).
 ///
 /// # Errors
-/// As [`encode_f32`].
+/// As [`quant::encode_mx`].
 fn mx_matrix(
     ck: &Checkpoint,
     name: &str,
@@ -258,20 +257,11 @@ fn mx_matrix(
     cols: usize,
     encoding: Encoding,
 ) -> Result<(EncodedMatrix, ErrStats)> {
-    if encoding == native {
-        let mut em = EncodedMatrix::new(native, rows, cols, m.data, vec![]);
-        em.e8m0_scales = m.scales;
-        return Ok((em, ErrStats::default()));
-    }
-    let view = MatrixView::from_sections(native, rows, cols, &m.data, &m.scales)
-        .expect("MX rows of the checked shapes");
-    let mut row = vec![0f32; cols];
-    let mut f = Vec::with_capacity(rows * cols * 4);
-    for r in 0..rows {
-        view.dequantize_row(r, &mut row);
-        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    encode_f32(ck, name, rows, cols, &f, encoding)
+    let file = ck
+        .get(name)
+        .map(|(s, _)| s.path.as_path())
+        .unwrap_or(ck.dir.as_path());
+    quant::encode_mx(name, file, native, (rows, cols), m.data, m.scales, encoding)
 }
 
 /// Refuses an e8m0 NaN code (0xFF) among expert `e`'s scale slices (`(tensor, shard, bytes)`),
@@ -508,31 +498,4 @@ fn encode_slice(
         scales: None,
     };
     quant::encode(&src, encoding)
-}
-
-/// Encodes f32 values (little-endian bytes, `[rows, cols]`) decoded from `name`.
-fn encode_f32(
-    ck: &Checkpoint,
-    name: &str,
-    rows: usize,
-    cols: usize,
-    f32_bytes: &[u8],
-    encoding: Encoding,
-) -> Result<(EncodedMatrix, ErrStats)> {
-    let file = ck
-        .get(name)
-        .map(|(s, _)| s.path.as_path())
-        .unwrap_or(ck.dir.as_path());
-    quant::encode(
-        &SourceMatrix {
-            name,
-            file,
-            dtype: Dtype::F32,
-            rows,
-            cols,
-            data: f32_bytes,
-            scales: None,
-        },
-        encoding,
-    )
 }

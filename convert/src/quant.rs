@@ -233,10 +233,56 @@ struct RowOut {
     bad: Option<usize>,
 }
 
+/// An MX matrix (`native`: mxfp4 or mxfp8; `data` its codes, `scales` its e8m0 bytes, as
+/// published) in `enc`: kept bit for bit when `enc` is `native`, else each row decoded exactly
+/// by the native encoding's reference decode (FORMAT.md section 6) and encoded as an f32 source
+/// named `name` in `file` (gpt-oss's MXFP4 and Inkling 2's MXFP8 experts, `fused.rs`;
+/// DeepSeek-V4's FP4 experts, [`encode`]).
+///
+/// # Errors
+/// As [`encode`] of an f32 source (fp8, mxfp8 and ggml targets keep only their own sources).
+///
+/// # Panics
+/// When `data` and `scales` do not make a `[rows, cols]` matrix (callers check the shapes).
+pub(crate) fn encode_mx(
+    name: &str,
+    file: &Path,
+    native: Encoding,
+    (rows, cols): (usize, usize),
+    data: Vec<u8>,
+    scales: Vec<u8>,
+    enc: Encoding,
+) -> Result<(EncodedMatrix, ErrStats)> {
+    if enc == native {
+        let mut em = EncodedMatrix::new(native, rows, cols, data, vec![]);
+        em.e8m0_scales = scales;
+        return Ok((em, ErrStats::default()));
+    }
+    let view = MatrixView::from_sections(native, rows, cols, &data, &scales)
+        .expect("MX sections of the checked shapes");
+    let mut row = vec![0f32; cols];
+    let mut f = Vec::with_capacity(rows * cols * 4);
+    for r in 0..rows {
+        view.dequantize_row(r, &mut row);
+        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    encode(
+        &SourceMatrix {
+            name,
+            file,
+            dtype: Dtype::F32,
+            rows,
+            cols,
+            data: &f,
+            scales: None,
+        },
+        enc,
+    )
+}
+
 /// An FP4 source (DeepSeek-V4's experts: I8 codes `[rows, cols / 2]`, e8m0 scales per 32
-/// columns; `plan::source_matrix` checked the shapes and NaN scales) into `enc`: the bits as
-/// published for mxfp4, else each row decoded exactly by MXFP4's reference decode (FORMAT.md
-/// section 6) and encoded as an f32 source.
+/// columns; `plan::source_matrix` checked the shapes and NaN scales) into `enc`, as MXFP4's
+/// bits ([`encode_mx`]).
 ///
 /// # Errors
 /// [`ConvertError::Tensor`] for a missing or misshapen scale, or an encoding that keeps only
@@ -244,7 +290,7 @@ struct RowOut {
 fn encode_fp4(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, ErrStats)> {
     let (rows, cols) = (src.rows, src.cols);
     let scales = src.scales.as_ref().map_or(&[][..], |s| s.data);
-    let Ok(view) = MatrixView::from_sections(Encoding::Mxfp4, rows, cols, src.data, scales) else {
+    if MatrixView::from_sections(Encoding::Mxfp4, rows, cols, src.data, scales).is_err() {
         return Err(ConvertError::Tensor {
             tensor: src.name.to_string(),
             what: format!(
@@ -253,11 +299,6 @@ fn encode_fp4(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
                 scales.len()
             ),
         });
-    };
-    if enc == Encoding::Mxfp4 {
-        let mut em = EncodedMatrix::new(enc, rows, cols, src.data.to_vec(), vec![]);
-        em.e8m0_scales = scales.to_vec();
-        return Ok((em, ErrStats::default()));
     }
     if matches!(enc, Encoding::Fp8 | Encoding::Mxfp8 | Encoding::Ggml(_)) {
         return Err(ConvertError::Tensor {
@@ -269,22 +310,13 @@ fn encode_fp4(src: &SourceMatrix<'_>, enc: Encoding) -> Result<(EncodedMatrix, E
             ),
         });
     }
-    let mut row = vec![0f32; cols];
-    let mut f = Vec::with_capacity(rows * cols * 4);
-    for r in 0..rows {
-        view.dequantize_row(r, &mut row);
-        f.extend(row.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    encode(
-        &SourceMatrix {
-            name: src.name,
-            file: src.file,
-            dtype: Dtype::F32,
-            rows,
-            cols,
-            data: &f,
-            scales: None,
-        },
+    encode_mx(
+        src.name,
+        src.file,
+        Encoding::Mxfp4,
+        (rows, cols),
+        src.data.to_vec(),
+        scales.to_vec(),
         enc,
     )
 }

@@ -36,6 +36,7 @@
 //! positions: every prefix of a sequence is exact from what it holds.
 
 use crate::layers::inkling::trim;
+use crate::layers::norm::unit_rms_rows;
 use crate::layers::{LayerKv, Linear, RmsNorm, Rope, Span};
 use rayon::prelude::*;
 
@@ -48,17 +49,6 @@ fn rope_tail(x: &mut [f32], cos: &[f32], sin: &[f32], sign: f32) {
         let (a, b) = (x[o + 2 * i], x[o + 2 * i + 1]);
         x[o + 2 * i] = a * c + (-b) * s;
         x[o + 2 * i + 1] = b * c + a * s;
-    }
-}
-
-/// `x * rsqrt(mean(x^2) + eps)` for each `d`-long row (`DeepseekV4UnweightedRMSNorm`).
-fn unit_rms(x: &mut [f32], d: usize, eps: f32) {
-    for r in x.chunks_exact_mut(d) {
-        let ms = r.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let f = 1.0 / (ms + eps).sqrt();
-        for v in r {
-            *v *= f;
-        }
     }
 }
 
@@ -292,7 +282,7 @@ impl DeepseekV4Attention<'_> {
         self.q_norm.forward_inplace(&mut qr);
         let mut q = vec![0f32; n * qd];
         self.q_b.forward(&qr, n, &mut q);
-        unit_rms(&mut q, hd, self.eps);
+        unit_rms_rows(&mut q, hd, self.eps);
         let mut kv = vec![0f32; n * hd];
         self.kv.forward(x, n, &mut kv);
         self.kv_norm.forward_inplace(&mut kv);

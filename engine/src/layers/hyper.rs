@@ -18,6 +18,7 @@
 //! The projection runs on f32 activations whatever the numerics ([`Linear::forward_exact`]): a
 //! row's result is the same whatever the batch.
 
+use crate::layers::norm::unit_rms_rows;
 use crate::layers::Linear;
 
 /// One hyper-connection (`hc_attn_*` or `hc_ffn_*` of a layer).
@@ -61,14 +62,8 @@ impl HyperConn<'_> {
         let m_len = (2 + s) * s;
         debug_assert_eq!(x.len(), n * w);
         // The unweighted RMSNorm over all N H values of a token.
-        let mut normed = vec![0f32; n * w];
-        for (xr, or) in x.chunks_exact(w).zip(normed.chunks_exact_mut(w)) {
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / w as f32;
-            let r = 1.0 / (ms + self.norm_eps).sqrt();
-            for (o, v) in or.iter_mut().zip(xr) {
-                *o = v * r;
-            }
-        }
+        let mut normed = x.to_vec();
+        unit_rms_rows(&mut normed, w, self.norm_eps);
         let mut m = vec![0f32; n * m_len];
         self.proj.forward_exact(&normed, n, &mut m);
         let mut post = vec![0f32; n * s];
@@ -161,14 +156,8 @@ impl HyperHead<'_> {
     pub fn collapse(&self, x: &[f32], n: usize) -> Vec<f32> {
         let (s, h) = (self.streams, self.hidden);
         let w = s * h;
-        let mut normed = vec![0f32; n * w];
-        for (xr, or) in x.chunks_exact(w).zip(normed.chunks_exact_mut(w)) {
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / w as f32;
-            let r = 1.0 / (ms + self.norm_eps).sqrt();
-            for (o, v) in or.iter_mut().zip(xr) {
-                *o = v * r;
-            }
-        }
+        let mut normed = x.to_vec();
+        unit_rms_rows(&mut normed, w, self.norm_eps);
         let mut m = vec![0f32; n * s];
         self.proj.forward_exact(&normed, n, &mut m);
         let mut out = vec![0f32; n * h];

@@ -28,3 +28,16 @@ impl RmsNorm {
         }
     }
 }
+
+/// An RMSNorm without weight, in place: each `d`-long row of `x` times
+/// `1 / sqrt(mean(row^2) + eps)`, summed in row order in f32 (DeepSeek-V4's query heads,
+/// `DeepseekV4UnweightedRMSNorm`; the hyper-connections' norm over a token's streams).
+pub fn unit_rms_rows(x: &mut [f32], d: usize, eps: f32) {
+    for r in x.chunks_exact_mut(d) {
+        let ms = r.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let f = 1.0 / (ms + eps).sqrt();
+        for v in r {
+            *v *= f;
+        }
+    }
+}

@@ -15,8 +15,7 @@
 use crate::error::{EngineError, Result};
 use crate::layers::deepseek_v4::{Compressor, DeepseekV4Attention, GroupedLinear, Indexer};
 use crate::layers::{DecoderLayer, LayerHyper, Linear, Rope, SelfAttn};
-use crate::models::glm5_next::hyper_conn;
-use crate::models::{assemble_layers, load_ffn, Parts};
+use crate::models::{assemble_layers, hyper_conn, load_ffn, Parts};
 use crate::weights::Weights;
 use coli_format::spec::{AttentionSpec, CompressorSpec, DeepseekV4Spec, LayerSpec};
 use coli_format::ModelSpec;

@@ -14,13 +14,12 @@
 //!   `swiglu_limit`; no MTP layer is loaded.
 
 use crate::error::{EngineError, Result};
-use crate::layers::hyper::{HyperConn, HyperHead};
 use crate::layers::mla::mla_rope;
 use crate::layers::{DecoderLayer, LayerHyper, SelfAttn};
 use crate::models::deepseek_v3::{load_mla, mla_of};
-use crate::models::{assemble_layers, load_ffn, load_gated_delta, Parts};
+use crate::models::{assemble_layers, hyper_conn, load_ffn, load_gated_delta, Parts};
 use crate::weights::Weights;
-use coli_format::spec::{AttentionSpec, HyperConnSpec, HyperSpec, LayerSpec, LinearSpec};
+use coli_format::spec::{AttentionSpec, LayerSpec};
 use coli_format::ModelSpec;
 
 fn config_error(what: String) -> EngineError {
@@ -28,66 +27,6 @@ fn config_error(what: String) -> EngineError {
         file: "config.json".into(),
         what,
     }
-}
-
-/// One hyper-connection from its tensors (the scale must hold 3 values: pre, post, comb).
-pub(crate) fn hyper_conn<'s>(
-    w: &mut Weights<'s>,
-    spec: &ModelSpec,
-    hc: &HyperSpec,
-    t: &HyperConnSpec,
-) -> Result<HyperConn<'s>> {
-    let scale = w.vector(&t.scale)?;
-    let scale: [f32; 3] = scale
-        .as_slice()
-        .try_into()
-        .map_err(|_| EngineError::Shape {
-            name: t.scale.name.clone(),
-            expected: vec![3],
-            found: vec![scale.len()],
-        })?;
-    Ok(HyperConn {
-        proj: w.linear(&LinearSpec {
-            weight: t.proj.clone(),
-            bias: None,
-        })?,
-        base: w.vector(&t.base)?,
-        scale,
-        streams: hc.mult,
-        hidden: spec.hidden_size,
-        iters: hc.sinkhorn_iters,
-        eps: hc.eps,
-        norm_eps: spec.rms_norm_eps,
-    })
-}
-
-/// The final collapse of the streams (DeepSeek-V4's `hc_head_*`; the scale holds one value).
-pub(crate) fn hyper_head<'s>(
-    w: &mut Weights<'s>,
-    spec: &ModelSpec,
-    hc: &HyperSpec,
-    t: &HyperConnSpec,
-) -> Result<HyperHead<'s>> {
-    let scale = w.vector(&t.scale)?;
-    let [scale] = scale[..] else {
-        return Err(EngineError::Shape {
-            name: t.scale.name.clone(),
-            expected: vec![1],
-            found: vec![scale.len()],
-        });
-    };
-    Ok(HyperHead {
-        proj: w.linear(&LinearSpec {
-            weight: t.proj.clone(),
-            bias: None,
-        })?,
-        base: w.vector(&t.base)?,
-        scale,
-        streams: hc.mult,
-        hidden: spec.hidden_size,
-        eps: hc.eps,
-        norm_eps: spec.rms_norm_eps,
-    })
 }
 
 /// Loads a GLM-5.3-Flash model's weights.

@@ -105,7 +105,7 @@ impl<'s> Model<'s> {
             Family::DeepseekV4 => deepseek_v4::load(&mut w, &spec)?,
         };
         let hyper_head = match (&spec.tensors.hyper_head, spec.hyper) {
-            (Some(t), Some(hc)) => Some(glm5_next::hyper_head(&mut w, &spec, &hc, t)?),
+            (Some(t), Some(hc)) => Some(hyper_head(&mut w, &spec, &hc, t)?),
             _ => None,
         };
         Ok(Model {
@@ -545,5 +545,65 @@ pub(crate) fn assemble_layers<'s>(
         mtp: None,
         mtp_chain: Vec::new(),
         blocks: None,
+    })
+}
+
+/// One hyper-connection (GLM-5.3-Flash, DeepSeek-V4) from its tensors (the scale must hold 3 values: pre, post, comb).
+pub(crate) fn hyper_conn<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    hc: &coli_format::spec::HyperSpec,
+    t: &coli_format::spec::HyperConnSpec,
+) -> Result<crate::layers::hyper::HyperConn<'s>> {
+    let scale = w.vector(&t.scale)?;
+    let scale: [f32; 3] = scale
+        .as_slice()
+        .try_into()
+        .map_err(|_| EngineError::Shape {
+            name: t.scale.name.clone(),
+            expected: vec![3],
+            found: vec![scale.len()],
+        })?;
+    Ok(crate::layers::hyper::HyperConn {
+        proj: w.linear(&coli_format::spec::LinearSpec {
+            weight: t.proj.clone(),
+            bias: None,
+        })?,
+        base: w.vector(&t.base)?,
+        scale,
+        streams: hc.mult,
+        hidden: spec.hidden_size,
+        iters: hc.sinkhorn_iters,
+        eps: hc.eps,
+        norm_eps: spec.rms_norm_eps,
+    })
+}
+
+/// The final collapse of the streams (DeepSeek-V4's `hc_head_*`; the scale holds one value).
+pub(crate) fn hyper_head<'s>(
+    w: &mut Weights<'s>,
+    spec: &ModelSpec,
+    hc: &coli_format::spec::HyperSpec,
+    t: &coli_format::spec::HyperConnSpec,
+) -> Result<crate::layers::hyper::HyperHead<'s>> {
+    let scale = w.vector(&t.scale)?;
+    let [scale] = scale[..] else {
+        return Err(EngineError::Shape {
+            name: t.scale.name.clone(),
+            expected: vec![1],
+            found: vec![scale.len()],
+        });
+    };
+    Ok(crate::layers::hyper::HyperHead {
+        proj: w.linear(&coli_format::spec::LinearSpec {
+            weight: t.proj.clone(),
+            bias: None,
+        })?,
+        base: w.vector(&t.base)?,
+        scale,
+        streams: hc.mult,
+        hidden: spec.hidden_size,
+        eps: hc.eps,
+        norm_eps: spec.rms_norm_eps,
     })
 }
