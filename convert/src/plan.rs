@@ -639,6 +639,9 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             )
         } else if t.name == "model.norm.weight" || t.name == "lm_head.weight" {
             "missing from the checkpoint: is the last shard absent?".into()
+        } else if t.kind == TensorKind::Lookup {
+            // Which layers route by token id is config.json's (DeepSeek-V4: num_hash_layers).
+            "missing from the checkpoint: config.json makes this layer hash-routed (num_hash_layers counts the first layers that route by token id); is num_hash_layers larger than the checkpoint's tables, or a shard absent?".into()
         } else if let Some(other) = other_block_tensor(ck, &t.name, &all_spec_names(spec)) {
             // The block is there with other tensors: config.json describes another layer.
             format!(

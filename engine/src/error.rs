@@ -43,7 +43,7 @@ pub enum EngineError {
         found: Vec<usize>,
     },
     /// A token id is not below the vocabulary size.
-    #[error("token id {id} is out of range: the vocabulary has {vocab} tokens (ids 0..{vocab})")]
+    #[error("token id {id} is out of range: the vocabulary has {vocab} tokens, the largest id is {}", .vocab.saturating_sub(1))]
     TokenOutOfRange {
         /// The offending id.
         id: u32,

@@ -96,11 +96,9 @@ fn main() {
         Encoding::Int4 { group_size: 64 },
         Encoding::Int4 { group_size: 32 },
         Encoding::Int8,
+        Encoding::Mxfp4,
     ] {
-        let name = match enc {
-            Encoding::Int4 { group_size } => format!("int4-g{group_size}"),
-            _ => "int8".to_string(),
-        };
+        let name = enc.name();
         if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
             continue;
         }
@@ -108,11 +106,21 @@ fn main() {
             let data: Vec<u8> = (0..enc.weight_bytes(rows, cols))
                 .map(|_| rng.gen())
                 .collect();
-            let scales: Vec<f32> = (0..enc.scale_count(rows, cols))
+            // f32 scales, or mxfp4's e8m0 bytes (2^-7 .. 2^2).
+            let mx = enc == Encoding::Mxfp4;
+            let count = enc.scale_count(rows, cols);
+            let scales: Vec<f32> = (0..if mx { 0 } else { count })
                 .map(|_| rng.gen_range(0.01f32..0.1))
                 .collect();
-            let w = MatrixView::new(enc, rows, cols, &data, &scales).unwrap();
-            let bytes = (data.len() + 4 * scales.len()) as f64;
+            let e8m0: Vec<u8> = (0..if mx { count } else { 0 })
+                .map(|_| rng.gen_range(120u8..=129))
+                .collect();
+            let w = if mx {
+                MatrixView::from_sections(enc, rows, cols, &data, &e8m0).unwrap()
+            } else {
+                MatrixView::new(enc, rows, cols, &data, &scales).unwrap()
+            };
+            let bytes = (data.len() + 4 * scales.len() + e8m0.len()) as f64;
             for n in [1usize, 4, 16, 64] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
                 let mut y = vec![0f32; n * rows];

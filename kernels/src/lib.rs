@@ -80,7 +80,8 @@ pub use coli_format::cpu::{detected_isa, Isa};
 pub enum Numerics {
     /// f32 activations times each encoding's decoded weights (`exact`; the default).
     Exact,
-    /// Integer activations (`q8a`): for int8 and int4 (group 32 or a multiple of 64) matrices
+    /// Integer activations (`q8a`): for int8, int4 (group 32 or a multiple of 64), mxfp4 and
+    /// ggml integer-code matrices
     /// with `cols` a multiple of 64, the activations are quantized to int8 per block of 32 and
     /// multiplied by the integer codes, with the f32 steps in a fixed order, so every
     /// instruction set gives the same bits (the rule: docs/ENGINE.md "Precision", `q8a.rs`).
@@ -157,9 +158,9 @@ pub fn numerics_id(isa: Isa) -> &'static str {
 /// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
 /// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
 /// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
-/// group), and `+q8a-r2` under [`Numerics::Q8a`] (the integer products are the same on every
+/// group), and `+q8a-r3` under [`Numerics::Q8a`] (the integer products are the same on every
 /// instruction set; the f32 products of the other matrices are not; r2: the ggml block types
-/// follow the rule too, where r1 ran them on f32 activations). Two engines whose kernels
+/// follow the rule too, where r1 ran them on f32 activations; r3: mxfp4 matrices too). Two engines whose kernels
 /// have the same numerics id give the same bits; anything that persists computed numbers (the
 /// KV cache's file identity, docs/KV_CACHE.md) keys on it.
 pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
@@ -167,9 +168,9 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
         (Isa::Scalar, Numerics::Exact) => "scalar",
         (Isa::Avx2Fma, Numerics::Exact) => "avx2-fma",
         (Isa::Avx512, Numerics::Exact) => "avx512-r2",
-        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r2",
-        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r2",
-        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r2",
+        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r3",
+        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r3",
+        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r3",
     }
 }
 

@@ -1,11 +1,12 @@
-//! Integer-activation products (numerics `q8a`, revision 2): the activations quantized to int8
+//! Integer-activation products (numerics `q8a`, revision 3): the activations quantized to int8
 //! per block of 32, integer dot products with the weights' integer codes, f32 scales applied
 //! per run of 4 columns in a fixed order. Every instruction set gives the scalar twin's bits.
 //!
 //! ## The rule (docs/ENGINE.md, "Precision")
 //! Applies to int8 matrices, int4 matrices with group size 32 or a multiple of 64 dividing
-//! `cols`, and (revision 2) the ggml block types with integer codes (every type but f16), with
-//! `cols` a multiple of 64 (every other matrix keeps its f32 kernel).
+//! `cols`, (revision 2) the ggml block types with integer codes (every type but f16) and
+//! (revision 3) mxfp4 matrices, with `cols` a multiple of 64 (every other matrix keeps its f32
+//! kernel).
 //!
 //! 1. **Activations**, per token, per block of 32 consecutive columns `B`:
 //!    `amax = max |x_c|` (f32); if `amax == 0` then `d = 0` and every `q_c = 0`; else
@@ -13,13 +14,15 @@
 //!    `q_c = clamp(round_half_even(x_c * inv), -127, 127)` (the product rounded to f32 first).
 //! 2. **Lanes.** Each chunk of 64 columns `k` splits into 16 lanes of 4 columns. int8: lane
 //!    `j` holds columns `4j .. 4j + 3` of the chunk. int4 (FORMAT.md: byte `b` holds column
-//!    `2b` low, `2b + 1` high): lane `j < 8` holds columns `8j + {0, 2, 4, 6}` (low nibbles of
-//!    bytes `4j .. 4j + 3`), lane `j >= 8` columns `8(j - 8) + {1, 3, 5, 7}`. All 4 columns of
-//!    a lane lie in one activation block and one weight group.
+//!    `2b` low, `2b + 1` high; mxfp4 the same): lane `j < 8` holds columns `8j + {0, 2, 4, 6}`
+//!    (low nibbles of bytes `4j .. 4j + 3`), lane `j >= 8` columns `8(j - 8) + {1, 3, 5, 7}`.
+//!    All 4 columns of a lane lie in one activation block and one weight group.
 //! 3. **Per lane**: `p = sum (w_c q_c)` over its 4 columns, exact in i32, with `w_c` the int8
-//!    code or the int4 code minus 8. The lane's multiplier is `m = d_B` (int8) or
-//!    `m = d_B * s_g` (int4: the group scale, one f32 rounding). Accumulator `j` (of 16, from
-//!    0.0) becomes `fma(m, p, acc_j)` (one rounding), chunks in column order.
+//!    code, the int4 code minus 8, or for mxfp4 twice the e2m1 value (`E2M1_DOUBLED`, an integer
+//!    in -12..=12). The lane's multiplier is `m = d_B` (int8) or `m = d_B * s_g` (int4: the
+//!    group scale; mxfp4: `s_g = 2^(e_g - 128)`, the block's e8m0 scale halved; one f32
+//!    rounding). Accumulator `j` (of 16, from 0.0) becomes `fma(m, p, acc_j)` (one rounding),
+//!    chunks in column order.
 //!    ggml types (columns in order, lane `j` = columns `4j .. 4j + 3` of the chunk, as int8):
 //!    each block's integer form (`GgmlType::codes`: codes `q_c`, a scale `a_g` and for q4_1,
 //!    q5_1, q2_k, q4_k, q5_k an offset `m_g` per group of 16 or 32 columns, so that the weight
@@ -33,6 +36,7 @@
 //! The oracle (tests/fixtures) emulates step 1 exactly in torch float32 and takes the rest as
 //! an f64 product of the dequantized weights with `d * q`: steps 2-4 only round in f32.
 
+use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::encoding::GgmlType;
 use coli_format::{Encoding, MatrixView};
 
@@ -52,6 +56,8 @@ pub(crate) enum Kind {
     Int4 { group: usize },
     /// A ggml block type's integer form (rule step 3).
     Ggml(GgmlType),
+    /// mxfp4: e2m1 codes as [`E2M1_DOUBLED`], one e8m0 scale per block of 32 columns.
+    Mxfp4,
 }
 
 /// The rule's kind for `w`, None when `w` keeps its f32 kernel (see the module doc).
@@ -68,6 +74,7 @@ pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
                 .then_some(Kind::Int4 { group: g })
         }
         Encoding::Ggml(t) => t.code_group().map(|_| Kind::Ggml(t)),
+        Encoding::Mxfp4 => Some(Kind::Mxfp4),
         _ => None,
     }
 }
@@ -76,8 +83,8 @@ pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
 fn lane_col(kind: Kind, j: usize, i: usize) -> usize {
     match kind {
         Kind::Int8 | Kind::Ggml(_) => 4 * j + i,
-        Kind::Int4 { .. } if j < 8 => 8 * j + 2 * i,
-        Kind::Int4 { .. } => 8 * (j - 8) + 2 * i + 1,
+        Kind::Int4 { .. } | Kind::Mxfp4 if j < 8 => 8 * j + 2 * i,
+        Kind::Int4 { .. } | Kind::Mxfp4 => 8 * (j - 8) + 2 * i + 1,
     }
 }
 
@@ -98,7 +105,8 @@ pub(crate) struct QAct {
     /// `[n, cols / 4]`: per lane, its block's scale `d`.
     pub d: Vec<f32>,
     /// `[n, cols / 4]`: per lane, the sum of its 4 `q` times the codes' offset (int4: -8;
-    /// int8: -128, for the unsigned-code form `code + 128` of the VNNI kernel).
+    /// int8: -128, for the unsigned-code form `code + 128` of the VNNI kernel; mxfp4: -12, for
+    /// `E2M1_DOUBLED + 12`).
     pub corr: Vec<i32>,
     pub cols: usize,
 }
@@ -152,6 +160,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
     let offset = match kind {
         Kind::Int8 => -128,
         Kind::Int4 { .. } => -8,
+        Kind::Mxfp4 => -MXFP4_OFFSET,
         Kind::Ggml(_) => 0,
     };
     let mut qn = [0i8; CHUNK];
@@ -167,7 +176,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
             let qk = &mut qt[k * CHUNK..(k + 1) * CHUNK];
             match kind {
                 Kind::Int8 | Kind::Ggml(_) => qk.copy_from_slice(&qn),
-                Kind::Int4 { .. } => {
+                Kind::Int4 { .. } | Kind::Mxfp4 => {
                     for c in 0..CHUNK / 2 {
                         qk[c] = qn[2 * c];
                         qk[CHUNK / 2 + c] = qn[2 * c + 1];
@@ -179,7 +188,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
                 ct[k * LANES + j] = offset * s;
                 let block = match kind {
                     Kind::Int8 | Kind::Ggml(_) => j / 8,
-                    Kind::Int4 { .. } => (j % 8) / 4,
+                    Kind::Int4 { .. } | Kind::Mxfp4 => (j % 8) / 4,
                 };
                 dt[k * LANES + j] = if block == 0 { d0 } else { d1 };
             }
@@ -187,6 +196,10 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
     }
     out
 }
+
+/// What the SIMD kernels add to an mxfp4 code's integer form to make it an unsigned byte
+/// (`0..=24`), as `vpdpbusd` and `vpmaddubsw` need; `QAct::corr` takes it off again.
+pub(crate) const MXFP4_OFFSET: i32 = 12;
 
 /// Step 4: the 16 accumulators summed in the rule's order.
 #[inline]
@@ -234,6 +247,29 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
                         p += (code as i32 - 8) * q[k * CHUNK + 4 * j + i] as i32;
                     }
                     let m = d[k * LANES + j] * srow[group_of(group, k, j)];
+                    *a = m.mul_add(p as f32, *a);
+                }
+            }
+            sum16(&acc)
+        }
+        Kind::Mxfp4 => {
+            let row = &w.data()[r * cols / 2..(r + 1) * cols / 2];
+            let nb = cols / BLOCK;
+            let erow = &w.e8m0_scales()[r * nb..(r + 1) * nb];
+            for k in 0..cols / CHUNK {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let mut p = 0i32;
+                    for i in 0..4 {
+                        let c = k * CHUNK + lane_col(kind, j, i);
+                        let byte = row[c / 2];
+                        let code = if c.is_multiple_of(2) {
+                            byte & 15
+                        } else {
+                            byte >> 4
+                        };
+                        p += E2M1_DOUBLED[code as usize] as i32 * q[k * CHUNK + 4 * j + i] as i32;
+                    }
+                    let m = d[k * LANES + j] * e8m0_half(erow[group_of(BLOCK, k, j)]);
                     *a = m.mul_add(p as f32, *a);
                 }
             }

@@ -5,11 +5,14 @@
 //!
 //! - VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
 //!   applied as `-8 * sum q` per lane (the lane's `qsum`) added to the integer sum; int8 codes
-//!   as `code + 128` (`xor 0x80`) and `-128 * sum q`.
-//! - AVX2: int4 codes as they are and `-8 * sum q`; int8 as `|code|` times `q` with the code's
-//!   sign (`vpsignb`), so a pair of products stays within i16 (128 * 127 * 2 < 2^15).
+//!   as `code + 128` (`xor 0x80`) and `-128 * sum q`; mxfp4 codes looked up (`vpshufb`) as
+//!   `E2M1_DOUBLED + 12` (0..=24) and `-12 * sum q`.
+//! - AVX2: int4 and mxfp4 codes as for VNNI; int8 as `|code|` times `q` with the code's sign
+//!   (`vpsignb`), so a pair of products stays within i16 (128 * 127 * 2 < 2^15; mxfp4:
+//!   24 * 127 * 2).
 
-use crate::q8a::{group_of, Kind, QAct, LANES};
+use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
+use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::MatrixView;
 use std::arch::x86_64::*;
 
@@ -57,10 +60,53 @@ fn int4_scales8(srow: &[f32], g: usize, k: usize) -> __m256 {
     }
 }
 
+/// The 16 mxfp4 codes' unsigned integer form `E2M1_DOUBLED + MXFP4_OFFSET`, twice (a `vpshufb`
+/// table for each 128-bit half of a 256-bit register).
+const MXFP4_LUT: [i8; 32] = {
+    let mut t = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = E2M1_DOUBLED[i % 16] + MXFP4_OFFSET as i8;
+        i += 1;
+    }
+    t
+};
+
+/// The 16 lanes' multipliers' block scales for chunk `k` of an mxfp4 row (`e`: the row's e8m0
+/// scales): lanes 0..4 of each 8-lane half take block `2k`, lanes 4..8 block `2k + 1`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mxfp4_scales8(e: &[u8], k: usize) -> __m256 {
+    _mm256_blend_ps(
+        _mm256_set1_ps(e8m0_half(e[group_of(BLOCK, k, 0)])),
+        _mm256_set1_ps(e8m0_half(e[group_of(BLOCK, k, 4)])),
+        0xF0,
+    )
+}
+
+/// An int4 or mxfp4 chunk's 32 packed bytes as two registers of 32 unsigned codes: the low
+/// nibbles (the chunk's even columns) and the high ones (odd columns); mxfp4's looked up as
+/// `E2M1_DOUBLED + 12`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn nibbles<const MX: bool>(packed: __m256i) -> (__m256i, __m256i) {
+    let m0f = _mm256_set1_epi8(0x0F);
+    let lo = _mm256_and_si256(packed, m0f);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m0f);
+    if MX {
+        // SAFETY: 32 readable bytes in `MXFP4_LUT`.
+        let lut = unsafe { _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast()) };
+        (_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi))
+    } else {
+        (lo, hi)
+    }
+}
+
 /// A token's quantized activations in lane order: `(q, d, corr)` ([`QAct::token`]).
 type Tok<'a> = (&'a [i8], &'a [f32], &'a [i32]);
-/// A row's codes (int8: `cols` bytes; int4: `cols / 2`) and its scales.
-type Row<'a> = (&'a [u8], &'a [f32]);
+/// A row's codes (int8: `cols` bytes; int4, mxfp4: `cols / 2`), its f32 scales (int8, int4)
+/// and its e8m0 scales (mxfp4).
+type Row<'a> = (&'a [u8], &'a [f32], &'a [u8]);
 
 /// The number of 64-column chunks of the rows and tokens, after asserting that every row and
 /// token has the lengths of one (the kernels' loads rely on it).
@@ -71,11 +117,12 @@ fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
     }
     let need = match kind {
         Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-        Kind::Int4 { .. } => 32 * chunks,
+        Kind::Int4 { .. } | Kind::Mxfp4 => 32 * chunks,
         Kind::Int8 => 64 * chunks,
     };
-    for (codes, _) in rows {
+    for (codes, _, e8m0) in rows {
         assert!(codes.len() == need);
+        assert!(kind != Kind::Mxfp4 || e8m0.len() == 2 * chunks);
     }
     chunks
 }
@@ -89,29 +136,30 @@ fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2<const R: usize, const T: usize>(
+unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
     kind: Kind,
     rows: [Row<'_>; R],
     toks: [Tok<'_>; T],
 ) -> [[f32; T]; R] {
     let chunks = checked_chunks(kind, &rows, &toks);
     let ones = _mm256_set1_epi16(1);
-    let m0f = _mm256_set1_epi8(0x0F);
     let mut lo = [[_mm256_setzero_ps(); T]; R];
     let mut hi = [[_mm256_setzero_ps(); T]; R];
     for k in 0..chunks {
         let q0 = 64 * k;
         let l0 = LANES * k;
         for r in 0..R {
-            let (codes, scales) = rows[r];
+            let (codes, scales, e8m0) = rows[r];
             match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-                Kind::Int4 { group } => {
+                Kind::Int4 { .. } | Kind::Mxfp4 => {
                     // SAFETY: 32 readable bytes at `32 k` (asserted above).
                     let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
-                    let wl = _mm256_and_si256(packed, m0f);
-                    let wh = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m0f);
-                    let s = int4_scales8(scales, group, k);
+                    let (wl, wh) = nibbles::<MX>(packed);
+                    let s = match kind {
+                        Kind::Int4 { group } if !MX => int4_scales8(scales, group, k),
+                        _ => mxfp4_scales8(e8m0, k),
+                    };
                     for t in 0..T {
                         let (q, d, c) = toks[t];
                         // SAFETY: the loads read within `q`, `d` and `c` (asserted above).
@@ -173,7 +221,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize>(
             out[r][t] = match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].1[0],
-                Kind::Int4 { .. } => v,
+                Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
         }
     }
@@ -187,7 +235,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize>(
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn dot_vnni<const R: usize, const T: usize>(
+unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
     kind: Kind,
     rows: [Row<'_>; R],
     toks: [Tok<'_>; T],
@@ -213,42 +261,59 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
             }
         }
         for r in 0..R {
-            let (codes, scales) = rows[r];
-            // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128: `corr` holds
-            // the matching `-8` or `-128` times each lane's sum of q) and the group scales.
-            let (w, s) = match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-                Kind::Int4 { group } => {
-                    // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch of any
-                    // address is allowed (it never faults).
-                    let packed = unsafe {
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
-                        );
-                        _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
-                    };
-                    let both = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(packed),
-                        _mm256_srli_epi16(packed, 4),
-                        1,
+            let (codes, scales, e8m0) = rows[r];
+            // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128, mxfp4 looked up
+            // plus 12: `corr` holds the matching `-8`, `-128` or `-12` times each lane's sum of
+            // q) and the group scales.
+            let (w, s) = if MX {
+                // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch of any address
+                // is allowed (it never faults).
+                let packed = unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
                     );
-                    let s = if group == 32 {
-                        dup256(int4_scales8(scales, group, k))
-                    } else {
-                        _mm512_set1_ps(scales[wide_group(group, k)])
-                    };
-                    (_mm512_and_si512(both, m0f), Some(s))
-                }
-                Kind::Int8 => {
-                    // SAFETY: 64 readable bytes at `64 k` (asserted above); a prefetch never
-                    // faults.
-                    let w = unsafe {
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            codes.as_ptr().wrapping_add(q0 + PREFETCH).cast(),
+                    _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
+                };
+                let (lo, hi) = nibbles::<true>(packed);
+                let both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                (both, Some(dup256(mxfp4_scales8(e8m0, k))))
+            } else {
+                match kind {
+                    Kind::Ggml(_) | Kind::Mxfp4 => {
+                        unreachable!("ggml kinds run the scalar twin, mxfp4 with MX")
+                    }
+                    Kind::Int4 { group } => {
+                        // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch never
+                        // faults.
+                        let packed = unsafe {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
+                            );
+                            _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
+                        };
+                        let both = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(packed),
+                            _mm256_srli_epi16(packed, 4),
+                            1,
                         );
-                        _mm512_loadu_si512(codes.as_ptr().add(q0).cast())
-                    };
-                    (_mm512_xor_si512(w, flip), None)
+                        let s = if group == 32 {
+                            dup256(int4_scales8(scales, group, k))
+                        } else {
+                            _mm512_set1_ps(scales[wide_group(group, k)])
+                        };
+                        (_mm512_and_si512(both, m0f), Some(s))
+                    }
+                    Kind::Int8 => {
+                        // SAFETY: 64 readable bytes at `64 k` (asserted above); a prefetch
+                        // never faults.
+                        let w = unsafe {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                codes.as_ptr().wrapping_add(q0 + PREFETCH).cast(),
+                            );
+                            _mm512_loadu_si512(codes.as_ptr().add(q0).cast())
+                        };
+                        (_mm512_xor_si512(w, flip), None)
+                    }
                 }
             };
             for t in 0..T {
@@ -271,7 +336,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize>(
             out[r][t] = match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].1[0],
-                Kind::Int4 { .. } => v,
+                Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
         }
     }
@@ -291,12 +356,18 @@ fn dup256(v: __m256) -> __m512 {
 /// # Safety
 /// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; as [`rows`] with `n == 1`.
 #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn matvec_vnni(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &mut [f32]) {
+unsafe fn matvec_vnni<const MX: bool>(
+    kind: Kind,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    r0: usize,
+    y: &mut [f32],
+) {
     let tok = qa.token(0);
     for (i, yo) in y.iter_mut().enumerate() {
         let row = row_of(kind, w, r0 + i);
         // SAFETY: features available (caller); the row and token have matching lengths.
-        *yo = unsafe { dot_vnni::<1, 1>(kind, [row], [tok]) }[0][0];
+        *yo = unsafe { dot_vnni::<1, 1, MX>(kind, [row], [tok]) }[0][0];
     }
 }
 
@@ -305,12 +376,18 @@ unsafe fn matvec_vnni(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &
 /// # Safety
 /// AVX2 and FMA are available; as [`rows`] with `n == 1`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn matvec_avx2(kind: Kind, w: &MatrixView<'_>, qa: &QAct, r0: usize, y: &mut [f32]) {
+unsafe fn matvec_avx2<const MX: bool>(
+    kind: Kind,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    r0: usize,
+    y: &mut [f32],
+) {
     let tok = qa.token(0);
     for (i, yo) in y.iter_mut().enumerate() {
         let row = row_of(kind, w, r0 + i);
         // SAFETY: features available (caller); the row and token have matching lengths.
-        *yo = unsafe { dot_avx2::<1, 1>(kind, [row], [tok]) }[0][0];
+        *yo = unsafe { dot_avx2::<1, 1, MX>(kind, [row], [tok]) }[0][0];
     }
 }
 
@@ -319,12 +396,25 @@ fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     let cols = w.cols();
     match kind {
         Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-        Kind::Int8 => (&w.data()[r * cols..(r + 1) * cols], &w.scales()[r..r + 1]),
+        Kind::Int8 => (
+            &w.data()[r * cols..(r + 1) * cols],
+            &w.scales()[r..r + 1],
+            &[],
+        ),
         Kind::Int4 { group } => {
             let ng = cols / group;
             (
                 &w.data()[r * cols / 2..(r + 1) * cols / 2],
                 &w.scales()[r * ng..(r + 1) * ng],
+                &[],
+            )
+        }
+        Kind::Mxfp4 => {
+            let nb = cols / BLOCK;
+            (
+                &w.data()[r * cols / 2..(r + 1) * cols / 2],
+                &[],
+                &w.e8m0_scales()[r * nb..(r + 1) * nb],
             )
         }
     }
@@ -346,6 +436,31 @@ pub(crate) unsafe fn rows(
     r0: usize,
     yt: &mut [f32],
 ) {
+    // mxfp4 gets its own instances of the kernels (its code lookup and e8m0 scales stay out of
+    // the int4 and int8 loops).
+    // SAFETY: the caller's guarantees.
+    unsafe {
+        if kind == Kind::Mxfp4 {
+            rows_of::<true>(vnni, kind, w, qa, n, r0, yt)
+        } else {
+            rows_of::<false>(vnni, kind, w, qa, n, r0, yt)
+        }
+    }
+}
+
+/// [`rows`] with `MX` = (`kind` is mxfp4).
+///
+/// # Safety
+/// As [`rows`].
+unsafe fn rows_of<const MX: bool>(
+    vnni: bool,
+    kind: Kind,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
     macro_rules! tile {
         ($r:literal, $t:literal, $i:expr, $tok0:expr) => {{
             let rows: [Row<'_>; $r] = std::array::from_fn(|u| row_of(kind, w, r0 + $i + u));
@@ -353,9 +468,9 @@ pub(crate) unsafe fn rows(
             // SAFETY: the caller's guarantees; the rows and tokens have matching lengths.
             let out = unsafe {
                 if vnni {
-                    dot_vnni::<$r, $t>(kind, rows, toks)
+                    dot_vnni::<$r, $t, MX>(kind, rows, toks)
                 } else {
-                    dot_avx2::<$r, $t>(kind, rows, toks)
+                    dot_avx2::<$r, $t, MX>(kind, rows, toks)
                 }
             };
             for (u, o) in out.iter().enumerate() {
@@ -374,9 +489,9 @@ pub(crate) unsafe fn rows(
         // SAFETY: the caller's guarantees.
         unsafe {
             if vnni {
-                matvec_vnni(kind, w, qa, r0, yt);
+                matvec_vnni::<MX>(kind, w, qa, r0, yt);
             } else {
-                matvec_avx2(kind, w, qa, r0, yt);
+                matvec_avx2::<MX>(kind, w, qa, r0, yt);
             }
         }
         return;

@@ -16,6 +16,8 @@ struct Mat {
     cols: usize,
     data: Vec<u8>,
     scales: Vec<f32>,
+    /// mxfp4's e8m0 scale bytes.
+    e8m0: Vec<u8>,
 }
 
 impl Mat {
@@ -42,6 +44,27 @@ impl Mat {
                 .map(|_| rng.gen())
                 .collect(),
         };
+        if encoding == Encoding::Mxfp4 {
+            // Block scales 2^-10 .. 2^3 (e8m0 117..=130), e8m0 0 (the subnormal 2^-127) now
+            // and then.
+            let e8m0 = (0..encoding.scale_count(rows, cols))
+                .map(|i| {
+                    if i % 37 == 5 {
+                        0
+                    } else {
+                        rng.gen_range(117u8..=130)
+                    }
+                })
+                .collect();
+            return Mat {
+                encoding,
+                rows,
+                cols,
+                data,
+                scales: vec![],
+                e8m0,
+            };
+        }
         let scales = (0..encoding.scale_count(rows, cols))
             .map(|_| rng.gen_range(0.001f32..0.1) * if rng.gen() { 1.0 } else { -1.0 })
             .collect();
@@ -51,10 +74,21 @@ impl Mat {
             cols,
             data,
             scales,
+            e8m0: vec![],
         }
     }
 
     fn view(&self) -> MatrixView<'_> {
+        if self.encoding == Encoding::Mxfp4 {
+            return MatrixView::from_sections(
+                self.encoding,
+                self.rows,
+                self.cols,
+                &self.data,
+                &self.e8m0,
+            )
+            .unwrap();
+        }
         MatrixView::new(
             self.encoding,
             self.rows,
@@ -111,6 +145,7 @@ fn kinds() -> Vec<Encoding> {
         Encoding::Int4 { group_size: 32 },
         Encoding::Int4 { group_size: 64 },
         Encoding::Int4 { group_size: 128 },
+        Encoding::Mxfp4,
         Encoding::Ggml(GgmlType::Q8_0),
         Encoding::Ggml(GgmlType::Q4_0),
         Encoding::Ggml(GgmlType::Q5_1),
@@ -283,11 +318,13 @@ fn close_to_the_exact_product_and_other_matrices_unchanged() {
         "relative change {}",
         diff / norm
     );
-    // bf16, int4 with group 16, and cols not a multiple of 64 keep their f32 kernels.
+    // bf16, int4 with group 16, and cols not a multiple of 64 (int8, mxfp4) keep their f32
+    // kernels.
     for (enc, cols) in [
         (Encoding::Bf16, 128),
         (Encoding::Int4 { group_size: 16 }, 128),
         (Encoding::Int8, 96),
+        (Encoding::Mxfp4, 96),
     ] {
         let m = Mat::random(enc, 9, cols, 5);
         let w = m.view();
@@ -305,7 +342,7 @@ fn numerics_ids_and_names() {
     for isa in [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512] {
         let e = coli_kernels::numerics_id_with(isa, Numerics::Exact);
         let q = coli_kernels::numerics_id_with(isa, Numerics::Q8a);
-        assert_eq!(q, format!("{e}+q8a-r2"));
+        assert_eq!(q, format!("{e}+q8a-r3"));
     }
     assert_eq!(Numerics::parse("q8a"), Ok(Numerics::Q8a));
     assert_eq!(Numerics::parse(" exact "), Ok(Numerics::Exact));

@@ -265,8 +265,17 @@ def kv_restart_checks(store):
 
 
 def main():
-    # Prefix caches on disk go to a fresh state directory: nothing from an earlier run is reused.
-    os.environ["COLI_STATE_DIR"] = tempfile.mkdtemp(prefix="coli-serve-state-")
+    # Prefix caches on disk go to a fresh state directory: nothing from an earlier run is reused,
+    # and nothing of this run is left behind (each run's KV files take about 400 MB).
+    state = tempfile.mkdtemp(prefix="coli-serve-state-")
+    os.environ["COLI_STATE_DIR"] = state
+    try:
+        serve_checks()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def serve_checks():
     exp = json.load(open(EXPECTED))
     q = exp["int4_g64"]
     question = [{"role": "user", "content": q["prompt"]}]

@@ -1,8 +1,8 @@
 //! int4 dense weights (format version 3, issue 23) against transformers on every fixture
 //! family: each tiny checkpoint is converted with the store of its
 //! `expected_int4_dense.json` (`--experts int4-g64 --dense int4-g32 --embeddings int4-g64`, or
-//! the variant the script fell back to where those logits are near-tied; gpt-oss keeps its MXFP4
-//! experts), and the engine's greedy tokens, teacher-forced top-1 and last logits are compared
+//! the variant the script fell back to where those logits are near-tied; gpt-oss and DeepSeek-V4
+//! as released keep their MXFP4 / FP4 experts), and the engine's greedy tokens, teacher-forced top-1 and last logits are compared
 //! with what transformers computes on the same fake-quantized weights
 //! (`tests/fixtures/make_int4_dense_expected.py`, which never runs coli code). Placement (expert
 //! budget of one record, threads, prefetch, I/O mode) must not change the tokens.
@@ -23,9 +23,13 @@ fn expected_int4_dense(name: &str) -> Value {
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
+/// Release-layout fixtures outside [`FIXTURE_FAMILIES`] with an int4-dense expectation:
+/// DeepSeek-V4's FP8 dense tensors re-encoded as int4, its FP4 experts kept as mxfp4.
+const RELEASE_LAYOUTS: [&str; 1] = ["deepseek_v4_fp8"];
+
 #[test]
 fn int4_dense_stores_match_transformers_on_every_family() {
-    for name in FIXTURE_FAMILIES {
+    for name in FIXTURE_FAMILIES.into_iter().chain(RELEASE_LAYOUTS) {
         let exp = expected_int4_dense(name);
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
         let store = open_store(&dir, true, IoPreference::Auto);

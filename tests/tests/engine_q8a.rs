@@ -46,8 +46,9 @@ fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// The fixtures with an `expected_q8a.json` compared token-exactly (mixtral, olmoe,
 /// minimax-m2, GLM-5 and GLM-4.5 have no product the rule applies to at their tiny widths:
 /// they check that q8a leaves those alone; DeepSeek-V3 and V3.2 check MLA, whose `kv_b` stays
-/// exact in both attention forms).
-const Q8A_FIXTURES: [&str; 14] = [
+/// exact in both attention forms; DeepSeek-V4 as released checks mxfp4 experts under the rule,
+/// revision 3).
+const Q8A_FIXTURES: [&str; 15] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -62,6 +63,7 @@ const Q8A_FIXTURES: [&str; 14] = [
     "kimi_linear_bf16",
     "glm5_next_bf16",
     "deepseek_v4_bf16",
+    "deepseek_v4_fp8",
 ];
 
 /// Fixtures where one activation rounds across a tie between transformers and coli (see the

@@ -740,7 +740,7 @@ fn deepseek_v4_bad_inputs_are_refused_before_anything_is_written() {
         n,
         "num_hash_layers",
         json!(3),
-        &["layers.2.ffn.gate.tid2eid", "missing"],
+        &["layers.2.ffn.gate.tid2eid", "num_hash_layers"],
     );
     // A missing hash table, FP8 block scale, FP4 scale.
     for t in [

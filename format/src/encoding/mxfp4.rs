@@ -29,6 +29,19 @@ pub const E2M1_VALUES: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
 
+/// The integer form of the e2m1 values: `E2M1_DOUBLED[c] = 2 * E2M1_VALUES[c]`, integers in
+/// `-12..=12` (code 8, -0, is 0). A block's weights are then `E2M1_DOUBLED[c] * 2^(e - 128)`,
+/// which is how integer-activation products (kernels' `q8a` rule) and llama.cpp's
+/// `kvalues_mxfp4` pair them with int8 activations.
+pub const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `2^(e - 128)`: the e8m0 scale `e` halved, the multiplier of [`E2M1_DOUBLED`] (exact: a
+/// power of two, the f32 subnormal `2^-128` for `e = 0`); NaN for e = 255.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    e8m0_to_f32(e) * 0.5
+}
+
 /// The e8m0 NaN code.
 pub const E8M0_NAN: u8 = 255;
 
@@ -118,6 +131,20 @@ mod tests {
             assert_eq!(e8m0_to_f32(e) as f64, 2f64.powi(e as i32 - 127), "e8m0 {e}");
         }
         assert!(e8m0_to_f32(255).is_nan());
+        for code in 0u8..16 {
+            assert_eq!(
+                E2M1_DOUBLED[code as usize] as f32 * 0.5,
+                e2m1_to_f32(code),
+                "code {code}"
+            );
+        }
+        for e in 0u8..=254 {
+            assert_eq!(
+                e8m0_half(e) as f64,
+                2f64.powi(e as i32 - 128),
+                "e8m0 {e} halved"
+            );
+        }
         // The extremes: smallest nonzero weight 0.5 * 2^-127 = 2^-128 (an f32 subnormal),
         // 6 * 2^127 overflows to inf, 1 * 2^127 does not.
         assert_eq!(e2m1_to_f32(1) * e8m0_to_f32(0), 2f32.powi(-128));

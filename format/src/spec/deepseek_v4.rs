@@ -212,12 +212,13 @@ fn layer_kinds(f: &Fields<'_>, n: usize) -> Result<Vec<V4Attention>, FormatError
             ))
         })?;
         list.iter()
-            .map(|v| match v.as_u64() {
+            .enumerate()
+            .map(|(i, v)| match v.as_u64() {
                 Some(0) => Ok(V4Attention::Sliding),
                 Some(4) => Ok(V4Attention::Csa),
                 Some(128) => Ok(V4Attention::Hca),
                 _ => Err(f.err(format!(
-                    "{pre}compress_ratios entry {v} (0 for sliding, 4 for CSA, 128 for HCA layers)"
+                    "{pre}compress_ratios[{i}] (layer {i}) is {v}: expected 0 (sliding), 4 (CSA) or 128 (HCA)"
                 ))),
             })
             .collect::<Result<Vec<_>, _>>()?

@@ -1190,7 +1190,7 @@ fn deepseek_v4_config_resolves_as_transformers() {
         (
             "compress_ratios",
             json!([0, 4, 128, 5]),
-            "compress_ratios entry 5",
+            "compress_ratios[3] (layer 3) is 5",
         ),
         (
             "layer_types",
