@@ -80,6 +80,22 @@ impl<'s> Weights<'s> {
         Ok(d.matrix())
     }
 
+    /// `t` as the weight of products: [`Weights::matrix`], in the interleaved row order where
+    /// the kernels multiply it faster so (`coli_kernels::prefers_interleaved`; a copy the store
+    /// keeps, [`Store::dense_interleaved`]). The same numbers either way.
+    ///
+    /// # Errors
+    /// As [`Weights::matrix`].
+    pub fn product_matrix(&mut self, t: &TensorSpec) -> Result<MatrixView<'s>> {
+        let m = self.matrix(t)?;
+        if !coli_kernels::prefers_interleaved(&m) {
+            return Ok(m);
+        }
+        self.store
+            .dense_interleaved(&t.name)
+            .map_err(store_err(format!("reading dense tensor {}", t.name)))
+    }
+
     /// `t` (a vector) decoded to f32.
     ///
     /// # Errors
@@ -100,9 +116,25 @@ impl<'s> Weights<'s> {
     /// # Errors
     /// As [`Weights::matrix`], for either tensor.
     pub fn linear(&mut self, l: &LinearSpec) -> Result<Linear<'s>> {
+        let w = self.product_matrix(&l.weight)?;
+        self.linear_of(l, w)
+    }
+
+    /// A linear layer that multiplies with f32 activations whatever the numerics
+    /// ([`Linear::forward_exact`]): its weight row-major as stored ([`Weights::matrix`]; the
+    /// interleaved order serves the integer kernels only).
+    ///
+    /// # Errors
+    /// As [`Weights::linear`].
+    pub fn exact_linear(&mut self, l: &LinearSpec) -> Result<Linear<'s>> {
+        let w = self.matrix(&l.weight)?;
+        self.linear_of(l, w)
+    }
+
+    fn linear_of(&mut self, l: &LinearSpec, w: MatrixView<'s>) -> Result<Linear<'s>> {
         Ok(Linear {
             name: l.weight.name.clone(),
-            w: self.matrix(&l.weight)?,
+            w,
             bias: match &l.bias {
                 Some(b) => Some(self.vector(b)?),
                 None => None,

@@ -174,6 +174,47 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
     }
 }
 
+/// True when the kernels multiply `w` faster in the interleaved row order
+/// ([`MatrixView::interleave`]) under the process's numerics: under [`Numerics::Q8a`], the int8,
+/// int4 and mxfp4 matrices its integer rule covers (one token against a block of four rows
+/// reads one sequential stream and loads the token once for the four; on this project's
+/// machine 1.5x a row at a time from RAM, kernels/benches/q8a.rs). The results are the same
+/// bits in either order; an engine reorders such a matrix once, when it holds it for reuse.
+///
+/// [`set_interleave`]`(false)` (or `COLI_NO_INTERLEAVE=1` in the environment) makes it false
+/// everywhere: for tests and A/B measurements.
+pub fn prefers_interleaved(w: &MatrixView<'_>) -> bool {
+    interleave()
+        && numerics() == Numerics::Q8a
+        && !w.is_interleaved()
+        && q8a::kind(w).is_some()
+        && MatrixView::can_interleave(w.encoding(), w.rows(), w.cols())
+}
+
+/// The process's interleave switch: 0 unset, 1 on, 2 off.
+static INTERLEAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether [`prefers_interleaved`] may say yes: [`set_interleave`], else on unless
+/// `COLI_NO_INTERLEAVE` is set in the environment.
+pub fn interleave() -> bool {
+    use std::sync::atomic::Ordering;
+    match INTERLEAVE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var_os("COLI_NO_INTERLEAVE").is_none();
+            INTERLEAVE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Sets the process's interleave switch ([`interleave`]); engines read it when they load
+/// weights.
+pub fn set_interleave(on: bool) {
+    INTERLEAVE.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The integer kernel that runs under [`Numerics::Q8a`] with `isa`: `avx512-vnni` where the
 /// CPU has AVX-512 VNNI and `isa` is AVX-512, `avx2` for AVX2 and AVX-512 without VNNI,
 /// `scalar` otherwise. All give the same bits; `coli doctor` and `--json` stats name it.
@@ -250,7 +291,12 @@ fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usiz
         if rows * cols < PARALLEL_MIN_WORK {
             q8a_chunk(isa, kind, w, &qa, 1, 0, y);
         } else {
-            let cr = chunk_rows(cols);
+            // Whole blocks of an interleaved view per task (a row's result is the same in any).
+            let cr = if w.is_interleaved() {
+                chunk_rows(cols).next_multiple_of(coli_format::INTERLEAVE_ROWS)
+            } else {
+                chunk_rows(cols)
+            };
             y.par_chunks_mut(cr)
                 .enumerate()
                 .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, 1, i * cr, yc));
@@ -529,6 +575,12 @@ pub fn matvec_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], y: &mu
             return;
         }
     }
+    if w.is_interleaved() {
+        // Only the integer kernels read the interleaved row order: the others take a row-major
+        // copy (the engine interleaves only matrices the integer rule multiplies).
+        let d = w.row_major_data();
+        return matvec_num(isa, num, &w.with_row_major_data(&d), x, y);
+    }
     let x = &Act::new(isa, w, x);
     if w.rows() * w.cols() < PARALLEL_MIN_WORK {
         matvec_chunk(isa, w, x, 0, y);
@@ -614,6 +666,11 @@ pub fn matmul_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], n: usi
             q8a_product(isa, kind, w, x, n, y);
             return;
         }
+    }
+    if w.is_interleaved() {
+        // As in `matvec_num`.
+        let d = w.row_major_data();
+        return matmul_num(isa, num, &w.with_row_major_data(&d), x, n, y);
     }
     if n < matmul_min_rows(isa, w) {
         // A matmul row equals the matvec of that row bit for bit, and below this many rows the

@@ -217,12 +217,12 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
     let mut acc = [0f32; LANES];
     match kind {
         Kind::Int8 => {
-            let row = &w.data()[r * cols..(r + 1) * cols];
             for k in 0..cols / CHUNK {
+                let ck = w.chunk(r, k);
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
-                        let code = row[k * CHUNK + lane_col(kind, j, i)] as i8 as i32;
+                        let code = ck[lane_col(kind, j, i)] as i8 as i32;
                         p += code * q[k * CHUNK + 4 * j + i] as i32;
                     }
                     *a = d[k * LANES + j].mul_add(p as f32, *a);
@@ -231,14 +231,14 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
             sum16(&acc) * w.scales()[r]
         }
         Kind::Int4 { group } => {
-            let row = &w.data()[r * cols / 2..(r + 1) * cols / 2];
             let srow = &w.scales()[r * (cols / group)..(r + 1) * (cols / group)];
             for k in 0..cols / CHUNK {
+                let ck = w.chunk(r, k);
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
-                        let c = k * CHUNK + lane_col(kind, j, i);
-                        let byte = row[c / 2];
+                        let c = lane_col(kind, j, i);
+                        let byte = ck[c / 2];
                         let code = if c.is_multiple_of(2) {
                             byte & 15
                         } else {
@@ -253,15 +253,15 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
             sum16(&acc)
         }
         Kind::Mxfp4 => {
-            let row = &w.data()[r * cols / 2..(r + 1) * cols / 2];
             let nb = cols / BLOCK;
             let erow = &w.e8m0_scales()[r * nb..(r + 1) * nb];
             for k in 0..cols / CHUNK {
+                let ck = w.chunk(r, k);
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
-                        let c = k * CHUNK + lane_col(kind, j, i);
-                        let byte = row[c / 2];
+                        let c = lane_col(kind, j, i);
+                        let byte = ck[c / 2];
                         let code = if c.is_multiple_of(2) {
                             byte & 15
                         } else {

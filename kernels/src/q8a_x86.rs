@@ -13,7 +13,7 @@
 
 use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
-use coli_format::MatrixView;
+use coli_format::{MatrixView, INTERLEAVE_ROWS};
 use std::arch::x86_64::*;
 
 /// Bytes ahead of the chunk being read that the VNNI kernel prefetches.
@@ -104,9 +104,27 @@ fn nibbles<const MX: bool>(packed: __m256i) -> (__m256i, __m256i) {
 
 /// A token's quantized activations in lane order: `(q, d, corr)` ([`QAct::token`]).
 type Tok<'a> = (&'a [i8], &'a [f32], &'a [i32]);
-/// A row's codes (int8: `cols` bytes; int4, mxfp4: `cols / 2`), its f32 scales (int8, int4)
-/// and its e8m0 scales (mxfp4).
-type Row<'a> = (&'a [u8], &'a [f32], &'a [u8]);
+/// A row of a matrix: its codes by 64-column chunks, its f32 scales (int8, int4) and its e8m0
+/// scales (mxfp4).
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    /// From the row's first chunk on: chunk `k` (32 bytes for int4 and mxfp4, 64 for int8)
+    /// at `k * step`.
+    codes: &'a [u8],
+    /// Bytes from one chunk of the row to the next: one chunk (row-major) or
+    /// `INTERLEAVE_ROWS` chunks (an interleaved view's whole blocks).
+    step: usize,
+    scales: &'a [f32],
+    e8m0: &'a [u8],
+}
+
+/// Bytes of a 64-column chunk of `kind`.
+fn chunk_bytes(kind: Kind) -> usize {
+    match kind {
+        Kind::Int8 => 64,
+        _ => 32,
+    }
+}
 
 /// The number of 64-column chunks of the rows and tokens, after asserting that every row and
 /// token has the lengths of one (the kernels' loads rely on it).
@@ -115,14 +133,13 @@ fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
     for (q, d, c) in toks {
         assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
     }
-    let need = match kind {
-        Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-        Kind::Int4 { .. } | Kind::Mxfp4 => 32 * chunks,
-        Kind::Int8 => 64 * chunks,
-    };
-    for (codes, _, e8m0) in rows {
-        assert!(codes.len() == need);
-        assert!(kind != Kind::Mxfp4 || e8m0.len() == 2 * chunks);
+    if matches!(kind, Kind::Ggml(_)) {
+        unreachable!("ggml kinds run the scalar twin (q8a_chunk)");
+    }
+    let cb = chunk_bytes(kind);
+    for row in rows {
+        assert!(chunks > 0 && row.step >= cb && row.codes.len() >= (chunks - 1) * row.step + cb);
+        assert!(kind != Kind::Mxfp4 || row.e8m0.len() == 2 * chunks);
     }
     chunks
 }
@@ -149,12 +166,17 @@ unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
         let q0 = 64 * k;
         let l0 = LANES * k;
         for r in 0..R {
-            let (codes, scales, e8m0) = rows[r];
+            let Row {
+                codes,
+                step,
+                scales,
+                e8m0,
+            } = rows[r];
             match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
                 Kind::Int4 { .. } | Kind::Mxfp4 => {
-                    // SAFETY: 32 readable bytes at `32 k` (asserted above).
-                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast()) };
+                    // SAFETY: 32 readable bytes at `k * step` (asserted above).
+                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(k * step).cast()) };
                     let (wl, wh) = nibbles::<MX>(packed);
                     let s = match kind {
                         Kind::Int4 { group } if !MX => int4_scales8(scales, group, k),
@@ -184,11 +206,11 @@ unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
                     }
                 }
                 Kind::Int8 => {
-                    // SAFETY: 64 readable bytes at `64 k` (asserted above).
+                    // SAFETY: 64 readable bytes at `k * step` (asserted above).
                     let (wl, wh) = unsafe {
                         (
-                            _mm256_loadu_si256(codes.as_ptr().add(q0).cast()),
-                            _mm256_loadu_si256(codes.as_ptr().add(q0 + 32).cast()),
+                            _mm256_loadu_si256(codes.as_ptr().add(k * step).cast()),
+                            _mm256_loadu_si256(codes.as_ptr().add(k * step + 32).cast()),
                         )
                     };
                     let (al, ah) = (_mm256_abs_epi8(wl), _mm256_abs_epi8(wh));
@@ -220,7 +242,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
             let v = sum16_halves(lo[r][t], hi[r][t]);
             out[r][t] = match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-                Kind::Int8 => v * rows[r].1[0],
+                Kind::Int8 => v * rows[r].scales[0],
                 Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
         }
@@ -261,18 +283,22 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
             }
         }
         for r in 0..R {
-            let (codes, scales, e8m0) = rows[r];
+            let Row {
+                codes,
+                step,
+                scales,
+                e8m0,
+            } = rows[r];
+            let at = k * step;
             // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128, mxfp4 looked up
             // plus 12: `corr` holds the matching `-8`, `-128` or `-12` times each lane's sum of
             // q) and the group scales.
             let (w, s) = if MX {
-                // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch of any address
+                // SAFETY: 32 readable bytes at `at` (asserted above); a prefetch of any address
                 // is allowed (it never faults).
                 let packed = unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
-                    );
-                    _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
+                    _mm_prefetch::<_MM_HINT_T0>(codes.as_ptr().wrapping_add(at + PREFETCH).cast());
+                    _mm256_loadu_si256(codes.as_ptr().add(at).cast())
                 };
                 let (lo, hi) = nibbles::<true>(packed);
                 let both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -283,13 +309,13 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
                         unreachable!("ggml kinds run the scalar twin, mxfp4 with MX")
                     }
                     Kind::Int4 { group } => {
-                        // SAFETY: 32 readable bytes at `32 k` (asserted above); a prefetch never
+                        // SAFETY: 32 readable bytes at `at` (asserted above); a prefetch never
                         // faults.
                         let packed = unsafe {
                             _mm_prefetch::<_MM_HINT_T0>(
-                                codes.as_ptr().wrapping_add(32 * k + PREFETCH).cast(),
+                                codes.as_ptr().wrapping_add(at + PREFETCH).cast(),
                             );
-                            _mm256_loadu_si256(codes.as_ptr().add(32 * k).cast())
+                            _mm256_loadu_si256(codes.as_ptr().add(at).cast())
                         };
                         let both = _mm512_inserti64x4(
                             _mm512_castsi256_si512(packed),
@@ -304,13 +330,13 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
                         (_mm512_and_si512(both, m0f), Some(s))
                     }
                     Kind::Int8 => {
-                        // SAFETY: 64 readable bytes at `64 k` (asserted above); a prefetch
+                        // SAFETY: 64 readable bytes at `at` (asserted above); a prefetch
                         // never faults.
                         let w = unsafe {
                             _mm_prefetch::<_MM_HINT_T0>(
-                                codes.as_ptr().wrapping_add(q0 + PREFETCH).cast(),
+                                codes.as_ptr().wrapping_add(at + PREFETCH).cast(),
                             );
-                            _mm512_loadu_si512(codes.as_ptr().add(q0).cast())
+                            _mm512_loadu_si512(codes.as_ptr().add(at).cast())
                         };
                         (_mm512_xor_si512(w, flip), None)
                     }
@@ -335,7 +361,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
             let v = sum16_halves(lo, hi);
             out[r][t] = match kind {
                 Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-                Kind::Int8 => v * rows[r].1[0],
+                Kind::Int8 => v * rows[r].scales[0],
                 Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
         }
@@ -351,7 +377,107 @@ fn dup256(v: __m256) -> __m512 {
     _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(d), d, 1))
 }
 
-/// One token, row by row, in one target-feature function (so that the dot product inlines).
+/// One token against the block of [`INTERLEAVE_ROWS`] rows that starts at row `r` of an
+/// interleaved view (`r` a multiple of 4, the block whole): the block's chunks are one
+/// sequential stream, the token's vectors of a chunk are loaded once for its four rows, and the
+/// rows' four accumulator chains run side by side. Each row's arithmetic is [`dot_vnni`]'s (the
+/// rule's order): the same bits.
+///
+/// # Safety
+/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; `w` is an interleaved view of `kind`
+/// (not ggml; mxfp4 exactly when `MX`), `qa` was quantized for it with one token.
+#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+unsafe fn block_vnni<const MX: bool>(
+    kind: Kind,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    r: usize,
+) -> [f32; INTERLEAVE_ROWS] {
+    const U: usize = INTERLEAVE_ROWS;
+    let (q, d, c) = qa.token(0);
+    let (cols, cb) = (w.cols(), chunk_bytes(kind));
+    let chunks = cols / 64;
+    assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    assert!(w.is_interleaved() && r.is_multiple_of(U) && r + U <= w.rows());
+    // The block: chunk k of row r + u at `(k U + u) cb`.
+    let block = &w.data()[r * chunks * cb..(r + U) * chunks * cb];
+    let rows: [Row<'_>; U] = std::array::from_fn(|u| row_of(kind, w, r + u));
+    let group = match kind {
+        Kind::Int4 { group } => group,
+        _ => 0,
+    };
+    // The rows' scales: f32 per group (int4; int8: one per row, applied at the end) or e8m0
+    // bytes per 32 columns (mxfp4), `chunks * 64 / group` or `2 * chunks` of them (row_of).
+    let fs: [*const f32; U] = std::array::from_fn(|u| rows[u].scales.as_ptr());
+    let es: [*const u8; U] = std::array::from_fn(|u| rows[u].e8m0.as_ptr());
+    let m0f = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [_mm512_setzero_ps(); U];
+    for k in 0..chunks {
+        // The group scale index of chunk k (int4 with groups of 64 or more).
+        let g = if group > 32 { wide_group(group, k) } else { 0 };
+        // SAFETY: chunk k of the token (asserted lengths); chunk k of the block's rows lies in
+        // `block`, its scales at `g` (or `2k`, `2k + 1`) within the rows' scale slices (row_of
+        // sliced them whole); a prefetch never faults.
+        unsafe {
+            let qv = _mm512_loadu_si512(q.as_ptr().add(64 * k).cast());
+            let cv = _mm512_loadu_si512(c.as_ptr().add(LANES * k).cast());
+            let dv = _mm512_loadu_ps(d.as_ptr().add(LANES * k));
+            let at = block.as_ptr().add(k * U * cb);
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
+            for (u, a) in acc.iter_mut().enumerate() {
+                let p = at.add(u * cb);
+                let (wv, m) = if MX {
+                    let (lo, hi) = nibbles::<true>(_mm256_loadu_si256(p.cast()));
+                    let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    let e = es[u];
+                    let s8 = _mm256_blend_ps(
+                        _mm256_set1_ps(e8m0_half(*e.add(2 * k))),
+                        _mm256_set1_ps(e8m0_half(*e.add(2 * k + 1))),
+                        0xF0,
+                    );
+                    (wv, _mm512_mul_ps(dv, dup256(s8)))
+                } else if group != 0 {
+                    let packed = _mm256_loadu_si256(p.cast());
+                    let both = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(packed),
+                        _mm256_srli_epi16(packed, 4),
+                        1,
+                    );
+                    let f = fs[u];
+                    let s = if group == 32 {
+                        dup256(_mm256_blend_ps(
+                            _mm256_set1_ps(*f.add(2 * k)),
+                            _mm256_set1_ps(*f.add(2 * k + 1)),
+                            0xF0,
+                        ))
+                    } else {
+                        _mm512_set1_ps(*f.add(g))
+                    };
+                    (_mm512_and_si512(both, m0f), _mm512_mul_ps(dv, s))
+                } else {
+                    (_mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip), dv)
+                };
+                let pr = _mm512_dpbusd_epi32(cv, wv, qv);
+                *a = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(pr), *a);
+            }
+        }
+    }
+    std::array::from_fn(|u| {
+        let a = acc[u];
+        let lo = _mm512_castps512_ps256(a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        let v = sum16_halves(lo, hi);
+        if group == 0 && !MX {
+            v * rows[u].scales[0]
+        } else {
+            v
+        }
+    })
+}
+
+/// One token, row by row, in one target-feature function (so that the dot product inlines);
+/// an interleaved view's whole blocks four rows at a time ([`block_vnni`]).
 ///
 /// # Safety
 /// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; as [`rows`] with `n == 1`.
@@ -364,10 +490,25 @@ unsafe fn matvec_vnni<const MX: bool>(
     y: &mut [f32],
 ) {
     let tok = qa.token(0);
-    for (i, yo) in y.iter_mut().enumerate() {
-        let row = row_of(kind, w, r0 + i);
+    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+    let mut i = 0;
+    while i < y.len() {
+        let r = r0 + i;
+        if w.is_interleaved()
+            && r.is_multiple_of(INTERLEAVE_ROWS)
+            && r + INTERLEAVE_ROWS <= whole
+            && i + INTERLEAVE_ROWS <= y.len()
+        {
+            // SAFETY: features available (caller); a whole block of an interleaved view.
+            let out = unsafe { block_vnni::<MX>(kind, w, qa, r) };
+            y[i..i + INTERLEAVE_ROWS].copy_from_slice(&out);
+            i += INTERLEAVE_ROWS;
+            continue;
+        }
+        let row = row_of(kind, w, r);
         // SAFETY: features available (caller); the row and token have matching lengths.
-        *yo = unsafe { dot_vnni::<1, 1, MX>(kind, [row], [tok]) }[0][0];
+        y[i] = unsafe { dot_vnni::<1, 1, MX>(kind, [row], [tok]) }[0][0];
+        i += 1;
     }
 }
 
@@ -384,38 +525,73 @@ unsafe fn matvec_avx2<const MX: bool>(
     y: &mut [f32],
 ) {
     let tok = qa.token(0);
-    for (i, yo) in y.iter_mut().enumerate() {
-        let row = row_of(kind, w, r0 + i);
+    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+    let mut i = 0;
+    while i < y.len() {
+        let r = r0 + i;
+        if w.is_interleaved()
+            && r.is_multiple_of(INTERLEAVE_ROWS)
+            && r + INTERLEAVE_ROWS <= whole
+            && i + INTERLEAVE_ROWS <= y.len()
+        {
+            // A whole block of an interleaved view: its four rows side by side read it as one
+            // stream.
+            let rows: [Row<'_>; INTERLEAVE_ROWS] = std::array::from_fn(|u| row_of(kind, w, r + u));
+            // SAFETY: features available (caller); the rows and token have matching lengths.
+            let out = unsafe { dot_avx2::<INTERLEAVE_ROWS, 1, MX>(kind, rows, [tok]) };
+            for (u, o) in out.iter().enumerate() {
+                y[i + u] = o[0];
+            }
+            i += INTERLEAVE_ROWS;
+            continue;
+        }
+        let row = row_of(kind, w, r);
         // SAFETY: features available (caller); the row and token have matching lengths.
-        *yo = unsafe { dot_avx2::<1, 1, MX>(kind, [row], [tok]) }[0][0];
+        y[i] = unsafe { dot_avx2::<1, 1, MX>(kind, [row], [tok]) }[0][0];
+        i += 1;
     }
 }
 
-/// A row's codes and scales.
+/// Row `r` of `w` (of `kind`): its chunks in either row order, its scales.
 fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     let cols = w.cols();
+    let (cb, chunks) = (chunk_bytes(kind), cols / 64);
+    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+    let (start, step) = if w.is_interleaved() && r < whole {
+        let (b, u) = (r / INTERLEAVE_ROWS, r % INTERLEAVE_ROWS);
+        (
+            (b * chunks * INTERLEAVE_ROWS + u) * cb,
+            INTERLEAVE_ROWS * cb,
+        )
+    } else {
+        (r * chunks * cb, cb)
+    };
+    let codes = &w.data()[start..start + (chunks - 1) * step + cb];
     match kind {
         Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
-        Kind::Int8 => (
-            &w.data()[r * cols..(r + 1) * cols],
-            &w.scales()[r..r + 1],
-            &[],
-        ),
+        Kind::Int8 => Row {
+            codes,
+            step,
+            scales: &w.scales()[r..r + 1],
+            e8m0: &[],
+        },
         Kind::Int4 { group } => {
             let ng = cols / group;
-            (
-                &w.data()[r * cols / 2..(r + 1) * cols / 2],
-                &w.scales()[r * ng..(r + 1) * ng],
-                &[],
-            )
+            Row {
+                codes,
+                step,
+                scales: &w.scales()[r * ng..(r + 1) * ng],
+                e8m0: &[],
+            }
         }
         Kind::Mxfp4 => {
             let nb = cols / BLOCK;
-            (
-                &w.data()[r * cols / 2..(r + 1) * cols / 2],
-                &[],
-                &w.e8m0_scales()[r * nb..(r + 1) * nb],
-            )
+            Row {
+                codes,
+                step,
+                scales: &[],
+                e8m0: &w.e8m0_scales()[r * nb..(r + 1) * nb],
+            }
         }
     }
 }

@@ -10,6 +10,11 @@ use coli_kernels::{matmul_num, matvec_num, Isa, Numerics};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+#[derive(Clone)]
 struct Mat {
     encoding: Encoding,
     rows: usize,
@@ -258,6 +263,27 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
                             y[i],
                             r[i]
                         );
+                    }
+                }
+                // The interleaved row order (how the engine keeps resident experts under q8a)
+                // gives the same bits, in both numerics.
+                if MatrixView::can_interleave(enc, rows, cols) {
+                    let mut data = m.data.clone();
+                    MatrixView::interleave(enc, rows, cols, &mut data);
+                    let iv = Mat { data, ..m.clone() };
+                    let wi = iv.view().as_interleaved().unwrap();
+                    for num in [Numerics::Q8a, Numerics::Exact] {
+                        let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                        matmul_num(isa, num, &w, &x, n, &mut a);
+                        matmul_num(isa, num, &wi, &x, n, &mut b);
+                        assert_eq!(bits(&a), bits(&b), "{what} {num:?}: interleaved matmul");
+                        for t in [0, n - 1] {
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+                            matvec_num(isa, num, &w, xt, &mut a);
+                            matvec_num(isa, num, &wi, xt, &mut b);
+                            assert_eq!(bits(&a), bits(&b), "{what} {num:?}: interleaved matvec");
+                        }
                     }
                 }
                 match &want {

@@ -148,3 +148,53 @@ fn q8a_moves_gpt_oss_toward_the_emulated_rule() {
         );
     }
 }
+
+/// Under q8a the engine keeps the matrices the integer rule multiplies in the interleaved row
+/// order (pinned experts and dense weights, `coli_kernels::prefers_interleaved`): the logits
+/// must be the same bits as with every matrix row-major (`set_interleave(false)`), and as a
+/// streamed run whose experts are read on demand (row-major) with its dense weights
+/// interleaved. int4 experts and dense (olmoe, qwen3-moe), mxfp4 experts (gpt-oss, DeepSeek-V4
+/// as released).
+#[test]
+fn interleaved_weights_give_the_same_bits() {
+    coli_kernels::set_numerics(Numerics::Q8a);
+    for name in [
+        "olmoe_fp8",
+        "qwen3_moe_fp8",
+        "gpt_oss_mxfp4",
+        "deepseek_v4_fp8",
+    ] {
+        let exp = read_json(name, "expected_q8a.json");
+        let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
+        let prompt = ids(&exp["prompt_ids"]);
+        let run = |interleave: bool, streamed: bool| {
+            coli_kernels::set_interleave(interleave);
+            let store = open_store(&dir, true, IoPreference::Auto);
+            let one = {
+                let l = store.manifest().expert_layers[0].layer;
+                store
+                    .fetch_one(coli_store::ExpertKey::new(l, 0))
+                    .unwrap()
+                    .len_bytes() as u64
+            };
+            let opts = EngineOptions {
+                ram_budget: streamed.then_some(one),
+                preload: !streamed,
+                ..Default::default()
+            };
+            let mut e = Engine::new(&store, &opts).unwrap();
+            let logits = e.forward(&prompt, Logits::All).unwrap();
+            coli_kernels::set_interleave(true);
+            let bits: Vec<u32> = logits.iter().flatten().map(|v| v.to_bits()).collect();
+            e.reset();
+            (bits, greedy(&mut e, &prompt, 8))
+        };
+        let interleaved = run(true, false);
+        assert_eq!(
+            interleaved,
+            run(false, false),
+            "{name}: interleaved vs row-major"
+        );
+        assert_eq!(interleaved, run(true, true), "{name}: resident vs streamed");
+    }
+}

@@ -135,7 +135,8 @@ pub fn load_mla<'s>(
         q_b,
         kv_a: w.linear(kv_a)?,
         kv_norm: w.rms_norm(kv_norm, m.latent_norm_eps)?,
-        kv_b: w.linear(kv_b)?,
+        // Multiplied with f32 activations (Linear::forward_exact) under any numerics.
+        kv_b: w.exact_linear(kv_b)?,
         o: w.linear(o)?,
         num_heads: spec.num_heads,
         nope: m.qk_nope_head_dim,

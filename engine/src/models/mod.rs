@@ -453,7 +453,7 @@ pub(crate) fn load_lm_head<'s>(
     if t.optional && !w.has(t) {
         Ok(embed)
     } else {
-        w.matrix(t)
+        w.product_matrix(t)
     }
 }
 
@@ -565,7 +565,7 @@ pub(crate) fn hyper_conn<'s>(
             found: vec![scale.len()],
         })?;
     Ok(crate::layers::hyper::HyperConn {
-        proj: w.linear(&coli_format::spec::LinearSpec {
+        proj: w.exact_linear(&coli_format::spec::LinearSpec {
             weight: t.proj.clone(),
             bias: None,
         })?,
@@ -595,7 +595,7 @@ pub(crate) fn hyper_head<'s>(
         });
     };
     Ok(crate::layers::hyper::HyperHead {
-        proj: w.linear(&coli_format::spec::LinearSpec {
+        proj: w.exact_linear(&coli_format::spec::LinearSpec {
             weight: t.proj.clone(),
             bias: None,
         })?,

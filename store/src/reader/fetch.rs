@@ -282,6 +282,7 @@ impl Store {
             encodings: r.encodings().expect("checked at open"),
             layout: r.layout(),
             buf,
+            interleaved: [false; 3],
         })
     }
 }

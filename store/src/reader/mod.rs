@@ -76,6 +76,8 @@ pub struct Store {
     dense_by_name: HashMap<String, usize>,
     dense_verified: Vec<AtomicBool>,
     dense_encodings: Vec<Encoding>,
+    /// Interleaved copies of dense weight sections ([`Store::dense_interleaved`]), made once.
+    dense_copies: Vec<std::sync::OnceLock<crate::AlignedBuf>>,
     engine: Arc<dyn IoEngine>,
     /// The counters around the engine (the same engine, before any caller wrapper).
     counting: Arc<CountingEngine>,

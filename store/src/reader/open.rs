@@ -359,6 +359,9 @@ impl Store {
             .iter()
             .map(|_| AtomicBool::new(false))
             .collect();
+        let dense_copies = (0..manifest.dense.len())
+            .map(|_| Default::default())
+            .collect();
         Ok(Store {
             dir,
             manifest,
@@ -369,6 +372,7 @@ impl Store {
             verify: opts.verify_checksums,
             dense_map,
             dense_by_name,
+            dense_copies,
             dense_verified,
             dense_encodings,
             engine,

@@ -24,6 +24,8 @@ pub struct ExpertBuf {
     pub intermediate: usize,
     pub(super) layout: RecordLayout,
     pub(super) buf: AlignedBuf,
+    /// Which of gate, up, down [`ExpertBuf::interleave`] reordered.
+    pub(super) interleaved: [bool; 3],
 }
 
 /// A dense tensor, borrowed from the store's memory map.
@@ -91,6 +93,49 @@ impl Store {
         })
     }
 
+    /// The dense matrix `name` with its weight section in the interleaved row order
+    /// ([`MatrixView::interleave`]), from a copy the store keeps for as long as it is open (made
+    /// at the first call, after the checksum check of [`Store::dense`]; the mapped pages of the
+    /// section are then released, as nothing reads them again through this store's users). A
+    /// matrix that cannot be interleaved is returned as [`Store::dense`] maps it. Kernels give
+    /// the same numbers in either order; engines ask for this where the kernels prefer it.
+    ///
+    /// # Errors
+    /// As [`Store::dense`].
+    pub fn dense_interleaved(&self, name: &str) -> Result<MatrixView<'_>, StoreError> {
+        let t = self.dense(name)?;
+        let m = t.matrix();
+        let (e, rows, cols) = (m.encoding(), m.rows(), m.cols());
+        if !MatrixView::can_interleave(e, rows, cols) {
+            return Ok(m);
+        }
+        let i = self.dense_by_name[name];
+        let copy = self.dense_copies[i].get_or_init(|| {
+            let mut b = AlignedBuf::new(t.data.len(), AlignedBuf::DEFAULT_ALIGN);
+            b.as_mut_slice().copy_from_slice(t.data);
+            MatrixView::interleave(e, rows, cols, b.as_mut_slice());
+            if let Some(map) = &self.dense_map {
+                let off = self.manifest.dense[i].offset as usize;
+                // SAFETY: the map is a shared, read-only file mapping: MADV_DONTNEED only drops
+                // this process's pages of the range (other tensors sharing a boundary page
+                // included), and a later read faults in the same file bytes again, so every
+                // borrowed slice of the map keeps its contents.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        off,
+                        t.data.len(),
+                    )
+                };
+            }
+            b
+        });
+        let v = MatrixView::new(e, rows, cols, &copy[..], t.scales)
+            .and_then(MatrixView::as_interleaved)
+            .expect("a copy of a checked section, of a matrix that can be interleaved");
+        Ok(v)
+    }
+
     /// True when the store has a dense tensor of that name.
     pub fn has_dense(&self, name: &str) -> bool {
         self.dense_by_name.contains_key(name)
@@ -105,14 +150,47 @@ impl ExpertBuf {
         } else {
             (self.intermediate, self.hidden)
         };
-        MatrixView::from_sections(
+        let v = MatrixView::from_sections(
             self.encodings[i],
             rows,
             cols,
             &self.buf[w_off..w_off + wb],
             &self.buf[s_off..s_off + sb],
         )
-        .expect("record sections follow RecordLayout (checked at open)")
+        .expect("record sections follow RecordLayout (checked at open)");
+        if self.interleaved[i] {
+            return v
+                .as_interleaved()
+                .expect("interleave reorders only matrices that can be");
+        }
+        v
+    }
+
+    /// Reorders the weight sections of the matrices `pick` selects (among gate, up and down,
+    /// those [`MatrixView::can_interleave`]) into the interleaved row order in memory
+    /// ([`MatrixView::interleave`]); their views then read that order. The kernels give the
+    /// same numbers in either order, faster in this one for some (`coli_kernels::
+    /// prefers_interleaved`): engines reorder a record once when it enters their cache. After
+    /// this, [`ExpertBuf::bytes`] are no longer the record as stored.
+    pub fn interleave(&mut self, pick: impl Fn(&MatrixView<'_>) -> bool) {
+        for i in 0..3 {
+            let v = self.view(i);
+            if self.interleaved[i]
+                || !MatrixView::can_interleave(v.encoding(), v.rows(), v.cols())
+                || !pick(&v)
+            {
+                continue;
+            }
+            let (e, rows, cols) = (v.encoding(), v.rows(), v.cols());
+            let (w_off, wb, _, _) = self.layout.sections[i];
+            MatrixView::interleave(
+                e,
+                rows,
+                cols,
+                &mut self.buf.as_mut_slice()[w_off..w_off + wb],
+            );
+            self.interleaved[i] = true;
+        }
     }
 
     fn bias(&self, i: usize) -> Option<&[f32]> {
@@ -172,7 +250,8 @@ impl ExpertBuf {
         self.buf.held_bytes()
     }
 
-    /// The raw record bytes (FORMAT.md section 5), padding included.
+    /// The raw record bytes (FORMAT.md section 5), padding included (with the weight sections
+    /// [`ExpertBuf::interleave`] reordered, if any).
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
