@@ -377,27 +377,32 @@ fn dup256(v: __m256) -> __m512 {
     _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(d), d, 1))
 }
 
-/// One token against the block of [`INTERLEAVE_ROWS`] rows that starts at row `r` of an
-/// interleaved view (`r` a multiple of 4, the block whole): the block's chunks are one
-/// sequential stream, the token's vectors of a chunk are loaded once for its four rows, and the
-/// rows' four accumulator chains run side by side. Each row's arithmetic is [`dot_vnni`]'s (the
-/// rule's order): the same bits.
+/// Tokens `t0 .. t0 + T` against the block of [`INTERLEAVE_ROWS`] rows that starts at row `r`
+/// of an interleaved view (`r` a multiple of 4, the block whole): the block's chunks are one
+/// sequential stream, the tokens' vectors of a chunk are loaded once for its four rows, and the
+/// `4 T` accumulator chains run side by side. Each (row, token)'s arithmetic is [`dot_vnni`]'s
+/// (the rule's order): the same bits. `out[u][t]` is row `r + u`, token `t0 + t`.
 ///
 /// # Safety
 /// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; `w` is an interleaved view of `kind`
-/// (not ggml; mxfp4 exactly when `MX`), `qa` was quantized for it with one token.
+/// (not ggml; mxfp4 exactly when `MX`), `qa` was quantized for it with at least `t0 + T`
+/// tokens.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn block_vnni<const MX: bool>(
+unsafe fn block_vnni<const MX: bool, const T: usize>(
     kind: Kind,
     w: &MatrixView<'_>,
     qa: &QAct,
     r: usize,
-) -> [f32; INTERLEAVE_ROWS] {
+    t0: usize,
+) -> [[f32; T]; INTERLEAVE_ROWS] {
     const U: usize = INTERLEAVE_ROWS;
-    let (q, d, c) = qa.token(0);
+    let toks: [Tok<'_>; T] = std::array::from_fn(|t| qa.token(t0 + t));
     let (cols, cb) = (w.cols(), chunk_bytes(kind));
     let chunks = cols / 64;
-    assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    for (q, d, c) in toks {
+        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+    }
     assert!(w.is_interleaved() && r.is_multiple_of(U) && r + U <= w.rows());
     // The block: chunk k of row r + u at `(k U + u) cb`.
     let block = &w.data()[r * chunks * cb..(r + U) * chunks * cb];
@@ -412,22 +417,30 @@ unsafe fn block_vnni<const MX: bool>(
     let es: [*const u8; U] = std::array::from_fn(|u| rows[u].e8m0.as_ptr());
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
-    let mut acc = [_mm512_setzero_ps(); U];
+    let mut acc = [[_mm512_setzero_ps(); T]; U];
     for k in 0..chunks {
         // The group scale index of chunk k (int4 with groups of 64 or more).
         let g = if group > 32 { wide_group(group, k) } else { 0 };
-        // SAFETY: chunk k of the token (asserted lengths); chunk k of the block's rows lies in
+        // SAFETY: chunk k of the tokens (asserted lengths); chunk k of the block's rows lies in
         // `block`, its scales at `g` (or `2k`, `2k + 1`) within the rows' scale slices (row_of
         // sliced them whole); a prefetch never faults.
         unsafe {
-            let qv = _mm512_loadu_si512(q.as_ptr().add(64 * k).cast());
-            let cv = _mm512_loadu_si512(c.as_ptr().add(LANES * k).cast());
-            let dv = _mm512_loadu_ps(d.as_ptr().add(LANES * k));
+            let mut qv = [_mm512_setzero_si512(); T];
+            let mut cv = [_mm512_setzero_si512(); T];
+            let mut dv = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                let (q, d, c) = toks[t];
+                qv[t] = _mm512_loadu_si512(q.as_ptr().add(64 * k).cast());
+                cv[t] = _mm512_loadu_si512(c.as_ptr().add(LANES * k).cast());
+                dv[t] = _mm512_loadu_ps(d.as_ptr().add(LANES * k));
+            }
             let at = block.as_ptr().add(k * U * cb);
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
-            for (u, a) in acc.iter_mut().enumerate() {
+            for u in 0..U {
                 let p = at.add(u * cb);
-                let (wv, m) = if MX {
+                // The 64 codes as unsigned bytes and the lanes' scale (None: int8, whose row
+                // scale comes last).
+                let (wv, s) = if MX {
                     let (lo, hi) = nibbles::<true>(_mm256_loadu_si256(p.cast()));
                     let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                     let e = es[u];
@@ -436,7 +449,7 @@ unsafe fn block_vnni<const MX: bool>(
                         _mm256_set1_ps(e8m0_half(*e.add(2 * k + 1))),
                         0xF0,
                     );
-                    (wv, _mm512_mul_ps(dv, dup256(s8)))
+                    (wv, Some(dup256(s8)))
                 } else if group != 0 {
                     let packed = _mm256_loadu_si256(p.cast());
                     let both = _mm512_inserti64x4(
@@ -454,25 +467,33 @@ unsafe fn block_vnni<const MX: bool>(
                     } else {
                         _mm512_set1_ps(*f.add(g))
                     };
-                    (_mm512_and_si512(both, m0f), _mm512_mul_ps(dv, s))
+                    (_mm512_and_si512(both, m0f), Some(s))
                 } else {
-                    (_mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip), dv)
+                    (_mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip), None)
                 };
-                let pr = _mm512_dpbusd_epi32(cv, wv, qv);
-                *a = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(pr), *a);
+                for t in 0..T {
+                    let m = match s {
+                        Some(s) => _mm512_mul_ps(dv[t], s),
+                        None => dv[t],
+                    };
+                    let pr = _mm512_dpbusd_epi32(cv[t], wv, qv[t]);
+                    acc[u][t] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(pr), acc[u][t]);
+                }
             }
         }
     }
     std::array::from_fn(|u| {
-        let a = acc[u];
-        let lo = _mm512_castps512_ps256(a);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        let v = sum16_halves(lo, hi);
-        if group == 0 && !MX {
-            v * rows[u].scales[0]
-        } else {
-            v
-        }
+        std::array::from_fn(|t| {
+            let a = acc[u][t];
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            let v = sum16_halves(lo, hi);
+            if group == 0 && !MX {
+                v * rows[u].scales[0]
+            } else {
+                v
+            }
+        })
     })
 }
 
@@ -500,8 +521,10 @@ unsafe fn matvec_vnni<const MX: bool>(
             && i + INTERLEAVE_ROWS <= y.len()
         {
             // SAFETY: features available (caller); a whole block of an interleaved view.
-            let out = unsafe { block_vnni::<MX>(kind, w, qa, r) };
-            y[i..i + INTERLEAVE_ROWS].copy_from_slice(&out);
+            let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, 0) };
+            for (u, o) in out.iter().enumerate() {
+                y[i + u] = o[0];
+            }
             i += INTERLEAVE_ROWS;
             continue;
         }
@@ -669,6 +692,50 @@ unsafe fn rows_of<const MX: bool>(
             } else {
                 matvec_avx2::<MX>(kind, w, qa, r0, yt);
             }
+        }
+        return;
+    }
+    if vnni && w.is_interleaved() {
+        // Whole blocks of an interleaved view: 4 rows x TILE tokens, one stream per block.
+        let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+        while i < nrows {
+            let r = r0 + i;
+            if !(r.is_multiple_of(INTERLEAVE_ROWS)
+                && r + INTERLEAVE_ROWS <= whole
+                && i + INTERLEAVE_ROWS <= nrows)
+            {
+                let mut t = 0;
+                while t + TILE <= n {
+                    tile!(1, 4, i, t);
+                    t += TILE;
+                }
+                while t < n {
+                    tile!(1, 1, i, t);
+                    t += 1;
+                }
+                i += 1;
+                continue;
+            }
+            let mut t = 0;
+            while t < n {
+                let at = |u: usize| (i + u) * n + t;
+                if t + TILE <= n {
+                    // SAFETY: the caller's guarantees; a whole block of an interleaved view.
+                    let out = unsafe { block_vnni::<MX, TILE>(kind, w, qa, r, t) };
+                    for (u, o) in out.iter().enumerate() {
+                        yt[at(u)..at(u) + TILE].copy_from_slice(o);
+                    }
+                    t += TILE;
+                } else {
+                    // SAFETY: as above.
+                    let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, t) };
+                    for (u, o) in out.iter().enumerate() {
+                        yt[at(u)] = o[0];
+                    }
+                    t += 1;
+                }
+            }
+            i += INTERLEAVE_ROWS;
         }
         return;
     }
