@@ -44,7 +44,8 @@ impl<'a> MatrixView<'a> {
     /// None when the range is empty, out of bounds, or cuts through a block of scales: FP8's
     /// 128x128 blocks need `r0` a multiple of 128 and `r1` one too or the last row; every other
     /// encoding scales whole rows (int4 per group of a row, int8 per row, mxfp4 per 32 columns
-    /// of a row) and slices anywhere.
+    /// of a row) and slices anywhere, except an interleaved view, which cuts between its blocks
+    /// of [`INTERLEAVE_ROWS`] rows only (`r0` a multiple of 4, `r1` one too or the last row).
     pub fn row_range(&self, r0: usize, r1: usize) -> Option<MatrixView<'a>> {
         if r0 >= r1 || r1 > self.rows {
             return None;
@@ -297,9 +298,14 @@ impl<'a> MatrixView<'a> {
     /// in either row order. Defined where `cols` is a multiple of 64.
     ///
     /// # Panics
-    /// If `r >= rows` or `k >= cols / 64`.
+    /// If `r >= rows`, `k >= cols / 64` or `cols` is not a multiple of 64.
     #[inline]
     pub fn chunk(&self, r: usize, k: usize) -> &'a [u8] {
+        assert!(
+            self.cols.is_multiple_of(INTERLEAVE_COLS),
+            "chunk: {} columns are not whole chunks of 64",
+            self.cols
+        );
         let cb = self.encoding.weight_bytes(1, INTERLEAVE_COLS);
         let at = self.chunk_offset(r, k, cb);
         &self.data[at..at + cb]

@@ -202,7 +202,8 @@ pub fn interleave() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let on = std::env::var_os("COLI_NO_INTERLEAVE").is_none();
+            let on =
+                std::env::var_os("COLI_NO_INTERLEAVE").is_none_or(|v| v.is_empty() || v == "0");
             INTERLEAVE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
@@ -307,7 +308,12 @@ fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usiz
     if rows * cols * n < PARALLEL_MIN_WORK {
         q8a_chunk(isa, kind, w, &qa, n, 0, &mut yt);
     } else {
-        let cr = matmul_chunk_rows(rows, cols);
+        let cr = if w.is_interleaved() {
+            // Whole blocks per task, as for one token.
+            matmul_chunk_rows(rows, cols).next_multiple_of(coli_format::INTERLEAVE_ROWS)
+        } else {
+            matmul_chunk_rows(rows, cols)
+        };
         yt.par_chunks_mut(cr * n)
             .enumerate()
             .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, n, i * cr, yc));

@@ -680,10 +680,13 @@ unsafe fn rows_of<const MX: bool>(
     }
     let nrows = yt.len() / n;
     let mut i = 0;
-    // One token (decode): row by row, so the weights stream from RAM in one sequential run
-    // (2 or 4 rows interleaved per chunk cut the rate from RAM by a third: 1024 x 2048 int4-g64,
-    // 106 us one row at a time, 164-180 us interleaved, exact 126 us; kernels/benches/q8a.rs).
-    // Several tokens: 2 rows x 4 tokens, whose 8 accumulator chains the weights are reused by.
+    // One token (decode): a row-major view row by row, so the weights stream from RAM in one
+    // sequential run (2 or 4 rows read side by side, from 4 places of the row-major section,
+    // cut the rate from RAM by a third: 1024 x 2048 int4-g64, 106 us one row at a time, 164-180
+    // us side by side, exact 126 us); an interleaved view block by block (its 4 rows are one
+    // stream there: `block_vnni`, 1.5x a row at a time; kernels/benches/q8a.rs). Several tokens:
+    // 2 rows x 4 tokens, whose 8 accumulator chains the weights are reused by (an interleaved
+    // view's blocks: 4 rows x 4 tokens).
     if n == 1 {
         // SAFETY: the caller's guarantees.
         unsafe {

@@ -153,20 +153,41 @@ fn q8a_moves_gpt_oss_toward_the_emulated_rule() {
 /// order (pinned experts and dense weights, `coli_kernels::prefers_interleaved`): the logits
 /// must be the same bits as with every matrix row-major (`set_interleave(false)`), and as a
 /// streamed run whose experts are read on demand (row-major) with its dense weights
-/// interleaved. int4 experts and dense (olmoe, qwen3-moe), mxfp4 experts (gpt-oss, DeepSeek-V4
-/// as released).
+/// interleaved. int4 experts and dense (qwen3-moe, Qwen3-Next), int8 experts and dense
+/// (qwen3-moe), mxfp4 experts (gpt-oss, DeepSeek-V4 as released).
 #[test]
 fn interleaved_weights_give_the_same_bits() {
     coli_kernels::set_numerics(Numerics::Q8a);
-    for name in [
-        "olmoe_fp8",
-        "qwen3_moe_fp8",
-        "gpt_oss_mxfp4",
-        "deepseek_v4_fp8",
+    let int8 = serde_json::json!({"experts": "int8", "dense": "int8"});
+    for (name, store) in [
+        ("qwen3_moe_fp8", None),
+        ("qwen3_moe_fp8", Some(&int8)),
+        ("qwen3_next_bf16", None),
+        ("gpt_oss_mxfp4", None),
+        ("deepseek_v4_fp8", None),
     ] {
         let exp = read_json(name, "expected_q8a.json");
-        let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
+        let store_json = store.unwrap_or(&exp["store"]);
+        let (_tmp, dir) = convert_fixture_with(name, store_json, "q8a interleave");
         let prompt = ids(&exp["prompt_ids"]);
+        let what = format!("{name} {store_json}");
+        // The rule covers (and the engine reorders) this fixture's experts and some of its
+        // dense weights: the comparison below is not vacuous.
+        {
+            coli_kernels::set_interleave(true);
+            let s = open_store(&dir, true, IoPreference::Auto);
+            let l = s.manifest().expert_layers[0].layer;
+            let e = s.fetch_one(coli_store::ExpertKey::new(l, 0)).unwrap();
+            assert!(
+                coli_kernels::prefers_interleaved(&e.gate()),
+                "{what}: experts"
+            );
+            let dense = s.manifest().dense.iter().filter(|t| {
+                s.dense(&t.name)
+                    .is_ok_and(|d| coli_kernels::prefers_interleaved(&d.matrix()))
+            });
+            assert!(dense.count() > 0, "{what}: no dense matrix is reordered");
+        }
         let run = |interleave: bool, streamed: bool| {
             coli_kernels::set_interleave(interleave);
             let store = open_store(&dir, true, IoPreference::Auto);
@@ -193,8 +214,8 @@ fn interleaved_weights_give_the_same_bits() {
         assert_eq!(
             interleaved,
             run(false, false),
-            "{name}: interleaved vs row-major"
+            "{what}: interleaved vs row-major"
         );
-        assert_eq!(interleaved, run(true, true), "{name}: resident vs streamed");
+        assert_eq!(interleaved, run(true, true), "{what}: resident vs streamed");
     }
 }

@@ -135,8 +135,9 @@ pub enum GroupedLinear<'s> {
     /// One view of each group's rows (every encoding but FP8 cut inside a block of 128 rows).
     Views(Vec<Linear<'s>>),
     /// The whole matrix, each group's input multiplied by all of it and its rows kept: FP8
-    /// whose group rows cut through its 128-row scale blocks (tiny models; the releases' rank
-    /// of 1024 cuts whole blocks). The same products, `groups` times the work.
+    /// whose group rows cut through its 128-row scale blocks, or an interleaved view (q8a)
+    /// whose groups cut through its 4-row blocks (tiny models; the releases' rank of 1024 cuts
+    /// whole blocks). The same products, `groups` times the work.
     Whole {
         /// `wo_a`.
         w: Linear<'s>,
