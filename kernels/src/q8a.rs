@@ -210,6 +210,18 @@ pub(crate) fn sum16(a: &[f32; LANES]) -> f32 {
     v2[0] + v2[1]
 }
 
+/// The 4-bit code of column `c` of a chunk of packed nibbles (int4, mxfp4: column `2b` low,
+/// `2b + 1` high).
+#[inline]
+fn nibble(ck: &[u8], c: usize) -> u8 {
+    let byte = ck[c / 2];
+    if c.is_multiple_of(2) {
+        byte & 15
+    } else {
+        byte >> 4
+    }
+}
+
 /// The scalar twin: row `r` of `w` (of `kind`) dotted with token `t` of `qa`.
 pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t: usize) -> f32 {
     let cols = w.cols();
@@ -237,13 +249,7 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
-                        let c = lane_col(kind, j, i);
-                        let byte = ck[c / 2];
-                        let code = if c.is_multiple_of(2) {
-                            byte & 15
-                        } else {
-                            byte >> 4
-                        };
+                        let code = nibble(ck, lane_col(kind, j, i));
                         p += (code as i32 - 8) * q[k * CHUNK + 4 * j + i] as i32;
                     }
                     let m = d[k * LANES + j] * srow[group_of(group, k, j)];
@@ -260,13 +266,7 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
-                        let c = lane_col(kind, j, i);
-                        let byte = ck[c / 2];
-                        let code = if c.is_multiple_of(2) {
-                            byte & 15
-                        } else {
-                            byte >> 4
-                        };
+                        let code = nibble(ck, lane_col(kind, j, i));
                         p += E2M1_DOUBLED[code as usize] as i32 * q[k * CHUNK + 4 * j + i] as i32;
                     }
                     let m = d[k * LANES + j] * e8m0_half(erow[group_of(BLOCK, k, j)]);

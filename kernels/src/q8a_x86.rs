@@ -511,15 +511,10 @@ unsafe fn matvec_vnni<const MX: bool>(
     y: &mut [f32],
 ) {
     let tok = qa.token(0);
-    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
     let mut i = 0;
     while i < y.len() {
         let r = r0 + i;
-        if w.is_interleaved()
-            && r.is_multiple_of(INTERLEAVE_ROWS)
-            && r + INTERLEAVE_ROWS <= whole
-            && i + INTERLEAVE_ROWS <= y.len()
-        {
+        if whole_block(w, r, y.len() - i) {
             // SAFETY: features available (caller); a whole block of an interleaved view.
             let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, 0) };
             for (u, o) in out.iter().enumerate() {
@@ -548,15 +543,10 @@ unsafe fn matvec_avx2<const MX: bool>(
     y: &mut [f32],
 ) {
     let tok = qa.token(0);
-    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
     let mut i = 0;
     while i < y.len() {
         let r = r0 + i;
-        if w.is_interleaved()
-            && r.is_multiple_of(INTERLEAVE_ROWS)
-            && r + INTERLEAVE_ROWS <= whole
-            && i + INTERLEAVE_ROWS <= y.len()
-        {
+        if whole_block(w, r, y.len() - i) {
             // A whole block of an interleaved view: its four rows side by side read it as one
             // stream.
             let rows: [Row<'_>; INTERLEAVE_ROWS] = std::array::from_fn(|u| row_of(kind, w, r + u));
@@ -573,6 +563,16 @@ unsafe fn matvec_avx2<const MX: bool>(
         y[i] = unsafe { dot_avx2::<1, 1, MX>(kind, [row], [tok]) }[0][0];
         i += 1;
     }
+}
+
+/// True when row `r` of `w` starts a whole block of an interleaved view and `left` (the rows
+/// still to compute from `r` on) covers it: [`block_vnni`] (or the AVX2 4-row tile) can take it.
+fn whole_block(w: &MatrixView<'_>, r: usize, left: usize) -> bool {
+    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+    w.is_interleaved()
+        && r.is_multiple_of(INTERLEAVE_ROWS)
+        && r + INTERLEAVE_ROWS <= whole
+        && left >= INTERLEAVE_ROWS
 }
 
 /// Row `r` of `w` (of `kind`): its chunks in either row order, its scales.
@@ -700,13 +700,9 @@ unsafe fn rows_of<const MX: bool>(
     }
     if vnni && w.is_interleaved() {
         // Whole blocks of an interleaved view: 4 rows x TILE tokens, one stream per block.
-        let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
         while i < nrows {
             let r = r0 + i;
-            if !(r.is_multiple_of(INTERLEAVE_ROWS)
-                && r + INTERLEAVE_ROWS <= whole
-                && i + INTERLEAVE_ROWS <= nrows)
-            {
+            if !whole_block(w, r, nrows - i) {
                 let mut t = 0;
                 while t + TILE <= n {
                     tile!(1, 4, i, t);
