@@ -102,25 +102,34 @@ fn gib(b: f64) -> String {
 fn cpu_check() -> Check {
     use coli_kernels::Isa;
     let isa = coli_kernels::detected_isa();
-    let forced = std::env::var("COLI_ISA").ok();
-    let note = forced
+    let forced = std::env::var("COLI_ISA")
+        .ok()
         .map(|v| format!(" (COLI_ISA={v})"))
-        .unwrap_or_default()
-        + &format!(
-            "; integer-activation kernel (--numerics q8a): {}",
-            coli_kernels::integer_kernel(isa)
-        );
+        .unwrap_or_default();
+    // The integer-activation products, last: they are a choice of their own.
+    let q8a = format!(
+        "; under --numerics q8a the {} integer kernel{}",
+        coli_kernels::integer_kernel(isa),
+        if coli_kernels::interleave() {
+            ", resident weights in the interleaved row order"
+        } else {
+            " (COLI_NO_INTERLEAVE: resident weights stay row-major)"
+        }
+    );
     match isa {
         Isa::Avx512 => check(
             "cpu",
             Level::Pass,
-            format!("AVX-512F{note}: the AVX-512 int4, int8 and mxfp4 kernels, AVX2 for the rest"),
+            format!(
+                "AVX-512F{forced}: AVX-512 kernels for int4, int8, mxfp4 and bf16 products, AVX2 \
+                 for the other encodings{q8a}"
+            ),
             None,
         ),
         Isa::Avx2Fma => check(
             "cpu",
             Level::Pass,
-            format!("AVX2 + FMA{note}: the AVX2 kernels"),
+            format!("AVX2 + FMA{forced}: the AVX2 kernels{q8a}"),
             None,
         ),
         Isa::Scalar => {
@@ -133,7 +142,7 @@ fn cpu_check() -> Check {
             check(
                 "cpu",
                 Level::Warn,
-                format!("no AVX2/FMA in use{note}: the portable scalar kernels"),
+                format!("no AVX2/FMA in use{forced}: the portable scalar kernels{q8a}"),
                 Some(fix.into()),
             )
         }
