@@ -242,34 +242,33 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
             }
             sum16(&acc) * w.scales()[r]
         }
-        Kind::Int4 { group } => {
-            let srow = &w.scales()[r * (cols / group)..(r + 1) * (cols / group)];
-            for k in 0..cols / CHUNK {
-                let ck = w.chunk(r, k);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let mut p = 0i32;
-                    for i in 0..4 {
-                        let code = nibble(ck, lane_col(kind, j, i));
-                        p += (code as i32 - 8) * q[k * CHUNK + 4 * j + i] as i32;
-                    }
-                    let m = d[k * LANES + j] * srow[group_of(group, k, j)];
-                    *a = m.mul_add(p as f32, *a);
+        Kind::Int4 { .. } | Kind::Mxfp4 => {
+            // Nibble codes: int4's minus 8 with its group's f32 scale, or mxfp4's doubled e2m1
+            // value with its block's halved e8m0 scale.
+            let scale: Box<dyn Fn(usize, usize) -> f32> = match kind {
+                Kind::Int4 { group } => {
+                    let srow = &w.scales()[r * (cols / group)..(r + 1) * (cols / group)];
+                    Box::new(move |k, j| srow[group_of(group, k, j)])
                 }
-            }
-            sum16(&acc)
-        }
-        Kind::Mxfp4 => {
-            let nb = cols / BLOCK;
-            let erow = &w.e8m0_scales()[r * nb..(r + 1) * nb];
+                _ => {
+                    let nb = cols / BLOCK;
+                    let erow = &w.e8m0_scales()[r * nb..(r + 1) * nb];
+                    Box::new(move |k, j| e8m0_half(erow[group_of(BLOCK, k, j)]))
+                }
+            };
+            let value = |code: u8| match kind {
+                Kind::Mxfp4 => E2M1_DOUBLED[code as usize] as i32,
+                _ => code as i32 - 8,
+            };
             for k in 0..cols / CHUNK {
                 let ck = w.chunk(r, k);
                 for (j, a) in acc.iter_mut().enumerate() {
                     let mut p = 0i32;
                     for i in 0..4 {
                         let code = nibble(ck, lane_col(kind, j, i));
-                        p += E2M1_DOUBLED[code as usize] as i32 * q[k * CHUNK + 4 * j + i] as i32;
+                        p += value(code) * q[k * CHUNK + 4 * j + i] as i32;
                     }
-                    let m = d[k * LANES + j] * e8m0_half(erow[group_of(BLOCK, k, j)]);
+                    let m = d[k * LANES + j] * scale(k, j);
                     *a = m.mul_add(p as f32, *a);
                 }
             }

@@ -565,10 +565,7 @@ pub(crate) fn hyper_conn<'s>(
             found: vec![scale.len()],
         })?;
     Ok(crate::layers::hyper::HyperConn {
-        proj: w.exact_linear(&coli_format::spec::LinearSpec {
-            weight: t.proj.clone(),
-            bias: None,
-        })?,
+        proj: hyper_proj(w, t)?,
         base: w.vector(&t.base)?,
         scale,
         streams: hc.mult,
@@ -576,6 +573,17 @@ pub(crate) fn hyper_conn<'s>(
         iters: hc.sinkhorn_iters,
         eps: hc.eps,
         norm_eps: spec.rms_norm_eps,
+    })
+}
+
+/// A hyper-connection's projection: f32 activations under any numerics, so row-major.
+fn hyper_proj<'s>(
+    w: &mut Weights<'s>,
+    t: &coli_format::spec::HyperConnSpec,
+) -> Result<crate::layers::Linear<'s>> {
+    w.exact_linear(&coli_format::spec::LinearSpec {
+        weight: t.proj.clone(),
+        bias: None,
     })
 }
 
@@ -595,10 +603,7 @@ pub(crate) fn hyper_head<'s>(
         });
     };
     Ok(crate::layers::hyper::HyperHead {
-        proj: w.exact_linear(&coli_format::spec::LinearSpec {
-            weight: t.proj.clone(),
-            bias: None,
-        })?,
+        proj: hyper_proj(w, t)?,
         base: w.vector(&t.base)?,
         scale,
         streams: hc.mult,
