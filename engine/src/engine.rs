@@ -361,6 +361,15 @@ impl<'s> Engine<'s> {
         self.prefill_batch
     }
 
+    /// `ids` fed after `pos` cached positions, cut into prefill passes of at most
+    /// [`Engine::prefill_batch`] tokens at the positions [`crate::prefill::spans`] chooses.
+    fn prefill_chunks<'a>(&self, pos: usize, ids: &'a [u32]) -> Vec<&'a [u32]> {
+        crate::prefill::spans(pos, ids.len(), self.prefill_batch)
+            .into_iter()
+            .map(|r| &ids[r])
+            .collect()
+    }
+
     /// Threads of the engine's pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
@@ -979,7 +988,7 @@ impl<'s> Engine<'s> {
     /// [`Engine::forward`] after its checks, with the sequence pinned at `start`.
     fn forward_from(&mut self, ids: &[u32], which: Logits, start: usize) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::new();
-        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
+        let chunks = self.prefill_chunks(start, ids);
         if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
             let r = self.forward_layer_major(&chunks, which);
             if r.is_err() {
@@ -1032,7 +1041,7 @@ impl<'s> Engine<'s> {
         if seq.needs_pin(ids.len()) {
             seq.pin();
         }
-        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_batch).collect();
+        let chunks = self.prefill_chunks(start, ids);
         let r = if chunks.len() > 1 && self.trace.is_none() && !self.token_major_prefill {
             self.commit_usage(seq);
             self.layer_major_inner(seq, &chunks, which, stop)
@@ -1497,10 +1506,10 @@ impl<'s> Engine<'s> {
         self.check_ids(ids)?;
         let mut total = 0.0f64;
         let mut count = 0usize;
-        for (ci, chunk) in ids.chunks(self.prefill_batch).enumerate() {
-            let logits = self.forward(chunk, Logits::All)?;
+        for span in crate::prefill::spans(0, ids.len(), self.prefill_batch) {
+            let logits = self.forward(&ids[span.clone()], Logits::All)?;
             for (i, row) in logits.iter().enumerate() {
-                let t = ci * self.prefill_batch + i;
+                let t = span.start + i;
                 if t + 1 >= ids.len() {
                     break;
                 }

@@ -28,6 +28,7 @@ pub mod models;
 pub mod options;
 pub mod placement;
 pub mod prefetch;
+pub mod prefill;
 pub mod prefix_cache;
 pub mod sampling;
 pub mod sequence;

@@ -436,7 +436,7 @@ fn hybrid_long_prompt(name: &str) {
     // MLA layers (Kimi-Linear) decode in their expanded form here, as they prefill: the
     // comparison of chunkings below is then about the recurrent layers alone (the absorbed form
     // rounds differently, docs/ENGINE.md "Determinism").
-    let (dir, prompt, runs) = long_prompt_runs(name, 64, |e| e.set_absorbed_decode(false));
+    let (dir, prompt, runs) = long_prompt_runs(name, 100, |e| e.set_absorbed_decode(false));
     for (what, _, state) in &runs {
         // A recurrent state is exact at its length only: a shorter prefix is not offered.
         let n = state.len();
@@ -456,9 +456,56 @@ fn hybrid_long_prompt(name: &str) {
         lasts[1], lasts[2],
         "16-row spans and single rows: both recurrent"
     );
+    // A chunk of 100 cuts the prompt at 64 and 128 (`coli_engine::prefill`): positions 0..128
+    // run the chunkwise form as in one pass of 256, so the bits are the same (before the cuts
+    // were aligned, 100 gave spans 0..100 and 100..150 and other bits: a `--ram-budget` that
+    // changed the automatic chunk changed the logits).
+    assert_eq!(lasts[0], lasts[3], "prefill batch 100 vs 256");
+    aligned_cuts_keep_the_bits(&dir, &prompt);
     // A long prefill after cached tokens that is stopped rolls back exactly to them (its start
     // is pinned), and then gives the bits of an uninterrupted prefill.
     stopped_prefill_rolls_back(&dir, &prompt);
+}
+
+/// After 37 cached positions (not a multiple of 64), the rest of `prompt` prefilled with chunks
+/// of 64, 100, 192 and 2048 tokens (one pass) gives every row's logits bit for bit alike,
+/// through `Engine::forward` (layer-major and token-major) and `Engine::prefill_sequence`.
+fn aligned_cuts_keep_the_bits(dir: &std::path::Path, prompt: &[u32]) {
+    let store = open(dir, false, IoPreference::Auto);
+    let (head, tail) = prompt.split_at(37);
+    let mut rows: Vec<(String, Vec<Vec<f32>>)> = Vec::new();
+    for (batch, token_major) in [(2048, false), (64, false), (100, false), (192, true)] {
+        let mut e = Engine::new(
+            &store,
+            &EngineOptions {
+                prefill_batch: batch,
+                token_major_prefill: token_major,
+                max_sequences: 2,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        e.set_absorbed_decode(false);
+        e.forward(head, Logits::Last).unwrap();
+        let all = e.forward(tail, Logits::All).unwrap();
+        rows.push((
+            format!("forward, batch {batch} token-major {token_major}"),
+            all,
+        ));
+        let mut seq = e.new_sequence().unwrap();
+        e.prefill_sequence(&mut seq, head, Logits::Last, &|| false)
+            .unwrap();
+        let all = e
+            .prefill_sequence(&mut seq, tail, Logits::All, &|| false)
+            .unwrap();
+        rows.push((format!("prefill_sequence, batch {batch}"), all));
+    }
+    for (what, got) in &rows[1..] {
+        assert_eq!(got.len(), tail.len(), "{what}");
+        for (i, (a, b)) in rows[0].1.iter().zip(got).enumerate() {
+            assert_eq!(a, b, "{what}: position {} differs from one pass", 37 + i);
+        }
+    }
 }
 
 /// Prefills `prompt[..120]` in chunks of 16, stops a prefill of the rest at its first check:

@@ -397,9 +397,10 @@ mod tests {
     }
 }
 
-/// Smallest prefill chunk the memory plan chooses, tokens (the fixed default of earlier
-/// versions).
-pub const MIN_AUTO_PREFILL_CHUNK: usize = 32;
+/// Smallest prefill chunk the memory plan chooses, tokens: [`crate::prefill::ALIGN`], so that
+/// the cuts between passes stay aligned (the gated delta rule's chunkwise form then runs on
+/// the same positions whatever the chunk).
+pub const MIN_AUTO_PREFILL_CHUNK: usize = crate::prefill::ALIGN;
 
 /// Largest prefill chunk the memory plan chooses, tokens: past this, fewer expert reads per
 /// prompt token gain little next to the compute of the chunk itself, and `coli serve` holds the
@@ -458,7 +459,8 @@ pub fn prefill_fixed_bytes(spec: &coli_format::ModelSpec, context: usize) -> u64
 /// left beside the dense set, the expert budget, the KV caches and [`BUDGET_RESERVE_BYTES`]
 /// (`free_bytes`, None when the memory limit could not be read) over the bytes one row needs
 /// (`row_bytes`, after `fixed_bytes`), clamped to [`MIN_AUTO_PREFILL_CHUNK`]..=
-/// [`MAX_AUTO_PREFILL_CHUNK`] and to `context`. A larger chunk reads each layer's experts fewer
+/// [`MAX_AUTO_PREFILL_CHUNK`], rounded down to a multiple of [`crate::prefill::ALIGN`], and
+/// clamped to `context`. A larger chunk reads each layer's experts fewer
 /// times per prompt (once per chunk); results do not depend on the chunk size.
 pub fn prefill_chunk(
     free_bytes: Option<u64>,
@@ -469,9 +471,8 @@ pub fn prefill_chunk(
     let rows = free_bytes.map_or(MIN_AUTO_PREFILL_CHUNK as u64, |f| {
         f.saturating_sub(fixed_bytes) / row_bytes.max(1)
     });
-    (rows as usize)
-        .clamp(MIN_AUTO_PREFILL_CHUNK, MAX_AUTO_PREFILL_CHUNK)
-        .min(context.max(1))
+    let rows = (rows as usize).clamp(MIN_AUTO_PREFILL_CHUNK, MAX_AUTO_PREFILL_CHUNK);
+    (rows / crate::prefill::ALIGN * crate::prefill::ALIGN).min(context.max(1))
 }
 
 #[cfg(test)]
@@ -494,5 +495,8 @@ mod prefill_chunk_tests {
         );
         assert_eq!(prefill_chunk(None, 1, 0, 4096), MIN_AUTO_PREFILL_CHUNK);
         assert_eq!(prefill_chunk(Some(1 << 40), 1, 0, 100), 100);
+        // 100 rows' worth of memory: a chunk of 64, an aligned multiple.
+        assert_eq!(prefill_chunk(Some(100 << 10), 1 << 10, 0, 4096), 64);
+        assert_eq!(prefill_chunk(Some(200 << 10), 1 << 10, 0, 4096), 192);
     }
 }

@@ -786,13 +786,19 @@ impl Scheduler<'_, '_> {
         // Prefill chunks, oldest request first, as many whole chunks as fit in one chunk's
         // worth of rows (`--prefill-batch`): a long prompt adds one chunk per step, short ones
         // (or the uncached tails of follow-up turns) share a step. A chunk is never split, so
-        // a request is chunked as when it runs alone.
+        // a request is chunked as when it runs alone (and as `Engine::forward` cuts it:
+        // `coli_engine::prefill`).
         let mut prefill_rows = 0;
         for (ri, r) in self.active.iter().enumerate() {
             if !r.prefilling() {
                 continue;
             }
-            let end = (r.prefill_from + self.prefill_batch).min(r.job.prompt.len());
+            let end = r.prefill_from
+                + coli_engine::prefill::next_span(
+                    r.prefill_from,
+                    r.job.prompt.len() - r.prefill_from,
+                    self.prefill_batch,
+                );
             let rows = end - r.prefill_from;
             if prefill_rows > 0 && prefill_rows + rows > self.prefill_batch {
                 break;
