@@ -5,12 +5,13 @@
 //! and the exact / q8a time ratio (> 1: q8a faster).
 //!
 //! Run: `cargo bench -p coli-kernels --bench q8a` (optional argument: a filter on the
-//! encoding name, e.g. `int8`). Results: kernels/benches/results/q8a_*.txt.
+//! encoding name, e.g. `int8`, `ggml`; ggml blocks come from gguf-py's test vectors). Results: kernels/benches/results/q8a_*.txt.
 
 mod timing;
 
 use std::time::Duration;
 
+use coli_format::encoding::GgmlType;
 use coli_format::{Encoding, MatrixView};
 use coli_kernels::{detected_isa, integer_kernel, matmul_num, Numerics};
 use rand::rngs::StdRng;
@@ -126,15 +127,36 @@ fn main() {
         Encoding::Int4 { group_size: 32 },
         Encoding::Int8,
         Encoding::Mxfp4,
+        Encoding::Ggml(GgmlType::Q8_0),
+        Encoding::Ggml(GgmlType::Q4_0),
+        Encoding::Ggml(GgmlType::Q4_K),
+        Encoding::Ggml(GgmlType::Q6_K),
     ] {
         let name = enc.name();
         if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
             continue;
         }
         for (rows, cols) in [(1024, 2048), (2048, 1024), (2048, 2048)] {
-            let data: Vec<u8> = (0..enc.weight_bytes(rows, cols))
-                .map(|_| rng.gen())
-                .collect();
+            let data: Vec<u8> = match enc {
+                // ggml blocks: gguf-py's test vectors (finite f16 scales), tiled.
+                Encoding::Ggml(t) => {
+                    let path = concat!(
+                        env!("CARGO_MANIFEST_DIR"),
+                        "/../tests/fixtures/gguf/vectors/"
+                    );
+                    let blocks =
+                        std::fs::read(format!("{path}{}.blocks", t.name())).expect("vectors");
+                    blocks
+                        .iter()
+                        .copied()
+                        .cycle()
+                        .take(enc.weight_bytes(rows, cols))
+                        .collect()
+                }
+                _ => (0..enc.weight_bytes(rows, cols))
+                    .map(|_| rng.gen())
+                    .collect(),
+            };
             // f32 scales, or mxfp4's e8m0 bytes (2^-7 .. 2^2).
             let mx = enc == Encoding::Mxfp4;
             let count = enc.scale_count(rows, cols);

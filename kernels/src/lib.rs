@@ -218,7 +218,8 @@ pub fn set_interleave(on: bool) {
 
 /// The integer kernel that runs under [`Numerics::Q8a`] with `isa`: `avx512-vnni` where the
 /// CPU has AVX-512 VNNI and `isa` is AVX-512, `avx2` for AVX2 and AVX-512 without VNNI,
-/// `scalar` otherwise. All give the same bits; `coli doctor` and `--json` stats name it.
+/// `scalar` otherwise (the ggml block types take the AVX2 kernel on either SIMD path). All
+/// give the same bits; `coli doctor` and `--json` stats name it.
 pub fn integer_kernel(isa: Isa) -> &'static str {
     match q8a_path(isa) {
         Q8aPath::Vnni => "avx512-vnni",
@@ -261,14 +262,18 @@ fn q8a_chunk(
     r0: usize,
     yt: &mut [f32],
 ) {
-    // The ggml types run the scalar twin on every instruction set (the same bits).
-    let path = match kind {
-        q8a::Kind::Ggml(_) => Q8aPath::Scalar,
-        _ => q8a_path(isa),
-    };
-    match path {
+    let path = q8a_path(isa);
+    match (kind, path) {
+        // The ggml types: one AVX2 kernel (row unpacked once, then every token).
         #[cfg(target_arch = "x86_64")]
-        p @ (Q8aPath::Vnni | Q8aPath::Avx2) => {
+        (q8a::Kind::Ggml(t), Q8aPath::Vnni | Q8aPath::Avx2) => {
+            // SAFETY: `require(isa)` checked AVX2+FMA+F16C; `kind()` admitted `w` (cols a multiple
+            // of 64, an integer ggml type) and ggml matrices are never interleaved; `qa` was
+            // quantized for it with `n` tokens.
+            unsafe { q8a_x86::ggml_rows(t, w, qa, n, r0, yt) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (_, p @ (Q8aPath::Vnni | Q8aPath::Avx2)) => {
             // SAFETY: `require(isa)` checked AVX2+FMA (and AVX-512F for `Isa::Avx512`); the
             // VNNI path is chosen only where the CPU reports AVX-512 VNNI; `kind` is `w`'s and
             // `qa` was quantized for it with `n` tokens.

@@ -13,6 +13,7 @@
 
 use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
+use coli_format::encoding::GgmlType;
 use coli_format::{MatrixView, INTERLEAVE_ROWS};
 use std::arch::x86_64::*;
 
@@ -134,7 +135,7 @@ fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
         assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
     }
     if matches!(kind, Kind::Ggml(_)) {
-        unreachable!("ggml kinds run the scalar twin (q8a_chunk)");
+        unreachable!("ggml kinds run ggml_rows (q8a_chunk)");
     }
     let cb = chunk_bytes(kind);
     for row in rows {
@@ -173,7 +174,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
                 e8m0,
             } = rows[r];
             match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
+                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
                 Kind::Int4 { .. } | Kind::Mxfp4 => {
                     // SAFETY: 32 readable bytes at `k * step` (asserted above).
                     let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(k * step).cast()) };
@@ -241,7 +242,7 @@ unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
         for t in 0..T {
             let v = sum16_halves(lo[r][t], hi[r][t]);
             out[r][t] = match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
+                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].scales[0],
                 Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
@@ -306,7 +307,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
             } else {
                 match kind {
                     Kind::Ggml(_) | Kind::Mxfp4 => {
-                        unreachable!("ggml kinds run the scalar twin, mxfp4 with MX")
+                        unreachable!("ggml kinds run ggml_rows, mxfp4 with MX")
                     }
                     Kind::Int4 { group } => {
                         // SAFETY: 32 readable bytes at `at` (asserted above); a prefetch never
@@ -360,7 +361,7 @@ unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
             let v = sum16_halves(lo, hi);
             out[r][t] = match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
+                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
                 Kind::Int8 => v * rows[r].scales[0],
                 Kind::Int4 { .. } | Kind::Mxfp4 => v,
             };
@@ -591,7 +592,7 @@ fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
     };
     let codes = &w.data()[start..start + (chunks - 1) * step + cb];
     match kind {
-        Kind::Ggml(_) => unreachable!("ggml kinds run the scalar twin (q8a_chunk)"),
+        Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
         Kind::Int8 => Row {
             codes,
             step,
@@ -763,5 +764,212 @@ unsafe fn rows_of<const MX: bool>(
             t += 1;
         }
         i += 1;
+    }
+}
+
+/// The little-endian f16 at `b[at..at + 2]` widened exactly to f32 (F16C; the value of
+/// `coli_format::encoding::ggml`'s `f16`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// 32 bytes of `b` from `at` (bounds checked).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load32(b: &[u8], at: usize) -> __m256i {
+    let v = &b[at..at + 32];
+    // SAFETY: `v` holds 32 readable bytes.
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+}
+
+/// Stores 32 codes into `q[at..at + 32]` (bounds checked).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store32(q: &mut [i8], at: usize, v: __m256i) {
+    let o = &mut q[at..at + 32];
+    // SAFETY: `o` holds 32 writable bytes.
+    unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) }
+}
+
+/// `GgmlType::codes` of a q8_0 block (the same values; AVX2 + F16C).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
+    a[0] = f16_at(b, 0);
+    store32(q, 0, load32(b, 2));
+}
+
+/// `GgmlType::codes` of a q4_0 block: low nibbles are columns 0..16, high ones 16..32, each
+/// minus 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
+    a[0] = f16_at(b, 0);
+    let v = &b[2..18];
+    // SAFETY: `v` holds 16 readable bytes.
+    let x = unsafe { _mm_loadu_si128(v.as_ptr().cast()) };
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(x, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+    store32(
+        q,
+        0,
+        _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8)),
+    );
+}
+
+/// `GgmlType::codes` of a q4_k block: groups of 32, `a = d * sc`, `m = -(dmin * mn)` (the
+/// reference's f32 operations); group `2i` the low nibbles of bytes `16 + 32 i ..`, `2i + 1`
+/// the high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (sc, mn) = coli_format::encoding::ggml::q4_k_scale_min(&b[4..16]);
+    for g in 0..8 {
+        a[g] = d * sc[g] as f32;
+        m[g] = -(dmin * mn[g] as f32);
+    }
+    let mask = _mm256_set1_epi8(0x0F);
+    for i in 0..4 {
+        let x = load32(b, 16 + 32 * i);
+        store32(q, 64 * i, _mm256_and_si256(x, mask));
+        store32(
+            q,
+            64 * i + 32,
+            _mm256_and_si256(_mm256_srli_epi16(x, 4), mask),
+        );
+    }
+}
+
+/// `GgmlType::codes` of a q6_k block: groups of 16, `a = d * scale`; column `e` (half
+/// `h = e / 128`, `k = e % 128`) takes 4 low bits from byte `64 h + k % 64` (shifted by
+/// `4 (k / 64)`) and 2 high bits from byte `128 + 32 h + k % 32` (shifted by `2 (k / 32)`),
+/// minus 32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
+    let d = f16_at(b, 208);
+    for (g, v) in a.iter_mut().enumerate().take(16) {
+        *v = d * (b[192 + g] as i8) as f32;
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    for h in 0..2 {
+        let qh = load32(b, 128 + 32 * h);
+        for p in 0..4 {
+            // Columns 128 h + 32 p .. + 32: k = 32 p + 0..32.
+            let ql = load32(b, 64 * h + 32 * (p % 2));
+            let lo = _mm256_and_si256(
+                _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (p / 2) as i32)),
+                m4,
+            );
+            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p as i32)), m2);
+            let code = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            store32(
+                q,
+                128 * h + 32 * p,
+                _mm256_sub_epi8(code, _mm256_set1_epi8(32)),
+            );
+        }
+    }
+}
+
+/// The ggml block types under the rule (step 3's ggml form), AVX2: `yt[i * n + t] = row
+/// (r0 + i) . token t`. Each row's blocks are unpacked once into their integer form
+/// (`GgmlType::codes`: int8 codes, per group the scale `a_g` and offset `m_g`; q8_0, q4_0,
+/// q4_k and q6_k with AVX2 here, the same values), then every
+/// token runs over it 32 columns (8 lanes) at a time: `p` as `|code|` times `q` with the
+/// code's sign (`vpmaddubsw` + `vpmaddwd`; a pair of products stays within i16: 128 * 127 * 2),
+/// `s = sum q` likewise against ones, and per lane `acc = fma(d * a_g, p, acc)` then (types
+/// with offsets) `acc = fma(d * m_g, s, acc)`: the scalar twin's order, so its bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `w` is a row-major ggml matrix of type `t` (with checked
+/// sections) whose `cols` is a multiple of 64; `qa` was quantized for it with `n` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn ggml_rows(
+    t: GgmlType,
+    w: &MatrixView<'_>,
+    qa: &QAct,
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    let (bs, ts) = (t.block_size(), t.type_size());
+    let stride = t.bytes_of(cols);
+    let g = t.code_group().expect("kind() admits integer types only");
+    assert!(
+        (g == 16 || g == 32) && cols.is_multiple_of(64) && cols.is_multiple_of(bs),
+        "ggml rows: group {g}, {cols} columns"
+    );
+    assert!(!w.is_interleaved(), "ggml matrices stay row-major");
+    let offset = t.has_offset();
+    let per_block = bs / g;
+    let mut codes = vec![0i8; cols];
+    let mut a = vec![0f32; cols / g + 16];
+    let mut m = vec![0f32; cols / g + 16];
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for (i, yr) in yt.chunks_exact_mut(n).enumerate() {
+        let r = r0 + i;
+        let row = &w.data()[r * stride..(r + 1) * stride];
+        for blk in 0..cols / bs {
+            let b = &row[blk * ts..(blk + 1) * ts];
+            let q = &mut codes[blk * bs..(blk + 1) * bs];
+            let (ab, mb) = (&mut a[blk * per_block..], &mut m[blk * per_block..]);
+            match t {
+                // The block's integer form with AVX2 (this function's features), the same
+                // values as `GgmlType::codes`.
+                GgmlType::Q8_0 => q8_0_codes(b, q, ab),
+                GgmlType::Q4_0 => q4_0_codes(b, q, ab),
+                GgmlType::Q4_K => q4_k_codes(b, q, ab, mb),
+                GgmlType::Q6_K => q6_k_codes(b, q, ab),
+                // `a` and `m` take at least 16 values per call; the next block overwrites the
+                // rest.
+                _ => t.codes(b, q, ab, mb),
+            }
+        }
+        for (tk, y) in yr.iter_mut().enumerate() {
+            let (q, d, _) = qa.token(tk);
+            assert!(q.len() == cols && d.len() == cols / 4);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for c in (0..cols).step_by(32) {
+                // Group scales of the 8 lanes (columns c .. c + 32).
+                let (av, mv) = if g == 32 {
+                    (_mm256_set1_ps(a[c / 32]), _mm256_set1_ps(m[c / 32]))
+                } else {
+                    let lo = c / 16;
+                    (
+                        _mm256_blend_ps(_mm256_set1_ps(a[lo]), _mm256_set1_ps(a[lo + 1]), 0xF0),
+                        _mm256_blend_ps(_mm256_set1_ps(m[lo]), _mm256_set1_ps(m[lo + 1]), 0xF0),
+                    )
+                };
+                // SAFETY: c + 32 <= cols = codes.len() = q.len(), and the 8 lanes' scales
+                // c / 4 .. c / 4 + 8 lie within d (asserted above).
+                let (wc, qx, dv) = unsafe {
+                    (
+                        _mm256_loadu_si256(codes.as_ptr().add(c).cast()),
+                        _mm256_loadu_si256(q.as_ptr().add(c).cast()),
+                        _mm256_loadu_ps(d.as_ptr().add(c / 4)),
+                    )
+                };
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(wc), _mm256_sign_epi8(qx, wc)),
+                    ones16,
+                );
+                let h = (c / 32) % 2;
+                acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, av), _mm256_cvtepi32_ps(p), acc[h]);
+                if offset {
+                    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
+                    acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, mv), _mm256_cvtepi32_ps(s), acc[h]);
+                }
+            }
+            *y = sum16_halves(acc[0], acc[1]);
+        }
     }
 }
