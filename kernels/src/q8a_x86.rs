@@ -879,7 +879,7 @@ fn q6_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
 }
 
 /// The ggml block types under the rule (step 3's ggml form), AVX2: `yt[i * n + t] = row
-/// (r0 + i) . token t`. Each row's blocks are unpacked once into their integer form
+/// (r0 + i) . token t`, [`GGML_TILE`] rows at a time. Each row's blocks are unpacked once into their integer form
 /// (`GgmlType::codes`: int8 codes, per group the scale `a_g` and offset `m_g`; q8_0, q4_0,
 /// q4_k and q6_k with AVX2 here, the same values), then every
 /// token runs over it 32 columns (8 lanes) at a time: `p` as `|code|` times `q` with the
@@ -908,37 +908,100 @@ pub(crate) unsafe fn ggml_rows(
         "ggml rows: group {g}, {cols} columns"
     );
     assert!(!w.is_interleaved(), "ggml matrices stay row-major");
-    let offset = t.has_offset();
     let per_block = bs / g;
-    let mut codes = vec![0i8; cols];
-    let mut a = vec![0f32; cols / g + 16];
-    let mut m = vec![0f32; cols / g + 16];
-    let ones8 = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
-    for (i, yr) in yt.chunks_exact_mut(n).enumerate() {
-        let r = r0 + i;
-        let row = &w.data()[r * stride..(r + 1) * stride];
-        for blk in 0..cols / bs {
-            let b = &row[blk * ts..(blk + 1) * ts];
-            let q = &mut codes[blk * bs..(blk + 1) * bs];
-            let (ab, mb) = (&mut a[blk * per_block..], &mut m[blk * per_block..]);
-            match t {
-                // The block's integer form with AVX2 (this function's features), the same
-                // values as `GgmlType::codes`.
-                GgmlType::Q8_0 => q8_0_codes(b, q, ab),
-                GgmlType::Q4_0 => q4_0_codes(b, q, ab),
-                GgmlType::Q4_K => q4_k_codes(b, q, ab, mb),
-                GgmlType::Q6_K => q6_k_codes(b, q, ab),
-                // `a` and `m` take at least 16 values per call; the next block overwrites the
-                // rest.
-                _ => t.codes(b, q, ab, mb),
+    // Per row of a tile: its codes, and its group scales and offsets (16 spare values: a
+    // block's `codes` writes at least 16).
+    let gs = cols / g + 16;
+    let mut un = Unpacked {
+        codes: vec![0i8; GGML_TILE * cols],
+        a: vec![0f32; GGML_TILE * gs],
+        m: vec![0f32; GGML_TILE * gs],
+        cols,
+        gs,
+        g,
+        offset: t.has_offset(),
+    };
+    let nrows = yt.len() / n;
+    for i0 in (0..nrows).step_by(GGML_TILE) {
+        let rows = GGML_TILE.min(nrows - i0);
+        for u in 0..rows {
+            let r = r0 + i0 + u;
+            let row = &w.data()[r * stride..(r + 1) * stride];
+            for blk in 0..cols / bs {
+                let b = &row[blk * ts..(blk + 1) * ts];
+                let q = &mut un.codes[u * cols + blk * bs..u * cols + (blk + 1) * bs];
+                let at = u * gs + blk * per_block;
+                let (ab, mb) = (&mut un.a[at..], &mut un.m[at..]);
+                match t {
+                    // The block's integer form with AVX2 (this function's features), the
+                    // same values as `GgmlType::codes`.
+                    GgmlType::Q8_0 => q8_0_codes(b, q, ab),
+                    GgmlType::Q4_0 => q4_0_codes(b, q, ab),
+                    GgmlType::Q4_K => q4_k_codes(b, q, ab, mb),
+                    GgmlType::Q6_K => q6_k_codes(b, q, ab),
+                    _ => t.codes(b, q, ab, mb),
+                }
             }
         }
-        for (tk, y) in yr.iter_mut().enumerate() {
-            let (q, d, _) = qa.token(tk);
-            assert!(q.len() == cols && d.len() == cols / 4);
-            let mut acc = [_mm256_setzero_ps(); 2];
-            for c in (0..cols).step_by(32) {
+        let out = &mut yt[i0 * n..(i0 + rows) * n];
+        match rows {
+            4 => ggml_tile::<4>(&un, qa, n, out),
+            3 => ggml_tile::<3>(&un, qa, n, out),
+            2 => ggml_tile::<2>(&un, qa, n, out),
+            _ => ggml_tile::<1>(&un, qa, n, out),
+        }
+    }
+}
+
+/// Rows of a ggml matrix per pass of [`ggml_rows`]: each token's activation codes and scales
+/// are loaded once for them, and their accumulator chains interleave.
+const GGML_TILE: usize = 4;
+
+/// Up to [`GGML_TILE`] rows of a ggml matrix in their integer form (row `u` at `u * cols` in
+/// `codes`, at `u * gs` in `a` and `m`).
+struct Unpacked {
+    codes: Vec<i8>,
+    a: Vec<f32>,
+    m: Vec<f32>,
+    cols: usize,
+    /// Group scales (and offsets) per row, with spare room.
+    gs: usize,
+    /// Columns per group: 16 or 32.
+    g: usize,
+    /// The type has offsets `m`.
+    offset: bool,
+}
+
+/// The first `R` rows of `un` against every token of `qa`: `out[u * n + t]`, each (row,
+/// token) in the rule's order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ggml_tile<const R: usize>(un: &Unpacked, qa: &QAct, n: usize, out: &mut [f32]) {
+    let (cols, gs, g) = (un.cols, un.gs, un.g);
+    assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for tk in 0..n {
+        let (q, d, _) = qa.token(tk);
+        assert!(q.len() == cols && d.len() == cols / 4);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for c in (0..cols).step_by(32) {
+            // SAFETY: c + 32 <= cols = q.len(), and the 8 lanes' scales c / 4 .. c / 4 + 8
+            // lie within d (asserted above).
+            let (qx, dv) = unsafe {
+                (
+                    _mm256_loadu_si256(q.as_ptr().add(c).cast()),
+                    _mm256_loadu_ps(d.as_ptr().add(c / 4)),
+                )
+            };
+            let s = if un.offset {
+                _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16))
+            } else {
+                _mm256_setzero_ps()
+            };
+            let h = (c / 32) % 2;
+            for (u, acc) in acc.iter_mut().enumerate() {
+                let (a, m) = (&un.a[u * gs..(u + 1) * gs], &un.m[u * gs..(u + 1) * gs]);
                 // Group scales of the 8 lanes (columns c .. c + 32).
                 let (av, mv) = if g == 32 {
                     (_mm256_set1_ps(a[c / 32]), _mm256_set1_ps(m[c / 32]))
@@ -949,27 +1012,21 @@ pub(crate) unsafe fn ggml_rows(
                         _mm256_blend_ps(_mm256_set1_ps(m[lo]), _mm256_set1_ps(m[lo + 1]), 0xF0),
                     )
                 };
-                // SAFETY: c + 32 <= cols = codes.len() = q.len(), and the 8 lanes' scales
-                // c / 4 .. c / 4 + 8 lie within d (asserted above).
-                let (wc, qx, dv) = unsafe {
-                    (
-                        _mm256_loadu_si256(codes.as_ptr().add(c).cast()),
-                        _mm256_loadu_si256(q.as_ptr().add(c).cast()),
-                        _mm256_loadu_ps(d.as_ptr().add(c / 4)),
-                    )
-                };
+                // SAFETY: row u's codes are u * cols .. (u + 1) * cols of `codes` (asserted
+                // above), c + 32 <= cols.
+                let wc = unsafe { _mm256_loadu_si256(un.codes.as_ptr().add(u * cols + c).cast()) };
                 let p = _mm256_madd_epi16(
                     _mm256_maddubs_epi16(_mm256_abs_epi8(wc), _mm256_sign_epi8(qx, wc)),
                     ones16,
                 );
-                let h = (c / 32) % 2;
                 acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, av), _mm256_cvtepi32_ps(p), acc[h]);
-                if offset {
-                    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
-                    acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, mv), _mm256_cvtepi32_ps(s), acc[h]);
+                if un.offset {
+                    acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, mv), s, acc[h]);
                 }
             }
-            *y = sum16_halves(acc[0], acc[1]);
+        }
+        for (u, acc) in acc.iter().enumerate() {
+            out[u * n + tk] = sum16_halves(acc[0], acc[1]);
         }
     }
 }
