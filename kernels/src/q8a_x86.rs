@@ -913,6 +913,7 @@ pub(crate) unsafe fn ggml_rows(
     // block's `codes` writes at least 16).
     let gs = cols / g + 16;
     let mut un = Unpacked {
+        rows: [&[]; GGML_TILE],
         codes: vec![0i8; GGML_TILE * cols],
         a: vec![0f32; GGML_TILE * gs],
         m: vec![0f32; GGML_TILE * gs],
@@ -927,6 +928,14 @@ pub(crate) unsafe fn ggml_rows(
         for u in 0..rows {
             let r = r0 + i0 + u;
             let row = &w.data()[r * stride..(r + 1) * stride];
+            if t == GgmlType::Q8_0 {
+                // The codes are read in place (`ggml_tile::<_, true>`): only the scales.
+                for blk in 0..cols / bs {
+                    un.a[u * gs + blk] = f16_at(row, blk * ts);
+                }
+                un.rows[u] = row;
+                continue;
+            }
             for blk in 0..cols / bs {
                 let b = &row[blk * ts..(blk + 1) * ts];
                 let q = &mut un.codes[u * cols + blk * bs..u * cols + (blk + 1) * bs];
@@ -944,11 +953,15 @@ pub(crate) unsafe fn ggml_rows(
             }
         }
         let out = &mut yt[i0 * n..(i0 + rows) * n];
-        match rows {
-            4 => ggml_tile::<4>(&un, qa, n, out),
-            3 => ggml_tile::<3>(&un, qa, n, out),
-            2 => ggml_tile::<2>(&un, qa, n, out),
-            _ => ggml_tile::<1>(&un, qa, n, out),
+        match (rows, t == GgmlType::Q8_0) {
+            (4, false) => ggml_tile::<4, false>(&un, qa, n, out),
+            (3, false) => ggml_tile::<3, false>(&un, qa, n, out),
+            (2, false) => ggml_tile::<2, false>(&un, qa, n, out),
+            (_, false) => ggml_tile::<1, false>(&un, qa, n, out),
+            (4, true) => ggml_tile::<4, true>(&un, qa, n, out),
+            (3, true) => ggml_tile::<3, true>(&un, qa, n, out),
+            (2, true) => ggml_tile::<2, true>(&un, qa, n, out),
+            (_, true) => ggml_tile::<1, true>(&un, qa, n, out),
         }
     }
 }
@@ -958,8 +971,10 @@ pub(crate) unsafe fn ggml_rows(
 const GGML_TILE: usize = 4;
 
 /// Up to [`GGML_TILE`] rows of a ggml matrix in their integer form (row `u` at `u * cols` in
-/// `codes`, at `u * gs` in `a` and `m`).
-struct Unpacked {
+/// `codes`, at `u * gs` in `a` and `m`; a q8_0 row's codes are read from its blocks in `rows`).
+struct Unpacked<'a> {
+    /// q8_0: the rows' bytes (34-byte blocks, codes at 2..34 of each).
+    rows: [&'a [u8]; GGML_TILE],
     codes: Vec<i8>,
     a: Vec<f32>,
     m: Vec<f32>,
@@ -973,12 +988,20 @@ struct Unpacked {
 }
 
 /// The first `R` rows of `un` against every token of `qa`: `out[u * n + t]`, each (row,
-/// token) in the rule's order.
+/// token) in the rule's order. `Q8`: the codes are read in place from q8_0 blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn ggml_tile<const R: usize>(un: &Unpacked, qa: &QAct, n: usize, out: &mut [f32]) {
+fn ggml_tile<const R: usize, const Q8: bool>(
+    un: &Unpacked<'_>,
+    qa: &QAct,
+    n: usize,
+    out: &mut [f32],
+) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
     assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
+    if Q8 {
+        assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34));
+    }
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     for tk in 0..n {
@@ -1012,9 +1035,16 @@ fn ggml_tile<const R: usize>(un: &Unpacked, qa: &QAct, n: usize, out: &mut [f32]
                         _mm256_blend_ps(_mm256_set1_ps(m[lo]), _mm256_set1_ps(m[lo + 1]), 0xF0),
                     )
                 };
-                // SAFETY: row u's codes are u * cols .. (u + 1) * cols of `codes` (asserted
-                // above), c + 32 <= cols.
-                let wc = unsafe { _mm256_loadu_si256(un.codes.as_ptr().add(u * cols + c).cast()) };
+                // SAFETY: row u's codes are u * cols .. (u + 1) * cols of `codes`, or (q8_0)
+                // bytes 2..34 of block c / 32 of its `cols / 32` blocks in `rows[u]` (asserted
+                // above); c + 32 <= cols.
+                let wc = unsafe {
+                    if Q8 {
+                        _mm256_loadu_si256(un.rows[u].as_ptr().add(c / 32 * 34 + 2).cast())
+                    } else {
+                        _mm256_loadu_si256(un.codes.as_ptr().add(u * cols + c).cast())
+                    }
+                };
                 let p = _mm256_madd_epi16(
                     _mm256_maddubs_epi16(_mm256_abs_epi8(wc), _mm256_sign_epi8(qx, wc)),
                     ones16,
