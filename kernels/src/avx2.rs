@@ -724,12 +724,18 @@ macro_rules! with_src {
                 };
                 $body
             }
-            Encoding::Ggml(t @ (GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)) => {
+            Encoding::Ggml(
+                t @ (GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K),
+            ) => {
                 let stride = t.bytes_of(cols);
                 let row = &w.data()[r * stride..(r + 1) * stride];
                 match t {
                     GgmlType::Q8_0 => {
                         let $src = &mut crate::avx2_ggml::Q80Src { row, b: 0, c: 0 };
+                        $body
+                    }
+                    GgmlType::Q4_0 => {
+                        let $src = &mut crate::avx2_ggml::Q40Src { row, b: 0, c: 0 };
                         $body
                     }
                     GgmlType::Q4_K => {

@@ -1,4 +1,4 @@
-//! AVX2 chunk sources of the common ggml block types (q8_0, q4_k, q6_k): 8 decoded weights per
+//! AVX2 chunk sources of the common ggml block types (q8_0, q4_0, q4_k, q6_k): 8 decoded weights per
 //! `next`, exactly the values of the reference decode in `coli_format::encoding::ggml` (the same
 //! f32 products and differences, unfused), so a product over them equals the product over the
 //! decoded f32 row bit for bit (`kernels/tests/kernels.rs`). The other ggml types go through the
@@ -80,6 +80,56 @@ impl Chunks for Q80Src<'_> {
         debug_assert_eq!(self.c, 0);
         let blk = &self.row[self.b * 34..self.b * 34 + 34];
         let d = _mm256_set1_ps(coli_format::encoding::ggml::f16_at(blk, 0));
+        self.b += 1;
+        [
+            Self::chunk(blk, d, 0),
+            Self::chunk(blk, d, 1),
+            Self::chunk(blk, d, 2),
+            Self::chunk(blk, d, 3),
+        ]
+    }
+}
+
+/// q4_0 (18-byte blocks of 32): `d * (q - 8)`, weight `j < 16` the low nibble of byte `j`,
+/// `j + 16` its high nibble. `next4` is one whole block.
+pub(crate) struct Q40Src<'a> {
+    pub(crate) row: &'a [u8],
+    pub(crate) b: usize,
+    pub(crate) c: usize,
+}
+
+impl Q40Src<'_> {
+    /// Chunk `j` (0..4: columns `8 j .. 8 j + 8`) of a block: nibbles of bytes `8 (j % 2) ..`,
+    /// low for `j < 2`, high otherwise, minus 8, times `d`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn chunk(blk: &[u8], d: __m256, j: usize) -> __m256 {
+        let v = bits(u8x8(blk, 2 + 8 * (j % 2)), 4 * (j / 2) as u32, 0x0F);
+        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8)));
+        _mm256_mul_ps(d, q)
+    }
+}
+
+impl Chunks for Q40Src<'_> {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next(&mut self) -> __m256 {
+        let blk = &self.row[self.b * 18..self.b * 18 + 18];
+        let v = Self::chunk(blk, _mm256_set1_ps(f16_at(blk, 0)), self.c);
+        self.c += 1;
+        if self.c == 4 {
+            self.c = 0;
+            self.b += 1;
+        }
+        v
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn next4(&mut self) -> [__m256; 4] {
+        debug_assert_eq!(self.c, 0);
+        let blk = &self.row[self.b * 18..self.b * 18 + 18];
+        let d = _mm256_set1_ps(f16_at(blk, 0));
         self.b += 1;
         [
             Self::chunk(blk, d, 0),

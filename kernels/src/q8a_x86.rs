@@ -928,8 +928,10 @@ pub(crate) unsafe fn ggml_rows(
         for u in 0..rows {
             let r = r0 + i0 + u;
             let row = &w.data()[r * stride..(r + 1) * stride];
-            if t == GgmlType::Q8_0 {
-                // The codes are read in place (`ggml_tile::<_, true>`): only the scales.
+            // q4_0's nibbles are unpacked in registers for a few tokens (decode,
+            // verification), once into the buffer for more (prefill chunks).
+            if t == GgmlType::Q8_0 || (t == GgmlType::Q4_0 && n <= 4) {
+                // The codes are read in place (`FROM_Q8_0`, `FROM_Q4_0`): only the scales.
                 for blk in 0..cols / bs {
                     un.a[u * gs + blk] = f16_at(row, blk * ts);
                 }
@@ -953,15 +955,20 @@ pub(crate) unsafe fn ggml_rows(
             }
         }
         let out = &mut yt[i0 * n..(i0 + rows) * n];
-        match (rows, t == GgmlType::Q8_0) {
-            (4, false) => ggml_tile::<4, false>(&un, qa, n, out),
-            (3, false) => ggml_tile::<3, false>(&un, qa, n, out),
-            (2, false) => ggml_tile::<2, false>(&un, qa, n, out),
-            (_, false) => ggml_tile::<1, false>(&un, qa, n, out),
-            (4, true) => ggml_tile::<4, true>(&un, qa, n, out),
-            (3, true) => ggml_tile::<3, true>(&un, qa, n, out),
-            (2, true) => ggml_tile::<2, true>(&un, qa, n, out),
-            (_, true) => ggml_tile::<1, true>(&un, qa, n, out),
+        macro_rules! tiles {
+            ($src:expr) => {
+                match rows {
+                    4 => ggml_tile::<4, { $src }>(&un, qa, n, out),
+                    3 => ggml_tile::<3, { $src }>(&un, qa, n, out),
+                    2 => ggml_tile::<2, { $src }>(&un, qa, n, out),
+                    _ => ggml_tile::<1, { $src }>(&un, qa, n, out),
+                }
+            };
+        }
+        match t {
+            GgmlType::Q8_0 => tiles!(FROM_Q8_0),
+            GgmlType::Q4_0 if n <= 4 => tiles!(FROM_Q4_0),
+            _ => tiles!(FROM_BUF),
         }
     }
 }
@@ -987,11 +994,20 @@ struct Unpacked<'a> {
     offset: bool,
 }
 
+/// Where [`ggml_tile`] reads a row's codes: the unpacked buffer.
+const FROM_BUF: u8 = 0;
+/// In place from q8_0 blocks (34 bytes: f16 `d`, 32 int8 codes).
+const FROM_Q8_0: u8 = 1;
+/// In place from q4_0 blocks (18 bytes: f16 `d`, 16 bytes of nibbles: columns 0..16 low,
+/// 16..32 high; the code is the nibble minus 8, taken as `-8 * sum q` off the unsigned sum).
+const FROM_Q4_0: u8 = 2;
+
 /// The first `R` rows of `un` against every token of `qa`: `out[u * n + t]`, each (row,
-/// token) in the rule's order. `Q8`: the codes are read in place from q8_0 blocks.
+/// token) in the rule's order. `SRC`: where the codes are read ([`FROM_BUF`], [`FROM_Q8_0`],
+/// [`FROM_Q4_0`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn ggml_tile<const R: usize, const Q8: bool>(
+fn ggml_tile<const R: usize, const SRC: u8>(
     un: &Unpacked<'_>,
     qa: &QAct,
     n: usize,
@@ -999,11 +1015,16 @@ fn ggml_tile<const R: usize, const Q8: bool>(
 ) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
     assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
-    if Q8 {
-        assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34));
+    match SRC {
+        FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
+        FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
+        _ => {}
     }
+    let arows: [&[f32]; R] = std::array::from_fn(|u| &un.a[u * gs..(u + 1) * gs]);
+    let mrows: [&[f32]; R] = std::array::from_fn(|u| &un.m[u * gs..(u + 1) * gs]);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
+    let m4 = _mm_set1_epi8(0x0F);
     for tk in 0..n {
         let (q, d, _) = qa.token(tk);
         assert!(q.len() == cols && d.len() == cols / 4);
@@ -1017,14 +1038,16 @@ fn ggml_tile<const R: usize, const Q8: bool>(
                     _mm256_loadu_ps(d.as_ptr().add(c / 4)),
                 )
             };
-            let s = if un.offset {
-                _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16))
+            // The lanes' sums of activation codes (offsets; q4_0's -8).
+            let sq = if un.offset || SRC == FROM_Q4_0 {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16)
             } else {
-                _mm256_setzero_ps()
+                _mm256_setzero_si256()
             };
+            let s = _mm256_cvtepi32_ps(sq);
             let h = (c / 32) % 2;
-            for (u, acc) in acc.iter_mut().enumerate() {
-                let (a, m) = (&un.a[u * gs..(u + 1) * gs], &un.m[u * gs..(u + 1) * gs]);
+            for u in 0..R {
+                let (a, m) = (arows[u], mrows[u]);
                 // Group scales of the 8 lanes (columns c .. c + 32).
                 let (av, mv) = if g == 32 {
                     (_mm256_set1_ps(a[c / 32]), _mm256_set1_ps(m[c / 32]))
@@ -1035,23 +1058,40 @@ fn ggml_tile<const R: usize, const Q8: bool>(
                         _mm256_blend_ps(_mm256_set1_ps(m[lo]), _mm256_set1_ps(m[lo + 1]), 0xF0),
                     )
                 };
-                // SAFETY: row u's codes are u * cols .. (u + 1) * cols of `codes`, or (q8_0)
-                // bytes 2..34 of block c / 32 of its `cols / 32` blocks in `rows[u]` (asserted
-                // above); c + 32 <= cols.
-                let wc = unsafe {
-                    if Q8 {
-                        _mm256_loadu_si256(un.rows[u].as_ptr().add(c / 32 * 34 + 2).cast())
-                    } else {
-                        _mm256_loadu_si256(un.codes.as_ptr().add(u * cols + c).cast())
+                // SAFETY: row u's codes are u * cols .. (u + 1) * cols of `codes`, or bytes
+                // 2..34 (q8_0) / 2..18 (q4_0) of block c / 32 of its `cols / 32` blocks in
+                // `rows[u]` (asserted above); c + 32 <= cols.
+                let p = unsafe {
+                    match SRC {
+                        FROM_Q4_0 => {
+                            let x =
+                                _mm_loadu_si128(un.rows[u].as_ptr().add(c / 32 * 18 + 2).cast());
+                            let nib = _mm256_set_m128i(
+                                _mm_and_si128(_mm_srli_epi16(x, 4), m4),
+                                _mm_and_si128(x, m4),
+                            );
+                            _mm256_sub_epi32(
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(nib, qx), ones16),
+                                _mm256_slli_epi32(sq, 3),
+                            )
+                        }
+                        _ => {
+                            let wc = if SRC == FROM_Q8_0 {
+                                _mm256_loadu_si256(un.rows[u].as_ptr().add(c / 32 * 34 + 2).cast())
+                            } else {
+                                _mm256_loadu_si256(un.codes.as_ptr().add(u * cols + c).cast())
+                            };
+                            _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(wc), _mm256_sign_epi8(qx, wc)),
+                                ones16,
+                            )
+                        }
                     }
                 };
-                let p = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(wc), _mm256_sign_epi8(qx, wc)),
-                    ones16,
-                );
-                acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, av), _mm256_cvtepi32_ps(p), acc[h]);
+                acc[u][h] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dv, av), _mm256_cvtepi32_ps(p), acc[u][h]);
                 if un.offset {
-                    acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, mv), s, acc[h]);
+                    acc[u][h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, mv), s, acc[u][h]);
                 }
             }
         }

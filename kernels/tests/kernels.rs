@@ -570,7 +570,7 @@ fn ggml_pair(t: coli_format::encoding::GgmlType, rows: usize, cols: usize) -> (V
 #[test]
 fn ggml_types_give_the_products_of_their_decoded_rows_on_every_isa() {
     // Each instruction set sums a ggml matrix's weights exactly as it sums the same weights
-    // stored as f32 (the AVX2 sources of q8_0, q4_k and q6_k decode in registers; the other
+    // stored as f32 (the AVX2 sources of q8_0, q4_0, q4_k and q6_k decode in registers; the other
     // types decode the row first): bit for bit, matvec and matmul.
     for t in coli_format::encoding::ggml::ALL {
         let (rows, cols) = (5, 512);
