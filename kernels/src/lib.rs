@@ -264,13 +264,13 @@ fn q8a_chunk(
 ) {
     let path = q8a_path(isa);
     match (kind, path) {
-        // The ggml types: one AVX2 kernel (row unpacked once, then every token).
+        // The ggml types: 4 rows unpacked once (q8_0, q4_0 read in place), then every token.
         #[cfg(target_arch = "x86_64")]
-        (q8a::Kind::Ggml(t), Q8aPath::Vnni | Q8aPath::Avx2) => {
+        (q8a::Kind::Ggml(t), p @ (Q8aPath::Vnni | Q8aPath::Avx2)) => {
             // SAFETY: `require(isa)` checked AVX2+FMA+F16C; `kind()` admitted `w` (cols a multiple
             // of 64, an integer ggml type) and ggml matrices are never interleaved; `qa` was
             // quantized for it with `n` tokens.
-            unsafe { q8a_x86::ggml_rows(t, w, qa, n, r0, yt) }
+            unsafe { q8a_x86::ggml_rows(p == Q8aPath::Vnni, t, w, qa, n, r0, yt) }
         }
         #[cfg(target_arch = "x86_64")]
         (_, p @ (Q8aPath::Vnni | Q8aPath::Avx2)) => {

@@ -888,10 +888,13 @@ fn q6_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
 /// with offsets) `acc = fma(d * m_g, s, acc)`: the scalar twin's order, so its bits.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are available; `w` is a row-major ggml matrix of type `t` (with checked
+/// AVX2, FMA and F16C are available, and with `vnni` AVX-512F and AVX-512 VNNI (then each
+/// 64-column chunk runs as one `vpdpbusd`: [`ggml_tile_vnni`]); `w` is a row-major ggml matrix
+/// of type `t` (with checked
 /// sections) whose `cols` is a multiple of 64; `qa` was quantized for it with `n` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn ggml_rows(
+    vnni: bool,
     t: GgmlType,
     w: &MatrixView<'_>,
     qa: &QAct,
@@ -957,11 +960,24 @@ pub(crate) unsafe fn ggml_rows(
         let out = &mut yt[i0 * n..(i0 + rows) * n];
         macro_rules! tiles {
             ($src:expr) => {
-                match rows {
-                    4 => ggml_tile::<4, { $src }>(&un, qa, n, out),
-                    3 => ggml_tile::<3, { $src }>(&un, qa, n, out),
-                    2 => ggml_tile::<2, { $src }>(&un, qa, n, out),
-                    _ => ggml_tile::<1, { $src }>(&un, qa, n, out),
+                if vnni {
+                    // SAFETY: `vnni` only where the CPU has AVX-512F and AVX-512 VNNI (the
+                    // caller's guarantee).
+                    unsafe {
+                        match rows {
+                            4 => ggml_tile_vnni::<4, { $src }>(&un, qa, n, out),
+                            3 => ggml_tile_vnni::<3, { $src }>(&un, qa, n, out),
+                            2 => ggml_tile_vnni::<2, { $src }>(&un, qa, n, out),
+                            _ => ggml_tile_vnni::<1, { $src }>(&un, qa, n, out),
+                        }
+                    }
+                } else {
+                    match rows {
+                        4 => ggml_tile::<4, { $src }>(&un, qa, n, out),
+                        3 => ggml_tile::<3, { $src }>(&un, qa, n, out),
+                        2 => ggml_tile::<2, { $src }>(&un, qa, n, out),
+                        _ => ggml_tile::<1, { $src }>(&un, qa, n, out),
+                    }
                 }
             };
         }
@@ -1097,6 +1113,109 @@ fn ggml_tile<const R: usize, const SRC: u8>(
         }
         for (u, acc) in acc.iter().enumerate() {
             out[u * n + tk] = sum16_halves(acc[0], acc[1]);
+        }
+    }
+}
+
+/// [`ggml_tile`] with AVX-512 VNNI: a 64-column chunk (the rule's 16 lanes) per step,
+/// `vpdpbusd` of the codes as unsigned bytes (q4_0's nibbles as they are, taken `-8 * sum q`
+/// off; int8 codes plus 128, `-128 * sum q`) with the activation codes. The same lanes, integer
+/// sums and f32 steps as [`ggml_tile`], so the same bits.
+///
+/// # Safety
+/// AVX-512F, AVX-512 VNNI, AVX2, FMA and F16C are available.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni,avx2,fma,f16c")]
+unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
+    un: &Unpacked<'_>,
+    qa: &QAct,
+    n: usize,
+    out: &mut [f32],
+) {
+    let (cols, gs, g) = (un.cols, un.gs, un.g);
+    assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
+    match SRC {
+        FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
+        FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
+        _ => {}
+    }
+    // Lane j's group within a chunk's 4 (g = 16) or 2 (g = 32) groups.
+    let idx = if g == 32 {
+        _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+    } else {
+        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+    };
+    let ones8 = _mm512_set1_epi8(1);
+    let flip = _mm512_set1_epi8(-128);
+    let m0f = _mm512_set1_epi8(0x0F);
+    for tk in 0..n {
+        let (q, d, _) = qa.token(tk);
+        assert!(q.len() == cols && d.len() == cols / 4);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for k in 0..cols / 64 {
+            // SAFETY: 64 k + 64 <= cols = q.len(), 16 k + 16 <= cols / 4 = d.len().
+            let (qx, dv) = unsafe {
+                (
+                    _mm512_loadu_si512(q.as_ptr().add(64 * k).cast()),
+                    _mm512_loadu_ps(d.as_ptr().add(16 * k)),
+                )
+            };
+            let sq = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones8, qx);
+            let s = _mm512_cvtepi32_ps(sq);
+            let g0 = 64 * k / g;
+            for u in 0..R {
+                let a = &un.a[u * gs..(u + 1) * gs];
+                // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
+                let av = _mm512_permutexvar_ps(idx, unsafe {
+                    _mm512_castps128_ps512(_mm_loadu_ps(a.as_ptr().add(g0)))
+                });
+                // SAFETY: the codes of columns 64 k .. 64 k + 64 of row u, as in `ggml_tile`
+                // (asserted above).
+                let (w, corr) = unsafe {
+                    match SRC {
+                        FROM_Q4_0 => {
+                            let b = un.rows[u].as_ptr().add(2 * k * 18 + 2);
+                            let x0 = _mm_loadu_si128(b.cast());
+                            let x1 = _mm_loadu_si128(b.add(18).cast());
+                            let mut z = _mm512_castsi128_si512(x0);
+                            z = _mm512_inserti32x4(z, _mm_srli_epi16(x0, 4), 1);
+                            z = _mm512_inserti32x4(z, x1, 2);
+                            z = _mm512_inserti32x4(z, _mm_srli_epi16(x1, 4), 3);
+                            (_mm512_and_si512(z, m0f), _mm512_slli_epi32(sq, 3))
+                        }
+                        FROM_Q8_0 => {
+                            let b = un.rows[u].as_ptr().add(2 * k * 34 + 2);
+                            let z = _mm512_inserti64x4(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(b.cast())),
+                                _mm256_loadu_si256(b.add(34).cast()),
+                                1,
+                            );
+                            (_mm512_xor_si512(z, flip), _mm512_slli_epi32(sq, 7))
+                        }
+                        _ => {
+                            let z =
+                                _mm512_loadu_si512(un.codes.as_ptr().add(u * cols + 64 * k).cast());
+                            (_mm512_xor_si512(z, flip), _mm512_slli_epi32(sq, 7))
+                        }
+                    }
+                };
+                let p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, qx), corr);
+                acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, av), _mm512_cvtepi32_ps(p), acc[u]);
+                if un.offset {
+                    let m = &un.m[u * gs..(u + 1) * gs];
+                    // SAFETY: as for `a`.
+                    let mv = _mm512_permutexvar_ps(idx, unsafe {
+                        _mm512_castps128_ps512(_mm_loadu_ps(m.as_ptr().add(g0)))
+                    });
+                    acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, mv), s, acc[u]);
+                }
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            let lo = _mm512_castps512_ps256(*a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
+            out[u * n + tk] = sum16_halves(lo, hi);
         }
     }
 }
