@@ -934,10 +934,8 @@ pub(crate) unsafe fn ggml_rows(
             // q4_0's nibbles are unpacked in registers for a few tokens (decode,
             // verification), once into the buffer for more (prefill chunks).
             if t == GgmlType::Q8_0 || (t == GgmlType::Q4_0 && n <= 4) {
-                // The codes are read in place (`FROM_Q8_0`, `FROM_Q4_0`): only the scales.
-                for blk in 0..cols / bs {
-                    un.a[u * gs + blk] = f16_at(row, blk * ts);
-                }
+                // Codes and scales are read in place (`FROM_Q8_0`, `FROM_Q4_0`): one pass
+                // over the row's bytes.
                 un.rows[u] = row;
                 continue;
             }
@@ -1064,8 +1062,19 @@ fn ggml_tile<const R: usize, const SRC: u8>(
             let h = (c / 32) % 2;
             for u in 0..R {
                 let (a, m) = (arows[u], mrows[u]);
-                // Group scales of the 8 lanes (columns c .. c + 32).
-                let (av, mv) = if g == 32 {
+                // Group scales of the 8 lanes (columns c .. c + 32): in place, the block's f16
+                // `d`.
+                let (av, mv) = if SRC == FROM_Q8_0 {
+                    (
+                        _mm256_set1_ps(f16_at(un.rows[u], c / 32 * 34)),
+                        _mm256_setzero_ps(),
+                    )
+                } else if SRC == FROM_Q4_0 {
+                    (
+                        _mm256_set1_ps(f16_at(un.rows[u], c / 32 * 18)),
+                        _mm256_setzero_ps(),
+                    )
+                } else if g == 32 {
                     (_mm256_set1_ps(a[c / 32]), _mm256_set1_ps(m[c / 32]))
                 } else {
                     let lo = c / 16;
@@ -1166,10 +1175,19 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
             let g0 = 64 * k / g;
             for u in 0..R {
                 let a = &un.a[u * gs..(u + 1) * gs];
-                // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
-                let av = _mm512_permutexvar_ps(idx, unsafe {
-                    _mm512_castps128_ps512(_mm_loadu_ps(a.as_ptr().add(g0)))
-                });
+                // The lanes' group scales: in place, the two blocks' f16 `d`.
+                let a4 = match SRC {
+                    FROM_Q8_0 | FROM_Q4_0 => {
+                        let ts = if SRC == FROM_Q8_0 { 34 } else { 18 };
+                        let row = un.rows[u];
+                        let h = |b: usize| u16::from_le_bytes([row[b * ts], row[b * ts + 1]]);
+                        let pair = h(2 * k) as i32 | (h(2 * k + 1) as i32) << 16;
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(pair))
+                    }
+                    // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
+                    _ => unsafe { _mm_loadu_ps(a.as_ptr().add(g0)) },
+                };
+                let av = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(a4));
                 // SAFETY: the codes of columns 64 k .. 64 k + 64 of row u, as in `ggml_tile`
                 // (asserted above).
                 let (w, corr) = unsafe {
