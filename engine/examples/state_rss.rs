@@ -69,10 +69,10 @@ fn main() {
             })
             .collect();
         let mut seq = e.new_sequence().unwrap();
-        for chunk in ids.chunks(batch) {
+        for span in coli_engine::prefill::spans(0, ids.len(), batch, e.prefill_align()) {
             let mut items = [BatchItem {
                 seq: &mut seq,
-                ids: chunk,
+                ids: &ids[span],
                 logits: Some(Logits::Last),
                 verify: false,
             }];

@@ -361,10 +361,15 @@ impl<'s> Engine<'s> {
         self.prefill_batch
     }
 
-    /// `ids` fed after `pos` cached positions, cut into prefill passes of at most
+    /// The alignment of cuts between prefill passes ([`crate::prefill::align_for`]).
+    pub fn prefill_align(&self) -> usize {
+        crate::prefill::align_for(&self.model.spec)
+    }
+
+    /// `ids` fed after `pos` cached positions, cut into prefill passes of about
     /// [`Engine::prefill_batch`] tokens at the positions [`crate::prefill::spans`] chooses.
     fn prefill_chunks<'a>(&self, pos: usize, ids: &'a [u32]) -> Vec<&'a [u32]> {
-        crate::prefill::spans(pos, ids.len(), self.prefill_batch)
+        crate::prefill::spans(pos, ids.len(), self.prefill_batch, self.prefill_align())
             .into_iter()
             .map(|r| &ids[r])
             .collect()
@@ -1506,7 +1511,7 @@ impl<'s> Engine<'s> {
         self.check_ids(ids)?;
         let mut total = 0.0f64;
         let mut count = 0usize;
-        for span in crate::prefill::spans(0, ids.len(), self.prefill_batch) {
+        for span in crate::prefill::spans(0, ids.len(), self.prefill_batch, self.prefill_align()) {
             let logits = self.forward(&ids[span.clone()], Logits::All)?;
             for (i, row) in logits.iter().enumerate() {
                 let t = span.start + i;

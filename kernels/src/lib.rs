@@ -218,7 +218,7 @@ pub fn set_interleave(on: bool) {
 
 /// The integer kernel that runs under [`Numerics::Q8a`] with `isa`: `avx512-vnni` where the
 /// CPU has AVX-512 VNNI and `isa` is AVX-512, `avx2` for AVX2 and AVX-512 without VNNI,
-/// `scalar` otherwise (the ggml block types take the AVX2 kernel on either SIMD path). All
+/// `scalar` otherwise (the ggml block types have their own kernels on both SIMD paths). All
 /// give the same bits; `coli doctor` and `--json` stats name it.
 pub fn integer_kernel(isa: Isa) -> &'static str {
     match q8a_path(isa) {

@@ -29,8 +29,7 @@
 //!    is `a_g q_c (+ m_g)`); per lane `p = sum (q_c x_c)` and `s = sum x_c` (the activation
 //!    codes), exact in i32; `acc_j = fma(d_B * a_g, p, acc_j)`, then for a type with offsets
 //!    `acc_j = fma(d_B * m_g, s, acc_j)`. This is llama.cpp's pairing of its block types with
-//!    q8 activations, in coli's fixed order (AVX2 and AVX-512 machines run it with AVX2:
-//!    `q8a_x86::ggml_rows`).
+//!    q8 activations, in coli's fixed order (`q8a_x86::ggml_rows`: AVX-512 VNNI or AVX2).
 //! 4. **Sum**: `v8_i = a_i + a_{i+8}`, `v4_i = v8_i + v8_{i+4}`, `v2_i = v4_i + v4_{i+2}`,
 //!    `r = v2_0 + v2_1`; int8 then `y = r * s_row` (the row scale).
 //!

@@ -153,6 +153,8 @@ fn kinds() -> Vec<Encoding> {
         Encoding::Mxfp4,
         Encoding::Ggml(GgmlType::Q8_0),
         Encoding::Ggml(GgmlType::Q4_0),
+        Encoding::Ggml(GgmlType::Q4_1),
+        Encoding::Ggml(GgmlType::Q5_0),
         Encoding::Ggml(GgmlType::Q5_1),
         Encoding::Ggml(GgmlType::IQ4_NL),
         Encoding::Ggml(GgmlType::Q2_K),
@@ -236,7 +238,15 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
             seed += 1;
             let m = Mat::random(enc, rows, cols, seed);
             let w = m.view();
-            let n = if rows == 32 { 16 } else { 7 };
+            // Token counts on both sides of the kernels' switches (one row at a time for one
+            // token, q4_0 read in place up to 4 tokens, tiles of 4 tokens).
+            let n = match rows {
+                32 => 16,
+                1 => 3,
+                7 => 2,
+                33 => 4,
+                _ => 7,
+            };
             let x = activations(n, cols, seed + 100);
             let mut want: Option<Vec<f32>> = None;
             for &isa in &isas {

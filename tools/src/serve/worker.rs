@@ -288,13 +288,14 @@ pub fn run(
             return;
         }
     };
-    let prefill_batch = eng.prefill_batch();
+    let (prefill_batch, prefill_align) = (eng.prefill_batch(), eng.prefill_align());
     let mut s = Scheduler {
         eng,
         tok: &tok,
         shared,
         max_batch,
         prefill_batch,
+        prefill_align,
         active: Vec::new(),
         prefix,
         prefix_seen: Default::default(),
@@ -424,6 +425,8 @@ struct Scheduler<'a, 's> {
     shared: Shared,
     max_batch: usize,
     prefill_batch: usize,
+    /// Where prefill passes may be cut (`Engine::prefill_align`).
+    prefill_align: usize,
     active: Vec<Request>,
     /// Finished sequences' KV states, reused by prefix.
     prefix: PrefixCache,
@@ -798,6 +801,7 @@ impl Scheduler<'_, '_> {
                     r.prefill_from,
                     r.job.prompt.len() - r.prefill_from,
                     self.prefill_batch,
+                    self.prefill_align,
                 );
             let rows = end - r.prefill_from;
             if prefill_rows > 0 && prefill_rows + rows > self.prefill_batch {
