@@ -915,9 +915,16 @@ pub(crate) unsafe fn ggml_rows(
     // Per row of a tile: its codes, and its group scales and offsets (16 spare values: a
     // block's `codes` writes at least 16).
     let gs = cols / g + 16;
+    // q8_0's codes and scales are read in place from the row's bytes, and q4_0's for a few
+    // tokens (decode, verification; for more its nibbles are unpacked once into the buffer).
+    let in_place = t == GgmlType::Q8_0 || (t == GgmlType::Q4_0 && n <= 4);
     let mut un = Unpacked {
         rows: [&[]; GGML_TILE],
-        codes: vec![0i8; GGML_TILE * cols],
+        codes: if in_place {
+            Vec::new()
+        } else {
+            vec![0i8; GGML_TILE * cols]
+        },
         a: vec![0f32; GGML_TILE * gs],
         m: vec![0f32; GGML_TILE * gs],
         cols,
@@ -935,11 +942,8 @@ pub(crate) unsafe fn ggml_rows(
         for u in 0..rows {
             let r = r0 + i0 + u;
             let row = &w.data()[r * stride..(r + 1) * stride];
-            // q4_0's nibbles are unpacked in registers for a few tokens (decode,
-            // verification), once into the buffer for more (prefill chunks).
-            if t == GgmlType::Q8_0 || (t == GgmlType::Q4_0 && n <= 4) {
-                // Codes and scales are read in place (`FROM_Q8_0`, `FROM_Q4_0`): one pass
-                // over the row's bytes.
+            if in_place {
+                // `FROM_Q8_0`, `FROM_Q4_0`: one pass over the row's bytes.
                 un.rows[u] = row;
                 continue;
             }
@@ -985,7 +989,7 @@ pub(crate) unsafe fn ggml_rows(
         }
         match t {
             GgmlType::Q8_0 => tiles!(FROM_Q8_0),
-            GgmlType::Q4_0 if n <= 4 => tiles!(FROM_Q4_0),
+            GgmlType::Q4_0 if in_place => tiles!(FROM_Q4_0),
             _ => tiles!(FROM_BUF),
         }
     }
@@ -1032,7 +1036,8 @@ fn ggml_tile<const R: usize, const SRC: u8>(
     out: &mut [f32],
 ) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
-    assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
+    assert!(un.a.len() >= R * gs && out.len() == R * n);
+    assert!(SRC != FROM_BUF || un.codes.len() >= R * cols);
     match SRC {
         FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
         FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
@@ -1147,7 +1152,8 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     out: &mut [f32],
 ) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
-    assert!(un.codes.len() >= R * cols && un.a.len() >= R * gs && out.len() == R * n);
+    assert!(un.a.len() >= R * gs && out.len() == R * n);
+    assert!(SRC != FROM_BUF || un.codes.len() >= R * cols);
     match SRC {
         FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
         FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
