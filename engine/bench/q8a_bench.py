@@ -5,6 +5,8 @@ against llama.cpp on GGUFs of the same weights (issue 43 targets), same run, int
 Models (engine/bench/streaming_bench.sh steps 1-5 make them; this script only runs):
   STORE_INT4  coli-convert --experts int4-g64 --dense bf16      vs  olmoe-q4_0.gguf
   STORE_INT8  coli-convert --experts int8 --dense bf16          vs  olmoe-q8_0.gguf
+  store-gguf-q4_0  coli-convert olmoe-q4_0.gguf (the GGUF itself) vs  olmoe-q4_0.gguf
+                   (pair `gguf-q4_0:q4_0`: the same bytes in both engines)
 Everything is resident: coli's default budget holds every expert on this machine (24 GiB), so
 it preloads them at start (stderr says so; the load is not in the decode or prefill figures);
 llama.cpp maps its file with MAP_POPULATE (--mmap on). llama.cpp runs with --repack cpu (the
