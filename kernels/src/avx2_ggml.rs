@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 /// `coli_format::encoding::ggml::f16_at`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     let h = u16::from_le_bytes([b[at], b[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }

@@ -11,6 +11,7 @@
 //!   (`vpsignb`), so a pair of products stays within i16 (128 * 127 * 2 < 2^15; mxfp4:
 //!   24 * 127 * 2).
 
+use crate::avx2_ggml::f16_at;
 use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::encoding::GgmlType;
@@ -767,15 +768,6 @@ unsafe fn rows_of<const MX: bool>(
     }
 }
 
-/// The little-endian f16 at `b[at..at + 2]` widened exactly to f32 (F16C; the value of
-/// `coli_format::encoding::ggml`'s `f16`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-}
-
 /// 32 bytes of `b` from `at` (bounds checked).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1016,6 +1008,23 @@ struct Unpacked<'a> {
     offset: bool,
 }
 
+impl Unpacked<'_> {
+    /// Asserts what [`ggml_tile`] and [`ggml_tile_vnni`] read of `R` rows from `SRC` for `n`
+    /// tokens into an output of `out_len` values: each row's scales and codes (the buffer, or
+    /// whole q8_0 / q4_0 blocks of `cols` columns).
+    fn check<const R: usize, const SRC: u8>(&self, n: usize, out_len: usize) {
+        let (cols, gs, g) = (self.cols, self.gs, self.g);
+        assert!(self.a.len() >= R * gs && self.m.len() >= R * gs && out_len == R * n);
+        assert!(SRC != FROM_BUF || self.codes.len() >= R * cols);
+        let block = match SRC {
+            FROM_Q8_0 => 34,
+            FROM_Q4_0 => 18,
+            _ => return,
+        };
+        assert!(g == 32 && self.rows[..R].iter().all(|r| r.len() == cols / 32 * block));
+    }
+}
+
 /// Where [`ggml_tile`] reads a row's codes: the unpacked buffer.
 const FROM_BUF: u8 = 0;
 /// In place from q8_0 blocks (34 bytes: f16 `d`, 32 int8 codes).
@@ -1036,13 +1045,7 @@ fn ggml_tile<const R: usize, const SRC: u8>(
     out: &mut [f32],
 ) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
-    assert!(un.a.len() >= R * gs && out.len() == R * n);
-    assert!(SRC != FROM_BUF || un.codes.len() >= R * cols);
-    match SRC {
-        FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
-        FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
-        _ => {}
-    }
+    un.check::<R, SRC>(n, out.len());
     let arows: [&[f32]; R] = std::array::from_fn(|u| &un.a[u * gs..(u + 1) * gs]);
     let mrows: [&[f32]; R] = std::array::from_fn(|u| &un.m[u * gs..(u + 1) * gs]);
     let ones8 = _mm256_set1_epi8(1);
@@ -1152,13 +1155,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     out: &mut [f32],
 ) {
     let (cols, gs, g) = (un.cols, un.gs, un.g);
-    assert!(un.a.len() >= R * gs && out.len() == R * n);
-    assert!(SRC != FROM_BUF || un.codes.len() >= R * cols);
-    match SRC {
-        FROM_Q8_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 34)),
-        FROM_Q4_0 => assert!(g == 32 && un.rows[..R].iter().all(|r| r.len() == cols / 32 * 18)),
-        _ => {}
-    }
+    un.check::<R, SRC>(n, out.len());
     // Lane j's group within a chunk's 4 (g = 16) or 2 (g = 32) groups.
     let idx = if g == 32 {
         _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
