@@ -81,9 +81,9 @@ pub struct EngineOptions {
     /// Expert reads in flight at once (default 4, at most 256).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub queue_depth: Option<u16>,
-    /// Prompt tokens per prefill forward pass (at least 1; passes are cut at multiples of 64
-    /// when N >= 64). Default: as many as the memory plan allows (a multiple of 64 up to 2048;
-    /// docs/ENGINE.md, "Long prompts").
+    /// Prompt tokens per prefill forward pass (at least 1; on models with gated delta rule
+    /// layers, passes are cut at multiples of 64 when N >= 64). Default: as many as the memory
+    /// plan allows (a multiple of 64 up to 2048; docs/ENGINE.md, "Long prompts").
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     pub prefill_batch: Option<usize>,
     /// Prefill a long prompt chunk by chunk through all layers instead of layer by layer: the
