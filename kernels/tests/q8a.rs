@@ -163,6 +163,14 @@ fn kinds() -> Vec<Encoding> {
         Encoding::Ggml(GgmlType::Q5_K),
         Encoding::Ggml(GgmlType::Q6_K),
         Encoding::Ggml(GgmlType::IQ4_XS),
+        Encoding::Ggml(GgmlType::IQ2_XXS),
+        Encoding::Ggml(GgmlType::IQ2_XS),
+        Encoding::Ggml(GgmlType::IQ2_S),
+        Encoding::Ggml(GgmlType::IQ3_XXS),
+        Encoding::Ggml(GgmlType::IQ3_S),
+        Encoding::Ggml(GgmlType::IQ1_S),
+        Encoding::Ggml(GgmlType::IQ1_M),
+        Encoding::Ggml(GgmlType::MXFP4),
     ]
 }
 

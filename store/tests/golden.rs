@@ -187,6 +187,48 @@ fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
 
+/// `v6-qwen3-moe-gguf-iq1` was written by `coli-convert` 0.1.0 (format version 6) from the GGUF
+/// fixture `tests/fixtures/gguf/qwen3_moe-iq1.gguf` (llama.cpp's quantizer, per-tensor types):
+/// ggml records whose gate is IQ1_S, up IQ1_M and down GGUF's MXFP4, i-quant dense tensors.
+/// Expected values: the fixture script's sha256 of the blocks as gguf-py reads them (`probe`).
+#[test]
+fn golden_v6_opens_verifies_and_keeps_the_iquant_blocks() {
+    use coli_format::encoding::GgmlType;
+    let dir = golden("v6-qwen3-moe-gguf-iq1");
+    let store = Store::open(&dir).expect("golden v6 store opens");
+    let m = store.manifest();
+    assert_eq!(m.format_version, 6);
+    assert_eq!(m.family, "qwen3_moe");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf/qwen3_moe-iq1.json");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("parse");
+    let p = &exp["probe"];
+    let key = ExpertKey::new(1, 2);
+    let buf = store.fetch(&[key]).expect("fetch").pop().unwrap();
+    let want = [
+        Encoding::Ggml(GgmlType::IQ1_S),
+        Encoding::Ggml(GgmlType::IQ1_M),
+        Encoding::Ggml(GgmlType::MXFP4),
+    ];
+    assert_eq!(buf.encodings, want);
+    for (i, v) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
+        assert_eq!(v.encoding(), want[i]);
+        assert_eq!(
+            sha256(v.data()),
+            p["expert_sha256"][i].as_str().unwrap(),
+            "matrix {i}"
+        );
+    }
+    let t = store
+        .dense(p["dense_tensor"].as_str().unwrap())
+        .expect("dense");
+    assert_eq!(t.encoding, Encoding::Ggml(GgmlType::IQ1_M));
+    assert_eq!(sha256(t.data), p["dense_sha256"].as_str().unwrap());
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
 /// `v5-inkling2-mxfp8` was written by `coli-convert` 0.1.0 (format version 5) from the tiny
 /// Inkling 2 fixture `tests/fixtures/tiny/inkling2_mxfp8` with default parameters (`--experts
 /// auto` = mxfp8, the published e4m3 codes and e8m0 scales kept; bf16 dense). Expected values:

@@ -15,13 +15,18 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 7] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
     "qwen3_moe-iq4_xs",
     "mixtral-q4_k_m",
+    "olmoe-iq2",
+    "qwen3_moe-iq1",
 ];
+
+/// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
+const VERSION_6: [&str; 2] = ["olmoe-iq2", "qwen3_moe-iq1"];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf")
@@ -54,8 +59,12 @@ fn sha(b: &[u8]) -> String {
         .collect()
 }
 
+/// The GGUF name of a ggml encoding (`Q4_K`, `MXFP4`), as gguf-py names tensor types.
 fn enc_name(e: Encoding) -> String {
-    e.name().to_uppercase()
+    match e {
+        Encoding::Ggml(t) => t.gguf_name(),
+        e => e.name().to_uppercase(),
+    }
 }
 
 #[test]
@@ -64,10 +73,11 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);
         let store = open_store(&store_dir, true, IoPreference::Auto);
+        let version = if VERSION_6.contains(&name) { 6 } else { 4 };
         assert_eq!(
             store.manifest().format_version,
-            4,
-            "{name}: ggml encodings are version 4"
+            version,
+            "{name}: ggml encodings of version {version}"
         );
 
         // Blocks bit for bit, in their GGUF types.
@@ -242,13 +252,13 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
         e.contains("blk.0.attn_q.weight") && e.contains("unknown ggml type id 99"),
         "{e}"
     );
-    // A type coli does not decode (IQ2_XXS is smaller than Q8_0: the extents stay valid).
-    let e = refused("iq2.gguf", |b| {
+    // A type coli does not decode (TQ2_0 is smaller than Q8_0: the extents stay valid).
+    let e = refused("tq2.gguf", |b| {
         let at = after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
-        b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+        b[at..at + 4].copy_from_slice(&35u32.to_le_bytes());
     });
     assert!(
-        e.contains("blk.0.attn_q.weight") && e.contains("IQ2_XXS") && e.contains("does not decode"),
+        e.contains("blk.0.attn_q.weight") && e.contains("TQ2_0") && e.contains("does not decode"),
         "{e}"
     );
     // An architecture coli does not convert from GGUF.

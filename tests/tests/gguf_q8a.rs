@@ -25,6 +25,8 @@ fn gguf_stores_match_transformers_under_q8a() {
         "qwen3_moe-q2_k",
         "qwen3_moe-iq4_xs",
         "mixtral-q4_k_m",
+        "olmoe-iq2",
+        "qwen3_moe-iq1",
     ] {
         let exp: Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap())

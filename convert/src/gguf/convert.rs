@@ -43,7 +43,7 @@ pub fn encoding_of(t: &TensorInfo) -> Result<Encoding> {
                     t.type_name(),
                     coli_format::encoding::ggml::ALL
                         .iter()
-                        .map(|t| t.name().to_uppercase())
+                        .map(|t| t.gguf_name())
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),

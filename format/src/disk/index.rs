@@ -208,6 +208,15 @@ pub fn min_format_version(records: &[IndexRecord]) -> u32 {
         .map(|r| {
             let enc = Encoding::from_id(r.encoding.get(), r.group_size.get())
                 .map_or(FORMAT_VERSION, |e| e.min_format_version());
+            // A ggml record's up and down types (flag bits 8..24) may need a later version
+            // than its gate's.
+            let enc = [8, 16].into_iter().fold(enc, |v, shift| {
+                let id = (r.flags.get() & RECORD_FLAG_GGML_TYPES) >> shift & 0xFF;
+                match crate::encoding::GgmlType::from_id(id) {
+                    Some(t) if r.encoding.get() == 7 => v.max(t.min_format_version()),
+                    _ => v,
+                }
+            });
             if r.has_biases() {
                 enc.max(2)
             } else {
@@ -332,11 +341,14 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
         }
         let encs = r.encodings().map_err(&what)?;
         let enc = encs[0];
-        if enc.min_format_version() > m.format_version {
+        if let Some(e) = encs
+            .iter()
+            .find(|e| e.min_format_version() > m.format_version)
+        {
             return Err(what(format!(
                 "encoding {} needs format version {}, the store is version {}",
-                enc.name(),
-                enc.min_format_version(),
+                e.name(),
+                e.min_format_version(),
                 m.format_version
             )));
         }

@@ -73,16 +73,16 @@ impl DenseEntry {
         self.encoding == crate::Encoding::Int4 { group_size: 2 }.id()
     }
 
-    /// The oldest format version that allows this dense tensor's encoding: 3 for int4, 4 for a
-    /// ggml block type, 1 for the others (an unknown id: the current version, refused
-    /// elsewhere).
+    /// The oldest format version that allows this dense tensor's encoding: 3 for int4, 4 or 6
+    /// for a ggml block type ([`crate::encoding::GgmlType::min_format_version`]), 1 for the
+    /// others (an unknown id: the current version, refused elsewhere).
     pub fn min_format_version(&self) -> u32 {
         if self.is_int4() {
             return 3;
         }
         crate::Encoding::from_id(self.encoding, self.group_size).map_or(FORMAT_VERSION, |e| match e
         {
-            crate::Encoding::Ggml(_) => 4,
+            crate::Encoding::Ggml(t) => t.min_format_version(),
             _ => 1,
         })
     }
@@ -685,6 +685,40 @@ mod tests {
                     && e.contains(&format!("format version {v} does not allow")),
                 "{e}"
             );
+        }
+    }
+    #[test]
+    fn iquant_dense_tensors_need_version_6() {
+        use crate::encoding::GgmlType;
+        let entry = |enc: Encoding| DenseEntry {
+            name: "model.layers.0.self_attn.o_proj.weight".into(),
+            encoding: enc.id(),
+            group_size: enc.group_size(),
+            shape: vec![2, 256],
+            offset: 0,
+            length: enc.weight_bytes(2, 256) as u64,
+            scales_offset: 0,
+            scales_length: 0,
+            xxh3: Xxh3Sum(3),
+        };
+        let q4k = Encoding::Ggml(GgmlType::Q4_K);
+        assert_eq!(dense_min_format_version(&[entry(q4k)]), 4);
+        for t in [GgmlType::IQ2_XXS, GgmlType::IQ1_M, GgmlType::MXFP4] {
+            let iq = Encoding::Ggml(t);
+            assert_eq!(dense_min_format_version(&[entry(q4k), entry(iq)]), 6);
+            let mut m = sample();
+            m.format_version = 6;
+            m.dense = vec![entry(iq)];
+            assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+            for v in [4, 5] {
+                m.format_version = v;
+                let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+                assert!(
+                    e.contains("model.layers.0.self_attn.o_proj.weight")
+                        && e.contains(&format!("format version {v} does not allow")),
+                    "{e}"
+                );
+            }
         }
     }
 }

@@ -178,11 +178,12 @@ impl Encoding {
     }
 
     /// The oldest store format version that can hold this encoding: 2 for mxfp4, 4 for the
-    /// ggml block types, 5 for mxfp8, else 1 (docs/FORMAT.md section 12).
+    /// ggml block types of version 4, 5 for mxfp8, 6 for the i-quants and GGUF's mxfp4
+    /// ([`GgmlType::min_format_version`]), else 1 (docs/FORMAT.md section 12).
     pub fn min_format_version(self) -> u32 {
         match self {
             Encoding::Mxfp4 => 2,
-            Encoding::Ggml(_) => 4,
+            Encoding::Ggml(t) => t.min_format_version(),
             Encoding::Mxfp8 => 5,
             _ => 1,
         }
@@ -251,10 +252,13 @@ mod tests {
             Encoding::Mxfp8,
             Encoding::Ggml(GgmlType::Q4_K),
             Encoding::Ggml(GgmlType::F16),
+            Encoding::Ggml(GgmlType::IQ2_XXS),
+            Encoding::Ggml(GgmlType::MXFP4),
         ] {
             assert_eq!(Encoding::from_id(e.id(), e.group_size()).unwrap(), e);
         }
-        assert!(Encoding::from_id(7, 16).is_err()); // IQ2_XXS: not decoded
+        assert!(Encoding::from_id(7, 35).is_err()); // TQ2_0: not decoded
+        assert_eq!(Encoding::Ggml(GgmlType::MXFP4).name(), "mxfp4_gguf");
         assert_eq!(Encoding::Ggml(GgmlType::Q6_K).name(), "q6_k");
         assert_eq!(
             Encoding::Ggml(GgmlType::Q4_K).weight_bytes(3, 512),

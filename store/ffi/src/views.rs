@@ -21,8 +21,9 @@ pub const COLI_ENC_INT4: u32 = 5;
 /// Microscaling Formats v1.0); group size field 32. Its scales are in
 /// [`coli_matrix_view::e8m0_scales`].
 pub const COLI_ENC_MXFP4: u32 = 6;
-/// Encoding id 7 (format version 4): a llama.cpp block type kept from a GGUF, the group size
-/// field holding its ggml type id (docs/FORMAT.md section 6); no scale section. The matrices of
+/// Encoding id 7 (format version 4; the i-quants and GGUF's MXFP4, version 6): a llama.cpp block
+/// type kept from a GGUF, the group size field holding its ggml type id (docs/FORMAT.md section
+/// 6); no scale section. The matrices of
 /// one expert may differ in type: read each view's `group_size`.
 pub const COLI_ENC_GGML: u32 = 7;
 /// Encoding id 8 (format version 5): MXFP8, one e4m3fn byte per weight with one e8m0 byte

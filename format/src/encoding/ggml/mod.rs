@@ -16,8 +16,17 @@
 //! [`Codec::encode_row`] returns `None`.
 
 mod f16;
+mod iq1_m;
+mod iq1_s;
+mod iq2_s;
+mod iq2_xs;
+mod iq2_xxs;
+mod iq3_s;
+mod iq3_xxs;
 mod iq4_nl;
 mod iq4_xs;
+mod iq_grids;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -62,14 +71,37 @@ pub enum GgmlType {
     Q5_K = 13,
     /// 256 weights in 16 groups of 16 with 8-bit signed scales, 6-bit codes.
     Q6_K = 14,
+    /// 256 weights, 2.06 bits each: per 8 weights an 8-bit index into a lattice of values
+    /// 8, 25, 43 and 7 sign bits; a 4-bit scale per 32.
+    IQ2_XXS = 16,
+    /// 256 weights, 2.31 bits each: per 8 weights a 9-bit lattice index and 7 sign bits; a
+    /// 4-bit scale per 16.
+    IQ2_XS = 17,
+    /// 256 weights, 3.06 bits each: per 4 weights an 8-bit index into a lattice of values
+    /// 4 .. 62; 7 sign bits per 8; a 4-bit scale per 32.
+    IQ3_XXS = 18,
+    /// 256 weights, 1.56 bits each: per 8 weights an 11-bit index into a lattice of -1, 0, 1;
+    /// a 3-bit scale and a shift of +-1/8 per 32.
+    IQ1_S = 19,
     /// 32 weights: f16 `d`, 16 bytes of 4-bit indices into a non-linear table.
     IQ4_NL = 20,
+    /// 256 weights, 3.44 bits each: per 4 weights a 9-bit index into a lattice of odd values
+    /// 1 .. 15; a sign bit per weight; a 4-bit scale per 32.
+    IQ3_S = 21,
+    /// 256 weights, 2.56 bits each: per 8 weights a 10-bit lattice index (values 8, 25, 43)
+    /// and 8 sign bits; a 4-bit scale per 16.
+    IQ2_S = 22,
     /// 256 weights in 8 groups of 32 with 6-bit signed scales, IQ4_NL's table.
     IQ4_XS = 23,
+    /// 256 weights, 1.75 bits each: per 8 weights an 11-bit index into iq1_s's lattice and a
+    /// shift of +-1/8; a 3-bit scale per 16; the f16 `d` spread over the scales' top bits.
+    IQ1_M = 29,
+    /// 32 weights: an e8m0 exponent and 16 bytes of e2m1 codes (OCP MXFP4 as GGUF stores it).
+    MXFP4 = 39,
 }
 
 /// Every type, in id order.
-pub const ALL: [GgmlType; 13] = [
+pub const ALL: [GgmlType; 21] = [
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -81,8 +113,16 @@ pub const ALL: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ1_S,
     GgmlType::IQ4_NL,
+    GgmlType::IQ3_S,
+    GgmlType::IQ2_S,
     GgmlType::IQ4_XS,
+    GgmlType::IQ1_M,
+    GgmlType::MXFP4,
 ];
 
 impl GgmlType {
@@ -105,7 +145,8 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
-            | GgmlType::IQ4_NL => 32,
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4 => 32,
             _ => QK_K,
         }
     }
@@ -125,6 +166,14 @@ impl GgmlType {
             GgmlType::Q5_K => 2 + 2 + QK_K / 2 + QK_K / 8 + 12,
             GgmlType::Q6_K => 2 + QK_K / 2 + QK_K / 4 + QK_K / 16,
             GgmlType::IQ4_XS => 2 + 2 + QK_K / 2 + QK_K / 64,
+            GgmlType::IQ2_XXS => 2 + QK_K / 4,
+            GgmlType::IQ2_XS => 2 + QK_K / 4 + QK_K / 32,
+            GgmlType::IQ2_S => 2 + QK_K / 4 + QK_K / 16,
+            GgmlType::IQ3_XXS => 2 + 3 * QK_K / 8,
+            GgmlType::IQ3_S => 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4,
+            GgmlType::IQ1_S => 2 + QK_K / 8 + QK_K / 16,
+            GgmlType::IQ1_M => QK_K / 8 + QK_K / 16 + QK_K / 32,
+            GgmlType::MXFP4 => 1 + 16,
         }
     }
 
@@ -144,6 +193,41 @@ impl GgmlType {
             GgmlType::Q6_K => "q6_k",
             GgmlType::IQ4_NL => "iq4_nl",
             GgmlType::IQ4_XS => "iq4_xs",
+            GgmlType::IQ2_XXS => "iq2_xxs",
+            GgmlType::IQ2_XS => "iq2_xs",
+            GgmlType::IQ2_S => "iq2_s",
+            GgmlType::IQ3_XXS => "iq3_xxs",
+            GgmlType::IQ3_S => "iq3_s",
+            GgmlType::IQ1_S => "iq1_s",
+            GgmlType::IQ1_M => "iq1_m",
+            // coli's own encoding id 6 is `mxfp4`; this is the GGUF block layout.
+            GgmlType::MXFP4 => "mxfp4_gguf",
+        }
+    }
+
+    /// The oldest store format version that holds this type: 4 for the types of version 4
+    /// (f16, q4_0 .. q6_k, iq4_nl, iq4_xs), 6 for the i-quants iq1_s .. iq3_s and GGUF's mxfp4
+    /// (docs/FORMAT.md section 12).
+    pub fn min_format_version(self) -> u32 {
+        match self {
+            GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::MXFP4 => 6,
+            _ => 4,
+        }
+    }
+
+    /// gguf-py's and llama.cpp's name of the type, upper case as GGUF tools print it (`Q4_K`,
+    /// `IQ2_XXS`, `MXFP4`).
+    pub fn gguf_name(self) -> String {
+        match self {
+            GgmlType::MXFP4 => "MXFP4".into(),
+            t => t.name().to_uppercase(),
         }
     }
 
@@ -171,15 +255,28 @@ impl GgmlType {
             GgmlType::Q6_K => q6_k::decode(b, out),
             GgmlType::IQ4_NL => iq4_nl::decode(b, out),
             GgmlType::IQ4_XS => iq4_xs::decode(b, out),
+            GgmlType::IQ2_XXS => iq2_xxs::decode(b, out),
+            GgmlType::IQ2_XS => iq2_xs::decode(b, out),
+            GgmlType::IQ2_S => iq2_s::decode(b, out),
+            GgmlType::IQ3_XXS => iq3_xxs::decode(b, out),
+            GgmlType::IQ3_S => iq3_s::decode(b, out),
+            GgmlType::IQ1_S => iq1_s::decode(b, out),
+            GgmlType::IQ1_M => iq1_m::decode(b, out),
+            GgmlType::MXFP4 => mxfp4::decode(b, out),
         }
     }
 
     /// Columns per scale of the type's integer form ([`GgmlType::codes`]): 16 (q2_k, q3_k,
-    /// q6_k), 32 (the others), None for f16 (no integer codes).
+    /// q6_k, iq2_xs, iq2_s, iq1_m), 32 (the others), None for f16 (no integer codes).
     pub fn code_group(self) -> Option<usize> {
         match self {
             GgmlType::F16 => None,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => Some(16),
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ1_M => Some(16),
             _ => Some(32),
         }
     }
@@ -216,6 +313,14 @@ impl GgmlType {
             GgmlType::Q6_K => q6_k::codes(b, q, a, m),
             GgmlType::IQ4_NL => iq4_nl::codes(b, q, a, m),
             GgmlType::IQ4_XS => iq4_xs::codes(b, q, a, m),
+            GgmlType::IQ2_XXS => iq2_xxs::codes(b, q, a, m),
+            GgmlType::IQ2_XS => iq2_xs::codes(b, q, a, m),
+            GgmlType::IQ2_S => iq2_s::codes(b, q, a, m),
+            GgmlType::IQ3_XXS => iq3_xxs::codes(b, q, a, m),
+            GgmlType::IQ3_S => iq3_s::codes(b, q, a, m),
+            GgmlType::IQ1_S => iq1_s::codes(b, q, a, m),
+            GgmlType::IQ1_M => iq1_m::codes(b, q, a, m),
+            GgmlType::MXFP4 => mxfp4::codes(b, q, a, m),
         }
     }
 
@@ -240,6 +345,27 @@ pub fn q4_k_scale_min(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[inline]
 pub fn f16_at(b: &[u8], at: usize) -> f32 {
     f16(b, at)
+}
+
+/// The 8 values of an i-quant grid point `p` (value `j` in byte `j`; `out` holds 8) times
+/// `db`, negated where bit `j` of `signs` is set: gguf-py's `db * grid * signs`, one rounding
+/// (the sign is exact).
+#[inline]
+fn grid_times(p: u64, db: f32, signs: u8, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate().take(8) {
+        let v = db * ((p >> (8 * j)) & 0xFF) as f32;
+        *o = if (signs >> j) & 1 == 1 { -v } else { v };
+    }
+}
+
+/// The 8 values of an i-quant grid point `p` (non-negative, at most 127) as signed codes:
+/// value `j` negated where bit `j` of `signs` is set.
+#[inline]
+fn grid_codes(p: u64, signs: u8, q: &mut [i8]) {
+    for (j, o) in q.iter_mut().enumerate().take(8) {
+        let v = ((p >> (8 * j)) & 0x7F) as i8;
+        *o = if (signs >> j) & 1 == 1 { -v } else { v };
+    }
 }
 
 /// IEEE half-precision bits to f32 (exact).
@@ -311,13 +437,21 @@ mod tests {
             (256, 144),
             (256, 176),
             (256, 210),
+            (256, 66),
+            (256, 74),
+            (256, 98),
+            (256, 50),
             (32, 18),
+            (256, 110),
+            (256, 82),
             (256, 136),
+            (256, 56),
+            (32, 17),
         ];
         for (t, w) in ALL.into_iter().zip(want) {
             assert_eq!((t.block_size(), t.type_size()), w, "{}", t.name());
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
         }
-        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS: not decoded
+        assert_eq!(GgmlType::from_id(35), None); // TQ2_0: not decoded
     }
 }
