@@ -131,6 +131,10 @@ fn main() {
         Encoding::Ggml(GgmlType::Q4_0),
         Encoding::Ggml(GgmlType::Q4_K),
         Encoding::Ggml(GgmlType::Q6_K),
+        Encoding::Ggml(GgmlType::IQ2_XXS),
+        Encoding::Ggml(GgmlType::IQ2_XS),
+        Encoding::Ggml(GgmlType::IQ3_S),
+        Encoding::Ggml(GgmlType::IQ1_S),
     ] {
         let name = enc.name();
         if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {

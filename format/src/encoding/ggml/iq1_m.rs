@@ -7,40 +7,33 @@
 //! `n` is set, `-0.125`; `w = dl * (entry + delta)`.
 
 use super::iq_grids::IQ1S_GRID;
+use super::{iq1_codes, put8};
 
+#[inline(always)]
 fn sc(b: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([b[48 + 2 * i], b[49 + 2 * i]])
 }
 
+#[inline(always)]
 fn d(b: &[u8]) -> f32 {
     let bits =
         sc(b, 0) >> 12 | (sc(b, 1) >> 8) & 0xF0 | (sc(b, 2) >> 4) & 0xF00 | sc(b, 3) & 0xF000;
     half::f16::from_bits(bits).to_f32()
 }
 
+#[inline(always)]
 fn dl(b: &[u8], d: f32, k: usize) -> f32 {
     d * (2 * ((sc(b, k / 4) >> (3 * (k % 4))) & 7) + 1) as f32
 }
 
 /// Grid point of weights `8l .. 8l + 8`, and whether their delta is negative.
+#[inline(always)]
 fn point(b: &[u8], l: usize) -> (u64, bool) {
     let n = (b[32 + l / 2] >> (4 * (l % 2))) & 0x0F;
     (
         IQ1S_GRID[b[l] as usize | ((n & 7) as usize) << 8],
         n & 8 != 0,
     )
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = d(b);
-    for l in 0..32 {
-        let dl = dl(b, d, l / 2);
-        let (p, neg) = point(b, l);
-        let delta = if neg { -0.125f32 } else { 0.125 };
-        for (j, o) in out[8 * l..8 * l + 8].iter_mut().enumerate() {
-            *o = dl * ((p >> (8 * j)) as u8 as i8 as f32 + delta);
-        }
-    }
 }
 
 /// The integer form of a block: group `k` of 16 has `w = a[k] * q` with `q = 8 entry ± 1` (-9 ..
@@ -52,9 +45,6 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
     }
     for l in 0..32 {
         let (p, neg) = point(b, l);
-        let delta: i8 = if neg { -1 } else { 1 };
-        for (j, o) in q[8 * l..8 * l + 8].iter_mut().enumerate() {
-            *o = 8 * ((p >> (8 * j)) as u8 as i8) + delta;
-        }
+        put8(&mut q[8 * l..], iq1_codes(p, !neg));
     }
 }

@@ -5,32 +5,17 @@
 //! `IQ1S_GRID` (entries -1, 0, 1), each `w = dl * (entry + delta)`.
 
 use super::iq_grids::IQ1S_GRID;
+use super::{iq1_codes, put8};
 
 /// Group `g`'s `qh` word.
+#[inline(always)]
 fn qh(b: &[u8], g: usize) -> u16 {
     u16::from_le_bytes([b[34 + 2 * g], b[35 + 2 * g]])
 }
 
+#[inline(always)]
 fn point(b: &[u8], g: usize, h: u16, l: usize) -> u64 {
     IQ1S_GRID[b[2 + 4 * g + l] as usize | (((h >> (3 * l)) & 7) as usize) << 8]
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for g in 0..8 {
-        let h = qh(b, g);
-        let dl = d * (2 * ((h >> 12) & 7) + 1) as f32;
-        let delta = if h & 0x8000 == 0 { 0.125f32 } else { -0.125 };
-        for l in 0..4 {
-            let p = point(b, g, h, l);
-            for (j, o) in out[32 * g + 8 * l..32 * g + 8 * l + 8]
-                .iter_mut()
-                .enumerate()
-            {
-                *o = dl * ((p >> (8 * j)) as u8 as i8 as f32 + delta);
-            }
-        }
-    }
 }
 
 /// The integer form of a block: group `g` of 32 has `w = a[g] * q` with `q = 8 entry ± 1` (-9 ..
@@ -41,12 +26,9 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
     for g in 0..8 {
         let h = qh(b, g);
         a[g] = d * (2 * ((h >> 12) & 7) + 1) as f32 * 0.125;
-        let delta: i8 = if h & 0x8000 == 0 { 1 } else { -1 };
+        let plus = h & 0x8000 == 0;
         for l in 0..4 {
-            let p = point(b, g, h, l);
-            for (j, o) in q[32 * g + 8 * l..32 * g + 8 * l + 8].iter_mut().enumerate() {
-                *o = 8 * ((p >> (8 * j)) as u8 as i8) + delta;
-            }
+            put8(&mut q[32 * g + 8 * l..], iq1_codes(point(b, g, h, l), plus));
         }
     }
 }

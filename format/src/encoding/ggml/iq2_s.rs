@@ -5,24 +5,18 @@
 //! has the scale `ls` = nibble `g % 2` of `scales[g / 2]` and `db = d * (0.5 + ls) * 0.25`.
 
 use super::iq_grids::IQ2S_GRID;
-use super::{grid_codes, grid_times};
+use super::{put8, signed};
 
+#[inline(always)]
 fn entry(b: &[u8], l: usize) -> (u64, u8) {
     let hi = ((b[66 + l / 4] >> (2 * (l % 4))) & 3) as usize;
     (IQ2S_GRID[b[2 + l] as usize | hi << 8], b[34 + l])
 }
 
+#[inline(always)]
 fn db(b: &[u8], d: f32, g: usize) -> f32 {
     let ls = (b[74 + g / 2] >> (4 * (g % 2))) & 0x0F;
     d * (0.5 + ls as f32) * 0.25
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for l in 0..32 {
-        let (p, signs) = entry(b, l);
-        grid_times(p, db(b, d, l / 2), signs, &mut out[8 * l..8 * l + 8]);
-    }
 }
 
 /// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = db`, `q` the signed
@@ -34,6 +28,6 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
     }
     for l in 0..32 {
         let (p, signs) = entry(b, l);
-        grid_codes(p, signs, &mut q[8 * l..8 * l + 8]);
+        put8(&mut q[8 * l..], signed(p, signs));
     }
 }

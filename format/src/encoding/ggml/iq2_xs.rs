@@ -5,24 +5,18 @@
 //! `db = d * (0.5 + ls) * 0.25`; a weight is `db * grid[j]`, negated where its sign bit is set.
 
 use super::iq_grids::{IQ2XS_GRID, KSIGNS};
-use super::{grid_codes, grid_times};
+use super::{put8, signed};
 
+#[inline(always)]
 fn entry(b: &[u8], l: usize) -> (u64, u8) {
     let v = u16::from_le_bytes([b[2 + 2 * l], b[3 + 2 * l]]);
     (IQ2XS_GRID[(v & 511) as usize], KSIGNS[(v >> 9) as usize])
 }
 
+#[inline(always)]
 fn db(b: &[u8], d: f32, g: usize) -> f32 {
     let ls = (b[66 + g / 2] >> (4 * (g % 2))) & 0x0F;
     d * (0.5 + ls as f32) * 0.25
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for l in 0..32 {
-        let (p, signs) = entry(b, l);
-        grid_times(p, db(b, d, l / 2), signs, &mut out[8 * l..8 * l + 8]);
-    }
 }
 
 /// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = db`, `q` the signed
@@ -34,6 +28,6 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
     }
     for l in 0..32 {
         let (p, signs) = entry(b, l);
-        grid_codes(p, signs, &mut q[8 * l..8 * l + 8]);
+        put8(&mut q[8 * l..], signed(p, signs));
     }
 }

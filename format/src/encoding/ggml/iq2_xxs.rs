@@ -6,27 +6,15 @@
 //! bit `j` of the signs is set.
 
 use super::iq_grids::{IQ2XXS_GRID, KSIGNS};
-use super::{grid_codes, grid_times};
+use super::{put8, signed};
 
+#[inline(always)]
 fn group(b: &[u8], g: usize) -> (&[u8], u32) {
     let o = 2 + 8 * g;
     (
         &b[o..o + 4],
         u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], b[o + 7]]),
     )
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for g in 0..8 {
-        let (idx, s) = group(b, g);
-        let db = d * (0.5 + (s >> 28) as f32) * 0.25;
-        for k in 0..4 {
-            let signs = KSIGNS[((s >> (7 * k)) & 127) as usize];
-            let o = &mut out[32 * g + 8 * k..32 * g + 8 * k + 8];
-            grid_times(IQ2XXS_GRID[idx[k] as usize], db, signs, o);
-        }
-    }
 }
 
 /// The integer form of a block: group `g` of 32 has `w = a[g] * q`, `a[g] = db`, `q` the signed
@@ -38,8 +26,10 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
         a[g] = d * (0.5 + (s >> 28) as f32) * 0.25;
         for k in 0..4 {
             let signs = KSIGNS[((s >> (7 * k)) & 127) as usize];
-            let o = &mut q[32 * g + 8 * k..32 * g + 8 * k + 8];
-            grid_codes(IQ2XXS_GRID[idx[k] as usize], signs, o);
+            put8(
+                &mut q[32 * g + 8 * k..],
+                signed(IQ2XXS_GRID[idx[k] as usize], signs),
+            );
         }
     }
 }

@@ -6,9 +6,10 @@
 //! `db = d * (1 + 2 ls)`.
 
 use super::iq_grids::IQ3S_GRID;
-use super::{grid_codes, grid_times};
+use super::{put8, signed};
 
 /// Grid points `2m`, `2m + 1` (weights `8m .. 8m + 8`) as one 8-entry point, and their signs.
+#[inline(always)]
 fn pair(b: &[u8], m: usize) -> (u64, u8) {
     let point = |l: usize| {
         let hi = ((b[66 + l / 8] >> (l % 8)) & 1) as usize;
@@ -17,17 +18,10 @@ fn pair(b: &[u8], m: usize) -> (u64, u8) {
     (point(2 * m) | point(2 * m + 1) << 32, b[74 + m])
 }
 
+#[inline(always)]
 fn db(b: &[u8], d: f32, g: usize) -> f32 {
     let ls = (b[106 + g / 2] >> (4 * (g % 2))) & 0x0F;
     d * (1 + 2 * ls) as f32
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for m in 0..32 {
-        let (p, signs) = pair(b, m);
-        grid_times(p, db(b, d, m / 4), signs, &mut out[8 * m..8 * m + 8]);
-    }
 }
 
 /// The integer form of a block: group `g` of 32 has `w = a[g] * q`, `a[g] = db`, `q` the signed
@@ -39,6 +33,6 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
     }
     for m in 0..32 {
         let (p, signs) = pair(b, m);
-        grid_codes(p, signs, &mut q[8 * m..8 * m + 8]);
+        put8(&mut q[8 * m..], signed(p, signs));
     }
 }

@@ -5,30 +5,19 @@
 //! weight is `db * grid[j]`, negated where its sign bit is set.
 
 use super::iq_grids::{IQ3XXS_GRID, KSIGNS};
-use super::{grid_codes, grid_times};
+use super::{put8, signed};
 
+#[inline(always)]
 fn scale_signs(b: &[u8], g: usize) -> u32 {
     let o = 66 + 4 * g;
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
 
 /// Grid points `2k`, `2k + 1` of group `g` (its `k`-th 8 weights) as one 8-entry point.
+#[inline(always)]
 fn pair(b: &[u8], g: usize, k: usize) -> u64 {
     let i = 2 + 8 * g + 2 * k;
     IQ3XXS_GRID[b[i] as usize] as u64 | (IQ3XXS_GRID[b[i + 1] as usize] as u64) << 32
-}
-
-pub(super) fn decode(b: &[u8], out: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for g in 0..8 {
-        let s = scale_signs(b, g);
-        let db = d * (0.5 + (s >> 28) as f32) * 0.5;
-        for k in 0..4 {
-            let signs = KSIGNS[((s >> (7 * k)) & 127) as usize];
-            let o = &mut out[32 * g + 8 * k..32 * g + 8 * k + 8];
-            grid_times(pair(b, g, k), db, signs, o);
-        }
-    }
 }
 
 /// The integer form of a block: group `g` of 32 has `w = a[g] * q`, `a[g] = db`, `q` the signed
@@ -40,8 +29,7 @@ pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
         a[g] = d * (0.5 + (s >> 28) as f32) * 0.5;
         for k in 0..4 {
             let signs = KSIGNS[((s >> (7 * k)) & 127) as usize];
-            let o = &mut q[32 * g + 8 * k..32 * g + 8 * k + 8];
-            grid_codes(pair(b, g, k), signs, o);
+            put8(&mut q[32 * g + 8 * k..], signed(pair(b, g, k), signs));
         }
     }
 }

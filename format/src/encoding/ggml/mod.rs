@@ -10,7 +10,10 @@
 //! gguf-py's numpy dequantization (`gguf.quants.<TYPE>.dequantize_blocks`, gguf 0.19) operation
 //! by operation in f32 (the same products and differences, each rounded once, never fused), so
 //! a decoded row equals gguf-py's bit for bit; `format/tests/ggml_gguf_py.rs` checks it against
-//! vectors gguf-py wrote (`tests/fixtures/gguf/make_ggml_vectors.py`).
+//! vectors gguf-py wrote (`tests/fixtures/gguf/make_ggml_vectors.py`). The i-quants (iq1_*,
+//! iq2_*, iq3_*) define only their integer form ([`GgmlType::codes`]: signed grid values, 8
+//! at a time in a u64) and decode through it, `a * q` rounded once, which is gguf-py's value
+//! (see `decode_from_codes`).
 //!
 //! Stores copy these blocks from a GGUF; no f32 value is ever encoded into them here, so
 //! [`Codec::encode_row`] returns `None`.
@@ -255,13 +258,13 @@ impl GgmlType {
             GgmlType::Q6_K => q6_k::decode(b, out),
             GgmlType::IQ4_NL => iq4_nl::decode(b, out),
             GgmlType::IQ4_XS => iq4_xs::decode(b, out),
-            GgmlType::IQ2_XXS => iq2_xxs::decode(b, out),
-            GgmlType::IQ2_XS => iq2_xs::decode(b, out),
-            GgmlType::IQ2_S => iq2_s::decode(b, out),
-            GgmlType::IQ3_XXS => iq3_xxs::decode(b, out),
-            GgmlType::IQ3_S => iq3_s::decode(b, out),
-            GgmlType::IQ1_S => iq1_s::decode(b, out),
-            GgmlType::IQ1_M => iq1_m::decode(b, out),
+            GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M => decode_from_codes(self, b, out),
             GgmlType::MXFP4 => mxfp4::decode(b, out),
         }
     }
@@ -347,24 +350,67 @@ pub fn f16_at(b: &[u8], at: usize) -> f32 {
     f16(b, at)
 }
 
-/// The 8 values of an i-quant grid point `p` (value `j` in byte `j`; `out` holds 8) times
-/// `db`, negated where bit `j` of `signs` is set: gguf-py's `db * grid * signs`, one rounding
-/// (the sign is exact).
-#[inline]
-fn grid_times(p: u64, db: f32, signs: u8, out: &mut [f32]) {
-    for (j, o) in out.iter_mut().enumerate().take(8) {
-        let v = db * ((p >> (8 * j)) & 0xFF) as f32;
-        *o = if (signs >> j) & 1 == 1 { -v } else { v };
+/// Byte masks of the sign bytes: byte `j` of `SIGN_MASKS[s]` is 0xFF where bit `j` of `s` is
+/// set.
+static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if (s >> j) & 1 == 1 {
+                t[s] |= 0xFF << (8 * j);
+            }
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// One in every byte.
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// The 8 values of an i-quant grid point `p` (byte `j` = value `j`, each in 1..=127) as signed
+/// codes, byte `j` negated where bit `j` of `signs` is set: `(p ^ m) + (m & 1)` per byte, which
+/// never carries between bytes for values in 1..=127.
+#[inline(always)]
+fn signed(p: u64, signs: u8) -> u64 {
+    let m = SIGN_MASKS[signs as usize];
+    (p ^ m) + (m & ONES)
+}
+
+/// The 8 values of an iq1s grid point `p` (signed bytes -1, 0, 1) as the codes `8 v + 1`
+/// (`plus`) or `8 v - 1`: `8 v - 1 = !(8 (-v))`, and `-v` swaps the bytes 0x01 and 0xFF.
+#[inline(always)]
+fn iq1_codes(p: u64, plus: bool) -> u64 {
+    let eight = |x: u64| (x << 3) & 0xF8F8_F8F8_F8F8_F8F8;
+    if plus {
+        eight(p) | ONES
+    } else {
+        !eight(p ^ ((p & ONES) * 0xFE))
     }
 }
 
-/// The 8 values of an i-quant grid point `p` (non-negative, at most 127) as signed codes:
-/// value `j` negated where bit `j` of `signs` is set.
-#[inline]
-fn grid_codes(p: u64, signs: u8, q: &mut [i8]) {
-    for (j, o) in q.iter_mut().enumerate().take(8) {
-        let v = ((p >> (8 * j)) & 0x7F) as i8;
-        *o = if (signs >> j) & 1 == 1 { -v } else { v };
+/// Writes 8 codes (byte `j` of `v` = code `j`) to `q[..8]`.
+#[inline(always)]
+fn put8(q: &mut [i8], v: u64) {
+    let q: &mut [i8; 8] = (&mut q[..8]).try_into().expect("8 codes");
+    *q = v.to_le_bytes().map(|b| b as i8);
+}
+
+/// The reference decode of an i-quant block through its integer form: `out[c] = a[c / g] *
+/// q[c]`, one f32 rounding. This is gguf-py's value: for iq2_* / iq3_* `(db * grid) * sign` (the
+/// sign flips an exact product: rounding to nearest is symmetric), for iq1_* `dl * (grid +
+/// delta)` with `a = dl / 8` and `q = 8 grid +- 1` (the same exact product, rounded once).
+fn decode_from_codes(t: GgmlType, b: &[u8], out: &mut [f32]) {
+    let (mut q, mut a, mut m) = ([0i8; QK_K], [0f32; 16], [0f32; 16]);
+    t.codes(b, &mut q, &mut a, &mut m);
+    let g = t.code_group().expect("an i-quant");
+    for ((o, q), a) in out.chunks_exact_mut(g).zip(q.chunks_exact(g)).zip(a.iter()) {
+        for (o, &q) in o.iter_mut().zip(q) {
+            *o = a * q as f32;
+        }
     }
 }
 
