@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 5  # newest version read (section 12); versions 1 to 4 too
+FORMAT_VERSION = 6  # newest version read (section 12); versions 1 to 5 too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
@@ -34,9 +34,12 @@ SEGMENT_MAGIC = b"COLISEG\0"
 F32, BF16, FP8, INT8, INT4, MXFP4, GGML, MXFP8 = 1, 2, 3, 4, 5, 6, 7, 8
 ENCODING_NAMES = {F32: "f32", BF16: "bf16", FP8: "fp8", INT8: "int8", INT4: "int4", MXFP4: "mxfp4", GGML: "ggml",
                   MXFP8: "mxfp8"}
-# Encoding 7 (version 4): ggml type id -> (weights per block, bytes per block), section 6's table.
+# Encoding 7 (version 4; the i-quants and MXFP4 version 6): ggml type id -> (weights per block,
+# bytes per block), section 6's table.
 GGML_TYPES = {1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84),
-              11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136)}
+              11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136),
+              16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 21: (256, 110), 22: (256, 82),
+              29: (256, 56), 39: (32, 17)}
 # INDEX flags bits 8..24 (version 4, encoding 7): the up and down matrices' ggml type ids.
 RECORD_FLAG_GGML_TYPES = 0x00FFFF00
 MXFP4_BLOCK = 32

@@ -326,21 +326,21 @@ def test_mxfp8_store_version_5():
     print(f"  {fx} --experts mxfp8: version 5, codes/scales as published, decoded as OCP MX defines them")
 
 
-def test_gguf_store_version_4():
-    """A GGUF converted by coli-convert (format version 4, encoding 7): every expert's three
+def _gguf_store(fixture: str, version: int):
+    """A GGUF converted by coli-convert (encoding 7, format `version`): every expert's three
     matrices and every dense tensor hold the GGUF's blocks byte for byte, in the tensor's type
     (an expert's down matrix in another type than its gate and up), and decode as gguf-py
     decodes the GGUF tensor (read here with gguf-py's own GGUFReader)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    src = os.path.join(ROOT, "tests", "fixtures", "gguf", "qwen3_moe-q2_k.gguf")
-    out = os.path.join(_TMP, "gguf-q2_k")
+    src = os.path.join(ROOT, "tests", "fixtures", "gguf", f"{fixture}.gguf")
+    out = os.path.join(_TMP, f"gguf-{fixture}")
     subprocess.run([coli_convert(), src, out], check=True, capture_output=True)
     st = cr.Store(out)
     st.verify_segment_bodies()
     st.verify_files()
-    assert st.manifest["format_version"] == 4
+    assert st.manifest["format_version"] == version
     g = {t.name: t for t in GGUFReader(src).tensors}
     n = 0
     for layer, expert in st.experts():
@@ -361,7 +361,17 @@ def test_gguf_store_version_4():
         t = g[gname]
         assert m.data == np.asarray(t.data).tobytes(), name
         assert np.array_equal(m.dequantize().reshape(-1), dequantize(np.asarray(t.data), t.tensor_type).reshape(-1)), name
-    print(f"  qwen3_moe-q2_k.gguf: version 4, {n} expert matrices and {len(names)} dense tensors as gguf-py reads them")
+    print(f"  {fixture}.gguf: version {version}, {n} expert matrices and {len(names)} dense tensors as gguf-py reads them")
+
+
+def test_gguf_store_version_4():
+    _gguf_store("qwen3_moe-q2_k", 4)
+
+
+def test_gguf_iquant_store_version_6():
+    """The i-quants (IQ1_S gate, IQ1_M up, MXFP4 down; IQ1_M, IQ2_* and IQ3_XXS dense) as
+    FORMAT.md section 6 lists them: version 6."""
+    _gguf_store("qwen3_moe-iq1", 6)
 
 
 def _damaged_copy(src: str, name: str) -> str:

@@ -3,7 +3,8 @@
 //! Every dense tensor keeps its GGUF type (F32 and BF16 as coli's f32 and bf16, every other
 //! type as the ggml encoding of that type); each layer's stacked expert tensors
 //! (`blk.N.ffn_{gate,up,down}_exps.weight`, `[E, rows, cols]`) are cut into one record per
-//! expert, the three matrices in the types the GGUF gives them (format version 4). Nothing is
+//! expert, the three matrices in the types the GGUF gives them (format version 4, or 6 with an
+//! i-quant or MXFP4). Nothing is
 //! requantized, so the store holds exactly the GGUF's bits. The model spec comes from the
 //! config.json [`super::arch::config_json`] builds from the metadata; the tokenizer from
 //! [`super::tokenizer::files`]. Resumable and atomic as every conversion

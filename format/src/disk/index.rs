@@ -425,3 +425,41 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
     }
     Ok(recs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encoding::GgmlType;
+
+    fn record(encodings: [Encoding; 3], biases: bool) -> IndexRecord {
+        IndexRecord::new(RecordPlace {
+            key: ExpertKey::new(0, 0),
+            segment: 1,
+            encodings,
+            offset: 4096,
+            length: 4096,
+            payload_len: 4000,
+            hidden: 256,
+            intermediate: 256,
+            biases,
+            checksum: 7,
+        })
+    }
+
+    #[test]
+    fn a_records_newest_matrix_type_sets_its_version() {
+        let (q4k, iq) = (
+            Encoding::Ggml(GgmlType::Q4_K),
+            Encoding::Ggml(GgmlType::IQ2_XS),
+        );
+        assert_eq!(min_format_version(&[record([q4k; 3], false)]), 4);
+        // An i-quant up or down behind a version-4 gate (the INDEX flags carry their types).
+        assert_eq!(min_format_version(&[record([q4k, q4k, iq], false)]), 6);
+        assert_eq!(min_format_version(&[record([q4k, iq, q4k], false)]), 6);
+        assert_eq!(min_format_version(&[record([iq, q4k, q4k], false)]), 6);
+        let int4 = Encoding::Int4 { group_size: 64 };
+        assert_eq!(min_format_version(&[record([int4; 3], false)]), 1);
+        assert_eq!(min_format_version(&[record([int4; 3], true)]), 2);
+        assert_eq!(min_format_version(&[]), 1);
+    }
+}

@@ -73,7 +73,7 @@ enum {
     COLI_ENC_MXFP4 = 6, /* format version 2: e2m1 values, two per byte (low nibble = even
                            column); e8m0 byte scale 2^(e-127) per 32 columns
                            [rows, ceil(cols/32)] in coli_matrix_view.e8m0_scales */
-    COLI_ENC_GGML = 7,  /* format version 4: llama.cpp block type from a GGUF, group_size =
+    COLI_ENC_GGML = 7,  /* format version 4 (i-quants, MXFP4: 6): llama.cpp block type from a GGUF, group_size =
                            its ggml type id; scales inside the blocks (no scale section);
                            an expert's three matrices may differ in type */
     COLI_ENC_MXFP8 = 8  /* format version 5: e4m3fn bytes; e8m0 byte scale 2^(e-127) per 32

@@ -1,5 +1,5 @@
 //! Encoding id 7, `ggml`: llama.cpp's block types, kept bit for bit as a GGUF file stores them
-//! (format version 4; docs/FORMAT.md section 6). The group size field holds the ggml type id
+//! (format version 4; the i-quants and GGUF's mxfp4 version 6; docs/FORMAT.md section 6). The group size field holds the ggml type id
 //! (`GGMLQuantizationType` in gguf-py's `constants.py`, `enum ggml_type` in ggml.h), so
 //! `(7, 12)` is `q4_k`. A row of `cols` weights is `cols / block_size` blocks of `type_size`
 //! bytes (the row-major layout of a GGUF tensor whose `ne[0]` is `cols`); `cols` must be a
