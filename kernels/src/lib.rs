@@ -240,7 +240,10 @@ fn q8a_path(isa: Isa) -> Q8aPath {
     {
         static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let vnni = *VNNI.get_or_init(|| {
-            std::is_x86_feature_detected!("avx512vnni") && std::env::var("COLI_NO_VNNI").is_err()
+            // Every VNNI CPU has AVX-512BW; the ggml tiles use its 16-bit shifts.
+            std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::env::var("COLI_NO_VNNI").is_err()
         });
         match isa {
             Isa::Avx512 if vnni => return Q8aPath::Vnni,

@@ -106,7 +106,8 @@ pub(crate) struct QAct {
     pub d: Vec<f32>,
     /// `[n, cols / 4]`: per lane, the sum of its 4 `q` times the codes' offset (int4: -8;
     /// int8: -128, for the unsigned-code form `code + 128` of the VNNI kernel; mxfp4: -12, for
-    /// `E2M1_DOUBLED + 12`).
+    /// `E2M1_DOUBLED + 12`), or for the ggml types the plain sum (their kernels scale it by
+    /// the offset each form needs: q4_0's -8, the VNNI codes' -128, a type's `m_g`).
     pub corr: Vec<i32>,
     pub cols: usize,
 }
@@ -161,7 +162,7 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
         Kind::Int8 => -128,
         Kind::Int4 { .. } => -8,
         Kind::Mxfp4 => -MXFP4_OFFSET,
-        Kind::Ggml(_) => 0,
+        Kind::Ggml(_) => 1,
     };
     let mut qn = [0i8; CHUNK];
     for t in 0..n {

@@ -873,14 +873,15 @@ fn q6_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
 /// The ggml block types under the rule (step 3's ggml form), AVX2: `yt[i * n + t] = row
 /// (r0 + i) . token t`, [`GGML_TILE`] rows at a time. Each row's blocks are unpacked once into their integer form
 /// (`GgmlType::codes`: int8 codes, per group the scale `a_g` and offset `m_g`; q8_0, q4_0,
-/// q4_k and q6_k with AVX2 here, the same values), then every
+/// q4_k and q6_k with AVX2 here, the same values; q8_0, and for up to 4 tokens q4_0 and (VNNI)
+/// q4_k, are read in place from the row's blocks instead), then every
 /// token runs over it 32 columns (8 lanes) at a time: `p` as `|code|` times `q` with the
 /// code's sign (`vpmaddubsw` + `vpmaddwd`; a pair of products stays within i16: 128 * 127 * 2),
 /// `s = sum q` likewise against ones, and per lane `acc = fma(d * a_g, p, acc)` then (types
 /// with offsets) `acc = fma(d * m_g, s, acc)`: the scalar twin's order, so its bits.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are available, and with `vnni` AVX-512F and AVX-512 VNNI (then each
+/// AVX2, FMA and F16C are available, and with `vnni` AVX-512F, AVX-512BW and AVX-512 VNNI (then each
 /// 64-column chunk runs as one `vpdpbusd`: [`ggml_tile_vnni`]); `w` is a row-major ggml matrix
 /// of type `t` (with checked
 /// sections) whose `cols` is a multiple of 64; `qa` was quantized for it with `n` tokens.
@@ -907,9 +908,12 @@ pub(crate) unsafe fn ggml_rows(
     // Per row of a tile: its codes, and its group scales and offsets (16 spare values: a
     // block's `codes` writes at least 16).
     let gs = cols / g + 16;
-    // q8_0's codes and scales are read in place from the row's bytes, and q4_0's for a few
-    // tokens (decode, verification; for more its nibbles are unpacked once into the buffer).
-    let in_place = t == GgmlType::Q8_0 || (t == GgmlType::Q4_0 && n <= 4);
+    // q8_0's codes and scales are read in place from the row's bytes, and q4_0's (and with
+    // VNNI q4_k's) for a few tokens (decode, verification; for more their nibbles are
+    // unpacked once into the buffer, which the tokens then share).
+    let in_place = t == GgmlType::Q8_0
+        || (t == GgmlType::Q4_0 && n <= 4)
+        || (matches!(t, GgmlType::Q4_K | GgmlType::Q6_K) && n <= 4 && vnni);
     let mut un = Unpacked {
         rows: [&[]; GGML_TILE],
         codes: if in_place {
@@ -959,7 +963,7 @@ pub(crate) unsafe fn ggml_rows(
         macro_rules! tiles {
             ($src:expr) => {
                 if vnni {
-                    // SAFETY: `vnni` only where the CPU has AVX-512F and AVX-512 VNNI (the
+                    // SAFETY: `vnni` only where the CPU has AVX-512F, AVX-512BW and AVX-512 VNNI (the
                     // caller's guarantee).
                     unsafe {
                         match rows {
@@ -982,6 +986,24 @@ pub(crate) unsafe fn ggml_rows(
         match t {
             GgmlType::Q8_0 => tiles!(FROM_Q8_0),
             GgmlType::Q4_0 if in_place => tiles!(FROM_Q4_0),
+            // SAFETY: `in_place` holds `vnni` for q4_k: AVX-512F, AVX-512BW and AVX-512 VNNI are there.
+            GgmlType::Q4_K if in_place => unsafe {
+                match rows {
+                    4 => ggml_tile_vnni::<4, FROM_Q4_K>(&un, qa, n, out),
+                    3 => ggml_tile_vnni::<3, FROM_Q4_K>(&un, qa, n, out),
+                    2 => ggml_tile_vnni::<2, FROM_Q4_K>(&un, qa, n, out),
+                    _ => ggml_tile_vnni::<1, FROM_Q4_K>(&un, qa, n, out),
+                }
+            },
+            // SAFETY: as for q4_k.
+            GgmlType::Q6_K if in_place => unsafe {
+                match rows {
+                    4 => ggml_tile_vnni::<4, FROM_Q6_K>(&un, qa, n, out),
+                    3 => ggml_tile_vnni::<3, FROM_Q6_K>(&un, qa, n, out),
+                    2 => ggml_tile_vnni::<2, FROM_Q6_K>(&un, qa, n, out),
+                    _ => ggml_tile_vnni::<1, FROM_Q6_K>(&un, qa, n, out),
+                }
+            },
             _ => tiles!(FROM_BUF),
         }
     }
@@ -1016,12 +1038,18 @@ impl Unpacked<'_> {
         let (cols, gs, g) = (self.cols, self.gs, self.g);
         assert!(self.a.len() >= R * gs && self.m.len() >= R * gs && out_len == R * n);
         assert!(SRC != FROM_BUF || self.codes.len() >= R * cols);
-        let block = match SRC {
-            FROM_Q8_0 => 34,
-            FROM_Q4_0 => 18,
+        let (block, per) = match SRC {
+            FROM_Q8_0 => (34, 32),
+            FROM_Q4_0 => (18, 32),
+            FROM_Q4_K => (144, 256),
+            FROM_Q6_K => (210, 256),
             _ => return,
         };
-        assert!(g == 32 && self.rows[..R].iter().all(|r| r.len() == cols / 32 * block));
+        assert!(
+            g == if SRC == FROM_Q6_K { 16 } else { 32 }
+                && cols.is_multiple_of(per)
+                && self.rows[..R].iter().all(|r| r.len() == cols / per * block)
+        );
     }
 }
 
@@ -1032,6 +1060,19 @@ const FROM_Q8_0: u8 = 1;
 /// In place from q4_0 blocks (18 bytes: f16 `d`, 16 bytes of nibbles: columns 0..16 low,
 /// 16..32 high; the code is the nibble minus 8, taken as `-8 * sum q` off the unsigned sum).
 const FROM_Q4_0: u8 = 2;
+/// In place from q4_k blocks (144 bytes: f16 `d` and `dmin`, 12 bytes of 6-bit scales and
+/// mins, 128 bytes of nibbles: 64-column chunk `i` of the block is bytes `16 + 32 i ..`, its
+/// first 32 columns the low nibbles, the next 32 the high ones); the codes are the nibbles
+/// (unsigned, no offset), each block's `a_g = d * sc_g` and `m_g = -(dmin * m_g)` computed as
+/// `GgmlType::codes` computes them. VNNI only.
+const FROM_Q4_K: u8 = 3;
+/// In place from q6_k blocks (210 bytes: 128 bytes `ql`, 64 bytes `qh`, 16 signed scales, f16
+/// `d`): 64-column chunk `c` of the block (half `h = c / 2`, `s = c % 2`) has the low nibbles
+/// `(ql[64 h ..][..64] >> 4 s) & 15` and the high bits `(qh[32 h ..][..32] >> 4 s) & 3` (its
+/// first 32 columns), `>> (4 s + 2)` (the next 32); the code `lo | hi << 4` is unsigned, its
+/// offset -32 taken as `-32 * sum q`; `a_g = d * scales[g]` per 16 columns, as
+/// `GgmlType::codes` computes it. VNNI only.
+const FROM_Q6_K: u8 = 4;
 
 /// The first `R` rows of `un` against every token of `qa`: `out[u * n + t]`, each (row,
 /// token) in the rule's order. `SRC`: where the codes are read ([`FROM_BUF`], [`FROM_Q8_0`],
@@ -1048,12 +1089,11 @@ fn ggml_tile<const R: usize, const SRC: u8>(
     un.check::<R, SRC>(n, out.len());
     let arows: [&[f32]; R] = std::array::from_fn(|u| &un.a[u * gs..(u + 1) * gs]);
     let mrows: [&[f32]; R] = std::array::from_fn(|u| &un.m[u * gs..(u + 1) * gs]);
-    let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let m4 = _mm_set1_epi8(0x0F);
     for tk in 0..n {
-        let (q, d, _) = qa.token(tk);
-        assert!(q.len() == cols && d.len() == cols / 4);
+        let (q, d, sums) = qa.token(tk);
+        assert!(q.len() == cols && d.len() == cols / 4 && sums.len() == cols / 4);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for c in (0..cols).step_by(32) {
             // SAFETY: c + 32 <= cols = q.len(), and the 8 lanes' scales c / 4 .. c / 4 + 8
@@ -1064,12 +1104,9 @@ fn ggml_tile<const R: usize, const SRC: u8>(
                     _mm256_loadu_ps(d.as_ptr().add(c / 4)),
                 )
             };
-            // The lanes' sums of activation codes (offsets; q4_0's -8).
-            let sq = if un.offset || SRC == FROM_Q4_0 {
-                _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16)
-            } else {
-                _mm256_setzero_si256()
-            };
+            // The lanes' sums of activation codes (offsets; q4_0's -8), from `quantize`.
+            // SAFETY: c / 4 + 8 <= cols / 4 = sums.len().
+            let sq = unsafe { _mm256_loadu_si256(sums.as_ptr().add(c / 4).cast()) };
             let s = _mm256_cvtepi32_ps(sq);
             let h = (c / 32) % 2;
             for u in 0..R {
@@ -1144,10 +1181,10 @@ fn ggml_tile<const R: usize, const SRC: u8>(
 /// sums and f32 steps as [`ggml_tile`], so the same bits.
 ///
 /// # Safety
-/// AVX-512F, AVX-512 VNNI, AVX2, FMA and F16C are available.
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available.
 #[allow(clippy::needless_range_loop)]
 #[inline]
-#[target_feature(enable = "avx512f,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     un: &Unpacked<'_>,
     qa: &QAct,
@@ -1162,23 +1199,40 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     } else {
         _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
     };
-    let ones8 = _mm512_set1_epi8(1);
     let flip = _mm512_set1_epi8(-128);
     let m0f = _mm512_set1_epi8(0x0F);
+    let m0f_256 = _mm256_set1_epi8(0x0F);
+    let m03 = _mm512_set1_epi8(0x03);
+    // FROM_Q4_K: row u's current block's 8 group scales and offsets.
+    let mut blk_a = [[0f32; 8]; R];
+    let mut blk_m = [[0f32; 8]; R];
     for tk in 0..n {
-        let (q, d, _) = qa.token(tk);
-        assert!(q.len() == cols && d.len() == cols / 4);
+        let (q, d, sums) = qa.token(tk);
+        assert!(q.len() == cols && d.len() == cols / 4 && sums.len() == cols / 4);
         let mut acc = [_mm512_setzero_ps(); R];
         for k in 0..cols / 64 {
-            // SAFETY: 64 k + 64 <= cols = q.len(), 16 k + 16 <= cols / 4 = d.len().
-            let (qx, dv) = unsafe {
+            if SRC == FROM_Q4_K && k % 4 == 0 {
+                for u in 0..R {
+                    // The block's scales, as `GgmlType::codes` (q4_k) computes them.
+                    let b = &un.rows[u][k / 4 * 144..k / 4 * 144 + 144];
+                    let (dd, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                    let (sc, mn) = coli_format::encoding::ggml::q4_k_scale_min(&b[4..16]);
+                    for g in 0..8 {
+                        blk_a[u][g] = dd * sc[g] as f32;
+                        blk_m[u][g] = -(dmin * mn[g] as f32);
+                    }
+                }
+            }
+            // SAFETY: 64 k + 64 <= cols = q.len(), 16 k + 16 <= cols / 4 = d.len() =
+            // sums.len().
+            let (qx, dv, sq) = unsafe {
                 (
                     _mm512_loadu_si512(q.as_ptr().add(64 * k).cast()),
                     _mm512_loadu_ps(d.as_ptr().add(16 * k)),
+                    // The lanes' sums of activation codes, from `quantize`.
+                    _mm512_loadu_si512(sums.as_ptr().add(16 * k).cast()),
                 )
             };
-            let sq = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones8, qx);
-            let s = _mm512_cvtepi32_ps(sq);
             let g0 = 64 * k / g;
             for u in 0..R {
                 let a = &un.a[u * gs..(u + 1) * gs];
@@ -1191,9 +1245,37 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                         _mm_prefetch::<_MM_HINT_T0>(
                             row.as_ptr().wrapping_add(2 * k * ts + PREFETCH).cast(),
                         );
-                        let h = |b: usize| u16::from_le_bytes([row[b * ts], row[b * ts + 1]]);
-                        let pair = h(2 * k) as i32 | (h(2 * k + 1) as i32) << 16;
+                        // SAFETY: blocks 2 k and 2 k + 1 lie within the row (`check`: the row
+                        // holds cols / 32 blocks, 64 k + 64 <= cols); x86 is little-endian.
+                        let pair = unsafe {
+                            let at = row.as_ptr().add(2 * k * ts);
+                            at.cast::<u16>().read_unaligned() as i32
+                                | (at.add(ts).cast::<u16>().read_unaligned() as i32) << 16
+                        };
                         _mm_cvtph_ps(_mm_cvtsi32_si128(pair))
+                    }
+                    // Groups 2 (k % 4) and 2 (k % 4) + 1 of the block (8 of them).
+                    FROM_Q4_K => {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            un.rows[u].as_ptr().wrapping_add(k * 36 + PREFETCH).cast(),
+                        );
+                        let p = blk_a[u][2 * (k % 4)..2 * (k % 4) + 2].as_ptr();
+                        // SAFETY: 2 floats at `p`.
+                        _mm_castsi128_ps(unsafe { _mm_loadl_epi64(p.cast()) })
+                    }
+                    // The chunk's 4 groups of 16: `d * scales[g]`, one product each.
+                    FROM_Q6_K => {
+                        let b = &un.rows[u][k / 4 * 210..k / 4 * 210 + 210];
+                        _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH).cast());
+                        let sc = &b[192 + 4 * (k % 4)..196 + 4 * (k % 4)];
+                        let dd = _mm_set1_ps(f16_at(b, 208));
+                        let s4 = _mm_setr_ps(
+                            sc[0] as i8 as f32,
+                            sc[1] as i8 as f32,
+                            sc[2] as i8 as f32,
+                            sc[3] as i8 as f32,
+                        );
+                        _mm_mul_ps(dd, s4)
                     }
                     // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
                     _ => unsafe { _mm_loadu_ps(a.as_ptr().add(g0)) },
@@ -1212,6 +1294,39 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                             z = _mm512_inserti32x4(z, x1, 2);
                             z = _mm512_inserti32x4(z, _mm_srli_epi16(x1, 4), 3);
                             (_mm512_and_si512(z, m0f), _mm512_slli_epi32(sq, 3))
+                        }
+                        FROM_Q4_K => {
+                            let x = _mm256_loadu_si256(
+                                un.rows[u]
+                                    .as_ptr()
+                                    .add(k / 4 * 144 + 16 + 32 * (k % 4))
+                                    .cast(),
+                            );
+                            let z = _mm512_inserti64x4(
+                                _mm512_castsi256_si512(_mm256_and_si256(x, m0f_256)),
+                                _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f_256),
+                                1,
+                            );
+                            (z, _mm512_setzero_si512())
+                        }
+                        FROM_Q6_K => {
+                            let b = un.rows[u].as_ptr().add(k / 4 * 210);
+                            let (h, sh) = (k % 4 / 2, 4 * (k % 2) as i64);
+                            let lo = _mm512_and_si512(
+                                _mm512_srl_epi16(
+                                    _mm512_loadu_si512(b.add(64 * h).cast()),
+                                    _mm_cvtsi64_si128(sh),
+                                ),
+                                m0f,
+                            );
+                            let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
+                            let hi = _mm512_inserti64x4(
+                                _mm512_castsi256_si512(_mm256_srl_epi16(qh, _mm_cvtsi64_si128(sh))),
+                                _mm256_srl_epi16(qh, _mm_cvtsi64_si128(sh + 2)),
+                                1,
+                            );
+                            let hi = _mm512_slli_epi16(_mm512_and_si512(hi, m03), 4);
+                            (_mm512_or_si512(lo, hi), _mm512_slli_epi32(sq, 5))
                         }
                         FROM_Q8_0 => {
                             let b = un.rows[u].as_ptr().add(2 * k * 34 + 2);
@@ -1233,10 +1348,16 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                 acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, av), _mm512_cvtepi32_ps(p), acc[u]);
                 if un.offset {
                     let m = &un.m[u * gs..(u + 1) * gs];
-                    // SAFETY: as for `a`.
-                    let mv = _mm512_permutexvar_ps(idx, unsafe {
-                        _mm512_castps128_ps512(_mm_loadu_ps(m.as_ptr().add(g0)))
-                    });
+                    let m4 = if SRC == FROM_Q4_K {
+                        let p = blk_m[u][2 * (k % 4)..2 * (k % 4) + 2].as_ptr();
+                        // SAFETY: 2 floats at `p`.
+                        _mm_castsi128_ps(unsafe { _mm_loadl_epi64(p.cast()) })
+                    } else {
+                        // SAFETY: as for `a`.
+                        unsafe { _mm_loadu_ps(m.as_ptr().add(g0)) }
+                    };
+                    let mv = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(m4));
+                    let s = _mm512_cvtepi32_ps(sq);
                     acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, mv), s, acc[u]);
                 }
             }
