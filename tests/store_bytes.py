@@ -29,7 +29,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tiny")
-# GGUF fixtures (format version 4): converted with no options (their blocks are kept).
+# GGUF fixtures (format version 4, or 6 with i-quants): converted with no options (their blocks
+# are kept).
 GGUF_FIXTURES = os.path.join(ROOT, "tests", "fixtures", "gguf")
 
 # Parameter sets: every encoding of the format (f32/bf16 kept tensors, fp8, int8, int4 with

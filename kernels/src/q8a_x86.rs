@@ -874,7 +874,7 @@ fn q6_k_codes(b: &[u8], q: &mut [i8], a: &mut [f32]) {
 /// (r0 + i) . token t`, [`GGML_TILE`] rows at a time. Each row's blocks are unpacked once into their integer form
 /// (`GgmlType::codes`: int8 codes, per group the scale `a_g` and offset `m_g`; q8_0, q4_0,
 /// q4_k and q6_k with AVX2 here, the same values; q8_0, and for up to 4 tokens q4_0 and (VNNI)
-/// q4_k, are read in place from the row's blocks instead), then every
+/// q4_k and q6_k, are read in place from the row's blocks instead), then every
 /// token runs over it 32 columns (8 lanes) at a time: `p` as `|code|` times `q` with the
 /// code's sign (`vpmaddubsw` + `vpmaddwd`; a pair of products stays within i16: 128 * 127 * 2),
 /// `s = sum q` likewise against ones, and per lane `acc = fma(d * a_g, p, acc)` then (types
@@ -909,7 +909,7 @@ pub(crate) unsafe fn ggml_rows(
     // block's `codes` writes at least 16).
     let gs = cols / g + 16;
     // q8_0's codes and scales are read in place from the row's bytes, and q4_0's (and with
-    // VNNI q4_k's) for a few tokens (decode, verification; for more their nibbles are
+    // VNNI q4_k's and q6_k's) for a few tokens (decode, verification; for more their nibbles are
     // unpacked once into the buffer, which the tokens then share).
     let in_place = t == GgmlType::Q8_0
         || (t == GgmlType::Q4_0 && n <= 4)
@@ -986,7 +986,8 @@ pub(crate) unsafe fn ggml_rows(
         match t {
             GgmlType::Q8_0 => tiles!(FROM_Q8_0),
             GgmlType::Q4_0 if in_place => tiles!(FROM_Q4_0),
-            // SAFETY: `in_place` holds `vnni` for q4_k: AVX-512F, AVX-512BW and AVX-512 VNNI are there.
+            // SAFETY: `in_place` holds `vnni` for q4_k and q6_k: AVX-512F, AVX-512BW and
+            // AVX-512 VNNI are there.
             GgmlType::Q4_K if in_place => unsafe {
                 match rows {
                     4 => ggml_tile_vnni::<4, FROM_Q4_K>(&un, qa, n, out),

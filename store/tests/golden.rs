@@ -146,30 +146,23 @@ fn golden_v3_opens_verifies_and_decodes() {
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
 
-/// `v4-qwen3-moe-gguf-q2_k` was written by `coli-convert` 0.1.0 (format version 4) from the GGUF
-/// fixture `tests/fixtures/gguf/qwen3_moe-q2_k.gguf` (llama.cpp's Q2_K mix): ggml records whose
-/// gate and up are Q2_K and down Q3_K, ggml dense tensors. Expected values: the fixture script's
-/// sha256 of the blocks as gguf-py reads them (`probe`), and gguf-py's decode vectors.
-#[test]
-fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
-    use coli_format::encoding::GgmlType;
-    let dir = golden("v4-qwen3-moe-gguf-q2_k");
-    let store = Store::open(&dir).expect("golden v4 store opens");
+/// A golden store converted from a GGUF fixture: it opens at `version`, expert (1, 2)'s three
+/// matrices are of `want` with the blocks the fixture script hashed as gguf-py reads them
+/// (`probe` of `tests/fixtures/gguf/<fixture>.json`), as is the probe's dense tensor (of
+/// `dense`), and fsck passes.
+fn check_gguf_golden(dir: &str, fixture: &str, version: u32, want: [Encoding; 3], dense: Encoding) {
+    let dir = golden(dir);
+    let store = Store::open(&dir).expect("golden GGUF store opens");
     let m = store.manifest();
-    assert_eq!(m.format_version, 4);
+    assert_eq!(m.format_version, version);
     assert_eq!(m.family, "qwen3_moe");
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/gguf/qwen3_moe-q2_k.json");
+        .join(format!("../tests/fixtures/gguf/{fixture}.json"));
     let exp: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("parse");
     let p = &exp["probe"];
     let key = ExpertKey::new(1, 2);
     let buf = store.fetch(&[key]).expect("fetch").pop().unwrap();
-    let want = [
-        Encoding::Ggml(GgmlType::Q2_K),
-        Encoding::Ggml(GgmlType::Q2_K),
-        Encoding::Ggml(GgmlType::Q3_K),
-    ];
     assert_eq!(buf.encodings, want);
     for (i, v) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
         assert_eq!(v.encoding(), want[i]);
@@ -182,9 +175,30 @@ fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
     let t = store
         .dense(p["dense_tensor"].as_str().unwrap())
         .expect("dense");
+    assert_eq!(t.encoding, dense);
     assert_eq!(sha256(t.data), p["dense_sha256"].as_str().unwrap());
     let r = check(&dir, &FsckOptions::default(), &NoProgress);
     assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
+/// `v4-qwen3-moe-gguf-q2_k` was written by `coli-convert` 0.1.0 (format version 4) from the GGUF
+/// fixture `tests/fixtures/gguf/qwen3_moe-q2_k.gguf` (llama.cpp's Q2_K mix): ggml records whose
+/// gate and up are Q2_K and down Q3_K, ggml dense tensors. Expected values: the fixture script's
+/// sha256 of the blocks as gguf-py reads them (`probe`), and gguf-py's decode vectors.
+#[test]
+fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
+    use coli_format::encoding::GgmlType;
+    let (q2, q3) = (
+        Encoding::Ggml(GgmlType::Q2_K),
+        Encoding::Ggml(GgmlType::Q3_K),
+    );
+    check_gguf_golden(
+        "v4-qwen3-moe-gguf-q2_k",
+        "qwen3_moe-q2_k",
+        4,
+        [q2, q2, q3],
+        q3,
+    );
 }
 
 /// `v6-qwen3-moe-gguf-iq1` was written by `coli-convert` 0.1.0 (format version 6) from the GGUF
@@ -194,39 +208,18 @@ fn golden_v4_opens_verifies_and_keeps_the_gguf_blocks() {
 #[test]
 fn golden_v6_opens_verifies_and_keeps_the_iquant_blocks() {
     use coli_format::encoding::GgmlType;
-    let dir = golden("v6-qwen3-moe-gguf-iq1");
-    let store = Store::open(&dir).expect("golden v6 store opens");
-    let m = store.manifest();
-    assert_eq!(m.format_version, 6);
-    assert_eq!(m.family, "qwen3_moe");
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf/qwen3_moe-iq1.json");
-    let exp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("parse");
-    let p = &exp["probe"];
-    let key = ExpertKey::new(1, 2);
-    let buf = store.fetch(&[key]).expect("fetch").pop().unwrap();
     let want = [
         Encoding::Ggml(GgmlType::IQ1_S),
         Encoding::Ggml(GgmlType::IQ1_M),
         Encoding::Ggml(GgmlType::MXFP4),
     ];
-    assert_eq!(buf.encodings, want);
-    for (i, v) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
-        assert_eq!(v.encoding(), want[i]);
-        assert_eq!(
-            sha256(v.data()),
-            p["expert_sha256"][i].as_str().unwrap(),
-            "matrix {i}"
-        );
-    }
-    let t = store
-        .dense(p["dense_tensor"].as_str().unwrap())
-        .expect("dense");
-    assert_eq!(t.encoding, Encoding::Ggml(GgmlType::IQ1_M));
-    assert_eq!(sha256(t.data), p["dense_sha256"].as_str().unwrap());
-    let r = check(&dir, &FsckOptions::default(), &NoProgress);
-    assert_eq!(r.exit_code(), 0, "{r:?}");
+    check_gguf_golden(
+        "v6-qwen3-moe-gguf-iq1",
+        "qwen3_moe-iq1",
+        6,
+        want,
+        Encoding::Ggml(GgmlType::IQ1_M),
+    );
 }
 
 /// `v5-inkling2-mxfp8` was written by `coli-convert` 0.1.0 (format version 5) from the tiny

@@ -5,7 +5,6 @@
 //! has the scale `ls` = nibble `g % 2` of `scales[g / 2]` and `db = d * (0.5 + ls) * 0.25`.
 
 use super::iq_grids::IQ2S_GRID;
-use super::{put8, signed};
 
 #[inline(always)]
 fn entry(b: &[u8], l: usize) -> (u64, u8) {
@@ -13,21 +12,8 @@ fn entry(b: &[u8], l: usize) -> (u64, u8) {
     (IQ2S_GRID[b[2 + l] as usize | hi << 8], b[34 + l])
 }
 
-#[inline(always)]
-fn db(b: &[u8], d: f32, g: usize) -> f32 {
-    let ls = (b[74 + g / 2] >> (4 * (g % 2))) & 0x0F;
-    d * (0.5 + ls as f32) * 0.25
-}
-
 /// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = db`, `q` the signed
 /// grid entry (8, 25 or 43).
 pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for (g, v) in a.iter_mut().enumerate().take(16) {
-        *v = db(b, d, g);
-    }
-    for l in 0..32 {
-        let (p, signs) = entry(b, l);
-        put8(&mut q[8 * l..], signed(p, signs));
-    }
+    super::iq2_codes_16(b, 74, q, a, |l| entry(b, l));
 }

@@ -5,7 +5,6 @@
 //! `db = d * (0.5 + ls) * 0.25`; a weight is `db * grid[j]`, negated where its sign bit is set.
 
 use super::iq_grids::{IQ2XS_GRID, KSIGNS};
-use super::{put8, signed};
 
 #[inline(always)]
 fn entry(b: &[u8], l: usize) -> (u64, u8) {
@@ -13,21 +12,8 @@ fn entry(b: &[u8], l: usize) -> (u64, u8) {
     (IQ2XS_GRID[(v & 511) as usize], KSIGNS[(v >> 9) as usize])
 }
 
-#[inline(always)]
-fn db(b: &[u8], d: f32, g: usize) -> f32 {
-    let ls = (b[66 + g / 2] >> (4 * (g % 2))) & 0x0F;
-    d * (0.5 + ls as f32) * 0.25
-}
-
 /// The integer form of a block: group `g` of 16 has `w = a[g] * q`, `a[g] = db`, `q` the signed
 /// grid entry (8, 25 or 43).
 pub(super) fn codes(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
-    let d = super::f16(b, 0);
-    for (g, v) in a.iter_mut().enumerate().take(16) {
-        *v = db(b, d, g);
-    }
-    for l in 0..32 {
-        let (p, signs) = entry(b, l);
-        put8(&mut q[8 * l..], signed(p, signs));
-    }
+    super::iq2_codes_16(b, 66, q, a, |l| entry(b, l));
 }

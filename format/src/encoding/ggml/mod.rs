@@ -392,6 +392,28 @@ fn iq1_codes(p: u64, plus: bool) -> u64 {
     }
 }
 
+/// The integer form iq2_xs and iq2_s share: 16 groups of 16 with the 4-bit scale `ls` = nibble
+/// `g % 2` of byte `scales + g / 2` of the block, `a[g] = d * (0.5 + ls) * 0.25`; weights
+/// `8l .. 8l + 8` are grid point `point(l)` with its sign byte.
+#[inline(always)]
+fn iq2_codes_16(
+    b: &[u8],
+    scales: usize,
+    q: &mut [i8],
+    a: &mut [f32],
+    point: impl Fn(usize) -> (u64, u8),
+) {
+    let d = f16(b, 0);
+    for (g, v) in a.iter_mut().enumerate().take(16) {
+        let ls = (b[scales + g / 2] >> (4 * (g % 2))) & 0x0F;
+        *v = d * (0.5 + ls as f32) * 0.25;
+    }
+    for l in 0..32 {
+        let (p, signs) = point(l);
+        put8(&mut q[8 * l..], signed(p, signs));
+    }
+}
+
 /// Writes 8 codes (byte `j` of `v` = code `j`) to `q[..8]`.
 #[inline(always)]
 fn put8(q: &mut [i8], v: u64) {
