@@ -142,33 +142,35 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
 
 #[test]
 fn gguf_placement_never_changes_tokens() {
-    let name = "olmoe-q4_k_m";
-    let exp = expected(name);
-    let (_tmp, store_dir) = convert(name);
-    let prompt = ids(&exp["prompt_ids"]);
-    let want = ids(&exp["greedy"]);
-    let one = {
-        let s = open_store(&store_dir, true, IoPreference::Auto);
-        s.fetch_one(ExpertKey::new(1, 2)).unwrap().len_bytes() as u64
-    };
-    for (budget, threads, prefetch, io) in [
-        (Some(one), 1, false, IoPreference::Buffered),
-        (Some(one), 2, true, IoPreference::Auto),
-        (None, 2, true, IoPreference::Buffered),
-    ] {
-        let store = open_store(&store_dir, false, io);
-        let opts = EngineOptions {
-            ram_budget: budget,
-            threads: Some(threads),
-            prefetch,
-            ..Default::default()
+    // A k-quant mix and both i-quant files (every i-quant and MXFP4 in records and dense).
+    for name in ["olmoe-q4_k_m", "olmoe-iq2", "qwen3_moe-iq1"] {
+        let exp = expected(name);
+        let (_tmp, store_dir) = convert(name);
+        let prompt = ids(&exp["prompt_ids"]);
+        let want = ids(&exp["greedy"]);
+        let one = {
+            let s = open_store(&store_dir, true, IoPreference::Auto);
+            s.fetch_one(ExpertKey::new(1, 2)).unwrap().len_bytes() as u64
         };
-        let mut e = Engine::new(&store, &opts).unwrap();
-        assert_eq!(
-            greedy(&mut e, &prompt, 32),
-            want,
-            "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
-        );
+        for (budget, threads, prefetch, io) in [
+            (Some(one), 1, false, IoPreference::Buffered),
+            (Some(one), 2, true, IoPreference::Auto),
+            (None, 2, true, IoPreference::Buffered),
+        ] {
+            let store = open_store(&store_dir, false, io);
+            let opts = EngineOptions {
+                ram_budget: budget,
+                threads: Some(threads),
+                prefetch,
+                ..Default::default()
+            };
+            let mut e = Engine::new(&store, &opts).unwrap();
+            assert_eq!(
+                greedy(&mut e, &prompt, 32),
+                want,
+                "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
+            );
+        }
     }
 }
 
