@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
@@ -23,6 +23,7 @@ const FIXTURES: [&str; 7] = [
     "mixtral-q4_k_m",
     "olmoe-iq2",
     "qwen3_moe-iq1",
+    "deepseek_v3-q4_k_m",
 ];
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
@@ -142,8 +143,14 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
 
 #[test]
 fn gguf_placement_never_changes_tokens() {
-    // A k-quant mix and both i-quant files (every i-quant and MXFP4 in records and dense).
-    for name in ["olmoe-q4_k_m", "olmoe-iq2", "qwen3_moe-iq1"] {
+    // A k-quant mix, both i-quant files (every i-quant and MXFP4 in records and dense) and
+    // deepseek2 (MLA from llama.cpp's attn_k_b / attn_v_b, shared expert, routing bias).
+    for name in [
+        "olmoe-q4_k_m",
+        "olmoe-iq2",
+        "qwen3_moe-iq1",
+        "deepseek_v3-q4_k_m",
+    ] {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);
         let prompt = ids(&exp["prompt_ids"]);
@@ -169,6 +176,32 @@ fn gguf_placement_never_changes_tokens() {
                 greedy(&mut e, &prompt, 32),
                 want,
                 "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gguf_mla_decode_forms_equal_the_prefill() {
+    // deepseek2's split kv_b (attn_k_b transposed per head, attn_v_b): the absorbed decode
+    // reads k_b's rows as W_kb's columns, the expanded prefill transposes them; one token at a
+    // time in either form equals one prefill of the teacher ids within 1e-4 at every position.
+    let name = "deepseek_v3-q4_k_m";
+    let exp = expected(name);
+    let (_tmp, store_dir) = convert(name);
+    let store = open_store(&store_dir, true, IoPreference::Auto);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    let teacher = ids(&exp["teacher_ids"]);
+    let full = e.forward_logits(&teacher).unwrap();
+    for absorbed in [true, false] {
+        e.set_absorbed_decode(absorbed);
+        e.reset();
+        for (t, &id) in teacher.iter().enumerate() {
+            let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
+            let d = max_abs_diff(&l, &full[t]);
+            assert!(
+                d < 1e-4,
+                "{name}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
             );
         }
     }
@@ -201,8 +234,13 @@ fn after(b: &[u8], needle: &[u8]) -> usize {
 /// Converts a damaged copy of `olmoe-q8_0.gguf` (made by `damage`, written as `file_name`) and
 /// returns the error text; nothing may be published or left half-written.
 fn refused(file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    refused_from("olmoe-q8_0", file_name, damage)
+}
+
+/// [`refused`] on a damaged copy of fixture `fixture`.
+fn refused_from(fixture: &str, file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
     let tmp = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(dir().join("olmoe-q8_0.gguf")).unwrap();
+    let mut b = std::fs::read(dir().join(format!("{fixture}.gguf"))).unwrap();
     damage(&mut b);
     let src = tmp.path().join(file_name);
     std::fs::write(&src, &b).unwrap();
@@ -360,6 +398,32 @@ fn plan_from_the_gguf_header_matches_the_store() {
         );
         assert!(p.from_gguf && p.rows[0].fits);
     }
+}
+
+#[test]
+fn deepseek2_metadata_coli_cannot_honour_is_refused() {
+    let ds = "deepseek_v3-q4_k_m";
+    // DeepSeek-V2's softmax routing (llama.cpp's expert_gating_func 1; a u32 after the type).
+    let e = refused_from(ds, "softmax.gguf", |b| {
+        let at = after(b, b"deepseek2.expert_gating_func") + 4;
+        b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("deepseek2.expert_gating_func") && e.contains("softmax"),
+        "{e}"
+    );
+    // YaRN without the log multiplier that sets its attention scale (key renamed).
+    let e = refused_from(ds, "yarn.gguf", |b| {
+        let at = after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") - 1;
+        b[at] = b'X';
+    });
+    assert!(e.contains("yarn_log_multiplier"), "{e}");
+    // Neither form of the MLA up-projection (attn_k_b renamed; attn_kv_b absent).
+    let e = refused_from(ds, "kvb.gguf", |b| {
+        let at = after(b, b"blk.0.attn_k_b.weight") - 8;
+        b[at] = b'X';
+    });
+    assert!(e.contains("attn_k_b") && e.contains("attn_kv_b"), "{e}");
 }
 
 #[test]

@@ -20,6 +20,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("olmoe", "olmoe"),
     ("qwen3moe", "qwen3_moe"),
     ("llama", "mixtral"),
+    ("deepseek2", "deepseek_v3"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -97,10 +98,10 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             ),
         ));
     }
-    // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused until the
-    // config carries it.
+    // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
+    // config does not carry it (deepseek2's YaRN is read below).
     if let Some(v) = g.get(&k("rope.scaling.type")) {
-        if v.as_str() != Some("none") {
+        if v.as_str() != Some("none") && !(arch == "deepseek2" && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
                 format!("{} is {v:?}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
@@ -190,9 +191,173 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
                 o.insert("head_dim".into(), u("attention.key_length")?.into());
             }
         }
+        "deepseek2" => deepseek2(g, o, heads)?,
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
+}
+
+/// deepseek2 (DeepSeek-V3, Kimi-K2: `DeepseekV2Model` in llama.cpp's `conversion/deepseek.py`,
+/// read back by `src/models/deepseek2.cpp`) as a `deepseek_v3` config: MLA dimensions from the
+/// `*_mla` lengths, routing from the `expert_*` keys with llama.cpp's defaults when absent (no
+/// `expert_weights_scale`: 1; no `expert_weights_norm`: false; no groups: one), YaRN from
+/// `rope.scaling.*` (`mscale` = `mscale_all_dim` = `yarn_log_multiplier / 0.1`, the
+/// converter's factor undone in f32 as llama.cpp does, which is what its graph computes),
+/// interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is `LLAMA_ROPE_TYPE_NORM`). A GGUF
+/// holding `attn_k_b` / `attn_v_b` (every one written since llama.cpp's MLA change) gets
+/// `mla_kv_b_split`: the spec reads the two tensors as they are.
+fn deepseek2(g: &Gguf, o: &mut serde_json::Map<String, Json>, heads: usize) -> Result<()> {
+    let k = |s: &str| format!("deepseek2.{s}");
+    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    let opt_u = |s: &str| -> Result<Option<usize>> {
+        match g.get(&k(s)) {
+            Some(_) => Ok(Some(u(s)?)),
+            None => Ok(None),
+        }
+    };
+    let opt_f = |s: &str| -> Result<Option<f64>> {
+        match g.get(&k(s)) {
+            Some(_) => Ok(Some(g.f64(&k(s))?)),
+            None => Ok(None),
+        }
+    };
+    // llama.cpp's enum llama_expert_gating_func_type: 1 softmax, 2 sigmoid.
+    match opt_u("expert_gating_func")? {
+        Some(2) => {}
+        other => {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {}: coli runs deepseek2 GGUFs with sigmoid routing (2: DeepSeek-V3, Kimi-K2); DeepSeek-V2's softmax routing is not run",
+                    k("expert_gating_func"),
+                    other.map_or("absent (llama.cpp then assumes softmax)".to_string(), |v| v.to_string())
+                ),
+            ))
+        }
+    }
+    if opt_u("nextn_predict_layers")?.is_some_and(|n| n > 0) {
+        return Err(cerr(
+            g,
+            format!("{} > 0: a deepseek2 GGUF with MTP layers among its blocks is not converted (llama.cpp's converter leaves them out)", k("nextn_predict_layers")),
+        ));
+    }
+    let dr = u("rope.dimension_count")?;
+    let dk = match opt_u("attention.key_length_mla")? {
+        Some(v) => v,
+        None => u("attention.key_length")?,
+    };
+    let dv = match opt_u("attention.value_length_mla")? {
+        Some(v) => v,
+        None => u("attention.value_length")?,
+    };
+    if dr == 0 || dr >= dk {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {dr} against a key length of {dk}: the MLA head is nope + rope dimensions",
+                k("rope.dimension_count")
+            ),
+        ));
+    }
+    let rkv = u("attention.kv_lora_rank")?;
+    let experts = u("expert_count")?;
+    o.remove("num_experts");
+    o.insert("n_routed_experts".into(), experts.into());
+    // MLA keeps every head's keys and values; the GGUF's head_count_kv (1) is llama.cpp's MQA
+    // view of the latent cache.
+    o.insert("num_key_value_heads".into(), heads.into());
+    o.insert("q_lora_rank".into(), opt_u("attention.q_lora_rank")?.into());
+    o.insert("kv_lora_rank".into(), rkv.into());
+    o.insert("qk_rope_head_dim".into(), dr.into());
+    o.insert("qk_nope_head_dim".into(), (dk - dr).into());
+    o.insert("v_head_dim".into(), dv.into());
+    o.insert("rope_interleave".into(), true.into());
+    o.insert(
+        "moe_intermediate_size".into(),
+        u("expert_feed_forward_length")?.into(),
+    );
+    o.insert(
+        "intermediate_size".into(),
+        opt_u("feed_forward_length")?.unwrap_or(0).into(),
+    );
+    o.insert("n_shared_experts".into(), u("expert_shared_count")?.into());
+    o.insert(
+        "first_k_dense_replace".into(),
+        opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
+    );
+    o.insert("moe_layer_freq".into(), 1.into());
+    o.insert(
+        "routed_scaling_factor".into(),
+        opt_f("expert_weights_scale")?.unwrap_or(1.0).into(),
+    );
+    o.insert(
+        "norm_topk_prob".into(),
+        g.get(&k("expert_weights_norm"))
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| cerr(g, format!("{} is not a bool", k("expert_weights_norm"))))
+            })
+            .transpose()?
+            .unwrap_or(false)
+            .into(),
+    );
+    o.insert(
+        "n_group".into(),
+        opt_u("expert_group_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert(
+        "topk_group".into(),
+        opt_u("expert_group_used_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert("scoring_func".into(), "sigmoid".into());
+    o.insert("topk_method".into(), "noaux_tc".into());
+    o.insert("num_nextn_predict_layers".into(), 0.into());
+    if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
+        for (key, neutral) in [
+            ("rope.scaling.yarn_ext_factor", 1.0),
+            ("rope.scaling.attn_factor", 1.0),
+        ] {
+            if let Some(v) = opt_f(key)? {
+                if v != neutral {
+                    return Err(cerr(
+                        g,
+                        format!(
+                            "{} is {v}: coli's YaRN (transformers') has no such factor",
+                            k(key)
+                        ),
+                    ));
+                }
+            }
+        }
+        let log_mul = opt_f("rope.scaling.yarn_log_multiplier")?.ok_or_else(|| {
+            cerr(
+                g,
+                format!(
+                    "YaRN without {}: the attention scale it sets is unknown",
+                    k("rope.scaling.yarn_log_multiplier")
+                ),
+            )
+        })?;
+        let mscale = f64::from(log_mul as f32 / 0.1f32);
+        o.insert(
+            "rope_scaling".into(),
+            json!({
+                "type": "yarn",
+                "factor": g.f64(&k("rope.scaling.factor"))?,
+                "original_max_position_embeddings": u("rope.scaling.original_context_length")?,
+                "beta_fast": opt_f("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                "beta_slow": opt_f("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                "mscale": mscale,
+                "mscale_all_dim": mscale,
+            }),
+        );
+    }
+    let split = g.tensors.contains_key("blk.0.attn_k_b.weight");
+    if !split && !g.tensors.contains_key("blk.0.attn_kv_b.weight") {
+        return Err(cerr(g, "neither blk.0.attn_k_b.weight nor blk.0.attn_kv_b.weight: the MLA up-projection is missing"));
+    }
+    o.insert("mla_kv_b_split".into(), split.into());
+    Ok(())
 }
 
 /// The GGUF name of the checkpoint tensor `hf` (the spec's name), or None for a name this map
@@ -208,6 +373,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (n, rest) = rest.split_once('.')?;
     n.parse::<u32>().ok()?;
+    if rest == "mlp.gate.e_score_correction_bias" {
+        return Some(format!("blk.{n}.exp_probs_b.bias"));
+    }
     let (stem, suffix) = rest.rsplit_once('.')?;
     let g = match stem {
         "input_layernorm" => "attn_norm",
@@ -219,6 +387,21 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
         "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        // deepseek2 (gguf-py MODEL_TENSORS[DEEPSEEK2]).
+        "self_attn.q_a_proj" => "attn_q_a",
+        "self_attn.q_a_layernorm" => "attn_q_a_norm",
+        "self_attn.q_b_proj" => "attn_q_b",
+        "self_attn.kv_a_proj_with_mqa" => "attn_kv_a_mqa",
+        "self_attn.kv_a_layernorm" => "attn_kv_a_norm",
+        "self_attn.kv_b_proj" => "attn_kv_b",
+        "self_attn.k_b_proj" => "attn_k_b",
+        "self_attn.v_b_proj" => "attn_v_b",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "mlp.shared_experts.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj" => "ffn_up_shexp",
+        "mlp.shared_experts.down_proj" => "ffn_down_shexp",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))

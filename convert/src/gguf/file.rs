@@ -84,6 +84,14 @@ pub enum Value {
 }
 
 impl Value {
+    /// A bool value.
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// A non-negative integer value.
     pub fn as_u64(&self) -> Option<u64> {
         match *self {

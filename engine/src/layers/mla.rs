@@ -71,8 +71,8 @@ pub struct Mla<'s> {
     pub kv_a: Linear<'s>,
     /// `kv_a_layernorm` `[rkv]` (eps 1e-6).
     pub kv_norm: RmsNorm,
-    /// `kv_b_proj` `[nh * (dn + dv), rkv]`.
-    pub kv_b: Linear<'s>,
+    /// `kv_b_proj` `[nh * (dn + dv), rkv]`, fused or split ([`KvB`]).
+    pub kv_b: KvB<'s>,
     /// `o_proj` `[H, nh * dv]`.
     pub o: Linear<'s>,
     /// Heads nh.
@@ -96,6 +96,130 @@ pub struct Mla<'s> {
     /// One-token calls (decode) use the absorbed form (default true); false forces the
     /// expanded form everywhere (to check one against the other).
     pub absorb_decode: bool,
+}
+
+/// MLA's key/value up-projection as the store holds it
+/// ([`coli_format::spec::MlaKvBSpec`]). Both forms are multiplied with f32 activations under
+/// any numerics (the absorbed decode never multiplies a quantized latent by it).
+pub enum KvB<'s> {
+    /// `kv_b_proj` `[nh * (dn + dv), rkv]`: per head, dn key rows then dv value rows.
+    Fused(Linear<'s>),
+    /// llama.cpp's split of a deepseek2 GGUF: `k` = `k_b_proj` `[nh * rkv, dn]` (head h's key
+    /// rows transposed: row `h rkv + c` is column c of them), `v` = `v_b_proj` `[nh * dv, rkv]`.
+    Split {
+        /// `k_b_proj`.
+        k: Linear<'s>,
+        /// `v_b_proj`.
+        v: Linear<'s>,
+    },
+}
+
+impl KvB<'_> {
+    /// Expands latents `lat` (`[rows, rkv]`) to `[rows, nh * (dn + dv)]` (per head dn key
+    /// values then dv values) in f32. Every row's bits depend on that row alone (the kernels'
+    /// matmul rows equal their matvec), so a position expanded alone or with others agrees.
+    /// Split: values through `v_b`; keys per head through `W_kb = k_b[h]^T` (`[dn, rkv]`,
+    /// dequantized and transposed once per call) as an f32 matrix.
+    fn expand(
+        &self,
+        lat: &[f32],
+        rows: usize,
+        dims: (usize, usize, usize, usize),
+        out: &mut [f32],
+    ) {
+        let (nh, dn, dv, rkv) = dims;
+        let (k, v) = match self {
+            KvB::Fused(l) => return l.forward_exact(lat, rows, out),
+            KvB::Split { k, v } => (k, v),
+        };
+        let mut vals = vec![0f32; rows * nh * dv];
+        v.forward_exact(lat, rows, &mut vals);
+        let keys: Vec<Vec<f32>> = (0..nh)
+            .into_par_iter()
+            .map(|h| {
+                let mut wt = vec![0f32; dn * rkv];
+                let mut row = vec![0f32; dn];
+                for c in 0..rkv {
+                    k.w.dequantize_row(h * rkv + c, &mut row);
+                    for (d, x) in row.iter().enumerate() {
+                        wt[d * rkv + c] = *x;
+                    }
+                }
+                let bytes: Vec<u8> = wt.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let view =
+                    coli_format::MatrixView::new(coli_format::Encoding::F32, dn, rkv, &bytes, &[])
+                        .expect("an f32 matrix of its own size");
+                let mut kh = vec![0f32; rows * dn];
+                let exact = coli_kernels::Numerics::Exact;
+                if rows == 1 {
+                    coli_kernels::matvec_num(
+                        coli_kernels::detected_isa(),
+                        exact,
+                        &view,
+                        lat,
+                        &mut kh,
+                    );
+                } else {
+                    coli_kernels::matmul_num(
+                        coli_kernels::detected_isa(),
+                        exact,
+                        &view,
+                        lat,
+                        rows,
+                        &mut kh,
+                    );
+                }
+                kh
+            })
+            .collect();
+        let w = dn + dv;
+        for j in 0..rows {
+            for (h, kh) in keys.iter().enumerate() {
+                let o = &mut out[(j * nh + h) * w..(j * nh + h + 1) * w];
+                o[..dn].copy_from_slice(&kh[j * dn..(j + 1) * dn]);
+                o[dn..].copy_from_slice(&vals[(j * nh + h) * dv..(j * nh + h + 1) * dv]);
+            }
+        }
+    }
+
+    /// The absorbed query of head h: `q_abs = W_kb^T q_nope` (`[rkv]`, W_kb head h's `[dn,
+    /// rkv]` key rows), summed over the dn key rows in order (fused) or as one dot product per
+    /// latent channel (split, whose rows are W_kb's columns).
+    fn absorb_query(
+        &self,
+        h: usize,
+        q_nope: &[f32],
+        dims: (usize, usize, usize, usize),
+    ) -> Vec<f32> {
+        let (_, dn, dv, rkv) = dims;
+        let mut q_abs = vec![0f32; rkv];
+        match self {
+            KvB::Fused(l) => {
+                let mut row = vec![0f32; rkv];
+                for (d, &qd) in q_nope.iter().enumerate() {
+                    l.w.dequantize_row(h * (dn + dv) + d, &mut row);
+                    coli_kernels::axpy(qd, &row, &mut q_abs);
+                }
+            }
+            KvB::Split { k, .. } => {
+                let mut row = vec![0f32; dn];
+                for (c, o) in q_abs.iter_mut().enumerate() {
+                    k.w.dequantize_row(h * rkv + c, &mut row);
+                    *o = coli_kernels::dot(&row, q_nope);
+                }
+            }
+        }
+        q_abs
+    }
+
+    /// Value row e of head h (`[rkv]`, f32) into `row`.
+    fn value_row(&self, h: usize, e: usize, dims: (usize, usize, usize, usize), row: &mut [f32]) {
+        let (_, dn, dv, _) = dims;
+        match self {
+            KvB::Fused(l) => l.w.dequantize_row(h * (dn + dv) + dn + e, row),
+            KvB::Split { v, .. } => v.w.dequantize_row(h * dv + e, row),
+        }
+    }
 }
 
 /// Rotates `x` (`dr` values) in place at the angles of `cos`/`sin` (already scaled by the
@@ -335,7 +459,8 @@ impl Mla<'_> {
             to.resize(start + rows * nh * w, 0.0);
             // f32 activations under any numerics: the absorbed decode never multiplies a
             // quantized latent by kv_b, and the two forms must agree.
-            self.kv_b.forward_exact(&lat, rows, &mut to[start..]);
+            self.kv_b
+                .expand(&lat, rows, (nh, dn, dv, rkv), &mut to[start..]);
         };
         let mut own = Vec::new();
         let kvx: &Vec<f32> = match expanded {
@@ -442,18 +567,13 @@ impl Mla<'_> {
                 &all
             }
         };
-        let w = &self.kv_b.w;
         let scale = self.softmax_scale;
+        let dims = (nh, dn, dv, rkv);
         let mut ctx = vec![0f32; nh * dv];
         ctx.par_chunks_mut(dv).enumerate().for_each(|(h, o)| {
             let qh = &q[h * (dn + dr)..(h + 1) * (dn + dr)];
-            let base = h * (dn + dv);
             let mut row = vec![0f32; rkv];
-            let mut q_abs = vec![0f32; rkv];
-            for (d, &qd) in qh[..dn].iter().enumerate() {
-                w.dequantize_row(base + d, &mut row);
-                coli_kernels::axpy(qd, &row, &mut q_abs);
-            }
+            let q_abs = self.kv_b.absorb_query(h, &qh[..dn], dims);
             let mut scores: Vec<f32> = keys
                 .iter()
                 .map(|&j| {
@@ -468,7 +588,7 @@ impl Mla<'_> {
                 coli_kernels::axpy(*p, &cache[j * stride..j * stride + rkv], &mut lat);
             }
             for (e, oe) in o.iter_mut().enumerate() {
-                w.dequantize_row(base + dn + e, &mut row);
+                self.kv_b.value_row(h, e, dims, &mut row);
                 *oe = coli_kernels::dot(&row, &lat);
             }
         });

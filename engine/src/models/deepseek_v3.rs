@@ -18,13 +18,13 @@
 
 use crate::error::{EngineError, Result};
 use crate::layers::dsa_indexer::DsaIndexer;
-use crate::layers::mla::{mla_rope, Dsa, SelectionSlot};
+use crate::layers::mla::{mla_rope, Dsa, KvB, SelectionSlot};
 use crate::layers::sigmoid_router::{HashTable, Score, SigmoidRouting};
 use crate::layers::{DecoderLayer, Ffn, Mla, SelfAttn, SigmoidMoe};
 use crate::models::{load_lm_head, load_mlp, load_moe, Parts};
 use crate::weights::Weights;
 use coli_format::spec::{
-    AttentionSpec, FfnSpec, LayerSpec, MlaQuerySpec, MlaSpec, MoeSpec, Routing,
+    AttentionSpec, FfnSpec, LayerSpec, MlaKvBSpec, MlaQuerySpec, MlaSpec, MoeSpec, Routing,
 };
 use coli_format::ModelSpec;
 use std::sync::{Arc, Mutex};
@@ -135,8 +135,14 @@ pub fn load_mla<'s>(
         q_b,
         kv_a: w.linear(kv_a)?,
         kv_norm: w.rms_norm(kv_norm, m.latent_norm_eps)?,
-        // Multiplied with f32 activations (Linear::forward_exact) under any numerics.
-        kv_b: w.exact_linear(kv_b)?,
+        // Multiplied with f32 activations under any numerics (mla::KvB).
+        kv_b: match kv_b {
+            MlaKvBSpec::Fused(l) => KvB::Fused(w.exact_linear(l)?),
+            MlaKvBSpec::Split { k, v } => KvB::Split {
+                k: w.exact_linear(k)?,
+                v: w.exact_linear(v)?,
+            },
+        },
         o: w.linear(o)?,
         num_heads: spec.num_heads,
         nope: m.qk_nope_head_dim,

@@ -19,8 +19,8 @@ use super::build;
 use super::json::Fields;
 use super::mla::MlaSpec;
 use super::{
-    AttentionSpec, Family, FfnSpec, IndexerSpec, LayerSpec, MlaQuerySpec, ModelSpec, ModelTensors,
-    MoeSpec, MtpSpec, Routing, TensorClass, TensorKind, TensorSpec,
+    AttentionSpec, Family, FfnSpec, IndexerSpec, LayerSpec, MlaKvBSpec, MlaQuerySpec, ModelSpec,
+    ModelTensors, MoeSpec, MtpSpec, Routing, TensorClass, TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
@@ -98,7 +98,20 @@ pub(crate) fn mla_attention(
             class,
         ),
         kv_norm: build::norm(format!("{p}.kv_a_layernorm.weight"), rkv, class),
-        kv_b: build::linear(&format!("{p}.kv_b_proj"), nh * (dn + dv), rkv, false, class),
+        kv_b: if m.kv_b_split {
+            MlaKvBSpec::Split {
+                k: build::linear(&format!("{p}.k_b_proj"), nh * rkv, dn, false, class),
+                v: build::linear(&format!("{p}.v_b_proj"), nh * dv, rkv, false, class),
+            }
+        } else {
+            MlaKvBSpec::Fused(build::linear(
+                &format!("{p}.kv_b_proj"),
+                nh * (dn + dv),
+                rkv,
+                false,
+                class,
+            ))
+        },
         o: build::linear(&format!("{p}.o_proj"), h, nh * dv, false, class),
         indexer: indexer.map(Box::new),
     }

@@ -237,6 +237,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         num_nextn_predict_layers: 0,
         mlp_sparse: Some(mlp_sparse),
         dsa: Some(dsa),
+        kv_b_split: false,
     };
     for (key, v) in [
         ("q_lora_rank", q_lora_rank),

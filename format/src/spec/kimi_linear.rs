@@ -314,6 +314,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         num_nextn_predict_layers: 0,
         mlp_sparse: Some(mlp_sparse),
         dsa: None,
+        kv_b_split: false,
     };
     for (key, v) in [
         ("kv_lora_rank", m.kv_lora_rank),

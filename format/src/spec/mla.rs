@@ -72,6 +72,10 @@ pub struct MlaSpec {
     pub mlp_sparse: Option<Vec<bool>>,
     /// GLM-5 DSA indexer (`glm_moe_dsa`), None for DeepSeek-V3 / Kimi-K2.
     pub dsa: Option<DsaSpec>,
+    /// `kv_b_proj` held as llama.cpp splits it (config key `mla_kv_b_split`, which
+    /// `coli-convert` writes for a deepseek2 GGUF; no Hugging Face config has it): see
+    /// [`super::MlaKvBSpec::Split`].
+    pub kv_b_split: bool,
 }
 
 /// The DSA lightning indexer parameters of a GLM-5 or DeepSeek-V3.2 config.
@@ -487,6 +491,7 @@ impl MlaSpec {
             num_nextn_predict_layers,
             mlp_sparse,
             dsa,
+            kv_b_split: f.bool("mla_kv_b_split")?.unwrap_or(false),
         })
     }
 

@@ -150,6 +150,35 @@ pub struct LinearSpec {
     pub bias: Option<TensorSpec>,
 }
 
+/// MLA's key/value up-projection (`kv_b_proj`, `[heads * (nope + v_head), kv_lora_rank]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MlaKvBSpec {
+    /// `kv_b_proj` as the Hugging Face releases hold it: per head, `nope` key rows then
+    /// `v_head` value rows.
+    Fused(LinearSpec),
+    /// As llama.cpp's `convert_hf_to_gguf.py` (`DeepseekV2Model.modify_tensors`) writes it to a
+    /// deepseek2 GGUF (`blk.N.attn_k_b` / `attn_v_b`), kept bit for bit: `k_b_proj`
+    /// `[heads * kv_lora_rank, nope]` (head h's key rows of `kv_b_proj`, transposed: row
+    /// `h * kv_lora_rank + c` holds column c of them) and `v_b_proj`
+    /// `[heads * v_head, kv_lora_rank]` (the value rows, unchanged).
+    Split {
+        /// `self_attn.k_b_proj`.
+        k: LinearSpec,
+        /// `self_attn.v_b_proj`.
+        v: LinearSpec,
+    },
+}
+
+impl MlaKvBSpec {
+    /// The linears it reads (one or two).
+    pub fn linears(&self) -> Vec<&LinearSpec> {
+        match self {
+            MlaKvBSpec::Fused(l) => vec![l],
+            MlaKvBSpec::Split { k, v } => vec![k, v],
+        }
+    }
+}
+
 /// A SwiGLU MLP `down(silu(gate(x)) * up(x))` (dense MLP layers, shared experts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MlpSpec {
@@ -288,8 +317,8 @@ pub enum AttentionSpec {
         kv_a: LinearSpec,
         /// `kv_a_layernorm.weight` `[kv_lora_rank]`.
         kv_norm: TensorSpec,
-        /// `kv_b_proj` `[heads * (nope + v_head), kv_lora_rank]`.
-        kv_b: LinearSpec,
+        /// `kv_b_proj`, fused or as llama.cpp splits it.
+        kv_b: MlaKvBSpec,
         /// `o_proj` `[H, heads * v_head]`.
         o: LinearSpec,
         /// The DSA indexer of a GLM-5 `"full"` layer (`None` elsewhere).
@@ -965,7 +994,9 @@ impl LayerSpec {
                 }
                 push_linear(&mut out, kv_a);
                 out.push(kv_norm);
-                push_linear(&mut out, kv_b);
+                for l in kv_b.linears() {
+                    push_linear(&mut out, l);
+                }
                 push_linear(&mut out, o);
                 if let Some(ix) = indexer {
                     push_linear(&mut out, &ix.wq_b);
@@ -1071,7 +1102,7 @@ impl LayerSpec {
                     }
                     MlaQuerySpec::Direct(l) => add(l, LinearRole::Attention),
                 }
-                for l in [kv_a, kv_b, o] {
+                for l in [kv_a, o].into_iter().chain(kv_b.linears()) {
                     add(l, LinearRole::Attention);
                 }
                 if let Some(ix) = indexer {
