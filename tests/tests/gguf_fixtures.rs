@@ -370,7 +370,7 @@ fn export_writes_back_the_same_gguf() {
 
 #[test]
 fn plan_from_the_gguf_header_matches_the_store() {
-    for name in ["olmoe-q4_k_m", "qwen3_moe-q2_k"] {
+    for name in ["olmoe-q4_k_m", "qwen3_moe-q2_k", "deepseek_v3-q4_k_m"] {
         let (_tmp, store_dir) = convert(name);
         let p = coli_convert::memory_plan::plan_from_config(
             &coli_convert::memory_plan::ConfigPlanArgs {

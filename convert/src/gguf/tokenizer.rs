@@ -19,8 +19,82 @@ use serde_json::{json, Value as Json};
 /// tokenizer.json writes it as a `Split` before a regex-free `ByteLevel`).
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-2's split regex as llama.cpp writes it (`LLAMA_VOCAB_PRE_TYPE_GPT2`; the original's
+/// last `|\s+` adds no split).
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// The third split of `LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM` (DeepSeek-V3's tokenizer.json; the
+/// first two isolate runs of 1-3 digits and of CJK ideographs and kana).
+const DEEPSEEK3_REGEX: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
+
+/// `LLAMA_VOCAB_PRE_TYPE_CHATGLM4` (GLM-4.x, GLM-5: Llama 3's regex), as the tokenizer.json
+/// original with its case-insensitive contractions.
+const GLM4_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `LLAMA_VOCAB_PRE_TYPE_GPT4O` (o200k: gpt-oss), the tokenizer.json original llama.cpp quotes
+/// (its own copy rewrites the letter classes as lookaheads for its regex engine).
+const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The `tokenizer.ggml.pre` names coli converts.
-pub const PRE_TOKENIZERS: &[&str] = &["gpt-2", "default", "olmo", "smollm", "qwen2"];
+pub const PRE_TOKENIZERS: &[&str] = &[
+    "gpt-2",
+    "default",
+    "olmo",
+    "smollm",
+    "qwen2",
+    "deepseek-v3",
+    "glm4",
+    "glm5",
+    "gpt-4o",
+];
+
+/// The `tokenizers` pre-tokenizer that splits as llama.cpp's pre-tokenizer `pre` does (its
+/// regexes in `src/llama-vocab.cpp` `llm_tokenizer_bpe`, applied one after another, each
+/// isolating its matches), and whether llama.cpp sets `ignore_merges` for it (a piece that is a
+/// token is taken whole). None for a name coli does not convert. Checked against llama.cpp on
+/// one vocabulary under every name (`tests/tests/gguf_tokenizer.rs`).
+fn pre_tokenizer(pre: &str) -> Option<(Json, bool)> {
+    let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
+    let splits = |res: &[&str]| {
+        let mut v: Vec<Json> = res.iter().map(|r| split(r)).collect();
+        v.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}));
+        json!({"type": "Sequence", "pretokenizers": v})
+    };
+    Some(match pre {
+        "gpt-2" | "olmo" => (
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+            false,
+        ),
+        // LLAMA_VOCAB_PRE_TYPE_DEFAULT (an unnamed GGUF pre-tokenizer).
+        "default" => (
+            splits(&[
+                r"[\p{P}\$\+<=>\^~\|]+",
+                GPT2_REGEX,
+                r"\p{N}+",
+                "[0-9][0-9][0-9]",
+            ]),
+            false,
+        ),
+        "smollm" => (
+            json!({
+                "type": "Sequence",
+                "pretokenizers": [
+                    {"type": "Digits", "individual_digits": true},
+                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+                ]
+            }),
+            false,
+        ),
+        "qwen2" => (splits(&[QWEN2_REGEX]), false),
+        "deepseek-v3" => (
+            splits(&[r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_REGEX]),
+            false,
+        ),
+        "glm4" | "glm5" => (splits(&[GLM4_REGEX]), true),
+        "gpt-4o" => (splits(&[GPT4O_REGEX]), false),
+        _ => return None,
+    })
+}
 
 fn kerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
     ConvertError::Gguf {
@@ -84,34 +158,15 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let pre_tokenizer = match pre {
-        "gpt-2" | "default" | "olmo" => json!({
-            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
-        }),
-        "smollm" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Digits", "individual_digits": true},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
-            ]
-        }),
-        "qwen2" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
-            ]
-        }),
-        other => {
-            return Err(kerr(
-                g,
-                format!(
-                    "tokenizer.ggml.pre {other:?}: coli converts the pre-tokenizers {}",
-                    PRE_TOKENIZERS.join(", ")
-                ),
-            ))
-        }
-    };
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre).ok_or_else(|| {
+        kerr(
+            g,
+            format!(
+                "tokenizer.ggml.pre {pre:?}: coli converts the pre-tokenizers {}",
+                PRE_TOKENIZERS.join(", ")
+            ),
+        )
+    })?;
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let merges = strings(g, "tokenizer.ggml.merges")?;
     let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
@@ -182,7 +237,7 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": false, "vocab": vocab, "merges": merge_pairs
+            "ignore_merges": ignore_merges, "vocab": vocab, "merges": merge_pairs
         }
     });
     let special = |key: &str| -> Result<Json> {
