@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
@@ -24,6 +24,7 @@ const FIXTURES: [&str; 8] = [
     "olmoe-iq2",
     "qwen3_moe-iq1",
     "deepseek_v3-q4_k_m",
+    "glm_moe_dsa-q4_k_m",
 ];
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
@@ -144,12 +145,14 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
 #[test]
 fn gguf_placement_never_changes_tokens() {
     // A k-quant mix, both i-quant files (every i-quant and MXFP4 in records and dense) and
-    // deepseek2 (MLA from llama.cpp's attn_k_b / attn_v_b, shared expert, routing bias).
+    // deepseek2 and glm-dsa (MLA from llama.cpp's attn_k_b / attn_v_b, shared expert, routing
+    // bias; the DSA indexer's selection).
     for name in [
         "olmoe-q4_k_m",
         "olmoe-iq2",
         "qwen3_moe-iq1",
         "deepseek_v3-q4_k_m",
+        "glm_moe_dsa-q4_k_m",
     ] {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);
@@ -185,24 +188,26 @@ fn gguf_placement_never_changes_tokens() {
 fn gguf_mla_decode_forms_equal_the_prefill() {
     // deepseek2's split kv_b (attn_k_b transposed per head, attn_v_b): the absorbed decode
     // reads k_b's rows as W_kb's columns, the expanded prefill transposes them; one token at a
-    // time in either form equals one prefill of the teacher ids within 1e-4 at every position.
-    let name = "deepseek_v3-q4_k_m";
-    let exp = expected(name);
-    let (_tmp, store_dir) = convert(name);
-    let store = open_store(&store_dir, true, IoPreference::Auto);
-    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
-    let teacher = ids(&exp["teacher_ids"]);
-    let full = e.forward_logits(&teacher).unwrap();
-    for absorbed in [true, false] {
-        e.set_absorbed_decode(absorbed);
-        e.reset();
-        for (t, &id) in teacher.iter().enumerate() {
-            let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
-            let d = max_abs_diff(&l, &full[t]);
-            assert!(
-                d < 1e-4,
-                "{name}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
-            );
+    // time in either form equals one prefill of the teacher ids within 1e-4 at every position
+    // (GLM-5: past index_topk keys, the indexer's selection too).
+    for name in ["deepseek_v3-q4_k_m", "glm_moe_dsa-q4_k_m"] {
+        let exp = expected(name);
+        let (_tmp, store_dir) = convert(name);
+        let store = open_store(&store_dir, true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let teacher = ids(&exp["teacher_ids"]);
+        let full = e.forward_logits(&teacher).unwrap();
+        for absorbed in [true, false] {
+            e.set_absorbed_decode(absorbed);
+            e.reset();
+            for (t, &id) in teacher.iter().enumerate() {
+                let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
+                let d = max_abs_diff(&l, &full[t]);
+                assert!(
+                    d < 1e-4,
+                    "{name}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
+                );
+            }
         }
     }
 }
@@ -370,7 +375,12 @@ fn export_writes_back_the_same_gguf() {
 
 #[test]
 fn plan_from_the_gguf_header_matches_the_store() {
-    for name in ["olmoe-q4_k_m", "qwen3_moe-q2_k", "deepseek_v3-q4_k_m"] {
+    for name in [
+        "olmoe-q4_k_m",
+        "qwen3_moe-q2_k",
+        "deepseek_v3-q4_k_m",
+        "glm_moe_dsa-q4_k_m",
+    ] {
         let (_tmp, store_dir) = convert(name);
         let p = coli_convert::memory_plan::plan_from_config(
             &coli_convert::memory_plan::ConfigPlanArgs {

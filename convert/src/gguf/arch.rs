@@ -21,6 +21,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("qwen3moe", "qwen3_moe"),
     ("llama", "mixtral"),
     ("deepseek2", "deepseek_v3"),
+    ("glm-dsa", "glm_moe_dsa"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -101,7 +102,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
     // config does not carry it (deepseek2's YaRN is read below).
     if let Some(v) = g.get(&k("rope.scaling.type")) {
-        if v.as_str() != Some("none") && !(arch == "deepseek2" && v.as_str() == Some("yarn")) {
+        if v.as_str() != Some("none") && !(MLA.contains(&arch) && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
                 format!("{} is {v:?}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
@@ -191,23 +192,46 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
                 o.insert("head_dim".into(), u("attention.key_length")?.into());
             }
         }
-        "deepseek2" => deepseek2(g, o, heads)?,
+        "deepseek2" | "glm-dsa" => mla(g, arch, o, heads, vocab)?,
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
 }
 
-/// deepseek2 (DeepSeek-V3, Kimi-K2: `DeepseekV2Model` in llama.cpp's `conversion/deepseek.py`,
-/// read back by `src/models/deepseek2.cpp`) as a `deepseek_v3` config: MLA dimensions from the
-/// `*_mla` lengths, routing from the `expert_*` keys with llama.cpp's defaults when absent (no
-/// `expert_weights_scale`: 1; no `expert_weights_norm`: false; no groups: one), YaRN from
-/// `rope.scaling.*` (`mscale` = `mscale_all_dim` = `yarn_log_multiplier / 0.1`, the
-/// converter's factor undone in f32 as llama.cpp does, which is what its graph computes),
-/// interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is `LLAMA_ROPE_TYPE_NORM`). A GGUF
-/// holding `attn_k_b` / `attn_v_b` (every one written since llama.cpp's MLA change) gets
-/// `mla_kv_b_split`: the spec reads the two tensors as they are.
-fn deepseek2(g: &Gguf, o: &mut serde_json::Map<String, Json>, heads: usize) -> Result<()> {
-    let k = |s: &str| format!("deepseek2.{s}");
+/// The llama.cpp architectures of MLA models ([`mla`]).
+const MLA: [&str; 2] = ["deepseek2", "glm-dsa"];
+
+/// GLM-5.2's `indexer_types` (1: full), which llama.cpp's `src/models/glm-dsa.cpp`
+/// (`GLM_5_2_DEFAULT_INDEXER_TYPES`) assumes for a glm-dsa GGUF of 1M context or more without
+/// `attention.indexer.types` (shorter contexts: GLM-5 and 5.1, every layer full).
+const GLM_5_2_INDEXER_TYPES: [u8; 78] = [
+    1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0,
+    0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0,
+    0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0,
+];
+
+/// deepseek2 (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash: `DeepseekV2Model` / `Glm4MoeLiteModel` in
+/// llama.cpp's `conversion/deepseek.py` and `glm.py`, read back by `src/models/deepseek2.cpp`)
+/// as a `deepseek_v3` config, and glm-dsa (GLM-5.x: `GlmMoeDsaModel`, `src/models/glm-dsa.cpp`)
+/// as a `glm_moe_dsa` one: MLA dimensions from the `*_mla` lengths, routing from the
+/// `expert_*` keys with llama.cpp's defaults when absent (no `expert_weights_scale`: 1; no
+/// `expert_weights_norm`: false; no groups: one; no `expert_gating_func`: sigmoid for glm-dsa
+/// and for deepseek2's GLM-4.7-Flash shape (47 or 48 layers, 154880 tokens), else DeepSeek-V2's
+/// softmax, refused), YaRN from `rope.scaling.*` (`mscale` = `mscale_all_dim` =
+/// `yarn_log_multiplier / 0.1`, the converter's factor undone in f32 as llama.cpp does, which
+/// is what its graph computes), interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is
+/// `LLAMA_ROPE_TYPE_NORM`), the DSA indexer's `attention.indexer.*` keys. MTP blocks appended
+/// after the decoder (`nextn_predict_layers`) are not converted: the config counts the
+/// decoder's layers only. A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
+/// llama.cpp's MLA change) gets `mla_kv_b_split`: the spec reads the two tensors as they are.
+fn mla(
+    g: &Gguf,
+    arch: &str,
+    o: &mut serde_json::Map<String, Json>,
+    heads: usize,
+    vocab: usize,
+) -> Result<()> {
+    let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
     let opt_u = |s: &str| -> Result<Option<usize>> {
         match g.get(&k(s)) {
@@ -221,24 +245,33 @@ fn deepseek2(g: &Gguf, o: &mut serde_json::Map<String, Json>, heads: usize) -> R
             None => Ok(None),
         }
     };
-    // llama.cpp's enum llama_expert_gating_func_type: 1 softmax, 2 sigmoid.
-    match opt_u("expert_gating_func")? {
-        Some(2) => {}
-        other => {
-            return Err(cerr(
-                g,
-                format!(
-                    "{} is {}: coli runs deepseek2 GGUFs with sigmoid routing (2: DeepSeek-V3, Kimi-K2); DeepSeek-V2's softmax routing is not run",
-                    k("expert_gating_func"),
-                    other.map_or("absent (llama.cpp then assumes softmax)".to_string(), |v| v.to_string())
-                ),
-            ))
-        }
-    }
-    if opt_u("nextn_predict_layers")?.is_some_and(|n| n > 0) {
+    let blocks = u("block_count")?;
+    let nextn = opt_u("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= blocks {
         return Err(cerr(
             g,
-            format!("{} > 0: a deepseek2 GGUF with MTP layers among its blocks is not converted (llama.cpp's converter leaves them out)", k("nextn_predict_layers")),
+            format!(
+                "{} {nextn} leaves no decoder layer of {} {blocks}",
+                k("nextn_predict_layers"),
+                k("block_count")
+            ),
+        ));
+    }
+    let layers = blocks - nextn;
+    o.insert("num_hidden_layers".into(), layers.into());
+    // llama.cpp's enum llama_expert_gating_func_type: 1 softmax, 2 sigmoid; its defaults when
+    // the key is absent.
+    let gating = opt_u("expert_gating_func")?.or_else(|| {
+        (arch == "glm-dsa" || (matches!(layers, 47 | 48) && vocab == 154_880)).then_some(2)
+    });
+    if gating != Some(2) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {}: coli runs {arch} GGUFs with sigmoid routing (2: DeepSeek-V3, Kimi-K2, GLM); DeepSeek-V2's softmax routing is not run",
+                k("expert_gating_func"),
+                gating.map_or("absent (llama.cpp then assumes softmax)".to_string(), |v| v.to_string())
+            ),
         ));
     }
     let dr = u("rope.dimension_count")?;
@@ -260,6 +293,22 @@ fn deepseek2(g: &Gguf, o: &mut serde_json::Map<String, Json>, heads: usize) -> R
         ));
     }
     let rkv = u("attention.kv_lora_rank")?;
+    // DeepseekV2Model writes key_length = kv_lora_rank + qk_rope_head_dim (the MQA view); a
+    // rope dimension count below it is a partial rotary factor, which coli's MLA lacks.
+    if let Some(kl) = opt_u("attention.key_length_mla")?.and(opt_u("attention.key_length")?) {
+        if kl != rkv + dr {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} {dr} rotates part of the {} rope dimensions ({} {kl} - {} {rkv}): a partial rotary factor coli's MLA does not run",
+                    k("rope.dimension_count"),
+                    kl.saturating_sub(rkv),
+                    k("attention.key_length"),
+                    k("attention.kv_lora_rank")
+                ),
+            ));
+        }
+    }
     let experts = u("expert_count")?;
     o.remove("num_experts");
     o.insert("n_routed_experts".into(), experts.into());
@@ -357,6 +406,44 @@ fn deepseek2(g: &Gguf, o: &mut serde_json::Map<String, Json>, heads: usize) -> R
         return Err(cerr(g, "neither blk.0.attn_k_b.weight nor blk.0.attn_kv_b.weight: the MLA up-projection is missing"));
     }
     o.insert("mla_kv_b_split".into(), split.into());
+    if arch == "glm-dsa" {
+        o.insert(
+            "index_n_heads".into(),
+            u("attention.indexer.head_count")?.into(),
+        );
+        o.insert(
+            "index_head_dim".into(),
+            u("attention.indexer.key_length")?.into(),
+        );
+        o.insert("index_topk".into(), u("attention.indexer.top_k")?.into());
+        let full: Vec<bool> = match g.get(&k("attention.indexer.types")) {
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_bool).collect::<Option<Vec<_>>>())
+                .filter(|a| a.len() >= layers)
+                .ok_or_else(|| {
+                    cerr(
+                        g,
+                        format!(
+                            "{} must list a bool for each of the {layers} decoder layers",
+                            k("attention.indexer.types")
+                        ),
+                    )
+                })?[..layers]
+                .to_vec(),
+            None if u("context_length")? < 1 << 20 => vec![true; layers],
+            None => (0..layers)
+                .map(|i| GLM_5_2_INDEXER_TYPES.get(i) == Some(&1))
+                .collect(),
+        };
+        o.insert(
+            "indexer_types".into(),
+            full.iter()
+                .map(|&f| if f { "full" } else { "shared" })
+                .collect::<Vec<_>>()
+                .into(),
+        );
+    }
     Ok(())
 }
 
@@ -396,6 +483,11 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.kv_b_proj" => "attn_kv_b",
         "self_attn.k_b_proj" => "attn_k_b",
         "self_attn.v_b_proj" => "attn_v_b",
+        // glm-dsa (gguf-py MODEL_TENSORS[GLM_DSA]).
+        "self_attn.indexer.wq_b" => "indexer.attn_q_b",
+        "self_attn.indexer.wk" => "indexer.attn_k",
+        "self_attn.indexer.k_norm" => "indexer.k_norm",
+        "self_attn.indexer.weights_proj" => "indexer.proj",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
