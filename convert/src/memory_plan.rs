@@ -431,7 +431,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         main_record = bytes.checked_div(n).unwrap_or(0);
         let (mut dense, mut embed) = (0u64, 0u64);
         for t in spec.tensors.main_dense() {
-            let Some(name) = crate::gguf::arch::gguf_name(&t.name) else {
+            let Some(name) = crate::gguf::arch::gguf_name(&spec.model_type, &t.name) else {
                 continue;
             };
             let Some(info) = g.tensors.get(&name) else {

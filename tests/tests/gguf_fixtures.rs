@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 10] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
@@ -25,6 +25,7 @@ const FIXTURES: [&str; 9] = [
     "qwen3_moe-iq1",
     "deepseek_v3-q4_k_m",
     "glm_moe_dsa-q4_k_m",
+    "glm4_moe-q4_k_m",
 ];
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
@@ -111,7 +112,7 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
         // Every dense tensor in the type the GGUF gives it.
         let types = exp["tensor_types"].as_object().unwrap();
         for e in &store.manifest().dense {
-            let g = coli_convert::gguf::arch::gguf_name(&e.name).unwrap();
+            let g = coli_convert::gguf::arch::gguf_name(&store.manifest().family, &e.name).unwrap();
             let enc = Encoding::from_id(e.encoding, e.group_size).unwrap();
             assert_eq!(
                 enc_name(enc),
@@ -153,6 +154,7 @@ fn gguf_placement_never_changes_tokens() {
         "qwen3_moe-iq1",
         "deepseek_v3-q4_k_m",
         "glm_moe_dsa-q4_k_m",
+        "glm4_moe-q4_k_m",
     ] {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);

@@ -70,7 +70,10 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
         .manifest()
         .dense
         .iter()
-        .filter_map(|d| coli_convert::gguf::arch::gguf_name(&d.name).map(|g| (g, d.name.clone())))
+        .filter_map(|d| {
+            coli_convert::gguf::arch::gguf_name(&store.manifest().family, &d.name)
+                .map(|g| (g, d.name.clone()))
+        })
         .collect();
     let experts: HashMap<u32, u32> = store
         .manifest()

@@ -22,6 +22,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("llama", "mixtral"),
     ("deepseek2", "deepseek_v3"),
     ("glm-dsa", "glm_moe_dsa"),
+    ("glm4moe", "glm4_moe"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -193,9 +194,126 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             }
         }
         "deepseek2" | "glm-dsa" => mla(g, arch, o, heads, vocab)?,
+        "glm4moe" => glm4moe(g, o)?,
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
+}
+
+/// glm4moe (GLM-4.5, 4.6, 4.7: `Glm4MoeModel` in llama.cpp's `conversion/glm.py`, read back by
+/// `src/models/glm4-moe.cpp`) as a `glm4_moe` config: `attention.key_length` is `head_dim`,
+/// `rope.dimension_count / head_dim` the `partial_rotary_factor` (RoPE on the first dimensions
+/// of each head, halves rotated: llama.cpp's NEOX type, transformers' `rotate_half`), q/k
+/// RMSNorms when the GGUF has `attn_q_norm`, q/k/v biases when it has `attn_q.bias`, routing as
+/// deepseek2's (sigmoid unless `expert_gating_func` says otherwise, which is refused; llama.cpp's
+/// defaults for the absent `expert_weights_*`, groups, shared experts and leading dense
+/// blocks). MTP blocks appended after the decoder (`nextn_predict_layers`) are not converted.
+fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
+    let k = |s: &str| format!("glm4moe.{s}");
+    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    let opt_u = |s: &str| -> Result<Option<usize>> {
+        match g.get(&k(s)) {
+            Some(_) => Ok(Some(u(s)?)),
+            None => Ok(None),
+        }
+    };
+    let blocks = u("block_count")?;
+    let nextn = opt_u("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= blocks {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {nextn} leaves no decoder layer of {} {blocks}",
+                k("nextn_predict_layers"),
+                k("block_count")
+            ),
+        ));
+    }
+    o.insert("num_hidden_layers".into(), (blocks - nextn).into());
+    if let Some(f) = opt_u("expert_gating_func")? {
+        if f != 2 {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {f}: coli runs glm4moe GGUFs with sigmoid routing (2)",
+                    k("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    let heads = u("attention.head_count")?;
+    let head_dim = match opt_u("attention.key_length")? {
+        Some(d) => d,
+        None => u("embedding_length")? / heads.max(1),
+    };
+    let rot = opt_u("rope.dimension_count")?.unwrap_or(head_dim / 2);
+    if head_dim == 0 || rot == 0 || rot > head_dim || rot % 2 != 0 {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {rot} must be even and at most the head dimension {head_dim}",
+                k("rope.dimension_count")
+            ),
+        ));
+    }
+    let experts = u("expert_count")?;
+    o.remove("num_experts");
+    o.insert("n_routed_experts".into(), experts.into());
+    o.insert("head_dim".into(), head_dim.into());
+    o.insert(
+        "partial_rotary_factor".into(),
+        (rot as f64 / head_dim as f64).into(),
+    );
+    o.insert(
+        "moe_intermediate_size".into(),
+        u("expert_feed_forward_length")?.into(),
+    );
+    o.insert(
+        "intermediate_size".into(),
+        opt_u("feed_forward_length")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "n_shared_experts".into(),
+        opt_u("expert_shared_count")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "first_k_dense_replace".into(),
+        opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "routed_scaling_factor".into(),
+        match g.get(&k("expert_weights_scale")) {
+            Some(_) => g.f64(&k("expert_weights_scale"))?,
+            None => 1.0,
+        }
+        .into(),
+    );
+    o.insert(
+        "norm_topk_prob".into(),
+        g.get(&k("expert_weights_norm"))
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| cerr(g, format!("{} is not a bool", k("expert_weights_norm"))))
+            })
+            .transpose()?
+            .unwrap_or(false)
+            .into(),
+    );
+    o.insert(
+        "n_group".into(),
+        opt_u("expert_group_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert(
+        "topk_group".into(),
+        opt_u("expert_group_used_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert("scoring_func".into(), "sigmoid".into());
+    o.insert(
+        "use_qk_norm".into(),
+        g.tensors.contains_key("blk.0.attn_q_norm.weight").into(),
+    );
+    o.insert("num_nextn_predict_layers".into(), 0.into());
+    Ok(())
 }
 
 /// The llama.cpp architectures of MLA models ([`mla`]).
@@ -447,10 +565,13 @@ fn mla(
     Ok(())
 }
 
-/// The GGUF name of the checkpoint tensor `hf` (the spec's name), or None for a name this map
-/// does not know. Routed experts are not here: they are slices of `blk.N.ffn_*_exps.weight`
-/// ([`expert_tensors`]).
-pub fn gguf_name(hf: &str) -> Option<String> {
+/// The GGUF name of the checkpoint tensor `hf` (the spec's name) in a GGUF of the family
+/// `model_type` (the config's, e.g. `glm4_moe`), or None for a name this map does not know.
+/// Routed experts are not here: they are slices of `blk.N.ffn_*_exps.weight`
+/// ([`expert_tensors`]). The map is gguf-py's `tensor_mapping.py` inverted; where an
+/// architecture names a tensor its own way (GLM-4.x's `post_attention_layernorm` is
+/// `post_attention_norm`, llama.cpp's `LLM_TENSOR_ATTN_POST_NORM`), `model_type` decides.
+pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     match hf {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
@@ -466,6 +587,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let (stem, suffix) = rest.rsplit_once('.')?;
     let g = match stem {
         "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if model_type == "glm4_moe" => "post_attention_norm",
         "post_attention_layernorm" => "ffn_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -560,19 +682,19 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(
-            gguf_name("model.layers.3.self_attn.o_proj.weight").unwrap(),
+            gguf_name("olmoe", "model.layers.3.self_attn.o_proj.weight").unwrap(),
             "blk.3.attn_output.weight"
         );
         assert_eq!(
-            gguf_name("model.layers.0.mlp.gate.weight").unwrap(),
+            gguf_name("olmoe", "model.layers.0.mlp.gate.weight").unwrap(),
             "blk.0.ffn_gate_inp.weight"
         );
         assert_eq!(
-            gguf_name("model.layers.0.self_attn.q_proj.bias").unwrap(),
+            gguf_name("olmoe", "model.layers.0.self_attn.q_proj.bias").unwrap(),
             "blk.0.attn_q.bias"
         );
         assert_eq!(
-            gguf_name("model.layers.0.mlp.experts.1.up_proj.weight"),
+            gguf_name("olmoe", "model.layers.0.mlp.experts.1.up_proj.weight"),
             None
         );
         assert_eq!(expert_tensors(2)[2], "blk.2.ffn_down_exps.weight");

@@ -106,9 +106,15 @@ struct DenseCopy<'a> {
     encoding: Encoding,
 }
 
-/// The GGUF tensor the spec's dense tensor `name` of `shape` comes from, checked.
-fn dense_source<'a>(g: &'a Gguf, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
-    let gname = arch::gguf_name(name).ok_or_else(|| {
+/// The GGUF tensor the spec's dense tensor `name` of `shape` comes from (a model of family
+/// `model_type`), checked.
+fn dense_source<'a>(
+    g: &'a Gguf,
+    model_type: &str,
+    name: &str,
+    shape: &[usize],
+) -> Result<&'a TensorInfo> {
+    let gname = arch::gguf_name(model_type, name).ok_or_else(|| {
         terr(
             name,
             "has no GGUF name in coli's map for this architecture (a bug: please report it)",
@@ -150,10 +156,13 @@ pub fn run(opts: &Options) -> Result<Report> {
     // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
     let mut dense = Vec::new();
     for ts in spec.tensors.main_dense() {
-        if ts.optional && arch::gguf_name(&ts.name).is_none_or(|n| !g.tensors.contains_key(&n)) {
+        if ts.optional
+            && arch::gguf_name(&spec.model_type, &ts.name)
+                .is_none_or(|n| !g.tensors.contains_key(&n))
+        {
             continue;
         }
-        let t = dense_source(&g, &ts.name, &ts.shape)?;
+        let t = dense_source(&g, &spec.model_type, &ts.name, &ts.shape)?;
         dense.push(DenseCopy {
             name: ts.name.clone(),
             t,
