@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 10] = [
+const FIXTURES: [&str; 11] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
@@ -26,10 +26,11 @@ const FIXTURES: [&str; 10] = [
     "deepseek_v3-q4_k_m",
     "glm_moe_dsa-q4_k_m",
     "glm4_moe-q4_k_m",
+    "gpt_oss-mxfp4",
 ];
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
-const VERSION_6: [&str; 2] = ["olmoe-iq2", "qwen3_moe-iq1"];
+const VERSION_6: [&str; 3] = ["olmoe-iq2", "qwen3_moe-iq1", "gpt_oss-mxfp4"];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf")
@@ -155,6 +156,7 @@ fn gguf_placement_never_changes_tokens() {
         "deepseek_v3-q4_k_m",
         "glm_moe_dsa-q4_k_m",
         "glm4_moe-q4_k_m",
+        "gpt_oss-mxfp4",
     ] {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);

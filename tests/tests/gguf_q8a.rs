@@ -30,6 +30,7 @@ fn gguf_stores_match_transformers_under_q8a() {
         "deepseek_v3-q4_k_m",
         "glm_moe_dsa-q4_k_m",
         "glm4_moe-q4_k_m",
+        "gpt_oss-mxfp4",
     ] {
         let exp: Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap())

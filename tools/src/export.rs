@@ -25,7 +25,8 @@ fn ggml_id(e: Encoding) -> Option<u32> {
     }
 }
 
-/// `(layer, matrix index)` of a stacked expert tensor name (`blk.3.ffn_down_exps.weight`).
+/// `(layer, matrix index)` of a stacked expert tensor name (`blk.3.ffn_down_exps.weight`;
+/// index 3..6: gpt-oss's stacked biases `ffn_{gate,up,down}_exps.bias`).
 fn stacked(name: &str) -> Option<(u32, usize)> {
     let rest = name.strip_prefix("blk.")?;
     let (n, rest) = rest.split_once('.')?;
@@ -33,6 +34,9 @@ fn stacked(name: &str) -> Option<(u32, usize)> {
         "ffn_gate_exps.weight" => 0,
         "ffn_up_exps.weight" => 1,
         "ffn_down_exps.weight" => 2,
+        "ffn_gate_exps.bias" => 3,
+        "ffn_up_exps.bias" => 4,
+        "ffn_down_exps.bias" => 5,
         _ => return None,
     };
     Some((n.parse().ok()?, m))
@@ -114,6 +118,19 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
                     let x = store
                         .fetch_one(ExpertKey::new(layer, e))
                         .map_err(store_err)?;
+                    if m >= 3 {
+                        check(Encoding::F32)?;
+                        let b = [x.gate_bias(), x.up_bias(), x.down_bias()][m - 3].ok_or_else(
+                            || coli_convert::ConvertError::Tensor {
+                                tensor: t.name.clone(),
+                                what: format!("expert {e}'s record has no biases"),
+                            },
+                        )?;
+                        for v in b {
+                            buf.extend_from_slice(&v.to_le_bytes());
+                        }
+                        continue;
+                    }
                     let v = [x.gate(), x.up(), x.down()][m];
                     check(v.encoding())?;
                     buf.extend_from_slice(v.data());

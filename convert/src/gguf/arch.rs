@@ -23,6 +23,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("deepseek2", "deepseek_v3"),
     ("glm-dsa", "glm_moe_dsa"),
     ("glm4moe", "glm4_moe"),
+    ("gpt-oss", "gpt_oss"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -103,7 +104,8 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
     // config does not carry it (deepseek2's YaRN is read below).
     if let Some(v) = g.get(&k("rope.scaling.type")) {
-        if v.as_str() != Some("none") && !(MLA.contains(&arch) && v.as_str() == Some("yarn")) {
+        let yarn_read = MLA.contains(&arch) || arch == "gpt-oss";
+        if v.as_str() != Some("none") && !(yarn_read && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
                 format!("{} is {v:?}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
@@ -195,6 +197,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         }
         "deepseek2" | "glm-dsa" => mla(g, arch, o, heads, vocab)?,
         "glm4moe" => glm4moe(g, o)?,
+        "gpt-oss" => gpt_oss(g, o)?,
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
@@ -313,6 +316,107 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         g.tensors.contains_key("blk.0.attn_q_norm.weight").into(),
     );
     o.insert("num_nextn_predict_layers".into(), 0.into());
+    Ok(())
+}
+
+/// gpt-oss (`GptOssModel` in llama.cpp's `conversion/gpt_oss.py`, read back by
+/// `src/models/openai-moe.cpp`) as a `gpt_oss` config: `attention.key_length` is `head_dim`,
+/// `attention.sliding_window` the window, the sliding layers from
+/// `attention.sliding_window_pattern` (a bool per layer, or a period n: layer i slides when
+/// `i % n < n - 1`) or llama.cpp's default period 2 (even layers slide, as transformers'
+/// default `layer_types`); YaRN from `rope.scaling.*` with `truncate` false, as every gpt-oss
+/// release's config and transformers' `GptOssConfig` say (llama.cpp's own YaRN always rounds
+/// the correction range: a small difference of llama.cpp's, not of the file). The clamped
+/// SwiGLU's alpha 1.702 and limit 7 are the class defaults llama.cpp also hard-codes.
+fn gpt_oss(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
+    let k = |s: &str| format!("gpt-oss.{s}");
+    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    let opt_f = |s: &str| -> Result<Option<f64>> {
+        match g.get(&k(s)) {
+            Some(_) => Ok(Some(g.f64(&k(s))?)),
+            None => Ok(None),
+        }
+    };
+    let layers = u("block_count")?;
+    let experts = u("expert_count")?;
+    o.remove("num_experts");
+    o.insert("num_local_experts".into(), experts.into());
+    o.insert(
+        "intermediate_size".into(),
+        u("expert_feed_forward_length")?.into(),
+    );
+    o.insert("head_dim".into(), u("attention.key_length")?.into());
+    o.insert(
+        "sliding_window".into(),
+        u("attention.sliding_window")?.into(),
+    );
+    let sliding: Vec<bool> = match g.get(&k("attention.sliding_window_pattern")) {
+        None => (0..layers).map(|i| i % 2 == 0).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(Value::as_bool)
+            .collect::<Option<Vec<_>>>()
+            .filter(|a| a.len() == layers)
+            .ok_or_else(|| {
+                cerr(
+                    g,
+                    format!(
+                        "{} must list a bool for each of the {layers} layers",
+                        k("attention.sliding_window_pattern")
+                    ),
+                )
+            })?,
+        Some(_) => {
+            let n = u("attention.sliding_window_pattern")?;
+            (0..layers).map(|i| n == 0 || i % n < n - 1).collect()
+        }
+    };
+    o.insert(
+        "layer_types".into(),
+        sliding
+            .iter()
+            .map(|&s| {
+                if s {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    let theta = o["rope_theta"].clone();
+    let rope = if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
+        for key in ["rope.scaling.yarn_ext_factor", "rope.scaling.attn_factor"] {
+            if let Some(v) = opt_f(key)? {
+                if v != 1.0 {
+                    return Err(cerr(
+                        g,
+                        format!(
+                            "{} is {v}: coli's YaRN (transformers') has no such factor",
+                            k(key)
+                        ),
+                    ));
+                }
+            }
+        }
+        json!({
+            "rope_type": "yarn",
+            "rope_theta": theta,
+            "factor": g.f64(&k("rope.scaling.factor"))?,
+            "original_max_position_embeddings": u("rope.scaling.original_context_length")?,
+            "beta_fast": opt_f("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+            "beta_slow": opt_f("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+            "truncate": false,
+        })
+    } else {
+        json!({"rope_type": "default", "rope_theta": theta})
+    };
+    o.insert("rope_parameters".into(), rope);
+    o.insert(
+        "attention_bias".into(),
+        g.tensors.contains_key("blk.0.attn_q.bias").into(),
+    );
     Ok(())
 }
 
@@ -584,10 +688,16 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     if rest == "mlp.gate.e_score_correction_bias" {
         return Some(format!("blk.{n}.exp_probs_b.bias"));
     }
+    if rest == "self_attn.sinks" {
+        // gpt-oss's per-head attention sinks (`LLM_TENSOR_ATTN_SINKS`).
+        return Some(format!("blk.{n}.attn_sinks.weight"));
+    }
     let (stem, suffix) = rest.rsplit_once('.')?;
     let g = match stem {
         "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" if model_type == "glm4_moe" => "post_attention_norm",
+        "post_attention_layernorm" if matches!(model_type, "glm4_moe" | "gpt_oss") => {
+            "post_attention_norm"
+        }
         "post_attention_layernorm" => "ffn_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -595,7 +705,7 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         "self_attn.o_proj" => "attn_output",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
-        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        "mlp.gate" | "block_sparse_moe.gate" | "mlp.router" => "ffn_gate_inp",
         // deepseek2 (gguf-py MODEL_TENSORS[DEEPSEEK2]).
         "self_attn.q_a_proj" => "attn_q_a",
         "self_attn.q_a_layernorm" => "attn_q_a_norm",
@@ -673,6 +783,12 @@ pub fn inverse(perm: &[usize]) -> Vec<usize> {
 /// `[E, H, I]` outermost first).
 pub fn expert_tensors(layer: u32) -> [String; 3] {
     ["gate", "up", "down"].map(|m| format!("blk.{layer}.ffn_{m}_exps.weight"))
+}
+
+/// The stacked expert biases of layer `layer` (gpt-oss): gate, up, down (`[E, I]`, `[E, I]`,
+/// `[E, H]`, F32).
+pub fn expert_bias_tensors(layer: u32) -> [String; 3] {
+    ["gate", "up", "down"].map(|m| format!("blk.{layer}.ffn_{m}_exps.bias"))
 }
 
 #[cfg(test)]

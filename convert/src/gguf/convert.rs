@@ -87,6 +87,42 @@ pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<
     Ok(out)
 }
 
+/// The stacked F32 expert biases of layer `s` (gpt-oss: gate `[E, I]`, up `[E, I]`, down
+/// `[E, H]`), checked, when the spec's experts carry biases; None otherwise.
+///
+/// # Errors
+/// [`ConvertError::Tensor`] naming a bias tensor that is missing, misshapen or not F32.
+pub fn expert_biases<'a>(
+    g: &'a Gguf,
+    s: &coli_format::spec::ExpertsSpec,
+) -> Result<Option<[&'a TensorInfo; 3]>> {
+    if !s.biases {
+        return Ok(None);
+    }
+    let names = arch::expert_bias_tensors(s.layer);
+    let want = [
+        [s.count as usize, s.intermediate],
+        [s.count as usize, s.intermediate],
+        [s.count as usize, s.hidden],
+    ];
+    let mut out = Vec::with_capacity(3);
+    for (n, w) in names.iter().zip(want) {
+        let t = g.tensor(n)?;
+        if t.shape() != w || t.ggml_type != 0 {
+            return Err(terr(
+                n,
+                format!(
+                    "is {} of shape {:?}: the experts' biases are F32 {w:?}",
+                    t.type_name(),
+                    t.shape()
+                ),
+            ));
+        }
+        out.push(t);
+    }
+    Ok(Some([out[0], out[1], out[2]]))
+}
+
 /// True when `path` names a GGUF file (by its magic).
 pub fn is_gguf(path: &std::path::Path) -> bool {
     use std::io::Read;
@@ -184,7 +220,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         for (_, e) in &ts {
             type_names.insert(e.name());
         }
-        layers.push((*s, ts));
+        let biases = expert_biases(&g, s)?;
+        layers.push((*s, ts, biases));
     }
     let experts_param = type_names.into_iter().collect::<Vec<_>>().join("+");
     let mut parameters = BTreeMap::new();
@@ -196,10 +233,15 @@ pub fn run(opts: &Options) -> Result<Report> {
     let estimated: u64 = dense.iter().map(|d| d.t.nbytes as u64).sum::<u64>()
         + layers
             .iter()
-            .flat_map(|(_, ts)| ts.iter().map(|(t, _)| t.nbytes as u64))
+            .flat_map(|(_, ts, b)| {
+                ts.iter()
+                    .map(|(t, _)| *t)
+                    .chain(b.iter().flatten().copied())
+                    .map(|t| t.nbytes as u64)
+            })
             .sum::<u64>();
     let _lock = pipeline::take_output(&opts.output, estimated)?;
-    let first_expert = layers.first().map_or(Encoding::F32, |(_, ts)| ts[0].1);
+    let first_expert = layers.first().map_or(Encoding::F32, |(_, ts, _)| ts[0].1);
     let store_spec = StoreSpec {
         family: spec.model_type.clone(),
         config_json: serde_json::to_vec_pretty(&sorted_keys(&config)).expect("serializes"),
@@ -247,11 +289,11 @@ pub fn run(opts: &Options) -> Result<Report> {
             let used: std::collections::BTreeSet<&str> = dense
                 .iter()
                 .map(|d| d.t.name.as_str())
-                .chain(
-                    layers
-                        .iter()
-                        .flat_map(|(_, ts)| ts.iter().map(|(t, _)| t.name.as_str())),
-                )
+                .chain(layers.iter().flat_map(|(_, ts, b)| {
+                    ts.iter()
+                        .map(|(t, _)| t.name.as_str())
+                        .chain(b.iter().flatten().map(|t| t.name.as_str()))
+                }))
                 .collect();
             g.tensors
                 .keys()
@@ -269,6 +311,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 type Layer<'a> = (
     &'a coli_format::spec::ExpertsSpec,
     Vec<(&'a TensorInfo, Encoding)>,
+    Option<[&'a TensorInfo; 3]>,
 );
 
 fn write_all(
@@ -296,7 +339,7 @@ fn write_all(
         report.bytes_in += d.t.nbytes as u64;
         report.bytes_out += d.t.nbytes as u64;
     }
-    for (s, ts) in layers {
+    for (s, ts, biases) in layers {
         let n = s.count as usize;
         for e in 0..s.count {
             let key = ExpertKey::new(s.layer, e);
@@ -311,7 +354,7 @@ fn write_all(
                     g.prefetch(t, (e + 1) * p, p);
                 }
             }
-            let mats: Vec<EncodedMatrix> = ts
+            let mut mats: Vec<EncodedMatrix> = ts
                 .iter()
                 .zip(&per)
                 .enumerate()
@@ -325,6 +368,26 @@ fn write_all(
                     EncodedMatrix::new(*enc, rows, cols, bytes, Vec::new())
                 })
                 .collect();
+            if let Some(bs) = biases {
+                for ((m, t), rows) in
+                    mats.iter_mut()
+                        .zip(bs)
+                        .zip([s.intermediate, s.intermediate, s.hidden])
+                {
+                    let raw = &g.data(t)[e * rows * 4..(e + 1) * rows * 4];
+                    let v: Vec<f32> = raw
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    if let Some(j) = v.iter().position(|x| !x.is_finite()) {
+                        return Err(terr(
+                            &t.name,
+                            format!("expert {e} value {j} is {} (biases must be finite)", v[j]),
+                        ));
+                    }
+                    m.bias = Some(v);
+                }
+            }
             writer.add_expert(
                 key,
                 s.hidden,
