@@ -432,6 +432,19 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
         b[at] = b'X';
     });
     assert!(e.contains("yarn_log_multiplier"), "{e}");
+    // A log multiplier of 0 (llama.cpp then applies its own YaRN scale; an f32 after the type).
+    let e = refused_from(ds, "yarn0.gguf", |b| {
+        let at = after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") + 4;
+        b[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
+    });
+    assert!(e.contains("yarn_log_multiplier is 0"), "{e}");
+    // glm-dsa: indexer types whose array claims another element type (strings).
+    let e = refused_from("glm_moe_dsa-q4_k_m", "ixtypes.gguf", |b| {
+        // The array's element type (GGUF type 7, bool) follows the key and the array type 9.
+        let at = after(b, b"glm-dsa.attention.indexer.types") + 4;
+        b[at..at + 4].copy_from_slice(&8u32.to_le_bytes());
+    });
+    assert!(e.contains("glm-dsa.attention.indexer.types"), "{e}");
     // Neither form of the MLA up-projection (attn_k_b renamed; attn_kv_b absent).
     let e = refused_from(ds, "kvb.gguf", |b| {
         let at = after(b, b"blk.0.attn_k_b.weight") - 8;

@@ -103,8 +103,35 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     }
     // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
     // config does not carry it (deepseek2's YaRN is read below).
+    // llama.cpp reads a factor without a type as linear scaling, and applies attn_factor and an
+    // attention temperature whatever the type: none of them is carried into the config.
+    if g.get(&k("rope.scaling.type")).is_none() {
+        if let Some(f) = g.get(&k("rope.scaling.factor")).and_then(Value::as_f64) {
+            if f != 1.0 {
+                return Err(cerr(
+                    g,
+                    format!("{} is {f} without {} (llama.cpp then scales linearly): coli does not convert that RoPE scaling", k("rope.scaling.factor"), k("rope.scaling.type")),
+                ));
+            }
+        }
+    }
+    for (key, neutral) in [
+        ("rope.scaling.attn_factor", 1.0),
+        ("attention.temperature_scale", 0.0),
+    ] {
+        if let Some(v) = g.get(&k(key)).and_then(Value::as_f64) {
+            if v != neutral {
+                return Err(cerr(
+                    g,
+                    format!("{} is {v}: coli does not convert this attention scaling (convert the Hugging Face release)", k(key)),
+                ));
+            }
+        }
+    }
     if let Some(v) = g.get(&k("rope.scaling.type")) {
-        let yarn_read = MLA.contains(&arch) || arch == "gpt-oss";
+        // YaRN is read for deepseek2 (its yarn_log_multiplier) and gpt-oss; llama.cpp's glm-dsa
+        // reads no log multiplier, so its YaRN is not the one the config would say.
+        let yarn_read = arch == "deepseek2" || arch == "gpt-oss";
         if v.as_str() != Some("none") && !(yarn_read && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
@@ -233,7 +260,7 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         ));
     }
     o.insert("num_hidden_layers".into(), (blocks - nextn).into());
-    if let Some(f) = opt_u("expert_gating_func")? {
+    if let Some(f) = opt_u("expert_gating_func")?.filter(|&f| f != 0) {
         if f != 2 {
             return Err(cerr(
                 g,
@@ -286,9 +313,11 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
     o.insert(
         "routed_scaling_factor".into(),
         match g.get(&k("expert_weights_scale")) {
-            Some(_) => g.f64(&k("expert_weights_scale"))?,
-            None => 1.0,
+            // llama.cpp skips the scaling when the key is absent or 0.
+            Some(_) => Some(g.f64(&k("expert_weights_scale"))?).filter(|&v| v != 0.0),
+            None => None,
         }
+        .unwrap_or(1.0)
         .into(),
     );
     o.insert(
@@ -387,7 +416,7 @@ fn gpt_oss(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
     );
     let theta = o["rope_theta"].clone();
     let rope = if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
-        for key in ["rope.scaling.yarn_ext_factor", "rope.scaling.attn_factor"] {
+        for key in ["rope.scaling.yarn_ext_factor"] {
             if let Some(v) = opt_f(key)? {
                 if v != 1.0 {
                     return Err(cerr(
@@ -420,9 +449,6 @@ fn gpt_oss(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
     Ok(())
 }
 
-/// The llama.cpp architectures of MLA models ([`mla`]).
-const MLA: [&str; 2] = ["deepseek2", "glm-dsa"];
-
 /// GLM-5.2's `indexer_types` (1: full), which llama.cpp's `src/models/glm-dsa.cpp`
 /// (`GLM_5_2_DEFAULT_INDEXER_TYPES`) assumes for a glm-dsa GGUF of 1M context or more without
 /// `attention.indexer.types` (shorter contexts: GLM-5 and 5.1, every layer full).
@@ -439,9 +465,11 @@ const GLM_5_2_INDEXER_TYPES: [u8; 78] = [
 /// `expert_*` keys with llama.cpp's defaults when absent (no `expert_weights_scale`: 1; no
 /// `expert_weights_norm`: false; no groups: one; no `expert_gating_func`: sigmoid for glm-dsa
 /// and for deepseek2's GLM-4.7-Flash shape (47 or 48 layers, 154880 tokens), else DeepSeek-V2's
-/// softmax, refused), YaRN from `rope.scaling.*` (`mscale` = `mscale_all_dim` =
+/// softmax, refused), deepseek2's YaRN from `rope.scaling.*` (`mscale` = `mscale_all_dim` =
 /// `yarn_log_multiplier / 0.1`, the converter's factor undone in f32 as llama.cpp does, which
-/// is what its graph computes), interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is
+/// is what its graph computes; `beta_fast` / `beta_slow` as the file gives them, the
+/// release's values, where llama.cpp's deepseek2 keeps its defaults 32 and 1; glm-dsa's YaRN
+/// is refused, llama.cpp reading no log multiplier for it), interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is
 /// `LLAMA_ROPE_TYPE_NORM`), the DSA indexer's `attention.indexer.*` keys. MTP blocks appended
 /// after the decoder (`nextn_predict_layers`) are not converted: the config counts the
 /// decoder's layers only. A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
@@ -483,9 +511,11 @@ fn mla(
     o.insert("num_hidden_layers".into(), layers.into());
     // llama.cpp's enum llama_expert_gating_func_type: 1 softmax, 2 sigmoid; its defaults when
     // the key is absent.
-    let gating = opt_u("expert_gating_func")?.or_else(|| {
-        (arch == "glm-dsa" || (matches!(layers, 47 | 48) && vocab == 154_880)).then_some(2)
-    });
+    let gating = opt_u("expert_gating_func")?
+        .filter(|&f| f != 0)
+        .or_else(|| {
+            (arch == "glm-dsa" || (matches!(layers, 47 | 48) && vocab == 154_880)).then_some(2)
+        });
     if gating != Some(2) {
         return Err(cerr(
             g,
@@ -559,7 +589,11 @@ fn mla(
     o.insert("moe_layer_freq".into(), 1.into());
     o.insert(
         "routed_scaling_factor".into(),
-        opt_f("expert_weights_scale")?.unwrap_or(1.0).into(),
+        // llama.cpp skips the scaling when the key is absent or 0.
+        opt_f("expert_weights_scale")?
+            .filter(|&v| v != 0.0)
+            .unwrap_or(1.0)
+            .into(),
     );
     o.insert(
         "norm_topk_prob".into(),
@@ -584,10 +618,7 @@ fn mla(
     o.insert("topk_method".into(), "noaux_tc".into());
     o.insert("num_nextn_predict_layers".into(), 0.into());
     if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
-        for (key, neutral) in [
-            ("rope.scaling.yarn_ext_factor", 1.0),
-            ("rope.scaling.attn_factor", 1.0),
-        ] {
+        for (key, neutral) in [("rope.scaling.yarn_ext_factor", 1.0)] {
             if let Some(v) = opt_f(key)? {
                 if v != neutral {
                     return Err(cerr(
@@ -609,6 +640,17 @@ fn mla(
                 ),
             )
         })?;
+        if log_mul == 0.0 {
+            // llama.cpp then scales RoPE and the scores by its own YaRN factor, which
+            // transformers' mscale_all_dim 0 does not.
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is 0: llama.cpp's YaRN attention scale for it is not the config's",
+                    k("rope.scaling.yarn_log_multiplier")
+                ),
+            ));
+        }
         let mscale = f64::from(log_mul as f32 / 0.1f32);
         o.insert(
             "rope_scaling".into(),
@@ -639,20 +681,25 @@ fn mla(
         );
         o.insert("index_topk".into(), u("attention.indexer.top_k")?.into());
         let full: Vec<bool> = match g.get(&k("attention.indexer.types")) {
-            Some(v) => v
-                .as_array()
-                .and_then(|a| a.iter().map(Value::as_bool).collect::<Option<Vec<_>>>())
-                .filter(|a| a.len() >= layers)
+            // As llama.cpp's get_key_or_arr: one value per decoder layer (bool or integer, 0 =
+            // shared), or one for every layer.
+            Some(v) => {
+                let flag = |x: &Value| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0));
+                match v.as_array() {
+                    Some(a) => a.iter().map(flag).collect::<Option<Vec<_>>>(),
+                    None => flag(v).map(|f| vec![f; layers]),
+                }
+                .filter(|a| a.len() == layers)
                 .ok_or_else(|| {
                     cerr(
                         g,
                         format!(
-                            "{} must list a bool for each of the {layers} decoder layers",
+                            "{} must give a bool for each of the {layers} decoder layers",
                             k("attention.indexer.types")
                         ),
                     )
-                })?[..layers]
-                .to_vec(),
+                })?
+            }
             None if u("context_length")? < 1 << 20 => vec![true; layers],
             None => (0..layers)
                 .map(|i| GLM_5_2_INDEXER_TYPES.get(i) == Some(&1))
