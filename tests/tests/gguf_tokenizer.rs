@@ -75,7 +75,7 @@ fn tokenizer_from_gguf_metadata_matches_llama_cpp_and_transformers() {
 fn pre_tokenizers_match_llama_cpp() {
     // One byte-level BPE vocabulary (llama.cpp's Llama 3 test vocabulary cut to its first
     // merges, committed in tests/fixtures/gguf/vocab/) under every pre-tokenizer name coli converts: the ids llama.cpp gives
-    // on 56 texts (tests/fixtures/gguf/make_pre_tokenizer_expected.py).
+    // on 57 texts (tests/fixtures/gguf/make_pre_tokenizer_expected.py).
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/vocab");
     let exp: Value =
         serde_json::from_slice(&std::fs::read(dir.join("pre_tokenizer_expected.json")).unwrap())
@@ -114,7 +114,7 @@ fn pre_tokenizers_match_llama_cpp() {
     // A name coli does not convert is refused naming the key.
     g.kv.insert(
         "tokenizer.ggml.pre".into(),
-        coli_convert::gguf::file::Value::Str("kimi-k2".into()),
+        coli_convert::gguf::file::Value::Str("tekken".into()),
     );
     let e = coli_convert::gguf::tokenizer::files(&g, 2048)
         .err()

@@ -35,6 +35,11 @@ const GLM4_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+
 /// (its own copy rewrites the letter classes as lookaheads for its regex engine).
 const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Kimi-K2's split regex (its `tokenization_kimi.py`, quoted by llama.cpp's `unicode.cpp`, whose
+/// hand-written `unicode_regex_split_custom_kimi_k2` runs it): runs of Han characters, then
+/// o200k's letter words with Han excluded.
+const KIMI_K2_REGEX: &str = r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The `tokenizer.ggml.pre` names coli converts.
 pub const PRE_TOKENIZERS: &[&str] = &[
     "gpt-2",
@@ -46,6 +51,7 @@ pub const PRE_TOKENIZERS: &[&str] = &[
     "glm4",
     "glm5",
     "gpt-4o",
+    "kimi-k2",
 ];
 
 /// The `tokenizers` pre-tokenizer that splits as llama.cpp's pre-tokenizer `pre` does (its
@@ -92,6 +98,7 @@ fn pre_tokenizer(pre: &str) -> Option<(Json, bool)> {
         ),
         "glm4" | "glm5" => (splits(&[GLM4_REGEX]), true),
         "gpt-4o" => (splits(&[GPT4O_REGEX]), false),
+        "kimi-k2" => (splits(&[KIMI_K2_REGEX]), false),
         _ => return None,
     })
 }
