@@ -28,6 +28,54 @@ pub const FIXTURE_FAMILIES: [&str; 17] = [
     "deepseek_v4_bf16",
 ];
 
+/// The GGUF fixtures of `fixtures/gguf/` (`make_gguf_fixtures.py`): files written by
+/// llama.cpp's converter and quantizer, with transformers' outputs under both numerics.
+pub const GGUF_FIXTURES: [&str; 11] = [
+    "olmoe-q4_k_m",
+    "olmoe-q8_0",
+    "qwen3_moe-q2_k",
+    "qwen3_moe-iq4_xs",
+    "mixtral-q4_k_m",
+    "olmoe-iq2",
+    "qwen3_moe-iq1",
+    "deepseek_v3-q4_k_m",
+    "glm_moe_dsa-q4_k_m",
+    "glm4_moe-q4_k_m",
+    "gpt_oss-mxfp4",
+];
+
+/// MLA decode in both forms: one token per call with the absorbed form, then with the expanded
+/// form, each position's logits within 1e-4 of `full` (one prefill of `ids`). Returns the
+/// decoded rows of each form (absorbed first).
+pub fn decode_forms_match_prefill(
+    e: &mut coli_engine::Engine<'_>,
+    ids: &[u32],
+    full: &[Vec<f32>],
+    what: &str,
+) -> Vec<Vec<Vec<f32>>> {
+    let mut decoded = Vec::new();
+    for absorbed in [true, false] {
+        e.set_absorbed_decode(absorbed);
+        e.reset();
+        let mut rows = Vec::new();
+        for (t, &id) in ids.iter().enumerate() {
+            let l = e
+                .forward(&[id], coli_engine::Logits::Last)
+                .unwrap()
+                .pop()
+                .unwrap();
+            let d = max_abs_diff(&l, &full[t]);
+            assert!(
+                d < 1e-4,
+                "{what}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
+            );
+            rows.push(l);
+        }
+        decoded.push(rows);
+    }
+    decoded
+}
+
 /// A chat template of `tests/fixtures/chat_templates/`, from its entry in one of the expected
 /// files there (`file`, `special_tokens`) and that directory.
 pub fn chat_template_fixture(entry: &Value, dir: &Path) -> coli_engine::ChatTemplate {

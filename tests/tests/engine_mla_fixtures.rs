@@ -65,22 +65,7 @@ fn lossless_matches_transformers(name: &str) {
     assert!(d < 1e-4, "{name}: 5-token prompt differs by {d}");
     // Decode (one token per call) with the absorbed form (default) and the expanded form:
     // both equal one expanded prefill, and each other, within 1e-4.
-    let mut decoded = Vec::new();
-    for absorbed in [true, false] {
-        e.set_absorbed_decode(absorbed);
-        e.reset();
-        let mut rows = Vec::new();
-        for (t, &id) in teacher.iter().enumerate() {
-            let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
-            let d = max_abs_diff(&l, &full[t]);
-            assert!(
-                d < 1e-4,
-                "{name}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
-            );
-            rows.push(l);
-        }
-        decoded.push(rows);
-    }
+    let decoded = coli_tests::decode_forms_match_prefill(&mut e, &teacher, &full, name);
     for (t, (a, x)) in decoded[0].iter().zip(&decoded[1]).enumerate() {
         let d = max_abs_diff(a, x);
         assert!(d < 1e-4, "{name}: absorbed vs expanded decode at {t}: {d}");

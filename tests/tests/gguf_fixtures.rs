@@ -15,19 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 11] = [
-    "olmoe-q4_k_m",
-    "olmoe-q8_0",
-    "qwen3_moe-q2_k",
-    "qwen3_moe-iq4_xs",
-    "mixtral-q4_k_m",
-    "olmoe-iq2",
-    "qwen3_moe-iq1",
-    "deepseek_v3-q4_k_m",
-    "glm_moe_dsa-q4_k_m",
-    "glm4_moe-q4_k_m",
-    "gpt_oss-mxfp4",
-];
+const FIXTURES: [&str; 11] = coli_tests::GGUF_FIXTURES;
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
 const VERSION_6: [&str; 3] = ["olmoe-iq2", "qwen3_moe-iq1", "gpt_oss-mxfp4"];
@@ -146,18 +134,10 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
 
 #[test]
 fn gguf_placement_never_changes_tokens() {
-    // A k-quant mix, both i-quant files (every i-quant and MXFP4 in records and dense) and
-    // deepseek2 and glm-dsa (MLA from llama.cpp's attn_k_b / attn_v_b, shared expert, routing
-    // bias; the DSA indexer's selection).
-    for name in [
-        "olmoe-q4_k_m",
-        "olmoe-iq2",
-        "qwen3_moe-iq1",
-        "deepseek_v3-q4_k_m",
-        "glm_moe_dsa-q4_k_m",
-        "glm4_moe-q4_k_m",
-        "gpt_oss-mxfp4",
-    ] {
+    // Every fixture: k-quant mixes, both i-quant files (every i-quant and MXFP4 in records and
+    // dense), deepseek2 and glm-dsa (MLA from llama.cpp's attn_k_b / attn_v_b, the DSA
+    // indexer's selection), glm4moe, gpt-oss (expert biases).
+    for name in FIXTURES {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);
         let prompt = ids(&exp["prompt_ids"]);
@@ -201,18 +181,7 @@ fn gguf_mla_decode_forms_equal_the_prefill() {
         let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
         let teacher = ids(&exp["teacher_ids"]);
         let full = e.forward_logits(&teacher).unwrap();
-        for absorbed in [true, false] {
-            e.set_absorbed_decode(absorbed);
-            e.reset();
-            for (t, &id) in teacher.iter().enumerate() {
-                let l = e.forward(&[id], Logits::Last).unwrap().pop().unwrap();
-                let d = max_abs_diff(&l, &full[t]);
-                assert!(
-                    d < 1e-4,
-                    "{name}: decode (absorbed {absorbed}) position {t} differs from prefill by {d}"
-                );
-            }
-        }
+        coli_tests::decode_forms_match_prefill(&mut e, &teacher, &full, name);
     }
 }
 

@@ -19,19 +19,7 @@ use std::path::Path;
 fn gguf_stores_match_transformers_under_q8a() {
     coli_kernels::set_numerics(Numerics::Q8a);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf");
-    for name in [
-        "olmoe-q4_k_m",
-        "olmoe-q8_0",
-        "qwen3_moe-q2_k",
-        "qwen3_moe-iq4_xs",
-        "mixtral-q4_k_m",
-        "olmoe-iq2",
-        "qwen3_moe-iq1",
-        "deepseek_v3-q4_k_m",
-        "glm_moe_dsa-q4_k_m",
-        "glm4_moe-q4_k_m",
-        "gpt_oss-mxfp4",
-    ] {
+    for name in coli_tests::GGUF_FIXTURES {
         let exp: Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap())
                 .unwrap();

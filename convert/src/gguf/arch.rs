@@ -230,6 +230,107 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     Ok(c)
 }
 
+/// An architecture's metadata keys (`{arch}.{name}`) of a GGUF.
+struct Keys<'a> {
+    g: &'a Gguf,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn key(&self, s: &str) -> String {
+        format!("{}.{s}", self.arch)
+    }
+
+    fn u(&self, s: &str) -> Result<usize> {
+        self.g.u64(&self.key(s)).map(|v| v as usize)
+    }
+
+    fn opt_u(&self, s: &str) -> Result<Option<usize>> {
+        match self.g.get(&self.key(s)) {
+            Some(_) => Ok(Some(self.u(s)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn opt_f(&self, s: &str) -> Result<Option<f64>> {
+        match self.g.get(&self.key(s)) {
+            Some(_) => Ok(Some(self.g.f64(&self.key(s))?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `num_hidden_layers`: `block_count` less the MTP blocks llama.cpp appends after the decoder
+/// (`nextn_predict_layers`, not converted). Returns it.
+fn decoder_layers(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<usize> {
+    let blocks = keys.u("block_count")?;
+    let nextn = keys.opt_u("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= blocks {
+        return Err(cerr(
+            keys.g,
+            format!(
+                "{} {nextn} leaves no decoder layer of {} {blocks}",
+                keys.key("nextn_predict_layers"),
+                keys.key("block_count")
+            ),
+        ));
+    }
+    o.insert("num_hidden_layers".into(), (blocks - nextn).into());
+    Ok(blocks - nextn)
+}
+
+/// The grouped-sigmoid routing and FFN sizes of deepseek2, glm-dsa and glm4moe, with
+/// llama.cpp's defaults for absent keys (no shared experts, no leading dense block, no
+/// scaling (or a scale of 0: skipped), no renormalization, one group).
+fn grouped_sigmoid(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<()> {
+    let (g, k) = (keys.g, |s: &str| keys.key(s));
+    let opt_u = |s: &str| keys.opt_u(s);
+    o.insert(
+        "moe_intermediate_size".into(),
+        keys.u("expert_feed_forward_length")?.into(),
+    );
+    o.insert(
+        "intermediate_size".into(),
+        opt_u("feed_forward_length")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "n_shared_experts".into(),
+        opt_u("expert_shared_count")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "first_k_dense_replace".into(),
+        opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
+    );
+    o.insert(
+        "routed_scaling_factor".into(),
+        keys.opt_f("expert_weights_scale")?
+            .filter(|&v| v != 0.0)
+            .unwrap_or(1.0)
+            .into(),
+    );
+    o.insert(
+        "norm_topk_prob".into(),
+        g.get(&k("expert_weights_norm"))
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| cerr(g, format!("{} is not a bool", k("expert_weights_norm"))))
+            })
+            .transpose()?
+            .unwrap_or(false)
+            .into(),
+    );
+    o.insert(
+        "n_group".into(),
+        opt_u("expert_group_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert(
+        "topk_group".into(),
+        opt_u("expert_group_used_count")?.unwrap_or(1).max(1).into(),
+    );
+    o.insert("scoring_func".into(), "sigmoid".into());
+    Ok(())
+}
+
 /// glm4moe (GLM-4.5, 4.6, 4.7: `Glm4MoeModel` in llama.cpp's `conversion/glm.py`, read back by
 /// `src/models/glm4-moe.cpp`) as a `glm4_moe` config: `attention.key_length` is `head_dim`,
 /// `rope.dimension_count / head_dim` the `partial_rotary_factor` (RoPE on the first dimensions
@@ -239,27 +340,13 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
 /// defaults for the absent `expert_weights_*`, groups, shared experts and leading dense
 /// blocks). MTP blocks appended after the decoder (`nextn_predict_layers`) are not converted.
 fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
-    let k = |s: &str| format!("glm4moe.{s}");
-    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
-    let opt_u = |s: &str| -> Result<Option<usize>> {
-        match g.get(&k(s)) {
-            Some(_) => Ok(Some(u(s)?)),
-            None => Ok(None),
-        }
-    };
-    let blocks = u("block_count")?;
-    let nextn = opt_u("nextn_predict_layers")?.unwrap_or(0);
-    if nextn >= blocks {
-        return Err(cerr(
-            g,
-            format!(
-                "{} {nextn} leaves no decoder layer of {} {blocks}",
-                k("nextn_predict_layers"),
-                k("block_count")
-            ),
-        ));
-    }
-    o.insert("num_hidden_layers".into(), (blocks - nextn).into());
+    let keys = Keys { g, arch: "glm4moe" };
+    let (k, u, opt_u) = (
+        |s: &str| keys.key(s),
+        |s: &str| keys.u(s),
+        |s: &str| keys.opt_u(s),
+    );
+    decoder_layers(&keys, o)?;
     if let Some(f) = opt_u("expert_gating_func")?.filter(|&f| f != 0) {
         if f != 2 {
             return Err(cerr(
@@ -294,52 +381,7 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         "partial_rotary_factor".into(),
         (rot as f64 / head_dim as f64).into(),
     );
-    o.insert(
-        "moe_intermediate_size".into(),
-        u("expert_feed_forward_length")?.into(),
-    );
-    o.insert(
-        "intermediate_size".into(),
-        opt_u("feed_forward_length")?.unwrap_or(0).into(),
-    );
-    o.insert(
-        "n_shared_experts".into(),
-        opt_u("expert_shared_count")?.unwrap_or(0).into(),
-    );
-    o.insert(
-        "first_k_dense_replace".into(),
-        opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
-    );
-    o.insert(
-        "routed_scaling_factor".into(),
-        match g.get(&k("expert_weights_scale")) {
-            // llama.cpp skips the scaling when the key is absent or 0.
-            Some(_) => Some(g.f64(&k("expert_weights_scale"))?).filter(|&v| v != 0.0),
-            None => None,
-        }
-        .unwrap_or(1.0)
-        .into(),
-    );
-    o.insert(
-        "norm_topk_prob".into(),
-        g.get(&k("expert_weights_norm"))
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| cerr(g, format!("{} is not a bool", k("expert_weights_norm"))))
-            })
-            .transpose()?
-            .unwrap_or(false)
-            .into(),
-    );
-    o.insert(
-        "n_group".into(),
-        opt_u("expert_group_count")?.unwrap_or(1).max(1).into(),
-    );
-    o.insert(
-        "topk_group".into(),
-        opt_u("expert_group_used_count")?.unwrap_or(1).max(1).into(),
-    );
-    o.insert("scoring_func".into(), "sigmoid".into());
+    grouped_sigmoid(&keys, o)?;
     o.insert(
         "use_qk_norm".into(),
         g.tensors.contains_key("blk.0.attn_q_norm.weight").into(),
@@ -358,14 +400,12 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
 /// the correction range: a small difference of llama.cpp's, not of the file). The clamped
 /// SwiGLU's alpha 1.702 and limit 7 are the class defaults llama.cpp also hard-codes.
 fn gpt_oss(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
-    let k = |s: &str| format!("gpt-oss.{s}");
-    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
-    let opt_f = |s: &str| -> Result<Option<f64>> {
-        match g.get(&k(s)) {
-            Some(_) => Ok(Some(g.f64(&k(s))?)),
-            None => Ok(None),
-        }
-    };
+    let keys = Keys { g, arch: "gpt-oss" };
+    let (k, u, opt_f) = (
+        |s: &str| keys.key(s),
+        |s: &str| keys.u(s),
+        |s: &str| keys.opt_f(s),
+    );
     let layers = u("block_count")?;
     let experts = u("expert_count")?;
     o.remove("num_experts");
@@ -481,34 +521,10 @@ fn mla(
     heads: usize,
     vocab: usize,
 ) -> Result<()> {
-    let k = |s: &str| format!("{arch}.{s}");
-    let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
-    let opt_u = |s: &str| -> Result<Option<usize>> {
-        match g.get(&k(s)) {
-            Some(_) => Ok(Some(u(s)?)),
-            None => Ok(None),
-        }
-    };
-    let opt_f = |s: &str| -> Result<Option<f64>> {
-        match g.get(&k(s)) {
-            Some(_) => Ok(Some(g.f64(&k(s))?)),
-            None => Ok(None),
-        }
-    };
-    let blocks = u("block_count")?;
-    let nextn = opt_u("nextn_predict_layers")?.unwrap_or(0);
-    if nextn >= blocks {
-        return Err(cerr(
-            g,
-            format!(
-                "{} {nextn} leaves no decoder layer of {} {blocks}",
-                k("nextn_predict_layers"),
-                k("block_count")
-            ),
-        ));
-    }
-    let layers = blocks - nextn;
-    o.insert("num_hidden_layers".into(), layers.into());
+    let keys = Keys { g, arch };
+    let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
+    let (opt_u, opt_f) = (|s: &str| keys.opt_u(s), |s: &str| keys.opt_f(s));
+    let layers = decoder_layers(&keys, o)?;
     // llama.cpp's enum llama_expert_gating_func_type: 1 softmax, 2 sigmoid; its defaults when
     // the key is absent.
     let gating = opt_u("expert_gating_func")?
@@ -573,48 +589,8 @@ fn mla(
     o.insert("qk_nope_head_dim".into(), (dk - dr).into());
     o.insert("v_head_dim".into(), dv.into());
     o.insert("rope_interleave".into(), true.into());
-    o.insert(
-        "moe_intermediate_size".into(),
-        u("expert_feed_forward_length")?.into(),
-    );
-    o.insert(
-        "intermediate_size".into(),
-        opt_u("feed_forward_length")?.unwrap_or(0).into(),
-    );
-    o.insert("n_shared_experts".into(), u("expert_shared_count")?.into());
-    o.insert(
-        "first_k_dense_replace".into(),
-        opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
-    );
+    grouped_sigmoid(&keys, o)?;
     o.insert("moe_layer_freq".into(), 1.into());
-    o.insert(
-        "routed_scaling_factor".into(),
-        // llama.cpp skips the scaling when the key is absent or 0.
-        opt_f("expert_weights_scale")?
-            .filter(|&v| v != 0.0)
-            .unwrap_or(1.0)
-            .into(),
-    );
-    o.insert(
-        "norm_topk_prob".into(),
-        g.get(&k("expert_weights_norm"))
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| cerr(g, format!("{} is not a bool", k("expert_weights_norm"))))
-            })
-            .transpose()?
-            .unwrap_or(false)
-            .into(),
-    );
-    o.insert(
-        "n_group".into(),
-        opt_u("expert_group_count")?.unwrap_or(1).max(1).into(),
-    );
-    o.insert(
-        "topk_group".into(),
-        opt_u("expert_group_used_count")?.unwrap_or(1).max(1).into(),
-    );
-    o.insert("scoring_func".into(), "sigmoid".into());
     o.insert("topk_method".into(), "noaux_tc".into());
     o.insert("num_nextn_predict_layers".into(), 0.into());
     if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
