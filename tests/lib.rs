@@ -30,7 +30,7 @@ pub const FIXTURE_FAMILIES: [&str; 17] = [
 
 /// The GGUF fixtures of `fixtures/gguf/` (`make_gguf_fixtures.py`): files written by
 /// llama.cpp's converter and quantizer, with transformers' outputs under both numerics.
-pub const GGUF_FIXTURES: [&str; 11] = [
+pub const GGUF_FIXTURES: [&str; 12] = [
     "olmoe-q4_k_m",
     "olmoe-q8_0",
     "qwen3_moe-q2_k",
@@ -42,6 +42,7 @@ pub const GGUF_FIXTURES: [&str; 11] = [
     "glm_moe_dsa-q4_k_m",
     "glm4_moe-q4_k_m",
     "gpt_oss-mxfp4",
+    "minimax_m2-q4_k_m",
 ];
 
 /// MLA decode in both forms: one token per call with the absorbed form, then with the expanded

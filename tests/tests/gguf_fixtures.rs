@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 11] = coli_tests::GGUF_FIXTURES;
+const FIXTURES: [&str; 12] = coli_tests::GGUF_FIXTURES;
 
 /// Fixtures holding i-quants or GGUF's MXFP4: format version 6 (FORMAT.md section 12).
 const VERSION_6: [&str; 3] = ["olmoe-iq2", "qwen3_moe-iq1", "gpt_oss-mxfp4"];

@@ -24,6 +24,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("glm-dsa", "glm_moe_dsa"),
     ("glm4moe", "glm4_moe"),
     ("gpt-oss", "gpt_oss"),
+    ("minimax-m2", "minimax_m2"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -225,6 +226,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         "deepseek2" | "glm-dsa" => mla(g, arch, o, heads, vocab)?,
         "glm4moe" => glm4moe(g, o)?,
         "gpt-oss" => gpt_oss(g, o)?,
+        "minimax-m2" => minimax_m2(g, o)?,
         _ => unreachable!("architecture() checked"),
     }
     Ok(c)
@@ -387,6 +389,52 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         g.tensors.contains_key("blk.0.attn_q_norm.weight").into(),
     );
     o.insert("num_nextn_predict_layers".into(), 0.into());
+    Ok(())
+}
+
+/// minimax-m2 (MiniMax-M2 / M2.1: `MiniMaxM2Model` in llama.cpp's `conversion/minimax.py`, read
+/// back by `src/models/minimax-m2.cpp`) as a `minimax_m2` config: `expert_feed_forward_length`
+/// the experts' width, `attention.key_length` the head size, `rope.dimension_count` the
+/// `rotary_dim` (RoPE halves, llama.cpp's NEOX type, as transformers), sigmoid routing with the
+/// selection bias `exp_probs_b`, renormalized over the top-k (llama.cpp's graph always
+/// renormalizes); a `expert_weights_scale` other than 1 (or 0: none) and any gating but
+/// sigmoid are refused, MiniMax-M2 having neither.
+fn minimax_m2(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
+    let keys = Keys {
+        g,
+        arch: "minimax-m2",
+    };
+    if keys.opt_u("expert_gating_func")? != Some(2) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is not 2 (sigmoid): MiniMax-M2 routes with sigmoid",
+                keys.key("expert_gating_func")
+            ),
+        ));
+    }
+    if let Some(v) = keys
+        .opt_f("expert_weights_scale")?
+        .filter(|&v| v != 0.0 && v != 1.0)
+    {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {v}: MiniMax-M2 does not scale its routing weights",
+                keys.key("expert_weights_scale")
+            ),
+        ));
+    }
+    o.remove("num_experts");
+    o.insert("num_local_experts".into(), keys.u("expert_count")?.into());
+    o.insert(
+        "intermediate_size".into(),
+        keys.u("expert_feed_forward_length")?.into(),
+    );
+    o.insert("head_dim".into(), keys.u("attention.key_length")?.into());
+    o.insert("rotary_dim".into(), keys.u("rope.dimension_count")?.into());
+    o.insert("scoring_func".into(), "sigmoid".into());
+    o.insert("use_qk_norm".into(), true.into());
     Ok(())
 }
 
@@ -709,6 +757,10 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     let (n, rest) = rest.split_once('.')?;
     n.parse::<u32>().ok()?;
     if rest == "mlp.gate.e_score_correction_bias" {
+        return Some(format!("blk.{n}.exp_probs_b.bias"));
+    }
+    if rest == "block_sparse_moe.e_score_correction_bias" {
+        // MiniMax-M2's selection bias, on the block.
         return Some(format!("blk.{n}.exp_probs_b.bias"));
     }
     if rest == "self_attn.sinks" {
