@@ -4,9 +4,10 @@
 //!
 //! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
-//! `Qwen2MoeModel`, `LlamaModel` for Mixtral) and `src/llama-model.cpp` reads (`LLM_KV_*`); the
-//! tensor names are gguf-py's `TensorNameMap` (`tensor_mapping.py`) for `MODEL_ARCH.OLMOE`,
-//! `QWEN3MOE` and `LLAMA` (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
+//! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model`, `GlmMoeDsaModel`,
+//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`) and `src/models/*.cpp` reads (`LLM_KV_*`,
+//! each architecture's `load_arch_hparams`); the tensor names are gguf-py's `TensorNameMap`
+//! (`tensor_mapping.py`) for those `MODEL_ARCH`s (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
 //! `q_proj` and `k_proj` (`LlamaModel.permute`: each head's two halves interleaved, for
 //! llama.cpp's RoPE); [`row_permutation`] undoes it, moving whole rows of blocks, so every
 //! tensor is still the checkpoint's bit for bit up to its type.
