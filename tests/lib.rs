@@ -45,6 +45,43 @@ pub const GGUF_FIXTURES: [&str; 12] = [
     "minimax_m2-q4_k_m",
 ];
 
+/// Placement never changes semantics: the store at `dir` gives `want` as its 32 greedy tokens
+/// after `prompt` with a RAM budget of one record (the length of record `key`) on 1 thread
+/// without prefetch (buffered I/O) and on 2 threads with prefetch (automatic I/O), and with no
+/// budget on 2 threads with prefetch (buffered I/O).
+pub fn placement_keeps_greedy(
+    dir: &Path,
+    key: coli_store::ExpertKey,
+    prompt: &[u32],
+    want: &[u32],
+    what: &str,
+) {
+    use coli_store::IoPreference;
+    let one = {
+        let s = open_store(dir, true, IoPreference::Auto);
+        s.fetch_one(key).unwrap().len_bytes() as u64
+    };
+    for (budget, threads, prefetch, io) in [
+        (Some(one), 1, false, IoPreference::Buffered),
+        (Some(one), 2, true, IoPreference::Auto),
+        (None, 2, true, IoPreference::Buffered),
+    ] {
+        let store = open_store(dir, false, io);
+        let opts = coli_engine::EngineOptions {
+            ram_budget: budget,
+            threads: Some(threads),
+            prefetch,
+            ..Default::default()
+        };
+        let mut e = coli_engine::Engine::new(&store, &opts).unwrap();
+        assert_eq!(
+            greedy(&mut e, prompt, 32),
+            want,
+            "{what}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
+        );
+    }
+}
+
 /// MLA decode in both forms: one token per call with the absorbed form, then with the expanded
 /// form, each position's logits within 1e-4 of `full` (one prefill of `ids`). Returns the
 /// decoded rows of each form (absorbed first).

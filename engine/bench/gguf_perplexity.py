@@ -29,7 +29,6 @@ Needs numpy, gguf 0.19.0 and llama-cpp-python 0.3.36 (the venv of engine/bench/R
 
 import argparse
 import ctypes
-import glob
 import json
 import os
 import subprocess
@@ -39,17 +38,10 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_iquant  # noqa: E402  (llama.cpp's ggml_quantize_chunk, loaded once)
+
 MIXES = ["Q4_K_M", "Q3_K_M", "Q2_K", "IQ3_S"]
-
-
-def ggml():
-    import llama_cpp
-
-    lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))[0])
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return lib
 
 
 def copy_kv(r, w, skip=()):
@@ -108,7 +100,7 @@ def quantize_each(src, dst, qt, fallback):
     import gguf
     from gguf.constants import GGML_QUANT_SIZES
 
-    lib = ggml()
+    lib = gguf_iquant.lib()
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, "llama")
     copy_kv(r, w)

@@ -102,31 +102,16 @@ fn int4_dense_placement_never_changes_tokens() {
     for name in ["deepseek_v32_fp8", "qwen3_moe_fp8"] {
         let exp = expected_int4_dense(name);
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
-        let want = ids(&exp["greedy"]);
-        let prompt = ids(&exp["prompt_ids"]);
-        let one = {
-            let s = open_store(&dir, true, IoPreference::Auto);
-            let l = s.manifest().expert_layers[0].layer;
-            s.fetch_one(ExpertKey::new(l, 0)).unwrap().len_bytes() as u64
-        };
-        for (budget, threads, prefetch, io) in [
-            (Some(one), 1, false, IoPreference::Buffered),
-            (Some(one), 2, true, IoPreference::Auto),
-            (None, 2, true, IoPreference::Buffered),
-        ] {
-            let store = open_store(&dir, false, io);
-            let opts = EngineOptions {
-                ram_budget: budget,
-                threads: Some(threads),
-                prefetch,
-                ..Default::default()
-            };
-            let mut e = Engine::new(&store, &opts).unwrap();
-            assert_eq!(
-                greedy(&mut e, &prompt, 32),
-                want,
-                "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
-            );
-        }
+        let l = open_store(&dir, true, IoPreference::Auto)
+            .manifest()
+            .expert_layers[0]
+            .layer;
+        coli_tests::placement_keeps_greedy(
+            &dir,
+            ExpertKey::new(l, 0),
+            &ids(&exp["prompt_ids"]),
+            &ids(&exp["greedy"]),
+            name,
+        );
     }
 }

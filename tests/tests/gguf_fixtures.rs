@@ -140,31 +140,13 @@ fn gguf_placement_never_changes_tokens() {
     for name in FIXTURES {
         let exp = expected(name);
         let (_tmp, store_dir) = convert(name);
-        let prompt = ids(&exp["prompt_ids"]);
-        let want = ids(&exp["greedy"]);
-        let one = {
-            let s = open_store(&store_dir, true, IoPreference::Auto);
-            s.fetch_one(ExpertKey::new(1, 2)).unwrap().len_bytes() as u64
-        };
-        for (budget, threads, prefetch, io) in [
-            (Some(one), 1, false, IoPreference::Buffered),
-            (Some(one), 2, true, IoPreference::Auto),
-            (None, 2, true, IoPreference::Buffered),
-        ] {
-            let store = open_store(&store_dir, false, io);
-            let opts = EngineOptions {
-                ram_budget: budget,
-                threads: Some(threads),
-                prefetch,
-                ..Default::default()
-            };
-            let mut e = Engine::new(&store, &opts).unwrap();
-            assert_eq!(
-                greedy(&mut e, &prompt, 32),
-                want,
-                "{name}: budget {budget:?} threads {threads} prefetch {prefetch} io {io:?}"
-            );
-        }
+        coli_tests::placement_keeps_greedy(
+            &store_dir,
+            ExpertKey::new(1, 2),
+            &ids(&exp["prompt_ids"]),
+            &ids(&exp["greedy"]),
+            name,
+        );
     }
 }
 
