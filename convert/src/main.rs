@@ -97,6 +97,12 @@ fn real_main() -> anyhow::Result<()> {
     if coli_convert::gguf::is_gguf(&cli.input) {
         return convert_gguf(&cli);
     }
+    if cli.input.is_file() {
+        anyhow::bail!(
+            "{}: a file that is not a GGUF (it does not start with the GGUF magic, or is shorter than it): coli-convert reads a GGUF file or a Hugging Face checkpoint directory",
+            cli.input.display()
+        );
+    }
     let experts = match cli.experts.as_str() {
         "auto" => auto_experts(&cli.input),
         other => other,

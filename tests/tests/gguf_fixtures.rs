@@ -383,6 +383,21 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
         b[at] = b'X';
     });
     assert!(e.contains("yarn_log_multiplier"), "{e}");
+    // Metadata that drops tensors the file holds: a block count of 1 (u32 after the type),
+    // no shared experts.
+    let e = refused_from(ds, "blocks.gguf", |b| {
+        let at = after(b, b"deepseek2.block_count") + 4;
+        b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    });
+    assert!(e.contains("past deepseek2.block_count 1"), "{e}");
+    let e = refused_from(ds, "shared.gguf", |b| {
+        let at = after(b, b"deepseek2.expert_shared_count") + 4;
+        b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("expert_shared_count is 0") && e.contains("_shexp"),
+        "{e}"
+    );
     // A log multiplier of 0 (llama.cpp then applies its own YaRN scale; an f32 after the type).
     let e = refused_from(ds, "yarn0.gguf", |b| {
         let at = after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") + 4;

@@ -137,7 +137,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         if v.as_str() != Some("none") && !(yarn_read && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
-                format!("{} is {v:?}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
+                format!("{} is {v}: coli does not convert RoPE scaling from GGUF metadata yet (convert the Hugging Face release)", k("rope.scaling.type")),
             ));
         }
     }
@@ -230,7 +230,54 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         "minimax-m2" => minimax_m2(g, o)?,
         _ => unreachable!("architecture() checked"),
     }
+    // Every `blk.N.` tensor belongs to a decoder layer or, past them, to an MTP block that
+    // holds llama.cpp's `nextn` tensors: a block count that drops layers the file holds is
+    // refused, as llama.cpp refuses a file with tensors it does not load.
+    let decoder = o["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    for name in g.tensors.keys() {
+        let Some(n) = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(n, _)| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if n >= layers {
+            return Err(cerr(
+                g,
+                format!("tensor {name} is past {} {layers}", k("block_count")),
+            ));
+        }
+        if n >= decoder
+            && !g
+                .tensors
+                .contains_key(&format!("blk.{n}.nextn.eh_proj.weight"))
+        {
+            return Err(cerr(
+                g,
+                format!(
+                    "block {n} holds {name} but no nextn tensors, while {} makes it an MTP block: the metadata contradicts the tensors",
+                    k("nextn_predict_layers")
+                ),
+            ));
+        }
+    }
     Ok(c)
+}
+
+/// The GGUF dimensions (outermost first) of the spec tensor `hf` where they are more than its
+/// 2-D matrix shape: llama.cpp's split MLA `attn_k_b` (`[heads, kv_lora, nope]`) and
+/// `attn_v_b` (`[heads, v, kv_lora]`). None for every other tensor.
+pub fn gguf_shape(config: &Json, hf: &str) -> Option<Vec<usize>> {
+    let get = |k: &str| config[k].as_u64().map(|v| v as usize);
+    let (nh, rkv) = (get("num_attention_heads")?, get("kv_lora_rank")?);
+    if hf.ends_with("self_attn.k_b_proj.weight") {
+        Some(vec![nh, rkv, get("qk_nope_head_dim")?])
+    } else if hf.ends_with("self_attn.v_b_proj.weight") {
+        Some(vec![nh, get("v_head_dim")?, rkv])
+    } else {
+        None
+    }
 }
 
 /// An architecture's metadata keys (`{arch}.{name}`) of a GGUF.
@@ -268,6 +315,12 @@ impl Keys<'_> {
 fn decoder_layers(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<usize> {
     let blocks = keys.u("block_count")?;
     let nextn = keys.opt_u("nextn_predict_layers")?.unwrap_or(0);
+    if blocks == 0 {
+        return Err(cerr(
+            keys.g,
+            format!("{} is 0: no decoder layer", keys.key("block_count")),
+        ));
+    }
     if nextn >= blocks {
         return Err(cerr(
             keys.g,
@@ -296,10 +349,20 @@ fn grouped_sigmoid(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Re
         "intermediate_size".into(),
         opt_u("feed_forward_length")?.unwrap_or(0).into(),
     );
-    o.insert(
-        "n_shared_experts".into(),
-        opt_u("expert_shared_count")?.unwrap_or(0).into(),
-    );
+    let shared = opt_u("expert_shared_count")?.unwrap_or(0);
+    if shared == 0 {
+        if let Some(t) = g.tensors.keys().find(|n| n.contains("_shexp.")) {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {} but the file holds shared-expert tensors ({t}): the metadata contradicts the tensors",
+                    k("expert_shared_count"),
+                    if g.get(&k("expert_shared_count")).is_some() { "0" } else { "absent" }
+                ),
+            ));
+        }
+    }
+    o.insert("n_shared_experts".into(), shared.into());
     o.insert(
         "first_k_dense_replace".into(),
         opt_u("leading_dense_block_count")?.unwrap_or(0).into(),
@@ -610,6 +673,12 @@ fn mla(
         ));
     }
     let rkv = u("attention.kv_lora_rank")?;
+    if rkv == 0 {
+        return Err(cerr(
+            g,
+            format!("{} is 0: MLA needs a latent", k("attention.kv_lora_rank")),
+        ));
+    }
     // DeepseekV2Model writes key_length = kv_lora_rank + qk_rope_head_dim (the MQA view); a
     // rope dimension count below it is a partial rotary factor, which coli's MLA lacks.
     if let Some(kl) = opt_u("attention.key_length_mla")?.and(opt_u("attention.key_length")?) {

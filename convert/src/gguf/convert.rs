@@ -142,14 +142,16 @@ struct DenseCopy<'a> {
     encoding: Encoding,
 }
 
-/// The GGUF tensor the spec's dense tensor `name` of `shape` comes from (a model of family
-/// `model_type`), checked.
+/// The GGUF tensor the spec's dense tensor `name` of `shape` comes from (in the model
+/// `config` describes), checked: its matrix dimensions, its full dimensions where the GGUF's
+/// layout has more ([`arch::gguf_shape`]), and F32 values finite.
 fn dense_source<'a>(
     g: &'a Gguf,
-    model_type: &str,
+    config: &serde_json::Value,
     name: &str,
     shape: &[usize],
 ) -> Result<&'a TensorInfo> {
+    let model_type = config["model_type"].as_str().unwrap_or_default();
     let gname = arch::gguf_name(model_type, name).ok_or_else(|| {
         terr(
             name,
@@ -168,6 +170,29 @@ fn dense_source<'a>(
                 g.files[t.file].path.display()
             ),
         ));
+    }
+    if let Some(want) = arch::gguf_shape(config, name) {
+        if t.shape() != want {
+            return Err(terr(
+                &gname,
+                format!(
+                    "has shape {:?}, the metadata makes it {want:?} ({name})",
+                    t.shape()
+                ),
+            ));
+        }
+    }
+    if t.ggml_type == 0 {
+        let bad = g
+            .data(t)
+            .chunks_exact(4)
+            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite());
+        if let Some(i) = bad {
+            return Err(terr(
+                &gname,
+                format!("value {i} is not finite (NaN or infinite)"),
+            ));
+        }
     }
     Ok(t)
 }
@@ -198,7 +223,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         {
             continue;
         }
-        let t = dense_source(&g, &spec.model_type, &ts.name, &ts.shape)?;
+        let t = dense_source(&g, &config, &ts.name, &ts.shape)?;
         dense.push(DenseCopy {
             name: ts.name.clone(),
             t,

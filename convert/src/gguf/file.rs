@@ -83,6 +83,21 @@ pub enum Value {
     Array(Vec<Value>),
 }
 
+impl std::fmt::Display for Value {
+    /// The value as a GGUF tool prints it: numbers and bools plainly, strings quoted, arrays by
+    /// their length.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Uint(v) => write!(f, "{v}"),
+            Value::Int(v) => write!(f, "{v}"),
+            Value::Float(v) => write!(f, "{v}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            Value::Str(v) => write!(f, "{v:?}"),
+            Value::Array(a) => write!(f, "an array of {}", a.len()),
+        }
+    }
+}
+
 impl Value {
     /// A bool value.
     pub fn as_bool(&self) -> Option<bool> {
@@ -318,7 +333,7 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
     if !(2..=3).contains(&version) {
         return Err(gerr(
             path,
-            format!("GGUF version {version}: coli reads versions 2 and 3 (convert older files with a current llama.cpp)"),
+            format!("GGUF version {version}: coli reads versions 2 and 3 (GGUF version 1, llama.cpp's of 2023, must be converted again with a current llama.cpp; a newer version is not known to coli)"),
         ));
     }
     let n_tensors = c.u64(&|| "the tensor count".into())?;
@@ -370,7 +385,7 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
             _ => {
                 return Err(gerr(
                     path,
-                    format!("general.alignment {v:?} is not a power of two"),
+                    format!("general.alignment {v} is not a power of two"),
                 ))
             }
         },
@@ -545,10 +560,13 @@ impl Gguf {
                 let count = h.kv.get("split.count").and_then(Value::as_u64);
                 let no = h.kv.get("split.no").and_then(Value::as_u64);
                 if count != Some(paths.len() as u64) || no != Some(i as u64) {
+                    let show = |v: Option<u64>| v.map_or("absent".to_string(), |v| v.to_string());
                     return Err(gerr(
                         p,
                         format!(
-                            "split.count {count:?} / split.no {no:?} do not match file {} of {}",
+                            "split.count {} / split.no {} do not match file {} of {}",
+                            show(count),
+                            show(no),
                             i + 1,
                             paths.len()
                         ),

@@ -293,6 +293,11 @@ pub(crate) fn rope_params(
                     .f64("original_max_position_embeddings")?
                     .or(f.f64("max_position_embeddings")?)
                     .ok_or_else(|| f.err("yarn needs original_max_position_embeddings"))?;
+                if !(factor.is_finite() && factor > 0.0 && orig.is_finite() && orig > 0.0) {
+                    return Err(f.err(format!(
+                        "yarn factor {factor} and original_max_position_embeddings {orig} must be positive"
+                    )));
+                }
                 yarn = Some(Yarn {
                     factor,
                     original_max_position_embeddings: orig,
