@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Every tiny fixture checkpoint of `tests/fixtures/tiny/`, one per family and source dtype.
-pub const FIXTURE_FAMILIES: [&str; 17] = [
+pub const FIXTURE_FAMILIES: [&str; 18] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -24,6 +24,7 @@ pub const FIXTURE_FAMILIES: [&str; 17] = [
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
+    "kimi_k3_mxfp4",
     "glm5_next_bf16",
     "deepseek_v4_bf16",
 ];

@@ -327,7 +327,9 @@ fn tensor_bytes(name: &str, dtype: &str, shape: &[usize]) -> Vec<u8> {
                 ((x & 0x80) as u8) | ((4 + (x >> 8) % 6) as u8) << 3 | ((x >> 16) & 7) as u8
             })
             .collect(),
-        "U8" if name.ends_with("_scales") => (0..n).map(|_| 121 + (r.next() % 4) as u8).collect(),
+        "U8" if name.ends_with("_scales") || name.ends_with(".weight_scale") => {
+            (0..n).map(|_| 121 + (r.next() % 4) as u8).collect()
+        }
         "U8" | "I8" => (0..n).map(|_| r.next() as u8).collect(),
         // e8m0 block scales near 2^-4.
         "F8_E8M0" => (0..n).map(|_| 121 + (r.next() % 4) as u8).collect(),
@@ -410,6 +412,15 @@ pub fn write_replica_of(listing: Listing, dir: &Path, shards: usize) -> Replica 
                     ("F8_E4M3", _) => return s.iter().map(|d| d.div_ceil(128)).collect(),
                     ("I8", [r, c]) => return vec![*r, c / 32],
                     _ => {}
+                }
+            }
+        }
+        // compressed-tensors MXFP4 (Kimi K3's experts): `weight_packed` [rows, cols / 2] codes
+        // and `weight_scale` [rows, cols / 32] e8m0 of the spec's `{stem}.weight` [rows, cols].
+        for (suffix, div) in [(".weight_packed", 2), (".weight_scale", 32)] {
+            if let Some(stem) = canonical.strip_suffix(suffix) {
+                if let Some([r, c]) = shapes.get(&format!("{stem}.weight")).map(|s| &s[..]) {
+                    return vec![*r, c / div];
                 }
             }
         }

@@ -205,6 +205,7 @@ impl Checkpoint {
                 }
             }
         }
+        read_packed_mxfp4(&mut shards, &mut tensors, &mut renamed);
         let mut extra_files = Vec::new();
         for f in COPIED_FILES {
             let p = dir.join(f);
@@ -306,6 +307,52 @@ impl Checkpoint {
         self.get(&w)
             .is_some_and(|(_, i)| matches!(i.dtype, Dtype::F8E4M3 | Dtype::I8))
             .then_some(w)
+    }
+}
+
+/// compressed-tensors' `mxfp4-pack-quantized` weights (Kimi K3's routed experts): a
+/// `{stem}.weight_packed` U8 `[rows, cols / 2]` (e2m1 codes, element `2i` in the low nibble)
+/// with its `{stem}.weight_scale` U8 `[rows, cols / 32]` (e8m0) are MXFP4's bits in
+/// DeepSeek-V4's FP4 layout, which the converter reads as an I8 `{stem}.weight` with its
+/// `{stem}.scale`: the pair is listed under those names (the checkpoint's own names kept in
+/// `renamed` for errors) and the codes' dtype read as I8 (the same bytes). A `weight_packed`
+/// of another dtype, or without its scale, keeps its name (and is refused as an unknown or
+/// missing tensor).
+fn read_packed_mxfp4(
+    shards: &mut [Shard],
+    tensors: &mut BTreeMap<String, usize>,
+    renamed: &mut BTreeMap<String, String>,
+) {
+    use crate::safetensors::Dtype;
+    let packed: Vec<String> = tensors
+        .keys()
+        .filter(|n| n.ends_with(".weight_packed"))
+        .cloned()
+        .collect();
+    for name in packed {
+        let stem = name.trim_end_matches(".weight_packed");
+        let scale = format!("{stem}.weight_scale");
+        let (i, j) = (tensors[&name], tensors.get(&scale).copied());
+        let Some(j) = j else { continue };
+        let taken = tensors.contains_key(&format!("{stem}.weight"))
+            || tensors.contains_key(&format!("{stem}.scale"));
+        if shards[i].tensors[&name].dtype != Dtype::U8 || taken {
+            continue;
+        }
+        for (from, to, shard) in [
+            (name.clone(), format!("{stem}.weight"), i),
+            (scale, format!("{stem}.scale"), j),
+        ] {
+            let mut info = shards[shard].tensors.remove(&from).expect("listed");
+            if from.ends_with("_packed") {
+                info.dtype = Dtype::I8;
+            }
+            shards[shard].tensors.insert(to.clone(), info);
+            tensors.remove(&from);
+            tensors.insert(to.clone(), shard);
+            let own = renamed.remove(&from).unwrap_or(from);
+            renamed.insert(to, own);
+        }
     }
 }
 

@@ -383,8 +383,13 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         .experts
         .unwrap_or(declared.unwrap_or(Encoding::Int4 { group_size: 64 }));
     let record = |enc: Encoding, biases: bool| -> u64 {
-        RecordLayout::new(enc, spec.hidden_size, spec.moe_intermediate_size, biases)
-            .record_len(ALIGNMENT) as u64
+        RecordLayout::new(
+            enc,
+            spec.expert_hidden(),
+            spec.moe_intermediate_size,
+            biases,
+        )
+        .record_len(ALIGNMENT) as u64
     };
     // Expert sets present (an MTP layer the checkpoint lacks is not converted).
     let sets: Vec<_> = spec
@@ -419,8 +424,13 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         let (mut n, mut bytes, mut per_token) = (0u64, 0u64, 0u64);
         for s in &sets {
             let encs = crate::gguf::convert::expert_encodings(g, s)?;
-            let rec = RecordLayout::mixed(encs, spec.hidden_size, spec.moe_intermediate_size, false)
-                .record_len(ALIGNMENT) as u64;
+            let rec = RecordLayout::mixed(
+                encs,
+                spec.expert_hidden(),
+                spec.moe_intermediate_size,
+                false,
+            )
+            .record_len(ALIGNMENT) as u64;
             n += s.count as u64;
             bytes += s.count as u64 * rec;
             per_token += spec.top_k as u64 * rec;

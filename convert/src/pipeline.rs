@@ -471,7 +471,7 @@ fn write_all(
             todo.push(x);
         }
     }
-    let (h, i) = (ck.spec.hidden_size, ck.spec.moe_intermediate_size);
+    let (h, i) = (ck.spec.expert_hidden(), ck.spec.moe_intermediate_size);
     type Region<'a> = crate::fused::Region<'a>;
     type Job<'a> = (
         coli_store::ExpertKey,

@@ -900,7 +900,7 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
         };
         estimated_out += RecordLayout::new(
             x.encoding,
-            spec.hidden_size,
+            spec.expert_hidden(),
             spec.moe_intermediate_size,
             biases,
         )

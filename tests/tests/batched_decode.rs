@@ -17,7 +17,7 @@ use coli_store::{ExpertKey, IoPreference, Store};
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::Path;
 
-const FAMILIES: [&str; 17] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 18] = coli_tests::FIXTURE_FAMILIES;
 
 /// Sequences of the schedule.
 const SEQS: usize = 8;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const FAMILIES: [&str; 16] = [
+const FAMILIES: [&str; 17] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -25,6 +25,7 @@ const FAMILIES: [&str; 16] = [
     "qwen3_next_bf16",
     "qwen3_5_moe_bf16",
     "kimi_linear_bf16",
+    "kimi_k3_mxfp4",
     "glm5_next_bf16",
     "deepseek_v4_bf16",
     "deepseek_v4_fp8",
@@ -312,6 +313,15 @@ fn qwen3_5_moe_long_prompt_runs_both_forms_and_matches_transformers() {
 #[test]
 fn kimi_linear_long_prompt_runs_both_forms_and_matches_transformers() {
     hybrid_long_prompt("kimi_linear_bf16");
+}
+
+/// The same for Kimi K3 (the release's layout: MXFP4 experts kept bit for bit): KDA with the
+/// full-rank gate and the bounded decay, gated NoPE MLA, attention residuals over blocks of two
+/// layers, the latent MoE with SiTU experts; the oracle a torch transcription of the official
+/// pieces held to llama.cpp's `kimi-k3.cpp` (`make_kimi_k3_fixtures.py`).
+#[test]
+fn kimi_k3_long_prompt_runs_both_forms_and_matches_the_oracle() {
+    hybrid_long_prompt("kimi_k3_mxfp4");
 }
 
 /// The same for GLM-5.3-Flash: four residual streams mixed by hyper-connections, KDA with the

@@ -10,7 +10,7 @@ use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::Path;
 
-const FAMILIES: [&str; 17] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 18] = coli_tests::FIXTURE_FAMILIES;
 
 fn params(n: usize) -> GenerateParams {
     GenerateParams {

@@ -25,7 +25,7 @@ use coli_store::IoPreference;
 use coli_tests::{convert_fixture, expected, ids, open_store};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 17] = coli_tests::FIXTURE_FAMILIES;
+const FAMILIES: [&str; 18] = coli_tests::FIXTURE_FAMILIES;
 
 fn argmax(row: &[f32]) -> u32 {
     coli_engine::sampling::argmax(row)

@@ -319,6 +319,17 @@ fn kimi_linear_48b_a3b_as_published() {
 }
 
 #[test]
+fn kimi_k3_as_published() {
+    // 69 KDA layers (full-rank g_proj, A_log [H]) and 24 gated NoPE MLA layers, attention
+    // residuals (per-layer and output `*_res_{norm,proj}`), a dense first layer, then 92
+    // latent-MoE layers of 896 experts published as compressed-tensors MXFP4 (`weight_packed`,
+    // `weight_scale`), kept bit for bit; the vision tower not read.
+    let m = replica_runs("kimi-k3");
+    assert_eq!(m.expert_layers.len(), 92);
+    assert_eq!(m.expert_layers[0].layer, 1);
+}
+
+#[test]
 fn glm_5_3_flash_as_published() {
     // 34 KDA layers (the safe forget gate, A_log as (H,)) and 11 DSA layers (NoPE MLA with the
     // k-pool indexer), every layer with its two hyper-connections (hc_attn_*, hc_ffn_*), nested

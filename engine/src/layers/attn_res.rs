@@ -15,10 +15,24 @@
 //! output. The output head reads the mix with `output_query` over every block and the partial
 //! sum. Everything is per token: no state crosses positions.
 //!
+//! Kimi K3 (`_apply_attn_res` of the release's `modeling_kimi_linear.py`; [`Mix::Raw`]) runs the
+//! same blocks and schedule, but its query (`res_norm.weight * res_proj.weight`) scores the
+//! normalized sources without the `1/sqrt(H)` scale, and the mix sums the *raw* sources:
+//! `input = sum_i softmax_i(q . n_i) s_i` (its epsilon `rms_norm_eps`).
+//!
 //! **Layout.** A token's residual row is `[slots + 1, H]` f32: block `j` in slot `j`, the
 //! partial sum in slot `slots` (the last); a slot not closed yet holds zeros and is never read.
 
 use crate::layers::RmsNorm;
+
+/// What a mix scores and sums (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// Inkling 2: scores `q . n_i / sqrt(H)`, sums the normalized sources `n_i`.
+    Normalized,
+    /// Kimi K3: scores `q . n_i`, sums the raw sources `s_i`.
+    Raw,
+}
 
 /// The block residual stream of a model (see the module doc).
 pub struct BlockStream {
@@ -28,14 +42,22 @@ pub struct BlockStream {
     pub slots: usize,
     /// Layers per block.
     pub block: usize,
-    /// The unweighted RMSNorm of the sources (`eps` 1e-6, weight 1).
+    /// The unweighted RMSNorm of the sources (weight 1; Inkling 2's `eps` 1e-6, Kimi K3's
+    /// `rms_norm_eps`).
     pub norm: RmsNorm,
+    /// What the mixes score and sum.
+    pub mix: Mix,
 }
 
 impl BlockStream {
     /// The stream of `layers` layers in blocks of `block`, hidden size `hidden`, the sources
     /// normalized with epsilon `eps`.
     pub fn new(hidden: usize, layers: usize, block: usize, eps: f32) -> BlockStream {
+        BlockStream::with_mix(hidden, layers, block, eps, Mix::Normalized)
+    }
+
+    /// [`BlockStream::new`] with the mixes `mix` computes.
+    pub fn with_mix(hidden: usize, layers: usize, block: usize, eps: f32, mix: Mix) -> BlockStream {
         BlockStream {
             hidden,
             slots: layers.div_ceil(block),
@@ -44,6 +66,7 @@ impl BlockStream {
                 weight: vec![1.0; hidden],
                 eps,
             },
+            mix,
         }
     }
 
@@ -108,7 +131,10 @@ impl BlockStream {
     pub fn mix(&self, x: &[f32], n: usize, blocks: usize, queries: &[f32]) -> Vec<Vec<f32>> {
         let (h, w) = (self.hidden, self.width());
         let nq = queries.len() / h;
-        let scale = (h as f32).powf(-0.5);
+        let scale = match self.mix {
+            Mix::Normalized => Some((h as f32).powf(-0.5)),
+            Mix::Raw => None,
+        };
         let mut out = vec![vec![0f32; n * h]; nq];
         let mut normed = vec![0f32; (blocks + 1) * h];
         let mut p = vec![0f32; blocks + 1];
@@ -117,13 +143,23 @@ impl BlockStream {
             self.norm
                 .forward(&row[..blocks * h], &mut normed[..blocks * h]);
             self.norm.forward(&row[w - h..], &mut normed[blocks * h..]);
+            // The sources the mix sums: normalized (Inkling 2) or raw (Kimi K3), in slot order.
+            let raw: Vec<&[f32]> = row[..blocks * h]
+                .chunks_exact(h)
+                .chain([&row[w - h..]])
+                .collect();
             for (j, q) in queries.chunks_exact(h).enumerate() {
                 for (i, s) in normed.chunks_exact(h).enumerate() {
-                    p[i] = q.iter().zip(s).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let dot = q.iter().zip(s).map(|(a, b)| a * b).sum::<f32>();
+                    p[i] = scale.map_or(dot, |c| dot * c);
                 }
                 coli_kernels::softmax_inplace(&mut p);
                 let o = &mut out[j][t * h..(t + 1) * h];
                 for (i, s) in normed.chunks_exact(h).enumerate() {
+                    let s = match self.mix {
+                        Mix::Normalized => s,
+                        Mix::Raw => raw[i],
+                    };
                     for (o, v) in o.iter_mut().zip(s) {
                         *o += p[i] * v;
                     }
@@ -164,6 +200,19 @@ mod tests {
                 "{:?}",
                 out[0]
             );
+        }
+    }
+
+    #[test]
+    fn a_raw_mix_weighs_the_sources_themselves() {
+        let s = BlockStream::with_mix(2, 3, 2, 1e-6, Mix::Raw);
+        let x = [3.0, 4.0, 9.0, 9.0, -1.0, 1.0];
+        // Query (1, 0): scores n0 . q = 3 / sqrt(12.5), n1 . q = -1, no 1/sqrt(H).
+        let out = s.mix(&x, 1, 1, &[1.0, 0.0]);
+        let (a, b) = ((3.0 / 12.5f32.sqrt()).exp(), (-1.0f32).exp());
+        let (pa, pb) = (a / (a + b), b / (a + b));
+        for (c, want) in [pa * 3.0 - pb, pa * 4.0 + pb].into_iter().enumerate() {
+            assert!((out[0][c] - want).abs() < 1e-5, "{:?}", out[0]);
         }
     }
 

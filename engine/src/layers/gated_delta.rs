@@ -82,7 +82,8 @@ pub enum GatedDeltaProjections<'s> {
     },
     /// Kimi Delta Attention: `q_proj`, `k_proj`, `v_proj` `[Hv d, H]`; the low-rank forget
     /// gate `f_a_proj` `[d, H]`, `f_b_proj` `[Hv d, d]`; `b_proj` `[Hv, H]`; the low-rank
-    /// output gate `g_a_proj` `[d, H]`, `g_b_proj` `[Hv d, d]`.
+    /// output gate `g_a_proj` `[d, H]`, `g_b_proj` `[Hv d, d]`, or Kimi K3's full-rank
+    /// `g_proj` `[Hv d, H]` (in `g_b`, `g_a` None).
     Kda {
         /// `q_proj`.
         q: Linear<'s>,
@@ -96,9 +97,9 @@ pub enum GatedDeltaProjections<'s> {
         f_b: Linear<'s>,
         /// `b_proj`.
         b: Linear<'s>,
-        /// `g_a_proj`.
-        g_a: Linear<'s>,
-        /// `g_b_proj`.
+        /// `g_a_proj` (None: `g_b` is the full-rank `g_proj`).
+        g_a: Option<Linear<'s>>,
+        /// `g_b_proj`, or `g_proj`.
         g_b: Linear<'s>,
     },
 }
@@ -181,6 +182,7 @@ impl GatedDeltaNet<'_> {
             value_head_dim: self.value_dim,
             conv_kernel: self.kernel,
             gate_lower_bound: self.gate_lower_bound,
+            full_rank_gate: matches!(self.input, GatedDeltaProjections::Kda { g_a: None, .. }),
         }
     }
 
@@ -225,8 +227,13 @@ impl GatedDeltaNet<'_> {
                 let mut low = vec![0f32; n * dk];
                 f_a.forward(x, n, &mut low);
                 f_b.forward(&low, n, &mut a);
-                g_a.forward(x, n, &mut low);
-                g_b.forward(&low, n, &mut z);
+                match g_a {
+                    Some(g_a) => {
+                        g_a.forward(x, n, &mut low);
+                        g_b.forward(&low, n, &mut z);
+                    }
+                    None => g_b.forward(x, n, &mut z),
+                }
                 bp.forward(x, n, &mut b);
             }
             GatedDeltaProjections::Split {

@@ -75,6 +75,10 @@ pub struct Mla<'s> {
     pub kv_b: KvB<'s>,
     /// `o_proj` `[H, nh * dv]`.
     pub o: Linear<'s>,
+    /// Kimi K3's output gate `g_proj` `[nh * dv, H]`: the attention output (`[nh * dv]` per
+    /// row) is multiplied by `sigmoid(g_proj(x))` before `o_proj`, `x` the layer's normalized
+    /// input (`KimiMLAAttention` with `mla_use_output_gate`). None elsewhere.
+    pub gate: Option<Linear<'s>>,
     /// Heads nh.
     pub num_heads: usize,
     /// dn.
@@ -421,6 +425,13 @@ impl Mla<'_> {
         }
         if let Some(Dsa::Full { slot, .. }) = &self.dsa {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = published;
+        }
+        if let Some(g) = &self.gate {
+            let mut gv = vec![0f32; ctx.len()];
+            g.forward(x, n, &mut gv);
+            for (c, g) in ctx.iter_mut().zip(&gv) {
+                *c *= 1.0 / (1.0 + (-g).exp());
+            }
         }
         self.o.forward(&ctx, n, out);
     }

@@ -2,18 +2,20 @@
 //! layers) or over one routed expert's matrices.
 
 use crate::layers::Linear;
+use coli_format::spec::ExpertActivation;
 use coli_format::MatrixView;
 
 /// The gated activation between a SwiGLU's gate/up and down projections.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Glu {
+pub enum Glu {
     /// `silu(g) * u` (torch's `act_fn(gate) * up`).
     Silu,
     /// GLM-5.3-Flash's clamped form `silu(min(g, l)) * clamp(u, -l, l)` (`Glm5NextTextMLP` /
     /// `Glm5NextTextExperts._apply_gate`).
     Clamped(f32),
     /// Inkling 2's `gate tanh(g / gate) * sigmoid(g) * up tanh(u / up)`
-    /// (`Inkling2SoftcappedSwiGLU`), in that order.
+    /// (`Inkling2SoftcappedSwiGLU`), in that order; Kimi K3's SiTU (`SituAndMul`,
+    /// `beta tanh(g / beta) sigmoid(g) * lb tanh(u / lb)`) is the same computation.
     Softcapped {
         /// `mlp_gate_softcap`.
         gate: f32,
@@ -26,6 +28,19 @@ impl Glu {
     /// No clamp (`None`) or GLM-5.3-Flash's (`Some(limit)`).
     pub(crate) fn clamped(limit: Option<f32>) -> Glu {
         limit.map_or(Glu::Silu, Glu::Clamped)
+    }
+
+    /// The form of `act` that takes no biases (None: gpt-oss's clamped SwiGLU, which does).
+    pub(crate) fn of(act: ExpertActivation) -> Option<Glu> {
+        match act {
+            ExpertActivation::Silu => Some(Glu::Silu),
+            ExpertActivation::SiluClamped { limit } => Some(Glu::Clamped(limit)),
+            ExpertActivation::SoftcappedSwiglu { gate_cap, up_cap } => Some(Glu::Softcapped {
+                gate: gate_cap,
+                up: up_cap,
+            }),
+            ExpertActivation::ClampedSwiglu { .. } => None,
+        }
     }
 }
 
@@ -86,21 +101,13 @@ pub struct Mlp<'s> {
     pub up: Linear<'s>,
     /// `[H, I]`.
     pub down: Linear<'s>,
-    /// GLM-5.3-Flash's `swiglu_limit` (None: no clamp).
-    pub limit: Option<f32>,
+    /// The activation: SwiGLU, GLM-5.3-Flash's clamped form (`swiglu_limit`), Kimi K3's SiTU.
+    pub act: Glu,
 }
 
 impl Mlp<'_> {
-    /// `y[n, H] = down(silu(gate x) * up x)`.
+    /// `y[n, H] = down(act(gate x, up x))`.
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        swiglu(
-            &self.gate.w,
-            &self.up.w,
-            &self.down.w,
-            x,
-            n,
-            Glu::clamped(self.limit),
-            y,
-        );
+        swiglu(&self.gate.w, &self.up.w, &self.down.w, x, n, self.act, y);
     }
 }

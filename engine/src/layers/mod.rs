@@ -30,7 +30,7 @@ pub use decoder::{
 pub use gated_delta::{GatedDeltaNet, GatedDeltaProjections};
 pub use linear::Linear;
 pub use mla::Mla;
-pub use mlp::Mlp;
+pub use mlp::{Glu, Mlp};
 pub use moe::MoeBlock;
 pub use norm::RmsNorm;
 pub use rope::Rope;

@@ -221,35 +221,8 @@ impl MoeBlock<'_> {
                 xs.extend_from_slice(&x[t * h..(t + 1) * h]);
             }
             let mut ys = vec![0f32; m * h];
-            match self.activation {
-                ExpertActivation::Silu
-                | ExpertActivation::SiluClamped { .. }
-                | ExpertActivation::SoftcappedSwiglu { .. }
-                    if !buf.has_biases() =>
-                {
-                    let act = match self.activation {
-                        ExpertActivation::SiluClamped { limit } => Glu::Clamped(limit),
-                        ExpertActivation::SoftcappedSwiglu { gate_cap, up_cap } => {
-                            Glu::Softcapped {
-                                gate: gate_cap,
-                                up: up_cap,
-                            }
-                        }
-                        _ => Glu::Silu,
-                    };
-                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, act, &mut ys)
-                }
-                ExpertActivation::Silu
-                | ExpertActivation::SiluClamped { .. }
-                | ExpertActivation::SoftcappedSwiglu { .. } => {
-                    return Err(EngineError::Config {
-                        file: "config.json".into(),
-                        what: format!(
-                            "{key} has biases, which this model's SwiGLU experts do not take"
-                        ),
-                    })
-                }
-                ExpertActivation::ClampedSwiglu { alpha, limit } => clamped_swiglu(
+            match (self.activation, Glu::of(self.activation)) {
+                (ExpertActivation::ClampedSwiglu { alpha, limit }, _) => clamped_swiglu(
                     [&buf.gate(), &buf.up(), &buf.down()],
                     [buf.gate_bias(), buf.up_bias(), buf.down_bias()],
                     alpha,
@@ -258,6 +231,17 @@ impl MoeBlock<'_> {
                     m,
                     &mut ys,
                 ),
+                (_, Some(act)) if !buf.has_biases() => {
+                    swiglu(&buf.gate(), &buf.up(), &buf.down(), &xs, m, act, &mut ys)
+                }
+                _ => {
+                    return Err(EngineError::Config {
+                        file: "config.json".into(),
+                        what: format!(
+                            "{key} has biases, which this model's SwiGLU experts do not take"
+                        ),
+                    })
+                }
             }
             Ok(ys)
         };

@@ -17,7 +17,7 @@
 use crate::cache::ExpertCache;
 use crate::error::{EngineError, Result};
 use crate::layers::moe::{top_k, Routing};
-use crate::layers::{Mlp, MoeBlock};
+use crate::layers::{Linear, Mlp, MoeBlock, RmsNorm};
 use coli_store::Store;
 
 /// The router's score function.
@@ -120,6 +120,21 @@ pub struct SigmoidMoe<'s> {
     pub routing: SigmoidRouting,
     /// `mlp.shared_experts` (None when `n_shared_experts` is 0).
     pub shared: Option<Mlp<'s>>,
+    /// Kimi K3's latent MoE (None: the routed experts read `x`).
+    pub latent: Option<LatentMoe<'s>>,
+}
+
+/// Kimi K3's latent MoE (`KimiSparseMoeBlock` with `routed_expert_hidden_size` L): the router
+/// reads `x` (`[n, H]`), the routed experts `down(x)` (`[n, L]`); their weighted sum is
+/// normalized (`routed_expert_norm`, epsilon `rms_norm_eps`) and projected back by `up`, and
+/// the shared experts, which read `x`, are added after.
+pub struct LatentMoe<'s> {
+    /// `routed_expert_down_proj` `[L, H]`.
+    pub down: Linear<'s>,
+    /// `routed_expert_up_proj` `[H, L]`.
+    pub up: Linear<'s>,
+    /// `routed_expert_norm` `[L]` (`latent_moe_use_norm`).
+    pub norm: Option<RmsNorm>,
 }
 
 impl SigmoidMoe<'_> {
@@ -168,8 +183,24 @@ impl SigmoidMoe<'_> {
         cache: &mut ExpertCache,
         out: &mut [f32],
     ) -> Result<()> {
-        self.experts
-            .forward_routes(x, n, routes, store, cache, out)?;
+        match &self.latent {
+            None => self
+                .experts
+                .forward_routes(x, n, routes, store, cache, out)?,
+            Some(l) => {
+                let lw = self.experts.hidden;
+                let mut xl = vec![0f32; n * lw];
+                l.down.forward(x, n, &mut xl);
+                let mut yl = vec![0f32; n * lw];
+                self.experts
+                    .forward_routes(&xl, n, routes, store, cache, &mut yl)?;
+                if let Some(norm) = &l.norm {
+                    norm.forward(&yl, &mut xl);
+                    std::mem::swap(&mut xl, &mut yl);
+                }
+                l.up.forward(&yl, n, out);
+            }
+        }
         if let Some(sh) = &self.shared {
             let mut y = vec![0f32; out.len()];
             sh.forward(x, n, &mut y);

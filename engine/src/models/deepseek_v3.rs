@@ -19,7 +19,7 @@
 use crate::error::{EngineError, Result};
 use crate::layers::dsa_indexer::DsaIndexer;
 use crate::layers::mla::{mla_rope, Dsa, KvB, SelectionSlot};
-use crate::layers::sigmoid_router::{HashTable, Score, SigmoidRouting};
+use crate::layers::sigmoid_router::{HashTable, LatentMoe, Score, SigmoidRouting};
 use crate::layers::{DecoderLayer, Ffn, Mla, SelfAttn, SigmoidMoe};
 use crate::models::{load_lm_head, load_mlp, load_moe, Parts};
 use crate::weights::Weights;
@@ -96,6 +96,7 @@ pub fn load_mla<'s>(
         kv_b,
         o,
         indexer,
+        gate,
     } = &layer.attention
     else {
         return Err(EngineError::Config {
@@ -144,6 +145,10 @@ pub fn load_mla<'s>(
             },
         },
         o: w.linear(o)?,
+        gate: match gate {
+            Some(g) => Some(w.linear(g)?),
+            None => None,
+        },
         num_heads: spec.num_heads,
         nope: m.qk_nope_head_dim,
         rope_dim: m.qk_rope_head_dim,
@@ -231,6 +236,17 @@ pub fn load_sigmoid_moe<'s>(
         },
         shared: match &moe.shared {
             Some(s) => Some(load_mlp(w, spec, s)?),
+            None => None,
+        },
+        latent: match &moe.latent {
+            Some(l) => Some(LatentMoe {
+                down: w.linear(&l.down)?,
+                up: w.linear(&l.up)?,
+                norm: match &l.norm {
+                    Some(t) => Some(w.rms_norm(t, spec.rms_norm_eps)?),
+                    None => None,
+                },
+            }),
             None => None,
         },
     })

@@ -171,6 +171,7 @@ fn load_layer<'s>(
                 shared_gate: None,
                 experts: m.experts.clone(),
                 hash_table: None,
+                latent: None,
             };
             (
                 Ffn::SinkMoe(SinkMoe {

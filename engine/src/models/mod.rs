@@ -20,7 +20,7 @@ pub mod qwen3_next;
 
 use crate::error::{EngineError, Result};
 use crate::layers::{
-    Attention, DecoderLayer, Ffn, GatedDeltaNet, GatedDeltaProjections, Mlp, MoeBlock, QkNorm,
+    Attention, DecoderLayer, Ffn, GatedDeltaNet, GatedDeltaProjections, Glu, Mlp, MoeBlock, QkNorm,
     RmsNorm, Rope, SelfAttn,
 };
 use crate::weights::Weights;
@@ -362,7 +362,10 @@ pub(crate) fn load_gated_delta<'s>(
             f_a: w.linear(f_a)?,
             f_b: w.linear(f_b)?,
             b: w.linear(b)?,
-            g_a: w.linear(g_a)?,
+            g_a: match g_a {
+                Some(g_a) => Some(w.linear(g_a)?),
+                None => None,
+            },
             g_b: w.linear(g_b)?,
         },
     };
@@ -389,13 +392,17 @@ pub(crate) fn load_gated_delta<'s>(
     })
 }
 
-/// A dense SwiGLU MLP, clamped when the model says so (`spec.swiglu_limit`).
+/// A dense MLP (or shared experts): SwiGLU, clamped when the model says so
+/// (`spec.swiglu_limit`), or the model's own activation (`spec.mlp_activation`: Kimi K3's SiTU).
 pub(crate) fn load_mlp<'s>(w: &mut Weights<'s>, spec: &ModelSpec, m: &MlpSpec) -> Result<Mlp<'s>> {
     Ok(Mlp {
         gate: w.linear(&m.gate)?,
         up: w.linear(&m.up)?,
         down: w.linear(&m.down)?,
-        limit: spec.swiglu_limit,
+        act: match spec.mlp_activation.and_then(Glu::of) {
+            Some(act) => act,
+            None => Glu::clamped(spec.swiglu_limit),
+        },
     })
 }
 

@@ -114,6 +114,7 @@ pub(crate) fn mla_attention(
         },
         o: build::linear(&format!("{p}.o_proj"), h, nh * dv, false, class),
         indexer: indexer.map(Box::new),
+        gate: None,
     }
 }
 
@@ -134,6 +135,7 @@ pub(crate) fn sigmoid_moe_named(
     let p = format!("model.layers.{i}.{block}");
     let (h, e) = (s.hidden_size, s.num_experts);
     FfnSpec::Moe(MoeSpec {
+        latent: None,
         hash_table: None,
         router: TensorSpec::new(
             format!("{p}.gate.weight"),

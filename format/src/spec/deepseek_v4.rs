@@ -627,6 +627,7 @@ fn layer(s: &ModelSpec, v: &DeepseekV4Spec, hc: &HyperSpec, i: usize) -> LayerSp
     let mlp =
         |w: &str, rows: usize, cols: usize| linear(format!("{f}.shared_experts.{w}"), rows, cols);
     let ffn = FfnSpec::Moe(MoeSpec {
+        latent: None,
         router: t(format!("{f}.gate.weight"), &[e, h], TensorKind::Router),
         router_bias: (!hash).then(|| t(format!("{f}.gate.bias"), &[e], TensorKind::Bias)),
         router_logit_bias: None,
@@ -656,6 +657,7 @@ fn layer(s: &ModelSpec, v: &DeepseekV4Spec, hc: &HyperSpec, i: usize) -> LayerSp
     });
     let n = hc.mult;
     LayerSpec {
+        attn_res: None,
         index: i,
         input_norm: t(format!("{p}.attn_norm.weight"), &[h], TensorKind::Norm),
         attention: AttentionSpec::DeepseekV4(Box::new(attention)),
@@ -674,6 +676,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let (vocab, h, n) = (s.vocab_size, s.hidden_size, hc.mult);
     let head = t("head.weight".into(), &[vocab, h], TensorKind::OutputHead);
     ModelTensors {
+        final_res: None,
         embed: t("embed.weight".into(), &[vocab, h], TensorKind::Embedding),
         embed_norm: None,
         layers: (0..s.num_layers).map(|i| layer(s, v, hc, i)).collect(),

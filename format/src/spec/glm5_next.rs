@@ -270,6 +270,7 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         value_head_dim: head_dim,
         conv_kernel: kernel,
         gate_lower_bound: lower_bound(f, lin.as_ref())?,
+        full_rank_gate: false,
     });
     Ok(())
 }

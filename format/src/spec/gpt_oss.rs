@@ -152,6 +152,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
             };
             let (e, h) = (s.num_experts, s.hidden_size);
             let ffn = FfnSpec::Moe(MoeSpec {
+                latent: None,
                 hash_table: None,
                 router: TensorSpec::new(
                     format!("{p}.mlp.router.weight"),

@@ -606,6 +606,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
         })
         .collect();
     ModelTensors {
+        final_res: None,
         embed: t(
             "model.llm.embed.weight".into(),
             &[v, h],
@@ -720,6 +721,7 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize, p: &str, moe: bool) ->
         })
     };
     LayerSpec {
+        attn_res: None,
         index: i,
         input_norm: t(format!("{p}.attn_norm.weight"), &[h], TensorKind::Norm),
         attention,

@@ -204,6 +204,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let ink = s.inkling.as_ref().expect("configured as Inkling 2");
     let (h, v) = (s.hidden_size, s.vocab_size);
     ModelTensors {
+        final_res: None,
         embed: t(
             "model.llm.embed.weight".into(),
             &[v, h],
@@ -313,6 +314,7 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize) -> LayerSpec {
     }));
     let (e, im) = (s.num_experts, s.moe_intermediate_size);
     let ffn = FfnSpec::Moe(MoeSpec {
+        latent: None,
         hash_table: None,
         router: t(format!("{p}.mlp.gate.weight"), &[e, h], TensorKind::Router),
         router_bias: Some(t(format!("{p}.mlp.gate.bias"), &[e], TensorKind::Bias)),
@@ -335,6 +337,7 @@ fn layer_spec(s: &ModelSpec, ink: &InklingSpec, i: usize) -> LayerSpec {
         },
     });
     LayerSpec {
+        attn_res: None,
         index: i,
         input_norm: if full {
             norm("q_input_norm")

@@ -33,8 +33,9 @@ use super::json::Fields;
 use super::mla::MlaSpec;
 use super::qwen3_next::{linear_layer_types, DeltaRule};
 use super::{
-    AttentionSpec, FfnSpec, GatedDeltaInput, GatedDeltaNetSpec, GatedDeltaSpec, ModelSpec,
-    ModelTensors, Routing, TensorClass, TensorKind, TensorSpec,
+    AttentionSpec, AttnResQuerySpec, ExpertActivation, FfnSpec, GatedDeltaInput, GatedDeltaNetSpec,
+    GatedDeltaSpec, LatentMoeSpec, LayerAttnResSpec, ModelSpec, ModelTensors, Routing, TensorClass,
+    TensorKind, TensorSpec,
 };
 use crate::FormatError;
 
@@ -257,14 +258,22 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         ));
     }
     let lin = f.object("linear_attn_config", "linear_attn_config.");
-    if let Some(l) = &lin {
-        if l.f64("gate_lower_bound")?.is_some() || l.bool("use_full_rank_gate")? == Some(true) {
-            return unsupported(
-                "with linear_attn_config.gate_lower_bound or use_full_rank_gate (GLM-5.3-Flash / Kimi K3 KDA variants)"
-                    .into(),
-            );
+    let full_rank_gate = match &lin {
+        Some(l) => l.bool("use_full_rank_gate")?.unwrap_or(false),
+        None => false,
+    };
+    let gate_lower_bound = match &lin {
+        Some(l) => l.f64("gate_lower_bound")?.map(|v| v as f32),
+        None => None,
+    };
+    if let Some(lb) = gate_lower_bound {
+        if !(lb.is_finite() && lb < 0.0) {
+            return Err(f.err(format!(
+                "{pre}linear_attn_config.gate_lower_bound {lb} must be a negative number (the most negative log decay a step may take)"
+            )));
         }
     }
+    configure_k3(f, s)?;
     let n = s.num_layers;
     let (num_experts, experts_key) =
         first_usize(f, &["num_experts", "num_local_experts"])?.unwrap_or((256, "num_experts"));
@@ -336,9 +345,113 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         key_head_dim: head_dim,
         value_head_dim: head_dim,
         conv_kernel: kernel,
-        gate_lower_bound: None,
+        gate_lower_bound,
+        full_rank_gate,
     });
     Ok(())
+}
+
+/// Kimi K3's additions to a Kimi-Linear language model (the release's `text_config`, which
+/// says `kimi_linear`; its modeling file is the K3 version of `modeling_kimi_linear.py`).
+/// Each is read where the config sets it, so a config without them is Kimi-Linear's:
+///
+/// - `hidden_act: situ` with `activation_situ_beta` (beta, default 1) and
+///   `activation_situ_linear_beta` (lb): every MLP (dense, shared, routed experts) computes
+///   `beta tanh(g / beta) sigmoid(g) * lb tanh(u / lb)` (`SituAndMul`) instead of SwiGLU;
+/// - `attn_res_block_size`: attention residuals over blocks of that many layers
+///   (`*_res_norm.weight` * `*_res_proj.weight` queries, `_apply_attn_res`);
+/// - `routed_expert_hidden_size` L: the latent MoE (`routed_expert_down_proj` `[L, H]`,
+///   `routed_expert_up_proj` `[H, L]`, `routed_expert_norm` `[L]` when
+///   `latent_moe_use_norm`), the routed experts of hidden size L;
+/// - `mla_use_output_gate`: the MLA layers' `self_attn.g_proj` sigmoid gate;
+/// - `linear_attn_config.use_full_rank_gate` (KDA's `g_proj` `[Hv d, H]`, `A_log` `[Hv]`) and
+///   `.gate_lower_bound` (`g = lower_bound sigmoid(exp(A_log) (f + dt_bias))`), read by
+///   [`configure`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KimiK3Spec {
+    /// `attn_res_block_size`: layers per attention-residual block (None: plain residuals).
+    pub attn_res_block: Option<usize>,
+    /// `routed_expert_hidden_size` L (None: the routed experts read the hidden state).
+    pub latent: Option<usize>,
+    /// `latent_moe_use_norm`: the RMSNorm of the routed experts' sum before the up projection.
+    pub latent_norm: bool,
+    /// `mla_use_output_gate`.
+    pub mla_output_gate: bool,
+}
+
+/// Reads the K3 keys of [`KimiK3Spec`] (and SiTU) into `s`.
+fn configure_k3(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
+    let pre = f.prefix;
+    if f.str("hidden_act")? == Some("situ") {
+        let beta = match f.f64("activation_situ_beta")? {
+            // `beta or 1.0`, as `_get_situ_activation_params` reads it.
+            Some(b) if b != 0.0 => b as f32,
+            _ => 1.0,
+        };
+        let Some(lb) = f.f64("activation_situ_linear_beta")?.map(|v| v as f32) else {
+            return Err(FormatError::Unsupported(format!(
+                "kimi_linear with {pre}hidden_act situ and no {pre}activation_situ_linear_beta (the up branch untransformed; Kimi K3 sets it)"
+            )));
+        };
+        for (key, v) in [
+            ("activation_situ_beta", beta),
+            ("activation_situ_linear_beta", lb),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(f.err(format!("{pre}{key} {v} must be a positive number")));
+            }
+        }
+        let act = ExpertActivation::SoftcappedSwiglu {
+            gate_cap: beta,
+            up_cap: lb,
+        };
+        s.expert_activation = act;
+        s.mlp_activation = Some(act);
+    }
+    let attn_res_block = f.usize("attn_res_block_size")?;
+    if attn_res_block == Some(0) {
+        return Err(f.err(format!(
+            "{pre}attn_res_block_size is 0 (layers per attention-residual block; leave it out for none)"
+        )));
+    }
+    let latent = f.usize("routed_expert_hidden_size")?;
+    if latent == Some(0) {
+        return Err(f.err(format!("{pre}routed_expert_hidden_size is 0")));
+    }
+    let k3 = KimiK3Spec {
+        attn_res_block,
+        latent,
+        latent_norm: latent.is_some() && f.bool("latent_moe_use_norm")?.unwrap_or(false),
+        mla_output_gate: f.bool("mla_use_output_gate")?.unwrap_or(false),
+    };
+    let plain = KimiK3Spec {
+        attn_res_block: None,
+        latent: None,
+        latent_norm: false,
+        mla_output_gate: false,
+    };
+    s.kimi_k3 = (k3 != plain).then_some(k3);
+    Ok(())
+}
+
+/// Whether a config declares compressed-tensors MXFP4 weights (`quantization_config`
+/// `quant_method: compressed-tensors`, `format: mxfp4-pack-quantized`, at the top level or in
+/// `text_config`): Kimi K3's routed experts, each matrix a `weight_packed` U8 `[rows, cols/2]`
+/// (e2m1 codes, element 2i in the low nibble) with its `weight_scale` U8 `[rows, cols/32]`
+/// (e8m0), MXFP4's bits.
+pub fn declares_mxfp4_pack(config: &serde_json::Value) -> bool {
+    [
+        config,
+        config
+            .get("text_config")
+            .unwrap_or(&serde_json::Value::Null),
+    ]
+    .iter()
+    .filter_map(|c| c.get("quantization_config"))
+    .any(|q| {
+        q.get("quant_method").and_then(serde_json::Value::as_str) == Some("compressed-tensors")
+            && q.get("format").and_then(serde_json::Value::as_str) == Some("mxfp4-pack-quantized")
+    })
 }
 
 /// The KDA block of layer `i`: `model.layers.{i}.self_attn.*` (module doc), its `A_log` of
@@ -375,8 +488,12 @@ pub(crate) fn kda_attention(
             f_a: lin("f_a_proj", d, h),
             f_b: lin("f_b_proj", hv * d, d),
             b: lin("b_proj", hv, h),
-            g_a: lin("g_a_proj", d, h),
-            g_b: lin("g_b_proj", hv * d, d),
+            g_a: (!g.full_rank_gate).then(|| lin("g_a_proj", d, h)),
+            g_b: if g.full_rank_gate {
+                lin("g_proj", hv * d, h)
+            } else {
+                lin("g_b_proj", hv * d, d)
+            },
         },
         convs: vec![conv("q_conv1d"), conv("k_conv1d"), conv("v_conv1d")],
         dt_bias: TensorSpec::new(format!("{p}.dt_bias"), &[hv * d], c, TensorKind::Bias),
@@ -386,29 +503,92 @@ pub(crate) fn kda_attention(
     }))
 }
 
+/// A Kimi K3 attention-residual query `{prefix}_res_{norm,proj}.weight` (`[H]`, `[1, H]`).
+fn res_query(prefix: &str, h: usize, optional: bool) -> AttnResQuerySpec {
+    let c = TensorClass::Dense;
+    let mut norm = build::norm(format!("{prefix}_res_norm.weight"), h, c);
+    let mut proj = TensorSpec::new(
+        format!("{prefix}_res_proj.weight"),
+        &[1, h],
+        c,
+        TensorKind::Mixing,
+    );
+    if optional {
+        norm = norm.optional();
+        proj = proj.optional();
+    }
+    AttnResQuerySpec { norm, proj }
+}
+
 pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     let g = s.gated_delta.as_ref().expect("configured");
     let m = s.mla.as_ref().expect("configured");
+    let k3 = s.kimi_k3;
     let c = TensorClass::Dense;
+    let h = s.hidden_size;
+    // Kimi-Linear pads A_log to `[1, 1, Hv, 1]`; K3's is a plain `[Hv]`.
+    let a_log: &[usize] = if g.full_rank_gate {
+        &[g.value_heads]
+    } else {
+        &[1, 1, g.value_heads, 1]
+    };
     let layers = (0..s.num_layers)
         .map(|i| {
+            let p = format!("model.layers.{i}");
             let attention = if g.linear_layers[i] {
-                kda_attention(s, g, i, &[1, 1, g.value_heads, 1])
+                kda_attention(s, g, i, a_log)
             } else {
-                mla_attention(s, m, i, c, None)
+                let mut a = mla_attention(s, m, i, c, None);
+                if let (AttentionSpec::Mla { gate, .. }, Some(true)) =
+                    (&mut a, k3.map(|k| k.mla_output_gate))
+                {
+                    let rows = s.num_heads * m.v_head_dim;
+                    *gate = Some(Box::new(build::linear(
+                        &format!("{p}.self_attn.g_proj"),
+                        rows,
+                        h,
+                        false,
+                        c,
+                    )));
+                }
+                a
             };
             let ffn = if s.is_moe_layer(i) {
-                sigmoid_moe_named(s, i, c, "block_sparse_moe", ["w1", "w3", "w2"])
+                let mut ffn = sigmoid_moe_named(s, i, c, "block_sparse_moe", ["w1", "w3", "w2"]);
+                if let (FfnSpec::Moe(moe), Some(l)) = (&mut ffn, k3.and_then(|k| k.latent)) {
+                    let b = format!("{p}.block_sparse_moe");
+                    moe.experts.hidden = l;
+                    moe.latent = Some(Box::new(LatentMoeSpec {
+                        down: build::linear(
+                            &format!("{b}.routed_expert_down_proj"),
+                            l,
+                            h,
+                            false,
+                            c,
+                        ),
+                        up: build::linear(&format!("{b}.routed_expert_up_proj"), h, l, false, c),
+                        norm: k3
+                            .is_some_and(|k| k.latent_norm)
+                            .then(|| build::norm(format!("{b}.routed_expert_norm.weight"), l, c)),
+                    }));
+                }
+                ffn
             } else {
-                FfnSpec::Dense(build::mlp(
-                    &format!("model.layers.{i}.mlp"),
-                    s.hidden_size,
-                    s.intermediate_size,
-                    c,
-                ))
+                FfnSpec::Dense(build::mlp(&format!("{p}.mlp"), h, s.intermediate_size, c))
             };
-            build::layer(s, i, attention, ffn, c)
+            let mut layer = build::layer(s, i, attention, ffn, c);
+            if k3.is_some_and(|k| k.attn_res_block.is_some()) {
+                layer.attn_res = Some(Box::new(LayerAttnResSpec {
+                    attn: res_query(&format!("{p}.self_attention"), h, i == 0),
+                    mlp: res_query(&format!("{p}.mlp"), h, false),
+                }));
+            }
+            layer
         })
         .collect();
-    build::model(s, layers, vec![])
+    let mut t = build::model(s, layers, vec![]);
+    if k3.is_some_and(|k| k.attn_res_block.is_some()) {
+        t.final_res = Some(res_query("model.output_attn", h, false));
+    }
+    t
 }

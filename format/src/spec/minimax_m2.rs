@@ -62,6 +62,7 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
             };
             let p = format!("model.layers.{i}.block_sparse_moe");
             let moe = FfnSpec::Moe(MoeSpec {
+                latent: None,
                 hash_table: None,
                 router: TensorSpec::new(format!("{p}.gate.weight"), &[e, h], c, TensorKind::Router),
                 router_bias: Some(TensorSpec::new(

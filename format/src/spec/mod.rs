@@ -40,6 +40,7 @@ pub use inkling::{InklingSpec, LogScaling};
 pub use inkling2::Inkling2Params;
 pub use json::eos_ids;
 use json::Fields;
+pub use kimi_linear::KimiK3Spec;
 pub use mla::{DsaSpec, MlaSpec, Yarn};
 pub use qwen3_next::{DeltaRule, GatedDeltaSpec};
 use serde_json::Value;
@@ -52,7 +53,10 @@ pub use tensors::*;
 /// (`expert_dtype` `fp4`: MXFP4's bits), mxfp8 for Inkling 2's MXFP8 experts
 /// (`weight_block_size` `[1, 32]`); None otherwise.
 pub fn declared_expert_encoding(config: &Value) -> Option<crate::Encoding> {
-    if gpt_oss::declares_mxfp4(config) || deepseek_v4::declares_fp4(config) {
+    if gpt_oss::declares_mxfp4(config)
+        || deepseek_v4::declares_fp4(config)
+        || kimi_linear::declares_mxfp4_pack(config)
+    {
         Some(crate::Encoding::Mxfp4)
     } else if inkling2::declares_mxfp8(config) {
         Some(crate::Encoding::Mxfp8)
@@ -356,6 +360,10 @@ pub struct ModelSpec {
     pub rope_yarn: Option<Yarn>,
     /// The routed experts' activation.
     pub expert_activation: ExpertActivation,
+    /// The activation of the dense MLPs and shared experts when it is not SwiGLU (Kimi K3's
+    /// SiTU: its `hidden_act` applies to every MLP); None: SwiGLU (clamped where
+    /// `swiglu_limit` says).
+    pub mlp_activation: Option<ExpertActivation>,
     /// config.json declares MXFP4 experts (`quantization_config.quant_method: "mxfp4"`,
     /// gpt-oss as published).
     pub mxfp4_experts: bool,
@@ -407,6 +415,9 @@ pub struct ModelSpec {
     pub gated_delta: Option<GatedDeltaSpec>,
     /// DeepSeek-V4: its layers' attention kinds, compression, indexer, RoPE and routing.
     pub deepseek_v4: Option<DeepseekV4Spec>,
+    /// Kimi K3's additions to its Kimi-Linear language model (attention residuals, latent MoE,
+    /// MLA output gate); None elsewhere.
+    pub kimi_k3: Option<KimiK3Spec>,
     /// The residual streams of a model with hyper-connections (GLM-5.3-Flash's mHC:
     /// `hc_mult` streams, Sinkhorn-normalized mixing), None: one residual stream.
     pub hyper: Option<HyperSpec>,
@@ -579,12 +590,6 @@ impl ModelSpec {
         config: &Value,
         generation_config: Option<&Value>,
     ) -> Result<ModelSpec, FormatError> {
-        if config.get("model_type").and_then(Value::as_str) == Some("kimi_k3") {
-            // Its text_config says `kimi_linear`, which coli runs; K3's own layers are not.
-            return Err(FormatError::Unsupported(
-                "model_type \"kimi_k3\" (Kimi K3): not run yet. Its language model extends Kimi-Linear with attention residuals, a latent MoE (experts on routed_expert_hidden_size between shared projections), SiTU experts, a gated MLA output and compressed-tensors MXFP4 experts, which coli does not implement".into(),
-            ));
-        }
         let (v, prefix, wrapper) = language_model_config(config);
         let f = Fields {
             v,
@@ -601,7 +606,9 @@ impl ModelSpec {
         };
         let family = Family::from_model_type(model_type)?;
         if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
+            // Kimi K3's language model (a Kimi-Linear) runs SiTU in every MLP
+            // (`kimi_linear::configure` reads its betas).
+            if act != "silu" && !(act == "situ" && family == Family::KimiLinear) {
                 return Err(FormatError::Unsupported(format!(
                     "hidden_act {act:?} (only silu)"
                 )));
@@ -677,6 +684,7 @@ impl ModelSpec {
             sliding_layers: vec![],
             rope_yarn: None,
             expert_activation: ExpertActivation::Silu,
+            mlp_activation: None,
             mxfp4_experts: false,
             num_experts: 0,
             top_k: 0,
@@ -698,10 +706,12 @@ impl ModelSpec {
             inkling: None,
             gated_delta: None,
             deepseek_v4: None,
+            kimi_k3: None,
             hyper: None,
             swiglu_limit: None,
             zero_centered_norms: false,
             tensors: ModelTensors {
+                final_res: None,
                 embed: TensorSpec::new("", &[0], TensorClass::Dense, TensorKind::Embedding),
                 embed_norm: None,
                 layers: vec![],
@@ -986,13 +996,30 @@ impl ModelSpec {
 
     /// f32 values per token of the residual stream the decoder layers update: `hidden_size`,
     /// times `hc_mult` with hyper-connections (GLM-5.3-Flash), or the closed blocks plus the
-    /// partial sum of Inkling 2's attention residuals (`ceil(layers / block) + 1` rows of
+    /// partial sum of Inkling 2's and Kimi K3's attention residuals (`ceil(layers / block) + 1` rows of
     /// `hidden_size`; `coli_engine::layers::attn_res`).
     pub fn residual_values(&self) -> usize {
         let h = self.hidden_size;
-        match self.inkling.as_ref().and_then(|i| i.v2) {
-            Some(v2) => (self.num_layers.div_ceil(v2.block) + 1) * h,
+        match self.attn_res_block() {
+            Some(block) => (self.num_layers.div_ceil(block) + 1) * h,
             None => self.hyper.map_or(1, |x| x.mult) * h,
+        }
+    }
+
+    /// The routed experts' hidden size: `hidden_size`, or Kimi K3's latent size
+    /// (`routed_expert_hidden_size`), on which its experts run.
+    pub fn expert_hidden(&self) -> usize {
+        self.kimi_k3
+            .and_then(|k| k.latent)
+            .unwrap_or(self.hidden_size)
+    }
+
+    /// Layers per attention-residual block when the residual stream is blocks (Inkling 2's
+    /// `n_layers_per_attn_res_block`, Kimi K3's `attn_res_block_size`); None elsewhere.
+    pub fn attn_res_block(&self) -> Option<usize> {
+        match self.inkling.as_ref().and_then(|i| i.v2) {
+            Some(v2) => Some(v2.block),
+            None => self.kimi_k3.and_then(|k| k.attn_res_block),
         }
     }
 
@@ -1168,6 +1195,7 @@ pub(crate) mod build {
         let c = TensorClass::Dense;
         let lm_head = TensorSpec::new("lm_head.weight", &[v, h], c, TensorKind::OutputHead);
         ModelTensors {
+            final_res: None,
             embed: TensorSpec::new(
                 "model.embed_tokens.weight",
                 &[v, h],
@@ -1198,6 +1226,7 @@ pub(crate) mod build {
     ) -> LayerSpec {
         let p = format!("model.layers.{i}");
         LayerSpec {
+            attn_res: None,
             index: i,
             input_norm: norm(
                 format!("{p}.input_layernorm.weight"),
@@ -1244,6 +1273,7 @@ pub(crate) mod build {
     ) -> FfnSpec {
         let p = format!("model.layers.{i}.{block}");
         FfnSpec::Moe(MoeSpec {
+            latent: None,
             hash_table: None,
             router: TensorSpec::new(
                 format!("{p}.gate.weight"),

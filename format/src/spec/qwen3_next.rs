@@ -64,6 +64,9 @@ pub struct GatedDeltaSpec {
     /// `g = lower_bound * sigmoid(exp(A_log) (f + dt_bias))` instead of
     /// `-exp(A_log) softplus(f + dt_bias)`; None for Gated DeltaNet and Kimi-Linear.
     pub gate_lower_bound: Option<f32>,
+    /// KDA's full-rank output gate (Kimi K3's `use_full_rank_gate`: `g_proj` `[Hv d, H]`, its
+    /// `A_log` `[Hv]`) instead of the low-rank `g_b(g_a(x))`.
+    pub full_rank_gate: bool,
 }
 
 /// A decode pass whose start is a multiple of this many positions keeps a checkpoint of each
@@ -191,6 +194,7 @@ pub(crate) fn configure_hybrid(
         value_head_dim: f.usize("linear_value_head_dim")?.unwrap_or(128),
         conv_kernel: f.usize("linear_conv_kernel_dim")?.unwrap_or(4),
         gate_lower_bound: None,
+        full_rank_gate: false,
     };
     for (key, v) in [
         ("linear_num_key_heads", g.key_heads),
@@ -367,6 +371,7 @@ fn hybrid_layer(
     let m = format!("{p}.mlp");
     let ffn = if kind.moe {
         FfnSpec::Moe(MoeSpec {
+            latent: None,
             hash_table: None,
             router: TensorSpec::new(
                 format!("{m}.gate.weight"),
@@ -407,6 +412,7 @@ fn hybrid_layer(
         FfnSpec::Dense(build::mlp(&m, h, s.intermediate_size, c))
     };
     LayerSpec {
+        attn_res: None,
         index,
         input_norm: build::norm(format!("{p}.input_layernorm.weight"), h, c),
         attention,

@@ -58,7 +58,8 @@ pub enum LinearRole {
     /// The DSA indexer's head weights (`self_attn.indexer.weights_proj`): one of the linear
     /// weights the published FP8 checkpoints keep in BF16; never quantized below 8 bits.
     IndexerWeights,
-    /// Shared experts of a MoE layer (`mlp.shared_experts.*`).
+    /// Shared experts of a MoE layer (`mlp.shared_experts.*`), and the latent MoE's
+    /// projections around the routed experts (Kimi K3's `routed_expert_{down,up}_proj`).
     SharedExperts,
     /// The SwiGLU MLP of a dense (non-MoE) layer (`mlp.{gate,up,down}_proj`).
     DenseMlp,
@@ -323,6 +324,10 @@ pub enum AttentionSpec {
         o: LinearSpec,
         /// The DSA indexer of a GLM-5 `"full"` layer (`None` elsewhere).
         indexer: Option<Box<IndexerSpec>>,
+        /// Kimi K3's output gate (`mla_use_output_gate`): `self_attn.g_proj` `[heads * v_head,
+        /// H]`; the attention output is multiplied by `sigmoid(g_proj(x))` (`x` the layer's
+        /// normalized input) before `o_proj`. None elsewhere.
+        gate: Option<Box<LinearSpec>>,
     },
     /// Inkling 2's attention block with the layer's other parts ([`Inkling2AttentionSpec`]).
     Inkling2(Box<Inkling2AttentionSpec>),
@@ -705,6 +710,24 @@ pub struct MoeSpec {
     /// DeepSeek-V4's hash-routed layers: `ffn.gate.tid2eid` `[vocab, top_k]`, the experts of
     /// each token id (the router weight only weighs them).
     pub hash_table: Option<TensorSpec>,
+    /// Kimi K3's latent MoE: the routed experts run on `down(x)` (their hidden size is the
+    /// latent size L, [`ExpertsSpec::hidden`]) and their weighted sum is normalized and
+    /// projected back, `up(norm(sum))`; the router and the shared experts read `x`. None: the
+    /// experts read `x`.
+    pub latent: Option<Box<LatentMoeSpec>>,
+}
+
+/// Kimi K3's latent projections around the routed experts (`KimiSparseMoeBlock` with
+/// `routed_expert_hidden_size` L).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatentMoeSpec {
+    /// `block_sparse_moe.routed_expert_down_proj` `[L, H]`.
+    pub down: LinearSpec,
+    /// `block_sparse_moe.routed_expert_up_proj` `[H, L]`.
+    pub up: LinearSpec,
+    /// `block_sparse_moe.routed_expert_norm.weight` `[L]` (`latent_moe_use_norm`; epsilon
+    /// `rms_norm_eps`), an RMSNorm of the routed experts' weighted sum before `up`.
+    pub norm: Option<TensorSpec>,
 }
 
 /// A gated delta rule layer's tensors, with `Hk` key heads of `dk`, `Hv` value heads of `dv`
@@ -765,7 +788,8 @@ pub enum GatedDeltaInput {
     /// `q_proj`, `k_proj`, `v_proj` `[Hv d, H]` (the convolution's channels in that order),
     /// the low-rank forget gate `f_a_proj` `[d, H]` then `f_b_proj` `[Hv d, d]` (one log decay
     /// per key channel), `b_proj` `[Hv, H]` (beta), the low-rank output gate `g_a_proj`
-    /// `[d, H]` then `g_b_proj` `[Hv d, d]`.
+    /// `[d, H]` then `g_b_proj` `[Hv d, d]`, or Kimi K3's full-rank gate
+    /// (`use_full_rank_gate`): `g_proj` `[Hv d, H]` in `g_b`, `g_a` None.
     Kda {
         /// `q_proj`.
         q: LinearSpec,
@@ -779,9 +803,9 @@ pub enum GatedDeltaInput {
         f_b: LinearSpec,
         /// `b_proj`.
         b: LinearSpec,
-        /// `g_a_proj`.
-        g_a: LinearSpec,
-        /// `g_b_proj`.
+        /// `g_a_proj` (None: the gate is `g_b` alone, full rank).
+        g_a: Option<LinearSpec>,
+        /// `g_b_proj`, or the full-rank `g_proj`.
         g_b: LinearSpec,
     },
 }
@@ -801,7 +825,11 @@ impl GatedDeltaInput {
                 b,
                 g_a,
                 g_b,
-            } => vec![q, k, v, f_a, f_b, b, g_a, g_b],
+            } => [q, k, v, f_a, f_b, b]
+                .into_iter()
+                .chain(g_a.as_ref())
+                .chain([g_b])
+                .collect(),
         }
     }
 }
@@ -822,6 +850,30 @@ pub struct LayerSpec {
     /// The layer's hyper-connections when the model keeps several residual streams
     /// (GLM-5.3-Flash); None: one residual stream, plain residual adds.
     pub hyper: Option<Box<LayerHyperSpec>>,
+    /// Kimi K3's attention-residual queries of the layer's two sublayers (None elsewhere;
+    /// Inkling 2 keeps its queries in its attention spec).
+    pub attn_res: Option<Box<LayerAttnResSpec>>,
+}
+
+/// One attention-residual query as Kimi K3 stores it (`{site}_res_norm.weight` `[H]` and
+/// `{site}_res_proj.weight` `[1, H]`): the query is their elementwise product, which scores
+/// each RMS-normalized source (`_apply_attn_res` of the release's `modeling_kimi_linear.py`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttnResQuerySpec {
+    /// `{site}_res_norm.weight` `[H]`.
+    pub norm: TensorSpec,
+    /// `{site}_res_proj.weight` `[1, H]`.
+    pub proj: TensorSpec,
+}
+
+/// A Kimi K3 layer's two attention-residual queries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerAttnResSpec {
+    /// Before the attention (`self_attention_res_*`; layer 0's is never read: nothing is
+    /// banked yet, so its tensors are optional).
+    pub attn: AttnResQuerySpec,
+    /// Before the feed-forward block (`mlp_res_*`).
+    pub mlp: AttnResQuerySpec,
 }
 
 /// A multi-token-prediction layer: DeepSeek-V3, GLM-5, GLM-4.5 decoder layer
@@ -877,6 +929,9 @@ pub struct ModelTensors {
     /// The attention-residual query of the output (Inkling 2's `model.llm.attn_res.output_query`
     /// `[H]`), None elsewhere.
     pub final_query: Option<TensorSpec>,
+    /// Kimi K3's output attention-residual query (`model.output_attn_res_{norm,proj}.weight`),
+    /// None elsewhere.
+    pub final_res: Option<AttnResQuerySpec>,
     /// The weighted collapse of the residual streams before the final norm (DeepSeek-V4's
     /// `hc_head_fn` `[N, N H]`, `hc_head_base` `[N]`, `hc_head_scale` `[1]`); None: one stream,
     /// or the streams' mean (GLM-5.3-Flash).
@@ -898,6 +953,9 @@ impl LayerSpec {
     /// The layer's tensors other than its routed experts, in a fixed order.
     pub fn dense(&self) -> Vec<&TensorSpec> {
         let mut out = vec![&self.input_norm];
+        if let Some(r) = &self.attn_res {
+            out.extend([&r.attn.norm, &r.attn.proj, &r.mlp.norm, &r.mlp.proj]);
+        }
         if let Some(hc) = &self.hyper {
             for c in [&hc.attn, &hc.ffn] {
                 out.extend([&c.proj, &c.base, &c.scale]);
@@ -983,6 +1041,7 @@ impl LayerSpec {
                 kv_b,
                 o,
                 indexer,
+                gate,
             } => {
                 match q {
                     MlaQuerySpec::Lora { a, norm, b } => {
@@ -998,6 +1057,9 @@ impl LayerSpec {
                     push_linear(&mut out, l);
                 }
                 push_linear(&mut out, o);
+                if let Some(g) = gate {
+                    push_linear(&mut out, g);
+                }
                 if let Some(ix) = indexer {
                     push_linear(&mut out, &ix.wq_b);
                     push_linear(&mut out, &ix.wk);
@@ -1021,6 +1083,11 @@ impl LayerSpec {
                     push_mlp(&mut out, s);
                 }
                 out.extend(m.shared_gate.as_ref());
+                if let Some(l) = &m.latent {
+                    push_linear(&mut out, &l.down);
+                    push_linear(&mut out, &l.up);
+                    out.extend(l.norm.as_ref());
+                }
             }
             FfnSpec::FusedDense(m) => {
                 push_linear(&mut out, &m.gate_up);
@@ -1093,6 +1160,7 @@ impl LayerSpec {
                 kv_b,
                 o,
                 indexer,
+                gate,
                 ..
             } => {
                 match q {
@@ -1102,7 +1170,11 @@ impl LayerSpec {
                     }
                     MlaQuerySpec::Direct(l) => add(l, LinearRole::Attention),
                 }
-                for l in [kv_a, o].into_iter().chain(kv_b.linears()) {
+                for l in [kv_a, o]
+                    .into_iter()
+                    .chain(kv_b.linears())
+                    .chain(gate.as_deref())
+                {
                     add(l, LinearRole::Attention);
                 }
                 if let Some(ix) = indexer {
@@ -1123,6 +1195,10 @@ impl LayerSpec {
                     for l in [&s.gate, &s.up, &s.down] {
                         add(l, LinearRole::SharedExperts);
                     }
+                }
+                if let Some(l) = &m.latent {
+                    add(&l.down, LinearRole::SharedExperts);
+                    add(&l.up, LinearRole::SharedExperts);
                 }
             }
             FfnSpec::FusedDense(m) => {
@@ -1189,6 +1265,9 @@ impl ModelTensors {
             out.extend(l.dense());
         }
         out.extend(self.final_query.as_ref());
+        if let Some(r) = &self.final_res {
+            out.extend([&r.norm, &r.proj]);
+        }
         if let Some(hh) = &self.hyper_head {
             out.extend([&hh.proj, &hh.base, &hh.scale]);
         }

@@ -285,6 +285,13 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
             .unwrap()
             .keys()
             .filter(|k| !k.ends_with("_scale_inv"))
+            // compressed-tensors MXFP4 (Kimi K3's experts): the converter reads a
+            // `weight_packed` with its `weight_scale` as the spec's `.weight`.
+            .filter(|k| !k.ends_with(".weight_scale"))
+            .map(|k| match k.strip_suffix("_packed") {
+                Some(w) => w.to_string(),
+                None => k.clone(),
+            })
             // DeepSeek-V4's block scales beside their FP8 / FP4 weights.
             .filter(|k| {
                 k.strip_suffix(".scale").is_none_or(|stem| {
@@ -294,7 +301,7 @@ fn fixture_checkpoints_hold_exactly_the_spec_tensors() {
                         .contains_key(&format!("{stem}.weight"))
                 })
             })
-            .filter_map(|k| s.canonical_tensor_name(k).map(|c| c.into_owned()))
+            .filter_map(|k| s.canonical_tensor_name(&k).map(|c| c.into_owned()))
             // An MTP layer coli does not convert (GLM-5.3-Flash's, DeepSeek-V4's `mtp.{k}.*`)
             // is not the spec's either.
             .filter(|k| !(s.family == Family::DeepseekV4 && k.starts_with("mtp.")))
@@ -991,7 +998,10 @@ fn kimi_linear_reads_published_and_transformers_configs() {
             "full_attn_layers is given without",
         ),
         (json!({"full_attn_layers": ["4"]}), "whole numbers"),
-        (json!({"use_full_rank_gate": true}), "use_full_rank_gate"),
+        (
+            json!({"gate_lower_bound": 1.0}),
+            "must be a negative number",
+        ),
     ] {
         let mut b = v.clone();
         for (k, x) in edit.as_object().unwrap() {
@@ -1073,17 +1083,94 @@ fn glm5_next_reads_the_published_config_and_refuses_what_transformers_would() {
     assert_eq!(spec(c).unwrap().gated_delta.unwrap().gate_lower_bound, None);
 }
 
+/// Kimi K3's released config.json: a `kimi_k3` wrapper whose `text_config` is the K3 version of
+/// `kimi_linear` (SiTU, attention residuals, latent MoE, gated MLA, full-rank KDA gate with the
+/// bounded decay, compressed-tensors MXFP4 experts).
 #[test]
-fn kimi_k3_is_refused_by_name_not_misread_as_kimi_linear() {
-    // Kimi K3's text_config declares `kimi_linear`; the wrapper must not pass for it.
-    let c = json!({
-        "model_type": "kimi_k3",
-        "text_config": {"model_type": "kimi_linear", "hidden_size": 64, "num_hidden_layers": 2,
-                        "num_attention_heads": 4, "vocab_size": 32, "num_experts": 4,
-                        "num_experts_per_token": 2, "hidden_act": "silu"}
-    });
-    let e = ModelSpec::from_config(&c, None).unwrap_err().to_string();
-    assert!(e.contains("kimi_k3") && e.contains("not run yet"), "{e}");
+fn kimi_k3_reads_the_published_config_and_refuses_what_it_cannot_run() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/configs/kimi-k3.config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let s = spec(cfg.clone()).unwrap();
+    assert_eq!(s.family, Family::KimiLinear);
+    assert_eq!(s.wrapper.as_deref(), Some("kimi_k3"));
+    assert_eq!(
+        (s.num_layers, s.hidden_size, s.num_experts, s.top_k),
+        (93, 7168, 896, 16)
+    );
+    assert_eq!(
+        s.kimi_k3,
+        Some(KimiK3Spec {
+            attn_res_block: Some(12),
+            latent: Some(3584),
+            latent_norm: true,
+            mla_output_gate: true,
+        })
+    );
+    let situ = ExpertActivation::SoftcappedSwiglu {
+        gate_cap: 4.0,
+        up_cap: 25.0,
+    };
+    assert_eq!((s.expert_activation, s.mlp_activation), (situ, Some(situ)));
+    assert_eq!(s.expert_hidden(), 3584);
+    assert_eq!(s.residual_values(), 9 * 7168);
+    let g = s.gated_delta.as_ref().unwrap();
+    assert_eq!(
+        (g.linear_layer_count(), g.gate_lower_bound, g.full_rank_gate),
+        (69, Some(-5.0), true)
+    );
+    assert_eq!(declared_expert_encoding(&cfg), Some(crate::Encoding::Mxfp4));
+    let t = &s.tensors;
+    let l0 = &t.layers[0];
+    assert!(l0.attn_res.as_ref().unwrap().attn.norm.optional);
+    let AttentionSpec::GatedDeltaNet(a) = &l0.attention else {
+        panic!("layer 0 is KDA")
+    };
+    assert_eq!(a.a_log.shape, vec![96]);
+    let GatedDeltaInput::Kda { g_a: None, g_b, .. } = &a.input else {
+        panic!("full-rank gate")
+    };
+    assert_eq!(g_b.weight.name, "model.layers.0.self_attn.g_proj.weight");
+    let AttentionSpec::Mla { gate: Some(g), .. } = &t.layers[3].attention else {
+        panic!("layer 3 is gated MLA")
+    };
+    assert_eq!(g.weight.shape, vec![96 * 128, 7168]);
+    let FfnSpec::Moe(m) = &t.layers[1].ffn else {
+        panic!("layer 1 is MoE")
+    };
+    assert_eq!((m.experts.hidden, m.experts.intermediate), (3584, 3072));
+    let lat = m.latent.as_ref().unwrap();
+    assert_eq!(lat.down.weight.shape, vec![3584, 7168]);
+    assert!(lat.norm.is_some());
+    assert_eq!(
+        t.final_res.as_ref().unwrap().proj.name,
+        "model.output_attn_res_proj.weight"
+    );
+    // What it cannot run, refused naming the key.
+    for (key, value, what) in [
+        (
+            "activation_situ_linear_beta",
+            Value::Null,
+            "activation_situ_linear_beta",
+        ),
+        (
+            "activation_situ_beta",
+            json!(-1.0),
+            "activation_situ_beta -1 must be a positive",
+        ),
+        ("attn_res_block_size", json!(0), "attn_res_block_size is 0"),
+        (
+            "routed_expert_hidden_size",
+            json!(0),
+            "routed_expert_hidden_size is 0",
+        ),
+        ("hidden_act", json!("gelu"), "hidden_act"),
+    ] {
+        let mut c = cfg.clone();
+        c["text_config"][key] = value;
+        let e = spec(c).unwrap_err().to_string();
+        assert!(e.contains(what), "{key}: {e}");
+    }
 }
 
 /// DeepSeek-V4-Flash's released config.json: 43 layers (sliding 0-1, then CSA and HCA
