@@ -316,8 +316,8 @@ impl Checkpoint {
 /// DeepSeek-V4's FP4 layout, which the converter reads as an I8 `{stem}.weight` with its
 /// `{stem}.scale`: the pair is listed under those names (the checkpoint's own names kept in
 /// `renamed` for errors) and the codes' dtype read as I8 (the same bytes). A `weight_packed`
-/// of another dtype, or without its scale, keeps its name (and is refused as an unknown or
-/// missing tensor).
+/// of another dtype keeps its name (and is refused as an unknown or missing tensor); one
+/// without its scale is renamed alone (the converter then names the missing `weight_scale`).
 fn read_packed_mxfp4(
     shards: &mut [Shard],
     tensors: &mut BTreeMap<String, usize>,
@@ -332,17 +332,26 @@ fn read_packed_mxfp4(
     for name in packed {
         let stem = name.trim_end_matches(".weight_packed");
         let scale = format!("{stem}.weight_scale");
-        let (i, j) = (tensors[&name], tensors.get(&scale).copied());
-        let Some(j) = j else { continue };
+        let i = tensors[&name];
         let taken = tensors.contains_key(&format!("{stem}.weight"))
             || tensors.contains_key(&format!("{stem}.scale"));
         if shards[i].tensors[&name].dtype != Dtype::U8 || taken {
             continue;
         }
-        for (from, to, shard) in [
-            (name.clone(), format!("{stem}.weight"), i),
-            (scale, format!("{stem}.scale"), j),
-        ] {
+        let own_stem = renamed
+            .get(&name)
+            .map_or(stem, |own| own.trim_end_matches(".weight_packed"))
+            .to_string();
+        // Without its scale the codes still read as FP4, so that the error names the missing
+        // `weight_scale` (recorded as the checkpoint's name of `{stem}.scale`).
+        let mut pairs = vec![(name.clone(), format!("{stem}.weight"), i)];
+        match tensors.get(&scale).copied() {
+            Some(j) => pairs.push((scale, format!("{stem}.scale"), j)),
+            None => {
+                renamed.insert(format!("{stem}.scale"), format!("{own_stem}.weight_scale"));
+            }
+        }
+        for (from, to, shard) in pairs {
             let mut info = shards[shard].tensors.remove(&from).expect("listed");
             if from.ends_with("_packed") {
                 info.dtype = Dtype::I8;

@@ -468,12 +468,13 @@ fn fp4_source<'a>(
     };
     let cols = 2 * packed;
     let Some(sname_owned) = ck.scale_of(name).filter(|s| s.ends_with(".scale")) else {
+        let scale = format!("{}.scale", name.trim_end_matches(".weight"));
         return Err(terr(
             name,
             format!(
-                "is I8 (FP4 codes) in {} but its e8m0 scale {}.scale is missing",
+                "holds FP4 codes in {} but its e8m0 scale {} is missing",
                 shard.name,
-                name.trim_end_matches(".weight")
+                ck.renamed.get(&scale).unwrap_or(&scale)
             ),
         ));
     };
@@ -836,6 +837,16 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
         }
         let Some(t) = dense_spec.get(name.as_str()) else {
+            if let Some(key) = ck.spec.key_to_read(name) {
+                return Err(terr(
+                    name,
+                    format!(
+                        "is in {} but config.json does not set {}{key}, without which the model does not read it: the config and the tensors describe different models",
+                        shard.name,
+                        if ck.spec.wrapper.is_some() { "text_config." } else { "" }
+                    ),
+                ));
+            }
             unused.push(name.clone());
             continue;
         };

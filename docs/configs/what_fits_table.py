@@ -4,19 +4,23 @@ published config in docs/configs/ at 25 and 64 GiB of RAM, 8192 tokens, a 3 GiB/
 per dense configuration. Usage: python3 docs/configs/what_fits_table.py [COLI] > docs/configs/what_fits.md
 With --long: the long-context table of the DeepSeek-V4 configs (25, 64 and 128 GiB of RAM at 128K
 and 1M tokens; a context column added), > docs/configs/what_fits_long.md.
+With --large: Kimi K3 (1.35 TiB of MXFP4 experts) at 64 and 128 GiB, > docs/configs/what_fits_large.md.
 Standard library only."""
 import json
 import subprocess
 import sys
 
-ARGS = [a for a in sys.argv[1:] if a != "--long"]
+ARGS = [a for a in sys.argv[1:] if a not in ("--long", "--large")]
 LONG = "--long" in sys.argv[1:]
+LARGE = "--large" in sys.argv[1:]
 COLI = ARGS[0] if ARGS else "target/release/coli"
 MODELS = ["glm-5", "glm-5.1", "glm-5.2", "deepseek-v3", "deepseek-v3.2", "kimi-k2", "qwen3-235b-a22b", "glm-4.5", "glm-4.6",
           "glm-4.5-air", "minimax-m2", "gpt-oss-120b", "inkling", "inkling-2", "qwen3-next-80b-a3b",
           "qwen3.6-35b-a3b", "qwen3.5-397b-a17b", "kimi-linear-48b-a3b", "glm-5.3-flash", "deepseek-v4-flash",
-          "deepseek-v4-pro"]
+          "deepseek-v4-pro", "kimi-k3"]
 RAMS, CONTEXTS = ("25G", "64G"), ("8192",)
+if LARGE:
+    MODELS, RAMS = ["kimi-k3"], ("64G", "128G")
 if LONG:
     MODELS, RAMS, CONTEXTS = ["deepseek-v4-flash", "deepseek-v4-pro"], ("25G", "64G", "128G"), ("131072", "1048576")
 GIB = 1 << 30
@@ -33,10 +37,10 @@ for m in MODELS:
         head = (f"{m} | {p['expert_bytes_total'] / GIB:.1f} GiB ({p['experts']} x {p['expert_encoding']}) | "
                 f"{p['expert_bytes_per_token_no_hits'] / GIB:.2f} | {p['kv_bytes_per_token'] // 1024} KiB")
         for i, r in enumerate(p["rows"]):
-            first = head if (i == 0 and ram == "25G" and ctx == CONTEXTS[0]) else " | | | "
+            first = head if (i == 0 and ram == RAMS[0] and ctx == CONTEXTS[0]) else " | | | "
             if LONG:
                 ctx_cell = (f"{int(ctx) // 1024}K | {p['kv_bytes_per_sequence'] / GIB:.2f} GiB | "
-                            if (i == 0 and ram == "25G") else " | | ")
+                            if (i == 0 and ram == RAMS[0]) else " | | ")
                 first += " | " + ctx_cell[:-3]
             ram_cell = ram[:-1] + " GiB" if i == 0 else ""
             tok = r["decode_tok_s_bound"]

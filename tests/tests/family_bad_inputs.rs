@@ -1,5 +1,5 @@
 //! Bad inputs of the GLM-4.5, MiniMax-M2, DeepSeek-V3.2, Inkling, Inkling 2, Qwen3-Next, Qwen3.5,
-//! Kimi-Linear, GLM-5.3-Flash and DeepSeek-V4 fixtures (copies of tests/fixtures/tiny/<name> with
+//! Kimi-Linear, Kimi K3, GLM-5.3-Flash and DeepSeek-V4 fixtures (copies of tests/fixtures/tiny/<name> with
 //! one thing broken):
 //! a missing shard, config fields the family needs, shapes that disagree with config.json and
 //! config values the family cannot run are refused by `coli-convert`'s preflight with an error
@@ -527,10 +527,10 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
         &|l| l["kda_layers"] = json!([0, 1, 2]),
         &["config.json", "linear_attn_config.kda_layers", "1-based"],
     );
-    // KDA variants of later families.
+    // A bounded decay that bounds nothing.
     lin_refused(
-        &|l| l["gate_lower_bound"] = json!(-5.0),
-        &["gate_lower_bound"],
+        &|l| l["gate_lower_bound"] = json!(1.0),
+        &["config.json", "gate_lower_bound", "negative"],
     );
     // Values the family cannot run.
     config_refused(n, "mla_use_nope", json!(false), &["mla_use_nope"]);
@@ -569,6 +569,76 @@ fn kimi_linear_bad_inputs_are_refused_before_anything_is_written() {
         Some(name.replacen("model.", "model.language_model.", 1))
     });
     refused(&ck, tmp.path(), &["model.embed_tokens.weight"]);
+}
+
+/// Kimi K3 as published (`kimi_k3_mxfp4`: nested under `text_config` / `language_model.`,
+/// compressed-tensors MXFP4 experts): decay tensors of the wrong shape, a layer list the
+/// tensors contradict, a missing or NaN MXFP4 scale, a config that lost a K3 key its tensors
+/// need, SiTU without its up-branch beta and names without the wrapper's prefix are refused
+/// before anything is written, naming the tensor or field.
+#[test]
+fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
+    let n = "kimi_k3_mxfp4";
+    missing_shard_refused(n, "model-00002-of-00003.safetensors");
+    let k3_refused = |edit: &dyn Fn(&mut Value), names: &[&str]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = with_config(n, tmp.path(), |c| edit(&mut c["text_config"]));
+        refused(&ck, tmp.path(), names);
+    };
+    // Kimi-Linear's padded A_log where K3's is [H].
+    let a_log = "language_model.model.layers.0.self_attn.A_log";
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, _| {
+        *shape = vec![1, 1, 4, 1];
+    });
+    refused(&ck, tmp.path(), &[a_log, "expected [4]"]);
+    // Layer 3 (1-based) declared KDA: its tensors are MLA's.
+    k3_refused(
+        &|t| {
+            t["linear_attn_config"]["kda_layers"] = json!([1, 2, 3, 4]);
+            t["linear_attn_config"]["full_attn_layers"] = json!([5]);
+        },
+        &["layers.2.self_attn.", "missing", "layer kinds"],
+    );
+    // An expert matrix without its scale, and with the e8m0 NaN code.
+    let stem = "language_model.model.layers.1.block_sparse_moe.experts.3.w2";
+    let scale = format!("{stem}.weight_scale");
+    tensor_missing_refused(n, &scale, &[&scale, "missing"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_tensor_edit(n, tmp.path(), &scale, |_, bytes| bytes[5] = 0xFF);
+    refused(&ck, tmp.path(), &[&scale, "NaN"]);
+    // A config that lost a key its tensors need would convert a different model.
+    for (key, value, tensor) in [
+        ("attn_res_block_size", Value::Null, "mlp_res_norm.weight"),
+        ("latent_moe_use_norm", json!(false), "routed_expert_norm.weight"),
+        ("mla_use_output_gate", json!(false), "self_attn.g_proj.weight"),
+    ] {
+        nested_config_refused(n, key, value, &[tensor, &format!("text_config.{key}")]);
+    }
+    // Without the latent size the experts are read at the hidden size: their shapes disagree.
+    nested_config_refused(
+        n,
+        "routed_expert_hidden_size",
+        Value::Null,
+        &["experts.0.w1.weight_packed", "expected [64, 64]"],
+    );
+    k3_refused(
+        &|t| t["linear_attn_config"]["use_full_rank_gate"] = json!(false),
+        &["layers.0.self_attn.g_a_proj.weight", "missing"],
+    );
+    nested_config_refused(
+        n,
+        "activation_situ_linear_beta",
+        Value::Null,
+        &["activation_situ_linear_beta"],
+    );
+    // The language model's tensors without the wrapper's `language_model.` prefix.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ckpt");
+    coli_tests::rewrite_checkpoint(&coli_tests::fixture_dir(n), &ck, |name| {
+        Some(name.trim_start_matches("language_model.").to_string())
+    });
+    refused(&ck, tmp.path(), &["model.embed_tokens.weight", "missing"]);
 }
 
 /// GLM-5.3-Flash as published: nested under `text_config` / `model.language_model.`, four

@@ -434,6 +434,39 @@ fn configure_k3(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// The config key a Kimi K3 tensor needs set to be read, when the checkpoint has it but the
+/// config does not set the key (a K3 checkpoint whose config lost a key would otherwise convert
+/// into a different model, the tensor left out): `attn_res_block_size` for the
+/// attention-residual vectors, `routed_expert_hidden_size` / `latent_moe_use_norm` for the
+/// latent MoE's, `mla_use_output_gate` for an MLA layer's `g_proj`. None when the spec reads it
+/// or it is no K3 tensor.
+pub(crate) fn key_to_read(s: &ModelSpec, name: &str) -> Option<&'static str> {
+    let k3 = s.kimi_k3;
+    let res = name.ends_with("_res_norm.weight") || name.ends_with("_res_proj.weight");
+    if res && k3.is_none_or(|k| k.attn_res_block.is_none()) {
+        return Some("attn_res_block_size");
+    }
+    if name.ends_with(".routed_expert_norm.weight") && k3.is_none_or(|k| !k.latent_norm) {
+        return Some(if k3.is_some_and(|k| k.latent.is_some()) {
+            "latent_moe_use_norm"
+        } else {
+            "routed_expert_hidden_size"
+        });
+    }
+    if name.contains(".block_sparse_moe.routed_expert_") && k3.is_none_or(|k| k.latent.is_none()) {
+        return Some("routed_expert_hidden_size");
+    }
+    let mla = super::layer_of(name).is_some_and(|l| {
+        s.gated_delta
+            .as_ref()
+            .is_some_and(|g| !g.linear_layers.get(l as usize).copied().unwrap_or(true))
+    });
+    if mla && name.ends_with(".self_attn.g_proj.weight") && k3.is_none_or(|k| !k.mla_output_gate) {
+        return Some("mla_use_output_gate");
+    }
+    None
+}
+
 /// Whether a config declares compressed-tensors MXFP4 weights (`quantization_config`
 /// `quant_method: compressed-tensors`, `format: mxfp4-pack-quantized`, at the top level or in
 /// `text_config`): Kimi K3's routed experts, each matrix a `weight_packed` U8 `[rows, cols/2]`

@@ -1006,6 +1006,17 @@ impl ModelSpec {
         }
     }
 
+    /// The config key that would make the model read tensor `name` (spec name), when the family
+    /// knows the tensor but this config does not read it (Kimi K3's: a config that lost a key,
+    /// [`kimi_linear`]); None otherwise. The converter refuses such a checkpoint instead of
+    /// leaving the tensor out.
+    pub fn key_to_read(&self, name: &str) -> Option<&'static str> {
+        match self.family {
+            Family::KimiLinear => kimi_linear::key_to_read(self, name),
+            _ => None,
+        }
+    }
+
     /// The routed experts' hidden size: `hidden_size`, or Kimi K3's latent size
     /// (`routed_expert_hidden_size`), on which its experts run.
     pub fn expert_hidden(&self) -> usize {
