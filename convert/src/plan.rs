@@ -850,12 +850,15 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             unused.push(name.clone());
             continue;
         };
-        if info.shape != t.shape {
+        if !t.accepts_shape(&info.shape) {
             return Err(terr(
                 name,
                 format!(
-                    "shape {:?} in {}, expected {:?} from config.json",
-                    info.shape, shard.name, t.shape
+                    "shape {:?} in {}, expected {:?}{} from config.json",
+                    info.shape,
+                    shard.name,
+                    t.shape,
+                    if t.leading_values { " or longer" } else { "" }
                 ),
             ));
         }

@@ -585,13 +585,25 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
         let ck = with_config(n, tmp.path(), |c| edit(&mut c["text_config"]));
         refused(&ck, tmp.path(), names);
     };
-    // Kimi-Linear's padded A_log where K3's is [H].
+    // Kimi-Linear's padded A_log where K3's is a vector of at least H values.
     let a_log = "language_model.model.layers.0.self_attn.A_log";
     let tmp = tempfile::tempdir().unwrap();
-    let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, _| {
+    let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, bytes| {
         *shape = vec![1, 1, 4, 1];
+        bytes.truncate(16);
     });
-    refused(&ck, tmp.path(), &[a_log, "expected [4]"]);
+    refused(&ck, tmp.path(), &[a_log, "expected [4] or longer"]);
+    // Fewer values than heads (the release publishes more, of which the first are read).
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, bytes| {
+        *shape = vec![3];
+        bytes.truncate(12);
+    });
+    refused(
+        &ck,
+        tmp.path(),
+        &[a_log, "shape [3]", "expected [4] or longer"],
+    );
     // Layer 3 (1-based) declared KDA: its tensors are MLA's.
     k3_refused(
         &|t| {
@@ -610,8 +622,16 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
     // A config that lost a key its tensors need would convert a different model.
     for (key, value, tensor) in [
         ("attn_res_block_size", Value::Null, "mlp_res_norm.weight"),
-        ("latent_moe_use_norm", json!(false), "routed_expert_norm.weight"),
-        ("mla_use_output_gate", json!(false), "self_attn.g_proj.weight"),
+        (
+            "latent_moe_use_norm",
+            json!(false),
+            "routed_expert_norm.weight",
+        ),
+        (
+            "mla_use_output_gate",
+            json!(false),
+            "self_attn.g_proj.weight",
+        ),
     ] {
         nested_config_refused(n, key, value, &[tensor, &format!("text_config.{key}")]);
     }

@@ -373,7 +373,9 @@ pub(crate) fn load_gated_delta<'s>(
     for t in &a.convs {
         conv.extend(w.vector(t)?);
     }
-    let a_log = w.vector(&a.a_log)?;
+    let mut a_log = w.vector(&a.a_log)?;
+    // A vector published longer than its heads (Kimi K3's): the leading values are read.
+    a_log.truncate(a.a_log.shape.iter().product());
     Ok(GatedDeltaNet {
         rule: g.rule,
         input,

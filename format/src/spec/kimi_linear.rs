@@ -530,7 +530,15 @@ pub(crate) fn kda_attention(
         },
         convs: vec![conv("q_conv1d"), conv("k_conv1d"), conv("v_conv1d")],
         dt_bias: TensorSpec::new(format!("{p}.dt_bias"), &[hv * d], c, TensorKind::Bias),
-        a_log: TensorSpec::new(format!("{p}.A_log"), a_log, c, TensorKind::Bias),
+        a_log: {
+            let t = TensorSpec::new(format!("{p}.A_log"), a_log, c, TensorKind::Bias);
+            // K3 publishes 128 values for 96 heads; one per head is read.
+            if g.full_rank_gate {
+                t.leading_values()
+            } else {
+                t
+            }
+        },
         norm: build::norm(format!("{p}.o_norm.weight"), d, c),
         out: lin("o_proj", h, hv * d),
     }))

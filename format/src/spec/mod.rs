@@ -907,7 +907,9 @@ impl ModelSpec {
         let dims = |s: &[usize]| crate::matrix_dims(s);
         for t in &wanted {
             match stored.get(t.name.as_str()) {
-                Some(d) if dims(&d.shape) != Some(t.rows_cols()) => {
+                Some(d)
+                    if dims(&d.shape) != Some(t.rows_cols()) && !t.accepts_shape(&d.shape) =>
+                {
                     return Err(bad(format!(
                         "dense tensor {} is stored as {:?} but the config gives {:?}: the MANIFEST's config does not describe the stored weights",
                         t.name, d.shape, t.shape

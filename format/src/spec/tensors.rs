@@ -108,6 +108,10 @@ pub struct TensorSpec {
     /// Whether the model runs without it (a stated stand-in is used instead, see the field
     /// that holds it).
     pub optional: bool,
+    /// A vector of which the model reads the first `shape[0]` values, which a checkpoint may
+    /// publish longer ([`TensorSpec::accepts_shape`]): Kimi K3's `A_log`, published with 128
+    /// values for its 96 KDA heads (llama.cpp's converter and mlxcel read the first 96).
+    pub leading_values: bool,
 }
 
 impl TensorSpec {
@@ -124,7 +128,22 @@ impl TensorSpec {
             class,
             kind,
             optional: false,
+            leading_values: false,
         }
+    }
+
+    /// The same vector, read as the leading values of a possibly longer one.
+    pub(crate) fn leading_values(mut self) -> TensorSpec {
+        self.leading_values = true;
+        self
+    }
+
+    /// Whether a tensor of `shape` (checkpoint or store) is this one: the spec's shape, or for
+    /// [`TensorSpec::leading_values`] a longer vector.
+    pub fn accepts_shape(&self, shape: &[usize]) -> bool {
+        shape == self.shape.as_slice()
+            || (self.leading_values
+                && matches!((shape, self.shape.as_slice()), ([n], [want]) if n >= want))
     }
 
     /// The same tensor, optional.
