@@ -69,7 +69,7 @@ impl<'s> Weights<'s> {
             .store
             .dense(&t.name)
             .map_err(store_err(format!("reading dense tensor {}", t.name)))?;
-        if !t.accepts_shape(&d.shape) {
+        if !t.accepts_shape(d.shape) {
             return Err(EngineError::Shape {
                 name: t.name.clone(),
                 expected: t.shape.clone(),
