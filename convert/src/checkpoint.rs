@@ -205,7 +205,9 @@ impl Checkpoint {
                 }
             }
         }
-        read_packed_mxfp4(&mut shards, &mut tensors, &mut renamed);
+        if coli_format::spec::kimi_linear::declares_mxfp4_pack(&cfg_json) {
+            read_packed_mxfp4(&mut shards, &mut tensors, &mut renamed);
+        }
         let mut extra_files = Vec::new();
         for f in COPIED_FILES {
             let p = dir.join(f);
@@ -315,9 +317,11 @@ impl Checkpoint {
 /// with its `{stem}.weight_scale` U8 `[rows, cols / 32]` (e8m0) are MXFP4's bits in
 /// DeepSeek-V4's FP4 layout, which the converter reads as an I8 `{stem}.weight` with its
 /// `{stem}.scale`: the pair is listed under those names (the checkpoint's own names kept in
-/// `renamed` for errors) and the codes' dtype read as I8 (the same bytes). A `weight_packed`
-/// of another dtype keeps its name (and is refused as an unknown or missing tensor); one
-/// without its scale is renamed alone (the converter then names the missing `weight_scale`).
+/// `renamed` for errors) and the codes' dtype read as I8 (the same bytes; some re-saves store
+/// them as I8 already). Only the routed experts' (`.experts.E.`), and only when config.json
+/// declares `mxfp4-pack-quantized` (the caller checks): other packed tensors keep their names,
+/// which the converter refuses. A `weight_packed` without its scale is renamed alone (the
+/// converter then names the missing `weight_scale`).
 fn read_packed_mxfp4(
     shards: &mut [Shard],
     tensors: &mut BTreeMap<String, usize>,
@@ -335,7 +339,8 @@ fn read_packed_mxfp4(
         let i = tensors[&name];
         let taken = tensors.contains_key(&format!("{stem}.weight"))
             || tensors.contains_key(&format!("{stem}.scale"));
-        if shards[i].tensors[&name].dtype != Dtype::U8 || taken {
+        let codes = matches!(shards[i].tensors[&name].dtype, Dtype::U8 | Dtype::I8);
+        if !codes || taken || !name.contains(".experts.") {
             continue;
         }
         let own_stem = renamed

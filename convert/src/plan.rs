@@ -539,6 +539,30 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
     let nl = spec.num_layers as u32;
     let mtp_index = spec.mtp_layer().map(|n| n as u32);
 
+    // Tensors that say the config is not the checkpoint's: a tensor the family reads only with
+    // a config key this config lacks (Kimi K3's), compressed-tensors packed weights coli does not
+    // read (`Checkpoint::open` lists the MXFP4 routed experts under the FP4 layout's names).
+    for (name, &si) in &ck.tensors {
+        let shard = &ck.shards[si].name;
+        if let Some(key) = spec.key_to_read(name) {
+            return Err(terr(
+                name,
+                format!(
+                    "is in {shard} but config.json does not set {}{key}, without which the model does not read it: the config and the tensors describe different models",
+                    if spec.wrapper.is_some() { "text_config." } else { "" }
+                ),
+            ));
+        }
+        if name.ends_with(".weight_packed") || name.ends_with(".weight_scale") {
+            return Err(terr(
+                name,
+                format!(
+                    "is a compressed-tensors packed weight in {shard}: coli reads packed weights as MXFP4 routed experts only (`experts.E.wN.weight_packed` U8 or I8 with its U8 `weight_scale`, config.json's quantization_config format mxfp4-pack-quantized); dequantize this one to BF16"
+                ),
+            ));
+        }
+    }
+
     // Fused experts in a layout the spec does not read, and stray layers.
     let fused_prefixes: BTreeSet<String> = spec
         .tensors
@@ -765,8 +789,13 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                     return Err(terr(
                         n,
                         format!(
-                            "shape {:?} in {}, expected {:?} (hidden_size {}, intermediate size {} from config.json)",
-                            info.shape, shard.name, want, set.hidden, set.intermediate
+                            "shape {:?} in {}, expected {:?} ({} {}, intermediate size {} from config.json)",
+                            info.shape,
+                            shard.name,
+                            want,
+                            spec.expert_hidden_key(),
+                            set.hidden,
+                            set.intermediate
                         ),
                     ));
                 }
@@ -837,16 +866,6 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
             }
         }
         let Some(t) = dense_spec.get(name.as_str()) else {
-            if let Some(key) = ck.spec.key_to_read(name) {
-                return Err(terr(
-                    name,
-                    format!(
-                        "is in {} but config.json does not set {}{key}, without which the model does not read it: the config and the tensors describe different models",
-                        shard.name,
-                        if ck.spec.wrapper.is_some() { "text_config." } else { "" }
-                    ),
-                ));
-            }
             unused.push(name.clone());
             continue;
         };
@@ -858,7 +877,9 @@ pub fn build(ck: &Checkpoint, enc: Encodings, alignment: usize) -> Result<Plan> 
                     info.shape,
                     shard.name,
                     t.shape,
-                    if t.leading_values { " or longer" } else { "" }
+                    t.padded_len
+                        .map(|p| format!(" or [{p}] (padded)"))
+                        .unwrap_or_default()
                 ),
             ));
         }

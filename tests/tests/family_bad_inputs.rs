@@ -592,7 +592,18 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
         *shape = vec![1, 1, 4, 1];
         bytes.truncate(16);
     });
-    refused(&ck, tmp.path(), &[a_log, "expected [4] or longer"]);
+    refused(&ck, tmp.path(), &[a_log, "expected [4] or [16] (padded)"]);
+    // One value per key channel (`dt_bias`'s layout) is another model: refused.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, bytes| {
+        *shape = vec![64];
+        *bytes = bytes.repeat(4);
+    });
+    refused(
+        &ck,
+        tmp.path(),
+        &[a_log, "shape [64]", "expected [4] or [16] (padded)"],
+    );
     // Fewer values than heads (the release publishes more, of which the first are read).
     let tmp = tempfile::tempdir().unwrap();
     let ck = with_tensor_edit(n, tmp.path(), a_log, |shape, bytes| {
@@ -602,7 +613,7 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
     refused(
         &ck,
         tmp.path(),
-        &[a_log, "shape [3]", "expected [4] or longer"],
+        &[a_log, "shape [3]", "expected [4] or [16] (padded)"],
     );
     // Layer 3 (1-based) declared KDA: its tensors are MLA's.
     k3_refused(
@@ -635,13 +646,7 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
     ] {
         nested_config_refused(n, key, value, &[tensor, &format!("text_config.{key}")]);
     }
-    // Without the latent size the experts are read at the hidden size: their shapes disagree.
-    nested_config_refused(
-        n,
-        "routed_expert_hidden_size",
-        Value::Null,
-        &["experts.0.w1.weight_packed", "expected [64, 64]"],
-    );
+
     k3_refused(
         &|t| t["linear_attn_config"]["use_full_rank_gate"] = json!(false),
         &["layers.0.self_attn.g_a_proj.weight", "missing"],
@@ -649,9 +654,25 @@ fn kimi_k3_bad_inputs_are_refused_before_anything_is_written() {
     nested_config_refused(
         n,
         "activation_situ_linear_beta",
-        Value::Null,
-        &["activation_situ_linear_beta"],
+        json!(0.0),
+        &["activation_situ_linear_beta 0 must be a positive number"],
     );
+    // What Kimi K3's config class has no default for, and its default RoPE.
+    for key in ["moe_intermediate_size", "kv_lora_rank"] {
+        nested_config_refused(
+            n,
+            key,
+            Value::Null,
+            &[&format!("text_config.{key}"), "no default"],
+        );
+    }
+    nested_config_refused(n, "mla_use_nope", Value::Null, &["mla_use_nope", "Kimi K3"]);
+    // Packed weights outside the routed experts, or under another compressed-tensors format.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = with_config(n, tmp.path(), |c| {
+        c["text_config"]["quantization_config"]["format"] = json!("pack-quantized");
+    });
+    refused(&ck, tmp.path(), &["weight_packed", "mxfp4-pack-quantized"]);
     // The language model's tensors without the wrapper's `language_model.` prefix.
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ckpt");

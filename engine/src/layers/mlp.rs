@@ -58,9 +58,17 @@ pub(crate) fn swiglu_inplace(g: &mut [f32], u: &[f32], act: Glu) {
             }
         }
         Glu::Softcapped { gate, up } => {
+            // An infinite cap leaves the up branch as is (K3's `SituAndMul` with no linear beta).
+            let cap = |b: f32| {
+                if up.is_finite() {
+                    (b / up).tanh() * up
+                } else {
+                    b
+                }
+            };
             for (a, b) in g.iter_mut().zip(u) {
                 let s = 1.0 / (1.0 + (-*a).exp());
-                *a = (*a / gate).tanh() * gate * s * ((b / up).tanh() * up);
+                *a = (*a / gate).tanh() * gate * s * cap(*b);
             }
         }
     }

@@ -231,9 +231,12 @@ pub(crate) fn kda_dims(
 pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
     let pre = f.prefix;
     let unsupported = |what: String| Err(FormatError::Unsupported(format!("kimi_linear {what}")));
-    if f.bool("mla_use_nope")? == Some(false) {
+    // Kimi K3's config class defaults `mla_use_nope` to false (RoPE), transformers' to true.
+    let nope_default = s.wrapper.as_deref() != Some(K3_WRAPPER);
+    if !f.bool("mla_use_nope")?.unwrap_or(nope_default) {
         return unsupported(format!(
-            "with {pre}mla_use_nope false (RoPE in the MLA layers; the released model and transformers' class have none)"
+            "with {pre}mla_use_nope false{} (RoPE in the MLA layers; the released models and transformers' class have none)",
+            if nope_default { "" } else { " (Kimi K3's config class default when absent)" }
         ));
     }
     if let Some(a) = f.str("moe_router_activation_func")? {
@@ -274,36 +277,68 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         }
     }
     configure_k3(f, s)?;
+    // Kimi K3's config class (the release's `configuration_kimi_k3.KimiLinearConfig`, Moonshot's)
+    // has other defaults than transformers 5.25's `KimiLinearConfig`: a key a K3 config leaves
+    // out takes the K3 class's value, so that it describes the model the release's code builds.
+    let k3_class = s.wrapper.as_deref() == Some(K3_WRAPPER);
     let n = s.num_layers;
     let (num_experts, experts_key) =
         first_usize(f, &["num_experts", "num_local_experts"])?.unwrap_or((256, "num_experts"));
     s.num_experts = num_experts;
-    s.moe_intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(1024);
+    s.moe_intermediate_size = match f.usize("moe_intermediate_size")? {
+        Some(v) => v,
+        None if k3_class => {
+            return Err(f.err(format!(
+                "missing field {pre}moe_intermediate_size (Kimi K3's config class has no default)"
+            )))
+        }
+        None => 1024,
+    };
     if f.get("intermediate_size").is_none() {
-        s.intermediate_size = 9216;
+        s.intermediate_size = if k3_class { 11008 } else { 9216 };
+    }
+    if k3_class && f.get("rms_norm_eps").is_none() {
+        s.rms_norm_eps = 1e-6;
     }
     s.max_position_embeddings = first_usize(f, &["model_max_length", "max_position_embeddings"])?
-        .map_or(1_048_576, |v| v.0);
+        .map_or(if k3_class { 4096 } else { 1_048_576 }, |v| v.0);
     s.norm_topk_prob = match f.bool("moe_renormalize")? {
         Some(b) => b,
         None => f.bool("norm_topk_prob")?.unwrap_or(true),
     };
-    s.n_shared_experts =
-        first_usize(f, &["num_shared_experts", "n_shared_experts"])?.map_or(1, |v| v.0);
+    // Kimi K3's gate (`KimiMoEGate`, as DeepSeek-V3's official one) renormalizes only when it
+    // picks more than one expert; transformers' Kimi-Linear always does.
+    if k3_class && top_k(f)?.0 <= 1 {
+        s.norm_topk_prob = false;
+    }
+    s.n_shared_experts = first_usize(f, &["num_shared_experts", "n_shared_experts"])?
+        .map_or(usize::from(!k3_class), |v| v.0);
     let (n_group, group_key) =
         first_usize(f, &["num_expert_group", "n_group"])?.unwrap_or((1, "num_expert_group"));
     let n_group = n_group.max(1);
     let topk_group = f.usize("topk_group")?.unwrap_or(1).max(1);
-    let scaling = f.f64("routed_scaling_factor")?.unwrap_or(2.446) as f32;
+    let scaling = f
+        .f64("routed_scaling_factor")?
+        .unwrap_or(if k3_class { 1.0 } else { 2.446 }) as f32;
     grouped_sigmoid(f, s, (n_group, group_key), topk_group, experts_key, scaling)?;
-    let first_dense = f.usize("first_k_dense_replace")?.unwrap_or(1);
+    let first_dense = f
+        .usize("first_k_dense_replace")?
+        .unwrap_or(usize::from(!k3_class));
     let mlp_sparse = mlp_layer_types(f, n, |i| i >= first_dense)?;
     s.moe_layers = mlp_sparse.iter().map(|&m| m && s.num_experts > 0).collect();
     let qk_nope_head_dim = f.usize("qk_nope_head_dim")?.unwrap_or(128);
     let qk_rope_head_dim = f.usize("qk_rope_head_dim")?.unwrap_or(64);
     let m = MlaSpec {
         q_lora_rank: f.usize("q_lora_rank")?,
-        kv_lora_rank: f.usize("kv_lora_rank")?.unwrap_or(512),
+        kv_lora_rank: match f.usize("kv_lora_rank")? {
+            Some(v) => v,
+            None if k3_class => {
+                return Err(f.err(format!(
+                    "missing field {pre}kv_lora_rank (Kimi K3's config class has no default)"
+                )))
+            }
+            None => 512,
+        },
         qk_nope_head_dim,
         qk_rope_head_dim,
         v_head_dim: f.usize("v_head_dim")?.unwrap_or(128),
@@ -351,12 +386,16 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
     Ok(())
 }
 
+/// The `model_type` of Kimi K3's multimodal wrapper, whose `text_config` is a `kimi_linear`.
+pub(crate) const K3_WRAPPER: &str = "kimi_k3";
+
 /// Kimi K3's additions to a Kimi-Linear language model (the release's `text_config`, which
 /// says `kimi_linear`; its modeling file is the K3 version of `modeling_kimi_linear.py`).
 /// Each is read where the config sets it, so a config without them is Kimi-Linear's:
 ///
 /// - `hidden_act: situ` with `activation_situ_beta` (beta, default 1) and
-///   `activation_situ_linear_beta` (lb): every MLP (dense, shared, routed experts) computes
+///   `activation_situ_linear_beta` (lb; absent: the up branch as is, an infinite cap): every
+///   MLP (dense, shared, routed experts) computes
 ///   `beta tanh(g / beta) sigmoid(g) * lb tanh(u / lb)` (`SituAndMul`) instead of SwiGLU;
 /// - `attn_res_block_size`: attention residuals over blocks of that many layers
 ///   (`*_res_norm.weight` * `*_res_proj.weight` queries, `_apply_attn_res`);
@@ -388,16 +427,15 @@ fn configure_k3(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatError> {
             Some(b) if b != 0.0 => b as f32,
             _ => 1.0,
         };
-        let Some(lb) = f.f64("activation_situ_linear_beta")?.map(|v| v as f32) else {
-            return Err(FormatError::Unsupported(format!(
-                "kimi_linear with {pre}hidden_act situ and no {pre}activation_situ_linear_beta (the up branch untransformed; Kimi K3 sets it)"
-            )));
-        };
+        // None: the up branch as is (`SituAndMul`), an infinite cap.
+        let lb = f
+            .f64("activation_situ_linear_beta")?
+            .map_or(f32::INFINITY, |v| v as f32);
         for (key, v) in [
             ("activation_situ_beta", beta),
             ("activation_situ_linear_beta", lb),
         ] {
-            if !(v.is_finite() && v > 0.0) {
+            if v.is_nan() || v <= 0.0 {
                 return Err(f.err(format!("{pre}{key} {v} must be a positive number")));
             }
         }
@@ -532,9 +570,9 @@ pub(crate) fn kda_attention(
         dt_bias: TensorSpec::new(format!("{p}.dt_bias"), &[hv * d], c, TensorKind::Bias),
         a_log: {
             let t = TensorSpec::new(format!("{p}.A_log"), a_log, c, TensorKind::Bias);
-            // K3 publishes 128 values for 96 heads; one per head is read.
-            if g.full_rank_gate {
-                t.leading_values()
+            // K3 publishes `head_dim` values (128) for 96 heads; one per head is read.
+            if g.full_rank_gate && g.key_head_dim > g.value_heads {
+                t.padded_to(g.key_head_dim)
             } else {
                 t
             }

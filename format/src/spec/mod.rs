@@ -290,7 +290,9 @@ pub enum ExpertActivation {
         limit: f32,
     },
     /// Inkling 2's softcapped SwiGLU (`Inkling2SoftcappedSwiGLU`):
-    /// `gate_cap tanh(g / gate_cap) * sigmoid(g) * up_cap tanh(u / up_cap)`.
+    /// `gate_cap tanh(g / gate_cap) * sigmoid(g) * up_cap tanh(u / up_cap)`; Kimi K3's SiTU
+    /// (`SituAndMul`: `beta`, `linear_beta`), whose `up_cap` is infinite (the up branch as is)
+    /// when the config gives no linear beta.
     SoftcappedSwiglu {
         /// `mlp_gate_softcap` (4.0).
         gate_cap: f32,
@@ -1025,6 +1027,14 @@ impl ModelSpec {
         self.kimi_k3
             .and_then(|k| k.latent)
             .unwrap_or(self.hidden_size)
+    }
+
+    /// The config key [`ModelSpec::expert_hidden`] comes from (for messages).
+    pub fn expert_hidden_key(&self) -> &'static str {
+        match self.kimi_k3.and_then(|k| k.latent) {
+            Some(_) => "routed_expert_hidden_size",
+            None => "hidden_size",
+        }
     }
 
     /// Layers per attention-residual block when the residual stream is blocks (Inkling 2's

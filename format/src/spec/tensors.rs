@@ -108,10 +108,11 @@ pub struct TensorSpec {
     /// Whether the model runs without it (a stated stand-in is used instead, see the field
     /// that holds it).
     pub optional: bool,
-    /// A vector of which the model reads the first `shape[0]` values, which a checkpoint may
-    /// publish longer ([`TensorSpec::accepts_shape`]): Kimi K3's `A_log`, published with 128
-    /// values for its 96 KDA heads (llama.cpp's converter and mlxcel read the first 96).
-    pub leading_values: bool,
+    /// The length a checkpoint may publish this vector padded to, of which the model reads the
+    /// first `shape[0]` values ([`TensorSpec::accepts_shape`]): Kimi K3's `A_log`, published
+    /// with `head_dim` (128) values for its 96 KDA heads (llama.cpp's converter and mlxcel read
+    /// the first 96). None: exactly `shape`.
+    pub padded_len: Option<usize>,
 }
 
 impl TensorSpec {
@@ -128,22 +129,21 @@ impl TensorSpec {
             class,
             kind,
             optional: false,
-            leading_values: false,
+            padded_len: None,
         }
     }
 
-    /// The same vector, read as the leading values of a possibly longer one.
-    pub(crate) fn leading_values(mut self) -> TensorSpec {
-        self.leading_values = true;
+    /// The same vector, which a checkpoint may also publish padded to `len` values.
+    pub(crate) fn padded_to(mut self, len: usize) -> TensorSpec {
+        self.padded_len = Some(len);
         self
     }
 
-    /// Whether a tensor of `shape` (checkpoint or store) is this one: the spec's shape, or for
-    /// [`TensorSpec::leading_values`] a longer vector.
+    /// Whether a tensor of `shape` (checkpoint or store) is this one: the spec's shape, or the
+    /// padded length of [`TensorSpec::padded_len`].
     pub fn accepts_shape(&self, shape: &[usize]) -> bool {
         shape == self.shape.as_slice()
-            || (self.leading_values
-                && matches!((shape, self.shape.as_slice()), ([n], [want]) if n >= want))
+            || (self.shape.len() == 1 && self.padded_len.is_some_and(|p| shape == [p]))
     }
 
     /// The same tensor, optional.

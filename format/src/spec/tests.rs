@@ -1146,12 +1146,48 @@ fn kimi_k3_reads_the_published_config_and_refuses_what_it_cannot_run() {
         t.final_res.as_ref().unwrap().proj.name,
         "model.output_attn_res_proj.weight"
     );
+    // Keys left out take Kimi K3's config class defaults, not transformers' Kimi-Linear ones.
+    let mut c = cfg.clone();
+    for key in [
+        "rms_norm_eps",
+        "routed_scaling_factor",
+        "first_k_dense_replace",
+        "num_shared_experts",
+        "activation_situ_linear_beta",
+    ] {
+        c["text_config"].as_object_mut().unwrap().remove(key);
+    }
+    let d = spec(c).unwrap();
+    assert_eq!((d.rms_norm_eps, d.n_shared_experts), (1e-6, 0));
+    assert_eq!(d.moe_layers.iter().filter(|&&m| m).count(), 93);
+    assert!(matches!(d.routing, Routing::GroupedSigmoid { scaling, .. } if scaling == 1.0));
+    assert_eq!(
+        d.expert_activation,
+        ExpertActivation::SoftcappedSwiglu {
+            gate_cap: 4.0,
+            up_cap: f32::INFINITY
+        }
+    );
+    // Top-1 is not renormalized by K3's gate (transformers' Kimi-Linear always renormalizes).
+    let mut c = cfg.clone();
+    c["text_config"]["num_experts_per_token"] = json!(1);
+    assert!(!spec(c).unwrap().norm_topk_prob);
     // What it cannot run, refused naming the key.
     for (key, value, what) in [
         (
             "activation_situ_linear_beta",
+            json!(0.0),
+            "activation_situ_linear_beta 0",
+        ),
+        (
+            "kv_lora_rank",
             Value::Null,
-            "activation_situ_linear_beta",
+            "kv_lora_rank (Kimi K3's config class has no default)",
+        ),
+        (
+            "mla_use_nope",
+            Value::Null,
+            "mla_use_nope false (Kimi K3's config class default",
         ),
         (
             "activation_situ_beta",
