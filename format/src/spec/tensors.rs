@@ -112,7 +112,7 @@ pub struct TensorSpec {
     /// first `shape[0]` values ([`TensorSpec::accepts_shape`]): Kimi K3's `A_log`, published
     /// with `head_dim` (128) values for its 96 KDA heads (llama.cpp's converter and mlxcel read
     /// the first 96). None: exactly `shape`.
-    pub padded_len: Option<usize>,
+    pub padded_len: Option<u32>,
 }
 
 impl TensorSpec {
@@ -135,7 +135,7 @@ impl TensorSpec {
 
     /// The same vector, which a checkpoint may also publish padded to `len` values.
     pub(crate) fn padded_to(mut self, len: usize) -> TensorSpec {
-        self.padded_len = Some(len);
+        self.padded_len = u32::try_from(len).ok();
         self
     }
 
@@ -143,7 +143,7 @@ impl TensorSpec {
     /// padded length of [`TensorSpec::padded_len`].
     pub fn accepts_shape(&self, shape: &[usize]) -> bool {
         shape == self.shape.as_slice()
-            || (self.shape.len() == 1 && self.padded_len.is_some_and(|p| shape == [p]))
+            || (self.shape.len() == 1 && self.padded_len.is_some_and(|p| shape == [p as usize]))
     }
 
     /// The same tensor, optional.
