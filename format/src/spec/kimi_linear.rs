@@ -403,9 +403,9 @@ pub(crate) const K3_WRAPPER: &str = "kimi_k3";
 ///   `routed_expert_up_proj` `[H, L]`, `routed_expert_norm` `[L]` when
 ///   `latent_moe_use_norm`), the routed experts of hidden size L;
 /// - `mla_use_output_gate`: the MLA layers' `self_attn.g_proj` sigmoid gate;
-/// - `linear_attn_config.use_full_rank_gate` (KDA's `g_proj` `[Hv d, H]`, `A_log` `[Hv]`) and
+/// - `linear_attn_config.use_full_rank_gate` (KDA's `g_proj` `[Hv d, H]`, `A_log` `[Hv]`, published as `[head_dim]`) and
 ///   `.gate_lower_bound` (`g = lower_bound sigmoid(exp(A_log) (f + dt_bias))`), read by
-///   [`configure`].
+///   `configure`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KimiK3Spec {
     /// `attn_res_block_size`: layers per attention-residual block (None: plain residuals).
