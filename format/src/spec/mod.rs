@@ -802,6 +802,25 @@ impl ModelSpec {
                 "the routed experts' intermediate size is 0 ({prefix}moe_intermediate_size / {prefix}intermediate_size)"
             )));
         }
+        // Widths no model has: a typo or a hostile config, whose byte counts would overflow
+        // (the plan, the record layouts) long before anything could be read.
+        for (key, v) in [
+            ("hidden_size", spec.hidden_size),
+            ("intermediate_size", spec.intermediate_size),
+            ("moe_intermediate_size", spec.moe_intermediate_size),
+            (spec.expert_hidden_key(), spec.expert_hidden()),
+            ("num_hidden_layers", spec.num_layers),
+            ("num_attention_heads", spec.num_heads),
+            ("head_dim", spec.head_dim),
+            ("vocab_size", spec.vocab_size),
+            ("num_experts", spec.num_experts),
+        ] {
+            if v > MAX_WIDTH {
+                return Err(f.err(format!(
+                    "{prefix}{key} {v} is beyond any model's (at most {MAX_WIDTH})"
+                )));
+            }
+        }
         spec.tensors = match family {
             Family::Mixtral => mixtral::tensors(&spec),
             Family::Qwen3Moe => qwen3_moe::tensors(&spec),
@@ -1168,6 +1187,10 @@ pub fn layer_of(name: &str) -> Option<u32> {
     let (num, _) = rest.split_once('.')?;
     num.parse().ok()
 }
+
+/// The largest width, count or vocabulary a config may give (2^22: 4.2M; the largest real ones
+/// are vocabularies of ~260k and expert counts of ~900); beyond it byte counts could overflow.
+pub const MAX_WIDTH: usize = 1 << 22;
 
 /// Builders shared by the family files.
 pub(crate) mod build {

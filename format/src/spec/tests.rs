@@ -1201,6 +1201,16 @@ fn kimi_k3_reads_the_published_config_and_refuses_what_it_cannot_run() {
             "routed_expert_hidden_size is 0",
         ),
         ("hidden_act", json!("gelu"), "hidden_act"),
+        (
+            "routed_expert_hidden_size",
+            json!(1u64 << 40),
+            "routed_expert_hidden_size 1099511627776 is beyond any model's",
+        ),
+        (
+            "moe_intermediate_size",
+            json!(1u64 << 33),
+            "is beyond any model's",
+        ),
     ] {
         let mut c = cfg.clone();
         c["text_config"][key] = value;
