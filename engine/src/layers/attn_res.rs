@@ -143,11 +143,6 @@ impl BlockStream {
             self.norm
                 .forward(&row[..blocks * h], &mut normed[..blocks * h]);
             self.norm.forward(&row[w - h..], &mut normed[blocks * h..]);
-            // The sources the mix sums: normalized (Inkling 2) or raw (Kimi K3), in slot order.
-            let raw: Vec<&[f32]> = row[..blocks * h]
-                .chunks_exact(h)
-                .chain([&row[w - h..]])
-                .collect();
             for (j, q) in queries.chunks_exact(h).enumerate() {
                 for (i, s) in normed.chunks_exact(h).enumerate() {
                     let dot = q.iter().zip(s).map(|(a, b)| a * b).sum::<f32>();
@@ -155,10 +150,13 @@ impl BlockStream {
                 }
                 coli_kernels::softmax_inplace(&mut p);
                 let o = &mut out[j][t * h..(t + 1) * h];
+                // The sources the mix sums: normalized (Inkling 2) or raw (Kimi K3): block i in
+                // slot i, the partial sum (source `blocks`) in the row's last slot.
                 for (i, s) in normed.chunks_exact(h).enumerate() {
                     let s = match self.mix {
                         Mix::Normalized => s,
-                        Mix::Raw => raw[i],
+                        Mix::Raw if i < blocks => &row[i * h..(i + 1) * h],
+                        Mix::Raw => &row[w - h..],
                     };
                     for (o, v) in o.iter_mut().zip(s) {
                         *o += p[i] * v;
