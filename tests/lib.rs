@@ -200,6 +200,21 @@ pub fn convert_fixture_with(
 ) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("temp dir");
     let out = tmp.path().join("store");
+    try_convert_dir(&fixture_dir(name), &out, params)
+        .unwrap_or_else(|e| panic!("converting {name} ({what}): {e}"));
+    (tmp, out)
+}
+
+/// Converts the checkpoint directory `input` into the store `out` with the encodings given as
+/// a JSON object `params` (as [`convert_fixture_with`] reads them), one thread, no progress bar.
+///
+/// # Errors
+/// The converter's.
+pub fn try_convert_dir(
+    input: &Path,
+    out: &Path,
+    params: &Value,
+) -> coli_convert::Result<coli_convert::Report> {
     let enc = Encodings {
         experts: encoding(params["experts"].as_str().expect("experts encoding")),
         dense: encoding(params["dense"].as_str().expect("dense encoding")),
@@ -216,14 +231,21 @@ pub fn convert_fixture_with(
         embeddings: params["embeddings"].as_str().map(encoding),
     };
     coli_convert::run(&Options {
-        input: fixture_dir(name),
-        output: out.clone(),
+        input: input.to_path_buf(),
+        output: out.to_path_buf(),
         encodings: enc,
         threads: Some(1),
         progress: false,
     })
-    .unwrap_or_else(|e| panic!("converting {name} ({what}): {e}"));
-    (tmp, out)
+}
+
+/// [`try_convert_dir`], panicking on an error.
+///
+/// # Panics
+/// If the conversion fails.
+pub fn convert_dir(input: &Path, out: &Path, params: &Value) -> coli_convert::Report {
+    try_convert_dir(input, out, params)
+        .unwrap_or_else(|e| panic!("converting {}: {e}", input.display()))
 }
 
 /// Opens a store with the given checksum verification and I/O preference.

@@ -2,6 +2,7 @@
 
 use crate::error::{ConvertError, Result};
 use crate::safetensors::{parse_json_strict, Shard, TensorInfo};
+use crate::tiktoken::Tiktoken;
 use coli_format::{FormatError, ModelSpec};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -43,8 +44,12 @@ pub struct Checkpoint {
     /// The checkpoint's own name of every tensor whose name in `tensors` differs (a wrapper's
     /// prefix, transformers 5's renaming), for errors: spec name -> checkpoint name.
     pub renamed: BTreeMap<String, String>,
-    /// Optional model files present (name, bytes), in [`COPIED_FILES`] order.
+    /// Optional model files present (name, bytes), in [`COPIED_FILES`] order; a tokenizer.json
+    /// written from `tiktoken.model` when the checkpoint has none ([`crate::tiktoken`]).
     pub extra_files: Vec<(String, Vec<u8>)>,
+    /// What became of a `tiktoken.model` (written as tokenizer.json, or skipped and why), for
+    /// the conversion report; None without one.
+    pub tokenizer_note: Option<String>,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -209,10 +214,23 @@ impl Checkpoint {
             read_packed_mxfp4(&mut shards, &mut tensors, &mut renamed);
         }
         let mut extra_files = Vec::new();
+        let mut tokenizer_note = None;
         for f in COPIED_FILES {
             let p = dir.join(f);
             if p.is_file() {
                 extra_files.push((f.to_string(), read(&p)?));
+            } else if *f == "tokenizer.json" {
+                match crate::tiktoken::convert(dir)? {
+                    Some(Tiktoken::Converted {
+                        tokenizer_json,
+                        note,
+                    }) => {
+                        extra_files.push((f.to_string(), tokenizer_json));
+                        tokenizer_note = Some(note);
+                    }
+                    Some(Tiktoken::Skipped(why)) => tokenizer_note = Some(why),
+                    None => {}
+                }
             }
         }
         Ok(Checkpoint {
@@ -224,6 +242,7 @@ impl Checkpoint {
             outside_model,
             renamed,
             extra_files,
+            tokenizer_note,
         })
     }
 

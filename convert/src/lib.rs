@@ -7,6 +7,7 @@
 //! crash, deterministic for any thread count. The command line is documented in
 //! docs/CONVERT.md.
 
+mod byte_level;
 pub mod checkpoint;
 pub mod cli;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod quant;
 pub mod safetensors;
+pub mod tiktoken;
 
 pub use error::{ConvertError, Result};
 pub use pipeline::{parse_encoding, run, Options, Report};

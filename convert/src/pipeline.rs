@@ -76,6 +76,10 @@ pub struct Report {
     /// Checkpoint tensors not converted: ones the model does not read (not in its spec) and,
     /// for a multimodal checkpoint, those outside its language model.
     pub not_converted: Vec<String>,
+    /// What became of the checkpoint's tokenizer where it was not simply copied: a
+    /// tokenizer.json written from `tiktoken.model`, or why not ([`crate::tiktoken`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
     /// Wall time, seconds.
     pub elapsed_s: f64,
 }
@@ -357,6 +361,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
                     .map(|n| ck.renamed.get(n).cloned().unwrap_or_else(|| n.clone())),
             )
             .collect(),
+        tokenizer: ck.tokenizer_note.clone(),
         elapsed_s: 0.0,
     };
     write_store(&opts.output, spec, report, t0, |writer, report| {
@@ -680,6 +685,9 @@ impl Report {
                     ""
                 }
             );
+        }
+        if let Some(t) = &self.tokenizer {
+            let _ = writeln!(s, "tokenizer: {t}");
         }
         for (shared, stand_in) in &self.mtp_shared {
             let _ = writeln!(

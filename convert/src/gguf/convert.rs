@@ -326,6 +326,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 .cloned()
                 .collect()
         },
+        tokenizer: None,
         elapsed_s: 0.0,
     };
     pipeline::write_store(&opts.output, store_spec, report, t0, |writer, report| {
