@@ -313,6 +313,10 @@ fn matmul_rows_are_bit_identical_to_matvec() {
             (7, 384),
             (3, 2048),
             (2, 6400),
+            // Token tiles of 2 and 6 with a remaining 8-column chunk and a 5-column tail; the
+            // second with 19 rows per parallel task.
+            (37, 2085),
+            (150, 1005),
         ] {
             let m = Mat::random(enc, rows, cols, 2000 + ei as u64);
             let w = m.view();
@@ -357,6 +361,7 @@ fn avx512_bf16_fp8_mxfp8_equal_avx2_bit_for_bit() {
         (130, 257),
         (7, 576),
         (3, 2056),
+        (40, 3080),
         // fp8: rows past one 128-row block, columns past one 128-column block.
         (133, 300),
     ] {
