@@ -441,10 +441,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         main_record = bytes.checked_div(n).unwrap_or(0);
         let (mut dense, mut embed) = (0u64, 0u64);
         for t in spec.tensors.main_dense() {
-            let Some(name) = crate::gguf::arch::gguf_name(&spec.model_type, &t.name) else {
-                continue;
-            };
-            let Some(info) = g.tensors.get(&name) else {
+            let Some((_, info)) = crate::gguf::arch::find_tensor(g, &spec.model_type, &t.name)
+            else {
                 continue;
             };
             let b = coli_format::encoding::align_up(info.nbytes, 64) as u64;

@@ -56,6 +56,12 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
             store_dir.display()
         );
     };
+    if store.manifest().config["model_type"] == "kimi_k3" {
+        bail!(
+            "{}: a store converted from a kimi-k3 GGUF holds A_log and the attention-residual norms and projections where the GGUF holds -exp(A_log) and their fused scores (coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
+            store_dir.display()
+        );
+    }
     let tensors: Vec<TensorEntry> = serde_json::from_slice(&list)
         .with_context(|| format!("{}: files/{TENSORS_FILE}", store_dir.display()))?;
     let config = store.manifest().config.clone();

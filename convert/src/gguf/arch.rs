@@ -5,7 +5,8 @@
 //! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
 //! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model`, `GlmMoeDsaModel`,
-//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`) and `src/models/*.cpp` reads (`LLM_KV_*`,
+//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`, `KimiK3Model` of `conversion/kimi_k3.py`)
+//! and `src/models/*.cpp` reads (`LLM_KV_*`,
 //! each architecture's `load_arch_hparams`); the tensor names are gguf-py's `TensorNameMap`
 //! (`tensor_mapping.py`) for those `MODEL_ARCH`s (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
 //! `q_proj` and `k_proj` (`LlamaModel.permute`: each head's two halves interleaved, for
@@ -26,6 +27,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("glm4moe", "glm4_moe"),
     ("gpt-oss", "gpt_oss"),
     ("minimax-m2", "minimax_m2"),
+    ("kimi-k3", "kimi_k3"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -62,6 +64,12 @@ pub fn architecture(g: &Gguf) -> Result<&'static str> {
 /// [`ConvertError::Gguf`] naming a missing or contradictory key.
 pub fn config_json(g: &Gguf) -> Result<Json> {
     let arch = architecture(g)?;
+    if arch == "kimi-k3" {
+        let c = kimi_k3(g)?;
+        let layers = c["text_config"]["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        check_blocks(g, arch, layers, layers)?;
+        return Ok(c);
+    }
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
     if arch == "llama" && g.get("llama.expert_count").is_none() {
@@ -230,10 +238,16 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         "minimax-m2" => minimax_m2(g, o)?,
         _ => unreachable!("architecture() checked"),
     }
-    // Every `blk.N.` tensor belongs to a decoder layer or, past them, to an MTP block that
-    // holds llama.cpp's `nextn` tensors: a block count that drops layers the file holds is
-    // refused, as llama.cpp refuses a file with tensors it does not load.
     let decoder = o["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    check_blocks(g, arch, layers, decoder)?;
+    Ok(c)
+}
+
+/// Every `blk.N.` tensor belongs to a decoder layer or, past them, to an MTP block that holds
+/// llama.cpp's `nextn` tensors: a block count that drops layers the file holds is refused, as
+/// llama.cpp refuses a file with tensors it does not load.
+fn check_blocks(g: &Gguf, arch: &str, layers: usize, decoder: usize) -> Result<()> {
+    let k = |s: &str| format!("{arch}.{s}");
     for name in g.tensors.keys() {
         let Some(n) = name
             .strip_prefix("blk.")
@@ -262,14 +276,16 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             ));
         }
     }
-    Ok(c)
+    Ok(())
 }
 
 /// The GGUF dimensions (outermost first) of the spec tensor `hf` where they are more than its
 /// 2-D matrix shape: llama.cpp's split MLA `attn_k_b` (`[heads, kv_lora, nope]`) and
 /// `attn_v_b` (`[heads, v, kv_lora]`). None for every other tensor.
 pub fn gguf_shape(config: &Json, hf: &str) -> Option<Vec<usize>> {
-    let get = |k: &str| config[k].as_u64().map(|v| v as usize);
+    // A wrapper's language-model keys (kimi-k3) are in its text_config.
+    let c = config.get("text_config").unwrap_or(config);
+    let get = |k: &str| c[k].as_u64().map(|v| v as usize);
     let (nh, rkv) = (get("num_attention_heads")?, get("kv_lora_rank")?);
     if hf.ends_with("self_attn.k_b_proj.weight") {
         Some(vec![nh, rkv, get("qk_nope_head_dim")?])
@@ -810,6 +826,230 @@ fn mla(
     Ok(())
 }
 
+/// The config.json of a `kimi-k3` GGUF (`conversion/kimi_k3.py` `KimiK3Model`): the release's
+/// wrapper (`model_type` `kimi_k3`, the language model's keys in `text_config`, as
+/// `kimi_linear`), from the metadata llama.cpp writes and, where it writes none, from the
+/// tensors it holds (an MLA output gate, KDA's full-rank gate, the latent MoE's norm). The
+/// layer kinds come from `attention.head_count_kv` (0 for a KDA layer, `KimiK3Model`'s
+/// convention); the routing is sigmoid (`expert_gating_func` 2); MLA is NoPE, its `kv_b`
+/// split as llama.cpp writes it (`mla_kv_b_split`).
+fn kimi_k3(g: &Gguf) -> Result<Json> {
+    let arch = "kimi-k3";
+    let keys = Keys { g, arch };
+    let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
+    let (opt_u, opt_f) = (|s: &str| keys.opt_u(s), |s: &str| keys.opt_f(s));
+    let hidden = u("embedding_length")?;
+    let layers = u("block_count")?;
+    let heads = u("attention.head_count")?;
+    let emb = g.tensor("token_embd.weight")?;
+    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
+    if emb.dims[0] as usize != hidden {
+        return Err(cerr(
+            g,
+            format!(
+                "token_embd.weight has rows of {} but {} is {hidden}",
+                emb.dims[0],
+                k("embedding_length")
+            ),
+        ));
+    }
+    let kv: Vec<u64> = match g.get(&k("attention.head_count_kv")) {
+        Some(Value::Array(a)) => a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>(),
+        _ => None,
+    }
+    .filter(|v| v.len() == layers)
+    .ok_or_else(|| {
+        cerr(
+            g,
+            format!(
+                "{} must list one value per layer ({layers}): 0 for a KDA layer, the MLA layers' otherwise",
+                k("attention.head_count_kv")
+            ),
+        )
+    })?;
+    let full: Vec<usize> = (0..layers).filter(|&i| kv[i] > 0).map(|i| i + 1).collect();
+    let kda: Vec<usize> = (0..layers).filter(|&i| kv[i] == 0).map(|i| i + 1).collect();
+    if full.is_empty() || kda.is_empty() {
+        return Err(cerr(
+            g,
+            format!(
+                "{} makes every layer {}: Kimi K3 mixes KDA and MLA layers",
+                k("attention.head_count_kv"),
+                if full.is_empty() { "KDA" } else { "MLA" }
+            ),
+        ));
+    }
+    if opt_u("expert_gating_func")? != Some(2) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} must be 2 (sigmoid): Kimi K3 routes with sigmoid scores",
+                k("expert_gating_func")
+            ),
+        ));
+    }
+    let dr = u("rope.dimension_count")?;
+    let (dk, dv) = (
+        u("attention.key_length_mla")?,
+        u("attention.value_length_mla")?,
+    );
+    if dr >= dk {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {dr} against {} {dk}: the MLA head is nope + rope dimensions",
+                k("rope.dimension_count"),
+                k("attention.key_length_mla")
+            ),
+        ));
+    }
+    let has =
+        |suffix: &str| (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")));
+    let split = has("attn_k_b.weight");
+    if !split && !has("attn_kv_b.weight") {
+        return Err(cerr(
+            g,
+            "no attn_k_b nor attn_kv_b tensor: the MLA up-projection is missing",
+        ));
+    }
+    let mut lin = json!({
+        "full_attn_layers": full,
+        "kda_layers": kda,
+        "num_heads": heads,
+        "head_dim": u("kda.head_dim")?,
+        "short_conv_kernel_size": u("ssm.conv_kernel")?,
+        "use_full_rank_gate": has("ssm_g.weight"),
+    });
+    if let Some(lb) = opt_f("kda.gate_lower_bound")? {
+        lin["gate_lower_bound"] = json!(lb);
+    }
+    let tok = |key: &str| {
+        g.get(key)
+            .and_then(Value::as_u64)
+            .map_or(Json::Null, Json::from)
+    };
+    let mut text = json!({
+        "model_type": "kimi_linear",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "intermediate_size": u("feed_forward_length")?,
+        "moe_intermediate_size": u("expert_feed_forward_length")?,
+        "num_experts": u("expert_count")?,
+        "num_experts_per_token": u("expert_used_count")?,
+        "num_shared_experts": opt_u("expert_shared_count")?.unwrap_or(0),
+        "first_k_dense_replace": opt_u("leading_dense_block_count")?.unwrap_or(0),
+        "routed_scaling_factor": opt_f("expert_weights_scale")?.filter(|&v| v != 0.0).unwrap_or(1.0),
+        "moe_renormalize": g.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false),
+        "moe_router_activation_func": "sigmoid",
+        "num_expert_group": opt_u("expert_group_count")?.unwrap_or(1).max(1),
+        "topk_group": opt_u("expert_group_used_count")?.unwrap_or(1).max(1),
+        "q_lora_rank": opt_u("attention.q_lora_rank")?,
+        "kv_lora_rank": u("attention.kv_lora_rank")?,
+        "qk_rope_head_dim": dr,
+        "qk_nope_head_dim": dk - dr,
+        "v_head_dim": dv,
+        "mla_use_nope": true,
+        "mla_kv_b_split": split,
+        "mla_use_output_gate": has("attn_gate.weight"),
+        "linear_attn_config": lin,
+        "rms_norm_eps": g.f64(&k("attention.layer_norm_rms_epsilon"))?,
+        "max_position_embeddings": u("context_length")?,
+        "vocab_size": vocab,
+        "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
+        "bos_token_id": tok("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
+        "num_nextn_predict_layers": 0,
+    });
+    let t = text.as_object_mut().expect("object");
+    if let Some(beta) = opt_f("activation.situ_beta")? {
+        t.insert("hidden_act".into(), "situ".into());
+        t.insert("activation_situ_beta".into(), beta.into());
+        if let Some(lb) = opt_f("activation.situ_linear_beta")? {
+            t.insert("activation_situ_linear_beta".into(), lb.into());
+        }
+    } else {
+        t.insert("hidden_act".into(), "silu".into());
+    }
+    if let Some(b) = opt_u("attn_res.block_size")? {
+        t.insert("attn_res_block_size".into(), b.into());
+    }
+    if let Some(l) = opt_u("expert_latent_length")? {
+        t.insert("routed_expert_hidden_size".into(), l.into());
+        t.insert(
+            "latent_moe_use_norm".into(),
+            has("ffn_routed_norm.weight").into(),
+        );
+    }
+    Ok(json!({
+        "model_type": "kimi_k3",
+        "text_config": text,
+        "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
+        "bos_token_id": tok("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
+    }))
+}
+
+/// The GGUF tensor the spec's tensor `hf` comes from (its name and header), or None when the
+/// file has none: [`gguf_name`], or for a kimi-k3 `self_attn.g_proj` whichever of KDA's
+/// `ssm_g` and MLA's `attn_gate` the layer holds (one checkpoint name, two GGUF names by
+/// layer kind, `KimiK3Model.modify_tensors`).
+pub fn find_tensor<'a>(
+    g: &'a Gguf,
+    model_type: &str,
+    hf: &str,
+) -> Option<(String, &'a super::file::TensorInfo)> {
+    let name = gguf_name(model_type, hf)?;
+    if let Some(t) = g.tensors.get(&name) {
+        return Some((name, t));
+    }
+    let alt = name.replace(".ssm_g.", ".attn_gate.");
+    g.tensors.get(&alt).map(|t| (alt, t))
+}
+
+/// The values of a spec tensor a `kimi-k3` GGUF holds in another form, from the GGUF
+/// tensor's F32 `data` (None for every other tensor: its bytes are copied):
+/// - `A_log`: `KimiK3Model` folds `-exp(A_log)` into `ssm_a`; `A_log = ln(-ssm_a)`, computed in
+///   f64 and rounded once (the engine's `-exp` of it gives `ssm_a` back within an ulp);
+/// - the attention-residual queries: llama.cpp fuses `*_res_norm * *_res_proj` into one
+///   `*_res_score`; the proj takes the score and the norm ones, so the engine's product is the
+///   score exactly.
+///
+/// # Errors
+/// The index and value of an `ssm_a` entry that is not negative and finite (`-exp` of a real
+/// number is).
+pub fn derived_values(
+    config: &Json,
+    hf: &str,
+    data: &[u8],
+) -> Option<std::result::Result<Vec<u8>, String>> {
+    if config["model_type"] != "kimi_k3" {
+        return None;
+    }
+    let f32s = || {
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    };
+    let bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    if hf.ends_with(".A_log") {
+        let mut out = Vec::with_capacity(data.len() / 4);
+        for (i, a) in f32s().enumerate() {
+            if !(a < 0.0 && a.is_finite()) {
+                return Some(Err(format!(
+                    "value {i} is {a}: llama.cpp writes -exp(A_log) there, a negative number"
+                )));
+            }
+            out.push((-f64::from(a)).ln() as f32);
+        }
+        return Some(Ok(bytes(out)));
+    }
+    if hf.ends_with("_res_norm.weight") {
+        return Some(Ok(bytes(vec![1.0; data.len() / 4])));
+    }
+    None
+}
+
 /// The GGUF name of the checkpoint tensor `hf` (the spec's name) in a GGUF of the family
 /// `model_type` (the config's, e.g. `glm4_moe`), or None for a name this map does not know.
 /// Routed experts are not here: they are slices of `blk.N.ffn_*_exps.weight`
@@ -818,6 +1058,11 @@ fn mla(
 /// `post_attention_norm`, llama.cpp's `LLM_TENSOR_ATTN_POST_NORM`), `model_type` decides.
 pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     match hf {
+        "model.output_attn_res_norm.weight" | "model.output_attn_res_proj.weight"
+            if matches!(model_type, "kimi_k3" | "kimi_linear") =>
+        {
+            return Some("output_res_score.weight".into())
+        }
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
         "lm_head.weight" => return Some("output.weight".into()),
@@ -832,6 +1077,12 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     if rest == "block_sparse_moe.e_score_correction_bias" {
         // MiniMax-M2's selection bias, on the block.
         return Some(format!("blk.{n}.exp_probs_b.bias"));
+    }
+    // A K3 store's family is its language model's, `kimi_linear`.
+    if matches!(model_type, "kimi_k3" | "kimi_linear") {
+        if let Some(name) = kimi_k3_name(n, rest) {
+            return Some(name);
+        }
     }
     if rest == "self_attn.sinks" {
         // gpt-oss's per-head attention sinks (`LLM_TENSOR_ATTN_SINKS`).
@@ -874,6 +1125,40 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// Kimi K3's own tensors of layer `n` (`rest` after `model.layers.{n}.`), as `KimiK3Model`
+/// names them (gguf-py `MODEL_TENSORS[KIMI_K3]`); None for the ones it shares with the other
+/// architectures (norms, q/k/v/o, MLA, router, shared experts, the dense MLP).
+fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
+    let g = match rest {
+        "self_attention_res_norm.weight" | "self_attention_res_proj.weight" => {
+            "attn_res_score.weight"
+        }
+        "mlp_res_norm.weight" | "mlp_res_proj.weight" => "ffn_res_score.weight",
+        "self_attn.q_conv1d.weight" => "ssm_conv1d_q.weight",
+        "self_attn.k_conv1d.weight" => "ssm_conv1d_k.weight",
+        "self_attn.v_conv1d.weight" => "ssm_conv1d_v.weight",
+        "self_attn.f_a_proj.weight" => "ssm_f_a.weight",
+        "self_attn.f_b_proj.weight" => "ssm_f_b.weight",
+        "self_attn.b_proj.weight" => "ssm_beta.weight",
+        "self_attn.A_log" => "ssm_a",
+        "self_attn.dt_bias" => "ssm_dt.bias",
+        "self_attn.o_norm.weight" => "ssm_norm.weight",
+        // KDA's full-rank gate; an MLA layer's output gate of the same name is `attn_gate`
+        // ([`find_tensor`]).
+        "self_attn.g_proj.weight" => "ssm_g.weight",
+        "block_sparse_moe.gate.weight" => "ffn_gate_inp.weight",
+        "block_sparse_moe.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        "block_sparse_moe.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "block_sparse_moe.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "block_sparse_moe.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        "block_sparse_moe.routed_expert_down_proj.weight" => "ffn_routed_down.weight",
+        "block_sparse_moe.routed_expert_up_proj.weight" => "ffn_routed_up.weight",
+        "block_sparse_moe.routed_expert_norm.weight" => "ffn_routed_norm.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}"))
 }
 
 /// For a tensor whose rows the architecture's converter reordered, the reordering to undo:
@@ -959,5 +1244,43 @@ mod tests {
             None
         );
         assert_eq!(expert_tensors(2)[2], "blk.2.ffn_down_exps.weight");
+    }
+
+    #[test]
+    fn kimi_k3_names_and_derived_values() {
+        for (hf, g) in [
+            ("model.layers.4.self_attn.A_log", "blk.4.ssm_a"),
+            ("model.layers.4.self_attn.dt_bias", "blk.4.ssm_dt.bias"),
+            ("model.layers.4.self_attn.g_proj.weight", "blk.4.ssm_g.weight"),
+            ("model.layers.4.mlp_res_norm.weight", "blk.4.ffn_res_score.weight"),
+            ("model.layers.4.mlp_res_proj.weight", "blk.4.ffn_res_score.weight"),
+            ("model.output_attn_res_proj.weight", "output_res_score.weight"),
+            ("model.layers.4.self_attn.q_proj.weight", "blk.4.attn_q.weight"),
+        ] {
+            assert_eq!(gguf_name("kimi_k3", hf).as_deref(), Some(g), "{hf}");
+        }
+        // Other families keep their map.
+        assert_eq!(gguf_name("deepseek_v3", "model.layers.4.self_attn.A_log"), None);
+        let k3 = json!({"model_type": "kimi_k3"});
+        let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let a_log = [0.25f32, -1.5, 3.0];
+        let ssm_a: Vec<f32> = a_log.iter().map(|x| -x.exp()).collect();
+        let back = derived_values(&k3, "model.layers.1.self_attn.A_log", &le(&ssm_a))
+            .unwrap()
+            .unwrap();
+        for (i, c) in back.chunks_exact(4).enumerate() {
+            let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            assert!((v - a_log[i]).abs() <= 2.0 * f32::EPSILON * a_log[i].abs(), "{v}");
+            assert_eq!(-v.exp(), ssm_a[i]);
+        }
+        let e = derived_values(&k3, "model.layers.1.self_attn.A_log", &le(&[-1.0, 0.0]))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("value 1 is 0"), "{e}");
+        let ones = derived_values(&k3, "model.layers.1.mlp_res_norm.weight", &le(&[7.0, 8.0]));
+        assert_eq!(ones.unwrap().unwrap(), le(&[1.0, 1.0]));
+        assert!(derived_values(&k3, "model.layers.1.mlp_res_proj.weight", &le(&[7.0])).is_none());
+        let other = json!({"model_type": "deepseek_v3"});
+        assert!(derived_values(&other, "model.layers.1.self_attn.A_log", &le(&[-1.0])).is_none());
     }
 }

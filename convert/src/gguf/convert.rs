@@ -158,7 +158,11 @@ fn dense_source<'a>(
             "has no GGUF name in coli's map for this architecture (a bug: please report it)",
         )
     })?;
-    let t = g.tensor(&gname)?;
+    let t = match arch::find_tensor(g, model_type, name) {
+        Some((_, t)) => t,
+        None => g.tensor(&gname)?,
+    };
+    let gname = t.name.clone();
     let (rows, cols) = matrix_dims(shape).unwrap_or((0, 0));
     let (trows, tcols) = matrix_dims(&t.shape()).unwrap_or((0, 0));
     if (rows, cols) != (trows, tcols) {
@@ -217,13 +221,21 @@ pub fn run(opts: &Options) -> Result<Report> {
     // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
     let mut dense = Vec::new();
     for ts in spec.tensors.main_dense() {
-        if ts.optional
-            && arch::gguf_name(&spec.model_type, &ts.name)
-                .is_none_or(|n| !g.tensors.contains_key(&n))
-        {
+        if ts.optional && arch::find_tensor(&g, &spec.model_type, &ts.name).is_none() {
             continue;
         }
         let t = dense_source(&g, &config, &ts.name, &ts.shape)?;
+        // Values held in another form (kimi-k3's `ssm_a`, fused residual scores) are F32 and
+        // checked here, before anything is written.
+        if let Some(v) = arch::derived_values(&config, &ts.name, g.data(t)) {
+            if t.ggml_type != 0 {
+                return Err(terr(
+                    &t.name,
+                    format!("is {}: llama.cpp writes it as F32", t.type_name()),
+                ));
+            }
+            v.map_err(|e| terr(&t.name, e))?;
+        }
         dense.push(DenseCopy {
             name: ts.name.clone(),
             t,
@@ -355,9 +367,13 @@ fn write_all(
             continue;
         }
         let (rows, cols) = matrix_dims(&d.shape).expect("checked");
-        let data = match arch::row_permutation(config, &d.name, rows) {
-            Some(perm) => arch::permute_rows(g.data(d.t), &perm),
-            None => g.data(d.t).to_vec(),
+        let data = match (
+            arch::row_permutation(config, &d.name, rows),
+            arch::derived_values(config, &d.name, g.data(d.t)),
+        ) {
+            (Some(perm), _) => arch::permute_rows(g.data(d.t), &perm),
+            (None, Some(values)) => values.map_err(|e| terr(&d.t.name, e))?,
+            (None, None) => g.data(d.t).to_vec(),
         };
         let m = EncodedMatrix::new(d.encoding, rows, cols, data, Vec::new());
         writer.add_dense(&d.name, &d.shape, &m)?;

@@ -358,7 +358,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         num_nextn_predict_layers: 0,
         mlp_sparse: Some(mlp_sparse),
         dsa: None,
-        kv_b_split: false,
+        // A GGUF's split `attn_k_b` / `attn_v_b` (the converter's config for a kimi-k3 GGUF).
+        kv_b_split: f.bool("mla_kv_b_split")?.unwrap_or(false),
     };
     for (key, v) in [
         ("kv_lora_rank", m.kv_lora_rank),
