@@ -56,9 +56,12 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
             store_dir.display()
         );
     };
-    if store.manifest().config["model_type"] == "kimi_k3" {
+    if matches!(
+        store.manifest().config["model_type"].as_str(),
+        Some("kimi_k3" | "kimi_linear")
+    ) {
         bail!(
-            "{}: a store converted from a kimi-k3 GGUF holds A_log and the attention-residual norms and projections where the GGUF holds -exp(A_log) and their fused scores (coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
+            "{}: a store converted from a kimi-k3 or kimi-linear GGUF holds A_log (and K3's attention-residual norms and projections) where the GGUF holds -exp(A_log) (and their fused scores; coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
             store_dir.display()
         );
     }

@@ -5,7 +5,8 @@
 //! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
 //! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model`, `GlmMoeDsaModel`,
-//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`, `KimiK3Model` of `conversion/kimi_k3.py`)
+//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`, `KimiLinearModel` and `KimiK3Model` of
+//! `conversion/kimi_linear.py` / `kimi_k3.py`)
 //! and `src/models/*.cpp` reads (`LLM_KV_*`,
 //! each architecture's `load_arch_hparams`); the tensor names are gguf-py's `TensorNameMap`
 //! (`tensor_mapping.py`) for those `MODEL_ARCH`s (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
@@ -27,6 +28,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("glm4moe", "glm4_moe"),
     ("gpt-oss", "gpt_oss"),
     ("minimax-m2", "minimax_m2"),
+    ("kimi-linear", "kimi_linear"),
     ("kimi-k3", "kimi_k3"),
 ];
 
@@ -64,9 +66,10 @@ pub fn architecture(g: &Gguf) -> Result<&'static str> {
 /// [`ConvertError::Gguf`] naming a missing or contradictory key.
 pub fn config_json(g: &Gguf) -> Result<Json> {
     let arch = architecture(g)?;
-    if arch == "kimi-k3" {
-        let c = kimi_k3(g)?;
-        let layers = c["text_config"]["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    if arch == "kimi-k3" || arch == "kimi-linear" {
+        let c = kimi_kda(g, arch)?;
+        let t = c.get("text_config").unwrap_or(&c);
+        let layers = t["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
         check_blocks(g, arch, layers, layers)?;
         return Ok(c);
     }
@@ -826,15 +829,18 @@ fn mla(
     Ok(())
 }
 
-/// The config.json of a `kimi-k3` GGUF (`conversion/kimi_k3.py` `KimiK3Model`): the release's
-/// wrapper (`model_type` `kimi_k3`, the language model's keys in `text_config`, as
-/// `kimi_linear`), from the metadata llama.cpp writes and, where it writes none, from the
-/// tensors it holds (an MLA output gate, KDA's full-rank gate, the latent MoE's norm). The
-/// layer kinds come from `attention.head_count_kv` (0 for a KDA layer, `KimiK3Model`'s
-/// convention); the routing is sigmoid (`expert_gating_func` 2); MLA is NoPE, its `kv_b`
-/// split as llama.cpp writes it (`mla_kv_b_split`).
-fn kimi_k3(g: &Gguf) -> Result<Json> {
-    let arch = "kimi-k3";
+/// The config.json of a `kimi-k3` GGUF (`conversion/kimi_k3.py` `KimiK3Model`) or a
+/// `kimi-linear` one (`conversion/kimi_linear.py` `KimiLinearModel`): Kimi-Linear's keys
+/// (`model_type` `kimi_linear`), for K3 inside the release's wrapper (`model_type` `kimi_k3`,
+/// the language model's keys in `text_config`), from the metadata llama.cpp writes and, where
+/// it writes none, from the tensors it holds (an MLA output gate, KDA's full-rank gate, the
+/// latent MoE's norm) or its graph (`src/models/kimi-linear.cpp` always renormalizes the top-k:
+/// `build_moe_ffn(..., norm_w = true, ...)`; K3's follows `expert_weights_norm`). The layer
+/// kinds come from `attention.head_count_kv` (0 for a KDA layer, the converters' convention);
+/// the routing is sigmoid (`expert_gating_func` 2); MLA is NoPE, its `kv_b` split as llama.cpp
+/// writes it (`mla_kv_b_split`).
+fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
+    let k3 = arch == "kimi-k3";
     let keys = Keys { g, arch };
     let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
     let (opt_u, opt_f) = (|s: &str| keys.opt_u(s), |s: &str| keys.opt_f(s));
@@ -941,7 +947,7 @@ fn kimi_k3(g: &Gguf) -> Result<Json> {
         "num_shared_experts": opt_u("expert_shared_count")?.unwrap_or(0),
         "first_k_dense_replace": opt_u("leading_dense_block_count")?.unwrap_or(0),
         "routed_scaling_factor": opt_f("expert_weights_scale")?.filter(|&v| v != 0.0).unwrap_or(1.0),
-        "moe_renormalize": g.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false),
+        "moe_renormalize": !k3 || g.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false),
         "moe_router_activation_func": "sigmoid",
         "num_expert_group": opt_u("expert_group_count")?.unwrap_or(1).max(1),
         "topk_group": opt_u("expert_group_used_count")?.unwrap_or(1).max(1),
@@ -982,6 +988,9 @@ fn kimi_k3(g: &Gguf) -> Result<Json> {
             has("ffn_routed_norm.weight").into(),
         );
     }
+    if !k3 {
+        return Ok(text);
+    }
     Ok(json!({
         "model_type": "kimi_k3",
         "text_config": text,
@@ -1008,9 +1017,9 @@ pub fn find_tensor<'a>(
     g.tensors.get(&alt).map(|t| (alt, t))
 }
 
-/// The values of a spec tensor a `kimi-k3` GGUF holds in another form, from the GGUF
-/// tensor's F32 `data` (None for every other tensor: its bytes are copied):
-/// - `A_log`: `KimiK3Model` folds `-exp(A_log)` into `ssm_a`; `A_log = ln(-ssm_a)`, computed in
+/// The values of a spec tensor a `kimi-k3` or `kimi-linear` GGUF holds in another form, from
+/// the GGUF tensor's F32 `data` (None for every other tensor: its bytes are copied):
+/// - `A_log`: `KimiK3Model` and `KimiLinearModel` fold `-exp(A_log)` into `ssm_a`; `A_log = ln(-ssm_a)`, computed in
 ///   f64 and rounded once (the engine's `-exp` of it gives `ssm_a` back within an ulp);
 /// - the attention-residual queries: llama.cpp fuses `*_res_norm * *_res_proj` into one
 ///   `*_res_score`; the proj takes the score and the norm ones, so the engine's product is the
@@ -1024,7 +1033,10 @@ pub fn derived_values(
     hf: &str,
     data: &[u8],
 ) -> Option<std::result::Result<Vec<u8>, String>> {
-    if config["model_type"] != "kimi_k3" {
+    if !matches!(
+        config["model_type"].as_str(),
+        Some("kimi_k3" | "kimi_linear")
+    ) {
         return None;
     }
     let f32s = || {
@@ -1127,9 +1139,10 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     Some(format!("blk.{n}.{g}.{suffix}"))
 }
 
-/// Kimi K3's own tensors of layer `n` (`rest` after `model.layers.{n}.`), as `KimiK3Model`
-/// names them (gguf-py `MODEL_TENSORS[KIMI_K3]`); None for the ones it shares with the other
-/// architectures (norms, q/k/v/o, MLA, router, shared experts, the dense MLP).
+/// Kimi K3's and Kimi-Linear's own tensors of layer `n` (`rest` after `model.layers.{n}.`), as
+/// `KimiK3Model` / `KimiLinearModel` name them (gguf-py `MODEL_TENSORS[KIMI_K3]`,
+/// `[KIMI_LINEAR]`); None for the ones they share with the other architectures (norms,
+/// q/k/v/o, MLA, router, shared experts, the dense MLP).
 fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
     let g = match rest {
         "self_attention_res_norm.weight" | "self_attention_res_proj.weight" => {
@@ -1148,6 +1161,9 @@ fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
         // KDA's full-rank gate; an MLA layer's output gate of the same name is `attn_gate`
         // ([`find_tensor`]).
         "self_attn.g_proj.weight" => "ssm_g.weight",
+        // Kimi-Linear's low-rank gate.
+        "self_attn.g_a_proj.weight" => "ssm_g_a.weight",
+        "self_attn.g_b_proj.weight" => "ssm_g_b.weight",
         "block_sparse_moe.gate.weight" => "ffn_gate_inp.weight",
         "block_sparse_moe.gate.e_score_correction_bias" => "exp_probs_b.bias",
         "block_sparse_moe.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
@@ -1251,16 +1267,38 @@ mod tests {
         for (hf, g) in [
             ("model.layers.4.self_attn.A_log", "blk.4.ssm_a"),
             ("model.layers.4.self_attn.dt_bias", "blk.4.ssm_dt.bias"),
-            ("model.layers.4.self_attn.g_proj.weight", "blk.4.ssm_g.weight"),
-            ("model.layers.4.mlp_res_norm.weight", "blk.4.ffn_res_score.weight"),
-            ("model.layers.4.mlp_res_proj.weight", "blk.4.ffn_res_score.weight"),
-            ("model.output_attn_res_proj.weight", "output_res_score.weight"),
-            ("model.layers.4.self_attn.q_proj.weight", "blk.4.attn_q.weight"),
+            (
+                "model.layers.4.self_attn.g_proj.weight",
+                "blk.4.ssm_g.weight",
+            ),
+            (
+                "model.layers.4.mlp_res_norm.weight",
+                "blk.4.ffn_res_score.weight",
+            ),
+            (
+                "model.layers.4.mlp_res_proj.weight",
+                "blk.4.ffn_res_score.weight",
+            ),
+            (
+                "model.output_attn_res_proj.weight",
+                "output_res_score.weight",
+            ),
+            (
+                "model.layers.4.self_attn.q_proj.weight",
+                "blk.4.attn_q.weight",
+            ),
         ] {
             assert_eq!(gguf_name("kimi_k3", hf).as_deref(), Some(g), "{hf}");
         }
+        assert_eq!(
+            gguf_name("kimi_linear", "model.layers.0.self_attn.g_a_proj.weight").as_deref(),
+            Some("blk.0.ssm_g_a.weight")
+        );
         // Other families keep their map.
-        assert_eq!(gguf_name("deepseek_v3", "model.layers.4.self_attn.A_log"), None);
+        assert_eq!(
+            gguf_name("deepseek_v3", "model.layers.4.self_attn.A_log"),
+            None
+        );
         let k3 = json!({"model_type": "kimi_k3"});
         let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let a_log = [0.25f32, -1.5, 3.0];
@@ -1270,7 +1308,10 @@ mod tests {
             .unwrap();
         for (i, c) in back.chunks_exact(4).enumerate() {
             let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            assert!((v - a_log[i]).abs() <= 2.0 * f32::EPSILON * a_log[i].abs(), "{v}");
+            assert!(
+                (v - a_log[i]).abs() <= 2.0 * f32::EPSILON * a_log[i].abs(),
+                "{v}"
+            );
             assert_eq!(-v.exp(), ssm_a[i]);
         }
         let e = derived_values(&k3, "model.layers.1.self_attn.A_log", &le(&[-1.0, 0.0]))

@@ -57,8 +57,8 @@ pub fn encoding_of(t: &TensorInfo) -> Result<Encoding> {
 /// against the spec (`[E, I, H]`, `[E, I, H]`, `[E, H, I]`).
 ///
 /// # Errors
-/// [`ConvertError::Tensor`] naming a tensor that is missing, misshapen, of a type coli does
-/// not decode, or F32/BF16 (experts are kept in ggml block types).
+/// [`ConvertError::Tensor`] naming a tensor that is missing, misshapen or of a type coli does
+/// not decode.
 pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<[Encoding; 3]> {
     let names = arch::expert_tensors(s.layer);
     let want = [
@@ -75,14 +75,8 @@ pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<
                 format!("has shape {:?}, the metadata makes it {w:?}", t.shape()),
             ));
         }
-        let e = encoding_of(t)?;
-        if !matches!(e, Encoding::Ggml(_)) {
-            return Err(terr(
-                n,
-                format!("is {}: coli stores a GGUF's experts in their ggml block types; F32/BF16 experts: convert the Hugging Face release instead", t.type_name()),
-            ));
-        }
-        *o = e;
+        // F32 and BF16 experts (unquantized GGUFs) are kept as coli's f32 / bf16 records.
+        *o = encoding_of(t)?;
     }
     Ok(out)
 }

@@ -1,0 +1,284 @@
+//! Kimi K3 and Kimi-Linear from GGUF (issue 46): llama.cpp's own converter
+//! (`conversion/kimi_k3.py`, `kimi_linear.py`) writes the Kimi K3 fixture
+//! (`tests/fixtures/tiny/kimi_k3_mxfp4`, the release's layout) as a `kimi-k3` GGUF and the
+//! Kimi-Linear fixture (`tiny/kimi_linear_bf16`) as a `kimi-linear` one
+//! (`tests/fixtures/gguf/make_kimi_ggufs.py`: F32 tensors; K3's compressed-tensors experts
+//! repacked to ggml MXFP4, checked equal to the checkpoint's values by gguf-py). Each GGUF holds
+//! its checkpoint's numbers, so the fixture's oracle applies as it is (the torch transcription
+//! for K3, transformers 5.25 for Kimi-Linear): greedy 32, teacher-forced top-1, the 150-token
+//! prompt, last logits within 1e-3. The experts' blocks are kept bit for bit; `-exp(A_log)`
+//! (`ssm_a`) and K3's fused attention-residual scores come back as the checkpoint's tensors
+//! (`coli_convert::gguf::arch::derived_values`).
+
+use coli_convert::{Encodings, Options};
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_format::Encoding;
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{
+    convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store,
+    placement_keeps_greedy, top1,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// (GGUF fixture, the checkpoint fixture it was written from, format version of its store).
+const CASES: [(&str, &str, u32); 2] = [
+    ("kimi_k3-mxfp4", "kimi_k3_mxfp4", 6),
+    // F32 records and tensors only: the first format version.
+    ("kimi_linear-f32", "kimi_linear_bf16", 1),
+];
+
+/// The K3 file, which the bad-input tests damage.
+const K3: &str = "kimi_k3-mxfp4";
+
+fn gguf(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.gguf"))
+}
+
+fn probe(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.json"));
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn sha(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_convert::Report> {
+    coli_convert::gguf::run(&Options {
+        input: src.to_path_buf(),
+        output: out.to_path_buf(),
+        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    })
+}
+
+fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    try_convert(&gguf(name), &out).unwrap_or_else(|e| panic!("converting {name}: {e}"));
+    (tmp, out)
+}
+
+#[test]
+fn kimi_ggufs_run_as_the_oracle_and_keep_the_blocks() {
+    for (name, fixture, version) in CASES {
+        let p = probe(name);
+        assert_eq!(
+            sha(&std::fs::read(gguf(name)).unwrap()),
+            p["gguf_sha256"].as_str().unwrap(),
+            "{name}: the committed GGUF is the one make_kimi_ggufs.py wrote"
+        );
+        let (_tmp, dir) = convert(name);
+        let store = open_store(&dir, true, IoPreference::Auto);
+        assert_eq!(store.manifest().format_version, version, "{name}");
+        // The experts' blocks bit for bit, in their GGUF type.
+        let pr = &p["probe"];
+        let key = ExpertKey::new(
+            pr["layer"].as_u64().unwrap() as u32,
+            pr["expert"].as_u64().unwrap() as u32,
+        );
+        let buf = store.fetch_one(key).unwrap();
+        for (i, m) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
+            assert_eq!(
+                sha(m.data()),
+                pr["expert_sha256"][i].as_str().unwrap(),
+                "{name} {key} {i}"
+            );
+            let ty = match m.encoding() {
+                Encoding::Ggml(t) => t.gguf_name(),
+                e => e.name().to_uppercase(),
+            };
+            assert_eq!(
+                ty,
+                pr["expert_types"][i].as_str().unwrap(),
+                "{name} {key} {i}"
+            );
+        }
+        let t = store.dense(pr["dense_tensor"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            sha(t.data),
+            pr["dense_sha256"].as_str().unwrap(),
+            "{name}: split kv_b"
+        );
+
+        // The fixture's oracle (the GGUF holds the checkpoint's values).
+        let exp = expected(fixture);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&exp["greedy_lossless"]),
+            "{name}: greedy 32"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&exp["last_logits_lossless"]));
+        assert!(
+            d < 1e-3,
+            "{name}: last logits differ from the oracle by {d}"
+        );
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&exp["teacher_top1_lossless"]),
+            "{name}: teacher-forced top-1"
+        );
+        e.reset();
+        let long = ids(&exp["long_prompt_ids"]);
+        let want = ids(&exp["greedy_long_lossless"]);
+        assert_eq!(
+            greedy(&mut e, &long, want.len()),
+            want,
+            "{name}: long prompt"
+        );
+        e.reset();
+        let last_long = e.forward(&long, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last_long, &floats(&exp["last_logits_long_lossless"]));
+        assert!(
+            d < 1e-3,
+            "{name}: long prompt: last logits differ from the oracle by {d}"
+        );
+
+        // And the store converted from the checkpoint itself: the same numbers, up to the
+        // f32 / bf16 kernels' sums and `ssm_a`'s round trip.
+        let (_t2, st) = convert_fixture(fixture, "lossless_store");
+        let st = open_store(&st, true, IoPreference::Auto);
+        let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
+        let last2 = e2.forward(&long, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last_long, &last2);
+        assert!(
+            d < 1e-4,
+            "{name}: GGUF and safetensors stores differ by {d}"
+        );
+    }
+}
+
+#[test]
+fn kimi_ggufs_placement_never_changes_tokens() {
+    for (name, fixture, _) in CASES {
+        let exp = expected(fixture);
+        let (_tmp, dir) = convert(name);
+        placement_keeps_greedy(
+            &dir,
+            ExpertKey::new(1, 0),
+            &ids(&exp["prompt_ids"]),
+            &ids(&exp["greedy_lossless"]),
+            name,
+        );
+    }
+}
+
+/// Converts a damaged copy of the kimi-k3 GGUF and returns the error; nothing published.
+fn refused(damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(gguf(K3)).unwrap();
+    damage(&mut b);
+    let src = tmp.path().join("k3.gguf");
+    std::fs::write(&src, &b).unwrap();
+    let out = tmp.path().join("store");
+    let e = try_convert(&src, &out).expect_err("the damaged GGUF was converted");
+    assert!(!out.exists(), "a store was published");
+    assert!(
+        !coli_convert::pipeline::partial_path(&out).exists(),
+        "partial store left"
+    );
+    e.to_string()
+}
+
+fn after(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
+        + needle.len()
+}
+
+#[test]
+fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
+    // `ssm_a` is -exp(A_log): a positive value is no decay llama.cpp writes.
+    let g = coli_convert::gguf::file::Gguf::open(&gguf(K3)).unwrap();
+    let a = g.data(&g.tensors["blk.1.ssm_a"]).to_vec();
+    drop(g);
+    let e = refused(|b| {
+        let at = after(b, &a) - a.len();
+        b[at..at + 4].copy_from_slice(&0.5f32.to_le_bytes());
+    });
+    assert!(
+        e.contains("blk.1.ssm_a") && e.contains("value 0 is 0.5"),
+        "{e}"
+    );
+    // Every layer MLA (`head_count_kv` without a 0): not Kimi K3's mix.
+    let e = refused(|b| {
+        // The array: value type (4), element type (4), count (8), then 5 u32.
+        let at = after(b, b"kimi-k3.attention.head_count_kv") + 16;
+        for i in 0..5 {
+            b[at + 4 * i..at + 4 * i + 4].copy_from_slice(&1u32.to_le_bytes());
+        }
+    });
+    assert!(
+        e.contains("kimi-k3.attention.head_count_kv") && e.contains("MLA"),
+        "{e}"
+    );
+    // Softmax routing.
+    let e = refused(|b| {
+        let at = after(b, b"kimi-k3.expert_gating_func") + 4;
+        b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("kimi-k3.expert_gating_func") && e.contains("sigmoid"),
+        "{e}"
+    );
+    // A layer kind the tensors contradict: layer 1 made an MLA layer, whose tensors are KDA's.
+    let e = refused(|b| {
+        let at = after(b, b"kimi-k3.attention.head_count_kv") + 16;
+        b[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
+    });
+    assert!(e.contains("blk.1."), "{e}");
+}
+
+#[test]
+fn kimi_gguf_stores_are_not_exported_back() {
+    for (name, _, _) in CASES {
+        let (tmp, dir) = convert(name);
+        let out = tmp.path().join("back.gguf");
+        let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
+        assert!(
+            e.contains("kimi-linear GGUF") && e.contains("not written back"),
+            "{name}: {e}"
+        );
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn kimi_plan_from_the_gguf_header_matches_the_store() {
+    for (name, _, _) in CASES {
+        let (_tmp, dir) = convert(name);
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint: None,
+                config: None,
+                gguf: Some(&gguf(name)),
+                total_ram: 25 << 30,
+                context: Some(256),
+                disk_gib_s: Some(2.0),
+                experts: None,
+                mtp: None,
+                chosen: None,
+            },
+        )
+        .unwrap();
+        let store = open_store(&dir, false, IoPreference::Auto);
+        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
+        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
+        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
+        let dense = store.manifest().dense_file.length;
+        assert_eq!(p.rows[0].dense_bytes, dense, "{name}: dense bytes");
+        assert!(p.from_gguf && p.rows[0].fits);
+    }
+}
