@@ -30,6 +30,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("minimax-m2", "minimax_m2"),
     ("kimi-linear", "kimi_linear"),
     ("kimi-k3", "kimi_k3"),
+    ("glm5-next", "glm5_next"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -66,15 +67,19 @@ pub fn architecture(g: &Gguf) -> Result<&'static str> {
 /// [`ConvertError::Gguf`] naming a missing or contradictory key.
 pub fn config_json(g: &Gguf) -> Result<Json> {
     let arch = architecture(g)?;
-    if arch == "kimi-k3" || arch == "kimi-linear" {
-        let c = kimi_kda(g, arch)?;
-        let t = c.get("text_config").unwrap_or(&c);
-        let layers = t["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
-        check_blocks(g, arch, layers, layers)?;
-        return Ok(c);
-    }
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
+    if matches!(arch, "kimi-k3" | "kimi-linear" | "glm5-next") {
+        let c = if arch == "glm5-next" {
+            glm5_next(g)?
+        } else {
+            kimi_kda(g, arch)?
+        };
+        let t = c.get("text_config").unwrap_or(&c);
+        let decoder = t["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        check_blocks(g, arch, u("block_count")?, decoder)?;
+        return Ok(c);
+    }
     if arch == "llama" && g.get("llama.expert_count").is_none() {
         return Err(cerr(
             g,
@@ -1000,6 +1005,225 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
     }))
 }
 
+/// The layer kinds of a KDA hybrid GGUF, true for a KDA layer: `attention.head_count_kv` has
+/// one value per block, 0 for a KDA layer (the converters' convention); `layers` are the
+/// decoder's (MTP blocks after them are not read). Refused unless both kinds are present.
+fn kda_layer_kinds(keys: &Keys<'_>, layers: usize) -> Result<Vec<bool>> {
+    let (g, k) = (keys.g, keys.key("attention.head_count_kv"));
+    let kv: Vec<u64> = match g.get(&k) {
+        Some(Value::Array(a)) => a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>(),
+        _ => None,
+    }
+    .filter(|v| v.len() >= layers)
+    .ok_or_else(|| {
+        cerr(
+            g,
+            format!("{k} must list one value per layer ({layers}): 0 for a KDA layer, the attention layers' otherwise"),
+        )
+    })?;
+    let kda: Vec<bool> = kv[..layers].iter().map(|&v| v == 0).collect();
+    if kda.iter().all(|&x| x) || kda.iter().all(|&x| !x) {
+        return Err(cerr(
+            g,
+            format!(
+                "{k} makes every layer {}: the model mixes KDA and attention layers",
+                if kda[0] { "KDA" } else { "an attention layer" }
+            ),
+        ));
+    }
+    Ok(kda)
+}
+
+/// The config.json of a `glm5-next` GGUF (GLM-5.3-Flash; `conversion/glm.py` `Glm5NextModel`,
+/// `src/models/glm5-next.cpp`): the release's wrapper (`model_type` `glm5_next`, the language
+/// model `glm5_next_text` in `text_config`) with transformers' keys. KDA layers from
+/// `attention.head_count_kv` (0), the others DSA (NoPE MLA: `rope.dimension_count` 0; `kv_b`
+/// split) with the k-pool indexer (`attention.indexer.{head_count, key_length, top_k, kpool,
+/// kpool_select_tail, types}`), the hyper-connections (`hyper_connection.{count,
+/// sinkhorn_iterations, epsilon}`), the SwiGLU clamp (`swiglu_clamp_exp` /
+/// `swiglu_clamp_shexp`, one limit for every layer and both), grouped sigmoid routing
+/// (`expert_gating_func` absent: sigmoid, as the graph assumes); the MTP blocks llama.cpp
+/// appends (`nextn_predict_layers`) are not converted.
+fn glm5_next(g: &Gguf) -> Result<Json> {
+    let arch = "glm5-next";
+    let keys = Keys { g, arch };
+    let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
+    let (opt_u, opt_f) = (|s: &str| keys.opt_u(s), |s: &str| keys.opt_f(s));
+    let mut text = serde_json::Map::new();
+    let layers = decoder_layers(&keys, &mut text)?;
+    let heads = u("attention.head_count")?;
+    let hidden = u("embedding_length")?;
+    let emb = g.tensor("token_embd.weight")?;
+    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
+    if emb.dims[0] as usize != hidden {
+        return Err(cerr(
+            g,
+            format!(
+                "token_embd.weight has rows of {} but {} is {hidden}",
+                emb.dims[0],
+                k("embedding_length")
+            ),
+        ));
+    }
+    let kda = kda_layer_kinds(&keys, layers)?;
+    if let Some(f) = opt_u("expert_gating_func")?.filter(|&f| f != 0 && f != 2) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {f}: GLM-5.3-Flash routes with sigmoid scores (2)",
+                k("expert_gating_func")
+            ),
+        ));
+    }
+    let rope = u("rope.dimension_count")?;
+    if rope != 0 {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {rope}: GLM-5.3-Flash's DSA layers have no RoPE",
+                k("rope.dimension_count")
+            ),
+        ));
+    }
+    let has =
+        |suffix: &str| (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")));
+    let split = has("attn_k_b.weight");
+    if !split && !has("attn_kv_b.weight") {
+        return Err(cerr(
+            g,
+            "no attn_k_b nor attn_kv_b tensor: the MLA up-projection is missing",
+        ));
+    }
+    // One SwiGLU limit for every layer, routed and shared experts alike.
+    let clamp = |key: &str| -> Result<Option<f64>> {
+        let Some(v) = g.get(&k(key)) else {
+            return Ok(None);
+        };
+        let vals: Option<Vec<f64>> = match v {
+            Value::Array(a) => a.iter().map(Value::as_f64).collect(),
+            v => v.as_f64().map(|x| vec![x]),
+        };
+        match vals.as_deref() {
+            Some([first, rest @ ..]) if rest.iter().all(|x| x == first) => Ok(Some(*first)),
+            _ => Err(cerr(
+                g,
+                format!("{} must give one limit for every layer", k(key)),
+            )),
+        }
+    };
+    let limit = match (clamp("swiglu_clamp_exp")?, clamp("swiglu_clamp_shexp")?) {
+        (Some(a), Some(b)) if a == b => a,
+        (Some(a), None) => a,
+        (a, b) => {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} {a:?} and {} {b:?}: coli runs GLM-5.3-Flash with one SwiGLU limit for its routed and shared experts",
+                    k("swiglu_clamp_exp"),
+                    k("swiglu_clamp_shexp")
+                ),
+            ))
+        }
+    };
+    // transformers' `indexer_types` has one entry per layer (the KDA layers' are not read), as
+    // the converter writes them; a list of the DSA layers' only is read too.
+    let dsa: Vec<usize> = (0..layers).filter(|&i| !kda[i]).collect();
+    let indexer_types: Vec<&str> = match g.get(&k("attention.indexer.types")) {
+        Some(Value::Array(a)) => {
+            let v = a
+                .iter()
+                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0)))
+                .collect::<Option<Vec<_>>>()
+                .filter(|v| v.len() == dsa.len() || v.len() >= layers)
+                .ok_or_else(|| {
+                    cerr(
+                        g,
+                        format!(
+                            "{} must give a bool per layer",
+                            k("attention.indexer.types")
+                        ),
+                    )
+                })?;
+            let per_layer: Vec<bool> = if v.len() >= layers {
+                v[..layers].to_vec()
+            } else {
+                let mut d = v.iter();
+                (0..layers)
+                    .map(|i| kda[i] || *d.next().expect("one per DSA layer"))
+                    .collect()
+            };
+            per_layer
+                .iter()
+                .map(|&f| if f { "full" } else { "shared" })
+                .collect()
+        }
+        _ => vec!["full"; layers],
+    };
+    let mut lin = json!({
+        "num_heads": heads,
+        "head_dim": u("kda.head_dim")?,
+        "short_conv_kernel_size": u("ssm.conv_kernel")?,
+    });
+    if let Some(lb) = opt_f("kda.gate_lower_bound")? {
+        lin["gate_lower_bound"] = json!(lb);
+    }
+    let dense_lead = opt_u("leading_dense_block_count")?.unwrap_or(0);
+    let tok = |key: &str| {
+        g.get(key)
+            .and_then(Value::as_u64)
+            .map_or(Json::Null, Json::from)
+    };
+    let t = json!({
+        "model_type": "glm5_next_text",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "intermediate_size": u("feed_forward_length")?,
+        "moe_intermediate_size": u("expert_feed_forward_length")?,
+        "n_routed_experts": u("expert_count")?,
+        "num_experts_per_tok": u("expert_used_count")?,
+        "n_shared_experts": opt_u("expert_shared_count")?.unwrap_or(0),
+        "n_group": opt_u("expert_group_count")?.unwrap_or(1).max(1),
+        "topk_group": opt_u("expert_group_used_count")?.unwrap_or(1).max(1),
+        "routed_scaling_factor": opt_f("expert_weights_scale")?.filter(|&v| v != 0.0).unwrap_or(1.0),
+        "norm_topk_prob": g.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false),
+        "q_lora_rank": u("attention.q_lora_rank")?,
+        "kv_lora_rank": u("attention.kv_lora_rank")?,
+        "qk_nope_head_dim": u("attention.key_length_mla")?,
+        "qk_rope_head_dim": 0,
+        "v_head_dim": u("attention.value_length_mla")?,
+        "mla_kv_b_split": split,
+        "layer_types": kda.iter().map(|&x| if x { "linear_attention" } else { "full_attention" }).collect::<Vec<_>>(),
+        "mlp_layer_types": (0..layers).map(|i| if i < dense_lead { "dense" } else { "sparse" }).collect::<Vec<_>>(),
+        "linear_attn_config": lin,
+        "index_n_heads": u("attention.indexer.head_count")?,
+        "index_head_dim": u("attention.indexer.key_length")?,
+        "index_topk": u("attention.indexer.top_k")?,
+        "index_kpool": u("attention.indexer.kpool")?,
+        "index_kpool_always_select_tail": g.get(&k("attention.indexer.kpool_select_tail")).and_then(Value::as_bool).unwrap_or(true),
+        "indexer_types": indexer_types,
+        "hc_mult": u("hyper_connection.count")?,
+        "hc_sinkhorn_iters": u("hyper_connection.sinkhorn_iterations")?,
+        "hc_eps": g.f64(&k("hyper_connection.epsilon"))?,
+        "swiglu_limit": limit,
+        "rms_norm_eps": g.f64(&k("attention.layer_norm_rms_epsilon"))?,
+        "max_position_embeddings": u("context_length")?,
+        "vocab_size": vocab,
+        "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
+        "attention_bias": false,
+        "hidden_act": "silu",
+        "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
+        "num_nextn_predict_layers": 0,
+    });
+    let mut t = t.as_object().expect("object").clone();
+    t.extend(text);
+    Ok(json!({
+        "model_type": "glm5_next",
+        "text_config": t,
+        "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
+    }))
+}
+
 /// The GGUF tensor the spec's tensor `hf` comes from (its name and header), or None when the
 /// file has none: [`gguf_name`], or for a kimi-k3 `self_attn.g_proj` whichever of KDA's
 /// `ssm_g` and MLA's `attn_gate` the layer holds (one checkpoint name, two GGUF names by
@@ -1035,7 +1259,7 @@ pub fn derived_values(
 ) -> Option<std::result::Result<Vec<u8>, String>> {
     if !matches!(
         config["model_type"].as_str(),
-        Some("kimi_k3" | "kimi_linear")
+        Some("kimi_k3" | "kimi_linear" | "glm5_next")
     ) {
         return None;
     }
@@ -1090,8 +1314,12 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         // MiniMax-M2's selection bias, on the block.
         return Some(format!("blk.{n}.exp_probs_b.bias"));
     }
-    // A K3 store's family is its language model's, `kimi_linear`.
-    if matches!(model_type, "kimi_k3" | "kimi_linear") {
+    // A K3 store's family is its language model's, `kimi_linear`; GLM-5.3-Flash's KDA layers
+    // have the same names.
+    if matches!(
+        model_type,
+        "kimi_k3" | "kimi_linear" | "glm5_next" | "glm5_next_text"
+    ) {
         if let Some(name) = kimi_k3_name(n, rest) {
             return Some(name);
         }
@@ -1172,6 +1400,16 @@ fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
         "block_sparse_moe.routed_expert_down_proj.weight" => "ffn_routed_down.weight",
         "block_sparse_moe.routed_expert_up_proj.weight" => "ffn_routed_up.weight",
         "block_sparse_moe.routed_expert_norm.weight" => "ffn_routed_norm.weight",
+        // GLM-5.3-Flash: the hyper-connections and the k-pool indexer's compressor
+        // (`Glm5NextModel.modify_tensors` names them by map_tensor_name + ".weight").
+        "hc_attn_fn" => "hc_attn_fn.weight",
+        "hc_attn_base" => "hc_attn_base.weight",
+        "hc_attn_scale" => "hc_attn_scale.weight",
+        "hc_ffn_fn" => "hc_ffn_fn.weight",
+        "hc_ffn_base" => "hc_ffn_base.weight",
+        "hc_ffn_scale" => "hc_ffn_scale.weight",
+        "self_attn.indexer.index_kpool_compress_ape" => "indexer_compressor_ape.weight",
+        "self_attn.indexer.index_kpool_compress_gate" => "indexer_compressor_gate.weight",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}"))

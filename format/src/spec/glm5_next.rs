@@ -237,7 +237,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         num_nextn_predict_layers: 0,
         mlp_sparse: Some(mlp_sparse),
         dsa: Some(dsa),
-        kv_b_split: false,
+        // A GGUF's split `attn_k_b` / `attn_v_b` (the converter's config for a glm5-next GGUF).
+        kv_b_split: f.bool("mla_kv_b_split")?.unwrap_or(false),
     };
     for (key, v) in [
         ("q_lora_rank", q_lora_rank),

@@ -1,11 +1,11 @@
-//! Kimi K3 and Kimi-Linear from GGUF (issue 46): llama.cpp's own converter
-//! (`conversion/kimi_k3.py`, `kimi_linear.py`) writes the Kimi K3 fixture
-//! (`tests/fixtures/tiny/kimi_k3_mxfp4`, the release's layout) as a `kimi-k3` GGUF and the
-//! Kimi-Linear fixture (`tiny/kimi_linear_bf16`) as a `kimi-linear` one
-//! (`tests/fixtures/gguf/make_kimi_ggufs.py`: F32 tensors; K3's compressed-tensors experts
+//! The KDA families from GGUF (issue 46): llama.cpp's own converter (`conversion/kimi_k3.py`,
+//! `kimi_linear.py`, `glm.py`) writes the Kimi K3 fixture (`tests/fixtures/tiny/kimi_k3_mxfp4`,
+//! the release's layout) as a `kimi-k3` GGUF, the Kimi-Linear fixture (`tiny/kimi_linear_bf16`)
+//! as `kimi-linear` and the GLM-5.3-Flash fixture (`tiny/glm5_next_bf16`) as `glm5-next`
+//! (`tests/fixtures/gguf/make_kda_ggufs.py`: F32 tensors; K3's compressed-tensors experts
 //! repacked to ggml MXFP4, checked equal to the checkpoint's values by gguf-py). Each GGUF holds
 //! its checkpoint's numbers, so the fixture's oracle applies as it is (the torch transcription
-//! for K3, transformers 5.25 for Kimi-Linear): greedy 32, teacher-forced top-1, the 150-token
+//! for K3, transformers 5.25 for the others): greedy 32, teacher-forced top-1, the 150-token
 //! prompt, last logits within 1e-3. The experts' blocks are kept bit for bit; `-exp(A_log)`
 //! (`ssm_a`) and K3's fused attention-residual scores come back as the checkpoint's tensors
 //! (`coli_convert::gguf::arch::derived_values`).
@@ -23,10 +23,11 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 /// (GGUF fixture, the checkpoint fixture it was written from, format version of its store).
-const CASES: [(&str, &str, u32); 2] = [
+const CASES: [(&str, &str, u32); 3] = [
     ("kimi_k3-mxfp4", "kimi_k3_mxfp4", 6),
     // F32 records and tensors only: the first format version.
     ("kimi_linear-f32", "kimi_linear_bf16", 1),
+    ("glm5_next-f32", "glm5_next_bf16", 1),
 ];
 
 /// The K3 file, which the bad-input tests damage.
@@ -66,13 +67,13 @@ fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 #[test]
-fn kimi_ggufs_run_as_the_oracle_and_keep_the_blocks() {
+fn kda_ggufs_run_as_the_oracle_and_keep_the_blocks() {
     for (name, fixture, version) in CASES {
         let p = probe(name);
         assert_eq!(
             sha(&std::fs::read(gguf(name)).unwrap()),
             p["gguf_sha256"].as_str().unwrap(),
-            "{name}: the committed GGUF is the one make_kimi_ggufs.py wrote"
+            "{name}: the committed GGUF is the one make_kda_ggufs.py wrote"
         );
         let (_tmp, dir) = convert(name);
         let store = open_store(&dir, true, IoPreference::Auto);
@@ -160,7 +161,7 @@ fn kimi_ggufs_run_as_the_oracle_and_keep_the_blocks() {
 }
 
 #[test]
-fn kimi_ggufs_placement_never_changes_tokens() {
+fn kda_ggufs_placement_never_changes_tokens() {
     for (name, fixture, _) in CASES {
         let exp = expected(fixture);
         let (_tmp, dir) = convert(name);
@@ -176,8 +177,13 @@ fn kimi_ggufs_placement_never_changes_tokens() {
 
 /// Converts a damaged copy of the kimi-k3 GGUF and returns the error; nothing published.
 fn refused(damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    refused_from(K3, damage)
+}
+
+/// [`refused`] on a damaged copy of GGUF fixture `name`.
+fn refused_from(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
     let tmp = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(gguf(K3)).unwrap();
+    let mut b = std::fs::read(gguf(name)).unwrap();
     damage(&mut b);
     let src = tmp.path().join("k3.gguf");
     std::fs::write(&src, &b).unwrap();
@@ -239,16 +245,34 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         b[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(e.contains("blk.1."), "{e}");
+    // GLM-5.3-Flash: a SwiGLU limit that differs between layers (the array: value type,
+    // element type, count, then f32 per block), and RoPE in its NoPE layers.
+    let e = refused_from("glm5_next-f32", |b| {
+        let at = after(b, b"glm5-next.swiglu_clamp_exp") + 16;
+        b[at..at + 4].copy_from_slice(&2.0f32.to_le_bytes());
+    });
+    assert!(
+        e.contains("glm5-next.swiglu_clamp_exp") && e.contains("one limit"),
+        "{e}"
+    );
+    let e = refused_from("glm5_next-f32", |b| {
+        let at = after(b, b"glm5-next.rope.dimension_count") + 4;
+        b[at..at + 4].copy_from_slice(&8u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("glm5-next.rope.dimension_count") && e.contains("no RoPE"),
+        "{e}"
+    );
 }
 
 #[test]
-fn kimi_gguf_stores_are_not_exported_back() {
+fn kda_gguf_stores_are_not_exported_back() {
     for (name, _, _) in CASES {
         let (tmp, dir) = convert(name);
         let out = tmp.path().join("back.gguf");
         let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
         assert!(
-            e.contains("kimi-linear GGUF") && e.contains("not written back"),
+            e.contains("glm5-next GGUF") && e.contains("not written back"),
             "{name}: {e}"
         );
         assert!(!out.exists());
@@ -256,7 +280,7 @@ fn kimi_gguf_stores_are_not_exported_back() {
 }
 
 #[test]
-fn kimi_plan_from_the_gguf_header_matches_the_store() {
+fn kda_plan_from_the_gguf_header_matches_the_store() {
     for (name, _, _) in CASES {
         let (_tmp, dir) = convert(name);
         let p = coli_convert::memory_plan::plan_from_config(
