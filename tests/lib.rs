@@ -434,3 +434,57 @@ pub fn check_mtp(e: &mut coli_engine::Engine<'_>, exp: &Value, want: &Value, wha
     assert!(d < 1e-3, "{what}: MTP last logits differ by {d}");
 }
 pub mod published;
+
+/// Hex sha256 of `b`.
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// The GGUF name of a store encoding (`Q4_K`, `MXFP4`, `F32`), as gguf-py names tensor types.
+pub fn gguf_type_name(e: coli_format::Encoding) -> String {
+    match e {
+        coli_format::Encoding::Ggml(t) => t.gguf_name(),
+        e => e.name().to_uppercase(),
+    }
+}
+
+/// A GGUF fixture's block probe (its `<name>.json` `probe`: `layer`, `expert`, the sha256 and
+/// gguf-py type of the expert's three slices, `dense_tensor` and its sha256, `dense_type` when
+/// given) held against `store`: the blocks kept bit for bit, in their GGUF types.
+///
+/// # Panics
+/// On any difference (`what` names the fixture).
+pub fn check_gguf_probe(store: &coli_store::Store, p: &Value, what: &str) {
+    let key = coli_store::ExpertKey::new(
+        p["layer"].as_u64().expect("layer") as u32,
+        p["expert"].as_u64().expect("expert") as u32,
+    );
+    let buf = store.fetch_one(key).expect("probe expert");
+    for (i, m) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
+        assert_eq!(
+            sha256_hex(m.data()),
+            p["expert_sha256"][i].as_str().expect("sha256"),
+            "{what}: {key} matrix {i}"
+        );
+        assert_eq!(
+            gguf_type_name(m.encoding()),
+            p["expert_types"][i].as_str().expect("type"),
+            "{what}: {key} matrix {i}"
+        );
+    }
+    let t = store
+        .dense(p["dense_tensor"].as_str().expect("dense tensor"))
+        .expect("dense probe");
+    assert_eq!(
+        sha256_hex(t.data),
+        p["dense_sha256"].as_str().expect("sha256"),
+        "{what}: dense probe"
+    );
+    if let Some(ty) = p["dense_type"].as_str() {
+        assert_eq!(gguf_type_name(t.encoding), ty, "{what}: dense probe type");
+    }
+}

@@ -10,9 +10,8 @@ use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_format::Encoding;
 use coli_store::{ExpertKey, IoPreference};
-use coli_tests::{floats, greedy, ids, max_abs_diff, open_store, top1};
+use coli_tests::{floats, gguf_type_name, greedy, ids, max_abs_diff, open_store, top1};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 const FIXTURES: [&str; 12] = coli_tests::GGUF_FIXTURES;
@@ -44,21 +43,6 @@ fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
     (tmp, out)
 }
 
-fn sha(b: &[u8]) -> String {
-    Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
-}
-
-/// The GGUF name of a ggml encoding (`Q4_K`, `MXFP4`), as gguf-py names tensor types.
-fn enc_name(e: Encoding) -> String {
-    match e {
-        Encoding::Ggml(t) => t.gguf_name(),
-        e => e.name().to_uppercase(),
-    }
-}
-
 #[test]
 fn gguf_stores_match_transformers_and_keep_the_blocks() {
     for name in FIXTURES {
@@ -73,38 +57,14 @@ fn gguf_stores_match_transformers_and_keep_the_blocks() {
         );
 
         // Blocks bit for bit, in their GGUF types.
-        let p = &exp["probe"];
-        let key = ExpertKey::new(
-            p["layer"].as_u64().unwrap() as u32,
-            p["expert"].as_u64().unwrap() as u32,
-        );
-        let buf = store.fetch_one(key).unwrap();
-        for (i, m) in [buf.gate(), buf.up(), buf.down()].iter().enumerate() {
-            assert_eq!(
-                sha(m.data()),
-                p["expert_sha256"][i].as_str().unwrap(),
-                "{name}: {key} matrix {i}"
-            );
-            assert_eq!(
-                enc_name(m.encoding()),
-                p["expert_types"][i].as_str().unwrap(),
-                "{name}: {key} matrix {i}"
-            );
-        }
-        let t = store.dense(p["dense_tensor"].as_str().unwrap()).unwrap();
-        assert_eq!(
-            sha(t.data),
-            p["dense_sha256"].as_str().unwrap(),
-            "{name}: dense probe"
-        );
-        assert_eq!(enc_name(t.encoding), p["dense_type"].as_str().unwrap());
+        coli_tests::check_gguf_probe(&store, &exp["probe"], name);
         // Every dense tensor in the type the GGUF gives it.
         let types = exp["tensor_types"].as_object().unwrap();
         for e in &store.manifest().dense {
             let g = coli_convert::gguf::arch::gguf_name(&store.manifest().family, &e.name).unwrap();
             let enc = Encoding::from_id(e.encoding, e.group_size).unwrap();
             assert_eq!(
-                enc_name(enc),
+                gguf_type_name(enc),
                 types[&g].as_str().unwrap(),
                 "{name}: {}",
                 e.name

@@ -9,7 +9,6 @@ use coli_engine::text::TextTokenizer;
 use coli_engine::{Engine, EngineOptions};
 use coli_tests::{convert_fixture_with, expected, fixture_dir, greedy, open_store};
 use serde_json::Value;
-use sha2::Digest;
 use std::path::{Path, PathBuf};
 
 fn kimi_dir() -> PathBuf {
@@ -51,10 +50,7 @@ fn edited(edit: impl Fn(&str, Vec<u8>) -> Option<Vec<u8>>) -> tempfile::TempDir 
 fn tiktoken_ranks_tokenize_as_tiktoken_does() {
     let exp = fixture_expected();
     let model = std::fs::read(kimi_dir().join("tiktoken.model")).unwrap();
-    let sha: String = sha2::Sha256::digest(&model)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = coli_tests::sha256_hex(&model);
     assert_eq!(sha, exp["tiktoken_model_sha256"].as_str().unwrap());
     let (json, note) = converted(&kimi_dir());
     assert!(

@@ -95,18 +95,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     };
     let experts = u("expert_count")?;
     let topk = u("expert_used_count")?;
-    let emb = g.tensor("token_embd.weight")?;
-    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
-    if emb.dims[0] as usize != hidden {
-        return Err(cerr(
-            g,
-            format!(
-                "token_embd.weight has rows of {} but {} is {hidden}",
-                emb.dims[0],
-                k("embedding_length")
-            ),
-        ));
-    }
+    let vocab = vocab_size(g, &k("embedding_length"), hidden)?;
     if heads == 0 || kv_heads == 0 || experts == 0 || topk == 0 || topk > experts {
         return Err(cerr(
             g,
@@ -302,6 +291,43 @@ pub fn gguf_shape(config: &Json, hf: &str) -> Option<Vec<usize>> {
     } else {
         None
     }
+}
+
+/// The vocabulary size: `token_embd.weight`'s rows, checked against the hidden size the
+/// metadata key `hidden_key` gives.
+fn vocab_size(g: &Gguf, hidden_key: &str, hidden: usize) -> Result<usize> {
+    let emb = g.tensor("token_embd.weight")?;
+    if emb.dims[0] as usize != hidden {
+        return Err(cerr(
+            g,
+            format!(
+                "token_embd.weight has rows of {} but {hidden_key} is {hidden}",
+                emb.dims[0]
+            ),
+        ));
+    }
+    Ok(emb.dims.get(1).copied().unwrap_or(0) as usize)
+}
+
+/// Whether any of the first `layers` blocks holds `blk.N.{suffix}`.
+fn any_layer_has(g: &Gguf, layers: usize, suffix: &str) -> bool {
+    (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")))
+}
+
+/// Whether the MLA layers hold llama.cpp's split `attn_k_b` / `attn_v_b` (else a fused
+/// `attn_kv_b`).
+///
+/// # Errors
+/// [`ConvertError::Gguf`] when neither is there.
+fn kv_b_split(g: &Gguf, layers: usize) -> Result<bool> {
+    let split = any_layer_has(g, layers, "attn_k_b.weight");
+    if !split && !any_layer_has(g, layers, "attn_kv_b.weight") {
+        return Err(cerr(
+            g,
+            "no attn_k_b nor attn_kv_b tensor: the MLA up-projection is missing",
+        ));
+    }
+    Ok(split)
 }
 
 /// An architecture's metadata keys (`{arch}.{name}`) of a GGUF.
@@ -852,44 +878,10 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
     let hidden = u("embedding_length")?;
     let layers = u("block_count")?;
     let heads = u("attention.head_count")?;
-    let emb = g.tensor("token_embd.weight")?;
-    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
-    if emb.dims[0] as usize != hidden {
-        return Err(cerr(
-            g,
-            format!(
-                "token_embd.weight has rows of {} but {} is {hidden}",
-                emb.dims[0],
-                k("embedding_length")
-            ),
-        ));
-    }
-    let kv: Vec<u64> = match g.get(&k("attention.head_count_kv")) {
-        Some(Value::Array(a)) => a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>(),
-        _ => None,
-    }
-    .filter(|v| v.len() == layers)
-    .ok_or_else(|| {
-        cerr(
-            g,
-            format!(
-                "{} must list one value per layer ({layers}): 0 for a KDA layer, the MLA layers' otherwise",
-                k("attention.head_count_kv")
-            ),
-        )
-    })?;
-    let full: Vec<usize> = (0..layers).filter(|&i| kv[i] > 0).map(|i| i + 1).collect();
-    let kda: Vec<usize> = (0..layers).filter(|&i| kv[i] == 0).map(|i| i + 1).collect();
-    if full.is_empty() || kda.is_empty() {
-        return Err(cerr(
-            g,
-            format!(
-                "{} makes every layer {}: Kimi K3 mixes KDA and MLA layers",
-                k("attention.head_count_kv"),
-                if full.is_empty() { "KDA" } else { "MLA" }
-            ),
-        ));
-    }
+    let vocab = vocab_size(g, &k("embedding_length"), hidden)?;
+    let kda = kda_layer_kinds(&keys, layers)?;
+    let full: Vec<usize> = (0..layers).filter(|&i| !kda[i]).map(|i| i + 1).collect();
+    let kda: Vec<usize> = (0..layers).filter(|&i| kda[i]).map(|i| i + 1).collect();
     if opt_u("expert_gating_func")? != Some(2) {
         return Err(cerr(
             g,
@@ -914,15 +906,8 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
             ),
         ));
     }
-    let has =
-        |suffix: &str| (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")));
-    let split = has("attn_k_b.weight");
-    if !split && !has("attn_kv_b.weight") {
-        return Err(cerr(
-            g,
-            "no attn_k_b nor attn_kv_b tensor: the MLA up-projection is missing",
-        ));
-    }
+    let has = |suffix: &str| any_layer_has(g, layers, suffix);
+    let split = kv_b_split(g, layers)?;
     let mut lin = json!({
         "full_attn_layers": full,
         "kda_layers": kda,
@@ -1053,18 +1038,7 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
     let layers = decoder_layers(&keys, &mut text)?;
     let heads = u("attention.head_count")?;
     let hidden = u("embedding_length")?;
-    let emb = g.tensor("token_embd.weight")?;
-    let vocab = emb.dims.get(1).copied().unwrap_or(0) as usize;
-    if emb.dims[0] as usize != hidden {
-        return Err(cerr(
-            g,
-            format!(
-                "token_embd.weight has rows of {} but {} is {hidden}",
-                emb.dims[0],
-                k("embedding_length")
-            ),
-        ));
-    }
+    let vocab = vocab_size(g, &k("embedding_length"), hidden)?;
     let kda = kda_layer_kinds(&keys, layers)?;
     if let Some(f) = opt_u("expert_gating_func")?.filter(|&f| f != 0 && f != 2) {
         return Err(cerr(
@@ -1085,15 +1059,7 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
             ),
         ));
     }
-    let has =
-        |suffix: &str| (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")));
-    let split = has("attn_k_b.weight");
-    if !split && !has("attn_kv_b.weight") {
-        return Err(cerr(
-            g,
-            "no attn_k_b nor attn_kv_b tensor: the MLA up-projection is missing",
-        ));
-    }
+    let split = kv_b_split(g, layers)?;
     // One SwiGLU limit for every layer, routed and shared experts alike.
     let clamp = |key: &str| -> Result<Option<f64>> {
         let Some(v) = g.get(&k(key)) else {
