@@ -19,10 +19,12 @@
 //!   tokenizer_config.json's `added_tokens_decoder`, else `<|reserved_token_{id}|>`, all special
 //!   (matched in text before the split, as `allowed_special="all"` does).
 //!
-//! The class is Python, which coli does not run: coli reads what it needs from the module's
-//! source (`num_reserved_special_tokens = N`, the range the special ids are numbered over, and
-//! the `pat_str = "|".join([...])` of raw string literals, one per line) and converts only a
-//! class whose split regex it knows and whose special-token rule is one of Kimi's. Anything else is reported and skipped: the store then runs on
+//! The class is Python, which coli does not run: coli reads what it needs from the class's body
+//! in the module (`num_reserved_special_tokens = N`, the range the special ids are numbered
+//! over, and the `pat_str = "|".join([...])` of raw string literals, one per line) and converts
+//! only a class whose split regex it knows and whose special-token rule is one of Kimi's, and
+//! only special tokens tokenizer.json can hold with their ids (the `tokenizers` crate keys added
+//! tokens by text: two ids of one name, or a special named as an ordinary token, are skipped). Anything else is reported and skipped: the store then runs on
 //! token ids, as before. Checked against tiktoken itself on a real vocabulary
 //! (`tests/tests/tiktoken_tokenizer.rs`). One difference is left: Kimi's `encode` cuts runs of
 //! more than 25,000 whitespace or non-whitespace characters before splitting; coli does not.
@@ -41,6 +43,10 @@ pub const TIKTOKEN_MODEL: &str = "tiktoken.model";
 /// Split regexes coli converts: (the class's `pat_str`, joined; llama.cpp's name of the same
 /// pre-tokenizer in [`crate::byte_level::pre_tokenizer`]).
 const KNOWN_PATTERNS: &[(&str, &str)] = &[(KIMI_K2_REGEX, "kimi-k2")];
+
+/// More special ids than any tokenizer has (Kimi's: 256 or 258): a class numbering more is
+/// not converted.
+const MAX_SPECIALS: usize = 1 << 16;
 
 /// What became of a checkpoint's `tiktoken.model`.
 #[derive(Debug)]
@@ -72,8 +78,11 @@ fn config_err(file: &Path, what: impl Into<String>) -> ConvertError {
 /// ([`Tiktoken::Skipped`]).
 pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
     let model_path = dir.join(TIKTOKEN_MODEL);
-    if !model_path.is_file() {
+    if !model_path.exists() {
         return Ok(None);
+    }
+    if !model_path.is_file() {
+        return Err(config_err(&model_path, "is not a file"));
     }
     let skip = |why: String| {
         Ok(Some(Tiktoken::Skipped(format!(
@@ -95,18 +104,41 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
         Some(Json::String(s)) => Some(s.as_str()),
         _ => None,
     };
-    let Some((module, _)) = class.and_then(|c| c.rsplit_once('.')) else {
+    // `module.Class`, or `repo--module.Class` (a class from another repository, as the Hub
+    // writes it: its module is then looked for in this checkpoint too).
+    let Some((module, class_name)) = class
+        .map(|c| c.rsplit_once("--").map_or(c, |(_, c)| c))
+        .and_then(|c| c.rsplit_once('.'))
+    else {
         return skip(
             "tokenizer_config.json names no tokenizer class (auto_map.AutoTokenizer)".into(),
         );
     };
-    let module_file = format!("{module}.py");
-    let Ok(source) = std::fs::read_to_string(dir.join(&module_file)) else {
+    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain(module) || !plain(class_name) {
         return skip(format!(
-            "{module_file}, the tokenizer class tokenizer_config.json names, is not in the checkpoint"
+            "auto_map.AutoTokenizer {:?} is not a module and class name of this checkpoint",
+            class.unwrap_or_default()
         ));
+    }
+    let module_file = format!("{module}.py");
+    let source = match std::fs::read(dir.join(&module_file)) {
+        Err(_) => {
+            return skip(format!(
+                "{module_file}, the tokenizer class tokenizer_config.json names, is not in the checkpoint"
+            ))
+        }
+        Ok(b) => match String::from_utf8(b) {
+            Ok(s) => s,
+            Err(_) => return skip(format!("{module_file} is not UTF-8 text")),
+        },
     };
-    let Some(pattern) = pat_str(&source) else {
+    // What the class itself says: its body, from `class Name` to the next top-level line.
+    let Some(source) = class_body(&source, class_name) else {
+        return skip(format!("{module_file} has no class {class_name}"));
+    };
+    let source = source.as_str();
+    let Some(pattern) = pat_str(source) else {
         return skip(format!(
             "{module_file} has no `pat_str = \"|\".join([...])` of raw strings coli can read"
         ));
@@ -116,7 +148,7 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
             "{module_file}'s split regex is not one coli converts (Kimi's tokenization_kimi.py)"
         ));
     };
-    let Some(specials) = special_count(&source) else {
+    let Some(specials) = special_count(source).filter(|&n| n <= MAX_SPECIALS) else {
         return skip(format!(
             "{module_file} does not number its special tokens as Kimi's tokenization_kimi.py does"
         ));
@@ -136,19 +168,41 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
     }
     drop(by_bytes);
     let named = cfg.get("added_tokens_decoder").and_then(Json::as_object);
-    let added: Vec<Json> = (n..n + specials)
+    let contents: Vec<String> = (n..n + specials)
         .map(|id| {
-            let content = named
+            named
                 .and_then(|m| m.get(&id.to_string()))
                 .and_then(|t| t.get("content"))
                 .and_then(Json::as_str)
-                .map_or_else(|| format!("<|reserved_token_{id}|>"), str::to_string);
+                .map_or_else(|| format!("<|reserved_token_{id}|>"), str::to_string)
+        })
+        .collect();
+    // tokenizer.json keys a special token by its text: one text for two ids, or a special
+    // text that is also an ordinary token, would give other ids than tiktoken's.
+    let chars = byte_chars();
+    let texts: std::collections::HashSet<String> = ranks.iter().map(|t| text(&chars, t)).collect();
+    let mut seen = std::collections::HashSet::new();
+    for (id, c) in (n..).zip(&contents) {
+        if !seen.insert(c.as_str()) {
+            return skip(format!(
+                "special token {id} is named {c:?}, as another one is (added_tokens_decoder)"
+            ));
+        }
+        if texts.contains(&text(&chars, c.as_bytes())) {
+            return skip(format!(
+                "special token {id} is named {c:?}, which is also an ordinary token of {TIKTOKEN_MODEL}"
+            ));
+        }
+    }
+    drop(texts);
+    let added: Vec<Json> = (n..)
+        .zip(contents)
+        .map(|(id, content)| {
             json!({"id": id, "content": content, "single_word": false, "lstrip": false,
                    "rstrip": false, "normalized": false, "special": true})
         })
         .collect();
     let (pre, _) = pre_tokenizer(pre_name).expect("a known pattern names a known pre-tokenizer");
-    let chars = byte_chars();
     let tokenizer_json = tokenizer_json(
         &added,
         &pre,
@@ -229,9 +283,18 @@ fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
             continue;
         }
         let bad = |what: String| config_err(path, format!("line {lineno}: {what}"));
-        let (tok, rank) = line
-            .split_once(' ')
-            .ok_or_else(|| bad(format!("{line:?} is not `base64 rank`")))?;
+        // As tiktoken's `load_tiktoken_bpe`: two fields separated by whitespace.
+        let mut fields = line.split_whitespace();
+        let (Some(tok), Some(rank), None) = (fields.next(), fields.next(), fields.next()) else {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let shown: String = line.chars().take(60).collect();
+            return Err(bad(format!(
+                "{shown:?}{} is not `base64 rank`",
+                if shown.len() < line.len() { "..." } else { "" }
+            )));
+        };
         let tok = base64::engine::general_purpose::STANDARD
             .decode(tok)
             .map_err(|e| bad(format!("{tok:?} is not base64: {e}")))?;
@@ -262,6 +325,16 @@ fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
     if by_rank.is_empty() {
         return Err(config_err(path, "no ranks"));
     }
+    // A byte-level BPE holds every byte as a token (tiktoken cannot encode text with one it
+    // lacks).
+    let singles: std::collections::HashSet<u8> =
+        seen.keys().filter(|t| t.len() == 1).map(|t| t[0]).collect();
+    if let Some(b) = (0..=255u8).find(|b| !singles.contains(b)) {
+        return Err(config_err(
+            path,
+            format!("no token is the single byte 0x{b:02x}: a byte-level BPE holds all 256 (this file is damaged or not a tiktoken vocabulary)"),
+        ));
+    }
     let n = by_rank.len();
     by_rank
         .into_iter()
@@ -275,6 +348,25 @@ fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
             })
         })
         .collect()
+}
+
+/// The source of class `name` in a Python module: from its `class name` line to the next line
+/// that starts at the first column (another top-level statement), or the end.
+fn class_body(source: &str, name: &str) -> Option<String> {
+    let mut lines = source.lines().skip_while(|l| {
+        let Some(rest) = l.strip_prefix("class ") else {
+            return true;
+        };
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        ident != name
+    });
+    let head = lines.next()?;
+    let mut body = vec![head];
+    body.extend(lines.take_while(|l| l.is_empty() || l.starts_with([' ', '\t', '#', ')', ']'])));
+    Some(body.join("\n"))
 }
 
 /// `pat_str = "|".join([ r"""a""", r"""b""", ... ])`, one raw string per line, joined with `|`.

@@ -210,6 +210,29 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         b[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(e.contains("blk.1."), "{e}");
+    // Keys K3's graph requires, missing (renamed): refused naming them, not run as another
+    // model.
+    for key in [
+        "kimi-k3.activation.situ_beta",
+        "kimi-k3.activation.situ_linear_beta",
+        "kimi-k3.attn_res.block_size",
+        "kimi-k3.expert_shared_count",
+    ] {
+        let e = refused(|b| {
+            let at = after(b, key.as_bytes()) - 1;
+            b[at] = b'X';
+        });
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    // An MLA layer's output gate missing: named as the gate, not as KDA's.
+    let e = refused(|b| {
+        let at = after(b, b"blk.2.attn_gate.weight") - 8;
+        b[at] = b'X';
+    });
+    assert!(
+        e.contains("blk.2.attn_gate.weight") && e.contains("missing"),
+        "{e}"
+    );
     // GLM-5.3-Flash: a SwiGLU limit that differs between layers (the array: value type,
     // element type, count, then f32 per block), and RoPE in its NoPE layers.
     let e = refused_from("glm5_next-f32", |b| {

@@ -214,6 +214,16 @@ fn broken_tiktoken_files_are_refused_naming_the_line() {
             "line 2: \"QQ==\" is not `base64 rank`",
             Box::new(|l| l[1] = "QQ==".into()),
         ),
+        // A byte-level vocabulary without the byte "b" (rank 65 is the one-byte token "b"):
+        // the last rank takes its place.
+        (
+            "no token is the single byte 0x62",
+            Box::new(|l| {
+                let last = l.pop().unwrap();
+                let t = last.split(' ').next().unwrap().to_string();
+                l[65] = format!("{t} 65");
+            }),
+        ),
     ];
     for (want, edit) in cases {
         let dir = edited(|f, b| lines(f, b, &*edit));
@@ -223,6 +233,14 @@ fn broken_tiktoken_files_are_refused_naming_the_line() {
             "{want}: {err}"
         );
     }
+    // A directory where the file should be.
+    let dir = edited(|f, b| (f != "tiktoken.model").then_some(b));
+    std::fs::create_dir(dir.path().join("tiktoken.model")).unwrap();
+    let err = convert(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("tiktoken.model") && err.contains("is not a file"),
+        "{err}"
+    );
     // Through the converter: refused before anything is written.
     let name = "kimi_k3_mxfp4";
     let tmp = tempfile::tempdir().unwrap();
@@ -293,6 +311,85 @@ fn tokenizer_classes_coli_cannot_read_are_skipped_with_the_reason() {
             other => panic!("{want}: {other:?}"),
         }
     }
+    // tokenizer.json keys special tokens by text: a special named as an ordinary token, or two
+    // specials of one name, would change ids: skipped, saying which.
+    let cfg_with = |edit: fn(&mut Value)| {
+        edited(move |f, b| match f {
+            "tokenizer_config.json" => {
+                let mut v: Value = serde_json::from_slice(&b).unwrap();
+                edit(&mut v);
+                Some(serde_json::to_vec(&v).unwrap())
+            }
+            _ => Some(b),
+        })
+    };
+    for (dir, want) in [
+        (
+            cfg_with(|v| {
+                v["added_tokens_decoder"]["40020"] = serde_json::json!({"content": "hello"})
+            }),
+            "special token 40020 is named \"hello\", which is also an ordinary token",
+        ),
+        (
+            cfg_with(|v| {
+                v["added_tokens_decoder"]["40021"] = serde_json::json!({"content": "[EOS]"})
+            }),
+            "special token 40021 is named \"[EOS]\", as another one is",
+        ),
+        (
+            py(|s| {
+                s.replace(
+                    "num_reserved_special_tokens = 256",
+                    "num_reserved_special_tokens = 4000000000",
+                )
+            }),
+            "does not number its special tokens",
+        ),
+        (
+            cfg_with(|v| {
+                v["auto_map"]["AutoTokenizer"] =
+                    serde_json::json!(["/etc/tokenization_kimi.TikTokenTokenizer", null])
+            }),
+            "is not a module and class name of this checkpoint",
+        ),
+        (
+            edited(|f, b| {
+                Some(if f == "tokenization_kimi.py" {
+                    vec![0xff, 0xfe, b'x']
+                } else {
+                    b
+                })
+            }),
+            "tokenization_kimi.py is not UTF-8 text",
+        ),
+    ] {
+        match convert(dir.path()).unwrap() {
+            Some(Tiktoken::Skipped(why)) => assert!(why.contains(want), "{want}: {why}"),
+            other => panic!("{want}: {other:?}"),
+        }
+    }
+    // What the class itself says, not another class of the module; the Hub's
+    // `repo--module.Class` form; whitespace between the fields as tiktoken splits them.
+    let (want, _) = converted(&kimi_dir());
+    let two = py(|s| format!("class Old:\n    num_reserved_special_tokens = 100\n\n\n{s}"));
+    assert_eq!(converted(two.path()).0, want);
+    let hub = cfg_with(|v| {
+        v["auto_map"]["AutoTokenizer"] = serde_json::json!([
+            "moonshotai/Kimi-K3--tokenization_kimi.TikTokenTokenizer",
+            null
+        ])
+    });
+    assert_eq!(converted(hub.path()).0, want);
+    let tabs = edited(|f, b| match f {
+        "tiktoken.model" => Some(
+            String::from_utf8(b)
+                .unwrap()
+                .replace(' ', " \t ")
+                .into_bytes(),
+        ),
+        _ => Some(b),
+    });
+    assert_eq!(converted(tabs.path()).0, want);
     // No tiktoken.model: nothing to do.
     let none = edited(|f, b| (f != "tiktoken.model").then_some(b));
     assert!(convert(none.path()).unwrap().is_none());

@@ -914,7 +914,8 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
         "num_heads": heads,
         "head_dim": u("kda.head_dim")?,
         "short_conv_kernel_size": u("ssm.conv_kernel")?,
-        "use_full_rank_gate": has("ssm_g.weight"),
+        // K3's graph always reads the full-rank `ssm_g` (`src/models/kimi-k3.cpp`).
+        "use_full_rank_gate": k3 || has("ssm_g.weight"),
     });
     if let Some(lb) = opt_f("kda.gate_lower_bound")? {
         lin["gate_lower_bound"] = json!(lb);
@@ -934,7 +935,8 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
         "moe_intermediate_size": u("expert_feed_forward_length")?,
         "num_experts": u("expert_count")?,
         "num_experts_per_token": u("expert_used_count")?,
-        "num_shared_experts": opt_u("expert_shared_count")?.unwrap_or(0),
+        // Required by both graphs (`get_key`, no default).
+        "num_shared_experts": u("expert_shared_count")?,
         "first_k_dense_replace": opt_u("leading_dense_block_count")?.unwrap_or(0),
         "routed_scaling_factor": opt_f("expert_weights_scale")?.filter(|&v| v != 0.0).unwrap_or(1.0),
         "moe_renormalize": !k3 || g.get(&k("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(false),
@@ -959,17 +961,25 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
         "num_nextn_predict_layers": 0,
     });
     let t = text.as_object_mut().expect("object");
-    if let Some(beta) = opt_f("activation.situ_beta")? {
+    if k3 {
+        // What K3's graph requires (`get_key` without a default) and reads: SiTU, the
+        // attention residuals (a block size of 0: none), its own head (no tied embedding).
         t.insert("hidden_act".into(), "situ".into());
-        t.insert("activation_situ_beta".into(), beta.into());
-        if let Some(lb) = opt_f("activation.situ_linear_beta")? {
-            t.insert("activation_situ_linear_beta".into(), lb.into());
+        t.insert(
+            "activation_situ_beta".into(),
+            g.f64(&k("activation.situ_beta"))?.into(),
+        );
+        t.insert(
+            "activation_situ_linear_beta".into(),
+            g.f64(&k("activation.situ_linear_beta"))?.into(),
+        );
+        let b = u("attn_res.block_size")?;
+        if b > 0 {
+            t.insert("attn_res_block_size".into(), b.into());
         }
+        g.tensor("output.weight")?;
     } else {
         t.insert("hidden_act".into(), "silu".into());
-    }
-    if let Some(b) = opt_u("attn_res.block_size")? {
-        t.insert("attn_res_block_size".into(), b.into());
     }
     if let Some(l) = opt_u("expert_latent_length")? {
         t.insert("routed_expert_hidden_size".into(), l.into());
@@ -1188,6 +1198,26 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
         "text_config": t,
         "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
     }))
+}
+
+/// [`gguf_name`] in the model `config` describes (the config.json [`config_json`] writes):
+/// there a KDA hybrid's `self_attn.g_proj` is named by its layer's kind, KDA's full-rank gate
+/// `ssm_g` or an MLA layer's output gate `attn_gate` (`linear_attn_config.full_attn_layers`,
+/// 1-based).
+pub fn gguf_name_in(config: &Json, hf: &str) -> Option<String> {
+    let model_type = config["model_type"].as_str().unwrap_or_default();
+    let name = gguf_name(model_type, hf)?;
+    let layer = hf
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.strip_suffix(".self_attn.g_proj.weight"))
+        .and_then(|n| n.parse::<u64>().ok());
+    let t = config.get("text_config").unwrap_or(config);
+    match (layer, t.pointer("/linear_attn_config/full_attn_layers")) {
+        (Some(i), Some(Json::Array(full))) if full.iter().any(|v| v.as_u64() == Some(i + 1)) => {
+            Some(name.replace(".ssm_g.", ".attn_gate."))
+        }
+        _ => Some(name),
+    }
 }
 
 /// The GGUF tensor the spec's tensor `hf` comes from (its name and header), or None when the

@@ -145,18 +145,13 @@ fn dense_source<'a>(
     name: &str,
     shape: &[usize],
 ) -> Result<&'a TensorInfo> {
-    let model_type = config["model_type"].as_str().unwrap_or_default();
-    let gname = arch::gguf_name(model_type, name).ok_or_else(|| {
+    let gname = arch::gguf_name_in(config, name).ok_or_else(|| {
         terr(
             name,
             "has no GGUF name in coli's map for this architecture (a bug: please report it)",
         )
     })?;
-    let t = match arch::find_tensor(g, model_type, name) {
-        Some((_, t)) => t,
-        None => g.tensor(&gname)?,
-    };
-    let gname = t.name.clone();
+    let t = g.tensor(&gname)?;
     let (rows, cols) = matrix_dims(shape).unwrap_or((0, 0));
     let (trows, tcols) = matrix_dims(&t.shape()).unwrap_or((0, 0));
     if (rows, cols) != (trows, tcols) {
@@ -215,7 +210,9 @@ pub fn run(opts: &Options) -> Result<Report> {
     // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
     let mut dense = Vec::new();
     for ts in spec.tensors.main_dense() {
-        if ts.optional && arch::find_tensor(&g, &spec.model_type, &ts.name).is_none() {
+        if ts.optional
+            && arch::gguf_name_in(&config, &ts.name).is_none_or(|n| !g.tensors.contains_key(&n))
+        {
             continue;
         }
         let t = dense_source(&g, &config, &ts.name, &ts.shape)?;
