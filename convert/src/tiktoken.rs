@@ -73,9 +73,10 @@ fn config_err(file: &Path, what: impl Into<String>) -> ConvertError {
 ///
 /// # Errors
 /// [`ConvertError::Config`] naming the file and line: a tiktoken.model line that is not
-/// `base64 rank`, a token or rank given twice, ranks that are not `0..n`; a
-/// tokenizer_config.json that is not JSON. A tokenizer class coli cannot read is not an error
-/// ([`Tiktoken::Skipped`]).
+/// `base64 rank`, a token or rank given twice, ranks that are not `0..n`, a vocabulary without
+/// one of the 256 single bytes, a tiktoken.model that is not a file; a tokenizer_config.json
+/// that is not JSON. A tokenizer class coli cannot read, or special tokens tokenizer.json
+/// cannot hold with their ids, are not errors ([`Tiktoken::Skipped`]).
 pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
     let model_path = dir.join(TIKTOKEN_MODEL);
     if !model_path.exists() {
