@@ -441,7 +441,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         main_record = bytes.checked_div(n).unwrap_or(0);
         let (mut dense, mut embed) = (0u64, 0u64);
         for t in spec.tensors.main_dense() {
-            let Some((_, info)) = crate::gguf::arch::find_tensor(g, &spec.model_type, &t.name)
+            let Some(info) =
+                crate::gguf::arch::gguf_name_in(&config, &t.name).and_then(|n| g.tensors.get(&n))
             else {
                 continue;
             };

@@ -167,7 +167,6 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
         }
         merges[start..].sort_unstable();
     }
-    drop(by_bytes);
     let named = cfg.get("added_tokens_decoder").and_then(Json::as_object);
     let contents: Vec<String> = (n..n + specials)
         .map(|id| {
@@ -180,8 +179,6 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
         .collect();
     // tokenizer.json keys a special token by its text: one text for two ids, or a special
     // text that is also an ordinary token, would give other ids than tiktoken's.
-    let chars = byte_chars();
-    let texts: std::collections::HashSet<String> = ranks.iter().map(|t| text(&chars, t)).collect();
     let mut seen = std::collections::HashSet::new();
     for (id, c) in (n..).zip(&contents) {
         if !seen.insert(c.as_str()) {
@@ -189,13 +186,13 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
                 "special token {id} is named {c:?}, as another one is (added_tokens_decoder)"
             ));
         }
-        if texts.contains(&text(&chars, c.as_bytes())) {
+        if by_bytes.contains_key(c.as_bytes()) {
             return skip(format!(
                 "special token {id} is named {c:?}, which is also an ordinary token of {TIKTOKEN_MODEL}"
             ));
         }
     }
-    drop(texts);
+    drop(by_bytes);
     let added: Vec<Json> = (n..)
         .zip(contents)
         .map(|(id, content)| {
@@ -204,6 +201,7 @@ pub fn convert(dir: &Path) -> Result<Option<Tiktoken>> {
         })
         .collect();
     let (pre, _) = pre_tokenizer(pre_name).expect("a known pattern names a known pre-tokenizer");
+    let chars = byte_chars();
     let tokenizer_json = tokenizer_json(
         &added,
         &pre,

@@ -161,12 +161,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         }
     }
     let tied = !g.tensors.contains_key("output.weight");
-    let tok = |key: &str| {
-        g.get(key)
-            .and_then(Value::as_u64)
-            .map(Json::from)
-            .unwrap_or(Json::Null)
-    };
+    let tok = |key: &str| token_id(g, key);
     let mut c = json!({
         "model_type": ARCHITECTURES.iter().find(|(x, _)| *x == arch).expect("checked").1,
         "hidden_size": hidden,
@@ -328,6 +323,13 @@ fn kv_b_split(g: &Gguf, layers: usize) -> Result<bool> {
         ));
     }
     Ok(split)
+}
+
+/// A token id the metadata gives (`tokenizer.ggml.bos_token_id`, ...), or null.
+fn token_id(g: &Gguf, key: &str) -> Json {
+    g.get(key)
+        .and_then(Value::as_u64)
+        .map_or(Json::Null, Json::from)
 }
 
 /// An architecture's metadata keys (`{arch}.{name}`) of a GGUF.
@@ -920,11 +922,7 @@ fn kimi_kda(g: &Gguf, arch: &str) -> Result<Json> {
     if let Some(lb) = opt_f("kda.gate_lower_bound")? {
         lin["gate_lower_bound"] = json!(lb);
     }
-    let tok = |key: &str| {
-        g.get(key)
-            .and_then(Value::as_u64)
-            .map_or(Json::Null, Json::from)
-    };
+    let tok = |key: &str| token_id(g, key);
     let mut text = json!({
         "model_type": "kimi_linear",
         "hidden_size": hidden,
@@ -1144,11 +1142,7 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
         lin["gate_lower_bound"] = json!(lb);
     }
     let dense_lead = opt_u("leading_dense_block_count")?.unwrap_or(0);
-    let tok = |key: &str| {
-        g.get(key)
-            .and_then(Value::as_u64)
-            .map_or(Json::Null, Json::from)
-    };
+    let tok = |key: &str| token_id(g, key);
     let t = json!({
         "model_type": "glm5_next_text",
         "hidden_size": hidden,
@@ -1218,23 +1212,6 @@ pub fn gguf_name_in(config: &Json, hf: &str) -> Option<String> {
         }
         _ => Some(name),
     }
-}
-
-/// The GGUF tensor the spec's tensor `hf` comes from (its name and header), or None when the
-/// file has none: [`gguf_name`], or for a kimi-k3 `self_attn.g_proj` whichever of KDA's
-/// `ssm_g` and MLA's `attn_gate` the layer holds (one checkpoint name, two GGUF names by
-/// layer kind, `KimiK3Model.modify_tensors`).
-pub fn find_tensor<'a>(
-    g: &'a Gguf,
-    model_type: &str,
-    hf: &str,
-) -> Option<(String, &'a super::file::TensorInfo)> {
-    let name = gguf_name(model_type, hf)?;
-    if let Some(t) = g.tensors.get(&name) {
-        return Some((name, t));
-    }
-    let alt = name.replace(".ssm_g.", ".attn_gate.");
-    g.tensors.get(&alt).map(|t| (alt, t))
 }
 
 /// The values of a spec tensor a `kimi-k3` or `kimi-linear` GGUF holds in another form, from
@@ -1383,7 +1360,7 @@ fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
         "self_attn.dt_bias" => "ssm_dt.bias",
         "self_attn.o_norm.weight" => "ssm_norm.weight",
         // KDA's full-rank gate; an MLA layer's output gate of the same name is `attn_gate`
-        // ([`find_tensor`]).
+        // ([`gguf_name_in`]).
         "self_attn.g_proj.weight" => "ssm_g.weight",
         // Kimi-Linear's low-rank gate.
         "self_attn.g_a_proj.weight" => "ssm_g_a.weight",

@@ -134,6 +134,9 @@ struct DenseCopy<'a> {
     t: &'a TensorInfo,
     shape: Vec<usize>,
     encoding: Encoding,
+    /// The values to store instead of the tensor's bytes, where the GGUF holds them in another
+    /// form ([`arch::derived_values`], computed and checked before anything is written).
+    derived: Option<Vec<u8>>,
 }
 
 /// The GGUF tensor the spec's dense tensor `name` of `shape` comes from (in the model
@@ -216,22 +219,24 @@ pub fn run(opts: &Options) -> Result<Report> {
             continue;
         }
         let t = dense_source(&g, &config, &ts.name, &ts.shape)?;
-        // Values held in another form (kimi-k3's `ssm_a`, fused residual scores) are F32 and
-        // checked here, before anything is written.
-        if let Some(v) = arch::derived_values(&config, &ts.name, g.data(t)) {
-            if t.ggml_type != 0 {
+        // Values held in another form (the KDA families' `ssm_a`, K3's fused residual scores)
+        // are F32, turned back and checked here, before anything is written.
+        let derived = match arch::derived_values(&config, &ts.name, g.data(t)) {
+            Some(_) if t.ggml_type != 0 => {
                 return Err(terr(
                     &t.name,
                     format!("is {}: llama.cpp writes it as F32", t.type_name()),
-                ));
+                ))
             }
-            v.map_err(|e| terr(&t.name, e))?;
-        }
+            Some(v) => Some(v.map_err(|e| terr(&t.name, e))?),
+            None => None,
+        };
         dense.push(DenseCopy {
             name: ts.name.clone(),
             t,
             shape: ts.shape.clone(),
             encoding: encoding_of(t)?,
+            derived,
         });
     }
     // Experts: every layer's stacked tensors, checked before anything is written.
@@ -358,12 +363,9 @@ fn write_all(
             continue;
         }
         let (rows, cols) = matrix_dims(&d.shape).expect("checked");
-        let data = match (
-            arch::row_permutation(config, &d.name, rows),
-            arch::derived_values(config, &d.name, g.data(d.t)),
-        ) {
+        let data = match (arch::row_permutation(config, &d.name, rows), &d.derived) {
             (Some(perm), _) => arch::permute_rows(g.data(d.t), &perm),
-            (None, Some(values)) => values.map_err(|e| terr(&d.t.name, e))?,
+            (None, Some(values)) => values.clone(),
             (None, None) => g.data(d.t).to_vec(),
         };
         let m = EncodedMatrix::new(d.encoding, rows, cols, data, Vec::new());
