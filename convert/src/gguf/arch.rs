@@ -6,7 +6,8 @@
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
 //! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model`, `GlmMoeDsaModel`,
 //! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`, `KimiLinearModel` and `KimiK3Model` of
-//! `conversion/kimi_linear.py` / `kimi_k3.py`)
+//! `conversion/kimi_linear.py` / `kimi_k3.py`, `Qwen3NextModel` and `Qwen3_5MoeTextModel` of
+//! `conversion/qwen.py`)
 //! and `src/models/*.cpp` reads (`LLM_KV_*`,
 //! each architecture's `load_arch_hparams`); the tensor names are gguf-py's `TensorNameMap`
 //! (`tensor_mapping.py`) for those `MODEL_ARCH`s (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
@@ -31,6 +32,8 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("kimi-linear", "kimi_linear"),
     ("kimi-k3", "kimi_k3"),
     ("glm5-next", "glm5_next"),
+    ("qwen3next", "qwen3_next"),
+    ("qwen35moe", "qwen3_5_moe"),
 ];
 
 fn cerr(g: &Gguf, what: impl Into<String>) -> ConvertError {
@@ -228,11 +231,178 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         "glm4moe" => glm4moe(g, o)?,
         "gpt-oss" => gpt_oss(g, o)?,
         "minimax-m2" => minimax_m2(g, o)?,
+        "qwen3next" | "qwen35moe" => qwen_hybrid(g, arch, o)?,
         _ => unreachable!("architecture() checked"),
     }
     let decoder = o["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
     check_blocks(g, arch, layers, decoder)?;
+    if arch == "qwen35moe" {
+        // The release's wrapper, its language model in `text_config`.
+        o.insert("model_type".into(), "qwen3_5_moe_text".into());
+        return Ok(json!({
+            "model_type": "qwen3_5_moe",
+            "text_config": c,
+            "tie_word_embeddings": tied,
+        }));
+    }
     Ok(c)
+}
+
+/// The keys of a `qwen3next` GGUF (`conversion/qwen.py` `Qwen3NextModel`, read by
+/// `src/models/qwen3next.cpp`) or a `qwen35moe` one (`Qwen3_5MoeTextModel`,
+/// `src/models/qwen35moe.cpp`) beyond the common ones: `attention.key_length` (`head_dim`,
+/// `value_length` equal), `rope.dimension_count` (`rotary_dim`; Qwen3.5's interleaved
+/// multimodal sections are the same 1-D rotation for text), `expert_feed_forward_length`,
+/// `expert_shared_feed_forward_length` (else `feed_forward_length`, as llama.cpp falls back),
+/// the Gated DeltaNet's `ssm.{conv_kernel, state_size (dk), group_count (Hk), time_step_rank
+/// (Hv), inner_size (Hv dv)}`, the layer kinds from `attention.recurrent_layers` (else
+/// `full_attention_interval`, default 4, as llama.cpp reads them). Both graphs make every layer
+/// MoE with softmax routing renormalized over the top-k (`build_moe_ffn(..., norm_w = true,
+/// ..., SOFTMAX)`); an `expert_weights_scale` other than 1 is refused (neither config has
+/// one). The MTP blocks (`nextn_predict_layers`) are not converted. What the converter changed
+/// is said with coli's keys: `zero_centered_norms` false (it adds the one to every RMSNorm but
+/// the gated one), `linear_value_heads_tiled` (Qwen3.5's value heads reordered,
+/// `_LinearAttentionVReorderBase`), `linear_attn_split_qkvz` (Qwen3-Next's `in_proj_qkvz` as
+/// `attn_qkv` + `attn_gate`; absent in files of earlier converters, whose `ssm_in` is the
+/// published `in_proj_qkvz`).
+fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> Result<()> {
+    let keys = Keys { g, arch };
+    let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
+    let opt_u = |s: &str| keys.opt_u(s);
+    let layers = decoder_layers(&keys, o)?;
+    let (head_dim, v_dim) = (u("attention.key_length")?, u("attention.value_length")?);
+    if head_dim != v_dim {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {head_dim} and {} {v_dim} differ: the gated attention's heads have one size",
+                k("attention.key_length"),
+                k("attention.value_length")
+            ),
+        ));
+    }
+    if let Some(s) = keys.opt_f("expert_weights_scale")? {
+        if s != 0.0 && s != 1.0 {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {s}: Qwen3-Next and Qwen3.5 weight their experts unscaled",
+                    k("expert_weights_scale")
+                ),
+            ));
+        }
+    }
+    let (hk, hv, inner) = (
+        u("ssm.group_count")?,
+        u("ssm.time_step_rank")?,
+        u("ssm.inner_size")?,
+    );
+    if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) || !inner.is_multiple_of(hv) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {hv}, {} {hk}, {} {inner}: the value heads must be a multiple of the key heads, and the inner size of the value heads",
+                k("ssm.time_step_rank"),
+                k("ssm.group_count"),
+                k("ssm.inner_size")
+            ),
+        ));
+    }
+    let recurrent = match g.get(&k("attention.recurrent_layers")) {
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0)))
+                .collect::<Option<Vec<bool>>>()
+                .filter(|v| v.len() >= layers)
+                .ok_or_else(|| {
+                    cerr(
+                        g,
+                        format!(
+                            "{} must give a bool per layer ({layers})",
+                            k("attention.recurrent_layers")
+                        ),
+                    )
+                })?,
+        ),
+        Some(_) => {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} must give a bool per layer ({layers})",
+                    k("attention.recurrent_layers")
+                ),
+            ))
+        }
+        None => None,
+    };
+    let linear: Vec<bool> = match recurrent {
+        Some(r) => r[..layers].to_vec(),
+        None => {
+            let every = opt_u("full_attention_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(cerr(g, format!("{} is 0", k("full_attention_interval"))));
+            }
+            (0..layers)
+                .map(|i| !(i + 1).is_multiple_of(every))
+                .collect()
+        }
+    };
+    let shared = match opt_u("expert_shared_feed_forward_length")? {
+        Some(s) => s,
+        None => u("feed_forward_length")?,
+    };
+    o.insert("head_dim".into(), head_dim.into());
+    o.insert("rotary_dim".into(), u("rope.dimension_count")?.into());
+    o.insert(
+        "moe_intermediate_size".into(),
+        u("expert_feed_forward_length")?.into(),
+    );
+    o.insert("shared_expert_intermediate_size".into(), shared.into());
+    o.insert(
+        "linear_conv_kernel_dim".into(),
+        u("ssm.conv_kernel")?.into(),
+    );
+    o.insert("linear_key_head_dim".into(), u("ssm.state_size")?.into());
+    o.insert("linear_num_key_heads".into(), hk.into());
+    o.insert("linear_num_value_heads".into(), hv.into());
+    o.insert("linear_value_head_dim".into(), (inner / hv).into());
+    o.insert(
+        "layer_types".into(),
+        linear
+            .iter()
+            .map(|&l| {
+                if l {
+                    "linear_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    o.insert(
+        "attention_bias".into(),
+        any_layer_has(g, layers, "attn_q.bias").into(),
+    );
+    o.insert("zero_centered_norms".into(), false.into());
+    if arch == "qwen35moe" {
+        o.insert("mtp_num_hidden_layers".into(), 0.into());
+        o.insert("linear_value_heads_tiled".into(), true.into());
+    } else {
+        o.insert("num_nextn_predict_layers".into(), 0.into());
+        o.insert(
+            "intermediate_size".into(),
+            opt_u("feed_forward_length")?.unwrap_or(shared).into(),
+        );
+        o.insert("decoder_sparse_step".into(), 1.into());
+        o.insert("mlp_only_layers".into(), json!([]));
+        o.insert("norm_topk_prob".into(), true.into());
+        o.insert(
+            "linear_attn_split_qkvz".into(),
+            any_layer_has(g, layers, "attn_qkv.weight").into(),
+        );
+    }
+    Ok(())
 }
 
 /// Every `blk.N.` tensor belongs to a decoder layer or, past them, to an MTP block that holds
@@ -1214,10 +1384,13 @@ pub fn gguf_name_in(config: &Json, hf: &str) -> Option<String> {
     }
 }
 
-/// The values of a spec tensor a `kimi-k3` or `kimi-linear` GGUF holds in another form, from
-/// the GGUF tensor's F32 `data` (None for every other tensor: its bytes are copied):
-/// - `A_log`: `KimiK3Model` and `KimiLinearModel` fold `-exp(A_log)` into `ssm_a`; `A_log = ln(-ssm_a)`, computed in
-///   f64 and rounded once (the engine's `-exp` of it gives `ssm_a` back within an ulp);
+/// The values of a spec tensor a `kimi-k3`, `kimi-linear`, `glm5-next`, `qwen3next` or
+/// `qwen35moe` GGUF holds in another form, from the GGUF tensor's F32 `data` (None for every
+/// other tensor: its bytes are copied):
+/// - `A_log`: llama.cpp's converters (`KimiK3Model`, `KimiLinearModel`, `Glm5NextModel`,
+///   `Qwen3NextModel` and its subclasses) fold `-exp(A_log)` into `ssm_a`;
+///   `A_log = ln(-ssm_a)`, computed in f64 and rounded once (the engine's `-exp` of it gives
+///   `ssm_a` back within an ulp);
 /// - the attention-residual queries: llama.cpp fuses `*_res_norm * *_res_proj` into one
 ///   `*_res_score`; the proj takes the score and the norm ones, so the engine's product is the
 ///   score exactly.
@@ -1232,7 +1405,7 @@ pub fn derived_values(
 ) -> Option<std::result::Result<Vec<u8>, String>> {
     if !matches!(
         config["model_type"].as_str(),
-        Some("kimi_k3" | "kimi_linear" | "glm5_next")
+        Some("kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe")
     ) {
         return None;
     }
@@ -1297,6 +1470,11 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
             return Some(name);
         }
     }
+    if matches!(model_type, "qwen3_next" | "qwen3_5_moe") {
+        if let Some(name) = qwen_linear_name(n, rest) {
+            return Some(name);
+        }
+    }
     if rest == "self_attn.sinks" {
         // gpt-oss's per-head attention sinks (`LLM_TENSOR_ATTN_SINKS`).
         return Some(format!("blk.{n}.attn_sinks.weight"));
@@ -1304,7 +1482,12 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
     let (stem, suffix) = rest.rsplit_once('.')?;
     let g = match stem {
         "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" if matches!(model_type, "glm4_moe" | "gpt_oss") => {
+        "post_attention_layernorm"
+            if matches!(
+                model_type,
+                "glm4_moe" | "gpt_oss" | "qwen3_next" | "qwen3_5_moe"
+            ) =>
+        {
             "post_attention_norm"
         }
         "post_attention_layernorm" => "ffn_norm",
@@ -1335,6 +1518,11 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         "mlp.shared_experts.gate_proj" => "ffn_gate_shexp",
         "mlp.shared_experts.up_proj" => "ffn_up_shexp",
         "mlp.shared_experts.down_proj" => "ffn_down_shexp",
+        // Qwen3-Next / Qwen3.5's one gated shared expert.
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))
@@ -1383,6 +1571,29 @@ fn kimi_k3_name(n: &str, rest: &str) -> Option<String> {
         "hc_ffn_scale" => "hc_ffn_scale.weight",
         "self_attn.indexer.index_kpool_compress_ape" => "indexer_compressor_ape.weight",
         "self_attn.indexer.index_kpool_compress_gate" => "indexer_compressor_gate.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}"))
+}
+
+/// The Gated DeltaNet tensors of layer `n` (`rest` after `model.layers.{n}.`) as llama.cpp's
+/// `Qwen3NextModel` / `Qwen3_5MoeTextModel` name them (gguf-py `MODEL_TENSORS[QWEN3NEXT]`,
+/// `[QWEN35MOE]`): `ssm_in` is the published `in_proj_qkvz` (earlier converters), `attn_qkv`
+/// and `attn_gate` its split (or Qwen3.5's `in_proj_qkv` / `in_proj_z`), `ssm_ba` the
+/// grouped `in_proj_ba`, `ssm_beta` / `ssm_alpha` Qwen3.5's `in_proj_b` / `in_proj_a`.
+fn qwen_linear_name(n: &str, rest: &str) -> Option<String> {
+    let g = match rest.strip_prefix("linear_attn.")? {
+        "in_proj_qkvz.weight" => "ssm_in.weight",
+        "in_proj_qkv.weight" => "attn_qkv.weight",
+        "in_proj_z.weight" => "attn_gate.weight",
+        "in_proj_ba.weight" => "ssm_ba.weight",
+        "in_proj_b.weight" => "ssm_beta.weight",
+        "in_proj_a.weight" => "ssm_alpha.weight",
+        "conv1d.weight" => "ssm_conv1d.weight",
+        "dt_bias" => "ssm_dt.bias",
+        "A_log" => "ssm_a",
+        "norm.weight" => "ssm_norm.weight",
+        "out_proj.weight" => "ssm_out.weight",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}"))

@@ -10,8 +10,11 @@
 //!    `in_proj_ba` group their rows per key head (`fix_query_key_value_ordering`): group g holds
 //!    `q_g (dk) | k_g (dk) | v (r dv) | z (r dv)` and `b (r) | a (r)` of value heads
 //!    `g r .. (g + 1) r` (`r = Hv / Hk`); Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
-//!    `in_proj_a` give them in that order already; KDA's `q_proj`, `k_proj`, `v_proj`, `b_proj`
-//!    and its low-rank `f_b(f_a(x))` (decay) and `g_b(g_a(x))` (gate).
+//!    `in_proj_a` give them in that order already (so do a `qwen3next` GGUF's `in_proj_qkv`
+//!    and `in_proj_z`, beside the grouped `in_proj_ba`); KDA's `q_proj`, `k_proj`, `v_proj`,
+//!    `b_proj` and its low-rank `f_b(f_a(x))` (decay) and `g_b(g_a(x))` (gate). Value head `h`
+//!    reads key head `h / r`, or `h % Hk` in a `qwen35moe` GGUF's tiled order
+//!    ([`GatedDeltaNet::tiled_value_heads`]).
 //! 2. A causal depthwise convolution of `K` taps over the channels `[q | k | v]`
 //!    (`C = 2 Hk dk + Hv dv`), then SiLU (`causal_conv1d_forward` / `causal_conv1d_update`:
 //!    positions before 0 read zeros).
@@ -80,6 +83,16 @@ pub enum GatedDeltaProjections<'s> {
         /// `in_proj_a`.
         a: Linear<'s>,
     },
+    /// Qwen3-Next as llama.cpp writes it: `in_proj_qkv` `[2 Hk dk + Hv dv, H]`, `in_proj_z`
+    /// `[Hv dv, H]` and the grouped `in_proj_ba` `[2 Hv, H]`.
+    SplitQkvz {
+        /// `in_proj_qkv`.
+        qkv: Linear<'s>,
+        /// `in_proj_z`.
+        z: Linear<'s>,
+        /// `in_proj_ba`.
+        ba: Linear<'s>,
+    },
     /// Kimi Delta Attention: `q_proj`, `k_proj`, `v_proj` `[Hv d, H]`; the low-rank forget
     /// gate `f_a_proj` `[d, H]`, `f_b_proj` `[Hv d, d]`; `b_proj` `[Hv, H]`; the low-rank
     /// output gate `g_a_proj` `[d, H]`, `g_b_proj` `[Hv d, d]`, or Kimi K3's full-rank
@@ -127,6 +140,9 @@ pub struct GatedDeltaNet<'s> {
     pub key_heads: usize,
     /// Value heads Hv.
     pub value_heads: usize,
+    /// Value head `h` reads key head `h % Hk` (llama.cpp's tiled order) instead of
+    /// `h / (Hv / Hk)` ([`coli_format::spec::GatedDeltaSpec::tiled_value_heads`]).
+    pub tiled_value_heads: bool,
     /// Key head dimension dk.
     pub key_dim: usize,
     /// Value head dimension dv.
@@ -183,6 +199,8 @@ impl GatedDeltaNet<'_> {
             conv_kernel: self.kernel,
             gate_lower_bound: self.gate_lower_bound,
             full_rank_gate: matches!(self.input, GatedDeltaProjections::Kda { g_a: None, .. }),
+            tiled_value_heads: self.tiled_value_heads,
+            split_qkvz: matches!(self.input, GatedDeltaProjections::SplitQkvz { .. }),
         }
     }
 
@@ -247,13 +265,20 @@ impl GatedDeltaNet<'_> {
                 bp.forward(x, n, &mut b);
                 ap.forward(x, n, &mut a);
             }
+            GatedDeltaProjections::SplitQkvz {
+                qkv,
+                z: zp,
+                ba: bap,
+            } => {
+                qkv.forward(x, n, &mut mixed);
+                zp.forward(x, n, &mut z);
+                self.ungroup_ba(bap, x, n, &mut b, &mut a);
+            }
             GatedDeltaProjections::Fused { qkvz: qp, ba: bap } => {
                 let r = hv / hk;
                 let mut qkvz = vec![0f32; n * (2 * kd + 2 * vd)];
-                let mut ba = vec![0f32; n * 2 * hv];
                 qp.forward(x, n, &mut qkvz);
-                bap.forward(x, n, &mut ba);
-                // Un-group the projections.
+                // Un-group the projection.
                 let gw = 2 * dk + 2 * r * dv;
                 for t in 0..n {
                     let row = &qkvz[t * (2 * kd + 2 * vd)..(t + 1) * (2 * kd + 2 * vd)];
@@ -266,14 +291,28 @@ impl GatedDeltaNet<'_> {
                             .copy_from_slice(&grp[2 * dk..2 * dk + r * dv]);
                         z[t * vd + g * r * dv..t * vd + (g + 1) * r * dv]
                             .copy_from_slice(&grp[2 * dk + r * dv..]);
-                        let bag = &ba[t * 2 * hv + g * 2 * r..t * 2 * hv + (g + 1) * 2 * r];
-                        b[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[..r]);
-                        a[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[r..]);
                     }
                 }
+                self.ungroup_ba(bap, x, n, &mut b, &mut a);
             }
         }
         (mixed, z, b, a)
+    }
+
+    /// Qwen3-Next's `in_proj_ba` of `n` rows `x`: `b` and `a` `[n, Hv]` from its rows grouped
+    /// per key head (`[b (Hv/Hk) | a (Hv/Hk)]` each).
+    fn ungroup_ba(&self, bap: &Linear<'_>, x: &[f32], n: usize, b: &mut [f32], a: &mut [f32]) {
+        let (hk, hv) = (self.key_heads, self.value_heads);
+        let r = hv / hk;
+        let mut ba = vec![0f32; n * 2 * hv];
+        bap.forward(x, n, &mut ba);
+        for t in 0..n {
+            for g in 0..hk {
+                let bag = &ba[t * 2 * hv + g * 2 * r..t * 2 * hv + (g + 1) * 2 * r];
+                b[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[..r]);
+                a[t * hv + g * r..t * hv + (g + 1) * r].copy_from_slice(&bag[r..]);
+            }
+        }
     }
 
     /// The layer for the rows of several sequences (`x`: `[N, H]`, the normalized rows of
@@ -393,7 +432,11 @@ impl GatedDeltaNet<'_> {
                 .into_par_iter()
                 .map(|(si, h, state)| {
                     let s = spans[si];
-                    let kh = h / r;
+                    let kh = if self.tiled_value_heads {
+                        h % hk
+                    } else {
+                        h / r
+                    };
                     let r0 = starts[si];
                     let gather_k = |src: &[f32], t0: usize, t1: usize| -> Vec<f32> {
                         (t0..t1)

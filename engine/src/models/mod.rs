@@ -346,6 +346,11 @@ pub(crate) fn load_gated_delta<'s>(
             b: w.linear(b)?,
             a: w.linear(a)?,
         },
+        GatedDeltaInput::SplitQkvz { qkv, z, ba } => GatedDeltaProjections::SplitQkvz {
+            qkv: w.linear(qkv)?,
+            z: w.linear(z)?,
+            ba: w.linear(ba)?,
+        },
         GatedDeltaInput::Kda {
             q,
             k,
@@ -388,6 +393,7 @@ pub(crate) fn load_gated_delta<'s>(
         out: w.linear(&a.out)?,
         key_heads: g.key_heads,
         value_heads: g.value_heads,
+        tiled_value_heads: g.tiled_value_heads,
         key_dim: g.key_head_dim,
         value_dim: g.value_head_dim,
         kernel: g.conv_kernel,

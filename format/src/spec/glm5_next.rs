@@ -272,6 +272,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         conv_kernel: kernel,
         gate_lower_bound: lower_bound(f, lin.as_ref())?,
         full_rank_gate: false,
+        tiled_value_heads: false,
+        split_qkvz: false,
     });
     Ok(())
 }

@@ -383,6 +383,8 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         conv_kernel: kernel,
         gate_lower_bound,
         full_rank_gate,
+        tiled_value_heads: false,
+        split_qkvz: false,
     });
     Ok(())
 }

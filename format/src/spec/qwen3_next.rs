@@ -52,7 +52,8 @@ pub struct GatedDeltaSpec {
     /// Key (and query) heads `Hk` (`linear_num_key_heads`).
     pub key_heads: usize,
     /// Value heads `Hv` (`linear_num_value_heads`), a multiple of `Hk`: value head h reads key
-    /// head `h / (Hv / Hk)`.
+    /// head `h / (Hv / Hk)` (grouped, the checkpoints' order), or `h % Hk` when
+    /// [`GatedDeltaSpec::tiled_value_heads`].
     pub value_heads: usize,
     /// Key head dimension `dk` (`linear_key_head_dim`).
     pub key_head_dim: usize,
@@ -67,6 +68,19 @@ pub struct GatedDeltaSpec {
     /// KDA's full-rank output gate (Kimi K3's `use_full_rank_gate`: `g_proj` `[Hv d, H]`, its
     /// `A_log` `[Hv]`) instead of the low-rank `g_b(g_a(x))`.
     pub full_rank_gate: bool,
+    /// The value heads in llama.cpp's tiled order (config key `linear_value_heads_tiled`, which
+    /// coli-convert writes for a `qwen35moe` GGUF): value head `h` reads key head `h % Hk`.
+    /// llama.cpp's `Qwen3_5MoeTextModel` reorders every value-head tensor (`in_proj_qkv`'s v
+    /// rows, `in_proj_z`, `in_proj_b`, `in_proj_a`, `dt_bias`, `A_log`, the convolution's v
+    /// channels, `out_proj`'s columns) from grouped `[G0_v0, G0_v1, G1_v0, ...]` to tiled
+    /// `[G0_v0, G1_v0, ..., G0_v1, ...]`: the same heads relabelled, so only the key head a
+    /// value head reads changes (quantized `out_proj` columns cannot be moved back without
+    /// requantizing).
+    pub tiled_value_heads: bool,
+    /// Qwen3-Next's `in_proj_qkvz` held as llama.cpp's converter splits it (config key
+    /// `linear_attn_split_qkvz`): `in_proj_qkv` `[q | k | v]` and `in_proj_z`, with
+    /// `in_proj_ba` as published ([`GatedDeltaInput::SplitQkvz`]).
+    pub split_qkvz: bool,
 }
 
 /// A decode pass whose start is a multiple of this many positions keeps a checkpoint of each
@@ -118,6 +132,9 @@ pub(crate) fn configure(f: &Fields<'_>, s: &mut ModelSpec) -> Result<(), FormatE
         renormalize: s.norm_topk_prob,
     };
     configure_hybrid(f, s, Family::Qwen3Next)?;
+    if let Some(g) = s.gated_delta.as_mut() {
+        g.split_qkvz = f.bool("linear_attn_split_qkvz")?.unwrap_or(false);
+    }
     s.moe_layers = super::qwen3_moe::moe_layers(f, s.num_layers, s.num_experts)?;
     check_shared(f, s)
 }
@@ -171,7 +188,9 @@ pub(crate) fn configure_hybrid(
     }
     s.rope_theta = gqa_rope_theta(f, family)?;
     s.rotary_dim = partial_rotary_dim(f, s.head_dim, 0.25)?;
-    s.zero_centered_norms = true;
+    // A GGUF's norms hold `1 + w` already (llama.cpp's converter adds the one; coli-convert
+    // writes `zero_centered_norms: false` for them).
+    s.zero_centered_norms = f.bool("zero_centered_norms")?.unwrap_or(true);
     s.n_shared_experts = 1;
     s.shared_expert_intermediate_size = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
     let n = s.num_layers;
@@ -195,6 +214,8 @@ pub(crate) fn configure_hybrid(
         conv_kernel: f.usize("linear_conv_kernel_dim")?.unwrap_or(4),
         gate_lower_bound: None,
         full_rank_gate: false,
+        tiled_value_heads: f.bool("linear_value_heads_tiled")?.unwrap_or(false),
+        split_qkvz: false,
     };
     for (key, v) in [
         ("linear_num_key_heads", g.key_heads),
@@ -265,13 +286,21 @@ pub(crate) fn tensors(s: &ModelSpec) -> ModelTensors {
     hybrid_tensors(s, fused_input)
 }
 
-/// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`).
+/// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`), or `in_proj_qkvz` split
+/// as llama.cpp writes it ([`GatedDeltaSpec::split_qkvz`]).
 fn fused_input(p: &str, g: &GatedDeltaSpec, h: usize) -> GatedDeltaInput {
     let (kd, vd) = (
         g.key_heads * g.key_head_dim,
         g.value_heads * g.value_head_dim,
     );
     let c = TensorClass::Dense;
+    if g.split_qkvz {
+        return GatedDeltaInput::SplitQkvz {
+            qkv: build::linear(&format!("{p}.in_proj_qkv"), g.conv_channels(), h, false, c),
+            z: build::linear(&format!("{p}.in_proj_z"), vd, h, false, c),
+            ba: build::linear(&format!("{p}.in_proj_ba"), 2 * g.value_heads, h, false, c),
+        };
+    }
     GatedDeltaInput::Fused {
         qkvz: build::linear(&format!("{p}.in_proj_qkvz"), 2 * kd + 2 * vd, h, false, c),
         ba: build::linear(&format!("{p}.in_proj_ba"), 2 * g.value_heads, h, false, c),

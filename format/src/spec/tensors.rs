@@ -803,6 +803,18 @@ pub enum GatedDeltaInput {
         /// `in_proj_a`.
         a: LinearSpec,
     },
+    /// Qwen3-Next as llama.cpp's `Qwen3NextModel` writes it (a `qwen3next` GGUF's `attn_qkv`,
+    /// `attn_gate`, `ssm_ba`): `in_proj_qkvz` split into `in_proj_qkv` `[2 Hk dk + Hv dv, H]`
+    /// (`[q | k | v]`, the value heads grouped as published) and `in_proj_z` `[Hv dv, H]`;
+    /// `in_proj_ba` `[2 Hv, H]` grouped per key head as in [`GatedDeltaInput::Fused`].
+    SplitQkvz {
+        /// `in_proj_qkv`.
+        qkv: LinearSpec,
+        /// `in_proj_z`.
+        z: LinearSpec,
+        /// `in_proj_ba`.
+        ba: LinearSpec,
+    },
     /// Kimi Delta Attention (`KimiLinearDeltaAttention`, `Hk = Hv` heads of `d = dk = dv`):
     /// `q_proj`, `k_proj`, `v_proj` `[Hv d, H]` (the convolution's channels in that order),
     /// the low-rank forget gate `f_a_proj` `[d, H]` then `f_b_proj` `[Hv d, d]` (one log decay
@@ -835,6 +847,7 @@ impl GatedDeltaInput {
         match self {
             GatedDeltaInput::Fused { qkvz, ba } => vec![qkvz, ba],
             GatedDeltaInput::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+            GatedDeltaInput::SplitQkvz { qkv, z, ba } => vec![qkv, z, ba],
             GatedDeltaInput::Kda {
                 q,
                 k,

@@ -1,0 +1,282 @@
+//! The Gated DeltaNet families from GGUF (issue 46): llama.cpp's own converter
+//! (`conversion/qwen.py`) writes the Qwen3-Next fixture (`tests/fixtures/tiny/qwen3_next_bf16`)
+//! as a `qwen3next` GGUF and the Qwen3.5-MoE fixture (`tiny/qwen3_5_moe_bf16`) as `qwen35moe`
+//! (`tests/fixtures/gguf/make_gated_delta_ggufs.py`): F32 as written, Q8_0 through llama.cpp's
+//! quantizer, and a Q8_0 `qwen3next` file in the form earlier converters wrote (`ssm_in`, the
+//! published `in_proj_qkvz`). The converter adds one to the zero-centred norms, writes
+//! `-exp(A_log)`, splits Qwen3-Next's `in_proj_qkvz` and reorders Qwen3.5's value heads from
+//! grouped to tiled; coli keeps every tensor as the file holds it but `A_log`
+//! (`coli_convert::gguf::arch::derived_values`) and says the rest in config.json
+//! (`zero_centered_norms`, `linear_attn_split_qkvz`, `linear_value_heads_tiled`). The oracle is
+//! transformers 5.25 on the values each file holds, the converter's changes undone by the
+//! script: greedy 32, teacher-forced top-1, the 150-token prompt, last logits within 1e-3.
+
+use coli_convert::{Encodings, Options};
+use coli_engine::{Engine, EngineOptions, Logits};
+use coli_format::Encoding;
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{
+    convert_fixture, floats, greedy, ids, max_abs_diff, open_store, placement_keeps_greedy, top1,
+};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// (GGUF fixture, the checkpoint fixture it was written from (for an F32 file, whose values
+/// are the checkpoint's), format version of its store).
+const CASES: [(&str, Option<&str>, u32); 4] = [
+    ("qwen3_next-f32", Some("qwen3_next_bf16"), 1),
+    ("qwen3_next-ssm_in-q8_0", None, 4),
+    ("qwen3_5_moe-f32", Some("qwen3_5_moe_bf16"), 1),
+    ("qwen3_5_moe-q8_0", None, 4),
+];
+
+fn gguf(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.gguf"))
+}
+
+fn oracle(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.json"));
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_convert::Report> {
+    coli_convert::gguf::run(&Options {
+        input: src.to_path_buf(),
+        output: out.to_path_buf(),
+        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    })
+}
+
+fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("store");
+    try_convert(&gguf(name), &out).unwrap_or_else(|e| panic!("converting {name}: {e}"));
+    (tmp, out)
+}
+
+#[test]
+fn gated_delta_ggufs_run_as_the_oracle_and_keep_the_blocks() {
+    for (name, fixture, version) in CASES {
+        let exp = oracle(name);
+        assert_eq!(
+            coli_tests::sha256_hex(&std::fs::read(gguf(name)).unwrap()),
+            exp["gguf_sha256"].as_str().unwrap(),
+            "{name}: the committed GGUF is the one make_gated_delta_ggufs.py wrote"
+        );
+        let (_tmp, dir) = convert(name);
+        let store = open_store(&dir, true, IoPreference::Auto);
+        assert_eq!(store.manifest().format_version, version, "{name}");
+        // What the converter changed, said in the config the spec reads.
+        let config = &store.manifest().config;
+        let t = config.get("text_config").unwrap_or(config);
+        assert_eq!(t["zero_centered_norms"], false, "{name}");
+        let qwen35 = name.starts_with("qwen3_5");
+        assert_eq!(
+            t["linear_value_heads_tiled"].as_bool().unwrap_or(false),
+            qwen35,
+            "{name}"
+        );
+        if !qwen35 {
+            assert_eq!(
+                t["linear_attn_split_qkvz"],
+                !name.contains("ssm_in"),
+                "{name}"
+            );
+        }
+        // The experts' blocks and the first input projection bit for bit, in their GGUF types.
+        coli_tests::check_gguf_probe(&store, &exp["probe"], name);
+
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&exp["greedy"]),
+            "{name}: greedy 32"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&exp["last_logits"]));
+        assert!(
+            d < 1e-3,
+            "{name}: last logits differ from the oracle by {d}"
+        );
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&exp["teacher_top1"]),
+            "{name}: teacher-forced top-1"
+        );
+        e.reset();
+        let long = ids(&exp["long_prompt_ids"]);
+        let want = ids(&exp["greedy_long"]);
+        assert_eq!(
+            greedy(&mut e, &long, want.len()),
+            want,
+            "{name}: long prompt"
+        );
+        e.reset();
+        let last_long = e.forward(&long, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last_long, &floats(&exp["last_logits_long"]));
+        assert!(
+            d < 1e-3,
+            "{name}: long prompt: last logits differ from the oracle by {d}"
+        );
+
+        // An F32 file holds its checkpoint's numbers (the norms' `1 + w` and `A_log`'s round
+        // trip aside): the store converted from the checkpoint itself gives the same logits.
+        if let Some(fixture) = fixture {
+            let (_t2, st) = convert_fixture(fixture, "lossless_store");
+            let st = open_store(&st, true, IoPreference::Auto);
+            let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
+            let last2 = e2.forward(&long, Logits::Last).unwrap().pop().unwrap();
+            let d = max_abs_diff(&last_long, &last2);
+            assert!(
+                d < 1e-4,
+                "{name}: GGUF and safetensors stores differ by {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gated_delta_ggufs_placement_never_changes_tokens() {
+    for (name, _, _) in CASES {
+        let exp = oracle(name);
+        let (_tmp, dir) = convert(name);
+        placement_keeps_greedy(
+            &dir,
+            ExpertKey::new(1, 0),
+            &ids(&exp["prompt_ids"]),
+            &ids(&exp["greedy"]),
+            name,
+        );
+    }
+}
+
+/// Converts a damaged copy of GGUF fixture `name` and returns the error; nothing published.
+fn refused(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(gguf(name)).unwrap();
+    damage(&mut b);
+    let src = tmp.path().join("bad.gguf");
+    std::fs::write(&src, &b).unwrap();
+    let out = tmp.path().join("store");
+    let e = try_convert(&src, &out).expect_err("the damaged GGUF was converted");
+    assert!(!out.exists(), "a store was published");
+    assert!(
+        !coli_convert::pipeline::partial_path(&out).exists(),
+        "partial store left"
+    );
+    e.to_string()
+}
+
+fn after(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
+        + needle.len()
+}
+
+fn set_u32(b: &mut [u8], key: &str, v: u32) {
+    // A u32 value: its type (4 bytes), then the value.
+    let at = after(b, key.as_bytes()) + 4;
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+#[test]
+fn gated_delta_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
+    const NEXT: &str = "qwen3_next-f32";
+    const Q35: &str = "qwen3_5_moe-f32";
+    // `ssm_a` is -exp(A_log): a positive value is no decay llama.cpp writes.
+    let g = coli_convert::gguf::file::Gguf::open(&gguf(Q35)).unwrap();
+    let a = g.data(&g.tensors["blk.1.ssm_a"]).to_vec();
+    drop(g);
+    let e = refused(Q35, |b| {
+        let at = after(b, &a) - a.len();
+        b[at..at + 4].copy_from_slice(&0.5f32.to_le_bytes());
+    });
+    assert!(
+        e.contains("blk.1.ssm_a") && e.contains("value 0 is 0.5"),
+        "{e}"
+    );
+    // Value heads that are no multiple of the key heads; an inner size no multiple of them.
+    let e = refused(NEXT, |b| set_u32(b, "qwen3next.ssm.time_step_rank", 3));
+    assert!(e.contains("qwen3next.ssm.time_step_rank"), "{e}");
+    let e = refused(Q35, |b| set_u32(b, "qwen35moe.ssm.inner_size", 95));
+    assert!(e.contains("qwen35moe.ssm.inner_size"), "{e}");
+    // Dimensions the tensors contradict: named by tensor.
+    let e = refused(Q35, |b| set_u32(b, "qwen35moe.ssm.state_size", 8));
+    assert!(e.contains("blk.0.") && e.contains("shape"), "{e}");
+    // Attention heads of two sizes.
+    let e = refused(NEXT, |b| set_u32(b, "qwen3next.attention.value_length", 16));
+    assert!(e.contains("qwen3next.attention.value_length"), "{e}");
+    // A layer marked recurrent whose tensors are attention's (layer 3 of
+    // `attention.recurrent_layers`: the array's value type, element type, count, then a byte
+    // per bool).
+    let e = refused(NEXT, |b| {
+        let at = after(b, b"qwen3next.attention.recurrent_layers") + 16;
+        b[at + 3] = 1;
+    });
+    assert!(e.contains("blk.3."), "{e}");
+    // The split input projection missing (renamed): named.
+    let e = refused(NEXT, |b| {
+        let at = after(b, b"blk.2.attn_gate.weight") - 8;
+        b[at] = b'X';
+    });
+    assert!(
+        e.contains("blk.2.attn_gate.weight") && e.contains("missing"),
+        "{e}"
+    );
+    let e = refused(Q35, |b| {
+        let at = after(b, b"blk.0.ssm_alpha.weight") - 8;
+        b[at] = b'X';
+    });
+    assert!(
+        e.contains("blk.0.ssm_alpha.weight") && e.contains("missing"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gated_delta_gguf_stores_are_not_exported_back() {
+    for (name, _, _) in CASES {
+        let (tmp, dir) = convert(name);
+        let out = tmp.path().join("back.gguf");
+        let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
+        assert!(
+            e.contains("qwen35moe GGUF") && e.contains("not written back"),
+            "{name}: {e}"
+        );
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn gated_delta_plan_from_the_gguf_header_matches_the_store() {
+    for (name, _, _) in CASES {
+        let (_tmp, dir) = convert(name);
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint: None,
+                config: None,
+                gguf: Some(&gguf(name)),
+                total_ram: 25 << 30,
+                context: Some(256),
+                disk_gib_s: Some(2.0),
+                experts: None,
+                mtp: None,
+                chosen: None,
+            },
+        )
+        .unwrap();
+        let store = open_store(&dir, false, IoPreference::Auto);
+        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
+        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
+        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
+        let dense = store.manifest().dense_file.length;
+        assert_eq!(p.rows[0].dense_bytes, dense, "{name}: dense bytes");
+        assert!(p.from_gguf && p.rows[0].fits);
+    }
+}
