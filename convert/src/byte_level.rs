@@ -114,6 +114,10 @@ const DEEPSEEK3_REGEX: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]
 /// original with its case-insensitive contractions.
 const GLM4_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// `LLAMA_VOCAB_PRE_TYPE_QWEN35` (Qwen3.5 / Qwen3.6), the tokenizer.json original llama.cpp
+/// quotes: qwen2's with combining marks (`\p{M}`) kept in letter runs.
+const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// `LLAMA_VOCAB_PRE_TYPE_GPT4O` (o200k: gpt-oss), the tokenizer.json original llama.cpp quotes
 /// (its own copy rewrites the letter classes as lookaheads for its regex engine).
 const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -130,6 +134,7 @@ pub const PRE_TOKENIZERS: &[&str] = &[
     "olmo",
     "smollm",
     "qwen2",
+    "qwen35",
     "deepseek-v3",
     "glm4",
     "glm5",
@@ -175,6 +180,7 @@ pub(crate) fn pre_tokenizer(pre: &str) -> Option<(Json, bool)> {
             false,
         ),
         "qwen2" => (splits(&[QWEN2_REGEX]), false),
+        "qwen35" => (splits(&[QWEN35_REGEX]), false),
         "deepseek-v3" => (
             splits(&[r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_REGEX]),
             false,

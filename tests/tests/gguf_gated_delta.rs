@@ -155,6 +155,30 @@ fn gated_delta_ggufs_placement_never_changes_tokens() {
     }
 }
 
+#[test]
+fn gated_delta_layer_kinds_without_recurrent_layers_come_from_the_interval() {
+    // A file without `attention.recurrent_layers` (renamed here): llama.cpp then reads the
+    // layer kinds from `full_attention_interval` (written as 4, the fixtures' pattern).
+    for name in ["qwen3_next-f32", "qwen3_5_moe-f32"] {
+        let exp = oracle(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let mut b = std::fs::read(gguf(name)).unwrap();
+        let at = after(&b, b".attention.recurrent_layers") - 1;
+        b[at] = b'X';
+        let src = tmp.path().join("no-recurrent-layers.gguf");
+        std::fs::write(&src, &b).unwrap();
+        let out = tmp.path().join("store");
+        try_convert(&src, &out).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let store = open_store(&out, true, IoPreference::Auto);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        assert_eq!(
+            greedy(&mut e, &ids(&exp["prompt_ids"]), 32),
+            ids(&exp["greedy"]),
+            "{name}: greedy 32"
+        );
+    }
+}
+
 /// Converts a damaged copy of GGUF fixture `name` and returns the error; nothing published.
 fn refused(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
     let tmp = tempfile::tempdir().unwrap();

@@ -75,7 +75,7 @@ fn tokenizer_from_gguf_metadata_matches_llama_cpp_and_transformers() {
 fn pre_tokenizers_match_llama_cpp() {
     // One byte-level BPE vocabulary (llama.cpp's Llama 3 test vocabulary cut to its first
     // merges, committed in tests/fixtures/gguf/vocab/) under every pre-tokenizer name coli converts: the ids llama.cpp gives
-    // on 57 texts (tests/fixtures/gguf/make_pre_tokenizer_expected.py).
+    // on 61 texts (tests/fixtures/gguf/make_pre_tokenizer_expected.py).
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/vocab");
     let exp: Value =
         serde_json::from_slice(&std::fs::read(dir.join("pre_tokenizer_expected.json")).unwrap())
@@ -92,6 +92,7 @@ fn pre_tokenizers_match_llama_cpp() {
     for &pre in coli_convert::gguf::tokenizer::PRE_TOKENIZERS {
         assert!(names.contains(&pre), "{pre}: no expected ids");
     }
+    let mut wrong = Vec::new();
     for (pre, want) in ids {
         g.kv.insert(
             "tokenizer.ggml.pre".into(),
@@ -108,9 +109,35 @@ fn pre_tokenizers_match_llama_cpp() {
                 .map(|v| v.as_u64().unwrap() as u32)
                 .collect();
             let got = tok.encode(*text, false).unwrap().get_ids().to_vec();
-            assert_eq!(got, w, "pre-tokenizer {pre}: {text:?}");
+            if got != w {
+                wrong.push(format!("{pre}: {text:?}: coli {got:?}, llama.cpp {w:?}"));
+            }
         }
     }
+    // Where llama.cpp is not the regex it quotes: its gpt-4o and kimi-k2 splitters drop
+    // combining marks (`\p{M}`) from letter runs, which the published regexes keep (Python's
+    // `regex` on o200k's: "re\u{301}sume\u{301}" is one piece; llama.cpp cuts it at each mark).
+    // coli follows the published regex, as tiktoken and transformers do; these four are the
+    // only differences, listed so that any other (or a fix on llama.cpp's side) fails here.
+    let known: Vec<String> = ["gpt-4o", "kimi-k2"]
+        .iter()
+        .flat_map(|pre| {
+            texts
+                .iter()
+                .filter(|t| t.contains("e\u{301}"))
+                .map(move |t| format!("{pre}: {t:?}"))
+        })
+        .collect();
+    let differing: Vec<&str> = wrong
+        .iter()
+        .map(|w| &w[..w.find(": coli ").unwrap()])
+        .collect();
+    assert_eq!(
+        differing,
+        known,
+        "differences from llama.cpp:\n{}",
+        wrong.join("\n")
+    );
     // A name coli does not convert is refused naming the key.
     g.kv.insert(
         "tokenizer.ggml.pre".into(),

@@ -308,31 +308,29 @@ fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> R
             ),
         ));
     }
+    // One bool per block, MTP blocks included, or one for all (llama.cpp's `get_key_or_arr`
+    // with `n_layer_all`).
+    let blocks = u("block_count")?;
+    let bad = || {
+        cerr(
+            g,
+            format!(
+                "{} must give one bool per block ({} {blocks}) or one for all",
+                k("attention.recurrent_layers"),
+                k("block_count")
+            ),
+        )
+    };
+    let as_bool = |x: &Value| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0));
     let recurrent = match g.get(&k("attention.recurrent_layers")) {
         Some(Value::Array(a)) => Some(
             a.iter()
-                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0)))
+                .map(as_bool)
                 .collect::<Option<Vec<bool>>>()
-                .filter(|v| v.len() >= layers)
-                .ok_or_else(|| {
-                    cerr(
-                        g,
-                        format!(
-                            "{} must give a bool per layer ({layers})",
-                            k("attention.recurrent_layers")
-                        ),
-                    )
-                })?,
+                .filter(|v| v.len() == blocks)
+                .ok_or_else(bad)?,
         ),
-        Some(_) => {
-            return Err(cerr(
-                g,
-                format!(
-                    "{} must give a bool per layer ({layers})",
-                    k("attention.recurrent_layers")
-                ),
-            ))
-        }
+        Some(v) => Some(vec![as_bool(v).ok_or_else(bad)?; blocks]),
         None => None,
     };
     let linear: Vec<bool> = match recurrent {
