@@ -133,7 +133,10 @@ fn main() {
         Encoding::Ggml(GgmlType::Q6_K),
         Encoding::Ggml(GgmlType::IQ2_XXS),
         Encoding::Ggml(GgmlType::IQ2_XS),
+        Encoding::Ggml(GgmlType::IQ2_S),
+        Encoding::Ggml(GgmlType::IQ3_XXS),
         Encoding::Ggml(GgmlType::IQ3_S),
+        Encoding::Ggml(GgmlType::IQ4_XS),
         Encoding::Ggml(GgmlType::IQ1_S),
     ] {
         let name = enc.name();

@@ -13,6 +13,7 @@
 
 use crate::avx2_ggml::f16_at;
 use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
+use coli_format::encoding::ggml::IqTables;
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::encoding::GgmlType;
 use coli_format::{MatrixView, INTERLEAVE_ROWS};
@@ -913,7 +914,9 @@ pub(crate) unsafe fn ggml_rows(
     // unpacked once into the buffer, which the tokens then share).
     let in_place = t == GgmlType::Q8_0
         || (t == GgmlType::Q4_0 && n <= 4)
-        || (matches!(t, GgmlType::Q4_K | GgmlType::Q6_K) && n <= 4 && vnni);
+        || (matches!(t, GgmlType::Q4_K | GgmlType::Q6_K) && n <= 4 && vnni)
+        || (iq_source(t).is_some() && n <= iq_in_place_tokens(t) && vnni);
+    let iq_tabs = coli_format::encoding::ggml::iq_tables();
     let mut un = Unpacked {
         rows: [&[]; GGML_TILE],
         codes: if in_place {
@@ -955,6 +958,12 @@ pub(crate) unsafe fn ggml_rows(
                     GgmlType::Q4_0 => q4_0_codes(b, q, ab),
                     GgmlType::Q4_K => q4_k_codes(b, q, ab, mb),
                     GgmlType::Q6_K => q6_k_codes(b, q, ab),
+                    // The i-quants decoded in registers, 64 columns at a time.
+                    t if vnni && iq_source(t).is_some() => {
+                        // SAFETY: `vnni` only where the CPU has AVX-512F, AVX-512BW and
+                        // AVX-512 VNNI (the caller's guarantee); `b` is a whole block of `t`.
+                        unsafe { iq_unpack(t, b, q, ab, &iq_tabs) }
+                    }
                     _ => t.codes(b, q, ab, mb),
                 }
             }
@@ -1005,8 +1014,77 @@ pub(crate) unsafe fn ggml_rows(
                     _ => ggml_tile_vnni::<1, FROM_Q6_K>(&un, qa, n, out),
                 }
             },
+            // SAFETY: as for q4_k.
+            t if in_place && iq_source(t).is_some() => unsafe {
+                macro_rules! iq {
+                    ($src:expr) => {
+                        match rows {
+                            4 => ggml_tile_vnni::<4, { $src }>(&un, qa, n, out),
+                            3 => ggml_tile_vnni::<3, { $src }>(&un, qa, n, out),
+                            2 => ggml_tile_vnni::<2, { $src }>(&un, qa, n, out),
+                            _ => ggml_tile_vnni::<1, { $src }>(&un, qa, n, out),
+                        }
+                    };
+                }
+                match iq_source(t) {
+                    Some(FROM_IQ2_XXS) => iq!(FROM_IQ2_XXS),
+                    Some(FROM_IQ2_XS) => iq!(FROM_IQ2_XS),
+                    Some(FROM_IQ2_S) => iq!(FROM_IQ2_S),
+                    Some(FROM_IQ3_XXS) => iq!(FROM_IQ3_XXS),
+                    Some(FROM_IQ3_S) => iq!(FROM_IQ3_S),
+                    _ => iq!(FROM_IQ4_XS),
+                }
+            },
             _ => tiles!(FROM_BUF),
         }
+    }
+}
+
+/// Tokens up to which [`ggml_rows`] decodes an i-quant's blocks in registers for every token
+/// instead of unpacking them once into the buffer the tokens share (measured:
+/// `kernels/benches/results/q8a_iquant_in_place_2026-12-06.txt`; iq4_xs's nibbles cost little
+/// to decode again, the lattice gathers of the others more).
+fn iq_in_place_tokens(t: GgmlType) -> usize {
+    if t == GgmlType::IQ4_XS {
+        4
+    } else {
+        1
+    }
+}
+
+/// One i-quant block `b` of type `t` (with an in-place source) unpacked into its integer form
+/// with [`iq_chunk`]: its 256 codes into `q`, its group scales into `a` (the values
+/// `GgmlType::codes` writes).
+///
+/// # Safety
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq_unpack(t: GgmlType, b: &[u8], q: &mut [i8], a: &mut [f32], tabs: &IqTables) {
+    macro_rules! unpack {
+        ($src:expr) => {{
+            let per = 64 / iq_block($src).1;
+            assert!(q.len() >= 256 && a.len() >= 4 * per);
+            for c in 0..4 {
+                // SAFETY: this function's features are `iq_chunk`'s; `b` is a whole block.
+                let (s, codes) = unsafe { iq_chunk::<{ $src }>(b, c, tabs) };
+                let mut sv = [0f32; 4];
+                // SAFETY: 4 floats into `sv`; 64 bytes at 64 c of `q` (asserted above).
+                unsafe {
+                    _mm_storeu_ps(sv.as_mut_ptr(), s);
+                    _mm512_storeu_si512(q.as_mut_ptr().add(64 * c).cast(), codes);
+                }
+                a[per * c..per * (c + 1)].copy_from_slice(&sv[..per]);
+            }
+        }};
+    }
+    match iq_source(t) {
+        Some(FROM_IQ2_XXS) => unpack!(FROM_IQ2_XXS),
+        Some(FROM_IQ2_XS) => unpack!(FROM_IQ2_XS),
+        Some(FROM_IQ2_S) => unpack!(FROM_IQ2_S),
+        Some(FROM_IQ3_XXS) => unpack!(FROM_IQ3_XXS),
+        Some(FROM_IQ3_S) => unpack!(FROM_IQ3_S),
+        Some(FROM_IQ4_XS) => unpack!(FROM_IQ4_XS),
+        _ => unreachable!("an i-quant with an in-place source"),
     }
 }
 
@@ -1044,10 +1122,16 @@ impl Unpacked<'_> {
             FROM_Q4_0 => (18, 32),
             FROM_Q4_K => (144, 256),
             FROM_Q6_K => (210, 256),
+            _ if SRC >= FROM_IQ2_XXS => (iq_block(SRC).0, 256),
             _ => return,
         };
+        let group = match SRC {
+            FROM_Q6_K => 16,
+            _ if SRC >= FROM_IQ2_XXS => iq_block(SRC).1,
+            _ => 32,
+        };
         assert!(
-            g == if SRC == FROM_Q6_K { 16 } else { 32 }
+            g == group
                 && cols.is_multiple_of(per)
                 && self.rows[..R].iter().all(|r| r.len() == cols / per * block)
         );
@@ -1074,6 +1158,200 @@ const FROM_Q4_K: u8 = 3;
 /// offset -32 taken as `-32 * sum q`; `a_g = d * scales[g]` per 16 columns, as
 /// `GgmlType::codes` computes it. VNNI only.
 const FROM_Q6_K: u8 = 4;
+/// In place from i-quant blocks ([`iq_chunk`]): iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s,
+/// iq4_xs (every `FROM_IQ*` is at least [`FROM_IQ2_XXS`]). VNNI only.
+const FROM_IQ2_XXS: u8 = 5;
+const FROM_IQ2_XS: u8 = 6;
+const FROM_IQ2_S: u8 = 7;
+const FROM_IQ3_XXS: u8 = 8;
+const FROM_IQ3_S: u8 = 9;
+const FROM_IQ4_XS: u8 = 10;
+
+/// The in-place source of an i-quant type, if it has one.
+fn iq_source(t: GgmlType) -> Option<u8> {
+    Some(match t {
+        GgmlType::IQ2_XXS => FROM_IQ2_XXS,
+        GgmlType::IQ2_XS => FROM_IQ2_XS,
+        GgmlType::IQ2_S => FROM_IQ2_S,
+        GgmlType::IQ3_XXS => FROM_IQ3_XXS,
+        GgmlType::IQ3_S => FROM_IQ3_S,
+        GgmlType::IQ4_XS => FROM_IQ4_XS,
+        _ => return None,
+    })
+}
+
+/// Block bytes and group size of an i-quant source.
+const fn iq_block(src: u8) -> (usize, usize) {
+    match src {
+        FROM_IQ2_XXS => (66, 32),
+        FROM_IQ2_XS => (74, 16),
+        FROM_IQ2_S => (82, 16),
+        FROM_IQ3_XXS => (98, 32),
+        FROM_IQ3_S => (110, 32),
+        _ => (136, 32),
+    }
+}
+
+/// 64-column chunk `c` (`0..4`) of the 256-column i-quant block `b`, decoded in registers: the
+/// group scales of its 4 groups of 16 (iq2_xs, iq2_s) or 2 groups of 32 (the others; lanes 2, 3
+/// zero) and its 64 signed codes in column order, the values and f32 steps of
+/// `GgmlType::codes` (ggml's layouts, `format/src/encoding/ggml/*.rs`): lattice points
+/// gathered from [`IqTables`] by their indices (iq2_*: 8 points of 8 values, iq3_*: 16 of 4),
+/// signed by a byte mask (`(p ^ m) - m`: the 7-bit `KSIGNS` index's mask, or the sign bytes
+/// as they are for iq2_s and iq3_s), iq4_xs's nibbles looked up in its 16 levels.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available; `b` is a whole block
+/// of `SRC`'s type.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, __m512i) {
+    assert!(b.len() == iq_block(SRC).0 && c < 4);
+    let d = f16_at(b, 0);
+    let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    // Byte masks of 8 seven-bit sign indices, the bits of `s0` (entries 0..4) and `s1`.
+    let ksigns = |s0: u32, s1: u32| {
+        let v = _mm512_set_epi64(
+            s1 as i64, s1 as i64, s1 as i64, s1 as i64, s0 as i64, s0 as i64, s0 as i64, s0 as i64,
+        );
+        let at = _mm512_and_si512(
+            _mm512_srlv_epi64(v, _mm512_set_epi64(21, 14, 7, 0, 21, 14, 7, 0)),
+            _mm512_set1_epi64(127),
+        );
+        // SAFETY: indices below 128, the table's length.
+        unsafe { _mm512_i64gather_epi64::<8>(at, t.ksign_masks.as_ptr().cast()) }
+    };
+    let sign = |p: __m512i, m: __m512i| _mm512_sub_epi8(_mm512_xor_si512(p, m), m);
+    // 16-column groups' `d * (0.5 + ls) * 0.25` of the nibbles of bytes `at`, `at + 1`.
+    let nibble_scales = |at: usize| {
+        let (s0, s1) = (b[at], b[at + 1]);
+        let ls = _mm_setr_ps(
+            (s0 & 15) as f32,
+            (s0 >> 4) as f32,
+            (s1 & 15) as f32,
+            (s1 >> 4) as f32,
+        );
+        _mm_mul_ps(
+            _mm_mul_ps(_mm_set1_ps(d), _mm_add_ps(_mm_set1_ps(0.5), ls)),
+            _mm_set1_ps(0.25),
+        )
+    };
+    match SRC {
+        FROM_IQ2_XXS | FROM_IQ3_XXS => {
+            // Groups 2c and 2c + 1: each 8 bytes of indices (iq2_xxs: 4, then its u32; iq3_xxs:
+            // 8) and a u32 of 4 sign indices and the scale.
+            let (s0, s1) = if SRC == FROM_IQ2_XXS {
+                (u32_at(2 + 16 * c + 4), u32_at(2 + 16 * c + 12))
+            } else {
+                (u32_at(66 + 8 * c), u32_at(66 + 8 * c + 4))
+            };
+            let f = if SRC == FROM_IQ2_XXS { 0.25 } else { 0.5 };
+            let a = |s: u32| d * (0.5 + (s >> 28) as f32) * f;
+            let p = if SRC == FROM_IQ2_XXS {
+                let idx = (u32_at(2 + 16 * c) as u64) | (u32_at(2 + 16 * c + 8) as u64) << 32;
+                let at = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(idx as i64));
+                // SAFETY: indices below 256, the grid's length.
+                unsafe { _mm512_i64gather_epi64::<8>(at, t.iq2xxs_grid.as_ptr().cast()) }
+            } else {
+                // SAFETY: 16 bytes at 2 + 16 c lie within the 98-byte block.
+                let x = unsafe { _mm_loadu_si128(b.as_ptr().add(2 + 16 * c).cast()) };
+                // SAFETY: indices below 256, the grid's length.
+                unsafe {
+                    _mm512_i32gather_epi32::<4>(
+                        _mm512_cvtepu8_epi32(x),
+                        t.iq3xxs_grid.as_ptr().cast(),
+                    )
+                }
+            };
+            (_mm_setr_ps(a(s0), a(s1), 0.0, 0.0), sign(p, ksigns(s0, s1)))
+        }
+        FROM_IQ2_XS => {
+            // SAFETY: 16 bytes of qs at 2 + 16 c lie within the 74-byte block.
+            let x = unsafe { _mm_loadu_si128(b.as_ptr().add(2 + 16 * c).cast()) };
+            let v = _mm512_cvtepu16_epi64(x);
+            // SAFETY: indices below 512 and 128, the tables' lengths.
+            let (p, m) = unsafe {
+                (
+                    _mm512_i64gather_epi64::<8>(
+                        _mm512_and_si512(v, _mm512_set1_epi64(511)),
+                        t.iq2xs_grid.as_ptr().cast(),
+                    ),
+                    _mm512_i64gather_epi64::<8>(
+                        _mm512_srli_epi64::<9>(v),
+                        t.ksign_masks.as_ptr().cast(),
+                    ),
+                )
+            };
+            (nibble_scales(66 + 2 * c), sign(p, m))
+        }
+        FROM_IQ2_S => {
+            // Entries 8c .. 8c + 8: qs bytes, 2 high bits each from qh bytes 2c, 2c + 1.
+            let lo = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(u64_at(2 + 8 * c) as i64));
+            let qh = u16::from_le_bytes([b[66 + 2 * c], b[67 + 2 * c]]) as i64;
+            let hi = _mm512_and_si512(
+                _mm512_srlv_epi64(
+                    _mm512_set1_epi64(qh),
+                    _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0),
+                ),
+                _mm512_set1_epi64(3),
+            );
+            let at = _mm512_or_si512(lo, _mm512_slli_epi64::<8>(hi));
+            // SAFETY: indices below 1024, the grid's length.
+            let p = unsafe { _mm512_i64gather_epi64::<8>(at, t.iq2s_grid.as_ptr().cast()) };
+            let m = _mm512_movm_epi8(u64_at(34 + 8 * c));
+            (nibble_scales(74 + 2 * c), sign(p, m))
+        }
+        FROM_IQ3_S => {
+            // Entries 16c .. 16c + 16: qs bytes, a high bit each from qh bytes 2c, 2c + 1.
+            // SAFETY: 16 bytes at 2 + 16 c lie within the 110-byte block.
+            let x = unsafe { _mm_loadu_si128(b.as_ptr().add(2 + 16 * c).cast()) };
+            let qh = u16::from_le_bytes([b[66 + 2 * c], b[67 + 2 * c]]) as i32;
+            let hi = _mm512_and_si512(
+                _mm512_srlv_epi32(
+                    _mm512_set1_epi32(qh),
+                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                ),
+                _mm512_set1_epi32(1),
+            );
+            let at = _mm512_or_si512(_mm512_cvtepu8_epi32(x), _mm512_slli_epi32::<8>(hi));
+            // SAFETY: indices below 512, the grid's length.
+            let p = unsafe { _mm512_i32gather_epi32::<4>(at, t.iq3s_grid.as_ptr().cast()) };
+            let m = _mm512_movm_epi8(u64_at(74 + 8 * c));
+            let s = b[106 + c];
+            let a = |ls: u8| d * (1 + 2 * ls) as f32;
+            (_mm_setr_ps(a(s & 15), a(s >> 4), 0.0, 0.0), sign(p, m))
+        }
+        _ => {
+            // iq4_xs: groups 2c, 2c + 1, 16 bytes of nibbles each (low: columns 0..16).
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            let a = |g: usize| {
+                let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0x0F;
+                let hi = ((sh >> (2 * g)) & 3) as u8;
+                d * ((lo | hi << 4) as i32 - 32) as f32
+            };
+            // SAFETY: 32 bytes at 8 + 32 c lie within the 136-byte block.
+            let (x0, x1) = unsafe {
+                (
+                    _mm_loadu_si128(b.as_ptr().add(8 + 32 * c).cast()),
+                    _mm_loadu_si128(b.as_ptr().add(24 + 32 * c).cast()),
+                )
+            };
+            let mut z = _mm512_castsi128_si512(x0);
+            z = _mm512_inserti32x4(z, _mm_srli_epi16(x0, 4), 1);
+            z = _mm512_inserti32x4(z, x1, 2);
+            z = _mm512_inserti32x4(z, _mm_srli_epi16(x1, 4), 3);
+            let nib = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+            // SAFETY: 16 bytes.
+            let lut =
+                _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(t.iq4_values.as_ptr().cast()) });
+            (
+                _mm_setr_ps(a(2 * c), a(2 * c + 1), 0.0, 0.0),
+                _mm512_shuffle_epi8(lut, nib),
+            )
+        }
+    }
+}
 
 /// The first `R` rows of `un` against every token of `qa`: `out[u * n + t]`, each (row,
 /// token) in the rule's order. `SRC`: where the codes are read ([`FROM_BUF`], [`FROM_Q8_0`],
@@ -1204,6 +1482,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     let m0f = _mm512_set1_epi8(0x0F);
     let m0f_256 = _mm256_set1_epi8(0x0F);
     let m03 = _mm512_set1_epi8(0x03);
+    let iq_tabs = coli_format::encoding::ggml::iq_tables();
     // FROM_Q4_K: row u's current block's 8 group scales and offsets.
     let mut blk_a = [[0f32; 8]; R];
     let mut blk_m = [[0f32; 8]; R];
@@ -1237,6 +1516,17 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
             let g0 = 64 * k / g;
             for u in 0..R {
                 let a = &un.a[u * gs..(u + 1) * gs];
+                // An i-quant chunk: its scales and codes, decoded in registers.
+                let iq = if SRC >= FROM_IQ2_XXS {
+                    let (bb, _) = iq_block(SRC);
+                    let b = &un.rows[u][k / 4 * bb..k / 4 * bb + bb];
+                    _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH).cast());
+                    // SAFETY: this function's features are `iq_chunk`'s; `b` is block k / 4 of
+                    // the row (`check`: the row holds cols / 256 whole blocks).
+                    unsafe { iq_chunk::<SRC>(b, k % 4, &iq_tabs) }
+                } else {
+                    (_mm_setzero_ps(), _mm512_setzero_si512())
+                };
                 // The lanes' group scales: in place, the two blocks' f16 `d`.
                 let a4 = match SRC {
                     FROM_Q8_0 | FROM_Q4_0 => {
@@ -1278,6 +1568,8 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                         );
                         _mm_mul_ps(dd, s4)
                     }
+                    // The chunk's group scales, decoded with its codes.
+                    _ if SRC >= FROM_IQ2_XXS => iq.0,
                     // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
                     _ => unsafe { _mm_loadu_ps(a.as_ptr().add(g0)) },
                 };
@@ -1328,6 +1620,9 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                             );
                             let hi = _mm512_slli_epi16(_mm512_and_si512(hi, m03), 4);
                             (_mm512_or_si512(lo, hi), _mm512_slli_epi32(sq, 5))
+                        }
+                        _ if SRC >= FROM_IQ2_XXS => {
+                            (_mm512_xor_si512(iq.1, flip), _mm512_slli_epi32(sq, 7))
                         }
                         FROM_Q8_0 => {
                             let b = un.rows[u].as_ptr().add(2 * k * 34 + 2);

@@ -350,6 +350,74 @@ pub fn f16_at(b: &[u8], at: usize) -> f32 {
     f16(b, at)
 }
 
+/// The i-quants' tables, for kernels that decode their blocks in registers
+/// ([`iq_tables`]). Each grid is ggml's (`ggml-common.h`), a point's unsigned byte values
+/// little-endian in its integer.
+#[derive(Clone, Copy, Debug)]
+pub struct IqTables {
+    /// iq2_xxs's lattice: 256 points of 8 values.
+    pub iq2xxs_grid: &'static [u64; 256],
+    /// iq2_xs's lattice: 512 points of 8 values.
+    pub iq2xs_grid: &'static [u64; 512],
+    /// iq2_s's lattice: 1024 points of 8 values.
+    pub iq2s_grid: &'static [u64; 1024],
+    /// iq3_xxs's lattice: 256 points of 4 values.
+    pub iq3xxs_grid: &'static [u32; 256],
+    /// iq3_s's lattice: 512 points of 4 values.
+    pub iq3s_grid: &'static [u32; 512],
+    /// The byte mask of a 7-bit sign index (iq2_xxs, iq2_xs, iq3_xxs: `KSIGNS`, the 7 sign bits
+    /// and their parity as the eighth): byte `j` 0xFF where weight `j` is negative. A code is
+    /// then `(p ^ m) - m`, the value [`GgmlType::codes`] gives.
+    pub ksign_masks: &'static [u64; 128],
+    /// IQ4_NL's and IQ4_XS's 16 signed levels.
+    pub iq4_values: &'static [i8; 16],
+}
+
+/// The i-quants' tables ([`IqTables`]).
+#[inline]
+pub fn iq_tables() -> IqTables {
+    IqTables {
+        iq2xxs_grid: &iq_grids::IQ2XXS_GRID,
+        iq2xs_grid: &iq_grids::IQ2XS_GRID,
+        iq2s_grid: &iq_grids::IQ2S_GRID,
+        iq3xxs_grid: &iq_grids::IQ3XXS_GRID,
+        iq3s_grid: &iq_grids::IQ3S_GRID,
+        ksign_masks: &SIGN_MASKS7,
+        iq4_values: &iq4_nl::KVALUES,
+    }
+}
+
+/// [`SIGN_MASKS`] of `KSIGNS[i]`: byte `j` 0xFF where bit `j` of `i` is set (j < 7), byte 7
+/// 0xFF where `i` has an odd number of bits (ggml's `ksigns_iq2xs`).
+static SIGN_MASKS7: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let s = i | (((i as u32).count_ones() as usize & 1) << 7);
+        let mut j = 0;
+        while j < 8 {
+            if (s >> j) & 1 == 1 {
+                t[i] |= 0xFF << (8 * j);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+#[cfg(test)]
+#[test]
+fn sign_masks7_are_ksigns() {
+    for i in 0..128 {
+        assert_eq!(
+            SIGN_MASKS7[i],
+            SIGN_MASKS[iq_grids::KSIGNS[i] as usize],
+            "{i}"
+        );
+    }
+}
+
 /// Byte masks of the sign bytes: byte `j` of `SIGN_MASKS[s]` is 0xFF where bit `j` of `s` is
 /// set.
 static SIGN_MASKS: [u64; 256] = {
