@@ -3,7 +3,8 @@
 //! as a `qwen3next` GGUF and the Qwen3.5-MoE fixture (`tiny/qwen3_5_moe_bf16`) as `qwen35moe`
 //! (`tests/fixtures/gguf/make_gated_delta_ggufs.py`): F32 as written, Q8_0 through llama.cpp's
 //! quantizer, and a Q8_0 `qwen3next` file in the form earlier converters wrote (`ssm_in`, the
-//! published `in_proj_qkvz`). The converter adds one to the zero-centred norms, writes
+//! published `in_proj_qkvz`), and two checkpoints the script makes with 3 value heads per key
+//! head and dk = dv (llama.cpp's graphs run them too). The converter adds one to the zero-centred norms, writes
 //! `-exp(A_log)`, splits Qwen3-Next's `in_proj_qkvz` and reorders Qwen3.5's value heads from
 //! grouped to tiled; coli keeps every tensor as the file holds it but `A_log`
 //! (`coli_convert::gguf::arch::derived_values`) and says the rest in config.json
@@ -23,11 +24,16 @@ use std::path::{Path, PathBuf};
 
 /// (GGUF fixture, the checkpoint fixture it was written from (for an F32 file, whose values
 /// are the checkpoint's), format version of its store).
-const CASES: [(&str, Option<&str>, u32); 4] = [
+const CASES: [(&str, Option<&str>, u32); 6] = [
     ("qwen3_next-f32", Some("qwen3_next_bf16"), 1),
     ("qwen3_next-ssm_in-q8_0", None, 4),
     ("qwen3_5_moe-f32", Some("qwen3_5_moe_bf16"), 1),
     ("qwen3_5_moe-q8_0", None, 4),
+    // Checkpoints made by the script with 2 key and 6 value heads (3 per key head, so grouped
+    // `h / 3` and tiled `h % 2` differ from `h % 3` and `h / 2`) and dk = dv, which llama.cpp
+    // also runs (its teacher-forced top-1 agreement is in the .json, informational).
+    ("qwen3_next-hv6-f32", None, 1),
+    ("qwen3_5_moe-hv6-q8_0", None, 4),
 ];
 
 fn gguf(name: &str) -> PathBuf {
