@@ -488,3 +488,88 @@ pub fn check_gguf_probe(store: &coli_store::Store, p: &Value, what: &str) {
         assert_eq!(gguf_type_name(t.encoding), ty, "{what}: dense probe type");
     }
 }
+
+/// The GGUF fixture `name` (`tests/fixtures/gguf/{name}.gguf`).
+pub fn gguf_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.gguf"))
+}
+
+/// `coli-convert FILE.gguf STORE` with the defaults (one thread, no progress).
+///
+/// # Errors
+/// As [`coli_convert::gguf::run`].
+pub fn gguf_try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_convert::Report> {
+    coli_convert::gguf::run(&coli_convert::Options {
+        input: src.to_path_buf(),
+        output: out.to_path_buf(),
+        encodings: coli_convert::Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        threads: Some(1),
+        progress: false,
+    })
+}
+
+/// The GGUF fixture `name` converted into a temporary store: (its directory's guard, the store).
+pub fn gguf_convert(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().join("store");
+    gguf_try_convert(&gguf_fixture(name), &out)
+        .unwrap_or_else(|e| panic!("converting {name}: {e}"));
+    (tmp, out)
+}
+
+/// Byte offset just after the first occurrence of `needle` in `b`.
+pub fn byte_after(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
+        + needle.len()
+}
+
+/// Converts a copy of the GGUF `src` damaged by `damage` (written as `file_name`) and returns
+/// the error text; asserts that nothing was published nor left half-written.
+pub fn gguf_refused(src: &Path, file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mut b = std::fs::read(src).expect("the GGUF fixture");
+    damage(&mut b);
+    let bad = tmp.path().join(file_name);
+    std::fs::write(&bad, &b).expect("write the damaged copy");
+    let out = tmp.path().join("store");
+    let e = gguf_try_convert(&bad, &out)
+        .err()
+        .unwrap_or_else(|| panic!("{file_name}: the damaged GGUF was converted"));
+    assert!(!out.exists(), "{file_name}: a store was published");
+    assert!(
+        !coli_convert::pipeline::partial_path(&out).exists(),
+        "{file_name}: partial store left"
+    );
+    e.to_string()
+}
+
+/// `coli plan --gguf` of the file `gguf` (header only) against the store converted from it:
+/// the same expert records and bytes, the same dense bytes, and the plan fits 25 GiB.
+pub fn check_gguf_plan(gguf: &Path, store_dir: &Path, what: &str) {
+    let p =
+        coli_convert::memory_plan::plan_from_config(&coli_convert::memory_plan::ConfigPlanArgs {
+            checkpoint: None,
+            config: None,
+            gguf: Some(gguf),
+            total_ram: 25 << 30,
+            context: Some(256),
+            disk_gib_s: Some(2.0),
+            experts: None,
+            mtp: None,
+            chosen: None,
+        })
+        .unwrap_or_else(|e| panic!("{what}: plan: {e}"));
+    let store = open_store(store_dir, false, coli_store::IoPreference::Auto);
+    let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
+    assert_eq!(p.expert_bytes_total, records, "{what}: expert bytes");
+    assert_eq!(p.experts as usize, store.index().len(), "{what}: records");
+    assert_eq!(p.rows.len(), 1, "{what}: one row");
+    assert_eq!(
+        p.rows[0].dense_bytes,
+        store.manifest().dense_file.length,
+        "{what}: dense bytes"
+    );
+    assert!(p.from_gguf && p.rows[0].fits, "{what}: fits");
+}

@@ -267,8 +267,8 @@ fn q8a_chunk(
 ) {
     let path = q8a_path(isa);
     match (kind, path) {
-        // The ggml types: 4 rows unpacked once (q8_0, q4_0, and with VNNI q4_k, q6_k and at one
-        // token six i-quants read in place), then every token.
+        // The ggml types: 4 rows unpacked once (q8_0, q4_0, and with VNNI q4_k, q6_k and for
+        // one token (iq4_xs: up to 4) six i-quants read in place), then every token.
         #[cfg(target_arch = "x86_64")]
         (q8a::Kind::Ggml(t), p @ (Q8aPath::Vnni | Q8aPath::Avx2)) => {
             // SAFETY: `require(isa)` checked AVX2+FMA+F16C; `kind()` admitted `w` (cols a multiple

@@ -910,8 +910,9 @@ pub(crate) unsafe fn ggml_rows(
     // block's `codes` writes at least 16).
     let gs = cols / g + 16;
     // q8_0's codes and scales are read in place from the row's bytes, and q4_0's (and with
-    // VNNI q4_k's and q6_k's) for a few tokens (decode, verification; for more their nibbles are
-    // unpacked once into the buffer, which the tokens then share).
+    // VNNI q4_k's, q6_k's and the i-quants' of `iq_source`: `iq_in_place_tokens`) for a few
+    // tokens (decode, verification; for more their blocks are unpacked once into the buffer,
+    // which the tokens then share).
     let in_place = t == GgmlType::Q8_0
         || (t == GgmlType::Q4_0 && n <= 4)
         || (matches!(t, GgmlType::Q4_K | GgmlType::Q6_K) && n <= 4 && vnni)
@@ -942,7 +943,8 @@ pub(crate) unsafe fn ggml_rows(
             let r = r0 + i0 + u;
             let row = &w.data()[r * stride..(r + 1) * stride];
             if in_place {
-                // `FROM_Q8_0`, `FROM_Q4_0`: one pass over the row's bytes.
+                // Every in-place source (`FROM_Q8_0`, `FROM_Q4_0`, `FROM_Q4_K`, `FROM_Q6_K`, the
+                // `FROM_IQ*`): one pass over the row's bytes per token.
                 un.rows[u] = row;
                 continue;
             }

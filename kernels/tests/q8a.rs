@@ -234,6 +234,8 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
             (33, 576),
             (200, 1536),
             (3, 2048),
+            (5, 512),
+            (6, 768),
         ] {
             if let Encoding::Int4 { group_size } = enc {
                 if cols % group_size as usize != 0 {
@@ -247,12 +249,15 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
             let m = Mat::random(enc, rows, cols, seed);
             let w = m.view();
             // Token counts on both sides of the kernels' switches (one row at a time for one
-            // token, q4_0 read in place up to 4 tokens, tiles of 4 tokens).
+            // token, q4_0, q4_k, q6_k and iq4_xs read in place up to 4 tokens, tiles of 4
+            // tokens; the last two shapes have whole 256-column blocks for the k- and i-quants).
             let n = match rows {
                 32 => 16,
                 1 => 3,
                 7 => 2,
                 33 => 4,
+                5 => 2,
+                6 => 4,
                 _ => 7,
             };
             let x = activations(n, cols, seed + 100);

@@ -143,14 +143,6 @@ fn converting_again_resumes_to_the_same_store() {
     drop(tmp);
 }
 
-/// Byte offset just after the first occurrence of `needle` in `b`.
-fn after(b: &[u8], needle: &[u8]) -> usize {
-    b.windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
-        + needle.len()
-}
-
 /// Converts a damaged copy of `olmoe-q8_0.gguf` (made by `damage`, written as `file_name`) and
 /// returns the error text; nothing may be published or left half-written.
 fn refused(file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
@@ -159,32 +151,7 @@ fn refused(file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
 
 /// [`refused`] on a damaged copy of fixture `fixture`.
 fn refused_from(fixture: &str, file_name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(dir().join(format!("{fixture}.gguf"))).unwrap();
-    damage(&mut b);
-    let src = tmp.path().join(file_name);
-    std::fs::write(&src, &b).unwrap();
-    let out = tmp.path().join("store");
-    let e = coli_convert::gguf::run(&Options {
-        input: src.clone(),
-        output: out.clone(),
-        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
-        threads: Some(1),
-        progress: false,
-    })
-    .err()
-    .unwrap_or_else(|| panic!("{file_name}: the damaged GGUF was converted"));
-    assert!(!out.exists(), "{file_name}: a store was published");
-    assert!(
-        !coli_convert::pipeline::partial_path(&out).exists(),
-        "{file_name}: partial store left"
-    );
-    assert_eq!(
-        std::fs::read(&src).unwrap(),
-        b,
-        "{file_name}: the source was modified"
-    );
-    e.to_string()
+    coli_tests::gguf_refused(&dir().join(format!("{fixture}.gguf")), file_name, damage)
 }
 
 #[test]
@@ -205,7 +172,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     assert!(e.contains("not a GGUF file"), "{e}");
     // An unknown ggml type id in a tensor info (the type u32 follows name, n_dims, dims).
     let e = refused("type.gguf", |b| {
-        let at = after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
+        let at = coli_tests::byte_after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
         b[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
     });
     assert!(
@@ -214,7 +181,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // A type coli does not decode (TQ2_0 is smaller than Q8_0: the extents stay valid).
     let e = refused("tq2.gguf", |b| {
-        let at = after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
+        let at = coli_tests::byte_after(b, b"blk.0.attn_q.weight") + 4 + 2 * 8;
         b[at..at + 4].copy_from_slice(&35u32.to_le_bytes());
     });
     assert!(
@@ -223,7 +190,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // An architecture coli does not convert from GGUF.
     let e = refused("arch.gguf", |b| {
-        let at = after(b, b"general.architecture") + 4 + 8;
+        let at = coli_tests::byte_after(b, b"general.architecture") + 4 + 8;
         b[at..at + 5].copy_from_slice(b"bloom");
     });
     assert!(
@@ -232,7 +199,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // A llama GGUF without experts (a dense model).
     let e = refused("dense.gguf", |b| {
-        let at = after(b, b"general.architecture") + 4 + 8;
+        let at = coli_tests::byte_after(b, b"general.architecture") + 4 + 8;
         b[at..at + 5].copy_from_slice(b"llama");
     });
     assert!(
@@ -241,7 +208,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // Metadata contradicting the tensors' shapes.
     let e = refused("shape.gguf", |b| {
-        let at = after(b, b"olmoe.embedding_length") + 4;
+        let at = coli_tests::byte_after(b, b"olmoe.embedding_length") + 4;
         b[at..at + 4].copy_from_slice(&128u32.to_le_bytes());
     });
     assert!(
@@ -250,7 +217,7 @@ fn bad_gguf_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // A key the model needs, missing (renamed).
     let e = refused("key.gguf", |b| {
-        let at = after(b, b"olmoe.expert_count") - 1;
+        let at = coli_tests::byte_after(b, b"olmoe.expert_count") - 1;
         b[at] = b'X';
     });
     assert!(e.contains("olmoe.expert_count"), "{e}");
@@ -297,31 +264,7 @@ fn plan_from_the_gguf_header_matches_the_store() {
         "glm_moe_dsa-q4_k_m",
     ] {
         let (_tmp, store_dir) = convert(name);
-        let p = coli_convert::memory_plan::plan_from_config(
-            &coli_convert::memory_plan::ConfigPlanArgs {
-                checkpoint: None,
-                config: None,
-                gguf: Some(&dir().join(format!("{name}.gguf"))),
-                total_ram: 25 << 30,
-                context: Some(256),
-                disk_gib_s: Some(2.0),
-                experts: None,
-                mtp: None,
-                chosen: None,
-            },
-        )
-        .unwrap();
-        let store = open_store(&store_dir, false, IoPreference::Auto);
-        let m = store.manifest();
-        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
-        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
-        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
-        assert_eq!(p.rows.len(), 1);
-        assert_eq!(
-            p.rows[0].dense_bytes, m.dense_file.length,
-            "{name}: dense bytes"
-        );
-        assert!(p.from_gguf && p.rows[0].fits);
+        coli_tests::check_gguf_plan(&dir().join(format!("{name}.gguf")), &store_dir, name);
     }
 }
 
@@ -330,7 +273,7 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
     let ds = "deepseek_v3-q4_k_m";
     // DeepSeek-V2's softmax routing (llama.cpp's expert_gating_func 1; a u32 after the type).
     let e = refused_from(ds, "softmax.gguf", |b| {
-        let at = after(b, b"deepseek2.expert_gating_func") + 4;
+        let at = coli_tests::byte_after(b, b"deepseek2.expert_gating_func") + 4;
         b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(
@@ -339,19 +282,19 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
     );
     // YaRN without the log multiplier that sets its attention scale (key renamed).
     let e = refused_from(ds, "yarn.gguf", |b| {
-        let at = after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") - 1;
+        let at = coli_tests::byte_after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") - 1;
         b[at] = b'X';
     });
     assert!(e.contains("yarn_log_multiplier"), "{e}");
     // Metadata that drops tensors the file holds: a block count of 1 (u32 after the type),
     // no shared experts.
     let e = refused_from(ds, "blocks.gguf", |b| {
-        let at = after(b, b"deepseek2.block_count") + 4;
+        let at = coli_tests::byte_after(b, b"deepseek2.block_count") + 4;
         b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(e.contains("past deepseek2.block_count 1"), "{e}");
     let e = refused_from(ds, "shared.gguf", |b| {
-        let at = after(b, b"deepseek2.expert_shared_count") + 4;
+        let at = coli_tests::byte_after(b, b"deepseek2.expert_shared_count") + 4;
         b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
     });
     assert!(
@@ -360,20 +303,20 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
     );
     // A log multiplier of 0 (llama.cpp then applies its own YaRN scale; an f32 after the type).
     let e = refused_from(ds, "yarn0.gguf", |b| {
-        let at = after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") + 4;
+        let at = coli_tests::byte_after(b, b"deepseek2.rope.scaling.yarn_log_multiplier") + 4;
         b[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
     });
     assert!(e.contains("yarn_log_multiplier is 0"), "{e}");
     // glm-dsa: indexer types whose array claims another element type (strings).
     let e = refused_from("glm_moe_dsa-q4_k_m", "ixtypes.gguf", |b| {
         // The array's element type (GGUF type 7, bool) follows the key and the array type 9.
-        let at = after(b, b"glm-dsa.attention.indexer.types") + 4;
+        let at = coli_tests::byte_after(b, b"glm-dsa.attention.indexer.types") + 4;
         b[at..at + 4].copy_from_slice(&8u32.to_le_bytes());
     });
     assert!(e.contains("glm-dsa.attention.indexer.types"), "{e}");
     // Neither form of the MLA up-projection (attn_k_b renamed; attn_kv_b absent).
     let e = refused_from(ds, "kvb.gguf", |b| {
-        let at = after(b, b"blk.0.attn_k_b.weight") - 8;
+        let at = coli_tests::byte_after(b, b"blk.0.attn_k_b.weight") - 8;
         b[at] = b'X';
     });
     assert!(e.contains("attn_k_b") && e.contains("attn_kv_b"), "{e}");
@@ -383,7 +326,7 @@ fn deepseek2_metadata_coli_cannot_honour_is_refused() {
 fn bad_gguf_metadata_values_are_refused() {
     // A NaN rms eps (f32 value patched) is refused, not replaced by a default.
     let e = refused("nan.gguf", |b| {
-        let at = after(b, b"olmoe.attention.layer_norm_rms_epsilon") + 4;
+        let at = coli_tests::byte_after(b, b"olmoe.attention.layer_norm_rms_epsilon") + 4;
         b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     });
     assert!(
@@ -393,7 +336,7 @@ fn bad_gguf_metadata_values_are_refused() {
     // An array count far beyond the file is refused before anything is allocated for it.
     let e = refused("count.gguf", |b| {
         // general.architecture's string length: u64 after the key and its type.
-        let at = after(b, b"general.architecture") + 4;
+        let at = coli_tests::byte_after(b, b"general.architecture") + 4;
         b[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     });
     assert!(e.contains("general.architecture"), "{e}");

@@ -12,12 +12,11 @@
 //! transformers 5.25 on the values each file holds, the converter's changes undone by the
 //! script: greedy 32, teacher-forced top-1, the 150-token prompt, last logits within 1e-3.
 
-use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, Logits};
-use coli_format::Encoding;
 use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{
-    convert_fixture, floats, greedy, ids, max_abs_diff, open_store, placement_keeps_greedy, top1,
+    byte_after, convert_fixture, floats, greedy, ids, max_abs_diff, open_store,
+    placement_keeps_greedy, top1,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -37,29 +36,12 @@ const CASES: [(&str, Option<&str>, u32); 6] = [
 ];
 
 fn gguf(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.gguf"))
+    coli_tests::gguf_fixture(name)
 }
 
 fn oracle(name: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.json"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-}
-
-fn try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_convert::Report> {
-    coli_convert::gguf::run(&Options {
-        input: src.to_path_buf(),
-        output: out.to_path_buf(),
-        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
-        threads: Some(1),
-        progress: false,
-    })
-}
-
-fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("store");
-    try_convert(&gguf(name), &out).unwrap_or_else(|e| panic!("converting {name}: {e}"));
-    (tmp, out)
 }
 
 #[test]
@@ -71,7 +53,7 @@ fn gated_delta_ggufs_run_as_the_oracle_and_keep_the_blocks() {
             exp["gguf_sha256"].as_str().unwrap(),
             "{name}: the committed GGUF is the one make_gated_delta_ggufs.py wrote"
         );
-        let (_tmp, dir) = convert(name);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
         let store = open_store(&dir, true, IoPreference::Auto);
         assert_eq!(store.manifest().format_version, version, "{name}");
         // What the converter changed, said in the config the spec reads.
@@ -150,7 +132,7 @@ fn gated_delta_ggufs_run_as_the_oracle_and_keep_the_blocks() {
 fn gated_delta_ggufs_placement_never_changes_tokens() {
     for (name, _, _) in CASES {
         let exp = oracle(name);
-        let (_tmp, dir) = convert(name);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
         placement_keeps_greedy(
             &dir,
             ExpertKey::new(1, 0),
@@ -169,12 +151,12 @@ fn gated_delta_layer_kinds_without_recurrent_layers_come_from_the_interval() {
         let exp = oracle(name);
         let tmp = tempfile::tempdir().unwrap();
         let mut b = std::fs::read(gguf(name)).unwrap();
-        let at = after(&b, b".attention.recurrent_layers") - 1;
+        let at = byte_after(&b, b".attention.recurrent_layers") - 1;
         b[at] = b'X';
         let src = tmp.path().join("no-recurrent-layers.gguf");
         std::fs::write(&src, &b).unwrap();
         let out = tmp.path().join("store");
-        try_convert(&src, &out).unwrap_or_else(|e| panic!("{name}: {e}"));
+        coli_tests::gguf_try_convert(&src, &out).unwrap_or_else(|e| panic!("{name}: {e}"));
         let store = open_store(&out, true, IoPreference::Auto);
         let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
         assert_eq!(
@@ -187,31 +169,12 @@ fn gated_delta_layer_kinds_without_recurrent_layers_come_from_the_interval() {
 
 /// Converts a damaged copy of GGUF fixture `name` and returns the error; nothing published.
 fn refused(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(gguf(name)).unwrap();
-    damage(&mut b);
-    let src = tmp.path().join("bad.gguf");
-    std::fs::write(&src, &b).unwrap();
-    let out = tmp.path().join("store");
-    let e = try_convert(&src, &out).expect_err("the damaged GGUF was converted");
-    assert!(!out.exists(), "a store was published");
-    assert!(
-        !coli_convert::pipeline::partial_path(&out).exists(),
-        "partial store left"
-    );
-    e.to_string()
-}
-
-fn after(b: &[u8], needle: &[u8]) -> usize {
-    b.windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
-        + needle.len()
+    coli_tests::gguf_refused(&gguf(name), "bad.gguf", damage)
 }
 
 fn set_u32(b: &mut [u8], key: &str, v: u32) {
     // A u32 value: its type (4 bytes), then the value.
-    let at = after(b, key.as_bytes()) + 4;
+    let at = byte_after(b, key.as_bytes()) + 4;
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
@@ -224,7 +187,7 @@ fn gated_delta_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     let a = g.data(&g.tensors["blk.1.ssm_a"]).to_vec();
     drop(g);
     let e = refused(Q35, |b| {
-        let at = after(b, &a) - a.len();
+        let at = byte_after(b, &a) - a.len();
         b[at..at + 4].copy_from_slice(&0.5f32.to_le_bytes());
     });
     assert!(
@@ -246,13 +209,13 @@ fn gated_delta_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     // `attention.recurrent_layers`: the array's value type, element type, count, then a byte
     // per bool).
     let e = refused(NEXT, |b| {
-        let at = after(b, b"qwen3next.attention.recurrent_layers") + 16;
+        let at = byte_after(b, b"qwen3next.attention.recurrent_layers") + 16;
         b[at + 3] = 1;
     });
     assert!(e.contains("blk.3."), "{e}");
     // The split input projection missing (renamed): named.
     let e = refused(NEXT, |b| {
-        let at = after(b, b"blk.2.attn_gate.weight") - 8;
+        let at = byte_after(b, b"blk.2.attn_gate.weight") - 8;
         b[at] = b'X';
     });
     assert!(
@@ -260,7 +223,7 @@ fn gated_delta_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         "{e}"
     );
     let e = refused(Q35, |b| {
-        let at = after(b, b"blk.0.ssm_alpha.weight") - 8;
+        let at = byte_after(b, b"blk.0.ssm_alpha.weight") - 8;
         b[at] = b'X';
     });
     assert!(
@@ -272,7 +235,7 @@ fn gated_delta_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
 #[test]
 fn gated_delta_gguf_stores_are_not_exported_back() {
     for (name, _, _) in CASES {
-        let (tmp, dir) = convert(name);
+        let (tmp, dir) = coli_tests::gguf_convert(name);
         let out = tmp.path().join("back.gguf");
         let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
         assert!(
@@ -286,27 +249,7 @@ fn gated_delta_gguf_stores_are_not_exported_back() {
 #[test]
 fn gated_delta_plan_from_the_gguf_header_matches_the_store() {
     for (name, _, _) in CASES {
-        let (_tmp, dir) = convert(name);
-        let p = coli_convert::memory_plan::plan_from_config(
-            &coli_convert::memory_plan::ConfigPlanArgs {
-                checkpoint: None,
-                config: None,
-                gguf: Some(&gguf(name)),
-                total_ram: 25 << 30,
-                context: Some(256),
-                disk_gib_s: Some(2.0),
-                experts: None,
-                mtp: None,
-                chosen: None,
-            },
-        )
-        .unwrap();
-        let store = open_store(&dir, false, IoPreference::Auto);
-        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
-        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
-        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
-        let dense = store.manifest().dense_file.length;
-        assert_eq!(p.rows[0].dense_bytes, dense, "{name}: dense bytes");
-        assert!(p.from_gguf && p.rows[0].fits);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
+        coli_tests::check_gguf_plan(&gguf(name), &dir, name);
     }
 }

@@ -10,12 +10,10 @@
 //! (`ssm_a`) and K3's fused attention-residual scores come back as the checkpoint's tensors
 //! (`coli_convert::gguf::arch::derived_values`).
 
-use coli_convert::{Encodings, Options};
 use coli_engine::{Engine, EngineOptions, Logits};
-use coli_format::Encoding;
 use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{
-    convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store,
+    byte_after, convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store,
     placement_keeps_greedy, top1,
 };
 use serde_json::Value;
@@ -33,29 +31,12 @@ const CASES: [(&str, &str, u32); 3] = [
 const K3: &str = "kimi_k3-mxfp4";
 
 fn gguf(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.gguf"))
+    coli_tests::gguf_fixture(name)
 }
 
 fn probe(name: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.json"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-}
-
-fn try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_convert::Report> {
-    coli_convert::gguf::run(&Options {
-        input: src.to_path_buf(),
-        output: out.to_path_buf(),
-        encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
-        threads: Some(1),
-        progress: false,
-    })
-}
-
-fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("store");
-    try_convert(&gguf(name), &out).unwrap_or_else(|e| panic!("converting {name}: {e}"));
-    (tmp, out)
 }
 
 #[test]
@@ -67,7 +48,7 @@ fn kda_ggufs_run_as_the_oracle_and_keep_the_blocks() {
             p["gguf_sha256"].as_str().unwrap(),
             "{name}: the committed GGUF is the one make_kda_ggufs.py wrote"
         );
-        let (_tmp, dir) = convert(name);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
         let store = open_store(&dir, true, IoPreference::Auto);
         assert_eq!(store.manifest().format_version, version, "{name}");
         // The experts' blocks and a split kv_b bit for bit, in their GGUF types.
@@ -129,7 +110,7 @@ fn kda_ggufs_run_as_the_oracle_and_keep_the_blocks() {
 fn kda_ggufs_placement_never_changes_tokens() {
     for (name, fixture, _) in CASES {
         let exp = expected(fixture);
-        let (_tmp, dir) = convert(name);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
         placement_keeps_greedy(
             &dir,
             ExpertKey::new(1, 0),
@@ -147,26 +128,7 @@ fn refused(damage: impl FnOnce(&mut Vec<u8>)) -> String {
 
 /// [`refused`] on a damaged copy of GGUF fixture `name`.
 fn refused_from(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> String {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(gguf(name)).unwrap();
-    damage(&mut b);
-    let src = tmp.path().join("k3.gguf");
-    std::fs::write(&src, &b).unwrap();
-    let out = tmp.path().join("store");
-    let e = try_convert(&src, &out).expect_err("the damaged GGUF was converted");
-    assert!(!out.exists(), "a store was published");
-    assert!(
-        !coli_convert::pipeline::partial_path(&out).exists(),
-        "partial store left"
-    );
-    e.to_string()
-}
-
-fn after(b: &[u8], needle: &[u8]) -> usize {
-    b.windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap_or_else(|| panic!("{} not in the file", String::from_utf8_lossy(needle)))
-        + needle.len()
+    coli_tests::gguf_refused(&gguf(name), "k3.gguf", damage)
 }
 
 #[test]
@@ -176,7 +138,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     let a = g.data(&g.tensors["blk.1.ssm_a"]).to_vec();
     drop(g);
     let e = refused(|b| {
-        let at = after(b, &a) - a.len();
+        let at = byte_after(b, &a) - a.len();
         b[at..at + 4].copy_from_slice(&0.5f32.to_le_bytes());
     });
     assert!(
@@ -186,7 +148,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     // Every layer MLA (`head_count_kv` without a 0): not Kimi K3's mix.
     let e = refused(|b| {
         // The array: value type (4), element type (4), count (8), then 5 u32.
-        let at = after(b, b"kimi-k3.attention.head_count_kv") + 16;
+        let at = byte_after(b, b"kimi-k3.attention.head_count_kv") + 16;
         for i in 0..5 {
             b[at + 4 * i..at + 4 * i + 4].copy_from_slice(&1u32.to_le_bytes());
         }
@@ -197,7 +159,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // Softmax routing.
     let e = refused(|b| {
-        let at = after(b, b"kimi-k3.expert_gating_func") + 4;
+        let at = byte_after(b, b"kimi-k3.expert_gating_func") + 4;
         b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(
@@ -206,7 +168,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     );
     // A layer kind the tensors contradict: layer 1 made an MLA layer, whose tensors are KDA's.
     let e = refused(|b| {
-        let at = after(b, b"kimi-k3.attention.head_count_kv") + 16;
+        let at = byte_after(b, b"kimi-k3.attention.head_count_kv") + 16;
         b[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
     });
     assert!(e.contains("blk.1."), "{e}");
@@ -219,14 +181,14 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         "kimi-k3.expert_shared_count",
     ] {
         let e = refused(|b| {
-            let at = after(b, key.as_bytes()) - 1;
+            let at = byte_after(b, key.as_bytes()) - 1;
             b[at] = b'X';
         });
         assert!(e.contains(key), "{key}: {e}");
     }
     // An MLA layer's output gate missing: named as the gate, not as KDA's.
     let e = refused(|b| {
-        let at = after(b, b"blk.2.attn_gate.weight") - 8;
+        let at = byte_after(b, b"blk.2.attn_gate.weight") - 8;
         b[at] = b'X';
     });
     assert!(
@@ -236,7 +198,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
     // GLM-5.3-Flash: a SwiGLU limit that differs between layers (the array: value type,
     // element type, count, then f32 per block), and RoPE in its NoPE layers.
     let e = refused_from("glm5_next-f32", |b| {
-        let at = after(b, b"glm5-next.swiglu_clamp_exp") + 16;
+        let at = byte_after(b, b"glm5-next.swiglu_clamp_exp") + 16;
         b[at..at + 4].copy_from_slice(&2.0f32.to_le_bytes());
     });
     assert!(
@@ -244,7 +206,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         "{e}"
     );
     let e = refused_from("glm5_next-f32", |b| {
-        let at = after(b, b"glm5-next.rope.dimension_count") + 4;
+        let at = byte_after(b, b"glm5-next.rope.dimension_count") + 4;
         b[at..at + 4].copy_from_slice(&8u32.to_le_bytes());
     });
     assert!(
@@ -256,7 +218,7 @@ fn kimi_k3_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
 #[test]
 fn kda_gguf_stores_are_not_exported_back() {
     for (name, _, _) in CASES {
-        let (tmp, dir) = convert(name);
+        let (tmp, dir) = coli_tests::gguf_convert(name);
         let out = tmp.path().join("back.gguf");
         let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
         assert!(
@@ -270,27 +232,7 @@ fn kda_gguf_stores_are_not_exported_back() {
 #[test]
 fn kda_plan_from_the_gguf_header_matches_the_store() {
     for (name, _, _) in CASES {
-        let (_tmp, dir) = convert(name);
-        let p = coli_convert::memory_plan::plan_from_config(
-            &coli_convert::memory_plan::ConfigPlanArgs {
-                checkpoint: None,
-                config: None,
-                gguf: Some(&gguf(name)),
-                total_ram: 25 << 30,
-                context: Some(256),
-                disk_gib_s: Some(2.0),
-                experts: None,
-                mtp: None,
-                chosen: None,
-            },
-        )
-        .unwrap();
-        let store = open_store(&dir, false, IoPreference::Auto);
-        let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
-        assert_eq!(p.expert_bytes_total, records, "{name}: expert bytes");
-        assert_eq!(p.experts as usize, store.index().len(), "{name}: records");
-        let dense = store.manifest().dense_file.length;
-        assert_eq!(p.rows[0].dense_bytes, dense, "{name}: dense bytes");
-        assert!(p.from_gguf && p.rows[0].fits);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
+        coli_tests::check_gguf_plan(&gguf(name), &dir, name);
     }
 }
