@@ -573,3 +573,45 @@ pub fn check_gguf_plan(gguf: &Path, store_dir: &Path, what: &str) {
     );
     assert!(p.from_gguf && p.rows[0].fits, "{what}: fits");
 }
+
+/// A store against an oracle's results in `exp` (keys `greedy{s}`, `last_logits{s}`,
+/// `teacher_top1{s}`, `greedy_long{s}`, `last_logits_long{s}` with the suffix `s`, and
+/// `prompt_ids`, `teacher_ids`, `long_prompt_ids`): greedy 32 tokens, the prompt's last logits
+/// within 1e-3, teacher-forced top-1, the long prompt's greedy tokens and last logits within
+/// 1e-3. Returns the long prompt's last logits.
+pub fn check_oracle(e: &mut coli_engine::Engine<'_>, exp: &Value, s: &str, what: &str) -> Vec<f32> {
+    use coli_engine::Logits;
+    let key = |k: &str| &exp[format!("{k}{s}")];
+    let prompt = ids(&exp["prompt_ids"]);
+    e.reset();
+    assert_eq!(
+        greedy(e, &prompt, 32),
+        ids(key("greedy")),
+        "{what}: greedy 32"
+    );
+    e.reset();
+    let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+    let d = max_abs_diff(&last, &floats(key("last_logits")));
+    assert!(
+        d < 1e-3,
+        "{what}: last logits differ from the oracle by {d}"
+    );
+    let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+    assert_eq!(
+        top1(&rows),
+        ids(key("teacher_top1")),
+        "{what}: teacher-forced top-1"
+    );
+    e.reset();
+    let long = ids(&exp["long_prompt_ids"]);
+    let want = ids(key("greedy_long"));
+    assert_eq!(greedy(e, &long, want.len()), want, "{what}: long prompt");
+    e.reset();
+    let last_long = e.forward(&long, Logits::Last).unwrap().pop().unwrap();
+    let d = max_abs_diff(&last_long, &floats(key("last_logits_long")));
+    assert!(
+        d < 1e-3,
+        "{what}: long prompt: last logits differ from the oracle by {d}"
+    );
+    last_long
+}

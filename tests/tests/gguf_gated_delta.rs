@@ -15,8 +15,7 @@
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{
-    byte_after, convert_fixture, floats, greedy, ids, max_abs_diff, open_store,
-    placement_keeps_greedy, top1,
+    byte_after, convert_fixture, greedy, ids, max_abs_diff, open_store, placement_keeps_greedy,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -77,40 +76,8 @@ fn gated_delta_ggufs_run_as_the_oracle_and_keep_the_blocks() {
         coli_tests::check_gguf_probe(&store, &exp["probe"], name);
 
         let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
-        let prompt = ids(&exp["prompt_ids"]);
-        assert_eq!(
-            greedy(&mut e, &prompt, 32),
-            ids(&exp["greedy"]),
-            "{name}: greedy 32"
-        );
-        e.reset();
-        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
-        let d = max_abs_diff(&last, &floats(&exp["last_logits"]));
-        assert!(
-            d < 1e-3,
-            "{name}: last logits differ from the oracle by {d}"
-        );
-        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
-        assert_eq!(
-            top1(&rows),
-            ids(&exp["teacher_top1"]),
-            "{name}: teacher-forced top-1"
-        );
-        e.reset();
+        let last_long = coli_tests::check_oracle(&mut e, &exp, "", name);
         let long = ids(&exp["long_prompt_ids"]);
-        let want = ids(&exp["greedy_long"]);
-        assert_eq!(
-            greedy(&mut e, &long, want.len()),
-            want,
-            "{name}: long prompt"
-        );
-        e.reset();
-        let last_long = e.forward(&long, Logits::Last).unwrap().pop().unwrap();
-        let d = max_abs_diff(&last_long, &floats(&exp["last_logits_long"]));
-        assert!(
-            d < 1e-3,
-            "{name}: long prompt: last logits differ from the oracle by {d}"
-        );
 
         // An F32 file holds its checkpoint's numbers (the norms' `1 + w` and `A_log`'s round
         // trip aside): the store converted from the checkpoint itself gives the same logits.
