@@ -20,6 +20,22 @@ use coli_format::{MatrixView, INTERLEAVE_ROWS};
 use std::arch::x86_64::*;
 
 /// Bytes ahead of the chunk being read that the VNNI kernel prefetches.
+/// `$m!(SRC)` with the in-place source constant of the i-quant type `$t` (one that
+/// [`iq_source`] admits): the const generic the tiles and [`iq_chunk`] take.
+macro_rules! with_iq_source {
+    ($t:expr, $m:ident) => {
+        match $t {
+            GgmlType::IQ2_XXS => $m!(FROM_IQ2_XXS),
+            GgmlType::IQ2_XS => $m!(FROM_IQ2_XS),
+            GgmlType::IQ2_S => $m!(FROM_IQ2_S),
+            GgmlType::IQ3_XXS => $m!(FROM_IQ3_XXS),
+            GgmlType::IQ3_S => $m!(FROM_IQ3_S),
+            GgmlType::IQ4_XS => $m!(FROM_IQ4_XS),
+            _ => unreachable!("an i-quant with an in-place source"),
+        }
+    };
+}
+
 const PREFETCH: usize = 1024;
 /// Tokens per pass over a weight row in the matmul kernels.
 const TILE: usize = 4;
@@ -1028,14 +1044,7 @@ pub(crate) unsafe fn ggml_rows(
                         }
                     };
                 }
-                match iq_source(t) {
-                    Some(FROM_IQ2_XXS) => iq!(FROM_IQ2_XXS),
-                    Some(FROM_IQ2_XS) => iq!(FROM_IQ2_XS),
-                    Some(FROM_IQ2_S) => iq!(FROM_IQ2_S),
-                    Some(FROM_IQ3_XXS) => iq!(FROM_IQ3_XXS),
-                    Some(FROM_IQ3_S) => iq!(FROM_IQ3_S),
-                    _ => iq!(FROM_IQ4_XS),
-                }
+                with_iq_source!(t, iq)
             },
             _ => tiles!(FROM_BUF),
         }
@@ -1079,15 +1088,7 @@ unsafe fn iq_unpack(t: GgmlType, b: &[u8], q: &mut [i8], a: &mut [f32], tabs: &I
             }
         }};
     }
-    match iq_source(t) {
-        Some(FROM_IQ2_XXS) => unpack!(FROM_IQ2_XXS),
-        Some(FROM_IQ2_XS) => unpack!(FROM_IQ2_XS),
-        Some(FROM_IQ2_S) => unpack!(FROM_IQ2_S),
-        Some(FROM_IQ3_XXS) => unpack!(FROM_IQ3_XXS),
-        Some(FROM_IQ3_S) => unpack!(FROM_IQ3_S),
-        Some(FROM_IQ4_XS) => unpack!(FROM_IQ4_XS),
-        _ => unreachable!("an i-quant with an in-place source"),
-    }
+    with_iq_source!(t, unpack)
 }
 
 /// Rows of a ggml matrix per pass of [`ggml_rows`]: each token's activation codes and scales
