@@ -123,6 +123,7 @@ fn main() {
     }
     println!("encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a");
     for enc in [
+        Encoding::Bf16,
         Encoding::Int4 { group_size: 64 },
         Encoding::Int4 { group_size: 32 },
         Encoding::Int8,
@@ -160,6 +161,14 @@ fn main() {
                         .take(enc.weight_bytes(rows, cols))
                         .collect()
                 }
+                // bf16: weights of a trained model's range (random bits would be mostly
+                // huge, NaN or infinite).
+                Encoding::Bf16 => (0..rows * cols)
+                    .flat_map(|_| {
+                        let v: f32 = rng.gen_range(-0.1f32..0.1);
+                        ((v.to_bits() >> 16) as u16).to_le_bytes()
+                    })
+                    .collect(),
                 _ => (0..enc.weight_bytes(rows, cols))
                     .map(|_| rng.gen())
                     .collect(),

@@ -56,6 +56,9 @@ mod avx2_ggml;
 mod avx2_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod bf16a;
+#[cfg(target_arch = "x86_64")]
+mod bf16a_x86;
 pub mod gated_delta;
 pub mod kda;
 mod ops;
@@ -67,6 +70,7 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod strided_x86;
 
+pub use bf16a::round_bf16;
 pub use ops::{
     axpy, axpy_strided, axpy_strided_with, dot, dot_strided, dot_strided_with, rms_norm, silu,
     softmax_inplace,
@@ -84,7 +88,9 @@ pub enum Numerics {
     /// ggml integer-code matrices
     /// with `cols` a multiple of 64, the activations are quantized to int8 per block of 32 and
     /// multiplied by the integer codes, with the f32 steps in a fixed order, so every
-    /// instruction set gives the same bits (the rule: docs/ENGINE.md "Precision", `q8a.rs`).
+    /// instruction set gives the same bits (the rule: docs/ENGINE.md "Precision", `q8a.rs`);
+    /// for bf16 matrices with `cols` a multiple of 32, the activations are rounded to bf16 and
+    /// summed in pairs in the order of AVX-512 BF16's `vdpbf16ps` (`bf16a.rs`).
     /// Every other matrix keeps its f32 kernel.
     Q8a,
 }
@@ -158,9 +164,10 @@ pub fn numerics_id(isa: Isa) -> &'static str {
 /// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
 /// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
 /// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
-/// group), and `+q8a-r3` under [`Numerics::Q8a`] (the integer products are the same on every
+/// group), and `+q8a-r4` under [`Numerics::Q8a`] (the integer products are the same on every
 /// instruction set; the f32 products of the other matrices are not; r2: the ggml block types
-/// follow the rule too, where r1 ran them on f32 activations; r3: mxfp4 matrices too). Two engines whose kernels
+/// follow the rule too, where r1 ran them on f32 activations; r3: mxfp4 matrices too; r4: bf16
+/// matrices take bf16 activations, `bf16a.rs`). Two engines whose kernels
 /// have the same numerics id give the same bits; anything that persists computed numbers (the
 /// KV cache's file identity, docs/KV_CACHE.md) keys on it.
 pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
@@ -168,9 +175,9 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
         (Isa::Scalar, Numerics::Exact) => "scalar",
         (Isa::Avx2Fma, Numerics::Exact) => "avx2-fma",
         (Isa::Avx512, Numerics::Exact) => "avx512-r2",
-        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r3",
-        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r3",
-        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r3",
+        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r4",
+        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r4",
+        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r4",
     }
 }
 
@@ -326,6 +333,115 @@ fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usiz
         yt.par_chunks_mut(cr * n)
             .enumerate()
             .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, n, i * cr, yc));
+    }
+    untranspose(&yt, n, rows, y);
+}
+
+/// The bf16-activation kernel that runs under [`Numerics::Q8a`] with `isa`: `avx512-bf16`
+/// (`vdpbf16ps`) where the CPU has AVX-512 BF16 and `isa` is AVX-512, `avx2` for AVX2 and
+/// AVX-512 without it, `scalar` otherwise. All give the same bits (`bf16a.rs`); `coli doctor`
+/// names it.
+pub fn bf16_kernel(isa: Isa) -> &'static str {
+    match bf16a_path(isa) {
+        Bf16aPath::Avx512Bf16 => "avx512-bf16",
+        Bf16aPath::Avx2 => "avx2",
+        Bf16aPath::Scalar => "scalar",
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bf16aPath {
+    Scalar,
+    Avx2,
+    Avx512Bf16,
+}
+
+fn bf16a_path(isa: Isa) -> Bf16aPath {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static BF16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let bf16 = *BF16.get_or_init(|| std::is_x86_feature_detected!("avx512bf16"));
+        match isa {
+            Isa::Avx512 if bf16 => return Bf16aPath::Avx512Bf16,
+            Isa::Avx512 | Isa::Avx2Fma => return Bf16aPath::Avx2,
+            Isa::Scalar => {}
+        }
+    }
+    let _ = isa;
+    Bf16aPath::Scalar
+}
+
+/// `yt[i * n + t] = row (r0 + i) of w . token t` under the bf16-activation rule; `xb` holds
+/// the `n` tokens rounded to bf16 and `safe` (AVX2 path only) which of them the AVX2 kernel may
+/// multiply with plain FMAs.
+fn bf16a_chunk(
+    path: Bf16aPath,
+    w: &MatrixView<'_>,
+    xb: &[u16],
+    safe: &[bool],
+    n: usize,
+    r0: usize,
+    yt: &mut [f32],
+) {
+    let cols = w.cols();
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        Bf16aPath::Avx512Bf16 => {
+            // SAFETY: the path is chosen only where the CPU reports AVX-512F (`require`) and
+            // AVX-512 BF16; `applies(w)` held; `xb` is `n` tokens of `cols` patterns.
+            unsafe { bf16a_x86::rows_bf16(w, xb, n, r0, yt) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Bf16aPath::Avx2 => {
+            // SAFETY: `require(isa)` checked AVX2 and FMA; as above; `safe` has `n` entries.
+            unsafe { bf16a_x86::rows_avx2(w, xb, safe, n, r0, yt) }
+        }
+        _ => {
+            for (i, yr) in yt.chunks_exact_mut(n).enumerate() {
+                let row = bf16a::row_bytes(w, r0 + i);
+                for (t, y) in yr.iter_mut().enumerate() {
+                    *y = bf16a::dot_scalar(row, &xb[t * cols..(t + 1) * cols]);
+                }
+            }
+        }
+    }
+}
+
+/// [`matmul_with`] under the bf16-activation rule (`bf16a.rs`): `y` is `[n, rows]`.
+fn bf16a_product(isa: Isa, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let xb = bf16a::round_activations(x);
+    let path = bf16a_path(isa);
+    #[cfg(target_arch = "x86_64")]
+    let safe: Vec<bool> = if path == Bf16aPath::Avx2 {
+        xb.chunks_exact(cols)
+            .map(|t| bf16a_x86::safe_range(t.iter().copied()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let safe: Vec<bool> = Vec::new();
+    let run = |r0: usize, yt: &mut [f32]| bf16a_chunk(path, w, &xb, &safe, n, r0, yt);
+    if n == 1 {
+        if rows * cols < PARALLEL_MIN_WORK {
+            run(0, y);
+        } else {
+            let cr = chunk_rows(cols);
+            y.par_chunks_mut(cr)
+                .enumerate()
+                .for_each(|(i, yc)| run(i * cr, yc));
+        }
+        return;
+    }
+    let mut yt = vec![0f32; rows * n];
+    if rows * cols * n < PARALLEL_MIN_WORK {
+        run(0, &mut yt);
+    } else {
+        let cr = matmul_chunk_rows(rows, cols);
+        yt.par_chunks_mut(cr * n)
+            .enumerate()
+            .for_each(|(i, yc)| run(i * cr, yc));
     }
     untranspose(&yt, n, rows, y);
 }
@@ -589,6 +705,10 @@ pub fn matvec_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], y: &mu
             q8a_product(isa, kind, w, x, 1, y);
             return;
         }
+        if bf16a::applies(w) {
+            bf16a_product(isa, w, x, 1, y);
+            return;
+        }
     }
     if w.is_interleaved() {
         // Only the integer kernels read the interleaved row order: the others take a row-major
@@ -679,6 +799,11 @@ pub fn matmul_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], n: usi
         if let Some(kind) = q8a::kind(w) {
             // Each token's result is its matvec's bit for bit (the same per-token steps).
             q8a_product(isa, kind, w, x, n, y);
+            return;
+        }
+        if bf16a::applies(w) {
+            // As for the integer rule: the same per-token steps in any tile.
+            bf16a_product(isa, w, x, n, y);
             return;
         }
     }
