@@ -1,4 +1,4 @@
-//! Integer-activation products (numerics `q8a`, revision 3): the activations quantized to int8
+//! Integer-activation products (numerics `q8a`, revision 4; bf16 matrices: `bf16a.rs`): the activations quantized to int8
 //! per block of 32, integer dot products with the weights' integer codes, f32 scales applied
 //! per run of 4 columns in a fixed order. Every instruction set gives the scalar twin's bits.
 //!

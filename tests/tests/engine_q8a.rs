@@ -1,4 +1,4 @@
-//! The integer-activation numerics (`--numerics q8a`, issue 43) against transformers: each
+//! The q8a numerics (`--numerics q8a`, issue 43) against transformers: each
 //! fixture of `tests/fixtures/make_q8a_expected.py` is converted with the int4-dense store its
 //! `expected_q8a.json` names, and the engine, with every product under q8a (this test binary
 //! sets the process's numerics), must give transformers' greedy 32 tokens, teacher-forced top-1
@@ -121,6 +121,64 @@ fn q8a_matches_transformers_with_the_rule_emulated() {
         }
     }
     assert!(applied > 0, "no fixture exercises the rule");
+}
+
+/// The fixtures with an `expected_q8a_bf16_dense.json`: `--experts int4-g64 --dense bf16`
+/// stores, whose linears are bf16 and take bf16 activations under q8a (revision 4,
+/// kernels/src/bf16a.rs), the experts int8 ones.
+const BF16_DENSE_FIXTURES: [&str; 5] = [
+    "qwen3_moe_bf16",
+    "qwen3_next_bf16",
+    "qwen3_5_moe_bf16",
+    "glm5_next_bf16",
+    "kimi_linear_bf16",
+];
+
+#[test]
+fn bf16_dense_stores_match_transformers_with_bf16_activations() {
+    coli_kernels::set_numerics(Numerics::Q8a);
+    for name in BF16_DENSE_FIXTURES {
+        let exp = read_json(name, "expected_q8a_bf16_dense.json");
+        assert_eq!(exp["store"]["dense"], "bf16");
+        assert!(
+            exp["bf16a_linears"].as_u64().unwrap() > 0,
+            "{name}: no bf16 product"
+        );
+        let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "bf16 dense");
+        for (threads, io) in [(1, IoPreference::Auto), (2, IoPreference::Buffered)] {
+            let store = open_store(&dir, true, io);
+            let opts = EngineOptions {
+                threads: Some(threads),
+                ..Default::default()
+            };
+            let mut e = Engine::new(&store, &opts).unwrap();
+            let prompt = ids(&exp["prompt_ids"]);
+            let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+            let want = floats(&exp["last_logits"]);
+            let d = max_abs_diff(&last, &want);
+            assert!(d < 1e-3, "{name}: bf16-dense q8a last logits differ by {d}");
+            // The rule moved the expectation, and the engine follows it, not the exact run.
+            let exact = floats(&exp["exact_last_logits"]);
+            let moved = max_abs_diff(&want, &exact);
+            assert!(moved > 1e-3, "{name}: q8a moved the logits by only {moved}");
+            assert!(
+                d < max_abs_diff(&last, &exact),
+                "{name}: the engine is nearer the exact numerics than q8a"
+            );
+            let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+            assert_eq!(
+                top1(&rows),
+                ids(&exp["teacher_top1"]),
+                "{name}: bf16-dense q8a teacher-forced top-1"
+            );
+            e.reset();
+            assert_eq!(
+                greedy(&mut e, &prompt, 32),
+                ids(&exp["greedy"]),
+                "{name}: bf16-dense q8a greedy 32 tokens ({threads} threads)"
+            );
+        }
+    }
 }
 
 #[test]

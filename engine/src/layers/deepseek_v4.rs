@@ -303,16 +303,16 @@ impl DeepseekV4Attention<'_> {
             let mut raw = vec![0f32; n * cd];
             let w = c.width();
             let mut tmp = vec![0f32; n * w];
-            c.kv.forward(x, n, &mut tmp);
+            c.kv.forward_kept(x, n, &mut tmp);
             put_cols(&mut raw, cd, 0, &tmp, w);
-            c.gate.forward(x, n, &mut tmp);
+            c.gate.forward_kept(x, n, &mut tmp);
             put_cols(&mut raw, cd, w, &tmp, w);
             if let Some(ix) = &self.indexer {
                 let iw = ix.compressor.width();
                 let mut t = vec![0f32; n * iw];
-                ix.compressor.kv.forward(x, n, &mut t);
+                ix.compressor.kv.forward_kept(x, n, &mut t);
                 put_cols(&mut raw, cd, 2 * w, &t, iw);
-                ix.compressor.gate.forward(x, n, &mut t);
+                ix.compressor.gate.forward_kept(x, n, &mut t);
                 put_cols(&mut raw, cd, 2 * w + iw, &t, iw);
             }
             let mut r0 = 0;
@@ -432,7 +432,7 @@ impl DeepseekV4Attention<'_> {
         let mut iq = vec![0f32; n * ih * id];
         ix.q_b.forward(qr, n, &mut iq);
         let mut wts = vec![0f32; n * ih];
-        ix.weights.forward(x, n, &mut wts);
+        ix.weights.forward_kept(x, n, &mut wts);
         let ws = (ih as f32).powf(-0.5);
         let ss = (id as f32).powf(-0.5);
         let bd = self.block_dim();

@@ -164,7 +164,7 @@ impl<'s> DsaIndexer<'s> {
             return k;
         };
         let mut g = vec![0f32; n * id];
-        kp.gate.forward(x, n, &mut g);
+        kp.gate.forward_kept(x, n, &mut g);
         let mut out = Vec::with_capacity(3 * n * id);
         for (kr, gr) in k.chunks_exact(id).zip(g.chunks_exact(id)) {
             out.extend_from_slice(kr);
@@ -238,7 +238,7 @@ impl<'s> DsaIndexer<'s> {
             }
         }
         let mut w = vec![0f32; n * ih];
-        self.weights_proj.forward(x, n, &mut w);
+        self.weights_proj.forward_kept(x, n, &mut w);
         let (wscale, sscale) = ((ih as f32).powf(-0.5), (id as f32).powf(-0.5));
         if let Some(kp) = &self.kpool {
             return self.select_pools(kp, &q, &w, n, pos0, keys);

@@ -53,6 +53,20 @@ impl Linear<'_> {
         self.add_bias(y);
     }
 
+    /// [`Linear::forward`] for the selection and mixing products the converter keeps in their
+    /// source precision (MoE routers, a DSA indexer's `weights_proj` and k-pool gate,
+    /// DeepSeek-V4's compressors): a bf16 weight multiplies f32 activations whatever the
+    /// numerics (q8a's bf16 rule, revision 4, is for the linears the converter re-encodes; a
+    /// discrete choice such as top-k follows these); any other weight (a GGUF file's quantized
+    /// one) follows the numerics as every product does.
+    pub fn forward_kept(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        if self.w.encoding() == coli_format::Encoding::Bf16 {
+            self.forward_exact(x, n, y)
+        } else {
+            self.forward(x, n, y)
+        }
+    }
+
     /// Adds the bias (if any) to every row of `y`.
     fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {

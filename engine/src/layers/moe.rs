@@ -162,7 +162,7 @@ impl MoeBlock<'_> {
     /// Routes `n` tokens of `x` (`[n, H]`, post-attention-normalized).
     pub fn route(&self, x: &[f32], n: usize) -> Vec<Routing> {
         let mut logits = vec![0f32; n * self.num_experts];
-        self.router.forward(x, n, &mut logits);
+        self.router.forward_kept(x, n, &mut logits);
         logits
             .chunks_exact(self.num_experts)
             .map(|l| {

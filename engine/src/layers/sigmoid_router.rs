@@ -157,7 +157,7 @@ impl SigmoidMoe<'_> {
         }
         let ne = self.experts.num_experts;
         let mut logits = vec![0f32; n * ne];
-        self.experts.router.forward(x, n, &mut logits);
+        self.experts.router.forward_kept(x, n, &mut logits);
         Ok(logits
             .chunks_exact(ne)
             .enumerate()

@@ -484,6 +484,7 @@ fn run(mut a: RunArgs) -> Result<()> {
                     "mode": coli_kernels::numerics().name(),
                     "id": coli_kernels::numerics_id(coli_kernels::detected_isa()),
                     "integer_kernel": coli_kernels::integer_kernel(coli_kernels::detected_isa()),
+                    "bf16_kernel": coli_kernels::bf16_kernel(coli_kernels::detected_isa()),
                     // Resident int4/int8/mxfp4 weights kept in the interleaved row order (q8a
                     // only; ENGINE.md "Precision").
                     "interleaved_rows": coli_kernels::numerics() == coli_kernels::Numerics::Q8a
