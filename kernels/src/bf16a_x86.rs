@@ -256,9 +256,10 @@ pub(crate) unsafe fn rows_avx2(
             let out = &mut yr[t0..t0 + m];
             if !safe_row || safe_tokens[t0..t0 + m].iter().any(|s| !s) {
                 for (j, o) in out.iter_mut().enumerate() {
-                    // SAFETY: the caller's guarantees.
                     *o = if safe_row && safe_tokens[t0 + j] {
-                        (unsafe { tile_avx2::<1>(row, [tok(t0 + j)]) })[0]
+                        // SAFETY: the caller's guarantees; the row and token are `cols` long.
+                        let v = unsafe { tile_avx2::<1>(row, [tok(t0 + j)]) };
+                        v[0]
                     } else {
                         dot_scalar(row, tok(t0 + j))
                     };
