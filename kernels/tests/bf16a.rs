@@ -61,7 +61,7 @@ mod rule {
             (x as f64 - bf16_f32(lo) as f64).abs(),
             (hv - x as f64).abs(),
         );
-        if dl < dh || (dl == dh && lo % 2 == 0) {
+        if dl < dh || (dl == dh && lo.is_multiple_of(2)) {
             lo
         } else {
             hi
