@@ -121,7 +121,9 @@ fn main() {
             );
         }
     }
-    println!("encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a");
+    println!(
+        "encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a  q8a_il_us"
+    );
     for enc in [
         Encoding::Bf16,
         Encoding::Int4 { group_size: 64 },
@@ -187,6 +189,21 @@ fn main() {
             } else {
                 MatrixView::new(enc, rows, cols, &data, &scales).unwrap()
             };
+            // The interleaved row order the engine keeps resident int4/int8/mxfp4 weights in
+            // under q8a (its own kernels: `block_vnni` for several tokens).
+            let inter = MatrixView::can_interleave(enc, rows, cols).then(|| {
+                let mut d = data.clone();
+                MatrixView::interleave(enc, rows, cols, &mut d);
+                d
+            });
+            let wi = inter.as_ref().map(|d| {
+                let v = if mx {
+                    MatrixView::from_sections(enc, rows, cols, d, &e8m0).unwrap()
+                } else {
+                    MatrixView::new(enc, rows, cols, d, &scales).unwrap()
+                };
+                v.as_interleaved().unwrap()
+            });
             let bytes = (data.len() + 4 * scales.len() + e8m0.len()) as f64;
             for n in [1usize, 4, 16, 64] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
@@ -196,9 +213,16 @@ fn main() {
                         .num_threads(threads)
                         .build()
                         .unwrap();
-                    let (mut te, mut tq) = (f64::INFINITY, f64::INFINITY);
+                    let (mut te, mut tq, mut ti) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
                     // Interleaved: exact, q8a, exact, q8a; best of each.
                     for _ in 0..2 {
+                        if let Some(wi) = &wi {
+                            ti = ti.min(pool.install(|| {
+                                timing::best_seconds(BUDGET, || {
+                                    matmul_num(isa, Numerics::Q8a, wi, &x, n, &mut y)
+                                })
+                            }));
+                        }
                         te = te.min(pool.install(|| {
                             timing::best_seconds(BUDGET, || {
                                 matmul_num(isa, Numerics::Exact, &w, &x, n, &mut y)
@@ -210,8 +234,13 @@ fn main() {
                             })
                         }));
                     }
+                    let il = if ti.is_finite() {
+                        format!("{:>10.1}", ti * 1e6)
+                    } else {
+                        format!("{:>10}", "-")
+                    };
                     println!(
-                        "{name:<12} {rows:>5}x{cols:<5} {n:>6} {threads:>7} {:>9.1} {:>8.1} {:>9.2} {:>10.2}",
+                        "{name:<12} {rows:>5}x{cols:<5} {n:>6} {threads:>7} {:>9.1} {:>8.1} {:>9.2} {:>10.2} {il}",
                         te * 1e6,
                         tq * 1e6,
                         bytes / tq / 1e9,

@@ -41,6 +41,8 @@ const PREFETCH: usize = 1024;
 const TILE: usize = 4;
 /// Rows per pass in the matmul kernels.
 const TILE_ROWS: usize = 2;
+/// Tokens per pass over an interleaved block of 4 rows ([`block_vnni`]).
+const BLOCK_TILE: usize = 4;
 
 /// Step 4 of the rule over two 8-lane halves (`lo` = lanes 0..8).
 #[inline]
@@ -501,19 +503,23 @@ unsafe fn block_vnni<const MX: bool, const T: usize>(
             }
         }
     }
-    std::array::from_fn(|u| {
-        std::array::from_fn(|t| {
+    // Plain loops: a closure over `acc` made the compiler keep the accumulators in memory
+    // through the loop above.
+    let mut out = [[0f32; T]; U];
+    for u in 0..U {
+        for t in 0..T {
             let a = acc[u][t];
             let lo = _mm512_castps512_ps256(a);
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
             let v = sum16_halves(lo, hi);
-            if group == 0 && !MX {
+            out[u][t] = if group == 0 && !MX {
                 v * rows[u].scales[0]
             } else {
                 v
-            }
-        })
-    })
+            };
+        }
+    }
+    out
 }
 
 /// One token, row by row, in one target-feature function (so that the dot product inlines);
@@ -737,13 +743,13 @@ unsafe fn rows_of<const MX: bool>(
             let mut t = 0;
             while t < n {
                 let at = |u: usize| (i + u) * n + t;
-                if t + TILE <= n {
+                if t + BLOCK_TILE <= n {
                     // SAFETY: the caller's guarantees; a whole block of an interleaved view.
-                    let out = unsafe { block_vnni::<MX, TILE>(kind, w, qa, r, t) };
+                    let out = unsafe { block_vnni::<MX, BLOCK_TILE>(kind, w, qa, r, t) };
                     for (u, o) in out.iter().enumerate() {
-                        yt[at(u)..at(u) + TILE].copy_from_slice(o);
+                        yt[at(u)..at(u) + BLOCK_TILE].copy_from_slice(o);
                     }
-                    t += TILE;
+                    t += BLOCK_TILE;
                 } else {
                     // SAFETY: as above.
                     let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, t) };

@@ -112,8 +112,8 @@ pub struct EngineOptions {
     pub no_tune: bool,
     /// How products treat activations (docs/ENGINE.md, "Precision"): exact (f32 activations
     /// times the decoded weights) or q8a (int8 activations per block of 32 with integer dot
-    /// products for int8, int4, mxfp4 and GGUF integer matrices: the same bits on every
-    /// instruction set, faster).
+    /// products for int8, int4, mxfp4 and GGUF integer matrices, bf16 activations for bf16
+    /// matrices: the same bits on every instruction set, faster).
     /// Default: COLI_NUMERICS, else exact.
     #[arg(long, value_name = "exact|q8a", value_parser = coli_kernels::Numerics::parse)]
     pub numerics: Option<coli_kernels::Numerics>,
