@@ -7,8 +7,10 @@
 //! product is a multiple of `2^-114` (a bf16 of exponent `e` is a multiple of `2^(e - 7)`), so is
 //! every accumulator (a multiple of `2^-114` rounds to one in f32), and a nonzero multiple is
 //! never below `2^-126`: no operand is subnormal and no result tiny, and a plain FMA is the
-//! rule's `F`. A row or token outside that range (never seen in a trained model) runs the scalar
-//! twin.
+//! rule's `F`. A row or token outside that range (a gate's activation far below 1 can be) runs
+//! a checked kernel that reads subnormal weights as zero and watches every result: only a
+//! result `r` with `0 < |r| <= 2^-126` can differ from the rule, and where one occurs that row
+//! and token run the scalar twin.
 
 use crate::bf16a::{dot_scalar, row_bytes, CHUNK};
 use crate::q8a::{sum16, LANES};
@@ -231,12 +233,80 @@ unsafe fn tile_avx2<const T: usize>(w: &[u8], x: [&[u16]; T]) -> [f32; T] {
     out
 }
 
-/// [`rows_bf16`] with AVX2: one row at a time, tiles of 4 tokens; a row or token outside the
-/// safe range (`safe_rows` / `safe_tokens` false) runs the scalar twin.
+/// Steps 2-4 with AVX2 FMAs for one row and one token in any range: subnormal weights read as
+/// zero, and `None` when some step's plain FMA result `r` has `0 < |r| <= 2^-126` (only there
+/// can the rule's flush differ from the plain FMA: an exact value below `2^-126 - 2^-151`
+/// rounds to at most `2^-126`; activations are never subnormal after step 1, and an
+/// accumulator never was where no such `r` occurred), for the caller to run the scalar twin.
 ///
 /// # Safety
-/// AVX2 and FMA are available; otherwise as [`rows_bf16`]; `safe_tokens` has `n` entries
-/// ([`safe_range`] of each token).
+/// AVX2 and FMA are available; `w` is `2 * cols` bytes and `x` `cols` patterns, `cols` a
+/// multiple of 32.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2_checked(w: &[u8], x: &[u16]) -> Option<f32> {
+    let chunks = w.len() / (2 * CHUNK);
+    assert!(
+        x.len() == CHUNK * chunks,
+        "bf16a avx2 tile: row and token disagree"
+    );
+    let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    let exp = _mm256_set1_epi32(0x7f80_0000);
+    let sign = _mm256_set1_epi32(0x8000_0000u32 as i32);
+    let abs = _mm256_set1_epi32(0x7fff_ffff);
+    let min = _mm256_set1_ps(f32::MIN_POSITIVE);
+    let zero = _mm256_setzero_ps();
+    // An f32 pattern with a subnormal replaced by the zero of its sign.
+    let daz = |v: __m256i| {
+        let sub = _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), _mm256_setzero_si256());
+        _mm256_castsi256_ps(_mm256_blendv_epi8(v, _mm256_and_si256(v, sign), sub))
+    };
+    let split = |v: __m256i| (_mm256_and_si256(v, hi), _mm256_slli_epi32::<16>(v));
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut bad = _mm256_setzero_ps();
+    for k in 0..chunks {
+        for h in 0..2 {
+            // SAFETY: chunk `k < chunks` is the 64 bytes at `64 k` of the row and the token.
+            let (wv, xv) = unsafe {
+                (
+                    _mm256_loadu_si256(w.as_ptr().add(64 * k + 32 * h).cast()),
+                    _mm256_loadu_si256(x.as_ptr().cast::<u8>().add(64 * k + 32 * h).cast()),
+                )
+            };
+            let ((wo, we), (xo, xe)) = (split(wv), split(xv));
+            for (wp, xp) in [(wo, xo), (we, xe)] {
+                let r = _mm256_fmadd_ps(daz(wp), _mm256_castsi256_ps(xp), acc[h]);
+                let a = _mm256_and_ps(r, _mm256_castsi256_ps(abs));
+                let near = _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_LE_OQ>(a, min),
+                    _mm256_cmp_ps::<_CMP_NEQ_OQ>(r, zero),
+                );
+                bad = _mm256_or_ps(bad, near);
+                acc[h] = r;
+            }
+        }
+    }
+    if _mm256_movemask_ps(bad) != 0 {
+        return None;
+    }
+    let mut a = [0f32; LANES];
+    // SAFETY: `a` is 16 f32.
+    unsafe {
+        _mm256_storeu_ps(a.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(a.as_mut_ptr().add(8), acc[1]);
+    }
+    Some(sum16(&a))
+}
+
+/// [`rows_bf16`] with AVX2: one row at a time, tiles of 4 tokens where the row and the tokens
+/// are in the safe range (module note; `safe_tokens[t]` is [`safe_range`] of token `t`), else
+/// per token [`tile_avx2_checked`], and the scalar twin where that finds a result near
+/// `2^-126`.
+///
+/// # Safety
+/// AVX2 and FMA are available; otherwise as [`rows_bf16`]; `safe_tokens` has `n` entries.
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn rows_avx2(
     w: &MatrixView<'_>,
     x: &[u16],
@@ -256,12 +326,14 @@ pub(crate) unsafe fn rows_avx2(
             let out = &mut yr[t0..t0 + m];
             if !safe_row || safe_tokens[t0..t0 + m].iter().any(|s| !s) {
                 for (j, o) in out.iter_mut().enumerate() {
+                    let xt = tok(t0 + j);
                     *o = if safe_row && safe_tokens[t0 + j] {
                         // SAFETY: the caller's guarantees; the row and token are `cols` long.
-                        let v = unsafe { tile_avx2::<1>(row, [tok(t0 + j)]) };
+                        let v = unsafe { tile_avx2::<1>(row, [xt]) };
                         v[0]
                     } else {
-                        dot_scalar(row, tok(t0 + j))
+                        // SAFETY: as above.
+                        unsafe { tile_avx2_checked(row, xt) }.unwrap_or_else(|| dot_scalar(row, xt))
                     };
                 }
             } else {
@@ -283,5 +355,96 @@ pub(crate) unsafe fn rows_avx2(
             }
             t0 += m;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16a::{bf16_f32, fma_daz_ftz};
+
+    /// `vdpbf16ps` on one register of 16 lanes.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 are available.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn hardware(acc: &[f32; 16], w: &[u32; 16], x: &[u32; 16]) -> [f32; 16] {
+        // SAFETY: the arrays are 64 bytes each; `__m512i` and `__m512bh` are 64-byte vectors.
+        unsafe {
+            let r = _mm512_dpbf16_ps(
+                _mm512_loadu_ps(acc.as_ptr()),
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(w.as_ptr().cast())),
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(x.as_ptr().cast())),
+            );
+            let mut o = [0f32; 16];
+            _mm512_storeu_ps(o.as_mut_ptr(), r);
+            o
+        }
+    }
+
+    /// The instruction is the rule's step 3 on this CPU: random lanes (every bf16 pattern,
+    /// subnormal and near-2^-126 operands favoured) against `fma_daz_ftz` odd-first, bit for
+    /// bit (NaN results compared as NaN). Skipped where the CPU lacks AVX-512 BF16.
+    #[test]
+    fn vdpbf16ps_is_the_rules_step() {
+        if !(std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bf16"))
+        {
+            eprintln!("no AVX-512 BF16 here: skipped");
+            return;
+        }
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        // A bf16 pattern: any, or with a small exponent (0..4, 55..70: products near 2^-126),
+        // or an ordinary one.
+        let pat = |r: u64| -> u16 {
+            let sm = (r & 0x807f) as u16;
+            match (r >> 20) % 4 {
+                0 => (r >> 32) as u16,
+                1 => sm | ((((r >> 24) % 4) as u16) << 7),
+                2 => sm | (((55 + (r >> 24) % 16) as u16) << 7),
+                _ => sm | (((100 + (r >> 24) % 60) as u16) << 7),
+            }
+        };
+        let mut checked = 0;
+        for _ in 0..20_000 {
+            let (mut acc, mut w, mut x) = ([0f32; 16], [0u32; 16], [0u32; 16]);
+            for i in 0..16 {
+                w[i] = pat(rnd()) as u32 | (pat(rnd()) as u32) << 16;
+                x[i] = pat(rnd()) as u32 | (pat(rnd()) as u32) << 16;
+                let r = rnd();
+                acc[i] = match r % 4 {
+                    0 => 0.0,
+                    1 => f32::from_bits((r >> 32) as u32),
+                    2 => f32::from_bits(
+                        ((r >> 32) as u32 & 0x807f_ffff) | ((((r >> 8) % 4) as u32) << 23),
+                    ),
+                    _ => f32::MIN_POSITIVE * if r & 256 == 0 { 1.0 } else { -1.0 },
+                };
+            }
+            // SAFETY: AVX-512F and AVX-512 BF16 detected above.
+            let h = unsafe { hardware(&acc, &w, &x) };
+            for i in 0..16 {
+                let f = |v: u32, hi: bool| bf16_f32(if hi { (v >> 16) as u16 } else { v as u16 });
+                let odd = fma_daz_ftz(f(w[i], true), f(x[i], true), acc[i]);
+                let want = fma_daz_ftz(f(w[i], false), f(x[i], false), odd);
+                assert!(
+                    h[i].to_bits() == want.to_bits() || (h[i].is_nan() && want.is_nan()),
+                    "acc {:08x} w {:08x} x {:08x}: vdpbf16ps {:08x}, rule {:08x}",
+                    acc[i].to_bits(),
+                    w[i],
+                    x[i],
+                    h[i].to_bits(),
+                    want.to_bits()
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 320_000);
     }
 }

@@ -1,7 +1,7 @@
 //! The bf16-activation rule (`Numerics::Q8a` on bf16 matrices, kernels/src/bf16a.rs, revision 4
 //! of the numerics): every instruction set (AVX-512 BF16 `vdpbf16ps`, the AVX2 emulation, the
 //! scalar twin) gives the same bits, equal to the rule as docs/ENGINE.md writes it, evaluated
-//! here independently (each fused step in f64, tininess decided on the exact value); a
+//! here independently (each fused step's tininess decided by exact integer arithmetic); a
 //! token's result is the same in any tile and with any thread count; subnormal, tiny, zero,
 //! infinite and NaN operands included.
 
@@ -76,16 +76,78 @@ mod rule {
         }
     }
 
-    /// One fused step: the exact `c + a b`, zero of its sign if tiny, else rounded once.
+    /// A nonzero finite normal f32 as `m * 2^e` (m a 24-bit integer with its sign).
+    fn parts(v: f32) -> (i128, i32) {
+        let b = v.to_bits();
+        let m = ((b & 0x7f_ffff) | 0x80_0000) as i128;
+        let e = ((b >> 23) & 0xff) as i32 - 150;
+        (if v < 0.0 { -m } else { m }, e)
+    }
+
+    /// Whether the exact `c + a b` is tiny as IEEE 754 defines it after rounding: nonzero and,
+    /// rounded to 24 significant bits (nearest even) with an unbounded exponent, below 2^-126.
+    /// Exact integer arithmetic (the operands are normal or zero here).
+    fn tiny(a: f32, b: f32, c: f32) -> bool {
+        let mut terms = Vec::new();
+        if a != 0.0 && b != 0.0 {
+            let ((ma, ea), (mb, eb)) = (parts(a), parts(b));
+            terms.push((ma * mb, ea + eb));
+        }
+        if c != 0.0 {
+            terms.push(parts(c));
+        }
+        let (m, e) = match terms.as_slice() {
+            [] => return false,
+            [t] => *t,
+            [(m1, e1), (m2, e2)] => {
+                let e = (*e1).min(*e2);
+                let (s1, s2) = (e1 - e, e2 - e);
+                if s1.max(s2) > 60 {
+                    // The smaller term (at most 48 bits) is below 2^-12 of the larger one's unit,
+                    // less than half an ulp of it at 24 bits, and the larger has at most 24
+                    // significant bits (a bf16 product has 16, an accumulator 24): the sum
+                    // rounds back to the larger term.
+                    let (big, eb) = if s1 > s2 { (*m1, *e1) } else { (*m2, *e2) };
+                    let bits = 128 - big.unsigned_abs().leading_zeros() as i32;
+                    // Rounded to 24 bits, the larger term's exponent is its top bit's (or one
+                    // more when it rounds up to a power of two: still below 2^-126 only if
+                    // the top bit is).
+                    return bits - 1 + eb < -126;
+                }
+                (m1 * (1i128 << s1) + m2 * (1i128 << s2), e)
+            }
+            _ => unreachable!(),
+        };
+        if m == 0 {
+            return false;
+        }
+        let mut q = m.unsigned_abs();
+        let mut e = e;
+        let bits = 128 - q.leading_zeros() as i32;
+        if bits > 24 {
+            let sh = (bits - 24) as u32;
+            let rem = q & ((1u128 << sh) - 1);
+            let half = 1u128 << (sh - 1);
+            q >>= sh;
+            e += sh as i32;
+            if rem > half || (rem == half && q % 2 == 1) {
+                q += 1;
+            }
+        }
+        let top = 127 - q.leading_zeros() as i32;
+        top + e < -126
+    }
+
+    /// One fused step: the IEEE fused multiply-add of the operands with subnormals read as
+    /// zero, a tiny result (see `tiny`) replaced by the zero of its sign.
     fn step(a: f32, b: f32, c: f32) -> f32 {
         let (a, b, c) = (daz(a), daz(b), daz(c));
-        let exact = c as f64 + a as f64 * b as f64;
         let r = a.mul_add(b, c);
-        if r.is_nan() || r.is_infinite() {
+        if r.is_nan() || r.is_infinite() || !a.is_finite() || !b.is_finite() || !c.is_finite() {
             return r;
         }
-        if exact != 0.0 && exact.abs() < f32::MIN_POSITIVE as f64 {
-            return 0f32.copysign(exact as f32);
+        if tiny(a, b, c) {
+            return 0f32.copysign(r);
         }
         r
     }
@@ -241,54 +303,84 @@ fn every_isa_gives_the_rules_bits() {
 
 #[test]
 fn the_flush_boundary_and_signed_zeros() {
-    // One row, one token, built so each lane hits a case: 2^-126 - 2^-150 (flushed: tiny
-    // before rounding), x - x (+0), -0 products into a -0 accumulator (-0), a subnormal weight
-    // (read as zero).
+    // One token, five rows, each row's nonzero weights picking lanes built for a case. Row 0:
+    // lane 0 2^-126 - 2^-150 (24 bits below 2^-126: tiny, flushed), lane 1 x - x (+0), lane 2
+    // signed zero products into the +0 accumulator (+0), lane 3 a subnormal weight (read as
+    // zero). Row 1: the same without the subnormal weight (every weight normal or zero). Rows
+    // 2-4: 2^-126 - 2^-180 and 2^-126 - 2^-151 (round to 2^-126 at 24 bits: kept),
+    // 2^-126 - 1.5 * 2^-151 (rounds below: flushed). Row 5: only the subnormal weight (read as
+    // zero, so 0 and not 2^-33).
     let cols = 32;
-    let t75 = ((127 - 75) << 7) as u16; // 2^-75
-    let mut w = vec![0u16; cols];
+    let p2 = |e: i32| ((127 + e) as u16) << 7; // the bf16 pattern of 2^e
+    let rows = 6;
+    let mut w = vec![0u16; rows * cols];
     let mut x = vec![0f32; cols];
-    // lane 0: odd column 1 = 2^-63 * 2^-63 = 2^-126; even column 0 = 2^-75 * -2^-75.
-    let t63 = ((127 - 63) << 7) as u16;
-    w[1] = t63;
-    x[1] = bf16_f32(t63);
-    w[0] = t75;
-    x[0] = -bf16_f32(t75);
-    // lane 1: 1 * 1 then 1 * -1: +0.
-    w[3] = 0x3f80;
-    x[3] = 1.0;
-    w[2] = 0x3f80;
-    x[2] = -1.0;
-    // lane 2: -0 weight times 1, then 0 times -1: -0 + (-0) = -0.
-    w[5] = 0x8000;
-    x[5] = 1.0;
-    w[4] = 0x0000;
-    x[4] = -1.0;
-    // lane 3: a subnormal weight (0x0001) times 2^100: zero, not 2^-33.
-    w[7] = 0x0001;
-    x[7] = 2f32.powi(100);
-    // Row 1: the same without the subnormal weight (every weight normal or zero).
-    let mut w1 = w.clone();
-    w1[7] = 0;
-    w.extend_from_slice(&w1);
-    let bytes: Vec<u8> = w.iter().flat_map(|b| b.to_le_bytes()).collect();
-    let m = MatrixView::new(Encoding::Bf16, 2, cols, &bytes, &[]).unwrap();
-    let xr: Vec<u16> = x.iter().map(|&v| rule::round(v)).collect();
+    let mut set = |r: usize, c: usize, wv: u16, xv: f32| {
+        w[r * cols + c] = wv;
+        x[c] = xv;
+    };
     for r in 0..2 {
-        let want = rule::dot(&w[r * cols..(r + 1) * cols], &xr);
-        assert_eq!(want.to_bits(), 0, "the rule's own value, row {r}");
+        set(r, 1, p2(-63), bf16_f32(p2(-63)));
+        set(r, 0, p2(-75), -bf16_f32(p2(-75)));
+        set(r, 3, 0x3f80, 1.0);
+        set(r, 2, 0x3f80, -1.0);
+        set(r, 5, 0x8000, 1.0);
+        set(r, 4, 0x0000, -1.0);
     }
+    set(0, 7, 0x0001, 2f32.powi(100));
+    set(5, 7, 0x0001, 2f32.powi(100));
+    for (r, lane, w_even, x_even) in [
+        (2, 4, p2(-90), -bf16_f32(p2(-90))),
+        (3, 5, p2(-75), -bf16_f32(p2(-76))),
+        (4, 6, p2(-76) | 0x40, -bf16_f32(p2(-75))),
+    ] {
+        set(r, 2 * lane + 1, p2(-63), bf16_f32(p2(-63)));
+        set(r, 2 * lane, w_even, x_even);
+    }
+    let bytes: Vec<u8> = w.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let m = MatrixView::new(Encoding::Bf16, rows, cols, &bytes, &[]).unwrap();
+    let xr: Vec<u16> = x.iter().map(|&v| rule::round(v)).collect();
+    let want: Vec<u32> = (0..rows)
+        .map(|r| rule::dot(&w[r * cols..(r + 1) * cols], &xr).to_bits())
+        .collect();
+    let min = f32::MIN_POSITIVE.to_bits();
+    assert_eq!(want, [0, 0, min, min, 0, 0], "the rule's own values");
     for isa in isas() {
-        let mut y = [1f32; 2];
+        let mut y = vec![1f32; rows];
         matvec_num(isa, Numerics::Q8a, &m, &x, &mut y);
-        assert_eq!([y[0].to_bits(), y[1].to_bits()], [0, 0], "{isa:?}");
+        let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{isa:?}");
     }
-    // Without the flush, lane 0 would hold 2^-126 and the sum would not be zero.
-    let mut x2 = x.clone();
-    x2[0] = 0.0;
-    let mut y = [0f32; 2];
-    matvec_num(Isa::Scalar, Numerics::Q8a, &m, &x2, &mut y);
-    assert_eq!(y, [f32::MIN_POSITIVE; 2]);
+}
+
+/// Rows in the AVX2 kernel's safe range with tokens in and out of it, side by side in one
+/// product (the kernel takes its fast path per row and token).
+#[test]
+fn safe_and_unsafe_tokens_in_one_product() {
+    let (rows, cols, n) = (9, 256, 7);
+    let c = Case::new(rows, cols, 31, false);
+    let w = c.view();
+    let mut x = activations(n, cols, 32, false);
+    // Tokens 1, 4 and 5 hold a value far below 2^-50 (4: also one just above 2^-126), the
+    // others none.
+    x[cols + 17] = 2f32.powi(-100);
+    x[4 * cols + 3] = -2f32.powi(-120);
+    x[4 * cols + 200] = 2f32.powi(-125);
+    x[5 * cols + 255] = 2f32.powi(-60);
+    let xr: Vec<u16> = x.iter().map(|&v| rule::round(v)).collect();
+    for isa in isas() {
+        let mut y = vec![0f32; n * rows];
+        matmul_num(isa, Numerics::Q8a, &w, &x, n, &mut y);
+        for t in 0..n {
+            for r in 0..rows {
+                let want = rule::dot(
+                    &c.w[r * cols..(r + 1) * cols],
+                    &xr[t * cols..(t + 1) * cols],
+                );
+                assert!(same(y[t * rows + r], want), "{isa:?} token {t} row {r}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -334,7 +426,7 @@ fn close_to_the_exact_product_and_other_bf16_shapes_unchanged() {
         .map(|(p, q)| (p - q).powi(2))
         .sum::<f32>()
         .sqrt();
-    // Activations move by at most 2^-9 of themselves.
+    // Activations move by at most 2^-8 of themselves.
     assert!(
         diff > 0.0 && diff / norm < 4e-3,
         "relative change {}",

@@ -70,6 +70,57 @@ const Q8A_FIXTURES: [&str; 15] = [
 /// module doc): only the direction check.
 const TIE_FLIP: [&str; 1] = ["gpt_oss_mxfp4"];
 
+/// Runs the store at `dir` under q8a (1 thread, then 2 with buffered reads) against the
+/// expectation `exp` (`expected_q8a*.json`): last logits within 1e-3, teacher-forced top-1,
+/// greedy 32. With `exact` (the exact numerics' last logits of the same store), also that the
+/// rule moved the expectation by more than the tolerance and that the engine is nearer the q8a
+/// expectation than the exact one; where the expectation records the integer rule alone
+/// (`integer_rule_only_last_logits`: a store with bf16 products), that the engine is nearer the
+/// full expectation than that too (the bf16 rule is applied, not only the integer one).
+fn check_store(name: &str, exp: &Value, dir: &std::path::Path, exact: Option<&[f32]>) {
+    for (threads, io) in [(1, IoPreference::Auto), (2, IoPreference::Buffered)] {
+        let store = open_store(dir, true, io);
+        let opts = EngineOptions {
+            threads: Some(threads),
+            ..Default::default()
+        };
+        let mut e = Engine::new(&store, &opts).unwrap();
+        let prompt = ids(&exp["prompt_ids"]);
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let want = floats(&exp["last_logits"]);
+        let d = max_abs_diff(&last, &want);
+        assert!(d < 1e-3, "{name}: q8a last logits differ by {d}");
+        if let Some(int_only) = exp.get("integer_rule_only_last_logits") {
+            let to_int = max_abs_diff(&last, &floats(int_only));
+            assert!(
+                d < to_int,
+                "{name}: the engine is nearer the integer rule alone ({to_int}) than q8a with bf16 activations ({d})"
+            );
+        }
+        if let Some(exact) = exact {
+            let moved = max_abs_diff(&want, exact);
+            assert!(moved > 1e-3, "{name}: q8a moved the logits by only {moved}");
+            let to_exact = max_abs_diff(&last, exact);
+            assert!(
+                d < to_exact,
+                "{name}: the engine is nearer the exact numerics ({to_exact}) than q8a ({d})"
+            );
+        }
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&exp["teacher_top1"]),
+            "{name}: q8a teacher-forced top-1"
+        );
+        e.reset();
+        assert_eq!(
+            greedy(&mut e, &prompt, 32),
+            ids(&exp["greedy"]),
+            "{name}: q8a greedy 32 tokens ({threads} threads)"
+        );
+    }
+}
+
 #[test]
 fn q8a_matches_transformers_with_the_rule_emulated() {
     coli_kernels::set_numerics(Numerics::Q8a);
@@ -78,54 +129,22 @@ fn q8a_matches_transformers_with_the_rule_emulated() {
         let exp = read_json(name, "expected_q8a.json");
         assert_eq!(exp["numerics"], "q8a");
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
-        for (threads, io) in [(1, IoPreference::Auto), (2, IoPreference::Buffered)] {
-            let store = open_store(&dir, true, io);
-            let opts = EngineOptions {
-                threads: Some(threads),
-                ..Default::default()
-            };
-            let mut e = Engine::new(&store, &opts).unwrap();
-            let prompt = ids(&exp["prompt_ids"]);
-            let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
-            let want = floats(&exp["last_logits"]);
-            let d = max_abs_diff(&last, &want);
-            assert!(d < 1e-3, "{name}: q8a last logits differ by {d}");
-            let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
-            assert_eq!(
-                top1(&rows),
-                ids(&exp["teacher_top1"]),
-                "{name}: q8a teacher-forced top-1"
-            );
-            e.reset();
-            assert_eq!(
-                greedy(&mut e, &prompt, 32),
-                ids(&exp["greedy"]),
-                "{name}: q8a greedy 32 tokens ({threads} threads)"
-            );
-            let used =
-                exp["q8a_linears"].as_u64().unwrap() + exp["q8a_expert_modules"].as_u64().unwrap();
-            if used > 0 {
-                // The exact numerics' expectation of the same store (same script family).
-                let exact = read_json(name, "expected_int4_dense.json");
-                if exact["store"] == exp["store"] {
-                    let moved = max_abs_diff(&want, &floats(&exact["last_logits"]));
-                    assert!(moved > 1e-3, "{name}: q8a moved the logits by only {moved}");
-                    let to_exact = max_abs_diff(&last, &floats(&exact["last_logits"]));
-                    assert!(
-                        d < to_exact,
-                        "{name}: the engine is nearer the exact numerics ({to_exact}) than q8a ({d})"
-                    );
-                    applied += 1;
-                }
-            }
-        }
+        let used =
+            exp["q8a_linears"].as_u64().unwrap() + exp["q8a_expert_modules"].as_u64().unwrap();
+        // The exact numerics' expectation of the same store (same script family), where the
+        // rule applies to some product.
+        let exact = read_json(name, "expected_int4_dense.json");
+        let exact =
+            (used > 0 && exact["store"] == exp["store"]).then(|| floats(&exact["last_logits"]));
+        applied += usize::from(exact.is_some());
+        check_store(name, &exp, &dir, exact.as_deref());
     }
     assert!(applied > 0, "no fixture exercises the rule");
 }
 
 /// The fixtures with an `expected_q8a_bf16_dense.json`: `--experts int4-g64 --dense bf16`
 /// stores, whose linears are bf16 and take bf16 activations under q8a (revision 4,
-/// kernels/src/bf16a.rs), the experts int8 ones.
+/// kernels/src/bf16a.rs), the int4 experts int8 ones.
 const BF16_DENSE_FIXTURES: [&str; 5] = [
     "qwen3_moe_bf16",
     "qwen3_next_bf16",
@@ -144,40 +163,9 @@ fn bf16_dense_stores_match_transformers_with_bf16_activations() {
             exp["bf16a_linears"].as_u64().unwrap() > 0,
             "{name}: no bf16 product"
         );
+        assert!(exp.get("integer_rule_only_last_logits").is_some());
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "bf16 dense");
-        for (threads, io) in [(1, IoPreference::Auto), (2, IoPreference::Buffered)] {
-            let store = open_store(&dir, true, io);
-            let opts = EngineOptions {
-                threads: Some(threads),
-                ..Default::default()
-            };
-            let mut e = Engine::new(&store, &opts).unwrap();
-            let prompt = ids(&exp["prompt_ids"]);
-            let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
-            let want = floats(&exp["last_logits"]);
-            let d = max_abs_diff(&last, &want);
-            assert!(d < 1e-3, "{name}: bf16-dense q8a last logits differ by {d}");
-            // The rule moved the expectation, and the engine follows it, not the exact run.
-            let exact = floats(&exp["exact_last_logits"]);
-            let moved = max_abs_diff(&want, &exact);
-            assert!(moved > 1e-3, "{name}: q8a moved the logits by only {moved}");
-            assert!(
-                d < max_abs_diff(&last, &exact),
-                "{name}: the engine is nearer the exact numerics than q8a"
-            );
-            let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
-            assert_eq!(
-                top1(&rows),
-                ids(&exp["teacher_top1"]),
-                "{name}: bf16-dense q8a teacher-forced top-1"
-            );
-            e.reset();
-            assert_eq!(
-                greedy(&mut e, &prompt, 32),
-                ids(&exp["greedy"]),
-                "{name}: bf16-dense q8a greedy 32 tokens ({threads} threads)"
-            );
-        }
+        check_store(name, &exp, &dir, Some(&floats(&exp["exact_last_logits"])));
     }
 }
 

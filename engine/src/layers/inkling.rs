@@ -405,7 +405,7 @@ impl SinkMoe<'_> {
     pub fn route(&self, x: &[f32], n: usize) -> (Vec<Routing>, Vec<f32>) {
         let (ne, s) = (self.experts.num_experts, self.num_shared);
         let mut logits = vec![0f32; n * (ne + s)];
-        self.experts.router.forward(x, n, &mut logits);
+        self.experts.router.forward_kept(x, n, &mut logits);
         let mut gammas = Vec::with_capacity(n * s);
         let routes = logits
             .chunks_exact(ne + s)
