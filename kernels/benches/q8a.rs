@@ -121,6 +121,52 @@ fn main() {
             );
         }
     }
+    // bf16 weights streamed from RAM, one token (a bf16-dense model's decode): 64 matrices of
+    // 1024 x 2048 (256 MiB), each product on the next one; exact against q8a's bf16 rule.
+    if filter.as_ref().is_none_or(|f| "bf16".contains(f.as_str())) {
+        let (rows, cols, count) = (1024, 2048, 64);
+        let mats: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                (0..rows * cols)
+                    .flat_map(|_| {
+                        let v: f32 = rng.gen_range(-0.1f32..0.1);
+                        ((v.to_bits() >> 16) as u16).to_le_bytes()
+                    })
+                    .collect()
+            })
+            .collect();
+        let views: Vec<MatrixView<'_>> = mats
+            .iter()
+            .map(|d| MatrixView::new(Encoding::Bf16, rows, cols, d, &[]).unwrap())
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut y = vec![0f32; rows];
+        for threads in [1, all] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut i = 0;
+            let mut t = [f64::INFINITY; 2];
+            for _ in 0..2 {
+                for (k, num) in [Numerics::Exact, Numerics::Q8a].into_iter().enumerate() {
+                    t[k] = t[k].min(pool.install(|| {
+                        timing::best_seconds(BUDGET, || {
+                            i = (i + 1) % count;
+                            matmul_num(isa, num, &views[i], &x, 1, &mut y)
+                        })
+                    }));
+                }
+            }
+            println!(
+                "from RAM: bf16 1024x2048, {threads} threads: exact {:.1} us, q8a {:.1} us ({:.1} GB/s), exact/q8a {:.2}",
+                t[0] * 1e6,
+                t[1] * 1e6,
+                (rows * cols * 2) as f64 / t[1] / 1e9,
+                t[0] / t[1]
+            );
+        }
+    }
     println!(
         "encoding      shape       tokens threads  exact_us   q8a_us  q8a_GB/s  exact/q8a  q8a_il_us"
     );

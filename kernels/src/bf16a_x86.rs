@@ -155,6 +155,10 @@ pub(crate) unsafe fn rows_bf16(w: &MatrixView<'_>, x: &[u16], n: usize, r0: usiz
         };
     }
     if n == 1 {
+        // One row at a time: two rows side by side (two instruction chains) ran 1.2-1.6x faster
+        // from cache but 1.8x slower from RAM (13.8 against 24 GB/s on one thread,
+        // kernels/benches/results/q8a_bf16a_one_token_rows_2026-12-06.txt), and a decode reads
+        // its weights from RAM.
         for i in 0..nrows {
             tile!(1, 1, i, 0);
         }
