@@ -19,6 +19,30 @@ use rand::{Rng, SeedableRng};
 
 const BUDGET: Duration = Duration::from_millis(300);
 
+/// One token against each matrix of each run in turn (so the weights come from RAM), runs
+/// alternated twice; the best seconds per product of each run.
+fn from_ram(
+    pool: &rayon::ThreadPool,
+    runs: &[(Numerics, &Vec<MatrixView<'_>>)],
+    x: &[f32],
+    y: &mut [f32],
+) -> Vec<f64> {
+    let isa = detected_isa();
+    let mut i = 0;
+    let mut t = vec![f64::INFINITY; runs.len()];
+    for _ in 0..2 {
+        for (k, &(num, vs)) in runs.iter().enumerate() {
+            t[k] = t[k].min(pool.install(|| {
+                timing::best_seconds(BUDGET, || {
+                    i = (i + 1) % vs.len();
+                    matmul_num(isa, num, &vs[i], x, 1, y)
+                })
+            }));
+        }
+    }
+    t
+}
+
 fn main() {
     let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
     let isa = detected_isa();
@@ -92,25 +116,16 @@ fn main() {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let mut i = 0;
-            let mut t = [f64::INFINITY; 3];
-            for _ in 0..2 {
-                for (k, (num, vs)) in [
+            let t = from_ram(
+                &pool,
+                &[
                     (Numerics::Exact, &views),
                     (Numerics::Q8a, &views),
                     (Numerics::Q8a, &iviews),
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    t[k] = t[k].min(pool.install(|| {
-                        timing::best_seconds(BUDGET, || {
-                            i = (i + 1) % count;
-                            matmul_num(isa, num, &vs[i], &x, 1, &mut y)
-                        })
-                    }));
-                }
-            }
+                ],
+                &x,
+                &mut y,
+            );
             println!(
                 "from RAM: int4-g64 1024x2048, {threads} threads: exact {:.1} us, q8a {:.1} us, q8a interleaved {:.1} us, exact/q8a {:.2}, q8a/interleaved {:.2}",
                 t[0] * 1e6,
@@ -146,18 +161,12 @@ fn main() {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let mut i = 0;
-            let mut t = [f64::INFINITY; 2];
-            for _ in 0..2 {
-                for (k, num) in [Numerics::Exact, Numerics::Q8a].into_iter().enumerate() {
-                    t[k] = t[k].min(pool.install(|| {
-                        timing::best_seconds(BUDGET, || {
-                            i = (i + 1) % count;
-                            matmul_num(isa, num, &views[i], &x, 1, &mut y)
-                        })
-                    }));
-                }
-            }
+            let t = from_ram(
+                &pool,
+                &[(Numerics::Exact, &views), (Numerics::Q8a, &views)],
+                &x,
+                &mut y,
+            );
             println!(
                 "from RAM: bf16 1024x2048, {threads} threads: exact {:.1} us, q8a {:.1} us ({:.1} GB/s), exact/q8a {:.2}",
                 t[0] * 1e6,
