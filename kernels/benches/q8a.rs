@@ -19,15 +19,30 @@ use rand::{Rng, SeedableRng};
 
 const BUDGET: Duration = Duration::from_millis(300);
 
+/// `n` bf16 weights of a trained model's range (|w| < 0.1; random bits would be mostly huge,
+/// NaN or infinite), little-endian bytes.
+fn bf16_weights(rng: &mut StdRng, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| {
+            let v: f32 = rng.gen_range(-0.1f32..0.1);
+            ((v.to_bits() >> 16) as u16).to_le_bytes()
+        })
+        .collect()
+}
+
 /// One token against each matrix of each run in turn (so the weights come from RAM), runs
 /// alternated twice; the best seconds per product of each run.
 fn from_ram(
-    pool: &rayon::ThreadPool,
+    threads: usize,
     runs: &[(Numerics, &Vec<MatrixView<'_>>)],
     x: &[f32],
     y: &mut [f32],
 ) -> Vec<f64> {
     let isa = detected_isa();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     let mut i = 0;
     let mut t = vec![f64::INFINITY; runs.len()];
     for _ in 0..2 {
@@ -112,12 +127,8 @@ fn main() {
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mut y = vec![0f32; rows];
         for threads in [1, all] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
             let t = from_ram(
-                &pool,
+                threads,
                 &[
                     (Numerics::Exact, &views),
                     (Numerics::Q8a, &views),
@@ -141,14 +152,7 @@ fn main() {
     if filter.as_ref().is_none_or(|f| "bf16".contains(f.as_str())) {
         let (rows, cols, count) = (1024, 2048, 64);
         let mats: Vec<Vec<u8>> = (0..count)
-            .map(|_| {
-                (0..rows * cols)
-                    .flat_map(|_| {
-                        let v: f32 = rng.gen_range(-0.1f32..0.1);
-                        ((v.to_bits() >> 16) as u16).to_le_bytes()
-                    })
-                    .collect()
-            })
+            .map(|_| bf16_weights(&mut rng, rows * cols))
             .collect();
         let views: Vec<MatrixView<'_>> = mats
             .iter()
@@ -157,12 +161,8 @@ fn main() {
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mut y = vec![0f32; rows];
         for threads in [1, all] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
             let t = from_ram(
-                &pool,
+                threads,
                 &[(Numerics::Exact, &views), (Numerics::Q8a, &views)],
                 &x,
                 &mut y,
@@ -218,14 +218,7 @@ fn main() {
                         .take(enc.weight_bytes(rows, cols))
                         .collect()
                 }
-                // bf16: weights of a trained model's range (random bits would be mostly
-                // huge, NaN or infinite).
-                Encoding::Bf16 => (0..rows * cols)
-                    .flat_map(|_| {
-                        let v: f32 = rng.gen_range(-0.1f32..0.1);
-                        ((v.to_bits() >> 16) as u16).to_le_bytes()
-                    })
-                    .collect(),
+                Encoding::Bf16 => bf16_weights(&mut rng, rows * cols),
                 _ => (0..enc.weight_bytes(rows, cols))
                     .map(|_| rng.gen())
                     .collect(),

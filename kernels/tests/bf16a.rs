@@ -227,17 +227,7 @@ fn activations(n: usize, cols: usize, seed: u64, special: bool) -> Vec<f32> {
 }
 
 fn isas() -> Vec<Isa> {
-    let v: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512]
-        .into_iter()
-        .filter(|i| i.supported())
-        .collect();
-    eprintln!(
-        "bf16 kernels tested: {:?}",
-        v.iter()
-            .map(|&i| coli_kernels::bf16_kernel(i))
-            .collect::<Vec<_>>()
-    );
-    v
+    numerics::isas("bf16", coli_kernels::bf16_kernel)
 }
 
 fn same(a: f32, b: f32) -> bool {

@@ -133,17 +133,7 @@ fn activations(n: usize, cols: usize, seed: u64) -> Vec<f32> {
 }
 
 fn isas() -> Vec<Isa> {
-    let v: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512]
-        .into_iter()
-        .filter(|i| i.supported())
-        .collect();
-    eprintln!(
-        "integer kernels tested: {:?}",
-        v.iter()
-            .map(|&i| coli_kernels::integer_kernel(i))
-            .collect::<Vec<_>>()
-    );
-    v
+    numerics::isas("integer", coli_kernels::integer_kernel)
 }
 
 fn kinds() -> Vec<Encoding> {

@@ -18,3 +18,17 @@ pub fn q8a_relative_change(isa: Isa, w: &MatrixView<'_>, x: &[f32]) -> f32 {
         .sqrt();
     diff / norm
 }
+
+/// The instruction sets this CPU runs, printing which kernel each one selects (`kernel`:
+/// `coli_kernels::integer_kernel` or `bf16_kernel`).
+pub fn isas(what: &str, kernel: fn(Isa) -> &'static str) -> Vec<Isa> {
+    let v: Vec<Isa> = [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.supported())
+        .collect();
+    eprintln!(
+        "{what} kernels tested: {:?}",
+        v.iter().map(|&i| kernel(i)).collect::<Vec<_>>()
+    );
+    v
+}
