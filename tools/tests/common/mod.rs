@@ -152,8 +152,16 @@ pub fn convert_fixture(name: &str, out: &Path) -> PathBuf {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/tiny")
         .join(name);
+    convert_dir(&fixture, out);
+    fixture
+}
+
+/// Converts the checkpoint directory `input` into the store `out` (`--experts int4-g64
+/// --dense bf16`, one thread).
+#[allow(dead_code)] // not every test binary converts a checkpoint
+pub fn convert_dir(input: &Path, out: &Path) {
     coli_convert::run(&coli_convert::Options {
-        input: fixture.clone(),
+        input: input.to_path_buf(),
         output: out.to_path_buf(),
         encodings: coli_convert::Encodings::new(
             coli_store::Encoding::Int4 { group_size: 64 },
@@ -163,6 +171,12 @@ pub fn convert_fixture(name: &str, out: &Path) -> PathBuf {
         threads: Some(1),
         progress: false,
     })
-    .unwrap_or_else(|e| panic!("converting {name}: {e}"));
-    fixture
+    .unwrap_or_else(|e| panic!("converting {}: {e}", input.display()));
+}
+
+/// Opens the store at `dir` (checksums verified, the default I/O).
+#[allow(dead_code)] // not every test binary opens a store
+pub fn open_store(dir: &Path) -> Store {
+    Store::open_with(dir, &OpenOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
