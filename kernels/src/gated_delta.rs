@@ -28,7 +28,7 @@
 //! tokens were grouped into calls (a token run through [`step`] and the same token inside a
 //! [`chunk`] round differently; the engine fixes the grouping by position, not by pass).
 
-use crate::{axpy, dot};
+use crate::{axpy, dot, exp_flush};
 
 /// The id of this rounding rule (module doc, "Numerics"): part of the KV cache identity, so a
 /// saved recurrent state is reused only by kernels that compute it the same way.
@@ -74,7 +74,7 @@ pub fn step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f3
         k.len() == dk && o.len() == dv && state.len() == dk * dv,
         "step: shape mismatch"
     );
-    let decay = g.exp();
+    let decay = exp_flush(g);
     for s in state.iter_mut() {
         *s *= decay;
     }
@@ -233,13 +233,13 @@ pub fn chunk(
             *x = y * beta[r];
         }
         for s in 0..r {
-            sc.a[r * n + s] = dot(kb, &k[s * dk..(s + 1) * dk]) * (c[r] - c[s]).exp();
+            sc.a[r * n + s] = dot(kb, &k[s * dk..(s + 1) * dk]) * exp_flush(c[r] - c[s]);
         }
     }
     // Forward substitution of the unit lower-triangular system: U_r = beta_r v_r - Σ_{s<r}
     // A[r][s] U_s, W_r = beta_r exp(c_r) k_r - Σ_{s<r} A[r][s] W_s; then v'_r = U_r - W_r S.
     substitute(sc, state, v, beta, (n, dk, dv), |r, wr| {
-        let e = c[r].exp();
+        let e = exp_flush(c[r]);
         for (x, &y) in wr.iter_mut().zip(&k[r * dk..(r + 1) * dk]) {
             *x = (y * beta[r]) * e;
         }
@@ -248,7 +248,7 @@ pub fn chunk(
     sc.t.resize(dv, 0.0);
     for r in 0..n {
         // inter = (q_r exp(c_r)) S
-        let e = c[r].exp();
+        let e = exp_flush(c[r]);
         let qr = &q[r * dk..(r + 1) * dk];
         let out = &mut o[r * dv..(r + 1) * dv];
         out.fill(0.0);
@@ -259,7 +259,7 @@ pub fn chunk(
         let intra = &mut sc.t[..dv];
         intra.fill(0.0);
         for s in 0..=r {
-            let p = dot(qr, &k[s * dk..(s + 1) * dk]) * (c[r] - c[s]).exp();
+            let p = dot(qr, &k[s * dk..(s + 1) * dk]) * exp_flush(c[r] - c[s]);
             axpy(p, &sc.vnew[s * dv..(s + 1) * dv], intra);
         }
         for (x, &y) in out.iter_mut().zip(intra.iter()) {
@@ -271,7 +271,7 @@ pub fn chunk(
     sc.a.clear();
     sc.a.resize(dk * dv, 0.0);
     for r in 0..n {
-        let e = (last - c[r]).exp();
+        let e = exp_flush(last - c[r]);
         for (x, &y) in kd.iter_mut().zip(&k[r * dk..(r + 1) * dk]) {
             *x = y * e;
         }
@@ -280,7 +280,7 @@ pub fn chunk(
             axpy(kd[i], vr, trow);
         }
     }
-    let decay = last.exp();
+    let decay = exp_flush(last);
     for (s, &t) in state.iter_mut().zip(&sc.a) {
         *s = *s * decay + t;
     }

@@ -32,7 +32,7 @@
 //! transformers' KDA `l2norm` does (not the reciprocal square root of the Qwen3-Next rule).
 
 use crate::gated_delta::substitute;
-use crate::{axpy, dot};
+use crate::{axpy, dot, exp_flush};
 
 /// The id of this rounding rule (module doc, "Numerics"): part of the KV cache identity.
 pub const RULE_ID: &str = "kda-r1";
@@ -85,7 +85,7 @@ pub fn step(
         "kda::step: shape mismatch"
     );
     for (row, &gi) in state.chunks_exact_mut(dv).zip(g) {
-        let decay = gi.exp();
+        let decay = exp_flush(gi);
         for s in row.iter_mut() {
             *s *= decay;
         }
@@ -100,7 +100,7 @@ pub use crate::gated_delta::ChunkScratch;
 /// doc.
 fn decayed_dot(x: &[f32], y: &[f32], cr: &[f32], cs: &[f32], tmp: &mut [f32]) -> f32 {
     for (((t, &a), &r), &s) in tmp.iter_mut().zip(x).zip(cr).zip(cs) {
-        *t = a * (r - s).exp();
+        *t = a * exp_flush(r - s);
     }
     dot(tmp, y)
 }
@@ -134,13 +134,13 @@ fn decayed_products(
         for t in 0..b {
             let (yt, ct) = (&y[t * dk..(t + 1) * dk], &c[t * dk..(t + 1) * dk]);
             for ((&yv, &cv), &cbv) in yt.iter().zip(ct).zip(cb) {
-                scaled.push(yv * (cbv - cv).exp());
+                scaled.push(yv * exp_flush(cbv - cv));
             }
         }
         for r in b..(b + SUB).min(n) {
             let (xr, cr) = (&x[r * dk..(r + 1) * dk], &c[r * dk..(r + 1) * dk]);
             for ((t, &xv), (&cv, &cbv)) in tmp.iter_mut().zip(xr).zip(cr.iter().zip(cb)) {
-                *t = xv * (cv - cbv).exp();
+                *t = xv * exp_flush(cv - cbv);
             }
             for t in 0..b {
                 m[r * n + t] = dot(tmp, &scaled[t * dk..(t + 1) * dk]);
@@ -224,7 +224,7 @@ pub fn chunk(
     // W_r = (beta_r k_r) ⊙ exp(c_r) - Σ_{s<r} A[r][s] W_s; then v'_r = U_r - W_r S.
     substitute(sc, state, v, beta, (n, dk, dv), |r, wr| {
         for ((x, &y), &ci) in wr.iter_mut().zip(&k[r * dk..(r + 1) * dk]).zip(cr(r)) {
-            *x = (y * beta[r]) * ci.exp();
+            *x = (y * beta[r]) * exp_flush(ci);
         }
     });
     // P[r][s] = Σ_i q_r[i] k_s[i] exp(c_r[i] - c_s[i]), s <= r.
@@ -248,7 +248,7 @@ pub fn chunk(
         let out = &mut o[r * dv..(r + 1) * dv];
         out.fill(0.0);
         for (i, srow) in state.chunks_exact(dv).enumerate() {
-            axpy(qr[i] * cr(r)[i].exp(), srow, out);
+            axpy(qr[i] * exp_flush(cr(r)[i]), srow, out);
         }
         // intra = Σ_{s<=r} (Σ_i q_r[i] k_s[i] exp(c_r[i] - c_s[i])) v'_s
         intra.fill(0.0);
@@ -270,7 +270,7 @@ pub fn chunk(
             .zip(last)
             .zip(cr(r))
         {
-            *x = y * (l - ci).exp();
+            *x = y * exp_flush(l - ci);
         }
         let vr = &sc.vnew[r * dv..(r + 1) * dv];
         for (i, trow) in sc.a.chunks_exact_mut(dv).enumerate() {
@@ -282,7 +282,7 @@ pub fn chunk(
         .zip(sc.a.chunks_exact(dv))
         .zip(last)
     {
-        let decay = l.exp();
+        let decay = exp_flush(l);
         for (s, &t) in srow.iter_mut().zip(trow) {
             *s = *s * decay + t;
         }
