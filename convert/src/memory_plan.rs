@@ -294,10 +294,11 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let (spec, dtypes, source, config) = match (a.checkpoint, a.config) {
         (None, None) if a.gguf.is_some() => {
             let path = a.gguf.expect("checked");
-            let g = crate::gguf::file::Gguf::open(path)?;
+            let mut g = crate::gguf::file::Gguf::open(path)?;
             let config = crate::gguf::arch::config_json(&g)?;
             let spec = ModelSpec::from_config(&config, None)
                 .with_context(|| format!("the model {} describes", path.display()))?;
+            crate::gguf::fused::split_qkv(&mut g, &spec, &config)?;
             gguf = Some(g);
             (
                 spec,
@@ -583,8 +584,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             Some(g) => {
                 let mut t: Vec<String> = sets
                     .iter()
-                    .flat_map(|s| crate::gguf::arch::expert_tensors(s.layer))
-                    .filter_map(|n| g.tensors.get(&n).map(|t| t.type_name()))
+                    .flat_map(|s| crate::gguf::fused::expert_sources(g, s.layer))
+                    .filter_map(|(n, _)| g.tensors.get(&n).map(|t| t.type_name()))
                     .collect();
                 t.sort();
                 t.dedup();

@@ -303,7 +303,7 @@ fn q8a_chunk(
 /// [`matmul_with`] under the integer rule for a matrix of `kind`: `y` is `[n, rows]`.
 fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usize, y: &mut [f32]) {
     let (rows, cols) = (w.rows(), w.cols());
-    let qa = q8a::quantize(isa, kind, x, n, cols);
+    let qa = q8a::quantize(kind, x, n, cols);
     if n == 1 {
         if rows * cols < PARALLEL_MIN_WORK {
             q8a_chunk(isa, kind, w, &qa, 1, 0, y);

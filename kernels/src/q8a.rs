@@ -133,7 +133,6 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Step 1 of the rule for one block of 32: fills `q`, returns `d`. A block holding a
 /// non-finite value gets `d = NaN` and zero codes (the product is then NaN, as the exact
 /// kernels' would be).
-#[inline(always)]
 pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 || !amax.is_finite() {
@@ -150,33 +149,8 @@ pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// Quantizes `x` (`[n, cols]`) by step 1 and lays it out in lane order for `kind` (int8: the
-/// column order; int4: per chunk the even columns, then the odd ones). With `isa` AVX2+FMA or
-/// AVX-512 (which the caller checked, `require`), the same code compiled for AVX2: the same
-/// IEEE operations on each value, so the same bits (the kernel tests compare every `isa`
-/// against the scalar twin, whose activations come from the baseline build); it was 5% of a
-/// chunked prefill in the baseline build.
-pub(crate) fn quantize(isa: crate::Isa, kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
-    #[cfg(target_arch = "x86_64")]
-    if isa != crate::Isa::Scalar {
-        // SAFETY: AVX2 is part of both other instruction sets, which the caller checked.
-        return unsafe { quantize_avx2(kind, x, n, cols) };
-    }
-    let _ = isa;
-    quantize_portable(kind, x, n, cols)
-}
-
-/// [`quantize_portable`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_avx2(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
-    quantize_portable(kind, x, n, cols)
-}
-
-#[inline(always)]
-fn quantize_portable(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
+/// column order; int4: per chunk the even columns, then the odd ones).
+pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
     let lanes = cols / 4;
     let mut out = QAct {
         q: vec![0; n * cols],

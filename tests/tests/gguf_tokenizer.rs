@@ -5,7 +5,9 @@
 //! SmolLM2-135M-Instruct.Q4_1.gguf, byte-level BPE with llama.cpp's "smollm" pre-tokenizer).
 //!
 //! Every pre-tokenizer name coli converts gives llama.cpp's ids on one committed vocabulary
-//! (`pre_tokenizers_match_llama_cpp`, no setup needed).
+//! (`pre_tokenizers_match_llama_cpp`, no setup needed), and a SentencePiece vocabulary
+//! (`tokenizer.ggml.model = "llama"`: Llama 2's, as Mixtral's GGUFs carry it) gives llama.cpp's
+//! ids with and without BOS (`sentencepiece_vocabulary_matches_llama_cpp`).
 //!
 //! `COLI_DEMO_GGUF=PATH cargo test -p coli-tests --test gguf_tokenizer -- --ignored` (tools/test.sh
 //! sets it from the demo venv).
@@ -151,4 +153,97 @@ fn pre_tokenizers_match_llama_cpp() {
         e.contains("tokenizer.ggml.pre") && e.contains("kimi-k2"),
         "{e}"
     );
+}
+
+/// The ids of `v` (a JSON array).
+fn id_list(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn sentencepiece_vocabulary_matches_llama_cpp() {
+    // llama.cpp's own SentencePiece test vocabulary (Llama 2's 32000 pieces and scores, which
+    // Mixtral 8x7B's GGUFs carry too), committed in tests/fixtures/gguf/vocab/; the ids
+    // llama.cpp gives on 56 texts without and with BOS, where transformers' GGUF loader differs
+    // (tests/fixtures/gguf/make_spm_tokenizer_expected.py).
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf/vocab");
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("spm_tokenizer_expected.json")).unwrap())
+            .unwrap();
+    let path = dir.join("ggml-vocab-llama-spm.gguf");
+    assert_eq!(
+        coli_tests::sha256_hex(&std::fs::read(&path).unwrap()),
+        exp["gguf_sha256"].as_str().unwrap()
+    );
+    let mut g = Gguf::open(&path).unwrap();
+    let files = coli_convert::gguf::tokenizer::files(&g, 4096).unwrap();
+    let file = |name: &str| &files.iter().find(|(n, _)| n == name).unwrap().1;
+    let tok = tokenizers::Tokenizer::from_bytes(file("tokenizer.json")).unwrap();
+    let (mut n, mut transformers_differs) = (0, 0);
+    for case in exp["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want = id_list(&case["ids"]);
+        let got = tok.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{text:?}");
+        let got = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(got, id_list(&case["ids_bos"]), "{text:?} with BOS");
+        // And back: decoding gives the text (the prefixed space is taken off again).
+        assert_eq!(tok.decode(&want, false).unwrap(), text);
+        // transformers' loader writes the space prefix with `Metaspace`, which does not prefix
+        // a text that starts with a space: it differs from llama.cpp on those texts only (coli
+        // follows llama.cpp).
+        if case.get("transformers").is_some() {
+            assert!(text.starts_with(' '), "transformers differs on {text:?}");
+            transformers_differs += 1;
+        }
+        n += 1;
+    }
+    assert!(n >= 50 && transformers_differs > 0, "{n} texts");
+    let cfg: Value = serde_json::from_slice(file("tokenizer_config.json")).unwrap();
+    assert_eq!(
+        (&cfg["bos_token"], &cfg["eos_token"], &cfg["add_bos_token"]),
+        (
+            &Value::from("<s>"),
+            &Value::from("</s>"),
+            &Value::from(true)
+        )
+    );
+    // A vocabulary that says not to add BOS gets none.
+    g.kv.insert(
+        "tokenizer.ggml.add_bos_token".into(),
+        coli_convert::gguf::file::Value::Bool(false),
+    );
+    let files = coli_convert::gguf::tokenizer::files(&g, 4096).unwrap();
+    let tj = &files.iter().find(|(n, _)| n == "tokenizer.json").unwrap().1;
+    let tok = tokenizers::Tokenizer::from_bytes(tj).unwrap();
+    let case = &exp["cases"][0];
+    let text = case["text"].as_str().unwrap();
+    assert_eq!(
+        tok.encode(text, true).unwrap().get_ids(),
+        id_list(&case["ids"])
+    );
+    // Scores that are missing or do not match the tokens are refused naming the key.
+    let scores = g.kv.remove("tokenizer.ggml.scores").unwrap();
+    let e = coli_convert::gguf::tokenizer::files(&g, 4096)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("tokenizer.ggml.scores"), "{e}");
+    let coli_convert::gguf::file::Value::Array(mut a) = scores else {
+        panic!("scores are an array")
+    };
+    a.pop();
+    g.kv.insert(
+        "tokenizer.ggml.scores".into(),
+        coli_convert::gguf::file::Value::Array(a),
+    );
+    let e = coli_convert::gguf::tokenizer::files(&g, 4096)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("tokenizer.ggml.scores has 31999 entries"), "{e}");
 }

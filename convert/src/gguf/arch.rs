@@ -181,7 +181,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         },
         "vocab_size": vocab,
         "tie_word_embeddings": tied,
-        "attention_bias": g.tensors.contains_key("blk.0.attn_q.bias"),
+        "attention_bias": qkv_bias(g, 1),
         "bos_token_id": tok("tokenizer.ggml.bos_token_id"),
         "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
         "hidden_act": "silu",
@@ -378,10 +378,7 @@ fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> R
             .collect::<Vec<_>>()
             .into(),
     );
-    o.insert(
-        "attention_bias".into(),
-        any_layer_has(g, layers, "attn_q.bias").into(),
-    );
+    o.insert("attention_bias".into(), qkv_bias(g, layers).into());
     o.insert("zero_centered_norms".into(), false.into());
     if arch == "qwen35moe" {
         o.insert("mtp_num_hidden_layers".into(), 0.into());
@@ -473,6 +470,12 @@ fn vocab_size(g: &Gguf, hidden_key: &str, hidden: usize) -> Result<usize> {
 }
 
 /// Whether any of the first `layers` blocks holds `blk.N.{suffix}`.
+/// Whether the attention of the first `layers` layers has q/k/v biases: `attn_q.bias`, or the
+/// fused `attn_qkv.bias` of llama.cpp's `--fuse-qkv` (read as the three, `super::fused`).
+fn qkv_bias(g: &Gguf, layers: usize) -> bool {
+    any_layer_has(g, layers, "attn_q.bias") || any_layer_has(g, layers, "attn_qkv.bias")
+}
+
 fn any_layer_has(g: &Gguf, layers: usize, suffix: &str) -> bool {
     (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")))
 }
@@ -814,10 +817,7 @@ fn gpt_oss(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         json!({"rope_type": "default", "rope_theta": theta})
     };
     o.insert("rope_parameters".into(), rope);
-    o.insert(
-        "attention_bias".into(),
-        g.tensors.contains_key("blk.0.attn_q.bias").into(),
-    );
+    o.insert("attention_bias".into(), qkv_bias(g, 1).into());
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! type as the ggml encoding of that type); each layer's stacked expert tensors
 //! (`blk.N.ffn_{gate,up,down}_exps.weight`, `[E, rows, cols]`) are cut into one record per
 //! expert, the three matrices in the types the GGUF gives them (format version 4, or 6 with an
-//! i-quant or MXFP4). Nothing is
+//! i-quant or MXFP4); llama.cpp's fused `attn_qkv` and `ffn_gate_up_exps` are read as the
+//! tensors they join ([`super::fused`]). Nothing is
 //! requantized, so the store holds exactly the GGUF's bits. The model spec comes from the
 //! config.json [`super::arch::config_json`] builds from the metadata; the tokenizer from
 //! [`super::tokenizer::files`]. Resumable and atomic as every conversion
@@ -12,6 +13,7 @@
 
 use super::arch;
 use super::file::{Gguf, TensorInfo};
+use super::fused::{self, ExpertMatrix};
 use crate::error::{ConvertError, Result};
 use crate::pipeline::{self, Options, Report, ALIGNMENT, SEGMENT_MAX_BYTES};
 use coli_format::encoding::GgmlType;
@@ -53,32 +55,48 @@ pub fn encoding_of(t: &TensorInfo) -> Result<Encoding> {
     }
 }
 
-/// The encodings of layer `s`'s stacked expert tensors (gate, up, down), their shapes checked
-/// against the spec (`[E, I, H]`, `[E, I, H]`, `[E, H, I]`).
+/// Layer `s`'s three expert matrices (gate, up, down) in the GGUF: the stacked tensors, or the
+/// halves of a fused `ffn_gate_up_exps` ([`fused::expert_sources`]), their shapes checked
+/// against the spec (`[E, I, H]`, `[E, I, H]`, `[E, H, I]`; fused `[E, 2 I, H]`).
 ///
 /// # Errors
 /// [`ConvertError::Tensor`] naming a tensor that is missing, misshapen or of a type coli does
 /// not decode.
-pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<[Encoding; 3]> {
-    let names = arch::expert_tensors(s.layer);
-    let want = [
-        [s.count as usize, s.intermediate, s.hidden],
-        [s.count as usize, s.intermediate, s.hidden],
-        [s.count as usize, s.hidden, s.intermediate],
-    ];
-    let mut out = [Encoding::F32; 3];
-    for ((n, w), o) in names.iter().zip(want).zip(&mut out) {
-        let t = g.tensor(n)?;
+pub fn expert_matrices<'a>(
+    g: &'a Gguf,
+    s: &coli_format::spec::ExpertsSpec,
+) -> Result<[ExpertMatrix<'a>; 3]> {
+    let e = s.count as usize;
+    let mut out = Vec::with_capacity(3);
+    for (k, (n, part)) in fused::expert_sources(g, s.layer).into_iter().enumerate() {
+        let w = if k == 2 {
+            [e, s.hidden, s.intermediate]
+        } else {
+            [e, s.intermediate * part.1, s.hidden]
+        };
+        let t = g.tensor(&n)?;
         if t.shape() != w {
             return Err(terr(
-                n,
+                &n,
                 format!("has shape {:?}, the metadata makes it {w:?}", t.shape()),
             ));
         }
         // F32 and BF16 experts (unquantized GGUFs) are kept as coli's f32 / bf16 records.
-        *o = encoding_of(t)?;
+        out.push(ExpertMatrix {
+            t,
+            encoding: encoding_of(t)?,
+            part,
+        });
     }
-    Ok(out)
+    Ok([out[0], out[1], out[2]])
+}
+
+/// The encodings of layer `s`'s three expert matrices ([`expert_matrices`]).
+///
+/// # Errors
+/// As [`expert_matrices`].
+pub fn expert_encodings(g: &Gguf, s: &coli_format::spec::ExpertsSpec) -> Result<[Encoding; 3]> {
+    Ok(expert_matrices(g, s)?.map(|m| m.encoding))
 }
 
 /// The stacked F32 expert biases of layer `s` (gpt-oss: gate `[E, I]`, up `[E, I]`, down
@@ -201,12 +219,14 @@ fn dense_source<'a>(
 /// encoding options other than the defaults ([`ConvertError::Usage`]: a GGUF's types are kept).
 pub fn run(opts: &Options) -> Result<Report> {
     let t0 = Instant::now();
-    let g = Gguf::open(&opts.input)?;
+    let mut g = Gguf::open(&opts.input)?;
     let config = arch::config_json(&g)?;
     let spec = ModelSpec::from_config(&config, None).map_err(|e| ConvertError::Gguf {
         file: g.path().to_path_buf(),
         what: format!("the model its metadata describes is refused: {e}"),
     })?;
+    fused::split_qkv(&mut g, &spec, &config)?;
+    let g = g;
     let mut files = super::tokenizer::files(&g, spec.max_position_embeddings.max(1))?;
     files.extend(super::write::export_files(&g));
 
@@ -244,14 +264,9 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut layers = Vec::new();
     let mut type_names = std::collections::BTreeSet::new();
     for s in &sets {
-        let encs = expert_encodings(&g, s)?;
-        let ts: Vec<(&TensorInfo, Encoding)> = arch::expert_tensors(s.layer)
-            .iter()
-            .zip(encs)
-            .map(|(n, e)| (&g.tensors[n], e))
-            .collect();
-        for (_, e) in &ts {
-            type_names.insert(e.name());
+        let ts = expert_matrices(&g, s)?;
+        for m in &ts {
+            type_names.insert(m.encoding.name());
         }
         let biases = expert_biases(&g, s)?;
         layers.push((*s, ts, biases));
@@ -266,15 +281,16 @@ pub fn run(opts: &Options) -> Result<Report> {
     let estimated: u64 = dense.iter().map(|d| d.t.nbytes as u64).sum::<u64>()
         + layers
             .iter()
-            .flat_map(|(_, ts, b)| {
+            .flat_map(|(s, ts, b)| {
                 ts.iter()
-                    .map(|(t, _)| *t)
-                    .chain(b.iter().flatten().copied())
-                    .map(|t| t.nbytes as u64)
+                    .map(|m| (m.range(0, s.count as usize).1 * s.count as usize) as u64)
+                    .chain(b.iter().flatten().map(|t| t.nbytes as u64))
             })
             .sum::<u64>();
     let _lock = pipeline::take_output(&opts.output, estimated)?;
-    let first_expert = layers.first().map_or(Encoding::F32, |(_, ts, _)| ts[0].1);
+    let first_expert = layers
+        .first()
+        .map_or(Encoding::F32, |(_, ts, _)| ts[0].encoding);
     let store_spec = StoreSpec {
         family: spec.model_type.clone(),
         config_json: serde_json::to_vec_pretty(&sorted_keys(&config)).expect("serializes"),
@@ -324,7 +340,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 .map(|d| d.t.name.as_str())
                 .chain(layers.iter().flat_map(|(_, ts, b)| {
                     ts.iter()
-                        .map(|(t, _)| t.name.as_str())
+                        .map(|m| m.t.name.as_str())
                         .chain(b.iter().flatten().map(|t| t.name.as_str()))
                 }))
                 .collect();
@@ -344,7 +360,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 
 type Layer<'a> = (
     &'a coli_format::spec::ExpertsSpec,
-    Vec<(&'a TensorInfo, Encoding)>,
+    [ExpertMatrix<'a>; 3],
     Option<[&'a TensorInfo; 3]>,
 );
 
@@ -378,29 +394,29 @@ fn write_all(
         let n = s.count as usize;
         for e in 0..s.count {
             let key = ExpertKey::new(s.layer, e);
-            let per: Vec<usize> = ts.iter().map(|(t, _)| t.nbytes / n).collect();
             if writer.is_expert_done(key) {
                 report.experts_skipped += 1;
                 continue;
             }
             let e = e as usize;
             if e + 1 < n {
-                for ((t, _), &p) in ts.iter().zip(&per) {
-                    g.prefetch(t, (e + 1) * p, p);
+                for m in ts {
+                    let (at, len) = m.range(e + 1, n);
+                    g.prefetch(m.t, at, len);
                 }
             }
             let mut mats: Vec<EncodedMatrix> = ts
                 .iter()
-                .zip(&per)
                 .enumerate()
-                .map(|(i, ((t, enc), &p))| {
+                .map(|(i, m)| {
                     let (rows, cols) = if i == 2 {
                         (s.hidden, s.intermediate)
                     } else {
                         (s.intermediate, s.hidden)
                     };
-                    let bytes = g.data(t)[e * p..(e + 1) * p].to_vec();
-                    EncodedMatrix::new(*enc, rows, cols, bytes, Vec::new())
+                    let (at, len) = m.range(e, n);
+                    let bytes = g.data(m.t)[at..at + len].to_vec();
+                    EncodedMatrix::new(m.encoding, rows, cols, bytes, Vec::new())
                 })
                 .collect();
             if let Some(bs) = biases {
@@ -429,10 +445,11 @@ fn write_all(
                 s.intermediate,
                 [&mats[0], &mats[1], &mats[2]],
             )?;
-            for ((t, _), &p) in ts.iter().zip(&per) {
-                g.release(t, e * p, p);
-                report.bytes_in += p as u64;
-                report.bytes_out += p as u64;
+            for m in ts {
+                let (at, len) = m.range(e, n);
+                g.release(m.t, at, len);
+                report.bytes_in += len as u64;
+                report.bytes_out += len as u64;
             }
         }
     }

@@ -7,9 +7,23 @@
 //! `src/llama-vocab.cpp`); each name coli knows is written as the `tokenizers` pre-tokenizer
 //! that splits the same way, as transformers' GGUF loader does
 //! (`integrations/ggml.py`, `GGUFGPTConverter`). Control tokens (type 3) become special added
-//! tokens, user-defined ones (type 4) plain added tokens. `tokenizer.ggml.model = "none"` (a
-//! GGUF without a vocabulary) gives no tokenizer: the store then runs on token ids. Anything
-//! else is refused, naming the key.
+//! tokens, user-defined ones (type 4) plain added tokens.
+//!
+//! A SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2, Mixtral) is its pieces
+//! and their scores, which llama.cpp merges greedily, the adjacent pair whose merged piece
+//! scores highest first (`llm_tokenizer_spm_session` in `src/llama-vocab.cpp`), falling back to
+//! the `<0xXX>` byte pieces for what no piece covers. Written as the `tokenizers` BPE that
+//! transformers' GGUF loader builds for it (`integrations/gguf/gguf_tokenizer_mapping.py`,
+//! `sentencepiece_tokenizer`): merges recovered from the scores (every split of a piece into two
+//! pieces, ranked by the piece's score, then the lengths of the halves; transformers'
+//! `generate_merges`), byte fallback, and llama.cpp's space handling, a `▁` before the text
+//! (`tokenizer.ggml.add_space_prefix`, default true) and every space written `▁`, as a
+//! normalizer (llama.cpp prefixes the text however it starts: `"  hi"` is `▁▁▁hi`, which
+//! transformers' `Metaspace` writes `▁▁hi`). BOS is added by the post-processor when
+//! `tokenizer.ggml.add_bos_token` says so (default true for these vocabularies, as in llama.cpp).
+//!
+//! `tokenizer.ggml.model = "none"` (a GGUF without a vocabulary) gives no tokenizer: the store
+//! then runs on token ids. Anything else is refused, naming the key.
 
 use super::file::{Gguf, Value};
 use crate::byte_level::{byte_alphabet, pre_tokenizer, tokenizer_json};
@@ -52,12 +66,107 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
     if model == "none" {
         return Ok(Vec::new());
     }
-    if model != "gpt2" {
+    let flag = |key: &str, default: bool| match g.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| kerr(g, format!("{key} is not a bool"))),
+    };
+    // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
+    let add_bos = flag("tokenizer.ggml.add_bos_token", model == "llama")?;
+    let tokenizer = match model {
+        "gpt2" => byte_level(g)?,
+        "llama" => sentencepiece(
+            g,
+            add_bos,
+            flag("tokenizer.ggml.add_eos_token", false)?,
+            flag("tokenizer.ggml.add_space_prefix", true)?,
+        )?,
+        _ => {
+            return Err(kerr(
+                g,
+                format!("tokenizer.ggml.model {model:?}: coli converts byte-level BPE (\"gpt2\") and SentencePiece (\"llama\") tokenizers from GGUF"),
+            ))
+        }
+    };
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let special = |key: &str| -> Result<Json> {
+        match g.get(key).and_then(Value::as_u64) {
+            None => Ok(Json::Null),
+            Some(id) => tokens.get(id as usize).map(|t| json!(t)).ok_or_else(|| {
+                kerr(
+                    g,
+                    format!(
+                        "{key} {id} is not a token id (the vocabulary has {})",
+                        tokens.len()
+                    ),
+                )
+            }),
+        }
+    };
+    let template = g.get("tokenizer.chat_template").and_then(Value::as_str);
+    let mut config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": special("tokenizer.ggml.bos_token_id")?,
+        "eos_token": special("tokenizer.ggml.eos_token_id")?,
+        "unk_token": special("tokenizer.ggml.unknown_token_id")?,
+        "pad_token": special("tokenizer.ggml.padding_token_id")?,
+        "add_bos_token": add_bos,
+        "clean_up_tokenization_spaces": false,
+        "model_max_length": context_length,
+    });
+    if let Some(t) = template {
+        config["chat_template"] = json!(t);
+    }
+    let id = |key: &str| {
+        g.get(key)
+            .and_then(Value::as_u64)
+            .map_or(Json::Null, Json::from)
+    };
+    let generation = json!({
+        "bos_token_id": id("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": id("tokenizer.ggml.eos_token_id"),
+    });
+    let pretty = |v: &Json| serde_json::to_vec_pretty(v).expect("serializes");
+    let mut out = vec![
+        ("generation_config.json".to_string(), pretty(&generation)),
+        ("tokenizer.json".to_string(), tokenizer),
+        ("tokenizer_config.json".to_string(), pretty(&config)),
+    ];
+    if let Some(t) = template {
+        out.push(("chat_template.jinja".to_string(), t.as_bytes().to_vec()));
+    }
+    Ok(out)
+}
+
+/// The token types (`tokenizer.ggml.token_type`, one per token; all normal when absent).
+fn token_types(g: &Gguf, n: usize) -> Result<Vec<i64>> {
+    let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => Some(*i),
+                Value::Uint(u) => Some(*u as i64),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| kerr(g, "tokenizer.ggml.token_type is not an array of integers"))?,
+        None => vec![1; n],
+    };
+    if types.len() != n {
         return Err(kerr(
             g,
-            format!("tokenizer.ggml.model {model:?}: coli converts byte-level BPE tokenizers (\"gpt2\") from GGUF; SentencePiece (\"llama\") and others are not converted yet"),
+            format!(
+                "tokenizer.ggml.token_type has {} entries for {n} tokens",
+                types.len()
+            ),
         ));
     }
+    Ok(types)
+}
+
+/// The `tokenizer.json` of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`).
+fn byte_level(g: &Gguf) -> Result<Vec<u8>> {
     let pre = g
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
@@ -73,28 +182,7 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
     })?;
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let merges = strings(g, "tokenizer.ggml.merges")?;
-    let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
-        Some(a) => a
-            .iter()
-            .map(|v| match v {
-                Value::Int(i) => Some(*i),
-                Value::Uint(u) => Some(*u as i64),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| kerr(g, "tokenizer.ggml.token_type is not an array of integers"))?,
-        None => vec![1; tokens.len()],
-    };
-    if types.len() != tokens.len() {
-        return Err(kerr(
-            g,
-            format!(
-                "tokenizer.ggml.token_type has {} entries for {} tokens",
-                types.len(),
-                tokens.len()
-            ),
-        ));
-    }
+    let types = token_types(g, tokens.len())?;
     let alphabet = byte_alphabet();
     let mut added = Vec::new();
     let mut vocab = serde_json::Map::new();
@@ -129,52 +217,171 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
         };
         merge_pairs.push(json!([a, b]));
     }
-    let tokenizer = tokenizer_json(&added, &pre_tokenizer, ignore_merges, vocab, merge_pairs);
-    let special = |key: &str| -> Result<Json> {
+    Ok(tokenizer_json(
+        &added,
+        &pre_tokenizer,
+        ignore_merges,
+        vocab,
+        merge_pairs,
+    ))
+}
+
+/// The `tokenizer.json` of a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`; the
+/// module's documentation says how it is built), its post-processor adding BOS and EOS as
+/// `add_bos` and `add_eos` say, a `▁` put before the text when `add_space_prefix`.
+fn sentencepiece(
+    g: &Gguf,
+    add_bos: bool,
+    add_eos: bool,
+    add_space_prefix: bool,
+) -> Result<Vec<u8>> {
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let types = token_types(g, tokens.len())?;
+    let scores: Vec<f32> = g
+        .get("tokenizer.ggml.scores")
+        .and_then(Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| kerr(g, "metadata key tokenizer.ggml.scores is missing or not an array of numbers (a SentencePiece vocabulary needs its scores)"))?;
+    if scores.len() != tokens.len() {
+        return Err(kerr(
+            g,
+            format!(
+                "tokenizer.ggml.scores has {} entries for {} tokens",
+                scores.len(),
+                tokens.len()
+            ),
+        ));
+    }
+    if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+        return Err(kerr(
+            g,
+            format!("tokenizer.ggml.scores[{i}] is {}", scores[i]),
+        ));
+    }
+    let mut vocab = std::collections::HashMap::with_capacity(tokens.len());
+    let mut added = Vec::new();
+    for (i, (&tok, &ty)) in tokens.iter().zip(&types).enumerate() {
+        if vocab.insert(tok, i).is_some() {
+            return Err(kerr(
+                g,
+                format!("tokenizer.ggml.tokens[{i}] {tok:?} appears twice"),
+            ));
+        }
+        // Control (3) and user-defined (4) tokens are matched whole, never normalized
+        // (transformers' `add_gguf_special_tokens`).
+        if ty == 3 || ty == 4 {
+            added.push(json!({
+                "id": i, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": ty == 3
+            }));
+        }
+    }
+    let token_of = |key: &str| -> Result<Option<(u64, &str)>> {
         match g.get(key).and_then(Value::as_u64) {
-            None => Ok(Json::Null),
-            Some(id) => tokens.get(id as usize).map(|t| json!(t)).ok_or_else(|| {
-                kerr(
+            None => Ok(None),
+            Some(id) => match tokens.get(id as usize) {
+                Some(&t) => Ok(Some((id, t))),
+                None => Err(kerr(
                     g,
                     format!(
                         "{key} {id} is not a token id (the vocabulary has {})",
                         tokens.len()
                     ),
-                )
-            }),
+                )),
+            },
         }
     };
-    let template = g.get("tokenizer.chat_template").and_then(Value::as_str);
-    let mut config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": special("tokenizer.ggml.bos_token_id")?,
-        "eos_token": special("tokenizer.ggml.eos_token_id")?,
-        "unk_token": special("tokenizer.ggml.unknown_token_id")?,
-        "pad_token": special("tokenizer.ggml.padding_token_id")?,
-        "add_bos_token": g.get("tokenizer.ggml.add_bos_token").is_some_and(|v| *v == Value::Bool(true)),
-        "clean_up_tokenization_spaces": false,
-        "model_max_length": context_length,
-    });
-    if let Some(t) = template {
-        config["chat_template"] = json!(t);
-    }
-    let id = |key: &str| {
-        g.get(key)
-            .and_then(Value::as_u64)
-            .map_or(Json::Null, Json::from)
+    let unk = token_of("tokenizer.ggml.unknown_token_id")?.map(|(_, t)| t);
+    // BOS / EOS around the text, as llama.cpp's `add_bos` / `add_eos` (and a pair's second
+    // text as the first).
+    let required = |on: bool, key: &str| -> Result<Option<(u64, &str)>> {
+        if !on {
+            return Ok(None);
+        }
+        token_of(key)?.map(Some).ok_or_else(|| {
+            kerr(
+                g,
+                format!("the tokenizer adds {key} to every text, but the key is missing"),
+            )
+        })
     };
-    let generation = json!({
-        "bos_token_id": id("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": id("tokenizer.ggml.eos_token_id"),
-    });
-    let pretty = |v: &Json| serde_json::to_vec_pretty(v).expect("serializes");
-    let mut out = vec![
-        ("generation_config.json".to_string(), pretty(&generation)),
-        ("tokenizer.json".to_string(), tokenizer),
-        ("tokenizer_config.json".to_string(), pretty(&config)),
-    ];
-    if let Some(t) = template {
-        out.push(("chat_template.jinja".to_string(), t.as_bytes().to_vec()));
+    let bos = required(add_bos, "tokenizer.ggml.bos_token_id")?;
+    let eos = required(add_eos, "tokenizer.ggml.eos_token_id")?;
+    let special = |&(_, t): &(u64, &str)| json!({"SpecialToken": {"id": t, "type_id": 0}});
+    let text = |s: &str| json!({"Sequence": {"id": s, "type_id": 0}});
+    let wrapped = |s: &str| -> Vec<Json> {
+        bos.iter()
+            .map(special)
+            .chain([text(s)])
+            .chain(eos.iter().map(special))
+            .collect()
+    };
+    let single = wrapped("A");
+    let pair: Vec<Json> = single.iter().cloned().chain(wrapped("B")).collect();
+    let wrap: Vec<(u64, &str)> = bos.into_iter().chain(eos).collect();
+    let special_tokens: serde_json::Map<String, Json> = wrap
+        .iter()
+        .map(|&(id, t)| (t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]})))
+        .collect();
+    let post_processor = if wrap.is_empty() {
+        Json::Null
+    } else {
+        json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens})
+    };
+    // The merges a score-ranked vocabulary implies: per piece (in id order) its splits into two
+    // pieces of the vocabulary, ordered by the halves' ids; then all of them by the piece's
+    // score, the left half's length and the right half's (in characters), highest first, ties
+    // in that order (a stable sort, as Python's).
+    let mut merges: Vec<(&str, &str, f32, usize, usize)> = Vec::new();
+    for (&tok, &score) in tokens.iter().zip(&scores) {
+        let start = merges.len();
+        for (at, _) in tok.char_indices().skip(1) {
+            let (l, r) = tok.split_at(at);
+            if let (Some(_), Some(_)) = (vocab.get(l), vocab.get(r)) {
+                merges.push((l, r, score, l.chars().count(), r.chars().count()));
+            }
+        }
+        merges[start..].sort_by_key(|m| (vocab[m.0], vocab[m.1]));
     }
-    Ok(out)
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
+    let merges: Vec<[&str; 2]> = merges.iter().map(|m| [m.0, m.1]).collect();
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    let vocab: std::collections::BTreeMap<usize, &str> =
+        vocab.into_iter().map(|(t, i)| (i, t)).collect();
+    let vocab: serde_json::Map<String, Json> = vocab
+        .into_iter()
+        .map(|(i, t)| (t.to_string(), json!(i)))
+        .collect();
+    let doc = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+            "ignore_merges": false, "vocab": vocab, "merges": merges
+        }
+    });
+    Ok(serde_json::to_vec(&doc).expect("serializes"))
 }
