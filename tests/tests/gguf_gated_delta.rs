@@ -220,3 +220,66 @@ fn gated_delta_plan_from_the_gguf_header_matches_the_store() {
         coli_tests::check_gguf_plan(&gguf(name), &dir, name);
     }
 }
+
+#[test]
+fn fused_tensors_read_as_the_unfused_file() {
+    // llama.cpp's converter with --fuse-gate-up-exps --fuse-qkv on the Qwen3.5-MoE fixture,
+    // through the same quantizer as qwen3_5_moe-q8_0.gguf (make_fused_ggufs.py, which checked
+    // that every part of each fused tensor is that file's tensor): the stores are the same bits,
+    // dense tensors and expert records, and the fused one runs as that file's oracle.
+    let name = "qwen3_5_moe-fused-q8_0";
+    let exp = oracle(name);
+    assert_eq!(
+        coli_tests::sha256_hex(&std::fs::read(gguf(name)).unwrap()),
+        exp["gguf_sha256"].as_str().unwrap()
+    );
+    let plain_name = exp["unfused"].as_str().unwrap().trim_end_matches(".gguf");
+    let fused = exp["fused"].as_object().unwrap();
+    assert!(
+        fused.keys().any(|k| k.contains("attn_qkv")) && fused.keys().any(|k| k.contains("gate_up"))
+    );
+    let (_t1, d1) = coli_tests::gguf_convert(name);
+    let (_t2, d2) = coli_tests::gguf_convert(plain_name);
+    let (a, b) = (
+        open_store(&d1, true, IoPreference::Auto),
+        open_store(&d2, true, IoPreference::Auto),
+    );
+    let (ma, mb) = (a.manifest(), b.manifest());
+    assert_eq!(ma.config, mb.config);
+    let names =
+        |m: &coli_store::Manifest| m.dense.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(ma), names(mb));
+    for d in &ma.dense {
+        let (x, y) = (a.dense(&d.name).unwrap(), b.dense(&d.name).unwrap());
+        assert!(
+            (x.encoding, x.shape, x.data, x.scales) == (y.encoding, y.shape, y.data, y.scales),
+            "{}",
+            d.name
+        );
+    }
+    let mut records = 0;
+    for l in &ma.expert_layers {
+        for e in 0..l.num_experts {
+            let k = ExpertKey::new(l.layer, e);
+            assert_eq!(
+                a.fetch_one(k).unwrap().bytes(),
+                b.fetch_one(k).unwrap().bytes(),
+                "expert {e} of layer {}",
+                l.layer
+            );
+            records += 1;
+        }
+    }
+    assert!(records > 0);
+    let mut e = Engine::new(&a, &EngineOptions::default()).unwrap();
+    coli_tests::check_oracle(&mut e, &oracle(plain_name), "", name);
+    coli_tests::check_gguf_plan(&gguf(name), &d1, name);
+    // A fused q/k/v whose rows are not the three projections' is refused naming it.
+    let e = refused(name, |b| {
+        let at = byte_after(b, b"blk.3.attn_qkv.weight");
+        // The tensor's second dimension (rows), after its dimension count and first dimension.
+        let rows = u64::from_le_bytes(b[at + 12..at + 20].try_into().unwrap());
+        b[at + 12..at + 20].copy_from_slice(&(rows - 1).to_le_bytes());
+    });
+    assert!(e.contains("blk.3.attn_qkv.weight"), "{e}");
+}

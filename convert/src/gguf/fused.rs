@@ -22,7 +22,8 @@ use coli_format::spec::ModelSpec;
 
 /// Rewrites `g`'s tensor map: every fused `blk.N.attn_qkv.{weight,bias}` of a layer whose q, k
 /// and v the spec (of `config`) reads and the file lacks becomes `blk.N.attn_q`, `attn_k`,
-/// `attn_v` (row ranges of its data, rows as the spec's shapes say), and leaves the map.
+/// `attn_v` (row ranges of its data, rows as the spec's shapes say), in the map and in the
+/// file order (so `coli export --gguf` writes them unfused, which llama.cpp loads as well).
 ///
 /// # Errors
 /// [`ConvertError::Tensor`] naming the fused tensor when its rows are not the three parts' sum
@@ -80,6 +81,9 @@ pub fn split_qkv(g: &mut Gguf, spec: &ModelSpec, config: &serde_json::Value) -> 
         }
         let row_bytes = t.nbytes / shape[0];
         g.tensors.remove(&name);
+        if let Some(i) = g.order.iter().position(|n| *n == name) {
+            g.order.splice(i..=i, parts.iter().cloned());
+        }
         let mut at = 0;
         for (p, r) in parts.into_iter().zip(rows) {
             let mut dims = t.dims.clone();

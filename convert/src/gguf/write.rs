@@ -48,15 +48,27 @@ pub fn export_files(g: &Gguf) -> Vec<(String, Vec<u8>)> {
     for (_, b) in &g.kv_raw {
         kv.extend_from_slice(b);
     }
+    // A fused `ffn_gate_up_exps` (`super::fused`) is listed as the gate and up tensors it
+    // joins (`[E, I, H]` each): the store keeps them apart, and llama.cpp loads either form.
     let tensors: Vec<TensorEntry> = g
         .order
         .iter()
-        .map(|n| {
+        .flat_map(|n| {
             let t = &g.tensors[n];
-            TensorEntry {
-                name: n.clone(),
-                dims: t.dims.clone(),
+            let entry = |name: String, dims: Vec<u64>| TensorEntry {
+                name,
+                dims,
                 ggml_type: t.ggml_type,
+            };
+            match n.strip_suffix("ffn_gate_up_exps.weight") {
+                Some(stem) if t.dims.len() == 3 => {
+                    let dims = vec![t.dims[0], t.dims[1] / 2, t.dims[2]];
+                    vec![
+                        entry(format!("{stem}ffn_gate_exps.weight"), dims.clone()),
+                        entry(format!("{stem}ffn_up_exps.weight"), dims),
+                    ]
+                }
+                _ => vec![entry(n.clone(), t.dims.clone())],
             }
         })
         .collect();
