@@ -341,3 +341,78 @@ fn bad_gguf_metadata_values_are_refused() {
     });
     assert!(e.contains("general.architecture"), "{e}");
 }
+
+#[test]
+fn fused_tensors_read_as_the_unfused_file() {
+    // llama.cpp's converter with its fusing options (tests/fixtures/gguf/make_fused_ggufs.py,
+    // which checked that every part of each fused tensor is the unfused file's tensor bit for
+    // bit): --fuse-gate-up-exps --fuse-qkv on the Qwen3.5-MoE fixture against
+    // qwen3_5_moe-q8_0.gguf (whose oracle the fused store then runs), and --fuse-qkv on a tiny
+    // Mixtral, whose q and k rows llama.cpp permutes before fusing them. The stores are the
+    // same bits, dense tensors and expert records.
+    for (name, oracle) in [
+        ("qwen3_5_moe-fused-q8_0", true),
+        ("mixtral-fused-q8_0", false),
+    ] {
+        let exp = expected(name);
+        assert_eq!(
+            coli_tests::sha256_hex(&std::fs::read(dir().join(format!("{name}.gguf"))).unwrap()),
+            exp["gguf_sha256"].as_str().unwrap(),
+            "{name}"
+        );
+        let plain = exp["unfused"].as_str().unwrap().trim_end_matches(".gguf");
+        let fused = exp["fused"].as_object().unwrap();
+        assert!(fused.keys().any(|k| k.contains("attn_qkv")), "{name}");
+        let (_t1, d1) = coli_tests::gguf_convert(name);
+        let (_t2, d2) = coli_tests::gguf_convert(plain);
+        let (a, b) = (
+            open_store(&d1, true, IoPreference::Auto),
+            open_store(&d2, true, IoPreference::Auto),
+        );
+        let (ma, mb) = (a.manifest(), b.manifest());
+        assert_eq!(ma.config, mb.config, "{name}");
+        let names =
+            |m: &coli_store::Manifest| m.dense.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(ma), names(mb), "{name}");
+        for d in &ma.dense {
+            let (x, y) = (a.dense(&d.name).unwrap(), b.dense(&d.name).unwrap());
+            assert!(
+                (x.encoding, x.shape, x.data, x.scales) == (y.encoding, y.shape, y.data, y.scales),
+                "{name}: {}",
+                d.name
+            );
+        }
+        let mut records = 0;
+        for l in &ma.expert_layers {
+            for e in 0..l.num_experts {
+                let k = ExpertKey::new(l.layer, e);
+                assert!(
+                    a.fetch_one(k).unwrap().bytes() == b.fetch_one(k).unwrap().bytes(),
+                    "{name}: expert {e} of layer {}",
+                    l.layer
+                );
+                records += 1;
+            }
+        }
+        assert!(records > 0, "{name}");
+        let gguf = dir().join(format!("{name}.gguf"));
+        coli_tests::check_gguf_plan(&gguf, &d1, name);
+        if oracle {
+            let mut e = Engine::new(&a, &EngineOptions::default()).unwrap();
+            coli_tests::check_oracle(&mut e, &expected(plain), "", name);
+        }
+        // A fused q/k/v whose rows are not the three projections' is refused naming it.
+        let fused_qkv = fused
+            .keys()
+            .find(|k| k.contains("attn_qkv"))
+            .unwrap()
+            .clone();
+        let e = refused_from(name, "bad.gguf", |b| {
+            let at = coli_tests::byte_after(b, fused_qkv.as_bytes());
+            // The tensor's second dimension (rows), after its dimension count and first one.
+            let rows = u64::from_le_bytes(b[at + 12..at + 20].try_into().unwrap());
+            b[at + 12..at + 20].copy_from_slice(&(rows - 1).to_le_bytes());
+        });
+        assert!(e.contains(&fused_qkv), "{name}: {e}");
+    }
+}
