@@ -13,7 +13,7 @@
 # Disk: hf/ 4.7 GB (deleted at the end unless KEEP_HF=1), store-int4 ~2.5 GB.
 # Variables: REPS (2), PREFILL_TOKENS (2048), SKIP_BUILD=1, CARGO_TARGET_DIR, TF_PY (python with
 # tests/fixtures/requirements.txt, for the generator).
-# Output: engine/bench/results/<date>-bf16a-prefill.txt
+# Output: $OUT (default engine/bench/results/<date>-bf16a-prefill.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 D="${1:-/work/bench-q35}"
@@ -21,7 +21,7 @@ TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 TF_PY="${TF_PY:-/work/venv-llama/bin/python}"
 REPS="${REPS:-2}"
 N="${PREFILL_TOKENS:-2048}"
-OUT="$ROOT/engine/bench/results/$(date -u +%Y-%m-%d)-bf16a-prefill.txt"
+OUT="${OUT:-$ROOT/engine/bench/results/$(date -u +%Y-%m-%d)-bf16a-prefill.txt}"
 [ "${SKIP_BUILD:-0}" = 1 ] || (cd "$ROOT" && cargo build --release -p coli-convert -p coli-tools)
 mkdir -p "$D"
 if [ ! -d "$D/store-int4" ]; then
