@@ -135,6 +135,7 @@ pub struct ChunkScratch {
 /// `W_r = w0_r - Σ_{s<r} A[r][s] W_s` (into `sc.w`, `init_w(r, W_r)` writing `w0_r`, `[dk]`),
 /// row by row, each sum an [`crate::axpy`] sequence in increasing `s`; then
 /// `v'_r = U_r - W_r S` (into `sc.vnew`). `dims` is `(n, dk, dv)`.
+#[inline(always)]
 pub(crate) fn substitute(
     sc: &mut ChunkScratch,
     state: &[f32],
@@ -189,6 +190,50 @@ pub(crate) fn substitute(
 /// If `n` is 0 or above [`CHUNK`], or a length does not match `n`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    o: &mut [f32],
+    scratch: &mut ChunkScratch,
+) {
+    // The same code compiled for AVX2 where the CPU has it: the same IEEE operations in the
+    // same order (Rust never contracts or reassociates them), so the same bits; the
+    // eight-lane dot products and the row updates run in 256-bit registers.
+    #[cfg(target_arch = "x86_64")]
+    if crate::avx2() {
+        // SAFETY: the CPU has AVX2 (checked).
+        return unsafe { chunk_avx2(state, q, k, v, g, beta, o, scratch) };
+    }
+    chunk_body(state, q, k, v, g, beta, o, scratch)
+}
+
+/// [`chunk`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_avx2(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    o: &mut [f32],
+    scratch: &mut ChunkScratch,
+) {
+    chunk_body(state, q, k, v, g, beta, o, scratch)
+}
+
+/// The body of [`chunk`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn chunk_body(
     state: &mut [f32],
     q: &[f32],
     k: &[f32],

@@ -172,6 +172,49 @@ pub fn chunk(
     o: &mut [f32],
     scratch: &mut ChunkScratch,
 ) {
+    // As `gated_delta::chunk`: the same code compiled for AVX2 where the CPU has it (the same
+    // bits).
+    #[cfg(target_arch = "x86_64")]
+    if crate::avx2() {
+        // SAFETY: the CPU has AVX2 (checked).
+        return unsafe { chunk_avx2(state, q, k, v, g, beta, o, scratch) };
+    }
+    chunk_body(state, q, k, v, g, beta, o, scratch)
+}
+
+/// [`chunk`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_avx2(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    o: &mut [f32],
+    scratch: &mut ChunkScratch,
+) {
+    chunk_body(state, q, k, v, g, beta, o, scratch)
+}
+
+/// The body of [`chunk`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn chunk_body(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    o: &mut [f32],
+    scratch: &mut ChunkScratch,
+) {
     let n = beta.len();
     assert!(n > 0 && n <= CHUNK, "kda::chunk: {n} tokens (1..={CHUNK})");
     let dk = q.len() / n;

@@ -489,6 +489,14 @@ struct RowsOut(*mut f32);
 // (`row_blocks`), while the slice it came from is mutably borrowed for the whole call.
 unsafe impl Sync for RowsOut {}
 
+/// Whether the CPU has AVX2 (detected once): for portable code that also runs compiled for
+/// AVX2, with the same bits ([`gated_delta::chunk`], [`kda::chunk`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+}
+
 /// The kernels' code path for products of `isa`: AVX-512 runs the AVX2 kernels except its own.
 fn base(isa: Isa) -> Isa {
     match isa {

@@ -11,6 +11,7 @@ use crate::scalar::dot_lanes;
 ///
 /// # Panics
 /// If `a.len() != b.len()`.
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     dot_lanes(a, b)
@@ -291,6 +292,7 @@ pub fn silu(x: f32) -> f32 {
 ///
 /// # Panics
 /// If `x.len() != y.len()`.
+#[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: length mismatch");
     for (yo, &v) in y.iter_mut().zip(x) {

@@ -20,6 +20,7 @@ pub(crate) fn decode_cols(w: &MatrixView<'_>, r: usize, c0: usize, c1: usize, ou
 /// `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))`.
 ///
 /// Uses the first `min(a.len(), b.len())` elements.
+#[inline]
 pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (ac, at) = a[..n].as_chunks::<8>();
