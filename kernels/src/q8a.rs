@@ -128,7 +128,7 @@ impl QAct {
 /// `1.5 * 2^23`: adding and subtracting it rounds an f32 of magnitude below `2^22` to an
 /// integer, half to even (the default rounding of the addition), with plain arithmetic that
 /// vectorizes (`f32::round_ties_even` is a library call on baseline x86-64).
-const ROUND_MAGIC: f32 = 12_582_912.0;
+pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// Step 1 of the rule for one block of 32: fills `q`, returns `d`. A block holding a
 /// non-finite value gets `d = NaN` and zero codes (the product is then NaN, as the exact
@@ -146,6 +146,28 @@ pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
         *o = r.clamp(-127.0, 127.0) as i8;
     }
     amax / 127.0
+}
+
+/// [`quantize_block`] with AVX-512 where the CPU has it (`q8a_x86::quantize_block_avx512`: the
+/// same codes and `d`, unit-tested against this scalar step; a block holding a NaN takes the
+/// scalar step), else the scalar step. `x` and `q` are one block of 32.
+#[inline]
+fn quantize_block_fast(x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *AVX512.get_or_init(|| std::is_x86_feature_detected!("avx512f")) {
+            let (xb, qb) = (
+                x.try_into().expect("a block of 32"),
+                q.try_into().expect("a block of 32"),
+            );
+            // SAFETY: AVX-512F detected above.
+            if let Some(d) = unsafe { crate::q8a_x86::quantize_block_avx512(xb, qb) } {
+                return d;
+            }
+        }
+    }
+    quantize_block(x, q)
 }
 
 /// Quantizes `x` (`[n, cols]`) by step 1 and lays it out in lane order for `kind` (int8: the
@@ -172,8 +194,8 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
         let ct = &mut out.corr[t * lanes..(t + 1) * lanes];
         for k in 0..cols / CHUNK {
             let xk = &xt[k * CHUNK..(k + 1) * CHUNK];
-            let d0 = quantize_block(&xk[..BLOCK], &mut qn[..BLOCK]);
-            let d1 = quantize_block(&xk[BLOCK..], &mut qn[BLOCK..]);
+            let d0 = quantize_block_fast(&xk[..BLOCK], &mut qn[..BLOCK]);
+            let d1 = quantize_block_fast(&xk[BLOCK..], &mut qn[BLOCK..]);
             let qk = &mut qt[k * CHUNK..(k + 1) * CHUNK];
             match kind {
                 Kind::Int8 | Kind::Ggml(_) => qk.copy_from_slice(&qn),
@@ -307,5 +329,66 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
             }
             sum16(&acc)
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::{quantize_block, BLOCK};
+
+    /// The AVX-512 step gives the scalar step's codes and `d` bit for bit on random blocks of
+    /// every magnitude, with zeros, signed zeros, subnormals, infinities and values on the
+    /// rounding boundaries; a block with a NaN is left to the scalar step.
+    #[test]
+    fn avx512_block_step_is_the_scalar_step() {
+        if !std::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let specials = [
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE / 4.0,
+            -f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.5,
+            -1.5,
+            126.5,
+            f32::MAX,
+        ];
+        for round in 0..200_000 {
+            let scale = f32::from_bits(((next() % 200 + 27) as u32) << 23);
+            let mut x = [0f32; BLOCK];
+            for v in &mut x {
+                let r = next();
+                *v = if r % 17 == 0 {
+                    specials[(r >> 8) as usize % specials.len()]
+                } else {
+                    ((r >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0) * scale
+                };
+            }
+            if round % 1000 == 0 {
+                x = [0.0; BLOCK];
+                x[(round / 1000) % BLOCK] = -0.0;
+            }
+            let (mut a, mut b) = ([0i8; BLOCK], [0i8; BLOCK]);
+            let d = quantize_block(&x, &mut a);
+            // SAFETY: AVX-512F checked above.
+            let e = unsafe { crate::q8a_x86::quantize_block_avx512(&x, &mut b) }.unwrap();
+            assert_eq!((d.to_bits(), a), (e.to_bits(), b), "{x:?}");
+        }
+        let mut x = [1.0f32; BLOCK];
+        x[7] = f32::NAN;
+        let mut q = [5i8; BLOCK];
+        // SAFETY: as above.
+        assert!(unsafe { crate::q8a_x86::quantize_block_avx512(&x, &mut q) }.is_none());
+        assert_eq!(q, [5; BLOCK]);
     }
 }

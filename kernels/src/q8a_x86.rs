@@ -1674,3 +1674,43 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
         }
     }
 }
+
+/// Step 1 of the integer rule for one block of 32 activations ([`crate::q8a::quantize_block`])
+/// with AVX-512: the same operations on each value (`|x|`'s maximum, which no order changes;
+/// `127 / amax` once; `(x inv + 1.5 2^23) - 1.5 2^23`, clamped to ±127), so the same codes
+/// and `d`. None, with `q` untouched, when the block holds a NaN: the scalar step's `max`
+/// skips NaN, which `vmaxps` does not do the same way, so such a block takes the scalar step.
+///
+/// # Safety
+/// AVX-512F is available.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn quantize_block_avx512(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> Option<f32> {
+    // SAFETY: `x` holds 32 values and `q` 32 bytes: two 16-lane loads, two 16-byte stores.
+    unsafe {
+        let v = [
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        ];
+        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[0], v[0]) != 0
+            || _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[1], v[1]) != 0
+        {
+            return None;
+        }
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+        if amax == 0.0 || !amax.is_finite() {
+            q.fill(0);
+            return Some(if amax == 0.0 { 0.0 } else { f32::NAN });
+        }
+        let inv = _mm512_set1_ps(127.0 / amax);
+        let magic = _mm512_set1_ps(crate::q8a::ROUND_MAGIC);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        for (h, &vh) in v.iter().enumerate() {
+            let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(vh, inv), magic), magic);
+            let r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+            // Whole numbers within ±127: the conversion and the narrowing are exact.
+            let b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r));
+            _mm_storeu_si128(q.as_mut_ptr().add(16 * h).cast(), b);
+        }
+        Some(amax / 127.0)
+    }
+}
