@@ -398,7 +398,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         .expert_sets()
         .into_iter()
         .filter(|s| match &dtypes {
-            _ if s.class == TensorClass::Mtp && a.mtp.is_none() => false,
+            // A GGUF's MTP layer keeps its types, as its other layers (`gguf` below).
+            _ if s.class == TensorClass::Mtp && a.mtp.is_none() => gguf.is_some(),
             Dtypes::Headers(ck) => s.class != TensorClass::Mtp || ck.has(&s.tensor_names(0)[0]),
             Dtypes::Assumed { .. } => true,
         })
@@ -408,9 +409,11 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let mut moe_layers = 0u64;
     for s in &sets {
         if s.class == TensorClass::Mtp {
-            mtp_n += s.count as u64;
-            let mtp = a.mtp.expect("MTP sets are kept only with an MTP encoding");
-            mtp_bytes += s.count as u64 * record(mtp, s.biases);
+            // Without an MTP encoding only a GGUF keeps the set (counted with its types below).
+            if let Some(mtp) = a.mtp {
+                mtp_n += s.count as u64;
+                mtp_bytes += s.count as u64 * record(mtp, s.biases);
+            }
         } else {
             main_record = record(experts, s.biases);
             experts_n += s.count as u64;
@@ -434,14 +437,16 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             .record_len(ALIGNMENT) as u64;
             n += s.count as u64;
             bytes += s.count as u64 * rec;
-            per_token += spec.top_k as u64 * rec;
+            if s.class != TensorClass::Mtp {
+                per_token += spec.top_k as u64 * rec;
+            }
         }
         experts_n = n;
         experts_bytes = bytes;
         no_hits = per_token;
         main_record = bytes.checked_div(n).unwrap_or(0);
         let (mut dense, mut embed) = (0u64, 0u64);
-        for t in spec.tensors.main_dense() {
+        for t in spec.tensors.dense() {
             let Some(info) =
                 crate::gguf::arch::gguf_name_in(&config, &t.name).and_then(|n| g.tensors.get(&n))
             else {

@@ -10,7 +10,9 @@
 //! (`coli_convert::gguf::arch::derived_values`) and says the rest in config.json
 //! (`zero_centered_norms`, `linear_attn_split_qkvz`, `linear_value_heads_tiled`). The oracle is
 //! transformers 5.25 on the values each file holds, the converter's changes undone by the
-//! script: greedy 32, teacher-forced top-1, the 150-token prompt, last logits within 1e-3.
+//! script: greedy 32, teacher-forced top-1, the 150-token prompt, last logits within 1e-3. The
+//! MTP block llama.cpp appends (files of the checkpoint fixtures) is the store's MTP layer: the
+//! F32 files' against the fixtures' MTP reference, and `--speculate mtp` never changes tokens.
 
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_store::{ExpertKey, IoPreference};
@@ -79,9 +81,40 @@ fn gated_delta_ggufs_run_as_the_oracle_and_keep_the_blocks() {
         let last_long = coli_tests::check_oracle(&mut e, &exp, "", name);
         let long = ids(&exp["long_prompt_ids"]);
 
+        // The MTP block llama.cpp appends (`blk.L.nextn.*`, the checkpoint's `mtp.*`) is the
+        // store's MTP layer where the file has one (those of the checkpoint fixtures; the
+        // checkpoints the script makes have none).
+        assert_eq!(e.has_mtp(), !name.contains("hv6"), "{name}: MTP layer");
         // An F32 file holds its checkpoint's numbers (the norms' `1 + w` and `A_log`'s round
-        // trip aside): the store converted from the checkpoint itself gives the same logits.
+        // trip aside): the store converted from the checkpoint itself gives the same logits,
+        // and its MTP layer the drafts transformers-side reference gave the checkpoint
+        // (make_qwen3_next_fixtures.py / make_qwen3_5_moe_fixtures.py: vLLM's MTP module).
+        if e.has_mtp() {
+            // Drafting with it never changes the tokens (the oracle's greedy 32).
+            let params = coli_engine::GenerateParams {
+                max_tokens: 32,
+                sampling: Default::default(),
+                stop_on_eos: false,
+                speculation: coli_engine::SpeculationParams {
+                    mode: coli_engine::Speculate::Mtp,
+                    draft_tokens: 3,
+                    gate: false,
+                    ..Default::default()
+                },
+            };
+            let got = e
+                .generate(&ids(&exp["prompt_ids"]), &params, |_| Ok(true))
+                .unwrap();
+            assert_eq!(got.tokens, ids(&exp["greedy"]), "{name}: --speculate mtp");
+            let sp = &got.stats.speculation;
+            assert!(
+                got.stats.speculation_mode == coli_engine::Speculate::Mtp && sp.drafts_proposed > 0,
+                "{name}: the MTP layer drafted ({sp:?})"
+            );
+        }
         if let Some(fixture) = fixture {
+            let fx = coli_tests::expected(fixture);
+            coli_tests::check_mtp(&mut e, &fx, &fx["mtp"], &format!("{name} MTP"));
             let (_t2, st) = convert_fixture(fixture, "lossless_store");
             let st = open_store(&st, true, IoPreference::Auto);
             let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();

@@ -259,7 +259,11 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
 /// `full_attention_interval`, default 4, as llama.cpp reads them). Both graphs make every layer
 /// MoE with softmax routing renormalized over the top-k (`build_moe_ffn(..., norm_w = true,
 /// ..., SOFTMAX)`); an `expert_weights_scale` other than 1 is refused (neither config has
-/// one). The MTP blocks (`nextn_predict_layers`) are not converted. What the converter changed
+/// one). The first MTP block (`nextn_predict_layers`; llama.cpp's converter renames `mtp.fc`,
+/// `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm` to `blk.L.nextn.{eh_proj,
+/// enorm, hnorm, shared_head_norm}` and `mtp.layers.0.*` to `blk.L.*`, L the decoder's layer
+/// count, and adds the one to its norms too) is converted as the spec's MTP layer ([`gguf_name_in`]).
+/// What the converter changed
 /// is said with coli's keys: `zero_centered_norms` false (it adds the one to every RMSNorm but
 /// the gated one), `linear_value_heads_tiled` (Qwen3.5's value heads reordered,
 /// `_LinearAttentionVReorderBase`), `linear_attn_split_qkvz` (Qwen3-Next's `in_proj_qkvz` as
@@ -380,11 +384,18 @@ fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> R
     );
     o.insert("attention_bias".into(), qkv_bias(g, layers).into());
     o.insert("zero_centered_norms".into(), false.into());
+    // The MTP block llama.cpp appends after the decoder (`nextn`, its `mtp.*` renamed): the
+    // first one is converted (coli runs at most one), when the file holds its tensors.
+    let mtp = usize::from(
+        keys.opt_u("nextn_predict_layers")?.unwrap_or(0) > 0
+            && g.tensors
+                .contains_key(&format!("blk.{layers}.nextn.eh_proj.weight")),
+    );
     if arch == "qwen35moe" {
-        o.insert("mtp_num_hidden_layers".into(), 0.into());
+        o.insert("mtp_num_hidden_layers".into(), mtp.into());
         o.insert("linear_value_heads_tiled".into(), true.into());
     } else {
-        o.insert("num_nextn_predict_layers".into(), 0.into());
+        o.insert("num_nextn_predict_layers".into(), mtp.into());
         o.insert(
             "intermediate_size".into(),
             opt_u("feed_forward_length")?.unwrap_or(shared).into(),
@@ -534,7 +545,8 @@ impl Keys<'_> {
 }
 
 /// `num_hidden_layers`: `block_count` less the MTP blocks llama.cpp appends after the decoder
-/// (`nextn_predict_layers`, not converted). Returns it.
+/// (`nextn_predict_layers`: not converted, but Qwen3-Next's and Qwen3.5's first, the MTP layer
+/// `qwen_hybrid` declares). Returns it.
 fn decoder_layers(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<usize> {
     let blocks = keys.u("block_count")?;
     let nextn = keys.opt_u("nextn_predict_layers")?.unwrap_or(0);
@@ -1368,6 +1380,9 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
 /// 1-based).
 pub fn gguf_name_in(config: &Json, hf: &str) -> Option<String> {
     let model_type = config["model_type"].as_str().unwrap_or_default();
+    if let Some(rest) = hf.strip_prefix("mtp.") {
+        return qwen_mtp_name(config, model_type, rest);
+    }
     let name = gguf_name(model_type, hf)?;
     let layer = hf
         .strip_prefix("model.layers.")
@@ -1379,6 +1394,30 @@ pub fn gguf_name_in(config: &Json, hf: &str) -> Option<String> {
             Some(name.replace(".ssm_g.", ".attn_gate."))
         }
         _ => Some(name),
+    }
+}
+
+/// The GGUF name of Qwen3-Next's / Qwen3.5's MTP tensor `mtp.{rest}` (spec name): llama.cpp's
+/// converter writes the MTP block as block L = `num_hidden_layers` (`conversion/qwen.py`,
+/// `_QwenMtpMixin`): `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm` as
+/// `blk.L.nextn.{eh_proj, enorm, hnorm, shared_head_norm}`, `layers.k.*` as block L + k's.
+fn qwen_mtp_name(config: &Json, model_type: &str, rest: &str) -> Option<String> {
+    if !matches!(model_type, "qwen3_next" | "qwen3_5_moe") {
+        return None;
+    }
+    let t = config.get("text_config").unwrap_or(config);
+    let l = t["num_hidden_layers"].as_u64()?;
+    let nextn = |n: &str| Some(format!("blk.{l}.nextn.{n}.weight"));
+    match rest {
+        "fc.weight" => nextn("eh_proj"),
+        "pre_fc_norm_embedding.weight" => nextn("enorm"),
+        "pre_fc_norm_hidden.weight" => nextn("hnorm"),
+        "norm.weight" => nextn("shared_head_norm"),
+        _ => {
+            let (k, inner) = rest.strip_prefix("layers.")?.split_once('.')?;
+            let k: u64 = k.parse().ok()?;
+            gguf_name(model_type, &format!("model.layers.{}.{inner}", l + k))
+        }
     }
 }
 

@@ -230,9 +230,10 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut files = super::tokenizer::files(&g, spec.max_position_embeddings.max(1))?;
     files.extend(super::write::export_files(&g));
 
-    // Dense tensors: every one the spec reads, from the GGUF, in the GGUF's type.
+    // Dense tensors: every one the spec reads (its MTP layer's included), from the GGUF, in
+    // the GGUF's type.
     let mut dense = Vec::new();
-    for ts in spec.tensors.main_dense() {
+    for ts in spec.tensors.dense() {
         if ts.optional
             && arch::gguf_name_in(&config, &ts.name).is_none_or(|n| !g.tensors.contains_key(&n))
         {
@@ -276,7 +277,11 @@ pub fn run(opts: &Options) -> Result<Report> {
     parameters.insert("source".to_string(), "gguf".to_string());
     parameters.insert("experts".to_string(), experts_param);
     parameters.insert("dense".to_string(), "gguf".to_string());
-    parameters.insert("mtp".to_string(), "none".to_string());
+    let mtp = spec.num_mtp_layers > 0;
+    parameters.insert(
+        "mtp".to_string(),
+        if mtp { "gguf" } else { "none" }.to_string(),
+    );
 
     let estimated: u64 = dense.iter().map(|d| d.t.nbytes as u64).sum::<u64>()
         + layers
@@ -294,7 +299,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     let store_spec = StoreSpec {
         family: spec.model_type.clone(),
         config_json: serde_json::to_vec_pretty(&sorted_keys(&config)).expect("serializes"),
-        num_layers: spec.num_layers as u32,
+        num_layers: (spec.num_layers + spec.num_mtp_layers) as u32,
         expert_layers: sets
             .iter()
             .map(|s| ExpertLayer {
@@ -323,7 +328,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         store: opts.output.clone(),
         family: spec.model_type.clone(),
         parameters,
-        mtp_layer: false,
+        mtp_layer: mtp,
         mtp_shared: BTreeMap::new(),
         tensors: dense.len() as u64,
         experts: sets.iter().map(|s| s.count as u64).sum(),

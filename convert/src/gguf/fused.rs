@@ -32,7 +32,7 @@ pub fn split_qkv(g: &mut Gguf, spec: &ModelSpec, config: &serde_json::Value) -> 
     // The spec's dense tensors by GGUF name: (shape).
     let wanted: std::collections::HashMap<String, &[usize]> = spec
         .tensors
-        .main_dense()
+        .dense()
         .into_iter()
         .filter_map(|t| super::arch::gguf_name_in(config, &t.name).map(|n| (n, t.shape.as_slice())))
         .collect();
