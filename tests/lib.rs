@@ -557,14 +557,23 @@ pub fn check_gguf_plan(gguf: &Path, store_dir: &Path, what: &str) {
             context: Some(256),
             disk_gib_s: Some(2.0),
             experts: None,
-            mtp: None,
+            // `coli plan`'s default: a GGUF's MTP layer keeps its own types whatever it says.
+            mtp: Some(coli_store::Encoding::Int8),
             chosen: None,
         })
         .unwrap_or_else(|e| panic!("{what}: plan: {e}"));
     let store = open_store(store_dir, false, coli_store::IoPreference::Auto);
     let records: u64 = store.index().iter().map(|r| r.length.get()).sum();
-    assert_eq!(p.expert_bytes_total, records, "{what}: expert bytes");
-    assert_eq!(p.experts as usize, store.index().len(), "{what}: records");
+    assert_eq!(
+        p.expert_bytes_total + p.mtp_expert_bytes_total,
+        records,
+        "{what}: expert bytes"
+    );
+    assert_eq!(
+        (p.experts + p.mtp_experts) as usize,
+        store.index().len(),
+        "{what}: records"
+    );
     assert_eq!(p.rows.len(), 1, "{what}: one row");
     assert_eq!(
         p.rows[0].dense_bytes,

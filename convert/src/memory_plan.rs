@@ -398,8 +398,10 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         .expert_sets()
         .into_iter()
         .filter(|s| match &dtypes {
-            // A GGUF's MTP layer keeps its types, as its other layers (`gguf` below).
-            _ if s.class == TensorClass::Mtp && a.mtp.is_none() => gguf.is_some(),
+            // A GGUF's MTP layer keeps its types, as its other layers (`gguf` below), whatever
+            // `--mtp` says.
+            _ if s.class == TensorClass::Mtp && gguf.is_some() => true,
+            _ if s.class == TensorClass::Mtp && a.mtp.is_none() => false,
             Dtypes::Headers(ck) => s.class != TensorClass::Mtp || ck.has(&s.tensor_names(0)[0]),
             Dtypes::Assumed { .. } => true,
         })
@@ -409,8 +411,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let mut moe_layers = 0u64;
     for s in &sets {
         if s.class == TensorClass::Mtp {
-            // Without an MTP encoding only a GGUF keeps the set (counted with its types below).
-            if let Some(mtp) = a.mtp {
+            // A GGUF's MTP set is counted with its own types below.
+            if let (Some(mtp), None) = (a.mtp, &gguf) {
                 mtp_n += s.count as u64;
                 mtp_bytes += s.count as u64 * record(mtp, s.biases);
             }
@@ -435,11 +437,14 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
                 false,
             )
             .record_len(ALIGNMENT) as u64;
+            if s.class == TensorClass::Mtp {
+                mtp_n += s.count as u64;
+                mtp_bytes += s.count as u64 * rec;
+                continue;
+            }
             n += s.count as u64;
             bytes += s.count as u64 * rec;
-            if s.class != TensorClass::Mtp {
-                per_token += spec.top_k as u64 * rec;
-            }
+            per_token += spec.top_k as u64 * rec;
         }
         experts_n = n;
         experts_bytes = bytes;

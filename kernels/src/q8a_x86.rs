@@ -1678,8 +1678,10 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
 /// Step 1 of the integer rule for one block of 32 activations ([`crate::q8a::quantize_block`])
 /// with AVX-512: the same operations on each value (`|x|`'s maximum, which no order changes;
 /// `127 / amax` once; `(x inv + 1.5 2^23) - 1.5 2^23`, clamped to ±127), so the same codes
-/// and `d`. None, with `q` untouched, when the block holds a NaN: the scalar step's `max`
-/// skips NaN, which `vmaxps` does not do the same way, so such a block takes the scalar step.
+/// and `d`. None, with `q` untouched, when the block holds a NaN (the scalar step's `max`
+/// skips NaN, which `vmaxps` does not do the same way) or its largest magnitude is so small
+/// that `127 / amax` overflows (a zero then gives `0 * inf`, NaN): such a block takes the scalar
+/// step.
 ///
 /// # Safety
 /// AVX-512F is available.
@@ -1701,7 +1703,13 @@ pub(crate) unsafe fn quantize_block_avx512(x: &[f32; BLOCK], q: &mut [i8; BLOCK]
             q.fill(0);
             return Some(if amax == 0.0 { 0.0 } else { f32::NAN });
         }
-        let inv = _mm512_set1_ps(127.0 / amax);
+        let inv = 127.0 / amax;
+        if !inv.is_finite() {
+            // amax below 127 / f32::MAX: `0 * inf` is NaN, which the scalar step's clamp keeps
+            // (code 0) and `vmaxps` does not.
+            return None;
+        }
+        let inv = _mm512_set1_ps(inv);
         let magic = _mm512_set1_ps(crate::q8a::ROUND_MAGIC);
         let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
         for (h, &vh) in v.iter().enumerate() {

@@ -400,6 +400,33 @@ fn fused_tensors_read_as_the_unfused_file() {
         if oracle {
             let mut e = Engine::new(&a, &EngineOptions::default()).unwrap();
             coli_tests::check_oracle(&mut e, &expected(plain), "", name);
+        } else {
+            // Exported, the fused store writes the unfused file's tensors (llama.cpp's own).
+            let out = d1.with_extension("gguf");
+            coli_tools::export::run(&d1, &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let back = coli_convert::gguf::file::Gguf::open(&out).unwrap();
+            let want =
+                coli_convert::gguf::file::Gguf::open(&dir().join(format!("{plain}.gguf"))).unwrap();
+            // (The same tensors; the parts sit where the fused tensor was, llama.cpp's writer
+            // put them in name order within the block: order does not matter to a reader.)
+            let sorted = |v: &[String]| {
+                let mut v = v.to_vec();
+                v.sort();
+                v
+            };
+            assert_eq!(
+                sorted(&back.order),
+                sorted(&want.order),
+                "{name}: exported tensors"
+            );
+            for n in &want.order {
+                let (x, y) = (&back.tensors[n], &want.tensors[n]);
+                assert!(
+                    (x.dims.clone(), x.ggml_type, back.data(x))
+                        == (y.dims.clone(), y.ggml_type, want.data(y)),
+                    "{name}: exported {n}"
+                );
+            }
         }
         // A fused q/k/v whose rows are not the three projections' is refused naming it.
         let fused_qkv = fused

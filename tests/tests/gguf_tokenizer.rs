@@ -212,6 +212,29 @@ fn sentencepiece_vocabulary_matches_llama_cpp() {
             &Value::from(true)
         )
     );
+    // `<unk>` (type 2) is matched whole, as the control tokens are.
+    assert_eq!(
+        tok.encode("a<unk>", false).unwrap().get_ids().last(),
+        Some(&0)
+    );
+    // Without the special-token keys, llama.cpp's SentencePiece defaults (BOS 1, EOS 2, UNK 0).
+    let mut bare = Gguf::open(&path).unwrap();
+    for k in [
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.unknown_token_id",
+    ] {
+        bare.kv.remove(k).unwrap();
+    }
+    let files = coli_convert::gguf::tokenizer::files(&bare, 4096).unwrap();
+    let file = |name: &str| &files.iter().find(|(n, _)| n == name).unwrap().1;
+    let t = tokenizers::Tokenizer::from_bytes(file("tokenizer.json")).unwrap();
+    assert_eq!(t.encode("Hi", true).unwrap().get_ids()[0], 1);
+    let cfg: Value = serde_json::from_slice(file("tokenizer_config.json")).unwrap();
+    assert_eq!(
+        (&cfg["eos_token"], &cfg["unk_token"]),
+        (&Value::from("</s>"), &Value::from("<unk>"))
+    );
     // A vocabulary that says not to add BOS gets none.
     g.kv.insert(
         "tokenizer.ggml.add_bos_token".into(),

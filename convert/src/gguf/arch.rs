@@ -480,13 +480,13 @@ fn vocab_size(g: &Gguf, hidden_key: &str, hidden: usize) -> Result<usize> {
     Ok(emb.dims.get(1).copied().unwrap_or(0) as usize)
 }
 
-/// Whether any of the first `layers` blocks holds `blk.N.{suffix}`.
 /// Whether the attention of the first `layers` layers has q/k/v biases: `attn_q.bias`, or the
 /// fused `attn_qkv.bias` of llama.cpp's `--fuse-qkv` (read as the three, `super::fused`).
 fn qkv_bias(g: &Gguf, layers: usize) -> bool {
     any_layer_has(g, layers, "attn_q.bias") || any_layer_has(g, layers, "attn_qkv.bias")
 }
 
+/// Whether any of the first `layers` blocks holds `blk.N.{suffix}`.
 fn any_layer_has(g: &Gguf, layers: usize, suffix: &str) -> bool {
     (0..layers).any(|i| g.tensors.contains_key(&format!("blk.{i}.{suffix}")))
 }

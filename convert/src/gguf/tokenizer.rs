@@ -91,7 +91,8 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
     };
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let special = |key: &str| -> Result<Json> {
-        match g.get(key).and_then(Value::as_u64) {
+        let id = g.get(key).and_then(Value::as_u64);
+        match id.or_else(|| (model == "llama").then(|| spm_default_id(key)).flatten()) {
             None => Ok(Json::Null),
             Some(id) => tokens.get(id as usize).map(|t| json!(t)).ok_or_else(|| {
                 kerr(
@@ -271,17 +272,22 @@ fn sentencepiece(
                 format!("tokenizer.ggml.tokens[{i}] {tok:?} appears twice"),
             ));
         }
-        // Control (3) and user-defined (4) tokens are matched whole, never normalized
-        // (transformers' `add_gguf_special_tokens`).
-        if ty == 3 || ty == 4 {
+        // Unknown (2), control (3) and user-defined (4) tokens are matched whole, never
+        // normalized (transformers' `add_gguf_special_tokens` and `LlamaTokenizer`'s `<unk>`;
+        // llama.cpp splits them out of text when it parses special tokens).
+        if (2..=4).contains(&ty) {
             added.push(json!({
                 "id": i, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": ty == 3
+                "normalized": false, "special": ty != 4
             }));
         }
     }
     let token_of = |key: &str| -> Result<Option<(u64, &str)>> {
-        match g.get(key).and_then(Value::as_u64) {
+        match g
+            .get(key)
+            .and_then(Value::as_u64)
+            .or_else(|| spm_default_id(key))
+        {
             None => Ok(None),
             Some(id) => match tokens.get(id as usize) {
                 Some(&t) => Ok(Some((id, t))),
@@ -347,7 +353,13 @@ fn sentencepiece(
         }
         merges[start..].sort_by_key(|m| (vocab[m.0], vocab[m.1]));
     }
-    merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
+    // Scores are finite (checked): `partial_cmp` orders them as Python does (-0.0 == 0.0).
+    merges.sort_by(|a, b| {
+        b.2.partial_cmp(&a.2)
+            .expect("finite scores")
+            .then(b.3.cmp(&a.3))
+            .then(b.4.cmp(&a.4))
+    });
     let merges: Vec<[&str; 2]> = merges.iter().map(|m| [m.0, m.1]).collect();
     let mut normalizers = Vec::new();
     if add_space_prefix {
@@ -384,4 +396,15 @@ fn sentencepiece(
         }
     });
     Ok(serde_json::to_vec(&doc).expect("serializes"))
+}
+
+/// The special-token id llama.cpp's SentencePiece loader assumes when the file gives none
+/// (`llama-vocab.cpp`: BOS 1, EOS 2, UNK 0, as Llama 2's vocabulary has them).
+fn spm_default_id(key: &str) -> Option<u64> {
+    match key {
+        "tokenizer.ggml.bos_token_id" => Some(1),
+        "tokenizer.ggml.eos_token_id" => Some(2),
+        "tokenizer.ggml.unknown_token_id" => Some(0),
+        _ => None,
+    }
 }

@@ -3,7 +3,9 @@
 //! [`METADATA_FILE`]), its tensors in their source order ([`TENSORS_FILE`]), each tensor's data
 //! assembled from the store (dense tensors whole, stacked expert tensors from every expert's
 //! record), at offsets aligned to `general.alignment` as llama.cpp's writer places them. A store
-//! made from a single-file GGUF exports the same bytes as that file.
+//! made from a single-file GGUF exports the same bytes as that file, unless it held fused
+//! `attn_qkv` tensors: those come back as the `attn_q`, `attn_k`, `attn_v` they join
+//! (`super::fused::split_qkv` lists them so), which llama.cpp loads as well.
 
 use super::file::{type_sizes, Gguf, DEFAULT_ALIGNMENT, MAGIC};
 use crate::error::{ConvertError, Result};
@@ -48,27 +50,15 @@ pub fn export_files(g: &Gguf) -> Vec<(String, Vec<u8>)> {
     for (_, b) in &g.kv_raw {
         kv.extend_from_slice(b);
     }
-    // A fused `ffn_gate_up_exps` (`super::fused`) is listed as the gate and up tensors it
-    // joins (`[E, I, H]` each): the store keeps them apart, and llama.cpp loads either form.
     let tensors: Vec<TensorEntry> = g
         .order
         .iter()
-        .flat_map(|n| {
+        .map(|n| {
             let t = &g.tensors[n];
-            let entry = |name: String, dims: Vec<u64>| TensorEntry {
-                name,
-                dims,
+            TensorEntry {
+                name: n.clone(),
+                dims: t.dims.clone(),
                 ggml_type: t.ggml_type,
-            };
-            match n.strip_suffix("ffn_gate_up_exps.weight") {
-                Some(stem) if t.dims.len() == 3 => {
-                    let dims = vec![t.dims[0], t.dims[1] / 2, t.dims[2]];
-                    vec![
-                        entry(format!("{stem}ffn_gate_exps.weight"), dims.clone()),
-                        entry(format!("{stem}ffn_up_exps.weight"), dims),
-                    ]
-                }
-                _ => vec![entry(n.clone(), t.dims.clone())],
             }
         })
         .collect();
