@@ -120,9 +120,14 @@ fn placement_never_changes_tokens_on_any_family() {
                         let p = (s.predicted, s.predicted_used, s.demanded_after_prediction);
                         let q = *predictions.entry(batch).or_insert(p);
                         assert_eq!(q, p, "{what}: predictions");
-                        // Prefetch reads happen unless every lookup is a pinned hit.
+                        // Prefetch reads happen unless every lookup is a pinned hit. They race
+                        // the demand reads, which on a busy machine can win every one of them
+                        // (seen in CI beside a build): up to three more runs before concluding
+                        // that prefetching never reads.
                         if budget > one && s.pinned_hits < s.hits + s.misses {
-                            assert!(s.prefetch_reads > 0, "{what}: {s:?}");
+                            let read = s.prefetch_reads > 0
+                                || (0..3).any(|_| run(&dir, &prompt, &opts).1.prefetch_reads > 0);
+                            assert!(read, "{what}: {s:?}");
                         }
                     } else {
                         assert_eq!(
