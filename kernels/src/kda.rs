@@ -154,52 +154,24 @@ fn decayed_products(
     }
 }
 
-/// The chunkwise form over `n = beta.len() <= CHUNK` tokens (see the module doc): `q`, `k`
-/// (`[n, dk]`, normalized as for [`step`]), `v` (`[n, dv]`), `g` (`[n, dk]`) and `beta`
-/// (`[n]`); updates `state` (`[dk, dv]`) to the state after the last token and writes `o`
-/// (`[n, dv]`).
-///
-/// # Panics
-/// If `n` is 0 or above [`CHUNK`], or a length does not match `n`, `dk`, `dv`.
-#[allow(clippy::too_many_arguments)]
-pub fn chunk(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    o: &mut [f32],
-    scratch: &mut ChunkScratch,
-) {
-    // As `gated_delta::chunk`: the same code compiled for AVX2 where the CPU has it (the same
-    // bits).
-    #[cfg(target_arch = "x86_64")]
-    if crate::avx2() {
-        // SAFETY: the CPU has AVX2 (checked).
-        return unsafe { chunk_avx2(state, q, k, v, g, beta, o, scratch) };
-    }
-    chunk_body(state, q, k, v, g, beta, o, scratch)
-}
-
-/// [`chunk`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunk_avx2(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    o: &mut [f32],
-    scratch: &mut ChunkScratch,
-) {
-    chunk_body(state, q, k, v, g, beta, o, scratch)
+crate::avx2_twin! {
+    /// The chunkwise form over `n = beta.len() <= CHUNK` tokens (see the module doc): `q`, `k`
+    /// (`[n, dk]`, normalized as for [`step`]), `v` (`[n, dv]`), `g` (`[n, dk]`) and `beta`
+    /// (`[n]`); updates `state` (`[dk, dv]`) to the state after the last token and writes `o`
+    /// (`[n, dv]`).
+    ///
+    /// # Panics
+    /// If `n` is 0 or above [`CHUNK`], or a length does not match `n`, `dk`, `dv`.
+    pub fn chunk(
+        state: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        o: &mut [f32],
+        scratch: &mut ChunkScratch,
+    ) => chunk_body, chunk_avx2;
 }
 
 /// The body of [`chunk`].

@@ -490,12 +490,44 @@ struct RowsOut(*mut f32);
 unsafe impl Sync for RowsOut {}
 
 /// Whether the CPU has AVX2 (detected once): for portable code that also runs compiled for
-/// AVX2, with the same bits ([`gated_delta::chunk`], [`kda::chunk`]).
+/// AVX2, with the same bits ([`avx2_twin!`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2() -> bool {
     static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
 }
+
+/// `avx2_twin!(docs pub fn name(args) => body, twin);` defines `name`, which runs the
+/// portable function `body` (`#[inline(always)]`, same arguments) compiled for AVX2 (through
+/// `twin`, a `target_feature` copy) where the CPU has it, else as built. The same IEEE
+/// operations in the same order either way (Rust never contracts or reassociates them), so the
+/// same bits; eight-lane sums and row updates then run in 256-bit registers.
+macro_rules! avx2_twin {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:ident, $twin:ident;) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if crate::avx2() {
+                // SAFETY: the CPU has AVX2 (checked).
+                return unsafe { $twin($($arg),*) };
+            }
+            $body($($arg),*)
+        }
+
+        /// The function above compiled for AVX2.
+        ///
+        /// # Safety
+        /// The CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $twin($($arg: $ty),*) {
+            $body($($arg),*)
+        }
+    };
+}
+pub(crate) use avx2_twin;
 
 /// The kernels' code path for products of `isa`: AVX-512 runs the AVX2 kernels except its own.
 fn base(isa: Isa) -> Isa {
