@@ -489,12 +489,11 @@ struct RowsOut(*mut f32);
 // (`row_blocks`), while the slice it came from is mutably borrowed for the whole call.
 unsafe impl Sync for RowsOut {}
 
-/// Whether the CPU has AVX2 (detected once): for portable code that also runs compiled for
-/// AVX2, with the same bits ([`avx2_twin!`]).
+/// Whether the CPU has AVX2 (std caches the detection): for portable code that also runs
+/// compiled for AVX2, with the same bits ([`avx2_twin!`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+    std::is_x86_feature_detected!("avx2")
 }
 
 /// `avx2_twin!(docs pub fn name(args) => body, twin);` defines `name`, which runs the

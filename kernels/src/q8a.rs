@@ -157,8 +157,7 @@ pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
 fn quantize_block_fast(x: &[f32], q: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *AVX512.get_or_init(|| std::is_x86_feature_detected!("avx512f")) {
+        if std::is_x86_feature_detected!("avx512f") {
             let (xb, qb) = (
                 x.try_into().expect("a block of 32"),
                 q.try_into().expect("a block of 32"),
