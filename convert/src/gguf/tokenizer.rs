@@ -74,7 +74,7 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
     };
     // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
     let add_bos = flag("tokenizer.ggml.add_bos_token", model == "llama")?;
-    let tokenizer = match model {
+    let (tokenizer, tokens) = match model {
         "gpt2" => byte_level(g)?,
         "llama" => sentencepiece(
             g,
@@ -89,7 +89,6 @@ pub fn files(g: &Gguf, context_length: usize) -> Result<Vec<(String, Vec<u8>)>> 
             ))
         }
     };
-    let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let special = |key: &str| -> Result<Json> {
         let id = g.get(key).and_then(Value::as_u64);
         match id.or_else(|| (model == "llama").then(|| spm_default_id(key)).flatten()) {
@@ -166,8 +165,9 @@ fn token_types(g: &Gguf, n: usize) -> Result<Vec<i64>> {
     Ok(types)
 }
 
-/// The `tokenizer.json` of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`).
-fn byte_level(g: &Gguf) -> Result<Vec<u8>> {
+/// The `tokenizer.json` of a byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`), and
+/// its tokens.
+fn byte_level(g: &Gguf) -> Result<(Vec<u8>, Vec<&str>)> {
     let pre = g
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
@@ -218,24 +218,22 @@ fn byte_level(g: &Gguf) -> Result<Vec<u8>> {
         };
         merge_pairs.push(json!([a, b]));
     }
-    Ok(tokenizer_json(
-        &added,
-        &pre_tokenizer,
-        ignore_merges,
-        vocab,
-        merge_pairs,
+    Ok((
+        tokenizer_json(&added, &pre_tokenizer, ignore_merges, vocab, merge_pairs),
+        tokens,
     ))
 }
 
 /// The `tokenizer.json` of a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`; the
 /// module's documentation says how it is built), its post-processor adding BOS and EOS as
-/// `add_bos` and `add_eos` say, a `▁` put before the text when `add_space_prefix`.
+/// `add_bos` and `add_eos` say, a `▁` put before the text when `add_space_prefix`; and its
+/// tokens.
 fn sentencepiece(
     g: &Gguf,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, Vec<&str>)> {
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let types = token_types(g, tokens.len())?;
     let scores: Vec<f32> = g
@@ -395,7 +393,7 @@ fn sentencepiece(
             "ignore_merges": false, "vocab": vocab, "merges": merges
         }
     });
-    Ok(serde_json::to_vec(&doc).expect("serializes"))
+    Ok((serde_json::to_vec(&doc).expect("serializes"), tokens))
 }
 
 /// The special-token id llama.cpp's SentencePiece loader assumes when the file gives none
