@@ -2,7 +2,8 @@
 # q8a revision 4 (bf16 matrices take bf16 activations, kernels/src/bf16a.rs) end to end, on
 # issue 44's Qwen3.6-35B-A3B-shaped model (engine/bench/qwen3_5_moe_shape.py, seed 44: the
 # release's per-layer widths, 8 layers, 128 experts top-8) as a `--experts int4-g64 --dense
-# bf16` store: TTFT of a 2048-token prompt in chunks of 256 and token by token
+# bf16` store: TTFT of a 2048-token prompt in the chunk the memory plan chooses (no
+# --prefill-batch: 2048 on a machine with a few GiB free), in chunks of 256 and token by token
 # (--prefill-batch 1), under --numerics exact and q8a, interleaved, REPS rounds; then one
 # 24-token decode per numerics. The exact path did not change with revision 4, so exact / q8a
 # in the same binary is the before / after of the bf16 products (the int4 experts run the
@@ -11,8 +12,9 @@
 #   bash engine/bench/bf16a_prefill.sh [BENCH_DIR]     (default /work/bench-q35; disk-backed)
 #
 # Disk: hf/ 4.7 GB (deleted at the end unless KEEP_HF=1), store-int4 ~2.5 GB.
-# Variables: REPS (2), PREFILL_TOKENS (2048), SKIP_BUILD=1, CARGO_TARGET_DIR, TF_PY (python with
-# tests/fixtures/requirements.txt, for the generator).
+# Variables: REPS (2), PREFILL_TOKENS (2048), BATCHES ("auto 256 1"; auto: no --prefill-batch),
+# SKIP_BUILD=1, CARGO_TARGET_DIR, TF_PY (python with tests/fixtures/requirements.txt, for the
+# generator).
 # Output: $OUT (default engine/bench/results/<date>-bf16a-prefill.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -21,6 +23,7 @@ TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 TF_PY="${TF_PY:-/work/venv-llama/bin/python}"
 REPS="${REPS:-2}"
 N="${PREFILL_TOKENS:-2048}"
+BATCHES="${BATCHES:-auto 256 1}"
 OUT="${OUT:-$ROOT/engine/bench/results/$(date -u +%Y-%m-%d)-bf16a-prefill.txt}"
 [ "${SKIP_BUILD:-0}" = 1 ] || (cd "$ROOT" && cargo build --release -p coli-convert -p coli-tools)
 mkdir -p "$D"
@@ -31,17 +34,19 @@ if [ ! -d "$D/store-int4" ]; then
 fi
 [ "${KEEP_HF:-0}" = 1 ] || rm -rf "$D/hf"
 ids=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 65000)) for _ in range($N)))")
-stats() { # numerics, prefill batch, rep
+stats() { # numerics, prefill batch (auto: the plan's), rep
+  local flag=(--prefill-batch "$2")
+  [ "$2" = auto ] && flag=()
   "$TARGET/release/coli" run --store "$D/store-int4" --prompt-ids "$ids" --max-tokens 1 \
-    --prefill-batch "$2" --numerics "$1" --json 2>/dev/null |
-    python3 -c "import json, sys; j = json.load(sys.stdin); s = j['stats']; print(json.dumps({'rep': $3, 'numerics': '$1', 'prefill_batch': $2, 'tokens': $N, 'ttft_s': round(s['ttft_s'], 3), 'prefill_tok_s': round(s['prefill_tok_s'], 1), 'first_token': j['token_ids'][0]}))"
+    "${flag[@]}" --numerics "$1" --json 2>/dev/null |
+    python3 -c "import json, sys; j = json.load(sys.stdin); s = j['stats']; print(json.dumps({'rep': $3, 'numerics': '$1', 'prefill_batch': '$2', 'chunk': s['prefill_batch'], 'tokens': $N, 'ttft_s': round(s['ttft_s'], 3), 'prefill_tok_s': round(s['prefill_tok_s'], 1), 'first_token': j['token_ids'][0]}))"
 }
 {
   echo "# bf16a_prefill.sh: $N prompt tokens, $D/store-int4 (--experts int4-g64 --dense bf16), $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' + working tree'), $(date -u)"
   echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) threads"
   for rep in $(seq 1 "$REPS"); do
     for num in exact q8a; do
-      for batch in 256 1; do
+      for batch in $BATCHES; do
         stats "$num" "$batch" "$rep"
       done
     done
@@ -55,11 +60,14 @@ stats() { # numerics, prefill batch, rep
 python3 - "$OUT" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "ttft_s" in l]
-med = lambda num, b: statistics.median(r["prefill_tok_s"] for r in rows if r["numerics"] == num and r["prefill_batch"] == b)
+med = lambda num, b: statistics.median(r["prefill_tok_s"] for r in rows if r["numerics"] == num and str(r["prefill_batch"]) == b)
+batches = sorted({str(r["prefill_batch"]) for r in rows} - {"1"})
 lines = []
 for num in ("exact", "q8a"):
-    lines.append(f"# {num}: chunked {med(num, 256):.1f} tok/s, token by token {med(num, 1):.1f} tok/s: chunked / token by token {med(num, 256) / med(num, 1):.2f}x")
-lines.append(f"# q8a / exact: chunked {med('q8a', 256) / med('exact', 256):.2f}x, token by token {med('q8a', 1) / med('exact', 1):.2f}x (medians)")
+    for b in batches:
+        lines.append(f"# {num}: chunks of {b}: {med(num, b):.1f} tok/s, token by token {med(num, '1'):.1f} tok/s: chunked / token by token {med(num, b) / med(num, '1'):.2f}x")
+for b in batches + ["1"]:
+    lines.append(f"# q8a / exact, chunks of {b}: {med('q8a', b) / med('exact', b):.2f}x (medians)")
 with open(sys.argv[1], "a") as f:
     f.write("\n".join(lines) + "\n")
 print("\n".join(lines))

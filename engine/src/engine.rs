@@ -265,7 +265,12 @@ impl<'s> Engine<'s> {
             crate::options::PREFILL_BATCH_AUTO => {
                 use crate::placement::budget;
                 let dense = store.manifest().dense_file.length;
-                let budget = policy.placement().budget;
+                // The cache never holds more than every expert: a default budget of all the
+                // memory left leaves the rest to the prefill where the experts take less.
+                let budget = policy
+                    .placement()
+                    .budget
+                    .min(budget::store_held_bytes(store));
                 let free = memory_limit.map(|m| {
                     m.saturating_sub(dense)
                         .saturating_sub(budget)

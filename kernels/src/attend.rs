@@ -94,7 +94,21 @@ impl Keys<'_> {
             Keys::List(l) => {
                 let rest = &l[at..];
                 let n = rest.partition_point(|&p| p < end);
-                (Run::List(&rest[..n]), n)
+                // Strictly ascending: consecutive positions exactly when the span equals the
+                // count. Such a run (DSA selects every key below `index_topk`) goes to the
+                // sources' strided kernels as a range; each score and each value term has the
+                // same bits either way (`KeyValues`'s contract).
+                if n > 0 && rest[n - 1] - rest[0] + 1 == n {
+                    (
+                        Run::Range {
+                            lo: rest[0],
+                            hi: rest[n - 1] + 1,
+                        },
+                        n,
+                    )
+                } else {
+                    (Run::List(&rest[..n]), n)
+                }
             }
         }
     }
@@ -480,9 +494,12 @@ mod tests {
         let l = [3usize, 63, 64, 65, 200];
         let k = Keys::List(&l);
         assert_eq!(k.run_below(0, 64), (Run::List(&l[..2]), 2));
-        assert_eq!(k.run_below(2, 128), (Run::List(&l[2..4]), 2));
+        // Consecutive positions of a list run as a range (the strided kernels).
+        assert_eq!(k.run_below(2, 128), (Run::Range { lo: 64, hi: 66 }, 2));
         assert_eq!(k.run_below(4, 192).1, 0);
-        assert_eq!(k.run_below(4, 256), (Run::List(&l[4..]), 1));
+        assert_eq!(k.run_below(4, 256), (Run::Range { lo: 200, hi: 201 }, 1));
+        let gap = [7usize, 8, 10];
+        assert_eq!(Keys::List(&gap).run_below(0, 64), (Run::List(&gap), 3));
         assert_eq!((k.first(), k.end()), (Some(3), 201));
         assert_eq!(Keys::Range { lo: 5, hi: 5 }.first(), None);
     }

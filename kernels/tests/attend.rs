@@ -115,8 +115,17 @@ fn a_block_gives_every_row_the_per_row_bits() {
             .map(|_| (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect())
             .collect();
         let end = first + len;
+        // Sparse selections, and consecutive ones (DSA below `index_topk`: every key, which
+        // runs as ranges).
         let lists: Vec<Vec<usize>> = (0..nrows)
-            .map(|_| (first..end).filter(|_| rng.gen_bool(0.3)).collect())
+            .map(|_| {
+                if rng.gen_bool(0.5) {
+                    let a = rng.gen_range(first..end);
+                    (a..rng.gen_range(a + 1..=end)).collect()
+                } else {
+                    (first..end).filter(|_| rng.gen_bool(0.3)).collect()
+                }
+            })
             .collect();
         let rows: Vec<Row> = (0..nrows)
             .map(|i| {

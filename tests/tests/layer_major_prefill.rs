@@ -181,3 +181,41 @@ fn prefill_sequence_matches_forward_and_stops_cleanly() {
         assert!(bits(&got) == want, "{name}: after a stop, the same bits");
     }
 }
+
+/// Without `--prefill-batch` the engine takes the chunk the memory beside the dense set, the
+/// experts, the KV caches and the reserve allows. The expert budget counts only up to what every
+/// expert record holds in the cache: the default budget (all the memory left) and an explicit
+/// budget larger than the experts leave the same chunk as a budget of exactly the experts (before,
+/// both left the smallest chunk, 64 tokens, on every model whose experts fit).
+#[test]
+fn auto_prefill_chunk_counts_only_what_the_experts_hold() {
+    use coli_engine::placement::budget;
+    let name = "qwen3_next_bf16";
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    let held = budget::store_held_bytes(&store);
+    let available = budget::memory_limit_bytes().expect("MemAvailable is readable on Linux");
+    let chunk = |ram_budget: Option<u64>| {
+        let opts = EngineOptions {
+            ram_budget,
+            threads: Some(1),
+            ..Default::default()
+        };
+        let e = Engine::new(&store, &opts).unwrap();
+        (e.prefill_batch(), e.context())
+    };
+    let (exact, context) = chunk(Some(held));
+    assert_eq!(chunk(None).0, exact, "the default budget");
+    assert_eq!(
+        chunk(Some(available)).0,
+        exact,
+        "a budget of all the memory"
+    );
+    assert_eq!(chunk(Some(u64::MAX)).0, exact, "an unbounded budget");
+    // The fixture's rows take kilobytes: with a few GiB free the chunk is the largest one.
+    if available > 4 << 30 {
+        let want = budget::MAX_AUTO_PREFILL_CHUNK.min(context);
+        assert_eq!(exact, want, "{available} bytes available");
+        assert!(want > budget::MIN_AUTO_PREFILL_CHUNK, "context {context}");
+    }
+}

@@ -172,6 +172,17 @@ pub fn store_expert_budget(store: &Store, available: u64, kv_bytes: u64) -> u64 
     expert_budget(available, dense, kv_bytes, largest)
 }
 
+/// Bytes the expert cache holds with every expert record of `store` in it: the sum over the
+/// INDEX of [`coli_store::held_bytes_for`] each record's length (what its buffer holds). A
+/// budget above this is never used.
+pub fn store_held_bytes(store: &Store) -> u64 {
+    store
+        .index()
+        .iter()
+        .map(|r| coli_store::held_bytes_for(r.length.get()))
+        .sum()
+}
+
 /// The default expert budget of `store` ([`store_expert_budget`] within
 /// [`memory_limit_bytes`]: MemAvailable capped by the memory cgroup) with a KV cache of
 /// `kv_bytes` at full context, bytes. None when neither /proc/meminfo nor a cgroup limit can

@@ -18,8 +18,8 @@ pub mod gate;
 
 pub use budget::{
     decode_step_bytes, default_ram_budget, mem_available_bytes, memory_limit_bytes, pin_bytes,
-    pinned_set, sequences_that_fit, store_expert_budget, BUDGET_RESERVE_BYTES, DEFAULT_PIN_SHARE,
-    MAX_SEQUENCES,
+    pinned_set, sequences_that_fit, store_expert_budget, store_held_bytes, BUDGET_RESERVE_BYTES,
+    DEFAULT_PIN_SHARE, MAX_SEQUENCES,
 };
 pub use gate::{PrefetchGate, DEFAULT_PREFETCH_MIN_USE, PREFETCH_PROBE_EVERY};
 
@@ -245,11 +245,7 @@ impl PlacementPolicy {
 /// [`crate::EngineError::Store`] when a read fails.
 fn preload_all(store: &Store, cache: &ExpertCache, budget: u64) -> Result<bool> {
     let index = store.index();
-    let total: u64 = index
-        .iter()
-        .map(|r| coli_store::held_bytes_for(r.length.get()))
-        .sum();
-    if index.is_empty() || total > budget {
+    if index.is_empty() || budget::store_held_bytes(store) > budget {
         return Ok(false);
     }
     let keys: Vec<ExpertKey> = index.iter().map(|r| r.key()).collect();

@@ -515,6 +515,8 @@ fn run(mut a: RunArgs) -> Result<()> {
         if let Some(m) = mirror::stats_json(&loaded.store) {
             obj["stats"]["mirrors"] = m;
         }
+        // Prompt tokens per prefill pass: --prefill-batch or the memory plan's chunk.
+        obj["stats"]["prefill_batch"] = eng.prefill_batch().into();
         if let Some(t) = tok {
             obj["text"] = serde_json::Value::from(t.decode(&g.tokens, true)?);
         }
