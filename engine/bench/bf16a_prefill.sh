@@ -3,7 +3,7 @@
 # issue 44's Qwen3.6-35B-A3B-shaped model (engine/bench/qwen3_5_moe_shape.py, seed 44: the
 # release's per-layer widths, 8 layers, 128 experts top-8) as a `--experts int4-g64 --dense
 # bf16` store: TTFT of a 2048-token prompt in the chunk the memory plan chooses (no
-# --prefill-batch: 2048 on a machine with a few GiB free), in chunks of 256 and token by token
+# --prefill-batch: 512 on a machine with a few GiB free), in chunks of 256 and token by token
 # (--prefill-batch 1), under --numerics exact and q8a, interleaved, REPS rounds; then one
 # 24-token decode per numerics. The exact path did not change with revision 4, so exact / q8a
 # in the same binary is the before / after of the bf16 products (the int4 experts run the

@@ -9,7 +9,7 @@
 # layers' chunkwise form over whole aligned chunks of 64) against token by token
 # (--prefill-batch 1: matvecs, the recurrent form), interleaved, REPS times, same binary.
 # BATCHES (default "auto 256 1"): the prefill batches run; auto passes no --prefill-batch (the
-# memory plan's chunk, reported as "chunk": 2048 on a machine with a few GiB free).
+# memory plan's chunk, reported as "chunk": 512 on a machine with a few GiB free).
 # Usage: [SHAPE=kimi_linear] bash engine/bench/qwen3_next_prefill.sh [DIR] (default
 # /tmp/coli-<SHAPE>-bench; needs the fixture venv of tests/fixtures/requirements.txt as $PY,
 # default python3).

@@ -413,10 +413,14 @@ mod tests {
 /// the same positions whatever the chunk).
 pub const MIN_AUTO_PREFILL_CHUNK: usize = crate::prefill::ALIGN;
 
-/// Largest prefill chunk the memory plan chooses, tokens: past this, fewer expert reads per
-/// prompt token gain little next to the compute of the chunk itself, and `coli serve` holds the
+/// Largest prefill chunk the memory plan chooses, tokens. The layer-major prefill reads a
+/// layer's experts once per prompt whatever the chunk (when the budget holds one layer's
+/// experts), so a larger chunk gains only rows per expert product, and measured it lost: a
+/// 2048-token prompt of the GLM-5.3-Flash-shaped bench model prefilled at 36-40 tok/s in one
+/// chunk of 2048, 44-48 in chunks of 128-512; the Qwen3.6 shape was flat from 128 to 2048
+/// (engine/bench/results/2026-12-06-prefill-chunk-sweep.txt). `coli serve` also holds the
 /// running streams for one chunk per step.
-pub const MAX_AUTO_PREFILL_CHUNK: usize = 2048;
+pub const MAX_AUTO_PREFILL_CHUNK: usize = 512;
 
 /// Peak f32 activation bytes one prefill row (token) adds to a forward pass of `spec`: the
 /// residual stream, norm output and layer delta (3 H); the attention projections and context
@@ -492,10 +496,10 @@ mod prefill_chunk_tests {
 
     #[test]
     fn chunk_follows_free_memory_within_bounds() {
-        // 64 MiB free at 64 KiB per row: 1024 rows.
-        assert_eq!(prefill_chunk(Some(64 << 20), 64 << 10, 0, 4096), 1024);
+        // 24 MiB free at 64 KiB per row: 384 rows.
+        assert_eq!(prefill_chunk(Some(24 << 20), 64 << 10, 0, 4096), 384);
         // The fixed part comes off first.
-        assert_eq!(prefill_chunk(Some(64 << 20), 64 << 10, 32 << 20, 4096), 512);
+        assert_eq!(prefill_chunk(Some(24 << 20), 64 << 10, 8 << 20, 4096), 256);
         assert_eq!(
             prefill_chunk(Some(1 << 40), 1, 0, 4096),
             MAX_AUTO_PREFILL_CHUNK
