@@ -38,7 +38,7 @@ stats() { # numerics, prefill batch (auto: the plan's), rep
   local flag=(--prefill-batch "$2")
   [ "$2" = auto ] && flag=()
   "$TARGET/release/coli" run --store "$D/store-int4" --prompt-ids "$ids" --max-tokens 1 \
-    "${flag[@]}" --numerics "$1" --json 2>/dev/null |
+    ${flag[@]+"${flag[@]}"} --numerics "$1" --json 2>/dev/null |
     python3 -c "import json, sys; j = json.load(sys.stdin); s = j['stats']; print(json.dumps({'rep': $3, 'numerics': '$1', 'prefill_batch': '$2', 'chunk': s['prefill_batch'], 'tokens': $N, 'ttft_s': round(s['ttft_s'], 3), 'prefill_tok_s': round(s['prefill_tok_s'], 1), 'first_token': j['token_ids'][0]}))"
 }
 {
@@ -61,13 +61,19 @@ python3 - "$OUT" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "ttft_s" in l]
 med = lambda num, b: statistics.median(r["prefill_tok_s"] for r in rows if r["numerics"] == num and str(r["prefill_batch"]) == b)
-batches = sorted({str(r["prefill_batch"]) for r in rows} - {"1"})
+seen = {str(r["prefill_batch"]) for r in rows}
+batches = sorted(seen - {"1"})
+# "auto (512)": the plan's chunk as the runs reported it.
+name = lambda b: f"{b} ({'/'.join(sorted({str(r['chunk']) for r in rows if str(r['prefill_batch']) == b}))})" if b == "auto" else b
 lines = []
 for num in ("exact", "q8a"):
     for b in batches:
-        lines.append(f"# {num}: chunks of {b}: {med(num, b):.1f} tok/s, token by token {med(num, '1'):.1f} tok/s: chunked / token by token {med(num, b) / med(num, '1'):.2f}x")
-for b in batches + ["1"]:
-    lines.append(f"# q8a / exact, chunks of {b}: {med('q8a', b) / med('exact', b):.2f}x (medians)")
+        if "1" in seen:
+            lines.append(f"# {num}: chunks of {name(b)}: {med(num, b):.1f} tok/s, token by token {med(num, '1'):.1f} tok/s: chunked / token by token {med(num, b) / med(num, '1'):.2f}x")
+        else:
+            lines.append(f"# {num}: chunks of {name(b)}: {med(num, b):.1f} tok/s")
+for b in sorted(seen):
+    lines.append(f"# q8a / exact, chunks of {name(b)}: {med('q8a', b) / med('exact', b):.2f}x (medians)")
 with open(sys.argv[1], "a") as f:
     f.write("\n".join(lines) + "\n")
 print("\n".join(lines))

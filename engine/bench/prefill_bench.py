@@ -27,16 +27,13 @@ Method (engine/bench/README.md, "Issue 19: long prompts"):
   expert_bytes_read and compute_s (prefill + decode seconds not waiting for expert reads) from
   the run's own JSON; ratio = ttft_s / bound (target: <= 1.5 at 2048 tokens);
 - the prefill chunk: `--prefill-batch` when given, else what the engine chose from its memory plan
-  (`placement::budget::prefill_chunk`; `coli run --json` does not report it): this script applies
-  the same formula to the memory limit `coli plan` reported in the same cgroup
-  (`memory_limit_bytes` - dense - budget - KV - 512 MiB, over `prefill_row_bytes` of the model,
-  clamped to 32..=2048 and the context), and checks it against the run: expert requests
-  (hits + misses) / (passes x MoE layers) is the mean union of experts a chunk's tokens route to,
-  which cannot exceed the expert count;
+  (`placement::budget::prefill_chunk`), as `coli run --json` reports it (`stats.prefill_batch`),
+  checked against the run: expert requests (hits + misses) / (passes x MoE layers) is the mean
+  union of experts a chunk's tokens route to, which cannot exceed the expert count;
 - order: for each rep, every --lengths prompt (default chunk) in turn, the order reversed on odd
   reps; then each --compare LEN:BATCH (e.g. 2048:32, the old default) once (skipped when the
   default runs of LEN already used chunks of BATCH: the same run) and each --room LEN (the cgroup
-  enlarged by what the plan needs to choose min(LEN, 2048) rows, + 64 MiB; the expert budget
+  enlarged by what the plan needs to choose min(LEN, MAX_CHUNK) rows, + 64 MiB; the expert budget
   unchanged) once;
   then each --long length once, skipped when a linear extrapolation of the longest measured
   default prompt's TTFT exceeds --long-max-s (a lower bound: attention grows with the square);
@@ -71,7 +68,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 # engine/src/placement/budget.rs
 BUDGET_RESERVE = 512 * MiB
-MIN_CHUNK, MAX_CHUNK = 32, 2048
+# MAX_AUTO_PREFILL_CHUNK: the largest chunk the memory plan chooses.
+MAX_CHUNK = 512
 # Context beyond the prompt.
 CONTEXT_PAD = 8
 # Added to --room's cgroup beyond the activation rows: the cgroup's usage when the engine reads
@@ -94,12 +92,6 @@ def prefill_row_bytes(cfg: dict) -> int:
     attn = 2 * heads * head_dim + 2 * kv_heads * head_dim
     experts = top_k * (2 * h + 2 * moe_i) + (2 * h + 2 * cfg.get("intermediate_size", 0))
     return (3 * h + attn + experts + cfg["vocab_size"]) * 4
-
-
-def prefill_chunk(free: int, row: int, context: int) -> int:
-    """placement::budget::prefill_chunk (GQA: no fixed bytes)."""
-    rows = max(free, 0) // max(row, 1)
-    return min(max(rows, MIN_CHUNK), MAX_CHUNK, max(context, 1))
 
 
 def busy_cpu_s() -> float:
@@ -347,7 +339,9 @@ def main() -> int:
         bw = pj.get("disk_gib_s")
         free = (pj["memory_limit_bytes"] - pj["dense_bytes"] - pj["budget"] - pj["kv_bytes"] - BUDGET_RESERVE
                 if pj.get("memory_limit_bytes") is not None else None)
-        chunk = batch or (prefill_chunk(free, row, context) if free is not None else MIN_CHUNK)
+        chunk = s["prefill_batch"]
+        if batch and chunk != batch:
+            failures.append(f"{name} {n} rep {rep}: --prefill-batch {batch} but the run reports chunks of {chunk}")
         passes = -(-n // chunk)
         requests = s["hits"] + s["misses"]
         io_s = s["expert_bytes_read"] / (bw * GiB) if bw else None
@@ -359,7 +353,7 @@ def main() -> int:
             "io_hidden_s": s.get("io_hidden_s"), "compute_s": s["compute_s"], "disk_gib_s": s["disk_gib_s"],
             "hit_rate": s["hit_rate"], "load_s": s["load_s"], "probe_gib_s": bw,
             "plan_memory_limit_bytes": pj.get("memory_limit_bytes"), "plan_free_bytes": free,
-            "chunk": chunk, "chunk_source": "--prefill-batch" if batch else "memory plan (recomputed)",
+            "chunk": chunk, "chunk_source": "--prefill-batch" if batch else "memory plan (stats.prefill_batch)",
             "passes": passes, "mean_union": requests / (passes * n_layers_moe),
             "io_s": io_s, "bound_s": bound, "ratio": s["ttft_s"] / bound if bound else None,
             "other_read_bytes": res["read_bytes"] - s["expert_bytes_read"] - dense,

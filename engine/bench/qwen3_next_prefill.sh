@@ -30,7 +30,7 @@ for rep in $(seq 1 "$reps"); do
     flag=(--prefill-batch "$batch")
     [ "$batch" = auto ] && flag=()
     target/release/coli run --store "$dir/store" --prompt-ids "$ids" --max-tokens 1 \
-      "${flag[@]}" --json 2>/dev/null |
+      ${flag[@]+"${flag[@]}"} --json 2>/dev/null |
       python3 -c "import json, sys; s = json.load(sys.stdin)['stats']; print(json.dumps({'rep': $rep, 'prefill_batch': '$batch', 'chunk': s['prefill_batch'], 'tokens': $n, 'ttft_s': round(s['ttft_s'], 3), 'prefill_tok_s': round(s['prefill_tok_s'], 1)}))"
   done
 done

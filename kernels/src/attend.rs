@@ -98,6 +98,10 @@ impl Keys<'_> {
                 // count. Such a run (DSA selects every key below `index_topk`) goes to the
                 // sources' strided kernels as a range; each score and each value term has the
                 // same bits either way (`KeyValues`'s contract).
+                debug_assert!(
+                    rest[..n].windows(2).all(|w| w[0] < w[1]),
+                    "Keys::List positions must be strictly ascending"
+                );
                 if n > 0 && rest[n - 1] - rest[0] + 1 == n {
                     (
                         Run::Range {

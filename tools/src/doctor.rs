@@ -720,6 +720,7 @@ mod tests {
             budget_from_available_memory: true,
             memory_limit_bytes: limit,
             sequences_fit: None,
+            prefill_batch: 64,
             pinned_experts: 0,
             pinned_bytes: 0,
             cache_capacity_bytes: budget,

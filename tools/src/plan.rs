@@ -124,6 +124,9 @@ pub struct Plan {
     /// beside the dense set, the budget, the prefix cache and the 512 MiB reserve (at most 4096); None when the
     /// memory limit cannot be read.
     pub sequences_fit: Option<usize>,
+    /// Prompt tokens per prefill pass the engine would run: `--prefill-batch`, or the chunk its
+    /// memory plan chooses (`placement::budget::prefill_chunk`).
+    pub prefill_batch: usize,
     /// Experts the engine would pin at start.
     pub pinned_experts: usize,
     /// Their bytes.
@@ -261,12 +264,15 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
     let m = store.manifest();
     let index = store.index();
     let expert_bytes_total: u64 = index.iter().map(|r| r.length.get()).sum();
+    // What every expert holds in the cache (page-rounded buffers): a budget above it never fills.
+    let expert_held = coli_engine::placement::store_held_bytes(&store);
     let mean = expert_bytes_total as f64 / index.len().max(1) as f64;
     let budget = eng.placement().budget;
     let context = eng.context();
     let kv_bytes_per_token = eng.kv_bytes_per_token();
     let kv_bytes = eng.kv_bytes_per_sequence();
     let kv_cache_budget = eng.kv_cache_budget();
+    let prefill_batch = eng.prefill_batch();
     // Measured when the engine started, before the model loaded.
     let memory_limit = eng.placement().memory_limit;
     let sequences_fit = memory_limit.map(|avail| {
@@ -274,7 +280,7 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
             avail.saturating_sub(kv_cache_budget),
             store.manifest().dense_file.length,
             // A budget above the experts' total never fills (as coli serve counts it).
-            budget.min(expert_bytes_total),
+            budget.min(expert_held),
             kv_bytes,
         )
     });
@@ -358,6 +364,7 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
         budget_from_available_memory: opts.ram_budget.is_none(),
         memory_limit_bytes: memory_limit,
         sequences_fit,
+        prefill_batch,
         pinned_experts: pinned.len(),
         pinned_bytes,
         cache_capacity_bytes: cache_bytes,
@@ -376,10 +383,7 @@ pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
         probe_io_mode,
         disk_gib_s: gib_s,
         decode_tok_s_bound: bound,
-        ram_total_bytes: m.dense_file.length
-            + kv_bytes
-            + kv_cache_budget
-            + budget.min(expert_bytes_total),
+        ram_total_bytes: m.dense_file.length + kv_bytes + kv_cache_budget + budget.min(expert_held),
     })
 }
 
@@ -510,6 +514,10 @@ fn print_table(p: &Plan) {
                 ),
                 None => "unknown (memory limit unknown)".into(),
             },
+        ),
+        (
+            "prefill chunk",
+            format!("{} tokens per pass", p.prefill_batch),
         ),
         (
             "pinned set",

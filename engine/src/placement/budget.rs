@@ -475,8 +475,9 @@ pub fn prefill_fixed_bytes(spec: &coli_format::ModelSpec, context: usize) -> u64
 /// (`free_bytes`, None when the memory limit could not be read) over the bytes one row needs
 /// (`row_bytes`, after `fixed_bytes`), clamped to [`MIN_AUTO_PREFILL_CHUNK`]..=
 /// [`MAX_AUTO_PREFILL_CHUNK`], rounded down to a multiple of [`crate::prefill::ALIGN`], and
-/// clamped to `context`. A larger chunk reads each layer's experts fewer
-/// times per prompt (once per chunk); results do not depend on the chunk size.
+/// clamped to `context`. Results do not depend on the chunk size; the layer-major prefill reads
+/// a layer's experts once per prompt whatever the chunk while the budget holds that layer's
+/// experts (once per chunk below that).
 pub fn prefill_chunk(
     free_bytes: Option<u64>,
     row_bytes: u64,

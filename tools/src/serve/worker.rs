@@ -322,7 +322,7 @@ fn sequences_fit(eng: &Engine<'_>, store: &coli_store::Store) -> Option<(usize, 
     if p.budget == u64::MAX {
         return None;
     }
-    let experts: u64 = store.index().iter().map(|r| r.length.get()).sum();
+    let experts = budget::store_held_bytes(store);
     let fit = budget::sequences_that_fit(
         limit.saturating_sub(eng.kv_cache_budget()),
         store.manifest().dense_file.length,
