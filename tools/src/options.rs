@@ -83,7 +83,8 @@ pub struct EngineOptions {
     pub queue_depth: Option<u16>,
     /// Prompt tokens per prefill forward pass (at least 1; on models with gated delta rule
     /// layers, passes are cut at multiples of 64 when N >= 64). Default: as many as the memory
-    /// plan allows (a multiple of 64 up to 512; docs/ENGINE.md, "Long prompts").
+    /// plan allows (a multiple of 64 from 64 to 512, at most the context; docs/ENGINE.md, "Long
+    /// prompts").
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     pub prefill_batch: Option<usize>,
     /// Prefill a long prompt chunk by chunk through all layers instead of layer by layer: the
