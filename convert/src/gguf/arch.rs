@@ -384,13 +384,7 @@ fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> R
     );
     o.insert("attention_bias".into(), qkv_bias(g, layers).into());
     o.insert("zero_centered_norms".into(), false.into());
-    // The MTP block llama.cpp appends after the decoder (`nextn`, its `mtp.*` renamed): the
-    // first one is converted (coli runs at most one), when the file holds its tensors.
-    let mtp = usize::from(
-        keys.opt_u("nextn_predict_layers")?.unwrap_or(0) > 0
-            && g.tensors
-                .contains_key(&format!("blk.{layers}.nextn.eh_proj.weight")),
-    );
+    let mtp = mtp_blocks(&keys, layers, false)?;
     if arch == "qwen35moe" {
         o.insert("mtp_num_hidden_layers".into(), mtp.into());
         o.insert("linear_value_heads_tiled".into(), true.into());
@@ -412,7 +406,8 @@ fn qwen_hybrid(g: &Gguf, arch: &str, o: &mut serde_json::Map<String, Json>) -> R
 }
 
 /// Every `blk.N.` tensor belongs to a decoder layer or, past them, to an MTP block that holds
-/// llama.cpp's `nextn` tensors: a block count that drops layers the file holds is refused, as
+/// llama.cpp's `nextn` tensors, and no decoder block holds `nextn` tensors: a block count that
+/// drops layers the file holds, or an MTP block the metadata does not declare, is refused, as
 /// llama.cpp refuses a file with tensors it does not load.
 fn check_blocks(g: &Gguf, arch: &str, layers: usize, decoder: usize) -> Result<()> {
     let k = |s: &str| format!("{arch}.{s}");
@@ -428,6 +423,16 @@ fn check_blocks(g: &Gguf, arch: &str, layers: usize, decoder: usize) -> Result<(
             return Err(cerr(
                 g,
                 format!("tensor {name} is past {} {layers}", k("block_count")),
+            ));
+        }
+        if n < decoder && name.contains(".nextn.") {
+            return Err(cerr(
+                g,
+                format!(
+                    "tensor {name} is an MTP block's, but {} and {} make block {n} a decoder layer: the metadata contradicts the tensors",
+                    k("block_count"),
+                    k("nextn_predict_layers")
+                ),
             ));
         }
         if n >= decoder
@@ -544,9 +549,30 @@ impl Keys<'_> {
     }
 }
 
+/// The MTP layers coli converts from the blocks llama.cpp appends after the `decoder` layers
+/// (`nextn_predict_layers`, their tensors `blk.L.nextn.*` plus block L's decoder tensors): 1
+/// when the file declares one and holds its `nextn.eh_proj` (coli runs at most one MTP layer;
+/// a file converted with `--no-mtp`, or a trunk-only file, declares none or holds none), else 0.
+/// `own_embed_and_head`: the family's spec requires the layer's own `embed_tokens` and
+/// `shared_head.head` (DeepSeek-V3's, which `deepseek2` files are read as): a block without
+/// `nextn.embed_tokens` and `nextn.shared_head_head` is then not converted (0), where llama.cpp
+/// lets the main ones stand in (GLM-4.7-Flash's `Glm4MoeLiteModel`, a `deepseek2` file).
+fn mtp_blocks(keys: &Keys<'_>, decoder: usize, own_embed_and_head: bool) -> Result<usize> {
+    let has = |t: &str| {
+        keys.g
+            .tensors
+            .contains_key(&format!("blk.{decoder}.nextn.{t}.weight"))
+    };
+    Ok(usize::from(
+        keys.opt_u("nextn_predict_layers")?.unwrap_or(0) > 0
+            && has("eh_proj")
+            && (!own_embed_and_head || (has("embed_tokens") && has("shared_head_head"))),
+    ))
+}
+
 /// `num_hidden_layers`: `block_count` less the MTP blocks llama.cpp appends after the decoder
-/// (`nextn_predict_layers`: not converted, but Qwen3-Next's and Qwen3.5's first, the MTP layer
-/// `qwen_hybrid` declares). Returns it.
+/// (`nextn_predict_layers`; the first is converted as the MTP layer where the family has one,
+/// [`mtp_blocks`]). Returns it.
 fn decoder_layers(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<usize> {
     let blocks = keys.u("block_count")?;
     let nextn = keys.opt_u("nextn_predict_layers")?.unwrap_or(0);
@@ -639,7 +665,11 @@ fn grouped_sigmoid(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Re
 /// RMSNorms when the GGUF has `attn_q_norm`, q/k/v biases when it has `attn_q.bias`, routing as
 /// deepseek2's (sigmoid unless `expert_gating_func` says otherwise, which is refused; llama.cpp's
 /// defaults for the absent `expert_weights_*`, groups, shared experts and leading dense
-/// blocks). MTP blocks appended after the decoder (`nextn_predict_layers`) are not converted.
+/// blocks). The first MTP block appended after the decoder (`nextn_predict_layers`; its
+/// `nextn.*` tensors and block L's decoder tensors, [`mtp_blocks`]) is the spec's MTP layer;
+/// where the file has no `nextn.embed_tokens` / `nextn.shared_head_head` (GLM-4.6 and 4.7
+/// publish their MTP layer without them), the main embedding and output stand in, as for
+/// the release.
 fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
     let keys = Keys { g, arch: "glm4moe" };
     let (k, u, opt_u) = (
@@ -647,7 +677,7 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         |s: &str| keys.u(s),
         |s: &str| keys.opt_u(s),
     );
-    decoder_layers(&keys, o)?;
+    let layers = decoder_layers(&keys, o)?;
     if let Some(f) = opt_u("expert_gating_func")?.filter(|&f| f != 0) {
         if f != 2 {
             return Err(cerr(
@@ -687,7 +717,10 @@ fn glm4moe(g: &Gguf, o: &mut serde_json::Map<String, Json>) -> Result<()> {
         "use_qk_norm".into(),
         g.tensors.contains_key("blk.0.attn_q_norm.weight").into(),
     );
-    o.insert("num_nextn_predict_layers".into(), 0.into());
+    o.insert(
+        "num_nextn_predict_layers".into(),
+        mtp_blocks(&keys, layers, false)?.into(),
+    );
     Ok(())
 }
 
@@ -854,9 +887,12 @@ const GLM_5_2_INDEXER_TYPES: [u8; 78] = [
 /// is what its graph computes; `beta_fast` / `beta_slow` as the file gives them, the
 /// release's values, where llama.cpp's deepseek2 keeps its defaults 32 and 1; glm-dsa's YaRN
 /// is refused, llama.cpp reading no log multiplier for it), interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is
-/// `LLAMA_ROPE_TYPE_NORM`), the DSA indexer's `attention.indexer.*` keys. MTP blocks appended
-/// after the decoder (`nextn_predict_layers`) are not converted: the config counts the
-/// decoder's layers only. A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
+/// `LLAMA_ROPE_TYPE_NORM`), the DSA indexer's `attention.indexer.*` keys. The first MTP block
+/// appended after the decoder (`nextn_predict_layers`: glm-dsa files and GLM-4.7-Flash's
+/// deepseek2 ones; llama.cpp's `DeepseekV2Model` drops DeepSeek-V3's) is the spec's MTP layer
+/// ([`mtp_blocks`]; for glm-dsa the main embedding and output stand in for an absent
+/// `nextn.embed_tokens` / `nextn.shared_head_head`, as GLM-5's releases publish it; a
+/// deepseek2 block without them is left out). A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
 /// llama.cpp's MLA change) gets `mla_kv_b_split`: the spec reads the two tensors as they are.
 fn mla(
     g: &Gguf,
@@ -942,7 +978,10 @@ fn mla(
     grouped_sigmoid(&keys, o)?;
     o.insert("moe_layer_freq".into(), 1.into());
     o.insert("topk_method".into(), "noaux_tc".into());
-    o.insert("num_nextn_predict_layers".into(), 0.into());
+    o.insert(
+        "num_nextn_predict_layers".into(),
+        mtp_blocks(&keys, layers, arch == "deepseek2")?.into(),
+    );
     if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
         for (key, neutral) in [("rope.scaling.yarn_ext_factor", 1.0)] {
             if let Some(v) = opt_f(key)? {
@@ -1560,6 +1599,14 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         "mlp.shared_expert.up_proj" => "ffn_up_shexp",
         "mlp.shared_expert.down_proj" => "ffn_down_shexp",
         "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
+        // The MTP layer of deepseek2, glm-dsa and glm4moe files (gguf-py's NEXTN_* tensors):
+        // block L = the decoder's layer count.
+        "eh_proj" => "nextn.eh_proj",
+        "enorm" => "nextn.enorm",
+        "hnorm" => "nextn.hnorm",
+        "embed_tokens" => "nextn.embed_tokens",
+        "shared_head.head" => "nextn.shared_head_head",
+        "shared_head.norm" => "nextn.shared_head_norm",
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))

@@ -260,6 +260,23 @@ pub fn run(opts: &Options) -> Result<Report> {
             derived,
         });
     }
+    // The main model's embedding and output stand in for the MTP layer's own where the GGUF
+    // has none (`nextn.embed_tokens` / `nextn.shared_head_head`: GLM-4.6/4.7 and GLM-5.x
+    // publish their MTP layer without them), as the checkpoint path records them.
+    let stored: std::collections::BTreeSet<&str> = dense.iter().map(|d| d.name.as_str()).collect();
+    let mut mtp_shared = BTreeMap::new();
+    let head = if stored.contains(spec.tensors.lm_head.name.as_str()) {
+        &spec.tensors.lm_head
+    } else {
+        &spec.tensors.embed
+    };
+    for m in &spec.tensors.mtp {
+        for (t, main) in [(&m.embed, &spec.tensors.embed), (&m.head, head)] {
+            if let Some(t) = t.as_ref().filter(|t| !stored.contains(t.name.as_str())) {
+                mtp_shared.insert(t.name.clone(), main.name.clone());
+            }
+        }
+    }
     // Experts: every layer's stacked tensors, checked before anything is written.
     let sets = spec.tensors.expert_sets();
     let mut layers = Vec::new();
@@ -329,7 +346,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         family: spec.model_type.clone(),
         parameters,
         mtp_layer: mtp,
-        mtp_shared: BTreeMap::new(),
+        mtp_shared: mtp_shared.clone(),
         tensors: dense.len() as u64,
         experts: sets.iter().map(|s| s.count as u64).sum(),
         experts_skipped: 0,
@@ -359,6 +376,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         elapsed_s: 0.0,
     };
     pipeline::write_store(&opts.output, store_spec, report, t0, |writer, report| {
+        writer.set_mtp_shared(mtp_shared);
         write_all(&g, &config, &dense, &layers, &files, writer, report)
     })
 }

@@ -1,0 +1,237 @@
+//! The MTP block llama.cpp appends to GLM GGUFs is the store's MTP layer (issue 46).
+//!
+//! llama.cpp's converter keeps the MTP layer of GLM-4.5/4.6/4.7 (`Glm4MoeModel`, a `glm4moe`
+//! file) and GLM-5.x (`GlmMoeDsaModel`, `glm-dsa`) as block L = the decoder's layer count: its
+//! decoder tensors under the usual block names plus `blk.L.nextn.{eh_proj, enorm, hnorm,
+//! shared_head_norm}` and, where the checkpoint has them, `nextn.{embed_tokens,
+//! shared_head_head}`, with `nextn_predict_layers` 1 (its `DeepseekV2Model` drops DeepSeek-V3's).
+//! `tests/fixtures/gguf/make_mtp_ggufs.py` writes the GLM-4.5-family fixture
+//! (`tiny/glm4_moe_fp8`: MTP layer without its own embedding and head, as GLM-4.6/4.7 publish
+//! it) and the GLM-5 fixture (`tiny/glm5_fp8`: with both) that way, F32, and checks that every
+//! tensor equals the fixture oracle's weights bit for bit. So the fixtures' own expected values
+//! apply: the main model's greedy 32, teacher-forced top-1 and last logits, the MTP layer's top-1
+//! and last logits (`mtp`, its reference), and `--speculate mtp` gives the oracle's tokens.
+
+use coli_engine::{Engine, EngineOptions, GenerateParams, Logits, Speculate, SpeculationParams};
+use coli_store::{ExpertKey, IoPreference};
+use coli_tests::{
+    check_mtp, convert_fixture, expected, floats, greedy, ids, max_abs_diff, open_store,
+    placement_keeps_greedy, top1,
+};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// (GGUF fixture, the checkpoint fixture it was written from, the MTP tensors the main model's
+/// stand in for).
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const CASES: [Case; 3] = [
+    (
+        "glm4_moe-mtp-f32",
+        "glm4_moe_fp8",
+        &[
+            (
+                "model.layers.3.embed_tokens.weight",
+                "model.embed_tokens.weight",
+            ),
+            ("model.layers.3.shared_head.head.weight", "lm_head.weight"),
+        ],
+    ),
+    ("glm_moe_dsa-mtp-f32", "glm5_fp8", &[]),
+    // A deepseek2 file with a nextn block (written through GLM-4.7-Flash's class, which keeps
+    // it), DeepSeek-V3's layer with its own embedding and head.
+    ("deepseek_v3-mtp-f32", "deepseek_v3_fp8", &[]),
+];
+
+fn written(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/gguf/{name}.json"));
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+#[test]
+fn glm_ggufs_mtp_block_runs_as_the_oracle() {
+    for (name, fixture, shared) in CASES {
+        let w = written(name);
+        let src = coli_tests::gguf_fixture(name);
+        assert_eq!(
+            coli_tests::sha256_hex(&std::fs::read(&src).unwrap()),
+            w["gguf_sha256"].as_str().unwrap(),
+            "{name}: the committed GGUF is the one make_mtp_ggufs.py wrote"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
+        // Every tensor of the file is converted, the nextn ones included.
+        assert!(
+            report.not_converted.is_empty(),
+            "{name}: not converted {:?}",
+            report.not_converted
+        );
+        let want: BTreeMap<String, String> = shared
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert!(report.mtp_layer, "{name}: report");
+        assert_eq!(report.mtp_shared, want, "{name}: report's stand-ins");
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let m = store.manifest();
+        assert_eq!(m.mtp_shared, want, "{name}: MANIFEST's stand-ins");
+        assert_eq!(m.config["num_nextn_predict_layers"], 1, "{name}");
+        assert_eq!(m.config["num_hidden_layers"], 3, "{name}");
+        assert_eq!(m.num_layers, 4, "{name}: the MTP layer is a store layer");
+        assert!(
+            store.index().iter().any(|r| r.key().layer == 3),
+            "{name}: the MTP layer's experts are records"
+        );
+
+        let exp = expected(fixture);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        assert!(e.has_mtp(), "{name}: MTP layer");
+        let prompt = ids(&exp["prompt_ids"]);
+        let want_greedy = ids(&exp["greedy_lossless"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, want_greedy.len()),
+            want_greedy,
+            "{name}: greedy"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&exp["last_logits_lossless"]));
+        assert!(d < 1e-3, "{name}: last logits differ by {d}");
+        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&exp["teacher_top1_lossless"]),
+            "{name}: teacher-forced top-1"
+        );
+        // The MTP layer against its reference (the stand-ins serve the GLM-4.x one).
+        check_mtp(&mut e, &exp, &exp["mtp"], &format!("{name} MTP"));
+
+        // Drafting with it never changes the tokens, and it drafts.
+        e.reset();
+        let params = GenerateParams {
+            max_tokens: want_greedy.len(),
+            sampling: Default::default(),
+            stop_on_eos: false,
+            speculation: SpeculationParams {
+                mode: Speculate::Mtp,
+                draft_tokens: 3,
+                gate: false,
+                ..Default::default()
+            },
+        };
+        let got = e.generate(&prompt, &params, |_| Ok(true)).unwrap();
+        assert_eq!(got.tokens, want_greedy, "{name}: --speculate mtp");
+        let sp = &got.stats.speculation;
+        assert!(
+            got.stats.speculation_mode == Speculate::Mtp && sp.drafts_proposed > 0,
+            "{name}: the MTP layer drafted ({sp:?})"
+        );
+
+        // The store converted from the checkpoint itself: the same MTP logits, up to the
+        // kernels' sums (FP8 records there, F32 here).
+        let (_t2, st) = convert_fixture(fixture, "lossless_store");
+        let st = open_store(&st, true, IoPreference::Auto);
+        let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
+        let mtp = &exp["mtp"];
+        let hidden: Vec<f32> = mtp["main_hidden"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(floats)
+            .collect();
+        let a = e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+        let b = e2.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+        let d = max_abs_diff(a.last().unwrap(), b.last().unwrap());
+        assert!(
+            d < 1e-4,
+            "{name}: GGUF and safetensors MTP layers differ by {d}"
+        );
+    }
+}
+
+#[test]
+fn glm_mtp_ggufs_placement_never_changes_tokens() {
+    for (name, fixture, _) in CASES {
+        let exp = expected(fixture);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
+        placement_keeps_greedy(
+            &dir,
+            ExpertKey::new(1, 0),
+            &ids(&exp["prompt_ids"]),
+            &ids(&exp["greedy_lossless"]),
+            name,
+        );
+    }
+}
+
+#[test]
+fn glm_mtp_ggufs_plan_and_export() {
+    for (name, _, _) in CASES {
+        let (tmp, dir) = coli_tests::gguf_convert(name);
+        let src = coli_tests::gguf_fixture(name);
+        // `coli plan --gguf` counts what the store holds, the MTP layer included.
+        coli_tests::check_gguf_plan(&src, &dir, name);
+        // The MTP block is in the store, so the file comes back whole.
+        let out = tmp.path().join("back.gguf");
+        coli_tools::export::run(&dir, &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(&src).unwrap(),
+            "{name}: the exported GGUF differs from the source"
+        );
+    }
+}
+
+#[test]
+fn glm_gguf_with_an_undeclared_mtp_block_is_refused() {
+    // nextn_predict_layers 0 with the block's tensors still there: the metadata makes block 3
+    // a decoder layer, which `nextn` tensors contradict (converted, it would be a model with
+    // a fourth decoder layer): refused naming the tensor and keys.
+    let name = "glm4_moe-mtp-f32";
+    let src = coli_tests::gguf_fixture(name);
+    let e = coli_tests::gguf_refused(&src, "nomtp.gguf", |b| {
+        let at = coli_tests::byte_after(b, b"glm4moe.nextn_predict_layers") + 4;
+        b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    });
+    assert!(
+        e.contains("blk.3.nextn.") && e.contains("glm4moe.nextn_predict_layers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn deepseek2_mtp_block_without_its_own_embedding_is_left_out() {
+    // DeepSeek-V3's spec (which deepseek2 files are read as) requires the MTP layer's own
+    // embedding and head; a block without `nextn.embed_tokens` (renamed here) is not converted:
+    // the main model converts and runs as before, the block's tensors listed as not converted.
+    let name = "deepseek_v3-mtp-f32";
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(coli_tests::gguf_fixture(name)).unwrap();
+    let at = coli_tests::byte_after(&b, b"blk.3.nextn.embed_tokens.weight");
+    b[at - 8] = b'X';
+    let src = tmp.path().join("noembed.gguf");
+    std::fs::write(&src, &b).unwrap();
+    let dir = tmp.path().join("store");
+    let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
+    assert!(!report.mtp_layer, "{name}: no MTP layer");
+    assert!(
+        report
+            .not_converted
+            .iter()
+            .any(|t| t == "blk.3.nextn.eh_proj.weight"),
+        "{:?}",
+        report.not_converted
+    );
+    let store = open_store(&dir, true, IoPreference::Auto);
+    assert_eq!(store.manifest().config["num_nextn_predict_layers"], 0);
+    let exp = expected("deepseek_v3_fp8");
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert!(!e.has_mtp());
+    let want = ids(&exp["greedy_lossless"]);
+    assert_eq!(greedy(&mut e, &ids(&exp["prompt_ids"]), want.len()), want);
+}
