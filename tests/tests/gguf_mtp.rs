@@ -1,13 +1,17 @@
-//! The MTP block llama.cpp appends to GLM GGUFs is the store's MTP layer (issue 46).
+//! The MTP block llama.cpp appends to GLM and DeepSeek GGUFs is the store's MTP layer, and
+//! DeepSeek-V3.2's `deepseek32` files convert (issue 46).
 //!
 //! llama.cpp's converter keeps the MTP layer of GLM-4.5/4.6/4.7 (`Glm4MoeModel`, a `glm4moe`
-//! file) and GLM-5.x (`GlmMoeDsaModel`, `glm-dsa`) as block L = the decoder's layer count: its
+//! file), GLM-5.x (`GlmMoeDsaModel`, `glm-dsa`), GLM-4.7-Flash (`Glm4MoeLiteModel`, `deepseek2`)
+//! and DeepSeek-V3.2 (`DeepseekV32Model`, `deepseek32`) as block L = the decoder's layer count: its
 //! decoder tensors under the usual block names plus `blk.L.nextn.{eh_proj, enorm, hnorm,
 //! shared_head_norm}` and, where the checkpoint has them, `nextn.{embed_tokens,
 //! shared_head_head}`, with `nextn_predict_layers` 1 (its `DeepseekV2Model` drops DeepSeek-V3's).
 //! `tests/fixtures/gguf/make_mtp_ggufs.py` writes the GLM-4.5-family fixture
 //! (`tiny/glm4_moe_fp8`: MTP layer without its own embedding and head, as GLM-4.6/4.7 publish
-//! it) and the GLM-5 fixture (`tiny/glm5_fp8`: with both) that way, F32, and checks that every
+//! it), the GLM-5 fixture (`tiny/glm5_fp8`: with both), the DeepSeek-V3 fixture (through
+//! GLM-4.7-Flash's class, a deepseek2 file with the block) and the DeepSeek-V3.2 fixture that
+//! way, F32, and checks that every
 //! tensor equals the fixture oracle's weights bit for bit. So the fixtures' own expected values
 //! apply: the main model's greedy 32, teacher-forced top-1 and last logits, the MTP layer's top-1
 //! and last logits (`mtp`, its reference), and `--speculate mtp` gives the oracle's tokens.
@@ -30,7 +34,7 @@ type Case = (
     &'static [(&'static str, &'static str)],
 );
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 4] = [
     (
         "glm4_moe-mtp-f32",
         "glm4_moe_fp8",
@@ -46,6 +50,8 @@ const CASES: [Case; 3] = [
     // A deepseek2 file with a nextn block (written through GLM-4.7-Flash's class, which keeps
     // it), DeepSeek-V3's layer with its own embedding and head.
     ("deepseek_v3-mtp-f32", "deepseek_v3_fp8", &[]),
+    // A deepseek32 file (DeepSeek-V3.2: the DSA indexer on every layer) with its nextn block.
+    ("deepseek_v32-mtp-f32", "deepseek_v32_fp8", &[]),
 ];
 
 fn written(name: &str) -> Value {
@@ -54,7 +60,7 @@ fn written(name: &str) -> Value {
 }
 
 #[test]
-fn glm_ggufs_mtp_block_runs_as_the_oracle() {
+fn mtp_ggufs_run_as_the_oracle() {
     for (name, fixture, shared) in CASES {
         let w = written(name);
         let src = coli_tests::gguf_fixture(name);
@@ -156,7 +162,7 @@ fn glm_ggufs_mtp_block_runs_as_the_oracle() {
 }
 
 #[test]
-fn glm_mtp_ggufs_placement_never_changes_tokens() {
+fn mtp_ggufs_placement_never_changes_tokens() {
     for (name, fixture, _) in CASES {
         let exp = expected(fixture);
         let (_tmp, dir) = coli_tests::gguf_convert(name);
@@ -171,7 +177,7 @@ fn glm_mtp_ggufs_placement_never_changes_tokens() {
 }
 
 #[test]
-fn glm_mtp_ggufs_plan_and_export() {
+fn mtp_ggufs_plan_and_export() {
     for (name, _, _) in CASES {
         let (tmp, dir) = coli_tests::gguf_convert(name);
         let src = coli_tests::gguf_fixture(name);

@@ -26,6 +26,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("llama", "mixtral"),
     ("deepseek2", "deepseek_v3"),
     ("glm-dsa", "glm_moe_dsa"),
+    ("deepseek32", "deepseek_v32"),
     ("glm4moe", "glm4_moe"),
     ("gpt-oss", "gpt_oss"),
     ("minimax-m2", "minimax_m2"),
@@ -141,7 +142,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     if let Some(v) = g.get(&k("rope.scaling.type")) {
         // YaRN is read for deepseek2 (its yarn_log_multiplier) and gpt-oss; llama.cpp's glm-dsa
         // reads no log multiplier, so its YaRN is not the one the config would say.
-        let yarn_read = arch == "deepseek2" || arch == "gpt-oss";
+        let yarn_read = matches!(arch, "deepseek2" | "deepseek32" | "gpt-oss");
         if v.as_str() != Some("none") && !(yarn_read && v.as_str() == Some("yarn")) {
             return Err(cerr(
                 g,
@@ -227,7 +228,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
                 o.insert("head_dim".into(), u("attention.key_length")?.into());
             }
         }
-        "deepseek2" | "glm-dsa" => mla(g, arch, o, heads, vocab)?,
+        "deepseek2" | "glm-dsa" | "deepseek32" => mla(g, arch, o, heads, vocab)?,
         "glm4moe" => glm4moe(g, o)?,
         "gpt-oss" => gpt_oss(g, o)?,
         "minimax-m2" => minimax_m2(g, o)?,
@@ -877,8 +878,9 @@ const GLM_5_2_INDEXER_TYPES: [u8; 78] = [
 
 /// deepseek2 (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash: `DeepseekV2Model` / `Glm4MoeLiteModel` in
 /// llama.cpp's `conversion/deepseek.py` and `glm.py`, read back by `src/models/deepseek2.cpp`)
-/// as a `deepseek_v3` config, and glm-dsa (GLM-5.x: `GlmMoeDsaModel`, `src/models/glm-dsa.cpp`)
-/// as a `glm_moe_dsa` one: MLA dimensions from the `*_mla` lengths, routing from the
+/// as a `deepseek_v3` config, glm-dsa (GLM-5.x: `GlmMoeDsaModel`, `src/models/glm-dsa.cpp`)
+/// as a `glm_moe_dsa` one, and deepseek32 (DeepSeek-V3.2: `DeepseekV32Model`, deepseek2's keys
+/// and YaRN plus the indexer's, every layer its own indexer) as a `deepseek_v32` one: MLA dimensions from the `*_mla` lengths, routing from the
 /// `expert_*` keys with llama.cpp's defaults when absent (no `expert_weights_scale`: 1; no
 /// `expert_weights_norm`: false; no groups: one; no `expert_gating_func`: sigmoid for glm-dsa
 /// and for deepseek2's GLM-4.7-Flash shape (47 or 48 layers, 154880 tokens), else DeepSeek-V2's
@@ -980,7 +982,7 @@ fn mla(
     o.insert("topk_method".into(), "noaux_tc".into());
     o.insert(
         "num_nextn_predict_layers".into(),
-        mtp_blocks(&keys, layers, arch == "deepseek2")?.into(),
+        mtp_blocks(&keys, layers, matches!(arch, "deepseek2" | "deepseek32"))?.into(),
     );
     if g.get(&k("rope.scaling.type")).and_then(Value::as_str) == Some("yarn") {
         for (key, neutral) in [("rope.scaling.yarn_ext_factor", 1.0)] {
@@ -1035,7 +1037,7 @@ fn mla(
         return Err(cerr(g, "neither blk.0.attn_k_b.weight nor blk.0.attn_kv_b.weight: the MLA up-projection is missing"));
     }
     o.insert("mla_kv_b_split".into(), split.into());
-    if arch == "glm-dsa" {
+    if matches!(arch, "glm-dsa" | "deepseek32") {
         o.insert(
             "index_n_heads".into(),
             u("attention.indexer.head_count")?.into(),
@@ -1065,11 +1067,25 @@ fn mla(
                     )
                 })?
             }
-            None if u("context_length")? < 1 << 20 => vec![true; layers],
+            None if arch == "deepseek32" || u("context_length")? < 1 << 20 => vec![true; layers],
             None => (0..layers)
                 .map(|i| GLM_5_2_INDEXER_TYPES.get(i) == Some(&1))
                 .collect(),
         };
+        if arch == "deepseek32" {
+            // DeepSeek-V3.2 runs its own indexer on every layer (DeepseekV32Config has no
+            // shared layers).
+            if let Some(i) = full.iter().position(|&f| !f) {
+                return Err(cerr(
+                    g,
+                    format!(
+                        "{} makes layer {i} share another layer's indexer: DeepSeek-V3.2 runs its own on every layer",
+                        k("attention.indexer.types")
+                    ),
+                ));
+            }
+            return Ok(());
+        }
         o.insert(
             "indexer_types".into(),
             full.iter()
