@@ -58,10 +58,12 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
     };
     if matches!(
         store.manifest().config["model_type"].as_str(),
-        Some("kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe")
+        Some(
+            "kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe" | "deepseek_v4"
+        )
     ) {
         bail!(
-            "{}: a store converted from a kimi-k3, kimi-linear, glm5-next, qwen3next or qwen35moe GGUF holds A_log (and K3's attention-residual norms and projections) where the GGUF holds -exp(A_log) (and their fused scores; coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
+            "{}: a store converted from a kimi-k3, kimi-linear, glm5-next, qwen3next, qwen35moe or deepseek4 GGUF holds A_log (K3's attention-residual norms and projections, DeepSeek-V4's f32 routing tables) where the GGUF holds -exp(A_log) (their fused scores, I32 tables; coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
             store_dir.display()
         );
     }

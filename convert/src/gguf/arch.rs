@@ -33,6 +33,7 @@ pub const ARCHITECTURES: &[(&str, &str)] = &[
     ("kimi-linear", "kimi_linear"),
     ("kimi-k3", "kimi_k3"),
     ("glm5-next", "glm5_next"),
+    ("deepseek4", "deepseek_v4"),
     ("qwen3next", "qwen3_next"),
     ("qwen35moe", "qwen3_5_moe"),
 ];
@@ -73,11 +74,11 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     let arch = architecture(g)?;
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
-    if matches!(arch, "kimi-k3" | "kimi-linear" | "glm5-next") {
-        let c = if arch == "glm5-next" {
-            glm5_next(g)?
-        } else {
-            kimi_kda(g, arch)?
+    if matches!(arch, "kimi-k3" | "kimi-linear" | "glm5-next" | "deepseek4") {
+        let c = match arch {
+            "glm5-next" => glm5_next(g)?,
+            "deepseek4" => deepseek4(g)?,
+            _ => kimi_kda(g, arch)?,
         };
         let t = c.get("text_config").unwrap_or(&c);
         let decoder = t["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
@@ -1262,6 +1263,259 @@ fn kda_layer_kinds(keys: &Keys<'_>, layers: usize) -> Result<Vec<bool>> {
     Ok(kda)
 }
 
+/// deepseek4 (DeepSeek-V4-Flash / Pro: `DeepseekV4Model` in llama.cpp's `conversion/deepseek.py`,
+/// read back by `src/models/deepseek4.cpp`) as a release-style `deepseek_v4` config.json:
+/// `attention.{key_length (head_dim), q_lora_rank, output_group_count (o_groups),
+/// output_lora_rank, sliding_window}`, `rope.dimension_count` (`qk_rope_head_dim`),
+/// `rope.freq_base`, `attention.compress_rope_freq_base`, YaRN from `rope.scaling.{factor,
+/// original_context_length, yarn_beta_fast, yarn_beta_slow}` (attention factor 1: a
+/// `yarn_log_multiplier` other than 0 is refused), `expert_{count, used_count,
+/// feed_forward_length, weights_scale}`, one shared expert, `expert_weights_norm` true and
+/// `expert_gating_func` 4 (`sqrtsoftplus`; 2, sigmoid, also runs), `swiglu_clamp_{exp,shexp}`
+/// (one limit), `hyper_connection.{count, sinkhorn_iterations, epsilon}`, `hash_layer_count`,
+/// the indexer's `attention.indexer.{head_count, key_length, top_k}`. The layer kinds come from
+/// `attention.compress_ratios` (one per layer; llama.cpp pools a layer every that many tokens):
+/// 0 a sliding layer, else a compressed one, CSA where the block holds the indexer
+/// (`indexer.attn_q_b`), HCA otherwise; the CSA layers' ratio and the HCA layers' are the
+/// config's `compress_rates` (one each, else refused), which transformers' config keeps apart
+/// from the kinds. The MTP layer (which llama.cpp's converter skips) is not converted.
+fn deepseek4(g: &Gguf) -> Result<Json> {
+    let arch = "deepseek4";
+    let keys = Keys { g, arch };
+    let (k, u) = (|s: &str| keys.key(s), |s: &str| keys.u(s));
+    let (opt_u, opt_f) = (|s: &str| keys.opt_u(s), |s: &str| keys.opt_f(s));
+    let mut o = serde_json::Map::new();
+    let layers = decoder_layers(&keys, &mut o)?;
+    let hidden = u("embedding_length")?;
+    let vocab = vocab_size(g, &k("embedding_length"), hidden)?;
+    let scoring = match opt_u("expert_gating_func")? {
+        Some(4) => "sqrtsoftplus",
+        Some(2) => "sigmoid",
+        v => {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {}: DeepSeek-V4 routes with sqrtsoftplus (4) or sigmoid (2) scores",
+                    k("expert_gating_func"),
+                    v.map_or("absent".to_string(), |v| v.to_string())
+                ),
+            ))
+        }
+    };
+    if let Some(n) = opt_u("expert_shared_count")?.filter(|&n| n != 1) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {n}: DeepSeek-V4 has one shared expert",
+                k("expert_shared_count")
+            ),
+        ));
+    }
+    if g.get(&k("expert_weights_norm")).and_then(Value::as_bool) == Some(false) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is false: DeepSeek-V4 renormalizes its top-k weights",
+                k("expert_weights_norm")
+            ),
+        ));
+    }
+    if let Some(m) = opt_f("rope.scaling.yarn_log_multiplier")?.filter(|&m| m != 0.0) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} is {m}: DeepSeek-V4's YaRN has attention factor 1",
+                k("rope.scaling.yarn_log_multiplier")
+            ),
+        ));
+    }
+    // Layer kinds and the two pooling rates from the per-layer ratios.
+    let ratios: Vec<usize> = g
+        .get(&k("attention.compress_ratios"))
+        .and_then(Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_u64().map(|x| x as usize))
+                .collect::<Option<Vec<_>>>()
+        })
+        .filter(|a| a.len() >= layers)
+        .ok_or_else(|| {
+            cerr(
+                g,
+                format!(
+                    "{} must give a ratio for each of the {layers} layers",
+                    k("attention.compress_ratios")
+                ),
+            )
+        })?;
+    let (mut kinds, mut csa, mut hca) = (Vec::new(), None, None);
+    for (i, &r) in ratios[..layers].iter().enumerate() {
+        let kind = if r == 0 {
+            "sliding_attention"
+        } else if g
+            .tensors
+            .contains_key(&format!("blk.{i}.indexer.attn_q_b.weight"))
+        {
+            "compressed_sparse_attention"
+        } else {
+            "heavily_compressed_attention"
+        };
+        let rate = if kind.starts_with("compressed") {
+            &mut csa
+        } else {
+            &mut hca
+        };
+        if r != 0 {
+            if rate.is_some_and(|x| x != r) {
+                return Err(cerr(
+                    g,
+                    format!(
+                        "{} gives layer {i} ratio {r}, another layer of its kind ({kind}) {}: coli runs one rate per kind",
+                        k("attention.compress_ratios"),
+                        rate.unwrap_or(0)
+                    ),
+                ));
+            }
+            *rate = Some(r);
+        }
+        kinds.push(kind);
+    }
+    let hash = opt_u("hash_layer_count")?.unwrap_or(0);
+    if hash > layers {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {hash} is more than the {layers} layers",
+                k("hash_layer_count")
+            ),
+        ));
+    }
+    let hc = u("hyper_connection.count")?;
+    if let Some(out) = opt_u("embedding_length_out")?.filter(|&x| x != hidden * hc) {
+        return Err(cerr(
+            g,
+            format!(
+                "{} {out} is not {} {hidden} x {} {hc}",
+                k("embedding_length_out"),
+                k("embedding_length"),
+                k("hyper_connection.count")
+            ),
+        ));
+    }
+    let limit = one_swiglu_limit(&keys, "DeepSeek-V4")?;
+    let tok = |key: &str| token_id(g, key);
+    let mut c = json!({
+        "model_type": "deepseek_v4",
+        "hidden_size": hidden,
+        "num_attention_heads": u("attention.head_count")?,
+        "num_key_value_heads": 1,
+        "head_dim": u("attention.key_length")?,
+        "qk_rope_head_dim": u("rope.dimension_count")?,
+        "q_lora_rank": u("attention.q_lora_rank")?,
+        "o_groups": u("attention.output_group_count")?,
+        "o_lora_rank": u("attention.output_lora_rank")?,
+        "sliding_window": u("attention.sliding_window")?,
+        "layer_types": kinds,
+        "compress_rates": {
+            "compressed_sparse_attention": csa.unwrap_or(4),
+            "heavily_compressed_attention": hca.unwrap_or(128),
+        },
+        "num_hash_layers": hash,
+        "mlp_layer_types": (0..layers).map(|i| if i < hash { "hash_moe" } else { "moe" }).collect::<Vec<_>>(),
+        "n_routed_experts": u("expert_count")?,
+        "num_experts_per_tok": u("expert_used_count")?,
+        "moe_intermediate_size": u("expert_feed_forward_length")?,
+        "n_shared_experts": 1,
+        "norm_topk_prob": true,
+        "scoring_func": scoring,
+        "topk_method": "noaux_tc",
+        "routed_scaling_factor": opt_f("expert_weights_scale")?.filter(|&v| v != 0.0).unwrap_or(1.0),
+        "index_n_heads": u("attention.indexer.head_count")?,
+        "index_head_dim": u("attention.indexer.key_length")?,
+        "index_topk": u("attention.indexer.top_k")?,
+        "hc_mult": hc,
+        "hc_sinkhorn_iters": u("hyper_connection.sinkhorn_iterations")?,
+        "hc_eps": g.f64(&k("hyper_connection.epsilon"))?,
+        "rope_theta": opt_f("rope.freq_base")?.unwrap_or(10_000.0),
+        "compress_rope_theta": g.f64(&k("attention.compress_rope_freq_base"))?,
+        "rms_norm_eps": g.f64(&k("attention.layer_norm_rms_epsilon"))?,
+        "max_position_embeddings": u("context_length")?,
+        "vocab_size": vocab,
+        "tie_word_embeddings": !g.tensors.contains_key("output.weight"),
+        "hidden_act": "silu",
+        "bos_token_id": tok("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": tok("tokenizer.ggml.eos_token_id"),
+        "num_nextn_predict_layers": 0,
+    });
+    if let Some(l) = limit {
+        c["swiglu_limit"] = json!(l);
+    }
+    match g.get(&k("rope.scaling.type")).and_then(Value::as_str) {
+        None | Some("none") => {}
+        Some("yarn") => {
+            c["rope_scaling"] = json!({
+                "type": "yarn",
+                "factor": g.f64(&k("rope.scaling.factor"))?,
+                "original_max_position_embeddings": u("rope.scaling.original_context_length")?,
+                "beta_fast": opt_f("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                "beta_slow": opt_f("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+            });
+        }
+        Some(t) => {
+            return Err(cerr(
+                g,
+                format!(
+                    "{} is {t:?}: DeepSeek-V4 runs with YaRN or no scaling",
+                    k("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let m = c.as_object_mut().expect("object");
+    m.extend(o);
+    Ok(c)
+}
+
+/// The one SwiGLU limit of every layer, routed and shared experts alike, from
+/// `swiglu_clamp_exp` / `swiglu_clamp_shexp` (a value or one per layer, as llama.cpp's converters
+/// write them); None when neither key is there.
+///
+/// # Errors
+/// Limits that differ between layers or between the routed and shared experts, naming the keys
+/// (`family` runs one limit).
+fn one_swiglu_limit(keys: &Keys<'_>, family: &str) -> Result<Option<f64>> {
+    let (g, k) = (keys.g, |s: &str| keys.key(s));
+    let clamp = |key: &str| -> Result<Option<f64>> {
+        let Some(v) = g.get(&k(key)) else {
+            return Ok(None);
+        };
+        let vals: Option<Vec<f64>> = match v {
+            Value::Array(a) => a.iter().map(Value::as_f64).collect(),
+            v => v.as_f64().map(|x| vec![x]),
+        };
+        match vals.as_deref() {
+            Some([first, rest @ ..]) if rest.iter().all(|x| x == first) => Ok(Some(*first)),
+            _ => Err(cerr(
+                g,
+                format!("{} must give one limit for every layer", k(key)),
+            )),
+        }
+    };
+    match (clamp("swiglu_clamp_exp")?, clamp("swiglu_clamp_shexp")?) {
+        (Some(a), Some(b)) if a == b => Ok(Some(a)),
+        (Some(a), None) => Ok(Some(a)),
+        (None, None) => Ok(None),
+        (a, b) => Err(cerr(
+            g,
+            format!(
+                "{} {a:?} and {} {b:?}: coli runs {family} with one SwiGLU limit for its routed and shared experts",
+                k("swiglu_clamp_exp"),
+                k("swiglu_clamp_shexp")
+            ),
+        )),
+    }
+}
+
 /// The config.json of a `glm5-next` GGUF (GLM-5.3-Flash; `conversion/glm.py` `Glm5NextModel`,
 /// `src/models/glm5-next.cpp`): the release's wrapper (`model_type` `glm5_next`, the language
 /// model `glm5_next_text` in `text_config`) with transformers' keys. KDA layers from
@@ -1303,37 +1557,8 @@ fn glm5_next(g: &Gguf) -> Result<Json> {
         ));
     }
     let split = kv_b_split(g, layers)?;
-    // One SwiGLU limit for every layer, routed and shared experts alike.
-    let clamp = |key: &str| -> Result<Option<f64>> {
-        let Some(v) = g.get(&k(key)) else {
-            return Ok(None);
-        };
-        let vals: Option<Vec<f64>> = match v {
-            Value::Array(a) => a.iter().map(Value::as_f64).collect(),
-            v => v.as_f64().map(|x| vec![x]),
-        };
-        match vals.as_deref() {
-            Some([first, rest @ ..]) if rest.iter().all(|x| x == first) => Ok(Some(*first)),
-            _ => Err(cerr(
-                g,
-                format!("{} must give one limit for every layer", k(key)),
-            )),
-        }
-    };
-    let limit = match (clamp("swiglu_clamp_exp")?, clamp("swiglu_clamp_shexp")?) {
-        (Some(a), Some(b)) if a == b => a,
-        (Some(a), None) => a,
-        (a, b) => {
-            return Err(cerr(
-                g,
-                format!(
-                    "{} {a:?} and {} {b:?}: coli runs GLM-5.3-Flash with one SwiGLU limit for its routed and shared experts",
-                    k("swiglu_clamp_exp"),
-                    k("swiglu_clamp_shexp")
-                ),
-            ))
-        }
-    };
+    let limit = one_swiglu_limit(&keys, "GLM-5.3-Flash")?
+        .ok_or_else(|| cerr(g, format!("{} is missing", k("swiglu_clamp_exp"))))?;
     // transformers' `indexer_types` has one entry per layer (the KDA layers' are not read), as
     // the converter writes them; a list of the DSA layers' only is read too.
     let dsa: Vec<usize> = (0..layers).filter(|&i| !kda[i]).collect();
@@ -1495,6 +1720,9 @@ pub fn derived_values(
     hf: &str,
     data: &[u8],
 ) -> Option<std::result::Result<Vec<u8>, String>> {
+    if config["model_type"].as_str() == Some("deepseek_v4") && hf.ends_with(".ffn.gate.tid2eid") {
+        return Some(tid2eid_values(config, data));
+    }
     if !matches!(
         config["model_type"].as_str(),
         Some("kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe")
@@ -1524,6 +1752,35 @@ pub fn derived_values(
     None
 }
 
+/// The ggml type a GGUF holds the spec tensor `hf` in where [`derived_values`] turns it back:
+/// I32 (26) for DeepSeek-V4's hash-routing tables (`tid2eid`, which llama.cpp's converter writes
+/// as I32), F32 (0) for the rest.
+pub fn derived_source_type(config: &Json, hf: &str) -> u32 {
+    if config["model_type"].as_str() == Some("deepseek_v4") && hf.ends_with(".ffn.gate.tid2eid") {
+        26
+    } else {
+        0
+    }
+}
+
+/// DeepSeek-V4's hash-routing table from llama.cpp's I32 `ffn_gate_tid2eid` (`data`, little
+/// endian): the same expert ids as exact f32 values (the spec's tensor, as the checkpoint path
+/// stores the release's I64 table).
+fn tid2eid_values(config: &Json, data: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let experts = config["n_routed_experts"].as_u64().unwrap_or(0) as i64;
+    let mut out = Vec::with_capacity(data.len());
+    for (i, c) in data.chunks_exact(4).enumerate() {
+        let id = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        if !(0..experts).contains(&i64::from(id)) {
+            return Err(format!(
+                "entry {i} is {id}, not an expert id (0..{experts})"
+            ));
+        }
+        out.extend_from_slice(&(id as f32).to_le_bytes());
+    }
+    Ok(out)
+}
+
 /// The GGUF name of the checkpoint tensor `hf` (the spec's name) in a GGUF of the family
 /// `model_type` (the config's, e.g. `glm4_moe`), or None for a name this map does not know.
 /// Routed experts are not here: they are slices of `blk.N.ffn_*_exps.weight`
@@ -1531,6 +1788,9 @@ pub fn derived_values(
 /// architecture names a tensor its own way (GLM-4.x's `post_attention_layernorm` is
 /// `post_attention_norm`, llama.cpp's `LLM_TENSOR_ATTN_POST_NORM`), `model_type` decides.
 pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
+    if model_type == "deepseek_v4" {
+        return deepseek_v4_name(hf);
+    }
     match hf {
         "model.output_attn_res_norm.weight" | "model.output_attn_res_proj.weight"
             if matches!(model_type, "kimi_k3" | "kimi_linear") =>
@@ -1626,6 +1886,61 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// The GGUF name of DeepSeek-V4's tensor `hf` (the release's name, the spec's) as llama.cpp's
+/// `DeepseekV4Model._map_dsv4_tensor_name` writes it (gguf-py `MODEL_TENSORS[DEEPSEEK4]`).
+fn deepseek_v4_name(hf: &str) -> Option<String> {
+    let root = match hf {
+        "embed.weight" => Some("token_embd.weight"),
+        "norm.weight" => Some("output_norm.weight"),
+        "head.weight" => Some("output.weight"),
+        "hc_head_fn" => Some("output_hc_fn.weight"),
+        "hc_head_base" => Some("output_hc_base.weight"),
+        "hc_head_scale" => Some("output_hc_scale.weight"),
+        _ => None,
+    };
+    if let Some(r) = root {
+        return Some(r.to_string());
+    }
+    let (n, rest) = hf.strip_prefix("layers.")?.split_once('.')?;
+    n.parse::<u32>().ok()?;
+    let g = match rest {
+        "hc_attn_fn" => "hc_attn_fn.weight",
+        "hc_attn_base" => "hc_attn_base.weight",
+        "hc_attn_scale" => "hc_attn_scale.weight",
+        "hc_ffn_fn" => "hc_ffn_fn.weight",
+        "hc_ffn_base" => "hc_ffn_base.weight",
+        "hc_ffn_scale" => "hc_ffn_scale.weight",
+        "attn.attn_sink" => "attn_sinks.weight",
+        "attn.wq_a.weight" => "attn_q_a.weight",
+        "attn.wq_b.weight" => "attn_q_b.weight",
+        "attn.q_norm.weight" => "attn_q_a_norm.weight",
+        "attn.wkv.weight" => "attn_kv.weight",
+        "attn.kv_norm.weight" => "attn_kv_a_norm.weight",
+        "attn.wo_a.weight" => "attn_output_a.weight",
+        "attn.wo_b.weight" => "attn_output_b.weight",
+        "attn.compressor.ape" => "attn_compressor_ape.weight",
+        "attn.compressor.wkv.weight" => "attn_compressor_kv.weight",
+        "attn.compressor.wgate.weight" => "attn_compressor_gate.weight",
+        "attn.compressor.norm.weight" => "attn_compressor_norm.weight",
+        "attn.indexer.wq_b.weight" => "indexer.attn_q_b.weight",
+        "attn.indexer.weights_proj.weight" => "indexer.proj.weight",
+        "attn.indexer.compressor.ape" => "indexer_compressor_ape.weight",
+        "attn.indexer.compressor.wkv.weight" => "indexer_compressor_kv.weight",
+        "attn.indexer.compressor.wgate.weight" => "indexer_compressor_gate.weight",
+        "attn.indexer.compressor.norm.weight" => "indexer_compressor_norm.weight",
+        "attn_norm.weight" => "attn_norm.weight",
+        "ffn_norm.weight" => "ffn_norm.weight",
+        "ffn.gate.weight" => "ffn_gate_inp.weight",
+        "ffn.gate.bias" => "exp_probs_b.bias",
+        "ffn.gate.tid2eid" => "ffn_gate_tid2eid.weight",
+        "ffn.shared_experts.w1.weight" => "ffn_gate_shexp.weight",
+        "ffn.shared_experts.w2.weight" => "ffn_down_shexp.weight",
+        "ffn.shared_experts.w3.weight" => "ffn_up_shexp.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}"))
 }
 
 /// Kimi K3's and Kimi-Linear's own tensors of layer `n` (`rest` after `model.layers.{n}.`), as

@@ -243,10 +243,18 @@ pub fn run(opts: &Options) -> Result<Report> {
         // Values held in another form (the KDA families' `ssm_a`, K3's fused residual scores)
         // are F32, turned back and checked here, before anything is written.
         let derived = match arch::derived_values(&config, &ts.name, g.data(t)) {
-            Some(_) if t.ggml_type != 0 => {
+            Some(_) if t.ggml_type != arch::derived_source_type(&config, &ts.name) => {
                 return Err(terr(
                     &t.name,
-                    format!("is {}: llama.cpp writes it as F32", t.type_name()),
+                    format!(
+                        "is {}: llama.cpp writes it as {}",
+                        t.type_name(),
+                        if arch::derived_source_type(&config, &ts.name) == 26 {
+                            "I32"
+                        } else {
+                            "F32"
+                        }
+                    ),
                 ))
             }
             Some(v) => Some(v.map_err(|e| terr(&t.name, e))?),
@@ -256,7 +264,12 @@ pub fn run(opts: &Options) -> Result<Report> {
             name: ts.name.clone(),
             t,
             shape: ts.shape.clone(),
-            encoding: encoding_of(t)?,
+            // Values turned back are f32 (an I32 routing table's ids included).
+            encoding: if derived.is_some() {
+                Encoding::F32
+            } else {
+                encoding_of(t)?
+            },
             derived,
         });
     }
