@@ -450,7 +450,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
         experts_bytes = bytes;
         no_hits = per_token;
         main_record = bytes.checked_div(n).unwrap_or(0);
-        let (mut dense, mut embed) = (0u64, 0u64);
+        let (mut dense, mut embed, mut mtp) = (0u64, 0u64, 0u64);
         for t in spec.tensors.dense() {
             let Some(info) =
                 crate::gguf::arch::gguf_name_in(&config, &t.name).and_then(|n| g.tensors.get(&n))
@@ -459,11 +459,15 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
             };
             let b = coli_format::encoding::align_up(info.nbytes, 64) as u64;
             dense += b;
-            if matches!(t.kind, TensorKind::Embedding | TensorKind::OutputHead) {
+            // As for a checkpoint: the embedding and head of the main model; the MTP layer's
+            // own (GLM-4.5, DeepSeek-V3.2 files) count as the MTP layer's.
+            if t.class == TensorClass::Mtp {
+                mtp += b;
+            } else if matches!(t.kind, TensorKind::Embedding | TensorKind::OutputHead) {
                 embed += b;
             }
         }
-        gguf_dense = Some((dense, embed));
+        gguf_dense = Some((dense, embed, mtp));
     }
     let kv_tok = kv_bytes_per_token(&spec);
     let fp8 = dtypes.fp8_checkpoint();
@@ -505,8 +509,8 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     let mut rows = Vec::new();
     for (enc, chosen) in configs {
         let (mut dense, mut embed, mut mtp_dense) = (0u64, 0u64, 0u64);
-        if let Some((d, e)) = gguf_dense {
-            (dense, embed) = (d, e);
+        if let Some((d, e, m)) = gguf_dense {
+            (dense, embed, mtp_dense) = (d, e, m);
         }
         for t in spec
             .tensors

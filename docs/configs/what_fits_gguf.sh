@@ -16,6 +16,7 @@ vendor="$1"
 quantize="$2"
 coli="${3:-${CARGO_TARGET_DIR:-target}/release/coli}"
 py="${4:-python3}"
+coli="$(cd "$(dirname "$coli")" && pwd)/$(basename "$coli")"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$py" docs/configs/gguf_headers.py --llama-cpp "$vendor" --quantize "$quantize" --out "$tmp" \
@@ -25,7 +26,8 @@ out=docs/configs/what_fits_gguf.txt
 for f in glm-5.1-IQ2_M glm-5.1-Q2_K glm-5.1-Q4_K_M deepseek-v3-Q4_K_M kimi-k2-IQ1_S kimi-k2-Q2_K; do
   for ram in 25G 64G; do
     echo "== $f.gguf, --total-ram $ram --context 8192 --disk-gib-s 3" >> "$out"
-    "$coli" plan --gguf "$tmp/$f.gguf" --total-ram "$ram" --context 8192 --disk-gib-s 3 >> "$out" 2>&1
+    # (run from the temporary directory: the plan names the file without its path)
+    (cd "$tmp" && "$coli" plan --gguf "$f.gguf" --total-ram "$ram" --context 8192 --disk-gib-s 3) >> "$out" 2>&1
     echo >> "$out"
   done
 done

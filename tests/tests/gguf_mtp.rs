@@ -181,8 +181,45 @@ fn mtp_ggufs_plan_and_export() {
     for (name, _, _) in CASES {
         let (tmp, dir) = coli_tests::gguf_convert(name);
         let src = coli_tests::gguf_fixture(name);
-        // `coli plan --gguf` counts what the store holds, the MTP layer included.
+        // `coli plan --gguf` counts what the store holds, the MTP layer included, and says
+        // which of its dense bytes are the MTP layer's (its own embedding and head there, not
+        // in the main model's).
         coli_tests::check_gguf_plan(&src, &dir, name);
+        let p = coli_convert::memory_plan::plan_from_config(
+            &coli_convert::memory_plan::ConfigPlanArgs {
+                checkpoint: None,
+                config: None,
+                gguf: Some(&src),
+                total_ram: 25 << 30,
+                context: Some(256),
+                disk_gib_s: None,
+                experts: None,
+                mtp: None,
+                chosen: None,
+            },
+        )
+        .unwrap();
+        let store = open_store(&dir, false, IoPreference::Auto);
+        let sum = |f: &dyn Fn(&str) -> bool| -> u64 {
+            store
+                .manifest()
+                .dense
+                .iter()
+                .filter(|d| f(&d.name))
+                .map(|d| d.length.div_ceil(64) * 64)
+                .sum()
+        };
+        let row = &p.rows[0];
+        assert_eq!(
+            row.mtp_dense_bytes,
+            sum(&|n| n.starts_with("model.layers.3.")),
+            "{name}: MTP dense bytes"
+        );
+        assert_eq!(
+            row.embedding_bytes,
+            sum(&|n| n == "model.embed_tokens.weight" || n == "lm_head.weight"),
+            "{name}: embedding and head bytes"
+        );
         // The MTP block is in the store, so the file comes back whole.
         let out = tmp.path().join("back.gguf");
         coli_tools::export::run(&dir, &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
@@ -240,4 +277,101 @@ fn deepseek2_mtp_block_without_its_own_embedding_is_left_out() {
     assert!(!e.has_mtp());
     let want = ids(&exp["greedy_lossless"]);
     assert_eq!(greedy(&mut e, &ids(&exp["prompt_ids"]), want.len()), want);
+}
+
+#[test]
+fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
+    // GLM-5.x publishes its MTP layer without `embed_tokens` and `shared_head.head`, so its
+    // GGUFs have no `nextn.embed_tokens` / `nextn.shared_head_head` (renamed away here): the
+    // main `token_embd` and `output` stand in, as for the checkpoint. Its MTP logits equal
+    // those of the store converted from the checkpoint without the two tensors (FP8 records
+    // there, F32 here).
+    let name = "glm_moe_dsa-mtp-f32";
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(coli_tests::gguf_fixture(name)).unwrap();
+    for t in [
+        &b"blk.3.nextn.embed_tokens.weight"[..],
+        &b"blk.3.nextn.shared_head_head.weight"[..],
+    ] {
+        let at = coli_tests::byte_after(&b, t);
+        b[at - 8] = b'X';
+    }
+    let src = tmp.path().join("shared.gguf");
+    std::fs::write(&src, &b).unwrap();
+    let dir = tmp.path().join("store");
+    let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
+    let want: BTreeMap<String, String> = [
+        (
+            "model.layers.3.embed_tokens.weight",
+            "model.embed_tokens.weight",
+        ),
+        ("model.layers.3.shared_head.head.weight", "lm_head.weight"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert!(report.mtp_layer);
+    assert_eq!(report.mtp_shared, want);
+    let store = open_store(&dir, true, IoPreference::Auto);
+    assert_eq!(store.manifest().mtp_shared, want);
+    let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert!(e.has_mtp());
+
+    let ck = tmp.path().join("checkpoint");
+    coli_tests::copy_checkpoint_without(&coli_tests::fixture_dir("glm5_fp8"), &ck, |n| {
+        n == "model.layers.3.embed_tokens.weight" || n == "model.layers.3.shared_head.head.weight"
+    });
+    let st = tmp.path().join("hf-store");
+    coli_convert::run(&coli_convert::Options {
+        input: ck,
+        output: st.clone(),
+        encodings: coli_convert::Encodings {
+            experts: coli_tests::encoding("fp8"),
+            dense: coli_tests::encoding("fp8"),
+            roles: Default::default(),
+            mtp: Some(coli_tests::encoding("fp8")),
+            embeddings: None,
+        },
+        threads: Some(1),
+        progress: false,
+    })
+    .unwrap();
+    let st = open_store(&st, true, IoPreference::Auto);
+    let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
+    let exp = expected("glm5_fp8");
+    let mtp = &exp["mtp"];
+    let hidden: Vec<f32> = mtp["main_hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(floats)
+        .collect();
+    let a = e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+    let b = e2.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+    assert_eq!(top1(&a), top1(&b));
+    let d = max_abs_diff(a.last().unwrap(), b.last().unwrap());
+    assert!(
+        d < 1e-4,
+        "GGUF and checkpoint stand-in MTP layers differ by {d}"
+    );
+    // And drafting with it keeps the oracle's tokens.
+    let want_greedy = ids(&exp["greedy_lossless"]);
+    let got = e
+        .generate(
+            &ids(&exp["prompt_ids"]),
+            &GenerateParams {
+                max_tokens: want_greedy.len(),
+                sampling: Default::default(),
+                stop_on_eos: false,
+                speculation: SpeculationParams {
+                    mode: Speculate::Mtp,
+                    draft_tokens: 3,
+                    gate: false,
+                    ..Default::default()
+                },
+            },
+            |_| Ok(true),
+        )
+        .unwrap();
+    assert_eq!(got.tokens, want_greedy);
 }

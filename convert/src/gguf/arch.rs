@@ -4,10 +4,11 @@
 //!
 //! Sources: the metadata keys are those llama.cpp's `convert_hf_to_gguf.py` writes
 //! (`TextModel.set_gguf_parameters` and each model class: `OlmoeModel`, `Qwen3MoeModel` via
-//! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model`, `GlmMoeDsaModel`,
-//! `Glm4MoeModel`, `GptOssModel`, `MiniMaxM2Model`, `KimiLinearModel` and `KimiK3Model` of
-//! `conversion/kimi_linear.py` / `kimi_k3.py`, `Qwen3NextModel` and `Qwen3_5MoeTextModel` of
-//! `conversion/qwen.py`)
+//! `Qwen2MoeModel`, `LlamaModel` for Mixtral, `DeepseekV2Model` and its `Glm4MoeLiteModel`,
+//! `DeepseekV32Model` and `DeepseekV4Model` of `conversion/deepseek.py`, `GlmMoeDsaModel`,
+//! `Glm4MoeModel` and `Glm5NextModel` of `conversion/glm.py`, `GptOssModel`, `MiniMaxM2Model`,
+//! `KimiLinearModel` and `KimiK3Model` of `conversion/kimi_linear.py` / `kimi_k3.py`,
+//! `Qwen3NextModel` and `Qwen3_5MoeTextModel` of `conversion/qwen.py`)
 //! and `src/models/*.cpp` reads (`LLM_KV_*`,
 //! each architecture's `load_arch_hparams`); the tensor names are gguf-py's `TensorNameMap`
 //! (`tensor_mapping.py`) for those `MODEL_ARCH`s (`constants.py` `MODEL_TENSORS`). `LlamaModel` permutes the rows of
@@ -141,7 +142,8 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
         }
     }
     if let Some(v) = g.get(&k("rope.scaling.type")) {
-        // YaRN is read for deepseek2 (its yarn_log_multiplier) and gpt-oss; llama.cpp's glm-dsa
+        // YaRN is read for deepseek2 and deepseek32 (their yarn_log_multiplier) and gpt-oss
+        // (deepseek4 reads its own, `deepseek4`); llama.cpp's glm-dsa
         // reads no log multiplier, so its YaRN is not the one the config would say.
         let yarn_read = matches!(arch, "deepseek2" | "deepseek32" | "gpt-oss");
         if v.as_str() != Some("none") && !(yarn_read && v.as_str() == Some("yarn")) {
@@ -556,9 +558,9 @@ impl Keys<'_> {
 /// when the file declares one and holds its `nextn.eh_proj` (coli runs at most one MTP layer;
 /// a file converted with `--no-mtp`, or a trunk-only file, declares none or holds none), else 0.
 /// `own_embed_and_head`: the family's spec requires the layer's own `embed_tokens` and
-/// `shared_head.head` (DeepSeek-V3's, which `deepseek2` files are read as): a block without
-/// `nextn.embed_tokens` and `nextn.shared_head_head` is then not converted (0), where llama.cpp
-/// lets the main ones stand in (GLM-4.7-Flash's `Glm4MoeLiteModel`, a `deepseek2` file).
+/// `shared_head.head` (DeepSeek-V3's, which `deepseek2` files are read as, and DeepSeek-V3.2's,
+/// `deepseek32`): a block without `nextn.embed_tokens` and `nextn.shared_head_head` is then not
+/// converted (0), where llama.cpp lets the main ones stand in.
 fn mtp_blocks(keys: &Keys<'_>, decoder: usize, own_embed_and_head: bool) -> Result<usize> {
     let has = |t: &str| {
         keys.g
@@ -598,7 +600,7 @@ fn decoder_layers(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Res
     Ok(blocks - nextn)
 }
 
-/// The grouped-sigmoid routing and FFN sizes of deepseek2, glm-dsa and glm4moe, with
+/// The grouped-sigmoid routing and FFN sizes of deepseek2, deepseek32, glm-dsa and glm4moe, with
 /// llama.cpp's defaults for absent keys (no shared experts, no leading dense block, no
 /// scaling (or a scale of 0: skipped), no renormalization, one group).
 fn grouped_sigmoid(keys: &Keys<'_>, o: &mut serde_json::Map<String, Json>) -> Result<()> {
@@ -891,11 +893,11 @@ const GLM_5_2_INDEXER_TYPES: [u8; 78] = [
 /// release's values, where llama.cpp's deepseek2 keeps its defaults 32 and 1; glm-dsa's YaRN
 /// is refused, llama.cpp reading no log multiplier for it), interleaved RoPE pairs (llama.cpp's deepseek2 RoPE is
 /// `LLAMA_ROPE_TYPE_NORM`), the DSA indexer's `attention.indexer.*` keys. The first MTP block
-/// appended after the decoder (`nextn_predict_layers`: glm-dsa files and GLM-4.7-Flash's
-/// deepseek2 ones; llama.cpp's `DeepseekV2Model` drops DeepSeek-V3's) is the spec's MTP layer
-/// ([`mtp_blocks`]; for glm-dsa the main embedding and output stand in for an absent
-/// `nextn.embed_tokens` / `nextn.shared_head_head`, as GLM-5's releases publish it; a
-/// deepseek2 block without them is left out). A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
+/// appended after the decoder (`nextn_predict_layers`: glm-dsa and deepseek32 files and
+/// GLM-4.7-Flash's deepseek2 ones; llama.cpp's `DeepseekV2Model` drops DeepSeek-V3's) is the
+/// spec's MTP layer ([`mtp_blocks`]; for glm-dsa the main embedding and output stand in for an
+/// absent `nextn.embed_tokens` / `nextn.shared_head_head`, as GLM-5's releases publish it; a
+/// deepseek2 or deepseek32 block without them is left out). A GGUF holding `attn_k_b` / `attn_v_b` (every one written since
 /// llama.cpp's MLA change) gets `mla_kv_b_split`: the spec reads the two tensors as they are.
 fn mla(
     g: &Gguf,
@@ -1875,7 +1877,8 @@ pub fn gguf_name(model_type: &str, hf: &str) -> Option<String> {
         "mlp.shared_expert.up_proj" => "ffn_up_shexp",
         "mlp.shared_expert.down_proj" => "ffn_down_shexp",
         "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
-        // The MTP layer of deepseek2, glm-dsa and glm4moe files (gguf-py's NEXTN_* tensors):
+        // The MTP layer of deepseek2, deepseek32, glm-dsa and glm4moe files (gguf-py's NEXTN_*
+        // tensors):
         // block L = the decoder's layer count.
         "eh_proj" => "nextn.eh_proj",
         "enorm" => "nextn.enorm",
