@@ -59,6 +59,19 @@ fn written(name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
+/// The MTP layer's logits on the fixture's MTP reference inputs (`mtp.main_hidden`,
+/// `mtp.next_ids`), one row per position.
+fn mtp_rows(e: &mut Engine<'_>, exp: &Value) -> Vec<Vec<f32>> {
+    let mtp = &exp["mtp"];
+    let hidden: Vec<f32> = mtp["main_hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(floats)
+        .collect();
+    e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap()
+}
+
 #[test]
 fn mtp_ggufs_run_as_the_oracle() {
     for (name, fixture, shared) in CASES {
@@ -144,15 +157,7 @@ fn mtp_ggufs_run_as_the_oracle() {
         let (_t2, st) = convert_fixture(fixture, "lossless_store");
         let st = open_store(&st, true, IoPreference::Auto);
         let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
-        let mtp = &exp["mtp"];
-        let hidden: Vec<f32> = mtp["main_hidden"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(floats)
-            .collect();
-        let a = e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
-        let b = e2.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+        let (a, b) = (mtp_rows(&mut e, &exp), mtp_rows(&mut e2, &exp));
         let d = max_abs_diff(a.last().unwrap(), b.last().unwrap());
         assert!(
             d < 1e-4,
@@ -339,15 +344,7 @@ fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
     let st = open_store(&st, true, IoPreference::Auto);
     let mut e2 = Engine::new(&st, &EngineOptions::default()).unwrap();
     let exp = expected("glm5_fp8");
-    let mtp = &exp["mtp"];
-    let hidden: Vec<f32> = mtp["main_hidden"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(floats)
-        .collect();
-    let a = e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
-    let b = e2.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap();
+    let (a, b) = (mtp_rows(&mut e, &exp), mtp_rows(&mut e2, &exp));
     assert_eq!(top1(&a), top1(&b));
     let d = max_abs_diff(a.last().unwrap(), b.last().unwrap());
     assert!(
@@ -374,4 +371,50 @@ fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
         )
         .unwrap();
     assert_eq!(got.tokens, want_greedy);
+}
+
+/// The GGUF `b` with a `deepseek32.attention.indexer.types` of `types` inserted before its first
+/// key, plus a padding key so that the inserted bytes are a multiple of the 32-byte data
+/// alignment (the tensors' offsets are relative to the aligned data start).
+fn with_indexer_types(b: &mut Vec<u8>, types: &[bool]) {
+    let mut kv = Vec::new();
+    let key = |kv: &mut Vec<u8>, k: &str| {
+        kv.extend((k.len() as u64).to_le_bytes());
+        kv.extend(k.as_bytes());
+    };
+    key(&mut kv, "deepseek32.attention.indexer.types");
+    kv.extend(9u32.to_le_bytes()); // an array
+    kv.extend(7u32.to_le_bytes()); // of bools
+    kv.extend((types.len() as u64).to_le_bytes());
+    kv.extend(types.iter().map(|&t| u8::from(t)));
+    key(&mut kv, "general.padding");
+    kv.extend(8u32.to_le_bytes()); // a string
+    let pad = (32 - (kv.len() + 8) % 32) % 32;
+    kv.extend((pad as u64).to_le_bytes());
+    kv.extend(std::iter::repeat_n(b'x', pad));
+    assert_eq!(kv.len() % 32, 0);
+    // The key count follows the magic, the version and the tensor count.
+    let n = u64::from_le_bytes(b[16..24].try_into().unwrap()) + 2;
+    b[16..24].copy_from_slice(&n.to_le_bytes());
+    b.splice(24..24, kv);
+}
+
+#[test]
+fn deepseek32_gguf_sharing_an_indexer_is_refused() {
+    // DeepSeek-V3.2 runs its own indexer on every layer: every layer "full" converts (the
+    // inserted key is well formed), layer 1 sharing one is refused naming the key.
+    let src = coli_tests::gguf_fixture("deepseek_v32-mtp-f32");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(&src).unwrap();
+    with_indexer_types(&mut b, &[true, true, true]);
+    let full = tmp.path().join("full.gguf");
+    std::fs::write(&full, &b).unwrap();
+    coli_tests::gguf_try_convert(&full, &tmp.path().join("store")).unwrap();
+    let e = coli_tests::gguf_refused(&src, "shared.gguf", |b| {
+        with_indexer_types(b, &[true, false, true])
+    });
+    assert!(
+        e.contains("deepseek32.attention.indexer.types") && e.contains("layer 1"),
+        "{e}"
+    );
 }

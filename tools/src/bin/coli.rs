@@ -225,8 +225,16 @@ fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// `kv`: KV-cache bytes per token and tokens held.
-fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch: bool) {
+/// `kv`: KV-cache bytes per token and tokens held; `prefill_batch`: prompt tokens per prefill
+/// pass (`--prefill-batch` or the memory plan's chunk, as `--json`'s `stats.prefill_batch`).
+fn print_stats(
+    g: &Generation,
+    load_s: f64,
+    io: &str,
+    kv: (u64, usize),
+    prefetch: bool,
+    prefill_batch: usize,
+) {
     let s = &g.stats;
     eprintln!("load: {load_s:.2} s (io: {io})");
     eprintln!(
@@ -236,7 +244,7 @@ fn print_stats(g: &Generation, load_s: f64, io: &str, kv: (u64, usize), prefetch
         kv.1
     );
     eprintln!(
-        "prefill: {} in {:.3} s ({:.1} tok/s), TTFT {:.3} s",
+        "prefill: {} in {:.3} s ({:.1} tok/s, up to {prefill_batch} per pass), TTFT {:.3} s",
         count(s.prompt_tokens, "token", "tokens"),
         s.prefill_s,
         s.prefill_tok_s(),
@@ -449,6 +457,7 @@ fn run(mut a: RunArgs) -> Result<()> {
             &io_desc(&loaded.store),
             kv,
             eng.placement().prefetch,
+            eng.prefill_batch(),
         );
         mirror::print_stats(&loaded.store);
     } else {
