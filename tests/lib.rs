@@ -126,6 +126,7 @@ pub fn chat_template_fixture(entry: &Value, dir: &Path) -> coli_engine::ChatTemp
             .iter()
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
             .collect(),
+        xtml: false,
     }
 }
 

@@ -38,6 +38,7 @@ pub mod tool_calls;
 pub mod trace;
 pub mod usage;
 pub mod weights;
+pub mod xtml;
 
 pub use cache::{CacheStats, ExpertCache, LruCache, Residency};
 pub use coli_format::spec::{Family, ModelSpec};

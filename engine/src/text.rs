@@ -55,10 +55,13 @@ const SPECIAL_TOKEN_NAMES: [&str; 7] = [
 /// A chat template with the special-token strings it may refer to.
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
-    /// Jinja source.
+    /// Jinja source (empty for [`ChatTemplate::xtml`]).
     pub source: String,
     /// `(name, content)` of the named special tokens of tokenizer_config.json.
     pub special_tokens: Vec<(String, String)>,
+    /// Kimi K3's XTML format ([`crate::xtml`]) instead of Jinja: rendered as segments, each
+    /// marker one special token and every text segment ordinary text.
+    pub xtml: bool,
 }
 
 /// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=indent,
@@ -313,6 +316,16 @@ fn template_error(e: &minijinja::Error, source: &str) -> EngineError {
 }
 
 impl ChatTemplate {
+    /// Kimi K3's chat format ([`crate::xtml`], the release's `encoding_k3.py`), which K3 ships
+    /// instead of a Jinja template.
+    pub fn xtml() -> ChatTemplate {
+        ChatTemplate {
+            source: String::new(),
+            special_tokens: Vec::new(),
+            xtml: true,
+        }
+    }
+
     /// Renders `messages` as transformers' `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=...)`: Jinja with `trim_blocks` and `lstrip_blocks`, the
     /// `raise_exception` and `strftime_now` functions, Python string methods (pycompat), the Python-style `tojson`
@@ -324,9 +337,16 @@ impl ChatTemplate {
         self.render_with_tools(messages, add_generation_prompt, None)
     }
 
-    /// Whether the template renders tool definitions itself (its source reads `tools`).
+    /// Whether the template renders tool definitions itself (its source reads `tools`; XTML
+    /// does).
     pub fn has_tools_branch(&self) -> bool {
-        self.source.contains("tools")
+        self.xtml || self.source.contains("tools")
+    }
+
+    /// Whether the template renders assistant tool calls itself (its source reads
+    /// `tool_calls`; XTML does).
+    pub fn reads_tool_calls(&self) -> bool {
+        self.xtml || self.source.contains("tool_calls")
     }
 
     /// [`ChatTemplate::render`] with `tools` (OpenAI-shaped tool objects, `{"type":
@@ -341,6 +361,15 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&[Json]>,
     ) -> Result<String> {
+        if self.xtml {
+            let segs = crate::xtml::segments(
+                messages,
+                tools,
+                add_generation_prompt,
+                &crate::xtml::XtmlOptions::default(),
+            )?;
+            return Ok(segs.into_iter().map(|s| s.text).collect());
+        }
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -379,6 +408,9 @@ impl ChatTemplate {
 /// The store's tokenizer and chat template.
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens encoded as text ([`TextTokenizer::encode_segments`]), made
+    /// on first use.
+    plain: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// tokenizer.json as read (the token bytes for constrained decoding, [`crate::constrain`]).
     json: Vec<u8>,
     /// The chat template, when the store has one.
@@ -463,9 +495,11 @@ impl TextTokenizer {
         Ok(TextTokenizer {
             inner,
             json: tokenizer_json.to_vec(),
+            plain: std::sync::OnceLock::new(),
             chat_template: source.map(|source| ChatTemplate {
                 source,
                 special_tokens,
+                xtml: false,
             }),
         })
     }
@@ -473,7 +507,8 @@ impl TextTokenizer {
     /// Loads the tokenizer of `store` (`files/tokenizer.json`, `tokenizer_config.json`,
     /// `chat_template.jinja`); `Ok(None)` when the store has no tokenizer.json. A store without
     /// a chat template gets its family's built-in one where there is one
-    /// ([`builtin_chat_template`]: DeepSeek-V3.2).
+    /// ([`builtin_chat_template`]: DeepSeek-V3.2), and a Kimi K3 store K3's own format
+    /// ([`ChatTemplate::xtml`]).
     ///
     /// # Errors
     /// Store read errors, unparsable files.
@@ -493,8 +528,48 @@ impl TextTokenizer {
                     .map_err(|_| EngineError::Template("chat_template.jinja is not UTF-8".into()))
             })
             .transpose()?;
-        let builtin = builtin_chat_template(&store.manifest().family);
-        Self::build(&tok, cfg.as_deref(), jinja.as_deref(), builtin).map(Some)
+        let family = &store.manifest().family;
+        let builtin = builtin_chat_template(family);
+        let mut t = Self::build(&tok, cfg.as_deref(), jinja.as_deref(), builtin)?;
+        let k3 = store.manifest().config["model_type"].as_str() == Some("kimi_k3");
+        if t.chat_template.is_none() && k3 {
+            // K3 ships its chat format as Python (`encoding_k3.py`), no template (its store's
+            // family is its language model's, `kimi_linear`: the config says K3).
+            t.chat_template = Some(ChatTemplate::xtml());
+        }
+        Ok(Some(t))
+    }
+
+    /// Token ids of rendered segments ([`crate::xtml::Segment`]), each encoded on its own as
+    /// K3's tokenizer does: a marker is the one special token of its text
+    /// (`encode(text, allowed_special="all")`), every other segment ordinary text in which
+    /// special-token strings are text (`encode(text, disallowed_special=())`).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`]: a marker the vocabulary has no token for.
+    pub fn encode_segments(&self, segments: &[crate::xtml::Segment]) -> Result<Vec<u32>> {
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::new();
+        for s in segments {
+            if s.special {
+                ids.push(self.inner.token_to_id(&s.text).ok_or_else(|| {
+                    EngineError::Tokenizer(format!(
+                        "the vocabulary has no token {:?}, which Kimi K3's chat format needs",
+                        s.text
+                    ))
+                })?);
+            } else {
+                let enc = plain
+                    .encode(s.text.as_str(), false)
+                    .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+                ids.extend_from_slice(enc.get_ids());
+            }
+        }
+        Ok(ids)
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS),
@@ -565,6 +640,16 @@ impl TextTokenizer {
                     .into(),
             )
         })?;
+        if t.xtml {
+            let segs = crate::xtml::segments(
+                messages,
+                tools,
+                add_generation_prompt,
+                &crate::xtml::XtmlOptions::default(),
+            )?;
+            let ids = self.encode_segments(&segs)?;
+            return Ok((segs.into_iter().map(|s| s.text).collect(), ids));
+        }
         let text = t.render_with_tools(messages, add_generation_prompt, tools)?;
         let ids = self.encode(&text, false)?;
         Ok((text, ids))
@@ -681,6 +766,7 @@ pub(crate) mod tests {
         let t = |source: &str| ChatTemplate {
             source: source.into(),
             special_tokens: vec![],
+            xtml: false,
         };
         let msgs = [ChatMessage::new("user", "hi")];
         for s in [
@@ -712,6 +798,7 @@ pub(crate) mod tests {
         let t = ChatTemplate {
             source: String::from_utf8(d).unwrap(),
             special_tokens: vec![],
+            xtml: false,
         };
         let e = t
             .render(&[ChatMessage::new("user", "hi")], true)
@@ -735,6 +822,7 @@ pub(crate) mod tests {
                 let t = |source: &str| ChatTemplate {
                     source: source.into(),
                     special_tokens: vec![],
+                    xtml: false,
                 };
                 let msgs = [ChatMessage::new("user", "hi")];
                 let r = t("{% macro m(x) %}{{ m(x) }}{% endmacro %}{{ m(1) }}").render(&msgs, true);
@@ -754,6 +842,7 @@ pub(crate) mod tests {
         let t = ChatTemplate {
             source: "Current date: {{ strftime_now(\"%Y-%m-%d\") }}".into(),
             special_tokens: vec![],
+            xtml: false,
         };
         let before = std::time::SystemTime::now();
         let out = t.render(&[], false).unwrap();
@@ -771,6 +860,7 @@ pub(crate) mod tests {
         let bad = ChatTemplate {
             source: "{{ strftime_now(\"%Q\") }}".into(),
             special_tokens: vec![],
+            xtml: false,
         };
         let e = bad.render(&[], false).unwrap_err().to_string();
         assert!(e.contains("not a strftime format"), "{e}");
@@ -812,6 +902,7 @@ pub(crate) mod tests {
         let t = ChatTemplate {
             source: "{% for m in messages %}\n  {% if m['role'] == 'bad' %}{{ raise_exception('bad role') }}{% endif %}\n{{ bos_token + m['role'] | upper }}:{{ m['content'].strip() }}|{{ m | tojson }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}".into(),
             special_tokens: vec![("bos_token".into(), "<s>".into())],
+            xtml: false,
         };
         let s = t
             .render(&[ChatMessage::new("user", " hi é ")], true)

@@ -24,6 +24,7 @@ fn template() -> ChatTemplate {
             ("unk_token".into(), "<|endoftext|>".into()),
             ("pad_token".into(), "<|im_end|>".into()),
         ],
+        xtml: false,
     }
 }
 

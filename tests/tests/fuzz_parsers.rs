@@ -206,6 +206,7 @@ fn chat_template_inputs_never_panic() {
                     ("bos_token".into(), "<s>".into()),
                     ("eos_token".into(), "</s>".into()),
                 ],
+                xtml: false,
             };
             (name, t)
         })
@@ -256,6 +257,7 @@ fn chat_template_inputs_never_panic() {
                 let damaged = ChatTemplate {
                     source: String::from_utf8_lossy(b).into_owned(),
                     special_tokens: t.special_tokens.clone(),
+                    xtml: false,
                 };
                 let _ = damaged.render(&conversation, true);
             },

@@ -148,6 +148,13 @@ fn a_kimi_checkpoint_converts_with_its_tokenizer_and_runs_on_text() {
     let tok = TextTokenizer::from_store(&store)
         .unwrap()
         .expect("a tokenizer");
+    // K3 ships no chat template: its store chats in K3's own format (coli_engine::xtml,
+    // tests/tests/chat_k3.rs), whose markers this test vocabulary does not name.
+    assert!(tok.chat_template.as_ref().is_some_and(|t| t.xtml));
+    let e = tok
+        .chat_ids(&[coli_engine::ChatMessage::new("user", "hi")], true)
+        .unwrap_err();
+    assert!(e.to_string().contains("<|open|>"), "{e}");
     // A prompt whose tokens are within the tiny model's 512-row vocabulary.
     let prompt = tok.encode(" the in and the", false).unwrap();
     assert!(

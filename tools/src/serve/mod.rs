@@ -690,7 +690,7 @@ fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiErro
             };
             let syntax = ToolSyntax::detect(&template.source);
             let reads_tools = template.has_tools_branch();
-            let reads_calls = template.source.contains("tool_calls");
+            let reads_calls = template.reads_tool_calls();
             let rendered = if reads_tools && reads_calls {
                 tok.chat_ids_with_tools(messages, true, Some(offered))
             } else {
