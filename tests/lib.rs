@@ -625,3 +625,34 @@ pub fn check_oracle(e: &mut coli_engine::Engine<'_>, exp: &Value, s: &str, what:
     );
     last_long
 }
+
+/// The GGUF `b` with key-value pairs inserted before its first key: `kvs` are whole
+/// entries (key length, key, value type, value, as gguf-py writes them) and their count; a
+/// padding key is added so that the inserted bytes are a multiple of the 32-byte data alignment
+/// (the tensors' offsets are relative to the aligned data start, which then moves with them).
+pub fn insert_gguf_kvs(b: &mut Vec<u8>, kvs: &[u8], count: u64) {
+    let mut kv = kvs.to_vec();
+    let key = b"general.padding";
+    kv.extend((key.len() as u64).to_le_bytes());
+    kv.extend(key);
+    kv.extend(8u32.to_le_bytes()); // a string
+    let pad = (32 - (kv.len() + 8) % 32) % 32;
+    kv.extend((pad as u64).to_le_bytes());
+    kv.extend(std::iter::repeat_n(b'x', pad));
+    assert_eq!(kv.len() % 32, 0);
+    // The key count follows the magic, the version and the tensor count.
+    let n = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")) + count + 1;
+    b[16..24].copy_from_slice(&n.to_le_bytes());
+    b.splice(24..24, kv);
+}
+
+/// One GGUF key-value entry: `key`, the value type id `ty` (gguf-py's `GGUFValueType`: 6 f32,
+/// 7 bool, 9 array, ...) and the value's bytes.
+pub fn gguf_kv(key: &str, ty: u32, value: &[u8]) -> Vec<u8> {
+    let mut kv = Vec::new();
+    kv.extend((key.len() as u64).to_le_bytes());
+    kv.extend(key.as_bytes());
+    kv.extend(ty.to_le_bytes());
+    kv.extend(value);
+    kv
+}

@@ -105,7 +105,7 @@ fn system_note(out: &mut Vec<Segment>, kind: &str, body: &str) {
         "message",
         &[("role", "system".into()), ("type", kind.into())],
     );
-    text(out, body.trim());
+    text(out, py_strip(body));
     close_tag(out, "message");
     control(out, END_OF_MSG);
 }
@@ -127,8 +127,52 @@ fn sorted(v: &Json) -> Json {
     }
 }
 
-/// Python's `json.dumps(v, ensure_ascii=False, separators=(item, key))`: serde_json's escapes
-/// and numbers are Python's for strings and for integers and ordinary floats.
+/// Python's `repr` of a float (what `json.dumps` writes): the shortest digits that round-trip,
+/// fixed notation for decimal exponents -4 to 15 (with `.0` when integral), else `d.ddde+XX`
+/// with a signed exponent of at least two digits.
+fn py_float(x: f64) -> String {
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+    }
+    // Rust's `{:e}` is the shortest round-trip digits too: `d.ddd` and the exponent.
+    let s = format!("{:e}", x.abs());
+    let (mant, exp) = s.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    let digits: String = mant.chars().filter(|&c| c != '.').collect();
+    let out = if (-4..16).contains(&exp) {
+        if exp >= 0 {
+            let whole = exp as usize + 1;
+            if digits.len() <= whole {
+                format!("{digits}{}.0", "0".repeat(whole - digits.len()))
+            } else {
+                format!("{}.{}", &digits[..whole], &digits[whole..])
+            }
+        } else {
+            format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        }
+    } else {
+        let m = if digits.len() == 1 {
+            digits
+        } else {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        };
+        format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    };
+    if x < 0.0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+/// Python's `str.strip()`: Unicode white space and the separators U+001C..U+001F.
+fn py_strip(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+/// Python's `json.dumps(v, ensure_ascii=False, separators=(item, key))`: serde_json's string
+/// escapes are Python's; floats as Python writes them ([`py_float`]); integers beyond 64 bits
+/// (which serde_json reads as floats) are not Python's.
 fn py_json(v: &Json, item: &str, key: &str) -> String {
     match v {
         Json::Object(m) => {
@@ -142,6 +186,7 @@ fn py_json(v: &Json, item: &str, key: &str) -> String {
             let parts: Vec<String> = a.iter().map(|x| py_json(x, item, key)).collect();
             format!("[{}]", parts.join(item))
         }
+        Json::Number(n) if n.is_f64() => py_float(n.as_f64().expect("a float")),
         scalar => scalar.to_string(),
     }
 }
@@ -208,7 +253,7 @@ fn assistant(out: &mut Vec<Segment>, m: &ChatMessage, thinking: bool) -> Result<
         // not JSON goes in a `json` block as it is.
         let (args, block): (Option<&Json>, Option<&str>) = match f.get("arguments") {
             None | Some(Json::Null) => (None, None),
-            Some(Json::String(s)) if s.trim().is_empty() => (None, None),
+            Some(Json::String(s)) if py_strip(s).is_empty() => (None, None),
             Some(Json::String(s)) => match serde_json::from_str::<Json>(s) {
                 Ok(_) => (None, None),
                 Err(_) => (None, Some(s.as_str())),
@@ -223,7 +268,7 @@ fn assistant(out: &mut Vec<Segment>, m: &ChatMessage, thinking: bool) -> Result<
         let parsed;
         let args = match (args, f.get("arguments")) {
             (Some(a), _) => Some(a),
-            (None, Some(Json::String(s))) if block.is_none() && !s.trim().is_empty() => {
+            (None, Some(Json::String(s))) if block.is_none() && !py_strip(s).is_empty() => {
                 parsed = serde_json::from_str::<Json>(s).expect("parsed above");
                 if !parsed.is_object() {
                     return Err(EngineError::Template(
@@ -272,7 +317,8 @@ fn ordered(messages: &[ChatMessage]) -> Vec<(&ChatMessage, Option<String>)> {
         if m.role == "assistant" {
             calls.clear();
             for (p, c) in m.tool_calls.iter().enumerate() {
-                let Some(id) = c.get("id").map(|v| match v {
+                // `call.get("id")`: an absent or null id is skipped.
+                let Some(id) = c.get("id").filter(|v| !v.is_null()).map(|v| match v {
                     Json::String(s) => s.clone(),
                     other => other.to_string(),
                 }) else {
@@ -470,4 +516,46 @@ pub fn segments(
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_print_as_python_repr() {
+        // Python 3.11: repr(x) for each x (checked with python3).
+        for (x, py) in [
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (1e20, "1e+20"),
+            (1e15, "1000000000000000.0"),
+            (123.0, "123.0"),
+            (2.5, "2.5"),
+            (0.1, "0.1"),
+            (1e-4, "0.0001"),
+            (1.5e-4, "0.00015"),
+            (1e-5, "1e-05"),
+            (1e-6, "1e-06"),
+            (-2.5e-7, "-2.5e-07"),
+            (1.2345678901234567e-300, "1.2345678901234568e-300"),
+            (-0.0, "-0.0"),
+            (0.0, "0.0"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+        ] {
+            assert_eq!(py_float(x), py, "{x:e}");
+        }
+        let v: Json = serde_json::from_str(r#"{"a": [1, 2.0, 1e-06, "x"], "b": null}"#).unwrap();
+        assert_eq!(
+            py_json(&v, ", ", ": "),
+            r#"{"a": [1, 2.0, 1e-06, "x"], "b": null}"#
+        );
+        assert_eq!(compact(&v), r#"{"a":[1,2.0,1e-06,"x"],"b":null}"#);
+    }
+
+    #[test]
+    fn strip_as_python() {
+        assert_eq!(py_strip("\u{1c} a \u{1f}\n"), "a");
+        assert_eq!(py_strip("\u{a0}b\u{2003}"), "b");
+    }
 }

@@ -2,7 +2,8 @@
 //! `DeepseekV4Model`) writes a tiny random DeepSeek-V4 in the release's layout (the generator of
 //! `tests/fixtures/make_deepseek_v4_fixtures.py`, HCA blocks of 128) as a `deepseek4` GGUF
 //! (`tests/fixtures/gguf/make_deepseek_v4_gguf.py`): FP8 linears requantized to Q8_0, FP4
-//! experts repacked to MXFP4 (exact), BF16 / F32 tensors as they are, the hash layers' routing
+//! experts repacked to MXFP4 (exact), BF16 matrices and F32 tensors as they are (the BF16 norms
+//! as F32, exactly), the hash layers' routing
 //! tables as I32. coli keeps every block as the file holds it (the tables come back as f32
 //! ids) and runs the model the metadata describes: transformers 5.25 on the values the file
 //! holds (gguf-py's dequantization) is the oracle: greedy 32, teacher-forced top-1, a 150-token
@@ -145,4 +146,10 @@ fn deepseek4_gguf_bad_inputs_are_refused_naming_the_key_or_tensor() {
         b[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
     });
     assert!(e.contains("deepseek4.embedding_length_out"), "{e}");
+    // An attention scaling the config cannot carry (llama.cpp applies it whatever the type).
+    let e = coli_tests::gguf_refused(&src, "attn.gguf", |b| {
+        let kv = coli_tests::gguf_kv("deepseek4.rope.scaling.attn_factor", 6, &2f32.to_le_bytes());
+        coli_tests::insert_gguf_kvs(b, &kv, 1);
+    });
+    assert!(e.contains("deepseek4.rope.scaling.attn_factor"), "{e}");
 }

@@ -373,30 +373,14 @@ fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
     assert_eq!(got.tokens, want_greedy);
 }
 
-/// The GGUF `b` with a `deepseek32.attention.indexer.types` of `types` inserted before its first
-/// key, plus a padding key so that the inserted bytes are a multiple of the 32-byte data
-/// alignment (the tensors' offsets are relative to the aligned data start).
+/// The GGUF `b` with a `deepseek32.attention.indexer.types` of `types` inserted.
 fn with_indexer_types(b: &mut Vec<u8>, types: &[bool]) {
-    let mut kv = Vec::new();
-    let key = |kv: &mut Vec<u8>, k: &str| {
-        kv.extend((k.len() as u64).to_le_bytes());
-        kv.extend(k.as_bytes());
-    };
-    key(&mut kv, "deepseek32.attention.indexer.types");
-    kv.extend(9u32.to_le_bytes()); // an array
-    kv.extend(7u32.to_le_bytes()); // of bools
-    kv.extend((types.len() as u64).to_le_bytes());
-    kv.extend(types.iter().map(|&t| u8::from(t)));
-    key(&mut kv, "general.padding");
-    kv.extend(8u32.to_le_bytes()); // a string
-    let pad = (32 - (kv.len() + 8) % 32) % 32;
-    kv.extend((pad as u64).to_le_bytes());
-    kv.extend(std::iter::repeat_n(b'x', pad));
-    assert_eq!(kv.len() % 32, 0);
-    // The key count follows the magic, the version and the tensor count.
-    let n = u64::from_le_bytes(b[16..24].try_into().unwrap()) + 2;
-    b[16..24].copy_from_slice(&n.to_le_bytes());
-    b.splice(24..24, kv);
+    let mut value = Vec::new();
+    value.extend(7u32.to_le_bytes()); // an array of bools
+    value.extend((types.len() as u64).to_le_bytes());
+    value.extend(types.iter().map(|&t| u8::from(t)));
+    let kv = coli_tests::gguf_kv("deepseek32.attention.indexer.types", 9, &value);
+    coli_tests::insert_gguf_kvs(b, &kv, 1);
 }
 
 #[test]

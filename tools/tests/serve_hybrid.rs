@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 const FIXTURE: &str = "qwen3_next_bf16";
 
@@ -59,29 +59,22 @@ struct Server {
 
 impl Server {
     fn start(store: &Path, prefill_batch: usize, kv_dir: &Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_coli"))
-            .args(["serve", "--store"])
-            .arg(store)
-            .args(["--port", "0", "--speculate", "off", "--max-batch", "2"])
-            .args(["--prefill-batch", &prefill_batch.to_string(), "--kv-dir"])
-            .arg(kv_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("coli serve exited before listening")
-                .unwrap();
-            if let Some(at) = line.find("listening on http://") {
-                break line[at + "listening on http://".len()..].trim().to_string();
-            }
-        };
-        // Keep draining its log so that it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let pb = prefill_batch.to_string();
+        let args: Vec<&std::ffi::OsStr> = vec![
+            "--store".as_ref(),
+            store.as_os_str(),
+            "--port".as_ref(),
+            "0".as_ref(),
+            "--speculate".as_ref(),
+            "off".as_ref(),
+            "--max-batch".as_ref(),
+            "2".as_ref(),
+            "--prefill-batch".as_ref(),
+            pb.as_ref(),
+            "--kv-dir".as_ref(),
+            kv_dir.as_os_str(),
+        ];
+        let (child, addr) = common::spawn_serve(&args);
         Server { child, addr }
     }
 

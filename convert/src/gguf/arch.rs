@@ -67,6 +67,38 @@ pub fn architecture(g: &Gguf) -> Result<&'static str> {
         })
 }
 
+/// RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
+/// config does not carry it. llama.cpp reads a factor without a type as linear scaling, and
+/// applies attn_factor and an attention temperature whatever the type: none of them is carried
+/// into the config.
+fn refuse_unread_scaling(g: &Gguf, arch: &str) -> Result<()> {
+    let k = |s: &str| format!("{arch}.{s}");
+    if g.get(&k("rope.scaling.type")).is_none() {
+        if let Some(f) = g.get(&k("rope.scaling.factor")).and_then(Value::as_f64) {
+            if f != 1.0 {
+                return Err(cerr(
+                    g,
+                    format!("{} is {f} without {} (llama.cpp then scales linearly): coli does not convert that RoPE scaling", k("rope.scaling.factor"), k("rope.scaling.type")),
+                ));
+            }
+        }
+    }
+    for (key, neutral) in [
+        ("rope.scaling.attn_factor", 1.0),
+        ("attention.temperature_scale", 0.0),
+    ] {
+        if let Some(v) = g.get(&k(key)).and_then(Value::as_f64) {
+            if v != neutral {
+                return Err(cerr(
+                    g,
+                    format!("{} is {v}: coli does not convert this attention scaling (convert the Hugging Face release)", k(key)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The config.json of the GGUF's model, from its metadata and tensor shapes.
 ///
 /// # Errors
@@ -76,6 +108,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| g.u64(&k(s)).map(|v| v as usize);
     if matches!(arch, "kimi-k3" | "kimi-linear" | "glm5-next" | "deepseek4") {
+        refuse_unread_scaling(g, arch)?;
         let c = match arch {
             "glm5-next" => glm5_next(g)?,
             "deepseek4" => deepseek4(g)?,
@@ -114,33 +147,7 @@ pub fn config_json(g: &Gguf) -> Result<Json> {
             ),
         ));
     }
-    // RoPE scaling (YaRN, linear, ...) changes attention at every position: refused where the
-    // config does not carry it (deepseek2's YaRN is read below).
-    // llama.cpp reads a factor without a type as linear scaling, and applies attn_factor and an
-    // attention temperature whatever the type: none of them is carried into the config.
-    if g.get(&k("rope.scaling.type")).is_none() {
-        if let Some(f) = g.get(&k("rope.scaling.factor")).and_then(Value::as_f64) {
-            if f != 1.0 {
-                return Err(cerr(
-                    g,
-                    format!("{} is {f} without {} (llama.cpp then scales linearly): coli does not convert that RoPE scaling", k("rope.scaling.factor"), k("rope.scaling.type")),
-                ));
-            }
-        }
-    }
-    for (key, neutral) in [
-        ("rope.scaling.attn_factor", 1.0),
-        ("attention.temperature_scale", 0.0),
-    ] {
-        if let Some(v) = g.get(&k(key)).and_then(Value::as_f64) {
-            if v != neutral {
-                return Err(cerr(
-                    g,
-                    format!("{} is {v}: coli does not convert this attention scaling (convert the Hugging Face release)", k(key)),
-                ));
-            }
-        }
-    }
+    refuse_unread_scaling(g, arch)?;
     if let Some(v) = g.get(&k("rope.scaling.type")) {
         // YaRN is read for deepseek2 and deepseek32 (their yarn_log_multiplier) and gpt-oss
         // (deepseek4 reads its own, `deepseek4`); llama.cpp's glm-dsa

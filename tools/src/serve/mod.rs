@@ -683,6 +683,20 @@ fn prepare(app: &App, req: GenRequest, ep: Endpoint) -> Result<Prepared, ApiErro
                     "The served model has no chat template; use /v1/completions.",
                 ));
             };
+            // Kimi K3's XTML format renders tools, but its replies' tool calls and structured
+            // output are neither parsed nor constrained yet (the other syntaxes' grammars would
+            // force text K3 does not write): refused rather than answered wrongly.
+            if template.xtml && (!req.tools.tools.is_empty() || req.tools.json_schema.is_some()) {
+                let param = if req.tools.tools.is_empty() {
+                    "response_format"
+                } else {
+                    "tools"
+                };
+                return Err(ApiError::invalid(
+                    param,
+                    format!("The served model chats in Kimi K3's XTML format, whose tool calls and structured output coli does not parse or constrain yet; send the request without '{param}'."),
+                ));
+            }
             let offered = if req.tools.active() {
                 &req.tools.tools[..]
             } else {

@@ -180,3 +180,31 @@ pub fn open_store(dir: &Path) -> Store {
     Store::open_with(dir, &OpenOptions::default())
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
+
+/// A `coli serve` child (`coli serve ARGS`, with `--port 0` among them) once it listens: the
+/// child and its `host:port`. Its log is drained in the background so that it never blocks on
+/// a full pipe.
+#[allow(dead_code)] // not every test binary serves
+pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .arg("serve")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("coli serve exited before listening")
+            .unwrap();
+        if let Some(at) = line.find("listening on http://") {
+            break line[at + "listening on http://".len()..].trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, addr)
+}
