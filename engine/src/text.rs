@@ -315,6 +315,21 @@ fn template_error(e: &minijinja::Error, source: &str) -> EngineError {
     EngineError::Template(msg)
 }
 
+/// Kimi K3's segments of a conversation with the options its tokenizer passes by default
+/// (thinking, effort `max`).
+fn xtml_segments(
+    messages: &[ChatMessage],
+    tools: Option<&[Json]>,
+    add_generation_prompt: bool,
+) -> Result<Vec<crate::xtml::Segment>> {
+    crate::xtml::segments(
+        messages,
+        tools,
+        add_generation_prompt,
+        &crate::xtml::XtmlOptions::default(),
+    )
+}
+
 impl ChatTemplate {
     /// Kimi K3's chat format ([`crate::xtml`], the release's `encoding_k3.py`), which K3 ships
     /// instead of a Jinja template.
@@ -362,12 +377,7 @@ impl ChatTemplate {
         tools: Option<&[Json]>,
     ) -> Result<String> {
         if self.xtml {
-            let segs = crate::xtml::segments(
-                messages,
-                tools,
-                add_generation_prompt,
-                &crate::xtml::XtmlOptions::default(),
-            )?;
+            let segs = xtml_segments(messages, tools, add_generation_prompt)?;
             return Ok(segs.into_iter().map(|s| s.text).collect());
         }
         let mut env = Environment::new();
@@ -641,12 +651,7 @@ impl TextTokenizer {
             )
         })?;
         if t.xtml {
-            let segs = crate::xtml::segments(
-                messages,
-                tools,
-                add_generation_prompt,
-                &crate::xtml::XtmlOptions::default(),
-            )?;
+            let segs = xtml_segments(messages, tools, add_generation_prompt)?;
             let ids = self.encode_segments(&segs)?;
             return Ok((segs.into_iter().map(|s| s.text).collect(), ids));
         }

@@ -110,23 +110,6 @@ fn system_note(out: &mut Vec<Segment>, kind: &str, body: &str) {
     control(out, END_OF_MSG);
 }
 
-/// `v` with every object's keys sorted (`deep_sort_dict`).
-fn sorted(v: &Json) -> Json {
-    match v {
-        Json::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            Json::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), sorted(&m[k])))
-                    .collect(),
-            )
-        }
-        Json::Array(a) => Json::Array(a.iter().map(sorted).collect()),
-        other => other.clone(),
-    }
-}
-
 /// Python's `repr` of a float (what `json.dumps` writes): the shortest digits that round-trip,
 /// fixed notation for decimal exponents -4 to 15 (with `.0` when integral), else `d.ddde+XX`
 /// with a signed exponent of at least two digits.
@@ -385,7 +368,10 @@ pub fn segments(
 ) -> Result<Vec<Segment>> {
     let mut out = Vec::new();
     if let Some(t) = tools.filter(|t| !t.is_empty()) {
-        tool_declare(&mut out, &sorted(&Json::Array(t.to_vec())));
+        tool_declare(
+            &mut out,
+            &coli_format::json_sorted_keys(&Json::Array(t.to_vec())),
+        );
     }
     if opts.thinking {
         if let Some(e) = &opts.thinking_effort {
@@ -500,7 +486,7 @@ pub fn segments(
                     "response-format",
                     &format!(
                         "The system is invoked with `response_format=json_schema`.\nYour response must be raw JSON data without markdown code blocks (```json) or any additional formatting.\nThe JSON data must match the following schema:\n```json\n{}\n```",
-                        compact(&sorted(schema))
+                        compact(&coli_format::json_sorted_keys(schema))
                     ),
                 );
             }

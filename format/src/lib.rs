@@ -35,3 +35,24 @@ pub use matrix::{matrix_dims, MatrixView, INTERLEAVE_COLS, INTERLEAVE_ROWS};
 pub use record::RecordLayout;
 pub use size::parse_size;
 pub use spec::{Family, ModelSpec};
+
+/// `v` with every object's keys in sorted (code point) order, recursively, arrays in their
+/// order: a JSON document whose bytes do not depend on the order its keys were inserted in
+/// (serde_json keeps insertion order in this workspace), as Python's `sort_keys` / Kimi K3's
+/// `deep_sort_dict` give it.
+pub fn json_sorted_keys(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match v {
+        Json::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Json::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), json_sorted_keys(&m[k])))
+                    .collect(),
+            )
+        }
+        Json::Array(a) => Json::Array(a.iter().map(json_sorted_keys).collect()),
+        other => other.clone(),
+    }
+}

@@ -87,12 +87,7 @@ fn xtml_segments_and_ids_are_the_release_encoders() {
             })
             .collect();
         assert_eq!(segs, want, "{title}: segments");
-        let ids: Vec<u32> = c["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = coli_tests::ids(&c["ids"]);
         assert_eq!(tok.encode_segments(&segs).unwrap(), ids, "{title}: ids");
         // The chat path (`coli chat`, `coli serve`) renders with K3's defaults: thinking, effort
         // max.
@@ -118,12 +113,7 @@ fn special_token_strings_in_text_stay_text() {
         .iter()
         .find(|c| c["title"] == "special-token strings in text and attributes")
         .unwrap();
-    let ids: Vec<u32> = c["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = coli_tests::ids(&c["ids"]);
     let whole = tok.encode(c["text"].as_str().unwrap(), false).unwrap();
     assert_ne!(whole, ids);
     let open = tok.token_id("<|open|>").unwrap();

@@ -59,6 +59,21 @@ fn written(name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
+/// Greedy generation of `n` tokens (past EOS) with MTP drafts of 3, ungated.
+fn mtp_greedy(n: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens: n,
+        sampling: Default::default(),
+        stop_on_eos: false,
+        speculation: SpeculationParams {
+            mode: Speculate::Mtp,
+            draft_tokens: 3,
+            gate: false,
+            ..Default::default()
+        },
+    }
+}
+
 /// The MTP layer's logits on the fixture's MTP reference inputs (`mtp.main_hidden`,
 /// `mtp.next_ids`), one row per position.
 fn mtp_rows(e: &mut Engine<'_>, exp: &Value) -> Vec<Vec<f32>> {
@@ -133,18 +148,9 @@ fn mtp_ggufs_run_as_the_oracle() {
 
         // Drafting with it never changes the tokens, and it drafts.
         e.reset();
-        let params = GenerateParams {
-            max_tokens: want_greedy.len(),
-            sampling: Default::default(),
-            stop_on_eos: false,
-            speculation: SpeculationParams {
-                mode: Speculate::Mtp,
-                draft_tokens: 3,
-                gate: false,
-                ..Default::default()
-            },
-        };
-        let got = e.generate(&prompt, &params, |_| Ok(true)).unwrap();
+        let got = e
+            .generate(&prompt, &mtp_greedy(want_greedy.len()), |_| Ok(true))
+            .unwrap();
         assert_eq!(got.tokens, want_greedy, "{name}: --speculate mtp");
         let sp = &got.stats.speculation;
         assert!(
@@ -356,17 +362,7 @@ fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
     let got = e
         .generate(
             &ids(&exp["prompt_ids"]),
-            &GenerateParams {
-                max_tokens: want_greedy.len(),
-                sampling: Default::default(),
-                stop_on_eos: false,
-                speculation: SpeculationParams {
-                    mode: Speculate::Mtp,
-                    draft_tokens: 3,
-                    gate: false,
-                    ..Default::default()
-                },
-            },
+            &mtp_greedy(want_greedy.len()),
             |_| Ok(true),
         )
         .unwrap();

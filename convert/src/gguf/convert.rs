@@ -328,7 +328,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         .map_or(Encoding::F32, |(_, ts, _)| ts[0].encoding);
     let store_spec = StoreSpec {
         family: spec.model_type.clone(),
-        config_json: serde_json::to_vec_pretty(&sorted_keys(&config)).expect("serializes"),
+        config_json: serde_json::to_vec_pretty(&coli_format::json_sorted_keys(&config))
+            .expect("serializes"),
         num_layers: (spec.num_layers + spec.num_mtp_layers) as u32,
         expert_layers: sets
             .iter()
@@ -493,23 +494,4 @@ fn write_all(
         writer.add_file(name, bytes)?;
     }
     Ok(())
-}
-
-/// `v` with every object's keys in sorted order: config.json's bytes (and so the store's) do not
-/// depend on the order [`arch::config_json`] inserts them in.
-fn sorted_keys(v: &serde_json::Value) -> serde_json::Value {
-    use serde_json::Value as Json;
-    match v {
-        Json::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            Json::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), sorted_keys(&m[k])))
-                    .collect(),
-            )
-        }
-        Json::Array(a) => Json::Array(a.iter().map(sorted_keys).collect()),
-        other => other.clone(),
-    }
 }
