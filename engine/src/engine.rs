@@ -667,14 +667,21 @@ impl<'s> Engine<'s> {
     }
 
     /// Why the model has no MTP layer loaded, for errors that ask for one; `None` when it has
-    /// one. Names `coli-convert --mtp none` when the store was converted with it.
+    /// one. Names the GGUF a store was converted from, or `coli-convert --mtp none` when the
+    /// store was converted with it.
     pub fn mtp_absence(&self) -> Option<String> {
         if self.has_mtp() {
             return None;
         }
         let store = self.store();
+        let params = &store.manifest().parameters;
         Some(
-            if store.manifest().parameters.get("mtp").map(String::as_str) == Some("none") {
+            if params.get("source").map(String::as_str) == Some("gguf") {
+                format!(
+                    "the GGUF the store {} was converted from holds no MTP layer coli converts (llama.cpp's converter leaves it out for some architectures, DeepSeek-V3's and V4's among them, or the file was written without it): draft with --speculate ngram",
+                    store.dir().display()
+                )
+            } else if params.get("mtp").map(String::as_str) == Some("none") {
                 format!(
                     "the store {} was converted with --mtp none (without its MTP layer): convert it again without that option to draft with the MTP layer",
                     store.dir().display()

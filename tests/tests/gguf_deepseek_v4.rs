@@ -77,6 +77,10 @@ fn deepseek4_gguf_runs_as_the_oracle() {
 
     let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
     coli_tests::check_oracle(&mut e, &exp, "", NAME);
+    // No MTP layer (llama.cpp's converter leaves V4's out): `--speculate mtp` is told why.
+    assert!(!e.has_mtp());
+    let why = e.mtp_absence().unwrap();
+    assert!(why.contains("GGUF") && why.contains("ngram"), "{why}");
 }
 
 #[test]
@@ -100,7 +104,9 @@ fn deepseek4_gguf_plan_counts_the_store_and_export_refuses() {
     let out = tmp.path().join("back.gguf");
     let e = coli_tools::export::run(&dir, &out).unwrap_err().to_string();
     assert!(
-        e.contains("deepseek4") && e.contains("not written back"),
+        e.contains("deepseek4")
+            && e.contains("not written back")
+            && e.contains("deepseek_v4-mxfp4.gguf"),
         "{e}"
     );
     assert!(!out.exists());

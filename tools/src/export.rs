@@ -56,14 +56,23 @@ pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
             store_dir.display()
         );
     };
+    let source = store
+        .manifest()
+        .sources
+        .first()
+        .map_or_else(|| "the file".to_string(), |f| f.name.clone());
+    if store.manifest().config["model_type"].as_str() == Some("deepseek_v4") {
+        bail!(
+            "{}: a store converted from a deepseek4 GGUF holds its hash-routing tables (tid2eid) as f32 ids where the GGUF holds I32 (coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is {source}",
+            store_dir.display()
+        );
+    }
     if matches!(
         store.manifest().config["model_type"].as_str(),
-        Some(
-            "kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe" | "deepseek_v4"
-        )
+        Some("kimi_k3" | "kimi_linear" | "glm5_next" | "qwen3_next" | "qwen3_5_moe")
     ) {
         bail!(
-            "{}: a store converted from a kimi-k3, kimi-linear, glm5-next, qwen3next, qwen35moe or deepseek4 GGUF holds A_log (K3's attention-residual norms and projections, DeepSeek-V4's f32 routing tables) where the GGUF holds -exp(A_log) (their fused scores, I32 tables; coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is that file",
+            "{}: a store converted from a kimi-k3, kimi-linear, glm5-next, qwen3next or qwen35moe GGUF holds A_log (and K3's attention-residual norms and projections) where the GGUF holds -exp(A_log) (and their fused scores; coli_convert::gguf::arch::derived_values): it is not written back; the source GGUF is {source}",
             store_dir.display()
         );
     }
