@@ -209,6 +209,32 @@ fn json_type(v: &Json) -> &'static str {
     }
 }
 
+/// A tool call's arguments as `normalize_tool_arguments` reads them.
+enum Args<'a> {
+    /// An object (given, or parsed from a string).
+    Object(std::borrow::Cow<'a, Json>),
+    /// A string that is not JSON: rendered in a `json` block as it is.
+    Block(&'a str),
+    /// None, null or a blank string.
+    None,
+}
+
+fn arguments(f: &Json) -> Result<Args<'_>> {
+    let not_object =
+        || EngineError::Template("Kimi K3 tool call arguments must be a JSON object".into());
+    match f.get("arguments") {
+        None | Some(Json::Null) => Ok(Args::None),
+        Some(a @ Json::Object(_)) => Ok(Args::Object(std::borrow::Cow::Borrowed(a))),
+        Some(Json::String(s)) if py_strip(s).is_empty() => Ok(Args::None),
+        Some(Json::String(s)) => match serde_json::from_str::<Json>(s) {
+            Ok(v) if v.is_object() => Ok(Args::Object(std::borrow::Cow::Owned(v))),
+            Ok(_) => Err(not_object()),
+            Err(_) => Ok(Args::Block(s)),
+        },
+        Some(_) => Err(not_object()),
+    }
+}
+
 fn assistant(out: &mut Vec<Segment>, m: &ChatMessage, thinking: bool) -> Result<()> {
     if thinking {
         // coli's messages carry no reasoning: the channel is there, empty.
@@ -232,53 +258,27 @@ fn assistant(out: &mut Vec<Segment>, m: &ChatMessage, thinking: bool) -> Result<
             "call",
             &[("tool", name.into()), ("index", (i + 1).to_string())],
         );
-        // `normalize_tool_arguments`: an object, or a string holding one; a string that is
-        // not JSON goes in a `json` block as it is.
-        let (args, block): (Option<&Json>, Option<&str>) = match f.get("arguments") {
-            None | Some(Json::Null) => (None, None),
-            Some(Json::String(s)) if py_strip(s).is_empty() => (None, None),
-            Some(Json::String(s)) => match serde_json::from_str::<Json>(s) {
-                Ok(_) => (None, None),
-                Err(_) => (None, Some(s.as_str())),
-            },
-            Some(a @ Json::Object(_)) => (Some(a), None),
-            Some(_) => {
-                return Err(EngineError::Template(
-                    "Kimi K3 tool call arguments must be a JSON object or a string".into(),
-                ))
+        match arguments(f)? {
+            Args::Block(b) => {
+                open_tag(out, "json", &[("type", "object".into())]);
+                text(out, b);
+                close_tag(out, "json");
             }
-        };
-        let parsed;
-        let args = match (args, f.get("arguments")) {
-            (Some(a), _) => Some(a),
-            (None, Some(Json::String(s))) if block.is_none() && !py_strip(s).is_empty() => {
-                parsed = serde_json::from_str::<Json>(s).expect("parsed above");
-                if !parsed.is_object() {
-                    return Err(EngineError::Template(
-                        "Kimi K3 tool call arguments must be a JSON object".into(),
-                    ));
+            Args::Object(a) => {
+                for (k, v) in a.as_object().into_iter().flatten() {
+                    open_tag(
+                        out,
+                        "argument",
+                        &[("key", k.clone()), ("type", json_type(v).into())],
+                    );
+                    match v {
+                        Json::String(s) => text(out, s),
+                        other => text(out, &py_json(other, ", ", ": ")),
+                    }
+                    close_tag(out, "argument");
                 }
-                Some(&parsed)
             }
-            _ => None,
-        };
-        if let Some(b) = block {
-            open_tag(out, "json", &[("type", "object".into())]);
-            text(out, b);
-            close_tag(out, "json");
-        } else if let Some(Json::Object(map)) = args {
-            for (k, v) in map {
-                open_tag(
-                    out,
-                    "argument",
-                    &[("key", k.clone()), ("type", json_type(v).into())],
-                );
-                match v {
-                    Json::String(s) => text(out, s),
-                    other => text(out, &py_json(other, ", ", ": ")),
-                }
-                close_tag(out, "argument");
-            }
+            Args::None => {}
         }
         close_tag(out, "call");
     }

@@ -242,18 +242,15 @@ pub fn run(opts: &Options) -> Result<Report> {
         let t = dense_source(&g, &config, &ts.name, &ts.shape)?;
         // Values held in another form (the KDA families' `ssm_a`, K3's fused residual scores)
         // are F32, turned back and checked here, before anything is written.
+        let source_type = arch::derived_source_type(&config, &ts.name);
         let derived = match arch::derived_values(&config, &ts.name, g.data(t)) {
-            Some(_) if t.ggml_type != arch::derived_source_type(&config, &ts.name) => {
+            Some(_) if t.ggml_type != source_type => {
                 return Err(terr(
                     &t.name,
                     format!(
                         "is {}: llama.cpp writes it as {}",
                         t.type_name(),
-                        if arch::derived_source_type(&config, &ts.name) == 26 {
-                            "I32"
-                        } else {
-                            "F32"
-                        }
+                        if source_type == 26 { "I32" } else { "F32" }
                     ),
                 ))
             }
