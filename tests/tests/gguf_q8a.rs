@@ -2,7 +2,8 @@
 //! ggml block types with integer codes take int8 activations per block of 32, as llama.cpp
 //! pairs them with q8 activations) against transformers with the rule's activation step
 //! emulated on the input of every quantized product (`tests/fixtures/gguf/make_gguf_fixtures.py`
-//! `install_q8a`, and `make_gated_delta_ggufs.py`'s for the Q8_0 Gated DeltaNet files):
+//! `install_q8a`; `make_gated_delta_ggufs.py` and `make_deepseek_v4_gguf.py` for the files of
+//! `MORE_Q8A`):
 //! greedy 32, teacher-forced top-1, last logits within 1e-3; the expected logits moved from the
 //! exact numerics' by more than the tolerance, and the engine's are nearer the q8a expectation
 //! than the exact one. The all-float files compute the exact numbers under q8a
@@ -17,13 +18,16 @@ use coli_tests::{floats, greedy, ids, max_abs_diff, open_store, top1};
 use serde_json::Value;
 use std::path::Path;
 
-/// The Q8_0 Gated DeltaNet files (`tests/fixtures/gguf/make_gated_delta_ggufs.py`: its q8a
-/// section on its own prompt and teacher ids, `install_q8a` there): Qwen3.5-MoE as llama.cpp's
-/// quantizer writes it, with 6 value heads, and Qwen3-Next's legacy fused `ssm_in` form.
-const GATED_DELTA_Q8_0: [&str; 3] = [
+/// GGUF fixtures outside `GGUF_FIXTURES` with a `q8a` section on their own prompt and teacher
+/// ids: the Q8_0 Gated DeltaNet files (`make_gated_delta_ggufs.py --q8a-only`: Qwen3.5-MoE as
+/// llama.cpp's quantizer writes it, with 6 value heads, and Qwen3-Next's legacy fused `ssm_in`
+/// form) and DeepSeek-V4's (`make_deepseek_v4_gguf.py --q8a-only`: Q8_0 linears, MXFP4
+/// experts, a BF16 head under revision 4's bf16 activations).
+const MORE_Q8A: [&str; 4] = [
     "qwen3_5_moe-q8_0",
     "qwen3_5_moe-hv6-q8_0",
     "qwen3_next-ssm_in-q8_0",
+    "deepseek_v4-mxfp4",
 ];
 
 /// Converts the GGUF fixture `name` and holds it under q8a to its JSON's `q8a` section (prompt
@@ -86,7 +90,7 @@ fn check_q8a(dir: &Path, name: &str) {
 fn gguf_stores_match_transformers_under_q8a() {
     coli_kernels::set_numerics(Numerics::Q8a);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gguf");
-    for name in coli_tests::GGUF_FIXTURES.iter().chain(&GATED_DELTA_Q8_0) {
+    for name in coli_tests::GGUF_FIXTURES.iter().chain(&MORE_Q8A) {
         check_q8a(&dir, name);
     }
 }
