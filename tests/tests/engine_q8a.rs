@@ -47,9 +47,10 @@ fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// minimax-m2, GLM-5 and GLM-4.5 have no product the rule applies to at their tiny widths:
 /// they check that q8a leaves those alone; DeepSeek-V3 and V3.2 check MLA, whose `kv_b` stays
 /// exact in both attention forms; DeepSeek-V4 as released checks mxfp4 experts under the rule,
-/// revision 3). Inkling 2's comes from its own script (`make_inkling2_fixtures.py --q8a-only`,
-/// the same schema plus the exact run's `exact_last_logits` on its ids).
-const Q8A_FIXTURES: [&str; 16] = [
+/// revision 3). Inkling's and Inkling 2's come from their own scripts (`make_inkling_fixtures.py
+/// --q8a-only`, `make_inkling2_fixtures.py --q8a-only`: the same schema plus the exact run's
+/// `exact_last_logits` on their ids, `make_q8a_expected.q8a_record`).
+const Q8A_FIXTURES: [&str; 17] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -65,6 +66,7 @@ const Q8A_FIXTURES: [&str; 16] = [
     "glm5_next_bf16",
     "deepseek_v4_bf16",
     "deepseek_v4_fp8",
+    "inkling_bf16",
     "inkling2_bf16",
 ];
 
