@@ -47,10 +47,11 @@ fn greedy(engine: &mut Engine<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// minimax-m2, GLM-5 and GLM-4.5 have no product the rule applies to at their tiny widths:
 /// they check that q8a leaves those alone; DeepSeek-V3 and V3.2 check MLA, whose `kv_b` stays
 /// exact in both attention forms; DeepSeek-V4 as released checks mxfp4 experts under the rule,
-/// revision 3). Inkling's and Inkling 2's come from their own scripts (`make_inkling_fixtures.py
-/// --q8a-only`, `make_inkling2_fixtures.py --q8a-only`: the same schema plus the exact run's
-/// `exact_last_logits` on their ids, `make_q8a_expected.q8a_record`).
-const Q8A_FIXTURES: [&str; 17] = [
+/// revision 3). Inkling's, Inkling 2's and Kimi K3's come from their own scripts
+/// (`make_inkling_fixtures.py`, `make_inkling2_fixtures.py`, `make_kimi_k3_fixtures.py`, each
+/// `--q8a-only`: the same schema plus the exact run's `exact_last_logits` on their ids,
+/// `make_q8a_expected.q8a_record`).
+const Q8A_FIXTURES: [&str; 18] = [
     "mixtral_fp8",
     "qwen3_moe_fp8",
     "olmoe_fp8",
@@ -68,6 +69,7 @@ const Q8A_FIXTURES: [&str; 17] = [
     "deepseek_v4_fp8",
     "inkling_bf16",
     "inkling2_bf16",
+    "kimi_k3_mxfp4",
 ];
 
 /// Fixtures where one activation rounds across a tie between transformers and coli (see the
