@@ -21,13 +21,15 @@ use std::path::Path;
 /// GGUF fixtures outside `GGUF_FIXTURES` with a `q8a` section on their own prompt and teacher
 /// ids: the Q8_0 Gated DeltaNet files (`make_gated_delta_ggufs.py --q8a-only`: Qwen3.5-MoE as
 /// llama.cpp's quantizer writes it, with 6 value heads, and Qwen3-Next's legacy fused `ssm_in`
-/// form) and DeepSeek-V4's (`make_deepseek_v4_gguf.py --q8a-only`: Q8_0 linears, MXFP4
-/// experts, a BF16 head under revision 4's bf16 activations).
-const MORE_Q8A: [&str; 4] = [
+/// form), DeepSeek-V4's (`make_deepseek_v4_gguf.py --q8a-only`: Q8_0 linears, MXFP4
+/// experts, a BF16 head under revision 4's bf16 activations) and Kimi K3's
+/// (`make_kda_ggufs.py --q8a-only`: MXFP4 experts in an F32 model, the fixture's transcription).
+const MORE_Q8A: [&str; 5] = [
     "qwen3_5_moe-q8_0",
     "qwen3_5_moe-hv6-q8_0",
     "qwen3_next-ssm_in-q8_0",
     "deepseek_v4-mxfp4",
+    "kimi_k3-mxfp4",
 ];
 
 /// Converts the GGUF fixture `name` and holds it under q8a to its JSON's `q8a` section (prompt
