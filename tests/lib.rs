@@ -581,7 +581,10 @@ pub fn check_gguf_plan(gguf: &Path, store_dir: &Path, what: &str) {
         store.manifest().dense_file.length,
         "{what}: dense bytes"
     );
-    assert!(p.from_gguf && p.rows[0].fits, "{what}: fits");
+    assert!(
+        p.from_gguf && p.dtypes_from_headers && p.rows[0].fits,
+        "{what}: fits"
+    );
 }
 
 /// A store against an oracle's results in `exp` (keys `greedy{s}`, `last_logits{s}`,

@@ -82,7 +82,8 @@ pub struct ConfigPlan {
     pub source: String,
     /// `model_type`.
     pub model_type: String,
-    /// Whether dtypes came from the safetensors headers (`--checkpoint`) or were assumed.
+    /// Whether dtypes came from file headers (the safetensors headers of `--checkpoint`, the
+    /// GGUF header of `--gguf`) or were assumed as the release publishes them.
     pub dtypes_from_headers: bool,
     /// Whether the plan is of a GGUF (`--gguf`): its types, from its header.
     pub from_gguf: bool,
@@ -589,7 +590,7 @@ pub fn plan_from_config(a: &ConfigPlanArgs<'_>) -> Result<ConfigPlan> {
     Ok(ConfigPlan {
         source,
         model_type: spec.model_type.clone(),
-        dtypes_from_headers: matches!(dtypes, Dtypes::Headers(_)),
+        dtypes_from_headers: gguf.is_some() || matches!(dtypes, Dtypes::Headers(_)),
         from_gguf: gguf.is_some(),
         total_ram_bytes: a.total_ram,
         context,
