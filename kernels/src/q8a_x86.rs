@@ -1583,10 +1583,13 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                         // SAFETY: 2 floats at `p`.
                         _mm_castsi128_ps(unsafe { _mm_loadl_epi64(p.cast()) })
                     }
-                    // The chunk's 4 groups of 16: `d * scales[g]`, one product each.
+                    // The chunk's 4 groups of 16: their `d * scales[g]`, from the block's 16.
                     FROM_Q6_K => {
                         _mm_prefetch::<_MM_HINT_T0>(
-                            un.rows[u].as_ptr().wrapping_add(k / 4 * 210 + PREFETCH).cast(),
+                            un.rows[u]
+                                .as_ptr()
+                                .wrapping_add(k / 4 * 210 + PREFETCH)
+                                .cast(),
                         );
                         // SAFETY: 4 floats of the 16 at 4 (k % 4).
                         unsafe { _mm_loadu_ps(blk_6[u].as_ptr().add(4 * (k % 4))) }
