@@ -135,17 +135,17 @@ fn q8a_matches_transformers_with_the_rule_emulated() {
         let exp = read_json(name, "expected_q8a.json");
         assert_eq!(exp["numerics"], "q8a");
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
-        let used =
-            exp["q8a_linears"].as_u64().unwrap() + exp["q8a_expert_modules"].as_u64().unwrap();
-        // The exact numerics' expectation of the same store on the same ids (the script's own
-        // exact run, else the int4-dense expectation), where the rule applies to some product.
-        let e4 = read_json(name, "expected_int4_dense.json");
-        let exact = if exp.get("exact_last_logits").is_some() {
-            (used > 0).then(|| floats(&exp["exact_last_logits"]))
-        } else {
-            (used > 0 && e4["store"] == exp["store"] && e4["prompt_ids"] == exp["prompt_ids"])
-                .then(|| floats(&e4["last_logits"]))
-        };
+        let used = ["q8a_linears", "q8a_expert_modules", "bf16a_linears"]
+            .iter()
+            .map(|k| exp[*k].as_u64().unwrap_or(0))
+            .sum::<u64>();
+        // The exact numerics' last logits of the same store on the same ids (every script
+        // records its own exact run), where the rule applies to some product.
+        assert!(
+            exp.get("exact_last_logits").is_some(),
+            "{name}: expected_q8a.json has no exact run on its ids"
+        );
+        let exact = (used > 0).then(|| floats(&exp["exact_last_logits"]));
         applied += usize::from(exact.is_some());
         check_store(name, &exp, &dir, exact.as_deref());
     }

@@ -2,8 +2,8 @@
 //! ggml block types with integer codes take int8 activations per block of 32, as llama.cpp
 //! pairs them with q8 activations) against transformers with the rule's activation step
 //! emulated on the input of every quantized product (`tests/fixtures/gguf/make_gguf_fixtures.py`
-//! `install_q8a`; `make_gated_delta_ggufs.py` and `make_deepseek_v4_gguf.py` for the files of
-//! `MORE_Q8A`):
+//! `install_q8a`; `make_gated_delta_ggufs.py`, `make_deepseek_v4_gguf.py` and `make_kda_ggufs.py`
+//! for the files of `MORE_Q8A`):
 //! greedy 32, teacher-forced top-1, last logits within 1e-3; the expected logits moved from the
 //! exact numerics' by more than the tolerance, and the engine's are nearer the q8a expectation
 //! than the exact one. The all-float files compute the exact numbers under q8a
