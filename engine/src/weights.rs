@@ -92,7 +92,7 @@ impl<'s> Weights<'s> {
             return Ok(m);
         }
         self.store
-            .dense_interleaved(&t.name)
+            .dense_interleaved(&t.name, coli_kernels::interleave_sections)
             .map_err(store_err(format!("reading dense tensor {}", t.name)))
     }
 

@@ -31,7 +31,7 @@ pub mod spec;
 pub use encoding::{Codec, Encoding, ErrSums};
 pub use error::FormatError;
 pub use key::ExpertKey;
-pub use matrix::{matrix_dims, MatrixView, INTERLEAVE_COLS, INTERLEAVE_ROWS};
+pub use matrix::{matrix_dims, MatrixView, RowMajorCopy, INTERLEAVE_COLS, INTERLEAVE_ROWS};
 pub use record::RecordLayout;
 pub use size::parse_size;
 pub use spec::{Family, ModelSpec};

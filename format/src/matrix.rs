@@ -23,9 +23,9 @@ pub struct MatrixView<'a> {
     interleaved: bool,
 }
 
-/// Rows per block of the interleaved row order ([`MatrixView::interleave`]).
-pub const INTERLEAVE_ROWS: usize = 4;
-/// Columns per chunk of the interleaved row order.
+/// Rows per group of the interleaved row order ([`MatrixView::interleave`]).
+pub const INTERLEAVE_ROWS: usize = 16;
+/// The interleaved row order needs `cols` a multiple of this (the integer kernels' chunks).
 pub const INTERLEAVE_COLS: usize = 64;
 
 /// The `(rows, cols)` matrix view of a tensor of shape `shape`: `[n]` is one row `[1, n]`, a
@@ -44,8 +44,8 @@ impl<'a> MatrixView<'a> {
     /// None when the range is empty, out of bounds, or cuts through a block of scales: FP8's
     /// 128x128 blocks need `r0` a multiple of 128 and `r1` one too or the last row; every other
     /// encoding scales whole rows (int4 per group of a row, int8 per row, mxfp4 per 32 columns
-    /// of a row) and slices anywhere, except an interleaved view, which cuts between its blocks
-    /// of [`INTERLEAVE_ROWS`] rows only (`r0` a multiple of 4, `r1` one too or the last row).
+    /// of a row) and slices anywhere, except an interleaved view, which cuts between its groups
+    /// of [`INTERLEAVE_ROWS`] rows only (`r0` a multiple of 16, `r1` one too or the last row).
     pub fn row_range(&self, r0: usize, r1: usize) -> Option<MatrixView<'a>> {
         if r0 >= r1 || r1 > self.rows {
             return None;
@@ -217,52 +217,83 @@ impl<'a> MatrixView<'a> {
             && rows >= INTERLEAVE_ROWS
     }
 
-    /// Reorders a row-major weight section `data` of a `[rows, cols]` matrix of `encoding` (one
-    /// that [`MatrixView::can_interleave`]) into the interleaved row order, in place: each
-    /// block of [`INTERLEAVE_ROWS`] consecutive rows becomes its 64-column chunks in column
-    /// order, each chunk the rows' bytes of those columns in row order (block `b`, chunk `k`,
-    /// row `u` of the block at `(b * 4 * C + k * 4 + u) * cb`, with `C = cols / 64` chunks of
-    /// `cb` bytes); rows after the last whole block stay row-major at the end. The same bytes,
-    /// in the order a kernel reading four rows at a time consumes them (one sequential stream,
-    /// llama.cpp's repacking of resident weights). Memory only: stores are row-major.
+    /// Reorders the row-major sections of a `[rows, cols]` matrix of `encoding` (one that
+    /// [`MatrixView::can_interleave`]) into the interleaved row order, in place: within each
+    /// group of [`INTERLEAVE_ROWS`] (16) consecutive rows, the weight section's 4-byte words
+    /// (8 columns of int4 or mxfp4, 4 of int8) go word by word, each word's 16 rows one after
+    /// another (row `u` of group `g`, word `j` at `g * 16 * S + (j * 16 + u) * 4` with `S` a
+    /// row's bytes), and the scale section's values the same way (the group's `[16, n]` scales
+    /// as `[n, 16]`, `n = encoding.scale_count(1, cols)`: int4's groups, mxfp4's e8m0 blocks;
+    /// int8's one scale per row keeps its place). Rows after the last whole group stay
+    /// row-major at the end of each section. The same bytes, in the order a kernel that keeps
+    /// 16 rows in the 16 lanes of a vector reads them: one sequential stream, each load a word
+    /// of 16 rows, each scale load the 16 rows' scales (llama.cpp's repacking of resident
+    /// weights). Memory only: stores are row-major.
     ///
     /// # Panics
-    /// If the matrix cannot be interleaved or `data` is not its weight section.
-    pub fn interleave(encoding: Encoding, rows: usize, cols: usize, data: &mut [u8]) {
-        Self::reorder(encoding, rows, cols, data, true);
+    /// If the matrix cannot be interleaved or `data` / `scales` are not its weight and scale
+    /// sections (`scales` as bytes: little-endian f32 or e8m0).
+    pub fn interleave(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: &mut [u8],
+        scales: &mut [u8],
+    ) {
+        Self::reorder(encoding, rows, cols, data, scales, true);
     }
 
     /// The inverse of [`MatrixView::interleave`]: back to the row-major order.
     ///
     /// # Panics
     /// As [`MatrixView::interleave`].
-    pub fn deinterleave(encoding: Encoding, rows: usize, cols: usize, data: &mut [u8]) {
-        Self::reorder(encoding, rows, cols, data, false);
+    pub fn deinterleave(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: &mut [u8],
+        scales: &mut [u8],
+    ) {
+        Self::reorder(encoding, rows, cols, data, scales, false);
     }
 
-    fn reorder(encoding: Encoding, rows: usize, cols: usize, data: &mut [u8], to: bool) {
+    fn reorder(
+        encoding: Encoding,
+        rows: usize,
+        cols: usize,
+        data: &mut [u8],
+        scales: &mut [u8],
+        to: bool,
+    ) {
+        let sw = encoding.scale_width();
         assert!(
             Self::can_interleave(encoding, rows, cols)
-                && data.len() == encoding.weight_bytes(rows, cols),
-            "interleave: a [{rows}, {cols}] {} matrix of {} bytes",
+                && data.len() == encoding.weight_bytes(rows, cols)
+                && scales.len() == encoding.scale_count(rows, cols) * sw,
+            "interleave: a [{rows}, {cols}] {} matrix of {} weight and {} scale bytes",
             encoding.name(),
-            data.len()
+            data.len(),
+            scales.len()
         );
-        let cb = encoding.weight_bytes(1, INTERLEAVE_COLS);
-        let stride = encoding.weight_bytes(1, cols);
-        let block = INTERLEAVE_ROWS * stride;
-        let mut tmp = vec![0u8; block];
-        for b in data[..rows / INTERLEAVE_ROWS * block].chunks_exact_mut(block) {
-            tmp.copy_from_slice(b);
-            for k in 0..cols / INTERLEAVE_COLS {
-                for u in 0..INTERLEAVE_ROWS {
-                    let major = u * stride + k * cb;
-                    let inter = (k * INTERLEAVE_ROWS + u) * cb;
-                    let (dst, src) = if to { (inter, major) } else { (major, inter) };
-                    b[dst..dst + cb].copy_from_slice(&tmp[src..src + cb]);
-                }
-            }
-        }
+        transpose_groups(data, rows, encoding.weight_bytes(1, cols) / 4, 4, to);
+        transpose_groups(scales, rows, encoding.scale_count(1, cols), sw, to);
+    }
+
+    /// The scale-section half of [`MatrixView::interleave`] (for a caller that reorders the
+    /// weight section itself, e.g. with wider registers; the bytes must be the same).
+    ///
+    /// # Panics
+    /// As [`MatrixView::interleave`].
+    pub fn interleave_scales(encoding: Encoding, rows: usize, cols: usize, scales: &mut [u8]) {
+        let sw = encoding.scale_width();
+        assert!(
+            Self::can_interleave(encoding, rows, cols)
+                && scales.len() == encoding.scale_count(rows, cols) * sw,
+            "interleave: a [{rows}, {cols}] {} matrix of {} scale bytes",
+            encoding.name(),
+            scales.len()
+        );
+        transpose_groups(scales, rows, encoding.scale_count(1, cols), sw, true);
     }
 
     /// This view with its weight section read in the interleaved row order: for a section that
@@ -294,76 +325,83 @@ impl<'a> MatrixView<'a> {
         self.interleaved
     }
 
-    /// The bytes of 64-column chunk `k` of row `r` (`encoding.weight_bytes(1, 64)` of them),
-    /// in either row order. Defined where `cols` is a multiple of 64.
-    ///
-    /// # Panics
-    /// If `r >= rows`, `k >= cols / 64` or `cols` is not a multiple of 64.
-    #[inline]
-    pub fn chunk(&self, r: usize, k: usize) -> &'a [u8] {
-        assert!(
-            self.cols.is_multiple_of(INTERLEAVE_COLS),
-            "chunk: {} columns are not whole chunks of 64",
-            self.cols
-        );
-        let cb = self.encoding.weight_bytes(1, INTERLEAVE_COLS);
-        let at = self.chunk_offset(r, k, cb);
-        &self.data[at..at + cb]
-    }
-
-    /// Byte offset of chunk `k` of row `r` in the weight section, chunks of `cb` bytes.
-    #[inline]
-    fn chunk_offset(&self, r: usize, k: usize, cb: usize) -> usize {
-        let chunks = self.cols / INTERLEAVE_COLS;
-        assert!(r < self.rows && k < chunks, "chunk {k} of row {r}");
-        let whole = self.rows / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
-        if self.interleaved && r < whole {
-            let (b, u) = (r / INTERLEAVE_ROWS, r % INTERLEAVE_ROWS);
-            ((b * chunks + k) * INTERLEAVE_ROWS + u) * cb
-        } else {
-            (r * chunks + k) * cb
-        }
-    }
-
     /// Row `r`'s weight bytes in the row-major order (`encoding.weight_bytes(1, cols)`):
-    /// borrowed from a row-major view, gathered from an interleaved one.
-    pub fn row_bytes(&self, r: usize) -> std::borrow::Cow<'a, [u8]> {
-        let stride = self.encoding.weight_bytes(1, self.cols);
-        if !self.interleaved {
-            return std::borrow::Cow::Borrowed(&self.data[r * stride..(r + 1) * stride]);
-        }
-        let mut row = Vec::with_capacity(stride);
-        for k in 0..self.cols / INTERLEAVE_COLS {
-            row.extend_from_slice(self.chunk(r, k));
-        }
-        std::borrow::Cow::Owned(row)
-    }
-
-    /// A row-major copy of an interleaved view's weight section (for code that reads
-    /// [`MatrixView::data`] as row-major); the section itself for a row-major view.
-    pub fn row_major_data(&self) -> std::borrow::Cow<'a, [u8]> {
-        if !self.interleaved {
-            return std::borrow::Cow::Borrowed(self.data);
-        }
-        let mut d = self.data.to_vec();
-        Self::deinterleave(self.encoding, self.rows, self.cols, &mut d);
-        std::borrow::Cow::Owned(d)
-    }
-
-    /// This matrix with weight section `data` (row-major, the same length) instead of its own:
-    /// the view of [`MatrixView::row_major_data`].
+    /// borrowed from a row-major view (or a tail row), gathered from an interleaved one.
     ///
     /// # Panics
-    /// If `data` has another length.
-    pub fn with_row_major_data<'b>(&self, data: &'b [u8]) -> MatrixView<'b>
-    where
-        'a: 'b,
-    {
-        assert_eq!(data.len(), self.data.len());
-        MatrixView {
+    /// If `r >= rows`.
+    pub fn row_bytes(&self, r: usize) -> std::borrow::Cow<'a, [u8]> {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        let stride = self.encoding.weight_bytes(1, self.cols);
+        gather_row(self.data, self.interleaved, self.rows, r, stride / 4, 4)
+    }
+
+    /// Row `r`'s f32 scales (`encoding.scale_count(1, cols)` of them; empty for mxfp4), in
+    /// either row order.
+    ///
+    /// # Panics
+    /// If `r >= rows`.
+    pub fn row_scales(&self, r: usize) -> std::borrow::Cow<'a, [f32]> {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        if self.scales.is_empty() {
+            return std::borrow::Cow::Borrowed(&[]);
+        }
+        let n = self.encoding.scale_count(1, self.cols);
+        match gather_row(self.scales.as_bytes(), self.interleaved, self.rows, r, n, 4) {
+            std::borrow::Cow::Borrowed(_) => {
+                std::borrow::Cow::Borrowed(&self.scales[r * n..(r + 1) * n])
+            }
+            std::borrow::Cow::Owned(b) => std::borrow::Cow::Owned(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Row `r`'s e8m0 scale bytes (mxfp4: `ceil(cols / 32)`; empty for every other encoding),
+    /// in either row order.
+    ///
+    /// # Panics
+    /// If `r >= rows`.
+    pub fn row_e8m0(&self, r: usize) -> std::borrow::Cow<'a, [u8]> {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        if self.e8m0_scales.is_empty() {
+            return std::borrow::Cow::Borrowed(&[]);
+        }
+        let n = self.encoding.scale_count(1, self.cols);
+        gather_row(self.e8m0_scales, self.interleaved, self.rows, r, n, 1)
+    }
+
+    /// A row-major copy of this matrix's two sections (for code that reads
+    /// [`MatrixView::data`] and the scales as row-major); [`RowMajorCopy::view`] views it.
+    pub fn row_major_copy(&self) -> RowMajorCopy {
+        let mut data = self.data.to_vec();
+        let mut scales = self.scale_section().to_vec();
+        if self.interleaved {
+            Self::deinterleave(self.encoding, self.rows, self.cols, &mut data, &mut scales);
+        }
+        // f32 scales as f32 values (the view borrows them 4-byte aligned).
+        let f32s = if self.e8m0_scales.is_empty() {
+            scales
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let e8m0 = if self.e8m0_scales.is_empty() {
+            Vec::new()
+        } else {
+            scales
+        };
+        RowMajorCopy {
+            encoding: self.encoding,
+            rows: self.rows,
+            cols: self.cols,
             data,
-            interleaved: false,
-            ..*self
+            scales: f32s,
+            e8m0,
         }
     }
 
@@ -423,22 +461,12 @@ impl<'a> MatrixView<'a> {
             out.len()
         );
         if self.interleaved {
-            let row = self.row_bytes(r);
-            return self.row_view(r, &row).decode_cols(0, c0, c1, out);
+            let (row, sc, e8) = (self.row_bytes(r), self.row_scales(r), self.row_e8m0(r));
+            let one = MatrixView::checked(self.encoding, 1, self.cols, &row, &sc, &e8)
+                .expect("a row of a checked view");
+            return one.decode_cols(0, c0, c1, out);
         }
         self.encoding.decode_cols(self, r, c0, c1, out);
-    }
-
-    /// Row `r` as a one-row, row-major view whose weight section is `row` (its bytes).
-    fn row_view<'b>(&'b self, r: usize, row: &'b [u8]) -> MatrixView<'b> {
-        let (e, c) = (self.encoding, self.cols);
-        let (s0, s1) = (e.scale_count(r, c), e.scale_count(r + 1, c));
-        let (scales, e8m0) = if self.e8m0_scales.is_empty() {
-            (self.scales.get(s0..s1).unwrap_or(&[]), &[][..])
-        } else {
-            (&[][..], &self.e8m0_scales[s0..s1])
-        };
-        MatrixView::checked(e, 1, c, row, scales, e8m0).expect("a row of a checked view")
     }
 
     /// Reference (scalar) dequantization of row `r` into `out` (`out.len() == cols`).
@@ -450,6 +478,88 @@ impl<'a> MatrixView<'a> {
         assert!(r < self.rows && out.len() == self.cols);
         self.decode_cols(r, 0, self.cols, out);
     }
+}
+
+/// An owned, row-major copy of a matrix's sections ([`MatrixView::row_major_copy`]).
+#[derive(Clone, Debug)]
+pub struct RowMajorCopy {
+    encoding: Encoding,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scales: Vec<f32>,
+    e8m0: Vec<u8>,
+}
+
+impl RowMajorCopy {
+    /// The copy as a row-major view.
+    pub fn view(&self) -> MatrixView<'_> {
+        MatrixView::checked(
+            self.encoding,
+            self.rows,
+            self.cols,
+            &self.data,
+            &self.scales,
+            &self.e8m0,
+        )
+        .expect("a copy of a checked view")
+    }
+}
+
+/// Within each whole group of [`INTERLEAVE_ROWS`] rows of `buf` (`rows` rows of `n` elements
+/// of `width` bytes, row-major), `[16, n]` to `[n, 16]` (`to`) or back; the tail rows stay.
+fn transpose_groups(buf: &mut [u8], rows: usize, n: usize, width: usize, to: bool) {
+    match width {
+        4 => transpose_groups_of::<4>(buf, rows, n, to),
+        1 => transpose_groups_of::<1>(buf, rows, n, to),
+        _ => unreachable!("sections of 4-byte words, f32 or e8m0 scales"),
+    }
+}
+
+/// [`transpose_groups`] for elements of `W` bytes.
+fn transpose_groups_of<const W: usize>(buf: &mut [u8], rows: usize, n: usize, to: bool) {
+    let group = INTERLEAVE_ROWS * n * W;
+    if group == 0 {
+        return;
+    }
+    let mut tmp = vec![0u8; group];
+    for g in buf[..rows / INTERLEAVE_ROWS * group].chunks_exact_mut(group) {
+        tmp.copy_from_slice(g);
+        for u in 0..INTERLEAVE_ROWS {
+            for j in 0..n {
+                let major = (u * n + j) * W;
+                let inter = (j * INTERLEAVE_ROWS + u) * W;
+                let (dst, src) = if to { (inter, major) } else { (major, inter) };
+                let v: [u8; W] = tmp[src..src + W].try_into().expect("W bytes");
+                g[dst..dst + W].copy_from_slice(&v);
+            }
+        }
+    }
+}
+
+/// Row `r` (of `rows`, `n` elements of `width` bytes each) of a section in the row-major
+/// order (`interleaved` false, or a tail row: borrowed) or the interleaved one (gathered).
+fn gather_row(
+    buf: &[u8],
+    interleaved: bool,
+    rows: usize,
+    r: usize,
+    n: usize,
+    width: usize,
+) -> std::borrow::Cow<'_, [u8]> {
+    let whole = rows / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
+    let stride = n * width;
+    if !interleaved || r >= whole {
+        return std::borrow::Cow::Borrowed(&buf[r * stride..(r + 1) * stride]);
+    }
+    let (g, u) = (r / INTERLEAVE_ROWS, r % INTERLEAVE_ROWS);
+    let base = g * INTERLEAVE_ROWS * stride;
+    let mut row = Vec::with_capacity(stride);
+    for j in 0..n {
+        let at = base + (j * INTERLEAVE_ROWS + u) * width;
+        row.extend_from_slice(&buf[at..at + width]);
+    }
+    std::borrow::Cow::Owned(row)
 }
 
 #[cfg(test)]
@@ -493,11 +603,11 @@ mod tests {
 
     #[test]
     fn interleaved_row_order_reads_the_same_matrix() {
-        // int4 g64, int8 and mxfp4; 9 rows (two blocks and a row-major tail) of 128 columns.
         for (e, rows) in [
-            (Encoding::Int4 { group_size: 64 }, 9),
-            (Encoding::Int8, 8),
-            (Encoding::Mxfp4, 6),
+            (Encoding::Int4 { group_size: 64 }, 37),
+            (Encoding::Int4 { group_size: 32 }, 16),
+            (Encoding::Int8, 35),
+            (Encoding::Mxfp4, 48),
         ] {
             let cols = 128;
             let major: Vec<u8> = (0..e.weight_bytes(rows, cols))
@@ -509,20 +619,33 @@ mod tests {
             let e8: Vec<u8> = (0..e.scale_count(rows, cols))
                 .map(|i| 120 + (i % 9) as u8)
                 .collect();
-            let sec: &[u8] = if e == Encoding::Mxfp4 {
-                &e8
+            let sec: Vec<u8> = if e == Encoding::Mxfp4 {
+                e8.clone()
             } else {
-                f.as_bytes()
+                f.as_bytes().to_vec()
             };
-            let mut inter = major.clone();
-            MatrixView::interleave(e, rows, cols, &mut inter);
+            let (mut inter, mut isec) = (major.clone(), sec.clone());
+            MatrixView::interleave(e, rows, cols, &mut inter, &mut isec);
             assert_ne!(inter, major, "{e:?}");
-            // The first block's chunk 0 is rows 0..4's first chunk, one after another.
-            let cb = e.weight_bytes(1, 64);
+            // Word 0 of the first group is the first 4 bytes of rows 0..16, one after another;
+            // word 1 of row 2 follows 16 + 2 words in.
             let stride = e.weight_bytes(1, cols);
-            assert_eq!(&inter[cb..2 * cb], &major[stride..stride + cb], "{e:?}");
-            let a = MatrixView::from_sections(e, rows, cols, &major, sec).unwrap();
-            let b = MatrixView::from_sections(e, rows, cols, &inter, sec)
+            for u in 0..16 {
+                assert_eq!(&inter[4 * u..4 * u + 4], &major[u * stride..u * stride + 4]);
+            }
+            assert_eq!(
+                &inter[4 * 18..4 * 19],
+                &major[2 * stride + 4..2 * stride + 8]
+            );
+            // Scales: the group's [16, n] as [n, 16] (int8's one per row keeps its place).
+            let (n, w) = (e.scale_count(1, cols), e.scale_width());
+            if n == 1 {
+                assert_eq!(isec, sec);
+            } else {
+                assert_eq!(&isec[w * 16..w * 17], &sec[w..2 * w], "{e:?}");
+            }
+            let a = MatrixView::from_sections(e, rows, cols, &major, &sec).unwrap();
+            let b = MatrixView::from_sections(e, rows, cols, &inter, &isec)
                 .unwrap()
                 .as_interleaved()
                 .unwrap();
@@ -533,21 +656,24 @@ mod tests {
                 b.dequantize_row(r, &mut rb);
                 assert_eq!(ra, rb, "{e:?} row {r}");
                 assert_eq!(a.row_bytes(r), b.row_bytes(r));
-                for k in 0..2 {
-                    assert_eq!(a.chunk(r, k), b.chunk(r, k), "{e:?} row {r} chunk {k}");
-                }
+                assert_eq!(a.row_scales(r), b.row_scales(r));
+                assert_eq!(a.row_e8m0(r), b.row_e8m0(r));
             }
-            assert_eq!(&*b.row_major_data(), &major[..]);
-            // Cuts between blocks keep the order; others are refused.
-            let c = b.row_range(4, rows).unwrap();
-            assert_eq!(c.is_interleaved(), rows - 4 >= 4);
-            c.dequantize_row(0, &mut rb);
-            a.dequantize_row(4, &mut ra);
-            assert_eq!(ra, rb);
-            assert!(b.row_range(1, 4).is_none());
-            let mut back = inter.clone();
-            MatrixView::deinterleave(e, rows, cols, &mut back);
-            assert_eq!(back, major);
+            let c = b.row_major_copy();
+            assert_eq!(c.view().data(), &major[..]);
+            assert_eq!(c.view().scale_section(), &sec[..]);
+            // Cuts between groups keep the order; others are refused.
+            if rows > 16 {
+                let c = b.row_range(16, rows).unwrap();
+                assert_eq!(c.is_interleaved(), rows - 16 >= 16);
+                c.dequantize_row(0, &mut rb);
+                a.dequantize_row(16, &mut ra);
+                assert_eq!(ra, rb);
+            }
+            assert!(b.row_range(1, 16).is_none());
+            let (mut back, mut bsec) = (inter.clone(), isec.clone());
+            MatrixView::deinterleave(e, rows, cols, &mut back, &mut bsec);
+            assert_eq!((back, bsec), (major, sec));
         }
         assert!(!MatrixView::can_interleave(Encoding::Bf16, 8, 128));
         assert!(!MatrixView::can_interleave(Encoding::Int8, 8, 96));

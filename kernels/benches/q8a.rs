@@ -16,6 +16,7 @@ use coli_format::{Encoding, MatrixView};
 use coli_kernels::{detected_isa, integer_kernel, matmul_num, Numerics};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use zerocopy::IntoBytes;
 
 const BUDGET: Duration = Duration::from_millis(300);
 
@@ -106,18 +107,21 @@ fn main() {
             .collect();
         // The same matrices in the interleaved row order (how the engine keeps them resident
         // under q8a).
-        let inter: Vec<Vec<u8>> = mats
+        let inter: Vec<(Vec<u8>, Vec<f32>)> = mats
             .iter()
-            .map(|(d, _)| {
-                let mut d = d.clone();
-                MatrixView::interleave(enc, rows, cols, &mut d);
-                d
+            .map(|(d, s)| {
+                let (mut d, mut b) = (d.clone(), s.as_bytes().to_vec());
+                MatrixView::interleave(enc, rows, cols, &mut d, &mut b);
+                let s = b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                (d, s)
             })
             .collect();
         let iviews: Vec<MatrixView<'_>> = inter
             .iter()
-            .zip(&mats)
-            .map(|(d, (_, s))| {
+            .map(|(d, s)| {
                 MatrixView::new(enc, rows, cols, d, s)
                     .unwrap()
                     .as_interleaved()
@@ -238,17 +242,32 @@ fn main() {
                 MatrixView::new(enc, rows, cols, &data, &scales).unwrap()
             };
             // The interleaved row order the engine keeps resident int4/int8/mxfp4 weights in
-            // under q8a (its own kernels: `block_vnni` for several tokens).
+            // under q8a (weights and scales reordered).
             let inter = MatrixView::can_interleave(enc, rows, cols).then(|| {
                 let mut d = data.clone();
-                MatrixView::interleave(enc, rows, cols, &mut d);
-                d
-            });
-            let wi = inter.as_ref().map(|d| {
-                let v = if mx {
-                    MatrixView::from_sections(enc, rows, cols, d, &e8m0).unwrap()
+                let mut b = if mx {
+                    e8m0.clone()
                 } else {
-                    MatrixView::new(enc, rows, cols, d, &scales).unwrap()
+                    scales.as_bytes().to_vec()
+                };
+                MatrixView::interleave(enc, rows, cols, &mut d, &mut b);
+                (d, b)
+            });
+            let inter = inter.map(|(d, b)| {
+                let f: Vec<f32> = if mx {
+                    vec![]
+                } else {
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect()
+                };
+                (d, b, f)
+            });
+            let wi = inter.as_ref().map(|(d, b, f)| {
+                let v = if mx {
+                    MatrixView::from_sections(enc, rows, cols, d, b).unwrap()
+                } else {
+                    MatrixView::new(enc, rows, cols, d, f).unwrap()
                 };
                 v.as_interleaved().unwrap()
             });

@@ -60,6 +60,7 @@ mod bf16a;
 #[cfg(target_arch = "x86_64")]
 mod bf16a_x86;
 pub mod gated_delta;
+mod interleave;
 pub mod kda;
 mod ops;
 mod q8a;
@@ -71,6 +72,7 @@ mod scalar;
 mod strided_x86;
 
 pub use bf16a::round_bf16;
+pub use interleave::interleave_sections;
 pub use ops::{
     axpy, axpy_strided, axpy_strided_with, dot, dot_strided, dot_strided_with, exp_flush, rms_norm,
     silu, softmax_inplace,
@@ -164,10 +166,11 @@ pub fn numerics_id(isa: Isa) -> &'static str {
 /// ([`Isa::name`]), with a revision suffix `-rN` once its kernels' summation order has changed
 /// since the first release (`avx512-r2`: the AVX-512 int4 kernel decodes each run to the
 /// reference weights and multiplies them per token, where revision 1 summed `(q - 8) x` per
-/// group), and `+q8a-r4` under [`Numerics::Q8a`] (the integer products are the same on every
+/// group), and `+q8a-r5` under [`Numerics::Q8a`] (the integer products are the same on every
 /// instruction set; the f32 products of the other matrices are not; r2: the ggml block types
 /// follow the rule too, where r1 ran them on f32 activations; r3: mxfp4 matrices too; r4: bf16
-/// matrices take bf16 activations, `bf16a.rs`). Two engines whose kernels
+/// matrices take bf16 activations, `bf16a.rs`; r5: int8, int4 and mxfp4 products accumulate
+/// once per block of 32 columns, where r1-r4 did per lane of 4). Two engines whose kernels
 /// have the same numerics id give the same bits; anything that persists computed numbers (the
 /// KV cache's file identity, docs/KV_CACHE.md) keys on it.
 pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
@@ -175,18 +178,19 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
         (Isa::Scalar, Numerics::Exact) => "scalar",
         (Isa::Avx2Fma, Numerics::Exact) => "avx2-fma",
         (Isa::Avx512, Numerics::Exact) => "avx512-r2",
-        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r4",
-        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r4",
-        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r4",
+        (Isa::Scalar, Numerics::Q8a) => "scalar+q8a-r5",
+        (Isa::Avx2Fma, Numerics::Q8a) => "avx2-fma+q8a-r5",
+        (Isa::Avx512, Numerics::Q8a) => "avx512-r2+q8a-r5",
     }
 }
 
 /// True when the kernels multiply `w` faster in the interleaved row order
 /// ([`MatrixView::interleave`]) under the process's numerics: under [`Numerics::Q8a`], the int8,
-/// int4 and mxfp4 matrices its integer rule covers (one token against a block of four rows
-/// reads one sequential stream and loads the token once for the four; on this project's
-/// machine 1.5x a row at a time from RAM, kernels/benches/q8a.rs). The results are the same
-/// bits in either order; an engine reorders such a matrix once, when it holds it for reuse.
+/// int4 and mxfp4 matrices its integer rule covers (the kernels keep 16 rows in the lanes of a
+/// register; a row-major matrix is packed into that order 16 rows at a time as it is
+/// multiplied: on this project's machine 28.7 us against 105 for one token and a 1024 x 2048
+/// int4 matrix in cache, kernels/benches/q8a.rs). The results are the same bits in either order;
+/// an engine reorders such a matrix once ([`interleave_sections`]), when it holds it for reuse.
 ///
 /// [`set_interleave`]`(false)` (or `COLI_NO_INTERLEAVE=1` in the environment) makes it false
 /// everywhere: for tests and A/B measurements.
@@ -764,8 +768,8 @@ pub fn matvec_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], y: &mu
     if w.is_interleaved() {
         // Only the integer kernels read the interleaved row order: the others take a row-major
         // copy (the engine interleaves only matrices the integer rule multiplies).
-        let d = w.row_major_data();
-        return matvec_num(isa, num, &w.with_row_major_data(&d), x, y);
+        let c = w.row_major_copy();
+        return matvec_num(isa, num, &c.view(), x, y);
     }
     let x = &Act::new(isa, w, x);
     if w.rows() * w.cols() < PARALLEL_MIN_WORK {
@@ -860,8 +864,8 @@ pub fn matmul_num(isa: Isa, num: Numerics, w: &MatrixView<'_>, x: &[f32], n: usi
     }
     if w.is_interleaved() {
         // As in `matvec_num`.
-        let d = w.row_major_data();
-        return matmul_num(isa, num, &w.with_row_major_data(&d), x, n, y);
+        let c = w.row_major_copy();
+        return matmul_num(isa, num, &c.view(), x, n, y);
     }
     if n < matmul_min_rows(isa, w) {
         // A matmul row equals the matvec of that row bit for bit, and below this many rows the

@@ -1,6 +1,8 @@
-//! Integer-activation products (numerics `q8a`, revision 4; bf16 matrices: `bf16a.rs`): the activations quantized to int8
-//! per block of 32, integer dot products with the weights' integer codes, f32 scales applied
-//! per run of 4 columns in a fixed order. Every instruction set gives the scalar twin's bits.
+//! Integer-activation products (numerics `q8a`, revision 5; bf16 matrices: `bf16a.rs`): the
+//! activations quantized to int8 per block of 32, integer dot products with the weights'
+//! integer codes, f32 scales applied per block of 32 columns (int8, int4, mxfp4) or per run of
+//! 4 columns (the ggml types) in a fixed order. Every instruction set gives the scalar twin's
+//! bits.
 //!
 //! ## The rule (docs/ENGINE.md, "Precision")
 //! Applies to int8 matrices, int4 matrices with group size 32 or a multiple of 64 dividing
@@ -12,26 +14,27 @@
 //!    `amax = max |x_c|` (f32); if `amax == 0` then `d = 0` and every `q_c = 0`; else
 //!    `inv = 127 / amax` and `d = amax / 127` (f32 divisions, rounded to nearest) and
 //!    `q_c = clamp(round_half_even(x_c * inv), -127, 127)` (the product rounded to f32 first).
-//! 2. **Lanes.** Each chunk of 64 columns `k` splits into 16 lanes of 4 columns. int8: lane
-//!    `j` holds columns `4j .. 4j + 3` of the chunk. int4 (FORMAT.md: byte `b` holds column
-//!    `2b` low, `2b + 1` high; mxfp4 the same): lane `j < 8` holds columns `8j + {0, 2, 4, 6}`
-//!    (low nibbles of bytes `4j .. 4j + 3`), lane `j >= 8` columns `8(j - 8) + {1, 3, 5, 7}`.
-//!    All 4 columns of a lane lie in one activation block and one weight group.
-//! 3. **Per lane**: `p = sum (w_c q_c)` over its 4 columns, exact in i32, with `w_c` the int8
-//!    code, the int4 code minus 8, or for mxfp4 twice the e2m1 value (`E2M1_DOUBLED`, an integer
-//!    in -12..=12). The lane's multiplier is `m = d_B` (int8) or `m = d_B * s_g` (int4: the
-//!    group scale; mxfp4: `s_g = 2^(e_g - 128)`, the block's e8m0 scale halved; one f32
-//!    rounding). Accumulator `j` (of 16, from 0.0) becomes `fma(m, p, acc_j)` (one rounding),
-//!    chunks in column order.
-//!    ggml types (columns in order, lane `j` = columns `4j .. 4j + 3` of the chunk, as int8):
-//!    each block's integer form (`GgmlType::codes`: codes `q_c`, a scale `a_g` and for q4_1,
-//!    q5_1, q2_k, q4_k, q5_k an offset `m_g` per group of 16 or 32 columns, so that the weight
-//!    is `a_g q_c (+ m_g)`); per lane `p = sum (q_c x_c)` and `s = sum x_c` (the activation
-//!    codes), exact in i32; `acc_j = fma(d_B * a_g, p, acc_j)`, then for a type with offsets
-//!    `acc_j = fma(d_B * m_g, s, acc_j)`. This is llama.cpp's pairing of its block types with
-//!    q8 activations, in coli's fixed order (`q8a_x86::ggml_rows`: AVX-512 VNNI or AVX2).
-//! 4. **Sum**: `v8_i = a_i + a_{i+8}`, `v4_i = v8_i + v8_{i+4}`, `v2_i = v4_i + v4_{i+2}`,
-//!    `r = v2_0 + v2_1`; int8 then `y = r * s_row` (the row scale).
+//! 2. **int8, int4, mxfp4** (revision 5): per row and token, per activation block `B` of 32
+//!    columns in column order, `p_B = sum (w_c q_c)` over the block's columns, exact in i32,
+//!    with `w_c` the int8 code, the int4 code minus 8, or for mxfp4 twice the e2m1 value
+//!    (`E2M1_DOUBLED`, an integer in -12..=12). The block's multiplier is `m_B = d_B` (int8) or
+//!    `m_B = d_B * s_g` (int4: the scale of the group holding `B`; mxfp4: `s_B = 2^(e_B - 128)`,
+//!    the block's e8m0 scale halved; one f32 rounding). One accumulator from 0.0 becomes
+//!    `acc = fma(m_B, p_B, acc)` (one rounding) block after block; int8 then `y = acc * s_row`
+//!    (the row scale). (`|p_B| <= 32 * 128 * 127 < 2^24`: exact in f32.) Revisions 1-4 gave
+//!    these encodings the ggml types' 16 lanes of 4 columns (step 3), eight times the f32 work
+//!    per column of one accumulation per block.
+//! 3. **ggml types** (columns in order; each chunk of 64 columns splits into 16 lanes of 4, lane
+//!    `j` = columns `4j .. 4j + 3`): each block's integer form (`GgmlType::codes`: codes `q_c`,
+//!    a scale `a_g` and for q4_1, q5_1, q2_k, q4_k, q5_k an offset `m_g` per group of 16 or 32
+//!    columns, so that the weight is `a_g q_c (+ m_g)`); per lane `p = sum (q_c x_c)` and
+//!    `s = sum x_c` (the activation codes), exact in i32; accumulator `j` (of 16, from 0.0)
+//!    becomes `acc_j = fma(d_B * a_g, p, acc_j)`, then for a type with offsets
+//!    `acc_j = fma(d_B * m_g, s, acc_j)`, chunks in column order. This is llama.cpp's pairing of
+//!    its block types with q8 activations, in coli's fixed order (`q8a_x86::ggml_rows`: AVX-512
+//!    VNNI or AVX2).
+//! 4. **Sum** (ggml types): `v8_i = a_i + a_{i+8}`, `v4_i = v8_i + v8_{i+4}`,
+//!    `v2_i = v4_i + v4_{i+2}`, `r = v2_0 + v2_1`.
 //!
 //! The oracle (tests/fixtures) emulates step 1 exactly in torch float32 and takes the rest as
 //! an f64 product of the dequantized weights with `d * q`: steps 2-4 only round in f32.
@@ -79,44 +82,30 @@ pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
     }
 }
 
-/// Column (within its chunk) of element `i` (0..4) of lane `j` (0..16).
-fn lane_col(kind: Kind, j: usize, i: usize) -> usize {
-    match kind {
-        Kind::Int8 | Kind::Ggml(_) => 4 * j + i,
-        Kind::Int4 { .. } | Kind::Mxfp4 if j < 8 => 8 * j + 2 * i,
-        Kind::Int4 { .. } | Kind::Mxfp4 => 8 * (j - 8) + 2 * i + 1,
-    }
-}
-
-/// Index into a row's int4 scales of lane `j` of chunk `k` (group size `g`).
-#[inline]
-pub(crate) fn group_of(g: usize, k: usize, j: usize) -> usize {
-    if g == 32 {
-        2 * k + (j % 8) / 4
-    } else {
-        k * CHUNK / g
-    }
-}
-
 /// Quantized activations of `n` tokens for one matrix kind, in lane order.
 pub(crate) struct QAct {
-    /// `[n, cols]`: `q` of column `lane_col(j, i)` of chunk `k` at `k * 64 + 4 j + i`.
+    /// `[n, cols]`: each token's codes in lane order: column `c` at `lane_pos(c)` (int8 and
+    /// the ggml types `c`; int4 and mxfp4 per chunk of 64 the even columns, then the odd).
     pub q: Vec<i8>,
-    /// `[n, cols / 4]`: per lane, its block's scale `d`.
+    /// `[n, cols / per]`: per lane (ggml types, `per` 4) or per block of 32 (int8, int4,
+    /// mxfp4) the block's scale `d`.
     pub d: Vec<f32>,
-    /// `[n, cols / 4]`: per lane, the sum of its 4 `q` times the codes' offset (int4: -8;
-    /// int8: -128, for the unsigned-code form `code + 128` of the VNNI kernel; mxfp4: -12, for
-    /// `E2M1_DOUBLED + 12`), or for the ggml types the plain sum (their kernels scale it by
-    /// the offset each form needs: q4_0's -8, the VNNI codes' -128, a type's `m_g`).
+    /// `[n, cols / per]`: for int8, int4 and mxfp4 per block the sum of its `q` times the
+    /// codes' offset in the kernels' unsigned form (int4: -8; int8: -128, for `code + 128`;
+    /// mxfp4: -12, for `E2M1_DOUBLED + 12`); for the ggml types per lane the plain sum (their
+    /// kernels scale it by the offset each form needs: q4_0's -8, the VNNI codes' -128, a
+    /// type's `m_g`).
     pub corr: Vec<i32>,
     pub cols: usize,
+    /// Columns per entry of `d` and `corr`.
+    per: usize,
 }
 
 impl QAct {
     /// Token `t`'s `(q, d, corr)`.
     #[inline]
     pub fn token(&self, t: usize) -> (&[i8], &[f32], &[i32]) {
-        let (c, l) = (self.cols, self.cols / 4);
+        let (c, l) = (self.cols, self.cols / self.per);
         (
             &self.q[t * c..(t + 1) * c],
             &self.d[t * l..(t + 1) * l],
@@ -171,15 +160,22 @@ fn quantize_block_fast(x: &[f32], q: &mut [i8]) -> f32 {
     quantize_block(x, q)
 }
 
-/// Quantizes `x` (`[n, cols]`) by step 1 and lays it out in lane order for `kind` (int8: the
-/// column order; int4: per chunk the even columns, then the odd ones).
+/// Quantizes `x` (`[n, cols]`) by step 1 and lays it out in lane order for `kind` (int8 and
+/// the ggml types: the column order; int4 and mxfp4: per chunk the even columns, then the odd
+/// ones), with per block (or for the ggml types per lane) `d` and `corr`.
 pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
-    let lanes = cols / 4;
+    let per = if matches!(kind, Kind::Ggml(_)) {
+        4
+    } else {
+        BLOCK
+    };
+    let units = cols / per;
     let mut out = QAct {
         q: vec![0; n * cols],
-        d: vec![0.0; n * lanes],
-        corr: vec![0; n * lanes],
+        d: vec![0.0; n * units],
+        corr: vec![0; n * units],
         cols,
+        per,
     };
     let offset = match kind {
         Kind::Int8 => -128,
@@ -191,8 +187,8 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
     for t in 0..n {
         let xt = &x[t * cols..(t + 1) * cols];
         let qt = &mut out.q[t * cols..(t + 1) * cols];
-        let dt = &mut out.d[t * lanes..(t + 1) * lanes];
-        let ct = &mut out.corr[t * lanes..(t + 1) * lanes];
+        let dt = &mut out.d[t * units..(t + 1) * units];
+        let ct = &mut out.corr[t * units..(t + 1) * units];
         for k in 0..cols / CHUNK {
             let xk = &xt[k * CHUNK..(k + 1) * CHUNK];
             let d0 = quantize_block_fast(&xk[..BLOCK], &mut qn[..BLOCK]);
@@ -207,14 +203,21 @@ pub(crate) fn quantize(kind: Kind, x: &[f32], n: usize, cols: usize) -> QAct {
                     }
                 }
             }
-            for j in 0..LANES {
-                let s: i32 = qk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum();
-                ct[k * LANES + j] = offset * s;
-                let block = match kind {
-                    Kind::Int8 | Kind::Ggml(_) => j / 8,
-                    Kind::Int4 { .. } | Kind::Mxfp4 => (j % 8) / 4,
-                };
-                dt[k * LANES + j] = if block == 0 { d0 } else { d1 };
+            if let Kind::Ggml(_) = kind {
+                for j in 0..LANES {
+                    let s: i32 = qk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum();
+                    ct[k * LANES + j] = s;
+                    dt[k * LANES + j] = if j < 8 { d0 } else { d1 };
+                }
+            } else {
+                for (b, d) in [d0, d1].into_iter().enumerate() {
+                    let s: i32 = qn[b * BLOCK..(b + 1) * BLOCK]
+                        .iter()
+                        .map(|&v| v as i32)
+                        .sum();
+                    ct[2 * k + b] = offset * s;
+                    dt[2 * k + b] = d;
+                }
             }
         }
     }
@@ -234,15 +237,36 @@ pub(crate) fn sum16(a: &[f32; LANES]) -> f32 {
     v2[0] + v2[1]
 }
 
-/// The 4-bit code of column `c` of a chunk of packed nibbles (int4, mxfp4: column `2b` low,
-/// `2b + 1` high).
+/// The integer weight of column `c` of a row (its bytes `row`, row-major) of an int8, int4 or
+/// mxfp4 matrix: rule step 2's `w_c`.
 #[inline]
-fn nibble(ck: &[u8], c: usize) -> u8 {
-    let byte = ck[c / 2];
-    if c.is_multiple_of(2) {
-        byte & 15
-    } else {
-        byte >> 4
+fn weight(kind: Kind, row: &[u8], c: usize) -> i32 {
+    match kind {
+        Kind::Int8 => row[c] as i8 as i32,
+        _ => {
+            let byte = row[c / 2];
+            let code = if c.is_multiple_of(2) {
+                byte & 15
+            } else {
+                byte >> 4
+            };
+            match kind {
+                Kind::Mxfp4 => E2M1_DOUBLED[code as usize] as i32,
+                _ => code as i32 - 8,
+            }
+        }
+    }
+}
+
+/// Column `c`'s position in a token's lane-ordered `q` ([`QAct::q`]).
+#[inline]
+fn lane_pos(kind: Kind, c: usize) -> usize {
+    match kind {
+        Kind::Int4 { .. } | Kind::Mxfp4 => {
+            let (k, i) = (c / CHUNK, c % CHUNK);
+            k * CHUNK + i % 2 * (CHUNK / 2) + i / 2
+        }
+        _ => c,
     }
 }
 
@@ -250,86 +274,57 @@ fn nibble(ck: &[u8], c: usize) -> u8 {
 pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t: usize) -> f32 {
     let cols = w.cols();
     let (q, d, _) = qa.token(t);
-    let mut acc = [0f32; LANES];
+    if let Kind::Ggml(t) = kind {
+        let mut acc = [0f32; LANES];
+        let (bs, ts) = (t.block_size(), t.type_size());
+        let stride = t.bytes_of(cols);
+        let row = &w.data()[r * stride..(r + 1) * stride];
+        let g = t.code_group().expect("kind() admits integer types only");
+        let offset = t.has_offset();
+        let (mut codes, mut a, mut m) = ([0i8; 256], [0f32; 16], [0f32; 16]);
+        for blk in 0..cols / bs {
+            t.codes(
+                &row[blk * ts..(blk + 1) * ts],
+                &mut codes[..bs],
+                &mut a,
+                &mut m,
+            );
+            for c0 in (0..bs).step_by(4) {
+                let col = blk * bs + c0;
+                let (k, j) = (col / CHUNK, (col % CHUNK) / 4);
+                let (mut p, mut sx) = (0i32, 0i32);
+                for i in 0..4 {
+                    let qx = q[col + i] as i32;
+                    p += codes[c0 + i] as i32 * qx;
+                    sx += qx;
+                }
+                let dl = d[k * LANES + j];
+                acc[j] = (dl * a[c0 / g]).mul_add(p as f32, acc[j]);
+                if offset {
+                    acc[j] = (dl * m[c0 / g]).mul_add(sx as f32, acc[j]);
+                }
+            }
+        }
+        return sum16(&acc);
+    }
+    // int8, int4, mxfp4: one accumulation per block of 32 (step 2).
+    let row = w.row_bytes(r);
+    let (scales, e8m0) = (w.row_scales(r), w.row_e8m0(r));
+    let mut acc = 0f32;
+    for b in 0..cols / BLOCK {
+        let p: i32 = (b * BLOCK..(b + 1) * BLOCK)
+            .map(|c| weight(kind, &row, c) * q[lane_pos(kind, c)] as i32)
+            .sum();
+        let m = match kind {
+            Kind::Int4 { group } => d[b] * scales[b * BLOCK / group],
+            Kind::Mxfp4 => d[b] * e8m0_half(e8m0[b]),
+            _ => d[b],
+        };
+        acc = m.mul_add(p as f32, acc);
+    }
     match kind {
-        Kind::Int8 => {
-            for k in 0..cols / CHUNK {
-                let ck = w.chunk(r, k);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let mut p = 0i32;
-                    for i in 0..4 {
-                        let code = ck[lane_col(kind, j, i)] as i8 as i32;
-                        p += code * q[k * CHUNK + 4 * j + i] as i32;
-                    }
-                    *a = d[k * LANES + j].mul_add(p as f32, *a);
-                }
-            }
-            sum16(&acc) * w.scales()[r]
-        }
-        Kind::Int4 { .. } | Kind::Mxfp4 => {
-            // Nibble codes: int4's minus 8 with its group's f32 scale, or mxfp4's doubled e2m1
-            // value with its block's halved e8m0 scale.
-            let scale: Box<dyn Fn(usize, usize) -> f32> = match kind {
-                Kind::Int4 { group } => {
-                    let srow = &w.scales()[r * (cols / group)..(r + 1) * (cols / group)];
-                    Box::new(move |k, j| srow[group_of(group, k, j)])
-                }
-                _ => {
-                    let nb = cols / BLOCK;
-                    let erow = &w.e8m0_scales()[r * nb..(r + 1) * nb];
-                    Box::new(move |k, j| e8m0_half(erow[group_of(BLOCK, k, j)]))
-                }
-            };
-            let value = |code: u8| match kind {
-                Kind::Mxfp4 => E2M1_DOUBLED[code as usize] as i32,
-                _ => code as i32 - 8,
-            };
-            for k in 0..cols / CHUNK {
-                let ck = w.chunk(r, k);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let mut p = 0i32;
-                    for i in 0..4 {
-                        let code = nibble(ck, lane_col(kind, j, i));
-                        p += value(code) * q[k * CHUNK + 4 * j + i] as i32;
-                    }
-                    let m = d[k * LANES + j] * scale(k, j);
-                    *a = m.mul_add(p as f32, *a);
-                }
-            }
-            sum16(&acc)
-        }
-        Kind::Ggml(t) => {
-            let (bs, ts) = (t.block_size(), t.type_size());
-            let stride = t.bytes_of(cols);
-            let row = &w.data()[r * stride..(r + 1) * stride];
-            let g = t.code_group().expect("kind() admits integer types only");
-            let offset = t.has_offset();
-            let (mut codes, mut a, mut m) = ([0i8; 256], [0f32; 16], [0f32; 16]);
-            for blk in 0..cols / bs {
-                t.codes(
-                    &row[blk * ts..(blk + 1) * ts],
-                    &mut codes[..bs],
-                    &mut a,
-                    &mut m,
-                );
-                for c0 in (0..bs).step_by(4) {
-                    let col = blk * bs + c0;
-                    let (k, j) = (col / CHUNK, (col % CHUNK) / 4);
-                    let (mut p, mut sx) = (0i32, 0i32);
-                    for i in 0..4 {
-                        let qx = q[col + i] as i32;
-                        p += codes[c0 + i] as i32 * qx;
-                        sx += qx;
-                    }
-                    let dl = d[k * LANES + j];
-                    acc[j] = (dl * a[c0 / g]).mul_add(p as f32, acc[j]);
-                    if offset {
-                        acc[j] = (dl * m[c0 / g]).mul_add(sx as f32, acc[j]);
-                    }
-                }
-            }
-            sum16(&acc)
-        }
+        Kind::Int8 => acc * scales[0],
+        _ => acc,
     }
 }
 

@@ -1,18 +1,21 @@
-//! The integer-activation rule (`q8a.rs`) on x86-64: AVX-512 VNNI (`vpdpbusd`, 16 lanes in one
-//! register) and AVX2 (`vpmaddubsw` + `vpmaddwd`, the 16 lanes as two registers of 8). Both
-//! compute every lane's integer sum exactly and then the rule's f32 steps in its order, so
-//! their results are the scalar twin's bit for bit.
+//! The integer-activation rule (`q8a.rs`) on x86-64: AVX-512 VNNI (`vpdpbusd`) and AVX2
+//! (`vpmaddubsw` + `vpmaddwd`). Both compute every integer sum exactly and then the rule's f32
+//! steps in its order, so their results are the scalar twin's bit for bit.
 //!
-//! - VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
-//!   applied as `-8 * sum q` per lane (the lane's `qsum`) added to the integer sum; int8 codes
-//!   as `code + 128` (`xor 0x80`) and `-128 * sum q`; mxfp4 codes looked up (`vpshufb`) as
-//!   `E2M1_DOUBLED + 12` (0..=24) and `-12 * sum q`.
-//! - AVX2: int4 and mxfp4 codes as for VNNI; int8 as `|code|` times `q` with the code's sign
-//!   (`vpsignb`), so a pair of products stays within i16 (128 * 127 * 2 < 2^15; mxfp4:
-//!   24 * 127 * 2).
+//! - int8, int4, mxfp4 (rule step 2): 16 rows in the 16 lanes of a register (AVX2: two of 8),
+//!   read from the interleaved row order (`MatrixView::interleave`; row-major rows are packed
+//!   into it first, [`Packed`]): per block of 32 columns, each 4-byte weight word of the 16
+//!   rows against the token's matching 4 activation bytes broadcast, then one `fma` per row.
+//!   VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
+//!   applied as `-8 * sum q` per block (`QAct::corr`) added to the integer sum; int8 codes as
+//!   `code + 128` (`xor 0x80`) and `-128 * sum q`; mxfp4 codes looked up (`vpshufb`) as
+//!   `E2M1_DOUBLED + 12` (0..=24) and `-12 * sum q`. AVX2: int4 and mxfp4 codes as for VNNI;
+//!   int8 as `|code|` times `q` with the code's sign (`vpsignb`), so a pair of products stays
+//!   within i16 (128 * 127 * 2 < 2^15; mxfp4: 24 * 127 * 2).
+//! - ggml types (rule steps 3-4): [`ggml_rows`], 16 lanes of 4 columns per 64.
 
 use crate::avx2_ggml::f16_at;
-use crate::q8a::{group_of, Kind, QAct, BLOCK, LANES, MXFP4_OFFSET};
+use crate::q8a::{Kind, QAct, BLOCK, MXFP4_OFFSET};
 use coli_format::encoding::ggml::IqTables;
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::encoding::GgmlType;
@@ -39,10 +42,6 @@ macro_rules! with_iq_source {
 const PREFETCH: usize = 1024;
 /// Tokens per pass over a weight row in the matmul kernels.
 const TILE: usize = 4;
-/// Rows per pass in the matmul kernels.
-const TILE_ROWS: usize = 2;
-/// Tokens per pass over an interleaved block of 4 rows ([`block_vnni`]).
-const BLOCK_TILE: usize = 4;
 
 /// Step 4 of the rule over two 8-lane halves (`lo` = lanes 0..8).
 #[inline]
@@ -52,33 +51,6 @@ fn sum16_halves(lo: __m256, hi: __m256) -> f32 {
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
     let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
     _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)))
-}
-
-/// `group_of(g, k, _)` for a group size `g` that is a multiple of 64, without a division for
-/// the common `g == 64` (a division per chunk costs as much as reading the chunk from RAM).
-#[inline]
-fn wide_group(g: usize, k: usize) -> usize {
-    if g == 64 {
-        k
-    } else {
-        group_of(g, k, 0)
-    }
-}
-
-/// The 16 lanes' multipliers' group scales for chunk `k` of an int4 row: 8-lane vectors
-/// (lanes 0..8 and 8..16 have the same pattern).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn int4_scales8(srow: &[f32], g: usize, k: usize) -> __m256 {
-    if g == 32 {
-        _mm256_blend_ps(
-            _mm256_set1_ps(srow[group_of(g, k, 0)]),
-            _mm256_set1_ps(srow[group_of(g, k, 4)]),
-            0xF0,
-        )
-    } else {
-        _mm256_set1_ps(srow[wide_group(g, k)])
-    }
 }
 
 /// The 16 mxfp4 codes' unsigned integer form `E2M1_DOUBLED + MXFP4_OFFSET`, twice (a `vpshufb`
@@ -92,18 +64,6 @@ const MXFP4_LUT: [i8; 32] = {
     }
     t
 };
-
-/// The 16 lanes' multipliers' block scales for chunk `k` of an mxfp4 row (`e`: the row's e8m0
-/// scales): lanes 0..4 of each 8-lane half take block `2k`, lanes 4..8 block `2k + 1`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn mxfp4_scales8(e: &[u8], k: usize) -> __m256 {
-    _mm256_blend_ps(
-        _mm256_set1_ps(e8m0_half(e[group_of(BLOCK, k, 0)])),
-        _mm256_set1_ps(e8m0_half(e[group_of(BLOCK, k, 4)])),
-        0xF0,
-    )
-}
 
 /// An int4 or mxfp4 chunk's 32 packed bytes as two registers of 32 unsigned codes: the low
 /// nibbles (the chunk's even columns) and the high ones (odd columns); mxfp4's looked up as
@@ -123,534 +83,444 @@ fn nibbles<const MX: bool>(packed: __m256i) -> (__m256i, __m256i) {
     }
 }
 
-/// A token's quantized activations in lane order: `(q, d, corr)` ([`QAct::token`]).
+/// A token's quantized activations: `(q, d, corr)` ([`QAct::token`]; int8, int4 and mxfp4:
+/// `d` and `corr` per block of 32 columns).
 type Tok<'a> = (&'a [i8], &'a [f32], &'a [i32]);
-/// A row of a matrix: its codes by 64-column chunks, its f32 scales (int8, int4) and its e8m0
-/// scales (mxfp4).
+
+/// Rows per group (one row per 32-bit lane of a 512-bit register).
+const G: usize = INTERLEAVE_ROWS;
+/// Groups per pass of the VNNI kernel.
+const PASS_GROUPS: usize = 2;
+
+/// One group of 16 rows in the interleaved order (`MatrixView::interleave`).
 #[derive(Clone, Copy)]
-struct Row<'a> {
-    /// From the row's first chunk on: chunk `k` (32 bytes for int4 and mxfp4, 64 for int8)
-    /// at `k * step`.
-    codes: &'a [u8],
-    /// Bytes from one chunk of the row to the next: one chunk (row-major) or
-    /// `INTERLEAVE_ROWS` chunks (an interleaved view's whole blocks).
-    step: usize,
+struct Group<'a> {
+    /// `[cols / W, 16]` 4-byte words (`W` columns per word: 8 for int4 and mxfp4, 4 for int8):
+    /// word `j` of row `u` at `(16 j + u) * 4`.
+    words: &'a [u8],
+    /// int4: `[cols / group, 16]` f32 scales; int8: the 16 rows' scales; mxfp4: empty.
     scales: &'a [f32],
+    /// mxfp4: `[cols / 32, 16]` e8m0 bytes.
     e8m0: &'a [u8],
 }
 
-/// Bytes of a 64-column chunk of `kind`.
-fn chunk_bytes(kind: Kind) -> usize {
+impl Group<'_> {
+    /// Asserts the lengths the kernels read for a `cols`-column matrix of `kind`.
+    fn check(&self, kind: Kind, cols: usize) {
+        let ok = match kind {
+            Kind::Int8 => self.words.len() == G * cols && self.scales.len() == G,
+            Kind::Int4 { group } => {
+                self.words.len() == G * cols / 2 && self.scales.len() == G * cols / group
+            }
+            Kind::Mxfp4 => self.words.len() == G * cols / 2 && self.e8m0.len() == G * cols / BLOCK,
+            Kind::Ggml(_) => false,
+        };
+        assert!(ok, "a group of 16 rows of a {cols}-column {kind:?} matrix");
+    }
+}
+
+/// Rows `r .. r + 16` of `w` packed as a [`Group`] (rows past the matrix: zero codes, zero
+/// scales, e8m0 127; their results are dropped): for a row-major view, or the tail rows of an
+/// interleaved one. One buffer per call of [`rows`], refilled group after group, so a group's
+/// packed words are still in L1 when the kernel reads them: a record read from RAM once (as a
+/// row-major kernel would), where reordering it whole first would write it back and read it
+/// again.
+struct Packed {
+    words: Vec<u8>,
+    scales: Vec<f32>,
+    e8m0: Vec<u8>,
+}
+
+impl Packed {
+    fn new(kind: Kind, w: &MatrixView<'_>) -> Packed {
+        let cols = w.cols();
+        let stride = w.encoding().weight_bytes(1, cols);
+        let ns = w.encoding().scale_count(1, cols);
+        Packed {
+            words: vec![0; G * stride],
+            scales: vec![0.0; if kind == Kind::Mxfp4 { 0 } else { G * ns }],
+            e8m0: vec![127; if kind == Kind::Mxfp4 { G * ns } else { 0 }],
+        }
+    }
+
+    /// Packs rows `r .. r + 16` (those of them that exist).
+    fn fill(&mut self, w: &MatrixView<'_>, r: usize) -> Group<'_> {
+        let present = G.min(w.rows().saturating_sub(r));
+        let words = self.words.len() / (4 * G);
+        let ns = w.encoding().scale_count(1, w.cols());
+        let simd = present == G && std::is_x86_feature_detected!("avx512f");
+        if present < G {
+            self.words.fill(0);
+            self.scales.fill(0.0);
+            self.e8m0.fill(127);
+        }
+        if simd && words.is_multiple_of(16) {
+            // 16 whole rows: 16 x 16 word transposes (row-major rows are borrowed).
+            let rows: [std::borrow::Cow<'_, [u8]>; G] = std::array::from_fn(|u| w.row_bytes(r + u));
+            let rows: [&[u8]; G] = std::array::from_fn(|u| &*rows[u]);
+            // SAFETY: AVX-512F detected above; 16 rows of `words` words into a group.
+            unsafe { crate::interleave::x86::group(rows, &mut self.words, words) };
+        } else {
+            for u in 0..present {
+                let row = w.row_bytes(r + u);
+                for (j, word) in row.chunks_exact(4).enumerate() {
+                    self.words[(j * G + u) * 4..(j * G + u) * 4 + 4].copy_from_slice(word);
+                }
+            }
+        }
+        if simd && !self.scales.is_empty() && ns.is_multiple_of(16) {
+            // f32 scales: the same transposes, 4-byte elements.
+            let rows: [std::borrow::Cow<'_, [f32]>; G] =
+                std::array::from_fn(|u| w.row_scales(r + u));
+            let rows: [&[u8]; G] = std::array::from_fn(|u| f32_bytes(&rows[u]));
+            let dst = f32_bytes_mut(&mut self.scales);
+            // SAFETY: AVX-512F detected above; 16 rows of `ns` scales into a group.
+            unsafe { crate::interleave::x86::group(rows, dst, ns) };
+        } else {
+            for u in 0..present {
+                for (j, s) in w.row_scales(r + u).iter().enumerate() {
+                    self.scales[j * G + u] = *s;
+                }
+            }
+        }
+        for u in 0..present {
+            for (j, e) in w.row_e8m0(r + u).iter().enumerate() {
+                self.e8m0[j * G + u] = *e;
+            }
+        }
+        Group {
+            words: &self.words,
+            scales: &self.scales,
+            e8m0: &self.e8m0,
+        }
+    }
+}
+
+/// `v`'s bytes.
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    zerocopy::IntoBytes::as_bytes(v)
+}
+
+/// `v`'s bytes, writable.
+fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    zerocopy::IntoBytes::as_mut_bytes(v)
+}
+
+/// Whole group `gi` (rows `16 gi .. 16 gi + 16`) of an interleaved view.
+fn view_group<'a>(w: &MatrixView<'a>, gi: usize) -> Group<'a> {
+    let cols = w.cols();
+    let stride = w.encoding().weight_bytes(1, cols);
+    let ns = w.encoding().scale_count(1, cols);
+    let s = |v: usize| gi * G * v..(gi + 1) * G * v;
+    Group {
+        words: &w.data()[s(stride)],
+        scales: if w.scales().is_empty() {
+            &[]
+        } else {
+            &w.scales()[s(ns)]
+        },
+        e8m0: if w.e8m0_scales().is_empty() {
+            &[]
+        } else {
+            &w.e8m0_scales()[s(ns)]
+        },
+    }
+}
+
+/// Offsets (from [`block_q`]) of the 8 activation words that pair with a block's 8 weight
+/// vectors: int4 and mxfp4 words `4b .. 4b + 4` each give a low-nibble vector (columns
+/// `8j + {0,2,4,6}`, lane-ordered `q` at `4j` of the chunk) and a high-nibble one (`8j +
+/// {1,3,5,7}`, at `32 + 4j`): `[lo0, hi0, lo1, hi1, ..]`; int8 words `8b .. 8b + 8` one each.
+const NIBBLE_WORDS: [usize; 8] = [0, 32, 4, 36, 8, 40, 12, 44];
+const INT8_WORDS: [usize; 8] = [0, 4, 8, 12, 16, 20, 24, 28];
+
+/// Where block `b`'s activation words start in a token's lane-ordered `q`.
+#[inline(always)]
+fn block_q(kind: Kind, b: usize) -> usize {
     match kind {
-        Kind::Int8 => 64,
-        _ => 32,
+        Kind::Int8 => BLOCK * b,
+        _ => 64 * (b / 2) + 16 * (b % 2),
     }
 }
 
-/// The number of 64-column chunks of the rows and tokens, after asserting that every row and
-/// token has the lengths of one (the kernels' loads rely on it).
-fn checked_chunks(kind: Kind, rows: &[Row<'_>], toks: &[Tok<'_>]) -> usize {
-    let chunks = toks[0].0.len() / 64;
-    for (q, d, c) in toks {
-        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+/// Scale index (into a group's `[n, 16]` int4 scales) of block `b`.
+#[inline]
+fn int4_group(group: usize, b: usize) -> usize {
+    if group == 64 {
+        b / 2
+    } else if group == 32 {
+        b
+    } else {
+        b * BLOCK / group
     }
-    if matches!(kind, Kind::Ggml(_)) {
-        unreachable!("ggml kinds run ggml_rows (q8a_chunk)");
-    }
-    let cb = chunk_bytes(kind);
-    for row in rows {
-        assert!(chunks > 0 && row.step >= cb && row.codes.len() >= (chunks - 1) * row.step + cb);
-        assert!(kind != Kind::Mxfp4 || row.e8m0.len() == 2 * chunks);
-    }
-    chunks
 }
 
-/// AVX2: `R` rows against `T` tokens (`R * T` independent accumulator chains, each in the
-/// rule's order).
+/// 16 e8m0 bytes as rule step 2's `2^(e - 128)` (`e8m0_half`: e = 0 the subnormal 2^-128,
+/// e = 255 NaN).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+fn e8m0_half16(e: __m128i) -> __m512 {
+    let e32 = _mm512_cvtepu8_epi32(e);
+    let zero = _mm512_cmpeq_epi32_mask(e32, _mm512_setzero_si512());
+    let nan = _mm512_cmpeq_epi32_mask(e32, _mm512_set1_epi32(255));
+    // 2^(e - 127) for 1 <= e <= 254 (e = 0: the subnormal 2^-127), halved exactly.
+    let bits = _mm512_mask_mov_epi32(_mm512_slli_epi32(e32, 23), zero, _mm512_set1_epi32(1 << 22));
+    let v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5));
+    _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(f32::NAN))
+}
+
+/// AVX-512 VNNI: `H` groups of 16 rows against `T` tokens, every (row, token) in rule step 2's
+/// order: per block, the 16 rows' integer sums as 16 lanes (`vpdpbusd` of the rows' words with
+/// the token's 4 activation bytes broadcast, two chains), then one `fma` per lane. `out[h][t]`
+/// holds group `h`'s 16 rows for token `t`.
 ///
 /// # Safety
-/// AVX2 and FMA are available; the rows and tokens have the lengths of rows of a `kind` matrix
-/// with `toks[_].0.len()` columns (checked by assertions).
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2 and FMA are available; `kind` is not ggml, mxfp4
+/// exactly when `MX`; the groups and tokens have a `cols`-column matrix's lengths (asserted).
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2<const R: usize, const T: usize, const MX: bool>(
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     kind: Kind,
-    rows: [Row<'_>; R],
+    grp: [Group<'_>; H],
     toks: [Tok<'_>; T],
-) -> [[f32; T]; R] {
-    let chunks = checked_chunks(kind, &rows, &toks);
-    let ones = _mm256_set1_epi16(1);
-    let mut lo = [[_mm256_setzero_ps(); T]; R];
-    let mut hi = [[_mm256_setzero_ps(); T]; R];
-    for k in 0..chunks {
-        let q0 = 64 * k;
-        let l0 = LANES * k;
-        for r in 0..R {
-            let Row {
-                codes,
-                step,
-                scales,
-                e8m0,
-            } = rows[r];
-            match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
-                Kind::Int4 { .. } | Kind::Mxfp4 => {
-                    // SAFETY: 32 readable bytes at `k * step` (asserted above).
-                    let packed = unsafe { _mm256_loadu_si256(codes.as_ptr().add(k * step).cast()) };
-                    let (wl, wh) = nibbles::<MX>(packed);
-                    let s = match kind {
-                        Kind::Int4 { group } if !MX => int4_scales8(scales, group, k),
-                        _ => mxfp4_scales8(e8m0, k),
-                    };
-                    for t in 0..T {
-                        let (q, d, c) = toks[t];
-                        // SAFETY: the loads read within `q`, `d` and `c` (asserted above).
-                        unsafe {
-                            let ql = _mm256_loadu_si256(q.as_ptr().add(q0).cast());
-                            let qh = _mm256_loadu_si256(q.as_ptr().add(q0 + 32).cast());
-                            let cl = _mm256_loadu_si256(c.as_ptr().add(l0).cast());
-                            let ch = _mm256_loadu_si256(c.as_ptr().add(l0 + 8).cast());
-                            let pl = _mm256_add_epi32(
-                                _mm256_madd_epi16(_mm256_maddubs_epi16(wl, ql), ones),
-                                cl,
-                            );
-                            let ph = _mm256_add_epi32(
-                                _mm256_madd_epi16(_mm256_maddubs_epi16(wh, qh), ones),
-                                ch,
-                            );
-                            let ml = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(l0)), s);
-                            let mh = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(l0 + 8)), s);
-                            lo[r][t] = _mm256_fmadd_ps(ml, _mm256_cvtepi32_ps(pl), lo[r][t]);
-                            hi[r][t] = _mm256_fmadd_ps(mh, _mm256_cvtepi32_ps(ph), hi[r][t]);
-                        }
-                    }
-                }
-                Kind::Int8 => {
-                    // SAFETY: 64 readable bytes at `k * step` (asserted above).
-                    let (wl, wh) = unsafe {
-                        (
-                            _mm256_loadu_si256(codes.as_ptr().add(k * step).cast()),
-                            _mm256_loadu_si256(codes.as_ptr().add(k * step + 32).cast()),
-                        )
-                    };
-                    let (al, ah) = (_mm256_abs_epi8(wl), _mm256_abs_epi8(wh));
-                    for t in 0..T {
-                        let (q, d, _) = toks[t];
-                        // SAFETY: the loads read within `q` and `d` (asserted above).
-                        unsafe {
-                            let ql =
-                                _mm256_sign_epi8(_mm256_loadu_si256(q.as_ptr().add(q0).cast()), wl);
-                            let qh = _mm256_sign_epi8(
-                                _mm256_loadu_si256(q.as_ptr().add(q0 + 32).cast()),
-                                wh,
-                            );
-                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(al, ql), ones);
-                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(ah, qh), ones);
-                            let dl = _mm256_loadu_ps(d.as_ptr().add(l0));
-                            let dh = _mm256_loadu_ps(d.as_ptr().add(l0 + 8));
-                            lo[r][t] = _mm256_fmadd_ps(dl, _mm256_cvtepi32_ps(pl), lo[r][t]);
-                            hi[r][t] = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(ph), hi[r][t]);
-                        }
-                    }
-                }
-            }
-        }
+    cols: usize,
+) -> [[[f32; G]; T]; H] {
+    for g in &grp {
+        g.check(kind, cols);
     }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            let v = sum16_halves(lo[r][t], hi[r][t]);
-            out[r][t] = match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
-                Kind::Int8 => v * rows[r].scales[0],
-                Kind::Int4 { .. } | Kind::Mxfp4 => v,
-            };
-        }
-    }
-    out
-}
-
-/// AVX-512 VNNI: as [`dot_avx2`], 16 lanes per register.
-///
-/// # Safety
-/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; lengths as [`dot_avx2`].
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn dot_vnni<const R: usize, const T: usize, const MX: bool>(
-    kind: Kind,
-    rows: [Row<'_>; R],
-    toks: [Tok<'_>; T],
-) -> [[f32; T]; R] {
-    let chunks = checked_chunks(kind, &rows, &toks);
-    let m0f = _mm512_set1_epi8(0x0F);
-    let flip = _mm512_set1_epi8(-128);
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    for k in 0..chunks {
-        let q0 = 64 * k;
-        let l0 = LANES * k;
-        // The tokens' vectors of this chunk, shared by the R rows.
-        let mut qv = [_mm512_setzero_si512(); T];
-        let mut cv = [_mm512_setzero_si512(); T];
-        let mut dv = [_mm512_setzero_ps(); T];
-        for t in 0..T {
-            let (q, d, c) = toks[t];
-            // SAFETY: the loads read within `q`, `d` and `c` (asserted above).
-            unsafe {
-                qv[t] = _mm512_loadu_si512(q.as_ptr().add(q0).cast());
-                cv[t] = _mm512_loadu_si512(c.as_ptr().add(l0).cast());
-                dv[t] = _mm512_loadu_ps(d.as_ptr().add(l0));
-            }
-        }
-        for r in 0..R {
-            let Row {
-                codes,
-                step,
-                scales,
-                e8m0,
-            } = rows[r];
-            let at = k * step;
-            // The 64 codes as unsigned bytes (int4 as they are, int8 plus 128, mxfp4 looked up
-            // plus 12: `corr` holds the matching `-8`, `-128` or `-12` times each lane's sum of
-            // q) and the group scales.
-            let (w, s) = if MX {
-                // SAFETY: 32 readable bytes at `at` (asserted above); a prefetch of any address
-                // is allowed (it never faults).
-                let packed = unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(codes.as_ptr().wrapping_add(at + PREFETCH).cast());
-                    _mm256_loadu_si256(codes.as_ptr().add(at).cast())
-                };
-                let (lo, hi) = nibbles::<true>(packed);
-                let both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                (both, Some(dup256(mxfp4_scales8(e8m0, k))))
-            } else {
-                match kind {
-                    Kind::Ggml(_) | Kind::Mxfp4 => {
-                        unreachable!("ggml kinds run ggml_rows, mxfp4 with MX")
-                    }
-                    Kind::Int4 { group } => {
-                        // SAFETY: 32 readable bytes at `at` (asserted above); a prefetch never
-                        // faults.
-                        let packed = unsafe {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                codes.as_ptr().wrapping_add(at + PREFETCH).cast(),
-                            );
-                            _mm256_loadu_si256(codes.as_ptr().add(at).cast())
-                        };
-                        let both = _mm512_inserti64x4(
-                            _mm512_castsi256_si512(packed),
-                            _mm256_srli_epi16(packed, 4),
-                            1,
-                        );
-                        let s = if group == 32 {
-                            dup256(int4_scales8(scales, group, k))
-                        } else {
-                            _mm512_set1_ps(scales[wide_group(group, k)])
-                        };
-                        (_mm512_and_si512(both, m0f), Some(s))
-                    }
-                    Kind::Int8 => {
-                        // SAFETY: 64 readable bytes at `at` (asserted above); a prefetch
-                        // never faults.
-                        let w = unsafe {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                codes.as_ptr().wrapping_add(at + PREFETCH).cast(),
-                            );
-                            _mm512_loadu_si512(codes.as_ptr().add(at).cast())
-                        };
-                        (_mm512_xor_si512(w, flip), None)
-                    }
-                }
-            };
-            for t in 0..T {
-                let p = _mm512_dpbusd_epi32(cv[t], w, qv[t]);
-                let m = match s {
-                    Some(s) => _mm512_mul_ps(dv[t], s),
-                    None => dv[t],
-                };
-                acc[r][t] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(p), acc[r][t]);
-            }
-        }
-    }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            let a = acc[r][t];
-            let lo = _mm512_castps512_ps256(a);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-            let v = sum16_halves(lo, hi);
-            out[r][t] = match kind {
-                Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
-                Kind::Int8 => v * rows[r].scales[0],
-                Kind::Int4 { .. } | Kind::Mxfp4 => v,
-            };
-        }
-    }
-    out
-}
-
-/// An 8-lane vector repeated in both halves of a 16-lane one.
-#[inline]
-#[target_feature(enable = "avx512f,avx2")]
-fn dup256(v: __m256) -> __m512 {
-    let d = _mm256_castps_pd(v);
-    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(d), d, 1))
-}
-
-/// Tokens `t0 .. t0 + T` against the block of [`INTERLEAVE_ROWS`] rows that starts at row `r`
-/// of an interleaved view (`r` a multiple of 4, the block whole): the block's chunks are one
-/// sequential stream, the tokens' vectors of a chunk are loaded once for its four rows, and the
-/// `4 T` accumulator chains run side by side. Each (row, token)'s arithmetic is [`dot_vnni`]'s
-/// (the rule's order): the same bits. `out[u][t]` is row `r + u`, token `t0 + t`.
-///
-/// # Safety
-/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; `w` is an interleaved view of `kind`
-/// (not ggml; mxfp4 exactly when `MX`), `qa` was quantized for it with at least `t0 + T`
-/// tokens.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn block_vnni<const MX: bool, const T: usize>(
-    kind: Kind,
-    w: &MatrixView<'_>,
-    qa: &QAct,
-    r: usize,
-    t0: usize,
-) -> [[f32; T]; INTERLEAVE_ROWS] {
-    const U: usize = INTERLEAVE_ROWS;
-    let toks: [Tok<'_>; T] = std::array::from_fn(|t| qa.token(t0 + t));
-    let (cols, cb) = (w.cols(), chunk_bytes(kind));
-    let chunks = cols / 64;
+    let blocks = cols / BLOCK;
     for (q, d, c) in toks {
-        assert!(q.len() == 64 * chunks && d.len() == LANES * chunks && c.len() == LANES * chunks);
+        assert!(q.len() == cols && d.len() == blocks && c.len() == blocks);
     }
-    assert!(w.is_interleaved() && r.is_multiple_of(U) && r + U <= w.rows());
-    // The block: chunk k of row r + u at `(k U + u) cb`.
-    let block = &w.data()[r * chunks * cb..(r + U) * chunks * cb];
-    let rows: [Row<'_>; U] = std::array::from_fn(|u| row_of(kind, w, r + u));
     let group = match kind {
         Kind::Int4 { group } => group,
         _ => 0,
     };
-    // The rows' scales: f32 per group (int4; int8: one per row, applied at the end) or e8m0
-    // bytes per 32 columns (mxfp4), `chunks * 64 / group` or `2 * chunks` of them (row_of).
-    let fs: [*const f32; U] = std::array::from_fn(|u| rows[u].scales.as_ptr());
-    let es: [*const u8; U] = std::array::from_fn(|u| rows[u].e8m0.as_ptr());
+    let offs = if kind == Kind::Int8 {
+        INT8_WORDS
+    } else {
+        NIBBLE_WORDS
+    };
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
-    let mut acc = [[_mm512_setzero_ps(); T]; U];
-    for k in 0..chunks {
-        // The group scale index of chunk k (int4 with groups of 64 or more).
-        let g = if group > 32 { wide_group(group, k) } else { 0 };
-        // SAFETY: chunk k of the tokens (asserted lengths); chunk k of the block's rows lies in
-        // `block`, its scales at `g` (or `2k`, `2k + 1`) within the rows' scale slices (row_of
-        // sliced them whole); a prefetch never faults.
-        unsafe {
-            let mut qv = [_mm512_setzero_si512(); T];
-            let mut cv = [_mm512_setzero_si512(); T];
-            let mut dv = [_mm512_setzero_ps(); T];
-            for t in 0..T {
-                let (q, d, c) = toks[t];
-                qv[t] = _mm512_loadu_si512(q.as_ptr().add(64 * k).cast());
-                cv[t] = _mm512_loadu_si512(c.as_ptr().add(LANES * k).cast());
-                dv[t] = _mm512_loadu_ps(d.as_ptr().add(LANES * k));
-            }
-            let at = block.as_ptr().add(k * U * cb);
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
-            for u in 0..U {
-                let p = at.add(u * cb);
-                // The 64 codes as unsigned bytes and the lanes' scale (None: int8, whose row
-                // scale comes last).
-                let (wv, s) = if MX {
-                    let (lo, hi) = nibbles::<true>(_mm256_loadu_si256(p.cast()));
-                    let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    let e = es[u];
-                    let s8 = _mm256_blend_ps(
-                        _mm256_set1_ps(e8m0_half(*e.add(2 * k))),
-                        _mm256_set1_ps(e8m0_half(*e.add(2 * k + 1))),
-                        0xF0,
-                    );
-                    (wv, Some(dup256(s8)))
-                } else if group != 0 {
-                    let packed = _mm256_loadu_si256(p.cast());
-                    let both = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(packed),
-                        _mm256_srli_epi16(packed, 4),
-                        1,
-                    );
-                    let f = fs[u];
-                    let s = if group == 32 {
-                        dup256(_mm256_blend_ps(
-                            _mm256_set1_ps(*f.add(2 * k)),
-                            _mm256_set1_ps(*f.add(2 * k + 1)),
-                            0xF0,
-                        ))
-                    } else {
-                        _mm512_set1_ps(*f.add(g))
-                    };
-                    (_mm512_and_si512(both, m0f), Some(s))
+    // SAFETY: 64 readable bytes (the table is 32, repeated as two 256-bit halves).
+    let lut = unsafe {
+        let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
+        _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
+    };
+    let mut acc = [[_mm512_setzero_ps(); T]; H];
+    for b in 0..blocks {
+        // The groups' 8 weight vectors of block b (16 rows x 4 columns each, unsigned) and
+        // their scale vectors.
+        let mut wv = [[_mm512_setzero_si512(); 8]; H];
+        let mut sv = [_mm512_setzero_ps(); H];
+        for h in 0..H {
+            let Group {
+                words,
+                scales,
+                e8m0,
+            } = grp[h];
+            // SAFETY: block b's words lie within `words` and its scales within `scales` /
+            // `e8m0` (checked lengths); a prefetch never faults.
+            unsafe {
+                if kind == Kind::Int8 {
+                    let at = words.as_ptr().add(b * 8 * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
+                    for j in 0..8 {
+                        wv[h][j] =
+                            _mm512_xor_si512(_mm512_loadu_si512(at.add(64 * j).cast()), flip);
+                    }
                 } else {
-                    (_mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip), None)
-                };
-                for t in 0..T {
-                    let m = match s {
-                        Some(s) => _mm512_mul_ps(dv[t], s),
-                        None => dv[t],
-                    };
-                    let pr = _mm512_dpbusd_epi32(cv[t], wv, qv[t]);
-                    acc[u][t] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(pr), acc[u][t]);
+                    let at = words.as_ptr().add(b * 4 * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
+                    for j in 0..4 {
+                        let p = _mm512_loadu_si512(at.add(64 * j).cast());
+                        let lo = _mm512_and_si512(p, m0f);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m0f);
+                        if MX {
+                            wv[h][2 * j] = _mm512_shuffle_epi8(lut, lo);
+                            wv[h][2 * j + 1] = _mm512_shuffle_epi8(lut, hi);
+                        } else {
+                            wv[h][2 * j] = lo;
+                            wv[h][2 * j + 1] = hi;
+                        }
+                    }
                 }
+                sv[h] = if MX {
+                    e8m0_half16(_mm_loadu_si128(e8m0.as_ptr().add(b * G).cast()))
+                } else if group != 0 {
+                    _mm512_loadu_ps(scales.as_ptr().add(int4_group(group, b) * G))
+                } else {
+                    _mm512_set1_ps(1.0)
+                };
+            }
+        }
+        let qo = block_q(kind, b);
+        for t in 0..T {
+            let (q, d, c) = toks[t];
+            // SAFETY: block b's activation words lie within `q` (its length is `cols`).
+            let qw =
+                |j: usize| unsafe { q.as_ptr().add(qo + offs[j]).cast::<i32>().read_unaligned() };
+            let db = _mm512_set1_ps(d[b]);
+            let cb = _mm512_set1_epi32(c[b]);
+            for h in 0..H {
+                let mut p0 = cb;
+                let mut p1 = _mm512_setzero_si512();
+                for j in (0..8).step_by(2) {
+                    p0 = _mm512_dpbusd_epi32(p0, wv[h][j], _mm512_set1_epi32(qw(j)));
+                    p1 = _mm512_dpbusd_epi32(p1, wv[h][j + 1], _mm512_set1_epi32(qw(j + 1)));
+                }
+                let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+                let m = if kind == Kind::Int8 {
+                    db
+                } else {
+                    _mm512_mul_ps(db, sv[h])
+                };
+                acc[h][t] = _mm512_fmadd_ps(m, p, acc[h][t]);
             }
         }
     }
-    // Plain loops: a closure over `acc` made the compiler keep the accumulators in memory
-    // through the loop above.
-    let mut out = [[0f32; T]; U];
-    for u in 0..U {
+    let mut out = [[[0f32; G]; T]; H];
+    for h in 0..H {
         for t in 0..T {
-            let a = acc[u][t];
-            let lo = _mm512_castps512_ps256(a);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-            let v = sum16_halves(lo, hi);
-            out[u][t] = if group == 0 && !MX {
-                v * rows[u].scales[0]
-            } else {
-                v
-            };
+            let mut a = acc[h][t];
+            if kind == Kind::Int8 {
+                // SAFETY: the 16 row scales (checked length).
+                a = _mm512_mul_ps(a, unsafe { _mm512_loadu_ps(grp[h].scales.as_ptr()) });
+            }
+            // SAFETY: 16 writable f32.
+            unsafe { _mm512_storeu_ps(out[h][t].as_mut_ptr(), a) };
         }
     }
     out
 }
 
-/// One token, row by row, in one target-feature function (so that the dot product inlines);
-/// an interleaved view's whole blocks four rows at a time ([`block_vnni`]).
+/// AVX2: one group of 16 rows (two 8-lane halves) against `T` tokens, in the order of
+/// [`groups_vnni`]: per block the rows' integer sums (`vpmaddubsw` + `vpmaddwd`; int8 as
+/// `|code|` times `q` with the code's sign, so a pair of products stays within i16), then one
+/// `fma` per row.
 ///
 /// # Safety
-/// AVX-512F, AVX-512 VNNI, AVX2 and FMA are available; as [`rows`] with `n == 1`.
-#[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-unsafe fn matvec_vnni<const MX: bool>(
-    kind: Kind,
-    w: &MatrixView<'_>,
-    qa: &QAct,
-    r0: usize,
-    y: &mut [f32],
-) {
-    let tok = qa.token(0);
-    let mut i = 0;
-    while i < y.len() {
-        let r = r0 + i;
-        if whole_block(w, r, y.len() - i) {
-            // SAFETY: features available (caller); a whole block of an interleaved view.
-            let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, 0) };
-            for (u, o) in out.iter().enumerate() {
-                y[i + u] = o[0];
-            }
-            i += INTERLEAVE_ROWS;
-            continue;
-        }
-        let row = row_of(kind, w, r);
-        // SAFETY: features available (caller); the row and token have matching lengths.
-        y[i] = unsafe { dot_vnni::<1, 1, MX>(kind, [row], [tok]) }[0][0];
-        i += 1;
-    }
-}
-
-/// [`matvec_vnni`] with the AVX2 kernel.
-///
-/// # Safety
-/// AVX2 and FMA are available; as [`rows`] with `n == 1`.
+/// AVX2 and FMA are available; as [`groups_vnni`].
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn matvec_avx2<const MX: bool>(
+unsafe fn group_avx2<const MX: bool, const T: usize>(
     kind: Kind,
-    w: &MatrixView<'_>,
-    qa: &QAct,
-    r0: usize,
-    y: &mut [f32],
-) {
-    let tok = qa.token(0);
-    let mut i = 0;
-    while i < y.len() {
-        let r = r0 + i;
-        if whole_block(w, r, y.len() - i) {
-            // A whole block of an interleaved view: its four rows side by side read it as one
-            // stream.
-            let rows: [Row<'_>; INTERLEAVE_ROWS] = std::array::from_fn(|u| row_of(kind, w, r + u));
-            // SAFETY: features available (caller); the rows and token have matching lengths.
-            let out = unsafe { dot_avx2::<INTERLEAVE_ROWS, 1, MX>(kind, rows, [tok]) };
-            for (u, o) in out.iter().enumerate() {
-                y[i + u] = o[0];
-            }
-            i += INTERLEAVE_ROWS;
-            continue;
-        }
-        let row = row_of(kind, w, r);
-        // SAFETY: features available (caller); the row and token have matching lengths.
-        y[i] = unsafe { dot_avx2::<1, 1, MX>(kind, [row], [tok]) }[0][0];
-        i += 1;
+    grp: Group<'_>,
+    toks: [Tok<'_>; T],
+    cols: usize,
+) -> [[f32; G]; T] {
+    grp.check(kind, cols);
+    let blocks = cols / BLOCK;
+    for (q, d, c) in toks {
+        assert!(q.len() == cols && d.len() == blocks && c.len() == blocks);
     }
-}
-
-/// True when row `r` of `w` starts a whole block of an interleaved view and `left` (the rows
-/// still to compute from `r` on) covers it: [`block_vnni`] (or the AVX2 4-row tile) can take it.
-fn whole_block(w: &MatrixView<'_>, r: usize, left: usize) -> bool {
-    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
-    w.is_interleaved()
-        && r.is_multiple_of(INTERLEAVE_ROWS)
-        && r + INTERLEAVE_ROWS <= whole
-        && left >= INTERLEAVE_ROWS
-}
-
-/// Row `r` of `w` (of `kind`): its chunks in either row order, its scales.
-fn row_of<'a>(kind: Kind, w: &'a MatrixView<'_>, r: usize) -> Row<'a> {
-    let cols = w.cols();
-    let (cb, chunks) = (chunk_bytes(kind), cols / 64);
-    let whole = w.rows() / INTERLEAVE_ROWS * INTERLEAVE_ROWS;
-    let (start, step) = if w.is_interleaved() && r < whole {
-        let (b, u) = (r / INTERLEAVE_ROWS, r % INTERLEAVE_ROWS);
-        (
-            (b * chunks * INTERLEAVE_ROWS + u) * cb,
-            INTERLEAVE_ROWS * cb,
-        )
-    } else {
-        (r * chunks * cb, cb)
+    let group = match kind {
+        Kind::Int4 { group } => group,
+        _ => 0,
     };
-    let codes = &w.data()[start..start + (chunks - 1) * step + cb];
-    match kind {
-        Kind::Ggml(_) => unreachable!("ggml kinds run ggml_rows (q8a_chunk)"),
-        Kind::Int8 => Row {
-            codes,
-            step,
-            scales: &w.scales()[r..r + 1],
-            e8m0: &[],
-        },
-        Kind::Int4 { group } => {
-            let ng = cols / group;
-            Row {
-                codes,
-                step,
-                scales: &w.scales()[r * ng..(r + 1) * ng],
-                e8m0: &[],
+    let offs = if kind == Kind::Int8 {
+        INT8_WORDS
+    } else {
+        NIBBLE_WORDS
+    };
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // The 8 weight vectors of block b per half (rows 0..8, 8..16): unsigned codes (int4,
+        // mxfp4) or signed int8 codes.
+        let mut wv = [[_mm256_setzero_si256(); 8]; 2];
+        let mut sv = [_mm256_set1_ps(1.0); 2];
+        // SAFETY: block b's words and scales lie within the group's (checked lengths).
+        unsafe {
+            if kind == Kind::Int8 {
+                let at = grp.words.as_ptr().add(b * 8 * 64);
+                for j in 0..8 {
+                    for half in 0..2 {
+                        wv[half][j] = _mm256_loadu_si256(at.add(64 * j + 32 * half).cast());
+                    }
+                }
+            } else {
+                let at = grp.words.as_ptr().add(b * 4 * 64);
+                for j in 0..4 {
+                    for half in 0..2 {
+                        let (lo, hi) =
+                            nibbles::<MX>(_mm256_loadu_si256(at.add(64 * j + 32 * half).cast()));
+                        wv[half][2 * j] = lo;
+                        wv[half][2 * j + 1] = hi;
+                    }
+                }
+            }
+            for half in 0..2 {
+                sv[half] = if MX {
+                    let e = grp.e8m0.as_ptr().add(b * G + 8 * half);
+                    let v: [f32; 8] = std::array::from_fn(|i| e8m0_half(*e.add(i)));
+                    _mm256_loadu_ps(v.as_ptr())
+                } else if group != 0 {
+                    _mm256_loadu_ps(grp.scales.as_ptr().add(int4_group(group, b) * G + 8 * half))
+                } else {
+                    _mm256_set1_ps(1.0)
+                };
             }
         }
-        Kind::Mxfp4 => {
-            let nb = cols / BLOCK;
-            Row {
-                codes,
-                step,
-                scales: &[],
-                e8m0: &w.e8m0_scales()[r * nb..(r + 1) * nb],
+        let qo = block_q(kind, b);
+        for t in 0..T {
+            let (q, d, c) = toks[t];
+            // SAFETY: block b's activation words lie within `q` (its length is `cols`).
+            let qw =
+                |j: usize| unsafe { q.as_ptr().add(qo + offs[j]).cast::<i32>().read_unaligned() };
+            let db = _mm256_set1_ps(d[b]);
+            for half in 0..2 {
+                let mut p = if kind == Kind::Int8 {
+                    _mm256_setzero_si256()
+                } else {
+                    _mm256_set1_epi32(c[b])
+                };
+                for j in 0..8 {
+                    let qv = _mm256_set1_epi32(qw(j));
+                    let w = wv[half][j];
+                    let pr = if kind == Kind::Int8 {
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(qv, w))
+                    } else {
+                        _mm256_maddubs_epi16(w, qv)
+                    };
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(pr, ones));
+                }
+                let m = if kind == Kind::Int8 {
+                    db
+                } else {
+                    _mm256_mul_ps(db, sv[half])
+                };
+                acc[t][half] = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(p), acc[t][half]);
             }
         }
     }
+    let mut out = [[0f32; G]; T];
+    for t in 0..T {
+        for half in 0..2 {
+            let mut a = acc[t][half];
+            if kind == Kind::Int8 {
+                // SAFETY: the 16 row scales (checked length).
+                a = _mm256_mul_ps(a, unsafe {
+                    _mm256_loadu_ps(grp.scales.as_ptr().add(8 * half))
+                });
+            }
+            // SAFETY: 8 writable f32.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr().add(8 * half), a) };
+        }
+    }
+    out
 }
 
-/// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa`: one row at a time for one
-/// token (decode), [`TILE_ROWS`] rows x [`TILE`] tokens for several; `vnni` picks the AVX-512 VNNI kernel, else AVX2. Every output is the
-/// rule's value for its row and token whatever the tile it ran in.
+/// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa` (int8, int4, mxfp4), 16 rows
+/// at a time: an interleaved view's whole groups as they are (with VNNI two groups per pass),
+/// other rows packed into a group first ([`Packed`]); tokens 4 at a time, then one by one. Every
+/// output is the rule's value for its row and token whatever the pass it ran in.
 ///
 /// # Safety
-/// AVX2 and FMA are available, and with `vnni` AVX-512F and AVX-512 VNNI; `w` is of `kind`
-/// with checked sections; `qa` was quantized for `kind` with `w.cols()` columns and `n` tokens.
+/// AVX2 and FMA are available, and with `vnni` AVX-512F, AVX-512BW and AVX-512 VNNI; `w` is of
+/// `kind` with checked sections; `qa` was quantized for `kind` with `w.cols()` columns and `n`
+/// tokens; `yt` holds whole rows of `n`.
 pub(crate) unsafe fn rows(
     vnni: bool,
     kind: Kind,
@@ -660,24 +530,22 @@ pub(crate) unsafe fn rows(
     r0: usize,
     yt: &mut [f32],
 ) {
-    // mxfp4 gets its own instances of the kernels (its code lookup and e8m0 scales stay out of
-    // the int4 and int8 loops).
     // SAFETY: the caller's guarantees.
     unsafe {
-        if kind == Kind::Mxfp4 {
-            rows_of::<true>(vnni, kind, w, qa, n, r0, yt)
-        } else {
-            rows_of::<false>(vnni, kind, w, qa, n, r0, yt)
+        match (kind == Kind::Mxfp4, vnni) {
+            (true, true) => rows_of::<true, true>(kind, w, qa, n, r0, yt),
+            (true, false) => rows_of::<true, false>(kind, w, qa, n, r0, yt),
+            (false, true) => rows_of::<false, true>(kind, w, qa, n, r0, yt),
+            (false, false) => rows_of::<false, false>(kind, w, qa, n, r0, yt),
         }
     }
 }
 
-/// [`rows`] with `MX` = (`kind` is mxfp4).
+/// [`rows`] with `MX` = (`kind` is mxfp4) and `VNNI`.
 ///
 /// # Safety
 /// As [`rows`].
-unsafe fn rows_of<const MX: bool>(
-    vnni: bool,
+unsafe fn rows_of<const MX: bool, const VNNI: bool>(
     kind: Kind,
     w: &MatrixView<'_>,
     qa: &QAct,
@@ -685,109 +553,90 @@ unsafe fn rows_of<const MX: bool>(
     r0: usize,
     yt: &mut [f32],
 ) {
-    macro_rules! tile {
-        ($r:literal, $t:literal, $i:expr, $tok0:expr) => {{
-            let rows: [Row<'_>; $r] = std::array::from_fn(|u| row_of(kind, w, r0 + $i + u));
-            let toks: [Tok<'_>; $t] = std::array::from_fn(|u| qa.token($tok0 + u));
-            // SAFETY: the caller's guarantees; the rows and tokens have matching lengths.
-            let out = unsafe {
-                if vnni {
-                    dot_vnni::<$r, $t, MX>(kind, rows, toks)
-                } else {
-                    dot_avx2::<$r, $t, MX>(kind, rows, toks)
-                }
-            };
-            for (u, o) in out.iter().enumerate() {
-                let at = ($i + u) * n + $tok0;
-                yt[at..at + $t].copy_from_slice(o);
-            }
-        }};
-    }
+    let cols = w.cols();
     let nrows = yt.len() / n;
-    let mut i = 0;
-    // One token (decode): a row-major view row by row, so the weights stream from RAM in one
-    // sequential run (2 or 4 rows read side by side, from 4 places of the row-major section,
-    // cut the rate from RAM by a third: 1024 x 2048 int4-g64, 106 us one row at a time, 164-180
-    // us side by side, exact 126 us); an interleaved view block by block (its 4 rows are one
-    // stream there: `block_vnni`, 1.5x a row at a time; kernels/benches/q8a.rs). Several tokens:
-    // 2 rows x 4 tokens, whose 8 accumulator chains the weights are reused by (an interleaved
-    // view's blocks: 4 rows x 4 tokens).
-    if n == 1 {
-        // SAFETY: the caller's guarantees.
-        unsafe {
-            if vnni {
-                matvec_vnni::<MX>(kind, w, qa, r0, yt);
-            } else {
-                matvec_avx2::<MX>(kind, w, qa, r0, yt);
+    let whole = if w.is_interleaved() {
+        w.rows() / G * G
+    } else {
+        0
+    };
+    // Row r starts a group the view holds as it is.
+    let in_view = |r: usize| r.is_multiple_of(G) && r + G <= whole;
+    // Writes group results `o[t][u]` (rows r .. r + 16, tokens t0 ..) that lie within this call.
+    let mut put = |r: usize, t0: usize, o: &[[f32; G]]| {
+        for u in 0..G {
+            let i = r + u - r0;
+            if i >= nrows {
+                break;
+            }
+            for (t, ot) in o.iter().enumerate() {
+                yt[i * n + t0 + t] = ot[u];
             }
         }
-        return;
-    }
-    if vnni && w.is_interleaved() {
-        // Whole blocks of an interleaved view: 4 rows x TILE tokens, one stream per block.
-        while i < nrows {
-            let r = r0 + i;
-            if !whole_block(w, r, nrows - i) {
-                let mut t = 0;
-                while t + TILE <= n {
-                    tile!(1, 4, i, t);
-                    t += TILE;
-                }
-                while t < n {
-                    tile!(1, 1, i, t);
-                    t += 1;
-                }
-                i += 1;
-                continue;
-            }
+    };
+    let mut packed = None;
+    let mut r = r0;
+    while r < r0 + nrows {
+        let pair = VNNI && in_view(r) && in_view(r + G) && r + 2 * G <= r0 + nrows;
+        if pair {
+            let grp = [view_group(w, r / G), view_group(w, r / G + 1)];
             let mut t = 0;
             while t < n {
-                let at = |u: usize| (i + u) * n + t;
-                if t + BLOCK_TILE <= n {
-                    // SAFETY: the caller's guarantees; a whole block of an interleaved view.
-                    let out = unsafe { block_vnni::<MX, BLOCK_TILE>(kind, w, qa, r, t) };
-                    for (u, o) in out.iter().enumerate() {
-                        yt[at(u)..at(u) + BLOCK_TILE].copy_from_slice(o);
-                    }
-                    t += BLOCK_TILE;
+                if t + TILE <= n {
+                    let toks: [Tok<'_>; TILE] = std::array::from_fn(|u| qa.token(t + u));
+                    // SAFETY: the caller's guarantees; whole groups of the view.
+                    let o = unsafe { groups_vnni::<MX, PASS_GROUPS, TILE>(kind, grp, toks, cols) };
+                    put(r, t, &o[0]);
+                    put(r + G, t, &o[1]);
+                    t += TILE;
                 } else {
                     // SAFETY: as above.
-                    let out = unsafe { block_vnni::<MX, 1>(kind, w, qa, r, t) };
-                    for (u, o) in out.iter().enumerate() {
-                        yt[at(u)] = o[0];
-                    }
+                    let o = unsafe {
+                        groups_vnni::<MX, PASS_GROUPS, 1>(kind, grp, [qa.token(t)], cols)
+                    };
+                    put(r, t, &o[0]);
+                    put(r + G, t, &o[1]);
                     t += 1;
                 }
             }
-            i += INTERLEAVE_ROWS;
+            r += 2 * G;
+            continue;
         }
-        return;
-    }
-    {
-        while i + TILE_ROWS <= nrows {
-            let mut t = 0;
-            while t + TILE <= n {
-                tile!(2, 4, i, t);
+        let grp = if in_view(r) {
+            view_group(w, r / G)
+        } else {
+            packed
+                .get_or_insert_with(|| Packed::new(kind, w))
+                .fill(w, r)
+        };
+        let mut t = 0;
+        while t < n {
+            if t + TILE <= n {
+                let toks: [Tok<'_>; TILE] = std::array::from_fn(|u| qa.token(t + u));
+                // SAFETY: the caller's guarantees; a whole group.
+                let o = unsafe {
+                    if VNNI {
+                        groups_vnni::<MX, 1, TILE>(kind, [grp], toks, cols)[0]
+                    } else {
+                        group_avx2::<MX, TILE>(kind, grp, toks, cols)
+                    }
+                };
+                put(r, t, &o);
                 t += TILE;
-            }
-            while t < n {
-                tile!(2, 1, i, t);
+            } else {
+                // SAFETY: as above.
+                let o = unsafe {
+                    if VNNI {
+                        groups_vnni::<MX, 1, 1>(kind, [grp], [qa.token(t)], cols)[0]
+                    } else {
+                        group_avx2::<MX, 1>(kind, grp, [qa.token(t)], cols)
+                    }
+                };
+                put(r, t, &o);
                 t += 1;
             }
-            i += TILE_ROWS;
         }
-    }
-    while i < nrows {
-        let mut t = 0;
-        while t + TILE <= n {
-            tile!(1, 4, i, t);
-            t += TILE;
-        }
-        while t < n {
-            tile!(1, 1, i, t);
-            t += 1;
-        }
-        i += 1;
+        r += G;
     }
 }
 

@@ -107,6 +107,31 @@ impl Mat {
     }
 }
 
+/// `m` in the interleaved row order (`MatrixView::interleave`: weights and scales).
+fn interleaved(m: &Mat) -> Mat {
+    let mut data = m.data.clone();
+    let mx = m.encoding == Encoding::Mxfp4;
+    let mut sec: Vec<u8> = if mx {
+        m.e8m0.clone()
+    } else {
+        m.scales.iter().flat_map(|v| v.to_le_bytes()).collect()
+    };
+    MatrixView::interleave(m.encoding, m.rows, m.cols, &mut data, &mut sec);
+    let scales = if mx {
+        vec![]
+    } else {
+        sec.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    Mat {
+        data,
+        scales,
+        e8m0: if mx { sec } else { vec![] },
+        ..m.clone()
+    }
+}
+
 /// Activations with the cases the rule names: an all-zero block, a block whose largest value
 /// is far above the rest, exact halves after scaling, negative zeros.
 fn activations(n: usize, cols: usize, seed: u64) -> Vec<f32> {
@@ -283,9 +308,7 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
                 // The interleaved row order (how the engine keeps resident experts under q8a)
                 // gives the same bits, in both numerics.
                 if MatrixView::can_interleave(enc, rows, cols) {
-                    let mut data = m.data.clone();
-                    MatrixView::interleave(enc, rows, cols, &mut data);
-                    let iv = Mat { data, ..m.clone() };
+                    let iv = interleaved(&m);
                     let wi = iv.view().as_interleaved().unwrap();
                     for num in [Numerics::Q8a, Numerics::Exact] {
                         let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
@@ -309,6 +332,83 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
                         "{what}: differs from the scalar twin"
                     ),
                 }
+            }
+        }
+    }
+}
+
+/// Rule step 2 (revision 5) written out again from docs/ENGINE.md for int8, int4 and mxfp4,
+/// on the codes as FORMAT.md stores them: per block of 32 columns the exact integer sum, one
+/// `acc = fma(d_B * s, p_B, acc)` block after block (int8: `d_B`, then the row scale at the
+/// end). Every instruction set gives these bits, row-major and interleaved, for one token and
+/// for several.
+#[test]
+fn block_accumulation_is_the_rules_order() {
+    use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
+    for enc in [
+        Encoding::Int8,
+        Encoding::Int4 { group_size: 32 },
+        Encoding::Int4 { group_size: 64 },
+        Encoding::Int4 { group_size: 128 },
+        Encoding::Mxfp4,
+    ] {
+        let (rows, cols, n) = (35, 256, 6);
+        let m = Mat::random(enc, rows, cols, 77);
+        let x = activations(n, cols, 78);
+        let stride = enc.weight_bytes(1, cols);
+        let mut want = vec![0f32; n * rows];
+        for t in 0..n {
+            let blocks = quantize_rule(&x[t * cols..(t + 1) * cols]);
+            for r in 0..rows {
+                let row = &m.data[r * stride..(r + 1) * stride];
+                let w = |c: usize| -> i32 {
+                    let nib = if c.is_multiple_of(2) {
+                        row[c / 2] & 15
+                    } else {
+                        row[c / 2] >> 4
+                    };
+                    match enc {
+                        Encoding::Int8 => row[c] as i8 as i32,
+                        Encoding::Mxfp4 => E2M1_DOUBLED[nib as usize] as i32,
+                        _ => nib as i32 - 8,
+                    }
+                };
+                let mut acc = 0f32;
+                for (b, (d, q)) in blocks.iter().enumerate() {
+                    let p: i32 = (0..32).map(|i| w(32 * b + i) * q[i] as i32).sum();
+                    let mult = match enc {
+                        Encoding::Int4 { group_size: g } => {
+                            let g = g as usize;
+                            d * m.scales[r * (cols / g) + 32 * b / g]
+                        }
+                        Encoding::Mxfp4 => d * e8m0_half(m.e8m0[r * (cols / 32) + b]),
+                        _ => *d,
+                    };
+                    acc = mult.mul_add(p as f32, acc);
+                }
+                want[t * rows + r] = if enc == Encoding::Int8 {
+                    acc * m.scales[r]
+                } else {
+                    acc
+                };
+            }
+        }
+        let iv = interleaved(&m);
+        for isa in isas() {
+            for (what, w) in [
+                ("row-major", m.view()),
+                ("interleaved", iv.view().as_interleaved().unwrap()),
+            ] {
+                let mut y = vec![0f32; n * rows];
+                matmul_num(isa, Numerics::Q8a, &w, &x, n, &mut y);
+                assert_eq!(bits(&y), bits(&want), "{enc:?} {isa:?} {what} matmul");
+                let mut y = vec![0f32; rows];
+                matvec_num(isa, Numerics::Q8a, &w, &x[cols..2 * cols], &mut y);
+                assert_eq!(
+                    bits(&y),
+                    bits(&want[rows..2 * rows]),
+                    "{enc:?} {isa:?} {what} matvec"
+                );
             }
         }
     }
@@ -371,7 +471,7 @@ fn numerics_ids_and_names() {
     for isa in [Isa::Scalar, Isa::Avx2Fma, Isa::Avx512] {
         let e = coli_kernels::numerics_id_with(isa, Numerics::Exact);
         let q = coli_kernels::numerics_id_with(isa, Numerics::Q8a);
-        assert_eq!(q, format!("{e}+q8a-r4"));
+        assert_eq!(q, format!("{e}+q8a-r5"));
     }
     assert_eq!(Numerics::parse("q8a"), Ok(Numerics::Q8a));
     assert_eq!(Numerics::parse(" exact "), Ok(Numerics::Exact));

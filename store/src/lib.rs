@@ -106,7 +106,7 @@ pub use io::{
     DEFAULT_VERIFY_PIECE_BYTES,
 };
 pub use reader::{
-    DenseTensor, EngineWrapper, ExpertBuf, FetchStats, OpenOptions, Store, MAX_QUEUE_DEPTH,
+    DenseTensor, EngineWrapper, ExpertBuf, FetchStats, OpenOptions, Reorder, Store, MAX_QUEUE_DEPTH,
 };
 pub use writer::{
     EncodedMatrix, OsFs, ResumeInfo, StoreSpec, StoreWriter, WriterFs, WriterStart, CONVERTER_NAME,

@@ -1,6 +1,7 @@
-//! GGUF stores under the integer-activation numerics (`--numerics q8a`, rule revision 2: the
-//! ggml block types with integer codes take int8 activations per block of 32, as llama.cpp
-//! pairs them with q8 activations) against transformers with the rule's activation step
+//! GGUF stores under the integer-activation numerics (`--numerics q8a`; since rule revision 2
+//! the ggml block types with integer codes take int8 activations per block of 32, as llama.cpp
+//! pairs them with q8 activations, kernels/src/q8a.rs step 3; the mxfp4 and int4 matrices some
+//! of these stores hold follow step 2) against transformers with the rule's activation step
 //! emulated on the input of every quantized product (`tests/fixtures/gguf/make_gguf_fixtures.py`
 //! `install_q8a`; `make_gated_delta_ggufs.py`, `make_deepseek_v4_gguf.py` and `make_kda_ggufs.py`
 //! for the files of `MORE_Q8A`):

@@ -237,14 +237,10 @@ impl ExpertCache {
             }
         }
         for chunk in chosen.chunks(64) {
-            let mut bufs = store
+            let bufs = store
                 .fetch(chunk)
+                .map(interleaved)
                 .map_err(store_err(format!("pinning {} experts", chunk.len())))?;
-            // Pinned records stay for the whole run: reorder the matrices the kernels multiply
-            // faster interleaved, once (the same numbers; outside the lock).
-            for b in &mut bufs {
-                b.interleave(coli_kernels::prefers_interleaved);
-            }
             let mut s = self.state();
             s.stats.fetch_calls += 1;
             for b in bufs {
@@ -686,6 +682,22 @@ impl ExpertCache {
         }
         Ok(out)
     }
+}
+
+/// `bufs` with the matrices the kernels multiply faster in the interleaved row order reordered
+/// (`coli_kernels::prefers_interleaved`; the same numbers either way): for records pinned for
+/// the whole run. Records read on demand stay row-major: the integer kernels pack a row-major
+/// matrix 16 rows at a time as they multiply it, which reads it from RAM once, where a reorder
+/// at the read writes it back and reads it again (0.85x streamed decode when every record was
+/// reordered, docs/ENGINE.md). Outside the lock.
+fn interleaved(mut bufs: Vec<ExpertBuf>) -> Vec<ExpertBuf> {
+    for b in &mut bufs {
+        b.interleave(
+            coli_kernels::prefers_interleaved,
+            coli_kernels::interleave_sections,
+        );
+    }
+    bufs
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod open;
 mod views;
 
 pub use open::{EngineWrapper, OpenOptions, MAX_QUEUE_DEPTH};
-pub use views::{DenseTensor, ExpertBuf};
+pub use views::{DenseTensor, ExpertBuf, Reorder};
 
 use crate::io::{CountingEngine, EngineStats, IoEngine};
 use crate::mirror::primary::{PrimaryInfo, PrimarySegment};

@@ -7,6 +7,11 @@ use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 use zerocopy::FromBytes;
 
+/// How [`ExpertBuf::interleave`] and [`Store::dense_interleaved`] reorder a matrix's weight and
+/// scale sections in memory: [`MatrixView::interleave`] (the definition) or a faster function
+/// giving the same bytes (`coli_kernels::interleave_sections`).
+pub type Reorder = fn(Encoding, usize, usize, &mut [u8], &mut [u8]);
+
 /// One fetched expert: its record bytes in an aligned buffer, with typed views of its matrices.
 ///
 /// `ExpertBuf` is `Send + Sync` (engines keep `Arc<ExpertBuf>` in caches).
@@ -93,16 +98,21 @@ impl Store {
         })
     }
 
-    /// The dense matrix `name` with its weight section in the interleaved row order
+    /// The dense matrix `name` with its weight and scale sections in the interleaved row order
     /// ([`MatrixView::interleave`]), from a copy the store keeps for as long as it is open (made
     /// at the first call, after the checksum check of [`Store::dense`]; the mapped pages of the
     /// section are then released, as nothing reads them again through this store's users). A
-    /// matrix that cannot be interleaved is returned as [`Store::dense`] maps it. Kernels give
-    /// the same numbers in either order; engines ask for this where the kernels prefer it.
+    /// matrix that cannot be interleaved is returned as [`Store::dense`] maps it. `reorder` makes
+    /// the order ([`MatrixView::interleave`] or a faster function giving the same bytes). Kernels
+    /// give the same numbers in either order; engines ask for this where the kernels prefer it.
     ///
     /// # Errors
     /// As [`Store::dense`].
-    pub fn dense_interleaved(&self, name: &str) -> Result<MatrixView<'_>, StoreError> {
+    pub fn dense_interleaved(
+        &self,
+        name: &str,
+        reorder: Reorder,
+    ) -> Result<MatrixView<'_>, StoreError> {
         let t = self.dense(name)?;
         let m = t.matrix();
         let (e, rows, cols) = (m.encoding(), m.rows(), m.cols());
@@ -110,10 +120,15 @@ impl Store {
             return Ok(m);
         }
         let i = self.dense_by_name[name];
+        // The copy: the weight section, then (from a 64-byte boundary) the scale section.
+        let (wb, sec) = (t.data.len(), m.scale_section());
+        let s0 = wb.next_multiple_of(64);
         let copy = self.dense_copies[i].get_or_init(|| {
-            let mut b = AlignedBuf::new(t.data.len(), AlignedBuf::DEFAULT_ALIGN);
-            b.as_mut_slice().copy_from_slice(t.data);
-            MatrixView::interleave(e, rows, cols, b.as_mut_slice());
+            let mut b = AlignedBuf::new(s0 + sec.len(), AlignedBuf::DEFAULT_ALIGN);
+            let (w, s) = b.as_mut_slice().split_at_mut(s0);
+            w[..wb].copy_from_slice(t.data);
+            s.copy_from_slice(sec);
+            reorder(e, rows, cols, &mut w[..wb], s);
             if let Some(map) = &self.dense_map {
                 let off = self.manifest.dense[i].offset as usize;
                 // SAFETY: the map is a shared, read-only file mapping: MADV_DONTNEED only drops
@@ -130,7 +145,7 @@ impl Store {
             }
             b
         });
-        let v = MatrixView::new(e, rows, cols, &copy[..], t.scales)
+        let v = MatrixView::from_sections(e, rows, cols, &copy[..wb], &copy[s0..])
             .and_then(MatrixView::as_interleaved)
             .expect("a copy of a checked section, of a matrix that can be interleaved");
         Ok(v)
@@ -166,13 +181,14 @@ impl ExpertBuf {
         v
     }
 
-    /// Reorders the weight sections of the matrices `pick` selects (among gate, up and down,
+    /// Reorders the weight and scale sections of the matrices `pick` selects (among gate, up and down,
     /// those [`MatrixView::can_interleave`]) into the interleaved row order in memory
     /// ([`MatrixView::interleave`]); their views then read that order. The kernels give the
     /// same numbers in either order, faster in this one for some (`coli_kernels::
-    /// prefers_interleaved`): engines reorder a record once when it enters their cache. After
-    /// this, [`ExpertBuf::bytes`] are no longer the record as stored.
-    pub fn interleave(&mut self, pick: impl Fn(&MatrixView<'_>) -> bool) {
+    /// prefers_interleaved`): engines reorder a record they pin, once, with `reorder`
+    /// ([`MatrixView::interleave`] or a faster function giving the same bytes). After this,
+    /// [`ExpertBuf::bytes`] are no longer the record as stored.
+    pub fn interleave(&mut self, pick: impl Fn(&MatrixView<'_>) -> bool, reorder: Reorder) {
         for i in 0..3 {
             let v = self.view(i);
             if self.interleaved[i]
@@ -182,13 +198,11 @@ impl ExpertBuf {
                 continue;
             }
             let (e, rows, cols) = (v.encoding(), v.rows(), v.cols());
-            let (w_off, wb, _, _) = self.layout.sections[i];
-            MatrixView::interleave(
-                e,
-                rows,
-                cols,
-                &mut self.buf.as_mut_slice()[w_off..w_off + wb],
-            );
+            let (w_off, wb, s_off, sb) = self.layout.sections[i];
+            // The scale section follows the weight section (RecordLayout).
+            assert!(w_off + wb <= s_off, "a record's scales follow its weights");
+            let (w, s) = self.buf.as_mut_slice().split_at_mut(s_off);
+            reorder(e, rows, cols, &mut w[w_off..w_off + wb], &mut s[..sb]);
             self.interleaved[i] = true;
         }
     }
