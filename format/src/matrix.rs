@@ -333,7 +333,11 @@ impl<'a> MatrixView<'a> {
     pub fn row_bytes(&self, r: usize) -> std::borrow::Cow<'a, [u8]> {
         assert!(r < self.rows, "row {r} of {}", self.rows);
         let stride = self.encoding.weight_bytes(1, self.cols);
-        gather_row(self.data, self.interleaved, self.rows, r, stride / 4, 4)
+        if !self.interleaved {
+            // Any row length (a ggml row need not be whole 4-byte words).
+            return std::borrow::Cow::Borrowed(&self.data[r * stride..(r + 1) * stride]);
+        }
+        gather_row(self.data, true, self.rows, r, stride / 4, 4)
     }
 
     /// Row `r`'s f32 scales (`encoding.scale_count(1, cols)` of them; empty for mxfp4), in

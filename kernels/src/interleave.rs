@@ -25,6 +25,7 @@ pub fn interleave_sections(
         if std::is_x86_feature_detected!("avx512f")
             && MatrixView::can_interleave(encoding, rows, cols)
             && data.len() == encoding.weight_bytes(rows, cols)
+            && scales.len() == encoding.scale_count(rows, cols) * encoding.scale_width()
             && words.is_multiple_of(16)
         {
             let group = INTERLEAVE_ROWS * words * 4;

@@ -296,11 +296,22 @@ fn q8a_chunk(
         }
         _ => {
             for (i, yr) in yt.chunks_exact_mut(n).enumerate() {
+                // The row once for its tokens (gathered from an interleaved view).
+                let row = q8a::ScalarRow::new(w, r0 + i);
                 for (t, y) in yr.iter_mut().enumerate() {
-                    *y = q8a::dot_scalar(kind, w, r0 + i, qa, t);
+                    *y = q8a::dot_scalar(kind, &row, qa, t);
                 }
             }
         }
+    }
+}
+
+/// Rows per parallel task of an integer product: `rows` rounded up to whole groups of 16 for
+/// int8, int4 and mxfp4 (whose kernels multiply a group at a time, interleaved or packed).
+fn q8a_task_rows(kind: q8a::Kind, rows: usize) -> usize {
+    match kind {
+        q8a::Kind::Ggml(_) => rows,
+        _ => rows.next_multiple_of(coli_format::INTERLEAVE_ROWS),
     }
 }
 
@@ -312,24 +323,17 @@ fn q8a_product(isa: Isa, kind: q8a::Kind, w: &MatrixView<'_>, x: &[f32], n: usiz
         if rows * cols < PARALLEL_MIN_WORK {
             q8a_chunk(isa, kind, w, &qa, 1, 0, y);
         } else {
-            // Whole blocks of an interleaved view per task (a row's result is the same in any).
-            let cr = if w.is_interleaved() {
-                chunk_rows(cols).next_multiple_of(coli_format::INTERLEAVE_ROWS)
-            } else {
-                chunk_rows(cols)
-            };
+            // Whole groups of 16 rows per task (a row's result is the same in any): the
+            // kernels multiply 16 rows at a time, row-major ones packed into a group.
+            let cr = q8a_task_rows(kind, chunk_rows(cols));
             y.par_chunks_mut(cr)
                 .enumerate()
                 .for_each(|(i, yc)| q8a_chunk(isa, kind, w, &qa, 1, i * cr, yc));
         }
         return;
     }
-    let cr = if w.is_interleaved() {
-        // Whole blocks per task, as for one token.
-        matmul_chunk_rows(rows, cols).next_multiple_of(coli_format::INTERLEAVE_ROWS)
-    } else {
-        matmul_chunk_rows(rows, cols)
-    };
+    // Whole groups per task, as for one token.
+    let cr = q8a_task_rows(kind, matmul_chunk_rows(rows, cols));
     row_blocks(rows, cols, n, cr, y, |r0, yt| {
         q8a_chunk(isa, kind, w, &qa, n, r0, yt)
     });

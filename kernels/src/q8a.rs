@@ -42,6 +42,7 @@
 use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
 use coli_format::encoding::GgmlType;
 use coli_format::{Encoding, MatrixView};
+use std::borrow::Cow;
 
 /// Columns per activation block (one f32 scale each).
 pub const BLOCK: usize = 32;
@@ -270,15 +271,35 @@ fn lane_pos(kind: Kind, c: usize) -> usize {
     }
 }
 
-/// The scalar twin: row `r` of `w` (of `kind`) dotted with token `t` of `qa`.
-pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t: usize) -> f32 {
-    let cols = w.cols();
+/// One row of a matrix in the row-major order, for [`dot_scalar`]: its weight bytes, f32
+/// scales and e8m0 scales (borrowed from a row-major view, gathered from an interleaved one).
+pub(crate) struct ScalarRow<'a> {
+    bytes: Cow<'a, [u8]>,
+    scales: Cow<'a, [f32]>,
+    e8m0: Cow<'a, [u8]>,
+    cols: usize,
+}
+
+impl<'a> ScalarRow<'a> {
+    /// Row `r` of `w`.
+    pub(crate) fn new(w: &MatrixView<'a>, r: usize) -> ScalarRow<'a> {
+        ScalarRow {
+            bytes: w.row_bytes(r),
+            scales: w.row_scales(r),
+            e8m0: w.row_e8m0(r),
+            cols: w.cols(),
+        }
+    }
+}
+
+/// The scalar twin: `row` (of a `kind` matrix) dotted with token `t` of `qa`.
+pub(crate) fn dot_scalar(kind: Kind, row: &ScalarRow<'_>, qa: &QAct, t: usize) -> f32 {
+    let cols = row.cols;
     let (q, d, _) = qa.token(t);
     if let Kind::Ggml(t) = kind {
         let mut acc = [0f32; LANES];
         let (bs, ts) = (t.block_size(), t.type_size());
-        let stride = t.bytes_of(cols);
-        let row = &w.data()[r * stride..(r + 1) * stride];
+        let row = &row.bytes[..];
         let g = t.code_group().expect("kind() admits integer types only");
         let offset = t.has_offset();
         let (mut codes, mut a, mut m) = ([0i8; 256], [0f32; 16], [0f32; 16]);
@@ -308,8 +329,8 @@ pub(crate) fn dot_scalar(kind: Kind, w: &MatrixView<'_>, r: usize, qa: &QAct, t:
         return sum16(&acc);
     }
     // int8, int4, mxfp4: one accumulation per block of 32 (step 2).
-    let row = w.row_bytes(r);
-    let (scales, e8m0) = (w.row_scales(r), w.row_e8m0(r));
+    let (scales, e8m0) = (&row.scales, &row.e8m0);
+    let row = &row.bytes[..];
     let mut acc = 0f32;
     for b in 0..cols / BLOCK {
         let p: i32 = (b * BLOCK..(b + 1) * BLOCK)

@@ -40,6 +40,9 @@ macro_rules! with_iq_source {
 }
 
 const PREFETCH: usize = 1024;
+/// Bytes ahead of the block being read that [`groups_vnni`] prefetches in each group (every
+/// line of the block).
+const GROUP_PREFETCH: usize = 2048;
 /// Tokens per pass over a weight row in the matmul kernels.
 const TILE: usize = 4;
 
@@ -285,6 +288,7 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     toks: [Tok<'_>; T],
     cols: usize,
 ) -> [[[f32; G]; T]; H] {
+    assert_eq!(MX, kind == Kind::Mxfp4, "the mxfp4 instance for mxfp4 only");
     for g in &grp {
         g.check(kind, cols);
     }
@@ -325,14 +329,22 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
             unsafe {
                 if kind == Kind::Int8 {
                     let at = words.as_ptr().add(b * 8 * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
+                    for j in 0..8 {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            at.wrapping_add(GROUP_PREFETCH + 64 * j).cast(),
+                        );
+                    }
                     for j in 0..8 {
                         wv[h][j] =
                             _mm512_xor_si512(_mm512_loadu_si512(at.add(64 * j).cast()), flip);
                     }
                 } else {
                     let at = words.as_ptr().add(b * 4 * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
+                    for j in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            at.wrapping_add(GROUP_PREFETCH + 64 * j).cast(),
+                        );
+                    }
                     for j in 0..4 {
                         let p = _mm512_loadu_si512(at.add(64 * j).cast());
                         let lo = _mm512_and_si512(p, m0f);
@@ -410,6 +422,7 @@ unsafe fn group_avx2<const MX: bool, const T: usize>(
     toks: [Tok<'_>; T],
     cols: usize,
 ) -> [[f32; G]; T] {
+    assert_eq!(MX, kind == Kind::Mxfp4, "the mxfp4 instance for mxfp4 only");
     grp.check(kind, cols);
     let blocks = cols / BLOCK;
     for (q, d, c) in toks {

@@ -345,15 +345,21 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
 #[test]
 fn block_accumulation_is_the_rules_order() {
     use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
-    for enc in [
-        Encoding::Int8,
-        Encoding::Int4 { group_size: 32 },
-        Encoding::Int4 { group_size: 64 },
-        Encoding::Int4 { group_size: 128 },
-        Encoding::Mxfp4,
+    // Shapes: whole 16-word tiles (int4 256 columns: 32 words), a row count in two groups and
+    // a tail, words not a multiple of 16 (192 columns), a group of 192.
+    for (enc, rows, cols) in [
+        (Encoding::Int8, 35, 256),
+        (Encoding::Int4 { group_size: 32 }, 35, 256),
+        (Encoding::Int4 { group_size: 64 }, 35, 256),
+        (Encoding::Int4 { group_size: 128 }, 35, 256),
+        (Encoding::Mxfp4, 35, 256),
+        (Encoding::Int8, 20, 192),
+        (Encoding::Int4 { group_size: 64 }, 20, 192),
+        (Encoding::Int4 { group_size: 192 }, 33, 384),
+        (Encoding::Mxfp4, 20, 192),
     ] {
-        let (rows, cols, n) = (35, 256, 6);
-        let m = Mat::random(enc, rows, cols, 77);
+        let n = 6;
+        let m = Mat::random(enc, rows, cols, 77 + rows as u64);
         let x = activations(n, cols, 78);
         let stride = enc.weight_bytes(1, cols);
         let mut want = vec![0f32; n * rows];

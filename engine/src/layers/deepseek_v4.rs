@@ -136,8 +136,8 @@ pub enum GroupedLinear<'s> {
     Views(Vec<Linear<'s>>),
     /// The whole matrix, each group's input multiplied by all of it and its rows kept: FP8
     /// whose group rows cut through its 128-row scale blocks, or an interleaved view (q8a)
-    /// whose groups cut through its 4-row blocks (tiny models; the releases' rank of 1024 cuts
-    /// whole blocks). The same products, `groups` times the work.
+    /// whose groups cut through its 16-row groups (tiny models; the releases' rank of 1024 cuts
+    /// whole groups). The same products, `groups` times the work.
     Whole {
         /// `wo_a`.
         w: Linear<'s>,

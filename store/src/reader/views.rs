@@ -130,18 +130,23 @@ impl Store {
             s.copy_from_slice(sec);
             reorder(e, rows, cols, &mut w[..wb], s);
             if let Some(map) = &self.dense_map {
-                let off = self.manifest.dense[i].offset as usize;
-                // SAFETY: the map is a shared, read-only file mapping: MADV_DONTNEED only drops
-                // this process's pages of the range (other tensors sharing a boundary page
-                // included), and a later read faults in the same file bytes again, so every
-                // borrowed slice of the map keeps its contents.
-                let _ = unsafe {
-                    map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        off,
-                        t.data.len(),
-                    )
-                };
+                let d = &self.manifest.dense[i];
+                // The weight and scale sections, both copied above.
+                for (off, len) in [
+                    (d.offset as usize, t.data.len()),
+                    (d.scales_offset as usize, sec.len()),
+                ] {
+                    if len == 0 {
+                        continue;
+                    }
+                    // SAFETY: the map is a shared, read-only file mapping: MADV_DONTNEED only
+                    // drops this process's pages of the range (other tensors sharing a boundary
+                    // page included), and a later read faults in the same file bytes again, so
+                    // every borrowed slice of the map keeps its contents.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len)
+                    };
+                }
             }
             b
         });
