@@ -334,7 +334,7 @@ pub(crate) fn dot_scalar(kind: Kind, row: &ScalarRow<'_>, qa: &QAct, t: usize) -
     let mut acc = 0f32;
     for b in 0..cols / BLOCK {
         let p: i32 = (b * BLOCK..(b + 1) * BLOCK)
-            .map(|c| weight(kind, &row, c) * q[lane_pos(kind, c)] as i32)
+            .map(|c| weight(kind, row, c) * q[lane_pos(kind, c)] as i32)
             .sum();
         let m = match kind {
             Kind::Int4 { group } => d[b] * scales[b * BLOCK / group],
