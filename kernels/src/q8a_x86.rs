@@ -39,7 +39,7 @@ macro_rules! with_iq_source {
     };
 }
 
-const PREFETCH: usize = 1024;
+const PREFETCH: usize = 2048;
 /// Bytes ahead of the block being read that [`groups_vnni`] prefetches in each group (every
 /// line of the block).
 const GROUP_PREFETCH: usize = 2048;
@@ -1447,11 +1447,9 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     }
                     // The chunk's 4 groups of 16: their `d * scales[g]`, from the block's 16.
                     FROM_Q6_K => {
+                        // Per chunk (a block of 210 bytes is 4 chunks: every line asked for).
                         _mm_prefetch::<_MM_HINT_T0>(
-                            un.rows[u]
-                                .as_ptr()
-                                .wrapping_add(k / 4 * 210 + PREFETCH)
-                                .cast(),
+                            un.rows[u].as_ptr().wrapping_add(k * 53 + PREFETCH).cast(),
                         );
                         // SAFETY: 4 floats of the 16 at 4 (k % 4).
                         unsafe { _mm_loadu_ps(blk_6[u].as_ptr().add(4 * (k % 4))) }
