@@ -246,6 +246,36 @@ fn block_q(kind: Kind, b: usize) -> usize {
     }
 }
 
+/// What both group kernels check first (the lengths their loads rely on; `mx` exactly for
+/// mxfp4) and read of `kind`: blocks of 32, the int4 group size (0 for the others), the
+/// activation words' offsets.
+fn setup(
+    mx: bool,
+    kind: Kind,
+    grp: &[Group<'_>],
+    toks: &[Tok<'_>],
+    cols: usize,
+) -> (usize, usize, [usize; 8]) {
+    assert_eq!(mx, kind == Kind::Mxfp4, "the mxfp4 instance for mxfp4 only");
+    for g in grp {
+        g.check(kind, cols);
+    }
+    let blocks = cols / BLOCK;
+    for (q, d, c) in toks {
+        assert!(q.len() == cols && d.len() == blocks && c.len() == blocks);
+    }
+    let group = match kind {
+        Kind::Int4 { group } => group,
+        _ => 0,
+    };
+    let offs = if kind == Kind::Int8 {
+        INT8_WORDS
+    } else {
+        NIBBLE_WORDS
+    };
+    (blocks, group, offs)
+}
+
 /// Scale index (into a group's `[n, 16]` int4 scales) of block `b`.
 #[inline]
 fn int4_group(group: usize, b: usize) -> usize {
@@ -288,23 +318,7 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     toks: [Tok<'_>; T],
     cols: usize,
 ) -> [[[f32; G]; T]; H] {
-    assert_eq!(MX, kind == Kind::Mxfp4, "the mxfp4 instance for mxfp4 only");
-    for g in &grp {
-        g.check(kind, cols);
-    }
-    let blocks = cols / BLOCK;
-    for (q, d, c) in toks {
-        assert!(q.len() == cols && d.len() == blocks && c.len() == blocks);
-    }
-    let group = match kind {
-        Kind::Int4 { group } => group,
-        _ => 0,
-    };
-    let offs = if kind == Kind::Int8 {
-        INT8_WORDS
-    } else {
-        NIBBLE_WORDS
-    };
+    let (blocks, group, offs) = setup(MX, kind, &grp, &toks, cols);
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
     // SAFETY: 64 readable bytes (the table is 32, repeated as two 256-bit halves).
@@ -422,21 +436,7 @@ unsafe fn group_avx2<const MX: bool, const T: usize>(
     toks: [Tok<'_>; T],
     cols: usize,
 ) -> [[f32; G]; T] {
-    assert_eq!(MX, kind == Kind::Mxfp4, "the mxfp4 instance for mxfp4 only");
-    grp.check(kind, cols);
-    let blocks = cols / BLOCK;
-    for (q, d, c) in toks {
-        assert!(q.len() == cols && d.len() == blocks && c.len() == blocks);
-    }
-    let group = match kind {
-        Kind::Int4 { group } => group,
-        _ => 0,
-    };
-    let offs = if kind == Kind::Int8 {
-        INT8_WORDS
-    } else {
-        NIBBLE_WORDS
-    };
+    let (blocks, group, offs) = setup(MX, kind, &[grp], &toks, cols);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..blocks {
