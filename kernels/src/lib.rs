@@ -307,7 +307,9 @@ fn q8a_chunk(
 }
 
 /// Rows per parallel task of an integer product: `rows` rounded up to whole groups of 16 for
-/// int8, int4 and mxfp4 (whose kernels multiply a group at a time, interleaved or packed).
+/// int8, int4 and mxfp4 (whose kernels multiply a group at a time, interleaved or packed; a
+/// task of fewer rows would pack and multiply the whole group for them). So a small matrix may
+/// get fewer than [`matmul_chunk_rows`]' 8 tasks.
 fn q8a_task_rows(kind: q8a::Kind, rows: usize) -> usize {
     match kind {
         q8a::Kind::Ggml(_) => rows,

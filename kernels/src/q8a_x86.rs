@@ -22,7 +22,6 @@ use coli_format::encoding::GgmlType;
 use coli_format::{MatrixView, INTERLEAVE_ROWS};
 use std::arch::x86_64::*;
 
-/// Bytes ahead of the chunk being read that the VNNI kernel prefetches.
 /// `$m!(SRC)` with the in-place source constant of the i-quant type `$t` (one that
 /// [`iq_source`] admits): the const generic the tiles and [`iq_chunk`] take.
 macro_rules! with_iq_source {
@@ -39,6 +38,7 @@ macro_rules! with_iq_source {
     };
 }
 
+/// Bytes ahead of the chunk being read that the ggml kernels prefetch in each row.
 const PREFETCH: usize = 2048;
 /// Bytes ahead of the block being read that [`groups_vnni`] prefetches in each group (every
 /// line of the block).
@@ -1449,7 +1449,10 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     FROM_Q6_K => {
                         // Per chunk (a block of 210 bytes is 4 chunks: every line asked for).
                         _mm_prefetch::<_MM_HINT_T0>(
-                            un.rows[u].as_ptr().wrapping_add(k * 53 + PREFETCH).cast(),
+                            un.rows[u]
+                                .as_ptr()
+                                .wrapping_add(k * 210 / 4 + PREFETCH)
+                                .cast(),
                         );
                         // SAFETY: 4 floats of the 16 at 4 (k % 4).
                         unsafe { _mm_loadu_ps(blk_6[u].as_ptr().add(4 * (k % 4))) }

@@ -346,7 +346,8 @@ fn every_isa_gives_the_scalar_twins_bits_and_the_rules_value() {
 fn block_accumulation_is_the_rules_order() {
     use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
     // Shapes: whole 16-word tiles (int4 256 columns: 32 words), a row count in two groups and
-    // a tail, words not a multiple of 16 (192 columns), a group of 192.
+    // a tail, int4 and mxfp4 rows whose words are not a multiple of 16 (192 columns: 24), a
+    // group of 192.
     for (enc, rows, cols) in [
         (Encoding::Int8, 35, 256),
         (Encoding::Int4 { group_size: 32 }, 35, 256),

@@ -100,8 +100,8 @@ impl Store {
 
     /// The dense matrix `name` with its weight and scale sections in the interleaved row order
     /// ([`MatrixView::interleave`]), from a copy the store keeps for as long as it is open (made
-    /// at the first call, after the checksum check of [`Store::dense`]; the mapped pages of the
-    /// section are then released, as nothing reads them again through this store's users). A
+    /// at the first call, after the checksum check of [`Store::dense`]; the mapped pages of both
+    /// sections are then released, as nothing reads them again through this store's users). A
     /// matrix that cannot be interleaved is returned as [`Store::dense`] maps it. `reorder` makes
     /// the order ([`MatrixView::interleave`] or a faster function giving the same bytes). Kernels
     /// give the same numbers in either order; engines ask for this where the kernels prefer it.
