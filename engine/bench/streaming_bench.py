@@ -26,7 +26,7 @@ llama.cpp Q8_0), from that group's coli store with bf16 dense weights: dense.bin
 records + 384 MiB (KV cache at --context 512, code, buffers), for each P of --limits (100 holds
 the whole model). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
 pinned set included) = (limit - its own dense.bin - 384 MiB) x record bytes / bytes a record's
-buffer holds (`coli_budget`: the store rounds buffers of 2 MiB or more up to 2 MiB multiples); the usage history is learned on
+buffer holds (`coli_budget`: a buffer is its record's length rounded to the page size); the usage history is learned on
 other token ids before the first run (so it may pin its hottest experts). llama.cpp: mmap on
 (its default, the way it runs models larger than RAM) and weight repacking OFF
 (`use_extra_bufts = false`, `--no-repack` in its CLI): with repacking, its CPU backend copies the
@@ -78,6 +78,10 @@ ENGINES = {
     "coli-int4-d8": ("coli", "store-int4-d8", "int4", []),
     "coli-int4-d4": ("coli", "store-int4-d4", "int4", []),
     "coli-int8": ("coli", "store-int8", "int8", []),
+    # The same stores under integer activations (q8a revision 5, ENGINE.md "Numerics").
+    "coli-int4-q8a": ("coli", "store-int4", "int4", ["--numerics", "q8a"]),
+    "coli-int4-d4-q8a": ("coli", "store-int4-d4", "int4", ["--numerics", "q8a"]),
+    "coli-int8-q8a": ("coli", "store-int8", "int8", ["--numerics", "q8a"]),
     "llama-q4_0": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "off"]),
     "llama-q8_0": ("llama", "olmoe-q8_0.gguf", "int8", ["--repack", "off"]),
     "llama-q4_0-repack": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "cpu"]),
@@ -95,15 +99,16 @@ def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
 def coli_budget(limit: int, dense: int, record: int) -> int:
     """coli's --ram-budget for a cgroup of `limit` bytes: what is left after dense.bin and
     384 MiB (KV cache at --context 512 = 128 MiB on the OLMoE shape, code, heap, reads in
-    flight), times record / allocated bytes per record. The expert cache charges a record's
-    length against the budget, but the store's buffers of 2 MiB or more are rounded up to a
-    multiple of 2 MiB (huge pages, store/src/io/mod.rs) and zeroed whole: an int4 record of
-    3.375 MiB holds 4 MiB, an int8 record of 6.02 MiB 8 MiB, so the process holds up to 1.19x
-    (int4) / 1.33x (int8) the budget. With a flat 384 MiB margin (first run,
-    results/2026-12-01-streaming-olmoe-run1.txt) coli filled its cgroup at 50% (int4, int8) and
-    10% (int8) and re-read evicted dense.bin pages (int8 at 50%: 31.5 GiB read for 14.8 GiB of
-    experts)."""
-    held = -(-record // (2 * MiB)) * 2 * MiB if record >= 2 * MiB else record
+    flight), times record / held bytes per record. Since f6c4acf a record buffer is its length
+    rounded up to the page size and the expert cache charges exactly that (`held_bytes_for`,
+    store/src/io/mod.rs), so the factor is 1 for page-multiple records (OLMoE's), and at the
+    whole-model limit the budget holds every expert: coli preloads them all at start. (Before
+    f6c4acf buffers of 2 MiB or more were rounded up to 2 MiB multiples while the cache charged
+    the record length: an int4 record of 3.375 MiB held 4 MiB, and this function scaled the
+    budget down by record / held; with a flat 384 MiB margin, first run
+    results/2026-12-01-streaming-olmoe-run1.txt, coli filled its cgroup at 50% and re-read
+    evicted dense.bin pages.)"""
+    held = -(-record // 4096) * 4096
     return max((limit - dense - OVERHEAD) * record // held, 16 * MiB)
 
 
@@ -282,7 +287,7 @@ def main() -> int:
     for name, kind, path, group, extra in engines:
         if kind == "coli":
             usage[name] = os.path.join(tmp, f"usage-{name}.json")
-            subprocess.run(coli_cmd(a, path, "stream", learn_ids, 1 << 40, usage[name], ["--no-pin"]),
+            subprocess.run(coli_cmd(a, path, "stream", learn_ids, 1 << 40, usage[name], ["--no-pin", *extra]),
                            capture_output=True, check=True)
     # Bounds: fio and everything resident, per coli store.
     bounds = {}
@@ -305,7 +310,7 @@ def main() -> int:
             for _ in range(a.reps):
                 saved = usage[name] + ".resident"
                 shutil.copy(usage[name], saved)
-                r = subprocess.run(coli_cmd(a, path, w, ids, experts + 64 * MiB, saved, ["--pin-share", "1.0"]),
+                r = subprocess.run(coli_cmd(a, path, w, ids, experts + 64 * MiB, saved, ["--pin-share", "1.0", *extra]),
                                    capture_output=True, text=True)
                 if r.returncode != 0:
                     sys.exit(f"{name} resident run failed: {r.stderr}")
@@ -337,7 +342,7 @@ def main() -> int:
                         budget = coli_budget(limit, dense, rec)
                         u = os.path.join(tmp, f"u-{name}-{limit_p}-{rep}-{w}.json")
                         shutil.copy(usage[name], u)
-                        cmd = coli_cmd(a, path, w, ids, budget, u)
+                        cmd = coli_cmd(a, path, w, ids, budget, u, extra)
                     else:
                         budget = None
                         cmd = llama_cmd(a, path, w, ids, extra)

@@ -81,8 +81,10 @@ def main(files) -> int:
                     cells += ["-", f"{peak:.0f}", "-", "-", "-", "-"]
                 print("| " + " | ".join(cells) + " |")
         print()
-        for c, l in (("coli-int4", "llama-q4_0"), ("coli-int4-d8", "llama-q4_0"), ("coli-int8", "llama-q8_0"),
-                     ("coli-int4", "llama-q4_0-repack")):
+        # Every coli engine against each llama.cpp engine of its bits (int4 stores: Q4_0, int8: Q8_0).
+        pairs = [(c, l) for c in engines if c.startswith("coli-")
+                 for l in engines if l.startswith("llama-q8_0" if c.startswith("coli-int8") else "llama-q4_0")]
+        for c, l in pairs:
             for p in pcts:
                 a, b = rows.get((c, p, w)), rows.get((l, p, w))
                 if not a or not b:
