@@ -4,7 +4,8 @@
 //!
 //! - int8, int4, mxfp4 (rule step 2): 16 rows in the 16 lanes of a register (AVX2: two of 8),
 //!   read from the interleaved row order (`MatrixView::interleave`; row-major rows are packed
-//!   into it first, [`Packed`]): per block of 32 columns, each 4-byte weight word of the 16
+//!   into it first, [`Packed`], except one token's int4 and mxfp4 rows, read in place by
+//!   [`rows16_token_vnni`]): per block of 32 columns, each 4-byte weight word of the 16
 //!   rows against the token's matching 4 activation bytes broadcast, then one `fma` per row.
 //!   VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
 //!   applied as `-8 * sum q` per block (`QAct::corr`) added to the integer sum; int8 codes as
@@ -43,6 +44,9 @@ const PREFETCH: usize = 2048;
 /// Bytes ahead of the block being read that [`groups_vnni`] prefetches in each group (every
 /// line of the block).
 const GROUP_PREFETCH: usize = 2048;
+/// Bytes ahead that [`rows16_token_vnni`] prefetches in each of its 16 rows (16 x 512 bytes
+/// in flight stay well inside L1; 256 to 2048 measured alike in cache, 512 best from RAM).
+const ROW_PREFETCH: usize = 512;
 /// Tokens per pass over a weight row in the matmul kernels.
 const TILE: usize = 4;
 
@@ -135,12 +139,11 @@ struct Packed {
 }
 
 impl Packed {
+    /// Buffers for `w`'s scales; the words' buffer is made by the first [`Packed::fill`].
     fn new(kind: Kind, w: &MatrixView<'_>) -> Packed {
-        let cols = w.cols();
-        let stride = w.encoding().weight_bytes(1, cols);
-        let ns = w.encoding().scale_count(1, cols);
+        let ns = w.encoding().scale_count(1, w.cols());
         Packed {
-            words: vec![0; G * stride],
+            words: Vec::new(),
             scales: vec![0.0; if kind == Kind::Mxfp4 { 0 } else { G * ns }],
             e8m0: vec![127; if kind == Kind::Mxfp4 { G * ns } else { 0 }],
         }
@@ -149,13 +152,14 @@ impl Packed {
     /// Packs rows `r .. r + 16` (those of them that exist).
     fn fill(&mut self, w: &MatrixView<'_>, r: usize) -> Group<'_> {
         let present = G.min(w.rows().saturating_sub(r));
-        let words = self.words.len() / (4 * G);
-        let ns = w.encoding().scale_count(1, w.cols());
+        let stride = w.encoding().weight_bytes(1, w.cols());
+        if self.words.is_empty() {
+            self.words = vec![0; G * stride];
+        }
+        let words = stride / 4;
         let simd = present == G && std::is_x86_feature_detected!("avx512f");
         if present < G {
             self.words.fill(0);
-            self.scales.fill(0.0);
-            self.e8m0.fill(127);
         }
         if simd && words.is_multiple_of(16) {
             // 16 whole rows: 16 x 16 word transposes (row-major rows are borrowed).
@@ -170,6 +174,24 @@ impl Packed {
                     self.words[(j * G + u) * 4..(j * G + u) * 4 + 4].copy_from_slice(word);
                 }
             }
+        }
+        self.fill_scales(w, r);
+        Group {
+            words: &self.words,
+            scales: &self.scales,
+            e8m0: &self.e8m0,
+        }
+    }
+
+    /// Packs the scales of rows `r .. r + 16` (those of them that exist) alone: the group's
+    /// words stay empty ([`rows16_token_vnni`] reads them in place).
+    fn fill_scales(&mut self, w: &MatrixView<'_>, r: usize) -> Group<'_> {
+        let present = G.min(w.rows().saturating_sub(r));
+        let ns = w.encoding().scale_count(1, w.cols());
+        let simd = present == G && std::is_x86_feature_detected!("avx512f");
+        if present < G {
+            self.scales.fill(0.0);
+            self.e8m0.fill(127);
         }
         if simd && !self.scales.is_empty() && ns.is_multiple_of(16) {
             // f32 scales: the same transposes, 4-byte elements.
@@ -192,7 +214,7 @@ impl Packed {
             }
         }
         Group {
-            words: &self.words,
+            words: &[],
             scales: &self.scales,
             e8m0: &self.e8m0,
         }
@@ -421,6 +443,145 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     out
 }
 
+/// AVX-512 VNNI, one token: rows `r .. r + 16` of a row-major int4 or mxfp4 view read in place,
+/// in rule step 2's order as [`groups_vnni`] (the same bits), without packing them first. Per
+/// 128 columns (4 blocks) each row's 64 bytes give its low and high nibbles (mxfp4's looked up),
+/// two `vpdpbusd` against the token's matching activation bytes leave 16 word sums in the
+/// lanes (128-bit lane `L` = block `L`); three reduction steps (adds of pairs of words, of pairs of
+/// those, then a 4 x 4 transpose of 128-bit lanes: 32 shuffles per 16 rows, where packing the
+/// rows takes 64 and a trip through memory) leave one register per block with the 16 rows'
+/// exact integer sums, then one `fma` per block. `sc` holds the 16 rows' scales as a
+/// [`Group`]'s (`Packed::fill_scales`; its words are not read).
+///
+/// # Safety
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2 and FMA are available; `kind` is int4 or mxfp4,
+/// mxfp4 exactly when `MX`; `w` is a row-major view of `kind` with checked sections (its
+/// lengths, the token's and the scales' are asserted).
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn rows16_token_vnni<const MX: bool>(
+    kind: Kind,
+    w: &MatrixView<'_>,
+    r: usize,
+    tok: Tok<'_>,
+    sc: Group<'_>,
+) -> [f32; G] {
+    let cols = w.cols();
+    let (blocks, group, _) = setup(MX, kind, &[], &[tok], cols);
+    let stride = cols / 2;
+    let data = w.data();
+    assert!(
+        matches!(kind, Kind::Int4 { .. } | Kind::Mxfp4)
+            && !w.is_interleaved()
+            && cols.is_multiple_of(64)
+            && data.len() >= (r + G) * stride
+            && if MX {
+                sc.e8m0.len() == G * blocks
+            } else {
+                sc.scales.len() == G * cols / group
+            },
+        "16 row-major rows of a {cols}-column {kind:?} matrix and their scales"
+    );
+    let (q, d, c) = tok;
+    let m0f = _mm512_set1_epi8(0x0F);
+    // SAFETY: 64 readable bytes (the table is 32, repeated as two 256-bit halves).
+    let lut = unsafe {
+        let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
+        _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
+    };
+    let mut acc = _mm512_setzero_ps();
+    for ch in 0..cols.div_ceil(128) {
+        // Blocks in this 128-column chunk: 4, or 2 in a last chunk of 64 columns.
+        let nb = (blocks - 4 * ch).min(4);
+        let o = 128 * ch;
+        // The token's codes in the lane order of `QAct` (per 64 columns, the even columns'
+        // then the odd ones'): lane k's 4 bytes pair with word k of each row's 128 columns.
+        // SAFETY: columns o .. o + 32 nb of `q` exist (its length is `cols`).
+        let (qlo, qhi) = unsafe {
+            let at = |i: usize| _mm256_loadu_si256(q.as_ptr().add(o + i).cast());
+            if nb == 4 {
+                (
+                    _mm512_inserti64x4(_mm512_castsi256_si512(at(0)), at(64), 1),
+                    _mm512_inserti64x4(_mm512_castsi256_si512(at(32)), at(96), 1),
+                )
+            } else {
+                (
+                    _mm512_zextsi256_si512(at(0)),
+                    _mm512_zextsi256_si512(at(32)),
+                )
+            }
+        };
+        let mut s = [_mm512_setzero_si512(); G];
+        for u in 0..G {
+            // SAFETY: row r + u's bytes 64 ch .. 64 ch + 16 nb lie within `data` (asserted
+            // length); a prefetch never faults.
+            let p = unsafe {
+                let at = data.as_ptr().add((r + u) * stride + 64 * ch);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ROW_PREFETCH).cast());
+                if nb == 4 {
+                    _mm512_loadu_si512(at.cast())
+                } else {
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(at.cast()))
+                }
+            };
+            let mut lo = _mm512_and_si512(p, m0f);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m0f);
+            if MX {
+                lo = _mm512_shuffle_epi8(lut, lo);
+                hi = _mm512_shuffle_epi8(lut, hi);
+            }
+            s[u] = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo),
+                hi,
+                qhi,
+            );
+        }
+        // Pairs of rows: per 128-bit lane, (w0 + w2, w0' + w2', w1 + w3, w1' + w3') of rows
+        // 2p and 2p + 1.
+        let u: [__m512i; 8] = std::array::from_fn(|p| {
+            _mm512_add_epi32(
+                _mm512_unpacklo_epi32(s[2 * p], s[2 * p + 1]),
+                _mm512_unpackhi_epi32(s[2 * p], s[2 * p + 1]),
+            )
+        });
+        // Quads of rows: per 128-bit lane L, block L's sums of rows 4k .. 4k + 4.
+        let v: [__m512i; 4] = std::array::from_fn(|k| {
+            _mm512_add_epi32(
+                _mm512_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
+                _mm512_unpackhi_epi64(u[2 * k], u[2 * k + 1]),
+            )
+        });
+        // Lane L of the four gathered: block L's sums of rows 0 .. 16.
+        let t0 = _mm512_shuffle_i32x4::<0x44>(v[0], v[1]);
+        let t1 = _mm512_shuffle_i32x4::<0xEE>(v[0], v[1]);
+        let t2 = _mm512_shuffle_i32x4::<0x44>(v[2], v[3]);
+        let t3 = _mm512_shuffle_i32x4::<0xEE>(v[2], v[3]);
+        let sums = [
+            _mm512_shuffle_i32x4::<0x88>(t0, t2),
+            _mm512_shuffle_i32x4::<0xDD>(t0, t2),
+            _mm512_shuffle_i32x4::<0x88>(t1, t3),
+            _mm512_shuffle_i32x4::<0xDD>(t1, t3),
+        ];
+        for l in 0..nb {
+            let b = 4 * ch + l;
+            let p = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[l], _mm512_set1_epi32(c[b])));
+            // SAFETY: block b's scales lie within the group's (asserted lengths).
+            let sv = unsafe {
+                if MX {
+                    e8m0_half16(_mm_loadu_si128(sc.e8m0.as_ptr().add(b * G).cast()))
+                } else {
+                    _mm512_loadu_ps(sc.scales.as_ptr().add(int4_group(group, b) * G))
+                }
+            };
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[b]), sv), p, acc);
+        }
+    }
+    let mut out = [0f32; G];
+    // SAFETY: 16 writable f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+    out
+}
+
 /// AVX2: one group of 16 rows (two 8-lane halves) against `T` tokens, in the order of
 /// [`groups_vnni`]: per block the rows' integer sums (`vpmaddubsw` + `vpmaddwd`; int8 as
 /// `|code|` times `q` with the code's sign, so a pair of products stays within i16), then one
@@ -527,6 +688,7 @@ unsafe fn group_avx2<const MX: bool, const T: usize>(
 
 /// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa` (int8, int4, mxfp4), 16 rows
 /// at a time: an interleaved view's whole groups as they are (with VNNI two groups per pass),
+/// with VNNI one token's 16 row-major int4 or mxfp4 rows in place ([`rows16_token_vnni`]),
 /// other rows packed into a group first ([`Packed`]); tokens 4 at a time, then one by one. Every
 /// output is the rule's value for its row and token whatever the pass it ran in.
 ///
@@ -613,6 +775,18 @@ unsafe fn rows_of<const MX: bool, const VNNI: bool>(
                 }
             }
             r += 2 * G;
+            continue;
+        }
+        if VNNI && n == 1 && kind != Kind::Int8 && !w.is_interleaved() && r + G <= w.rows() {
+            // One token of a row-major int4 or mxfp4 view (a streamed record's decode): its
+            // rows in place, only the scales packed.
+            let sc = packed
+                .get_or_insert_with(|| Packed::new(kind, w))
+                .fill_scales(w, r);
+            // SAFETY: the caller's guarantees; 16 rows of the view.
+            let o = unsafe { rows16_token_vnni::<MX>(kind, w, r, qa.token(0), sc) };
+            put(r, 0, &[o]);
+            r += G;
             continue;
         }
         let grp = if in_view(r) {
