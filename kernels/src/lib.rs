@@ -188,8 +188,9 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
 /// ([`MatrixView::interleave`]) under the process's numerics: under [`Numerics::Q8a`], the int8,
 /// int4 and mxfp4 matrices its integer rule covers (the kernels keep 16 rows in the lanes of a
 /// register; a row-major matrix is packed into that order 16 rows at a time as it is
-/// multiplied: on this project's machine 28.7 us against 105 for one token and a 1024 x 2048
-/// int4 matrix in cache, kernels/benches/q8a.rs). The results are the same bits in either order;
+/// multiplied, or with VNNI for one token read in place and reduced: on this project's machine
+/// 25-29 us against 59-62 for one token and a 1024 x 2048 int4 matrix in cache, 105 when it was
+/// packed, kernels/benches/q8a.rs). The results are the same bits in either order;
 /// an engine reorders such a matrix once ([`interleave_sections`]), when it holds it for reuse.
 ///
 /// [`set_interleave`]`(false)` (or `COLI_NO_INTERLEAVE=1` in the environment) makes it false

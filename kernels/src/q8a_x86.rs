@@ -4,9 +4,10 @@
 //!
 //! - int8, int4, mxfp4 (rule step 2): 16 rows in the 16 lanes of a register (AVX2: two of 8),
 //!   read from the interleaved row order (`MatrixView::interleave`; row-major rows are packed
-//!   into it first, [`Packed`], except one token's int4 and mxfp4 rows, read in place by
-//!   [`rows16_token_vnni`]): per block of 32 columns, each 4-byte weight word of the 16
-//!   rows against the token's matching 4 activation bytes broadcast, then one `fma` per row.
+//!   into it first, [`Packed`], except with VNNI one token's rows, read in place by
+//!   [`rows16_token_vnni`], which reduces each row's word sums to the same 16-lane block sums):
+//!   per block of 32 columns, each 4-byte weight word of the 16 rows against the token's
+//!   matching 4 activation bytes broadcast, then one `fma` per block for the 16 rows.
 //!   VNNI multiplies unsigned by signed bytes: int4 codes (0..15) as they are, the offset
 //!   applied as `-8 * sum q` per block (`QAct::corr`) added to the integer sum; int8 codes as
 //!   `code + 128` (`xor 0x80`) and `-128 * sum q`; mxfp4 codes looked up (`vpshufb`) as
@@ -343,7 +344,7 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     let (blocks, group, offs) = setup(MX, kind, &grp, &toks, cols);
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
-    // SAFETY: 64 readable bytes (the table is 32, repeated as two 256-bit halves).
+    // SAFETY: 32 readable bytes (the table, placed in both 256-bit halves).
     let lut = unsafe {
         let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
         _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
@@ -443,20 +444,23 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     out
 }
 
-/// AVX-512 VNNI, one token: rows `r .. r + 16` of a row-major int4 or mxfp4 view read in place,
-/// in rule step 2's order as [`groups_vnni`] (the same bits), without packing them first. Per
-/// 128 columns (4 blocks) each row's 64 bytes give its low and high nibbles (mxfp4's looked up),
-/// two `vpdpbusd` against the token's matching activation bytes leave 16 word sums in the
-/// lanes (128-bit lane `L` = block `L`); three reduction steps (adds of pairs of words, of pairs of
-/// those, then a 4 x 4 transpose of 128-bit lanes: 32 shuffles per 16 rows, where packing the
-/// rows takes 64 and a trip through memory) leave one register per block with the 16 rows'
-/// exact integer sums, then one `fma` per block. `sc` holds the 16 rows' scales as a
-/// [`Group`]'s (`Packed::fill_scales`; its words are not read).
+/// AVX-512 VNNI, one token: rows `r .. r + 16` of a row-major int8, int4 or mxfp4 view read in
+/// place, in rule step 2's order as [`groups_vnni`] (the same bits), without packing them first.
+/// Per 128 columns (4 blocks) each row gives 16 sums of 4-byte words in the lanes, 128-bit lane
+/// `L` holding block `L`'s: int4 and mxfp4 by two `vpdpbusd` of its 64 bytes' low and high
+/// nibbles (mxfp4's looked up) against the token's matching activation bytes; int8 by a
+/// `vpdpbusd` of each of its two 64-byte halves (codes + 128) and the halves' lanes paired by
+/// block (two shuffles and an add per row). Three reduction steps (adds of pairs of words, of
+/// pairs of those, then a 4 x 4 transpose of 128-bit lanes: 32 shuffles per 16 rows, 64 for
+/// int8, where packing takes 64 per 16 x 16 words, two such for int8, and a trip through
+/// memory) leave one register per block with
+/// the 16 rows' exact integer sums, then one `fma` per block. `sc` holds the 16 rows' scales as
+/// a [`Group`]'s (`Packed::fill_scales`; its words are not read).
 ///
 /// # Safety
-/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2 and FMA are available; `kind` is int4 or mxfp4,
-/// mxfp4 exactly when `MX`; `w` is a row-major view of `kind` with checked sections (its
-/// lengths, the token's and the scales' are asserted).
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2 and FMA are available; `kind` is not ggml, mxfp4
+/// exactly when `MX`; `w` is a row-major view of `kind` with checked sections (its lengths,
+/// the token's and the scales' are asserted).
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn rows16_token_vnni<const MX: bool>(
@@ -468,23 +472,25 @@ unsafe fn rows16_token_vnni<const MX: bool>(
 ) -> [f32; G] {
     let cols = w.cols();
     let (blocks, group, _) = setup(MX, kind, &[], &[tok], cols);
-    let stride = cols / 2;
+    let int8 = kind == Kind::Int8;
+    let stride = w.encoding().weight_bytes(1, cols);
     let data = w.data();
     assert!(
-        matches!(kind, Kind::Int4 { .. } | Kind::Mxfp4)
+        !matches!(kind, Kind::Ggml(_))
             && !w.is_interleaved()
             && cols.is_multiple_of(64)
             && data.len() >= (r + G) * stride
-            && if MX {
-                sc.e8m0.len() == G * blocks
-            } else {
-                sc.scales.len() == G * cols / group
+            && match kind {
+                Kind::Int8 => sc.scales.len() == G,
+                Kind::Mxfp4 => sc.e8m0.len() == G * blocks,
+                _ => sc.scales.len() == G * cols / group,
             },
         "16 row-major rows of a {cols}-column {kind:?} matrix and their scales"
     );
     let (q, d, c) = tok;
     let m0f = _mm512_set1_epi8(0x0F);
-    // SAFETY: 64 readable bytes (the table is 32, repeated as two 256-bit halves).
+    let flip = _mm512_set1_epi8(-128);
+    // SAFETY: 32 readable bytes (the table, placed in both 256-bit halves).
     let lut = unsafe {
         let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
         _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
@@ -494,47 +500,77 @@ unsafe fn rows16_token_vnni<const MX: bool>(
         // Blocks in this 128-column chunk: 4, or 2 in a last chunk of 64 columns.
         let nb = (blocks - 4 * ch).min(4);
         let o = 128 * ch;
-        // The token's codes in the lane order of `QAct` (per 64 columns, the even columns'
-        // then the odd ones'): lane k's 4 bytes pair with word k of each row's 128 columns.
+        // The token's codes that pair with each row's words: int8's in column order (64 columns
+        // per register); int4's and mxfp4's in the lane order of `QAct` (per 64 columns, the
+        // even columns' then the odd ones'), lane k's 4 bytes for word k of the 128 columns.
         // SAFETY: columns o .. o + 32 nb of `q` exist (its length is `cols`).
-        let (qlo, qhi) = unsafe {
+        let (qa, qb) = unsafe {
             let at = |i: usize| _mm256_loadu_si256(q.as_ptr().add(o + i).cast());
-            if nb == 4 {
+            let two = |i: usize, j: usize| {
+                if nb == 4 {
+                    _mm512_inserti64x4(_mm512_castsi256_si512(at(i)), at(j), 1)
+                } else {
+                    _mm512_zextsi256_si512(at(i))
+                }
+            };
+            if int8 {
                 (
-                    _mm512_inserti64x4(_mm512_castsi256_si512(at(0)), at(64), 1),
-                    _mm512_inserti64x4(_mm512_castsi256_si512(at(32)), at(96), 1),
+                    _mm512_loadu_si512(q.as_ptr().add(o).cast()),
+                    if nb == 4 {
+                        _mm512_loadu_si512(q.as_ptr().add(o + 64).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    },
                 )
             } else {
-                (
-                    _mm512_zextsi256_si512(at(0)),
-                    _mm512_zextsi256_si512(at(32)),
-                )
+                (two(0, 64), two(32, 96))
             }
         };
         let mut s = [_mm512_setzero_si512(); G];
         for u in 0..G {
-            // SAFETY: row r + u's bytes 64 ch .. 64 ch + 16 nb lie within `data` (asserted
-            // length); a prefetch never faults.
-            let p = unsafe {
-                let at = data.as_ptr().add((r + u) * stride + 64 * ch);
-                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ROW_PREFETCH).cast());
-                if nb == 4 {
-                    _mm512_loadu_si512(at.cast())
+            // SAFETY: row r + u's bytes of this chunk (int8 o .. o + 32 nb, int4 and mxfp4
+            // o / 2 .. o / 2 + 16 nb) lie within `data` (asserted length); a prefetch never
+            // faults.
+            unsafe {
+                let row = data.as_ptr().add((r + u) * stride);
+                if int8 {
+                    let at = row.add(o);
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ROW_PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ROW_PREFETCH + 64).cast());
+                    let a = _mm512_xor_si512(_mm512_loadu_si512(at.cast()), flip);
+                    let b = if nb == 4 {
+                        _mm512_xor_si512(_mm512_loadu_si512(at.add(64).cast()), flip)
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let sa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, qa);
+                    let sb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b, qb);
+                    // Block L's two 128-bit lanes of words side by side, then added.
+                    s[u] = _mm512_add_epi32(
+                        _mm512_shuffle_i32x4::<0x88>(sa, sb),
+                        _mm512_shuffle_i32x4::<0xDD>(sa, sb),
+                    );
                 } else {
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(at.cast()))
+                    let at = row.add(o / 2);
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ROW_PREFETCH).cast());
+                    let p = if nb == 4 {
+                        _mm512_loadu_si512(at.cast())
+                    } else {
+                        _mm512_zextsi256_si512(_mm256_loadu_si256(at.cast()))
+                    };
+                    let mut lo = _mm512_and_si512(p, m0f);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m0f);
+                    if MX {
+                        lo = _mm512_shuffle_epi8(lut, lo);
+                        hi = _mm512_shuffle_epi8(lut, hi);
+                    }
+                    s[u] = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qa),
+                        hi,
+                        qb,
+                    );
                 }
-            };
-            let mut lo = _mm512_and_si512(p, m0f);
-            let mut hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m0f);
-            if MX {
-                lo = _mm512_shuffle_epi8(lut, lo);
-                hi = _mm512_shuffle_epi8(lut, hi);
             }
-            s[u] = _mm512_dpbusd_epi32(
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo),
-                hi,
-                qhi,
-            );
         }
         // Pairs of rows: per 128-bit lane, (w0 + w2, w0' + w2', w1 + w3, w1' + w3') of rows
         // 2p and 2p + 1.
@@ -565,16 +601,27 @@ unsafe fn rows16_token_vnni<const MX: bool>(
         for l in 0..nb {
             let b = 4 * ch + l;
             let p = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[l], _mm512_set1_epi32(c[b])));
+            let db = _mm512_set1_ps(d[b]);
             // SAFETY: block b's scales lie within the group's (asserted lengths).
-            let sv = unsafe {
-                if MX {
-                    e8m0_half16(_mm_loadu_si128(sc.e8m0.as_ptr().add(b * G).cast()))
-                } else {
-                    _mm512_loadu_ps(sc.scales.as_ptr().add(int4_group(group, b) * G))
+            let m = unsafe {
+                match kind {
+                    Kind::Int8 => db,
+                    Kind::Mxfp4 => _mm512_mul_ps(
+                        db,
+                        e8m0_half16(_mm_loadu_si128(sc.e8m0.as_ptr().add(b * G).cast())),
+                    ),
+                    _ => _mm512_mul_ps(
+                        db,
+                        _mm512_loadu_ps(sc.scales.as_ptr().add(int4_group(group, b) * G)),
+                    ),
                 }
             };
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[b]), sv), p, acc);
+            acc = _mm512_fmadd_ps(m, p, acc);
         }
+    }
+    if int8 {
+        // SAFETY: the 16 row scales (asserted length).
+        acc = _mm512_mul_ps(acc, unsafe { _mm512_loadu_ps(sc.scales.as_ptr()) });
     }
     let mut out = [0f32; G];
     // SAFETY: 16 writable f32.
@@ -688,7 +735,7 @@ unsafe fn group_avx2<const MX: bool, const T: usize>(
 
 /// `yt[i * n + t] = row (r0 + i) . token t` for `n` tokens of `qa` (int8, int4, mxfp4), 16 rows
 /// at a time: an interleaved view's whole groups as they are (with VNNI two groups per pass),
-/// with VNNI one token's 16 row-major int4 or mxfp4 rows in place ([`rows16_token_vnni`]),
+/// with VNNI one token's 16 row-major rows in place ([`rows16_token_vnni`]),
 /// other rows packed into a group first ([`Packed`]); tokens 4 at a time, then one by one. Every
 /// output is the rule's value for its row and token whatever the pass it ran in.
 ///
@@ -777,9 +824,9 @@ unsafe fn rows_of<const MX: bool, const VNNI: bool>(
             r += 2 * G;
             continue;
         }
-        if VNNI && n == 1 && kind != Kind::Int8 && !w.is_interleaved() && r + G <= w.rows() {
-            // One token of a row-major int4 or mxfp4 view (a streamed record's decode): its
-            // rows in place, only the scales packed.
+        if VNNI && n == 1 && !w.is_interleaved() && r + G <= w.rows() {
+            // One token of a row-major view (a streamed record's decode): its rows in place,
+            // only the scales packed.
             let sc = packed
                 .get_or_insert_with(|| Packed::new(kind, w))
                 .fill_scales(w, r);

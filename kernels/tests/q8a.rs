@@ -347,7 +347,8 @@ fn block_accumulation_is_the_rules_order() {
     use coli_format::encoding::mxfp4::{e8m0_half, E2M1_DOUBLED};
     // Shapes: whole 16-word tiles (int4 256 columns: 32 words), a row count in two groups and
     // a tail, int4 and mxfp4 rows whose words are not a multiple of 16 (192 columns: 24), a
-    // group of 192.
+    // group of 192; exactly one group of 16 rows whose last 128 columns are 64 (one token of
+    // a row-major matrix is reduced per 128 columns in place), a group of 192 and of 320 there.
     for (enc, rows, cols) in [
         (Encoding::Int8, 35, 256),
         (Encoding::Int4 { group_size: 32 }, 35, 256),
@@ -358,6 +359,10 @@ fn block_accumulation_is_the_rules_order() {
         (Encoding::Int4 { group_size: 64 }, 20, 192),
         (Encoding::Int4 { group_size: 192 }, 33, 384),
         (Encoding::Mxfp4, 20, 192),
+        (Encoding::Int8, 16, 64),
+        (Encoding::Int4 { group_size: 192 }, 16, 576),
+        (Encoding::Int4 { group_size: 320 }, 16, 320),
+        (Encoding::Mxfp4, 16, 320),
     ] {
         let n = 6;
         let m = Mat::random(enc, rows, cols, 77 + rows as u64);

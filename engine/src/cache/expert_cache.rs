@@ -687,9 +687,9 @@ impl ExpertCache {
 /// `bufs` with the matrices the kernels multiply faster in the interleaved row order reordered
 /// (`coli_kernels::prefers_interleaved`; the same numbers either way): for records pinned for
 /// the whole run. Records read on demand stay row-major: the integer kernels pack a row-major
-/// matrix 16 rows at a time as they multiply it, which reads it from RAM once, where a reorder
-/// at the read writes it back and reads it again (0.85x streamed decode when every record was
-/// reordered, docs/ENGINE.md). Outside the lock.
+/// matrix 16 rows at a time as they multiply it (with VNNI, one token's rows are read in place),
+/// which reads it from RAM once, where a reorder at the read writes it back and reads it again
+/// (0.85x streamed decode when every record was reordered, docs/ENGINE.md). Outside the lock.
 fn interleaved(mut bufs: Vec<ExpertBuf>) -> Vec<ExpertBuf> {
     for b in &mut bufs {
         b.interleave(
