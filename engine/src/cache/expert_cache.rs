@@ -16,6 +16,10 @@ use std::time::Instant;
 /// reads in flight stay a small, fixed amount of memory outside the budget.
 pub const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 
+/// Threads [`ExpertCache::pin`] reads its chunks of 64 records with (at most the CPUs the
+/// process may use).
+const PIN_READERS: usize = 4;
+
 /// [`ExpertCache::get_many_while`] reads the misses on a separate thread only when the experts
 /// already in RAM hold at least this many bytes: below it their compute (at ~10 GB/s, < 0.4 ms)
 /// is not worth a thread start, which on a loaded 2-core VM costs 1-2 ms of scheduling (the
@@ -206,7 +210,8 @@ impl ExpertCache {
     /// [`crate::EngineError::Invalid`] when the keys' bytes (INDEX record lengths rounded up to
     /// the page size, [`coli_store::held_bytes_for`]: what their buffers hold) do not fit
     /// in the budget left, before anything is read; [`crate::EngineError::Store`] for a key not
-    /// in the store or a failed read (nothing of the failed chunk of 64 is pinned).
+    /// in the store or a failed read (nothing of the failed chunk of 64 is pinned; chunks read
+    /// before it, by up to [`PIN_READERS`] threads, are).
     pub fn pin(&self, store: &Store, keys: &[ExpertKey]) -> Result<usize> {
         let mut chosen: Vec<ExpertKey> = Vec::with_capacity(keys.len());
         let mut seen = std::collections::HashSet::with_capacity(keys.len());
@@ -236,25 +241,62 @@ impl ExpertCache {
                 )));
             }
         }
-        for chunk in chosen.chunks(64) {
-            let bufs = store
-                .fetch(chunk)
-                .map(interleaved)
-                .map_err(store_err(format!("pinning {} experts", chunk.len())))?;
-            let mut s = self.state();
-            s.stats.fetch_calls += 1;
-            for b in bufs {
-                let len = b.len_bytes() as u64;
-                let held = b.held_bytes() as u64;
-                s.stats.pinned_reads += 1;
-                s.stats.bytes_fetched += len;
-                s.stats.demand_bytes += len;
-                if s.pinned.insert(b.key, Arc::new(b)).is_none() {
-                    s.pinned_bytes += held;
+        // Chunks of 64 read by up to PIN_READERS threads at once: the kernel zeroes every fresh
+        // page of a record buffer as its read is submitted (docs/IO.md "Buffers"), CPU work
+        // that one thread would do alone while the disk waits (a whole model's preload).
+        let chunks: Vec<&[ExpertKey]> = chosen.chunks(64).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let read = || -> Result<()> {
+            use std::sync::atomic::Ordering::Relaxed;
+            while !failed.load(Relaxed) {
+                let Some(chunk) = chunks.get(next.fetch_add(1, Relaxed)) else {
+                    break;
+                };
+                let bufs = match store.fetch(chunk).map(interleaved) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        failed.store(true, Relaxed);
+                        return Err(store_err(format!("pinning {} experts", chunk.len()))(e));
+                    }
+                };
+                let mut s = self.state();
+                s.stats.fetch_calls += 1;
+                for b in bufs {
+                    let len = b.len_bytes() as u64;
+                    let held = b.held_bytes() as u64;
+                    s.stats.pinned_reads += 1;
+                    s.stats.bytes_fetched += len;
+                    s.stats.demand_bytes += len;
+                    if s.pinned.insert(b.key, Arc::new(b)).is_none() {
+                        s.pinned_bytes += held;
+                    }
                 }
+                let cap = s.budget.saturating_sub(s.pinned_bytes);
+                s.lru.set_capacity(cap);
             }
-            let cap = s.budget.saturating_sub(s.pinned_bytes);
-            s.lru.set_capacity(cap);
+            Ok(())
+        };
+        let readers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(PIN_READERS)
+            .min(chunks.len());
+        if readers <= 1 {
+            read()?;
+        } else {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = (0..readers).map(|_| sc.spawn(read)).collect();
+                let mut first = Ok(());
+                for h in handles {
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            })?;
         }
         Ok(chosen.len())
     }
@@ -759,6 +801,50 @@ mod tests {
         w.finish().unwrap();
         let store = Store::open(&target).unwrap();
         (tmp, store)
+    }
+
+    /// Several chunks of 64 are read by several threads: every record pinned once, with the
+    /// bytes a plain fetch gives; a record that fails its checksum fails the pin, and nothing
+    /// of its chunk is pinned.
+    #[test]
+    fn pin_reads_chunks_on_several_threads() {
+        let (tmp, store) = tiny_store(200);
+        let keys: Vec<ExpertKey> = (0..200).map(|e| ExpertKey::new(0, e)).collect();
+        let held: u64 = keys
+            .iter()
+            .map(|&k| coli_store::held_bytes_for(store.record(k).unwrap().length.get()))
+            .sum();
+        let cache = ExpertCache::new(held);
+        assert_eq!(cache.pin(&store, &keys).unwrap(), 200);
+        assert_eq!(cache.pinned(), (200, held));
+        let s = cache.stats();
+        assert_eq!((s.pinned_reads, s.fetch_calls), (200, 4));
+        for &k in &keys {
+            let want = store.fetch_one(k).unwrap();
+            let got = cache.get_many(&store, &[k]).unwrap().pop().unwrap();
+            assert_eq!(got.bytes(), want.bytes(), "{k}");
+        }
+        assert_eq!(cache.stats().misses, 0);
+
+        // Expert 150 (the third chunk) corrupted on disk.
+        let r = store.record(ExpertKey::new(0, 150)).unwrap();
+        let path = coli_format::disk::names::segment_path(
+            tmp.path().join("s.coli").as_path(),
+            r.segment.get(),
+        );
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[r.offset.get() as usize + 100] ^= 0xFF;
+        std::fs::write(&path, bytes).unwrap();
+        let store = Store::open(tmp.path().join("s.coli")).unwrap();
+        let cache = ExpertCache::new(held);
+        let err = cache.pin(&store, &keys).unwrap_err().to_string();
+        assert!(err.contains("pinning 64 experts"), "{err}");
+        for e in 128..192 {
+            assert!(
+                !cache.is_pinned(ExpertKey::new(0, e)),
+                "expert {e} of the failed chunk"
+            );
+        }
     }
 
     #[test]
