@@ -18,7 +18,7 @@ pub const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 
 /// Threads [`ExpertCache::pin`] reads its chunks of 64 records with (at most the CPUs the
 /// process may use).
-const PIN_READERS: usize = 4;
+pub const PIN_READERS: usize = 4;
 
 /// [`ExpertCache::get_many_while`] reads the misses on a separate thread only when the experts
 /// already in RAM hold at least this many bytes: below it their compute (at ~10 GB/s, < 0.4 ms)
@@ -210,8 +210,9 @@ impl ExpertCache {
     /// [`crate::EngineError::Invalid`] when the keys' bytes (INDEX record lengths rounded up to
     /// the page size, [`coli_store::held_bytes_for`]: what their buffers hold) do not fit
     /// in the budget left, before anything is read; [`crate::EngineError::Store`] for a key not
-    /// in the store or a failed read (nothing of the failed chunk of 64 is pinned; chunks read
-    /// before it, by up to [`PIN_READERS`] threads, are).
+    /// in the store or a failed read: nothing of the failed chunk (of up to 64) is pinned, the
+    /// chunks read before it are, and so are those the other readers (up to [`PIN_READERS`]
+    /// threads) had already started; no new chunk starts after a failure.
     pub fn pin(&self, store: &Store, keys: &[ExpertKey]) -> Result<usize> {
         let mut chosen: Vec<ExpertKey> = Vec::with_capacity(keys.len());
         let mut seen = std::collections::HashSet::with_capacity(keys.len());
@@ -242,13 +243,24 @@ impl ExpertCache {
             }
         }
         // Chunks of 64 read by up to PIN_READERS threads at once: the kernel zeroes every fresh
-        // page of a record buffer as its read is submitted (docs/IO.md "Buffers"), CPU work
-        // that one thread would do alone while the disk waits (a whole model's preload).
+        // page of a record buffer when an O_DIRECT read into it is submitted (io_uring: in the
+        // submitting thread), CPU work that one thread would do alone while the disk waits (a
+        // whole model's preload), and the reorder of pinned records runs on each reader.
         let chunks: Vec<&[ExpertKey]> = chosen.chunks(64).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
+        // Stops the other readers when a reader panics (the panic is resumed after the join).
+        struct StopOnPanic<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnPanic<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
         let read = || -> Result<()> {
             use std::sync::atomic::Ordering::Relaxed;
+            let _stop = StopOnPanic(&failed);
             while !failed.load(Relaxed) {
                 let Some(chunk) = chunks.get(next.fetch_add(1, Relaxed)) else {
                     break;
@@ -838,7 +850,11 @@ mod tests {
         let store = Store::open(tmp.path().join("s.coli")).unwrap();
         let cache = ExpertCache::new(held);
         let err = cache.pin(&store, &keys).unwrap_err().to_string();
-        assert!(err.contains("pinning 64 experts"), "{err}");
+        assert!(
+            err.contains("pinning 64 experts")
+                && err.contains("checksum mismatch in layer 0 expert 150"),
+            "{err}"
+        );
         for e in 128..192 {
             assert!(
                 !cache.is_pinned(ExpertKey::new(0, e)),
