@@ -325,6 +325,35 @@ fn e8m0_half16(e: __m128i) -> __m512 {
     _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(f32::NAN))
 }
 
+/// `MXFP4_LUT` in both 256-bit halves of a 512-bit register (`vpshufb` looks up per 128 bits).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn mxfp4_lut512() -> __m512i {
+    // SAFETY: 32 readable bytes in `MXFP4_LUT`.
+    let l = unsafe { _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast()) };
+    _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
+}
+
+/// Rule step 2's scale of block `b` for the 16 rows of `g`: mxfp4 (`MX`) the e8m0 scale
+/// halved, int4 (`group` > 0) the group's scale, int8 1.0 (its row scales come last).
+///
+/// # Safety
+/// Block `b`'s scales lie within `g`'s (`[blocks, 16]` e8m0 bytes, `[cols / group, 16]` f32).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn block_scales<const MX: bool>(group: usize, g: Group<'_>, b: usize) -> __m512 {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        if MX {
+            e8m0_half16(_mm_loadu_si128(g.e8m0.as_ptr().add(b * G).cast()))
+        } else if group != 0 {
+            _mm512_loadu_ps(g.scales.as_ptr().add(int4_group(group, b) * G))
+        } else {
+            _mm512_set1_ps(1.0)
+        }
+    }
+}
+
 /// AVX-512 VNNI: `H` groups of 16 rows against `T` tokens, every (row, token) in rule step 2's
 /// order: per block, the 16 rows' integer sums as 16 lanes (`vpdpbusd` of the rows' words with
 /// the token's 4 activation bytes broadcast, two chains), then one `fma` per lane. `out[h][t]`
@@ -344,11 +373,7 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
     let (blocks, group, offs) = setup(MX, kind, &grp, &toks, cols);
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
-    // SAFETY: 32 readable bytes (the table, placed in both 256-bit halves).
-    let lut = unsafe {
-        let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
-        _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
-    };
+    let lut = mxfp4_lut512();
     let mut acc = [[_mm512_setzero_ps(); T]; H];
     for b in 0..blocks {
         // The groups' 8 weight vectors of block b (16 rows x 4 columns each, unsigned) and
@@ -356,13 +381,9 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
         let mut wv = [[_mm512_setzero_si512(); 8]; H];
         let mut sv = [_mm512_setzero_ps(); H];
         for h in 0..H {
-            let Group {
-                words,
-                scales,
-                e8m0,
-            } = grp[h];
-            // SAFETY: block b's words lie within `words` and its scales within `scales` /
-            // `e8m0` (checked lengths); a prefetch never faults.
+            let words = grp[h].words;
+            // SAFETY: block b's words lie within `words` and its scales within the group's
+            // (checked lengths); a prefetch never faults.
             unsafe {
                 if kind == Kind::Int8 {
                     let at = words.as_ptr().add(b * 8 * 64);
@@ -395,13 +416,7 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
                         }
                     }
                 }
-                sv[h] = if MX {
-                    e8m0_half16(_mm_loadu_si128(e8m0.as_ptr().add(b * G).cast()))
-                } else if group != 0 {
-                    _mm512_loadu_ps(scales.as_ptr().add(int4_group(group, b) * G))
-                } else {
-                    _mm512_set1_ps(1.0)
-                };
+                sv[h] = block_scales::<MX>(group, grp[h], b);
             }
         }
         let qo = block_q(kind, b);
@@ -459,11 +474,11 @@ unsafe fn groups_vnni<const MX: bool, const H: usize, const T: usize>(
 ///
 /// # Safety
 /// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2 and FMA are available; `kind` is not ggml, mxfp4
-/// exactly when `MX`; `w` is a row-major view of `kind` with checked sections (its lengths,
-/// the token's and the scales' are asserted).
+/// exactly when `MX`, int8 exactly when `I8`; `w` is a row-major view of `kind` with checked
+/// sections (its lengths, the token's and the scales' are asserted).
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn rows16_token_vnni<const MX: bool>(
+unsafe fn rows16_token_vnni<const MX: bool, const I8: bool>(
     kind: Kind,
     w: &MatrixView<'_>,
     r: usize,
@@ -472,7 +487,8 @@ unsafe fn rows16_token_vnni<const MX: bool>(
 ) -> [f32; G] {
     let cols = w.cols();
     let (blocks, group, _) = setup(MX, kind, &[], &[tok], cols);
-    let int8 = kind == Kind::Int8;
+    assert_eq!(I8, kind == Kind::Int8, "the int8 instance for int8 only");
+    let int8 = I8;
     let stride = w.encoding().weight_bytes(1, cols);
     let data = w.data();
     assert!(
@@ -490,11 +506,7 @@ unsafe fn rows16_token_vnni<const MX: bool>(
     let (q, d, c) = tok;
     let m0f = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
-    // SAFETY: 32 readable bytes (the table, placed in both 256-bit halves).
-    let lut = unsafe {
-        let l = _mm256_loadu_si256(MXFP4_LUT.as_ptr().cast());
-        _mm512_inserti64x4(_mm512_castsi256_si512(l), l, 1)
-    };
+    let lut = mxfp4_lut512();
     let mut acc = _mm512_setzero_ps();
     for ch in 0..cols.div_ceil(128) {
         // Blocks in this 128-column chunk: 4, or 2 in a last chunk of 64 columns.
@@ -602,19 +614,11 @@ unsafe fn rows16_token_vnni<const MX: bool>(
             let b = 4 * ch + l;
             let p = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[l], _mm512_set1_epi32(c[b])));
             let db = _mm512_set1_ps(d[b]);
-            // SAFETY: block b's scales lie within the group's (asserted lengths).
-            let m = unsafe {
-                match kind {
-                    Kind::Int8 => db,
-                    Kind::Mxfp4 => _mm512_mul_ps(
-                        db,
-                        e8m0_half16(_mm_loadu_si128(sc.e8m0.as_ptr().add(b * G).cast())),
-                    ),
-                    _ => _mm512_mul_ps(
-                        db,
-                        _mm512_loadu_ps(sc.scales.as_ptr().add(int4_group(group, b) * G)),
-                    ),
-                }
+            let m = if int8 {
+                db
+            } else {
+                // SAFETY: block b's scales lie within the group's (asserted lengths).
+                _mm512_mul_ps(db, unsafe { block_scales::<MX>(group, sc, b) })
             };
             acc = _mm512_fmadd_ps(m, p, acc);
         }
@@ -831,7 +835,13 @@ unsafe fn rows_of<const MX: bool, const VNNI: bool>(
                 .get_or_insert_with(|| Packed::new(kind, w))
                 .fill_scales(w, r);
             // SAFETY: the caller's guarantees; 16 rows of the view.
-            let o = unsafe { rows16_token_vnni::<MX>(kind, w, r, qa.token(0), sc) };
+            let o = unsafe {
+                if kind == Kind::Int8 {
+                    rows16_token_vnni::<MX, true>(kind, w, r, qa.token(0), sc)
+                } else {
+                    rows16_token_vnni::<MX, false>(kind, w, r, qa.token(0), sc)
+                }
+            };
             put(r, 0, &[o]);
             r += G;
             continue;
