@@ -1174,16 +1174,16 @@ unsafe fn iq_unpack(t: GgmlType, b: &[u8], q: &mut [i8], a: &mut [f32], tabs: &I
         ($src:expr) => {{
             let per = 64 / iq_block($src).1;
             assert!(q.len() >= 256 && a.len() >= 4 * per);
+            let mut sv = [0f32; 16];
+            // SAFETY: this function's features are `iq_block_scales`'s; `b` is a whole block;
+            // 16 floats into `sv`.
+            unsafe { _mm512_storeu_ps(sv.as_mut_ptr(), iq_block_scales::<{ $src }>(b)) };
             for c in 0..4 {
                 // SAFETY: this function's features are `iq_chunk`'s; `b` is a whole block.
-                let (s, codes) = unsafe { iq_chunk::<{ $src }>(b, c, tabs) };
-                let mut sv = [0f32; 4];
-                // SAFETY: 4 floats into `sv`; 64 bytes at 64 c of `q` (asserted above).
-                unsafe {
-                    _mm_storeu_ps(sv.as_mut_ptr(), s);
-                    _mm512_storeu_si512(q.as_mut_ptr().add(64 * c).cast(), codes);
-                }
-                a[per * c..per * (c + 1)].copy_from_slice(&sv[..per]);
+                let codes = unsafe { iq_chunk::<{ $src }>(b, c, tabs) };
+                // SAFETY: 64 bytes at 64 c of `q` (asserted above).
+                unsafe { _mm512_storeu_si512(q.as_mut_ptr().add(64 * c).cast(), codes) };
+                a[per * c..per * (c + 1)].copy_from_slice(&sv[4 * c..4 * c + per]);
             }
         }};
     }
@@ -1294,12 +1294,77 @@ const fn iq_block(src: u8) -> (usize, usize) {
     }
 }
 
-/// 64-column chunk `c` (`0..4`) of the 256-column i-quant block `b`, decoded in registers: the
-/// group scales of its 4 groups of 16 (iq2_xs, iq2_s) or 2 groups of 32 (the others; lanes 2, 3
-/// zero) and its 64 signed codes in column order, the values and f32 steps of
-/// `GgmlType::codes` (ggml's layouts, `format/src/encoding/ggml/*.rs`): lattice points
-/// gathered from [`IqTables`] by their indices (iq2_*: 8 points of 8 values, iq3_*: 16 of 4),
-/// signed by a byte mask (`(p ^ m) - m`: the 7-bit `KSIGNS` index's mask, or the sign bytes
+/// The group scales of the 256-column i-quant block `b`, chunk by chunk: lanes `4c..4c + 4`
+/// hold 64-column chunk `c`'s 4 groups of 16 (iq2_xs, iq2_s) or 2 groups of 32 (the others;
+/// lanes `4c + 2`, `4c + 3` zero), the values and f32 steps of `GgmlType::codes` (ggml's
+/// layouts, `format/src/encoding/ggml/*.rs`). Once per block and row: the 4 chunks share it.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available; `b` is a whole block
+/// of `SRC`'s type.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq_block_scales<const SRC: u8>(b: &[u8]) -> __m512 {
+    assert!(b.len() == iq_block(SRC).0);
+    let d = f16_at(b, 0);
+    let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    // Two groups of 32 per chunk: `a(2c)`, `a(2c + 1)`, 0, 0.
+    let pairs = |a: &dyn Fn(usize) -> f32| {
+        let mut v = [0f32; 16];
+        for c in 0..4 {
+            v[4 * c] = a(2 * c);
+            v[4 * c + 1] = a(2 * c + 1);
+        }
+        // SAFETY: 16 floats.
+        unsafe { _mm512_loadu_ps(v.as_ptr()) }
+    };
+    match SRC {
+        FROM_IQ2_XS | FROM_IQ2_S => {
+            // 16 groups of 16: `d * (0.5 + ls) * 0.25`, `ls` the nibbles of 8 bytes (low,
+            // then high) from byte 66 (iq2_xs) / 74 (iq2_s).
+            let at = if SRC == FROM_IQ2_XS { 66 } else { 74 };
+            let x = _mm_cvtsi64_si128(i64::from_le_bytes(
+                b[at..at + 8].try_into().expect("8 bytes"),
+            ));
+            let m = _mm_set1_epi8(0x0F);
+            let nib =
+                _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+            let ls = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib));
+            _mm512_mul_ps(
+                _mm512_mul_ps(_mm512_set1_ps(d), _mm512_add_ps(_mm512_set1_ps(0.5), ls)),
+                _mm512_set1_ps(0.25),
+            )
+        }
+        FROM_IQ2_XXS | FROM_IQ3_XXS => {
+            // Group g's u32 of 4 sign indices and the scale (its top 4 bits).
+            let (at, step, f) = if SRC == FROM_IQ2_XXS {
+                (6, 8, 0.25)
+            } else {
+                (66, 4, 0.5)
+            };
+            pairs(&|g| d * (0.5 + (u32_at(at + step * g) >> 28) as f32) * f)
+        }
+        FROM_IQ3_S => pairs(&|g| {
+            let s = b[106 + g / 2] >> (4 * (g % 2)) & 15;
+            d * (1 + 2 * s) as f32
+        }),
+        _ => {
+            // iq4_xs.
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            pairs(&|g| {
+                let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0x0F;
+                let hi = ((sh >> (2 * g)) & 3) as u8;
+                d * ((lo | hi << 4) as i32 - 32) as f32
+            })
+        }
+    }
+}
+
+/// 64-column chunk `c` (`0..4`) of the 256-column i-quant block `b`, decoded in registers: its
+/// 64 signed codes in column order, the values of `GgmlType::codes` (ggml's layouts,
+/// `format/src/encoding/ggml/*.rs`; the scales: [`iq_block_scales`]): lattice points gathered
+/// from [`IqTables`] by their indices (iq2_*: 8 points of 8 values, iq3_*: 16 of 4), negated
+/// where a sign bit is set (the 7-bit `KSIGNS` index's byte mask, gathered, or the sign bits
 /// as they are for iq2_s and iq3_s), iq4_xs's nibbles looked up in its 16 levels.
 ///
 /// # Safety
@@ -1307,38 +1372,34 @@ const fn iq_block(src: u8) -> (usize, usize) {
 /// of `SRC`'s type.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, __m512i) {
+unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> __m512i {
     assert!(b.len() == iq_block(SRC).0 && c < 4);
-    let d = f16_at(b, 0);
     let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-    // Byte masks of 8 seven-bit sign indices, the bits of `s0` (entries 0..4) and `s1`.
+    // The byte masks of 8 seven-bit `KSIGNS` indices (the low 7 bits of each u64 lane) and
+    // their parity bits, gathered from `IqTables::ksign_masks` (computing them was slower:
+    // `kernels/benches/results/q8a_iquant_block_scales_2026-12-07.txt`).
+    let ksign_masks = |v: __m512i| {
+        let at = _mm512_and_si512(v, _mm512_set1_epi64(127));
+        // SAFETY: indices below 128, the table's length.
+        unsafe { _mm512_i64gather_epi64::<8>(at, t.ksign_masks.as_ptr().cast()) }
+    };
+    // The masks of the sign indices of `s0` (entries 0..4) and `s1`, 7 bits each from bit 0.
     let ksigns = |s0: u32, s1: u32| {
         let v = _mm512_set_epi64(
             s1 as i64, s1 as i64, s1 as i64, s1 as i64, s0 as i64, s0 as i64, s0 as i64, s0 as i64,
         );
-        let at = _mm512_and_si512(
-            _mm512_srlv_epi64(v, _mm512_set_epi64(21, 14, 7, 0, 21, 14, 7, 0)),
-            _mm512_set1_epi64(127),
-        );
-        // SAFETY: indices below 128, the table's length.
-        unsafe { _mm512_i64gather_epi64::<8>(at, t.ksign_masks.as_ptr().cast()) }
+        ksign_masks(_mm512_srlv_epi64(
+            v,
+            _mm512_set_epi64(21, 14, 7, 0, 21, 14, 7, 0),
+        ))
     };
+    // `p` negated where the byte mask `m` is all ones: `(p ^ m) - m`.
     let sign = |p: __m512i, m: __m512i| _mm512_sub_epi8(_mm512_xor_si512(p, m), m);
-    // 16-column groups' `d * (0.5 + ls) * 0.25` of the nibbles of bytes `at`, `at + 1`.
-    let nibble_scales = |at: usize| {
-        let (s0, s1) = (b[at], b[at + 1]);
-        let ls = _mm_setr_ps(
-            (s0 & 15) as f32,
-            (s0 >> 4) as f32,
-            (s1 & 15) as f32,
-            (s1 >> 4) as f32,
-        );
-        _mm_mul_ps(
-            _mm_mul_ps(_mm_set1_ps(d), _mm_add_ps(_mm_set1_ps(0.5), ls)),
-            _mm_set1_ps(0.25),
-        )
-    };
+    // `p` negated where bit `i` of `bits` is set for byte `i` (a masked `0 - p`: the same bytes
+    // as `sign` with the bits as a byte mask).
+    let sign_bits =
+        |p: __m512i, bits: u64| _mm512_mask_sub_epi8(p, bits, _mm512_setzero_si512(), p);
     match SRC {
         FROM_IQ2_XXS | FROM_IQ3_XXS => {
             // Groups 2c and 2c + 1: each 8 bytes of indices (iq2_xxs: 4, then its u32; iq3_xxs:
@@ -1348,8 +1409,6 @@ unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, 
             } else {
                 (u32_at(66 + 8 * c), u32_at(66 + 8 * c + 4))
             };
-            let f = if SRC == FROM_IQ2_XXS { 0.25 } else { 0.5 };
-            let a = |s: u32| d * (0.5 + (s >> 28) as f32) * f;
             let p = if SRC == FROM_IQ2_XXS {
                 let idx = (u32_at(2 + 16 * c) as u64) | (u32_at(2 + 16 * c + 8) as u64) << 32;
                 let at = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(idx as i64));
@@ -1366,26 +1425,20 @@ unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, 
                     )
                 }
             };
-            (_mm_setr_ps(a(s0), a(s1), 0.0, 0.0), sign(p, ksigns(s0, s1)))
+            sign(p, ksigns(s0, s1))
         }
         FROM_IQ2_XS => {
             // SAFETY: 16 bytes of qs at 2 + 16 c lie within the 74-byte block.
             let x = unsafe { _mm_loadu_si128(b.as_ptr().add(2 + 16 * c).cast()) };
             let v = _mm512_cvtepu16_epi64(x);
-            // SAFETY: indices below 512 and 128, the tables' lengths.
-            let (p, m) = unsafe {
-                (
-                    _mm512_i64gather_epi64::<8>(
-                        _mm512_and_si512(v, _mm512_set1_epi64(511)),
-                        t.iq2xs_grid.as_ptr().cast(),
-                    ),
-                    _mm512_i64gather_epi64::<8>(
-                        _mm512_srli_epi64::<9>(v),
-                        t.ksign_masks.as_ptr().cast(),
-                    ),
+            // SAFETY: indices below 512, the grid's length.
+            let p = unsafe {
+                _mm512_i64gather_epi64::<8>(
+                    _mm512_and_si512(v, _mm512_set1_epi64(511)),
+                    t.iq2xs_grid.as_ptr().cast(),
                 )
             };
-            (nibble_scales(66 + 2 * c), sign(p, m))
+            sign(p, ksign_masks(_mm512_srli_epi64::<9>(v)))
         }
         FROM_IQ2_S => {
             // Entries 8c .. 8c + 8: qs bytes, 2 high bits each from qh bytes 2c, 2c + 1.
@@ -1401,8 +1454,7 @@ unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, 
             let at = _mm512_or_si512(lo, _mm512_slli_epi64::<8>(hi));
             // SAFETY: indices below 1024, the grid's length.
             let p = unsafe { _mm512_i64gather_epi64::<8>(at, t.iq2s_grid.as_ptr().cast()) };
-            let m = _mm512_movm_epi8(u64_at(34 + 8 * c));
-            (nibble_scales(74 + 2 * c), sign(p, m))
+            sign_bits(p, u64_at(34 + 8 * c))
         }
         FROM_IQ3_S => {
             // Entries 16c .. 16c + 16: qs bytes, a high bit each from qh bytes 2c, 2c + 1.
@@ -1419,19 +1471,10 @@ unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, 
             let at = _mm512_or_si512(_mm512_cvtepu8_epi32(x), _mm512_slli_epi32::<8>(hi));
             // SAFETY: indices below 512, the grid's length.
             let p = unsafe { _mm512_i32gather_epi32::<4>(at, t.iq3s_grid.as_ptr().cast()) };
-            let m = _mm512_movm_epi8(u64_at(74 + 8 * c));
-            let s = b[106 + c];
-            let a = |ls: u8| d * (1 + 2 * ls) as f32;
-            (_mm_setr_ps(a(s & 15), a(s >> 4), 0.0, 0.0), sign(p, m))
+            sign_bits(p, u64_at(74 + 8 * c))
         }
         _ => {
             // iq4_xs: groups 2c, 2c + 1, 16 bytes of nibbles each (low: columns 0..16).
-            let sh = u16::from_le_bytes([b[2], b[3]]);
-            let a = |g: usize| {
-                let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0x0F;
-                let hi = ((sh >> (2 * g)) & 3) as u8;
-                d * ((lo | hi << 4) as i32 - 32) as f32
-            };
             // SAFETY: 32 bytes at 8 + 32 c lie within the 136-byte block.
             let (x0, x1) = unsafe {
                 (
@@ -1447,10 +1490,7 @@ unsafe fn iq_chunk<const SRC: u8>(b: &[u8], c: usize, t: &IqTables) -> (__m128, 
             // SAFETY: 16 bytes.
             let lut =
                 _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(t.iq4_values.as_ptr().cast()) });
-            (
-                _mm_setr_ps(a(2 * c), a(2 * c + 1), 0.0, 0.0),
-                _mm512_shuffle_epi8(lut, nib),
-            )
+            _mm512_shuffle_epi8(lut, nib)
         }
     }
 }
@@ -1590,6 +1630,8 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     let mut blk_a = [[0f32; 8]; R];
     let mut blk_m = [[0f32; 8]; R];
     let mut blk_6 = [[0f32; 16]; R];
+    // i-quants: row u's current block's group scales, chunk by chunk (`iq_block_scales`).
+    let mut blk_iq = [[0f32; 16]; R];
     for tk in 0..n {
         let (q, d, sums) = qa.token(tk);
         assert!(q.len() == cols && d.len() == cols / 4 && sums.len() == cols / 4);
@@ -1625,6 +1667,16 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     }
                 }
             }
+            if SRC >= FROM_IQ2_XXS && k % 4 == 0 {
+                let bb = iq_block(SRC).0;
+                for u in 0..R {
+                    let b = &un.rows[u][k / 4 * bb..k / 4 * bb + bb];
+                    // SAFETY: this function's features are `iq_block_scales`'s; `b` is block
+                    // k / 4 of the row (`check`: the row holds cols / 256 whole blocks); 16
+                    // floats into `blk_iq[u]`.
+                    unsafe { _mm512_storeu_ps(blk_iq[u].as_mut_ptr(), iq_block_scales::<SRC>(b)) };
+                }
+            }
             // SAFETY: 64 k + 64 <= cols = q.len(), 16 k + 16 <= cols / 4 = d.len() =
             // sums.len().
             let (qx, dv, sq) = unsafe {
@@ -1647,7 +1699,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     // the row (`check`: the row holds cols / 256 whole blocks).
                     unsafe { iq_chunk::<SRC>(b, k % 4, &iq_tabs) }
                 } else {
-                    (_mm_setzero_ps(), _mm512_setzero_si512())
+                    _mm512_setzero_si512()
                 };
                 // The lanes' group scales: in place, the two blocks' f16 `d`.
                 let a4 = match SRC {
@@ -1688,8 +1740,11 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                         // SAFETY: 4 floats of the 16 at 4 (k % 4).
                         unsafe { _mm_loadu_ps(blk_6[u].as_ptr().add(4 * (k % 4))) }
                     }
-                    // The chunk's group scales, decoded with its codes.
-                    _ if SRC >= FROM_IQ2_XXS => iq.0,
+                    // The chunk's group scales, of the block's (`blk_iq`).
+                    // SAFETY: 4 floats of the 16 at 4 (k % 4).
+                    _ if SRC >= FROM_IQ2_XXS => unsafe {
+                        _mm_loadu_ps(blk_iq[u].as_ptr().add(4 * (k % 4)))
+                    },
                     // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
                     _ => unsafe { _mm_loadu_ps(a.as_ptr().add(g0)) },
                 };
@@ -1742,7 +1797,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                             (_mm512_or_si512(lo, hi), _mm512_slli_epi32(sq, 5))
                         }
                         _ if SRC >= FROM_IQ2_XXS => {
-                            (_mm512_xor_si512(iq.1, flip), _mm512_slli_epi32(sq, 7))
+                            (_mm512_xor_si512(iq, flip), _mm512_slli_epi32(sq, 7))
                         }
                         FROM_Q8_0 => {
                             let b = un.rows[u].as_ptr().add(2 * k * 34 + 2);
