@@ -85,8 +85,16 @@ ENGINES = {
     "llama-q4_0": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "off"]),
     "llama-q8_0": ("llama", "olmoe-q8_0.gguf", "int8", ["--repack", "off"]),
     "llama-q4_0-repack": ("llama", "olmoe-q4_0.gguf", "int4", ["--repack", "cpu"]),
+    # One GGUF file run by both (issue 46): coli's store of it (`coli-convert FILE.gguf`, the
+    # blocks bit for bit) against llama.cpp on the file (gguf_iquant.py writes them).
+    "coli-gguf-q4_k-q8a": ("coli", "store-gguf-q4_k", "q4_k", ["--numerics", "q8a"]),
+    "llama-q4_k": ("llama", "olmoe-q4_k.gguf", "q4_k", ["--repack", "off"]),
+    "llama-q4_k-repack": ("llama", "olmoe-q4_k.gguf", "q4_k", ["--repack", "cpu"]),
+    "coli-gguf-iq2_xs-q8a": ("coli", "store-gguf-iq2_xs", "iq2_xs", ["--numerics", "q8a"]),
+    "llama-iq2_xs": ("llama", "olmoe-iq2_xs.gguf", "iq2_xs", ["--repack", "off"]),
 }
-GROUP_REF = {"int4": "store-int4", "int8": "store-int8"}
+GROUP_REF = {"int4": "store-int4", "int8": "store-int8", "q4_k": "store-gguf-q4_k",
+             "iq2_xs": "store-gguf-iq2_xs"}
 
 
 def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
@@ -264,7 +272,11 @@ def main() -> int:
             continue
         engines.append((name, kind, path, group, extra))
     rng = random.Random(a.seed)
-    with open(os.path.join(a.bench_dir, "store-int4", "files", "config.json")) as f:
+    # The vocabulary of the model: store-int4's config, else the first coli engine's store's.
+    cfg_store = os.path.join(a.bench_dir, "store-int4")
+    if not os.path.isdir(cfg_store):
+        cfg_store = next(p for _, k, p, _, _ in engines if k == "coli")
+    with open(os.path.join(cfg_store, "files", "config.json")) as f:
         cfg = json.load(f)
         vocab = cfg["vocab_size"] if "vocab_size" in cfg else cfg["text_config"]["vocab_size"]
     prompt = [rng.randrange(vocab) for _ in range(8)]

@@ -81,9 +81,14 @@ def main(files) -> int:
                     cells += ["-", f"{peak:.0f}", "-", "-", "-", "-"]
                 print("| " + " | ".join(cells) + " |")
         print()
-        # Every coli engine against each llama.cpp engine of its bits (int4 stores: Q4_0, int8: Q8_0).
+        # Every coli engine against each llama.cpp engine of its bits (int4 stores: Q4_0, int8: Q8_0;
+        # a GGUF's store, coli-gguf-TYPE-*: llama.cpp on the same file, llama-TYPE).
+        def peer(c):
+            if c.startswith("coli-gguf-"):
+                return "llama-" + c.split("-")[2]
+            return "llama-q8_0" if c.startswith("coli-int8") else "llama-q4_0"
         pairs = [(c, l) for c in engines if c.startswith("coli-")
-                 for l in engines if l.startswith("llama-q8_0" if c.startswith("coli-int8") else "llama-q4_0")]
+                 for l in engines if l.startswith(peer(c))]
         for c, l in pairs:
             for p in pcts:
                 a, b = rows.get((c, p, w)), rows.get((l, p, w))

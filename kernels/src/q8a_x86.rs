@@ -1162,9 +1162,9 @@ fn iq_in_place_tokens(t: GgmlType) -> usize {
     }
 }
 
-/// One i-quant block `b` of type `t` (with an in-place source) unpacked into its integer form
-/// with [`iq_chunk`]: its 256 codes into `q`, its group scales into `a` (the values
-/// `GgmlType::codes` writes).
+/// One i-quant block `b` of type `t` (with an in-place source) unpacked into its integer form:
+/// its 256 codes into `q` ([`iq_chunk`]), its group scales into `a` ([`iq_block_scales`]; the
+/// values `GgmlType::codes` writes).
 ///
 /// # Safety
 /// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available.
@@ -1297,7 +1297,8 @@ const fn iq_block(src: u8) -> (usize, usize) {
 /// The group scales of the 256-column i-quant block `b`, chunk by chunk: lanes `4c..4c + 4`
 /// hold 64-column chunk `c`'s 4 groups of 16 (iq2_xs, iq2_s) or 2 groups of 32 (the others;
 /// lanes `4c + 2`, `4c + 3` zero), the values and f32 steps of `GgmlType::codes` (ggml's
-/// layouts, `format/src/encoding/ggml/*.rs`). Once per block and row: the 4 chunks share it.
+/// layouts, `format/src/encoding/ggml/*.rs`). Once per block of a row (and token): the block's
+/// 4 chunks share it.
 ///
 /// # Safety
 /// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available; `b` is a whole block
@@ -1345,7 +1346,7 @@ unsafe fn iq_block_scales<const SRC: u8>(b: &[u8]) -> __m512 {
             pairs(&|g| d * (0.5 + (u32_at(at + step * g) >> 28) as f32) * f)
         }
         FROM_IQ3_S => pairs(&|g| {
-            let s = b[106 + g / 2] >> (4 * (g % 2)) & 15;
+            let s = (b[106 + g / 2] >> (4 * (g % 2))) & 15;
             d * (1 + 2 * s) as f32
         }),
         _ => {
@@ -1690,7 +1691,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
             let g0 = 64 * k / g;
             for u in 0..R {
                 let a = &un.a[u * gs..(u + 1) * gs];
-                // An i-quant chunk: its scales and codes, decoded in registers.
+                // An i-quant chunk: its codes, decoded in registers (its scales: `blk_iq`).
                 let iq = if SRC >= FROM_IQ2_XXS {
                     let (bb, _) = iq_block(SRC);
                     let b = &un.rows[u][k / 4 * bb..k / 4 * bb + bb];
