@@ -25,8 +25,15 @@ Limits, per bit-width group (int4: coli int4, coli int4-d8 and llama.cpp Q4_0; i
 llama.cpp Q8_0), from that group's coli store with bf16 dense weights: dense.bin + P% of the expert
 records + 384 MiB (KV cache at --context 512, code, buffers), for each P of --limits (100 holds
 the whole model). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
-pinned set included) = (limit - its own dense.bin - 384 MiB) x record bytes / bytes a record's
-buffer holds (`coli_budget`: a buffer is its record's length rounded to the page size); the usage history is learned on
+pinned set included) = (limit - its own dense.bin - its margin) x record bytes / bytes a record's
+buffer holds (a buffer is its record's length rounded to the page size). The margin
+(`--coli-margin measured`, the default since 2026-12-07; `coli_budget_measured`) is coli's
+overhead on that store and workload x 1.1 + 16 MiB, the overhead measured in the same run by
+`calibrate_overhead` (a cold run in an unconstraining cgroup with a tenth of the experts as
+budget: peak cgroup memory - dense.bin - budget, i.e. KV cache, activations, reads in flight,
+code and heap); `--coli-margin flat` gives the flat 384 MiB of earlier runs (`coli_budget`),
+which left coli's cgroup partly unused where its overhead is smaller (the 4-layer OLMoE shape:
+~60-175 MB against 384 MiB) while llama.cpp's page cache takes the whole limit. The usage history is learned on
 other token ids before the first run (so it may pin its hottest experts). llama.cpp: mmap on
 (its default, the way it runs models larger than RAM) and weight repacking OFF
 (`use_extra_bufts = false`, `--no-repack` in its CLI): with repacking, its CPU backend copies the
@@ -104,6 +111,16 @@ def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
     return os.path.getsize(os.path.join(store, "dense.bin")), c["bytes"], c["bytes"] // c["count"]
 
 
+def coli_budget_measured(limit: int, dense: int, record: int, overhead: int) -> int:
+    """coli's --ram-budget for a cgroup of `limit` bytes from its measured overhead (`overhead`:
+    the peak cgroup memory of a calibration run of the same store and workload, less its
+    dense.bin and its expert budget; `calibrate_overhead`): what is left after dense.bin and
+    overhead x 1.1 + 16 MiB, times record / held bytes per record (as `coli_budget`)."""
+    held = -(-record // 4096) * 4096
+    margin = overhead * 11 // 10 + 16 * MiB
+    return max((limit - dense - margin) * record // held, 16 * MiB)
+
+
 def coli_budget(limit: int, dense: int, record: int) -> int:
     """coli's --ram-budget for a cgroup of `limit` bytes: what is left after dense.bin and
     384 MiB (KV cache at --context 512 = 128 MiB on the OLMoE shape, code, heap, reads in
@@ -168,6 +185,28 @@ def run_in_cgroup(name: str, limit: int, cmd: list, env=None) -> dict:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def calibrate_overhead(a, name, path, w, ids, usage, extra) -> dict:
+    """coli's memory beyond dense.bin and its expert cache on store `path` for workload `w`,
+    measured: one cold run in a memory cgroup that does not constrain it (the whole store +
+    1 GiB), with an expert budget of a tenth of the experts (at least 16 MiB) that the run
+    fills (it must evict, else the figure would undercount the cache); overhead = peak cgroup
+    memory - dense.bin - the budget. It holds the KV cache, the activations, reads in flight,
+    the code and the heap."""
+    dense, experts, _ = store_sizes(a.coli, path)
+    budget = max(experts // 10, 16 * MiB)
+    u = usage + ".calibrate"
+    shutil.copy(usage, u)
+    res = run_in_cgroup(name + "-cal", dense + experts + 1024 * MiB, coli_cmd(a, path, w, ids, budget, u, extra))
+    if res["rc"] != 0:
+        sys.exit(f"{name} calibration run failed: {res['stderr']}")
+    s = json.loads(res["stdout"].strip().splitlines()[-1])["stats"]
+    if s["evictions"] == 0:
+        sys.exit(f"{name} {w}: the calibration run evicted nothing (budget {budget}): its overhead would count cache")
+    return {"calibrate": name, "workload": w, "budget": budget, "peak_cgroup_bytes": res["peak_cgroup_bytes"],
+            "dense_bytes": dense, "overhead_bytes": res["peak_cgroup_bytes"] - dense - budget,
+            "evictions": s["evictions"], "hit_rate": s["hit_rate"]}
 
 
 def fio_bandwidth(store: str, block: int, qd: int, seconds: int = 5, jobs: int = 2) -> float:
@@ -244,6 +283,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--gguf-prefix", default="olmoe",
                     help="the GGUFs are PREFIX-q4_0.gguf / PREFIX-q8_0.gguf in the bench dir (qwen35: qwen35_gguf.py)")
+    ap.add_argument("--coli-margin", choices=["measured", "flat"], default="measured",
+                    help="coli's --ram-budget at a limit: the limit less dense.bin and its overhead measured by a "
+                         "calibration run (x 1.1 + 16 MiB), or less the flat 384 MiB (runs before 2026-12-07)")
     ap.add_argument("--bounds-from", help="reuse the bounds lines of an earlier results file of this script")
     a = ap.parse_args()
     if not os.path.isdir(CG):
@@ -301,6 +343,16 @@ def main() -> int:
             usage[name] = os.path.join(tmp, f"usage-{name}.json")
             subprocess.run(coli_cmd(a, path, "stream", learn_ids, 1 << 40, usage[name], ["--no-pin", *extra]),
                            capture_output=True, check=True)
+    # coli's measured overhead per store and workload (--coli-margin measured).
+    overhead = {}
+    if a.coli_margin == "measured":
+        for name, kind, path, group, extra in engines:
+            if kind != "coli":
+                continue
+            for w in a.workloads.split(","):
+                c = calibrate_overhead(a, name, path, w, prompt if w == "decode" else stream_ids, usage[name], extra)
+                overhead[(name, w)] = c["overhead_bytes"]
+                emit(c)
     # Bounds: fio and everything resident, per coli store.
     bounds = {}
     if a.bounds_from:
@@ -351,7 +403,10 @@ def main() -> int:
                     limit = groups[group][limit_p]
                     if kind == "coli":
                         dense, _, rec = store_sizes(a.coli, path)
-                        budget = coli_budget(limit, dense, rec)
+                        if a.coli_margin == "measured":
+                            budget = coli_budget_measured(limit, dense, rec, overhead[(name, w)])
+                        else:
+                            budget = coli_budget(limit, dense, rec)
                         u = os.path.join(tmp, f"u-{name}-{limit_p}-{rep}-{w}.json")
                         shutil.copy(usage[name], u)
                         cmd = coli_cmd(a, path, w, ids, budget, u, extra)
