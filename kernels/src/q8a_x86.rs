@@ -1294,6 +1294,40 @@ const fn iq_block(src: u8) -> (usize, usize) {
     }
 }
 
+/// The scale lanes of the 256-column q4_k block `b` (144 bytes: f16 `d`, f16 `dmin`, 12 bytes
+/// of 6-bit scales and mins, 128 of nibbles): lanes 0..8 `d * scales[g]`, lanes 8..16
+/// `-(dmin * mins[g])` (`(-dmin) * mins[g]`: negation commutes with the rounded product), the
+/// values and f32 steps of `GgmlType::codes` (`format/src/encoding/ggml/q4_k.rs`,
+/// `scale_min`: the 6-bit fields unpacked four at a time in 32-bit words, as ggml's
+/// `kmask1..3` do). Once per block of a row (and token): the block's 4 chunks share it.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW, AVX-512 VNNI, AVX2, FMA and F16C are available (the tile's features);
+/// `b` is a whole q4_k block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_block_scales(b: &[u8]) -> __m512 {
+    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let (k0, k1, k2) = (word(4), word(8), word(12));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    // scales[0..4] = k[g] & 63; scales[4..8] = (k[g + 4] & 15) | (k[g - 4] >> 6) << 4;
+    // mins[0..4] = k[g + 4] & 63; mins[4..8] = (k[g + 4] >> 4) | (k[g] >> 6) << 4.
+    let sc_lo = k0 & LOW6;
+    let sc_hi = (k2 & LOW4) | (((k0 >> 6) & LOW2) << 4);
+    let mn_lo = k1 & LOW6;
+    let mn_hi = ((k2 >> 4) & LOW4) | (((k1 >> 6) & LOW2) << 4);
+    let bytes = _mm_set_epi32(mn_hi as i32, mn_lo as i32, sc_hi as i32, sc_lo as i32);
+    let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+    let f = _mm512_mask_blend_ps(
+        0xFF00,
+        _mm512_set1_ps(f16_at(b, 0)),
+        _mm512_set1_ps(-f16_at(b, 2)),
+    );
+    _mm512_mul_ps(f, v)
+}
+
 /// The group scales of the 256-column i-quant block `b`, chunk by chunk: lanes `4c..4c + 4`
 /// hold 64-column chunk `c`'s 4 groups of 16 (iq2_xs, iq2_s) or 2 groups of 32 (the others;
 /// lanes `4c + 2`, `4c + 3` zero), the values and f32 steps of `GgmlType::codes` (ggml's
@@ -1626,13 +1660,11 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
     let m0f_256 = _mm256_set1_epi8(0x0F);
     let m03 = _mm512_set1_epi8(0x03);
     let iq_tabs = coli_format::encoding::ggml::iq_tables();
-    // FROM_Q4_K: row u's current block's 8 group scales and offsets; FROM_Q6_K: its 16
-    // `d * scales[g]`.
-    let mut blk_a = [[0f32; 8]; R];
-    let mut blk_m = [[0f32; 8]; R];
-    let mut blk_6 = [[0f32; 16]; R];
-    // i-quants: row u's current block's group scales, chunk by chunk (`iq_block_scales`).
-    let mut blk_iq = [[0f32; 16]; R];
+    // Row u's current block's 16 scale lanes, computed once per block of a row and token:
+    // FROM_Q4_K its 8 group scales `d * scales[g]` then its 8 offsets `-(dmin * mins[g])`
+    // (`q4_k_block_scales`); FROM_Q6_K its 16 `d * scales[g]`; the i-quants their group scales
+    // chunk by chunk (`iq_block_scales`).
+    let mut blk = [[0f32; 16]; R];
     for tk in 0..n {
         let (q, d, sums) = qa.token(tk);
         assert!(q.len() == cols && d.len() == cols / 4 && sums.len() == cols / 4);
@@ -1640,14 +1672,11 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
         for k in 0..cols / 64 {
             if SRC == FROM_Q4_K && k % 4 == 0 {
                 for u in 0..R {
-                    // The block's scales, as `GgmlType::codes` (q4_k) computes them.
                     let b = &un.rows[u][k / 4 * 144..k / 4 * 144 + 144];
-                    let (dd, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                    let (sc, mn) = coli_format::encoding::ggml::q4_k_scale_min(&b[4..16]);
-                    for g in 0..8 {
-                        blk_a[u][g] = dd * sc[g] as f32;
-                        blk_m[u][g] = -(dmin * mn[g] as f32);
-                    }
+                    // SAFETY: this function's features are `q4_k_block_scales`'s; `b` is block
+                    // k / 4 of the row (`check`: the row holds cols / 256 whole blocks); 16
+                    // floats into `blk[u]`.
+                    unsafe { _mm512_storeu_ps(blk[u].as_mut_ptr(), q4_k_block_scales(b)) };
                 }
             }
             if SRC == FROM_Q6_K && k % 4 == 0 {
@@ -1656,13 +1685,13 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     // as one at a time.
                     let b = &un.rows[u][k / 4 * 210..k / 4 * 210 + 210];
                     // SAFETY: bytes 192..208 of the 210-byte block are its 16 scales; 16 floats
-                    // fit `blk_6[u]`.
+                    // fit `blk[u]`.
                     unsafe {
                         let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
                             b.as_ptr().add(192).cast(),
                         )));
                         _mm512_storeu_ps(
-                            blk_6[u].as_mut_ptr(),
+                            blk[u].as_mut_ptr(),
                             _mm512_mul_ps(_mm512_set1_ps(f16_at(b, 208)), sc),
                         );
                     }
@@ -1674,8 +1703,8 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                     let b = &un.rows[u][k / 4 * bb..k / 4 * bb + bb];
                     // SAFETY: this function's features are `iq_block_scales`'s; `b` is block
                     // k / 4 of the row (`check`: the row holds cols / 256 whole blocks); 16
-                    // floats into `blk_iq[u]`.
-                    unsafe { _mm512_storeu_ps(blk_iq[u].as_mut_ptr(), iq_block_scales::<SRC>(b)) };
+                    // floats into `blk[u]`.
+                    unsafe { _mm512_storeu_ps(blk[u].as_mut_ptr(), iq_block_scales::<SRC>(b)) };
                 }
             }
             // SAFETY: 64 k + 64 <= cols = q.len(), 16 k + 16 <= cols / 4 = d.len() =
@@ -1691,7 +1720,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
             let g0 = 64 * k / g;
             for u in 0..R {
                 let a = &un.a[u * gs..(u + 1) * gs];
-                // An i-quant chunk: its codes, decoded in registers (its scales: `blk_iq`).
+                // An i-quant chunk: its codes, decoded in registers (its scales: `blk`).
                 let iq = if SRC >= FROM_IQ2_XXS {
                     let (bb, _) = iq_block(SRC);
                     let b = &un.rows[u][k / 4 * bb..k / 4 * bb + bb];
@@ -1725,7 +1754,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                         _mm_prefetch::<_MM_HINT_T0>(
                             un.rows[u].as_ptr().wrapping_add(k * 36 + PREFETCH).cast(),
                         );
-                        let p = blk_a[u][2 * (k % 4)..2 * (k % 4) + 2].as_ptr();
+                        let p = blk[u][2 * (k % 4)..2 * (k % 4) + 2].as_ptr();
                         // SAFETY: 2 floats at `p`.
                         _mm_castsi128_ps(unsafe { _mm_loadl_epi64(p.cast()) })
                     }
@@ -1739,12 +1768,12 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                                 .cast(),
                         );
                         // SAFETY: 4 floats of the 16 at 4 (k % 4).
-                        unsafe { _mm_loadu_ps(blk_6[u].as_ptr().add(4 * (k % 4))) }
+                        unsafe { _mm_loadu_ps(blk[u].as_ptr().add(4 * (k % 4))) }
                     }
-                    // The chunk's group scales, of the block's (`blk_iq`).
+                    // The chunk's group scales, of the block's (`blk`).
                     // SAFETY: 4 floats of the 16 at 4 (k % 4).
                     _ if SRC >= FROM_IQ2_XXS => unsafe {
-                        _mm_loadu_ps(blk_iq[u].as_ptr().add(4 * (k % 4)))
+                        _mm_loadu_ps(blk[u].as_ptr().add(4 * (k % 4)))
                     },
                     // SAFETY: groups g0 .. g0 + 4 lie within the row's `gs` (16 spare).
                     _ => unsafe { _mm_loadu_ps(a.as_ptr().add(g0)) },
@@ -1821,7 +1850,7 @@ unsafe fn ggml_tile_vnni<const R: usize, const SRC: u8>(
                 if un.offset {
                     let m = &un.m[u * gs..(u + 1) * gs];
                     let m4 = if SRC == FROM_Q4_K {
-                        let p = blk_m[u][2 * (k % 4)..2 * (k % 4) + 2].as_ptr();
+                        let p = blk[u][8 + 2 * (k % 4)..8 + 2 * (k % 4) + 2].as_ptr();
                         // SAFETY: 2 floats at `p`.
                         _mm_castsi128_ps(unsafe { _mm_loadl_epi64(p.cast()) })
                     } else {
