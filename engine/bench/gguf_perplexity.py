@@ -138,11 +138,14 @@ def types_of(path):
     return seen
 
 
-def llama_nll(path, ids):
+def llama_nll(path, ids, kv_f32=False):
+    """Mean NLL of `ids` by llama.cpp on `path`: its default KV cache (f16 keys and values), or
+    with `kv_f32` an f32 one (`type_k` = `type_v` = GGML_TYPE_F32), coli's KV precision."""
     import llama_cpp
 
+    kv = {"type_k": 0, "type_v": 0} if kv_f32 else {}
     llm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + 8, n_batch=512, logits_all=True, verbose=False,
-                          n_threads=2)
+                          n_threads=2, **kv)
     llm.eval(ids)
     logits = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
     m = logits.max(-1, keepdims=True)
@@ -217,8 +220,9 @@ def main():
              f"{time.strftime('%Y-%m-%d')}",
              "# transformers: LlamaForCausalLM in f32 on gguf-py's dequantization of the same file (the exact"
              " numerics' reference)",
+             "# llama.cpp: its default f16 KV cache; llama kv32: the same with an f32 KV cache (coli's KV precision)",
              "# type     tensors (type: count)                          transformers coli exact   coli q8a   llama.cpp   "
-             "exact/tf   exact/llama   q8a/llama"]
+             "exact/tf   exact/llama   q8a/llama  llama kv32  exact/kv32  q8a/kv32"]
     with tempfile.TemporaryDirectory() as tmp:
         f32 = os.path.join(tmp, "demo-moe-f32.gguf")
         moe_f32(args.demo_gguf, f32)
@@ -243,12 +247,14 @@ def main():
                     sys.exit(f"{qt}: coli scored {j['tokens']} tokens, llama.cpp tokenized {len(ids)}")
                 coli[num] = j["mean_nll"]
             ll = llama_nll(q, ids)
+            pl32 = float(np.exp(llama_nll(q, ids, kv_f32=True)))
             ppl = {k: float(np.exp(v)) for k, v in coli.items()}
             pl = float(np.exp(ll))
             pt = float(np.exp(transformers_nll(q, ids)))
             kinds = " ".join(f"{k}:{v}" for k, v in sorted(types_of(q).items()))
             lines.append(f"{qt:<9} {kinds:<46} {pt:12.4f} {ppl['exact']:10.4f} {ppl['q8a']:10.4f} {pl:11.4f} "
-                         f"{ppl['exact'] / pt:9.6f} {ppl['exact'] / pl:11.5f} {ppl['q8a'] / pl:11.5f}")
+                         f"{ppl['exact'] / pt:9.6f} {ppl['exact'] / pl:11.5f} {ppl['q8a'] / pl:11.5f} {pl32:11.4f} "
+                         f"{ppl['exact'] / pl32:11.5f} {ppl['q8a'] / pl32:9.5f}")
             print(lines[-1], flush=True)
             os.remove(q)
     with open(args.out, "w") as f:
