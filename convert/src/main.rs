@@ -294,11 +294,13 @@ fn say_what_was_kept(output: &std::path::Path, e: &coli_convert::ConvertError) {
     let partial = coli_convert::pipeline::partial_path(output);
     if partial.exists() {
         eprintln!(
-            "coli-convert: the partial store {} is kept: run the same command again to resume once the cause is fixed",
+            "coli-convert: the conversion failed (the error follows); the partial store {} is kept: run the same command again to resume once the cause is fixed",
             partial.display()
         );
     } else if e.is_bad_data() {
-        eprintln!("coli-convert: nothing was kept: the input is wrong, so resuming could not help");
+        eprintln!(
+            "coli-convert: the conversion failed (the error follows); nothing was kept: the input is wrong, so resuming could not help"
+        );
     }
 }
 

@@ -172,6 +172,102 @@ fn mtp_ggufs_run_as_the_oracle() {
     }
 }
 
+/// Quantized MTP GGUFs (`make_mtp_quant_ggufs.py`): two of the F32 files above quantized by
+/// llama.cpp (`Q4_K_M`, its fallbacks at these widths: Q5_0 / Q8_0 / F16, the MTP block
+/// included), and the fixture they come from.
+const QUANT_CASES: [(&str, &str); 2] = [
+    ("glm_moe_dsa-mtp-q4_k_m", "glm5_fp8"),
+    ("deepseek_v3-mtp-q4_k_m", "deepseek_v3_fp8"),
+];
+
+#[test]
+fn quantized_mtp_ggufs_run_as_their_oracle() {
+    // The oracle (each file's JSON): gguf-py's dequantization of the file through the fixtures'
+    // numpy reference (mla_reference.py, the main model and the MTP layer), near ties refused.
+    for (name, fixture) in QUANT_CASES {
+        let w = written(name);
+        let src = coli_tests::gguf_fixture(name);
+        assert_eq!(
+            coli_tests::sha256_hex(&std::fs::read(&src).unwrap()),
+            w["gguf_sha256"].as_str().unwrap(),
+            "{name}: the committed GGUF is the one make_mtp_quant_ggufs.py wrote"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
+        assert!(
+            report.not_converted.is_empty() && report.mtp_layer,
+            "{name}: not converted {:?}",
+            report.not_converted
+        );
+        let store = open_store(&dir, true, IoPreference::Auto);
+        let m = store.manifest();
+        assert_eq!(m.num_layers, 4, "{name}: the MTP layer is a store layer");
+        // Every tensor in the type the file gives it, the MTP block's among them (which are
+        // quantized is the file's: `mtp_block_types`).
+        let types = w["tensor_types"].as_object().unwrap();
+        let mut quantized_mtp = 0;
+        for d in &m.dense {
+            let g = coli_convert::gguf::arch::gguf_name(&m.family, &d.name).unwrap();
+            let t = coli_tests::gguf_type_name(
+                coli_store::Encoding::from_id(d.encoding, d.group_size).unwrap(),
+            );
+            assert_eq!(t, types[&g].as_str().unwrap(), "{name}: {}", d.name);
+            quantized_mtp += usize::from(g.starts_with("blk.3.") && t.starts_with('Q'));
+        }
+        let buf = store.fetch_one(ExpertKey::new(3, 1)).unwrap();
+        for (m, proj) in [buf.gate(), buf.up(), buf.down()]
+            .iter()
+            .zip(["gate", "up", "down"])
+        {
+            let t = coli_tests::gguf_type_name(m.encoding());
+            let g = format!("blk.3.ffn_{proj}_exps.weight");
+            assert_eq!(
+                t,
+                types[&g].as_str().unwrap(),
+                "{name}: MTP expert 1 {proj}"
+            );
+            quantized_mtp += usize::from(t.starts_with('Q'));
+        }
+        assert!(
+            quantized_mtp > 0,
+            "{name}: the MTP block holds quantized blocks"
+        );
+
+        let exp = expected(fixture);
+        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
+        let prompt = ids(&w["prompt_ids"]);
+        let want_greedy = ids(&w["greedy"]);
+        assert_eq!(
+            greedy(&mut e, &prompt, want_greedy.len()),
+            want_greedy,
+            "{name}: greedy"
+        );
+        e.reset();
+        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
+        let d = max_abs_diff(&last, &floats(&w["last_logits"]));
+        assert!(d < 1e-3, "{name}: last logits differ by {d}");
+        let rows = e.forward_logits(&ids(&w["teacher_ids"])).unwrap();
+        assert_eq!(
+            top1(&rows),
+            ids(&w["teacher_top1"]),
+            "{name}: teacher-forced top-1"
+        );
+        // The MTP layer on the fixture's reference inputs, against the oracle's.
+        check_mtp(&mut e, &exp, &w["mtp"], &format!("{name} MTP"));
+        // Drafting with it never changes the tokens, and it drafts.
+        e.reset();
+        let got = e
+            .generate(&prompt, &mtp_greedy(want_greedy.len()), |_| Ok(true))
+            .unwrap();
+        assert_eq!(got.tokens, want_greedy, "{name}: --speculate mtp");
+        assert!(
+            got.stats.speculation.drafts_proposed > 0,
+            "{name}: the MTP layer drafted"
+        );
+    }
+}
+
 #[test]
 fn mtp_ggufs_placement_never_changes_tokens() {
     for (name, fixture, _) in CASES {
@@ -182,6 +278,17 @@ fn mtp_ggufs_placement_never_changes_tokens() {
             ExpertKey::new(1, 0),
             &ids(&exp["prompt_ids"]),
             &ids(&exp["greedy_lossless"]),
+            name,
+        );
+    }
+    for (name, _) in QUANT_CASES {
+        let w = written(name);
+        let (_tmp, dir) = coli_tests::gguf_convert(name);
+        placement_keeps_greedy(
+            &dir,
+            ExpertKey::new(1, 0),
+            &ids(&w["prompt_ids"]),
+            &ids(&w["greedy"]),
             name,
         );
     }

@@ -21,7 +21,7 @@ fi
 .venv-demo/bin/python -m pip install -q --disable-pip-version-check --no-deps -r tools/demo/requirements.txt
 
 # 2. Build the binaries (dev profile: hot crates are compiled with opt-level 3).
-echo "demo: building coli and coli-convert (first run: about 15 minutes on 2 cores; cargo shows its progress)" >&2
+echo "demo: building coli and coli-convert (first run: about 5-10 minutes on 2 cores; cargo shows its progress)" >&2
 cargo build -p coli-convert -p coli-tools
 bin="${CARGO_TARGET_DIR:-target}/debug"
 

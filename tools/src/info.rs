@@ -96,9 +96,11 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// tensors the main model's stand in for: MANIFEST `mtp_shared`), `alignment`, `segments`.
 ///
 /// # Errors
-/// When the store cannot be opened (the error says why and suggests `coli-fsck`).
+/// When `store` is no store (no MANIFEST: the error says how to make one) or the store cannot
+/// be opened (the error says why and suggests `coli-fsck`).
 pub fn report(store: &Path) -> anyhow::Result<Value> {
-    if store.is_dir() && !store.join("MANIFEST").exists() {
+    // A missing path or a directory without a MANIFEST: how to make a store (as `coli run`).
+    if !store.join("MANIFEST").is_file() {
         anyhow::bail!("{}", crate::options::not_a_store(store));
     }
     let st = Store::open(store).with_context(|| {

@@ -44,10 +44,28 @@ fn info_reports_classes_encodings_and_provenance() {
 }
 
 #[test]
-fn info_on_a_missing_store_points_at_coli_fsck() {
+fn info_on_no_store_says_how_to_make_one_and_on_a_damaged_one_points_at_coli_fsck() {
     let t = TempDir::new("info-missing");
-    let e = info::run(&t.path().join("missing"), false).unwrap_err();
-    assert!(format!("{e:#}").contains("coli-fsck"), "{e:#}");
+    // A missing path, or a directory without a MANIFEST: how to make a store, as `coli run`.
+    for dir in [t.path().join("missing"), t.path().to_path_buf()] {
+        let e = format!("{:#}", info::run(&dir, false).unwrap_err());
+        assert!(
+            e.contains("not a coli store") && e.contains("coli-convert"),
+            "{e}"
+        );
+    }
+    // A store whose MANIFEST does not parse: what is wrong, and coli-fsck.
+    let shape = TinyStore {
+        layers: 1,
+        experts: 2,
+        segment_max_bytes: 1 << 20,
+        norm_and_tokenizer: false,
+    };
+    let t2 = TempDir::new("info-damaged");
+    let target = write_tiny_store(t2.path(), &shape);
+    std::fs::write(target.join("MANIFEST"), b"{ not json").unwrap();
+    let e = format!("{:#}", info::run(&target, false).unwrap_err());
+    assert!(e.contains("coli-fsck") && e.contains("MANIFEST"), "{e}");
 }
 
 #[test]
