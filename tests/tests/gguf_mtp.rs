@@ -59,6 +59,28 @@ fn written(name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
+/// The committed GGUF fixture `name` (checked to be the file its script wrote: its JSON's
+/// `gguf_sha256`) converted with the defaults, every tensor of it (the nextn ones included)
+/// converted and the MTP layer kept: the temporary directory, the store's path, the report.
+fn converted(name: &str) -> (tempfile::TempDir, std::path::PathBuf, coli_convert::Report) {
+    let src = coli_tests::gguf_fixture(name);
+    assert_eq!(
+        coli_tests::sha256_hex(&std::fs::read(&src).unwrap()),
+        written(name)["gguf_sha256"].as_str().unwrap(),
+        "{name}: the committed GGUF is the one its script wrote"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
+    assert!(
+        report.not_converted.is_empty() && report.mtp_layer,
+        "{name}: not converted {:?}, MTP layer {}",
+        report.not_converted,
+        report.mtp_layer
+    );
+    (tmp, dir, report)
+}
+
 /// Greedy generation of `n` tokens (past EOS) with MTP drafts of 3, ungated.
 fn mtp_greedy(n: usize) -> GenerateParams {
     GenerateParams {
@@ -87,30 +109,71 @@ fn mtp_rows(e: &mut Engine<'_>, exp: &Value) -> Vec<Vec<f32>> {
     e.mtp_logits(&hidden, &ids(&mtp["next_ids"])).unwrap()
 }
 
+/// The oracle's values for one file: the prompt, greedy tokens and last logits, the
+/// teacher-forced ids and top-1, and the MTP layer's (`top1`, `last_logits`) on the fixture's
+/// MTP inputs.
+struct Oracle<'a> {
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    last_logits: &'a Value,
+    teacher_ids: Vec<u32>,
+    teacher_top1: Vec<u32>,
+    mtp: &'a Value,
+}
+
+/// Holds the engine on `store` to `want`: greedy, last logits within 1e-3, teacher-forced top-1,
+/// the MTP layer on the fixture's (`exp`) MTP inputs, and `--speculate mtp` giving the greedy
+/// tokens with drafts proposed.
+fn holds_to<'s>(
+    store: &'s coli_store::Store,
+    exp: &Value,
+    want: &Oracle<'_>,
+    name: &str,
+) -> Engine<'s> {
+    let mut e = Engine::new(store, &EngineOptions::default()).unwrap();
+    assert!(e.has_mtp(), "{name}: MTP layer");
+    assert_eq!(
+        greedy(&mut e, &want.prompt, want.greedy.len()),
+        want.greedy,
+        "{name}: greedy"
+    );
+    e.reset();
+    let last = e
+        .forward(&want.prompt, Logits::Last)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let d = max_abs_diff(&last, &floats(want.last_logits));
+    assert!(d < 1e-3, "{name}: last logits differ by {d}");
+    let rows = e.forward_logits(&want.teacher_ids).unwrap();
+    assert_eq!(
+        top1(&rows),
+        want.teacher_top1,
+        "{name}: teacher-forced top-1"
+    );
+    check_mtp(&mut e, exp, want.mtp, &format!("{name} MTP"));
+    // Drafting with it never changes the tokens, and it drafts.
+    e.reset();
+    let got = e
+        .generate(&want.prompt, &mtp_greedy(want.greedy.len()), |_| Ok(true))
+        .unwrap();
+    assert_eq!(got.tokens, want.greedy, "{name}: --speculate mtp");
+    let sp = &got.stats.speculation;
+    assert!(
+        got.stats.speculation_mode == Speculate::Mtp && sp.drafts_proposed > 0,
+        "{name}: the MTP layer drafted ({sp:?})"
+    );
+    e
+}
+
 #[test]
 fn mtp_ggufs_run_as_the_oracle() {
     for (name, fixture, shared) in CASES {
-        let w = written(name);
-        let src = coli_tests::gguf_fixture(name);
-        assert_eq!(
-            coli_tests::sha256_hex(&std::fs::read(&src).unwrap()),
-            w["gguf_sha256"].as_str().unwrap(),
-            "{name}: the committed GGUF is the one make_mtp_ggufs.py wrote"
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("store");
-        let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
-        // Every tensor of the file is converted, the nextn ones included.
-        assert!(
-            report.not_converted.is_empty(),
-            "{name}: not converted {:?}",
-            report.not_converted
-        );
+        let (_tmp, dir, report) = converted(name);
         let want: BTreeMap<String, String> = shared
             .iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
-        assert!(report.mtp_layer, "{name}: report");
         assert_eq!(report.mtp_shared, want, "{name}: report's stand-ins");
         let store = open_store(&dir, true, IoPreference::Auto);
         let m = store.manifest();
@@ -123,40 +186,17 @@ fn mtp_ggufs_run_as_the_oracle() {
             "{name}: the MTP layer's experts are records"
         );
 
+        // The fixture's oracle (its MTP reference: the stand-ins serve the GLM-4.x one).
         let exp = expected(fixture);
-        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
-        assert!(e.has_mtp(), "{name}: MTP layer");
-        let prompt = ids(&exp["prompt_ids"]);
-        let want_greedy = ids(&exp["greedy_lossless"]);
-        assert_eq!(
-            greedy(&mut e, &prompt, want_greedy.len()),
-            want_greedy,
-            "{name}: greedy"
-        );
-        e.reset();
-        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
-        let d = max_abs_diff(&last, &floats(&exp["last_logits_lossless"]));
-        assert!(d < 1e-3, "{name}: last logits differ by {d}");
-        let rows = e.forward_logits(&ids(&exp["teacher_ids"])).unwrap();
-        assert_eq!(
-            top1(&rows),
-            ids(&exp["teacher_top1_lossless"]),
-            "{name}: teacher-forced top-1"
-        );
-        // The MTP layer against its reference (the stand-ins serve the GLM-4.x one).
-        check_mtp(&mut e, &exp, &exp["mtp"], &format!("{name} MTP"));
-
-        // Drafting with it never changes the tokens, and it drafts.
-        e.reset();
-        let got = e
-            .generate(&prompt, &mtp_greedy(want_greedy.len()), |_| Ok(true))
-            .unwrap();
-        assert_eq!(got.tokens, want_greedy, "{name}: --speculate mtp");
-        let sp = &got.stats.speculation;
-        assert!(
-            got.stats.speculation_mode == Speculate::Mtp && sp.drafts_proposed > 0,
-            "{name}: the MTP layer drafted ({sp:?})"
-        );
+        let want = Oracle {
+            prompt: ids(&exp["prompt_ids"]),
+            greedy: ids(&exp["greedy_lossless"]),
+            last_logits: &exp["last_logits_lossless"],
+            teacher_ids: ids(&exp["teacher_ids"]),
+            teacher_top1: ids(&exp["teacher_top1_lossless"]),
+            mtp: &exp["mtp"],
+        };
+        let mut e = holds_to(&store, &exp, &want, name);
 
         // The store converted from the checkpoint itself: the same MTP logits, up to the
         // kernels' sums (FP8 records there, F32 here).
@@ -186,20 +226,7 @@ fn quantized_mtp_ggufs_run_as_their_oracle() {
     // numpy reference (mla_reference.py, the main model and the MTP layer), near ties refused.
     for (name, fixture) in QUANT_CASES {
         let w = written(name);
-        let src = coli_tests::gguf_fixture(name);
-        assert_eq!(
-            coli_tests::sha256_hex(&std::fs::read(&src).unwrap()),
-            w["gguf_sha256"].as_str().unwrap(),
-            "{name}: the committed GGUF is the one make_mtp_quant_ggufs.py wrote"
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("store");
-        let report = coli_tests::gguf_try_convert(&src, &dir).unwrap();
-        assert!(
-            report.not_converted.is_empty() && report.mtp_layer,
-            "{name}: not converted {:?}",
-            report.not_converted
-        );
+        let (_tmp, dir, _) = converted(name);
         let store = open_store(&dir, true, IoPreference::Auto);
         let m = store.manifest();
         assert_eq!(m.num_layers, 4, "{name}: the MTP layer is a store layer");
@@ -234,37 +261,17 @@ fn quantized_mtp_ggufs_run_as_their_oracle() {
             "{name}: the MTP block holds quantized blocks"
         );
 
+        // The MTP layer on the fixture's reference inputs (`exp`), against the file's oracle.
         let exp = expected(fixture);
-        let mut e = Engine::new(&store, &EngineOptions::default()).unwrap();
-        let prompt = ids(&w["prompt_ids"]);
-        let want_greedy = ids(&w["greedy"]);
-        assert_eq!(
-            greedy(&mut e, &prompt, want_greedy.len()),
-            want_greedy,
-            "{name}: greedy"
-        );
-        e.reset();
-        let last = e.forward(&prompt, Logits::Last).unwrap().pop().unwrap();
-        let d = max_abs_diff(&last, &floats(&w["last_logits"]));
-        assert!(d < 1e-3, "{name}: last logits differ by {d}");
-        let rows = e.forward_logits(&ids(&w["teacher_ids"])).unwrap();
-        assert_eq!(
-            top1(&rows),
-            ids(&w["teacher_top1"]),
-            "{name}: teacher-forced top-1"
-        );
-        // The MTP layer on the fixture's reference inputs, against the oracle's.
-        check_mtp(&mut e, &exp, &w["mtp"], &format!("{name} MTP"));
-        // Drafting with it never changes the tokens, and it drafts.
-        e.reset();
-        let got = e
-            .generate(&prompt, &mtp_greedy(want_greedy.len()), |_| Ok(true))
-            .unwrap();
-        assert_eq!(got.tokens, want_greedy, "{name}: --speculate mtp");
-        assert!(
-            got.stats.speculation.drafts_proposed > 0,
-            "{name}: the MTP layer drafted"
-        );
+        let want = Oracle {
+            prompt: ids(&w["prompt_ids"]),
+            greedy: ids(&w["greedy"]),
+            last_logits: &w["last_logits"],
+            teacher_ids: ids(&w["teacher_ids"]),
+            teacher_top1: ids(&w["teacher_top1"]),
+            mtp: &w["mtp"],
+        };
+        holds_to(&store, &exp, &want, name);
     }
 }
 
