@@ -159,7 +159,7 @@ def main():
         kv = info["kv_bytes"]
         # coli serve refuses to start unless dense + budget + KV + its 512 MiB reserve fit.
         limit = dense + int(a.cgroup_expert_share * experts) + 512 * 2**20 + kv
-        # streaming_bench's margin is 384 MiB; the server keeps 512 MiB aside.
+        # streaming_bench.coli_budget's flat margin is 384 MiB; the server keeps 512 MiB aside.
         budget = streaming_bench.coli_budget(limit - kv - 128 * 2**20, dense, record)
         common += ["--ram-budget", str(budget), "--direct", "on", "--kv-cache-budget", "0"]
         setup.update(cgroup_limit_bytes=limit, dense_bytes=dense, expert_bytes=experts, kv_bytes=kv,

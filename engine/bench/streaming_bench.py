@@ -29,9 +29,10 @@ pinned set included) = (limit - its own dense.bin - its margin) x record bytes /
 buffer holds (a buffer is its record's length rounded to the page size). The margin
 (`--coli-margin measured`, the default since 2026-12-07; `coli_budget_measured`) is coli's
 overhead on that store and workload x 1.1 + 16 MiB, the overhead measured in the same run by
-`calibrate_overhead` (a cold run in an unconstraining cgroup with a tenth of the experts as
+`calibrate_overhead` (cold runs in an unconstraining cgroup with 10% and 40% of the experts as
 budget: peak cgroup memory - dense.bin - budget, i.e. KV cache, activations, reads in flight,
-code and heap); `--coli-margin flat` gives the flat 384 MiB of earlier runs (`coli_budget`),
+code and heap, fitted as a line in the budget); each coli row records the overhead it had
+(`overhead_bytes`); `--coli-margin flat` gives the flat 384 MiB of earlier runs (`coli_budget`),
 which left coli's cgroup partly unused where its overhead is smaller (the 4-layer OLMoE shape:
 ~60-175 MB against 384 MiB) while llama.cpp's page cache takes the whole limit. The usage history is learned on
 other token ids before the first run (so it may pin its hottest experts). llama.cpp: mmap on
@@ -111,14 +112,15 @@ def store_sizes(coli: str, store: str) -> tuple[int, int, int]:
     return os.path.getsize(os.path.join(store, "dense.bin")), c["bytes"], c["bytes"] // c["count"]
 
 
-def coli_budget_measured(limit: int, dense: int, record: int, overhead: int) -> int:
-    """coli's --ram-budget for a cgroup of `limit` bytes from its measured overhead (`overhead`:
-    the peak cgroup memory of a calibration run of the same store and workload, less its
-    dense.bin and its expert budget; `calibrate_overhead`): what is left after dense.bin and
-    overhead x 1.1 + 16 MiB, times record / held bytes per record (as `coli_budget`)."""
+def coli_budget_measured(limit: int, dense: int, record: int, fit: dict) -> int:
+    """coli's --ram-budget B for a cgroup of `limit` bytes from its measured overhead: `fit`
+    (`calibrate_overhead`) models the overhead at budget B as a + b B (bytes), and B is the
+    largest budget with dense.bin + B + 1.1 (a + b B) + 16 MiB <= limit, times record / held
+    bytes per record (as `coli_budget`)."""
     held = -(-record // 4096) * 4096
-    margin = overhead * 11 // 10 + 16 * MiB
-    return max((limit - dense - margin) * record // held, 16 * MiB)
+    a, b = fit["overhead_at_0"], fit["overhead_per_budget_byte"]
+    budget = (limit - dense - 1.1 * a - 16 * MiB) / (1 + 1.1 * b)
+    return max(int(budget) * record // held, 16 * MiB)
 
 
 def coli_budget(limit: int, dense: int, record: int) -> int:
@@ -189,24 +191,35 @@ def run_in_cgroup(name: str, limit: int, cmd: list, env=None) -> dict:
 
 def calibrate_overhead(a, name, path, w, ids, usage, extra) -> dict:
     """coli's memory beyond dense.bin and its expert cache on store `path` for workload `w`,
-    measured: one cold run in a memory cgroup that does not constrain it (the whole store +
-    1 GiB), with an expert budget of a tenth of the experts (at least 16 MiB) that the run
-    fills (it must evict, else the figure would undercount the cache); overhead = peak cgroup
-    memory - dense.bin - the budget. It holds the KV cache, the activations, reads in flight,
-    the code and the heap."""
+    measured at two budgets and fitted as a line: two cold runs in a memory cgroup that does not
+    constrain them (the whole store + 1 GiB), with an expert budget of 10% and of 40% of the
+    experts (at least 16 MiB), each of which the run must fill (it must evict: a cache never
+    filled would leave part of its budget unused and the overhead undercounted); overhead =
+    peak cgroup memory - dense.bin - the budget (the KV cache, the activations, reads in flight,
+    the code and the heap, and whatever grows with the cache: the first fit, one point at 10%,
+    undercounted a run at 271 MiB by 10 MiB). The line through the two points, its slope
+    clamped at 0, is `overhead_at_0` + `overhead_per_budget_byte` x budget."""
     dense, experts, _ = store_sizes(a.coli, path)
-    budget = max(experts // 10, 16 * MiB)
-    u = usage + ".calibrate"
-    shutil.copy(usage, u)
-    res = run_in_cgroup(name + "-cal", dense + experts + 1024 * MiB, coli_cmd(a, path, w, ids, budget, u, extra))
-    if res["rc"] != 0:
-        sys.exit(f"{name} calibration run failed: {res['stderr']}")
-    s = json.loads(res["stdout"].strip().splitlines()[-1])["stats"]
-    if s["evictions"] == 0:
-        sys.exit(f"{name} {w}: the calibration run evicted nothing (budget {budget}): its overhead would count cache")
-    return {"calibrate": name, "workload": w, "budget": budget, "peak_cgroup_bytes": res["peak_cgroup_bytes"],
-            "dense_bytes": dense, "overhead_bytes": res["peak_cgroup_bytes"] - dense - budget,
-            "evictions": s["evictions"], "hit_rate": s["hit_rate"]}
+    points = []
+    for share in (10, 40):
+        budget = max(experts * share // 100, 16 * MiB)
+        u = usage + ".calibrate"
+        shutil.copy(usage, u)
+        res = run_in_cgroup(name + "-cal", dense + experts + 1024 * MiB,
+                            coli_cmd(a, path, w, ids, budget, u, extra))
+        if res["rc"] != 0:
+            sys.exit(f"{name} calibration run failed: {res['stderr']}")
+        s = json.loads(res["stdout"].strip().splitlines()[-1])["stats"]
+        if s["evictions"] == 0:
+            sys.exit(f"{name} {w}: the calibration run at budget {budget} evicted nothing, so its cache may not "
+                     f"have filled and its overhead would be undercounted")
+        points.append({"budget": budget, "peak_cgroup_bytes": res["peak_cgroup_bytes"],
+                       "overhead_bytes": res["peak_cgroup_bytes"] - dense - budget,
+                       "evictions": s["evictions"], "hit_rate": s["hit_rate"]})
+    (b1, o1), (b2, o2) = ((p["budget"], p["overhead_bytes"]) for p in points)
+    slope = max((o2 - o1) / (b2 - b1), 0.0) if b2 > b1 else 0.0
+    return {"calibrate": name, "workload": w, "dense_bytes": dense, "points": points,
+            "overhead_at_0": o1 - slope * b1, "overhead_per_budget_byte": slope}
 
 
 def fio_bandwidth(store: str, block: int, qd: int, seconds: int = 5, jobs: int = 2) -> float:
@@ -351,7 +364,7 @@ def main() -> int:
                 continue
             for w in a.workloads.split(","):
                 c = calibrate_overhead(a, name, path, w, prompt if w == "decode" else stream_ids, usage[name], extra)
-                overhead[(name, w)] = c["overhead_bytes"]
+                overhead[(name, w)] = c
                 emit(c)
     # Bounds: fio and everything resident, per coli store.
     bounds = {}
@@ -420,6 +433,11 @@ def main() -> int:
                            "read_bytes": res["read_bytes"], "peak_cgroup_bytes": res["peak_cgroup_bytes"],
                            "oom_kills": res["oom_kills"], "cpu_s": res["cpu_s"], "maxrss_bytes": res["maxrss_bytes"],
                            "dropped_caches": res["dropped_caches"]}
+                    if kind == "coli":
+                        # What the run held beyond dense.bin and its budget (capped at what every
+                        # expert takes), against the calibration's prediction.
+                        held_all = store_sizes(a.coli, path)[1]
+                        row["overhead_bytes"] = res["peak_cgroup_bytes"] - dense - min(budget, held_all)
                     if res["rc"] == 0:
                         row.update(summarize(kind, w, res, n_tokens))
                         if kind == "coli":

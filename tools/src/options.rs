@@ -232,17 +232,26 @@ pub struct Loaded {
 }
 
 /// Why `dir` (which has no MANIFEST) is not a store, and what to do: a Hugging Face checkpoint
-/// (config.json and safetensors) is to be converted into another directory; anything else is
-/// to be created with `coli-convert` (the demo, `bash tools/demo/demo.sh`, makes one).
+/// (config.json and safetensors) is to be converted into another directory; a directory with a
+/// store's other files (INDEX, segments/) is a damaged or unfinished store, for `coli-fsck`;
+/// anything else is to be created with `coli-convert` (the demo, `bash tools/demo/demo.sh`,
+/// makes one).
 pub fn not_a_store(dir: &std::path::Path) -> String {
     let checkpoint = dir.join("config.json").is_file()
         && std::fs::read_dir(dir).is_ok_and(|r| {
             r.flatten()
                 .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
         });
+    // A store's other files without its MANIFEST: damaged or half written, not a checkpoint.
+    let store_files = dir.join("INDEX").is_file() || dir.join("segments").is_dir();
     if checkpoint {
         format!(
             "{d} is a Hugging Face checkpoint, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
+            d = dir.display()
+        )
+    } else if store_files {
+        format!(
+            "{d} holds a coli store's files but no MANIFEST: the store is damaged or was never finished (MANIFEST is written last); run `coli-fsck {d}` to see what is there, or convert again into a new directory",
             d = dir.display()
         )
     } else {

@@ -66,6 +66,13 @@ fn info_on_no_store_says_how_to_make_one_and_on_a_damaged_one_points_at_coli_fsc
     std::fs::write(target.join("MANIFEST"), b"{ not json").unwrap();
     let e = format!("{:#}", info::run(&target, false).unwrap_err());
     assert!(e.contains("coli-fsck") && e.contains("MANIFEST"), "{e}");
+    // Its other files without a MANIFEST: damaged or unfinished, for coli-fsck too.
+    std::fs::remove_file(target.join("MANIFEST")).unwrap();
+    let e = format!("{:#}", info::run(&target, false).unwrap_err());
+    assert!(
+        e.contains("no MANIFEST") && e.contains("coli-fsck") && !e.contains("not a coli store"),
+        "{e}"
+    );
 }
 
 #[test]
