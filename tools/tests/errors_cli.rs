@@ -30,15 +30,22 @@ fn an_os_error_is_printed_once_with_its_file() {
     assert!(err.contains("INDEX"), "{err}");
     assert_eq!(err.matches("os error 21").count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
-    // A missing store directory: the OS error once, with the file that could not be read.
+    // A missing store directory: no OS error to repeat, what it is and how to make one, once.
     let missing = t.path().join("no-such-store");
     let (code, _, err) = run(
         env!("CARGO_BIN_EXE_coli"),
         &["info", missing.to_str().unwrap()],
     );
     assert_ne!(code, 0, "{err}");
-    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
-    assert!(err.contains("no-such-store/MANIFEST"), "{err}");
+    assert_eq!(err.matches("is not a coli store").count(), 1, "{err}");
+    assert!(
+        err.contains("no-such-store") && err.contains("coli-convert"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("os error") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 /// `coli chat --kv-dir DIR` without `--session`: refused, saying what it needs (a chat without
