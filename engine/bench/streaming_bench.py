@@ -297,8 +297,8 @@ def main() -> int:
     ap.add_argument("--gguf-prefix", default="olmoe",
                     help="the GGUFs are PREFIX-q4_0.gguf / PREFIX-q8_0.gguf in the bench dir (qwen35: qwen35_gguf.py)")
     ap.add_argument("--coli-margin", choices=["measured", "flat"], default="measured",
-                    help="coli's --ram-budget at a limit: the limit less dense.bin and its overhead measured by a "
-                         "calibration run (x 1.1 + 16 MiB), or less the flat 384 MiB (runs before 2026-12-07)")
+                    help="coli's --ram-budget at a limit: the limit less dense.bin and its overhead measured by "
+                         "calibration runs (x 1.1 + 16 MiB), or less the flat 384 MiB (runs before 2026-12-07)")
     ap.add_argument("--bounds-from", help="reuse the bounds lines of an earlier results file of this script")
     a = ap.parse_args()
     if not os.path.isdir(CG):
@@ -415,7 +415,7 @@ def main() -> int:
                         continue
                     limit = groups[group][limit_p]
                     if kind == "coli":
-                        dense, _, rec = store_sizes(a.coli, path)
+                        dense, experts, rec = store_sizes(a.coli, path)
                         if a.coli_margin == "measured":
                             budget = coli_budget_measured(limit, dense, rec, overhead[(name, w)])
                         else:
@@ -436,8 +436,7 @@ def main() -> int:
                     if kind == "coli":
                         # What the run held beyond dense.bin and its budget (capped at what every
                         # expert takes), against the calibration's prediction.
-                        held_all = store_sizes(a.coli, path)[1]
-                        row["overhead_bytes"] = res["peak_cgroup_bytes"] - dense - min(budget, held_all)
+                        row["overhead_bytes"] = res["peak_cgroup_bytes"] - dense - min(budget, experts)
                     if res["rc"] == 0:
                         row.update(summarize(kind, w, res, n_tokens))
                         if kind == "coli":
