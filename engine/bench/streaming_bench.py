@@ -120,7 +120,10 @@ def coli_budget_measured(limit: int, dense: int, record: int, fit: dict) -> int:
     held = -(-record // 4096) * 4096
     a, b = fit["overhead_at_0"], fit["overhead_per_budget_byte"]
     budget = (limit - dense - 1.1 * a - 16 * MiB) / (1 + 1.1 * b)
-    return max(int(budget) * record // held, 16 * MiB)
+    if budget < 16 * MiB:
+        sys.exit(f"a limit of {limit} bytes does not hold dense.bin ({dense}), coli's measured overhead "
+                 f"({a:.0f} + {b:.3f} x budget) x 1.1 + 16 MiB and a 16 MiB expert budget")
+    return int(budget) * record // held
 
 
 def coli_budget(limit: int, dense: int, record: int) -> int:
@@ -217,7 +220,12 @@ def calibrate_overhead(a, name, path, w, ids, usage, extra) -> dict:
                        "overhead_bytes": res["peak_cgroup_bytes"] - dense - budget,
                        "evictions": s["evictions"], "hit_rate": s["hit_rate"]})
     (b1, o1), (b2, o2) = ((p["budget"], p["overhead_bytes"]) for p in points)
-    slope = max((o2 - o1) / (b2 - b1), 0.0) if b2 > b1 else 0.0
+    if b2 <= b1:
+        sys.exit(f"{name}: the store's experts ({experts} bytes) are too few for two calibration budgets")
+    slope = max((o2 - o1) / (b2 - b1), 0.0)
+    if min(o1, o2) <= 0 or o1 - slope * b1 <= 0:
+        sys.exit(f"{name} {w}: calibration points {points} give no positive overhead: peak cgroup memory did not "
+                 f"count dense.bin and the budget, so the margin cannot be measured this way")
     return {"calibrate": name, "workload": w, "dense_bytes": dense, "points": points,
             "overhead_at_0": o1 - slope * b1, "overhead_per_budget_byte": slope}
 
