@@ -3,7 +3,7 @@
 
     streaming_bench.py --bench-dir DIR --out FILE [--reps 3] [--threads 2] [--limits 10,50,100]
         [--decode-tokens 24] [--stream-tokens 32] [--engines LIST] [--coli PATH]
-        [--llama-python PATH] [--workloads decode,stream]
+        [--llama-python PATH] [--workloads decode,stream] [--limit-group GROUP]
 
 DIR holds what `streaming_bench.sh` made from the OLMoE-shaped benchmark model
 (`make_olmoe_shape.py`, routing checked by `routing_stats.py`): coli stores `store-int4`
@@ -24,7 +24,8 @@ every engine once, in turn.
 Limits, per bit-width group (int4: coli int4, coli int4-d8 and llama.cpp Q4_0; int8: coli int8 and
 llama.cpp Q8_0), from that group's coli store with bf16 dense weights: dense.bin + P% of the expert
 records + 384 MiB (KV cache at --context 512, code, buffers), for each P of --limits (100 holds
-the whole model). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
+the whole model); `--limit-group G` runs every engine at group G's limits instead (equal memory
+across encodings: an IQ2_XS store at the int4 store's limits holds a larger share of its experts). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
 pinned set included) = (limit - its own dense.bin - its margin) x record bytes / bytes a record's
 buffer holds (a buffer is its record's length rounded to the page size). The margin
 (`--coli-margin measured`, the default since 2026-12-07; `coli_budget_measured`) is coli's
@@ -308,6 +309,9 @@ def main() -> int:
                     help="coli's --ram-budget at a limit: the limit less dense.bin and its overhead measured by "
                          "calibration runs (x 1.1 + 16 MiB), or less the flat 384 MiB (runs before 2026-12-07)")
     ap.add_argument("--bounds-from", help="reuse the bounds lines of an earlier results file of this script")
+    ap.add_argument("--limit-group", choices=sorted(GROUP_REF),
+                    help="run every engine at this group's limits (equal memory across encodings, e.g. an IQ2_XS "
+                         "store at int4's limits); default: each engine at its own group's")
     a = ap.parse_args()
     if not os.path.isdir(CG):
         sys.exit(f"{CG}: no cgroup-v1 memory controller here")
@@ -417,11 +421,11 @@ def main() -> int:
                 ids = prompt if w == "decode" else stream_ids
                 n_tokens = len(ids) + (a.decode_tokens - 1 if w == "decode" else 0)
                 for name, kind, path, group, extra in engines:
-                    if group not in groups:
+                    if group not in groups or (a.limit_group and a.limit_group not in groups):
                         continue
                     if name.endswith("-repack") and limit_p != "100":
                         continue
-                    limit = groups[group][limit_p]
+                    limit = groups[a.limit_group or group][limit_p]
                     if kind == "coli":
                         dense, experts, rec = store_sizes(a.coli, path)
                         if a.coli_margin == "measured":
