@@ -1,7 +1,6 @@
 //! `coli info STORE [--json]`: what a store holds (classes of tensors, encodings, provenance).
 
-use anyhow::Context;
-use coli_store::{Encoding, Store};
+use coli_store::Encoding;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -100,15 +99,7 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// be opened (the error says why and suggests `coli-fsck`).
 pub fn report(store: &Path) -> anyhow::Result<Value> {
     // A missing path or a directory without a MANIFEST: how to make a store (as `coli run`).
-    if !store.join("MANIFEST").is_file() {
-        anyhow::bail!("{}", crate::options::not_a_store(store));
-    }
-    let st = Store::open(store).with_context(|| {
-        format!(
-            "cannot open store {} (run coli-fsck on it to see what is wrong)",
-            store.display()
-        )
-    })?;
+    let st = crate::options::open_store(store, &coli_store::OpenOptions::default())?;
     let m = st.manifest();
     let cfg = st.model_config();
     let mut classes: BTreeMap<&str, (u64, u64)> = CLASSES.iter().map(|c| (*c, (0, 0))).collect();

@@ -106,10 +106,7 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 fn open_store(dir: &Path) -> Result<Store> {
-    if !dir.join("MANIFEST").is_file() {
-        bail!("{} is not a coli store (no MANIFEST)", dir.display());
-    }
-    Store::open(dir).with_context(|| format!("opening store {}", dir.display()))
+    crate::options::open_store(dir, &coli_store::OpenOptions::default())
 }
 
 fn check_mirror_dir(dir: &Path) -> Result<()> {

@@ -231,7 +231,8 @@ pub struct Loaded {
     pub open_s: f64,
 }
 
-/// Why `dir` (which has no MANIFEST) is not a store, and what to do: a Hugging Face checkpoint
+/// Why `dir` (which has no MANIFEST) is not a store, and what to do: a path that does not exist
+/// or a plain file (a GGUF file is to be converted) is named as such; a Hugging Face checkpoint
 /// (config.json and safetensors) is to be converted into another directory; a directory with a
 /// store's other files (INDEX, segments/) is a damaged or unfinished store, for `coli-fsck`;
 /// anything else is to be created with `coli-convert` (the demo, `bash tools/demo/demo.sh`,
@@ -244,7 +245,27 @@ pub fn not_a_store(dir: &std::path::Path) -> String {
         });
     // A store's other files without its MANIFEST: damaged or half written, not a checkpoint.
     let store_files = dir.join("INDEX").is_file() || dir.join("segments").is_dir();
-    if checkpoint {
+    if !dir.exists() {
+        format!(
+            "{d} does not exist: pass the directory of a coli store, or create one with `coli-convert CHECKPOINT_DIR {d}` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
+            d = dir.display()
+        )
+    } else if !dir.is_dir() {
+        if dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            format!(
+                "{d} is a GGUF file, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
+                d = dir.display()
+            )
+        } else {
+            format!(
+                "{} is a file, not a coli store (a store is a directory with a MANIFEST, written by `coli-convert`)",
+                dir.display()
+            )
+        }
+    } else if checkpoint {
         format!(
             "{d} is a Hugging Face checkpoint, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
             d = dir.display()
@@ -262,6 +283,24 @@ pub fn not_a_store(dir: &std::path::Path) -> String {
     }
 }
 
+/// Opens the store in `dir` with `options`: a directory without a MANIFEST is refused with
+/// [`not_a_store`]'s message (what it is and how to make a store), a store that does not open
+/// with the reason and a pointer to `coli-fsck`.
+///
+/// # Errors
+/// Those two.
+pub fn open_store(dir: &std::path::Path, options: &OpenOptions) -> Result<Store> {
+    if !dir.join("MANIFEST").is_file() {
+        bail!("{}", not_a_store(dir));
+    }
+    Store::open_with(dir, options).with_context(|| {
+        format!(
+            "cannot open store {d} (run `coli-fsck {d}` to see what is wrong)",
+            d = dir.display()
+        )
+    })
+}
+
 /// Opens the store the options name (its I/O engine, O_DIRECT choice, queue depth, mirrors
 /// and disk weights) and its tokenizer.
 ///
@@ -270,11 +309,7 @@ pub fn not_a_store(dir: &std::path::Path) -> String {
 /// `--disk-weights`, a tokenizer that does not load.
 pub fn open(opts: &EngineOptions) -> Result<Loaded> {
     let t0 = Instant::now();
-    if !opts.store.join("MANIFEST").is_file() {
-        bail!("{}", not_a_store(&opts.store));
-    }
-    let store = Store::open_with(&opts.store, &opts.open_options()?)
-        .with_context(|| format!("opening store {}", opts.store.display()))?;
+    let store = open_store(&opts.store, &opts.open_options()?)?;
     let tokenizer = TextTokenizer::from_store(&store).context("loading the store's tokenizer")?;
     Ok(Loaded {
         store,

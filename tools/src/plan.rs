@@ -242,14 +242,13 @@ pub fn plan(a: &PlanArgs) -> Result<Plan> {
 /// # Errors
 /// As [`plan`].
 pub fn plan_for(opts: &EngineOptions, probe_mib: u64) -> Result<Plan> {
-    let store = Store::open_with(
+    let store = crate::options::open_store(
         &opts.store,
         &OpenOptions {
             verify_checksums: false,
             ..opts.open_options()?
         },
-    )
-    .with_context(|| format!("opening store {}", opts.store.display()))?;
+    )?;
     // The engine only for its budget, context and KV size: nothing pinned or prefetched.
     let eng = Engine::new(
         &store,

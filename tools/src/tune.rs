@@ -370,8 +370,7 @@ fn measure(
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> Result<(f64, Vec<Vec<u32>>, usize)> {
-    let store = Store::open_with(&opts.store, &opts.open_options()?)
-        .with_context(|| format!("opening store {}", opts.store.display()))?;
+    let store = crate::options::open_store(&opts.store, &opts.open_options()?)?;
     // A copy of the usage history per run: pins come from the same history every time, and
     // the runs do not add to it.
     let tmp = match usage {
@@ -544,8 +543,7 @@ pub fn tune(a: &TuneArgs) -> Result<TuneResult> {
         bail!("--rounds and --max-tokens must be at least 1");
     }
     let opts = &a.engine;
-    let store = Store::open_with(&opts.store, &opts.open_options()?)
-        .with_context(|| format!("opening store {}", opts.store.display()))?;
+    let store = crate::options::open_store(&opts.store, &opts.open_options()?)?;
     let tok = coli_engine::TextTokenizer::from_store(&store).context("loading the tokenizer")?;
     let lines: Vec<String> = match &a.prompts {
         Some(p) => std::fs::read_to_string(p)

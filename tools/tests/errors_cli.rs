@@ -37,7 +37,7 @@ fn an_os_error_is_printed_once_with_its_file() {
         &["info", missing.to_str().unwrap()],
     );
     assert_ne!(code, 0, "{err}");
-    assert_eq!(err.matches("is not a coli store").count(), 1, "{err}");
+    assert_eq!(err.matches("does not exist").count(), 1, "{err}");
     assert!(
         err.contains("no-such-store") && err.contains("coli-convert"),
         "{err}"

@@ -70,6 +70,7 @@ fn exit_codes_json_and_naming() {
     let (code, out) = fsck(&[s]);
     assert_eq!(code, 1);
     assert!(out.contains("BAD RECORD: layer 0 expert 1"), "{out}");
+    assert!(out.contains("run with --repair"), "{out}");
     // --quick does not read records.
     assert_eq!(fsck(&[s, "--quick"]).0, 0);
     flip(&seg, rec.offset.get() as usize + 5);
@@ -80,6 +81,13 @@ fn exit_codes_json_and_naming() {
     assert_eq!(code, 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["problems"][0]["file"], "MANIFEST");
+    // --repair rewrites records only: the verdict does not send the user there.
+    let (code, out) = fsck(&[s]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("re-convert the store") && !out.contains("run with --repair"),
+        "{out}"
+    );
     flip(&store.join("MANIFEST"), 40);
 
     // Damage a copied file.

@@ -46,8 +46,27 @@ fn info_reports_classes_encodings_and_provenance() {
 #[test]
 fn info_on_no_store_says_how_to_make_one_and_on_a_damaged_one_points_at_coli_fsck() {
     let t = TempDir::new("info-missing");
-    // A missing path, or a directory without a MANIFEST: how to make a store, as `coli run`.
-    for dir in [t.path().join("missing"), t.path().to_path_buf()] {
+    // A missing path: said so, and how to make a store (as `coli run`, which opens stores
+    // through the same function).
+    let e = format!(
+        "{:#}",
+        info::run(&t.path().join("missing"), false).unwrap_err()
+    );
+    assert!(
+        e.contains("does not exist") && e.contains("coli-convert"),
+        "{e}"
+    );
+    // A plain file; a GGUF file, to be converted.
+    let file = t.path().join("notes.txt");
+    std::fs::write(&file, b"x").unwrap();
+    let e = format!("{:#}", info::run(&file, false).unwrap_err());
+    assert!(e.contains("is a file, not a coli store"), "{e}");
+    let gguf = t.path().join("model.gguf");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    let e = format!("{:#}", info::run(&gguf, false).unwrap_err());
+    assert!(e.contains("GGUF file") && e.contains("coli-convert"), "{e}");
+    // A directory without a MANIFEST: how to make a store.
+    for dir in [t.path().to_path_buf()] {
         let e = format!("{:#}", info::run(&dir, false).unwrap_err());
         assert!(
             e.contains("not a coli store") && e.contains("coli-convert"),
@@ -65,6 +84,12 @@ fn info_on_no_store_says_how_to_make_one_and_on_a_damaged_one_points_at_coli_fsc
     let target = write_tiny_store(t2.path(), &shape);
     std::fs::write(target.join("MANIFEST"), b"{ not json").unwrap();
     let e = format!("{:#}", info::run(&target, false).unwrap_err());
+    assert!(e.contains("coli-fsck") && e.contains("MANIFEST"), "{e}");
+    // `coli run`, `chat`, `serve`, `plan`, `tune` and `mirror` open stores the same way.
+    let e = match coli_tools::options::open_store(&target, &Default::default()) {
+        Ok(_) => panic!("a MANIFEST that does not parse opened"),
+        Err(e) => format!("{e:#}"),
+    };
     assert!(e.contains("coli-fsck") && e.contains("MANIFEST"), "{e}");
     // Its other files without a MANIFEST: damaged or unfinished, for coli-fsck too.
     std::fs::remove_file(target.join("MANIFEST")).unwrap();
