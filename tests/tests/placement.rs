@@ -39,6 +39,20 @@ fn run(
     assert!(used <= cap, "{used} > {cap}");
     let pinned = e.placement().pinned_experts;
     let s = e.cache_stats();
+    // No demand request held more unpinned experts than the LRU tier holds (a batch union
+    // larger than that is fetched in groups), or one record where that is less.
+    let one = store
+        .index()
+        .iter()
+        .map(|r| coli_store::held_bytes_for(r.length.get()))
+        .max()
+        .unwrap();
+    let lru = e.placement().lru_capacity;
+    assert!(
+        s.largest_request_bytes <= lru.max(one),
+        "a request held {} bytes, LRU capacity {lru}, largest record {one}",
+        s.largest_request_bytes
+    );
     // The generation's own counters are the engine's minus what pinning read at start.
     assert_eq!(g.stats.cache.pinned_reads, 0);
     assert_eq!(g.stats.cache.hits, s.hits);

@@ -506,29 +506,110 @@ impl ExpertCache {
         keys: &[ExpertKey],
         meanwhile: impl FnOnce(&[Option<Arc<ExpertBuf>>]) -> R,
     ) -> Result<(Vec<Arc<ExpertBuf>>, R)> {
+        self.score_prediction(keys);
+        self.get_group_while(store, keys, true, meanwhile)
+    }
+
+    /// Scores the pending prediction of the layer of `keys` (one demand request's experts,
+    /// all of them), if any, and drops it: [`CacheStats`] `predicted`, `predicted_used`,
+    /// `demanded_after_prediction`. [`ExpertCache::get_many_while`] does it; a request split
+    /// by [`ExpertCache::request_groups`] calls it once with the whole request.
+    pub fn score_prediction(&self, keys: &[ExpertKey]) {
+        let mut s = self.state();
+        if let Some(first) = keys.first() {
+            if let Some(pred) = s.predicted.remove(&first.layer) {
+                let used = pred
+                    .iter()
+                    .filter(|&&e| keys.iter().any(|k| k.expert == e))
+                    .count() as u64;
+                s.stats.predicted += pred.len() as u64;
+                s.stats.predicted_used += used;
+                s.stats.demanded_after_prediction += keys.len() as u64;
+            }
+        }
+    }
+
+    /// Splits one demand request (`keys`, one layer) into groups (indices into `keys`) whose
+    /// unpinned experts hold at most the LRU tier's capacity together (by
+    /// [`coli_store::held_bytes_for`] of each INDEX record length; a group has at least one
+    /// expert). One group, `keys` in order, when the request fits; else the experts in RAM or
+    /// being read come first (so that reading the others cannot evict them before they are
+    /// used), each part in the order of `keys`, and the caller gets and computes the groups one
+    /// after another ([`ExpertCache::get_group_while`]), letting each group's buffers go before
+    /// the next: a union larger than the cache (a long prefill chunk under a small budget)
+    /// holds at most one group beyond the budget instead of all of it. Pinned experts cost
+    /// nothing (they are resident anyway).
+    pub fn request_groups(&self, store: &Store, keys: &[ExpertKey]) -> Vec<Vec<usize>> {
+        let s = self.state();
+        let cap = s.lru.capacity();
+        let cost: Vec<u64> = keys
+            .iter()
+            .map(|k| {
+                if s.pinned.contains_key(k) {
+                    0
+                } else {
+                    store
+                        .record(*k)
+                        .map_or(0, |r| coli_store::held_bytes_for(r.length.get()))
+                }
+            })
+            .collect();
+        if cost.iter().fold(0u64, |a, &b| a.saturating_add(b)) <= cap {
+            return vec![(0..keys.len()).collect()];
+        }
+        let in_ram = |k: &ExpertKey| {
+            s.pinned.contains_key(k)
+                || s.lru.contains(k)
+                || s.ready.contains_key(k)
+                || s.inflight.contains(k)
+        };
+        let order = (0..keys.len())
+            .filter(|&i| in_ram(&keys[i]))
+            .chain((0..keys.len()).filter(|&i| !in_ram(&keys[i])));
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut held = 0u64;
+        for i in order {
+            match groups.last_mut() {
+                Some(g) if held.saturating_add(cost[i]) <= cap => g.push(i),
+                _ => {
+                    groups.push(vec![i]);
+                    held = 0;
+                }
+            }
+            held = held.saturating_add(cost[i]);
+        }
+        groups
+    }
+
+    /// [`ExpertCache::get_many_while`] for one group of a request split by
+    /// [`ExpertCache::request_groups`], without scoring the prediction (the caller scores the
+    /// whole request once: [`ExpertCache::score_prediction`]); `last`: the request's last group,
+    /// after which the layer's prefetched experts that no group asked for are settled (put in
+    /// the LRU tier where they fit without evicting, else dropped) as after a whole request.
+    ///
+    /// # Errors
+    /// As [`ExpertCache::get_many`].
+    pub fn get_group_while<R>(
+        &self,
+        store: &Store,
+        keys: &[ExpertKey],
+        last: bool,
+        meanwhile: impl FnOnce(&[Option<Arc<ExpertBuf>>]) -> R,
+    ) -> Result<(Vec<Arc<ExpertBuf>>, R)> {
         let mut out: Vec<Option<Arc<ExpertBuf>>> = Vec::with_capacity(keys.len());
+        let mut pinned = vec![false; keys.len()];
         let mut missing = Vec::new();
         let mut missing_at = Vec::new();
         let mut own_slots = Vec::new();
         let mut waits = Vec::new();
         {
             let mut s = self.state();
-            if let Some(first) = keys.first() {
-                if let Some(pred) = s.predicted.remove(&first.layer) {
-                    let used = pred
-                        .iter()
-                        .filter(|&&e| keys.iter().any(|k| k.expert == e))
-                        .count() as u64;
-                    s.stats.predicted += pred.len() as u64;
-                    s.stats.predicted_used += used;
-                    s.stats.demanded_after_prediction += keys.len() as u64;
-                }
-            }
             for (i, k) in keys.iter().enumerate() {
                 if let Some(b) = s.pinned.get(k) {
                     let b = Arc::clone(b);
                     s.stats.hits += 1;
                     s.stats.pinned_hits += 1;
+                    pinned[i] = true;
                     out.push(Some(b));
                 } else if let Some(e) = s.lru.get_mut(k) {
                     let b = Arc::clone(&e.buf);
@@ -650,18 +731,25 @@ impl ExpertCache {
             });
         }
         let waited = stalled + t0.elapsed().as_nanos() as u64;
-        let mut s = self.state();
-        s.stats.io_wait_ns += waited;
-        s.stats.io_hidden_ns += hidden;
-        // This layer's prefetched experts that it did not ask for are stale now.
-        if let Some(layer) = keys.first().map(|k| k.layer) {
-            s.settle_ready(|k| k.layer != layer);
-        }
-        drop(s);
-        let bufs = out
+        let bufs: Vec<Arc<ExpertBuf>> = out
             .into_iter()
             .map(|s| s.expect("every slot filled above"))
             .collect();
+        let held: u64 = bufs
+            .iter()
+            .zip(&pinned)
+            .filter(|(_, &p)| !p)
+            .map(|(b, _)| b.held_bytes() as u64)
+            .sum();
+        let mut s = self.state();
+        s.stats.io_wait_ns += waited;
+        s.stats.io_hidden_ns += hidden;
+        s.stats.largest_request_bytes = s.stats.largest_request_bytes.max(held);
+        // This layer's prefetched experts that it did not ask for are stale now.
+        if let Some(layer) = keys.first().map(|k| k.layer).filter(|_| last) {
+            s.settle_ready(|k| k.layer != layer);
+        }
+        drop(s);
         Ok((bufs, r))
     }
 

@@ -41,6 +41,11 @@ pub struct CacheStats {
     /// Nanoseconds of demand reads that ran while the layer computed the experts it already
     /// had ([`crate::ExpertCache::get_many_while`]): read time hidden behind compute.
     pub io_hidden_ns: u64,
+    /// The most bytes (buffers' held bytes) of unpinned experts one demand request held at
+    /// once, over the cache's life (not a difference in [`CacheStats::since`]): at most the LRU
+    /// capacity, or one expert where that is less, because the MoE block splits a larger union
+    /// ([`crate::ExpertCache::request_groups`]). What a request may hold beyond the budget.
+    pub largest_request_bytes: u64,
 }
 
 impl CacheStats {
@@ -82,7 +87,8 @@ impl CacheStats {
         self.io_wait_ns as f64 * 1e-9
     }
 
-    /// The counters accumulated since `earlier` (a snapshot of the same cache).
+    /// The counters accumulated since `earlier` (a snapshot of the same cache);
+    /// `largest_request_bytes` is this snapshot's (a maximum, not a count).
     pub fn since(&self, earlier: &CacheStats) -> CacheStats {
         CacheStats {
             hits: self.hits - earlier.hits,
@@ -103,6 +109,7 @@ impl CacheStats {
             pinned_reads: self.pinned_reads - earlier.pinned_reads,
             io_wait_ns: self.io_wait_ns - earlier.io_wait_ns,
             io_hidden_ns: self.io_hidden_ns - earlier.io_hidden_ns,
+            largest_request_bytes: self.largest_request_bytes,
         }
     }
 }

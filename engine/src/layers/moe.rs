@@ -5,7 +5,8 @@
 //!
 //! For a batch of tokens the block routes every token first, takes the UNION of the selected
 //! experts, gets them all with one cache request (one `Store::fetch` for all the misses, read
-//! while the experts already in RAM compute), then runs each expert once over the tokens routed
+//! while the experts already in RAM compute; a union larger than the cache's LRU tier in
+//! groups that fit it, one after another), then runs each expert once over the tokens routed
 //! to it (`coli_kernels::matmul`). Each token's
 //! output is summed in ascending expert index, starting from zero, as transformers'
 //! `index_add_` loop over `expert_hit` does: `out += w_e * expert_e(x)`.
@@ -248,24 +249,38 @@ impl MoeBlock<'_> {
         // The experts run concurrently (one rayon task each, their products parallel inside
         // when threads are idle): one fork per layer instead of one per product keeps the
         // threads busy in decode. The experts already in RAM run while the misses are read
-        // (`get_many_while`), the rest when they land. Each expert's output is computed by the
-        // same kernels whatever the thread count or the order they became ready in, and the
-        // sums below run in a fixed order, so the result depends on neither.
-        let (bufs, first) = cache.get_many_while(store, &keys, |ready| {
-            keys.par_iter()
-                .zip(ready)
-                .map(|(key, buf)| buf.as_ref().map(|b| run(key, b)).transpose())
-                .collect::<Result<Vec<Option<Vec<f32>>>>>()
-        })?;
-        let mut expert_out = first?;
-        let rest: Vec<(usize, Vec<f32>)> = (0..keys.len())
-            .filter(|&i| expert_out[i].is_none())
-            .collect::<Vec<usize>>()
-            .into_par_iter()
-            .map(|i| Ok((i, run(&keys[i], &bufs[i])?)))
-            .collect::<Result<_>>()?;
-        for (i, ys) in rest {
-            expert_out[i] = Some(ys);
+        // (`get_group_while`), the rest when they land. A union larger than the cache's LRU
+        // tier (a long prefill chunk under a small budget) is fetched and computed in groups
+        // that fit it, each group's buffers let go before the next is read, so the request
+        // holds at most one group beyond the budget (docs/ENGINE.md "Budget"). Each expert's
+        // output is computed by the same kernels whatever the thread count, the grouping or
+        // the order they became ready in, and the sums below run in a fixed order, so the
+        // result depends on none of them.
+        let groups = cache.request_groups(store, &keys);
+        cache.score_prediction(&keys);
+        let mut expert_out: Vec<Option<Vec<f32>>> = vec![None; keys.len()];
+        for (g, at) in groups.iter().enumerate() {
+            let ks: Vec<ExpertKey> = at.iter().map(|&i| keys[i]).collect();
+            let (bufs, first) =
+                cache.get_group_while(store, &ks, g + 1 == groups.len(), |ready| {
+                    ks.par_iter()
+                        .zip(ready)
+                        .map(|(key, buf)| buf.as_ref().map(|b| run(key, b)).transpose())
+                        .collect::<Result<Vec<Option<Vec<f32>>>>>()
+                })?;
+            let mut part = first?;
+            let rest: Vec<(usize, Vec<f32>)> = (0..ks.len())
+                .filter(|&i| part[i].is_none())
+                .collect::<Vec<usize>>()
+                .into_par_iter()
+                .map(|i| Ok((i, run(&ks[i], &bufs[i])?)))
+                .collect::<Result<_>>()?;
+            for (i, ys) in rest {
+                part[i] = Some(ys);
+            }
+            for (&i, ys) in at.iter().zip(part) {
+                expert_out[i] = ys;
+            }
         }
         out.fill(0.0);
         for (key, ys) in keys.iter().zip(&expert_out) {

@@ -355,6 +355,7 @@ fn placement_json(s: &coli_engine::GenerationStats, eng: &Engine<'_>) -> serde_j
         "pinned_experts": p.pinned_experts,
         "pinned_bytes": p.pinned_bytes,
         "lru_capacity": p.lru_capacity,
+        "largest_request_bytes": c.largest_request_bytes,
         "prefetch": p.prefetch,
         "prefetch_use_estimate": eng.prefetch_gate().estimate(),
         "prefetch_passes_skipped": eng.prefetch_gate().skipped(),
