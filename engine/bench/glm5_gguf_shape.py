@@ -21,18 +21,23 @@ bytes for 256 weights (f16 `d`, 32 x u16 `qs` = 9-bit grid index + 7 sign bits, 
 4-bit scales; ggml-common.h `block_iq2_xs`) and every bit pattern with a finite `d` is a valid
 block that llama.cpp and gguf-py dequantize. So the stacked `blk.N.ffn_{gate,up,down}_exps.weight`
 tensors are written here: `qs` and `scales` uniform random bytes (numpy PCG64, `--seed`), and
-`d` one f16 per matrix chosen so the dequantized weights' RMS equals the source matrix's (the
-source's expert 0 of that layer and projection, dequantized from FP8; the ratio measured with
-gguf-py's IQ2_XS dequantization on one matrix of random blocks). The model is random either way;
+`d` one f16 per layer and projection (shared by its 256 experts) chosen so the dequantized
+weights' RMS equals the source's (expert 0 of that layer and projection, dequantized from FP8;
+the ratio of RMS to `d` measured with gguf-py's IQ2_XS dequantization of 4096 random blocks).
+The high 7 bits of each `qs` entry index llama.cpp's `ksigns_iq2xs` table (8 signs, the 8th by
+parity), so random bits are random signs. The model is random either way;
 its routing (decided by the dense router and attention, which are the checkpoint's) is what the
 cache sees. The tensors are added after the converter's own, in its GGUF, so the header,
 metadata and alignment are llama.cpp's writer's. `general.file_type` stays the converter's
-(MOSTLY_BF16); coli reads each tensor's type.
+(MOSTLY_BF16); coli reads each tensor's type. The expert tensors are built in RAM before the
+writer writes (~2.8 GB per MoE layer at GLM-5's dimensions). The checkpoint must have no MTP
+layer (`make_glm5_shape.py --no-mtp`): its experts would need the same treatment.
 
 Needs torch, numpy, safetensors and gguf-py (the venv of engine/bench/README.md).
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -47,8 +52,6 @@ BLOCK_BYTES = 74  # block_iq2_xs: f16 d, u16 qs[32], u8 scales[8]
 def expert_rms(hf_dir: str, layer: int, proj: str) -> float:
     """RMS of expert 0's `proj` weight of `layer`, dequantized from FP8 (e4m3 x its 128 x 128
     weight_scale_inv block)."""
-    import json
-
     import torch
     from safetensors import safe_open
 
@@ -137,8 +140,13 @@ def main() -> int:
     GlmMoeDsaModel.set_vocab = no_vocab
     GlmMoeDsaModel.filter_tensors = classmethod(filter_tensors)
     GlmMoeDsaModel.prepare_tensors = add_experts
-    if not re.search(r"GlmMoeDsa", open(os.path.join(a.hf_dir, "config.json")).read()):
+    with open(os.path.join(a.hf_dir, "config.json")) as f:
+        cfg_text = f.read()
+    if not re.search(r"GlmMoeDsa", cfg_text):
         sys.exit(f"{a.hf_dir}/config.json is not a GlmMoeDsaForCausalLM checkpoint")
+    if json.loads(cfg_text).get("num_nextn_predict_layers", 0):
+        sys.exit(f"{a.hf_dir} has an MTP layer, whose experts this script does not write: "
+                 "make the checkpoint with make_glm5_shape.py --no-mtp")
     c.main()
     return 0
 

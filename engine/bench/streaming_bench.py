@@ -25,7 +25,8 @@ Limits, per bit-width group (int4: coli int4, coli int4-d8 and llama.cpp Q4_0; i
 llama.cpp Q8_0), from that group's coli store with bf16 dense weights: dense.bin + P% of the expert
 records + 384 MiB (KV cache at --context 512, code, buffers), for each P of --limits (100 holds
 the whole model); `--limit-group G` runs every engine at group G's limits instead (equal memory
-across encodings: an IQ2_XS store at the int4 store's limits holds a larger share of its experts). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
+across encodings: an IQ2_XS store at the int4 store's limits holds a larger share of its experts;
+a row's limit_pct is then G's percentage, not a share of its own experts). coli is configured at its best for the limit: `--ram-budget` (the expert cache,
 pinned set included) = (limit - its own dense.bin - its margin) x record bytes / bytes a record's
 buffer holds (a buffer is its record's length rounded to the page size). The margin
 (`--coli-margin measured`, the default since 2026-12-07; `coli_budget_measured`) is coli's
@@ -360,6 +361,9 @@ def main() -> int:
             emit({"group": g, "ref_store": ref, "dense_bytes": dense, "expert_bytes": experts,
                   "record_bytes": rec, "limits": groups[g]})
 
+    if a.limit_group and a.limit_group not in groups:
+        sys.exit(f"--limit-group {a.limit_group}: its reference store {GROUP_REF[a.limit_group]} is not in {a.bench_dir}")
+
     tmp = tempfile.mkdtemp(prefix="coli-bench-")
     usage = {}
     # Usage histories learned on other ids (teacher forcing), once per store.
@@ -421,7 +425,7 @@ def main() -> int:
                 ids = prompt if w == "decode" else stream_ids
                 n_tokens = len(ids) + (a.decode_tokens - 1 if w == "decode" else 0)
                 for name, kind, path, group, extra in engines:
-                    if group not in groups or (a.limit_group and a.limit_group not in groups):
+                    if group not in groups:
                         continue
                     if name.endswith("-repack") and limit_p != "100":
                         continue

@@ -11,7 +11,8 @@ that what the run maps of dense.bin is charged to it:
    `coli plan --json`) + BUDGET_RESERVE_BYTES (512 MiB, engine/src/placement/budget.rs;
    ENGINE.md "Memory"), and the run must never reach it (failcnt 0: the kernel never had to
    reclaim or refuse), with the tokens of an unconstrained run: at a streaming budget of 8
-   records, at 56, at 16 with prefetch and batched prefill, and at the whole model (which is preloaded at start: stderr says so);
+   records, at 56, at 16 with prefetch and batched prefill, at 8 with the whole prompt in one
+   prefill pass (no prefetch), and at the whole model (which is preloaded at start: stderr says so);
 2. a prefill pass over the whole prompt at the budget of 8 records (a union of up to 64 experts,
    fetched in groups that fit the cache) peaks at most 2 records + 16 MiB above one token per
    pass (before 2026-12-07 the union was held whole beyond the budget);

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use coli_convert::gguf::write::{
     blob_alignment, write_gguf, TensorEntry, METADATA_FILE, TENSORS_FILE,
 };
-use coli_store::{Encoding, ExpertKey, Store};
+use coli_store::{Encoding, ExpertKey};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -48,8 +48,7 @@ fn stacked(name: &str) -> Option<(u32, usize)> {
 /// A store that does not open, that was not converted from a GGUF, or whose tensors no longer
 /// match the listing it kept; I/O errors naming the file. Nothing is left at `out` on error.
 pub fn run(store_dir: &Path, out: &Path) -> anyhow::Result<()> {
-    let store =
-        Store::open(store_dir).with_context(|| format!("opening {}", store_dir.display()))?;
+    let store = crate::options::open_store(store_dir, &coli_store::OpenOptions::default())?;
     let (Some(kv), Some(list)) = (store.file(METADATA_FILE)?, store.file(TENSORS_FILE)?) else {
         bail!(
             "{}: this store was not converted from a GGUF (it has no {METADATA_FILE}): coli export --gguf writes back stores made by `coli-convert FILE.gguf`, whose blocks and metadata are llama.cpp's",

@@ -98,7 +98,8 @@ fn config_u64(cfg: &Value, keys: &[&str]) -> Option<u64> {
 /// When `store` is no store (no MANIFEST: the error says how to make one) or the store cannot
 /// be opened (the error says why and suggests `coli-fsck`).
 pub fn report(store: &Path) -> anyhow::Result<Value> {
-    // A missing path or a directory without a MANIFEST: how to make a store (as `coli run`).
+    // Not a store (a missing path, a file, a directory without a MANIFEST): what it is and
+    // how to make a store; a store that does not open: why, and coli-fsck (as `coli run`).
     let st = crate::options::open_store(store, &coli_store::OpenOptions::default())?;
     let m = st.manifest();
     let cfg = st.model_config();

@@ -245,12 +245,17 @@ pub fn not_a_store(dir: &std::path::Path) -> String {
         });
     // A store's other files without its MANIFEST: damaged or half written, not a checkpoint.
     let store_files = dir.join("INDEX").is_file() || dir.join("segments").is_dir();
-    if !dir.exists() {
-        format!(
-            "{d} does not exist: pass the directory of a coli store, or create one with `coli-convert CHECKPOINT_DIR {d}` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
-            d = dir.display()
-        )
-    } else if !dir.is_dir() {
+    let meta = std::fs::metadata(dir);
+    if let Err(e) = &meta {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "{d} does not exist: pass the directory of a coli store, or create one with `coli-convert CHECKPOINT_DIR {d}` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
+                d = dir.display()
+            )
+        } else {
+            format!("{}: {e}", dir.display())
+        }
+    } else if !meta.as_ref().is_ok_and(|m| m.is_dir()) {
         if dir
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

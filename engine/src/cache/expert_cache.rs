@@ -532,13 +532,16 @@ impl ExpertCache {
     /// Splits one demand request (`keys`, one layer) into groups (indices into `keys`) whose
     /// unpinned experts hold at most the LRU tier's capacity together (by
     /// [`coli_store::held_bytes_for`] of each INDEX record length; a group has at least one
-    /// expert). One group, `keys` in order, when the request fits; else the experts in RAM or
-    /// being read come first (so that reading the others cannot evict them before they are
+    /// expert). One group, `keys` in order, when the request fits; else the experts in the
+    /// pinned and LRU tiers come first, then those prefetched or being read, then those on
+    /// disk (so that reading the later ones cannot evict the earlier ones before they are
     /// used), each part in the order of `keys`, and the caller gets and computes the groups one
     /// after another ([`ExpertCache::get_group_while`]), letting each group's buffers go before
     /// the next: a union larger than the cache (a long prefill chunk under a small budget)
-    /// holds at most one group beyond the budget instead of all of it. Pinned experts cost
-    /// nothing (they are resident anyway).
+    /// holds at most one group beyond the budget (its misses, read before the LRU tier makes
+    /// room for them) instead of all of it. Pinned experts cost nothing (they are resident
+    /// anyway). With an LRU tier smaller than one token's experts, decode is split too: more,
+    /// smaller reads, in the memory asked for.
     pub fn request_groups(&self, store: &Store, keys: &[ExpertKey]) -> Vec<Vec<usize>> {
         let s = self.state();
         let cap = s.lru.capacity();
@@ -557,15 +560,20 @@ impl ExpertCache {
         if cost.iter().fold(0u64, |a, &b| a.saturating_add(b)) <= cap {
             return vec![(0..keys.len()).collect()];
         }
-        let in_ram = |k: &ExpertKey| {
-            s.pinned.contains_key(k)
-                || s.lru.contains(k)
-                || s.ready.contains_key(k)
-                || s.inflight.contains(k)
+        // 0: in a tier (pinned, LRU); 1: prefetched or being read (moving it into the LRU tier
+        // may evict, so after the tiers' experts are used); 2: on disk.
+        let rank = |k: &ExpertKey| {
+            if s.pinned.contains_key(k) || s.lru.contains(k) {
+                0
+            } else if s.ready.contains_key(k) || s.inflight.contains(k) {
+                1
+            } else {
+                2
+            }
         };
-        let order = (0..keys.len())
-            .filter(|&i| in_ram(&keys[i]))
-            .chain((0..keys.len()).filter(|&i| !in_ram(&keys[i])));
+        let ranks: Vec<u8> = keys.iter().map(rank).collect();
+        let ranks = &ranks;
+        let order = (0..3u8).flat_map(|r| (0..keys.len()).filter(move |&i| ranks[i] == r));
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut held = 0u64;
         for i in order {
@@ -1280,5 +1288,70 @@ mod tests {
             .unwrap();
         assert_eq!(reads_seen, 4, "the three misses were read first");
         assert_eq!(cache.stats().io_hidden_ns, 0);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_lru_tier_is_split_in_groups_that_fit_it() {
+        let (_tmp, store) = tiny_store(8);
+        let keys: Vec<ExpertKey> = (0..8).map(|e| ExpertKey::new(0, e)).collect();
+        let one = coli_store::held_bytes_for(store.record(keys[0]).unwrap().length.get());
+        // Unbounded, or a request that fits: one group, in the order given.
+        let all: Vec<usize> = (0..8).collect();
+        assert_eq!(
+            ExpertCache::new(u64::MAX).request_groups(&store, &keys),
+            std::slice::from_ref(&all)
+        );
+        assert_eq!(
+            ExpertCache::new(8 * one).request_groups(&store, &keys),
+            [all]
+        );
+        assert_eq!(
+            ExpertCache::new(8 * one).request_groups(&store, &[]),
+            [Vec::<usize>::new()]
+        );
+        // Pinned experts cost nothing; the tiers' experts come first, then the prefetched ones,
+        // then those on disk; each group holds at most the LRU capacity (2 experts).
+        let cache = ExpertCache::new(4 * one);
+        cache.pin(&store, &keys[6..8]).unwrap();
+        cache.get_many(&store, &keys[3..5]).unwrap();
+        // The LRU tier is full: the prefetched expert waits outside it.
+        assert_eq!(cache.prefetch(&store, &keys[1..2]).unwrap(), 1);
+        assert_eq!(cache.lru_capacity(), 2 * one);
+        let groups = cache.request_groups(&store, &keys);
+        assert_eq!(groups, [vec![3, 4, 6, 7], vec![1, 0], vec![2, 5]]);
+        // The groups give the same experts as one request, none holding more than the LRU
+        // tier, and the prediction is scored once, for the whole request.
+        cache.set_prediction(0, vec![0, 5]);
+        cache.score_prediction(&keys);
+        for (g, at) in groups.iter().enumerate() {
+            let ks: Vec<ExpertKey> = at.iter().map(|&i| keys[i]).collect();
+            let (bufs, ()) = cache
+                .get_group_while(&store, &ks, g + 1 == groups.len(), |_| ())
+                .unwrap();
+            for (b, k) in bufs.iter().zip(&ks) {
+                assert_eq!(b.key, *k);
+            }
+        }
+        let s = cache.stats();
+        assert_eq!(
+            (s.predicted, s.predicted_used, s.demanded_after_prediction),
+            (2, 2, 8)
+        );
+        assert!(s.largest_request_bytes <= 2 * one, "{s:?}");
+        assert!(cache.used() <= cache.capacity());
+        // An LRU tier of nothing (all pinned): one expert per group; an expert larger than
+        // the tier gets a group of its own.
+        let cache = ExpertCache::new(2 * one);
+        cache.pin(&store, &keys[..2]).unwrap();
+        assert_eq!(cache.lru_capacity(), 0);
+        assert_eq!(
+            cache.request_groups(&store, &keys[..4]),
+            [vec![0, 1], vec![2], vec![3]]
+        );
+        let tiny = ExpertCache::new(one / 2);
+        assert_eq!(
+            tiny.request_groups(&store, &keys[..3]),
+            [vec![0], vec![1], vec![2]]
+        );
     }
 }

@@ -42,9 +42,10 @@ pub struct CacheStats {
     /// had ([`crate::ExpertCache::get_many_while`]): read time hidden behind compute.
     pub io_hidden_ns: u64,
     /// The most bytes (buffers' held bytes) of unpinned experts one demand request held at
-    /// once, over the cache's life (not a difference in [`CacheStats::since`]): at most the LRU
-    /// capacity, or one expert where that is less, because the MoE block splits a larger union
-    /// ([`crate::ExpertCache::request_groups`]). What a request may hold beyond the budget.
+    /// once, over the cache's life (not a difference in [`CacheStats::since`]): at most
+    /// `max(LRU capacity, the largest record's held bytes)`, because the MoE block splits a
+    /// larger union ([`crate::ExpertCache::request_groups`]). What a request may hold beyond the
+    /// budget while its misses are read.
     pub largest_request_bytes: u64,
 }
 

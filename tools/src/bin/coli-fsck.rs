@@ -182,9 +182,14 @@ fn print_human(r: &FsckReport) {
         fsck::Status::Damaged if r.bad_records.is_empty() && r.problems.is_empty() && r.bad_dense.is_empty() && r.bad_files.is_empty() => {
             "DAMAGED mirror files: run with --repair to rewrite damaged records from a good copy; re-copy truncated or mismatched files (`coli mirror copy` / `coli mirror stage` after removing them)".into()
         }
-        // --repair rewrites expert records only: where none is bad, say what does help.
+        // --repair rewrites expert records only: where none was found bad, say what does help.
         fsck::Status::Damaged if r.bad_records.is_empty() && r.mirrors.iter().all(|m| m.files.iter().all(|f| f.bad_records.is_empty())) => {
-            "DAMAGED: re-convert the store, or restore the named files from a copy of the store (--repair rewrites damaged expert records only, and none is)".into()
+            let mirrors = if r.mirrors.iter().any(|m| m.files.iter().any(|f| !matches!(f.status, MirrorStatus::Admitted))) {
+                "; re-copy the mirror files named above (`coli mirror copy` / `coli mirror stage` after removing them)"
+            } else {
+                ""
+            };
+            format!("DAMAGED: re-convert the store, or restore the named files from a copy of the store (--repair rewrites damaged expert records only, and none was found){mirrors}")
         }
         fsck::Status::Damaged => {
             "DAMAGED: run with --repair (and --mirror DIR) to rewrite damaged records from a good copy, or re-convert the store / restore the named files".into()
