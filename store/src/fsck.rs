@@ -300,8 +300,10 @@ pub fn check(dir: &Path, opts: &FsckOptions, progress: &dyn Progress) -> FsckRep
             } else if !dir.is_dir() {
                 "is not a directory".into()
             } else {
-                "has no MANIFEST: not a coli store (an unfinished conversion is in NAME.partial)"
-                    .into()
+                format!(
+                    "has no MANIFEST: not a coli store (`coli-convert` makes one; a conversion into this path that did not finish is in {}.partial)",
+                    dir.display()
+                )
             },
         });
         return rep.finish();

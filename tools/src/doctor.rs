@@ -515,15 +515,20 @@ fn fsck_check(r: &fsck::FsckReport) -> Check {
                     .take(3)
                     .map(|f| format!("files/{}: {}", f.name, f.what)),
             );
+            // --repair rewrites expert records; the quick check finds structure, sizes and
+            // copied files, which only a new conversion or a copy of the store restores.
+            let fix = if r.bad_records.is_empty() {
+                "run `coli-fsck DIR` for the full report; convert again, or restore the named \
+                 files from a copy of the store (`coli-fsck --repair` rewrites expert records only)"
+            } else {
+                "run `coli-fsck DIR` for the full report; `coli-fsck --repair --mirror M` \
+                 rewrites bad records from a mirror, else convert again"
+            };
             check(
                 "fsck",
                 Level::Fail,
                 format!("quick check found damage: {}", what.join("; ")),
-                Some(
-                    "run `coli-fsck DIR` for the full report; `coli-fsck --repair --mirror M` \
-                     rewrites bad records from a mirror, else convert again"
-                        .into(),
-                ),
+                Some(fix.into()),
             )
         }
     }

@@ -456,7 +456,20 @@ pub fn run(a: MirrorArgs) -> Result<u8> {
                     .collect();
                 bail!("cannot verify: {}", why.join("; "));
             }
-            let m = &r.mirrors[0];
+            // A primary whose structure is damaged is not checked against (fsck stops before
+            // the mirrors): say what is wrong with it instead.
+            let Some(m) = r.mirrors.first() else {
+                let why: Vec<String> = r
+                    .problems
+                    .iter()
+                    .map(|p| format!("{}: {}", p.file, p.what))
+                    .collect();
+                bail!(
+                    "cannot verify the mirror: the store {d} is damaged ({}); run `coli-fsck {d}` to see what is wrong",
+                    why.join("; "),
+                    d = v.common.store.display()
+                );
+            };
             let bad = m
                 .files
                 .iter()

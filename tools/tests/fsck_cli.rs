@@ -71,6 +71,14 @@ fn exit_codes_json_and_naming() {
     assert_eq!(code, 1);
     assert!(out.contains("BAD RECORD: layer 0 expert 1"), "{out}");
     assert!(out.contains("run with --repair"), "{out}");
+    // --repair with no good copy (no mirror): not repaired, and the verdict says what is
+    // missing instead of suggesting --repair again.
+    let (code, out) = fsck(&[s, "--repair"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("no verified copy") && !out.contains("run with --repair"),
+        "{out}"
+    );
     // --quick does not read records.
     assert_eq!(fsck(&[s, "--quick"]).0, 0);
     flip(&seg, rec.offset.get() as usize + 5);

@@ -149,6 +149,18 @@ fn copy_stage_verify_damage_and_repair() {
     assert!(out.contains("BLOCKED segments/seg-00000.bin"), "{out}");
     assert_eq!(std::fs::metadata(&seg).unwrap().len(), 1000);
     assert_eq!(fsck(&[s, "--mirror", ms]).0, 1);
+    // A primary whose structure is damaged (fsck stops before the mirrors): a message naming
+    // the damage and coli-fsck, no panic.
+    let idx = store.join("INDEX");
+    let mut b = std::fs::read(&idx).unwrap();
+    b[10] ^= 0x01;
+    std::fs::write(&idx, &b).unwrap();
+    let (code, _, err) = coli(&["mirror", "verify", "--store", s, "--mirror", ms]);
+    assert!(code == 1 || code == 2, "{code}: {err}");
+    assert!(
+        err.contains("INDEX") && err.contains("coli-fsck") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -191,6 +191,10 @@ fn print_human(r: &FsckReport) {
             };
             format!("DAMAGED: re-convert the store, or restore the named files from a copy of the store (--repair rewrites damaged expert records only, and none was found){mirrors}")
         }
+        // A repair ran and could not rewrite everything: no good copy was there.
+        fsck::Status::Damaged if r.repairs.iter().any(|a| !a.repaired) => {
+            "DAMAGED: --repair found no verified copy of some records: pass a --mirror DIR that holds one (`coli mirror copy` makes mirrors), or re-convert the store".into()
+        }
         fsck::Status::Damaged => {
             "DAMAGED: run with --repair (and --mirror DIR) to rewrite damaged records from a good copy, or re-convert the store / restore the named files".into()
         }
