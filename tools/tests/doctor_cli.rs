@@ -44,6 +44,21 @@ fn exit_codes_text_and_json() {
     assert!(checks
         .iter()
         .any(|c| c["name"] == "memory" && c["level"] == "FAIL" && c["fix"].is_string()));
+    // A damaged INDEX: the quick fsck fails, and its fix does not send the user to --repair
+    // (which rewrites expert records, none of which is named).
+    let idx = store.join("INDEX");
+    let mut b = std::fs::read(&idx).unwrap();
+    b[10] ^= 0x01;
+    std::fs::write(&idx, &b).unwrap();
+    let (code, out, err) = doctor(&["--store", s, "--probe-mib", "0"]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(out.contains("\nFAIL  fsck "), "{out}{err}");
+    assert!(
+        out.contains("convert again") && !out.contains("rewrites bad records"),
+        "{out}"
+    );
+    b[10] ^= 0x01;
+    std::fs::write(&idx, &b).unwrap();
     // No store: the doctor cannot run.
     let missing = t.path().join("nothing-here");
     let (code, out, err) = doctor(&["--store", missing.to_str().unwrap()]);
