@@ -187,6 +187,16 @@ pub struct FsckReport {
 }
 
 impl FsckReport {
+    /// The structural problems as one line, `FILE: WHAT` joined by `; ` (empty when none): what
+    /// a caller that cannot go on (an unusable or damaged store) says.
+    pub fn problems_line(&self) -> String {
+        self.problems
+            .iter()
+            .map(|p| format!("{}: {}", p.file, p.what))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn new(dir: &Path, quick: bool) -> FsckReport {
         FsckReport {
             store: dir.display().to_string(),

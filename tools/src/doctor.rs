@@ -588,18 +588,14 @@ pub fn doctor(a: &DoctorArgs) -> Result<Report> {
         &NoProgress,
     );
     if fsck_report.status == Status::Unusable {
-        let why: Vec<String> = fsck_report
-            .problems
-            .iter()
-            .map(|p| format!("{}: {}", p.file, p.what))
-            .collect();
+        let why = fsck_report.problems_line();
         bail!(
             "cannot check {}: {}",
             opts.store.display(),
             if why.is_empty() {
-                "no store there".to_string()
+                "no store there"
             } else {
-                why.join("; ")
+                &why
             }
         );
     }

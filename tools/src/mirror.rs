@@ -449,24 +449,14 @@ pub fn run(a: MirrorArgs) -> Result<u8> {
             };
             let r = fsck::check(&v.common.store, &opts, &NoProgress);
             if r.status == fsck::Status::Unusable {
-                let why: Vec<String> = r
-                    .problems
-                    .iter()
-                    .map(|p| format!("{}: {}", p.file, p.what))
-                    .collect();
-                bail!("cannot verify: {}", why.join("; "));
+                bail!("cannot verify: {}", r.problems_line());
             }
             // A primary whose structure is damaged is not checked against (fsck stops before
             // the mirrors): say what is wrong with it instead.
             let Some(m) = r.mirrors.first() else {
-                let why: Vec<String> = r
-                    .problems
-                    .iter()
-                    .map(|p| format!("{}: {}", p.file, p.what))
-                    .collect();
                 bail!(
                     "cannot verify the mirror: the store {d} is damaged ({}); run `coli-fsck {d}` to see what is wrong",
-                    why.join("; "),
+                    r.problems_line(),
                     d = v.common.store.display()
                 );
             };

@@ -238,53 +238,44 @@ pub struct Loaded {
 /// anything else is to be created with `coli-convert` (the demo, `bash tools/demo/demo.sh`,
 /// makes one).
 pub fn not_a_store(dir: &std::path::Path) -> String {
-    let checkpoint = dir.join("config.json").is_file()
-        && std::fs::read_dir(dir).is_ok_and(|r| {
-            r.flatten()
-                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
-        });
-    // A store's other files without its MANIFEST: damaged or half written, not a checkpoint.
-    let store_files = dir.join("INDEX").is_file() || dir.join("segments").is_dir();
-    let meta = std::fs::metadata(dir);
-    if let Err(e) = &meta {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!(
-                "{d} does not exist: pass the directory of a coli store, or create one with `coli-convert CHECKPOINT_DIR {d}` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
-                d = dir.display()
-            )
-        } else {
-            format!("{}: {e}", dir.display())
+    let d = dir.display();
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!(
+            "{d} does not exist: pass the directory of a coli store, or create one with `coli-convert CHECKPOINT_DIR {d}` (`bash tools/demo/demo.sh` builds the demo store in demo/store)"
+        ),
+        Err(e) => format!("{d}: {e}"),
+        Ok(m) if !m.is_dir() => {
+            if dir
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            {
+                format!(
+                    "{d} is a GGUF file, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR"
+                )
+            } else {
+                format!(
+                    "{d} is a file, not a coli store (a store is a directory with a MANIFEST, written by `coli-convert`)"
+                )
+            }
         }
-    } else if !meta.as_ref().is_ok_and(|m| m.is_dir()) {
-        if dir
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        // A Hugging Face checkpoint: config.json and safetensors.
+        Ok(_) if dir.join("config.json").is_file()
+            && std::fs::read_dir(dir).is_ok_and(|r| {
+                r.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+            }) =>
         {
             format!(
-                "{d} is a GGUF file, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
-                d = dir.display()
-            )
-        } else {
-            format!(
-                "{} is a file, not a coli store (a store is a directory with a MANIFEST, written by `coli-convert`)",
-                dir.display()
+                "{d} is a Hugging Face checkpoint, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR"
             )
         }
-    } else if checkpoint {
-        format!(
-            "{d} is a Hugging Face checkpoint, not a coli store: convert it into a new directory first, e.g. `coli-convert {d} STORE_DIR`, then pass STORE_DIR",
-            d = dir.display()
-        )
-    } else if store_files {
-        format!(
-            "{d} holds a coli store's files but no MANIFEST: the store is damaged or was never finished (MANIFEST is written last); run `coli-fsck {d}` to see what is there, or convert again into a new directory",
-            d = dir.display()
-        )
-    } else {
-        format!(
-            "{} is not a coli store (no MANIFEST): create one with `coli-convert CHECKPOINT_DIR STORE_DIR` (`bash tools/demo/demo.sh` builds the demo store in demo/store)",
-            dir.display()
-        )
+        // A store's other files without its MANIFEST: damaged or half written.
+        Ok(_) if dir.join("INDEX").is_file() || dir.join("segments").is_dir() => format!(
+            "{d} holds a coli store's files but no MANIFEST: the store is damaged or was never finished (MANIFEST is written last); run `coli-fsck {d}` to see what is there, or convert again into a new directory"
+        ),
+        Ok(_) => format!(
+            "{d} is not a coli store (no MANIFEST): create one with `coli-convert CHECKPOINT_DIR STORE_DIR` (`bash tools/demo/demo.sh` builds the demo store in demo/store)"
+        ),
     }
 }
 
