@@ -84,10 +84,11 @@ CONTEXT = 512
 
 # name: (kind, file in bench dir, group, extra args)
 ENGINES = {
-    "coli-int4": ("coli", "store-int4", "int4", []),
-    "coli-int4-d8": ("coli", "store-int4-d8", "int4", []),
-    "coli-int4-d4": ("coli", "store-int4-d4", "int4", []),
-    "coli-int8": ("coli", "store-int8", "int8", []),
+    # f32 activations (`--numerics exact`; the coli tools' default before 2026-12-07).
+    "coli-int4": ("coli", "store-int4", "int4", ["--numerics", "exact"]),
+    "coli-int4-d8": ("coli", "store-int4-d8", "int4", ["--numerics", "exact"]),
+    "coli-int4-d4": ("coli", "store-int4-d4", "int4", ["--numerics", "exact"]),
+    "coli-int8": ("coli", "store-int8", "int8", ["--numerics", "exact"]),
     # The same stores under integer activations (q8a revision 5, ENGINE.md "Numerics").
     "coli-int4-q8a": ("coli", "store-int4", "int4", ["--numerics", "q8a"]),
     "coli-int4-d4-q8a": ("coli", "store-int4-d4", "int4", ["--numerics", "q8a"]),

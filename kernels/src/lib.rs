@@ -84,7 +84,8 @@ pub use coli_format::cpu::{detected_isa, Isa};
 /// How the products treat their activations (`--numerics`, `COLI_NUMERICS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Numerics {
-    /// f32 activations times each encoding's decoded weights (`exact`; the default).
+    /// f32 activations times each encoding's decoded weights (`exact`; this library's default,
+    /// the reference the oracle tests compare with; the coli tools default to [`Numerics::Q8a`]).
     Exact,
     /// Integer activations (`q8a`): for int8, int4 (group 32 or a multiple of 64), mxfp4 and
     /// ggml integer-code matrices

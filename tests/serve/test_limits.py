@@ -339,7 +339,7 @@ def long_responses(server):
     """A generation longer than the header timeout is not cut, streamed or whole."""
     t = time.time()
     st, _, body = ts.raw(server, "POST", "/v1/completions", json.dumps(
-        {"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 300, "temperature": 0}))
+        {"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 600, "temperature": 0}))
     dt = time.time() - t
     fin = body["choices"][0]["finish_reason"] if st == 200 else body
     check(st == 200 and fin == "length" and dt > HEADER_TIMEOUT,
@@ -347,7 +347,7 @@ def long_responses(server):
     with socket.create_connection(addr(server), timeout=30) as s:
         t = time.time()
         s.sendall(request_bytes("POST", "/v1/completions", json.dumps(
-            {"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 300, "temperature": 0, "stream": True})))
+            {"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 600, "temperature": 0, "stream": True})))
         s.settimeout(30)
         data = b""
         while b"data: [DONE]" not in data:
@@ -380,7 +380,7 @@ def send_timeout(store):
     server = ts.Server(store, "--max-batch", "2", "--speculate", "off", "--send-timeout", "2",
                        "--send-buffer-bytes", "4096", log_name="serve-send-timeout.log")
     try:
-        body = json.dumps({"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 300,
+        body = json.dumps({"model": ts.MODEL, "prompt": ts.LONG_PROMPT, "max_tokens": 600,
                            "temperature": 0, "stream": True})
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)

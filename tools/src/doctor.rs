@@ -108,7 +108,7 @@ fn cpu_check() -> Check {
         .unwrap_or_default();
     // The integer-activation products, last: they are a choice of their own.
     let q8a = format!(
-        "; under --numerics q8a the {} integer kernel and the {} bf16 kernel{}",
+        "; under --numerics q8a (the default) the {} integer kernel and the {} bf16 kernel{}",
         coli_kernels::integer_kernel(isa),
         coli_kernels::bf16_kernel(isa),
         if coli_kernels::interleave() {

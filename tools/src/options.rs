@@ -115,7 +115,7 @@ pub struct EngineOptions {
     /// times the decoded weights) or q8a (int8 activations per block of 32 with integer dot
     /// products for int8, int4, mxfp4 and GGUF integer matrices, bf16 activations for bf16
     /// matrices: the same bits on every instruction set, faster).
-    /// Default: COLI_NUMERICS, else exact.
+    /// Default: COLI_NUMERICS, else q8a.
     #[arg(long, value_name = "exact|q8a", value_parser = coli_kernels::Numerics::parse)]
     pub numerics: Option<coli_kernels::Numerics>,
 }
@@ -324,6 +324,27 @@ pub fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s
     engine_with_sequences(loaded, opts, 1)
 }
 
+/// The numerics the coli tools run under: `--numerics` (`flag`), else `COLI_NUMERICS` when set
+/// and not empty, else [`Numerics::Q8a`](coli_kernels::Numerics::Q8a) (docs/ENGINE.md
+/// "Precision": the integer-activation rule, +0.67% perplexity on the demo model and up to 1.9x
+/// faster resident decode). The library's own default stays `exact`
+/// ([`coli_kernels::numerics`]): the tools choose q8a, embedders and the oracle tests choose
+/// for themselves.
+///
+/// # Errors
+/// A `COLI_NUMERICS` that names no numerics (the message names the variable and the values).
+pub fn numerics(flag: Option<coli_kernels::Numerics>) -> Result<coli_kernels::Numerics> {
+    if let Some(n) = flag {
+        return Ok(n);
+    }
+    match std::env::var("COLI_NUMERICS") {
+        Ok(v) if !v.trim().is_empty() => {
+            coli_kernels::Numerics::parse(&v).map_err(|e| anyhow::anyhow!("COLI_NUMERICS: {e}"))
+        }
+        _ => Ok(coli_kernels::Numerics::Q8a),
+    }
+}
+
 /// [`engine`] with room for `max_sequences` sequences' KV caches (`coli serve --max-batch`;
 /// the default expert budget leaves room for all of them).
 ///
@@ -335,9 +356,7 @@ pub fn engine_with_sequences<'s>(
     max_sequences: usize,
 ) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
-    if let Some(n) = opts.numerics {
-        coli_kernels::set_numerics(n);
-    }
+    coli_kernels::set_numerics(numerics(opts.numerics)?);
     // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
     let isa = coli_kernels::detected_isa().name();
     if let Ok(want) = std::env::var("COLI_ISA") {
