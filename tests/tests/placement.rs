@@ -476,7 +476,12 @@ fn a_budget_below_one_record_warns_and_keeps_the_tokens() {
     let exp = expected(name);
     let (_tmp, dir) = convert_fixture(name, "int4_store");
     let store = open_store(&dir, true, IoPreference::Auto);
-    let smallest = store.index().iter().map(|r| r.length.get()).min().unwrap();
+    let smallest = store
+        .index()
+        .iter()
+        .map(|r| coli_store::held_bytes_for(r.length.get()))
+        .min()
+        .unwrap();
     let opts = EngineOptions {
         ram_budget: Some(smallest - 1),
         ..Default::default()
@@ -485,8 +490,9 @@ fn a_budget_below_one_record_warns_and_keeps_the_tokens() {
     let w = e.take_warnings();
     assert!(
         w.len() == 1
-            && w[0].contains("smaller than one expert record")
-            && w[0].contains(&format!("({smallest} bytes)")),
+            && w[0].contains("less than one expert record")
+            && w[0].contains(&format!("({smallest} bytes as held)"))
+            && w[0].contains(&format!("--ram-budget at least {smallest} bytes")),
         "{w:?}"
     );
     let g = e
@@ -494,4 +500,65 @@ fn a_budget_below_one_record_warns_and_keeps_the_tokens() {
         .unwrap();
     assert_eq!(g.tokens, ids(&exp["greedy_int4_g64"]));
     assert_eq!(g.stats.cache.hits, 0, "nothing is cached");
+}
+
+/// A budget that holds the smaller records but not the larger ones (DeepSeek-V3's int4 experts
+/// and its int8 MTP layer's experts): the engine names how many records cannot be cached, in
+/// which layers, and the budget that would cache them; the tokens are those of an unbounded
+/// budget.
+#[test]
+fn a_budget_below_the_larger_records_names_them_and_keeps_the_tokens() {
+    let name = "deepseek_v3_fp8";
+    let exp = expected(name);
+    let (_tmp, dir) = convert_fixture(name, "int4_store");
+    let store = open_store(&dir, true, IoPreference::Auto);
+    let held: Vec<(u32, u64)> = store
+        .index()
+        .iter()
+        .map(|r| (r.layer.get(), coli_store::held_bytes_for(r.length.get())))
+        .collect();
+    let largest = held.iter().map(|h| h.1).max().unwrap();
+    let smallest = held.iter().map(|h| h.1).min().unwrap();
+    assert!(
+        smallest < largest,
+        "the MTP layer's int8 records are larger: {held:?}"
+    );
+    let big: Vec<u32> = held
+        .iter()
+        .filter(|h| h.1 == largest)
+        .map(|h| h.0)
+        .collect();
+    let budget = largest - 1;
+    let opts = EngineOptions {
+        ram_budget: Some(budget),
+        ..Default::default()
+    };
+    let mut e = Engine::new(&store, &opts).unwrap();
+    let w = e.take_warnings();
+    let mut layers = big.clone();
+    layers.dedup();
+    assert!(
+        w.len() == 1
+            && w[0].contains(&format!(
+                "{} of {} unpinned expert records",
+                big.len(),
+                held.len()
+            ))
+            && w[0].contains(&format!(
+                "(layers {}; up to {largest} bytes as held)",
+                layers
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            && w[0].contains(&format!("--ram-budget at least {largest} bytes")),
+        "{w:?}"
+    );
+    let prompt = ids(&exp["prompt_ids"]);
+    let g = e.generate(&prompt, &params(16), |_| Ok(true)).unwrap();
+    let mut all = Engine::new(&store, &EngineOptions::default()).unwrap();
+    assert!(all.take_warnings().is_empty());
+    let want = all.generate(&prompt, &params(16), |_| Ok(true)).unwrap();
+    assert_eq!(g.tokens, want.tokens);
 }

@@ -89,15 +89,6 @@ pub struct Report {
     pub exit_code: i32,
 }
 
-/// A size in GiB, or MiB below 1 GiB.
-fn gib(b: f64) -> String {
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
-
 /// The CPU: which kernels run (`coli_kernels::detected_isa`, which honours `COLI_ISA`).
 fn cpu_check() -> Check {
     use coli_kernels::Isa;
@@ -183,7 +174,7 @@ pub fn memory_check(p: &Plan) -> Check {
             format!(
                 "the memory limit is unknown (neither /proc/meminfo nor a cgroup limit readable); \
                  the run needs {} for the dense set, the KV cache and the reserve",
-                gib(need as f64)
+                crate::units::bytes(need as f64)
             ),
             Some("give --ram-budget explicitly".into()),
         );
@@ -191,17 +182,20 @@ pub fn memory_check(p: &Plan) -> Check {
     let base = format!(
         "limit {} (MemAvailable capped by the memory cgroup): dense {}, KV cache {} ({} tokens), \
          reserve {}",
-        gib(limit as f64),
-        gib(p.dense_bytes as f64),
-        gib(p.kv_bytes as f64),
+        crate::units::bytes(limit as f64),
+        crate::units::bytes(p.dense_bytes as f64),
+        crate::units::bytes(p.kv_bytes as f64),
         p.context,
-        gib(reserve as f64)
+        crate::units::bytes(reserve as f64)
     );
     if need > limit {
         return check(
             "memory",
             Level::Fail,
-            format!("{base}: {} needed, more than the limit", gib(need as f64)),
+            format!(
+                "{base}: {} needed, more than the limit",
+                crate::units::bytes(need as f64)
+            ),
             Some(
                 "free memory, raise the container's memory limit, or lower --context; the dense \
                  set stays resident, only experts stream"
@@ -212,12 +206,12 @@ pub fn memory_check(p: &Plan) -> Check {
     let budget = if p.budget == u64::MAX {
         "unbounded".to_string()
     } else {
-        gib(p.budget as f64)
+        crate::units::bytes(p.budget as f64)
     };
     let detail = format!(
         "{base}; expert budget {budget}, {:.0}% of the experts resident, ~{} read per token",
         p.resident_share * 100.0,
-        gib(p.expected_disk_bytes_per_token)
+        crate::units::bytes(p.expected_disk_bytes_per_token)
     );
     if p.budget < p.decode_step_bytes {
         check(
@@ -227,7 +221,7 @@ pub fn memory_check(p: &Plan) -> Check {
             Some(format!(
                 "the budget holds less than one token's experts ({}): every token re-reads \
                  experts it just read; give the run more memory",
-                gib(p.decode_step_bytes as f64)
+                crate::units::bytes(p.decode_step_bytes as f64)
             )),
         )
     } else {
@@ -349,8 +343,8 @@ fn io_checks(store: &Store, asked: IoEngineChoice) -> Vec<Check> {
                 Level::Pass,
                 format!(
                     "RLIMIT_MEMLOCK {} >= {} (queue depth {} x the largest record)",
-                    gib(l as f64),
-                    gib(need as f64),
+                    crate::units::bytes(l as f64),
+                    crate::units::bytes(need as f64),
                     store.queue_depth()
                 ),
                 None,
@@ -362,8 +356,8 @@ fn io_checks(store: &Store, asked: IoEngineChoice) -> Vec<Check> {
                     "RLIMIT_MEMLOCK {} < {} (queue depth {} x the largest record): io_uring may \
                      not register its buffers; reads then work unregistered, with a little more \
                      CPU per read",
-                    gib(l as f64),
-                    gib(need as f64),
+                    crate::units::bytes(l as f64),
+                    crate::units::bytes(need as f64),
                     store.queue_depth()
                 ),
                 Some(
@@ -405,7 +399,7 @@ fn bandwidth_checks(
                     let bound = match bytes_per_token {
                         Some(b) if b > 0.0 => format!(
                             "; at ~{} read per token the disk alone allows {:.1} tok/s",
-                            gib(b),
+                            crate::units::bytes(b),
                             bps / b
                         ),
                         _ => String::new(),

@@ -189,21 +189,6 @@ pub fn report(store: &Path) -> anyhow::Result<Value> {
     }))
 }
 
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
 /// Prints what the store in `store` holds: family and dims, encodings, count and bytes per
 /// tensor class, provenance, format version and store id; as JSON (see [`report`]) when `json`.
 ///
@@ -260,7 +245,7 @@ pub fn run(store: &Path, json: bool) -> anyhow::Result<()> {
             "  {:<15} {:>8}  {:>12}  ({} bytes)  {}",
             c,
             opt(&x["count"]),
-            human_bytes(bytes),
+            crate::units::bytes(bytes as f64),
             bytes,
             fmt_counts(&x["encodings"])
         );

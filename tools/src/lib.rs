@@ -21,3 +21,4 @@ pub mod plan;
 pub mod serve;
 pub mod session;
 pub mod tune;
+pub mod units;

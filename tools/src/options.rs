@@ -376,14 +376,13 @@ pub fn engine_with_sequences<'s>(
     for w in e.take_warnings() {
         eprintln!("warning: {w}");
     }
-    const GIB: f64 = (1u64 << 30) as f64;
     let p = e.placement();
     if p.preloaded {
         eprintln!(
-            "coli: the expert budget ({:.2} GiB) holds all {} expert records ({:.2} GiB): read them all at start; decode reads nothing from disk (--no-preload to stream instead)",
-            p.budget as f64 / GIB,
+            "coli: the expert budget ({}) holds all {} expert records ({}): read them all at start; decode reads nothing from disk (--no-preload to stream instead)",
+            crate::units::bytes(p.budget as f64),
             p.pinned_experts,
-            p.pinned_bytes as f64 / GIB
+            crate::units::bytes(p.pinned_bytes as f64)
         );
     }
     Ok((e, loaded.open_s + t0.elapsed().as_secs_f64()))

@@ -433,13 +433,19 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
                 nbytes: (e - s) as usize,
             }),
             _ => {
+                // Where it would end, in file bytes (the header's offsets count from the data
+                // section, which starts at byte `data_start`).
+                let ends = match (start, end) {
+                    (Some(s), Some(e)) => format!("bytes {s} to {e} of the file"),
+                    _ => "more bytes than a file can hold".to_string(),
+                };
                 return Err(gerr(
                     path,
                     format!(
-                        "tensor {name} ({tname} {dims:?}) at data offset {offset} runs past the end of the file ({} bytes): the file is truncated",
+                        "tensor {name} ({tname} {dims:?}) at data offset {offset} (the data section starts at byte {data_start}) would take {ends}, past its end ({} bytes): the file is truncated",
                         b.len()
                     ),
-                ))
+                ));
             }
         }
     }

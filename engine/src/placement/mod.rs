@@ -137,14 +137,7 @@ impl PlacementPolicy {
         if opts.preload {
             policy.placement.preloaded = preload_all(store, &cache, budget)?;
         }
-        let smallest = store.index().iter().map(|r| r.length.get()).min();
-        if let Some(rec) = smallest.filter(|&rec| budget < rec) {
-            policy.warnings.push(format!(
-                "the expert budget ({budget} bytes) is smaller than one expert record ({rec} bytes): \
-                 no expert is cached, every routed expert is read from disk each time a token uses \
-                 it; give --ram-budget at least {rec} bytes to cache one"
-            ));
-        }
+        policy.warnings.extend(uncacheable_warning(store, &cache));
         let (n, bytes) = cache.pinned();
         policy.placement.pinned_experts = n;
         policy.placement.pinned_bytes = bytes;
@@ -251,4 +244,54 @@ fn preload_all(store: &Store, cache: &ExpertCache, budget: u64) -> Result<bool> 
     let keys: Vec<ExpertKey> = index.iter().map(|r| r.key()).collect();
     cache.pin(store, &keys)?;
     Ok(true)
+}
+
+/// A warning when some expert records cannot be cached at all: records that are not pinned
+/// and take more than the LRU tier's capacity (by the bytes the cache charges,
+/// [`coli_store::held_bytes_for`]) are read from disk every time a token uses them. Names how
+/// many, in which layers, and the `--ram-budget` that would hold one of each. None when every
+/// unpinned record fits.
+fn uncacheable_warning(store: &Store, cache: &ExpertCache) -> Option<String> {
+    let lru = cache.lru_capacity();
+    let (pinned_n, pinned_bytes) = cache.pinned();
+    let (mut unpinned, mut too_big) = (0usize, 0usize);
+    let (mut smallest, mut largest) = (u64::MAX, 0u64);
+    let mut layers = std::collections::BTreeSet::new();
+    for r in store.index().iter().filter(|r| !cache.is_pinned(r.key())) {
+        let held = coli_store::held_bytes_for(r.length.get());
+        unpinned += 1;
+        smallest = smallest.min(held);
+        largest = largest.max(held);
+        if held > lru {
+            too_big += 1;
+            layers.insert(r.layer.get());
+        }
+    }
+    if too_big == 0 {
+        return None;
+    }
+    let pinned = if pinned_n > 0 {
+        format!(" beside the {pinned_n} pinned experts ({pinned_bytes} bytes)")
+    } else {
+        String::new()
+    };
+    let need = pinned_bytes.saturating_add(largest);
+    Some(if too_big == unpinned {
+        format!(
+            "the expert budget leaves {lru} bytes for cached experts{pinned}, less than one expert \
+             record ({smallest} bytes as held): no expert is cached, every routed expert is read \
+             from disk each time a token uses it; give --ram-budget at least {need} bytes to \
+             cache one"
+        )
+    } else {
+        let list: Vec<String> = layers.iter().take(8).map(u32::to_string).collect();
+        let more = if layers.len() > 8 { ", ..." } else { "" };
+        format!(
+            "{too_big} of {unpinned} unpinned expert records (layers {}{more}; up to {largest} \
+             bytes as held) are larger than the {lru} bytes the expert budget leaves for cached \
+             experts{pinned}: they are read from disk each time a token uses them; give \
+             --ram-budget at least {need} bytes to cache them too",
+            list.join(", ")
+        )
+    })
 }

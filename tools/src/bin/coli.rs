@@ -205,21 +205,6 @@ struct InfoArgs {
     json: bool,
 }
 
-fn fmt_bytes(b: f64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} {}", U[i])
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
-
 /// `n` and the noun in the number it needs ("1 token", "2 tokens").
 fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -239,8 +224,8 @@ fn print_stats(
     eprintln!("load: {load_s:.2} s (io: {io})");
     eprintln!(
         "kv cache: {} per token, {} for the {} tokens held",
-        fmt_bytes(kv.0 as f64),
-        fmt_bytes((kv.0 * kv.1 as u64) as f64),
+        coli_tools::units::bytes(kv.0 as f64),
+        coli_tools::units::bytes((kv.0 * kv.1 as u64) as f64),
         kv.1
     );
     eprintln!(
@@ -259,7 +244,7 @@ fn print_stats(
         g.stop
     );
     let sp = &s.speculation;
-    let per_generated = fmt_bytes(s.expert_bytes_per_generated_token());
+    let per_generated = coli_tools::units::bytes(s.expert_bytes_per_generated_token());
     if sp.drafts_proposed == 0 && sp.gate_paused_passes == 0 {
         // Nothing was drafted (off, or no proposal): one token per decode pass.
         eprintln!(
@@ -280,8 +265,8 @@ fn print_stats(
     }
     eprintln!(
         "experts: {} read from disk ({} per token run, prompt included), cache hits {} waits for reads in flight {} misses {} (hit rate {:.1}%, in flight {:.1}%), evictions {}",
-        fmt_bytes(s.expert_bytes_read as f64),
-        fmt_bytes(s.expert_bytes_per_token()),
+        coli_tools::units::bytes(s.expert_bytes_read as f64),
+        coli_tools::units::bytes(s.expert_bytes_per_token()),
         s.cache.hits - s.cache.inflight_waits,
         s.cache.inflight_waits,
         s.cache.misses,
@@ -297,8 +282,8 @@ fn print_placement_stats(s: &coli_engine::GenerationStats, prefetch: bool) {
     let c = &s.cache;
     eprintln!(
         "disk per token: {} demand + {} prefetch; hits by tier: pinned {}, cache {}, in flight {}",
-        fmt_bytes(s.per_token(c.demand_bytes as f64)),
-        fmt_bytes(s.per_token(c.prefetch_bytes as f64)),
+        coli_tools::units::bytes(s.per_token(c.demand_bytes as f64)),
+        coli_tools::units::bytes(s.per_token(c.prefetch_bytes as f64)),
         c.pinned_hits,
         c.hits - c.pinned_hits - c.inflight_waits,
         c.inflight_waits
