@@ -137,6 +137,20 @@ pub fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Asserts that an engine's load warnings (`Engine::take_warnings`) are at most the budget's
+/// own: a budget below some records' held bytes (the tests' smallest budgets, one record's
+/// INDEX length) leaves them uncached and says so; any other warning fails.
+///
+/// # Panics
+/// On any other warning.
+pub fn assert_only_budget_warnings(w: &[String]) {
+    assert!(
+        w.iter()
+            .all(|w| w.contains("read from disk each time a token uses")),
+        "unexpected load warnings: {w:?}"
+    );
+}
+
 /// The fixture's `expected.json` (transformers' outputs; schema in tests/fixtures/README.md).
 ///
 /// # Panics

@@ -5,7 +5,7 @@
 # (equal on every line: a kernel change may change speed only).
 #   OLD=/tmp/coli-old NEW=target/release/coli N=2048 R=3 bash engine/bench/ab_prefill.sh
 # B=BUDGET streams instead: --ram-budget BUDGET, pages dropped before each run (root);
-# X="--prefill-batch 128" passes more options to both builds.
+# X="--prefill-batch 128" passes more options to both builds; T=1 runs 1 thread (default 2).
 S=${S:-/work/bench-olmoe/store-int4d4}; R=${R:-3}; N=${N:-2048}; B=${B:-}; X=${X:-}
 OLD=${OLD:?set OLD to the earlier release build of coli}; NEW=${NEW:?set NEW}
 IDS=$(python3 -c "import random; r=random.Random($N); print(','.join(str(r.randrange(1, 50000)) for _ in range($N)))")

@@ -70,7 +70,9 @@ def load_config(store: str) -> dict:
 def run_coli(a, ids, tmp):
     trace, usage = os.path.join(tmp, "trace.jsonl"), os.path.join(tmp, "usage.json")
     cmd = [a.coli, "run", "--store", a.store, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "1",
-           "--prefill-batch", "1", "--routing-trace", trace, "--usage", usage, "--no-pin", "--json"]
+           "--prefill-batch", "1", "--routing-trace", trace, "--usage", usage, "--no-pin", "--json",
+           # f32 activations: the numpy forward below is the reference for the routing.
+           "--numerics", "exact"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"coli run failed ({p.returncode}):\n{p.stderr}")

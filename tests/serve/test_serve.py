@@ -282,7 +282,9 @@ def serve_checks():
     question = [{"role": "user", "content": q["prompt"]}]
     store = demo_store()
     # One sequence at a time: the queue, 429 and cancellation checks count queued requests.
-    server = Server(store, "--max-batch", "1", "--shutdown-grace", "1")
+    # Its answers are compared with transformers' (text and token counts): transformers'
+    # arithmetic, `--numerics exact` (the other servers run the default, q8a).
+    server = Server(store, "--max-batch", "1", "--shutdown-grace", "1", "--numerics", "exact")
     try:
         # Before run_checks, which ends with the server's SIGTERM.
         anthropic_checks(server, q, question)

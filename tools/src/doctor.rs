@@ -90,6 +90,46 @@ pub struct Report {
 }
 
 /// The CPU: which kernels run (`coli_kernels::detected_isa`, which honours `COLI_ISA`).
+/// The numerics a run with these options computes under (`resolved`, `options::numerics` of
+/// `flag`: `--numerics`, else `COLI_NUMERICS`, else q8a); an unknown `COLI_NUMERICS` fails, as
+/// `coli run` refuses it.
+fn numerics_check(
+    flag: Option<coli_kernels::Numerics>,
+    resolved: Result<coli_kernels::Numerics>,
+) -> Check {
+    let from = if flag.is_some() {
+        "--numerics"
+    } else if std::env::var("COLI_NUMERICS").is_ok_and(|v| !v.trim().is_empty()) {
+        "COLI_NUMERICS"
+    } else {
+        "the default"
+    };
+    match resolved {
+        Ok(n) => check(
+            "numerics",
+            Level::Pass,
+            format!(
+                "{} ({from}; id {}): {}",
+                n.name(),
+                coli_kernels::numerics_id_with(coli_kernels::detected_isa(), n),
+                match n {
+                    coli_kernels::Numerics::Q8a => {
+                        "int8 activations for integer-coded weights, bf16 for bf16 weights"
+                    }
+                    coli_kernels::Numerics::Exact => "f32 activations, transformers' arithmetic",
+                }
+            ),
+            None,
+        ),
+        Err(e) => check(
+            "numerics",
+            Level::Fail,
+            format!("{e:#}"),
+            Some("set COLI_NUMERICS to exact or q8a, or unset it".into()),
+        ),
+    }
+}
+
 fn cpu_check() -> Check {
     use coli_kernels::Isa;
     let isa = coli_kernels::detected_isa();
@@ -99,7 +139,7 @@ fn cpu_check() -> Check {
         .unwrap_or_default();
     // The integer-activation products, last: they are a choice of their own.
     let q8a = format!(
-        "; under --numerics q8a (the default) the {} integer kernel and the {} bf16 kernel{}",
+        "; under --numerics q8a the {} integer kernel and the {} bf16 kernel{}",
         coli_kernels::integer_kernel(isa),
         coli_kernels::bf16_kernel(isa),
         if coli_kernels::interleave() {
@@ -593,7 +633,15 @@ pub fn doctor(a: &DoctorArgs) -> Result<Report> {
             }
         );
     }
-    let mut checks = vec![cpu_check(), cores_check(opts.threads)];
+    // The engines this builds (the memory plan) compute under the run's numerics; an unknown
+    // COLI_NUMERICS fails its check instead of the library's fallback warning.
+    let numerics = crate::options::numerics(opts.numerics);
+    coli_kernels::set_numerics(*numerics.as_ref().unwrap_or(&coli_kernels::Numerics::Q8a));
+    let mut checks = vec![
+        cpu_check(),
+        numerics_check(opts.numerics, numerics),
+        cores_check(opts.threads),
+    ];
     // The store as the run opens it, without mirrors (they are probed as drives here).
     let store = Store::open_with(
         &opts.store,

@@ -543,6 +543,8 @@ pub fn tune(a: &TuneArgs) -> Result<TuneResult> {
         bail!("--rounds and --max-tokens must be at least 1");
     }
     let opts = &a.engine;
+    // The numerics every measured run computes under: those run, chat and serve use.
+    coli_kernels::set_numerics(crate::options::numerics(opts.numerics)?);
     let store = crate::options::open_store(&opts.store, &opts.open_options()?)?;
     let tok = coli_engine::TextTokenizer::from_store(&store).context("loading the tokenizer")?;
     let lines: Vec<String> = match &a.prompts {

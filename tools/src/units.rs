@@ -6,7 +6,8 @@ pub fn bytes(b: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b;
     let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
+    // Where the printed figure would round up to 1024 (1023.6 B, 1023.996 KiB), the next unit.
+    while v >= if u == 0 { 1023.5 } else { 1023.995 } && u + 1 < UNITS.len() {
         v /= 1024.0;
         u += 1;
     }
@@ -24,6 +25,8 @@ mod tests {
         assert_eq!(super::bytes(0.0), "0 B");
         assert_eq!(super::bytes(1023.0), "1023 B");
         assert_eq!(super::bytes(1024.0), "1.00 KiB");
+        assert_eq!(super::bytes(1023.6), "1.00 KiB");
+        assert_eq!(super::bytes(1023.996 * 1024.0), "1.00 MiB");
         assert_eq!(super::bytes(3_538_944.0), "3.38 MiB");
         assert_eq!(super::bytes(45_219_840.0), "43.12 MiB");
         assert_eq!(super::bytes((3u64 << 30) as f64), "3.00 GiB");

@@ -69,3 +69,63 @@ fn exit_codes_text_and_json() {
     );
     assert!(out.is_empty(), "{out}");
 }
+
+/// The numerics check names what a run would compute under: q8a by default, `--numerics` or
+/// `COLI_NUMERICS` otherwise, and fails on a `COLI_NUMERICS` that `coli run` refuses.
+#[test]
+fn the_numerics_check_names_the_runs_numerics() {
+    let t = TempDir::new("doctor-numerics");
+    let store = write_small_store(t.path());
+    let s = store.to_str().unwrap();
+    let numerics = |args: &[&str], env: Option<&str>| -> serde_json::Value {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_coli"));
+        c.args(["doctor", "--store", s, "--probe-mib", "0", "--json"])
+            .args(args);
+        match env {
+            Some(v) => c.env("COLI_NUMERICS", v),
+            None => c.env_remove("COLI_NUMERICS"),
+        };
+        let o = c.output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "numerics")
+            .expect("a numerics check")
+            .clone()
+    };
+    let c = numerics(&[], None);
+    assert!(
+        c["level"] == "PASS"
+            && c["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("q8a (the default; id "),
+        "{c}"
+    );
+    let c = numerics(&["--numerics", "exact"], Some("q8a"));
+    assert!(
+        c["level"] == "PASS"
+            && c["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("exact (--numerics; id "),
+        "{c}"
+    );
+    let c = numerics(&[], Some("exact"));
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("exact (COLI_NUMERICS; id "),
+        "{c}"
+    );
+    let c = numerics(&[], Some("fast"));
+    assert!(
+        c["level"] == "FAIL"
+            && c["detail"].as_str().unwrap().contains("COLI_NUMERICS")
+            && c["fix"].is_string(),
+        "{c}"
+    );
+}

@@ -73,3 +73,29 @@ fn run_says_which_tuned_settings_it_uses() {
     let err = coli(&state, &off);
     assert!(!err.contains("tuned settings"), "{err}");
 }
+
+/// `coli tune` measures under the numerics run uses: a `COLI_NUMERICS` that `coli run` refuses
+/// is refused before anything is measured or saved.
+#[test]
+fn tune_refuses_an_unknown_coli_numerics() {
+    let t = TempDir::new("tune-numerics");
+    let store = write_small_store(t.path());
+    let state = t.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["tune", "--store", store.to_str().unwrap()])
+        .env("COLI_STATE_DIR", &state)
+        .env("COLI_NUMERICS", "fast")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("COLI_NUMERICS") && err.contains("\"fast\""),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&state).unwrap().count(),
+        0,
+        "nothing saved"
+    );
+}

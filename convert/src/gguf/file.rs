@@ -435,15 +435,18 @@ fn parse(path: &Path, b: &[u8], file: usize) -> Result<Header> {
             _ => {
                 // Where it would end, in file bytes (the header's offsets count from the data
                 // section, which starts at byte `data_start`).
-                let ends = match (start, end) {
-                    (Some(s), Some(e)) => format!("bytes {s} to {e} of the file"),
-                    _ => "more bytes than a file can hold".to_string(),
+                let what = match (start, end) {
+                    (Some(s), Some(e)) => format!(
+                        "would take bytes {s} to {e} of the file, past its end ({} bytes): the file is truncated",
+                        b.len()
+                    ),
+                    _ => "would take more bytes than a file can hold: the header is corrupt"
+                        .to_string(),
                 };
                 return Err(gerr(
                     path,
                     format!(
-                        "tensor {name} ({tname} {dims:?}) at data offset {offset} (the data section starts at byte {data_start}) would take {ends}, past its end ({} bytes): the file is truncated",
-                        b.len()
+                        "tensor {name} ({tname} {dims:?}) at data offset {offset} (the data section starts at byte {data_start}) {what}"
                     ),
                 ));
             }
