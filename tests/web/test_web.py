@@ -274,9 +274,12 @@ def main():
                 "return document.querySelectorAll('.msg.assistant[data-finish]').length") == n, 180)
             return driver.execute_script("return [...document.querySelectorAll('.msg.assistant')].pop().dataset.raw")
 
-        # --- a system prompt: a new chat sends it first
+        # --- a system prompt: a new chat sends it first (the reload emptied max tokens: set it
+        # again, or a reply without EOS runs to the context's end and the API's stops at 40)
         el("new-chat").click()
         el("settings").find_element(By.TAG_NAME, "summary").click()
+        el("max-tokens").clear()
+        el("max-tokens").send_keys(str(MAX_TOKENS))
         system = "You answer in exactly one sentence."
         el("system").send_keys(system)
         el("prompt").send_keys(PROMPT)

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{convert_fixture, TempDir};
+use common::{convert_fixture, max_abs_diff, TempDir};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -18,14 +18,6 @@ fn floats(v: &Value) -> Vec<f32> {
         .iter()
         .map(|x| x.as_f64().unwrap() as f32)
         .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// `coli run` on `store` with `args` and `COLI_NUMERICS` set to `env` (unset when `None`):

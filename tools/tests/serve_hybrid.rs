@@ -240,7 +240,7 @@ fn serve_prefill_cuts_keep_the_bits_of_a_hybrid_model() {
             *cached >= 128 && *cached < prompt.len() as u64 + 3,
             "prefill batch {batch}: the second request resumes from the first's state ({cached} cached)"
         );
-        let d = max_diff(logits, logits0);
+        let d = common::max_abs_diff(logits, logits0);
         if *batch >= 64 {
             assert!(
                 logits == logits0,
@@ -255,14 +255,6 @@ fn serve_prefill_cuts_keep_the_bits_of_a_hybrid_model() {
     // the whole sequence from position 0 does only where the cuts coincide; here the first
     // request's state ends at 150 and the resumed prefill starts there, so the reference is
     // close but need not be the same bits.
-    let d = max_diff(&one_pass, logits0);
+    let d = common::max_abs_diff(&one_pass, logits0);
     assert!(d < 1e-3, "one pass vs served: {d}");
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
 }

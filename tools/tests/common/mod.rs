@@ -208,3 +208,13 @@ pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (std::process::Child, String) {
     std::thread::spawn(move || for _ in lines {});
     (child, addr)
 }
+
+/// The largest absolute difference between `a` and `b` (equal lengths).
+#[allow(dead_code)] // not every test binary compares logits
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
