@@ -491,7 +491,7 @@ fn a_budget_below_one_record_warns_and_keeps_the_tokens() {
     assert!(
         w.len() == 1
             && w[0].contains("less than any expert record")
-            && w[0].contains(&format!("({smallest} to {smallest} bytes as held)"))
+            && w[0].contains(&format!("({smallest} bytes as held)"))
             && w[0].contains(&format!("--ram-budget at least {smallest} bytes")),
         "{w:?}"
     );

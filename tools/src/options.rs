@@ -114,7 +114,7 @@ pub struct EngineOptions {
     /// How products treat activations (docs/ENGINE.md, "Precision"): exact (f32 activations
     /// times the decoded weights) or q8a (int8 activations per block of 32 with integer dot
     /// products for int8, int4, mxfp4 and GGUF integer matrices, bf16 activations for bf16
-    /// matrices: the same bits on every instruction set, faster).
+    /// matrices: faster; those products give the same bits on every instruction set).
     /// Default: COLI_NUMERICS, else q8a.
     #[arg(long, value_name = "exact|q8a", value_parser = coli_kernels::Numerics::parse)]
     pub numerics: Option<coli_kernels::Numerics>,
@@ -341,6 +341,9 @@ pub fn numerics(flag: Option<coli_kernels::Numerics>) -> Result<coli_kernels::Nu
         Ok(v) if !v.trim().is_empty() => {
             coli_kernels::Numerics::parse(&v).map_err(|e| anyhow::anyhow!("COLI_NUMERICS: {e}"))
         }
+        Err(std::env::VarError::NotUnicode(v)) => bail!(
+            "COLI_NUMERICS: {v:?} is not UTF-8: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
+        ),
         _ => Ok(coli_kernels::Numerics::Q8a),
     }
 }

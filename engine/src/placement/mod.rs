@@ -125,13 +125,10 @@ impl PlacementPolicy {
             unsaved_tokens: 0,
             warnings: Vec::new(),
         };
-        // The pinning rule that ran (share, decode step bytes): what a larger budget would pin.
-        let mut pinning = None;
         if let Some(history) = policy.load_history(store) {
             policy.placement.usage_tokens = history.tokens;
             if opts.pin {
                 let step = decode_step_bytes(store, num_layers, top_k);
-                pinning = Some((opts.pin_share, step));
                 let hottest = history.hottest().into_iter().map(|x| x.0);
                 let (set, _) = pinned_set(store, hottest, pin_bytes(budget, opts.pin_share, step));
                 cache.pin(store, &set)?;
@@ -140,9 +137,7 @@ impl PlacementPolicy {
         if opts.preload {
             policy.placement.preloaded = preload_all(store, &cache, budget)?;
         }
-        policy
-            .warnings
-            .extend(uncacheable_warning(store, &cache, pinning));
+        policy.warnings.extend(uncacheable_warning(store, &cache));
         let (n, bytes) = cache.pinned();
         policy.placement.pinned_experts = n;
         policy.placement.pinned_bytes = bytes;
@@ -254,15 +249,10 @@ fn preload_all(store: &Store, cache: &ExpertCache, budget: u64) -> Result<bool> 
 /// A warning when some expert records cannot be cached at all: records that are not pinned
 /// and take more than the LRU tier's capacity (by the bytes the cache charges,
 /// [`coli_store::held_bytes_for`]) are read from disk every time a token uses them. Names how
-/// many, in which layers, and the `--ram-budget` that leaves the LRU tier room for the largest
-/// of them: without pinning (`pinning` `None`) exactly that record's held bytes; with it (the
-/// pin share and decode step bytes [`pin_bytes`] ran with), [`budget_for_lru`]'s estimate, and
-/// the exact figure with `--no-pin`. None when every unpinned record fits.
-fn uncacheable_warning(
-    store: &Store,
-    cache: &ExpertCache,
-    pinning: Option<(f64, u64)>,
-) -> Option<String> {
+/// many, in which layers, and the `--ram-budget` that caches the largest: its held bytes, with
+/// `--no-pin` where a usage history's hot set is pinned (a larger budget pins more, in whole
+/// records, so no single figure holds with pinning). None when every unpinned record fits.
+fn uncacheable_warning(store: &Store, cache: &ExpertCache) -> Option<String> {
     let lru = cache.lru_capacity();
     let (pinned_n, pinned_bytes) = cache.pinned();
     let (mut unpinned, mut too_big) = (0usize, 0usize);
@@ -281,79 +271,59 @@ fn uncacheable_warning(
     if too_big == 0 {
         return None;
     }
-    let pinned = if pinned_n > 0 {
-        format!(" beside the {pinned_n} pinned experts ({pinned_bytes} bytes)")
-    } else {
-        String::new()
+    let bytes = |n: u64| {
+        if n == 1 {
+            "1 byte".to_string()
+        } else {
+            format!("{n} bytes")
+        }
     };
-    // Without pinning the LRU tier is the budget. With it, a larger budget pins more (up to
-    // the pin share, by INDEX lengths, while the cache charges held bytes): an estimate.
-    let need = match (pinning, budget_for_lru(largest, pinning)) {
-        (None, _) => format!("give --ram-budget at least {largest} bytes"),
-        (Some(_), Some(b)) => format!(
-            "give --ram-budget at least about {b} bytes (the pinned hot set takes up to \
-             --pin-share of it), or {largest} bytes with --no-pin"
-        ),
-        (Some(_), None) => format!(
-            "give --ram-budget at least {largest} bytes with --no-pin, or a smaller --pin-share"
-        ),
+    let (pinned, need) = if pinned_n > 0 {
+        (
+            format!(
+                " beside the pinned hot set ({pinned_n} {}, {})",
+                if pinned_n == 1 { "expert" } else { "experts" },
+                bytes(pinned_bytes)
+            ),
+            format!(
+                "give --ram-budget at least {} with --no-pin, or a larger budget (the hot set \
+                 takes up to --pin-share of it)",
+                bytes(largest)
+            ),
+        )
+    } else {
+        (
+            String::new(),
+            format!("give --ram-budget at least {}", bytes(largest)),
+        )
+    };
+    let held = if smallest == largest {
+        format!("{} as held", bytes(largest))
+    } else {
+        format!("{smallest} to {} as held", bytes(largest))
     };
     Some(if too_big == unpinned {
+        let (none, every) = if pinned_n > 0 {
+            ("no expert outside the hot set", "every other")
+        } else {
+            ("no expert", "every")
+        };
         format!(
-            "the expert budget leaves {lru} bytes for cached experts{pinned}, less than any expert \
-             record ({smallest} to {largest} bytes as held): no expert is cached, every routed \
-             expert is read from disk each time a token uses it; {need} to cache each of them"
+            "the expert budget leaves {} for cached experts{pinned}, less than any expert record \
+             ({held}): {none} is cached, {every} routed expert is read from disk each time a \
+             token uses it; {need} to cache them",
+            bytes(lru)
         )
     } else {
         let list: Vec<String> = layers.iter().take(8).map(u32::to_string).collect();
         let more = if layers.len() > 8 { ", ..." } else { "" };
         format!(
-            "{too_big} of {unpinned} unpinned expert records (layers {}{more}; up to {largest} \
-             bytes as held) are larger than the {lru} bytes the expert budget leaves for cached \
-             experts{pinned}: they are read from disk each time a token uses them; {need} to \
-             cache them too",
-            list.join(", ")
+            "{too_big} of {unpinned} unpinned expert records (layers {}{more}; up to {} as held) \
+             are larger than the {} the expert budget leaves for cached experts{pinned}: they \
+             are read from disk each time a token uses them; {need} to cache them too",
+            list.join(", "),
+            bytes(largest),
+            bytes(lru)
         )
     })
-}
-
-/// The smallest budget whose LRU tier (the budget less what `pinning` pins at most,
-/// [`pin_bytes`]) holds `bytes`; `None` when no budget does (a pin share of 1 with a decode
-/// step smaller than `bytes`). Without pinning, `bytes` itself. An estimate where pinning ran:
-/// the pinned set is chosen by INDEX lengths ([`pinned_set`]), the cache charges held bytes.
-fn budget_for_lru(bytes: u64, pinning: Option<(f64, u64)>) -> Option<u64> {
-    let Some((share, step)) = pinning else {
-        return Some(bytes);
-    };
-    // budget - pin_bytes(budget) never decreases as the budget grows: a binary search.
-    let lru = |b: u64| b - pin_bytes(b, share, step);
-    if lru(u64::MAX) < bytes {
-        return None;
-    }
-    let (mut lo, mut hi) = (bytes, u64::MAX);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if lru(mid) >= bytes {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Some(lo)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::budget_for_lru;
-
-    #[test]
-    fn the_budget_suggested_for_a_record_leaves_the_lru_tier_room_for_it() {
-        assert_eq!(budget_for_lru(100, None), Some(100));
-        // Half of a budget below one decode step is pinned: 199 - 99 = 100.
-        assert_eq!(budget_for_lru(100, Some((0.5, 1000))), Some(199));
-        // Everything but one decode step is pinned: above the step, the step is left.
-        assert_eq!(budget_for_lru(100, Some((1.0, 200))), Some(201));
-        assert_eq!(budget_for_lru(100, Some((1.0, 50))), None);
-        assert_eq!(budget_for_lru(100, Some((0.0, 50))), Some(100));
-    }
 }

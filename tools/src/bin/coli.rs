@@ -221,7 +221,11 @@ fn print_stats(
     prefill_batch: usize,
 ) {
     let s = &g.stats;
-    eprintln!("load: {load_s:.2} s (io: {io})");
+    eprintln!(
+        "load: {load_s:.2} s (io: {io}); numerics {} ({})",
+        coli_kernels::numerics().name(),
+        coli_kernels::numerics_id(coli_kernels::detected_isa())
+    );
     eprintln!(
         "kv cache: {} per token, {} for the {} tokens held",
         coli_tools::units::bytes(kv.0 as f64),
@@ -745,7 +749,8 @@ fn eval(mut a: EvalArgs) -> Result<()> {
             serde_json::json!({"tokens": ids.len(), "predicted": n, "mean_nll": nll, "ppl": ppl,
                                "load_s": load_s, "eval_s": secs, "tok_s": n as f64 / secs,
                                "expert_bytes_read": loaded.store.stats().bytes_read,
-                               "hit_rate": cs.hit_rate(), "evictions": cs.evictions})
+                               "hit_rate": cs.hit_rate(), "evictions": cs.evictions,
+                               "numerics": coli_kernels::numerics().name()})
         );
     } else {
         println!(
@@ -753,10 +758,11 @@ fn eval(mut a: EvalArgs) -> Result<()> {
             ids.len()
         );
         eprintln!(
-            "load {load_s:.2} s, eval {secs:.2} s ({:.1} tok/s), hit rate {:.1}%, evictions {}",
+            "load {load_s:.2} s, eval {secs:.2} s ({:.1} tok/s), hit rate {:.1}%, evictions {}, numerics {}",
             n as f64 / secs,
             cs.hit_rate() * 100.0,
-            cs.evictions
+            cs.evictions,
+            coli_kernels::numerics().name()
         );
     }
     Ok(())

@@ -293,13 +293,14 @@ async fn serve(
         .with_context(|| format!("binding {host}:{port}; pick another --port or --host"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     eprintln!(
-        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, max batch {} sequences, {:.1} MiB of KV cache each at full context, {} threads, speculative decoding {}{}); listening on http://{addr}",
+        "coli serve: model '{}' loaded in {:.2} s (context {} tokens, max batch {} sequences, {:.1} MiB of KV cache each at full context, {} threads, numerics {}, speculative decoding {}{}); listening on http://{addr}",
         app.model_id,
         app.info.load_s,
         app.info.context,
         app.info.max_batch,
         app.info.kv_bytes_per_sequence as f64 / (1u64 << 20) as f64,
         app.info.threads,
+        coli_kernels::numerics().name(),
         app.speculation.mode,
         match app.speculation.mode {
             coli_engine::Speculate::Off => String::new(),
