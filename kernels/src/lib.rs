@@ -107,16 +107,17 @@ impl Numerics {
         }
     }
 
-    /// The numerics called `s` ([`Numerics::name`]).
+    /// The numerics called `s` ([`Numerics::name`]; surrounding spaces and case ignored).
     ///
     /// # Errors
     /// A sentence naming the accepted values.
     pub fn parse(s: &str) -> Result<Numerics, String> {
-        match s.trim() {
+        let t = s.trim();
+        match t.to_ascii_lowercase().as_str() {
             "exact" => Ok(Numerics::Exact),
             "q8a" => Ok(Numerics::Q8a),
-            other => Err(format!(
-                "unknown numerics {other:?}: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
+            _ => Err(format!(
+                "unknown numerics {t:?}: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
             )),
         }
     }

@@ -487,5 +487,6 @@ fn numerics_ids_and_names() {
     }
     assert_eq!(Numerics::parse("q8a"), Ok(Numerics::Q8a));
     assert_eq!(Numerics::parse(" exact "), Ok(Numerics::Exact));
+    assert_eq!(Numerics::parse("Q8A"), Ok(Numerics::Q8a));
     assert!(Numerics::parse("int8").unwrap_err().contains("exact"));
 }

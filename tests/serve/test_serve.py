@@ -293,6 +293,11 @@ def serve_checks():
         server.stop()
     batched = Server(store, "--max-batch", str(BATCH), "--shutdown-grace", str(GRACE), max_queue=16)
     try:
+        # system_fingerprint is the kernels' numerics id (same id, same tokens): q8a here, the
+        # default; run_checks saw the exact server's.
+        c = openai.OpenAI(base_url=batched.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        fp = c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).system_fingerprint
+        check(fp and "+q8a-r" in fp, f"system_fingerprint names the default numerics: {fp!r}")
         batching_checks(batched)
     finally:
         batched.stop()
@@ -427,6 +432,8 @@ def run_checks(server, q, question):
     r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0)
     text = r.choices[0].message.content
     check(text == q["decoded"], f"chat answer equals transformers' decoding: {text!r}")
+    check(r.system_fingerprint and "q8a" not in r.system_fingerprint,
+          f"system_fingerprint names the numerics (--numerics exact): {r.system_fingerprint!r}")
     check(r.choices[0].finish_reason == "stop", f"chat finish_reason stop at EOS: {r.choices[0].finish_reason}")
     check(r.usage.prompt_tokens == len(q["prompt_ids"]) and r.usage.completion_tokens == len(q["expected_new_ids"])
           and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,

@@ -933,7 +933,11 @@ impl Meta {
     fn response(&self, choices: Value, usage: Option<Value>, chunk: bool) -> Value {
         let mut v = json!({
             "id": self.id, "object": self.object(chunk), "created": self.created,
-            "model": self.model, "system_fingerprint": null, "choices": choices,
+            // OpenAI's "backend configuration that the model runs with": the kernels' numerics
+            // id, under which the same request gives the same tokens (docs/ENGINE.md).
+            "model": self.model,
+            "system_fingerprint": coli_kernels::numerics_id(coli_kernels::detected_isa()),
+            "choices": choices,
         });
         if let Some(u) = usage {
             v["usage"] = u;
