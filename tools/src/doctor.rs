@@ -89,21 +89,10 @@ pub struct Report {
     pub exit_code: i32,
 }
 
-/// The CPU: which kernels run (`coli_kernels::detected_isa`, which honours `COLI_ISA`).
-/// The numerics a run with these options computes under (`resolved`, `options::numerics` of
-/// `flag`: `--numerics`, else `COLI_NUMERICS`, else q8a); an unknown `COLI_NUMERICS` fails, as
-/// `coli run` refuses it.
-fn numerics_check(
-    flag: Option<coli_kernels::Numerics>,
-    resolved: Result<coli_kernels::Numerics>,
-) -> Check {
-    let from = if flag.is_some() {
-        "--numerics"
-    } else if std::env::var("COLI_NUMERICS").is_ok_and(|v| !v.trim().is_empty()) {
-        "COLI_NUMERICS"
-    } else {
-        "the default"
-    };
+/// The numerics a run with these options computes under (`resolved` and `from`,
+/// `options::numerics_and_source`: `--numerics`, else `COLI_NUMERICS`, else q8a); an unknown
+/// `COLI_NUMERICS` fails, as `coli run` refuses it.
+fn numerics_check(resolved: Result<coli_kernels::Numerics>, from: &str) -> Check {
     match resolved {
         Ok(n) => check(
             "numerics",
@@ -130,6 +119,7 @@ fn numerics_check(
     }
 }
 
+/// The CPU: which kernels run (`coli_kernels::detected_isa`, which honours `COLI_ISA`).
 fn cpu_check() -> Check {
     use coli_kernels::Isa;
     let isa = coli_kernels::detected_isa();
@@ -635,11 +625,11 @@ pub fn doctor(a: &DoctorArgs) -> Result<Report> {
     }
     // The engines this builds (the memory plan) compute under the run's numerics; an unknown
     // COLI_NUMERICS fails its check instead of the library's fallback warning.
-    let numerics = crate::options::numerics(opts.numerics);
+    let (numerics, from) = crate::options::numerics_and_source(opts.numerics);
     coli_kernels::set_numerics(*numerics.as_ref().unwrap_or(&coli_kernels::Numerics::Q8a));
     let mut checks = vec![
         cpu_check(),
-        numerics_check(opts.numerics, numerics),
+        numerics_check(numerics, from),
         cores_check(opts.threads),
     ];
     // The store as the run opens it, without mirrors (they are probed as drives here).

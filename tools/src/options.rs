@@ -334,18 +334,41 @@ pub fn engine<'s>(loaded: &'s Loaded, opts: &EngineOptions) -> Result<(Engine<'s
 /// # Errors
 /// A `COLI_NUMERICS` that names no numerics (the message names the variable and the values).
 pub fn numerics(flag: Option<coli_kernels::Numerics>) -> Result<coli_kernels::Numerics> {
+    numerics_and_source(flag).0
+}
+
+/// [`numerics`] and where it came from: `--numerics`, `COLI_NUMERICS` or `the default`
+/// (`coli doctor` says which).
+pub fn numerics_and_source(
+    flag: Option<coli_kernels::Numerics>,
+) -> (Result<coli_kernels::Numerics>, &'static str) {
     if let Some(n) = flag {
-        return Ok(n);
+        return (Ok(n), "--numerics");
     }
     match std::env::var("COLI_NUMERICS") {
-        Ok(v) if !v.trim().is_empty() => {
-            coli_kernels::Numerics::parse(&v).map_err(|e| anyhow::anyhow!("COLI_NUMERICS: {e}"))
-        }
-        Err(std::env::VarError::NotUnicode(v)) => bail!(
-            "COLI_NUMERICS: {v:?} is not UTF-8: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
+        Ok(v) if !v.trim().is_empty() => (
+            coli_kernels::Numerics::parse(&v).map_err(|e| anyhow::anyhow!("COLI_NUMERICS: {e}")),
+            "COLI_NUMERICS",
         ),
-        _ => Ok(coli_kernels::Numerics::Q8a),
+        Err(std::env::VarError::NotUnicode(v)) => (
+            Err(anyhow::anyhow!(
+                "COLI_NUMERICS: {v:?} is not UTF-8: expected exact (f32 activations) or q8a (int8 activations per block of 32)"
+            )),
+            "COLI_NUMERICS",
+        ),
+        _ => (Ok(coli_kernels::Numerics::Q8a), "the default"),
     }
+}
+
+/// Resolves [`numerics`] and sets it for the process ([`coli_kernels::set_numerics`]) before
+/// any engine is built: what every command that computes does first.
+///
+/// # Errors
+/// As [`numerics`].
+pub fn apply_numerics(flag: Option<coli_kernels::Numerics>) -> Result<coli_kernels::Numerics> {
+    let n = numerics(flag)?;
+    coli_kernels::set_numerics(n);
+    Ok(n)
 }
 
 /// [`engine`] with room for `max_sequences` sequences' KV caches (`coli serve --max-batch`;
@@ -359,7 +382,7 @@ pub fn engine_with_sequences<'s>(
     max_sequences: usize,
 ) -> Result<(Engine<'s>, f64)> {
     let t0 = Instant::now();
-    coli_kernels::set_numerics(numerics(opts.numerics)?);
+    apply_numerics(opts.numerics)?;
     // A COLI_ISA this CPU does not run (or a typo) falls back to the best instruction set: say so.
     let isa = coli_kernels::detected_isa().name();
     if let Ok(want) = std::env::var("COLI_ISA") {

@@ -235,7 +235,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
 /// A store that does not open, a model the engine cannot load, a failed probe read.
 pub fn plan(a: &PlanArgs) -> Result<Plan> {
     // The run's numerics (an unknown COLI_NUMERICS refused, as by run).
-    coli_kernels::set_numerics(crate::options::numerics(a.engine.numerics)?);
+    crate::options::apply_numerics(a.engine.numerics)?;
     plan_for(&a.engine, a.probe_mib)
 }
 

@@ -544,7 +544,7 @@ pub fn tune(a: &TuneArgs) -> Result<TuneResult> {
     }
     let opts = &a.engine;
     // The numerics every measured run computes under: those run, chat and serve use.
-    coli_kernels::set_numerics(crate::options::numerics(opts.numerics)?);
+    crate::options::apply_numerics(opts.numerics)?;
     let store = crate::options::open_store(&opts.store, &opts.open_options()?)?;
     let tok = coli_engine::TextTokenizer::from_store(&store).context("loading the tokenizer")?;
     let lines: Vec<String> = match &a.prompts {
