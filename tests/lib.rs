@@ -249,6 +249,12 @@ pub fn try_convert_dir(
         input: input.to_path_buf(),
         output: out.to_path_buf(),
         encodings: enc,
+        // coli-convert's default unless `params` names one.
+        matrix_order: match params["matrix_order"].as_str() {
+            Some("row-major") => coli_store::MatrixOrder::RowMajor,
+            None | Some("interleaved") => coli_store::MatrixOrder::Interleaved,
+            Some(o) => panic!("matrix_order {o}: expected interleaved or row-major"),
+        },
         threads: Some(1),
         progress: false,
     })
@@ -518,6 +524,7 @@ pub fn gguf_try_convert(src: &Path, out: &Path) -> coli_convert::Result<coli_con
         input: src.to_path_buf(),
         output: out.to_path_buf(),
         encodings: coli_convert::Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        matrix_order: coli_store::MatrixOrder::RowMajor,
         threads: Some(1),
         progress: false,
     })

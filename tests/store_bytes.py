@@ -35,20 +35,28 @@ GGUF_FIXTURES = os.path.join(ROOT, "tests", "fixtures", "gguf")
 
 # Parameter sets: every encoding of the format (f32/bf16 kept tensors, fp8, int8, int4 with
 # both group sizes) on every family.
+# `--matrix-order row-major`: the bytes of the releases before format version 7 (the sets'
+# entries were written by those releases' converter and must not change).
+ROW_MAJOR = ["--matrix-order", "row-major"]
 PARAMS = {
-    "int4-default": ["--experts", "int4-g64", "--dense", "bf16", "--mtp", "int8"],
-    "lossless": ["--experts", "fp8", "--dense", "fp8", "--mtp", "fp8"],
-    "int8": ["--experts", "int8", "--dense", "int8"],
+    "int4-default": ["--experts", "int4-g64", "--dense", "bf16", "--mtp", "int8", *ROW_MAJOR],
+    "lossless": ["--experts", "fp8", "--dense", "fp8", "--mtp", "fp8", *ROW_MAJOR],
+    "int8": ["--experts", "int8", "--dense", "int8", *ROW_MAJOR],
     "int4-g32-int8-embeddings": [
-        "--experts", "int4-g32", "--dense", "int8", "--embeddings", "int8",
+        "--experts", "int4-g32", "--dense", "int8", "--embeddings", "int8", *ROW_MAJOR,
     ],
-    "bf16": ["--experts", "bf16", "--dense", "bf16", "--mtp", "bf16"],
+    "bf16": ["--experts", "bf16", "--dense", "bf16", "--mtp", "bf16", *ROW_MAJOR],
     # Format version 2: MXFP4 experts kept as published, with their biases (gpt-oss).
-    "mxfp4": ["--experts", "mxfp4", "--dense", "bf16"],
+    "mxfp4": ["--experts", "mxfp4", "--dense", "bf16", *ROW_MAJOR],
     # Format version 5: MXFP8 experts kept as published (Inkling 2's -MXFP8 releases).
-    "mxfp8": ["--experts", "mxfp8", "--dense", "bf16"],
+    "mxfp8": ["--experts", "mxfp8", "--dense", "bf16", *ROW_MAJOR],
     # DeepSeek-V4's release: FP4 experts kept as mxfp4, FP8 dense (E8M0 block scales) as fp8.
-    "fp4-fp8": ["--experts", "mxfp4", "--dense", "fp8"],
+    "fp4-fp8": ["--experts", "mxfp4", "--dense", "fp8", *ROW_MAJOR],
+    # Format version 7, coli-convert's default order: int4 / int8 / mxfp4 matrices of 64-column
+    # chunks interleaved, in records and dense.bin.
+    "int4-interleaved": ["--experts", "int4-g64", "--dense", "int4-g32", "--embeddings", "int4-g64"],
+    "int8-interleaved": ["--experts", "int8", "--dense", "int8"],
+    "mxfp4-interleaved": ["--experts", "mxfp4", "--dense", "bf16"],
 }
 
 # Fixtures whose experts are FP4 (I8 codes, e8m0 scales) and whose dense weights are FP8.

@@ -7,7 +7,7 @@ use crate::plan::{self, Class, Encodings, Plan};
 use crate::quant::{self, ErrStats};
 use coli_format::Encoding;
 use coli_store::failpoint;
-use coli_store::{EncodedMatrix, SourceFile, StoreSpec, StoreWriter, WriterStart};
+use coli_store::{EncodedMatrix, MatrixOrder, SourceFile, StoreSpec, StoreWriter, WriterStart};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -28,6 +28,9 @@ pub struct Options {
     pub output: PathBuf,
     /// Encodings per tensor class.
     pub encodings: Encodings,
+    /// The order of the matrices in expert records (FORMAT.md section 5): interleaved (format
+    /// version 7; the kernels' order, so a pinned record is used in place) or row-major.
+    pub matrix_order: MatrixOrder,
     /// Worker threads for quantization (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
     /// Show a progress bar on stderr (only drawn when stderr is a terminal).
@@ -88,7 +91,13 @@ pub struct Report {
 /// finished store's parameters with the requested ones: `embeddings` = `source`, each per-role
 /// choice = the `--dense` encoding.
 pub(crate) fn parameter_defaults() -> BTreeMap<String, String> {
-    let mut d = BTreeMap::from([("embeddings".to_string(), "source (the default)".to_string())]);
+    let mut d = BTreeMap::from([
+        ("embeddings".to_string(), "source (the default)".to_string()),
+        (
+            "matrix_order".to_string(),
+            "row-major (not recorded)".to_string(),
+        ),
+    ]);
     for k in ["attention", "indexer", "shared_experts", "dense_mlp"] {
         d.insert(
             k.to_string(),
@@ -308,6 +317,14 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     if let Some(e) = opts.encodings.embeddings {
         parameters.insert("embeddings".to_string(), e.name());
     }
+    // Recorded when interleaved only: a row-major store keeps the parameters, store id and bytes
+    // of the releases before format version 7.
+    if opts.matrix_order == MatrixOrder::Interleaved {
+        parameters.insert(
+            "matrix_order".to_string(),
+            opts.matrix_order.name().to_string(),
+        );
+    }
 
     // Disk space (the target's parent must exist).
     let _lock = take_output(&opts.output, plan.estimated_out)?;
@@ -321,6 +338,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         expert_encoding: opts.encodings.experts,
         alignment: ALIGNMENT,
         segment_max_bytes: SEGMENT_MAX_BYTES,
+        matrix_order: opts.matrix_order,
         converter_version: env!("CARGO_PKG_VERSION").to_string(),
         parameter_defaults: parameter_defaults(),
         parameters: parameters.clone(),
@@ -646,6 +664,8 @@ impl Report {
             self.parameters
                 .iter()
                 .filter(|(k, v)| self.mtp_layer || k.as_str() != "mtp" || v.as_str() == "none")
+                // The default order is named in the JSON report and the store, not here.
+                .filter(|(k, v)| (k.as_str(), v.as_str()) != ("matrix_order", "interleaved"))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" "),

@@ -53,7 +53,10 @@ impl<'s> Weights<'s> {
         self.store.has_dense(&t.name)
     }
 
-    /// `t` as a matrix view borrowed from the store's memory map (`[n]` vectors as `[1, n]`).
+    /// `t` as a matrix view borrowed from the store's memory map (`[n]` vectors as `[1, n]`), in
+    /// the order it is stored in, except that a matrix stored interleaved (format version 7)
+    /// that the kernels read row-major (`--numerics exact`) comes from a row-major copy the
+    /// store keeps ([`Store::dense_ordered`]).
     ///
     /// # Errors
     /// [`EngineError::MissingTensor`] when the store lacks it, [`EngineError::Shape`] when its
@@ -77,12 +80,24 @@ impl<'s> Weights<'s> {
             });
         }
         self.read.insert(t.name.clone());
-        Ok(d.matrix())
+        let m = d.matrix();
+        if m.is_interleaved() && !reads_interleaved(&m) {
+            return self.ordered(t, false);
+        }
+        Ok(m)
+    }
+
+    /// `t` in the interleaved row order or the row-major one ([`Store::dense_ordered`]).
+    fn ordered(&self, t: &TensorSpec, interleaved: bool) -> Result<MatrixView<'s>> {
+        self.store
+            .dense_ordered(&t.name, interleaved, coli_kernels::interleave_sections)
+            .map_err(store_err(format!("reading dense tensor {}", t.name)))
     }
 
     /// `t` as the weight of products: [`Weights::matrix`], in the interleaved row order where
-    /// the kernels multiply it faster so (`coli_kernels::prefers_interleaved`; a copy the store
-    /// keeps, [`Store::dense_interleaved`]). The same numbers either way.
+    /// the kernels multiply it faster so (`coli_kernels::reads_interleaved`: as stored, format
+    /// version 7, or a copy the store keeps, [`Store::dense_ordered`]). The same numbers either
+    /// way.
     ///
     /// # Errors
     /// As [`Weights::matrix`].
@@ -91,9 +106,7 @@ impl<'s> Weights<'s> {
         if !coli_kernels::prefers_interleaved(&m) {
             return Ok(m);
         }
-        self.store
-            .dense_interleaved(&t.name, coli_kernels::interleave_sections)
-            .map_err(store_err(format!("reading dense tensor {}", t.name)))
+        self.ordered(t, true)
     }
 
     /// `t` (a vector) decoded to f32.
@@ -121,13 +134,17 @@ impl<'s> Weights<'s> {
     }
 
     /// A linear layer that multiplies with f32 activations whatever the numerics
-    /// ([`Linear::forward_exact`]): its weight row-major as stored ([`Weights::matrix`]; the
-    /// interleaved order serves the integer kernels only).
+    /// ([`Linear::forward_exact`]): its weight row-major ([`Weights::matrix`], or a row-major
+    /// copy of a matrix stored interleaved; the interleaved order serves the integer kernels
+    /// only).
     ///
     /// # Errors
     /// As [`Weights::linear`].
     pub fn exact_linear(&mut self, l: &LinearSpec) -> Result<Linear<'s>> {
-        let w = self.matrix(&l.weight)?;
+        let mut w = self.matrix(&l.weight)?;
+        if w.is_interleaved() {
+            w = self.ordered(&l.weight, false)?;
+        }
         self.linear_of(l, w)
     }
 
@@ -157,4 +174,9 @@ impl<'s> Weights<'s> {
     pub fn into_read(self) -> BTreeSet<String> {
         self.read
     }
+}
+
+/// Whether the kernels read `m`'s matrix in the interleaved row order.
+fn reads_interleaved(m: &MatrixView<'_>) -> bool {
+    coli_kernels::reads_interleaved(m.encoding(), m.rows(), m.cols())
 }

@@ -8,7 +8,7 @@
 use coli_format::{Encoding, MatrixView, INTERLEAVE_ROWS};
 
 /// [`MatrixView::interleave`] of the weight and scale sections, the same bytes (what engines
-/// hand the store to reorder with: `ExpertBuf::interleave`, `Store::dense_interleaved`).
+/// hand the store to reorder with: `ExpertBuf::interleave`, `Store::dense_ordered`).
 ///
 /// # Panics
 /// As [`MatrixView::interleave`].

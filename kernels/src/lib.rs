@@ -44,7 +44,7 @@
 //! bit-identical to [`matvec`] of token `t` (prefill and decode agree exactly). Work is split
 //! over output rows in chunks whose size depends only on the matrix shape.
 
-use coli_format::MatrixView;
+use coli_format::{Encoding, MatrixView};
 use rayon::prelude::*;
 
 pub mod attend;
@@ -198,11 +198,19 @@ pub fn numerics_id_with(isa: Isa, numerics: Numerics) -> &'static str {
 /// [`set_interleave`]`(false)` (or `COLI_NO_INTERLEAVE=1` in the environment) makes it false
 /// everywhere: for tests and A/B measurements.
 pub fn prefers_interleaved(w: &MatrixView<'_>) -> bool {
+    !w.is_interleaved() && reads_interleaved(w.encoding(), w.rows(), w.cols())
+}
+
+/// True when the kernels read a `[rows, cols]` matrix of `encoding` in the interleaved row
+/// order under the process's numerics and interleave switch, whatever order it is in now (see
+/// [`prefers_interleaved`]). Engines keep a matrix stored interleaved (format version 7) in
+/// that order where this is true and reorder it to row-major where it is false (the f32
+/// kernels of `--numerics exact` read rows).
+pub fn reads_interleaved(encoding: Encoding, rows: usize, cols: usize) -> bool {
     interleave()
         && numerics() == Numerics::Q8a
-        && !w.is_interleaved()
-        && q8a::kind(w).is_some()
-        && MatrixView::can_interleave(w.encoding(), w.rows(), w.cols())
+        && q8a::kind_of(encoding, cols).is_some()
+        && MatrixView::can_interleave(encoding, rows, cols)
 }
 
 /// The process's interleave switch: 0 unset, 1 on, 2 off.

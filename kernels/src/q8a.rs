@@ -66,11 +66,15 @@ pub(crate) enum Kind {
 
 /// The rule's kind for `w`, None when `w` keeps its f32 kernel (see the module doc).
 pub(crate) fn kind(w: &MatrixView<'_>) -> Option<Kind> {
-    let cols = w.cols();
+    kind_of(w.encoding(), w.cols())
+}
+
+/// [`kind`] of a matrix of `encoding` with `cols` columns.
+pub(crate) fn kind_of(encoding: Encoding, cols: usize) -> Option<Kind> {
     if cols == 0 || !cols.is_multiple_of(CHUNK) {
         return None;
     }
-    match w.encoding() {
+    match encoding {
         Encoding::Int8 => Some(Kind::Int8),
         Encoding::Int4 { group_size } => {
             let g = group_size as usize;

@@ -42,6 +42,7 @@ fn write(dir: &Path, gib: u64) -> Result<(), Box<dyn std::error::Error>> {
         expert_encoding: enc,
         alignment: 4096,
         segment_max_bytes: DEFAULT_SEGMENT_MAX_BYTES,
+        matrix_order: Default::default(),
         converter_version: "bench".into(),
         parameter_defaults: Default::default(),
         parameters: BTreeMap::new(),

@@ -38,6 +38,7 @@
 //!     expert_encoding: enc,
 //!     alignment: 4096,
 //!     segment_max_bytes: 1 << 20,
+//!     matrix_order: Default::default(),
 //!     converter_version: "0.1.0".into(),
 //!     parameter_defaults: Default::default(),
 //!     parameters: BTreeMap::from([("experts".to_string(), "int4-g4".to_string())]),
@@ -109,6 +110,6 @@ pub use reader::{
     DenseTensor, EngineWrapper, ExpertBuf, FetchStats, OpenOptions, Reorder, Store, MAX_QUEUE_DEPTH,
 };
 pub use writer::{
-    EncodedMatrix, OsFs, ResumeInfo, StoreSpec, StoreWriter, WriterFs, WriterStart, CONVERTER_NAME,
-    DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,
+    EncodedMatrix, MatrixOrder, OsFs, ResumeInfo, StoreSpec, StoreWriter, WriterFs, WriterStart,
+    CONVERTER_NAME, DEFAULT_ALIGNMENT, DEFAULT_SEGMENT_MAX_BYTES,
 };

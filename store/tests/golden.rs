@@ -252,6 +252,82 @@ fn golden_v5_opens_verifies_and_decodes() {
     assert_eq!(r.exit_code(), 0, "{r:?}");
 }
 
+/// `v7-qwen3-moe-int4-interleaved` was written by `coli-convert` 0.1.0 (format version 7) from the
+/// tiny Qwen3-MoE BF16 fixture with `--experts int4-g64 --dense int4-g32 --embeddings int4-g64`
+/// and the default `--matrix-order interleaved`: the int4 matrices of whole 64-column chunks and
+/// at least 16 rows are stored in the interleaved row order (INDEX flag bit 1 for the records'
+/// gate and up, [40, 64]; down, [64, 40], stays row-major; MANIFEST `interleaved` for dense
+/// matrices such as `k_proj`). Expected values: the fixture's `expected.json` `int4_probe` (expert
+/// 0's gate) and `expected_int4_dense.json` `probe` (`k_proj`), computed by the fixture scripts'
+/// own numpy int4 formula.
+#[test]
+fn golden_v7_opens_verifies_and_decodes_interleaved_matrices() {
+    let dir = golden("v7-qwen3-moe-int4-interleaved");
+    let store = Store::open(&dir).expect("golden v7 store opens");
+    assert_eq!(store.manifest().format_version, 7);
+    let keys: Vec<ExpertKey> = store.index().iter().map(|r| r.key()).collect();
+    let experts = store.fetch(&keys).expect("fetch every golden expert");
+    for x in &experts {
+        assert_eq!(x.interleaved(), [true, true, false], "{}", x.key);
+        assert!(x.gate().is_interleaved() && !x.down().is_interleaved());
+    }
+    let probe = &fixture_expected("qwen3_moe_bf16")["int4_probe"];
+    assert_eq!(
+        (probe["layer"].as_u64(), probe["expert"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_rows(
+        &experts[0].gate(),
+        &probe["int4_dequantized"],
+        "golden v7 expert",
+    );
+    let dense_probe = {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tiny/qwen3_moe_bf16/expected_int4_dense.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        v["probe"].clone()
+    };
+    let k = store
+        .dense(dense_probe["tensor"].as_str().unwrap())
+        .unwrap();
+    assert!(k.interleaved && k.matrix().is_interleaved());
+    assert_rows(
+        &k.matrix(),
+        &dense_probe["int4_dequantized"],
+        "golden v7 dense",
+    );
+    // The row-major copy the store makes decodes the same rows.
+    let rm = store
+        .dense_ordered(k.name, false, MatrixView::interleave)
+        .unwrap();
+    assert!(!rm.is_interleaved());
+    assert_rows(
+        &rm,
+        &dense_probe["int4_dequantized"],
+        "golden v7 dense, row-major copy",
+    );
+    // The same records mapped in place read the same bytes as the fetched ones.
+    let mapped = store.map_records(&keys).expect("map every golden record");
+    for (m, f) in mapped.iter().zip(&experts) {
+        assert!(m.is_mapped() && !f.is_mapped());
+        assert_eq!(m.bytes(), f.bytes());
+        assert_eq!(m.interleaved(), f.interleaved());
+    }
+    // Reordered back to row-major, a record decodes the same rows, its views row-major.
+    let mut back = store.fetch_one(keys[0]).unwrap();
+    back.deinterleave(|_| false);
+    assert_eq!(back.interleaved(), [false; 3]);
+    assert!(!back.gate().is_interleaved());
+    assert_rows(
+        &back.gate(),
+        &probe["int4_dequantized"],
+        "golden v7 expert, row-major",
+    );
+    let r = check(&dir, &FsckOptions::default(), &NoProgress);
+    assert_eq!(r.exit_code(), 0, "{r:?}");
+}
+
 fn sha256(b: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(b)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-FORMAT_VERSION = 6  # newest version read (section 12); versions 1 to 5 too
+FORMAT_VERSION = 7  # newest version read (section 12); versions 1 to 6 too
 MANIFEST_MAGIC = b"COLIMAN\0"
 INDEX_MAGIC = b"COLIIDX\0"
 SEGMENT_MAGIC = b"COLISEG\0"
@@ -46,6 +46,11 @@ MXFP4_BLOCK = 32
 # e2m1 magnitudes by code & 7; bit 3 is the sign (section 6, OCP MX v1.0 5.3.3).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 RECORD_FLAG_BIASES = 1
+# INDEX flag bit 1 (version 7): the record's int4 / int8 / mxfp4 matrices with cols % 64 == 0 and
+# at least 16 rows are stored in the interleaved row order (section 5).
+RECORD_FLAG_INTERLEAVED = 2
+INTERLEAVE_ROWS = 16
+INTERLEAVE_COLS = 64
 FP8_BLOCK = 128
 SECTION_ALIGN = 64
 
@@ -261,6 +266,32 @@ class Expert:
     down: Matrix
 
 
+def can_interleave(enc: int, rows: int, cols: int) -> bool:
+    """Section 5: the matrices a version-7 record with flag bit 1 stores interleaved."""
+    return enc in (INT4, INT8, MXFP4) and cols > 0 and cols % INTERLEAVE_COLS == 0 and rows >= INTERLEAVE_ROWS
+
+
+def _ungroup(a: np.ndarray, rows: int) -> np.ndarray:
+    """Section 5's order back to row-major for one section viewed as [rows, n] items (4-byte
+    words, f32 scales or e8m0 bytes): each whole group of 16 rows is stored item-major
+    ([n, 16]); the rows after the last whole group are row-major already."""
+    out = a.copy()
+    whole = rows // INTERLEAVE_ROWS * INTERLEAVE_ROWS
+    n = a.shape[1]
+    g = a[:whole].reshape(rows // INTERLEAVE_ROWS, n, INTERLEAVE_ROWS)
+    out[:whole] = g.transpose(0, 2, 1).reshape(whole, n)
+    return out
+
+
+def row_major(enc: int, rows: int, cols: int, data: bytes, scales: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """An interleaved matrix's weight section and scales in the row-major order (section 5)."""
+    words = np.frombuffer(data, dtype="<u4").reshape(rows, -1)
+    data = _ungroup(words, rows).tobytes()
+    per_row = scales.size // rows
+    scales = _ungroup(scales.reshape(rows, per_row), rows).reshape(-1)
+    return data, scales
+
+
 def parse_manifest(b: bytes) -> dict:
     """MANIFEST (section 2): 24-byte header (magic, version, crc32 of body, body length)."""
     if len(b) < 24:
@@ -308,8 +339,10 @@ def parse_index(b: bytes, manifest: dict) -> np.ndarray:
     keys = recs["layer"].astype(np.uint64) << np.uint64(32) | recs["expert"].astype(np.uint64)
     if count > 1 and not np.all(keys[1:] > keys[:-1]):
         raise FormatError("INDEX: records not sorted by (layer, expert) or duplicated")
-    if np.any(recs["flags"] & ~np.uint32(RECORD_FLAG_BIASES | RECORD_FLAG_GGML_TYPES)):
+    if np.any(recs["flags"] & ~np.uint32(RECORD_FLAG_BIASES | RECORD_FLAG_INTERLEAVED | RECORD_FLAG_GGML_TYPES)):
         raise FormatError("INDEX: unknown record flags")
+    if version < 7 and np.any(recs["flags"] & np.uint32(RECORD_FLAG_INTERLEAVED)):
+        raise FormatError("INDEX: the interleaved flag in a store older than version 7")
     if np.any((recs["flags"] & np.uint32(RECORD_FLAG_GGML_TYPES)) & (recs["encoding"] != GGML)):
         raise FormatError("INDEX: ggml type bits on a record of another encoding")
     if version < 4 and np.any(recs["encoding"] == GGML):
@@ -460,12 +493,16 @@ class Store:
         sections, payload = record_layout(enc, groups, hidden, inter, biases)
         if payload != int(r["payload_len"]) or _align_up(payload, self.manifest["alignment"]) != length:
             raise FormatError(f"layer {layer} expert {expert}: payload/length disagree with the layout")
+        interleaved = bool(int(r["flags"]) & RECORD_FLAG_INTERLEAVED)
         mats = []
         for (rows, cols, w_off, wb, s_off, sc, b_off), g in zip(sections, groups):
             sdt = np.uint8 if enc in (MXFP4, MXFP8) else "<f4"
             scales = np.frombuffer(rec, dtype=sdt, count=sc, offset=s_off) if sc else np.zeros(0, np.float32)
             bias = None if b_off is None else np.frombuffer(rec, dtype="<f4", count=rows, offset=b_off)
-            mats.append(Matrix(enc, g, rows, cols, rec[w_off : w_off + wb], scales, bias))
+            data = rec[w_off : w_off + wb]
+            if interleaved and can_interleave(enc, rows, cols):
+                data, scales = row_major(enc, rows, cols, data, scales)
+            mats.append(Matrix(enc, g, rows, cols, data, scales, bias))
         return Expert(layer, expert, hidden, inter, rec, *mats)
 
     def dense_names(self) -> list[str]:
@@ -498,6 +535,11 @@ class Store:
             if f"{h.intdigest():016x}" != e["xxh3"]:
                 raise ChecksumError(f"dense tensor {name} (dense.bin at offset {e['offset']})")
         scales = np.frombuffer(sb, dtype="<f4") if sb else np.zeros(0, np.float32)
+        if e.get("interleaved", False):
+            # Version 7 (section 7): an interleavable matrix stored in section 5's order.
+            if self.manifest["format_version"] < 7 or not can_interleave(enc, rows, cols):
+                raise FormatError(f"dense tensor {name}: interleaved, which it cannot be here")
+            data, scales = row_major(enc, rows, cols, data, scales)
         return Matrix(enc, group, rows, cols, data, scales)
 
     def verify_files(self) -> None:

@@ -155,10 +155,13 @@ def expert_tensor(family: str, layer: int, expert: int, which: int) -> str:
 _TMP = tempfile.mkdtemp(prefix="coli-pyreader-")
 
 
-def convert(fixture: str, experts: str, dense: str) -> str:
-    out = os.path.join(_TMP, f"{fixture}-{experts}-{dense}")
+def convert(fixture: str, experts: str, dense: str, order: str = "interleaved") -> str:
+    """The store of `fixture` (converted once); `order` is `--matrix-order` (coli-convert's
+    default: interleaved, format version 7 where a record has a matrix of that order)."""
+    out = os.path.join(_TMP, f"{fixture}-{experts}-{dense}-{order}")
     if not os.path.exists(os.path.join(out, "MANIFEST")):
-        cmd = [coli_convert(), os.path.join(FIXTURES, fixture), out, "--experts", experts, "--dense", dense]
+        cmd = [coli_convert(), os.path.join(FIXTURES, fixture), out, "--experts", experts, "--dense", dense,
+               "--matrix-order", order]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout}{r.stderr}"
     return out
@@ -240,8 +243,14 @@ def test_int4_dense_store_version_3():
     FORMAT.md section 6 from the source values; routers, norms and the rest as in the source."""
     for fx in ("mixtral_fp8", "qwen3_moe_bf16"):
         check_store(fx, "int4-g64", "int4-g32")
-        st = cr.Store(convert(fx, "int4-g64", "int4-g32"))
+        st = cr.Store(convert(fx, "int4-g64", "int4-g32", "row-major"))
         assert st.manifest["format_version"] == 3, st.manifest["format_version"]
+        # coli-convert's default order: the same values (check_store above), version 7 where a
+        # matrix has 64-column chunks (qwen3-moe's hidden size 64; mixtral's 80 has none).
+        st7 = cr.Store(convert(fx, "int4-g64", "int4-g32"))
+        flagged = [d["name"] for d in st7.manifest["dense"] if d.get("interleaved")]
+        want = 7 if fx == "qwen3_moe_bf16" else 3
+        assert st7.manifest["format_version"] == want and bool(flagged) == (want == 7), (fx, flagged)
         encs = {d["name"]: (d["encoding"], d["group_size"]) for d in st.manifest["dense"]}
         assert encs["model.layers.0.self_attn.q_proj.weight"] == (cr.INT4, 32), encs
         assert encs["model.norm.weight"][0] in (cr.BF16, cr.F32), encs
@@ -270,10 +279,18 @@ def test_mxfp4_store_version_2():
     fx = "gpt_oss_mxfp4"
     with open(os.path.join(FIXTURES, fx, "expected.json")) as f:
         exp = json.load(f)
-    path = convert(fx, "mxfp4", "bf16")
+    for order, version in (("row-major", 2), ("interleaved", 7)):
+        _check_mxfp4_store(fx, exp, order, version)
+
+
+def _check_mxfp4_store(fx: str, exp: dict, order: str, version: int) -> None:
+    path = convert(fx, "mxfp4", "bf16", order)
     st = cr.Store(path)
     st.verify_segment_bodies()
-    assert st.manifest["format_version"] == 2
+    assert st.manifest["format_version"] == version, (order, st.manifest["format_version"])
+    # Version 7: every record flags its interleaved matrices (gate and up: [96, 64]).
+    flagged = st.index["flags"] & np.uint32(cr.RECORD_FLAG_INTERLEAVED) != 0
+    assert flagged.all() if order == "interleaved" else not flagged.any(), order
     probe = exp["mxfp4_probe"]
     e = st.read_expert(probe["layer"], probe["expert"])
     assert e.gate.encoding == cr.MXFP4 and e.gate.scales.dtype == np.uint8
@@ -289,7 +306,8 @@ def test_mxfp4_store_version_2():
     assert np.array_equal(e.gate.bias, bias[0::2]) and np.array_equal(e.up.bias, bias[1::2])
     dbias = cr.bf16_to_f32(_file_tensor(fx, "model.layers.0.mlp.experts.down_proj_bias")[0])
     assert np.array_equal(e.down.bias, dbias)
-    print(f"  {fx} --experts mxfp4: version 2, blocks/scales/biases as published, probe decoded exactly")
+    print(f"  {fx} --experts mxfp4 --matrix-order {order}: version {version}, blocks/scales/biases as published, "
+          "probe decoded exactly")
 
 
 def test_mxfp8_store_version_5():

@@ -798,6 +798,7 @@ fn kimi_linear_as_transformers_saves_it_converts_and_matches() {
         input: ck,
         output: out.clone(),
         encodings: coli_convert::Encodings::new(enc("bf16"), enc("bf16"), enc("int8")),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

@@ -9,7 +9,7 @@
 
 use coli_engine::{Engine, EngineOptions, Logits};
 use coli_format::spec::layer_of;
-use coli_format::{Encoding, MatrixView};
+use coli_format::Encoding;
 use coli_store::{ExpertKey, IoPreference};
 use coli_tests::{
     convert_fixture_with, fixture_dir, floats, greedy, ids, max_abs_diff, open_store, top1,
@@ -34,8 +34,13 @@ fn int4_dense_stores_match_transformers_on_every_family() {
         let (_tmp, dir) = convert_fixture_with(name, &exp["store"], "int4 dense");
         let store = open_store(&dir, true, IoPreference::Auto);
         let m = store.manifest();
+        // Version 3 for int4 dense tensors; 7 where a matrix is stored interleaved (the
+        // default --matrix-order, FORMAT.md section 5).
+        let interleaved = m.dense.iter().any(|d| d.interleaved)
+            || store.index().iter().any(|r| r.is_interleaved());
         assert_eq!(
-            m.format_version, 3,
+            m.format_version,
+            if interleaved { 7 } else { 3 },
             "{name}: int4 dense tensors are version 3"
         );
 
@@ -44,7 +49,7 @@ fn int4_dense_stores_match_transformers_on_every_family() {
         let t = store.dense(p["tensor"].as_str().unwrap()).unwrap();
         let g = p["group_size"].as_u64().unwrap() as u16;
         assert_eq!(t.encoding, Encoding::Int4 { group_size: g }, "{name} probe");
-        let view = MatrixView::new(t.encoding, t.shape[0], t.shape[1], t.data, t.scales).unwrap();
+        let view = t.matrix();
         let mut row = vec![0f32; view.cols()];
         for (r, want) in p["int4_dequantized"].as_array().unwrap().iter().enumerate() {
             view.dequantize_row(r, &mut row);

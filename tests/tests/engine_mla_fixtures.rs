@@ -169,6 +169,7 @@ fn glm5_shared_indexer_layers_decode_like_prefill() {
             mtp: Some(coli_tests::encoding("int8")),
             embeddings: None,
         },
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

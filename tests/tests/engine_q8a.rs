@@ -206,11 +206,13 @@ fn q8a_moves_gpt_oss_toward_the_emulated_rule() {
 }
 
 /// Under q8a the engine keeps the matrices the integer rule multiplies in the interleaved row
-/// order (pinned experts and dense weights, `coli_kernels::prefers_interleaved`): the logits
-/// must be the same bits as with every matrix row-major (`set_interleave(false)`), and as a
-/// streamed run whose experts are read on demand (row-major) with its dense weights
-/// interleaved. int4 experts and dense (qwen3-moe, Qwen3-Next), int8 experts and dense
-/// (qwen3-moe), mxfp4 experts (gpt-oss, DeepSeek-V4 as released).
+/// order (pinned experts and dense weights, `coli_kernels::reads_interleaved`): the logits
+/// must be the same bits as with every matrix row-major (`set_interleave(false)`: records stored
+/// interleaved are reordered back as they are read), as a streamed run whose experts are read
+/// on demand, and as the same runs on a store written `--matrix-order row-major` (whose pinned
+/// records are reordered in memory, where the interleaved store's are used in place). int4
+/// experts and dense (qwen3-moe, Qwen3-Next), int8 experts and dense (qwen3-moe), mxfp4 experts
+/// (gpt-oss, DeepSeek-V4 as released).
 #[test]
 fn interleaved_weights_give_the_same_bits() {
     coli_kernels::set_numerics(Numerics::Q8a);
@@ -225,28 +227,44 @@ fn interleaved_weights_give_the_same_bits() {
         let exp = read_json(name, "expected_q8a.json");
         let store_json = store.unwrap_or(&exp["store"]);
         let (_tmp, dir) = convert_fixture_with(name, store_json, "q8a interleave");
+        let mut row_major_json = store_json.clone();
+        row_major_json["matrix_order"] = "row-major".into();
+        let (_tmp_rm, dir_rm) = convert_fixture_with(name, &row_major_json, "row-major records");
         let prompt = ids(&exp["prompt_ids"]);
         let what = format!("{name} {store_json}");
-        // The rule covers (and the engine reorders) this fixture's experts and some of its
-        // dense weights: the comparison below is not vacuous.
+        // The rule covers this fixture's experts (stored interleaved by default, row-major in
+        // the other store) and some of its dense weights: the comparison below is not vacuous.
         {
             coli_kernels::set_interleave(true);
             let s = open_store(&dir, true, IoPreference::Auto);
-            let l = s.manifest().expert_layers[0].layer;
-            let e = s.fetch_one(coli_store::ExpertKey::new(l, 0)).unwrap();
+            let rm = open_store(&dir_rm, true, IoPreference::Auto);
+            let key = coli_store::ExpertKey::new(s.manifest().expert_layers[0].layer, 0);
+            let (e, r) = (s.fetch_one(key).unwrap(), rm.fetch_one(key).unwrap());
+            assert!(e.gate().is_interleaved(), "{what}: stored interleaved");
             assert!(
-                coli_kernels::prefers_interleaved(&e.gate()),
-                "{what}: experts"
+                coli_kernels::prefers_interleaved(&r.gate()),
+                "{what}: row-major store"
             );
             let dense = s.manifest().dense.iter().filter(|t| {
-                s.dense(&t.name)
+                s.dense(&t.name).is_ok_and(|d| {
+                    let m = d.matrix();
+                    m.is_interleaved()
+                        && coli_kernels::reads_interleaved(m.encoding(), m.rows(), m.cols())
+                })
+            });
+            assert!(
+                dense.count() > 0,
+                "{what}: no dense matrix is stored interleaved"
+            );
+            let dense = rm.manifest().dense.iter().filter(|t| {
+                rm.dense(&t.name)
                     .is_ok_and(|d| coli_kernels::prefers_interleaved(&d.matrix()))
             });
             assert!(dense.count() > 0, "{what}: no dense matrix is reordered");
         }
-        let run = |interleave: bool, streamed: bool| {
+        let run = |dir: &std::path::Path, interleave: bool, streamed: bool| {
             coli_kernels::set_interleave(interleave);
-            let store = open_store(&dir, true, IoPreference::Auto);
+            let store = open_store(dir, true, IoPreference::Auto);
             let one = {
                 let l = store.manifest().expert_layers[0].layer;
                 store
@@ -266,12 +284,26 @@ fn interleaved_weights_give_the_same_bits() {
             e.reset();
             (bits, greedy(&mut e, &prompt, 8))
         };
-        let interleaved = run(true, false);
+        let interleaved = run(&dir, true, false);
         assert_eq!(
             interleaved,
-            run(false, false),
+            run(&dir, false, false),
             "{what}: interleaved vs row-major"
         );
-        assert_eq!(interleaved, run(true, true), "{what}: resident vs streamed");
+        assert_eq!(
+            interleaved,
+            run(&dir, true, true),
+            "{what}: resident vs streamed"
+        );
+        assert_eq!(
+            interleaved,
+            run(&dir_rm, true, false),
+            "{what}: row-major records, resident"
+        );
+        assert_eq!(
+            interleaved,
+            run(&dir_rm, true, true),
+            "{what}: row-major records, streamed"
+        );
     }
 }

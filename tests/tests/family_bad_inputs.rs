@@ -22,6 +22,7 @@ fn refused(ck: &Path, tmp: &Path, names: &[&str]) {
             mtp: Some(coli_tests::encoding("int8")),
             embeddings: None,
         },
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

@@ -78,6 +78,7 @@ fn convert(input: &Path, out: &Path, experts: Encoding, dense: Encoding) {
         input: input.to_path_buf(),
         output: out.to_path_buf(),
         encodings: enc,
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

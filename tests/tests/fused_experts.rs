@@ -41,7 +41,9 @@ fn lossless_store_keeps_the_published_mxfp4_experts_bit_for_bit() {
     let exp = expected(name);
     let (_tmp, dir) = convert_fixture(name, "lossless_store");
     let store = open_store(&dir, true, IoPreference::Auto);
-    assert_eq!(store.manifest().format_version, 2);
+    // Version 2 (mxfp4, biases), 7 with the gate and up ([I, 64]) stored interleaved.
+    assert!(store.index().iter().all(|r| r.is_interleaved()));
+    assert_eq!(store.manifest().format_version, 7);
     let ck = Checkpoint::open(&fixture_dir(name)).unwrap();
     let dims = &exp["dims"];
     let (h, i) = (
@@ -55,8 +57,10 @@ fn lossless_store_keeps_the_published_mxfp4_experts_bit_for_bit() {
     for l in 0..layers {
         let p = format!("model.layers.{l}.mlp.experts");
         for e in 0..experts {
-            let buf = &store.fetch(&[ExpertKey::new(l as u32, e as u32)]).unwrap()[0];
+            let mut buf = store.fetch_one(ExpertKey::new(l as u32, e as u32)).unwrap();
             assert_eq!(buf.encoding, Encoding::Mxfp4);
+            // The published bytes are row-major (FORMAT.md section 5's order is their reorder).
+            buf.deinterleave(|_| false);
             let gb = slice(&ck, &format!("{p}.gate_up_proj_blocks"), e, experts);
             let gs = slice(&ck, &format!("{p}.gate_up_proj_scales"), e, experts);
             let rows = |b: &[u8], w: usize, odd: usize| -> Vec<u8> {
@@ -142,6 +146,7 @@ fn convert_err(dir: &std::path::Path, experts: Encoding) -> String {
             mtp: Some(Encoding::Int8),
             embeddings: None,
         },
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     });
@@ -495,6 +500,7 @@ fn transformers5_fused_experts_convert_like_per_expert_tensors() {
                 mtp: Some(Encoding::Int8),
                 embeddings: None,
             },
+            matrix_order: coli_store::MatrixOrder::Interleaved,
             threads: Some(1),
             progress: false,
         })
@@ -537,6 +543,7 @@ fn checkpoints_saved_by_transformers5_fused_give_the_per_expert_store() {
                     Encoding::Bf16,
                     Encoding::Int8,
                 ),
+                matrix_order: coli_store::MatrixOrder::Interleaved,
                 threads: Some(1),
                 progress: false,
             })

@@ -36,6 +36,7 @@ fn convert(name: &str) -> (tempfile::TempDir, PathBuf) {
         input: dir().join(format!("{name}.gguf")),
         output: out.clone(),
         encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })
@@ -135,6 +136,7 @@ fn converting_again_resumes_to_the_same_store() {
         input: dir().join(format!("{name}.gguf")),
         output: store_dir.clone(),
         encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     };

@@ -457,6 +457,7 @@ fn glm_dsa_mtp_block_without_its_own_embedding_and_head_shares_the_main_ones() {
             mtp: Some(coli_tests::encoding("fp8")),
             embeddings: None,
         },
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

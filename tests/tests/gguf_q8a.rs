@@ -45,6 +45,7 @@ fn check_q8a(dir: &Path, name: &str) {
         input: dir.join(format!("{name}.gguf")),
         output: out.clone(),
         encodings: Encodings::new(Encoding::Bf16, Encoding::Bf16, Encoding::Bf16),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

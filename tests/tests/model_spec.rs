@@ -49,6 +49,7 @@ fn convert(input: &Path, output: &Path) -> coli_convert::Result<coli_convert::Re
         input: input.to_path_buf(),
         output: output.to_path_buf(),
         encodings: default_encodings(),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })
@@ -235,6 +236,7 @@ fn copy_store_without(src: &coli_store::Store, dst: &Path, skip: &str) {
         expert_encoding: m.expert_encoding().unwrap(),
         alignment: m.alignment as usize,
         segment_max_bytes: m.segment_max_bytes,
+        matrix_order: Default::default(),
         converter_version: m.converter.version.clone(),
         parameter_defaults: Default::default(),
         parameters: m.parameters.clone(),
@@ -243,14 +245,19 @@ fn copy_store_without(src: &coli_store::Store, dst: &Path, skip: &str) {
     let WriterStart::Fresh(mut w) = StoreWriter::create_or_resume(dst, spec).unwrap() else {
         panic!("new target");
     };
-    let owned = |v: coli_store::MatrixView<'_>| EncodedMatrix {
-        encoding: v.encoding(),
-        rows: v.rows(),
-        cols: v.cols(),
-        data: v.data().to_vec(),
-        scales: v.scales().to_vec(),
-        e8m0_scales: Vec::new(),
-        bias: None,
+    // Row-major (the copy is written --matrix-order row-major; the source may be interleaved).
+    let owned = |v: coli_store::MatrixView<'_>| {
+        let c = v.row_major_copy();
+        let v = c.view();
+        EncodedMatrix {
+            encoding: v.encoding(),
+            rows: v.rows(),
+            cols: v.cols(),
+            data: v.data().to_vec(),
+            scales: v.scales().to_vec(),
+            e8m0_scales: Vec::new(),
+            bias: None,
+        }
     };
     for d in &m.dense {
         if d.name != skip {

@@ -663,6 +663,7 @@ fn same_store_id_other_weights_never_share_states() {
             coli_store::Encoding::Bf16,
             coli_store::Encoding::Int8,
         ),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

@@ -47,6 +47,7 @@ fn convert(input: &Path, out: &Path, encodings: Encodings) -> Result<(), String>
         input: input.to_path_buf(),
         output: out.to_path_buf(),
         encodings,
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })

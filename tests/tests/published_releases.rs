@@ -49,6 +49,7 @@ fn replica_runs_listing(
         input: r.dir.clone(),
         output: out.clone(),
         encodings: Encodings::new(experts, Encoding::Bf16, Encoding::Int8),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: None,
         progress: false,
     })

@@ -338,6 +338,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         expert_encoding: first_expert,
         alignment: ALIGNMENT,
         segment_max_bytes: SEGMENT_MAX_BYTES,
+        // ggml block types have no interleaved order: every record is row-major.
+        matrix_order: coli_store::MatrixOrder::RowMajor,
         converter_version: env!("CARGO_PKG_VERSION").to_string(),
         parameter_defaults: pipeline::parameter_defaults(),
         parameters: parameters.clone(),

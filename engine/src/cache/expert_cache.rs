@@ -245,7 +245,10 @@ impl ExpertCache {
         // Chunks of 64 read by up to PIN_READERS threads at once: the kernel zeroes every fresh
         // page of a record buffer when an O_DIRECT read into it is submitted (io_uring: in the
         // submitting thread), CPU work that one thread would do alone while the disk waits (a
-        // whole model's preload), and the reorder of pinned records runs on each reader.
+        // whole model's preload), and the reorder of pinned records runs on each reader. A
+        // chunk whose records are stored in the order the kernels read them (an interleaved
+        // store under q8a, any row-major store under exact) is used in place in the page cache
+        // instead (`Store::map_records`): no zeroed pages, no copy.
         let chunks: Vec<&[ExpertKey]> = chosen.chunks(64).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -265,7 +268,15 @@ impl ExpertCache {
                 let Some(chunk) = chunks.get(next.fetch_add(1, Relaxed)) else {
                     break;
                 };
-                let bufs = match store.fetch(chunk).map(interleaved) {
+                let in_place = chunk
+                    .iter()
+                    .all(|&k| store.record(k).is_some_and(stored_as_read));
+                let got = if in_place {
+                    store.map_records(chunk)
+                } else {
+                    store.fetch(chunk)
+                };
+                let bufs = match got.map(interleaved) {
                     Ok(b) => b,
                     Err(e) => {
                         failed.store(true, Relaxed);
@@ -438,7 +449,7 @@ impl ExpertCache {
             slots: &slots,
             armed: true,
         };
-        let res = store.fetch(&todo);
+        let res = store.fetch(&todo).map(as_read);
         guard.disarm();
         let mut s = self.state();
         s.stats.fetch_calls += 1;
@@ -785,7 +796,7 @@ impl ExpertCache {
             slots,
             armed: true,
         };
-        let res = store.fetch(missing);
+        let res = store.fetch(missing).map(as_read);
         guard.disarm();
         let mut s = self.state();
         s.stats.fetch_calls += 1;
@@ -842,12 +853,43 @@ impl ExpertCache {
 /// (0.85x streamed decode when every record was reordered, docs/ENGINE.md). Outside the lock.
 fn interleaved(mut bufs: Vec<ExpertBuf>) -> Vec<ExpertBuf> {
     for b in &mut bufs {
+        b.deinterleave(reads_interleaved);
         b.interleave(
             coli_kernels::prefers_interleaved,
             coli_kernels::interleave_sections,
         );
     }
     bufs
+}
+
+/// `bufs` with the matrices stored interleaved (format version 7) that the kernels read
+/// row-major (under `--numerics exact`, or an encoding the integer rule leaves to the f32
+/// kernels) reordered back: for records read on demand. Outside the lock.
+fn as_read(mut bufs: Vec<ExpertBuf>) -> Vec<ExpertBuf> {
+    for b in &mut bufs {
+        b.deinterleave(reads_interleaved);
+    }
+    bufs
+}
+
+/// Whether the kernels read `v`'s matrix in the interleaved row order.
+fn reads_interleaved(v: &coli_format::MatrixView<'_>) -> bool {
+    coli_kernels::reads_interleaved(v.encoding(), v.rows(), v.cols())
+}
+
+/// True when each matrix of `r`'s record is stored in the order the kernels read it
+/// (interleaved or row-major), so the record can be used as stored.
+fn stored_as_read(r: &coli_store::IndexRecord) -> bool {
+    let Ok(encs) = r.encodings() else {
+        return false;
+    };
+    let (h, i) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+    let stored = r.interleaved_sections();
+    [(i, h), (i, h), (h, i)]
+        .iter()
+        .zip(encs)
+        .zip(stored)
+        .all(|((&(rows, cols), e), s)| s == coli_kernels::reads_interleaved(e, rows, cols))
 }
 
 #[cfg(test)]
@@ -878,6 +920,7 @@ mod tests {
             expert_encoding: enc,
             alignment: 4096,
             segment_max_bytes: 1 << 20,
+            matrix_order: Default::default(),
             converter_version: "0.1.0".into(),
             parameter_defaults: Default::default(),
             parameters: Default::default(),
@@ -912,8 +955,9 @@ mod tests {
     }
 
     /// Several chunks of 64 are read by several threads: every record pinned once, with the
-    /// bytes a plain fetch gives; a record that fails its checksum fails the pin, and nothing
-    /// of its chunk is pinned.
+    /// bytes a plain fetch gives, used in place in the page cache (a row-major store under the
+    /// library's default exact numerics is in the order the kernels read); a record that fails
+    /// its checksum fails the pin, and nothing of its chunk is pinned.
     #[test]
     fn pin_reads_chunks_on_several_threads() {
         let (tmp, store) = tiny_store(200);
@@ -931,6 +975,7 @@ mod tests {
             let want = store.fetch_one(k).unwrap();
             let got = cache.get_many(&store, &[k]).unwrap().pop().unwrap();
             assert_eq!(got.bytes(), want.bytes(), "{k}");
+            assert!(got.is_mapped() && !want.is_mapped(), "{k}");
         }
         assert_eq!(cache.stats().misses, 0);
 

@@ -46,6 +46,12 @@ const _: () = assert!(std::mem::size_of::<IndexRecord>() == INDEX_RECORD_SIZE);
 /// each matrix (FORMAT.md section 5).
 pub const RECORD_FLAG_BIASES: u32 = 1;
 
+/// INDEX record flag bit 1 (format version 7): the record's matrices that have an interleaved
+/// row order ([`crate::MatrixView::can_interleave`]: int4, int8 and mxfp4 with `cols` a
+/// multiple of 64 and at least 16 rows) are stored in it ([`crate::MatrixView::interleave`],
+/// weight and scale sections); its other matrices are row-major (FORMAT.md section 5).
+pub const RECORD_FLAG_INTERLEAVED: u32 = 2;
+
 /// INDEX record flag bits 8..24 (format version 4), for encoding id 7 (ggml block types) only:
 /// bits 8..16 hold the ggml type id of the up matrix, bits 16..24 that of the down matrix (the
 /// gate's is the group size field). Zero for every other encoding.
@@ -73,6 +79,8 @@ pub struct RecordPlace {
     pub intermediate: u32,
     /// Whether the record carries bias sections ([`RECORD_FLAG_BIASES`]).
     pub biases: bool,
+    /// Whether the matrices that can be are stored interleaved ([`RECORD_FLAG_INTERLEAVED`]).
+    pub interleaved: bool,
     /// xxh3 of the record's `length` bytes, seeded with [`ExpertKey::checksum_seed`].
     pub checksum: u64,
 }
@@ -93,7 +101,13 @@ impl IndexRecord {
             intermediate: U32::new(p.intermediate),
             checksum: U64::new(p.checksum),
             flags: U32::new(
-                if p.biases { RECORD_FLAG_BIASES } else { 0 } | ggml_type_flags(p.encodings),
+                if p.biases { RECORD_FLAG_BIASES } else { 0 }
+                    | if p.interleaved {
+                        RECORD_FLAG_INTERLEAVED
+                    } else {
+                        0
+                    }
+                    | ggml_type_flags(p.encodings),
             ),
             crc: U32::new(0),
         };
@@ -109,6 +123,29 @@ impl IndexRecord {
     /// True when the record carries bias sections ([`RECORD_FLAG_BIASES`]).
     pub fn has_biases(&self) -> bool {
         self.flags.get() & RECORD_FLAG_BIASES != 0
+    }
+
+    /// True when the record's matrices that can be are stored in the interleaved row order
+    /// ([`RECORD_FLAG_INTERLEAVED`]).
+    pub fn is_interleaved(&self) -> bool {
+        self.flags.get() & RECORD_FLAG_INTERLEAVED != 0
+    }
+
+    /// Which of gate, up and down are stored in the interleaved row order: none without
+    /// [`RECORD_FLAG_INTERLEAVED`], else those that [`crate::MatrixView::can_interleave`].
+    ///
+    /// # Panics
+    /// If the encoding fields are invalid (callers use entries [`parse_index`] accepted).
+    pub fn interleaved_sections(&self) -> [bool; 3] {
+        if !self.is_interleaved() {
+            return [false; 3];
+        }
+        let encs = self
+            .encodings()
+            .expect("INDEX records are checked at parse");
+        let (h, i) = (self.hidden.get() as usize, self.intermediate.get() as usize);
+        let dims = [(i, h), (i, h), (h, i)];
+        std::array::from_fn(|m| crate::MatrixView::can_interleave(encs[m], dims[m].0, dims[m].1))
     }
 
     /// The encodings of the record's gate, up and down matrices: the encoding fields' for all
@@ -199,8 +236,8 @@ fn ggml_type_flags(e: [Encoding; 3]) -> u32 {
     }
 }
 
-/// The oldest format version that can hold `records`: 2 when one has biases or an encoding of
-/// version 2 (mxfp4), else 1. A writer stamps this version on every file of the store, so a
+/// The oldest format version that can hold `records`: 7 when one is interleaved, 2 when one
+/// has biases, else the newest its encodings need (1 for int4 and int8). A writer stamps this version on every file of the store, so a
 /// store that needs nothing new stays readable by version-1 readers (FORMAT.md section 12).
 pub fn min_format_version(records: &[IndexRecord]) -> u32 {
     records
@@ -217,10 +254,11 @@ pub fn min_format_version(records: &[IndexRecord]) -> u32 {
                     _ => v,
                 }
             });
-            if r.has_biases() {
-                enc.max(2)
+            let v = if r.has_biases() { enc.max(2) } else { enc };
+            if r.is_interleaved() {
+                v.max(7)
             } else {
-                enc
+                v
             }
         })
         .max()
@@ -321,8 +359,16 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
                 "flags field is not zero (a version 1 record has no flags)".into(),
             ));
         }
-        if r.flags.get() & !(RECORD_FLAG_BIASES | RECORD_FLAG_GGML_TYPES) != 0 {
+        if r.flags.get() & !(RECORD_FLAG_BIASES | RECORD_FLAG_INTERLEAVED | RECORD_FLAG_GGML_TYPES)
+            != 0
+        {
             return Err(what(format!("unknown flags {:#x}", r.flags.get())));
+        }
+        if m.format_version < 7 && r.is_interleaved() {
+            return Err(what(format!(
+                "flag bit 1 (interleaved sections) in a version {} store (version 7 on)",
+                m.format_version
+            )));
         }
         if let Some(prev) = recs.last().map(|p: &IndexRecord| p.key()) {
             if r.key() <= prev {
@@ -442,6 +488,7 @@ mod tests {
             hidden: 256,
             intermediate: 256,
             biases,
+            interleaved: false,
             checksum: 7,
         })
     }
@@ -461,5 +508,36 @@ mod tests {
         assert_eq!(min_format_version(&[record([int4; 3], false)]), 1);
         assert_eq!(min_format_version(&[record([int4; 3], true)]), 2);
         assert_eq!(min_format_version(&[]), 1);
+    }
+
+    #[test]
+    fn interleaved_records_need_version_7_and_name_their_sections() {
+        let int4 = Encoding::Int4 { group_size: 64 };
+        let mut p = RecordPlace {
+            key: ExpertKey::new(0, 0),
+            segment: 0,
+            encodings: [int4; 3],
+            offset: 4096,
+            length: 8192,
+            payload_len: 8000,
+            hidden: 128,
+            intermediate: 32,
+            biases: false,
+            interleaved: true,
+            checksum: 7,
+        };
+        let r = IndexRecord::new(p);
+        assert!(r.is_interleaved());
+        assert_eq!(min_format_version(&[r]), 7);
+        // down is [H, I] = [128, 32]: 32 columns have no interleaved order.
+        assert_eq!(r.interleaved_sections(), [true, true, false]);
+        p.interleaved = false;
+        let r = IndexRecord::new(p);
+        assert_eq!(r.interleaved_sections(), [false; 3]);
+        assert_eq!(min_format_version(&[r]), 1);
+        // A ggml record never has an interleaved section, flag or not.
+        p.encodings = [Encoding::Ggml(GgmlType::Q4_K); 3];
+        p.interleaved = true;
+        assert_eq!(IndexRecord::new(p).interleaved_sections(), [false; 3]);
     }
 }

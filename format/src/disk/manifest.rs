@@ -53,10 +53,15 @@ pub struct DenseEntry {
     pub scales_length: u64,
     /// xxh3 of weight then scale section, seed = xxh3(name).
     pub xxh3: Xxh3Sum,
+    /// The weight and scale sections are in the interleaved row order
+    /// ([`crate::MatrixView::interleave`]; format version 7, FORMAT.md section 7): only for a
+    /// matrix that [`crate::MatrixView::can_interleave`]. Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interleaved: bool,
 }
 
-/// The oldest format version that can hold the dense tensors `dense`: 4 when one is a ggml
-/// block type, 3 when one is int4 (FORMAT.md section 12), else 1. A writer stamps the larger
+/// The oldest format version that can hold the dense tensors `dense`: 7 when one is stored
+/// interleaved, 4 or 6 when one is a ggml block type, 3 when one is int4 (FORMAT.md section 12), else 1. A writer stamps the larger
 /// of this and [`crate::disk::index::min_format_version`] on every file of the store.
 pub fn dense_min_format_version(dense: &[DenseEntry]) -> u32 {
     dense
@@ -73,10 +78,14 @@ impl DenseEntry {
         self.encoding == crate::Encoding::Int4 { group_size: 2 }.id()
     }
 
-    /// The oldest format version that allows this dense tensor's encoding: 3 for int4, 4 or 6
+    /// The oldest format version that allows this dense tensor: 7 when it is stored interleaved,
+    /// else its encoding's: 3 for int4, 4 or 6
     /// for a ggml block type ([`crate::encoding::GgmlType::min_format_version`]), 1 for the
     /// others (an unknown id: the current version, refused elsewhere).
     pub fn min_format_version(&self) -> u32 {
+        if self.interleaved {
+            return 7;
+        }
         if self.is_int4() {
             return 3;
         }
@@ -277,7 +286,13 @@ impl Manifest {
         {
             let enc = crate::Encoding::from_id(e.encoding, e.group_size)
                 .map_or_else(|_| format!("encoding {}", e.encoding), |x| x.name());
-            let enc = if e.is_int4() { "int4".to_string() } else { enc };
+            let enc = if e.interleaved {
+                format!("interleaved {enc}")
+            } else if e.is_int4() {
+                "int4".to_string()
+            } else {
+                enc
+            };
             return Err(fmt_err(format!(
                 "dense tensor {} is {enc}, which format version {} does not allow ({enc} dense tensors are version {}, FORMAT.md section 12)",
                 e.name,
@@ -443,6 +458,13 @@ impl DenseEntry {
                 e.shape
             )));
         }
+        if e.interleaved && !crate::MatrixView::can_interleave(enc, rows, cols) {
+            return Err(bad(format!(
+                "interleaved, but a {} {:?} matrix has no interleaved row order (FORMAT.md section 6)",
+                enc.name(),
+                e.shape
+            )));
+        }
         if e.scales_length != sb {
             return Err(bad(format!(
                 "scales_length {}, expected {sb} for {} {:?}",
@@ -573,6 +595,7 @@ mod tests {
             scales_offset: 0,
             scales_length: 0,
             xxh3: Xxh3Sum(3),
+            interleaved: false,
         }
     }
 
@@ -668,6 +691,7 @@ mod tests {
             scales_offset: 64,
             scales_length: enc.scale_bytes(2, 64) as u64,
             xxh3: Xxh3Sum(3),
+            interleaved: false,
         };
         assert_eq!(dense_min_format_version(&[entry(Encoding::Int8)]), 1);
         assert_eq!(
@@ -700,6 +724,7 @@ mod tests {
             scales_offset: 0,
             scales_length: 0,
             xxh3: Xxh3Sum(3),
+            interleaved: false,
         };
         let q4k = Encoding::Ggml(GgmlType::Q4_K);
         assert_eq!(dense_min_format_version(&[entry(q4k)]), 4);

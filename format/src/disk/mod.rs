@@ -17,7 +17,7 @@ pub mod staged;
 pub use hex::{StoreId, Xxh3Sum};
 
 /// Newest format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// MANIFEST magic.
 pub const MANIFEST_MAGIC: [u8; 8] = *b"COLIMAN\0";
 /// INDEX magic.

@@ -269,6 +269,7 @@ mod tests {
                 hidden: 64,
                 intermediate: 32,
                 biases: false,
+                interleaved: false,
                 checksum: 42 + e as u64,
             })
         };

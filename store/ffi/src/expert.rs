@@ -78,7 +78,10 @@ pub struct ColiExpert {
 }
 
 impl ColiExpert {
-    fn from_buf(b: ExpertBuf) -> ColiExpert {
+    /// The handle of a fetched record, its matrices in the row-major order (a record stored
+    /// interleaved, format version 7, is reordered here, after its checksum was verified).
+    fn from_buf(mut b: ExpertBuf) -> ColiExpert {
+        b.deinterleave(|_| false);
         ColiExpert {
             key: b.key,
             encoding: b.encoding,
@@ -244,6 +247,27 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
         let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
         // The store's one read path: its I/O engine and mirrors, its checksum and counters.
         s.store.fetch_into(key, dst)?;
+        // The matrices row-major, as every handle gives them (format version 7 stores some
+        // interleaved): reordered in the caller's buffer after the checksum was verified.
+        let layout = r.layout();
+        let encs = r
+            .encodings()
+            .map_err(|e| StoreError::from(coli_store::FormatError::format("INDEX", e)))?;
+        let (h, i) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        let dims = [(i, h), (i, h), (h, i)];
+        for (m, stored) in r.interleaved_sections().into_iter().enumerate() {
+            if stored {
+                let (w_off, wb, s_off, sb) = layout.sections[m];
+                let (w, sc) = dst.split_at_mut(s_off);
+                coli_store::MatrixView::deinterleave(
+                    encs[m],
+                    dims[m].0,
+                    dims[m].1,
+                    &mut w[w_off..w_off + wb],
+                    &mut sc[..sb],
+                );
+            }
+        }
         let encoding =
             Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(StoreError::from)?;
         let encodings = r

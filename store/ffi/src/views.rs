@@ -162,7 +162,8 @@ pub unsafe extern "C" fn coli_dense_name(
 
 /// Writes a view of the dense tensor `name` (e.g. `"model.norm.weight"`) to `*out`. The
 /// tensor's xxh3 is verified at its first access when the store was opened with
-/// `verify_checksums`.
+/// `verify_checksums`. The view is row-major: a matrix stored interleaved (format version 7)
+/// is viewed through a row-major copy the store keeps, made at the first access.
 ///
 /// # Safety
 /// `store` is NULL or a live handle; `name` is NULL or NUL-terminated; `out` is NULL or writable.
@@ -195,8 +196,10 @@ pub unsafe extern "C" fn coli_dense_get(
         let name = name.to_str().map_err(|_| not_found())?;
         let &i = s.dense_index.get(name).ok_or_else(not_found)?;
         let t = s.store.dense(name)?;
-        let m = t.matrix();
-        let scale_bytes: &[u8] = zerocopy::IntoBytes::as_bytes(t.scales);
+        // Row-major, as every view this library gives (format version 7 stores some matrices
+        // interleaved).
+        let m = s.store.dense_ordered(name, false, MatrixView::interleave)?;
+        let scale_bytes = m.scale_section();
         let (ndim, shape) = match *t.shape {
             [n] => (1, [n, 0]),
             [r, c] => (2, [r, c]),

@@ -112,6 +112,7 @@ fn write_store_with(dir: &Path, enc: Encoding, biases: bool) -> PathBuf {
         expert_encoding: enc,
         alignment: 4096,
         segment_max_bytes: 1 << 20,
+        matrix_order: Default::default(),
         converter_version: "0.1.0".into(),
         parameter_defaults: Default::default(),
         parameters: BTreeMap::from([("experts".to_string(), enc.name())]),

@@ -140,8 +140,8 @@ impl Store {
                 intermediate,
                 encodings: r.encodings().expect("checked at open"),
                 layout: r.layout(),
-                buf,
-                interleaved: [false; 3],
+                buf: buf.into(),
+                interleaved: r.interleaved_sections(),
             });
         }
         Ok(out

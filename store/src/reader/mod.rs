@@ -2,10 +2,12 @@
 //! - [`open`]: [`OpenOptions`] and [`Store::open_with`] (validation of every on-disk structure,
 //!   the I/O engine, mirrors);
 //! - [`fetch`]: [`Store::fetch`] / [`Store::fetch_into`] through the I/O engine, checksums;
+//! - [`mapped`]: [`Store::map_records`], records used in place in the page cache;
 //! - [`mirrored`]: the fetch path through mirrors (per-expert drives, striping, fallbacks);
 //! - [`views`]: [`ExpertBuf`] and [`DenseTensor`], typed views of what was read.
 
 mod fetch;
+mod mapped;
 mod mirrored;
 mod open;
 mod views;
@@ -76,8 +78,14 @@ pub struct Store {
     dense_by_name: HashMap<String, usize>,
     dense_verified: Vec<AtomicBool>,
     dense_encodings: Vec<Encoding>,
-    /// Interleaved copies of dense weight sections ([`Store::dense_interleaved`]), made once.
+    /// Copies of dense weight sections in the order they are not stored in
+    /// ([`Store::dense_ordered`]), made once.
     dense_copies: Vec<std::sync::OnceLock<crate::AlignedBuf>>,
+    /// Shared read-only maps of the segment files for [`Store::map_records`], made at first use
+    /// (`None` where mapping failed).
+    segment_maps: Vec<std::sync::OnceLock<Option<Arc<memmap2::Mmap>>>>,
+    /// Whether [`Store::map_records`] maps (no mirrors, no engine wrapper) or reads.
+    maps_records: bool,
     engine: Arc<dyn IoEngine>,
     /// The counters around the engine (the same engine, before any caller wrapper).
     counting: Arc<CountingEngine>,

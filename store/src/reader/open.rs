@@ -362,6 +362,8 @@ impl Store {
         let dense_copies = (0..manifest.dense.len())
             .map(|_| Default::default())
             .collect();
+        let segment_maps = (0..segments.len()).map(|_| Default::default()).collect();
+        let maps_records = router.is_none() && opts.engine_wrapper.is_none();
         Ok(Store {
             dir,
             manifest,
@@ -373,6 +375,8 @@ impl Store {
             dense_map,
             dense_by_name,
             dense_copies,
+            segment_maps,
+            maps_records,
             dense_verified,
             dense_encodings,
             engine,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 use zerocopy::FromBytes;
 
-/// How [`ExpertBuf::interleave`] and [`Store::dense_interleaved`] reorder a matrix's weight and
+/// How [`ExpertBuf::interleave`] and [`Store::dense_ordered`] reorder a matrix's weight and
 /// scale sections in memory: [`MatrixView::interleave`] (the definition) or a faster function
 /// giving the same bytes (`coli_kernels::interleave_sections`).
 pub type Reorder = fn(Encoding, usize, usize, &mut [u8], &mut [u8]);
@@ -28,9 +28,117 @@ pub struct ExpertBuf {
     /// Intermediate size I.
     pub intermediate: usize,
     pub(super) layout: RecordLayout,
-    pub(super) buf: AlignedBuf,
-    /// Which of gate, up, down [`ExpertBuf::interleave`] reordered.
+    pub(super) buf: RecordBytes,
+    /// Which of gate, up, down are in the interleaved row order: stored so (INDEX flag bit 1,
+    /// format version 7) or reordered by [`ExpertBuf::interleave`], and not reordered back by
+    /// [`ExpertBuf::deinterleave`].
     pub(super) interleaved: [bool; 3],
+}
+
+/// Where an [`ExpertBuf`]'s bytes live: a buffer of the process's own, or a range of a shared
+/// read-only map of a segment file.
+pub(super) enum RecordBytes {
+    Owned(AlignedBuf),
+    Mapped(MappedRecord),
+}
+
+impl From<AlignedBuf> for RecordBytes {
+    fn from(b: AlignedBuf) -> RecordBytes {
+        RecordBytes::Owned(b)
+    }
+}
+
+impl From<MappedRecord> for RecordBytes {
+    fn from(m: MappedRecord) -> RecordBytes {
+        RecordBytes::Mapped(m)
+    }
+}
+
+impl std::ops::Deref for RecordBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            RecordBytes::Owned(b) => b,
+            RecordBytes::Mapped(m) => m.bytes(),
+        }
+    }
+}
+
+impl RecordBytes {
+    /// Bytes of memory held: an owned buffer's [`AlignedBuf::held_bytes`], a mapped record's
+    /// length rounded up to whole pages.
+    fn held_bytes(&self) -> usize {
+        match self {
+            RecordBytes::Owned(b) => b.held_bytes(),
+            RecordBytes::Mapped(m) => m.len.next_multiple_of(PAGE),
+        }
+    }
+
+    /// The bytes, writable: a mapped record is copied into a buffer of its own first (the map
+    /// is read-only and shared with the page cache).
+    fn make_mut(&mut self) -> &mut [u8] {
+        if let RecordBytes::Mapped(m) = self {
+            let mut b = AlignedBuf::new(m.len, AlignedBuf::DEFAULT_ALIGN);
+            b.as_mut_slice().copy_from_slice(m.bytes());
+            *self = RecordBytes::Owned(b);
+        }
+        match self {
+            RecordBytes::Owned(b) => b.as_mut_slice(),
+            RecordBytes::Mapped(_) => unreachable!("replaced above"),
+        }
+    }
+}
+
+/// The page size mapped records are counted and released in, bytes.
+const PAGE: usize = 4096;
+
+/// One record's bytes in a shared read-only map of its segment file ([`Store::map_records`]).
+pub(super) struct MappedRecord {
+    map: std::sync::Arc<memmap2::Mmap>,
+    offset: usize,
+    len: usize,
+}
+
+impl MappedRecord {
+    /// Bytes `offset..offset + len` of `map` (the whole pages inside the range are released
+    /// from the process on drop).
+    ///
+    /// # Panics
+    /// If the range is outside the map.
+    pub(super) fn new(map: std::sync::Arc<memmap2::Mmap>, offset: usize, len: usize) -> Self {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= map.len()),
+            "a mapped record lies inside its segment's map"
+        );
+        MappedRecord { map, offset, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
+impl Drop for MappedRecord {
+    /// Unmaps the record's whole pages from the process (they stay in the page cache), so a
+    /// record no longer held no longer counts in the process's memory.
+    fn drop(&mut self) {
+        let start = self.offset.next_multiple_of(PAGE);
+        let stop = (self.offset + self.len) / PAGE * PAGE;
+        if stop > start {
+            // SAFETY: [start, stop) is whole pages inside this read-only shared file map;
+            // MADV_DONTNEED there only drops this process's page-table entries (the pages stay
+            // in the page cache), so a later access through another record sharing a page, or
+            // the same range mapped again, faults the same file bytes back in. A hint: its
+            // failure only leaves the pages mapped until the map is dropped.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    stop - start,
+                )
+            };
+        }
+    }
 }
 
 /// A dense tensor, borrowed from the store's memory map.
@@ -45,6 +153,9 @@ pub struct DenseTensor<'a> {
     pub data: &'a [u8],
     /// Scales (empty for f32/bf16).
     pub scales: &'a [f32],
+    /// The sections are in the interleaved row order (format version 7; [`DenseTensor::matrix`]
+    /// reads them so), not row-major.
+    pub interleaved: bool,
 }
 
 /// Views `bytes` as f32 values (aligned, length a multiple of 4: guaranteed by the format's
@@ -95,32 +206,38 @@ impl Store {
             shape: &e.shape,
             data,
             scales: as_f32s(sbytes),
+            interleaved: e.interleaved,
         })
     }
 
     /// The dense matrix `name` with its weight and scale sections in the interleaved row order
-    /// ([`MatrixView::interleave`]), from a copy the store keeps for as long as it is open (made
+    /// ([`MatrixView::interleave`]) when `interleaved`, else row-major: the map of dense.bin
+    /// where the tensor is stored in that order (format version 7 stores interleavable matrices
+    /// interleaved), else a copy in that order the store keeps for as long as it is open (made
     /// at the first call, after the checksum check of [`Store::dense`]; the mapped pages of both
     /// sections are then released, as nothing reads them again through this store's users). A
     /// matrix that cannot be interleaved is returned as [`Store::dense`] maps it. `reorder` makes
-    /// the order ([`MatrixView::interleave`] or a faster function giving the same bytes). Kernels
-    /// give the same numbers in either order; engines ask for this where the kernels prefer it.
+    /// the interleaved order from the row-major one ([`MatrixView::interleave`] or a faster
+    /// function giving the same bytes); [`MatrixView::deinterleave`] the other way. Kernels give
+    /// the same numbers in either order; engines ask for the order their kernels read.
     ///
     /// # Errors
     /// As [`Store::dense`].
-    pub fn dense_interleaved(
+    pub fn dense_ordered(
         &self,
         name: &str,
+        interleaved: bool,
         reorder: Reorder,
     ) -> Result<MatrixView<'_>, StoreError> {
         let t = self.dense(name)?;
         let m = t.matrix();
         let (e, rows, cols) = (m.encoding(), m.rows(), m.cols());
-        if !MatrixView::can_interleave(e, rows, cols) {
+        if !MatrixView::can_interleave(e, rows, cols) || m.is_interleaved() == interleaved {
             return Ok(m);
         }
         let i = self.dense_by_name[name];
-        // The copy: the weight section, then (from a 64-byte boundary) the scale section.
+        // The copy (in the one order the tensor is not stored in): the weight section, then
+        // (from a 64-byte boundary) the scale section.
         let (wb, sec) = (t.data.len(), m.scale_section());
         let s0 = wb.next_multiple_of(64);
         let copy = self.dense_copies[i].get_or_init(|| {
@@ -128,7 +245,11 @@ impl Store {
             let (w, s) = b.as_mut_slice().split_at_mut(s0);
             w[..wb].copy_from_slice(t.data);
             s.copy_from_slice(sec);
-            reorder(e, rows, cols, &mut w[..wb], s);
+            if interleaved {
+                reorder(e, rows, cols, &mut w[..wb], s);
+            } else {
+                MatrixView::deinterleave(e, rows, cols, &mut w[..wb], s);
+            }
             if let Some(map) = &self.dense_map {
                 let d = &self.manifest.dense[i];
                 // The weight and scale sections, both copied above.
@@ -151,9 +272,13 @@ impl Store {
             b
         });
         let v = MatrixView::from_sections(e, rows, cols, &copy[..wb], &copy[s0..])
-            .and_then(MatrixView::as_interleaved)
-            .expect("a copy of a checked section, of a matrix that can be interleaved");
-        Ok(v)
+            .expect("a copy of a checked section");
+        Ok(if interleaved {
+            v.as_interleaved()
+                .expect("a matrix that can be interleaved")
+        } else {
+            v
+        })
     }
 
     /// True when the store has a dense tensor of that name.
@@ -206,10 +331,38 @@ impl ExpertBuf {
             let (w_off, wb, s_off, sb) = self.layout.sections[i];
             // The scale section follows the weight section (RecordLayout).
             assert!(w_off + wb <= s_off, "a record's scales follow its weights");
-            let (w, s) = self.buf.as_mut_slice().split_at_mut(s_off);
+            let (w, s) = self.buf.make_mut().split_at_mut(s_off);
             reorder(e, rows, cols, &mut w[w_off..w_off + wb], &mut s[..sb]);
             self.interleaved[i] = true;
         }
+    }
+
+    /// Reorders the matrices in the interleaved row order (stored so, format version 7, or
+    /// reordered by [`ExpertBuf::interleave`]) that `keep` rejects back into the row-major
+    /// order ([`MatrixView::deinterleave`]); `keep` sees each interleaved view. Engines call it
+    /// on a record read from an interleaved store for the matrices their kernels read row-major
+    /// (f32 activations, `--numerics exact`); the views give the same numbers in either order.
+    pub fn deinterleave(&mut self, keep: impl Fn(&MatrixView<'_>) -> bool) {
+        for i in 0..3 {
+            if !self.interleaved[i] {
+                continue;
+            }
+            let v = self.view(i);
+            if keep(&v) {
+                continue;
+            }
+            let (e, rows, cols) = (v.encoding(), v.rows(), v.cols());
+            let (w_off, wb, s_off, sb) = self.layout.sections[i];
+            assert!(w_off + wb <= s_off, "a record's scales follow its weights");
+            let (w, s) = self.buf.make_mut().split_at_mut(s_off);
+            MatrixView::deinterleave(e, rows, cols, &mut w[w_off..w_off + wb], &mut s[..sb]);
+            self.interleaved[i] = false;
+        }
+    }
+
+    /// Which of gate, up and down are in the interleaved row order now.
+    pub fn interleaved(&self) -> [bool; 3] {
+        self.interleaved
     }
 
     fn bias(&self, i: usize) -> Option<&[f32]> {
@@ -257,6 +410,12 @@ impl ExpertBuf {
         self.view(2)
     }
 
+    /// True when the record's bytes are a view of the page cache ([`Store::map_records`]), not
+    /// a buffer of the process's own.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.buf, RecordBytes::Mapped(_))
+    }
+
     /// Bytes of the record as read (payload plus padding to the store alignment).
     pub fn len_bytes(&self) -> usize {
         self.buf.len()
@@ -269,8 +428,8 @@ impl ExpertBuf {
         self.buf.held_bytes()
     }
 
-    /// The raw record bytes (FORMAT.md section 5), padding included (with the weight sections
-    /// [`ExpertBuf::interleave`] reordered, if any).
+    /// The raw record bytes (FORMAT.md section 5), padding included, as stored, except for the
+    /// matrices [`ExpertBuf::interleave`] or [`ExpertBuf::deinterleave`] reordered since.
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
@@ -282,8 +441,14 @@ impl<'a> DenseTensor<'a> {
     pub fn matrix(&self) -> MatrixView<'a> {
         let (rows, cols) = coli_format::matrix_dims(self.shape)
             .expect("dense shapes have a dimension (checked at open)");
-        MatrixView::new(self.encoding, rows, cols, self.data, self.scales)
-            .expect("dense sections have their encoding's lengths (checked at open)")
+        let m = MatrixView::new(self.encoding, rows, cols, self.data, self.scales)
+            .expect("dense sections have their encoding's lengths (checked at open)");
+        if self.interleaved {
+            m.as_interleaved()
+                .expect("an interleaved dense tensor can be (checked at open)")
+        } else {
+            m
+        }
     }
 
     /// Dequantizes the whole tensor to f32, row-major (`rows * cols` values), with

@@ -9,7 +9,7 @@ use crate::{failpoint, DenseEntry, Encoding, ExpertKey, FileEntry, StoreError, X
 use coli_format::disk::index::{IndexRecord, RecordPlace};
 use coli_format::disk::names::segment_path;
 use coli_format::encoding::{align_up, SECTION_ALIGN};
-use coli_format::RecordLayout;
+use coli_format::{MatrixView, RecordLayout};
 use std::fs::File;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 use zerocopy::IntoBytes;
@@ -189,6 +189,26 @@ impl StoreWriter {
                 rec[b_off..b_off + bb].copy_from_slice(b.as_bytes());
             }
         }
+        // The interleaved record order (format version 7): the matrices that have that order
+        // in it, the others row-major; the flag only where a matrix was reordered.
+        let mut interleaved = false;
+        if self.spec.matrix_order == crate::MatrixOrder::Interleaved {
+            for (m, &(w_off, wb, s_off, sb)) in mats.iter().zip(layout.sections.iter()) {
+                if !MatrixView::can_interleave(m.encoding, m.rows, m.cols) {
+                    continue;
+                }
+                // The scale section follows the weight section (section 5).
+                let (w, s) = rec.split_at_mut(s_off);
+                MatrixView::interleave(
+                    m.encoding,
+                    m.rows,
+                    m.cols,
+                    &mut w[w_off..w_off + wb],
+                    &mut s[..sb],
+                );
+                interleaved = true;
+            }
+        }
         let sum = crate::checksum::xxh3_64_with_seed(&rec, key.checksum_seed());
         if let Some(&done) = self.experts_done.get(&key) {
             if done == sum {
@@ -260,6 +280,7 @@ impl StoreWriter {
             group_size: gs,
             biases,
             ggml_up_down: per_matrix.then(|| [encs[1].group_size(), encs[2].group_size()]),
+            interleaved,
             checksum: Xxh3Sum(sum),
         })?;
         failpoint::hit_nth("writer.after_journal", self.records_this_run);
@@ -273,6 +294,7 @@ impl StoreWriter {
             hidden: hidden as u32,
             intermediate: inter as u32,
             biases,
+            interleaved,
             checksum: sum,
         }));
         self.experts_done.insert(key, sum);
@@ -322,10 +344,21 @@ impl StoreWriter {
                 if m.bias.is_some() { " with a bias" } else { "" }
             )));
         }
+        // The interleaved order (format version 7) for a matrix that has one, as for records.
+        let interleaved = self.spec.matrix_order == crate::MatrixOrder::Interleaved
+            && MatrixView::can_interleave(m.encoding, rows, cols);
+        let (data, sbytes): (std::borrow::Cow<'_, [u8]>, std::borrow::Cow<'_, [u8]>) =
+            if interleaved {
+                let (mut w, mut s) = (m.data.clone(), m.scales.as_bytes().to_vec());
+                MatrixView::interleave(m.encoding, rows, cols, &mut w, &mut s);
+                (w.into(), s.into())
+            } else {
+                (m.data.as_slice().into(), m.scales.as_bytes().into())
+            };
         let seed = xxh3_64_with_seed(name.as_bytes(), 0);
         let mut h = Xxh3::with_seed(seed);
-        h.update(&m.data);
-        h.update(m.scales.as_bytes());
+        h.update(&data);
+        h.update(&sbytes);
         let sum = h.digest();
         if let Some(&i) = self.dense_done.get(name) {
             let e = &self.dense[i];
@@ -338,7 +371,6 @@ impl StoreWriter {
         }
         let path = self.partial.join("dense.bin");
         let offset = align_up(self.dense_pos as usize, SECTION_ALIGN) as u64;
-        let sbytes = m.scales.as_bytes();
         let scales_offset = if sbytes.is_empty() {
             0
         } else {
@@ -353,9 +385,9 @@ impl StoreWriter {
         let start = self.dense_pos;
         let mut span = vec![0u8; (end - start) as usize];
         let rel = |o: u64| (o - start) as usize;
-        span[rel(offset)..rel(offset) + m.data.len()].copy_from_slice(&m.data);
+        span[rel(offset)..rel(offset) + data.len()].copy_from_slice(&data);
         if !sbytes.is_empty() {
-            span[rel(scales_offset)..rel(end)].copy_from_slice(sbytes);
+            span[rel(scales_offset)..rel(end)].copy_from_slice(&sbytes);
         }
         self.fs
             .write_at(&self.dense_file, &path, &span, start)
@@ -374,6 +406,7 @@ impl StoreWriter {
             scales_offset,
             scales_length: sbytes.len() as u64,
             xxh3: Xxh3Sum(sum),
+            interleaved,
         };
         self.append_journal(&JournalEntry::Dense {
             entry: entry.clone(),

@@ -35,6 +35,10 @@ pub(super) enum JournalEntry {
         /// The up and down matrices' ggml type ids of a ggml record (absent otherwise).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ggml_up_down: Option<[u16; 2]>,
+        /// Whether the record's matrices that can be are interleaved (format version 7; absent
+        /// in journals of older writers and for row-major records).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interleaved: bool,
         checksum: Xxh3Sum,
     },
     Dense {
@@ -87,6 +91,7 @@ impl StoreWriter {
                 group_size,
                 biases,
                 ggml_up_down,
+                interleaved,
                 checksum,
             } => {
                 let key = ExpertKey::new(*layer, *expert);
@@ -177,6 +182,7 @@ impl StoreWriter {
                     hidden: *hidden,
                     intermediate: *intermediate,
                     biases: *biases,
+                    interleaved: *interleaved,
                     checksum: sum,
                 }));
                 self.experts_done.insert(key, sum);

@@ -53,6 +53,30 @@ const SPEC_FILE: &str = "spec.json";
 
 const JOURNAL_FILE: &str = "journal";
 
+/// The order a writer stores the matrices of expert records in (FORMAT.md section 5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MatrixOrder {
+    /// Every matrix row-major, as in the checkpoint: readable by every format version's
+    /// readers that know the encoding.
+    #[default]
+    RowMajor,
+    /// The matrices that have an interleaved row order (`MatrixView::can_interleave`) in it
+    /// (`MatrixView::interleave`; INDEX flag bit 1, format version 7): the order the integer
+    /// kernels read, so a reader can use a record in place, e.g. from the page cache.
+    Interleaved,
+}
+
+impl MatrixOrder {
+    /// The name on the command line and in messages: `row-major` or `interleaved`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatrixOrder::RowMajor => "row-major",
+            MatrixOrder::Interleaved => "interleaved",
+        }
+    }
+}
+
 /// Everything that identifies a store before any record is written.
 #[derive(Clone, Debug)]
 pub struct StoreSpec {
@@ -70,6 +94,8 @@ pub struct StoreSpec {
     pub alignment: usize,
     /// Segment size bound, bytes (default 4 GiB).
     pub segment_max_bytes: u64,
+    /// The order of the matrices in expert records ([`MatrixOrder::RowMajor`] by default).
+    pub matrix_order: MatrixOrder,
     /// Converter version string.
     pub converter_version: String,
     /// What an absent parameter means (`embeddings` -> `source (the default)`), for messages

@@ -19,6 +19,9 @@ pub(super) struct SpecFile {
     pub(super) expert_encoding: Encoding,
     pub(super) alignment: usize,
     pub(super) segment_max_bytes: u64,
+    /// Absent in the spec.json of older writers: row-major.
+    #[serde(default)]
+    pub(super) matrix_order: super::MatrixOrder,
     pub(super) converter_version: String,
     pub(super) parameters: BTreeMap<String, String>,
     pub(super) sources: Vec<SourceFile>,
@@ -36,6 +39,7 @@ impl SpecFile {
             expert_encoding: spec.expert_encoding,
             alignment: spec.alignment,
             segment_max_bytes: spec.segment_max_bytes,
+            matrix_order: spec.matrix_order,
             converter_version: spec.converter_version.clone(),
             parameters: spec.parameters.clone(),
             sources: spec.sources.clone(),
@@ -136,6 +140,7 @@ pub(super) fn spec_differences(
     cmp!(expert_encoding);
     cmp!(alignment);
     cmp!(segment_max_bytes);
+    cmp!(matrix_order);
     d
 }
 

@@ -128,6 +128,7 @@ pub fn make_model(p: &ModelParams) -> Model {
         expert_encoding: p.encoding,
         alignment: p.alignment,
         segment_max_bytes: p.segment_max_bytes,
+        matrix_order: Default::default(),
         converter_version: "0.1.0-test".into(),
         parameter_defaults: Default::default(),
         parameters: BTreeMap::from([

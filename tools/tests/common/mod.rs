@@ -87,6 +87,7 @@ pub fn write_tiny_store(dir: &Path, shape: &TinyStore) -> PathBuf {
         expert_encoding: enc,
         alignment: 512,
         segment_max_bytes: shape.segment_max_bytes,
+        matrix_order: Default::default(),
         converter_version: "test".into(),
         parameter_defaults: Default::default(),
         parameters: BTreeMap::from([("experts".to_string(), "int8".to_string())]),
@@ -168,6 +169,7 @@ pub fn convert_dir(input: &Path, out: &Path) {
             coli_store::Encoding::Bf16,
             coli_store::Encoding::Int8,
         ),
+        matrix_order: coli_store::MatrixOrder::Interleaved,
         threads: Some(1),
         progress: false,
     })
