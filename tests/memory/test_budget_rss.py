@@ -117,11 +117,12 @@ def write(path, text):
 
 def drop_pages(store: str):
     """Drops the store's clean pages from the page cache (what the next run maps is read again
-    and charged to its cgroup)."""
-    for name in os.listdir(store):
-        p = os.path.join(store, name)
-        if os.path.isfile(p):
-            fd = os.open(p, os.O_RDONLY)
+    and charged to its cgroup): every file, the segment files included (a run maps the records
+    it pins in place, docs/IO.md "Buffers", so the converter's cached pages would be charged to
+    no run)."""
+    for d, _, names in os.walk(store):
+        for name in names:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:

@@ -5,7 +5,7 @@ use super::views::ExpertBuf;
 use super::{io_err, Store};
 use crate::checksum::StreamingChecksum;
 use crate::io::{ReadProgress, ReadRequest};
-use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, StoreError};
+use crate::{AlignedBuf, ExpertKey, IndexRecord, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -128,13 +128,7 @@ impl Store {
         mut caller: Option<AlignedBuf>,
     ) -> Result<Vec<ExpertBuf>, StoreError> {
         debug_assert!(caller.is_none() || keys.len() == 1);
-        let recs = keys
-            .iter()
-            .map(|&k| {
-                self.record(k)
-                    .ok_or_else(|| StoreError::NotFound(format!("expert {k}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let recs = self.records_of(keys)?;
         if recs.is_empty() {
             return Ok(Vec::new());
         }
@@ -271,18 +265,19 @@ impl Store {
                 });
             }
         }
-        let encoding =
-            Encoding::from_id(r.encoding.get(), r.group_size.get()).expect("checked at open");
-        let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
-        Ok(ExpertBuf {
-            key,
-            encoding,
-            hidden,
-            intermediate,
-            encodings: r.encodings().expect("checked at open"),
-            layout: r.layout(),
-            buf: buf.into(),
-            interleaved: r.interleaved_sections(),
-        })
+        Ok(ExpertBuf::of_record(key, r, buf.into()))
+    }
+
+    /// The INDEX records of `keys`, in their order.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a key not in the store.
+    pub(super) fn records_of(&self, keys: &[ExpertKey]) -> Result<Vec<&IndexRecord>, StoreError> {
+        keys.iter()
+            .map(|&k| {
+                self.record(k)
+                    .ok_or_else(|| StoreError::NotFound(format!("expert {k}")))
+            })
+            .collect()
     }
 }

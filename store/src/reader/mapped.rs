@@ -9,7 +9,7 @@
 
 use super::views::{ExpertBuf, MappedRecord};
 use super::Store;
-use crate::{Encoding, ExpertKey, StoreError};
+use crate::{ExpertKey, StoreError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,13 +34,7 @@ impl Store {
     /// file, the expert, offset and length when populating the pages fails (a read error),
     /// [`StoreError::Checksum`] naming the expert, segment file and offset.
     pub fn map_records(&self, keys: &[ExpertKey]) -> Result<Vec<ExpertBuf>, StoreError> {
-        let recs = keys
-            .iter()
-            .map(|&k| {
-                self.record(k)
-                    .ok_or_else(|| StoreError::NotFound(format!("expert {k}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let recs = self.records_of(keys)?;
         if !self.maps_records {
             return self.fetch(keys);
         }
@@ -93,18 +87,11 @@ impl Store {
             }
             self.reads.fetch_add(1, Ordering::Relaxed);
             self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-            let encoding =
-                Encoding::from_id(r.encoding.get(), r.group_size.get()).expect("checked at open");
-            out.push(ExpertBuf {
+            out.push(ExpertBuf::of_record(
                 key,
-                encoding,
-                hidden: r.hidden.get() as usize,
-                intermediate: r.intermediate.get() as usize,
-                encodings: r.encodings().expect("checked at open"),
-                layout: r.layout(),
-                buf: MappedRecord::new(map, off, len).into(),
-                interleaved: r.interleaved_sections(),
-            });
+                r,
+                MappedRecord::new(map, off, len).into(),
+            ));
         }
         self.io_wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -4,7 +4,7 @@
 use super::views::ExpertBuf;
 use super::{io_err, Store};
 use crate::io::ReadRequest;
-use crate::{AlignedBuf, Encoding, ExpertKey, IndexRecord, StoreError};
+use crate::{AlignedBuf, ExpertKey, IndexRecord, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -130,19 +130,7 @@ impl Store {
             }
             self.reads.fetch_add(1, Ordering::Relaxed);
             self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-            let encoding =
-                Encoding::from_id(r.encoding.get(), r.group_size.get()).expect("checked at open");
-            let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
-            out[i] = Some(ExpertBuf {
-                key,
-                encoding,
-                hidden,
-                intermediate,
-                encodings: r.encodings().expect("checked at open"),
-                layout: r.layout(),
-                buf: buf.into(),
-                interleaved: r.interleaved_sections(),
-            });
+            out[i] = Some(ExpertBuf::of_record(key, r, buf.into()));
         }
         Ok(out
             .into_iter()

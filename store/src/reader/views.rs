@@ -288,6 +288,21 @@ impl Store {
 }
 
 impl ExpertBuf {
+    /// The expert `key` described by its INDEX record `r` (checked at open), over `buf`.
+    pub(super) fn of_record(key: ExpertKey, r: &crate::IndexRecord, buf: RecordBytes) -> Self {
+        ExpertBuf {
+            key,
+            encoding: Encoding::from_id(r.encoding.get(), r.group_size.get())
+                .expect("checked at open"),
+            hidden: r.hidden.get() as usize,
+            intermediate: r.intermediate.get() as usize,
+            encodings: r.encodings().expect("checked at open"),
+            layout: r.layout(),
+            buf,
+            interleaved: r.interleaved_sections(),
+        }
+    }
+
     fn view(&self, i: usize) -> MatrixView<'_> {
         let (w_off, wb, s_off, sb) = self.layout.sections[i];
         let (rows, cols) = if i == 2 {
