@@ -76,9 +76,10 @@ struct Cli {
     /// The order of the matrices in expert records: interleaved (format version 7: int4, int8
     /// and mxfp4 matrices in the order the integer kernels read, so a run that pins them uses
     /// them in place in the page cache) or row-major (readable by coli releases that read
-    /// format version 6). The same numbers either way (docs/FORMAT.md section 5).
-    #[arg(long, value_name = "ORDER", default_value = "interleaved", value_parser = ["interleaved", "row-major"])]
-    matrix_order: String,
+    /// format version 6). The same numbers either way (docs/FORMAT.md section 5). Default:
+    /// interleaved (a GGUF's block types are always stored row-major).
+    #[arg(long, value_name = "ORDER", value_parser = ["interleaved", "row-major"])]
+    matrix_order: Option<String>,
     /// Quantization threads (default: one per core). Output does not depend on it.
     #[arg(long)]
     threads: Option<usize>,
@@ -164,8 +165,8 @@ fn real_main() -> anyhow::Result<()> {
         input: cli.input.clone(),
         output: cli.output.clone(),
         encodings,
-        matrix_order: match cli.matrix_order.as_str() {
-            "row-major" => coli_store::MatrixOrder::RowMajor,
+        matrix_order: match cli.matrix_order.as_deref() {
+            Some("row-major") => coli_store::MatrixOrder::RowMajor,
             _ => coli_store::MatrixOrder::Interleaved,
         },
         threads: cli.threads,
@@ -215,7 +216,10 @@ fn convert_gguf(cli: &Cli) -> anyhow::Result<()> {
         (cli.dense_mlp.is_some(), "--dense-mlp"),
         (cli.mtp.is_some(), "--mtp"),
         (cli.embeddings != "source", "--embeddings"),
-        (cli.matrix_order != "interleaved", "--matrix-order"),
+        (
+            cli.matrix_order.as_deref() == Some("interleaved"),
+            "--matrix-order interleaved",
+        ),
         (cli.total_ram.is_some(), "--total-ram"),
         (cli.context.is_some(), "--context"),
         (cli.disk_gib_s.is_some(), "--disk-gib-s"),

@@ -317,15 +317,8 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
     if let Some(e) = opts.encodings.embeddings {
         parameters.insert("embeddings".to_string(), e.name());
     }
-    // Recorded when interleaved only: a row-major store keeps the parameters, store id and bytes
-    // of the releases before format version 7.
-    if opts.matrix_order == MatrixOrder::Interleaved {
-        parameters.insert(
-            "matrix_order".to_string(),
-            opts.matrix_order.name().to_string(),
-        );
-    }
-
+    // The store writer records `matrix_order=interleaved` when the spec writes that order
+    // (StoreSpec::recorded_parameters); the report names what the store records.
     // Disk space (the target's parent must exist).
     let _lock = take_output(&opts.output, plan.estimated_out)?;
     failpoint::hit("convert.after_preflight");
@@ -341,7 +334,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         matrix_order: opts.matrix_order,
         converter_version: env!("CARGO_PKG_VERSION").to_string(),
         parameter_defaults: parameter_defaults(),
-        parameters: parameters.clone(),
+        parameters,
         sources: ck
             .shards
             .iter()
@@ -356,7 +349,7 @@ fn run_in_pool(opts: &Options) -> Result<Report> {
         status: "converted".into(),
         store: opts.output.clone(),
         family: ck.spec.model_type.clone(),
-        parameters,
+        parameters: spec.recorded_parameters(),
         mtp_layer: !plan.mtp_layers.is_empty(),
         mtp_shared: plan.mtp_shared.clone(),
         tensors: plan.dense.len() as u64,

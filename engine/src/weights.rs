@@ -87,6 +87,19 @@ impl<'s> Weights<'s> {
         Ok(m)
     }
 
+    /// `t` row-major: [`Weights::matrix`], or a row-major copy of a matrix stored interleaved
+    /// (for a reader that cuts rows anywhere, or multiplies with f32 activations).
+    ///
+    /// # Errors
+    /// As [`Weights::matrix`].
+    pub fn row_major(&mut self, t: &TensorSpec) -> Result<MatrixView<'s>> {
+        let m = self.matrix(t)?;
+        if m.is_interleaved() {
+            return self.ordered(t, false);
+        }
+        Ok(m)
+    }
+
     /// `t` in the interleaved row order or the row-major one ([`Store::dense_ordered`]).
     fn ordered(&self, t: &TensorSpec, interleaved: bool) -> Result<MatrixView<'s>> {
         self.store
@@ -141,10 +154,7 @@ impl<'s> Weights<'s> {
     /// # Errors
     /// As [`Weights::linear`].
     pub fn exact_linear(&mut self, l: &LinearSpec) -> Result<Linear<'s>> {
-        let mut w = self.matrix(&l.weight)?;
-        if w.is_interleaved() {
-            w = self.ordered(&l.weight, false)?;
-        }
+        let w = self.row_major(&l.weight)?;
         self.linear_of(l, w)
     }
 
@@ -177,6 +187,6 @@ impl<'s> Weights<'s> {
 }
 
 /// Whether the kernels read `m`'s matrix in the interleaved row order.
-fn reads_interleaved(m: &MatrixView<'_>) -> bool {
+pub(crate) fn reads_interleaved(m: &MatrixView<'_>) -> bool {
     coli_kernels::reads_interleaved(m.encoding(), m.rows(), m.cols())
 }

@@ -18,8 +18,8 @@ pub struct MatrixView<'a> {
     data: &'a [u8],
     scales: &'a [f32],
     e8m0_scales: &'a [u8],
-    /// The weight section is in the interleaved row order ([`MatrixView::interleave`]), not the
-    /// store's row-major one.
+    /// The weight and scale sections are in the interleaved row order
+    /// ([`MatrixView::interleave`]), not the row-major one.
     interleaved: bool,
 }
 
@@ -228,7 +228,7 @@ impl<'a> MatrixView<'a> {
     /// row-major at the end of each section. The same bytes, in the order a kernel that keeps
     /// 16 rows in the 16 lanes of a vector reads them: one sequential stream, each load a word
     /// of 16 rows, each scale load the 16 rows' scales (llama.cpp's repacking of resident
-    /// weights). Memory only: stores are row-major.
+    /// weights). Format version 7 stores such matrices in this order (docs/FORMAT.md section 5).
     ///
     /// # Panics
     /// If the matrix cannot be interleaved or `data` / `scales` are not its weight and scale
@@ -436,7 +436,8 @@ impl<'a> MatrixView<'a> {
         self.scales
     }
 
-    /// The e8m0 scale bytes of an mxfp4 matrix, `[rows, ceil(cols / 32)]` row-major (empty for
+    /// The e8m0 scale bytes of an mxfp4 matrix, `[rows, ceil(cols / 32)]` in the view's order
+    /// (row-major, or interleaved with the weights: [`MatrixView::is_interleaved`]; empty for
     /// every other encoding).
     pub fn e8m0_scales(&self) -> &'a [u8] {
         self.e8m0_scales

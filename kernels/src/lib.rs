@@ -206,9 +206,13 @@ pub fn prefers_interleaved(w: &MatrixView<'_>) -> bool {
 /// [`prefers_interleaved`]). Engines keep a matrix stored interleaved (format version 7) in
 /// that order where this is true and reorder it to row-major where it is false (the f32
 /// kernels of `--numerics exact` read rows).
+///
+/// False on the scalar integer path ([`integer_kernel`] `scalar`: no AVX2), whose kernel
+/// gathers an interleaved matrix's rows one at a time: there a matrix is read row-major.
 pub fn reads_interleaved(encoding: Encoding, rows: usize, cols: usize) -> bool {
     interleave()
         && numerics() == Numerics::Q8a
+        && q8a_path(detected_isa()) != Q8aPath::Scalar
         && q8a::kind_of(encoding, cols).is_some()
         && MatrixView::can_interleave(encoding, rows, cols)
 }

@@ -9,11 +9,16 @@ use coli_store::*;
 use common::*;
 use std::path::{Path, PathBuf};
 
-/// A store of 2 layers x 3 experts spread over several segments, and an empty mirror dir.
+/// A store of 2 layers x 3 experts spread over several segments, and an empty mirror dir. Its
+/// records' gate and up are stored interleaved (coli-convert's default order, format version
+/// 7, INDEX flag bit 1): staged copies keep the primary's flags.
 fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let t = tempdir();
     let target = target_in(&t);
-    write_model(&target, &make_model(&ModelParams::default()));
+    let mut model = make_model(&ModelParams::default());
+    model.spec.matrix_order = MatrixOrder::Interleaved;
+    write_model(&target, &model);
+    assert!(Store::open(&target).unwrap().index()[0].is_interleaved());
     let m = t.path().join("mirror");
     std::fs::create_dir_all(&m).unwrap();
     (t, target, m)

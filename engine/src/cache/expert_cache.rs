@@ -6,6 +6,7 @@ use super::inflight::{fail_all, lock, InFlight, ReadSlot};
 use super::lru::LruCache;
 use super::stats::CacheStats;
 use crate::error::{store_err, Result};
+use crate::weights::reads_interleaved;
 use coli_format::ExpertKey;
 use coli_store::{ExpertBuf, Store};
 use std::collections::HashMap;
@@ -872,20 +873,14 @@ fn as_read(mut bufs: Vec<ExpertBuf>) -> Vec<ExpertBuf> {
     bufs
 }
 
-/// Whether the kernels read `v`'s matrix in the interleaved row order.
-fn reads_interleaved(v: &coli_format::MatrixView<'_>) -> bool {
-    coli_kernels::reads_interleaved(v.encoding(), v.rows(), v.cols())
-}
-
 /// True when each matrix of `r`'s record is stored in the order the kernels read it
 /// (interleaved or row-major), so the record can be used as stored.
 fn stored_as_read(r: &coli_store::IndexRecord) -> bool {
     let Ok(encs) = r.encodings() else {
         return false;
     };
-    let (h, i) = (r.hidden.get() as usize, r.intermediate.get() as usize);
     let stored = r.interleaved_sections();
-    [(i, h), (i, h), (h, i)]
+    r.matrix_dims()
         .iter()
         .zip(encs)
         .zip(stored)

@@ -154,9 +154,16 @@ fn load_layer<'s>(
             &m.out_conv,
         ),
         FfnSpec::SinkMoe(m) => {
-            let shared_down = w.matrix(&m.shared_down)?;
             let h = spec.hidden_size;
-            if !(0..m.num_shared).all(|e| shared_down.row_range(e * h, (e + 1) * h).is_some()) {
+            let cut = |d: &coli_format::MatrixView<'_>| {
+                (0..m.num_shared).all(|e| d.row_range(e * h, (e + 1) * h).is_some())
+            };
+            let mut shared_down = w.matrix(&m.shared_down)?;
+            if shared_down.is_interleaved() && !cut(&shared_down) {
+                // The interleaved order cuts between groups of 16 rows only.
+                shared_down = w.row_major(&m.shared_down)?;
+            }
+            if !cut(&shared_down) {
                 return Err(config_err(format!(
                     "{}: its {} encoding cannot be cut into the shared experts' [H, I] matrices (FP8 needs H a multiple of 128): convert it with --shared-experts bf16, int8 or int4-g64",
                     m.shared_down.name,

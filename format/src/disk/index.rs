@@ -143,9 +143,14 @@ impl IndexRecord {
         let encs = self
             .encodings()
             .expect("INDEX records are checked at parse");
-        let (h, i) = (self.hidden.get() as usize, self.intermediate.get() as usize);
-        let dims = [(i, h), (i, h), (h, i)];
+        let dims = self.matrix_dims();
         std::array::from_fn(|m| crate::MatrixView::can_interleave(encs[m], dims[m].0, dims[m].1))
+    }
+
+    /// `(rows, cols)` of gate, up and down: `[I, H]`, `[I, H]`, `[H, I]` (FORMAT.md section 5).
+    pub fn matrix_dims(&self) -> [(usize, usize); 3] {
+        let (h, i) = (self.hidden.get() as usize, self.intermediate.get() as usize);
+        [(i, h), (i, h), (h, i)]
     }
 
     /// The encodings of the record's gate, up and down matrices: the encoding fields' for all
@@ -386,6 +391,11 @@ pub fn parse_index(bytes: &[u8], m: &Manifest) -> Result<Vec<IndexRecord>, Forma
             ));
         }
         let encs = r.encodings().map_err(&what)?;
+        if r.is_interleaved() && r.interleaved_sections() == [false; 3] {
+            return Err(what(
+                "flag bit 1 (interleaved sections), but none of its matrices has that order".into(),
+            ));
+        }
         let enc = encs[0];
         if let Some(e) = encs
             .iter()

@@ -217,8 +217,11 @@ pub fn parse_staged_index(
     for (i, chunk) in ib[..nbytes].chunks_exact(INDEX_RECORD_SIZE).enumerate() {
         let r = IndexRecord::read_from_bytes(chunk).expect("64 bytes");
         let key = r.key();
-        if r.compute_crc() != r.crc.get() || r.flags.get() & !super::index::RECORD_FLAG_BIASES != 0
-        {
+        // The primary's flags, copied (section 13): biases, the interleaved order, ggml types.
+        let known = super::index::RECORD_FLAG_BIASES
+            | super::index::RECORD_FLAG_INTERLEAVED
+            | super::index::RECORD_FLAG_GGML_TYPES;
+        if r.compute_crc() != r.crc.get() || r.flags.get() & !known != 0 {
             return Err(Damaged(format!(
                 "index entry {i} ({key}): crc32 or flags field wrong"
             )));

@@ -174,7 +174,8 @@ typedef struct coli_expert_info {
     uint32_t group_size;
     size_t hidden;           /* H */
     size_t intermediate;     /* I */
-    const uint8_t *record;   /* raw record bytes (docs/FORMAT.md section 5) */
+    const uint8_t *record;   /* record bytes (docs/FORMAT.md section 5), matrices row-major:
+                                a format-7 interleaved record is reordered after its checksum */
     size_t record_len;       /* bytes, padding included */
     size_t payload_len;      /* bytes before the zero padding */
     uint32_t flags;          /* COLI_RECORD_FLAG_* bits (ABI 2) */

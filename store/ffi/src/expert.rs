@@ -43,7 +43,9 @@ pub struct coli_expert_info {
     pub hidden: usize,
     /// Intermediate size I.
     pub intermediate: usize,
-    /// The raw record bytes (docs/FORMAT.md section 5), `record_len` bytes.
+    /// The record bytes (docs/FORMAT.md section 5), `record_len` bytes, with its matrices
+    /// row-major: a record stored interleaved (format version 7) was reordered after its
+    /// checksum was verified, so these bytes no longer hash to the INDEX checksum.
     pub record: *const u8,
     /// Record length, bytes (a multiple of the store alignment).
     pub record_len: usize,
@@ -247,40 +249,40 @@ pub unsafe extern "C" fn coli_fetch_expert_into(
         let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
         // The store's one read path: its I/O engine and mirrors, its checksum and counters.
         s.store.fetch_into(key, dst)?;
-        // The matrices row-major, as every handle gives them (format version 7 stores some
-        // interleaved): reordered in the caller's buffer after the checksum was verified.
-        let layout = r.layout();
-        let encs = r
-            .encodings()
-            .map_err(|e| StoreError::from(coli_store::FormatError::format("INDEX", e)))?;
-        let (h, i) = (r.hidden.get() as usize, r.intermediate.get() as usize);
-        let dims = [(i, h), (i, h), (h, i)];
-        for (m, stored) in r.interleaved_sections().into_iter().enumerate() {
-            if stored {
-                let (w_off, wb, s_off, sb) = layout.sections[m];
-                let (w, sc) = dst.split_at_mut(s_off);
-                coli_store::MatrixView::deinterleave(
-                    encs[m],
-                    dims[m].0,
-                    dims[m].1,
-                    &mut w[w_off..w_off + wb],
-                    &mut sc[..sb],
-                );
-            }
-        }
         let encoding =
             Encoding::from_id(r.encoding.get(), r.group_size.get()).map_err(StoreError::from)?;
         let encodings = r
             .encodings()
             .map_err(|e| StoreError::from(coli_store::FormatError::format("INDEX", e)))?;
         let (hidden, intermediate) = (r.hidden.get() as usize, r.intermediate.get() as usize);
+        // The matrices row-major, as every handle gives them (format version 7 stores some
+        // interleaved): reordered in the caller's buffer after the checksum was verified.
+        let layout = r.layout();
+        for ((m, stored), (rows, cols)) in r
+            .interleaved_sections()
+            .into_iter()
+            .enumerate()
+            .zip(r.matrix_dims())
+        {
+            if stored {
+                let (w_off, wb, s_off, sb) = layout.sections[m];
+                let (w, sc) = dst.split_at_mut(s_off);
+                coli_store::MatrixView::deinterleave(
+                    encodings[m],
+                    rows,
+                    cols,
+                    &mut w[w_off..w_off + wb],
+                    &mut sc[..sb],
+                );
+            }
+        }
         let h = ColiExpert {
             key,
             encoding,
             encodings,
             hidden,
             intermediate,
-            layout: r.layout(),
+            layout,
             mem: Mem::Borrowed { ptr: buf, len },
         };
         // SAFETY: caller contract; non-null checked.

@@ -46,7 +46,7 @@ pub extern "C" fn coli_abi_version() -> u32 {
     std::panic::catch_unwind(|| COLI_ABI_VERSION).unwrap_or(0)
 }
 
-/// The newest store format version this library reads (`docs/FORMAT.md`, currently 6).
+/// The newest store format version this library reads (`docs/FORMAT.md`, currently 7).
 #[no_mangle]
 pub extern "C" fn coli_format_version() -> u32 {
     std::panic::catch_unwind(|| coli_store::FORMAT_VERSION).unwrap_or(0)

@@ -90,7 +90,7 @@ impl Drop for Alloc {
 const HUGE: usize = 2 << 20;
 
 /// The page size, bytes.
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: sysconf has no preconditions.
     *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {

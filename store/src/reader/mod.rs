@@ -42,7 +42,8 @@ compile_error!(
 pub struct FetchStats {
     /// Expert records read.
     pub reads: u64,
-    /// Bytes read from segment files.
+    /// Bytes read from segment files (a record mapped by [`Store::map_records`] counts whole,
+    /// whether the page cache held it or not).
     pub bytes_read: u64,
     /// Wall-clock time callers spent inside [`Store::fetch`] / [`Store::fetch_one`], summed
     /// over calls (concurrent calls each count), ns: the engine's I/O wait, verification of

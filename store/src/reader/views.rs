@@ -70,7 +70,7 @@ impl RecordBytes {
     fn held_bytes(&self) -> usize {
         match self {
             RecordBytes::Owned(b) => b.held_bytes(),
-            RecordBytes::Mapped(m) => m.len.next_multiple_of(PAGE),
+            RecordBytes::Mapped(m) => crate::held_bytes_for(m.len as u64) as usize,
         }
     }
 
@@ -88,9 +88,6 @@ impl RecordBytes {
         }
     }
 }
-
-/// The page size mapped records are counted and released in, bytes.
-const PAGE: usize = 4096;
 
 /// One record's bytes in a shared read-only map of its segment file ([`Store::map_records`]).
 pub(super) struct MappedRecord {
@@ -122,8 +119,9 @@ impl Drop for MappedRecord {
     /// Unmaps the record's whole pages from the process (they stay in the page cache), so a
     /// record no longer held no longer counts in the process's memory.
     fn drop(&mut self) {
-        let start = self.offset.next_multiple_of(PAGE);
-        let stop = (self.offset + self.len) / PAGE * PAGE;
+        let page = crate::io::page_size();
+        let start = self.offset.next_multiple_of(page);
+        let stop = (self.offset + self.len) / page * page;
         if stop > start {
             // SAFETY: [start, stop) is whole pages inside this read-only shared file map;
             // MADV_DONTNEED there only drops this process's page-table entries (the pages stay
@@ -149,9 +147,10 @@ pub struct DenseTensor<'a> {
     pub encoding: Encoding,
     /// Shape: `[n]` or `[rows, cols]`.
     pub shape: &'a [usize],
-    /// Weight section.
+    /// Weight section, as stored: in the interleaved row order when [`DenseTensor::interleaved`]
+    /// (read it through [`DenseTensor::matrix`], or [`Store::dense_ordered`] for row-major).
     pub data: &'a [u8],
-    /// Scales (empty for f32/bf16).
+    /// Scales (empty for f32/bf16), as stored (like `data`).
     pub scales: &'a [f32],
     /// The sections are in the interleaved row order (format version 7; [`DenseTensor::matrix`]
     /// reads them so), not row-major.

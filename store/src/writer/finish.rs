@@ -113,7 +113,7 @@ impl StoreWriter {
                 name: CONVERTER_NAME.into(),
                 version: spec.converter_version.clone(),
             },
-            parameters: spec.parameters.clone(),
+            parameters: spec.recorded_parameters(),
             sources: spec.sources.clone(),
             dense: self.dense.clone(),
             dense_file: WholeFile {

@@ -109,11 +109,34 @@ pub struct StoreSpec {
 
 impl StoreSpec {
     /// The store id this spec gives (FORMAT.md section 2): 32 lowercase hex digits of the
-    /// XXH3-128 of the canonical JSON of `{"converter", "parameters", "sources"}`.
+    /// XXH3-128 of the canonical JSON of `{"converter", "parameters", "sources"}`, the
+    /// parameters as recorded ([`StoreSpec::recorded_parameters`]).
     pub fn store_id(&self) -> StoreId {
-        store_id_of(&self.converter_version, &self.parameters, &self.sources)
+        store_id_of(
+            &self.converter_version,
+            &self.recorded_parameters(),
+            &self.sources,
+        )
+    }
+
+    /// The parameters the store records: [`StoreSpec::parameters`], plus
+    /// `matrix_order=interleaved` when the spec writes that order (so the store id tells the
+    /// two orders of one model apart; a row-major store records nothing, as before format
+    /// version 7).
+    pub fn recorded_parameters(&self) -> BTreeMap<String, String> {
+        let mut p = self.parameters.clone();
+        if self.matrix_order == MatrixOrder::Interleaved {
+            p.insert(
+                MATRIX_ORDER_PARAMETER.to_string(),
+                MatrixOrder::Interleaved.name().to_string(),
+            );
+        }
+        p
     }
 }
+
+/// The parameter that records [`MatrixOrder::Interleaved`] ([`StoreSpec::recorded_parameters`]).
+const MATRIX_ORDER_PARAMETER: &str = "matrix_order";
 
 /// One encoded matrix handed to the writer.
 #[derive(Clone, Debug, PartialEq)]

@@ -41,7 +41,7 @@ impl SpecFile {
             segment_max_bytes: spec.segment_max_bytes,
             matrix_order: spec.matrix_order,
             converter_version: spec.converter_version.clone(),
-            parameters: spec.parameters.clone(),
+            parameters: spec.recorded_parameters(),
             sources: spec.sources.clone(),
         }
     }

@@ -158,7 +158,7 @@ impl StoreWriter {
         let diffs = describe_differences(
             &spec.parameter_defaults,
             &m.parameters,
-            &spec.parameters,
+            &spec.recorded_parameters(),
             &m.sources,
             &spec.sources,
             &m.converter.version,
