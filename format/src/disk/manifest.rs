@@ -460,7 +460,7 @@ impl DenseEntry {
         }
         if e.interleaved && !crate::MatrixView::can_interleave(enc, rows, cols) {
             return Err(bad(format!(
-                "interleaved, but a {} {:?} matrix has no interleaved row order (FORMAT.md section 6)",
+                "interleaved, but a {} {:?} matrix has no interleaved row order (FORMAT.md section 5)",
                 enc.name(),
                 e.shape
             )));

@@ -140,7 +140,13 @@ pub(super) fn spec_differences(
     cmp!(expert_encoding);
     cmp!(alignment);
     cmp!(segment_max_bytes);
-    cmp!(matrix_order);
+    if old.matrix_order != new.matrix_order {
+        d.push(format!(
+            "matrix order: existing {} vs requested {}",
+            old.matrix_order.name(),
+            new.matrix_order.name()
+        ));
+    }
     d
 }
 
