@@ -256,16 +256,22 @@ impl Store {
             self.verify_ns
                 .fetch_add(ns + t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if found != r.checksum.get() {
-                return Err(StoreError::Checksum {
-                    what: key.to_string(),
-                    file: self.segments[r.segment.get() as usize].rel.clone(),
-                    offset: r.offset.get(),
-                    expected: r.checksum.get(),
-                    found,
-                });
+                return Err(self.checksum_error(key, r, found));
             }
         }
         Ok(ExpertBuf::of_record(key, r, buf.into()))
+    }
+
+    /// The error of a record of `key` (INDEX record `r`) whose bytes hash to `found`: the
+    /// expert, its segment file and offset, both checksums.
+    pub(super) fn checksum_error(&self, key: ExpertKey, r: &IndexRecord, found: u64) -> StoreError {
+        StoreError::Checksum {
+            what: key.to_string(),
+            file: self.segments[r.segment.get() as usize].rel.clone(),
+            offset: r.offset.get(),
+            expected: r.checksum.get(),
+            found,
+        }
     }
 
     /// The INDEX records of `keys`, in their order.

@@ -76,13 +76,7 @@ impl Store {
                 self.verify_ns
                     .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 if found != r.checksum.get() {
-                    return Err(StoreError::Checksum {
-                        what: key.to_string(),
-                        file: self.segments[r.segment.get() as usize].rel.clone(),
-                        offset: r.offset.get(),
-                        expected: r.checksum.get(),
-                        found,
-                    });
+                    return Err(self.checksum_error(key, r, found));
                 }
             }
             self.reads.fetch_add(1, Ordering::Relaxed);
