@@ -285,25 +285,17 @@ fn interleaved_weights_give_the_same_bits() {
             (bits, greedy(&mut e, &prompt, 8))
         };
         let interleaved = run(&dir, true, false);
-        assert_eq!(
-            interleaved,
-            run(&dir, false, false),
-            "{what}: interleaved vs row-major"
-        );
-        assert_eq!(
-            interleaved,
-            run(&dir, true, true),
-            "{what}: resident vs streamed"
-        );
-        assert_eq!(
-            interleaved,
-            run(&dir_rm, true, false),
-            "{what}: row-major records, resident"
-        );
-        assert_eq!(
-            interleaved,
-            run(&dir_rm, true, true),
-            "{what}: row-major records, streamed"
-        );
+        for (case, store, interleave, streamed) in [
+            ("interleave off", &dir, false, false),
+            ("resident vs streamed", &dir, true, true),
+            ("row-major records, resident", &dir_rm, true, false),
+            ("row-major records, streamed", &dir_rm, true, true),
+        ] {
+            assert_eq!(
+                interleaved,
+                run(store, interleave, streamed),
+                "{what}: {case}"
+            );
+        }
     }
 }
